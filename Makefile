@@ -1,0 +1,42 @@
+# icefloe developer commands. Everything installs what it needs into .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.icefloe-installed
+PYTEST_ARGS ?=
+
+.PHONY: up test test-slow lint bench clean java venv
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+java:
+	@bash scripts/ensure-java.sh
+
+## make up: run icefloe on the embedded default (local store + SQLite catalog in ./icefloe-data)
+up: $(STAMP) java
+	$(BIN)/icefloe up
+
+## make test: the fast suite (what CI runs); slow soak/chaos tests are marked `slow`
+test: $(STAMP) java
+	$(BIN)/ruff check .
+	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
+	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	  exit $$status
+
+test-slow: $(STAMP) java
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/queue_bench.py --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

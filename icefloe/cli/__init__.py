@@ -1,0 +1,57 @@
+"""The ``icefloe`` command line: the one place that wires the parts together.
+
+Why one entry point with sub-commands: operators learn one tool; every command shares the
+same conventions (``--json`` for machines, readable tables for people, a one-line error and
+a non-zero exit instead of a traceback; ``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from icefloe import __version__
+from icefloe.cli import inspect_cmd, probe_cmd, up_cmd
+from icefloe.errors import ConfigError, IcefloeError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="icefloe",
+        description="icefloe: object-store-native ingest into Apache Iceberg, exactly once.",
+        epilog="Run `icefloe COMMAND --help` for the options of each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"icefloe {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show full tracebacks instead of one-line errors")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in (up_cmd, inspect_cmd, probe_cmd):
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (IcefloeError, ValueError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"icefloe: error: {_describe(exc)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_ERROR
+
+
+def _describe(exc: BaseException) -> str:
+    """One line: the error's own first line, or its type when it has no message."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+

@@ -1,0 +1,35 @@
+"""``icefloe probe``: check that a store enforces conditional writes before trusting it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from icefloe.cli.common import add_store_arguments, store_options
+from icefloe.store import open_async_store
+from icefloe.store.probe import probe_conditional_writes
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "probe", help="check that an object store enforces conditional writes",
+        description="Write, conflict and delete a probe object under _icefloe/probe/ to "
+                    "prove the store answers a conflicting conditional PUT with 412. Every "
+                    "icefloe process runs this check at start; run it by hand when "
+                    "evaluating a new S3-compatible store.")
+    add_store_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    async def probe() -> None:
+        store = open_async_store(args.store, store_options(args))
+        try:
+            await probe_conditional_writes(store)
+        finally:
+            await store.close()
+
+    asyncio.run(probe())
+    print(f"ok: {args.store} enforces If-None-Match and If-Match (conditional writes)")
+    return 0

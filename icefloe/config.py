@@ -1,0 +1,261 @@
+"""``icefloe.toml``: one file configures every process.
+
+Why msgspec Structs: the file is decoded straight into typed, frozen structs, so a wrong
+type or an unknown key is caught at start with its exact path (``$.streams[0].columns[2]``)
+— the error names the file, the key and the reason, never a stack trace from deep inside a
+server. Precedence is flag > ``ICEFLOE_*`` environment > file > default; environment names
+are ``ICEFLOE_<SECTION>_<KEY>`` (e.g. ``ICEFLOE_INGESTOR_HTTP_PORT``, ``ICEFLOE_STORE_URL``).
+Relative ``file:`` paths and SQLite paths resolve against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from icefloe.errors import ConfigError
+from icefloe.manifest.config import ManifestConfig
+
+COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
+                "json")
+CONFIG_ENV = "ICEFLOE_CONFIG"
+DEFAULT_CONFIG = "icefloe.toml"
+_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_RESERVED_COLUMNS = ("_event_id", "_received_at", "_sequence", "_stream")
+
+
+class Column(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A declared column of a stream: JSON field ``name`` of type ``type``."""
+
+    name: str
+    type: str
+    required: bool = False
+    doc: str = ""
+
+
+class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A stream: an ingest endpoint whose events land in one Iceberg table."""
+
+    name: str
+    table: str
+    columns: tuple[Column, ...]
+    unknown_fields: Literal["ignore", "reject"] = "ignore"
+    tokens: tuple[str, ...] = ()
+    event_id_field: str | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.table.split(".", 1)[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".", 1)[1]
+
+
+class StoreSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    url: str = "file://./icefloe-data/store"
+    endpoint_url: str | None = None
+    region: str | None = None
+
+
+class CatalogSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    type: Literal["sql", "glue", "rest"] = "sql"
+    name: str = "icefloe"
+    uri: str = "sqlite:///./icefloe-data/catalog.db"
+    warehouse: str = "file://./icefloe-data/warehouse"
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class ManifestSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    key: str = "manifest/queue"
+    max_entries: int = 20_000
+    max_bytes: int = 32 * 1024 * 1024
+    append_deadline_s: float = 120.0
+    gc_grace_s: float = 3600.0
+    producer_ttl_s: float = 7 * 86400.0
+    lease_s: float = 15.0
+
+    def build(self) -> ManifestConfig:
+        return ManifestConfig(**msgspec.structs.asdict(self))
+
+
+class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Ingestor settings; sizes in bytes, durations in milliseconds."""
+
+    host: str = "0.0.0.0"
+    http_port: int = 8080
+    grpc_port: int = 50051
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_event_bytes: int = 1024 * 1024
+    flush_age_ms: float = 100.0
+    flush_bytes: int = 8 * 1024 * 1024
+    flush_events: int = 100_000
+    min_flush_interval_ms: float = 0.0
+    buffer_max_bytes: int = 256 * 1024 * 1024
+    flush_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 20.0
+    retry_after_s: int = 1
+    cors_origins: tuple[str, ...] = ()
+    zstd_level: int = 3
+
+
+class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The whole configuration. ``source`` is the file it came from (or None)."""
+
+    store: StoreSection = msgspec.field(default_factory=StoreSection)
+    catalog: CatalogSection = msgspec.field(default_factory=CatalogSection)
+    manifest: ManifestSection = msgspec.field(default_factory=ManifestSection)
+    ingestor: IngestorSection = msgspec.field(default_factory=IngestorSection)
+    streams: tuple[StreamConfig, ...] = ()
+    source: str | None = None
+
+    def stream(self, name: str) -> StreamConfig | None:
+        for stream in self.streams:
+            if stream.name == name:
+                return stream
+        return None
+
+
+def find_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.environ
+                ) -> Path | None:
+    """``--config``, else ``$ICEFLOE_CONFIG``, else ``./icefloe.toml`` if present."""
+    if path is not None:
+        return Path(path)
+    if env.get(CONFIG_ENV):
+        return Path(env[CONFIG_ENV])
+    default = Path(DEFAULT_CONFIG)
+    return default if default.exists() else None
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *,
+                env: Mapping[str, str] = os.environ,
+                overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
+    """Load, merge (flag > env > file > default), resolve paths and validate."""
+    source = find_config(path, env)
+    raw: dict[str, Any] = {}
+    where = "defaults"
+    if source is not None:
+        where = str(source)
+        try:
+            raw = tomllib.loads(source.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: config file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read config file: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    _apply_env(raw, env, where)
+    for section, values in (overrides or {}).items():
+        raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    try:
+        config = msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {_key_path(str(exc))}") from None
+    base = source.parent.absolute() if source is not None else Path.cwd()
+    config = _resolve_paths(config, base, str(source) if source else None)
+    validate(config, where)
+    return config
+
+
+def _key_path(message: str) -> str:
+    """msgspec says 'Expected `int`, got `str` - at `$.ingestor.http_port`': lead with the key."""
+    if " - at `$." in message:
+        reason, key = message.rsplit(" - at `$.", 1)
+        return f"{key.rstrip('`')}: {reason}"
+    return message
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
+    sections = {"store": StoreSection, "catalog": CatalogSection,
+                "manifest": ManifestSection, "ingestor": IngestorSection}
+    for section, struct in sections.items():
+        for field in struct.__struct_fields__:
+            name = f"ICEFLOE_{section.upper()}_{field.upper()}"
+            if name in env:
+                value: Any = env[name]
+                if field == "cors_origins":
+                    value = [v.strip() for v in value.split(",") if v.strip()]
+                raw.setdefault(section, {})[field] = value
+
+
+def _resolve(url: str, base: Path) -> str:
+    """``file://relative/x`` → ``file:///abs/x`` against the config folder."""
+    if url.startswith("file://") and not url.startswith("file:///"):
+        return (base / url[len("file://"):]).resolve().as_uri()
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        return "sqlite:///" + str((base / url[len("sqlite:///"):]).resolve())
+    return url
+
+
+def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
+    store = msgspec.structs.replace(config.store, url=_resolve(config.store.url, base))
+    catalog = msgspec.structs.replace(config.catalog, uri=_resolve(config.catalog.uri, base),
+                                      warehouse=_resolve(config.catalog.warehouse, base))
+    return msgspec.structs.replace(config, store=store, catalog=catalog, source=source)
+
+
+def validate(config: Config, where: str) -> None:
+    """Cross-field rules msgspec cannot express; every message names the key."""
+    try:
+        config.manifest.build()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    ing = config.ingestor
+    for key in ("http_port", "grpc_port"):
+        port = getattr(ing, key)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{where}: ingestor.{key}: {port} is not a TCP port (0-65535)")
+    for key in ("max_body_bytes", "max_event_bytes", "flush_bytes", "flush_events",
+                "buffer_max_bytes", "flush_age_ms", "flush_timeout_s"):
+        if getattr(ing, key) <= 0:
+            raise ConfigError(f"{where}: ingestor.{key} must be > 0")
+    if ing.buffer_max_bytes < ing.flush_bytes:
+        raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
+                          f"be >= ingestor.flush_bytes ({ing.flush_bytes})")
+    names: set[str] = set()
+    tables: set[str] = set()
+    for index, stream in enumerate(config.streams):
+        _validate_stream(stream, f"{where}: streams[{index}]")
+        if stream.name in names:
+            raise ConfigError(f"{where}: streams[{index}].name: duplicate stream {stream.name!r}")
+        if stream.table in tables:
+            raise ConfigError(f"{where}: streams[{index}].table: table {stream.table!r} is "
+                              "already fed by another stream")
+        names.add(stream.name)
+        tables.add(stream.table)
+
+
+def _validate_stream(stream: StreamConfig, at: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", stream.name):
+        raise ConfigError(f"{at}.name: {stream.name!r} must be 1-128 letters, digits, '_', '-' "
+                          "or '.'")
+    parts = stream.table.split(".")
+    if len(parts) != 2 or not all(_NAME_RE.fullmatch(p) for p in parts):
+        raise ConfigError(f"{at}.table: {stream.table!r} must be 'namespace.table' in lower "
+                          "case letters, digits and '_'")
+    if not stream.columns:
+        raise ConfigError(f"{at}.columns: a stream needs at least one column")
+    seen: set[str] = set()
+    for i, column in enumerate(stream.columns):
+        if column.type not in COLUMN_TYPES:
+            raise ConfigError(f"{at}.columns[{i}].type: unknown type {column.type!r} "
+                              f"(expected one of {', '.join(COLUMN_TYPES)})")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", column.name):
+            raise ConfigError(f"{at}.columns[{i}].name: {column.name!r} is not a valid column "
+                              "name (letters, digits, '_')")
+        if column.name in _RESERVED_COLUMNS:
+            raise ConfigError(f"{at}.columns[{i}].name: {column.name!r} is reserved by icefloe")
+        if column.name in seen:
+            raise ConfigError(f"{at}.columns[{i}].name: duplicate column {column.name!r}")
+        seen.add(column.name)
+    if stream.event_id_field is not None and stream.event_id_field not in seen:
+        raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is not a declared "
+                          "column")
+    if any(not token for token in stream.tokens):
+        raise ConfigError(f"{at}.tokens: empty token")

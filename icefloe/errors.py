@@ -1,0 +1,114 @@
+"""Every error icefloe raises on purpose, in one flat module.
+
+Why one module: callers branch on *what failed* (a lost CAS race, a fenced consumer, a full
+queue), never on which module raised it, and a single list keeps the taxonomy reviewable::
+
+    IcefloeError
+    ├── ConfigError                  bad configuration: fix the file/flag named in the message
+    ├── BatchFormatError             a batch file or record envelope is malformed (``reason``)
+    ├── IntegrityError               bytes read do not match the size/checksum recorded for them
+    ├── StoreError                   object-store failures, translated at the store boundary
+    │   ├── PreconditionFailed       conditional PUT lost (412, or S3's 409 conflict)
+    │   ├── NotFound                 no such key
+    │   ├── TransientStoreError      throttling, 5xx, timeouts, resets: retried with backoff
+    │   └── PermanentStoreError      auth, no such bucket, bad endpoint: surfaced at once
+    │       └── ConditionalWritesUnsupported   the store ignores If-Match/If-None-Match
+    └── ManifestError                manifest queue outcomes
+        ├── FencedError              a newer consumer epoch exists: this consumer must stop
+        ├── QueueFullError           the manifest reached its bound: back off (429/503)
+        ├── DeadlineExceededError    a batch became too old to append (GC may delete it)
+        └── ManifestCorruptError     the manifest object cannot be parsed
+"""
+
+from __future__ import annotations
+
+
+class IcefloeError(Exception):
+    """Base class of every error icefloe raises deliberately."""
+
+
+class ConfigError(IcefloeError):
+    """Invalid configuration; the message names the file, key and reason."""
+
+
+class BatchFormatError(IcefloeError):
+    """A batch file or record envelope violates the format.
+
+    ``reason`` is a stable machine-readable code (e.g. ``"short_footer"``); the message
+    says what was expected and what was found.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+class IntegrityError(IcefloeError):
+    """Bytes read from the store differ from the size or checksum recorded for them."""
+
+
+class StoreError(IcefloeError):
+    """An object-store operation failed. ``op`` and ``key`` say which one."""
+
+    def __init__(self, message: str, *, op: str = "", key: str = "") -> None:
+        super().__init__(message)
+        self.op = op
+        self.key = key
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost: the object changed (If-Match) or exists (If-None-Match)."""
+
+
+class NotFound(StoreError):
+    """The key does not exist."""
+
+
+class TransientStoreError(StoreError):
+    """A failure that may succeed when retried: throttling, 5xx, timeouts, resets.
+
+    ``ambiguous`` is True when the request may have been applied although no success was
+    seen (e.g. the response was lost); callers that append must be idempotent about it.
+    """
+
+    def __init__(self, message: str, *, op: str = "", key: str = "", ambiguous: bool = True,
+                 code: str = "") -> None:
+        super().__init__(message, op=op, key=key)
+        self.ambiguous = ambiguous
+        self.code = code
+
+
+class PermanentStoreError(StoreError):
+    """A failure that retrying cannot fix (credentials, missing bucket, bad endpoint)."""
+
+
+class ConditionalWritesUnsupported(PermanentStoreError):
+    """The store accepted a conditional PUT that must have failed: CAS is not safe on it."""
+
+
+class ManifestError(IcefloeError):
+    """Base of manifest queue outcomes."""
+
+
+class FencedError(ManifestError):
+    """This consumer's epoch is no longer current: another consumer took over."""
+
+    def __init__(self, our_epoch: int, current_epoch: int) -> None:
+        super().__init__(
+            f"fenced: this consumer holds epoch {our_epoch} but the manifest is at epoch "
+            f"{current_epoch}; another collector took over, so this one must stop"
+        )
+        self.our_epoch = our_epoch
+        self.current_epoch = current_epoch
+
+
+class QueueFullError(ManifestError):
+    """The manifest holds its maximum entries/bytes: the collector lags; retry later."""
+
+
+class DeadlineExceededError(ManifestError):
+    """A batch file is older than the append deadline and will never be appended."""
+
+
+class ManifestCorruptError(ManifestError):
+    """The manifest object cannot be decoded."""

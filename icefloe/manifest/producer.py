@@ -1,0 +1,211 @@
+"""The manifest producer: appends flushed batch files, exactly once, with group commit.
+
+Why it is built this way:
+
+* **Group commit.** Every process has one appender task. Batches that arrive while a CAS
+  is in flight wait and go together in the next one — or join the current group when its
+  CAS lost a race and is retried — so N concurrent flushes cost one manifest write, and
+  the entries carried per write grow as contention between processes rises.
+* **Idempotent producer.** Each process has a producer id (a ULID) and numbers its batches
+  1, 2, 3… The manifest remembers, per producer, the highest number appended. Before
+  appending, the producer drops batches at or below that mark: a retry after an ambiguous
+  write (timeout, lost response) can never append the same batch twice — even if the
+  collector consumed and dequeued the entry in between.
+* **Deadline.** A batch older than ``append_deadline_s`` (store clock) is never appended;
+  its waiters fail instead. GC's grace period exceeds the deadline, so GC never deletes a
+  file that could still be appended.
+* **Bounded queue.** Beyond ``max_entries``/``max_bytes`` appends fail with
+  ``QueueFullError`` (the ingestor answers 429/503) instead of growing one object forever.
+* **Never fenced.** Producers keep the consumer's state as they found it; an epoch change
+  never blocks them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from ulid import ULID
+
+from icefloe.errors import DeadlineExceededError, QueueFullError
+from icefloe.manifest.cas import CasStats, Loaded, cas_update
+from icefloe.manifest.config import ManifestConfig
+from icefloe.manifest.model import Entry, Manifest, ProducerState
+from icefloe.store.base import AsyncObjectStore
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRef:
+    """A batch file already written to the store, ready to be appended.
+
+    ``written_at`` is the store's clock when the PUT was acknowledged (``PutResult``).
+    """
+
+    location: str
+    size: int
+    crc32c: int
+    record_count: int
+    streams: tuple[str, ...]
+    written_at: float
+
+
+@dataclass
+class _Pending:
+    number: int
+    batch: BatchRef
+    future: asyncio.Future[int | None]
+
+
+@dataclass
+class ProducerStats(CasStats):
+    """Counters for metrics: CAS writes/conflicts plus batches by outcome."""
+
+    appended: int = 0
+    duplicates_skipped: int = 0
+    deadline_exceeded: int = 0
+    queue_full: int = 0
+    groups: int = 0
+    largest_group: int = 0
+
+
+Outcome = int | None | Exception
+
+
+class ManifestProducer:
+    """Appends :class:`BatchRef` s to the manifest; one instance per process."""
+
+    def __init__(self, store: AsyncObjectStore, config: ManifestConfig | None = None,
+                 producer_id: str | None = None) -> None:
+        self.store = store
+        self.config = config or ManifestConfig()
+        self.producer_id = producer_id or str(ULID())
+        self.stats = ProducerStats()
+        self._next_number = 1
+        self._queue: list[_Pending] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def append(self, batch: BatchRef) -> int | None:
+        """Append ``batch``; return its sequence once the manifest write succeeded.
+
+        Returns None when an earlier ambiguous attempt turned out to have succeeded and the
+        entry was already dequeued (durable, sequence no longer known). Raises
+        ``DeadlineExceededError``, ``QueueFullError`` or a store error when the batch was
+        *not* appended (or, for a store error, may have been: it is then present at most
+        once, and the caller must not acknowledge it).
+        """
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(self._next_number, batch, future))
+        self._next_number += 1
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain(), name="manifest-appender")
+        return await future
+
+    async def close(self) -> None:
+        """Wait for queued appends to finish."""
+        if self._worker is not None:
+            with contextlib.suppress(Exception):
+                await self._worker
+
+    async def _drain(self) -> None:
+        while self._queue:
+            group: list[_Pending] = []
+            try:
+                outcomes = await self._commit(group)
+            except Exception as exc:  # the store failed: nobody in the group is durable
+                outcomes = {p.number: exc for p in group}
+            for pending in group:
+                if pending.future.done():
+                    continue  # the caller went away; the batch may still be appended
+                outcome = outcomes[pending.number]
+                if isinstance(outcome, Exception):
+                    pending.future.set_exception(outcome)
+                else:
+                    pending.future.set_result(outcome)
+
+    def _absorb(self, group: list[_Pending]) -> None:
+        """Move queued batches into ``group`` (up to ``max_group``).
+
+        Called at the start of every CAS attempt: batches that arrived while a lost race
+        was being retried ride along, so groups grow exactly when contention is high.
+        """
+        take = self.config.max_group - len(group)
+        if take > 0 and self._queue:
+            group.extend(self._queue[:take])
+            del self._queue[:take]
+
+    async def _commit(self, group: list[_Pending]) -> dict[int, Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        duplicates: set[int] = set()
+
+        def mutate(loaded: Loaded) -> Manifest | None:
+            self._absorb(group)
+            outcomes.clear()
+            duplicates.clear()
+            return self._plan(loaded, group, outcomes, duplicates)
+
+        await cas_update(self.store, self.config.key, mutate,
+                         backoff=self.config.conflict_backoff, stats=self.stats)
+        self._count(outcomes, duplicates, group_size=len(group))
+        return outcomes
+
+    def _plan(self, loaded: Loaded, group: list[_Pending], outcomes: dict[int, Outcome],
+              duplicates: set[int]) -> Manifest | None:
+        """Decide each batch's fate against the manifest as read; the new manifest or None."""
+        manifest, now, cfg = loaded.manifest, loaded.store_time, self.config
+        state = manifest.producers.get(self.producer_id)
+        done_through = state.batch if state else 0
+        room = cfg.max_entries - manifest.entry_count
+        full_bytes = loaded.size >= cfg.max_bytes
+        sequence = manifest.next_sequence
+        new_entries: list[Entry] = []
+        for pending in group:
+            batch = pending.batch
+            if pending.number <= done_through:
+                duplicates.add(pending.number)
+                outcomes[pending.number] = self._find_sequence(manifest, pending.number)
+            elif now - batch.written_at > cfg.append_deadline_s:
+                outcomes[pending.number] = DeadlineExceededError(
+                    f"batch {batch.location} is {now - batch.written_at:.0f}s old, past the "
+                    f"{cfg.append_deadline_s:g}s append deadline; it was not appended")
+            elif room <= 0 or full_bytes:
+                outcomes[pending.number] = QueueFullError(
+                    f"manifest queue full ({manifest.entry_count} entries, {loaded.size} "
+                    f"bytes; limits {cfg.max_entries} entries, {cfg.max_bytes} bytes): the "
+                    "collector is behind; retry later")
+            else:
+                new_entries.append(Entry(
+                    sequence=sequence, location=batch.location, size=batch.size,
+                    crc32c=batch.crc32c, record_count=batch.record_count,
+                    streams=batch.streams, ingested_at=batch.written_at,
+                    producer_id=self.producer_id, producer_batch=pending.number))
+                outcomes[pending.number] = sequence
+                sequence += 1
+                room -= 1
+        if not new_entries:
+            return None
+        producers = {pid: ps for pid, ps in manifest.producers.items()
+                     if now - ps.updated_at <= cfg.producer_ttl_s}
+        producers[self.producer_id] = ProducerState(
+            batch=new_entries[-1].producer_batch, sequence=sequence - 1, updated_at=now)
+        return manifest.append(new_entries, producers=producers, next_sequence=sequence)
+
+    def _find_sequence(self, manifest: Manifest, number: int) -> int | None:
+        for entry in reversed(manifest.entries):
+            if entry.producer_id == self.producer_id and entry.producer_batch == number:
+                return entry.sequence
+        return None
+
+    def _count(self, outcomes: dict[int, Outcome], duplicates: set[int], *,
+               group_size: int) -> None:
+        stats = self.stats
+        stats.groups += 1
+        stats.largest_group = max(stats.largest_group, group_size)
+        stats.duplicates_skipped += len(duplicates)
+        for number, outcome in outcomes.items():
+            if isinstance(outcome, DeadlineExceededError):
+                stats.deadline_exceeded += 1
+            elif isinstance(outcome, QueueFullError):
+                stats.queue_full += 1
+            elif number not in duplicates:
+                stats.appended += 1

@@ -1,0 +1,92 @@
+"""Object stores selected by URL: ``file:///path`` or ``s3://bucket/prefix``.
+
+``open_store`` gives the synchronous flavour (Spark workers, CLI), ``open_async_store`` the
+asyncio one (ingestor, collector). Both come wrapped in the retry layer, so callers only
+ever see a transient error once its retry budget is spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
+
+from icefloe.errors import ConfigError
+from icefloe.store.adapters import ThreadedAsyncStore
+from icefloe.store.base import (
+    AsyncObjectStore,
+    GetResult,
+    ListResult,
+    ObjectInfo,
+    ObjectStore,
+    PutResult,
+)
+from icefloe.store.local import LocalStore
+from icefloe.store.retry import RetryingAsyncStore, RetryingStore, RetryPolicy
+
+if TYPE_CHECKING:  # boto3/aiobotocore import slowly: load them only for s3:// URLs
+    from icefloe.store.s3 import S3Options
+
+__all__ = [
+    "AsyncObjectStore",
+    "GetResult",
+    "ListResult",
+    "ObjectInfo",
+    "ObjectStore",
+    "PutResult",
+    "RetryPolicy",
+    "StoreOptions",
+    "open_async_store",
+    "open_store",
+]
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Everything besides the URL that selects and tunes a store (``s3`` None = defaults)."""
+
+    s3: S3Options | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def _scheme(url: str) -> str:
+    scheme = urlparse(url).scheme
+    if scheme not in ("file", "s3"):
+        raise ConfigError(
+            f"unsupported store url {url!r}: use file:///absolute/path or s3://bucket/prefix"
+        )
+    return scheme
+
+
+def local_path(url: str) -> str:
+    """The directory of a ``file://`` URL (``file:///var/lib/x`` → ``/var/lib/x``)."""
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise ConfigError(f"store url {url!r}: file URLs need an absolute path (file:///...)")
+    if not parsed.path:
+        raise ConfigError(f"store url {url!r} has no path")
+    return unquote(parsed.path)
+
+
+def open_store(url: str, options: StoreOptions | None = None) -> ObjectStore:
+    """A synchronous, retrying store for ``url``."""
+    options = options or StoreOptions()
+    if _scheme(url) == "file":
+        inner: ObjectStore = LocalStore(local_path(url))
+    else:
+        from icefloe.store.s3 import S3Options, S3Store
+
+        inner = S3Store(url, options.s3 or S3Options())
+    return RetryingStore(inner, options.retry)
+
+
+def open_async_store(url: str, options: StoreOptions | None = None) -> AsyncObjectStore:
+    """An asyncio, retrying store for ``url`` (aiobotocore for S3)."""
+    options = options or StoreOptions()
+    if _scheme(url) == "file":
+        inner: AsyncObjectStore = ThreadedAsyncStore(LocalStore(local_path(url)))
+    else:
+        from icefloe.store.s3 import AsyncS3Store, S3Options
+
+        inner = AsyncS3Store(url, options.s3 or S3Options())
+    return RetryingAsyncStore(inner, options.retry)

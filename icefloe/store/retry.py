@@ -1,0 +1,160 @@
+"""Retries of transient store errors, with jittered exponential backoff and a budget.
+
+Why a wrapper and not botocore's retries: one policy for every backend (local, boto3,
+aiobotocore), a time *budget* so a request never hangs past what its caller can wait, and
+fault injection that sits *below* the retry layer, so tests exercise the real retry path.
+
+Retrying a conditional PUT whose first attempt was applied but whose response was lost
+yields ``PreconditionFailed`` on the retry. That is correct and expected: the manifest
+layer re-reads and finds its own write (idempotent producer table), so nothing duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from icefloe.errors import TransientStoreError
+from icefloe.store.base import (
+    AsyncObjectStore,
+    GetResult,
+    IfNoneMatch,
+    ListResult,
+    ObjectInfo,
+    ObjectStore,
+    PutResult,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Full-jitter exponential backoff bounded by attempts *and* elapsed time.
+
+    ``max_attempts`` counts the first try; ``budget_s`` caps the time spent sleeping plus
+    trying, so callers with deadlines (acks, leases) stay predictable.
+    """
+
+    max_attempts: int = 8
+    base_delay_s: float = 0.05
+    max_delay_s: float = 2.0
+    budget_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be >= 1")
+        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
+            raise ValueError("RetryPolicy needs 0 <= base_delay_s <= max_delay_s")
+        if self.budget_s <= 0:
+            raise ValueError("RetryPolicy.budget_s must be > 0")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Sleep before retry number ``attempt`` (1-based): uniform in [0, base·2^(n-1)]."""
+        cap = min(self.max_delay_s, self.base_delay_s * (2 ** (attempt - 1)))
+        return (rng or random).uniform(0, cap)
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+def _exhausted(exc: TransientStoreError, attempts: int, started: float) -> TransientStoreError:
+    elapsed = time.monotonic() - started
+    return TransientStoreError(
+        f"{exc} (gave up after {attempts} attempt(s) in {elapsed:.1f}s)",
+        op=exc.op, key=exc.key, ambiguous=exc.ambiguous, code=exc.code,
+    )
+
+
+def call_with_retry(policy: RetryPolicy, fn: Callable[[], T]) -> T:
+    """Call ``fn`` until it succeeds, raises a non-transient error, or the policy gives up."""
+    started = time.monotonic()
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except TransientStoreError as exc:
+            delay = policy.delay(attempt)
+            if attempt >= policy.max_attempts or \
+                    time.monotonic() - started + delay > policy.budget_s:
+                raise _exhausted(exc, attempt, started) from exc
+            attempt += 1
+            time.sleep(delay)
+
+
+async def call_with_retry_async(policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
+    """Async twin of :func:`call_with_retry`."""
+    started = time.monotonic()
+    attempt = 1
+    while True:
+        try:
+            return await fn()
+        except TransientStoreError as exc:
+            delay = policy.delay(attempt)
+            if attempt >= policy.max_attempts or \
+                    time.monotonic() - started + delay > policy.budget_s:
+                raise _exhausted(exc, attempt, started) from exc
+            attempt += 1
+            await asyncio.sleep(delay)
+
+
+class RetryingStore(ObjectStore):
+    """Retries transient errors of a synchronous store."""
+
+    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None) -> None:
+        self.inner = inner
+        self.policy = policy or RetryPolicy()
+        self.url = inner.url
+
+    def get(self, key: str) -> GetResult:
+        return call_with_retry(self.policy, lambda: self.inner.get(key))
+
+    def put(self, key: str, data: bytes, *, if_match: str | None = None,
+            if_none_match: IfNoneMatch = None) -> PutResult:
+        return call_with_retry(self.policy, lambda: self.inner.put(
+            key, data, if_match=if_match, if_none_match=if_none_match))
+
+    def delete(self, key: str) -> None:
+        call_with_retry(self.policy, lambda: self.inner.delete(key))
+
+    def list(self, prefix: str = "") -> ListResult:
+        return call_with_retry(self.policy, lambda: self.inner.list(prefix))
+
+    def head(self, key: str) -> ObjectInfo:
+        return call_with_retry(self.policy, lambda: self.inner.head(key))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class RetryingAsyncStore(AsyncObjectStore):
+    """Retries transient errors of an async store."""
+
+    def __init__(self, inner: AsyncObjectStore, policy: RetryPolicy | None = None) -> None:
+        self.inner = inner
+        self.policy = policy or RetryPolicy()
+        self.url = inner.url
+
+    async def get(self, key: str) -> GetResult:
+        return await call_with_retry_async(self.policy, lambda: self.inner.get(key))
+
+    async def put(self, key: str, data: bytes, *, if_match: str | None = None,
+                  if_none_match: IfNoneMatch = None) -> PutResult:
+        return await call_with_retry_async(self.policy, lambda: self.inner.put(
+            key, data, if_match=if_match, if_none_match=if_none_match))
+
+    async def delete(self, key: str) -> None:
+        await call_with_retry_async(self.policy, lambda: self.inner.delete(key))
+
+    async def list(self, prefix: str = "") -> ListResult:
+        return await call_with_retry_async(self.policy, lambda: self.inner.list(prefix))
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await call_with_retry_async(self.policy, lambda: self.inner.head(key))
+
+    async def close(self) -> None:
+        await self.inner.close()

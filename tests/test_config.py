@@ -1,0 +1,98 @@
+"""icefloe.toml loading: the documented shape, precedence, paths and precise errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from icefloe.config import load_config
+from icefloe.errors import ConfigError
+
+MINIMAL = textwrap.dedent("""
+    [store]
+    url = "file:///var/lib/icefloe/store"
+    [catalog]
+    uri = "sqlite:////var/lib/icefloe/catalog.db"
+    warehouse = "file:///var/lib/icefloe/warehouse"
+    [[streams]]
+    name = "pageviews"
+    table = "web.pageviews"
+    columns = [
+      { name = "user_id", type = "string", required = true },
+      { name = "url", type = "string" },
+      { name = "duration_ms", type = "long" },
+      { name = "ts", type = "timestamp" },
+    ]
+""")
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "icefloe.toml"
+    path.write_text(text)
+    return path
+
+
+def test_should_load_the_documented_minimal_shape(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL), env={})
+    assert config.store.url == "file:///var/lib/icefloe/store"
+    assert config.catalog.uri == "sqlite:////var/lib/icefloe/catalog.db"
+    stream = config.stream("pageviews")
+    assert stream is not None
+    assert (stream.namespace, stream.table_name) == ("web", "pageviews")
+    assert [c.type for c in stream.columns] == ["string", "string", "long", "timestamp"]
+    assert stream.columns[0].required
+    assert stream.unknown_fields == "ignore"
+    assert config.ingestor.http_port == 8080
+    assert config.ingestor.grpc_port == 50051
+
+
+def test_should_apply_flag_over_env_over_file(tmp_path):
+    path = write(tmp_path, MINIMAL + "[ingestor]\nhttp_port = 9000\ngrpc_port = 9001\n")
+    env = {"ICEFLOE_INGESTOR_HTTP_PORT": "9100", "ICEFLOE_INGESTOR_GRPC_PORT": "9101"}
+    config = load_config(path, env=env, overrides={"ingestor": {"http_port": 9200,
+                                                                "grpc_port": None}})
+    assert config.ingestor.http_port == 9200  # flag wins
+    assert config.ingestor.grpc_port == 9101  # env beats the file
+
+
+def test_should_find_the_config_through_the_environment(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    config = load_config(None, env={"ICEFLOE_CONFIG": str(path)})
+    assert config.source == str(path)
+
+
+def test_should_resolve_relative_paths_against_the_config_folder(tmp_path):
+    text = MINIMAL.replace("file:///var/lib/icefloe/store", "file://data/store")
+    text = text.replace("sqlite:////var/lib/icefloe/catalog.db", "sqlite:///data/catalog.db")
+    config = load_config(write(tmp_path, text), env={})
+    assert config.store.url == (tmp_path / "data" / "store").resolve().as_uri()
+    assert config.catalog.uri == f"sqlite:///{(tmp_path / 'data' / 'catalog.db').resolve()}"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda t: t.replace('type = "long"', 'type = "lnog"'),
+     r"streams\[0\]\.columns\[2\]\.type: unknown type 'lnog'"),
+    (lambda t: t + "[ingestor]\nhttp_port = 'eighty'\n",
+     r"ingestor\.http_port: Expected `int`"),
+    (lambda t: t + "[ingestor]\nhtp_port = 1\n", r"unknown field `htp_port`"),
+    (lambda t: t.replace('table = "web.pageviews"', 'table = "pageviews"'),
+     r"streams\[0\]\.table: 'pageviews' must be 'namespace.table'"),
+    (lambda t: t + "[manifest]\ngc_grace_s = 60\n", r"manifest\.gc_grace_s \(60\)"),
+    (lambda t: t + t[t.index("[[streams]]"):], r"streams\[1\]\.name: duplicate stream"),
+    (lambda t: t.replace('name = "url"', 'name = "_event_id"'), r"reserved by icefloe"),
+    (lambda t: t + "[ingestor]\nhttp_port = 70000\n", r"70000 is not a TCP port"),
+    (lambda t: t.replace("[[streams]]", "[[streams]\n"), r"invalid TOML"),
+    (lambda t: t.replace('name = "pageviews"', 'name = "pageviews"\nevent_id_field = "id"'),
+     r"event_id_field: 'id' is not a declared column"),
+])
+def test_should_name_file_key_and_reason_for_bad_config(tmp_path, change, message):
+    path = write(tmp_path, change(MINIMAL))
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path, env={})
+    assert str(path) in str(info.value)
+
+
+def test_should_report_a_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml", env={})
