@@ -215,6 +215,10 @@ def validate(config: Config, where: str) -> None:
                 "buffer_max_bytes", "flush_age_ms", "flush_timeout_s"):
         if getattr(ing, key) <= 0:
             raise ConfigError(f"{where}: ingestor.{key} must be > 0")
+    if ing.buffer_max_bytes < ing.max_body_bytes:
+        raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
+                          f"be >= ingestor.max_body_bytes ({ing.max_body_bytes}): a request "
+                          "larger than the buffer could never be accepted")
     if ing.buffer_max_bytes < ing.flush_bytes:
         raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
                           f"be >= ingestor.flush_bytes ({ing.flush_bytes})")

@@ -29,6 +29,7 @@ contains one (JSON escapes line breaks inside strings), so the rule costs nothin
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -46,6 +47,7 @@ __all__ = [
     "StreamSplit",
     "decode_envelope",
     "encode_envelope",
+    "frame_events",
     "split_by_stream",
 ]
 
@@ -415,3 +417,34 @@ def _bad_records(block: bytes, record_count: int, indexes: list[int]) -> list[Ba
                                  "rejected by split_by_stream although decode_envelope "
                                  "accepts it (please report this as a bug)", data))
     return bad
+
+
+def frame_events(stream: str, received_at_ms: int, event_ids: Sequence[str],
+                 payloads: Sequence[bytes]) -> bytes:
+    """Frame many events of one stream as batch records: ``[u32 length][envelope]`` each.
+
+    Why: the ingestor's hot path. All events of a request share the stream and receive
+    time, so their envelope header prefix is packed once and only the id and payload vary
+    per event; the result goes into a batch with ``BatchBuilder.add_framed``. Ids must be
+    1..255 UTF-8 bytes and payloads canonical one-line JSON (ValueError otherwise).
+    """
+    if len(event_ids) != len(payloads):
+        raise ValueError(f"{len(event_ids)} event ids for {len(payloads)} payloads")
+    stream_raw = _id_bytes("stream name", stream)
+    prefix = _HEAD.pack(ENVELOPE_VERSION, 0, received_at_ms, len(stream_raw)) + stream_raw
+    fixed = len(prefix) + 1
+    pack = _U32.pack
+    parts: list[bytes] = []
+    append = parts.append
+    for event_id, payload in zip(event_ids, payloads, strict=True):
+        raw_id = event_id.encode()
+        if not 0 < len(raw_id) <= MAX_ID_BYTES:
+            raise ValueError(f"event id {event_id!r} must be 1..{MAX_ID_BYTES} UTF-8 bytes")
+        if not payload or b"\n" in payload or b"\r" in payload:
+            raise ValueError("payload must be non-empty canonical JSON on one line")
+        append(pack(fixed + len(raw_id) + len(payload)))
+        append(prefix)
+        append(bytes((len(raw_id),)))
+        append(raw_id)
+        append(payload)
+    return b"".join(parts)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from icefloe.batch import Compression, encode_batch
@@ -129,11 +131,27 @@ def test_should_refuse_an_unknown_store_scheme_as_a_config_error(capsys):
     assert "unsupported store url" in capsys.readouterr().err
 
 
-def test_should_prepare_the_embedded_store_with_up(tmp_path, capsys):
-    assert main(["up", "--data-dir", str(tmp_path / "data")]) == 0
-    out = capsys.readouterr().out
-    assert "conditional writes: ok" in out
-    assert (tmp_path / "data" / "store").is_dir()
+def test_should_run_an_ingestor_on_the_embedded_store_with_up(tmp_path):
+    script = Path(sys.executable).parent / "icefloe"
+    data = tmp_path / "data"
+    proc = subprocess.Popen([str(script), "up", "--data-dir", str(data), "--http-port", "0",
+                             "--grpc-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        lines = []
+        while not any(line.strip().startswith("HTTP") for line in lines):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            lines.append(line)
+        url = next(line.split()[1] for line in lines if line.strip().startswith("HTTP"))
+        response = httpx.post(url.replace("{stream}", "pageviews"),
+                              json={"user_id": "u1", "url": "/"}, timeout=10)
+        assert response.status_code == 202
+        assert response.json() == {"accepted": 1}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert main(["inspect", "manifest", "--store", (data / "store").as_uri(), "--json"]) == 0
 
 
 def test_should_run_as_a_console_script_with_help():

@@ -96,3 +96,11 @@ def test_should_name_file_key_and_reason_for_bad_config(tmp_path, change, messag
 def test_should_report_a_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.toml", env={})
+
+
+def test_should_refuse_a_buffer_smaller_than_one_request(tmp_path):
+    path = write(tmp_path, MINIMAL + "[ingestor]\nbuffer_max_bytes = 1000\nmax_body_bytes = 2000\n"
+                 "flush_bytes = 500\n")
+    with pytest.raises(ConfigError, match=r"buffer_max_bytes \(1000\) must be >= "
+                                          r"ingestor.max_body_bytes \(2000\)"):
+        load_config(path, env={})

@@ -1,0 +1,240 @@
+"""Ingest benchmark: durable events/s and ack latency over HTTP and gRPC, with ceilings.
+
+Runs, side by side in one run, on this machine:
+
+* the bare stacks (``_bare_servers.py``): raw ASGI on uvicorn answering 202 without doing
+  anything, and a grpc.aio Ingest service answering without decoding — the ceilings;
+* a real ``icefloe ingestor`` on a local store, whose 202/ack means "in a batch file listed
+  by the manifest" (validation, canonicalisation, zstd, fsync'd PUT, manifest CAS).
+
+Load comes from separate processes: ``wrk`` (HTTP; falls back to nothing if missing — install
+Debian's ``wrk``) and ``_grpc_load.py`` (gRPC). Events are ~200-byte JSON objects.
+
+Usage: python bench/ingest_bench.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Result, print_table, write_json
+
+HERE = Path(__file__).resolve().parent
+PYTHON = sys.executable
+ICEFLOE = str(Path(PYTHON).parent / "icefloe")
+EVENT = ('{"user_id":"user-%05d","url":"https://example.com/products/%d?ref=campaign-7",'
+         '"duration_ms":%d,"ts":"2026-11-23T01:02:03.456Z","ref":"newsletter-2026-11"}')
+CONFIG = """
+[store]
+url = "file://store"
+[ingestor]
+host = "127.0.0.1"
+http_port = 0
+grpc_port = 0
+[[streams]]
+name = "pageviews"
+table = "web.pageviews"
+columns = [
+  { name = "user_id", type = "string", required = true },
+  { name = "url", type = "string" },
+  { name = "duration_ms", type = "long" },
+  { name = "ts", type = "timestamp" },
+  { name = "ref", type = "string" },
+]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+@contextlib.contextmanager
+def process(args: list[str], port: int | None = None) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        if port is not None:
+            wait_port(port)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wrk(url: str, body: str, seconds: float, connections: int, workdir: Path
+        ) -> tuple[float, float, float]:
+    """(requests/s, p50 ms, p99 ms) of POSTing ``body`` with wrk."""
+    body_file = workdir / f"body-{len(body)}.json"
+    body_file.write_text(body)
+    script = workdir / f"post-{len(body)}.lua"
+    script.write_text(textwrap.dedent(f"""
+        wrk.method = "POST"
+        wrk.body = io.open("{body_file}", "rb"):read("*a")
+        wrk.headers["Content-Type"] = "application/json"
+    """))
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, int(seconds))}s",
+                          "--latency", "-s", str(script), url],
+                         capture_output=True, text=True, check=True).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non2xx:
+        print(f"  warning: {non2xx.group(1)} non-2xx responses from {url}", file=sys.stderr)
+    return rate, _percentile(out, "50%"), _percentile(out, "99%")
+
+
+def _percentile(wrk_output: str, label: str) -> float:
+    match = re.search(rf"{re.escape(label)}\s+([\d.]+)(us|ms|s)", wrk_output)
+    if not match:
+        return float("nan")
+    value, unit = float(match.group(1)), match.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def grpc_load(port: int, mode: str, seconds: float, concurrency: int) -> dict[str, float]:
+    out = subprocess.run([PYTHON, str(HERE / "_grpc_load.py"), f"127.0.0.1:{port}", mode,
+                          str(seconds), "100", str(concurrency)],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out.strip().splitlines()[-1])
+    data["events_per_s"] = data["events"] / data["seconds"]
+    return data
+
+
+def light_latency(url: str, seconds: float) -> tuple[float, float]:
+    """Ack latency of single-event POSTs sent one at a time (~light load)."""
+    samples: list[float] = []
+    deadline = time.monotonic() + seconds
+    with httpx.Client(timeout=10) as client:
+        i = 0
+        while time.monotonic() < deadline:
+            body = EVENT % (i, i, i)
+            started = time.perf_counter()
+            client.post(url, content=body, headers={"content-type": "application/json"})
+            samples.append((time.perf_counter() - started) * 1000)
+            i += 1
+            time.sleep(0.005)
+    samples.sort()
+    return samples[len(samples) // 2], samples[int(len(samples) * 0.99)]
+
+
+def batch_body(n: int) -> str:
+    return "[" + ",".join(EVENT % (i, i % 997, i * 37 % 60000) for i in range(n)) + "]"
+
+
+def start_ingestor(workdir: Path) -> tuple[subprocess.Popen[str], int, int]:
+    config = workdir / "icefloe.toml"
+    config.write_text(CONFIG)
+    proc = subprocess.Popen([ICEFLOE, "ingestor", "--config", str(config), "--log-level",
+                             "warning"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    ready = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+    return proc, ready["http_port"], ready["grpc_port"]
+
+
+def run(quick: bool) -> list[Result]:
+    seconds = 3.0 if quick else 10.0
+    results: list[Result] = []
+    single, batch = EVENT % (1, 2, 3), batch_body(100)
+    have_wrk = shutil.which("wrk") is not None
+    with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-") as tmp:
+        workdir = Path(tmp)
+        bare: dict[str, float] = {}
+        if have_wrk:
+            port = free_port()
+            with process([PYTHON, str(HERE / "_bare_servers.py"), "http", str(port)], port):
+                url = f"http://127.0.0.1:{port}/"
+                bare["single"] = wrk(url, single, seconds, 32, workdir)[0]
+                bare["batch"] = wrk(url, batch, seconds, 32, workdir)[0] * 100
+        port = free_port()
+        with process([PYTHON, str(HERE / "_bare_servers.py"), "grpc", str(port)], port):
+            bare["unary"] = grpc_load(port, "unary", seconds, 32)["events_per_s"]
+            bare["stream"] = grpc_load(port, "stream", seconds, 4)["events_per_s"]
+
+        proc, http_port, grpc_port = start_ingestor(workdir)
+        try:
+            url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
+            p50, p99 = light_latency(url, seconds / 2)
+            results += [Result("ack latency p50, light load (1 client, HTTP single)", p50, "ms"),
+                        Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
+            if have_wrk:
+                rate, p50, p99 = wrk(url, single, seconds, 32, workdir)
+                results += [
+                    Result("HTTP single-event POST, durable", rate, "events/s", bare["single"]),
+                    Result("HTTP single-event POST ack p50", p50, "ms"),
+                    Result("HTTP single-event POST ack p99", p99, "ms")]
+                rate, p50, p99 = wrk(url, batch, seconds, 32, workdir)
+                results += [
+                    Result("HTTP 100-event batch, durable", rate * 100, "events/s",
+                           bare["batch"]),
+                    Result("HTTP 100-event batch ack p50", p50, "ms"),
+                    Result("HTTP 100-event batch ack p99", p99, "ms")]
+            unary = grpc_load(grpc_port, "unary", seconds, 32)
+            stream = grpc_load(grpc_port, "stream", seconds, 4)
+            results += [
+                Result("gRPC unary 100-event batch, durable", unary["events_per_s"],
+                       "events/s", bare["unary"]),
+                Result("gRPC unary ack p50", unary["p50_ms"], "ms"),
+                Result("gRPC unary ack p99", unary["p99_ms"], "ms"),
+                Result("gRPC client-streaming 100-event msgs, durable", stream["events_per_s"],
+                       "events/s", bare["stream"]),
+                Result("gRPC streaming ack p50", stream["p50_ms"], "ms"),
+                Result("gRPC streaming ack p99", stream["p99_ms"], "ms")]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        if have_wrk:
+            results += [Result("bare HTTP stack, single-event POST (ceiling)", bare["single"],
+                               "req/s"),
+                        Result("bare HTTP stack, 100-event POST (ceiling)", bare["batch"],
+                               "events/s")]
+        results += [Result("bare gRPC unary 100-event (ceiling)", bare["unary"], "events/s"),
+                    Result("bare gRPC streaming 100-event (ceiling)", bare["stream"],
+                           "events/s")]
+    if not have_wrk:
+        print("note: wrk not found; HTTP throughput rows skipped (apt-get install wrk)",
+              file=sys.stderr)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 s per run (under a minute)")
+    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    args = parser.parse_args()
+    results = run(args.quick)
+    print_table("ingest (durable acks on a local store; baseline = bare stack, same run)",
+                results)
+    write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""The per-process buffer and flusher: group commit with durable acks and backpressure.
+
+Why it works this way:
+
+* **Ack only when durable.** A request's events enter the open batch and the request waits
+  on a future that resolves only after the batch file PUT *and* the manifest append
+  succeeded. A failed flush fails every waiting request (503): they were never acked.
+* **Latency is the product.** The age limit is a maximum, not a tick: when nothing is being
+  flushed, a waiting request is flushed at once; requests arriving during a flush ride the
+  next one (group commit). While flushes are in flight, the open batch is sealed when it
+  reaches the size/count limit or its age limit, and up to ``max_inflight`` flushes overlap
+  (a PUT and a manifest CAS each cost tens of ms on S3). ``min_interval_s`` bounds PUTs/s.
+* **Bounded memory.** Bytes buffered plus bytes being flushed never exceed
+  ``max_bytes``; a request that would cross it is refused at once with 429, never queued
+  without bound and never dropped silently.
+* **All or nothing.** A request's events are framed into one segment and land in one batch
+  file, so a request is either wholly durable or wholly refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ulid import ULID
+
+from icefloe.batch import BatchBuilder, Compression
+from icefloe.checksum import crc32c
+from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
+from icefloe.manifest import BatchRef, ManifestProducer
+from icefloe.store.base import AsyncObjectStore
+from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
+from ingestor.metrics import IngestMetrics
+
+log = logging.getLogger("icefloe.ingestor.buffer")
+BATCH_PREFIX = "batches/"
+
+
+@dataclass(frozen=True)
+class FlushSettings:
+    """When to flush and how much to hold. Sizes in bytes, times in seconds."""
+
+    age_s: float = 0.1
+    max_batch_bytes: int = 8 * 1024 * 1024
+    max_batch_events: int = 100_000
+    min_interval_s: float = 0.0
+    max_bytes: int = 256 * 1024 * 1024
+    max_inflight: int = 4
+    timeout_s: float = 30.0
+    zstd_level: int = 3
+    retry_after_s: float = 1.0
+
+
+@dataclass
+class _OpenBatch:
+    builder: BatchBuilder = field(default_factory=BatchBuilder)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    streams: set[str] = field(default_factory=set)
+    opened_at: float = field(default_factory=time.monotonic)
+    size: int = 0
+
+
+class Batcher:
+    """Buffers framed requests and flushes them as batch files plus manifest appends."""
+
+    def __init__(self, store: AsyncObjectStore, producer: ManifestProducer,
+                 settings: FlushSettings, metrics: IngestMetrics) -> None:
+        self.store = store
+        self.producer = producer
+        self.settings = settings
+        self.metrics = metrics
+        self._open: _OpenBatch | None = None
+        self._sealed: deque[_OpenBatch] = deque()
+        self._held_bytes = 0
+        self._inflight = 0
+        self._last_start = 0.0
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+        metrics.buffer_limit_bytes.set(settings.max_bytes)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes buffered or being flushed: not yet acknowledged."""
+        return self._held_bytes
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name="ingest-flusher")
+
+    async def submit(self, framed: bytes, count: int, stream: str) -> None:
+        """Buffer one request's framed records; return once they are durable.
+
+        Raises :class:`Overloaded` (buffer full), :class:`Unavailable` (flush failed, or
+        shutting down). In both cases none of the request's events were acknowledged.
+        """
+        if self._closing:
+            raise Unavailable("this ingestor is shutting down; retry against another one",
+                              code="shutting_down", retry_after_s=self.settings.retry_after_s)
+        size = len(framed)
+        if size > self.settings.max_bytes:  # could never fit: retrying cannot help
+            raise PayloadTooLarge(
+                f"the request needs {size} bytes of buffer, more than this ingestor's whole "
+                f"buffer ({self.settings.max_bytes} bytes, ingestor.buffer_max_bytes); "
+                "split it into smaller requests", code="payload_too_large")
+        if self._held_bytes + size > self.settings.max_bytes:
+            raise Overloaded(
+                f"ingest buffer full ({self._held_bytes} of {self.settings.max_bytes} bytes "
+                "waiting for the object store); retry after the indicated delay",
+                code="buffer_full", retry_after_s=self.settings.retry_after_s)
+        batch = self._open
+        if batch is None:
+            batch = self._open = _OpenBatch()
+        batch.builder.add_framed(framed, count)
+        batch.streams.add(stream)
+        batch.size += size
+        self._held_bytes += size
+        self.metrics.buffer_bytes.set(self._held_bytes)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        batch.waiters.append(future)
+        if (batch.builder.block_size >= self.settings.max_batch_bytes
+                or batch.builder.record_count >= self.settings.max_batch_events):
+            self._seal()
+        self._wake.set()
+        await asyncio.shield(future)  # a client that hangs up must not cancel the flush
+
+    # -- flush scheduling ------------------------------------------------------------------
+
+    def _seal(self) -> None:
+        if self._open is not None and self._open.waiters:
+            self._sealed.append(self._open)
+        self._open = None
+
+    async def _run(self) -> None:
+        settings = self.settings
+        while True:
+            now = time.monotonic()
+            batch = self._open
+            if batch is not None and (self._inflight == 0 or self._closing
+                                      or now - batch.opened_at >= settings.age_s):
+                self._seal()
+            while (self._sealed and self._inflight < settings.max_inflight
+                   and now - self._last_start >= settings.min_interval_s):
+                self._start_flush(self._sealed.popleft())
+                now = time.monotonic()
+            if self._closing and not self._sealed and self._open is None \
+                    and self._inflight == 0:
+                return
+            self._wake.clear()
+            timeout = self._next_deadline(now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _next_deadline(self, now: float) -> float | None:
+        waits: list[float] = []
+        if self._open is not None:
+            waits.append(self._open.opened_at + self.settings.age_s - now)
+        if self._sealed and self._inflight < self.settings.max_inflight:
+            waits.append(self._last_start + self.settings.min_interval_s - now)
+        return max(0.0, min(waits)) if waits else None
+
+    def _start_flush(self, batch: _OpenBatch) -> None:
+        self._inflight += 1
+        self._last_start = time.monotonic()
+        task = asyncio.create_task(self._flush(batch), name="ingest-flush")
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    # -- one flush -------------------------------------------------------------------------
+
+    async def _flush(self, batch: _OpenBatch) -> None:
+        started = time.monotonic()
+        error: IngestError | None = None
+        try:
+            await asyncio.wait_for(self._write(batch), self.settings.timeout_s)
+        except QueueFullError as exc:
+            error = Overloaded(str(exc), code="queue_full",
+                               retry_after_s=self.settings.retry_after_s)
+        except DeadlineExceededError as exc:
+            error = Unavailable(str(exc), code="flush_deadline",
+                                retry_after_s=self.settings.retry_after_s)
+        except StoreError as exc:
+            error = Unavailable(f"the object store is unavailable: {exc}",
+                                code="store_unavailable",
+                                retry_after_s=self.settings.retry_after_s)
+        except TimeoutError:
+            error = Unavailable(f"flushing to the object store took longer than "
+                                f"{self.settings.timeout_s:g}s", code="store_timeout",
+                                retry_after_s=self.settings.retry_after_s)
+        except Exception as exc:  # never leave a client hanging on an unexpected bug
+            log.exception("flush failed unexpectedly")
+            error = Unavailable(f"internal error while flushing: {exc}", code="internal",
+                                retry_after_s=self.settings.retry_after_s)
+        finally:
+            self._inflight -= 1
+            self._held_bytes -= batch.size
+            self.metrics.buffer_bytes.set(self._held_bytes)
+            self._wake.set()
+        self.metrics.flushes.labels("ok" if error is None else error.code).inc()
+        self.metrics.flush_seconds.observe(time.monotonic() - started)
+        if error is not None:
+            log.warning("flush of %d events failed: %s", batch.builder.record_count, error)
+        for waiter in batch.waiters:
+            if waiter.done():
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
+    async def _write(self, batch: _OpenBatch) -> None:
+        builder, level = batch.builder, self.settings.zstd_level
+
+        def compress() -> tuple[bytes, int]:  # zstd releases the GIL: keep it off the loop
+            data = builder.finish(Compression.ZSTD, level)
+            return data, crc32c(data)
+
+        data, checksum = await asyncio.to_thread(compress)
+        key = f"{BATCH_PREFIX}{ULID()}.ifb"
+        put = await self.store.put(key, data)
+        await self.producer.append(BatchRef(
+            location=key, size=len(data), crc32c=checksum,
+            record_count=builder.record_count, streams=tuple(sorted(batch.streams)),
+            written_at=put.store_time))
+        self.metrics.batch_bytes.observe(len(data))
+        self.metrics.batch_events.observe(builder.record_count)
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def close(self, timeout_s: float) -> bool:
+        """Refuse new work, flush what is buffered, answer every waiter; True if drained."""
+        self._closing = True
+        self._wake.set()
+        if self._loop_task is None:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._loop_task), timeout_s)
+            return True
+        except TimeoutError:
+            self._fail_remaining()
+            return False
+
+    def _fail_remaining(self) -> None:
+        error = Unavailable("the ingestor shut down before these events were flushed",
+                            code="shutting_down", retry_after_s=self.settings.retry_after_s)
+        pending = list(self._sealed) + ([self._open] if self._open else [])
+        for batch in pending:
+            for waiter in batch.waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+        if self._loop_task is not None:
+            self._loop_task.cancel()

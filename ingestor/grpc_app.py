@@ -1,0 +1,354 @@
+"""The gRPC front: ``icefloe.v1.Ingest`` on grpc.aio, plus health and reflection.
+
+Why it looks like this:
+
+* **Same answers as HTTP.** Every refusal is an :class:`~ingestor.errors.IngestError`
+  from the shared service; it becomes a ``google.rpc.Status`` with the error's gRPC code and
+  rich details: ``BadRequest`` (one field violation per bad event, ``events[i].field``),
+  ``RetryInfo`` for RESOURCE_EXHAUSTED/UNAVAILABLE (the HTTP ``Retry-After``) and
+  ``ErrorInfo`` (``reason`` = the stable error code, ``domain`` = ``"icefloe"``).
+* **PublishStream pipelines.** Request k+1 starts ingesting while request k is still being
+  flushed, so one stream's requests share group commits; acks still go back in request
+  order, each only once its events are durable. At most ``max_inflight`` requests per
+  stream are in flight: past that the servicer stops reading, and HTTP/2 flow control
+  pushes back on the client. A refused request gets its own response with ``error`` set and
+  the stream goes on; only a broken transport ends it.
+* **Lean hot path.** A request costs one list of the events' JSON bytes (plus their ids
+  when any is set); the schema layer decodes that list in one pass.
+
+Messages larger than ``ingestor.max_body_bytes`` are refused by gRPC itself with
+RESOURCE_EXHAUSTED and no ``RetryInfo`` (retrying cannot help; the client does not retry
+it); on ``PublishStream`` that ends the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from typing import Any, NamedTuple
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+from icefloe.errors import ConfigError
+from icefloe.schema import InvalidEvents
+from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+from ingestor.errors import IngestError, Unavailable
+from ingestor.runtime import IngestorRuntime
+
+log = logging.getLogger("icefloe.ingestor.grpc")
+
+SERVICE_NAME = ingest_pb2.DESCRIPTOR.services_by_name["Ingest"].full_name
+"""``icefloe.v1.Ingest``: the name health checks and reflection use."""
+
+ERROR_DOMAIN = "icefloe"
+DEFAULT_STREAM_INFLIGHT = 64
+"""Requests of one PublishStream call being ingested at once (backpressure beyond)."""
+
+MAX_TRAILER_DETAILS_BYTES = 4096
+"""Budget for the rich status of a failed unary call: it travels in trailing metadata,
+which clients refuse beyond 8 KiB by default. Extra field violations are summarized."""
+
+UNKNOWN_STREAM_LABEL = "-"
+"""Metrics label for stream names that are not configured: only configured names become
+labels, never client input (bounded cardinality; the HTTP front uses the same label)."""
+
+_MAX_REASON_CHARS = 200
+_BACKPRESSURE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+
+
+# -- errors as google.rpc.Status ------------------------------------------------------------
+
+
+def error_status(error: IngestError, *, retry_after_s: float | None = None,
+                 max_details_bytes: int | None = None) -> status_pb2.Status:
+    """The rich ``google.rpc.Status`` of a refusal (``retry_after_s``: fallback delay)."""
+    code = error.grpc_code
+    details: list[any_pb2.Any] = []
+    if error.details:
+        details.append(_pack(_bad_request(error.details, max_details_bytes)))
+    delay = error.retry_after_s if error.retry_after_s is not None else retry_after_s
+    if code in _BACKPRESSURE and delay is not None:
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=_duration(delay))))
+    details.append(_pack(error_details_pb2.ErrorInfo(reason=error.code, domain=ERROR_DOMAIN)))
+    return status_pb2.Status(code=code.value[0], message=error.message, details=details)
+
+
+def _bad_request(details: Sequence[dict[str, Any]], budget: int | None
+                 ) -> error_details_pb2.BadRequest:
+    violation = error_details_pb2.BadRequest.FieldViolation
+    bad = error_details_pb2.BadRequest()
+    used = 0
+    for shown, detail in enumerate(details):
+        item = violation(field=_field_path(detail),
+                         description=str(detail.get("reason") or "")[:_MAX_REASON_CHARS])
+        used += item.ByteSize() + 4
+        if budget is not None and used > budget:
+            bad.field_violations.append(violation(
+                field="events", description=f"... and {len(details) - shown} more "
+                "violation(s) not listed (the response size is bounded)"))
+            break
+        bad.field_violations.append(item)
+    return bad
+
+
+def _field_path(detail: dict[str, Any]) -> str:
+    index, field = detail.get("index"), detail.get("field")
+    base = "events" if index is None else f"events[{index}]"
+    return f"{base}.{field}" if field else base
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    nanos = max(0, round(seconds * 1e9))
+    return duration_pb2.Duration(seconds=nanos // 1_000_000_000, nanos=nanos % 1_000_000_000)
+
+
+def _pack(message: Any) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+    """The token of ``authorization: Bearer <token>`` metadata, else None."""
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+# -- the servicer ---------------------------------------------------------------------------
+
+
+class IngestServicer(ingest_pb2_grpc.IngestServicer):
+    """``icefloe.v1.Ingest`` over one :class:`IngestorRuntime` (asyncio, one loop)."""
+
+    def __init__(self, runtime: IngestorRuntime, *,
+                 max_inflight: int = DEFAULT_STREAM_INFLIGHT) -> None:
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        self.service = runtime.service
+        self.metrics = runtime.metrics
+        self.max_inflight = max_inflight
+        self.retry_after_s: float = runtime.config.ingestor.retry_after_s
+        self._ack = runtime.metrics.ack_seconds.labels("grpc")
+        self._ok: dict[str, Any] = {}
+        self._readers: set[asyncio.Task[None]] = set()
+        self.draining = False
+
+    def drain(self) -> None:
+        """Graceful shutdown: every PublishStream stops reading, answers what it read, and
+        ends with UNAVAILABLE (``shutting_down``) so its client reconnects elsewhere, instead
+        of holding the stream open until the grace period cancels it mid-flight."""
+        self.draining = True
+        for reader in list(self._readers):
+            reader.cancel()
+
+    async def Publish(self, request: ingest_pb2.PublishRequest,
+                      context: grpc.aio.ServicerContext) -> ingest_pb2.PublishResponse:
+        accepted, error = await self._attempt(request, bearer_token(
+            context.invocation_metadata()))
+        if error is not None:
+            status = error_status(error, retry_after_s=self.retry_after_s,
+                                  max_details_bytes=MAX_TRAILER_DETAILS_BYTES)
+            await context.abort_with_status(rpc_status.to_status(status))
+        return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
+
+    async def PublishStream(self, request_iterator: AsyncIterable[ingest_pb2.PublishRequest],
+                            context: grpc.aio.ServicerContext
+                            ) -> AsyncIterator[ingest_pb2.PublishResponse]:
+        if self.draining:
+            await self._abort_draining(context)
+        token = bearer_token(context.invocation_metadata())
+        slots = asyncio.Semaphore(self.max_inflight)
+        order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None] = \
+            asyncio.Queue()
+        reader = asyncio.create_task(self._read(request_iterator, token, slots, order),
+                                     name="grpc-publish-stream-reader")
+        reader.add_done_callback(_retrieve)  # a call cancelled mid-read must not log noise
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+        try:
+            while (task := await order.get()) is not None:
+                response = await task
+                slots.release()
+                yield response
+            await asyncio.wait([reader])  # it put the end marker: it is finishing
+            if reader.cancelled():  # only drain() cancels it while the call goes on
+                await self._abort_draining(context)
+            reader.result()  # re-raise a broken request stream
+        finally:
+            reader.cancel()
+            while not order.empty():
+                pending = order.get_nowait()
+                if pending is not None:
+                    pending.cancel()  # a flush already started still completes (shielded)
+
+    async def _abort_draining(self, context: grpc.aio.ServicerContext) -> None:
+        error = Unavailable("this ingestor is shutting down: reconnect (to another one) and "
+                            "resend the requests that got no response, with their "
+                            "request_id", code="shutting_down", retry_after_s=self.retry_after_s)
+        await context.abort_with_status(rpc_status.to_status(error_status(error)))
+
+    async def _read(self, requests: AsyncIterable[ingest_pb2.PublishRequest],
+                    token: str | None, slots: asyncio.Semaphore,
+                    order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None]
+                    ) -> None:
+        iterator = aiter(requests)
+        try:
+            while True:
+                await slots.acquire()  # backpressure: read no further while at the bound
+                try:
+                    request = await anext(iterator)
+                except StopAsyncIteration:
+                    return
+                order.put_nowait(asyncio.create_task(self._respond(request, token)))
+        finally:
+            order.put_nowait(None)
+
+    async def _respond(self, request: ingest_pb2.PublishRequest, token: str | None
+                       ) -> ingest_pb2.PublishResponse:
+        accepted, error = await self._attempt(request, token)
+        if error is None:
+            return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
+        return ingest_pb2.PublishResponse(
+            request_id=request.request_id,
+            error=error_status(error, retry_after_s=self.retry_after_s))
+
+    # -- one request -----------------------------------------------------------------------
+
+    async def _attempt(self, request: ingest_pb2.PublishRequest, token: str | None
+                       ) -> tuple[int, IngestError | None]:
+        """Ingest one request: (accepted, None) once durable, or (0, why it was refused)."""
+        started = time.perf_counter()
+        try:
+            accepted = await self._publish(request, token)
+        except IngestError as error:
+            self._refused(request, error)
+            return 0, error
+        except Exception as exc:  # a bug must not leave the client without an answer
+            log.exception("gRPC publish to stream %r failed unexpectedly", request.stream)
+            error = IngestError(f"internal error: {exc}; nothing was acknowledged")
+            self._refused(request, error)
+            return 0, error
+        self._ack.observe(time.perf_counter() - started)
+        ok = self._ok.get(request.stream)
+        if ok is None:
+            ok = self._ok[request.stream] = self.metrics.requests.labels(
+                "grpc", request.stream, grpc.StatusCode.OK.name)
+        ok.inc()
+        return accepted, None
+
+    async def _publish(self, request: ingest_pb2.PublishRequest, token: str | None) -> int:
+        service = self.service
+        stream = service.stream(request.stream)
+        service.authorize(stream, token)
+        events = list(request.events)  # one wrapper per event, read twice (~30% cheaper)
+        try:
+            canonical = stream.from_events([event.json for event in events])
+        except InvalidEvents as exc:
+            raise service.bad_request(exc) from None
+        ids = [event.event_id for event in events]
+        return await service.ingest(stream, canonical, event_ids=ids if any(ids) else None,
+                                    idempotency_key=request.request_id or None)
+
+    def _refused(self, request: ingest_pb2.PublishRequest, error: IngestError) -> None:
+        label = request.stream if request.stream in self.service.streams \
+            else UNKNOWN_STREAM_LABEL
+        self.service.reject(label, error, len(request.events))
+        self.metrics.requests.labels("grpc", label, error.grpc_code.name).inc()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+# -- the server -----------------------------------------------------------------------------
+
+
+class _Health(health.aio.HealthServicer):
+    """The standard health service; entering graceful shutdown also drains the streams."""
+
+    def __init__(self, servicer: IngestServicer) -> None:
+        super().__init__()
+        self.servicer = servicer
+
+    async def enter_graceful_shutdown(self) -> None:
+        await super().enter_graceful_shutdown()
+        self.servicer.drain()
+
+
+class GrpcServer(NamedTuple):
+    """A started gRPC server, its bound port, and its health service.
+
+    At shutdown, ``await health.enter_graceful_shutdown()`` first: every service turns
+    NOT_SERVING (load balancers stop routing here) and open PublishStreams answer what they
+    read and end with UNAVAILABLE so clients reconnect elsewhere; then
+    ``await server.stop(grace)`` lets unary calls finish.
+    """
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+
+
+async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
+                            max_inflight: int = DEFAULT_STREAM_INFLIGHT) -> GrpcServer:
+    """Serve ``icefloe.v1.Ingest`` + health + reflection on ``host:port`` (0 = any free port).
+
+    Raises:
+        ConfigError: the port is in use (``grpc.so_reuseport`` is off, so a second server
+            never silently splits traffic with the first) or cannot be bound.
+    """
+    server = grpc.aio.server(options=[
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", runtime.config.ingestor.max_body_bytes),
+    ])
+    servicer = IngestServicer(runtime, max_inflight=max_inflight)
+    ingest_pb2_grpc.add_IngestServicer_to_server(servicer, server)
+    health_servicer = _Health(servicer)
+    for name in (health.OVERALL_HEALTH, SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") \
+        else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio raises on a failed bind (older versions returned 0)
+        bound = 0
+    if not bound:
+        await server.stop(None)
+        raise _bind_error(host, port)
+    await server.start()
+    return GrpcServer(server, bound, health_servicer)
+
+
+def _bind_error(host: str, port: int) -> ConfigError:
+    """Say why gRPC could not bind (it only reports "failed"): probe the port ourselves."""
+    reason = "the address cannot be bound"
+    with contextlib.suppress(OSError), socket.socket(
+            socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return ConfigError(
+                    f"gRPC port {port} on {host} is already in use: stop the other process "
+                    "or choose another port (--grpc-port, ICEFLOE_INGESTOR_GRPC_PORT)")
+            reason = exc.strerror or str(exc)
+    return ConfigError(f"cannot bind gRPC to {host}:{port}: {reason}")

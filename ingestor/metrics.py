@@ -1,0 +1,73 @@
+"""Prometheus metrics of one ingestor process.
+
+Why a registry per instance: tests (and ``icefloe up``) may run several ingestors in one
+process; the global registry would refuse the second set. ``/metrics`` serves this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from icefloe.manifest import ProducerStats
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class IngestMetrics:
+    """Requests, events, buffer, flushes and acks, labelled by transport and stream."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("icefloe_ingest_requests", "Ingest requests by outcome",
+                                ["transport", "stream", "status"], registry=r)
+        self.events_accepted = Counter("icefloe_ingest_events_accepted",
+                                       "Events acknowledged as durable", ["stream"], registry=r)
+        self.events_rejected = Counter("icefloe_ingest_events_rejected",
+                                       "Events refused, by reason", ["stream", "reason"],
+                                       registry=r)
+        self.buffer_bytes = Gauge("icefloe_ingest_buffer_bytes",
+                                  "Bytes buffered or being flushed (not yet acknowledged)",
+                                  registry=r)
+        self.buffer_limit_bytes = Gauge("icefloe_ingest_buffer_limit_bytes",
+                                        "Buffer bound; beyond it requests get 429", registry=r)
+        self.flushes = Counter("icefloe_ingest_flushes", "Batch flushes by result", ["result"],
+                               registry=r)
+        self.flush_seconds = Histogram("icefloe_ingest_flush_seconds",
+                                       "Batch PUT + manifest append latency",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_bytes = Histogram("icefloe_ingest_batch_bytes", "Compressed batch file size",
+                                     buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 8e6, 16e6, 64e6),
+                                     registry=r)
+        self.batch_events = Histogram("icefloe_ingest_batch_events", "Events per batch file",
+                                      buckets=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), registry=r)
+        self.ack_seconds = Histogram("icefloe_ingest_ack_seconds",
+                                     "Time from request received to durable acknowledgement",
+                                     ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
+
+    def watch_producer(self, stats: ProducerStats) -> None:
+        """Export the manifest producer's counters (read at scrape time, never copied)."""
+        self.registry.register(_ProducerCollector(stats))
+
+
+class _ProducerCollector(Collector):
+    def __init__(self, stats: ProducerStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        s = self.stats
+        for name, doc, value in (
+            ("icefloe_ingest_manifest_cas_writes", "Manifest CAS writes", s.writes),
+            ("icefloe_ingest_manifest_cas_conflicts", "Manifest CAS races lost", s.conflicts),
+            ("icefloe_ingest_manifest_batches_appended", "Batches appended", s.appended),
+            ("icefloe_ingest_manifest_queue_full", "Appends refused: queue full", s.queue_full),
+            ("icefloe_ingest_manifest_deadline_exceeded", "Appends refused: too old",
+             s.deadline_exceeded),
+            ("icefloe_ingest_manifest_duplicates_skipped",
+             "Ambiguous appends found already applied", s.duplicates_skipped),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)

@@ -1,0 +1,77 @@
+"""Assemble one ingestor from configuration: store, probe, producer, buffer, service.
+
+Why a runtime object: the HTTP and gRPC servers of one process share a single buffer and
+manifest producer (one producer id per process, group commit across both transports), and
+shutdown must drain that buffer exactly once, after both servers stopped accepting.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from icefloe.config import Config
+from icefloe.manifest import ManifestProducer
+from icefloe.store import StoreOptions, open_async_store
+from icefloe.store.base import AsyncObjectStore
+from icefloe.store.probe import probe_conditional_writes
+from ingestor.buffer import Batcher, FlushSettings
+from ingestor.metrics import IngestMetrics
+from ingestor.service import IngestService
+
+log = logging.getLogger("icefloe.ingestor")
+
+
+def store_options(config: Config) -> StoreOptions:
+    """Store options from ``[store]`` (S3 settings only matter for ``s3://`` URLs)."""
+    if config.store.endpoint_url is None and config.store.region is None:
+        return StoreOptions()
+    from icefloe.store.s3 import S3Options
+
+    return StoreOptions(s3=S3Options(endpoint_url=config.store.endpoint_url,
+                                     region=config.store.region))
+
+
+def flush_settings(config: Config) -> FlushSettings:
+    ing = config.ingestor
+    return FlushSettings(
+        age_s=ing.flush_age_ms / 1000, max_batch_bytes=ing.flush_bytes,
+        max_batch_events=ing.flush_events, min_interval_s=ing.min_flush_interval_ms / 1000,
+        max_bytes=ing.buffer_max_bytes, timeout_s=ing.flush_timeout_s,
+        zstd_level=ing.zstd_level, retry_after_s=ing.retry_after_s)
+
+
+@dataclass
+class IngestorRuntime:
+    """Everything one ingestor process holds; transports get ``service``."""
+
+    config: Config
+    store: AsyncObjectStore
+    producer: ManifestProducer
+    batcher: Batcher
+    service: IngestService
+    metrics: IngestMetrics
+
+    @classmethod
+    async def start(cls, config: Config, store: AsyncObjectStore | None = None,
+                    probe: bool = True) -> IngestorRuntime:
+        """Open the store, refuse it unless it enforces CAS, start the flusher."""
+        store = store or open_async_store(config.store.url, store_options(config))
+        if probe:
+            await probe_conditional_writes(store)
+        producer = ManifestProducer(store, config.manifest.build())
+        metrics = IngestMetrics()
+        metrics.watch_producer(producer.stats)
+        batcher = Batcher(store, producer, flush_settings(config), metrics)
+        batcher.start()
+        service = IngestService(config, batcher, metrics, store)
+        log.info("ingestor ready: store=%s producer=%s streams=%s", store.url,
+                 producer.producer_id, ",".join(service.streams) or "-")
+        return cls(config, store, producer, batcher, service, metrics)
+
+    async def close(self, timeout_s: float | None = None) -> bool:
+        """Flush what is buffered and answer every waiting request; True if drained."""
+        drained = await self.batcher.close(timeout_s or self.config.ingestor.shutdown_timeout_s)
+        await self.producer.close()
+        await self.store.close()
+        return drained

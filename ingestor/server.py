@@ -1,0 +1,115 @@
+"""One ingestor process: the HTTP and gRPC servers over one shared runtime.
+
+Why both in one process: they share the buffer and the manifest producer, so requests of
+both transports are group-committed together. Shutdown order matters for "never ack what is
+not durable": on SIGTERM/SIGINT the health service turns NOT_SERVING, both servers stop
+accepting, in-flight requests finish (their flushes keep running), then the runtime drains
+what is left and answers every waiting request, and the process exits 0 — all within
+``shutdown_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import gc
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from icefloe.config import Config
+from icefloe.errors import ConfigError
+from ingestor.grpc_app import start_grpc_server
+from ingestor.http_app import HttpApp
+from ingestor.runtime import IngestorRuntime
+
+log = logging.getLogger("icefloe.ingestor")
+
+
+@dataclass(frozen=True)
+class BoundPorts:
+    http: int
+    grpc: int
+
+
+def bind_http(host: str, port: int) -> socket.socket:
+    """Bind the HTTP socket ourselves so "port in use" is a clear error, not an exit."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"HTTP port {port} on {host} is already in use: stop the other "
+                              "process or choose another port (--http-port, "
+                              "ICEFLOE_INGESTOR_HTTP_PORT)") from None
+        raise ConfigError(f"cannot bind HTTP to {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None = None,
+                stop: asyncio.Event | None = None) -> bool:
+    """Run until SIGTERM/SIGINT (or ``stop``); return True if every buffered event drained."""
+    ing = config.ingestor
+    http_socket = bind_http(ing.host, ing.http_port)
+    runtime = await IngestorRuntime.start(config)
+    grpc_server, grpc_port, health = await start_grpc_server(runtime, ing.host, ing.grpc_port)
+    http = uvicorn.Server(uvicorn.Config(
+        HttpApp(runtime), loop="none", http="httptools", lifespan="off", access_log=False,
+        log_level="warning", timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
+        timeout_keep_alive=30))
+    http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    while not http.started and not http_task.done():
+        await asyncio.sleep(0.01)
+    ports = BoundPorts(http_socket.getsockname()[1], grpc_port)
+    log.info("ingestor listening", extra={"http_port": ports.http, "grpc_port": ports.grpc,
+                                          "store": runtime.store.url})
+    if on_ready is not None:
+        on_ready(ports)
+    await stop.wait()
+    log.info("shutting down: no new requests; draining the buffer")
+    await health.enter_graceful_shutdown()
+    http.should_exit = True
+    await asyncio.gather(grpc_server.stop(ing.shutdown_timeout_s), http_task,
+                         return_exceptions=True)
+    drained = await runtime.close(ing.shutdown_timeout_s)
+    log.info("ingestor stopped", extra={"drained": drained})
+    return drained
+
+
+def tune_gc() -> None:
+    """Raise the cyclic GC's thresholds: batch decoding creates many short-lived objects.
+
+    Measured here (CEILINGS.md): with default thresholds the GC halves batch throughput;
+    ``gc.freeze()`` moves start-up objects out of every future collection.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+
+
+def run(config: Config, on_ready: Callable[[BoundPorts], None] | None = None) -> int:
+    """Blocking entry point with uvloop; exit code 0 when drained cleanly."""
+    tune_gc()
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
+        runner = asyncio.run
+    drained = runner(serve(config, on_ready=on_ready))
+    return 0 if drained else 1

@@ -1,0 +1,158 @@
+"""The transport-independent ingest service shared by the HTTP and gRPC fronts.
+
+Why a separate layer: both fronts must validate, authorize, assign event ids, enforce
+limits and wait for durability in exactly the same way; they only differ in how bytes
+arrive and how errors are spelled. Everything here is plain asyncio with no web framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Sequence
+
+from ulid import ULID
+
+from icefloe.config import Config
+from icefloe.envelope import MAX_ID_BYTES, frame_events
+from icefloe.errors import NotFound, StoreError
+from icefloe.schema import Canonical, CompiledStream, InvalidEvents
+from icefloe.store.base import AsyncObjectStore
+from ingestor.buffer import Batcher
+from ingestor.errors import (
+    BadRequest,
+    IngestError,
+    PayloadTooLarge,
+    PermissionDenied,
+    Unauthenticated,
+    UnknownStream,
+)
+from ingestor.metrics import IngestMetrics
+
+READY_CACHE_S = 1.0
+log = logging.getLogger("icefloe.ingestor")
+
+
+class IngestService:
+    """Validate → authorize → id → frame → buffer → wait until durable."""
+
+    def __init__(self, config: Config, batcher: Batcher, metrics: IngestMetrics,
+                 store: AsyncObjectStore) -> None:
+        self.config = config
+        self.batcher = batcher
+        self.metrics = metrics
+        self.store = store
+        self.max_event_bytes = config.ingestor.max_event_bytes
+        self.streams = {s.name: CompiledStream(s) for s in config.streams}
+        self._by_table = {s.table: self.streams[s.name] for s in config.streams}
+        self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def stream(self, name: str) -> CompiledStream:
+        try:
+            return self.streams[name]
+        except KeyError:  # do not list the configured streams to unauthenticated callers
+            raise UnknownStream(f"unknown stream {name!r}: check the stream name in the URL "
+                                "or request") from None
+
+    def stream_for_table(self, namespace: str, table: str) -> CompiledStream:
+        try:
+            return self._by_table[f"{namespace}.{table}"]
+        except KeyError:
+            raise UnknownStream(f"no stream writes table {namespace}.{table}") from None
+
+    def authorize(self, stream: CompiledStream, token: str | None) -> None:
+        """Streams with tokens need one of them (constant-time compare)."""
+        tokens = stream.config.tokens
+        if not tokens:
+            return
+        if not token:
+            raise Unauthenticated(f"stream {stream.name!r} needs a write token: send "
+                                  "'Authorization: Bearer <token>' (gRPC: 'authorization' "
+                                  "metadata)")
+        given = token.encode()
+        if not any(hmac.compare_digest(given, t.encode()) for t in tokens):
+            raise PermissionDenied(f"the token is not valid for stream {stream.name!r}")
+
+    # -- ingest ----------------------------------------------------------------------------
+
+    def reject(self, stream: str, error: IngestError, events: int = 1) -> None:
+        """Count refused events by reason (the fronts call this for every refusal).
+
+        Only configured stream names become label values, never client input.
+        """
+        label = stream if stream in self.streams else "-"
+        self.metrics.events_rejected.labels(label, error.code).inc(max(events, 1))
+
+    @staticmethod
+    def bad_request(exc: InvalidEvents) -> BadRequest:
+        return BadRequest(str(exc), code=exc.code,
+                          details=[v.as_dict() for v in exc.violations])
+
+    async def ingest(self, stream: CompiledStream, canonical: Canonical, *,
+                     event_ids: Sequence[str] | None = None,
+                     idempotency_key: str | None = None) -> int:
+        """Make the events durable; return how many were accepted (all or none)."""
+        payloads = canonical.payloads
+        for index, payload in enumerate(payloads):
+            if len(payload) > self.max_event_bytes:
+                raise PayloadTooLarge(
+                    f"event {index} is {len(payload)} bytes, over the {self.max_event_bytes}-"
+                    "byte limit per event (ingestor.max_event_bytes)", code="event_too_large",
+                    details=[{"index": index, "field": None,
+                              "reason": f"{len(payload)} bytes > {self.max_event_bytes}"}])
+        ids = self._event_ids(len(payloads), canonical.body_ids, event_ids, idempotency_key)
+        received_at_ms = time.time_ns() // 1_000_000
+        framed = frame_events(stream.name, received_at_ms, ids, payloads)
+        await self.batcher.submit(framed, len(payloads), stream.name)
+        self.metrics.events_accepted.labels(stream.name).inc(len(payloads))
+        return len(payloads)
+
+    @staticmethod
+    def _event_ids(count: int, body_ids: Sequence[str | None] | None,
+                   explicit: Sequence[str] | None, key: str | None) -> list[str]:
+        """Body id field > per-event id > idempotency key (+ index) > generated."""
+        if key is not None and not 0 < len(key.encode()) <= MAX_ID_BYTES - 11:
+            raise BadRequest(f"the idempotency key must be 1..{MAX_ID_BYTES - 11} bytes",
+                             code="invalid_idempotency_key")
+        generated = str(ULID())
+        ids: list[str] = []
+        for index in range(count):
+            event_id = body_ids[index] if body_ids else None
+            if not event_id and explicit:
+                event_id = explicit[index] or None
+            if not event_id:
+                if key is not None:
+                    event_id = key if count == 1 else f"{key}:{index}"
+                else:
+                    event_id = f"{generated}-{index}"
+            if not 0 < len(event_id.encode()) <= MAX_ID_BYTES:
+                raise BadRequest(
+                    f"event {index}: its id is {len(event_id.encode())} bytes; ids must be "
+                    f"1..{MAX_ID_BYTES} UTF-8 bytes", code="invalid_event_id",
+                    details=[{"index": index, "field": "event_id",
+                              "reason": f"id {event_id[:40]!r}... longer than {MAX_ID_BYTES} "
+                                        "bytes" if len(event_id) > 40 else "id too long"}])
+            ids.append(event_id)
+        return ids
+
+    # -- readiness -------------------------------------------------------------------------
+
+    async def ready(self) -> tuple[bool, str]:
+        """Store reachable and config loaded (cached for a second to keep probes cheap)."""
+        checked, ok, reason = self._ready
+        if time.monotonic() - checked < READY_CACHE_S:
+            return ok, reason
+        try:
+            await asyncio.wait_for(self.store.head(self.config.manifest.key), 5.0)
+            ok, reason = True, "ok"
+        except NotFound:
+            ok, reason = True, "ok (no manifest yet)"
+        except (StoreError, TimeoutError) as exc:  # details go to the log, not to callers
+            log.warning("readiness check failed: %s", exc)
+            ok, reason = False, "object store unreachable"
+        self._ready = (time.monotonic(), ok, reason)
+        return ok, reason

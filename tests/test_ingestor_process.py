@@ -1,0 +1,183 @@
+"""Real ``icefloe ingestor`` processes: kill -9 under load, two ingestors, SIGTERM, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from ingest_support import read_manifest, stored_events
+
+ICEFLOE = str(Path(sys.executable).parent / "icefloe")
+CONFIG = """
+[store]
+url = "file://store"
+[ingestor]
+host = "127.0.0.1"
+http_port = {http_port}
+grpc_port = 0
+shutdown_timeout_s = 10
+[[streams]]
+name = "clicks"
+table = "web.clicks"
+event_id_field = "id"
+columns = [
+  {{ name = "id", type = "string", required = true }},
+  {{ name = "n", type = "long" }},
+]
+"""
+
+
+def write_config(tmp_path: Path, http_port: int = 0) -> Path:
+    path = tmp_path / "icefloe.toml"
+    path.write_text(textwrap.dedent(CONFIG.format(http_port=http_port)))
+    return path
+
+
+class Ingestor:
+    """An ``icefloe ingestor`` subprocess and its announced ports."""
+
+    def __init__(self, config: Path) -> None:
+        self.proc = subprocess.Popen(
+            [ICEFLOE, "ingestor", "--config", str(config), "--log-format", "text",
+             "--log-level", "warning"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"ingestor did not start: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+        ready = json.loads(line)
+        self.url = f"http://127.0.0.1:{ready['http_port']}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+async def hammer(url: str, prefix: str, acked: list[str], stop: asyncio.Event,
+                 per_request: int = 5) -> None:
+    """Send unique ids until ``stop``; record the ids of every 202."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        n = 0
+        while not stop.is_set():
+            ids = [f"{prefix}-{n}-{i}" for i in range(per_request)]
+            n += 1
+            body = [{"id": event_id, "n": n} for event_id in ids]
+            try:
+                response = await client.post(f"{url}/v1/streams/clicks/events", json=body)
+            except httpx.TransportError:
+                return  # the server died under us: stop sending
+            if response.status_code == 202:
+                acked.extend(ids)
+
+
+@pytest.mark.timeout(120)
+def test_should_keep_every_acked_event_when_the_ingestor_is_killed(tmp_path):
+    ingestor = Ingestor(write_config(tmp_path))
+    acked: list[str] = []
+
+    async def load() -> None:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(hammer(ingestor.url, f"w{w}", acked, stop))
+                 for w in range(8)]
+        while len(acked) < 400:
+            await asyncio.sleep(0.01)
+        ingestor.proc.kill()  # kill -9 in the middle of the load
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(load())
+    ingestor.proc.wait(10)
+    stored = [e.event_id for e in asyncio.run(stored_events((tmp_path / "store").as_uri()))]
+    assert set(acked) <= set(stored), f"lost: {sorted(set(acked) - set(stored))[:10]}"
+    assert len(stored) == len(set(stored))  # nothing duplicated either
+
+
+def test_should_share_one_contiguous_manifest_between_two_ingestors(tmp_path):
+    config = write_config(tmp_path)
+    first, second = Ingestor(config), Ingestor(config)
+    acked: list[str] = []
+
+    async def load() -> None:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(hammer(url, f"{name}{w}", acked, stop))
+                 for name, url in (("a", first.url), ("b", second.url)) for w in range(4)]
+        while len(acked) < 600:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(load())
+    finally:
+        assert first.stop() == 0
+        assert second.stop() == 0
+    url = (tmp_path / "store").as_uri()
+    manifest = asyncio.run(read_manifest(url))
+    assert [e.sequence for e in manifest.entries] == list(range(len(manifest.entries)))
+    assert len({e.producer_id for e in manifest.entries}) == 2
+    stored = [e.event_id for e in asyncio.run(stored_events(url))]
+    assert sorted(stored) == sorted(acked)
+
+
+def test_should_drain_on_sigterm_and_exit_zero(tmp_path):
+    ingestor = Ingestor(write_config(tmp_path))
+    outcomes: list[tuple[list[str], int]] = []
+
+    async def send_then_terminate() -> None:
+        async with httpx.AsyncClient(timeout=15) as client:
+            async def one(n: int) -> None:
+                ids = [f"t-{n}-{i}" for i in range(3)]
+                try:
+                    r = await client.post(f"{ingestor.url}/v1/streams/clicks/events",
+                                          json=[{"id": i} for i in ids])
+                    outcomes.append((ids, r.status_code))
+                except httpx.TransportError:
+                    outcomes.append((ids, 0))
+
+            tasks = [asyncio.create_task(one(n)) for n in range(50)]
+            await asyncio.sleep(0.05)
+            ingestor.proc.send_signal(signal.SIGTERM)
+            await asyncio.gather(*tasks)
+
+    started = time.monotonic()
+    asyncio.run(send_then_terminate())
+    assert ingestor.proc.wait(20) == 0
+    assert time.monotonic() - started < 15
+    stored = {e.event_id for e in asyncio.run(stored_events((tmp_path / "store").as_uri()))}
+    acked = [i for ids, status in outcomes if status == 202 for i in ids]
+    assert acked
+    assert set(acked) <= stored
+    assert all(status in (202, 503, 0) for _, status in outcomes)
+
+
+def test_should_refuse_a_port_in_use_in_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([ICEFLOE, "ingestor", "--config",
+                                 str(write_config(tmp_path, port))],
+                                capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert f"HTTP port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_should_refuse_a_bad_config_with_file_key_and_reason(tmp_path):
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace('type = "long"', 'type = "number"'))
+    result = subprocess.run([ICEFLOE, "ingestor", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60, check=False,
+                            env={**os.environ, "ICEFLOE_INGESTOR_HTTP_PORT": "0"})
+    assert result.returncode == 2
+    assert str(path) in result.stderr
+    assert "streams[0].columns[1].type: unknown type 'number'" in result.stderr
