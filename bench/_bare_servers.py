@@ -1,8 +1,9 @@
 """Bare servers for the ingest benchmark's ceilings: same stacks, no icefloe work.
 
 ``python bench/_bare_servers.py http PORT`` — raw ASGI on uvicorn (uvloop + httptools) that
-reads the body and answers 202; ``... grpc PORT`` — grpc.aio Ingest service that answers
-``accepted = len(events)`` without decoding the events.
+reads the body and answers 202 (the issue's "endpoint that does nothing");
+``... grpc PORT`` — grpc.aio Ingest service that parses each event's JSON (untyped msgspec)
+into a list and answers ``accepted = len(events)``, as the CEILINGS.md gRPC probe did.
 """
 
 from __future__ import annotations
@@ -34,19 +35,28 @@ def run_http(port: int) -> None:
 
 def run_grpc(port: int) -> None:
     import grpc
+    import msgspec
     import uvloop
 
     from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 
+    decode = msgspec.json.decode
+    kept: list[Any] = []
+
+    def parse(request: Any) -> Any:
+        kept.extend(decode(event.json) for event in request.events)
+        if len(kept) > 200_000:
+            kept.clear()
+        return ingest_pb2.PublishResponse(accepted=len(request.events),
+                                          request_id=request.request_id)
+
     class Bare(ingest_pb2_grpc.IngestServicer):
         async def Publish(self, request: Any, context: Any) -> Any:
-            return ingest_pb2.PublishResponse(accepted=len(request.events),
-                                              request_id=request.request_id)
+            return parse(request)
 
         async def PublishStream(self, requests: Any, context: Any) -> Any:
             async for request in requests:
-                yield ingest_pb2.PublishResponse(accepted=len(request.events),
-                                                 request_id=request.request_id)
+                yield parse(request)
 
     async def serve() -> None:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -159,6 +159,14 @@ def start_ingestor(workdir: Path) -> tuple[subprocess.Popen[str], int, int]:
     return proc, ready["http_port"], ready["grpc_port"]
 
 
+def start_drain(workdir: Path) -> subprocess.Popen[str]:
+    """A consumer that acks and dequeues every second, as the collector does."""
+    proc = subprocess.Popen([PYTHON, str(HERE / "_drain.py"), (workdir / "store").as_uri()],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc.stdout.readline()  # type: ignore[union-attr]
+    return proc
+
+
 def run(quick: bool) -> list[Result]:
     seconds = 3.0 if quick else 10.0
     results: list[Result] = []
@@ -179,23 +187,25 @@ def run(quick: bool) -> list[Result]:
             bare["stream"] = grpc_load(port, "stream", seconds, 4)["events_per_s"]
 
         proc, http_port, grpc_port = start_ingestor(workdir)
+        drain = start_drain(workdir)
         try:
             url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
             p50, p99 = light_latency(url, seconds / 2)
             results += [Result("ack latency p50, light load (1 client, HTTP single)", p50, "ms"),
                         Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
             if have_wrk:
-                rate, p50, p99 = wrk(url, single, seconds, 32, workdir)
-                results += [
-                    Result("HTTP single-event POST, durable", rate, "events/s", bare["single"]),
-                    Result("HTTP single-event POST ack p50", p50, "ms"),
-                    Result("HTTP single-event POST ack p99", p99, "ms")]
-                rate, p50, p99 = wrk(url, batch, seconds, 32, workdir)
-                results += [
-                    Result("HTTP 100-event batch, durable", rate * 100, "events/s",
-                           bare["batch"]),
-                    Result("HTTP 100-event batch ack p50", p50, "ms"),
-                    Result("HTTP 100-event batch ack p99", p99, "ms")]
+                for connections in (32, 256):
+                    rate, p50, p99 = wrk(url, single, seconds, connections, workdir)
+                    label = f"HTTP single-event POST, durable, {connections} conns"
+                    results += [Result(label, rate, "events/s", bare["single"]),
+                                Result(f"{label}: ack p50", p50, "ms"),
+                                Result(f"{label}: ack p99", p99, "ms")]
+                for connections in (32, 128):
+                    rate, p50, p99 = wrk(url, batch, seconds, connections, workdir)
+                    label = f"HTTP 100-event batch, durable, {connections} conns"
+                    results += [Result(label, rate * 100, "events/s", bare["batch"]),
+                                Result(f"{label}: ack p50", p50, "ms"),
+                                Result(f"{label}: ack p99", p99, "ms")]
             unary = grpc_load(grpc_port, "unary", seconds, 32)
             stream = grpc_load(grpc_port, "stream", seconds, 4)
             results += [
@@ -208,8 +218,9 @@ def run(quick: bool) -> list[Result]:
                 Result("gRPC streaming ack p50", stream["p50_ms"], "ms"),
                 Result("gRPC streaming ack p99", stream["p99_ms"], "ms")]
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            for child in (proc, drain):
+                child.send_signal(signal.SIGTERM)
+                child.wait(60)
         if have_wrk:
             results += [Result("bare HTTP stack, single-event POST (ceiling)", bare["single"],
                                "req/s"),

@@ -127,7 +127,9 @@ class Batcher:
                 or batch.builder.record_count >= self.settings.max_batch_events):
             self._seal()
         self._wake.set()
-        await asyncio.shield(future)  # a client that hangs up must not cancel the flush
+        # A client that hangs up cancels only this future: the flush is its own task, and
+        # it skips waiters that are already done.
+        await future
 
     # -- flush scheduling ------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     http = uvicorn.Server(uvicorn.Config(
         HttpApp(runtime), loop="none", http="httptools", lifespan="off", access_log=False,
         log_level="warning", timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
-        timeout_keep_alive=30))
+        timeout_keep_alive=30, proxy_headers=False, server_header=False))
     http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
     stop = stop or asyncio.Event()

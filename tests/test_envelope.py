@@ -321,3 +321,21 @@ def test_split_random_blocks(block: bytes, count: int) -> None:
     else:
         reason = None
     assert reason in {None, "truncated", "record_overrun", "count_mismatch"}
+
+
+def test_frame_events_matches_per_record_encoding_and_validates():
+    from icefloe.batch import BatchBuilder, decode_block, iter_records
+    from icefloe.envelope import frame_events
+
+    ids, payloads = ["a", "é" * 10], [b'{"x":1}', b"{}"]
+    builder = BatchBuilder()
+    builder.add_framed(frame_events("pv", 42, ids, payloads), 2)
+    block, count = decode_block(builder.finish())
+    expected = [encode_envelope("pv", i, 42, p) for i, p in zip(ids, payloads, strict=True)]
+    assert list(iter_records(block, count)) == expected
+    with pytest.raises(ValueError, match="event id"):
+        frame_events("pv", 1, ["x" * 256], [b"{}"])
+    with pytest.raises(ValueError, match="one line"):
+        frame_events("pv", 1, ["a"], [b'{"a":\n1}'])
+    with pytest.raises(ValueError, match="2 event ids for 1 payloads"):
+        frame_events("pv", 1, ["a", "b"], [b"{}"])
