@@ -73,13 +73,15 @@ class CatalogSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ManifestSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    key: str = "manifest/queue"
-    max_entries: int = 20_000
-    max_bytes: int = 32 * 1024 * 1024
-    append_deadline_s: float = 120.0
-    gc_grace_s: float = 3600.0
-    producer_ttl_s: float = 7 * 86400.0
-    lease_s: float = 15.0
+    """``[manifest]``; defaults come from :class:`ManifestConfig`, the one source of truth."""
+
+    key: str = ManifestConfig.key
+    max_entries: int = ManifestConfig.max_entries
+    max_bytes: int = ManifestConfig.max_bytes
+    append_deadline_s: float = ManifestConfig.append_deadline_s
+    gc_grace_s: float = ManifestConfig.gc_grace_s
+    producer_ttl_s: float = ManifestConfig.producer_ttl_s
+    lease_s: float = ManifestConfig.lease_s
 
     def build(self) -> ManifestConfig:
         return ManifestConfig(**msgspec.structs.asdict(self))
