@@ -102,6 +102,11 @@ class Batcher:
         if self._closing:
             raise Unavailable("this ingestor is shutting down; retry against another one",
                               code="shutting_down", retry_after_s=self.settings.retry_after_s)
+        if self._loop_task is not None and self._loop_task.done():
+            # never let a request wait on a flusher that is gone: it would hang forever
+            raise Unavailable("this ingestor's flusher stopped; it needs a restart (see its "
+                              "log)", code="flusher_stopped",
+                              retry_after_s=self.settings.retry_after_s)
         size = len(framed)
         if size > self.settings.max_bytes:  # could never fit: retrying cannot help
             raise PayloadTooLarge(
@@ -240,6 +245,10 @@ class Batcher:
         self._wake.set()
         if self._loop_task is None:
             return True
+        if self._loop_task.done():  # the flusher died: answer whoever still waits
+            stranded = bool(self._sealed or self._open)
+            self._fail_remaining()
+            return not stranded
         try:
             await asyncio.wait_for(asyncio.shield(self._loop_task), timeout_s)
             return True

@@ -195,3 +195,15 @@ async def test_should_point_at_the_event_whose_id_is_too_long(tmp_path):
             await runtime.service.ingest(orders, orders.from_json(body))
         assert info.value.details[0]["index"] == 1
         assert info.value.code == "invalid_event_id"
+
+
+async def test_should_refuse_instead_of_hanging_when_the_flusher_is_gone(tmp_path):
+    async with running(make_config(tmp_path / "store")) as runtime:
+        task = runtime.batcher._loop_task
+        assert task is not None
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(Unavailable) as info:
+            await asyncio.wait_for(ingest(runtime, 1), 5)
+        assert info.value.code == "flusher_stopped"
