@@ -18,6 +18,10 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
         ├── QueueFullError           the manifest reached its bound: back off (429/503)
         ├── DeadlineExceededError    a batch became too old to append (GC may delete it)
         └── ManifestCorruptError     the manifest object cannot be parsed
+    ConfigError
+    └── SchemaConflictError          configured columns cannot evolve the existing table
+    CatalogError                     the Iceberg catalog is unreachable or refused an operation
+    TableFencedError                 a table records a newer collector epoch: we were replaced
 """
 
 from __future__ import annotations
@@ -112,3 +116,25 @@ class DeadlineExceededError(ManifestError):
 
 class ManifestCorruptError(ManifestError):
     """The manifest object cannot be decoded."""
+
+
+class CatalogError(IcefloeError):
+    """The Iceberg catalog cannot be reached or refused an operation; the message says which."""
+
+
+class SchemaConflictError(ConfigError):
+    """A stream's configured columns cannot be applied to its existing Iceberg table."""
+
+
+class TableFencedError(IcefloeError):
+    """An Iceberg table records a newer collector epoch than ours: we were replaced."""
+
+    def __init__(self, table: str, our_epoch: int, table_epoch: int) -> None:
+        super().__init__(
+            f"fenced: table {table} was committed by collector epoch {table_epoch}, this "
+            f"collector holds epoch {our_epoch}; another collector took over, so this one "
+            "must stop"
+        )
+        self.table = table
+        self.our_epoch = our_epoch
+        self.table_epoch = table_epoch

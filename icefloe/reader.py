@@ -15,13 +15,20 @@ from icefloe.store.base import AsyncObjectStore, ObjectStore
 
 def verify(entry: Entry, data: bytes) -> bytes:
     """Return ``data`` if it matches the entry's size and CRC32C; else IntegrityError."""
-    if len(data) != entry.size:
-        raise IntegrityError(f"batch {entry.location} (sequence {entry.sequence}) is "
-                             f"{len(data)} bytes, the manifest recorded {entry.size}")
+    return verify_bytes(data, location=entry.location, sequence=entry.sequence,
+                        size=entry.size, checksum=entry.crc32c)
+
+
+def verify_bytes(data: bytes, *, location: str, sequence: int, size: int,
+                 checksum: int) -> bytes:
+    """:func:`verify` for callers that carry the entry's fields, not an ``Entry``."""
+    if len(data) != size:
+        raise IntegrityError(f"batch {location} (sequence {sequence}) is "
+                             f"{len(data)} bytes, the manifest recorded {size}")
     actual = crc32c(data)
-    if actual != entry.crc32c:
-        raise IntegrityError(f"batch {entry.location} (sequence {entry.sequence}) has CRC32C "
-                             f"{actual:#010x}, the manifest recorded {entry.crc32c:#010x}")
+    if actual != checksum:
+        raise IntegrityError(f"batch {location} (sequence {sequence}) has CRC32C "
+                             f"{actual:#010x}, the manifest recorded {checksum:#010x}")
     return data
 
 

@@ -26,18 +26,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ulid import ULID
-
 from icefloe.batch import BatchBuilder, Compression
 from icefloe.checksum import crc32c
 from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
-from icefloe.manifest import BatchRef, ManifestProducer
+from icefloe.manifest import ManifestProducer
+from icefloe.publish import publish_batch
 from icefloe.store.base import AsyncObjectStore
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
 
 log = logging.getLogger("icefloe.ingestor.buffer")
-BATCH_PREFIX = "batches/"
 
 
 @dataclass(frozen=True)
@@ -228,12 +226,8 @@ class Batcher:
             return data, crc32c(data)
 
         data, checksum = await asyncio.to_thread(compress)
-        key = f"{BATCH_PREFIX}{ULID()}.ifb"
-        put = await self.store.put(key, data)
-        await self.producer.append(BatchRef(
-            location=key, size=len(data), crc32c=checksum,
-            record_count=builder.record_count, streams=tuple(sorted(batch.streams)),
-            written_at=put.store_time))
+        await publish_batch(self.store, self.producer, data, checksum=checksum,
+                            record_count=builder.record_count, streams=batch.streams)
         self.metrics.batch_bytes.observe(len(data))
         self.metrics.batch_events.observe(builder.record_count)
 

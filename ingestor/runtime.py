@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from icefloe.config import Config
 from icefloe.manifest import ManifestProducer
-from icefloe.store import StoreOptions, open_async_store
+from icefloe.store import StoreOptions, open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.probe import probe_conditional_writes
 from ingestor.buffer import Batcher, FlushSettings
@@ -24,12 +24,7 @@ log = logging.getLogger("icefloe.ingestor")
 
 def store_options(config: Config) -> StoreOptions:
     """Store options from ``[store]`` (S3 settings only matter for ``s3://`` URLs)."""
-    if config.store.endpoint_url is None and config.store.region is None:
-        return StoreOptions()
-    from icefloe.store.s3 import S3Options
-
-    return StoreOptions(s3=S3Options(endpoint_url=config.store.endpoint_url,
-                                     region=config.store.region))
+    return options_for(config.store.endpoint_url, config.store.region)
 
 
 def flush_settings(config: Config) -> FlushSettings:

@@ -114,3 +114,13 @@ def s3_bucket(moto_server: str) -> S3Target:
     prefix = "data/"
     return S3Target(url=f"s3://{bucket}/{prefix}", endpoint_url=moto_server, bucket=bucket,
                     prefix=prefix)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """The one SparkSession of the test session (JVM start costs ~10 s; pay it once)."""
+    from pipeline.spark import get_spark
+
+    session = get_spark("local[2]", "icefloe-tests", {"spark.driver.memory": "1g"})
+    yield session
+    session.stop()

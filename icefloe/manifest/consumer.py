@@ -52,6 +52,34 @@ class ManifestConsumer:
         self.epoch = written.epoch
         return written.epoch
 
+    async def renew_lease(self) -> float:
+        """Extend our lease to store-time + ``lease_s``; FencedError if we were replaced.
+
+        Why a lease on top of epochs: epochs make a replaced collector harmless, the lease
+        decides *when* a standby may replace the active one — only once the active one has
+        stopped renewing, so two healthy replicas never take turns fencing each other.
+        Returns the new expiry (store clock).
+        """
+        expires = 0.0
+
+        def extend(loaded: Loaded) -> Manifest:
+            nonlocal expires
+            manifest = loaded.manifest
+            self._check(manifest)
+            expires = loaded.store_time + self.config.lease_s
+            consumer = msgspec.structs.replace(manifest.consumer, holder=self.holder,
+                                               lease_expires_at=expires)
+            return manifest.replace(consumer=consumer, revision=manifest.revision + 1)
+
+        await self._update(extend)
+        return expires
+
+    async def lease(self) -> tuple[str, float, float]:
+        """``(holder, lease_expires_at, store_now)``: who holds the queue, until when."""
+        loaded = await load(self.store, self.config.key)
+        consumer = loaded.manifest.consumer
+        return consumer.holder, consumer.lease_expires_at, loaded.store_time
+
     def _check(self, manifest: Manifest) -> None:
         if self.epoch is None:
             raise RuntimeError("ManifestConsumer.initialize() must be called first")

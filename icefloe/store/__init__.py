@@ -38,6 +38,7 @@ __all__ = [
     "StoreOptions",
     "open_async_store",
     "open_store",
+    "options_for",
 ]
 
 
@@ -47,6 +48,15 @@ class StoreOptions:
 
     s3: S3Options | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def options_for(endpoint_url: str | None, region: str | None) -> StoreOptions:
+    """Options for a ``[store]`` section's S3 settings (they only matter for ``s3://``)."""
+    if endpoint_url is None and region is None:
+        return StoreOptions()
+    from icefloe.store.s3 import S3Options
+
+    return StoreOptions(s3=S3Options(endpoint_url=endpoint_url, region=region))
 
 
 def _scheme(url: str) -> str:

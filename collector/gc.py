@@ -1,0 +1,225 @@
+"""Batch-file garbage collection: delete batch files no manifest entry needs any more.
+
+Why it is safe (the argument the tests pin down):
+
+1. **List first, then read the manifest.** A batch file can only become referenced by a
+   producer's append. Every file in the listing that was appended before the manifest read
+   is seen as referenced and kept, whatever its age. A file written after the listing is not
+   in the listing, so it cannot be deleted by this run.
+2. **Only old files, on the store's clock.** What remains are files appended *after* the
+   manifest read, or never. A producer never appends a batch older than
+   ``append_deadline_s`` (store clock), and ``gc_grace_s`` exceeds that deadline plus a
+   safety margin (:mod:`icefloe.manifest.config`). So an unreferenced file older than the
+   grace period at listing time can never be appended again: deleting it loses nothing.
+   Ages are ``ListResult.store_time - ObjectInfo.last_modified``: both come from the store
+   (S3's ``Date`` and ``Last-Modified`` headers; the file system clock and mtimes for
+   ``file://``), so a skewed collector clock cannot make GC unsafe. The listing's clock is
+   the earliest store time of the run (S3 reports the first page's ``Date``), so ages are
+   underestimated, never overestimated, however long the run takes. (A producer dates a
+   batch by its PUT's response, a little after ``Last-Modified``; that upload time, and
+   S3's whole-second timestamps, are what the config's safety margin absorbs.)
+3. **Any entry pins its file.** Acknowledged entries still in the manifest are kept too:
+   only a dequeue (after the Iceberg commit) releases a file.
+4. **Stateless and idempotent.** GC remembers nothing between runs and only deletes, so a
+   crash at any point leaves a subset of safe deletions done; the next run recomputes
+   everything from the store. Deleting an already missing key is not an error. Two GC runs
+   at once (e.g. an old collector that was fenced) are as safe as one: GC never writes the
+   manifest and needs no epoch.
+
+A missing manifest deletes nothing: it more likely means a wrong ``manifest_key`` (which
+would otherwise read as "nothing is referenced") than a queue that never saw an append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from icefloe.errors import NotFound
+from icefloe.manifest.cas import load
+from icefloe.store.base import AsyncObjectStore, ObjectInfo
+
+log = logging.getLogger("icefloe.gc")
+
+Hook = Callable[[str], Awaitable[None] | None]
+"""Crash/interleaving injection point for tests; may be sync or return an awaitable.
+
+Stages, in order: ``"listed"`` (after the LIST, before the manifest read), ``"loaded"``
+(after the manifest read, deletions planned), then per file ``"before_delete"`` and
+``"after_delete"``.
+"""
+
+BATCH_SUFFIX = ".ifb"
+DEFAULT_CONCURRENCY = 8
+
+
+@dataclass(frozen=True, slots=True)
+class GcResult:
+    """What one run saw and did. Counts are of batch files under the prefix.
+
+    listed:        batch files in the listing
+    referenced:    of those, named by an entry of the manifest (kept)
+    young:         unreferenced but not older than the grace period (kept)
+    deleted:       delete requests that succeeded (a file already gone counts: stores
+                   answer a delete of a missing key with success)
+    bytes_deleted: their total size (from the listing)
+    seconds:       wall time of the run
+    deferred:      old and unreferenced but left for a later run by ``max_deletes``
+    """
+
+    listed: int
+    referenced: int
+    young: int
+    deleted: int
+    bytes_deleted: int
+    seconds: float
+    deferred: int = 0
+
+
+async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s: float,
+                          prefix: str = "batches/", max_deletes: int | None = None,
+                          hook: Hook | None = None, suffix: str = BATCH_SUFFIX,
+                          concurrency: int = DEFAULT_CONCURRENCY) -> GcResult:
+    """Delete unreferenced batch files older than ``grace_s`` (store clock); see module doc.
+
+    ``grace_s`` must be the validated ``ManifestConfig.gc_grace_s`` in production (tests use
+    tiny values). Only keys under ``prefix`` ending in ``suffix`` are candidates, and never
+    ``manifest_key``: a misconfigured prefix must not reach the manifest or table files.
+    ``max_deletes`` bounds one run (oldest files first) so a large backlog is worked off in
+    slices. Raises whatever the store raises (nothing is deleted if the LIST or the manifest
+    read fails; a failed delete stops the run and leaves the rest for the next one).
+    """
+    _validate(prefix, grace_s, max_deletes, concurrency)
+    tally = _Tally(manifest_key=manifest_key, prefix=prefix)
+    try:
+        listing = await store.list(prefix)
+        batches = [info for info in listing.objects
+                   if info.key.startswith(prefix) and info.key.endswith(suffix)
+                   and info.key != manifest_key]
+        tally.listed = len(batches)
+        await _call(hook, "listed")
+
+        loaded = await load(store, manifest_key)
+        if loaded.etag is None:
+            log.warning("gc skipped: manifest not found, deleting nothing",
+                        extra=tally.fields())
+            return tally.result()
+        pinned = {entry.location for entry in loaded.manifest.entries}
+
+        candidates: list[ObjectInfo] = []
+        for info in batches:
+            if info.key in pinned:
+                tally.referenced += 1
+            elif not _older_than(info, listing.store_time, grace_s):
+                tally.young += 1
+            else:
+                candidates.append(info)
+        candidates.sort(key=lambda info: (info.last_modified, info.key))
+        if max_deletes is not None and len(candidates) > max_deletes:
+            tally.deferred = len(candidates) - max_deletes
+            del candidates[max_deletes:]
+        await _call(hook, "loaded")
+
+        await _delete_all(store, candidates, hook, concurrency, tally)
+    except BaseException:
+        log.warning("gc run failed", exc_info=True, extra=tally.fields())
+        raise
+    log.info("gc run", extra=tally.fields())
+    return tally.result()
+
+
+@dataclass
+class _Tally:
+    """Running counts of one run, so a failed run can still log how far it got."""
+
+    manifest_key: str
+    prefix: str
+    listed: int = 0
+    referenced: int = 0
+    young: int = 0
+    deleted: int = 0
+    bytes_deleted: int = 0
+    deferred: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def result(self) -> GcResult:
+        return GcResult(self.listed, self.referenced, self.young, self.deleted,
+                        self.bytes_deleted, time.monotonic() - self.started, self.deferred)
+
+    def fields(self) -> dict[str, object]:
+        """The structured fields of the per-run log line (keys stable for log queries)."""
+        return {"manifest_key": self.manifest_key, "prefix": self.prefix,
+                "listed": self.listed, "referenced": self.referenced, "young": self.young,
+                "deleted": self.deleted, "bytes_deleted": self.bytes_deleted,
+                "deferred": self.deferred,
+                "seconds": round(time.monotonic() - self.started, 4)}
+
+
+def _validate(prefix: str, grace_s: float, max_deletes: int | None, concurrency: int) -> None:
+    """Refuse arguments that could widen what GC deletes beyond batch files."""
+    if not prefix or not prefix.endswith("/"):
+        # "" would cover the whole store (manifest, warehouse); "batches" would also match
+        # "batches-archive/...".
+        raise ValueError(f"gc prefix must be a non-empty folder ending in '/', got {prefix!r}")
+    if math.isnan(grace_s) or grace_s < 0:
+        raise ValueError(f"gc grace_s must be >= 0, got {grace_s}")
+    if max_deletes is not None and max_deletes < 0:
+        raise ValueError(f"gc max_deletes must be >= 0 or None, got {max_deletes}")
+    if concurrency < 1:
+        raise ValueError(f"gc concurrency must be >= 1, got {concurrency}")
+
+
+def _older_than(info: ObjectInfo, store_time: float, grace_s: float) -> bool:
+    """True when the object is older than ``grace_s`` at ``store_time``.
+
+    A missing timestamp (0) reads as young: without an age there is no proof of safety.
+    """
+    if info.last_modified <= 0:
+        return False
+    return store_time - info.last_modified > grace_s
+
+
+async def _call(hook: Hook | None, stage: str) -> None:
+    if hook is not None:
+        result = hook(stage)
+        if inspect.isawaitable(result):
+            await result
+
+
+async def _delete_all(store: AsyncObjectStore, candidates: list[ObjectInfo],
+                      hook: Hook | None, concurrency: int, tally: _Tally) -> None:
+    """Delete ``candidates`` with a few workers; the first failure cancels the rest.
+
+    Why workers and not one gather per file: bounded concurrency keeps a backlog of
+    thousands of files from opening thousands of requests, and cancelling siblings on the
+    first error makes a failure look like a crash (a prefix done, the rest left).
+    """
+    pending: Iterator[ObjectInfo] = iter(candidates)
+
+    async def worker() -> None:
+        for info in pending:  # one shared iterator: each file goes to exactly one worker
+            await _call(hook, "before_delete")
+            try:
+                await store.delete(info.key)
+            except NotFound:
+                pass  # someone (an earlier or parallel run) deleted it already
+            else:
+                tally.deleted += 1
+                tally.bytes_deleted += info.size
+            await _call(hook, "after_delete")
+
+    tasks = [asyncio.create_task(worker(), name="gc-delete")
+             for _ in range(min(concurrency, len(candidates)))]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+

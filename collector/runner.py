@@ -1,0 +1,207 @@
+"""Run a collector until stopped: lease renewal, the run loop, retries, GC and maintenance.
+
+Why the loop looks like this: a failed run (store throttling, a missing batch file, a
+catalog timeout, a Spark task failure) is retried with exponential backoff and never
+skipped — the entries stay unacknowledged, so nothing can be lost by retrying. Only being
+replaced ends the loop with an error. GC and table maintenance run *between* runs, in the
+same task, so they never race this collector's own commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import start_http_server
+
+from collector.gc import collect_garbage
+from collector.metrics import CollectorMetrics
+from collector.service import Collector, Engine, Fenced, Hook
+from icefloe.config import Config
+from icefloe.errors import FencedError
+from icefloe.store import open_async_store, options_for
+from icefloe.store.base import AsyncObjectStore
+from pipeline.catalog import open_catalog
+from pipeline.maintenance import MaintenanceSettings, run_maintenance
+
+log = logging.getLogger("icefloe.collector")
+
+EXIT_OK = 0
+EXIT_FENCED = 3
+
+
+@dataclass
+class Ready:
+    """Announced once the collector is active: its epoch and its metrics port."""
+
+    epoch: int
+    metrics_port: int | None
+
+
+def default_engine(config: Config) -> Engine:
+    from pipeline.run import SparkEngine
+    from pipeline.spark import get_spark
+
+    cfg = config.collector
+    spark = get_spark(cfg.spark_master, "icefloe-collector",
+                      {"spark.driver.memory": cfg.spark_driver_memory})
+    return SparkEngine(spark, cfg.spark_partitions)
+
+
+def maintenance_settings(config: Config) -> MaintenanceSettings:
+    cfg = config.collector
+    return MaintenanceSettings(keep_last=cfg.snapshot_keep_last,
+                               max_snapshot_age_s=cfg.snapshot_max_age_s,
+                               target_file_bytes=cfg.compact_target_bytes,
+                               min_input_files=cfg.compact_min_files,
+                               orphan_age_s=cfg.orphan_age_s)
+
+
+class Runner:
+    """The long-running part of ``icefloe collector``."""
+
+    def __init__(self, collector: Collector, stop: asyncio.Event) -> None:
+        self.collector = collector
+        self.stop = stop
+        self.fenced: str | None = None
+        cfg = collector.config.collector
+        self._next_gc = time.monotonic() + cfg.gc_interval_s
+        self._next_maintenance = time.monotonic() + cfg.maintenance_interval_s
+
+    async def _renew_forever(self) -> None:
+        consumer = self.collector.consumer
+        interval = consumer.config.lease_s / 3
+        failures = 0
+        while not self.stop.is_set():
+            await self._sleep(interval)
+            try:
+                await consumer.renew_lease()
+                failures = 0
+            except FencedError as exc:
+                self.fenced = str(exc)
+                self.collector.metrics.fenced.inc()
+                self.stop.set()
+                return
+            except Exception as exc:  # transient: keep trying; the lease may lapse
+                failures += 1
+                log.warning("lease renewal failed (%d in a row): %s", failures, exc)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), max(seconds, 0))
+
+    async def run(self) -> int:
+        renew = asyncio.create_task(self._renew_forever(), name="lease-renewal")
+        try:
+            return await self._loop()
+        finally:
+            renew.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renew
+
+    async def _loop(self) -> int:
+        collector = self.collector
+        cfg = collector.config.collector
+        failures = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                result = await collector.run_once()
+                failures = 0
+            except Fenced as exc:
+                self.fenced = str(exc)
+                break
+            except Exception as exc:
+                failures += 1
+                kind = type(exc).__name__
+                collector.metrics.run_errors.labels(kind).inc()
+                delay = min(cfg.retry_max_delay_s, 0.5 * 2 ** min(failures - 1, 10))
+                log.error("run failed (%s, attempt %d); retrying in %.1f s: %s", kind,
+                          failures, delay, str(exc).splitlines()[0] if str(exc) else kind)
+                await self._sleep(delay)
+                continue
+            with contextlib.suppress(Exception):
+                await collector.update_queue_metrics()
+            if result.entries and result.entries >= cfg.max_run_entries:
+                continue  # a backlog: go straight on
+            await self._housekeeping()
+            wait = cfg.poll_interval_s if not result.entries else \
+                cfg.commit_interval_s - (time.monotonic() - started)
+            await self._sleep(wait)
+        if self.fenced:
+            log.error("%s", self.fenced)
+            return EXIT_FENCED
+        with contextlib.suppress(Exception):  # a clean stop leaves a tidy manifest
+            await collector.dequeue()
+        return EXIT_OK
+
+    async def _housekeeping(self) -> None:
+        collector = self.collector
+        cfg = collector.config.collector
+        now = time.monotonic()
+        if now >= self._next_gc:
+            self._next_gc = now + cfg.gc_interval_s
+            try:
+                gc = await collect_garbage(collector.store, collector.consumer.config.key,
+                                           grace_s=collector.consumer.config.gc_grace_s)
+                collector.metrics.gc_deleted.inc(gc.deleted)
+            except Exception as exc:
+                log.warning("batch-file GC failed (will retry): %s", exc)
+        if now >= self._next_maintenance:
+            self._next_maintenance = now + cfg.maintenance_interval_s
+            await asyncio.to_thread(self.maintain)
+
+    def maintain(self) -> None:
+        """Compact, expire and clean every table (between runs, never during a commit)."""
+        collector = self.collector
+        settings = maintenance_settings(collector.config)
+        tables = [s.table for s in collector.streams.values()]
+        for name in tables:
+            try:
+                table = collector.catalog.load_table(name)
+                report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings)
+                collector.metrics.maintenance.labels(name, "ok").inc()
+                log.info("maintenance %s: %s", name, report)
+            except Exception as exc:
+                collector.metrics.maintenance.labels(name, "error").inc()
+                log.warning("maintenance of %s failed (will retry): %s", name, exc)
+
+
+async def run_collector(config: Config, *, takeover: bool = False,
+                        stop: asyncio.Event | None = None,
+                        store: AsyncObjectStore | None = None,
+                        engine: Engine | None = None, hook: Hook | None = None,
+                        serve_metrics: bool = True,
+                        on_ready: Callable[[Ready], None] | None = None) -> int:
+    """Open everything from ``config``, become active (or wait as standby), run until
+    ``stop`` is set or this collector is fenced. Returns the exit code."""
+    stop = stop or asyncio.Event()
+    store = store or open_async_store(config.store.url, options_for(
+        config.store.endpoint_url, config.store.region))
+    catalog = await asyncio.to_thread(open_catalog, config.catalog)
+    metrics = CollectorMetrics()
+    port: int | None = None
+    server = None
+    if serve_metrics:
+        server, _ = start_http_server(config.collector.metrics_port, config.collector.host,
+                                      registry=metrics.registry)
+        port = server.server_address[1]
+    try:
+        engine = engine or await asyncio.to_thread(default_engine, config)
+        collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook)
+        try:
+            await collector.acquire(takeover=takeover, stop=stop)
+        except asyncio.CancelledError:
+            return EXIT_OK  # stopped while on standby
+        await asyncio.to_thread(collector.prepare_tables)
+        if on_ready is not None:
+            on_ready(Ready(collector.epoch or 0, port))
+        return await Runner(collector, stop).run()
+    finally:
+        if server is not None:
+            server.shutdown()
+        await store.close()

@@ -1,0 +1,263 @@
+"""The collector: the single fenced consumer that commits manifest entries into Iceberg.
+
+One run = the next entries after the last ack (bounded by count and bytes) → one pipeline
+job → per table: deduplicate, commit once with ``icefloe.sequence``/``icefloe.epoch`` → ack
+→ dequeue in bulk. Why this order is safe at every crash point:
+
+* crash before a table's commit: nothing of the run is in that table; the entries are not
+  acked, so the next collector re-reads and commits them;
+* crash after some commits but before the ack: those tables' summaries hold the run's
+  sequence, so on replay :func:`pipeline.commit.commit_rows` drops their rows; tables not yet
+  committed get theirs — exactly once per table;
+* crash after the ack: the entries are never read again; dequeue and GC are idempotent.
+
+A replaced collector (epoch bumped by a standby or ``--takeover``) is stopped by the
+manifest (``FencedError``) or by a table recording a newer epoch (``TableFencedError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import GreaterThanOrEqual
+from ulid import ULID
+
+from collector.dedup import DedupWindow
+from collector.metrics import CollectorMetrics
+from icefloe.config import Config, StreamConfig
+from icefloe.errors import FencedError, TableFencedError
+from icefloe.manifest.consumer import ManifestConsumer
+from icefloe.manifest.model import Entry
+from icefloe.store.base import AsyncObjectStore
+from pipeline.commit import CommitResult, commit_rows, committed_state
+from pipeline.run import RunOutput
+from pipeline.schema import DEAD_LETTER_TABLE
+from pipeline.spec import RunSpec, run_spec
+from pipeline.tables import ensure_dead_letter_table, ensure_stream_table
+
+log = logging.getLogger("icefloe.collector")
+
+Hook = Callable[[str], None]
+"""Crash-injection point: called with a stage name; tests raise from it."""
+
+
+class Engine(Protocol):
+    name: str
+    partitions: int
+
+    def run(self, spec: RunSpec) -> RunOutput: ...
+
+
+class Fenced(Exception):
+    """This collector was replaced; it must exit (the CLI exits non-zero)."""
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one run did; ``entries`` 0 means the queue was empty."""
+
+    entries: int = 0
+    first_sequence: int = -1
+    last_sequence: int = -1
+    rows: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    replayed: int = 0
+    dead_letters: int = 0
+    seconds: float = 0.0
+
+
+class Collector:
+    """Owns the consumer, the catalog tables and the dedup windows of one collector."""
+
+    def __init__(self, config: Config, store: AsyncObjectStore, catalog: Catalog,
+                 engine: Engine, *, metrics: CollectorMetrics | None = None,
+                 hook: Hook | None = None, holder: str | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.catalog = catalog
+        self.engine = engine
+        self.metrics = metrics or CollectorMetrics()
+        self.hook = hook or (lambda stage: None)
+        self.consumer = ManifestConsumer(store, config.manifest.build(),
+                                         holder=holder or f"collector-{ULID()}")
+        self.streams: dict[str, StreamConfig] = {s.name: s for s in config.streams}
+        cfg = config.collector
+        self.windows = {name: DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
+                        for name in self.streams}
+        self.epoch: int | None = None
+        self._acked_undequeued = 0
+        self._runs_since_dequeue = 0
+
+    # -- start: lease, epoch, tables, dedup state ----------------------------------------
+
+    async def acquire(self, *, takeover: bool = False,
+                      stop: asyncio.Event | None = None) -> int:
+        """Become the active collector: wait as a hot standby while another holds a live
+        lease (unless ``takeover``), then bump the epoch. Returns our epoch."""
+        lease_s = self.consumer.config.lease_s
+        waiting_logged = False
+        while not takeover:
+            holder, expires, now = await self.consumer.lease()
+            if not holder or holder == self.consumer.holder or expires <= now:
+                break
+            if not waiting_logged:
+                log.info("standby: %s holds the lease for %.1f s more; waiting", holder,
+                         expires - now)
+                waiting_logged = True
+            self.metrics.active.set(0)
+            wait = min(max(expires - now, 0.05), lease_s / 3)
+            if stop is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+                if stop.is_set():
+                    raise asyncio.CancelledError
+            else:
+                await asyncio.sleep(wait)
+        self.epoch = await self.consumer.initialize()
+        self.metrics.epoch.set(self.epoch)
+        self.metrics.active.set(1)
+        log.info("active: holder %s took the queue at epoch %d%s", self.consumer.holder,
+                 self.epoch, " (takeover)" if takeover else "")
+        return self.epoch
+
+    def prepare_tables(self) -> None:
+        """Create or evolve every stream table and the dead-letter table; rebuild dedup."""
+        for stream in self.streams.values():
+            table = ensure_stream_table(self.catalog, stream)
+            state = committed_state(table)
+            self.metrics.committed_sequence.labels(stream.table).set(state.sequence)
+            log.info("table %s: committed through sequence %d (epoch %d)", stream.table,
+                     state.sequence, state.epoch)
+            self._rebuild_window(stream, table)
+        ensure_dead_letter_table(self.catalog)
+
+    def _rebuild_window(self, stream: StreamConfig, table: object) -> None:
+        window = self.windows[stream.name]
+        if window.window_s <= 0:
+            return
+        since = dt.datetime.fromtimestamp(time.time() - window.window_s, dt.UTC)
+        recent = table.scan(  # type: ignore[attr-defined]
+            row_filter=GreaterThanOrEqual("_received_at", since.isoformat()),
+            selected_fields=("_event_id", "_received_at")).to_arrow()
+        window.remember(recent)
+        if len(window):
+            log.info("dedup window of %s rebuilt with %d ids", stream.name, len(window))
+
+    # -- one run ---------------------------------------------------------------------------
+
+    def _take(self, entries: list[Entry]) -> list[Entry]:
+        cfg = self.config.collector
+        taken: list[Entry] = []
+        size = 0
+        for entry in entries[: cfg.max_run_entries]:
+            if taken and size + entry.size > cfg.max_run_bytes:
+                break
+            taken.append(entry)
+            size += entry.size
+        return taken
+
+    async def run_once(self) -> RunResult:
+        """Consume the next run of entries, if any. Raises :class:`Fenced` when replaced."""
+        try:
+            return await self._run_once()
+        except (FencedError, TableFencedError) as exc:
+            self.metrics.fenced.inc()
+            raise Fenced(str(exc)) from exc
+
+    async def _run_once(self) -> RunResult:
+        started = time.monotonic()
+        entries = self._take(await self.consumer.read(
+            max_entries=self.config.collector.max_run_entries))
+        if not entries:
+            return RunResult()
+        assert self.epoch is not None
+        spec = run_spec(self.config, entries, partitions=self.engine.partitions)
+        output = await asyncio.to_thread(self.engine.run, spec)
+        self.hook("after_job")
+        result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence)
+        await asyncio.to_thread(self._commit_all, output, result)
+        self.hook("after_commits")
+        last = entries[-1].sequence
+        await self.consumer.ack(last)
+        self.hook("after_ack")
+        self._acked_undequeued += len(entries)
+        self._runs_since_dequeue += 1
+        if self._runs_since_dequeue >= self.config.collector.dequeue_every:
+            await self.dequeue()
+        result.seconds = time.monotonic() - started
+        self._observe(entries, result)
+        return result
+
+    def _commit_all(self, output: RunOutput, result: RunResult) -> None:
+        """Commit each affected table once (dedup first), then the dead letters."""
+        sequence = result.last_sequence
+        assert self.epoch is not None
+        for name, rows in output.tables.items():
+            stream = self.streams[name]
+            window = self.windows[name]
+            fresh, dropped = window.filter(rows)
+            result.duplicates += dropped
+            if dropped:
+                self.metrics.duplicates.labels(name).inc(dropped)
+            outcome = self._commit(stream.table, fresh, sequence)
+            window.remember(fresh)
+            result.rows[stream.table] = outcome.rows
+            result.replayed += outcome.replayed
+            self.hook(f"after_commit:{stream.table}")
+        if output.dead.num_rows:
+            outcome = self._commit(DEAD_LETTER_TABLE, output.dead, sequence)
+            result.dead_letters = outcome.rows
+            for reason in output.dead.column("reason").to_pylist()[: outcome.rows]:
+                self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
+            self.hook(f"after_commit:{DEAD_LETTER_TABLE}")
+
+    def _commit(self, table: str, rows: pa.Table, sequence: int) -> CommitResult:
+        assert self.epoch is not None
+        outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch)
+        if outcome.attempts > 1:
+            self.metrics.commit_failed.labels(table).inc(outcome.attempts - 1)
+        self.metrics.commit_seconds.labels(table).observe(outcome.seconds)
+        self.metrics.rows.labels(table).inc(outcome.rows)
+        self.metrics.bytes.labels(table).inc(rows.nbytes if outcome.rows else 0)
+        self.metrics.replayed.labels(table).inc(outcome.replayed)
+        self.metrics.committed_sequence.labels(table).set(outcome.sequence)
+        self.metrics.last_commit.set(time.time())
+        log.info("commit %s rows=%d replayed=%d sequence=%d epoch=%d %.3fs attempts=%d",
+                 table, outcome.rows, outcome.replayed, outcome.sequence, self.epoch,
+                 outcome.seconds, outcome.attempts,
+                 extra={"table": table, "rows": outcome.rows, "sequence": outcome.sequence,
+                        "epoch": self.epoch, "seconds": round(outcome.seconds, 4)})
+        return outcome
+
+    async def dequeue(self) -> int:
+        """Remove acknowledged entries from the manifest (bulk, idempotent)."""
+        self.hook("before_dequeue")
+        removed = await self.consumer.dequeue()
+        self._acked_undequeued = 0
+        self._runs_since_dequeue = 0
+        return removed
+
+    def _observe(self, entries: list[Entry], result: RunResult) -> None:
+        self.metrics.run_seconds.observe(result.seconds)
+        self.metrics.batch_bytes.inc(sum(e.size for e in entries))
+        log.info("run sequences %d..%d entries=%d rows=%s duplicates=%d replayed=%d "
+                 "dead_letters=%d %.3fs", result.first_sequence, result.last_sequence,
+                 result.entries, result.rows, result.duplicates, result.replayed,
+                 result.dead_letters, result.seconds)
+
+    async def update_queue_metrics(self) -> None:
+        manifest = await self.consumer.snapshot()
+        pending = [e for e in manifest.entries
+                   if e.sequence > manifest.consumer.acked_through]
+        self.metrics.queue_length.set(len(pending))
+        now = time.time()
+        self.metrics.lag_seconds.set(max(0.0, now - pending[0].ingested_at) if pending else 0)

@@ -1,0 +1,151 @@
+"""The exactly-once commit protocol: each Iceberg commit records how far it got.
+
+Why the table is the offset store: a commit's snapshot summary carries ``icefloe.sequence``
+(the highest manifest sequence whose rows it contains) and ``icefloe.epoch`` (the collector
+epoch that wrote it). Data and offset are thus committed in one atomic catalog operation; no
+second store (Spark checkpoint, manifest ack) can disagree with the data. On every commit we
+
+1. load the table and read sequence and epoch from *that* snapshot,
+2. refuse if the table's epoch is newer than ours (a newer collector took over),
+3. drop rows whose ``_sequence`` the table already holds (a replay after a crash),
+4. append on the same table object. Tables carry ``commit.retry.num-retries=0``, so the
+   catalog rejects the commit if anyone committed in between instead of silently rebasing
+   (pyiceberg's default retry would re-append and duplicate).
+
+On a rejected commit *or* an unknown outcome (timeout, catalog 5xx) we reload and re-check
+before anything else: if the table now holds our sequence, the commit landed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.table import Table
+
+from icefloe.errors import CatalogError, TableFencedError
+
+SEQUENCE_PROP = "icefloe.sequence"
+EPOCH_PROP = "icefloe.epoch"
+NO_SEQUENCE = -1
+
+log = logging.getLogger("icefloe.commit")
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedState:
+    """What a table's snapshot log says icefloe committed: highest sequence, and by whom."""
+
+    sequence: int = NO_SEQUENCE
+    epoch: int = 0
+    snapshot_id: int | None = None
+
+
+def committed_state(table: Table) -> CommittedState:
+    """Sequence and epoch of the newest snapshot that carries them.
+
+    Walks back from the current snapshot past snapshots without the properties (a
+    maintenance commit made by another tool), so the answer survives them; icefloe's own
+    maintenance carries both forward, so the walk normally stops at the first snapshot.
+    """
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if SEQUENCE_PROP in props:
+            return CommittedState(int(props[SEQUENCE_PROP]), int(props.get(EPOCH_PROP, 0)),
+                                  snapshot.snapshot_id)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return CommittedState()
+
+
+def summary_props(sequence: int, epoch: int) -> dict[str, str]:
+    return {SEQUENCE_PROP: str(sequence), EPOCH_PROP: str(epoch)}
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """``rows`` appended (0 when everything was already committed); ``replayed`` rows dropped."""
+
+    table: str
+    rows: int
+    replayed: int
+    sequence: int
+    seconds: float
+    attempts: int
+
+
+def check_epoch(name: str, state: CommittedState, epoch: int) -> None:
+    if state.epoch > epoch:
+        raise TableFencedError(name, epoch, state.epoch)
+
+
+def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: int,
+                epoch: int, max_attempts: int = 5,
+                append: Callable[[Table, pa.Table, dict[str, str]], None] | None = None,
+                ) -> CommitResult:
+    """Append ``rows`` (with a ``_sequence``/``sequence`` column) exactly once.
+
+    ``sequence`` is the highest manifest sequence of the run the rows come from; the
+    commit records it even when every row was a replay, so the table's offset advances.
+    ``append`` is the write itself (default: ``Table.append``); the cluster output path
+    passes one that adds already-written Parquet files instead.
+    """
+    started = time.monotonic()
+    write = append or _append
+    seq_column = "_sequence" if "_sequence" in rows.column_names else "sequence"
+    for attempt in range(1, max_attempts + 1):
+        try:
+            table = catalog.load_table(identifier)
+        except Exception as exc:  # catalog down: the caller retries the whole cycle
+            raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
+        state = committed_state(table)
+        check_epoch(identifier, state, epoch)
+        if state.sequence >= sequence:
+            # Everything up to `sequence` is already in: a replay after a crash before ack.
+            return CommitResult(identifier, 0, rows.num_rows, state.sequence,
+                                time.monotonic() - started, attempt)
+        fresh = rows
+        if state.sequence > NO_SEQUENCE and rows.num_rows:
+            fresh = rows.filter(pc.greater(rows[seq_column], state.sequence))
+        if fresh.num_rows == 0:  # nothing new: leave the offset, a replay filters again
+            return CommitResult(identifier, 0, rows.num_rows, state.sequence,
+                                time.monotonic() - started, attempt)
+        try:
+            write(table, fresh, summary_props(sequence, epoch))
+            return CommitResult(identifier, fresh.num_rows, rows.num_rows - fresh.num_rows,
+                                sequence, time.monotonic() - started, attempt)
+        except (CommitFailedException, CommitStateUnknownException) as exc:
+            # Someone committed in between, or we cannot tell whether we did: re-read the
+            # table before anything else (the loop does), never blindly retry the append.
+            log.warning("commit to %s not confirmed (attempt %d): %s", identifier, attempt,
+                        exc)
+            continue
+        except Exception as exc:
+            # Timeouts and catalog 5xx surface as assorted exceptions: same treatment.
+            log.warning("commit to %s failed with an unknown outcome (attempt %d): %r",
+                        identifier, attempt, exc)
+            time.sleep(min(2.0, 0.1 * 2 ** attempt))
+            continue
+    # Out of attempts: one last look decides between "landed" and "failed".
+    try:
+        table = catalog.load_table(identifier)
+    except Exception as exc:
+        raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
+    state = committed_state(table)
+    check_epoch(identifier, state, epoch)
+    if state.sequence >= sequence and state.epoch == epoch:
+        return CommitResult(identifier, rows.num_rows, 0, sequence,
+                            time.monotonic() - started, max_attempts)
+    raise CatalogError(f"commit to {identifier} failed after {max_attempts} attempts; "
+                       "the collector will retry the batch run")
+
+
+def _append(table: Table, rows: pa.Table, props: dict[str, str]) -> None:
+    table.append(rows, snapshot_properties=props)

@@ -1,0 +1,190 @@
+"""Batch file bytes → one Arrow table per stream, plus dead letters. Runs in Spark workers.
+
+Why columnar: a stream's canonical payloads (minified JSON, declared fields only, RFC 3339
+UTC timestamps) are joined by newlines in the batch file's record order, so one
+``pyarrow.json.read_json`` call with the stream's explicit schema parses a whole batch with
+no Python object per event (~6 times cheaper than dicts). Envelope fields (``_event_id``,
+``_received_at``, ``_sequence``) are added as whole columns.
+
+Why a per-row fallback: if the block parse fails (a payload that no longer matches the
+configured schema, or corrupt bytes that still passed the checksum), only the bad rows may go
+to dead letters; the rest of the batch must still land. Only *deterministic* problems become
+dead letters — a store or network error is raised, so the collector retries instead of
+skipping data.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from icefloe.batch import decode_block
+from icefloe.envelope import StreamColumns, split_by_stream
+from icefloe.errors import BatchFormatError
+from pipeline.schema import TIMESTAMP, dead_letter_arrow_schema
+
+_META_TYPES = (("_event_id", pa.string()), ("_received_at", TIMESTAMP),
+               ("_sequence", pa.int64()))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRef:
+    """What a worker needs to fetch and check one batch file (a manifest entry, picklable)."""
+
+    sequence: int
+    location: str
+    size: int
+    crc32c: int
+
+
+@dataclass(slots=True)
+class DeadLetters:
+    """Rows for ``icefloe.dead_letters``, accumulated column-wise."""
+
+    stream: list[str | None] = field(default_factory=list)
+    sequence: list[int] = field(default_factory=list)
+    location: list[str] = field(default_factory=list)
+    record_index: list[int | None] = field(default_factory=list)
+    event_id: list[str | None] = field(default_factory=list)
+    reason: list[str] = field(default_factory=list)
+    message: list[str] = field(default_factory=list)
+    raw: list[bytes | None] = field(default_factory=list)
+    received_at_ms: list[int | None] = field(default_factory=list)
+
+    def add(self, ref: BatchRef, *, reason: str, message: str, stream: str | None = None,
+            index: int | None = None, event_id: str | None = None, raw: bytes | None = None,
+            received_at_ms: int | None = None) -> None:
+        self.stream.append(stream)
+        self.sequence.append(ref.sequence)
+        self.location.append(ref.location)
+        self.record_index.append(index)
+        self.event_id.append(event_id)
+        self.reason.append(reason)
+        self.message.append(message)
+        self.raw.append(raw)
+        self.received_at_ms.append(received_at_ms)
+
+    def __len__(self) -> int:
+        return len(self.reason)
+
+    def to_arrow(self) -> pa.Table:
+        received = pa.array(self.received_at_ms, pa.int64())
+        return pa.table({
+            "stream": pa.array(self.stream, pa.string()),
+            "sequence": pa.array(self.sequence, pa.int64()),
+            "location": pa.array(self.location, pa.string()),
+            "record_index": pa.array(self.record_index, pa.int64()),
+            "event_id": pa.array(self.event_id, pa.string()),
+            "reason": pa.array(self.reason, pa.string()),
+            "message": pa.array(self.message, pa.string()),
+            "raw": pa.array(self.raw, pa.binary()),
+            "received_at": pc.multiply(received, 1000).cast(TIMESTAMP),
+        }, schema=dead_letter_arrow_schema())
+
+
+@dataclass(slots=True)
+class Decoded:
+    """One batch file decoded: ``tables[stream]`` rows (payload + meta columns), dead letters."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    dead: DeadLetters = field(default_factory=DeadLetters)
+
+
+def _parse_block(ndjson: bytes, schema: pa.Schema) -> pa.Table:
+    """``read_json`` with the explicit schema; ``date`` columns are read as text and cast,
+    because Arrow's JSON reader only takes dates as day numbers while canonical payloads
+    carry ISO dates (``2026-11-23``)."""
+    dates = [i for i, f in enumerate(schema) if pa.types.is_date32(f.type)]
+    read_schema = schema
+    for i in dates:
+        read_schema = read_schema.set(i, pa.field(schema.field(i).name, pa.string()))
+    table = pajson.read_json(
+        io.BytesIO(ndjson),
+        read_options=pajson.ReadOptions(use_threads=False, block_size=max(len(ndjson), 1 << 16)),
+        parse_options=pajson.ParseOptions(explicit_schema=read_schema,
+                                          unexpected_field_behavior="ignore"),
+    ).select(schema.names)
+    for i in dates:
+        table = table.set_column(i, schema.field(i), pc.cast(table.column(i), pa.date32()))
+    return table
+
+
+def _meta_columns(ids: Sequence[str], received_ms: Sequence[int], sequence: int
+                  ) -> list[pa.Array]:
+    count = len(ids)
+    received = pc.multiply(pa.array(received_ms, pa.int64()), 1000).cast(TIMESTAMP)
+    return [pa.array(ids, pa.string()), received,
+            pa.array([sequence] * count, pa.int64()) if count else pa.array([], pa.int64())]
+
+
+def _with_meta(payload: pa.Table, ids: Sequence[str], received_ms: Sequence[int],
+               sequence: int) -> pa.Table:
+    columns = list(payload.columns) + _meta_columns(ids, received_ms, sequence)
+    names = payload.column_names + [name for name, _ in _META_TYPES]
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def parse_stream(cols: StreamColumns, schema: pa.Schema, ref: BatchRef,
+                 dead: DeadLetters) -> pa.Table:
+    """A stream's rows of one batch; rows that do not parse go to ``dead``."""
+    try:
+        payload = _parse_block(cols.ndjson, schema)
+        if payload.num_rows == len(cols.event_ids):
+            return _with_meta(payload, cols.event_ids, cols.received_at_ms, ref.sequence)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    # Slow path: parse each row alone so that only the bad ones are dead-lettered.
+    lines = cols.ndjson.split(b"\n")[: len(cols.event_ids)]
+    good: list[pa.Table] = []
+    ids: list[str] = []
+    received: list[int] = []
+    for line, event_id, at_ms, index in zip(lines, cols.event_ids, cols.received_at_ms,
+                                            cols.record_indexes, strict=False):
+        try:
+            row = _parse_block(line + b"\n", schema)
+            if row.num_rows != 1:
+                raise pa.ArrowInvalid(f"payload parsed into {row.num_rows} rows, expected 1")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            dead.add(ref, reason="payload_mismatch", message=str(exc).splitlines()[0][:500],
+                     stream=cols.stream, index=index, event_id=event_id, raw=line,
+                     received_at_ms=at_ms)
+            continue
+        good.append(row)
+        ids.append(event_id)
+        received.append(at_ms)
+    payload = (pa.concat_tables(good) if good
+               else schema.empty_table())
+    return _with_meta(payload, ids, received, ref.sequence)
+
+
+def decode_batch_file(data: bytes, ref: BatchRef, schemas: Mapping[str, pa.Schema]) -> Decoded:
+    """Decode a verified batch file: ``schemas`` maps each configured stream to its payload
+    schema. A corrupt file yields one dead letter (its key and reason, not its bytes)."""
+    out = Decoded()
+    try:
+        block, count = decode_block(data)
+        split = split_by_stream(block, count)
+    except BatchFormatError as exc:
+        out.dead.add(ref, reason=f"corrupt_batch:{exc.reason}", message=str(exc))
+        return out
+    for bad in split.bad:
+        out.dead.add(ref, reason=f"bad_envelope:{bad.reason}", message=bad.message,
+                     index=bad.index, raw=bad.data)
+    for stream, cols in split.items():
+        schema = schemas.get(stream)
+        if schema is None:
+            for line, event_id, at_ms, index in zip(
+                    cols.ndjson.split(b"\n"), cols.event_ids, cols.received_at_ms,
+                    cols.record_indexes, strict=False):
+                out.dead.add(ref, reason="unknown_stream",
+                             message=f"stream {stream!r} is not configured",
+                             stream=stream, index=index, event_id=event_id, raw=line,
+                             received_at_ms=at_ms)
+            continue
+        out.tables[stream] = parse_stream(cols, schema, ref, out.dead)
+    return out

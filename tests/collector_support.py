@@ -1,0 +1,94 @@
+"""Helpers for pipeline and collector tests: configs, published batches, table reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from icefloe.config import Column, Config, StreamConfig, load_config
+from icefloe.manifest import ManifestProducer
+from icefloe.manifest.config import ManifestConfig
+from icefloe.publish import build_batch, publish_batch
+from icefloe.store import open_async_store
+from icefloe.store.base import AsyncObjectStore
+
+CLICKS = StreamConfig(name="clicks", table="web.clicks", columns=(
+    Column("user_id", "string", required=True), Column("url", "string"),
+    Column("n", "long"), Column("ts", "timestamp")))
+BUYS = StreamConfig(name="buys", table="shop.buys", columns=(
+    Column("order_id", "string", required=True), Column("amount", "double"),
+    Column("qty", "int"), Column("paid", "boolean"), Column("day", "date"),
+    Column("meta", "json"), Column("ratio", "float")))
+
+BASE_MS = 1_790_000_000_000
+
+
+def collector_config(root: Path, streams: Sequence[StreamConfig] = (CLICKS, BUYS),
+                     **collector: Any) -> Config:
+    """A config on a local store + SQLite catalog under ``root``."""
+    raw = {
+        "store": {"url": (root / "store").as_uri()},
+        "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
+                    "warehouse": (root / "warehouse").as_uri()},
+        "collector": {"metrics_port": 0, "host": "127.0.0.1", "gc_interval_s": 3600,
+                      "maintenance_interval_s": 3600, **collector},
+        "manifest": {"lease_s": 2.0},
+        "streams": [msgspec.to_builtins(s) for s in streams],
+    }
+    path = root / "icefloe.toml"
+    path.write_text("")
+    return msgspec.structs.replace(
+        load_config(path, overrides={k: v for k, v in raw.items() if k != "streams"}),
+        streams=tuple(streams))
+
+
+def click(i: int, prefix: str = "c") -> tuple[str, str, int, bytes]:
+    payload = msgspec.json.encode({"user_id": f"u{i % 7}", "url": f"/p/{i}", "n": i,
+                                   "ts": "2026-11-23T10:00:00.123456Z"})
+    return ("clicks", f"{prefix}{i}", BASE_MS + i, payload)
+
+
+def buy(i: int, prefix: str = "b") -> tuple[str, str, int, bytes]:
+    payload = msgspec.json.encode({"order_id": f"o{i}", "amount": i * 1.5, "qty": i,
+                                   "paid": i % 2 == 0, "day": "2026-11-23",
+                                   "meta": '{"k":[1,2]}', "ratio": 0.5})
+    return ("buys", f"{prefix}{i}", BASE_MS + i, payload)
+
+
+async def publish(store: AsyncObjectStore, batches: Iterable[list[tuple[str, str, int, bytes]]],
+                  producer: ManifestProducer | None = None) -> list[int]:
+    """Write each list of events as one batch file and append it; return the sequences."""
+    own = producer is None
+    producer = producer or ManifestProducer(store, ManifestConfig())
+    sequences = []
+    try:
+        for events in batches:
+            data, count, streams = build_batch(events)
+            sequences.append(await publish_batch(store, producer, data, record_count=count,
+                                                 streams=streams))
+    finally:
+        if own:
+            await producer.close()
+    return sequences
+
+
+def publish_sync(config: Config, batches: Iterable[list[tuple[str, str, int, bytes]]]
+                 ) -> list[int]:
+    async def go() -> list[int]:
+        store = open_async_store(config.store.url)
+        try:
+            return await publish(store, batches)
+        finally:
+            await store.close()
+    return asyncio.run(go())
+
+
+def read_table(config: Config, name: str) -> pa.Table:
+    from pipeline.catalog import open_catalog
+
+    return open_catalog(config.catalog).load_table(name).scan().to_arrow()
