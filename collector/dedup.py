@@ -55,16 +55,22 @@ class DedupWindow:
             return rows, 0
         return rows.filter(pa.array(keep, pa.bool_())), dropped
 
-    def remember(self, rows: pa.Table, now_s: float | None = None) -> None:
+    def remember(self, rows: pa.Table, now_s: float | None = None, *,
+                 from_table: bool = False) -> None:
         """Add committed rows' ids, then forget what fell out of the window."""
         if self.window_s <= 0 or rows.num_rows == 0:
             return
         ids = rows.column("_event_id").to_pylist()
-        received = rows.column("_received_at")
-        newest = pc.max(received).cast(pa.int64()).as_py() // 1000 if rows.num_rows else 0
+        now = now_s if now_s is not None else time.time()
+        # Kept for the window from now (commit time); a rebuild after a restart uses the
+        # rows' receive time, which precedes their commit by about one commit interval.
+        newest = now * 1000
+        if rows.num_rows:
+            received = pc.max(rows.column("_received_at")).cast(pa.int64()).as_py() // 1000
+            newest = received if from_table else newest
         self.seen.update(ids)
-        self.chunks.append(_Chunk(newest, ids))
-        self.expire(now_s)
+        self.chunks.append(_Chunk(int(newest), ids))
+        self.expire(now)
 
     def expire(self, now_s: float | None = None) -> None:
         cutoff_ms = int(((now_s if now_s is not None else time.time()) - self.window_s) * 1000)

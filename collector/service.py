@@ -148,7 +148,7 @@ class Collector:
         recent = table.scan(  # type: ignore[attr-defined]
             row_filter=GreaterThanOrEqual("_received_at", since.isoformat()),
             selected_fields=("_event_id", "_received_at")).to_arrow()
-        window.remember(recent)
+        window.remember(recent, from_table=True)
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", stream.name, len(window))
 

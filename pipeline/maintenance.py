@@ -120,9 +120,11 @@ class MaintenanceSettings:
       commits stays short (seconds) and memory stays bounded; the rest waits for the next.
     * ``orphan_age_s=3600``: a file no metadata references is deleted only after an hour, far
       longer than any icefloe write takes between writing a file and committing it.
-    * ``interval_s=300``: how often the collector should run a pass (not used here). Each
-      pass reads every retained manifest list, so running it every commit would be wasteful;
-      every 5 minutes a 1 s table gains ~300 small files per partition, rewritten into one.
+
+    How often to run a pass is the caller's (``collector.maintenance_interval_s``, 300 s):
+    each pass reads every retained manifest list, so running it every commit would be
+    wasteful; every 5 minutes a 1 s table gains ~300 small files per partition, rewritten
+    into one.
     """
 
     keep_last: int = 100
@@ -131,7 +133,6 @@ class MaintenanceSettings:
     min_input_files: int = 8
     max_rewrite_bytes: int = 1024 * MiB
     orphan_age_s: float = 3600.0
-    interval_s: float = 300.0
 
 
 # --------------------------------------------------------------------------- compaction
@@ -317,7 +318,8 @@ def _refuse_rebasing_retries(table: Table) -> None:
     and then ``serializable`` isolation (the default) still rejects any concurrent append.
     """
     props = table.properties
-    retries = props.get(TableProperties.COMMIT_NUM_RETRIES, "4")
+    retries = props.get(TableProperties.COMMIT_NUM_RETRIES,
+                        str(TableProperties.COMMIT_NUM_RETRIES_DEFAULT))
     isolation = props.get(TableProperties.WRITE_UPDATE_ISOLATION_LEVEL,
                           TableProperties.WRITE_ISOLATION_LEVEL_DEFAULT)
     if retries.strip() != "0" and isolation != "serializable":
@@ -339,6 +341,10 @@ def expire_snapshots(table: Table, *, keep_last: int, max_age_s: float,
     ``icefloe.sequence`` and every snapshot between it and the current one — expiring one of
     those would orphan its child's parent pointer, :func:`committed_state` would stop short
     and the collector would replay (duplicate) everything. Returns how many were expired.
+
+    pyiceberg commits the removal with no requirement on the branch head (the catalog applies
+    it to whatever metadata is current). That is safe here: a commit landing meanwhile only
+    moves the protected chain forward, onto snapshots this call never selects.
     """
     if keep_last < 0 or max_age_s < 0:
         raise ValueError("keep_last and max_age_s must not be negative")
@@ -370,7 +376,7 @@ def expire_snapshots(table: Table, *, keep_last: int, max_age_s: float,
 def delete_unreachable_files(table: Table, *, older_than_s: float,
                              previous: TableMetadata | None = None,
                              now_s: float | None = None) -> DeletionResult:
-    """Delete files under the table's location(s) that its current metadata no longer needs.
+    """Delete the table's files that its current metadata no longer needs.
 
     Reachable (never deleted): the current metadata.json and those in its metadata log,
     statistics files, and for every kept snapshot its manifest list, its manifests and the
@@ -389,24 +395,26 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
     * any other file once it is older than ``older_than_s`` (orphans of failed or crashed
       commits). Younger ones may be written by a commit still in flight and are kept.
 
-    The table is refreshed first so the newest metadata decides. Listing uses the FileIO's
-    own pyarrow filesystem (endpoint and credentials of an S3 FileIO included); deletes go
-    through ``table.io``.
+    The table is refreshed first so the newest metadata decides. Only the table location is
+    listed (see :func:`_list_files`); listing uses the FileIO's own pyarrow filesystem
+    (endpoint and credentials of an S3 FileIO included); deletes go through ``table.io``.
+    ``bytes`` in the result counts listed files only.
     """
     started = time.monotonic()
     if older_than_s < 0:
         raise ValueError("older_than_s must not be negative")
     table.refresh()
-    metadata = table.metadata
     io = table.io
-    reachable = _reachable(metadata, table.metadata_location, io)
-    expired: set[str] = set()
+    reachable = _reachable(table.metadata, table.metadata_location, io)
+    # Known dead: deleted by path, wherever they live (even outside the table location).
+    doomed: dict[str, tuple[str, int]] = {}
     if previous is not None:
-        expired = _reachable(previous, None, io) - reachable
+        for key, uri in _reachable(previous, None, io).items():
+            if key not in reachable:
+                doomed[key] = (uri, 0)
     current_version = _metadata_version(table.metadata_location)
     cutoff_ns = int(((time.time() if now_s is None else now_s) - older_than_s) * 1e9)
 
-    doomed: list[tuple[str, int]] = []
     kept_young = 0
     for uri, size, mtime_ns in _list_files(table):
         key = _normalize(uri)
@@ -414,22 +422,24 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
         if key in reachable or base in _NEVER_DELETE:
             continue
         version = _metadata_version(base)
-        if key in expired or (version is not None and current_version is not None
-                              and version <= current_version) or mtime_ns < cutoff_ns:
-            doomed.append((uri, size))
+        superseded = (version is not None and current_version is not None
+                      and version <= current_version)
+        if key in doomed or superseded or mtime_ns < cutoff_ns:
+            doomed[key] = (uri, size)
         else:
             kept_young += 1
 
     errors = 0
     deleted_bytes = 0
+    targets = list(doomed.values())
     with ThreadPoolExecutor(_IO_THREADS) as pool:
-        for (_uri, size), ok in zip(doomed, pool.map(lambda d: _delete(io, d[0]), doomed),
+        for (_uri, size), ok in zip(targets, pool.map(lambda d: _delete(io, d[0]), targets),
                                     strict=True):
             if ok:
                 deleted_bytes += size
             else:
                 errors += 1
-    result = DeletionResult(deleted=len(doomed) - errors, bytes=deleted_bytes,
+    result = DeletionResult(deleted=len(targets) - errors, bytes=deleted_bytes,
                             kept_young=kept_young, errors=errors, reachable=len(reachable),
                             seconds=time.monotonic() - started)
     log.info("deleted %d unreachable files (%d bytes) of %s; kept %d young, %d errors",
@@ -437,8 +447,9 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
     return result
 
 
-def _reachable(metadata: TableMetadata, metadata_location: str | None, io: FileIO) -> set[str]:
-    """Every path ``metadata`` references, normalized (see :func:`_normalize`)."""
+def _reachable(metadata: TableMetadata, metadata_location: str | None, io: FileIO,
+               ) -> dict[str, str]:
+    """Every location ``metadata`` references, keyed by :func:`_normalize` form."""
     paths = {entry.metadata_file for entry in metadata.metadata_log}
     if metadata_location:
         paths.add(metadata_location)
@@ -456,7 +467,7 @@ def _reachable(metadata: TableMetadata, metadata_location: str | None, io: FileI
         for entries in pool.map(lambda m: m.fetch_manifest_entry(io, discard_deleted=True),
                                 manifests.values()):
             paths.update(entry.data_file.file_path for entry in entries)
-    return {_normalize(p) for p in paths}
+    return {_normalize(p): p for p in paths}
 
 
 def _normalize(location: str) -> str:
@@ -479,33 +490,25 @@ def _metadata_version(location: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _roots(table: Table) -> list[str]:
-    """The table location plus custom data/metadata paths outside it, deduplicated."""
-    props = table.properties
-    candidates = [table.location(), props.get(TableProperties.WRITE_DATA_PATH),
-                  props.get(TableProperties.WRITE_METADATA_PATH)]
-    roots: list[str] = []
-    for root in (c.rstrip("/") for c in candidates if c):
-        if not any(_normalize(root).startswith(_normalize(r) + "/") or
-                   _normalize(root) == _normalize(r) for r in roots):
-            roots.append(root)
-    return roots
-
-
 def _list_files(table: Table) -> Iterator[tuple[str, int, int]]:
-    """Yield ``(uri, size, mtime_ns)`` of every file under the table's roots."""
-    for root in _roots(table):
-        fs, scheme, path = _filesystem(table.io, root)
-        # A table location must be a directory of its own: listing a bucket root or "/"
-        # would put unrelated data at the mercy of the orphan rule.
-        if len([p for p in path.split("/") if p]) < 2:
-            raise ValueError(f"refusing to sweep {root!r}: not a table-owned directory")
-        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
-        for info in fs.get_file_info(selector):
-            if info.type != pafs.FileType.File:
-                continue
-            uri = f"file://{info.path}" if scheme == "file" else f"{scheme}://{info.path}"
-            yield uri, info.size or 0, info.mtime_ns or 0
+    """Yield ``(uri, size, mtime_ns)`` of every file under the table location.
+
+    Only the location the table owns is listed, not ``write.data.path`` or
+    ``write.metadata.path``: those may be shared with other tables, whose files would all
+    look like orphans here. Dead files there are still deleted by path (``previous``).
+    """
+    root = table.location().rstrip("/")
+    fs, scheme, path = _filesystem(table.io, root)
+    # A table location must be a directory of its own: listing a bucket root or "/" would
+    # put unrelated data at the mercy of the orphan rule.
+    if len([p for p in path.split("/") if p]) < 2:
+        raise ValueError(f"refusing to sweep {root!r}: not a table-owned directory")
+    selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File:
+            continue
+        uri = f"file://{info.path}" if scheme == "file" else f"{scheme}://{info.path}"
+        yield uri, info.size or 0, info.mtime_ns or 0
 
 
 def _filesystem(io: FileIO, root: str) -> tuple[pafs.FileSystem, str, str]:

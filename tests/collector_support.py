@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ BUYS = StreamConfig(name="buys", table="shop.buys", columns=(
     Column("qty", "int"), Column("paid", "boolean"), Column("day", "date"),
     Column("meta", "json"), Column("ratio", "float")))
 
-BASE_MS = 1_790_000_000_000
+BASE_MS = int(time.time() * 1000)  # recent: the dedup window keys on receive time
 
 
 def collector_config(root: Path, streams: Sequence[StreamConfig] = (CLICKS, BUYS),
@@ -85,7 +87,9 @@ def publish_sync(config: Config, batches: Iterable[list[tuple[str, str, int, byt
             return await publish(store, batches)
         finally:
             await store.close()
-    return asyncio.run(go())
+    # A fresh thread, so async tests (with a running loop) can call it too.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
 
 
 def read_table(config: Config, name: str) -> pa.Table:

@@ -131,11 +131,13 @@ def test_should_refuse_an_unknown_store_scheme_as_a_config_error(capsys):
     assert "unsupported store url" in capsys.readouterr().err
 
 
-def test_should_run_an_ingestor_on_the_embedded_store_with_up(tmp_path):
+def test_should_run_only_an_ingestor_with_up_no_collector(tmp_path):
     script = Path(sys.executable).parent / "icefloe"
     data = tmp_path / "data"
+    # --no-collector: the ingestor half only, without Spark (the whole of `up` is covered by
+    # a slow test in test_collector_cli.py).
     proc = subprocess.Popen([str(script), "up", "--data-dir", str(data), "--http-port", "0",
-                             "--grpc-port", "0"], stdout=subprocess.PIPE,
+                             "--grpc-port", "0", "--no-collector"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         lines = []
