@@ -50,19 +50,17 @@ def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
         rows = wide.filter(pc.equal(stream_col, stream.name))
         if rows.num_rows == 0:
             continue
-        payload = rows.column(struct_column(i)).combine_chunks()
-        arrays = [payload.field(k) for k in range(payload.type.num_fields)]
         names = [name for name, _ in stream.columns]
+        arrays = [rows.column(f"{struct_column(i)}__{name}").combine_chunks() for name in names]
         arrays += [rows.column(name).combine_chunks() for name, _ in ENVELOPE]
         names += [name for name, _ in ENVELOPE]
         out.tables[stream.name] = pa.Table.from_arrays(arrays, names=names)
     dead_rows = wide.filter(pc.is_null(stream_col))
     if dead_rows.num_rows:
-        dead = dead_rows.column(DEAD).combine_chunks()
         schema = dead_letter_arrow_schema()
         out.dead = pa.Table.from_arrays(
-            [dead.field(k).cast(schema.field(k).type) for k in range(len(schema))],
-            schema=schema)
+            [dead_rows.column(f"{DEAD}__{f.name}").combine_chunks().cast(f.type)
+             for f in schema], schema=schema)
     return out
 
 

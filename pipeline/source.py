@@ -7,8 +7,9 @@ a group of batch files, decodes them with :mod:`pipeline.decode`, and yields
 cluster ``spark.master`` the same tasks run on executors.
 
 Why one wide schema: a run covers every stream, and a data source has one schema. Each row
-carries ``_stream`` and the envelope columns, the payload of stream *i* in struct column
-``s<i>`` (null for other streams), and dead letters in ``_dead`` (with ``_stream`` null).
+carries ``_stream`` and the envelope columns, the payload of stream *i* in columns
+``s<i>__<name>`` (null for other streams), and dead letters in ``_dead__<name>`` columns
+(with ``_stream`` null).
 The driver splits the result per stream with Arrow (or Spark applies per-stream SQL).
 """
 
@@ -40,9 +41,9 @@ def wide_arrow_schema(streams: tuple[StreamSpec, ...]) -> pa.Schema:
     """``_stream``, envelope columns, one struct per stream, ``_dead``."""
     fields = [pa.field(STREAM, pa.string())]
     fields += [pa.field(name, kind) for name, kind in ENVELOPE]
-    fields += [pa.field(struct_column(i), pa.struct(list(s.payload_schema())))
-               for i, s in enumerate(streams)]
-    fields.append(pa.field(DEAD, pa.struct(list(dead_letter_arrow_schema()))))
+    for i, s in enumerate(streams):
+        fields += [pa.field(f"{struct_column(i)}__{f.name}", f.type) for f in s.payload_schema()]
+    fields += [pa.field(f"{DEAD}__{f.name}", f.type) for f in dead_letter_arrow_schema()]
     return pa.schema(fields)
 
 
@@ -58,34 +59,33 @@ class _Partition(InputPartition):
 
 def wide_batches(decoded: Decoded, streams: tuple[StreamSpec, ...], target: pa.Schema
                  ) -> Iterator[pa.RecordBatch]:
-    """Turn one decoded file into wide-schema record batches (one per stream present)."""
-    struct_types = [target.field(struct_column(i)).type for i in range(len(streams))]
-    dead_type = target.field(DEAD).type
+    """Turn one decoded file into wide-schema record batches (one per stream present).
+
+    Columns are flat (``s<i>__<column>``), not structs: nested types cost several times
+    more in Spark's Arrow-to-row conversion and back.
+    """
+    widths = [len(s.columns) for s in streams]
+    offsets = [4 + sum(widths[:i]) for i in range(len(streams))]
+    dead_at = 4 + sum(widths)
+    types = [f.type for f in target]
     for i, spec in enumerate(streams):
         table = decoded.tables.get(spec.name)
         if table is None or table.num_rows == 0:
             continue
         n = table.num_rows
-        payload = table.select([name for name, _ in spec.columns]).combine_chunks()
-        columns: list[pa.Array] = [pa.repeat(pa.scalar(spec.name, pa.string()), n)]
-        columns += [table.column(name).combine_chunks() for name, _ in ENVELOPE]
-        for j, kind in enumerate(struct_types):
-            if j == i:
-                columns.append(pa.StructArray.from_arrays(
-                    [payload.column(k).combine_chunks() for k in range(payload.num_columns)],
-                    fields=list(kind)))
-            else:
-                columns.append(pa.nulls(n, kind))
-        columns.append(pa.nulls(n, dead_type))
+        columns: list[pa.Array] = [pa.nulls(n, kind) for kind in types]
+        columns[0] = pa.repeat(pa.scalar(spec.name, pa.string()), n)
+        for k, (name, _) in enumerate(ENVELOPE, start=1):
+            columns[k] = table.column(name).combine_chunks()
+        for k, (name, _) in enumerate(spec.columns):
+            columns[offsets[i] + k] = table.column(name).combine_chunks()
         yield pa.RecordBatch.from_arrays(columns, schema=target)
     if len(decoded.dead):
         dead = decoded.dead.to_arrow()
         n = dead.num_rows
-        columns = [pa.nulls(n, pa.string())]
-        columns += [pa.nulls(n, kind) for _, kind in ENVELOPE]
-        columns += [pa.nulls(n, kind) for kind in struct_types]
-        columns.append(pa.StructArray.from_arrays(
-            [c.combine_chunks() for c in dead.columns], fields=list(dead_type)))
+        columns = [pa.nulls(n, kind) for kind in types]
+        for k, column in enumerate(dead.columns):
+            columns[dead_at + k] = column.combine_chunks()
         yield pa.RecordBatch.from_arrays(columns, schema=target)
 
 

@@ -1,0 +1,207 @@
+"""Collector benchmark: manifest → Spark pipeline → Iceberg, against a no-Spark baseline.
+
+Measures, in one run on the local store and a SQLite Iceberg catalog:
+
+* committed events/s through the collector with the Spark engine (Python data source,
+  local[2]) and, side by side, with the no-Spark engine (pyarrow decode + pyiceberg append
+  in the collector process) — the baseline that shows Spark's overhead;
+* commit latency (one Iceberg append per table per run);
+* freshness under a steady ingest load (event received → committed, i.e. visible to a
+  reader), p50/p99, with the default 1 s commit interval;
+* data files per table before and after one maintenance pass.
+
+Usage: python bench/collector_bench.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import Result, print_table, write_json
+
+from collector.runner import Runner
+from collector.service import Collector
+from icefloe.config import Column, StreamConfig, load_config
+from icefloe.manifest import ManifestProducer
+from icefloe.publish import build_batch, publish_batch
+from icefloe.store import open_async_store
+from pipeline.catalog import open_catalog
+from pipeline.run import LocalEngine, SparkEngine
+
+STREAM = StreamConfig(name="events", table="bench.events", columns=(
+    Column("user_id", "string"), Column("url", "string"), Column("duration_ms", "long"),
+    Column("ts", "timestamp"), Column("country", "string"), Column("device", "string"),
+    Column("app_version", "string")))
+
+
+def payload(i: int) -> bytes:
+    return msgspec.json.encode({
+        "user_id": f"user-{i % 50_000:06d}", "url": f"https://shop.example.com/p/{i % 9973}",
+        "duration_ms": i % 60_000, "ts": "2026-11-23T10:00:00.123Z", "country": "DE",
+        "device": "mobile" if i % 3 else "desktop", "app_version": f"5.{i % 40}.{i % 7}"})
+
+
+def make_config(root: Path, **collector: object):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "icefloe.toml").write_text("")
+    config = load_config(root / "icefloe.toml", overrides={
+        "store": {"url": (root / "store").as_uri()},
+        "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
+                    "warehouse": (root / "warehouse").as_uri()},
+        "collector": {"max_run_entries": 100_000, "max_run_bytes": 1 << 34,
+                      "dedup_window_s": 0, **collector}})
+    return msgspec.structs.replace(config, streams=(STREAM,))
+
+
+async def prefill(config, batches: int, per_batch: int, start: int = 0) -> int:
+    store = open_async_store(config.store.url)
+    producer = ManifestProducer(store)
+    now_ms = int(time.time() * 1000)
+    try:
+        for b in range(batches):
+            base = start + b * per_batch
+            data, count, streams = build_batch(
+                ("events", f"e{base + i}", now_ms, payload(base + i)) for i in range(per_batch))
+            await publish_batch(store, producer, data, record_count=count, streams=streams)
+    finally:
+        await producer.close()
+        await store.close()
+    return batches * per_batch
+
+
+async def throughput(config, engine, events: int) -> tuple[float, float]:
+    """Drain a pre-filled manifest in one run; return (events/s, commit seconds)."""
+    store = open_async_store(config.store.url)
+    collector = Collector(config, store, open_catalog(config.catalog), engine)
+    await collector.acquire(takeover=True)
+    await asyncio.to_thread(collector.prepare_tables)
+    started = time.perf_counter()
+    result = await collector.run_once()
+    seconds = time.perf_counter() - started
+    await store.close()
+    committed = sum(result.rows.values())
+    assert committed == events, f"committed {committed} of {events}"
+    commit_s = collector.metrics.commit_seconds.labels(STREAM.table)._sum.get()
+    return events / seconds, commit_s
+
+
+async def freshness(config, engine, seconds: float, rate: int) -> tuple[list[float], int]:
+    """Publish ``rate`` events/s in 10 batches/s while the collector runs; per-event
+    (committed time - publish time) for every event."""
+    store = open_async_store(config.store.url)
+    collector = Collector(config, store, open_catalog(config.catalog), engine)
+    await collector.acquire(takeover=True)
+    await asyncio.to_thread(collector.prepare_tables)
+    published: dict[int, tuple[float, int]] = {}
+    samples: list[float] = []
+    stop = asyncio.Event()
+    original = collector.run_once
+
+    async def timed_run():  # stamp each run's entries when their commit returns
+        result = await original()
+        now = time.time()
+        for seq in range(result.first_sequence, result.last_sequence + 1):
+            at, count = published.pop(seq, (now, 0))
+            samples.extend([now - at] * count)
+        return result
+
+    collector.run_once = timed_run  # type: ignore[method-assign]
+    runner = Runner(collector, stop)
+    task = asyncio.create_task(runner.run())
+    producer = ManifestProducer(store)
+    per_batch = rate // 10
+    sent = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        tick = time.monotonic()
+        now_ms = int(time.time() * 1000)
+        data, count, streams = build_batch(
+            ("events", f"f{sent + i}", now_ms, payload(sent + i)) for i in range(per_batch))
+        at = time.time()
+        seq = await publish_batch(store, producer, data, record_count=count, streams=streams)
+        published[seq] = (at, count)
+        sent += count
+        await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
+    while published and time.monotonic() < deadline + 30:
+        await asyncio.sleep(0.1)
+    stop.set()
+    await task
+    await producer.close()
+    await store.close()
+    return samples, sent
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def data_files(config) -> int:
+    table = open_catalog(config.catalog).load_table(STREAM.table)
+    return len(list(table.scan().plan_files()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short run (under a minute "
+                        "after Spark's ~15 s start)")
+    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    args = parser.parse_args()
+    batches, per_batch = (20, 10_000) if args.quick else (100, 10_000)
+    fresh_s = 12 if args.quick else 60
+    from pipeline.spark import get_spark
+
+    print("starting Spark (local[2]) ...", flush=True)
+    spark = get_spark("local[2]", "icefloe-bench", {"spark.driver.memory": "4g"})
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, engine in (("warm-up", SparkEngine(spark, 4)),):
+            config = make_config(root / name)
+            events = asyncio.run(prefill(config, 2, 1000))
+            asyncio.run(throughput(config, engine, events))
+        rates = {}
+        commits = {}
+        for name, engine in (("no-spark", LocalEngine()), ("spark", SparkEngine(spark, 4))):
+            config = make_config(root / name)
+            events = asyncio.run(prefill(config, batches, per_batch))
+            print(f"{name}: {events:,} events pre-filled in {batches} batch files", flush=True)
+            rates[name], commits[name] = asyncio.run(throughput(config, engine, events))
+        results.append(Result("committed events/s, no Spark (baseline)", rates["no-spark"],
+                              "events/s"))
+        results.append(Result("committed events/s through Spark", rates["spark"], "events/s",
+                              rates["no-spark"]))
+        results.append(Result("commit latency (1 append, Spark run)", commits["spark"], "s"))
+        config = make_config(root / "fresh", commit_interval_s=1.0, poll_interval_s=0.05,
+                             max_run_entries=2000)
+        print(f"freshness: {fresh_s} s at 10,000 events/s ...", flush=True)
+        samples, sent = asyncio.run(freshness(config, SparkEngine(spark, 2), fresh_s, 10_000))
+        results.append(Result("freshness p50 at 10k events/s", percentile(samples, 0.5), "s"))
+        results.append(Result("freshness p99 at 10k events/s", percentile(samples, 0.99), "s"))
+        results.append(Result("events committed in freshness run", len(samples), "events",
+                              sent))
+        before = data_files(config)
+        from pipeline.maintenance import MaintenanceSettings, run_maintenance
+
+        table = open_catalog(config.catalog).load_table(STREAM.table)
+        run_maintenance(table, epoch=10**6, settings=MaintenanceSettings(min_input_files=2))
+        results.append(Result("data files before maintenance", before, "files"))
+        results.append(Result("data files after maintenance", data_files(config), "files"))
+    print_table("collector: manifest → Spark → Iceberg (local store, SQLite catalog)", results)
+    write_json(args.json, results)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
