@@ -19,6 +19,7 @@ import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
@@ -71,6 +72,24 @@ class DeadLetters:
 
     def __len__(self) -> int:
         return len(self.reason)
+
+    _FIELDS = ("stream", "sequence", "location", "record_index", "event_id", "reason",
+               "message", "raw", "received_at_ms")
+
+    def encode_rows(self) -> list[bytes]:
+        """Each row as one msgpack value: how dead letters ride in a single column."""
+        encode = msgspec.msgpack.encode
+        return [encode(row) for row in zip(*(getattr(self, f) for f in self._FIELDS),
+                                           strict=True)]
+
+    @classmethod
+    def decode_rows(cls, rows: list[bytes]) -> DeadLetters:
+        out = cls()
+        columns = [getattr(out, f) for f in cls._FIELDS]
+        for raw in rows:
+            for column, value in zip(columns, msgspec.msgpack.decode(raw), strict=True):
+                column.append(value)
+        return out
 
     def to_arrow(self) -> pa.Table:
         received = pa.array(self.received_at_ms, pa.int64())

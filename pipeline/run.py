@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.decode import DeadLetters
 from pipeline.fetch import decode_refs, open_run_store
 from pipeline.schema import dead_letter_arrow_schema
 from pipeline.source import DEAD, ENVELOPE, FORMAT, STREAM, struct_column
@@ -41,7 +42,7 @@ def read_frame(spark: SparkSession, spec: RunSpec) -> DataFrame:
 
 
 def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
-    """Split the wide Arrow result per stream (flattening its struct) and dead letters."""
+    """Split the wide Arrow result into per-stream tables and dead letters."""
     out = RunOutput()
     if wide.num_rows == 0:
         return out
@@ -57,10 +58,7 @@ def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
         out.tables[stream.name] = pa.Table.from_arrays(arrays, names=names)
     dead_rows = wide.filter(pc.is_null(stream_col))
     if dead_rows.num_rows:
-        schema = dead_letter_arrow_schema()
-        out.dead = pa.Table.from_arrays(
-            [dead_rows.column(f"{DEAD}__{f.name}").combine_chunks().cast(f.type)
-             for f in schema], schema=schema)
+        out.dead = DeadLetters.decode_rows(dead_rows.column(DEAD).to_pylist()).to_arrow()
     return out
 
 

@@ -8,8 +8,9 @@ cluster ``spark.master`` the same tasks run on executors.
 
 Why one wide schema: a run covers every stream, and a data source has one schema. Each row
 carries ``_stream`` and the envelope columns, the payload of stream *i* in columns
-``s<i>__<name>`` (null for other streams), and dead letters in ``_dead__<name>`` columns
-(with ``_stream`` null).
+``s<i>__<name>`` (null for other streams), and dead letters as msgpack rows in one binary
+column ``_dead`` (with ``_stream`` null) — rare rows should not cost nine null columns on
+every good row.
 The driver splits the result per stream with Arrow (or Spark applies per-stream SQL).
 """
 
@@ -24,7 +25,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pipeline.decode import BatchRef, Decoded
-from pipeline.schema import TIMESTAMP, dead_letter_arrow_schema
+from pipeline.schema import TIMESTAMP
 from pipeline.spec import RunSpec, StreamSpec, group_refs
 
 FORMAT = "icefloe"
@@ -38,12 +39,12 @@ def struct_column(index: int) -> str:
 
 
 def wide_arrow_schema(streams: tuple[StreamSpec, ...]) -> pa.Schema:
-    """``_stream``, envelope columns, one struct per stream, ``_dead``."""
+    """``_stream``, envelope columns, each stream's columns, ``_dead``."""
     fields = [pa.field(STREAM, pa.string())]
     fields += [pa.field(name, kind) for name, kind in ENVELOPE]
     for i, s in enumerate(streams):
         fields += [pa.field(f"{struct_column(i)}__{f.name}", f.type) for f in s.payload_schema()]
-    fields += [pa.field(f"{DEAD}__{f.name}", f.type) for f in dead_letter_arrow_schema()]
+    fields.append(pa.field(DEAD, pa.binary()))
     return pa.schema(fields)
 
 
@@ -81,11 +82,9 @@ def wide_batches(decoded: Decoded, streams: tuple[StreamSpec, ...], target: pa.S
             columns[offsets[i] + k] = table.column(name).combine_chunks()
         yield pa.RecordBatch.from_arrays(columns, schema=target)
     if len(decoded.dead):
-        dead = decoded.dead.to_arrow()
-        n = dead.num_rows
-        columns = [pa.nulls(n, kind) for kind in types]
-        for k, column in enumerate(dead.columns):
-            columns[dead_at + k] = column.combine_chunks()
+        rows = decoded.dead.encode_rows()
+        columns = [pa.nulls(len(rows), kind) for kind in types]
+        columns[dead_at] = pa.array(rows, pa.binary())
         yield pa.RecordBatch.from_arrays(columns, schema=target)
 
 
