@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
@@ -28,6 +29,7 @@ from icefloe.batch import decode_block
 from icefloe.envelope import StreamColumns, split_by_stream
 from icefloe.errors import BatchFormatError
 from pipeline.schema import TIMESTAMP, dead_letter_arrow_schema
+from pipeline.split import ColumnarStream, split_columnar
 
 _META_TYPES = (("_event_id", pa.string()), ("_received_at", TIMESTAMP),
                ("_sequence", pa.int64()))
@@ -133,22 +135,29 @@ def _parse_block(ndjson: bytes, schema: pa.Schema) -> pa.Table:
     return table
 
 
-def _meta_columns(ids: Sequence[str], received_ms: Sequence[int], sequence: int
-                  ) -> list[pa.Array]:
+def _meta_columns(ids: Sequence[str] | pa.Array, received_ms: Sequence[int] | np.ndarray,
+                  sequence: int) -> list[pa.Array]:
     count = len(ids)
     received = pc.multiply(pa.array(received_ms, pa.int64()), 1000).cast(TIMESTAMP)
-    return [pa.array(ids, pa.string()), received,
-            pa.array([sequence] * count, pa.int64()) if count else pa.array([], pa.int64())]
+    id_column = ids if isinstance(ids, pa.Array) else pa.array(ids, pa.string())
+    return [id_column, received, pa.repeat(pa.scalar(sequence, pa.int64()), count)]
 
 
-def _with_meta(payload: pa.Table, ids: Sequence[str], received_ms: Sequence[int],
-               sequence: int) -> pa.Table:
+def _with_meta(payload: pa.Table, ids: Sequence[str] | pa.Array,
+               received_ms: Sequence[int] | np.ndarray, sequence: int) -> pa.Table:
     columns = list(payload.columns) + _meta_columns(ids, received_ms, sequence)
     names = payload.column_names + [name for name, _ in _META_TYPES]
     return pa.Table.from_arrays(columns, names=names)
 
 
-def parse_stream(cols: StreamColumns, schema: pa.Schema, ref: BatchRef,
+def _as_lists(cols: StreamColumns | ColumnarStream) -> StreamColumns:
+    if isinstance(cols, StreamColumns):
+        return cols
+    return StreamColumns(cols.stream, cols.event_ids.to_pylist(), cols.received_at_ms.tolist(),
+                         cols.record_indexes.tolist(), cols.ndjson)
+
+
+def parse_stream(cols: StreamColumns | ColumnarStream, schema: pa.Schema, ref: BatchRef,
                  dead: DeadLetters) -> pa.Table:
     """A stream's rows of one batch; rows that do not parse go to ``dead``."""
     try:
@@ -158,6 +167,7 @@ def parse_stream(cols: StreamColumns, schema: pa.Schema, ref: BatchRef,
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         pass
     # Slow path: parse each row alone so that only the bad ones are dead-lettered.
+    cols = _as_lists(cols)
     lines = cols.ndjson.split(b"\n")[: len(cols.event_ids)]
     good: list[pa.Table] = []
     ids: list[str] = []
@@ -187,16 +197,18 @@ def decode_batch_file(data: bytes, ref: BatchRef, schemas: Mapping[str, pa.Schem
     out = Decoded()
     try:
         block, count = decode_block(data)
-        split = split_by_stream(block, count)
+        fast = split_columnar(block, count)
+        split = split_by_stream(block, count) if fast is None else fast
     except BatchFormatError as exc:
         out.dead.add(ref, reason=f"corrupt_batch:{exc.reason}", message=str(exc))
         return out
-    for bad in split.bad:
+    for bad in getattr(split, "bad", ()):
         out.dead.add(ref, reason=f"bad_envelope:{bad.reason}", message=bad.message,
                      index=bad.index, raw=bad.data)
     for stream, cols in split.items():
         schema = schemas.get(stream)
         if schema is None:
+            cols = _as_lists(cols)
             for line, event_id, at_ms, index in zip(
                     cols.ndjson.split(b"\n"), cols.event_ids, cols.received_at_ms,
                     cols.record_indexes, strict=False):
