@@ -16,7 +16,7 @@ from icefloe.config import Column, Config, StreamConfig, load_config
 from icefloe.manifest import ManifestProducer
 from icefloe.manifest.config import ManifestConfig
 from icefloe.publish import build_batch, publish_batch
-from icefloe.store import open_async_store
+from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 
 CLICKS = StreamConfig(name="clicks", table="web.clicks", columns=(
@@ -31,10 +31,10 @@ BASE_MS = int(time.time() * 1000)  # recent: the dedup window keys on receive ti
 
 
 def collector_config(root: Path, streams: Sequence[StreamConfig] = (CLICKS, BUYS),
-                     **collector: Any) -> Config:
-    """A config on a local store + SQLite catalog under ``root``."""
+                     store: dict[str, Any] | None = None, **collector: Any) -> Config:
+    """A config on a local store (or ``store``) + SQLite catalog under ``root``."""
     raw = {
-        "store": {"url": (root / "store").as_uri()},
+        "store": store or {"url": (root / "store").as_uri()},
         "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
                     "warehouse": (root / "warehouse").as_uri()},
         "collector": {"metrics_port": 0, "host": "127.0.0.1", "gc_interval_s": 3600,
@@ -79,10 +79,15 @@ async def publish(store: AsyncObjectStore, batches: Iterable[list[tuple[str, str
     return sequences
 
 
+def open_store_of(config: Config) -> AsyncObjectStore:
+    return open_async_store(config.store.url,
+                            options_for(config.store.endpoint_url, config.store.region))
+
+
 def publish_sync(config: Config, batches: Iterable[list[tuple[str, str, int, bytes]]]
                  ) -> list[int]:
     async def go() -> list[int]:
-        store = open_async_store(config.store.url)
+        store = open_store_of(config)
         try:
             return await publish(store, batches)
         finally:

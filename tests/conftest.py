@@ -39,6 +39,51 @@ class S3Target:
     prefix: str
 
 
+@dataclass
+class S3Fault:
+    """Answer ``times`` requests of ``method`` whose path contains ``path_part`` with an
+    S3 error (``status``, ``code``) instead of serving them."""
+
+    method: str
+    path_part: str
+    status: int
+    code: str
+    times: int
+    fired: int = 0
+
+
+class S3Faults:
+    """Faults the moto server injects — the object-store boundary, over real HTTP, so that
+    every process (Spark workers included) sees them."""
+
+    def __init__(self) -> None:
+        self.rules: list[S3Fault] = []
+        self._lock = threading.Lock()
+
+    def add(self, method: str, path_part: str, status: int = 503, code: str = "SlowDown",
+            times: int = 1) -> S3Fault:
+        rule = S3Fault(method, path_part, status, code, times)
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules.clear()
+
+    def match(self, method: str, path: str) -> S3Fault | None:
+        with self._lock:
+            for rule in self.rules:
+                if rule.fired < rule.times and rule.method == method \
+                        and rule.path_part in path:
+                    rule.fired += 1
+                    return rule
+        return None
+
+
+S3_FAULTS = S3Faults()
+
+
 class _SerializedApp:
     """A WSGI app that handles one request at a time.
 
@@ -54,6 +99,13 @@ class _SerializedApp:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
                  ) -> list[bytes]:
+        fault = S3_FAULTS.match(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
+        if fault is not None:
+            body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{fault.code}</Code>"
+                    f"<Message>injected by the test</Message></Error>").encode()
+            start_response(f"{fault.status} {fault.code}", [
+                ("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+            return [body]
         with self._lock:
             result = self._app(environ, start_response)
             try:
@@ -116,9 +168,21 @@ def s3_bucket(moto_server: str) -> S3Target:
                     prefix=prefix)
 
 
+@pytest.fixture
+def s3_faults() -> Iterator[S3Faults]:
+    """The moto server's fault plan, emptied after the test."""
+    S3_FAULTS.clear()
+    yield S3_FAULTS
+    S3_FAULTS.clear()
+
+
 @pytest.fixture(scope="session")
-def spark() -> Any:
-    """The one SparkSession of the test session (JVM start costs ~10 s; pay it once)."""
+def spark(aws_test_env: None) -> Any:
+    """The one SparkSession of the test session (JVM start costs ~10 s; pay it once).
+
+    It depends on the fake AWS environment so that Spark's Python workers, which inherit
+    the JVM's environment, reach the moto server with the same identity as the tests.
+    """
     from pipeline.spark import get_spark
 
     session = get_spark("local[2]", "icefloe-tests", {"spark.driver.memory": "1g"})

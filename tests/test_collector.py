@@ -250,3 +250,74 @@ async def test_publish_helper_round_trip(config):
     store = open_async_store(config.store.url)
     assert await publish(store, [[click(1)], [click(2)]]) == [0, 1]
     await store.close()
+
+
+@pytest.mark.s3
+async def test_on_s3_with_throttling_and_5xx_on_reads_and_writes(tmp_path, s3_bucket, s3_faults,
+                                                                  engine):
+    """Spark workers read batch files from S3 (moto) while the server throttles and fails
+    requests; the collector's manifest writes fail too. Retries make the result exact."""
+    from collector_support import open_store_of
+
+    config = collector_config(tmp_path, store={"url": s3_bucket.url,
+                                               "endpoint_url": s3_bucket.endpoint_url,
+                                               "region": "us-east-1"})
+    batches = workload(3, 20)
+    publish_sync(config, batches)
+    reads = s3_faults.add("GET", "/batches/", 503, "SlowDown", times=3)
+    errors = s3_faults.add("GET", "/batches/", 500, "InternalError", times=2)
+    writes = s3_faults.add("PUT", "/manifest/", 503, "SlowDown", times=2)
+    store = open_store_of(config)
+    collector = Collector(config, store, open_catalog(config.catalog), engine)
+    await collector.acquire(takeover=True)
+    await asyncio.to_thread(collector.prepare_tables)
+    await drain(collector)
+    assert (reads.fired, errors.fired, writes.fired) == (3, 2, 2)
+    assert_exact(config, "web.clicks", ids(batches, "clicks"))
+    assert_exact(config, "shop.buys", ids(batches, "buys"))
+    await store.close()
+
+
+async def test_maintenance_between_runs_keeps_the_table_exact_even_if_it_crashes(
+        config, engine, monkeypatch):
+    """Compaction crashing after writing its files, then GC of batch files and a clean
+    maintenance pass, all between runs: no loss, no duplicate, sequence carried forward."""
+    import pipeline.maintenance as maintenance
+    from collector.gc import collect_garbage
+    from collector.runner import Runner
+
+    collector = await start(config, engine)
+    sent: set[str] = set()
+    for round_ in range(9):  # 9 runs → 9 small files per partition
+        batch = [click(round_ * 10 + i) for i in range(10)]
+        publish_sync(config, [batch])
+        sent |= {e[1] for e in batch}
+        await drain(collector)
+    settings = maintenance.MaintenanceSettings(min_input_files=4, max_snapshot_age_s=0,
+                                               keep_last=1, orphan_age_s=3600)
+    monkeypatch.setattr("collector.runner.maintenance_settings", lambda _config: settings)
+    original = maintenance._rewrite_group
+
+    def crash_after_writing(*args, **kwargs):
+        original(*args, **kwargs)
+        raise Crash("during compaction")
+
+    monkeypatch.setattr(maintenance, "_rewrite_group", crash_after_writing)
+    runner = Runner(collector, asyncio.Event())
+    await asyncio.to_thread(runner.maintain)  # logs the failure, changes nothing
+    assert collector.metrics.maintenance.labels("web.clicks", "error")._value.get() == 1
+    assert_exact(config, "web.clicks", sent)
+    monkeypatch.setattr(maintenance, "_rewrite_group", original)
+    files_before = len(list(open_catalog(config.catalog).load_table("web.clicks")
+                            .scan().plan_files()))
+    await asyncio.to_thread(runner.maintain)
+    table = open_catalog(config.catalog).load_table("web.clicks")
+    assert len(list(table.scan().plan_files())) < files_before
+    assert committed_state(table).sequence == 8
+    assert_exact(config, "web.clicks", sent)
+    gc = await collect_garbage(collector.store, collector.consumer.config.key, grace_s=0)
+    assert gc.deleted == 9  # every batch file was consumed and dequeued
+    publish_sync(config, [[click(500)]])
+    await drain(collector)
+    assert_exact(config, "web.clicks", sent | {"c500"})
+    await collector.store.close()
