@@ -154,7 +154,7 @@ def run_guarded(main: Callable[[], Coroutine[Any, Any, int]], config: Config,
     """
     try:
         return runner(main())
-    except (IcefloeError, KeyboardInterrupt):
+    except IcefloeError:
         raise
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:

@@ -97,6 +97,9 @@ def up_config(args: argparse.Namespace, env: Mapping[str, str] = os.environ
 def run(args: argparse.Namespace) -> int:
     path, config = up_config(args)
     setup_logging("warning", "text")
+    # The only fork in this process is Spark's launcher (fork + exec), which needs no gRPC
+    # fork handlers; with them on, gRPC logs a warning on the terminal at every start.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from ingestor.server import tune_gc
 
     tune_gc()
