@@ -51,4 +51,7 @@ def get_spark(master: str = "local[2]", app_name: str = "icefloe",
         from pipeline.source import IcefloeDataSource
 
         spark.dataSource.register(IcefloeDataSource)
+        from pipeline.iceberg_source import register as register_iceberg_source
+
+        register_iceberg_source(spark)  # format "icefloe-iceberg"
         return spark
