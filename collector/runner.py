@@ -27,6 +27,7 @@ from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from pipeline.catalog import open_catalog
 from pipeline.maintenance import MaintenanceSettings, run_maintenance
+from pipeline.spec import run_spec
 
 log = logging.getLogger("icefloe.collector")
 
@@ -43,12 +44,17 @@ class Ready:
 
 
 def default_engine(config: Config) -> Engine:
-    from pipeline.run import SparkEngine
+    """Spark with the configured output path: ``embedded`` (default) or ``cluster``."""
+    from pipeline.run import SparkClusterEngine, SparkEngine
     from pipeline.spark import get_spark
 
     cfg = config.collector
     spark = get_spark(cfg.spark_master, "icefloe-collector",
                       {"spark.driver.memory": cfg.spark_driver_memory})
+    # Either way, start the Python workers now so the first run is not ~5 s slower.
+    SparkEngine(spark, cfg.spark_partitions).warm_up(run_spec(config, []))
+    if cfg.output == "cluster":
+        return SparkClusterEngine(spark, cfg.spark_partitions)
     return SparkEngine(spark, cfg.spark_partitions)
 
 
@@ -192,6 +198,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
         port = server.server_address[1]
     try:
         engine = engine or await asyncio.to_thread(default_engine, config)
+        if stop.is_set():  # stopped while Spark was starting: leave the queue untouched
+            return EXIT_OK
         collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook)
         try:
             await collector.acquire(takeover=takeover, stop=stop)

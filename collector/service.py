@@ -38,6 +38,7 @@ from icefloe.errors import FencedError, TableFencedError
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.model import Entry
 from icefloe.store.base import AsyncObjectStore
+from pipeline.cluster import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
 from pipeline.commit import CommitResult, commit_rows, committed_state
 from pipeline.run import RunOutput
 from pipeline.schema import DEAD_LETTER_TABLE
@@ -54,7 +55,7 @@ class Engine(Protocol):
     name: str
     partitions: int
 
-    def run(self, spec: RunSpec) -> RunOutput: ...
+    def run(self, spec: RunSpec) -> RunOutput | ClusterRunOutput: ...
 
 
 class Fenced(Exception):
@@ -182,7 +183,12 @@ class Collector:
         assert self.epoch is not None
         spec = run_spec(self.config, entries, partitions=self.engine.partitions)
         output = await asyncio.to_thread(self.engine.run, spec)
-        self.hook("after_job")
+        try:
+            self.hook("after_job")
+        except BaseException:
+            if isinstance(output, ClusterRunOutput):  # free the executors' cached run
+                output.release()
+            raise
         result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence)
         await asyncio.to_thread(self._commit_all, output, result)
         self.hook("after_commits")
@@ -197,8 +203,11 @@ class Collector:
         self._observe(entries, result)
         return result
 
-    def _commit_all(self, output: RunOutput, result: RunResult) -> None:
+    def _commit_all(self, output: RunOutput | ClusterRunOutput, result: RunResult) -> None:
         """Commit each affected table once (dedup first), then the dead letters."""
+        if isinstance(output, ClusterRunOutput):
+            self._commit_cluster(output, result)
+            return
         sequence = result.last_sequence
         assert self.epoch is not None
         for name, rows in output.tables.items():
@@ -213,21 +222,72 @@ class Collector:
             result.rows[stream.table] = outcome.rows
             result.replayed += outcome.replayed
             self.hook(f"after_commit:{stream.table}")
-        if output.dead.num_rows:
-            outcome = self._commit(DEAD_LETTER_TABLE, output.dead, sequence)
+        self._commit_dead(output.dead, sequence, result)
+
+    def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
+        if dead.num_rows:
+            outcome = self._commit(DEAD_LETTER_TABLE, dead, sequence)
             result.dead_letters = outcome.rows
-            for reason in output.dead.column("reason").to_pylist()[: outcome.rows]:
+            for reason in dead.column("reason").to_pylist()[: outcome.rows]:
                 self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
             self.hook(f"after_commit:{DEAD_LETTER_TABLE}")
 
-    def _commit(self, table: str, rows: pa.Table, sequence: int) -> CommitResult:
+    def _commit_cluster(self, output: ClusterRunOutput, result: RunResult) -> None:
+        """The cluster output path: dedup on the keys, executors write, add_files per table.
+
+        Same order and crash points as the embedded path, plus ``after_write`` (files
+        written, nothing committed). Files of a table whose commit is refused or never
+        attempted (an earlier table failed) are deleted here; a crash leaves them to the
+        maintenance orphan sweep. Dead letters are few and go the embedded way.
+        """
+        sequence = result.last_sequence
         assert self.epoch is not None
-        outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch)
+        pending: dict[str, FileSet] = {}
+        try:
+            fresh_keys: dict[str, pa.Table] = {}
+            plans: list[WritePlan] = []
+            for name, keys in output.keys.items():
+                fresh, dropped = self.windows[name].filter(keys)
+                result.duplicates += dropped
+                if dropped:
+                    self.metrics.duplicates.labels(name).inc(dropped)
+                fresh_keys[name] = fresh
+                plan = plan_write(self.catalog, self.streams[name].table, name, keys, fresh,
+                                  sequence=sequence, epoch=self.epoch)
+                if plan is not None:
+                    plans.append(plan)
+            pending = output.write(plans)
+            self.hook("after_write")
+            for name, fresh in fresh_keys.items():
+                table = self.streams[name].table
+                add = AddFiles(pending.pop(name, FileSet()))
+                try:
+                    outcome = self._commit(table, fresh, sequence, append=add,
+                                           nbytes=add.files.size)
+                finally:
+                    add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
+                self.windows[name].remember(fresh)
+                result.rows[table] = outcome.rows
+                result.replayed += outcome.replayed
+                self.hook(f"after_commit:{table}")
+        finally:
+            for name, files in pending.items():  # never offered to add_files: not in a table
+                AddFiles(files).cleanup(self.catalog, self.streams[name].table,
+                                        sequence=sequence, epoch=self.epoch)
+            output.release()
+        self._commit_dead(output.dead, sequence, result)
+
+    def _commit(self, table: str, rows: pa.Table, sequence: int, *,
+                append: AddFiles | None = None, nbytes: int | None = None) -> CommitResult:
+        assert self.epoch is not None
+        outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch,
+                              append=append)
         if outcome.attempts > 1:
             self.metrics.commit_failed.labels(table).inc(outcome.attempts - 1)
         self.metrics.commit_seconds.labels(table).observe(outcome.seconds)
         self.metrics.rows.labels(table).inc(outcome.rows)
-        self.metrics.bytes.labels(table).inc(rows.nbytes if outcome.rows else 0)
+        size = rows.nbytes if nbytes is None else nbytes
+        self.metrics.bytes.labels(table).inc(size if outcome.rows else 0)
         self.metrics.replayed.labels(table).inc(outcome.replayed)
         self.metrics.committed_sequence.labels(table).set(outcome.sequence)
         self.metrics.last_commit.set(time.time())

@@ -110,12 +110,18 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zstd_level: int = 3
 
 
+OUTPUT_PATHS = ("embedded", "cluster")
+
+
 class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Collector settings; durations in seconds, sizes in bytes.
 
     ``commit_interval_s`` bounds how long entries wait before a run (freshness vs. the
     ~0.1-0.2 s and ~4 metadata objects each Iceberg commit costs); ``max_run_entries`` and
-    ``max_run_bytes`` bound one run's memory on the driver.
+    ``max_run_bytes`` bound one run's memory on the driver. ``output`` picks the output
+    path: ``embedded`` collects each run's rows to the driver and appends them there (one
+    machine); ``cluster`` keeps the rows on the Spark executors, which write Parquet files
+    the driver commits with one ``add_files`` per table (only event ids reach the driver).
     """
 
     host: str = "0.0.0.0"
@@ -129,6 +135,7 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     spark_master: str = "local[2]"
     spark_partitions: int = 4
     spark_driver_memory: str = "2g"
+    output: str = "embedded"
     dequeue_every: int = 10
     gc_interval_s: float = 60.0
     maintenance_interval_s: float = 300.0
@@ -283,6 +290,9 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
                 "compact_target_bytes", "orphan_age_s", "retry_max_delay_s"):
         if getattr(col, key) <= 0:
             raise ConfigError(f"{where}: collector.{key} must be > 0")
+    if col.output not in OUTPUT_PATHS:
+        raise ConfigError(f"{where}: collector.output: unknown output path {col.output!r} "
+                          f"(expected {' or '.join(OUTPUT_PATHS)})")
     if col.dedup_window_s < 0:
         raise ConfigError(f"{where}: collector.dedup_window_s must be >= 0 (0 disables "
                           "deduplication by event id)")

@@ -94,8 +94,9 @@ class IcefloeReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[InputPartition]:
-        return [_Partition(group) for group in group_refs(self.spec.refs(),
-                                                          self.spec.partitions)]
+        groups = group_refs(self.spec.refs(), self.spec.partitions)
+        # No files still needs one (empty) partition: Spark substitutes a bare one otherwise.
+        return [_Partition(group) for group in groups] or [_Partition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from pipeline.fetch import decode_refs, open_run_store
