@@ -140,11 +140,16 @@ def test_should_drain_on_sigterm_and_exit_zero(tmp_path):
                     r = await client.post(f"{ingestor.url}/v1/streams/clicks/events",
                                           json=[{"id": i} for i in ids])
                     outcomes.append((ids, r.status_code))
+                    if r.status_code == 202:
+                        first_ack.set()
                 except httpx.TransportError:
                     outcomes.append((ids, 0))
 
+            first_ack = asyncio.Event()
             tasks = [asyncio.create_task(one(n)) for n in range(50)]
-            await asyncio.sleep(0.05)
+            # Terminate while requests are in flight, but only once the server is serving
+            # (on a loaded machine 50 ms may pass before the first request even arrives).
+            await asyncio.wait_for(first_ack.wait(), timeout=10)
             ingestor.proc.send_signal(signal.SIGTERM)
             await asyncio.gather(*tasks)
 
