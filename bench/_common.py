@@ -65,6 +65,7 @@ def print_table(title: str, results: list[Result]) -> None:
 def write_json(path: str | None, results: list[Result]) -> None:
     if not path:
         return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({"hardware": hardware(),
                                       "results": [asdict(r) for r in results]}, indent=2))
     print(f"\nwrote {path}")
