@@ -37,6 +37,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py --quick
+	$(BIN)/python bench/collector_bench.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
