@@ -5,7 +5,7 @@ a request (same event ids, or the same ``Idempotency-Key``) after a lost respons
 second entry with the same events. Remembering recently committed ids per stream turns that
 into "exactly once" end to end. The window is bounded in time (ids older than the window
 are forgotten, by their ``_received_at``) and in size (``max_ids``, oldest first), so memory
-stays bounded; after a restart the window is rebuilt from the table's recent rows.
+stays bounded; after a restart the window is rebuilt from the table's recent commits.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+from pyiceberg.expressions import GreaterThan
+from pyiceberg.table import Table
+
+from pipeline.commit import NO_SEQUENCE, SEQUENCE_PROP
 
 
 @dataclass(slots=True)
@@ -55,22 +59,61 @@ class DedupWindow:
             return rows, 0
         return rows.filter(pa.array(keep, pa.bool_())), dropped
 
-    def remember(self, rows: pa.Table, now_s: float | None = None, *,
-                 from_table: bool = False) -> None:
-        """Add committed rows' ids, then forget what fell out of the window."""
+    def remember(self, rows: pa.Table, now_s: float | None = None) -> None:
+        """Add the ids of rows committed now, then forget what fell out of the window."""
         if self.window_s <= 0 or rows.num_rows == 0:
             return
-        ids = rows.column("_event_id").to_pylist()
         now = now_s if now_s is not None else time.time()
-        # Kept for the window from now (commit time); a rebuild after a restart uses the
-        # rows' receive time, which precedes their commit by about one commit interval.
-        newest = now * 1000
-        if rows.num_rows:
-            received = pc.max(rows.column("_received_at")).cast(pa.int64()).as_py() // 1000
-            newest = received if from_table else newest
+        self.add(rows.column("_event_id").to_pylist(), int(now * 1000), now)
+
+    def add(self, ids: list[str], committed_ms: int, now_s: float | None = None) -> None:
+        """Add ids committed at ``committed_ms`` (chunks must come oldest first)."""
+        if self.window_s <= 0 or not ids:
+            return
         self.seen.update(ids)
-        self.chunks.append(_Chunk(int(newest), ids))
-        self.expire(now)
+        self.chunks.append(_Chunk(committed_ms, ids))
+        self.expire(now_s)
+
+    def rebuild(self, table: Table, now_s: float | None = None) -> None:
+        """Refill the window from a table after a restart, by *commit* time.
+
+        Why the snapshot log and not ``_received_at``: the window promises "committed within
+        the last window_s"; after a backlog, rows received long ago may have been committed
+        seconds ago. Each snapshot says when it was committed and up to which manifest
+        sequence, so rows are grouped into one chunk per snapshot (by ``_sequence``),
+        starting after the sequence of the newest snapshot older than the window.
+        """
+        if self.window_s <= 0:
+            return
+        now = now_s if now_s is not None else time.time()
+        cutoff_ms = int((now - self.window_s) * 1000)
+        marks: list[tuple[int, int]] = []  # (sequence, committed_ms), newest first
+        after = NO_SEQUENCE
+        snapshot = table.current_snapshot()
+        while snapshot is not None:
+            props = snapshot.summary.additional_properties if snapshot.summary else {}
+            if SEQUENCE_PROP in props:
+                if snapshot.timestamp_ms < cutoff_ms:
+                    after = int(props[SEQUENCE_PROP])
+                    break
+                marks.append((int(props[SEQUENCE_PROP]), snapshot.timestamp_ms))
+            parent = snapshot.parent_snapshot_id
+            snapshot = table.snapshot_by_id(parent) if parent is not None else None
+        if not marks:
+            return
+        rows = table.scan(row_filter=GreaterThan("_sequence", after),
+                          selected_fields=("_event_id", "_sequence")).to_arrow()
+        rows = rows.sort_by("_sequence")
+        sequences = rows.column("_sequence").to_numpy()
+        ids = rows.column("_event_id").to_pylist()
+        begin = 0
+        for sequence, committed_ms in reversed(marks):  # oldest commit first
+            end = int(np.searchsorted(sequences, sequence, side="right"))
+            if end > begin:
+                self.add(ids[begin:end], committed_ms, now)
+                begin = end
+        if begin < len(ids):  # rows beyond the last mark (should not happen): keep them
+            self.add(ids[begin:], int(now * 1000), now)
 
     def expire(self, now_s: float | None = None) -> None:
         cutoff_ms = int(((now_s if now_s is not None else time.time()) - self.window_s) * 1000)

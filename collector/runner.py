@@ -77,6 +77,7 @@ class Runner:
         cfg = collector.config.collector
         self._next_gc = time.monotonic() + cfg.gc_interval_s
         self._next_maintenance = time.monotonic() + cfg.maintenance_interval_s
+        self._renew: asyncio.Task[None] | None = None
 
     async def _renew_forever(self) -> None:
         consumer = self.collector.consumer
@@ -100,14 +101,26 @@ class Runner:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), max(seconds, 0))
 
+    def start_renewal(self) -> None:
+        """Renew the lease from now on. Called right after becoming active, *before* the
+        slow start-up work (creating tables, rebuilding dedup windows): a start-up longer
+        than the lease must not let a standby take over, or two collectors would take
+        turns fencing each other without ever committing."""
+        if self._renew is None:
+            self._renew = asyncio.create_task(self._renew_forever(), name="lease-renewal")
+
     async def run(self) -> int:
-        renew = asyncio.create_task(self._renew_forever(), name="lease-renewal")
+        self.start_renewal()
         try:
             return await self._loop()
         finally:
-            renew.cancel()
+            await self.stop_renewal()
+
+    async def stop_renewal(self) -> None:
+        if self._renew is not None:
+            self._renew.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await renew
+                await self._renew
 
     async def _loop(self) -> int:
         collector = self.collector
@@ -132,9 +145,9 @@ class Runner:
                 continue
             with contextlib.suppress(Exception):
                 await collector.update_queue_metrics()
+            await self._housekeeping()  # when due: also during a backlog, or metadata grows
             if result.entries and result.entries >= cfg.max_run_entries:
                 continue  # a backlog: go straight on
-            await self._housekeeping()
             wait = cfg.poll_interval_s if not result.entries else \
                 cfg.commit_interval_s - (time.monotonic() - started)
             await self._sleep(wait)
@@ -205,10 +218,17 @@ async def run_collector(config: Config, *, takeover: bool = False,
             await collector.acquire(takeover=takeover, stop=stop)
         except asyncio.CancelledError:
             return EXIT_OK  # stopped while on standby
-        await asyncio.to_thread(collector.prepare_tables)
+        runner = Runner(collector, stop)
+        runner.start_renewal()
+        try:
+            await asyncio.to_thread(collector.prepare_tables)
+            await collector.verify_offsets()
+        except BaseException:
+            await runner.stop_renewal()
+            raise
         if on_ready is not None:
             on_ready(Ready(collector.epoch or 0, port))
-        return await Runner(collector, stop).run()
+        return await runner.run()
     finally:
         if server is not None:
             server.shutdown()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -28,13 +27,18 @@ from typing import Protocol
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import GreaterThanOrEqual
+from pyiceberg.table import Table
 from ulid import ULID
 
 from collector.dedup import DedupWindow
 from collector.metrics import CollectorMetrics
 from icefloe.config import Config, StreamConfig
-from icefloe.errors import FencedError, TableFencedError
+from icefloe.errors import (
+    FencedError,
+    LeaseHeldError,
+    ManifestMismatchError,
+    TableFencedError,
+)
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.model import Entry
 from icefloe.store.base import AsyncObjectStore
@@ -76,6 +80,21 @@ class RunResult:
     seconds: float = 0.0
 
 
+def in_sequence_order(rows: pa.Table, *, tie: str | None = None) -> pa.Table:
+    """Rows (or keys) stably sorted by ``_sequence``.
+
+    Why: Spark returns a run in partition order, and partitions are balanced by size, not
+    sequence. Deduplication keeps the *first* copy of an id, and the replay filter drops
+    rows at or below a table's committed sequence; only in sequence order do the two agree
+    (a retried copy in a later entry must lose to the original, which the table may
+    already hold).
+    """
+    if rows.num_rows < 2:
+        return rows
+    keys = [("_sequence", "ascending")] + ([(tie, "ascending")] if tie else [])
+    return rows.sort_by(keys)
+
+
 class Collector:
     """Owns the consumer, the catalog tables and the dedup windows of one collector."""
 
@@ -95,6 +114,7 @@ class Collector:
         self.windows = {name: DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
                         for name in self.streams}
         self.epoch: int | None = None
+        self.table_sequences: dict[str, int] = {}
         self._acked_undequeued = 0
         self._runs_since_dequeue = 0
 
@@ -106,10 +126,17 @@ class Collector:
         lease (unless ``takeover``), then bump the epoch. Returns our epoch."""
         lease_s = self.consumer.config.lease_s
         waiting_logged = False
-        while not takeover:
+        while True:
+            if takeover:
+                self.epoch = await self.consumer.initialize()
+                break
             holder, expires, now = await self.consumer.lease()
             if not holder or holder == self.consumer.holder or expires <= now:
-                break
+                try:  # the lease is re-checked inside the epoch-bump CAS
+                    self.epoch = await self.consumer.initialize(respect_lease=True)
+                    break
+                except LeaseHeldError as exc:  # renewed (or taken) meanwhile
+                    holder, expires, now = exc.holder, exc.remaining_s, 0.0
             if not waiting_logged:
                 log.info("standby: %s holds the lease for %.1f s more; waiting", holder,
                          expires - now)
@@ -123,7 +150,6 @@ class Collector:
                     raise asyncio.CancelledError
             else:
                 await asyncio.sleep(wait)
-        self.epoch = await self.consumer.initialize()
         self.metrics.epoch.set(self.epoch)
         self.metrics.active.set(1)
         log.info("active: holder %s took the queue at epoch %d%s", self.consumer.holder,
@@ -135,21 +161,34 @@ class Collector:
         for stream in self.streams.values():
             table = ensure_stream_table(self.catalog, stream)
             state = committed_state(table)
+            self.table_sequences[stream.table] = state.sequence
             self.metrics.committed_sequence.labels(stream.table).set(state.sequence)
             log.info("table %s: committed through sequence %d (epoch %d)", stream.table,
                      state.sequence, state.epoch)
             self._rebuild_window(stream, table)
-        ensure_dead_letter_table(self.catalog)
+        dead = ensure_dead_letter_table(self.catalog)
+        self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequence
 
-    def _rebuild_window(self, stream: StreamConfig, table: object) -> None:
+    async def verify_offsets(self) -> None:
+        """Refuse to run if a table has committed sequences the manifest never issued.
+
+        That happens when the manifest was deleted or recreated, or the collector points
+        at the wrong store: every new entry would look like a replay of what the table
+        already holds and be acknowledged without being committed — silent loss.
+        """
+        manifest = await self.consumer.snapshot()
+        for table, sequence in self.table_sequences.items():
+            if sequence >= manifest.next_sequence:
+                raise ManifestMismatchError(
+                    f"table {table} has committed manifest sequence {sequence}, but the "
+                    f"manifest {self.consumer.config.key!r} in {self.config.store.url} has "
+                    f"only issued sequences below {manifest.next_sequence}: the manifest "
+                    "was reset or this collector points at the wrong store. Refusing to "
+                    "start, because new entries would be skipped as already committed.")
+
+    def _rebuild_window(self, stream: StreamConfig, table: Table) -> None:
         window = self.windows[stream.name]
-        if window.window_s <= 0:
-            return
-        since = dt.datetime.fromtimestamp(time.time() - window.window_s, dt.UTC)
-        recent = table.scan(  # type: ignore[attr-defined]
-            row_filter=GreaterThanOrEqual("_received_at", since.isoformat()),
-            selected_fields=("_event_id", "_received_at")).to_arrow()
-        window.remember(recent, from_table=True)
+        window.rebuild(table)
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", stream.name, len(window))
 
@@ -213,7 +252,7 @@ class Collector:
         for name, rows in output.tables.items():
             stream = self.streams[name]
             window = self.windows[name]
-            fresh, dropped = window.filter(rows)
+            fresh, dropped = window.filter(in_sequence_order(rows))
             result.duplicates += dropped
             if dropped:
                 self.metrics.duplicates.labels(name).inc(dropped)

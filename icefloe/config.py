@@ -307,6 +307,9 @@ def _validate_stream(stream: StreamConfig, at: str) -> None:
         raise ConfigError(f"{at}.name: {stream.name!r} must be 1-128 letters, digits, '_', '-' "
                           "or '.'")
     parts = stream.table.split(".")
+    if stream.table == "icefloe.dead_letters":
+        raise ConfigError(f"{at}.table: 'icefloe.dead_letters' is icefloe's dead-letter "
+                          "table; choose another name")
     if len(parts) != 2 or not all(_NAME_RE.fullmatch(p) for p in parts):
         raise ConfigError(f"{at}.table: {stream.table!r} must be 'namespace.table' in lower "
                           "case letters, digits and '_'")

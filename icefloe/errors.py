@@ -15,6 +15,8 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
     │       └── ConditionalWritesUnsupported   the store ignores If-Match/If-None-Match
     └── ManifestError                manifest queue outcomes
         ├── FencedError              a newer consumer epoch exists: this consumer must stop
+        ├── LeaseHeldError           another consumer's lease is live: wait as a standby
+        ├── ManifestMismatchError    tables hold sequences this manifest never issued
         ├── QueueFullError           the manifest reached its bound: back off (429/503)
         ├── DeadlineExceededError    a batch became too old to append (GC may delete it)
         └── ManifestCorruptError     the manifest object cannot be parsed
@@ -104,6 +106,19 @@ class FencedError(ManifestError):
         )
         self.our_epoch = our_epoch
         self.current_epoch = current_epoch
+
+
+class LeaseHeldError(ManifestError):
+    """Another consumer holds a live lease: wait as a standby (or take over explicitly)."""
+
+    def __init__(self, holder: str, remaining_s: float) -> None:
+        super().__init__(f"{holder} holds the manifest lease for {remaining_s:.1f} s more")
+        self.holder = holder
+        self.remaining_s = remaining_s
+
+
+class ManifestMismatchError(ManifestError):
+    """Tables hold sequences the manifest never issued (reset manifest, wrong store)."""
 
 
 class QueueFullError(ManifestError):

@@ -502,7 +502,8 @@ def run_cluster(spark: SparkSession, spec: RunSpec) -> ClusterRunOutput:
         out.release()
         raise
     log.debug("cluster keys: %d rows in %.3fs", keys.num_rows, time.monotonic() - started)
-    keys = keys.sort_by(ROW)
+    # Sequence order first (see collector.service.in_sequence_order), row id within it.
+    keys = keys.sort_by([("_sequence", "ascending"), (ROW, "ascending")])
     streams = keys.column(STREAM)
     for stream in spec.streams:
         rows = keys.filter(pc.equal(streams, stream.name))

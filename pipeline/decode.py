@@ -150,6 +150,10 @@ def _with_meta(payload: pa.Table, ids: Sequence[str] | pa.Array,
     return pa.Table.from_arrays(columns, names=names)
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+
+
 def _as_lists(cols: StreamColumns | ColumnarStream) -> StreamColumns:
     if isinstance(cols, StreamColumns):
         return cols
@@ -179,7 +183,7 @@ def parse_stream(cols: StreamColumns | ColumnarStream, schema: pa.Schema, ref: B
             if row.num_rows != 1:
                 raise pa.ArrowInvalid(f"payload parsed into {row.num_rows} rows, expected 1")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            dead.add(ref, reason="payload_mismatch", message=str(exc).splitlines()[0][:500],
+            dead.add(ref, reason="payload_mismatch", message=_first_line(exc),
                      stream=cols.stream, index=index, event_id=event_id, raw=line,
                      received_at_ms=at_ms)
             continue

@@ -8,6 +8,7 @@ the collector backs off and retries, and nothing is ever skipped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -19,6 +20,9 @@ from icefloe.store.base import ObjectStore
 from pipeline.decode import BatchRef, Decoded, decode_batch_file
 
 INTEGRITY_ATTEMPTS = 3
+INTEGRITY_PAUSE_S = 0.2
+QUARANTINE_PREFIX = "quarantine/"
+CORRUPT = "corrupt_batch:"
 
 
 def open_run_store(url: str, endpoint_url: str | None, region: str | None) -> ObjectStore:
@@ -27,20 +31,39 @@ def open_run_store(url: str, endpoint_url: str | None, region: str | None) -> Ob
 
 def fetch_and_decode(store: ObjectStore, ref: BatchRef,
                      schemas: Mapping[str, pa.Schema]) -> Decoded:
-    """Read ``ref`` (re-reading on a checksum mismatch) and decode it."""
+    """Read ``ref`` (re-reading on a checksum mismatch, with a pause) and decode it.
+
+    A file that stays corrupt is copied to ``quarantine/<its key>`` before its dead letter
+    is returned: batch-file GC deletes it once its entry is dequeued, and the acknowledged
+    events inside must stay recoverable by hand.
+    """
     problem: IntegrityError | None = None
-    for _ in range(INTEGRITY_ATTEMPTS):
+    for attempt in range(INTEGRITY_ATTEMPTS):
+        if attempt:
+            time.sleep(INTEGRITY_PAUSE_S * attempt)
         data = store.get(ref.location).data  # NotFound / transient errors propagate
         try:
             verify_ref(ref, data)
         except IntegrityError as exc:
             problem = exc
             continue
-        return decode_batch_file(data, ref, schemas)
+        out = decode_batch_file(data, ref, schemas)
+        if any(reason.startswith(CORRUPT) for reason in out.dead.reason):
+            _quarantine(store, ref, data, out)
+        return out
     out = Decoded()
     assert problem is not None
-    out.dead.add(ref, reason="corrupt_batch:integrity", message=str(problem))
+    out.dead.add(ref, reason=f"{CORRUPT}integrity", message=str(problem))
+    _quarantine(store, ref, data, out)
     return out
+
+
+def _quarantine(store: ObjectStore, ref: BatchRef, data: bytes, out: Decoded) -> None:
+    key = QUARANTINE_PREFIX + ref.location
+    store.put(key, data)  # idempotent: a re-run writes the same bytes
+    for i, reason in enumerate(out.dead.reason):
+        if reason.startswith(CORRUPT):
+            out.dead.message[i] += f" (file copied to {key})"
 
 
 def verify_ref(ref: BatchRef, data: bytes) -> None:

@@ -7,6 +7,7 @@ events sent`` per table.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -321,3 +322,72 @@ async def test_maintenance_between_runs_keeps_the_table_exact_even_if_it_crashes
     await drain(collector)
     assert_exact(config, "web.clicks", sent | {"c500"})
     await collector.store.close()
+
+
+async def test_retries_of_a_backlog_received_long_ago_are_still_caught_after_restart(
+        config, engine):
+    """The window counts from commit time: events received two hours ago but committed
+    now must still absorb a retry after a restart."""
+    old_ms = int((time.time() - 7200) * 1000)
+    batch = [(s, i, old_ms, p) for s, i, _, p in (click(n) for n in range(20))]
+    publish_sync(config, [batch])
+    first = await start(config, engine)
+    await drain(first)
+    await first.store.close()
+    publish_sync(config, [batch[:10]])  # the client retries after the restart
+    restarted = await start(config, engine)
+    assert len(restarted.windows["clicks"]) == 20
+    await drain(restarted)
+    assert_exact(config, "web.clicks", {e[1] for e in batch})
+    await restarted.store.close()
+
+
+async def test_a_retried_copy_in_a_later_entry_loses_to_the_original_on_replay(config, engine):
+    """Crash after committing, then a replay run that also holds a retried copy: sequence
+    order (not Spark's partition order) decides which copy dedup keeps."""
+    original = [click(i) for i in range(5)]
+    publish_sync(config, [original])
+    crashing = await start(config, engine, hook=crash_at("after_commits"))
+    with pytest.raises(Crash):
+        await drain(crashing)
+    await crashing.store.close()
+    # A big later entry (so it is grouped first) that repeats c3.
+    publish_sync(config, [[click(3)] + [click(100 + i) for i in range(300)]])
+    restarted = await start(config, engine)
+    restarted.windows["clicks"].seen.clear()  # as if the window had forgotten c3
+    restarted.windows["clicks"].chunks.clear()
+    await drain(restarted)
+    assert_exact(config, "web.clicks", {e[1] for e in original} | {f"c{100 + i}"
+                                                                    for i in range(300)})
+    await restarted.store.close()
+
+
+async def test_a_reset_manifest_is_refused_instead_of_skipping_data(config, engine, tmp_path):
+    from icefloe.errors import ManifestMismatchError
+    from icefloe.store import local_path
+
+    publish_sync(config, [[click(i) for i in range(5)] for _ in range(3)])
+    collector = await start(config, engine)
+    await drain(collector)
+    await collector.store.close()
+    manifest = Path(local_path(config.store.url)) / "manifest" / "queue"
+    manifest.unlink()  # an operator "cleans up" the queue
+    publish_sync(config, [[click(50)]])
+    fresh = await start(config, engine)
+    with pytest.raises(ManifestMismatchError, match="reset"):
+        await fresh.verify_offsets()
+    await fresh.store.close()
+
+
+async def test_a_standby_cannot_fence_a_collector_that_renewed_in_between(config, engine):
+    from icefloe.errors import LeaseHeldError
+
+    active = await start(config, engine, takeover=False)
+    other = Collector(config, open_async_store(config.store.url),
+                      open_catalog(config.catalog), engine)
+    await active.consumer.renew_lease()
+    with pytest.raises(LeaseHeldError):
+        await other.consumer.initialize(respect_lease=True)
+    assert (await active.consumer.snapshot()).epoch == active.epoch
+    await active.store.close()
+    await other.store.close()

@@ -138,6 +138,10 @@ def test_a_checksum_mismatch_that_persists_is_one_dead_letter(config):
     [dead] = out.dead.to_pylist()
     assert dead["reason"] == "corrupt_batch:integrity"
     assert "CRC32C" in dead["message"]
+    # The acknowledged events stay recoverable after GC deletes the batch file.
+    quarantined = Path(local_path(config.store.url)) / "quarantine" / entry.location
+    assert quarantined.read_bytes() == bytes(raw)
+    assert f"quarantine/{entry.location}" in dead["message"]
 
 
 def test_a_missing_batch_file_fails_the_run_instead_of_skipping(spark, config):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import msgspec
 from ulid import ULID
 
-from icefloe.errors import FencedError
+from icefloe.errors import FencedError, LeaseHeldError
 from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Entry, Manifest
@@ -37,11 +37,22 @@ class ManifestConsumer:
         self.epoch: int | None = None
         self.stats = CasStats()
 
-    async def initialize(self) -> int:
-        """Take over the queue: bump the epoch (fencing any older consumer); return it."""
+    async def initialize(self, *, respect_lease: bool = False) -> int:
+        """Take over the queue: bump the epoch (fencing any older consumer); return it.
+
+        With ``respect_lease`` the bump happens only if no *other* holder has a live lease
+        at the moment of the write (checked inside the CAS, so a standby that saw an expired
+        lease cannot fence an active consumer that renewed in between, and two standbys
+        cannot both take over); otherwise :class:`LeaseHeldError` is raised.
+        """
 
         def bump(loaded: Loaded) -> Manifest:
             manifest = loaded.manifest
+            holder = manifest.consumer.holder
+            if respect_lease and holder not in ("", self.holder) \
+                    and manifest.consumer.lease_expires_at > loaded.store_time:
+                raise LeaseHeldError(holder, manifest.consumer.lease_expires_at
+                                     - loaded.store_time)
             consumer = msgspec.structs.replace(
                 manifest.consumer, holder=self.holder,
                 lease_expires_at=loaded.store_time + self.config.lease_s)
