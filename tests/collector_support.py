@@ -101,3 +101,45 @@ def read_table(config: Config, name: str) -> pa.Table:
     from pipeline.catalog import open_catalog
 
     return open_catalog(config.catalog).load_table(name).scan().to_arrow()
+
+
+class Crash(Exception):
+    """Stands in for the process dying at a collector hook point."""
+
+
+def crash_at(stage: str) -> Any:
+    def hook(seen: str) -> None:
+        if seen == stage:
+            raise Crash(stage)
+    return hook
+
+
+async def start(config: Config, engine: Any, *, hook: Any = None, takeover: bool = True
+                ) -> Any:
+    """A collector that is active and has its tables ready (as ``run_collector`` makes)."""
+    from collector.service import Collector
+    from pipeline.catalog import open_catalog
+
+    collector = Collector(config, open_store_of(config), open_catalog(config.catalog), engine,
+                          hook=hook)
+    await collector.acquire(takeover=takeover)
+    await asyncio.to_thread(collector.prepare_tables)
+    return collector
+
+
+async def drain(collector: Any) -> int:
+    """Run until the queue is empty; return how many runs had entries."""
+    runs = 0
+    while (await collector.run_once()).entries:
+        runs += 1
+    return runs
+
+
+def assert_exact(config: Config, table: str, expected: set[str]) -> None:
+    """``count(*) == count(distinct _event_id) == len(expected)``, and the same ids."""
+    import pyarrow.compute as pc
+
+    rows = read_table(config, table)
+    ids = rows.column("_event_id")
+    assert rows.num_rows == pc.count_distinct(ids).as_py() == len(expected)
+    assert set(ids.to_pylist()) == expected

@@ -16,11 +16,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from collector_support import BUYS, CLICKS, buy, click, collector_config, publish_sync, read_table
+from collector_support import (
+    BUYS,
+    CLICKS,
+    Crash,
+    assert_exact,
+    buy,
+    click,
+    collector_config,
+    drain,
+    publish_sync,
+    read_table,
+    start,
+)
 
-from collector.service import Collector, Fenced
+from collector.service import Fenced
 from icefloe.errors import ConfigError
-from icefloe.store import open_async_store
 from pipeline.catalog import open_catalog
 from pipeline.cluster import AddFiles, ClusterRunOutput, plan_write
 from pipeline.commit import EPOCH_PROP, SEQUENCE_PROP, commit_rows, committed_state
@@ -32,9 +43,6 @@ DAY_MS = 86_400_000
 # Clicks partitioned by day, buys unpartitioned: both add_files layouts in every test.
 STREAMS = (CLICKS, msgspec.structs.replace(BUYS, partition="none"))
 
-
-class Crash(Exception):
-    """Stands in for the process dying at a hook point."""
 
 
 def make_config(root: Path, **collector):
@@ -52,26 +60,7 @@ def engine(spark):
     return SparkClusterEngine(spark, 2)
 
 
-async def start(config, engine, *, hook=None) -> Collector:
-    store = open_async_store(config.store.url)
-    collector = Collector(config, store, open_catalog(config.catalog), engine, hook=hook)
-    await collector.acquire(takeover=True)
-    await asyncio.to_thread(collector.prepare_tables)
-    return collector
 
-
-async def drain(collector: Collector) -> int:
-    runs = 0
-    while (await collector.run_once()).entries:
-        runs += 1
-    return runs
-
-
-def assert_exact(config, table: str, expected: set[str]) -> None:
-    rows = read_table(config, table)
-    ids = rows.column("_event_id")
-    assert rows.num_rows == pc.count_distinct(ids).as_py() == len(expected)
-    assert set(ids.to_pylist()) == expected
 
 
 def parquet_on_disk(config) -> set[str]:

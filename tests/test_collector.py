@@ -10,9 +10,20 @@ import asyncio
 import time
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pytest
-from collector_support import buy, click, collector_config, publish, publish_sync, read_table
+from collector_support import (
+    Crash,
+    assert_exact,
+    buy,
+    click,
+    collector_config,
+    crash_at,
+    drain,
+    publish,
+    publish_sync,
+    read_table,
+    start,
+)
 
 from collector.service import Collector, Fenced
 from icefloe.errors import FencedError, TableFencedError
@@ -20,17 +31,6 @@ from icefloe.store import open_async_store
 from pipeline.catalog import open_catalog
 from pipeline.commit import EPOCH_PROP, SEQUENCE_PROP, commit_rows, committed_state
 from pipeline.run import SparkEngine
-
-
-class Crash(Exception):
-    """Stands in for the process dying at a hook point."""
-
-
-def crash_at(stage: str):
-    def hook(seen: str) -> None:
-        if seen == stage:
-            raise Crash(stage)
-    return hook
 
 
 @pytest.fixture
@@ -43,26 +43,7 @@ def engine(spark):
     return SparkEngine(spark, 2)
 
 
-async def start(config, engine, *, hook=None, takeover=True) -> Collector:
-    store = open_async_store(config.store.url)
-    collector = Collector(config, store, open_catalog(config.catalog), engine, hook=hook)
-    await collector.acquire(takeover=takeover)
-    await asyncio.to_thread(collector.prepare_tables)
-    return collector
 
-
-async def drain(collector: Collector) -> int:
-    runs = 0
-    while (await collector.run_once()).entries:
-        runs += 1
-    return runs
-
-
-def assert_exact(config, table: str, expected: set[str]) -> None:
-    rows = read_table(config, table)
-    ids = rows.column("_event_id")
-    assert rows.num_rows == pc.count_distinct(ids).as_py() == len(expected)
-    assert set(ids.to_pylist()) == expected
 
 
 def workload(batches: int = 4, per: int = 50):
