@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from icefloe.errors import NotFound
 from icefloe.manifest.cas import load
+from icefloe.publish import BATCH_PREFIX, BATCH_SUFFIX
 from icefloe.store.base import AsyncObjectStore, ObjectInfo
 
 log = logging.getLogger("icefloe.gc")
@@ -54,7 +55,6 @@ Stages, in order: ``"listed"`` (after the LIST, before the manifest read), ``"lo
 ``"after_delete"``.
 """
 
-BATCH_SUFFIX = ".ifb"
 DEFAULT_CONCURRENCY = 8
 
 
@@ -82,7 +82,7 @@ class GcResult:
 
 
 async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s: float,
-                          prefix: str = "batches/", max_deletes: int | None = None,
+                          prefix: str = BATCH_PREFIX, max_deletes: int | None = None,
                           hook: Hook | None = None, suffix: str = BATCH_SUFFIX,
                           concurrency: int = DEFAULT_CONCURRENCY) -> GcResult:
     """Delete unreferenced batch files older than ``grace_s`` (store clock); see module doc.

@@ -143,8 +143,6 @@ class Runner:
                           failures, delay, str(exc).splitlines()[0] if str(exc) else kind)
                 await self._sleep(delay)
                 continue
-            with contextlib.suppress(Exception):
-                await collector.update_queue_metrics()
             await self._housekeeping()  # when due: also during a backlog, or metadata grows
             if result.entries and result.entries >= cfg.max_run_entries:
                 continue  # a backlog: go straight on

@@ -215,8 +215,9 @@ class Collector:
 
     async def _run_once(self) -> RunResult:
         started = time.monotonic()
-        entries = self._take(await self.consumer.read(
-            max_entries=self.config.collector.max_run_entries))
+        pending = await self.consumer.read(max_entries=self.config.collector.max_run_entries)
+        self._observe_queue(pending)
+        entries = self._take(pending)
         if not entries:
             return RunResult()
         assert self.epoch is not None
@@ -353,10 +354,12 @@ class Collector:
                  result.entries, result.rows, result.duplicates, result.replayed,
                  result.dead_letters, result.seconds)
 
-    async def update_queue_metrics(self) -> None:
-        manifest = await self.consumer.snapshot()
-        pending = [e for e in manifest.entries
-                   if e.sequence > manifest.consumer.acked_through]
-        self.metrics.queue_length.set(len(pending))
-        now = time.time()
-        self.metrics.lag_seconds.set(max(0.0, now - pending[0].ingested_at) if pending else 0)
+    def _observe_queue(self, pending: list[Entry]) -> None:
+        """Queue length and lag from the manifest the run just read (no extra GET)."""
+        manifest = self.consumer.last_read
+        if manifest is None:
+            return
+        self.metrics.queue_length.set(
+            manifest.next_sequence - manifest.consumer.acked_through - 1)
+        oldest = pending[0].ingested_at if pending else None
+        self.metrics.lag_seconds.set(0 if oldest is None else max(0.0, time.time() - oldest))

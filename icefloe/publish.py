@@ -19,10 +19,11 @@ from icefloe.manifest.producer import BatchRef, ManifestProducer
 from icefloe.store.base import AsyncObjectStore
 
 BATCH_PREFIX = "batches/"
+BATCH_SUFFIX = ".ifb"
 
 
 def new_batch_key() -> str:
-    return f"{BATCH_PREFIX}{ULID()}.ifb"
+    return f"{BATCH_PREFIX}{ULID()}{BATCH_SUFFIX}"
 
 
 async def publish_batch(store: AsyncObjectStore, producer: ManifestProducer, data: bytes, *,

@@ -73,6 +73,7 @@ async def test_end_to_end_rows_types_and_summary(config, engine):
     assert manifest.consumer.acked_through == 3
     assert manifest.entry_count == 0  # dequeued
     assert collector.metrics.rows.labels("web.clicks")._value.get() == 200
+    assert collector.metrics.queue_length._value.get() == 0  # the last, empty read
     await collector.store.close()
 
 
@@ -175,6 +176,8 @@ async def test_a_missing_batch_file_stops_the_run_until_it_is_back(config, engin
     with pytest.raises(Exception, match=r"NotFound|not found|No such"):
         await collector.run_once()
     assert (await collector.consumer.snapshot()).consumer.acked_through == -1
+    assert collector.metrics.queue_length._value.get() == 2  # from the run's own read
+    assert collector.metrics.lag_seconds._value.get() >= 0
     shutil.move(tmp_path / "away", path)
     os.sync()
     await drain(collector)

@@ -36,6 +36,7 @@ class ManifestConsumer:
         self.holder = holder or f"consumer-{ULID()}"
         self.epoch: int | None = None
         self.stats = CasStats()
+        self.last_read: Manifest | None = None  # what read() saw (queue metrics need no GET)
 
     async def initialize(self, *, respect_lease: bool = False) -> int:
         """Take over the queue: bump the epoch (fencing any older consumer); return it.
@@ -108,6 +109,7 @@ class ManifestConsumer:
         loaded = await load(self.store, self.config.key)
         manifest = loaded.manifest
         self._check(manifest)
+        self.last_read = manifest
         start = manifest.consumer.acked_through + 1 if from_sequence is None else from_sequence
         entries = manifest.entries_from(start)
         return list(entries if max_entries is None else entries[:max_entries])
