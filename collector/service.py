@@ -115,7 +115,6 @@ class Collector:
                         for name in self.streams}
         self.epoch: int | None = None
         self.table_sequences: dict[str, int] = {}
-        self._acked_undequeued = 0
         self._runs_since_dequeue = 0
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
@@ -235,7 +234,6 @@ class Collector:
         last = entries[-1].sequence
         await self.consumer.ack(last)
         self.hook("after_ack")
-        self._acked_undequeued += len(entries)
         self._runs_since_dequeue += 1
         if self._runs_since_dequeue >= self.config.collector.dequeue_every:
             await self.dequeue()
@@ -342,7 +340,6 @@ class Collector:
         """Remove acknowledged entries from the manifest (bulk, idempotent)."""
         self.hook("before_dequeue")
         removed = await self.consumer.dequeue()
-        self._acked_undequeued = 0
         self._runs_since_dequeue = 0
         return removed
 
