@@ -4,6 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.icefloe-installed
 PYTEST_ARGS ?=
+# checkov (static checks of deploy/) lives in its own venv: its pins would downgrade
+# boto3/botocore/packaging in .venv. tests/test_deploy.py runs it from there.
+CHECKOV_VENV  := $(VENV)/tools/checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 .PHONY: up test test-slow lint bench clean java venv
 
@@ -15,6 +19,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(CHECKOV_STAMP):
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet 'checkov>=3.2,<4'
+	@touch $(CHECKOV_STAMP)
+
 java:
 	@bash scripts/ensure-java.sh
 
@@ -23,7 +33,7 @@ up: $(STAMP) java
 	$(BIN)/icefloe up
 
 ## make test: the fast suite (what CI runs); slow soak/chaos tests are marked `slow`
-test: $(STAMP) java
+test: $(STAMP) java $(CHECKOV_STAMP)
 	$(BIN)/ruff check .
 	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from collector.http import Health
+
 _COMMIT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class CollectorMetrics:
     def __init__(self) -> None:
+        self.health = Health()
+        """What ``/healthz`` and ``/readyz`` report (see :mod:`collector.http`)."""
         self.registry = r = CollectorRegistry()
         self.queue_length = Gauge("icefloe_collector_queue_entries",
                                   "Manifest entries not yet acknowledged", registry=r)

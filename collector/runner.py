@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import start_http_server
-
 from collector.gc import collect_garbage
+from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.config import Config
@@ -41,6 +40,11 @@ class Ready:
 
     epoch: int
     metrics_port: int | None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def default_engine(config: Config) -> Engine:
@@ -131,6 +135,7 @@ class Runner:
             try:
                 result = await collector.run_once()
                 failures = 0
+                collector.metrics.health.run_ok()
             except Fenced as exc:
                 self.fenced = str(exc)
                 break
@@ -138,9 +143,10 @@ class Runner:
                 failures += 1
                 kind = type(exc).__name__
                 collector.metrics.run_errors.labels(kind).inc()
+                collector.metrics.health.run_failed(f"{kind}: {_first_line(exc)}")
                 delay = min(cfg.retry_max_delay_s, 0.5 * 2 ** min(failures - 1, 10))
                 log.error("run failed (%s, attempt %d); retrying in %.1f s: %s", kind,
-                          failures, delay, str(exc).splitlines()[0] if str(exc) else kind)
+                          failures, delay, _first_line(exc))
                 await self._sleep(delay)
                 continue
             await self._housekeeping()  # when due: also during a backlog, or metadata grows
@@ -149,6 +155,7 @@ class Runner:
             wait = cfg.poll_interval_s if not result.entries else \
                 cfg.commit_interval_s - (time.monotonic() - started)
             await self._sleep(wait)
+        collector.metrics.health.set_role("stopping")
         if self.fenced:
             log.error("%s", self.fenced)
             return EXIT_FENCED
@@ -193,21 +200,26 @@ async def run_collector(config: Config, *, takeover: bool = False,
                         store: AsyncObjectStore | None = None,
                         engine: Engine | None = None, hook: Hook | None = None,
                         serve_metrics: bool = True,
-                        on_ready: Callable[[Ready], None] | None = None) -> int:
+                        on_ready: Callable[[Ready], None] | None = None,
+                        metrics: CollectorMetrics | None = None) -> int:
     """Open everything from ``config``, become active (or wait as standby), run until
-    ``stop`` is set or this collector is fenced. Returns the exit code."""
+    ``stop`` is set or this collector is fenced. Returns the exit code.
+
+    ``/metrics``, ``/healthz`` and ``/readyz`` are served from the start (unless
+    ``serve_metrics`` is off); pass ``metrics`` to read them in-process (``icefloe up``).
+    """
     stop = stop or asyncio.Event()
     store = store or open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region))
-    catalog = await asyncio.to_thread(open_catalog, config.catalog)
-    metrics = CollectorMetrics()
+    metrics = metrics or CollectorMetrics()
     port: int | None = None
     server = None
     if serve_metrics:
-        server, _ = start_http_server(config.collector.metrics_port, config.collector.host,
-                                      registry=metrics.registry)
-        port = server.server_address[1]
+        server = HttpServer(config.collector.host, config.collector.metrics_port,
+                            metrics.registry, metrics.health)
+        port = server.port
     try:
+        catalog = await asyncio.to_thread(open_catalog, config.catalog)
         engine = engine or await asyncio.to_thread(default_engine, config)
         if stop.is_set():  # stopped while Spark was starting: leave the queue untouched
             return EXIT_OK

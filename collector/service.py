@@ -141,6 +141,7 @@ class Collector:
                          expires - now)
                 waiting_logged = True
             self.metrics.active.set(0)
+            self.metrics.health.set_role("standby")
             wait = min(max(expires - now, 0.05), lease_s / 3)
             if stop is not None:
                 with contextlib.suppress(TimeoutError):
@@ -151,6 +152,7 @@ class Collector:
                 await asyncio.sleep(wait)
         self.metrics.epoch.set(self.epoch)
         self.metrics.active.set(1)
+        self.metrics.health.set_role("active")
         log.info("active: holder %s took the queue at epoch %d%s", self.consumer.holder,
                  self.epoch, " (takeover)" if takeover else "")
         return self.epoch

@@ -96,6 +96,10 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "0.0.0.0"
     http_port: int = 8080
     grpc_port: int = 50051
+    reuse_port: bool = False
+    """Share the ports with other ingestors on this host (``SO_REUSEPORT``; the kernel
+    spreads connections). Off by default, so a second process on a taken port is an error
+    rather than silently splitting traffic; ``icefloe up --ingestors N`` turns it on."""
     max_body_bytes: int = 16 * 1024 * 1024
     max_event_bytes: int = 1024 * 1024
     flush_age_ms: float = 100.0

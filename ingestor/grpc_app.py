@@ -305,15 +305,17 @@ class GrpcServer(NamedTuple):
 
 
 async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
-                            max_inflight: int = DEFAULT_STREAM_INFLIGHT) -> GrpcServer:
+                            max_inflight: int = DEFAULT_STREAM_INFLIGHT,
+                            reuse_port: bool = False) -> GrpcServer:
     """Serve ``icefloe.v1.Ingest`` + health + reflection on ``host:port`` (0 = any free port).
 
     Raises:
-        ConfigError: the port is in use (``grpc.so_reuseport`` is off, so a second server
-            never silently splits traffic with the first) or cannot be bound.
+        ConfigError: the port is in use (``grpc.so_reuseport`` is off unless ``reuse_port``,
+            so a second server never silently splits traffic with the first) or cannot be
+            bound.
     """
     server = grpc.aio.server(options=[
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_receive_message_length", runtime.config.ingestor.max_body_bytes),
     ])
     servicer = IngestServicer(runtime, max_inflight=max_inflight)

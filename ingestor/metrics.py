@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from icefloe.manifest import ProducerStats
+from icefloe.metric_total import metric_total
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -48,6 +49,13 @@ class IngestMetrics:
         self.ack_seconds = Histogram("icefloe_ingest_ack_seconds",
                                      "Time from request received to durable acknowledgement",
                                      ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
+
+    def totals(self) -> dict[str, float]:
+        """Accepted/rejected events over all streams and the buffered bytes, for progress
+        lines (``icefloe up`` sums them over its ingestor processes)."""
+        return {"accepted": metric_total(self.events_accepted),
+                "rejected": metric_total(self.events_rejected),
+                "buffered_bytes": metric_total(self.buffer_bytes)}
 
     def watch_producer(self, stats: ProducerStats) -> None:
         """Export the manifest producer's counters (read at scrape time, never copied)."""

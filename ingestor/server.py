@@ -37,10 +37,15 @@ class BoundPorts:
     grpc: int
 
 
-def bind_http(host: str, port: int) -> socket.socket:
-    """Bind the HTTP socket ourselves so "port in use" is a clear error, not an exit."""
+def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """Bind the HTTP socket ourselves so "port in use" is a clear error, not an exit.
+
+    ``reuse_port`` lets several ingestor processes listen on one port (``SO_REUSEPORT``).
+    """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -56,12 +61,17 @@ def bind_http(host: str, port: int) -> socket.socket:
 
 
 async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None = None,
-                stop: asyncio.Event | None = None) -> bool:
-    """Run until SIGTERM/SIGINT (or ``stop``); return True if every buffered event drained."""
+                stop: asyncio.Event | None = None,
+                on_runtime: Callable[[IngestorRuntime], None] | None = None) -> bool:
+    """Run until SIGTERM/SIGINT (or ``stop``); return True if every buffered event drained.
+
+    ``on_runtime`` sees the running ingestor (e.g. to report its metrics' totals).
+    """
     ing = config.ingestor
-    http_socket = bind_http(ing.host, ing.http_port)
+    http_socket = bind_http(ing.host, ing.http_port, reuse_port=ing.reuse_port)
     runtime = await IngestorRuntime.start(config)
-    grpc_server, grpc_port, health = await start_grpc_server(runtime, ing.host, ing.grpc_port)
+    grpc_server, grpc_port, health = await start_grpc_server(
+        runtime, ing.host, ing.grpc_port, reuse_port=ing.reuse_port)
     http = uvicorn.Server(uvicorn.Config(
         HttpApp(runtime), loop="none", http="httptools", lifespan="off", access_log=False,
         log_level="warning", timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
@@ -78,6 +88,8 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     ports = BoundPorts(http_socket.getsockname()[1], grpc_port)
     log.info("ingestor listening", extra={"http_port": ports.http, "grpc_port": ports.grpc,
                                           "store": runtime.store.url})
+    if on_runtime is not None:
+        on_runtime(runtime)
     if on_ready is not None:
         on_ready(ports)
     await stop.wait()
@@ -102,7 +114,8 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-def run(config: Config, on_ready: Callable[[BoundPorts], None] | None = None) -> int:
+def run(config: Config, on_ready: Callable[[BoundPorts], None] | None = None,
+        on_runtime: Callable[[IngestorRuntime], None] | None = None) -> int:
     """Blocking entry point with uvloop; exit code 0 when drained cleanly."""
     tune_gc()
     try:
@@ -111,5 +124,5 @@ def run(config: Config, on_ready: Callable[[BoundPorts], None] | None = None) ->
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
         runner = asyncio.run
-    drained = runner(serve(config, on_ready=on_ready))
+    drained = runner(serve(config, on_ready=on_ready, on_runtime=on_runtime))
     return 0 if drained else 1

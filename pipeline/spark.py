@@ -13,12 +13,15 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 _lock = threading.Lock()
+_java_checked = False
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
@@ -34,6 +37,12 @@ def get_spark(master: str = "local[2]", app_name: str = "icefloe",
               conf: Mapping[str, str] | None = None) -> SparkSession:
     """The process's SparkSession (created once), with the icefloe data source registered."""
     with _lock:
+        global _java_checked
+        if not _java_checked:
+            from pipeline.java import require_java
+
+            require_java()
+            _java_checked = True
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         if master.startswith("local"):
@@ -41,7 +50,11 @@ def get_spark(master: str = "local[2]", app_name: str = "icefloe",
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.master(master).appName(app_name)
-        for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        settings = {**DEFAULT_CONF, **(conf or {})}
+        if LOG4J_CONFIG.exists():  # quiet, one-line JVM logs (kept if the caller set its own)
+            settings.setdefault("spark.driver.extraJavaOptions",
+                                f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}")
+        for key, value in settings.items():
             builder = builder.config(key, value)
         if master.startswith("local"):
             builder = builder.config("spark.driver.host", "127.0.0.1").config(

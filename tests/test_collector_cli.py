@@ -14,157 +14,36 @@ import argparse
 import asyncio
 import json
 import os
-import queue
 import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pyarrow.compute as pc
 import pytest
-from collector_support import CLICKS, click, publish_sync, read_table
+from collector_support import click, publish_sync, read_table
+from process_support import (
+    SPARK_TIMEOUT_S,
+    Child,
+    free_port,
+    run_cli,
+    sqlite_uri,
+    table_rows,
+    toml_value,
+    wait_for,
+    write_config,
+)
 
 from icefloe.cli import main
 from icefloe.cli.collector_cmd import build_config, serve_collector
-from icefloe.cli.up_cmd import up_config
-from icefloe.config import CatalogSection, Config, StreamConfig, load_config
+from icefloe.cli.config_args import config_from_args
+from icefloe.config import CatalogSection, Config, load_config
 from icefloe.errors import ConfigError
 from icefloe.manifest import ManifestConsumer
 from icefloe.manifest.config import ManifestConfig
 from icefloe.store import open_async_store
-
-SPARK_TIMEOUT_S = 120.0
-"""JVM + Python-worker start-up is ~15 s on an idle 2-core machine; allow for a loaded one."""
-
-
-# --- helpers -------------------------------------------------------------------------------
-
-def _toml(value: Any) -> str:
-    """JSON scalars are valid TOML scalars; that is all these configs need."""
-    return json.dumps(value)
-
-
-def sqlite_uri(root: Path) -> str:
-    return "sqlite:///" + str(root / "catalog.db")
-
-
-def write_config(root: Path, streams: Sequence[StreamConfig] = (CLICKS,), *,
-                 locations: bool = True, **collector: Any) -> Path:
-    """A real config *file* (child processes read it) on a local store + SQLite catalog."""
-    settings = {"metrics_port": 0, "host": "127.0.0.1", "gc_interval_s": 3600,
-                "maintenance_interval_s": 3600, "commit_interval_s": 0.5,
-                "spark_driver_memory": "1g", **collector}
-    lines = ["[ingestor]", 'host = "127.0.0.1"', "[manifest]", "lease_s = 2.0", "[collector]"]
-    lines += [f"{key} = {_toml(value)}" for key, value in settings.items()]
-    if locations:
-        lines += ["[store]", f"url = {_toml((root / 'store').as_uri())}",
-                  "[catalog]", f"uri = {_toml(sqlite_uri(root))}",
-                  f"warehouse = {_toml((root / 'warehouse').as_uri())}"]
-    for stream in streams:
-        columns = ", ".join(
-            f"{{ name = {_toml(c.name)}, type = {_toml(c.type)}, required = {_toml(c.required)} }}"
-            for c in stream.columns)
-        lines += ["[[streams]]", f"name = {_toml(stream.name)}", f"table = {_toml(stream.table)}",
-                  f"columns = [{columns}]"]
-    path = root / "icefloe.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class Child:
-    """A child process whose stdout lines are read by a thread, so waits can time out."""
-
-    def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
-        self.log = log
-        self._err = log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "icefloe", *args], cwd=cwd,
-                                     env=child_env(), stdout=subprocess.PIPE,
-                                     stderr=self._err, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def wait_line(self, match: Callable[[str], bool], timeout: float = SPARK_TIMEOUT_S) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                line = self.lines.get(timeout=max(left, 0.01))
-            except queue.Empty:
-                raise AssertionError(f"no matching line in {timeout:.0f} s; stdout so far: "
-                                     f"{self.seen}; stderr tail: {self.tail()}") from None
-            if line is None:
-                raise AssertionError(f"exited with {self.proc.wait(10)} before the line; "
-                                     f"stdout: {self.seen}; stderr tail: {self.tail()}")
-            self.seen.append(line)
-            if match(line):
-                return line
-
-    def ready(self) -> dict[str, Any]:
-        line = self.wait_line(lambda text: text.startswith("{") and '"ready"' in text)
-        return json.loads(line)
-
-    def tail(self, lines: int = 15) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._err.close()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self._err.close()
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.25)
-
-
-def table_rows(config: Config, name: str) -> int:
-    try:
-        return read_table(config, name).num_rows
-    except Exception:  # not created yet
-        return -1
-
-
-def run_cli(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "icefloe", *args], cwd=cwd, env=child_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
 
 # --- fast: the command's contract --------------------------------------------------------
 
@@ -217,7 +96,7 @@ def test_should_name_an_unreachable_catalog_in_one_line(tmp_path):
     path = write_config(tmp_path)
     port = free_port()  # closed again: connections are refused
     text = path.read_text().replace(
-        f"uri = {_toml(sqlite_uri(tmp_path))}",
+        f"uri = {toml_value(sqlite_uri(tmp_path))}",
         f'type = "sql"\nuri = "postgresql://icefloe:s3cret@127.0.0.1:{port}/icefloe"')
     path.write_text(text)
     result = run_cli(["collector", "--config", str(path), "--log-level", "error"], tmp_path)
@@ -331,18 +210,17 @@ def test_should_stop_cleanly_on_sigterm(tmp_path, capsys):
 def test_should_put_catalog_and_warehouse_under_the_data_dir_unless_named(tmp_path,
                                                                          monkeypatch):
     path = write_config(tmp_path, locations=False)
-    args = argparse.Namespace(config=str(path), data_dir=str(tmp_path / "data"),
-                              http_port=None, grpc_port=None, metrics_port=9999)
-    _, config = up_config(args, env={})
+    args = argparse.Namespace(config=str(path), data_dir=str(tmp_path / "data"))
+    _, config = config_from_args(args, {"collector": {"metrics_port": 9999}}, env={})
     assert config.store.url == (tmp_path / "data" / "store").as_uri()
     assert config.catalog.uri == f"sqlite:///{tmp_path / 'data' / 'catalog.db'}"
     assert config.catalog.warehouse == (tmp_path / "data" / "warehouse").as_uri()
     assert config.collector.metrics_port == 9999
-    _, named = up_config(args, env={"ICEFLOE_CATALOG_URI": "sqlite:////elsewhere/c.db"})
+    _, named = config_from_args(args, env={"ICEFLOE_CATALOG_URI": "sqlite:////elsewhere/c.db"})
     assert named.catalog.uri == "sqlite:////elsewhere/c.db"
     assert named.catalog.warehouse == (tmp_path / "data" / "warehouse").as_uri()
     write_config(tmp_path, locations=True)
-    _, from_file = up_config(args, env={})
+    _, from_file = config_from_args(args, env={})
     assert from_file.catalog.uri == f"sqlite:///{tmp_path / 'catalog.db'}"
     assert from_file.store.url == (tmp_path / "store").as_uri()
 

@@ -12,7 +12,17 @@ import sys
 from collections.abc import Sequence
 
 from icefloe import __version__
-from icefloe.cli import collector_cmd, ingestor_cmd, inspect_cmd, probe_cmd, up_cmd
+from icefloe.cli import (
+    collector_cmd,
+    demo_cmd,
+    ingestor_cmd,
+    inspect_cmd,
+    probe_cmd,
+    query_cmd,
+    streams_cmd,
+    tables_cmd,
+    up_cmd,
+)
 from icefloe.errors import ConfigError, IcefloeError
 
 EXIT_ERROR = 1
@@ -30,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show full tracebacks instead of one-line errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up_cmd, ingestor_cmd, collector_cmd, inspect_cmd, probe_cmd):
+    for module in (up_cmd, ingestor_cmd, collector_cmd, query_cmd, streams_cmd, tables_cmd,
+                   demo_cmd, inspect_cmd, probe_cmd):
         module.register(commands)
     return parser
 

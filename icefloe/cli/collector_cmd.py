@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from icefloe.config import Config, load_config
+from icefloe.cli.config_args import add_config_arguments, config_from_args
+from icefloe.config import Config
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.logs import setup_logging
 
@@ -75,8 +76,7 @@ def register(commands: Any) -> None:
         "collector", help="run the collector (manifest queue -> Spark -> Iceberg)",
         description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", metavar="FILE",
-                        help="config file (default: $ICEFLOE_CONFIG, then ./icefloe.toml)")
+    add_config_arguments(parser)
     parser.add_argument("--takeover", action="store_true",
                         help="take the queue now instead of waiting as a standby for the "
                              "current holder's lease to lapse (fences that holder)")
@@ -90,8 +90,7 @@ def register(commands: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Config:
     """The config with this command's flags applied on top of env and file."""
-    return load_config(args.config, overrides={"collector": {
-        "metrics_port": args.metrics_port}})
+    return config_from_args(args, {"collector": {"metrics_port": args.metrics_port}})[1]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +168,8 @@ def run_guarded(main: Callable[[], Coroutine[Any, Any, int]], config: Config,
         raise IcefloeError(f"collector failed: {type(exc).__name__}: {text[:400]}") from exc
 
 
-def install_stop_signals(stop: asyncio.Event, notice: Callable[[], None] | None = None) -> None:
+def install_stop_signals(stop: asyncio.Event, notice: Callable[[], None] | None = None,
+                         hard_exit: Callable[[], None] | None = None) -> None:
     """SIGTERM/SIGINT set ``stop``; a second one exits at once.
 
     Why the second one is a hard exit: a stop waits for the current run (or Spark's start-up)
@@ -182,6 +182,8 @@ def install_stop_signals(stop: asyncio.Event, notice: Callable[[], None] | None 
     def on_signal(signum: int) -> None:
         if stop.is_set():
             print("icefloe: second signal: exiting now", file=sys.stderr, flush=True)
+            if hard_exit is not None:
+                hard_exit()
             os._exit(128 + signum)
         stop.set()
         if notice is not None:

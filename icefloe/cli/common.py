@@ -9,14 +9,19 @@ from typing import Any
 
 import msgspec
 
-from icefloe.store import StoreOptions
+from icefloe.store import StoreOptions, options_for
 
 
-def add_store_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """``--store URL`` plus the S3 endpoint/region overrides."""
-    parser.add_argument("--store", required=required, metavar="URL",
-                        help="object store: file:///path or s3://bucket/prefix")
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--store URL`` (default: the config's store) plus the S3 endpoint/region overrides,
+    and ``--config``/``--data-dir`` to find that config."""
+    parser.add_argument("--store", metavar="URL",
+                        help="object store: file:///path or s3://bucket/prefix (default: "
+                             "[store] url of the config, else DATA_DIR/store)")
     add_s3_arguments(parser)
+    from icefloe.cli.config_args import add_config_arguments
+
+    add_config_arguments(parser, example=True)
 
 
 def add_s3_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +32,22 @@ def add_s3_arguments(parser: argparse.ArgumentParser) -> None:
 
 def store_options(args: argparse.Namespace) -> StoreOptions:
     """Store options from the common arguments (credentials come from the AWS chain)."""
-    if getattr(args, "endpoint_url", None) is None and getattr(args, "region", None) is None:
-        return StoreOptions()
-    from icefloe.store.s3 import S3Options
+    return options_for(getattr(args, "endpoint_url", None), getattr(args, "region", None))
 
-    return StoreOptions(s3=S3Options(endpoint_url=args.endpoint_url, region=args.region))
+
+def resolve_store(args: argparse.Namespace) -> None:
+    """Fill ``args.store`` (and the S3 settings) from the config when ``--store`` is absent,
+    so ``icefloe inspect manifest`` next to ``icefloe up`` needs no flags."""
+    if getattr(args, "store", None):
+        return
+    from icefloe.cli.config_args import config_from_args
+
+    _, config = config_from_args(args, example=True)
+    args.store = config.store.url
+    if getattr(args, "endpoint_url", None) is None:
+        args.endpoint_url = config.store.endpoint_url
+    if getattr(args, "region", None) is None:
+        args.region = config.store.region
 
 
 def print_json(value: Any) -> None:

@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from icefloe.config import load_config
+from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.logs import setup_logging
+
+if TYPE_CHECKING:
+    from ingestor.runtime import IngestorRuntime
+    from ingestor.server import BoundPorts
+
+EPILOG = """\
+stdout gets one JSON line {"event": "ready", "http_port": H, "grpc_port": G} once both
+servers listen, and with --stats-interval S one {"event": "stats", "accepted": N,
+"rejected": M, "buffered_bytes": B} line every S seconds (totals since start; `icefloe up`
+reads them for its progress line). Logs go to stderr.
+
+exit codes: 0 drained cleanly after SIGTERM/SIGINT; 1 some buffered events could not be
+flushed before shutdown_timeout_s (they were never acknowledged); 2 bad configuration or a
+port in use.
+
+environment: ICEFLOE_CONFIG, ICEFLOE_INGESTOR_<KEY> (e.g. ICEFLOE_INGESTOR_HTTP_PORT);
+precedence: flag > environment > config file > default.
+"""
 
 
 def register(commands: Any) -> None:
@@ -15,12 +34,17 @@ def register(commands: Any) -> None:
         "ingestor", help="run an ingestor (HTTP :8080 and gRPC :50051)",
         description="Accept events over HTTP and gRPC, buffer them, and acknowledge each "
                     "request once its events are in a batch file listed by the manifest. "
-                    "Stateless: start as many as you need; SIGTERM drains and exits 0.")
-    parser.add_argument("--config", metavar="FILE",
-                        help="config file (default: $ICEFLOE_CONFIG, then ./icefloe.toml)")
+                    "Stateless: start as many as you need; SIGTERM drains and exits 0.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
     parser.add_argument("--host", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default 8080)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051)")
+    parser.add_argument("--reuse-port", action="store_true", default=None,
+                        help="share the ports with other ingestors on this host "
+                             "(SO_REUSEPORT; [ingestor] reuse_port)")
+    parser.add_argument("--stats-interval", type=float, metavar="S",
+                        help="print a JSON stats line on stdout every S seconds")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
@@ -28,13 +52,28 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, overrides={"ingestor": {
-        "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port}})
+    _, config = config_from_args(args, {"ingestor": {
+        "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
+        "reuse_port": args.reuse_port}})
     setup_logging(args.log_level, args.log_format)
     from ingestor.server import run as serve
 
-    def announce(ports: Any) -> None:
+    def announce(ports: BoundPorts) -> None:
         print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc}),
               flush=True)
 
-    return serve(config, on_ready=announce)
+    tasks: list[asyncio.Task[None]] = []
+
+    def report(runtime: IngestorRuntime) -> None:
+        if args.stats_interval:
+            tasks.append(asyncio.get_running_loop().create_task(
+                _report_stats(runtime, args.stats_interval)))
+
+    return serve(config, on_ready=announce, on_runtime=report)
+
+
+async def _report_stats(runtime: IngestorRuntime, interval: float) -> None:
+    """Totals since start, so a missed line loses nothing."""
+    while True:
+        await asyncio.sleep(interval)
+        print(json.dumps({"event": "stats", **runtime.metrics.totals()}), flush=True)

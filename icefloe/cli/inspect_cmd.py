@@ -22,6 +22,7 @@ from icefloe.cli.common import (
     add_store_arguments,
     iso,
     print_json,
+    resolve_store,
     store_options,
     table,
 )
@@ -64,6 +65,8 @@ def register(commands: Any) -> None:
 # --- manifest ------------------------------------------------------------------------------
 
 def run_manifest(args: argparse.Namespace) -> int:
+    resolve_store(args)
+
     async def read() -> tuple[Manifest, str | None, int]:
         store = open_async_store(args.store, store_options(args))
         try:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from icefloe.cli.common import add_store_arguments, store_options
+from icefloe.cli.common import add_store_arguments, resolve_store, store_options
 from icefloe.store import open_async_store
 from icefloe.store.probe import probe_conditional_writes
 
@@ -23,6 +23,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    resolve_store(args)
+
     async def probe() -> None:
         store = open_async_store(args.store, store_options(args))
         try:

@@ -1,21 +1,21 @@
 """``icefloe up``: the whole of icefloe on one machine, on the embedded default.
 
-Starts an ingestor (HTTP + gRPC) and the collector (Spark ``local[2]`` by default → Iceberg) in one
-process and one event loop, on a local directory object store, a SQLite catalog and a file
-warehouse under ``--data-dir`` wherever the config does not name them. Why one process: it
-is the "try it on a laptop" path — one command, one Ctrl-C — and both parts already run as
-asyncio tasks (:func:`ingestor.server.serve`, :func:`collector.runner.run_collector`). The
-ingestor starts first so events are accepted (durably, into the queue) while Spark boots.
+Starts N ingestor processes sharing the HTTP and gRPC ports (see
+:mod:`icefloe.cli.ingestor_group`) and the collector (Spark ``local[2]`` by default →
+Iceberg) in this process, on a local directory object store, a SQLite catalog and a file
+warehouse under ``--data-dir`` wherever the config does not name them. Why this shape: it
+is the "try it on a laptop" path — one command, one Ctrl-C — yet it runs the very processes
+a deployment runs. The ingestors start first, so events are accepted (durably, into the
+queue) while Spark boots; a live progress line shows accepted, committed, queue and lag.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
-import tomllib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,198 +25,244 @@ from icefloe.cli.collector_cmd import (
     install_stop_signals,
     run_guarded,
 )
-from icefloe.config import Config, find_config, load_config
+from icefloe.cli.config_args import add_config_arguments, config_from_args, data_dir_of
+from icefloe.cli.ingestor_group import IngestorGroup, reserve_port
+from icefloe.cli.progress import Snapshot, show_progress
+from icefloe.config import Config, StreamConfig
+from icefloe.errors import ConfigError
 from icefloe.logs import setup_logging
+from icefloe.metric_total import metric_total
 
 if TYPE_CHECKING:
+    from collector.metrics import CollectorMetrics
     from collector.runner import Ready
-    from ingestor.server import BoundPorts
 
-DEFAULT_DATA_DIR = "./icefloe-data"
-# In a checkout the example lives in examples/; wheels carry it inside the package.
-_EXAMPLES = (Path(__file__).resolve().parents[1] / "examples" / "icefloe.toml",
-             Path(__file__).resolve().parents[2] / "examples" / "icefloe.toml")
-EXAMPLE_CONFIG = next((p for p in _EXAMPLES if p.exists()), _EXAMPLES[-1])
+DESCRIPTION = """\
+Run icefloe on this machine: N ingestor processes sharing the HTTP and gRPC ports, and the
+collector (Spark, per [collector] spark_master, default local[2]) committing into Iceberg.
+The object store, the SQLite catalog and the warehouse go under DATA_DIR wherever the config
+does not name them. Without --config: $ICEFLOE_CONFIG, ./icefloe.toml, then the bundled
+examples/icefloe.toml (streams "pageviews" and "orders").
+
+It prints the endpoints and a curl example, then a live progress line (events accepted,
+rows committed, files queued, lag). Ctrl-C or SIGTERM stops everything cleanly: the
+ingestors drain their buffers and the collector finishes its run; a second Ctrl-C exits at
+once (safe: nothing is acknowledged before it is durable). Start it again on the same
+DATA_DIR and it carries on where it stopped.
+"""
+
+EPILOG = """\
+exit codes: 0 clean stop; 1 error (Spark failed to start, store unreachable, ...);
+2 bad configuration or a port in use; 3 another collector took over the queue.
+"""
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
-        "up", help="run icefloe on this machine on the embedded default",
-        description="Run an ingestor and the collector in one process: a local object store, "
-                    "a SQLite Iceberg catalog and a file warehouse under DATA_DIR (where the "
-                    "config does not name them), Spark per [collector] spark_master (default "
-                    "local[2]). Without --config it uses "
-                    "$ICEFLOE_CONFIG, ./icefloe.toml, then examples/icefloe.toml. Ctrl-C or "
-                    "SIGTERM stops both cleanly (the ingestor drains, the collector finishes "
-                    "its run); a second Ctrl-C exits at once.")
-    parser.add_argument("--config", metavar="FILE", help="config file")
-    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                        help="store, catalog and warehouse, where the config does not name "
-                             "them (default: %(default)s)")
-    parser.add_argument("--http-port", type=int, help="HTTP port (default 8080)")
-    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051)")
-    parser.add_argument("--metrics-port", type=int,
-                        help="collector metrics port (default 9464)")
+        "up", help="run the whole cluster on this machine (ingestors + collector)",
+        description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser, example=True)
+    parser.add_argument("--http-port", type=int, metavar="N",
+                        help="HTTP port shared by the ingestors (default 8080; 0 = any free)")
+    parser.add_argument("--grpc-port", type=int, metavar="N",
+                        help="gRPC port shared by the ingestors (default 50051; 0 = any free)")
+    parser.add_argument("--metrics-port", type=int, metavar="N",
+                        help="collector /metrics, /healthz, /readyz port (default 9464)")
+    parser.add_argument("--ingestors", type=int, default=1, metavar="N",
+                        help="ingestor processes (default 1; each uses about one core)")
     parser.add_argument("--no-collector", action="store_true",
-                        help="run only the ingestor (e.g. when `icefloe collector` runs "
+                        help="run only the ingestors (e.g. when `icefloe collector` runs "
                              "elsewhere); events then wait in the queue")
     parser.set_defaults(run=run)
 
 
-def _names(path: Path, section: str, key: str, env: Mapping[str, str]) -> bool:
-    """Whether the user chose ``section.key`` (file or ``ICEFLOE_*`` env), so --data-dir
-    must not override it."""
-    if f"ICEFLOE_{section.upper()}_{key.upper()}" in env:
-        return True
-    if not path.exists():
-        return False  # load_config reports the missing file
-    with path.open("rb") as handle:
-        return key in tomllib.load(handle).get(section, {})
-
-
-def up_config(args: argparse.Namespace, env: Mapping[str, str] = os.environ
-              ) -> tuple[Path, Config]:
-    """The config file used and the config with --data-dir defaults and flags applied."""
-    path = find_config(args.config) or EXAMPLE_CONFIG
-    data_dir = Path(args.data_dir).absolute()
-    overrides: dict[str, dict[str, Any]] = {
-        "ingestor": {"http_port": args.http_port, "grpc_port": args.grpc_port},
-        "collector": {"metrics_port": args.metrics_port}}
-    if not _names(path, "store", "url", env):
-        overrides["store"] = {"url": (data_dir / "store").as_uri()}
-    catalog: dict[str, Any] = {}
-    if not _names(path, "catalog", "uri", env):
-        catalog["uri"] = f"sqlite:///{data_dir / 'catalog.db'}"
-    if not _names(path, "catalog", "warehouse", env):
-        catalog["warehouse"] = (data_dir / "warehouse").as_uri()
-    if catalog:
-        overrides["catalog"] = catalog
-    return path, load_config(path, env=env, overrides=overrides)
-
-
 def run(args: argparse.Namespace) -> int:
-    path, config = up_config(args)
+    path, config = config_from_args(args, {
+        "ingestor": {"http_port": args.http_port, "grpc_port": args.grpc_port},
+        "collector": {"metrics_port": args.metrics_port}}, example=True)
+    if args.ingestors < 1:
+        raise ConfigError(f"--ingestors {args.ingestors}: at least one ingestor is needed")
+    if not args.no_collector:
+        from pipeline.java import require_java
+
+        require_java()  # fail in a second, not after the ingestors started
     setup_logging("warning", "text")
     # The only fork in this process is Spark's launcher (fork + exec), which needs no gRPC
     # fork handlers; with them on, gRPC logs a warning on the terminal at every start.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    from ingestor.server import tune_gc
-
-    tune_gc()
+    argv = [sys.executable, "-m", "icefloe", "ingestor", "--config", str(path),
+            "--data-dir", str(data_dir_of(args)), "--reuse-port", "--stats-interval", "1",
+            "--log-level", "warning", "--log-format", "text"]
     try:
         import uvloop
 
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
         runner = asyncio.run
-    return run_guarded(lambda: _up(path, config, collector=not args.no_collector), config,
-                       runner=runner)
+    up = _Up(path, config, args.ingestors, argv, collector=not args.no_collector)
+    return run_guarded(up.main, config, runner=runner)
 
 
-async def _up(path: Path, config: Config, *, collector: bool) -> int:
-    """Ingestor first; once it listens, the collector. Either one ending stops the other."""
-    from collector.runner import run_collector
-    from ingestor.server import serve
+class _Up:
+    """One ``icefloe up``: reserve ports, start the ingestors, then the collector."""
 
-    stop = asyncio.Event()
-    listening = asyncio.Event()
-    epoch: list[int] = []
+    def __init__(self, path: Path | None, config: Config, ingestors: int, argv: list[str], *,
+                 collector: bool) -> None:
+        self.path = path
+        self.config = config
+        self.ingestors = ingestors
+        self.argv = argv
+        self.collector = collector
+        self.metrics: CollectorMetrics | None = None
+        self.group: IngestorGroup | None = None
 
-    def notice() -> None:
-        print("icefloe up: stopping (Ctrl-C again to exit at once)", file=sys.stderr,
-              flush=True)
+    async def main(self) -> int:
+        stop = asyncio.Event()
+        ing = self.config.ingestor
+        holders = [reserve_port(ing.host, ing.http_port, "HTTP", "--http-port",
+                                "ICEFLOE_INGESTOR_HTTP_PORT"),
+                   reserve_port(ing.host, ing.grpc_port, "gRPC", "--grpc-port",
+                                "ICEFLOE_INGESTOR_GRPC_PORT")]
+        http_port, grpc_port = (h.getsockname()[1] for h in holders)
+        group = self.group = IngestorGroup(
+            self.ingestors, [*self.argv, "--http-port", str(http_port),
+                             "--grpc-port", str(grpc_port)],
+            stop_timeout_s=ing.shutdown_timeout_s + 10)
 
-    def ingestor_ready(ports: BoundPorts) -> None:
-        # serve() installed its own handlers (a plain stop.set); ours add the second-signal exit.
-        install_stop_signals(stop, notice)
-        _print_endpoints(path, config, ports, collector=collector)
-        listening.set()
+        def notice() -> None:
+            print("\nicefloe up: stopping (Ctrl-C again to exit at once)", file=sys.stderr,
+                  flush=True)
 
-    def collector_ready(ready: Ready) -> None:
-        epoch.append(ready.epoch)
-        _print_collector(config, ready)
+        install_stop_signals(stop, notice, hard_exit=group.kill)
+        try:
+            started = await _first(group.start(), stop)
+        finally:
+            for holder in holders:
+                holder.close()
+        if not started:
+            await group.stop()
+            return 0
+        self._print_endpoints(http_port, grpc_port)
+        tasks: list[asyncio.Task[Any]] = [
+            asyncio.create_task(show_progress(self._snapshot, stop), name="progress")]
+        collect = None
+        if self.collector:
+            collect = asyncio.create_task(self._collect(stop), name="collector")
+            tasks.append(collect)
+        if collect is not None:
+            await _first(collect, stop, cancel=False)
+        else:
+            await stop.wait()
+        stop.set()
+        codes = await group.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return self._exit_code(collect, codes)
 
-    async def collect() -> int:
-        await listening.wait()
-        if stop.is_set():
-            return 0  # the ingestor never came up (or we were stopped first): do not boot Spark
-        return await run_collector(config, stop=stop, on_ready=collector_ready)
+    async def _collect(self, stop: asyncio.Event) -> int:
+        from collector.metrics import CollectorMetrics
+        from collector.runner import run_collector
 
-    install_stop_signals(stop, notice)
-    ingest = asyncio.create_task(serve(config, on_ready=ingestor_ready, stop=stop),
-                                 name="ingestor")
-    tasks = [ingest]
-    if collector:
-        tasks.append(asyncio.create_task(collect(), name="collector"))
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    stop.set()
-    listening.set()  # release a collector still waiting for the ingestor
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for task in tasks:  # an error of either part is the process's error
-        error = task.exception()
-        if error is not None:
-            raise error
-    code = int(tasks[1].result()) if collector else 0
-    if code == EXIT_FENCED:
-        print(f"icefloe: error: {fenced_message(epoch[0] if epoch else None)}",
-              file=sys.stderr, flush=True)
-    if code:
+        self.metrics = CollectorMetrics()
+        epoch: list[int] = []
+
+        def ready(info: Ready) -> None:
+            epoch.append(info.epoch)
+            self._print_collector(info)
+
+        code = await run_collector(self.config, stop=stop, on_ready=ready,
+                                   metrics=self.metrics)
+        if code == EXIT_FENCED:
+            print(f"\nicefloe: error: {fenced_message(epoch[0] if epoch else None)}",
+                  file=sys.stderr, flush=True)
         return code
-    return 0 if ingest.result() else 1
+
+    @staticmethod
+    def _exit_code(collect: asyncio.Task[int] | None, ingestor_codes: list[int]) -> int:
+        if collect is not None:
+            error = collect.exception()
+            if error is not None:
+                raise error  # run_guarded turns it into one line
+            if collect.result():
+                return int(collect.result())
+        return 0 if all(code == 0 for code in ingestor_codes) else 1
+
+    def _snapshot(self) -> Snapshot:
+        assert self.group is not None
+        totals = self.group.totals()
+        m = self.metrics
+        active = m is not None and m.health.role == "active"
+        return Snapshot(
+            accepted=totals["accepted"], rejected=totals["rejected"],
+            committed=metric_total(m.rows) if m is not None else None,
+            queue_entries=metric_total(m.queue_length) if active and m else None,
+            lag_s=metric_total(m.lag_seconds) if active and m else None)
+
+    def _print_endpoints(self, http_port: int, grpc_port: int) -> None:
+        from pipeline.catalog import catalog_label
+
+        config = self.config
+        host = _host(config.ingestor.host)
+        shared = f"  ({self.ingestors} ingestors share it)" if self.ingestors > 1 else ""
+        print(f"icefloe up  (config {self.path})")
+        print(f"  store    {config.store.url}")
+        print(f"  catalog  {catalog_label(config.catalog)}")
+        print(f"  HTTP     http://{host}:{http_port}/v1/streams/{{stream}}/events{shared}")
+        print(f"  gRPC     {host}:{grpc_port}  (icefloe.v1.Ingest){shared}")
+        print(f"  metrics  http://{host}:{http_port}/metrics  (ingestor)")
+        print(f"  streams  {', '.join(s.name for s in config.streams) or 'none'}")
+        if config.streams:
+            stream = config.streams[0]
+            body = json.dumps(example_event(stream), separators=(",", ":"))
+            print(f"\n  curl -X POST http://{host}:{http_port}/v1/streams/{stream.name}/events "
+                  f"-H 'Content-Type: application/json' -d '{body}'")
+        if self.collector:
+            print("\n  collector starting Spark (the first start takes ~15 s; events are "
+                  "queued meanwhile). Ctrl-C stops everything.", flush=True)
+        else:
+            print("\n  no collector (--no-collector): events wait in the queue for "
+                  "`icefloe collector`. Ctrl-C stops and drains.", flush=True)
+
+    def _print_collector(self, ready: Ready) -> None:
+        host = _host(self.config.collector.host)
+        print(f"\n  collector active (epoch {ready.epoch}); commits every "
+              f"~{self.config.collector.commit_interval_s:g} s")
+        if ready.metrics_port is not None:
+            print(f"  metrics  http://{host}:{ready.metrics_port}/metrics  (collector)")
+        if self.config.streams:
+            config = f" --config {self.path}" if self.path is not None else ""
+            print(f"  query    icefloe query{config} "
+                  f"\"SELECT count(*) FROM {self.config.streams[0].table}\"")
+        print(flush=True)
+
+
+async def _first(work: Any, stop: asyncio.Event, *, cancel: bool = True) -> bool:
+    """Await ``work`` unless ``stop`` comes first: True if ``work`` finished (its errors
+    propagate), False if stopped first (``work`` is cancelled unless ``cancel`` is off —
+    the collector is left to finish its run on its own)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        task.result()
+        return True
+    if cancel:
+        task.cancel()
+    return False
 
 
 def _host(host: str) -> str:
     return "localhost" if host in ("0.0.0.0", "::", "") else host
 
 
-def _print_endpoints(path: Path, config: Config, ports: BoundPorts, *, collector: bool) -> None:
-    from pipeline.catalog import catalog_label
-
-    host = _host(config.ingestor.host)
-    stream = config.streams[0].name if config.streams else "STREAM"
-    print(f"icefloe up  (config {path})")
-    print(f"  store    {config.store.url}")
-    print(f"  catalog  {catalog_label(config.catalog)}")
-    print(f"  HTTP     http://{host}:{ports.http}/v1/streams/{{stream}}/events")
-    print(f"  gRPC     {host}:{ports.grpc}  (icefloe.v1.Ingest)")
-    print(f"  metrics  http://{host}:{ports.http}/metrics  (ingestor)")
-    print(f"  streams  {', '.join(s.name for s in config.streams) or 'none'}")
-    print(f"\n  curl -X POST http://{host}:{ports.http}/v1/streams/{stream}/events "
-          "-H 'Content-Type: application/json' -d '{...}'")
-    print(f"  icefloe inspect manifest --store {config.store.url}")
-    if collector:
-        print("\n  collector starting Spark (the first start takes ~15 s; events are queued "
-              "meanwhile). Ctrl-C stops both.", flush=True)
-    else:
-        print("\n  no collector (--no-collector): events wait in the queue for "
-              "`icefloe collector`. Ctrl-C stops and drains.", flush=True)
+_SAMPLES: dict[str, Any] = {
+    "long": 1200, "int": 3, "float": 1.5, "double": 19.99, "boolean": True,
+    "timestamp": "2026-01-01T12:00:00Z", "date": "2026-01-01", "json": {"source": "curl"}}
 
 
-def _print_collector(config: Config, ready: Ready) -> None:
-    host = _host(config.collector.host)
-    print(f"\n  collector active (epoch {ready.epoch})")
-    if ready.metrics_port is not None:
-        print(f"  metrics  http://{host}:{ready.metrics_port}/metrics  (collector)")
-    for line in read_example(config):
-        print(f"  {line}")
-    print(flush=True)
-
-
-def read_example(config: Config) -> list[str]:
-    """How to read a stream's table back: a pyiceberg one-liner for the SQL catalog."""
-    if not config.streams:
-        return []
-    table = config.streams[0].table
-    cat = config.catalog
-    if cat.type != "sql":
-        from pipeline.catalog import catalog_label
-
-        return [f"read {table} with any Iceberg engine through the {catalog_label(cat)}"]
-    from pipeline.catalog import mask_uri
-
-    code = (f"from pyiceberg.catalog.sql import SqlCatalog; "
-            f"c = SqlCatalog({cat.name!r}, uri={mask_uri(cat.uri)!r}, "
-            f"warehouse={cat.warehouse!r}); "
-            f"print(c.load_table({table!r}).scan().to_arrow().to_pandas())")
-    return [f"read {table} (committed every ~{config.collector.commit_interval_s:g} s):",
-            f'{sys.executable} -c "{code}"']
+def example_event(stream: StreamConfig) -> dict[str, Any]:
+    """A valid event for the curl example: every required column, then a few more."""
+    chosen = [c for c in stream.columns if c.required]
+    chosen += [c for c in stream.columns if not c.required][:max(0, 4 - len(chosen))]
+    return {c.name: _SAMPLES.get(c.type, f"{c.name.removesuffix('_id')}-1") for c in chosen}

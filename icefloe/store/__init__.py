@@ -99,4 +99,6 @@ def open_async_store(url: str, options: StoreOptions | None = None) -> AsyncObje
         from icefloe.store.s3 import AsyncS3Store, S3Options
 
         inner = AsyncS3Store(url, options.s3 or S3Options())
-    return RetryingAsyncStore(inner, options.retry)
+    from icefloe.store.failpoints import wrap_if_configured
+
+    return RetryingAsyncStore(wrap_if_configured(inner), options.retry)

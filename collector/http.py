@@ -1,0 +1,111 @@
+"""The collector's own small HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+Why not just prometheus' ``start_http_server``: orchestrators need probes too. Liveness
+(``/healthz``) says only that the process answers, so a store outage never gets a healthy
+collector restarted into a crash loop; readiness (``/readyz``) says whether it is doing its
+job — starting Spark, a standby waiting for the lease, active, or active but failing runs —
+with the reason in a JSON body, so ``kubectl describe`` shows *why*.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+FAILING_AFTER = 3
+"""Consecutive failed runs after which ``/readyz`` reports the collector as not ready."""
+
+
+@dataclass
+class Health:
+    """What the probes report; written by the runner, read by the HTTP threads."""
+
+    role: str = "starting"  # starting | standby | active | stopping
+    failures: int = 0
+    last_error: str = ""
+    since: float = field(default_factory=time.time)
+
+    def set_role(self, role: str) -> None:
+        self.role, self.since = role, time.time()
+
+    def run_failed(self, reason: str) -> None:
+        self.failures += 1
+        self.last_error = reason
+
+    def run_ok(self) -> None:
+        self.failures, self.last_error = 0, ""
+
+    def ready(self) -> tuple[bool, str]:
+        if self.role == "starting":
+            return False, "starting: opening the catalog and starting Spark"
+        if self.role == "stopping":
+            return False, "stopping"
+        if self.failures >= FAILING_AFTER:
+            return False, f"{self.failures} runs failed in a row; last: {self.last_error}"
+        return True, self.role
+
+    def body(self) -> dict[str, object]:
+        ready, reason = self.ready()
+        return {"role": self.role, "ready": ready, "reason": reason,
+                "failed_runs_in_a_row": self.failures, "role_since": self.since}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._json(200, {"status": "ok", **self.server.health.body()})
+        elif path == "/readyz":
+            ready, _ = self.server.health.ready()
+            self._json(200 if ready else 503, self.server.health.body())
+        else:
+            self._json(404, {"error": "not_found",
+                             "message": "try /metrics, /healthz or /readyz"})
+
+    def _json(self, status: int, body: dict[str, object]) -> None:
+        self._send(status, msgspec.json.encode(body), "application/json")
+
+    def _send(self, status: int, payload: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Probes every few seconds would flood the log; say nothing."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
+                 health: Health) -> None:
+        self.registry = registry
+        self.health = health
+        super().__init__(address, _Handler)
+
+
+class HttpServer:
+    """Serves in a daemon thread; ``port`` is the bound one (0 in the config picks any)."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry,
+                 health: Health) -> None:
+        self._server = _Server((host, port), registry, health)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="collector-http", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

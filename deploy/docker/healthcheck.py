@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Container health check: exit 0 when an icefloe process in this container answers.
+
+Usage: icefloe-healthcheck [ingestor|collector|any] [PATH]   (defaults: any /healthz)
+
+``ingestor`` asks the HTTP port (ICEFLOE_INGESTOR_HTTP_PORT, default 8080), ``collector``
+the metrics port (ICEFLOE_COLLECTOR_METRICS_PORT, default 9464), ``any`` tries both, so the
+image's one HEALTHCHECK fits whichever command the container runs. ``/healthz`` is
+liveness (the process answers); ``/readyz`` also checks the object store (ingestor).
+Standard library only: it runs in the image without loading icefloe.
+"""
+
+import os
+import sys
+import urllib.error
+import urllib.request
+
+PORTS = {
+    "ingestor": ("ICEFLOE_INGESTOR_HTTP_PORT", 8080),
+    "collector": ("ICEFLOE_COLLECTOR_METRICS_PORT", 9464),
+}
+
+
+def answers(port: int, path: str) -> bool:
+    url = f"http://127.0.0.1:{port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def main(argv: list[str]) -> int:
+    role = argv[0] if argv else "any"
+    path = argv[1] if len(argv) > 1 else "/healthz"
+    roles = list(PORTS) if role == "any" else [role]
+    if any(r not in PORTS for r in roles):
+        print(f"icefloe-healthcheck: unknown role {role!r} (ingestor, collector or any)",
+              file=sys.stderr)
+        return 2
+    for name in roles:
+        env, default = PORTS[name]
+        if answers(int(os.environ.get(env) or default), path):
+            return 0
+    print(f"icefloe-healthcheck: no {role} answered {path}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

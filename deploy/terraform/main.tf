@@ -1,0 +1,119 @@
+# icefloe on AWS: an S3 bucket (batch files, manifest queue, Iceberg warehouse), least-
+# privilege task roles, ECS Fargate ingestors behind an Application Load Balancer (HTTP and
+# gRPC) with CPU autoscaling, exactly one collector task, an Iceberg catalog (Glue or RDS
+# PostgreSQL) and CloudWatch logs, all encrypted with one customer-managed KMS key.
+
+data "aws_caller_identity" "current" {}
+
+data "aws_partition" "current" {}
+
+locals {
+  account_id = data.aws_caller_identity.current.account_id
+  partition  = data.aws_partition.current.partition
+  region     = var.aws_region
+
+  bucket_name = coalesce(var.bucket_name, "${var.name}-${local.account_id}-${var.aws_region}")
+
+  # icefloe's defaults (icefloe/config.py): the ports every role listens on
+  http_port    = 8080
+  grpc_port    = 50051
+  metrics_port = 9464
+
+  # where icefloe keeps its objects, relative to the store URL (icefloe.publish,
+  # [manifest] key, icefloe.store.probe)
+  store_url        = "s3://${local.bucket_name}/${var.batch_prefix}"
+  warehouse_url    = "s3://${local.bucket_name}/${var.warehouse_prefix}"
+  batch_keys       = "${var.batch_prefix}/batches/*"
+  manifest_key     = "${var.batch_prefix}/manifest/queue"
+  probe_keys       = "${var.batch_prefix}/_icefloe/probe/*"
+  bucket_arn       = "arn:${local.partition}:s3:::${local.bucket_name}"
+  use_postgres     = var.catalog == "postgres"
+  config_file_path = coalesce(var.config_file, "${path.module}/icefloe.toml")
+
+  image = "${aws_ecr_repository.icefloe.repository_url}:${var.image_tag}"
+
+  # the icefloe command lines (the image's entrypoint runs `icefloe ARGS`)
+  ingestor_command  = ["ingestor", "--log-format", "json"]
+  collector_command = ["collector", "--log-format", "json"]
+
+  # environment of the containers (concatenated per role in ecs.tf)
+  environment_common = [
+    { name = "ICEFLOE_STORE_URL", value = local.store_url },
+    { name = "ICEFLOE_STORE_REGION", value = var.aws_region },
+    { name = "ICEFLOE_DATA_DIR", value = "/tmp/icefloe-data" },
+    { name = "AWS_REGION", value = var.aws_region },
+    { name = "AWS_DEFAULT_REGION", value = var.aws_region },
+  ]
+  environment_ingestor = [
+    { name = "ICEFLOE_INGESTOR_HOST", value = "0.0.0.0" },
+  ]
+  environment_collector = [
+    { name = "ICEFLOE_CATALOG_TYPE", value = local.use_postgres ? "sql" : "glue" },
+    { name = "ICEFLOE_CATALOG_WAREHOUSE", value = local.warehouse_url },
+    { name = "ICEFLOE_COLLECTOR_HOST", value = "0.0.0.0" },
+    # Spark and the JVM write scratch files under $HOME; the root filesystem is read-only
+    { name = "HOME", value = "/tmp" },
+  ]
+  # the config file travels as a secret: stream tokens may be in it
+  config_secret = [{ name = "CONFIG_TOML", valueFrom = aws_secretsmanager_secret.config.arn }]
+  catalog_secret = local.use_postgres ? [
+    { name = "ICEFLOE_CATALOG_URI", valueFrom = aws_secretsmanager_secret.catalog_uri[0].arn },
+  ] : []
+}
+
+# --- encryption key: S3, CloudWatch Logs, ECR, Secrets Manager, RDS ---------------------------
+
+resource "aws_kms_key" "icefloe" {
+  description             = "${var.name}: encrypts the bucket, logs, image repository, secrets and catalog database"
+  enable_key_rotation     = true
+  deletion_window_in_days = 30
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid       = "AccountAdministersKeyThroughIam"
+        Effect    = "Allow"
+        Principal = { AWS = "arn:${local.partition}:iam::${local.account_id}:root" }
+        Action    = "kms:*"
+        Resource  = "*"
+      },
+      {
+        Sid       = "CloudWatchLogsUsesKeyForThisServiceLogGroups"
+        Effect    = "Allow"
+        Principal = { Service = "logs.${var.aws_region}.amazonaws.com" }
+        Action = [
+          "kms:Encrypt",
+          "kms:Decrypt",
+          "kms:ReEncrypt*",
+          "kms:GenerateDataKey*",
+          "kms:Describe*",
+        ]
+        Resource = "*"
+        Condition = {
+          ArnLike = {
+            "kms:EncryptionContext:aws:logs:arn" = "arn:${local.partition}:logs:${var.aws_region}:${local.account_id}:log-group:/${var.name}/*"
+          }
+        }
+      },
+    ]
+  })
+}
+
+resource "aws_kms_alias" "icefloe" {
+  name          = "alias/${var.name}"
+  target_key_id = aws_kms_key.icefloe.key_id
+}
+
+# --- configuration (may hold stream tokens: kept as a secret) --------------------------------
+
+resource "aws_secretsmanager_secret" "config" {
+  name_prefix             = "${var.name}-config-"
+  description             = "icefloe.toml for the ${var.name} ingestors and collector"
+  kms_key_id              = aws_kms_key.icefloe.arn
+  recovery_window_in_days = 7
+}
+
+resource "aws_secretsmanager_secret_version" "config" {
+  secret_id     = aws_secretsmanager_secret.config.id
+  secret_string = file(local.config_file_path)
+}

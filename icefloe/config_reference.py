@@ -1,0 +1,145 @@
+"""The configuration reference: every key, its environment variable, default and meaning.
+
+Why generated: the README's table is produced from the config structs themselves (run
+``python -m icefloe.config_reference``), and a test fails when a setting has no entry here
+or the README's copy is stale — so the reference can never silently miss a key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from icefloe.config import (
+    CatalogSection,
+    CollectorSection,
+    IngestorSection,
+    ManifestSection,
+    StoreSection,
+)
+
+SECTIONS: dict[str, type[msgspec.Struct]] = {
+    "store": StoreSection, "catalog": CatalogSection, "manifest": ManifestSection,
+    "ingestor": IngestorSection, "collector": CollectorSection}
+
+MEANING: dict[str, str] = {
+    "store.url": "object store: `file:///dir` or `s3://bucket/prefix`",
+    "store.endpoint_url": "S3-compatible endpoint (MinIO: `http://minio:9000`); credentials "
+                          "from the AWS chain",
+    "store.region": "S3 region",
+    "catalog.type": "`sql` (SQLite, PostgreSQL), `glue` or `rest`",
+    "catalog.name": "catalog name inside pyiceberg",
+    "catalog.uri": "`sqlite:///path`, `postgresql://user:pass@host/db`, or the REST URL",
+    "catalog.warehouse": "where table data and metadata go: `file:///dir` or `s3://bucket/path`",
+    "catalog.properties": "extra pyiceberg catalog/FileIO properties (`s3.endpoint`, "
+                          "`glue.region`, `credential`, ...); file only",
+    "manifest.key": "object key of the manifest queue inside the store",
+    "manifest.max_entries": "queue bound in entries; beyond it appends fail (HTTP 429/503)",
+    "manifest.max_bytes": "queue bound in manifest bytes",
+    "manifest.append_deadline_s": "a producer never appends a batch file older than this",
+    "manifest.gc_grace_s": "unreferenced batch files are deleted only when older than this "
+                           "(≥ append_deadline_s + 300)",
+    "manifest.producer_ttl_s": "idle producers leave the idempotent-producer table after this",
+    "manifest.lease_s": "collector lease; a standby takes over this long after the active one "
+                        "stops renewing",
+    "ingestor.host": "bind address (`--host`)",
+    "ingestor.http_port": "HTTP port (`--http-port`); also serves /healthz, /readyz, /metrics",
+    "ingestor.grpc_port": "gRPC port (`--grpc-port`)",
+    "ingestor.reuse_port": "share the ports with other ingestors on the host (SO_REUSEPORT); "
+                           "`icefloe up --ingestors N` sets it",
+    "ingestor.max_body_bytes": "request body limit, after decompression (413 beyond)",
+    "ingestor.max_event_bytes": "one event's canonical JSON",
+    "ingestor.flush_age_ms": "longest a waiting event sits before its flush starts",
+    "ingestor.flush_bytes": "seal a batch file at this size",
+    "ingestor.flush_events": "seal a batch file at this many events",
+    "ingestor.min_flush_interval_ms": "lower bound between flush starts (bounds PUTs/s on S3)",
+    "ingestor.buffer_max_bytes": "unacknowledged bytes per process; beyond it: 429",
+    "ingestor.flush_timeout_s": "a flush (PUT + manifest append) slower than this fails its "
+                                "requests with 503",
+    "ingestor.shutdown_timeout_s": "SIGTERM drain deadline",
+    "ingestor.retry_after_s": "`Retry-After` on 429/503",
+    "ingestor.cors_origins": "browser origins allowed to POST (env: comma-separated)",
+    "ingestor.zstd_level": "batch file compression level",
+    "collector.host": "bind address of the collector's /metrics, /healthz, /readyz",
+    "collector.metrics_port": "collector metrics and probes port (`--metrics-port`; 0 = any)",
+    "collector.commit_interval_s": "a run with entries starts this long after the previous "
+                                   "one began (freshness vs. commit cost)",
+    "collector.poll_interval_s": "wait between looks at an empty queue",
+    "collector.max_run_entries": "most batch files in one run (one Spark job, one commit per "
+                                 "table)",
+    "collector.max_run_bytes": "most batch-file bytes in one run",
+    "collector.dedup_window_s": "drop rows whose `(stream, _event_id)` was committed this "
+                                "recently; 0 disables",
+    "collector.dedup_max_ids": "bound on the event ids the dedup window remembers",
+    "collector.spark_master": "Spark master URL (`spark://...` for a cluster)",
+    "collector.spark_partitions": "Spark partitions per run",
+    "collector.spark_driver_memory": "Spark driver memory",
+    "collector.output": "`embedded` (rows appended on the driver) or `cluster` (executors "
+                        "write Parquet, the driver commits `add_files`)",
+    "collector.dequeue_every": "runs between bulk dequeues of acknowledged entries",
+    "collector.gc_interval_s": "how often unreferenced batch files are collected",
+    "collector.maintenance_interval_s": "how often tables are compacted, expired and cleaned",
+    "collector.snapshot_keep_last": "snapshots always kept per table",
+    "collector.snapshot_max_age_s": "older snapshots beyond the newest N are expired",
+    "collector.compact_min_files": "compact a partition once it has this many small files",
+    "collector.compact_target_bytes": "target size of compacted files",
+    "collector.orphan_age_s": "unreferenced table files are deleted only when older than this",
+    "collector.retry_max_delay_s": "backoff cap between retries of a failed run",
+}
+
+_START = "<!-- config-reference:start (generated: python -m icefloe.config_reference) -->"
+_END = "<!-- config-reference:end -->"
+
+
+def _default(value: Any) -> str:
+    if value is None or value == () or value == {}:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int) and value >= 1024 * 1024 and value % (1024 * 1024) == 0:
+        return f"{value // (1024 * 1024)} MiB"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"`{value}`"
+
+
+UNDER_DATA_DIR = {"store.url": "DATA_DIR/store", "catalog.uri": "DATA_DIR/catalog.db",
+                  "catalog.warehouse": "DATA_DIR/warehouse"}
+"""Where the CLI puts these when neither the file nor the environment names them."""
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    """(key, env, default, meaning) for every setting, in struct order."""
+    out = []
+    for section, struct in SECTIONS.items():
+        defaults = struct()
+        for field in struct.__struct_fields__:
+            key = f"{section}.{field}"
+            env = "—" if field == "properties" else f"`ICEFLOE_{section.upper()}_{field.upper()}`"
+            default = (f"`{UNDER_DATA_DIR[key]}`" if key in UNDER_DATA_DIR
+                       else _default(getattr(defaults, field)))
+            out.append((f"`{key}`", env, default, MEANING.get(key, "")))
+    return out
+
+
+def markdown() -> str:
+    """The README block, markers included."""
+    lines = [_START, "| key | environment | default | meaning |", "|---|---|---|---|"]
+    lines += [f"| {k} | {e} | {d} | {m} |" for k, e, d, m in rows()]
+    lines.append(_END)
+    return "\n".join(lines)
+
+
+def readme_block(text: str) -> str | None:
+    """The block as it stands in a README, or None if the markers are missing."""
+    if _START not in text or _END not in text:
+        return None
+    start = text.index(_START)
+    return text[start:text.index(_END, start) + len(_END)]
+
+
+if __name__ == "__main__":
+    print(markdown())
