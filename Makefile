@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 CHECKOV_VENV  := $(VENV)/tools/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: up test test-slow lint bench clean java venv
+.PHONY: up test test-slow lint bench chaos clean java venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,15 @@ test: $(STAMP) java $(CHECKOV_STAMP)
 
 test-slow: $(STAMP) java
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+## make chaos DURATION=30m STORE=s3 SEED=7: a chaos run (kills, takeovers, store faults),
+## then a proof that every acknowledged event landed exactly once; JSON in bench/results/
+DURATION ?= 5m
+STORE    ?= local
+SEED     ?= 1
+chaos: $(STAMP) java
+	$(BIN)/icefloe-chaos --duration $(DURATION) --store $(STORE) --seed $(SEED) \
+	  --json bench/results/chaos-$(STORE)-$(SEED).json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

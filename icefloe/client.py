@@ -14,11 +14,13 @@ window) drops the second copy.
 Retried (jittered exponential backoff, never sooner than the server's ``Retry-After`` /
 ``RetryInfo``; at most ``retries`` times in a row):
 
-* HTTP 429 and 503 (the ingestor's backpressure and "not acknowledged" answers), 502/504
-  (a gateway in front of it), and transport errors: connection refused/reset, timeouts.
+* HTTP 429 and 503 (the ingestor's backpressure, rate limits and "not acknowledged"
+  answers), 408 (an upload the ingestor found too slow), 502/504 (a gateway in front of
+  it), and transport errors: connection refused/reset, timeouts.
 * gRPC UNAVAILABLE (store down, shutting down, connection failures), RESOURCE_EXHAUSTED
-  *with* a ``RetryInfo`` (buffer or manifest queue full; without one it is a local limit
-  such as an oversized message, which a retry cannot fix), and DEADLINE_EXCEEDED.
+  *with* a ``RetryInfo`` (buffer or manifest queue full, rate limited; without one it is a
+  local limit such as an oversized message, which a retry cannot fix), and
+  DEADLINE_EXCEEDED.
 
 Not retried, raised at once as :class:`IngestRejected`: 400/401/403/404/413/415 and the gRPC
 codes INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, ... — the request
@@ -32,6 +34,10 @@ a key and without event ids. ``publish_stream`` gives every request without a
 ``request_id`` a fresh one, and after a broken stream resends the unacknowledged requests
 with their ids.
 
+TLS: an ``https://`` URL (HTTP) or ``tls=ClientTls(...)`` (gRPC) encrypts; a
+:class:`~icefloe.client_tls.ClientTls` names the CA to trust and, for ingestors that require
+mutual TLS, this client's certificate and key.
+
 The synchronous clients are thread-safe (httpx and gRPC channels are); the async twins
 belong to one event loop.
 """
@@ -43,6 +49,7 @@ import email.utils
 import functools
 import random
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -58,6 +65,7 @@ import msgspec
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from icefloe.client_tls import ClientTls
 from icefloe.errors import IcefloeError
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 
@@ -65,6 +73,7 @@ __all__ = [
     "AsyncGrpcClient",
     "AsyncHttpClient",
     "Backoff",
+    "ClientTls",
     "EventLike",
     "GrpcClient",
     "HttpClient",
@@ -77,7 +86,7 @@ T = TypeVar("T")
 EventLike = Mapping[str, Any] | bytes | ingest_pb2.Event
 """An event: a JSON-serializable mapping, one JSON object as bytes, or a gRPC ``Event``."""
 
-RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
 _RETRYABLE_GRPC = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _MAX_HINT_S = 60.0
 STREAM_WINDOW = 128
@@ -246,17 +255,23 @@ class _HttpBase(_Retrying):
         raise _http_rejected(response)
 
 
+def _verify(tls: ClientTls | None) -> ssl.SSLContext | bool:
+    return True if tls is None else tls.ssl_context()
+
+
 class HttpClient(_HttpBase):
     """POSTs events to ``{base_url}/v1/streams/{stream}/events`` (a JSON array).
 
     ``timeout`` bounds each attempt (seconds); ``retries`` counts retries after the first
-    attempt. Use it as a context manager, or call :meth:`close`.
+    attempt; ``tls`` configures verification and the client certificate of an ``https://``
+    URL. Use it as a context manager, or call :meth:`close`.
     """
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 10,
-                 retries: int = 5, *, backoff: Backoff | None = None) -> None:
+                 retries: int = 5, *, backoff: Backoff | None = None,
+                 tls: ClientTls | None = None) -> None:
         super().__init__(base_url, token, timeout, retries, backoff)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=_verify(tls))
 
     def send(self, stream: str, events: Iterable[EventLike],
              idempotency_key: str | None = None) -> int:
@@ -290,9 +305,11 @@ class AsyncHttpClient(_HttpBase):
     """The asyncio twin of :class:`HttpClient` (``await send(...)``, ``async with``)."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 10,
-                 retries: int = 5, *, backoff: Backoff | None = None) -> None:
+                 retries: int = 5, *, backoff: Backoff | None = None,
+                 tls: ClientTls | None = None) -> None:
         super().__init__(base_url, token, timeout, retries, backoff)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
+                                       verify=_verify(tls))
 
     async def send(self, stream: str, events: Iterable[EventLike],
                    idempotency_key: str | None = None) -> int:
@@ -403,18 +420,29 @@ class _GrpcBase(_Retrying):
                     else ingest_pb2.Event(json=_json(event)) for event in events])
 
 
+def _credentials(tls: ClientTls | None, credentials: grpc.ChannelCredentials | None
+                 ) -> grpc.ChannelCredentials | None:
+    if tls is not None and credentials is not None:
+        raise ValueError("give tls or credentials, not both")
+    return tls.grpc_credentials() if tls is not None else credentials
+
+
 class GrpcClient(_GrpcBase):
-    """``icefloe.v1.Ingest`` over one channel (insecure unless ``credentials`` are given).
+    """``icefloe.v1.Ingest`` over one channel (plaintext unless ``tls`` or ``credentials``).
 
     ``timeout`` bounds each ``publish`` attempt (seconds). ``options`` are channel options,
-    e.g. ``[("grpc.max_send_message_length", ...)]``.
+    e.g. ``[("grpc.max_send_message_length", ...)]``. ``tls=ClientTls()`` speaks TLS with
+    the system's CAs; give ``ca_file`` (and ``cert_file``/``key_file`` for mutual TLS) as
+    needed.
     """
 
     def __init__(self, target: str, token: str | None = None, retries: int = 5, *,
                  timeout: float = 10, backoff: Backoff | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: Iterable[tuple[str, Any]] = ()) -> None:
+                 options: Iterable[tuple[str, Any]] = (), tls: ClientTls | None = None
+                 ) -> None:
         super().__init__(target, token, retries, timeout, backoff)
+        credentials = _credentials(tls, credentials)
         options = list(options)
         self._channel = grpc.secure_channel(target, credentials, options) if credentials \
             else grpc.insecure_channel(target, options)
@@ -578,8 +606,10 @@ class AsyncGrpcClient(_GrpcBase):
     def __init__(self, target: str, token: str | None = None, retries: int = 5, *,
                  timeout: float = 10, backoff: Backoff | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: Iterable[tuple[str, Any]] = ()) -> None:
+                 options: Iterable[tuple[str, Any]] = (), tls: ClientTls | None = None
+                 ) -> None:
         super().__init__(target, token, retries, timeout, backoff)
+        credentials = _credentials(tls, credentials)
         options = list(options)
         self._channel = grpc.aio.secure_channel(target, credentials, options) \
             if credentials else grpc.aio.insecure_channel(target, options)

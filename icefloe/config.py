@@ -5,7 +5,8 @@ type or an unknown key is caught at start with its exact path (``$.streams[0].co
 — the error names the file, the key and the reason, never a stack trace from deep inside a
 server. Precedence is flag > ``ICEFLOE_*`` environment > file > default; environment names
 are ``ICEFLOE_<SECTION>_<KEY>`` (e.g. ``ICEFLOE_INGESTOR_HTTP_PORT``, ``ICEFLOE_STORE_URL``).
-Relative ``file:`` paths and SQLite paths resolve against the config file's folder.
+Relative ``file:`` paths, SQLite paths and TLS files resolve against the config file's
+folder. Security settings (tokens, TLS, limits) are checked in :mod:`icefloe.config_security`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from icefloe.config_security import validate_security
 from icefloe.errors import ConfigError
 from icefloe.manifest.config import ManifestConfig
 
@@ -41,8 +43,25 @@ class Column(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     doc: str = ""
 
 
+class RateLimit(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Token buckets of one stream, token or client address, local to each ingestor.
+
+    ``events_per_s`` and ``bytes_per_s`` (canonical event JSON) refill continuously; each
+    bucket holds ``burst_s`` seconds' worth, so a quiet client may send that much at once.
+    Either rate may be left out (no bound on that measure).
+    """
+
+    events_per_s: float | None = None
+    bytes_per_s: float | None = None
+    burst_s: float = 1.0
+
+
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A stream: an ingest endpoint whose events land in one Iceberg table."""
+    """A stream: an ingest endpoint whose events land in one Iceberg table.
+
+    ``tokens`` are hash lines (``icefloe token hash``) of tokens that may write to this
+    stream only; tokens for several streams are top-level ``[[tokens]]``.
+    """
 
     name: str
     table: str
@@ -51,6 +70,7 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tokens: tuple[str, ...] = ()
     event_id_field: str | None = None
     partition: str = "day"
+    rate_limit: RateLimit | None = None
 
     @property
     def namespace(self) -> str:
@@ -59,6 +79,17 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def table_name(self) -> str:
         return self.table.split(".", 1)[1]
+
+
+class TokenConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A named write token (``[[tokens]]``): its hash, the streams it may write to (``"*"``:
+    all of them) and optionally its own rate limit. The name appears in logs and metrics,
+    the token never does."""
+
+    name: str
+    hash: str
+    streams: tuple[str, ...]
+    rate_limit: RateLimit | None = None
 
 
 class StoreSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -112,6 +143,25 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     retry_after_s: int = 1
     cors_origins: tuple[str, ...] = ()
     zstd_level: int = 3
+    tls_cert_file: str | None = None
+    """PEM certificate chain for HTTP and gRPC; re-read when it changes (no restart)."""
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    """PEM CA bundle; when set, every client must present a certificate it signed (mTLS)."""
+    plaintext: bool = False
+    """Serve without TLS on a non-loopback address: only behind a TLS-terminating gateway."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Peers (addresses or CIDRs) whose ``forwarded_header`` is believed."""
+    forwarded_header: str = "x-forwarded-for"
+    """The one header the trusted proxies write: ``x-forwarded-for`` or ``forwarded``. The
+    other is client input the proxy passes through untouched, so it is never read."""
+    client_rate_limit: RateLimit | None = None
+    """Per client address, over all streams (file only: a table)."""
+    keep_alive_s: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 20.0
+    body_min_bytes_per_s: int = 1024
+    grpc_max_streams_per_connection: int = 100
 
 
 OUTPUT_PATHS = ("embedded", "cluster")
@@ -160,6 +210,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ingestor: IngestorSection = msgspec.field(default_factory=IngestorSection)
     collector: CollectorSection = msgspec.field(default_factory=CollectorSection)
     streams: tuple[StreamConfig, ...] = ()
+    tokens: tuple[TokenConfig, ...] = ()
     source: str | None = None
 
     def stream(self, name: str) -> StreamConfig | None:
@@ -218,6 +269,12 @@ def _key_path(message: str) -> str:
     return message
 
 
+FILE_ONLY = frozenset({"properties", "client_rate_limit"})
+"""Settings that are tables: set in the file only, never from the environment."""
+_LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies"})
+"""Lists the environment gives comma-separated."""
+
+
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
@@ -225,9 +282,9 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     for section, struct in sections.items():
         for field in struct.__struct_fields__:
             name = f"ICEFLOE_{section.upper()}_{field.upper()}"
-            if name in env:
+            if name in env and field not in FILE_ONLY:
                 value: Any = env[name]
-                if field == "cors_origins":
+                if field in _LIST_FIELDS:
                     value = [v.strip() for v in value.split(",") if v.strip()]
                 raw.setdefault(section, {})[field] = value
 
@@ -241,11 +298,26 @@ def _resolve(url: str, base: Path) -> str:
     return url
 
 
+def _resolve_file(path: str | None, base: Path) -> str | None:
+    """A relative file path (TLS files) against the config folder.
+
+    Symlinks are deliberately *not* resolved: a Kubernetes secret volume rotates a
+    certificate by swapping a symlink, and the reloader must keep following the name.
+    """
+    return None if not path else os.path.normpath(base / path)
+
+
 def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
     store = msgspec.structs.replace(config.store, url=_resolve(config.store.url, base))
     catalog = msgspec.structs.replace(config.catalog, uri=_resolve(config.catalog.uri, base),
                                       warehouse=_resolve(config.catalog.warehouse, base))
-    return msgspec.structs.replace(config, store=store, catalog=catalog, source=source)
+    ing = config.ingestor
+    ingestor = msgspec.structs.replace(
+        ing, tls_cert_file=_resolve_file(ing.tls_cert_file, base),
+        tls_key_file=_resolve_file(ing.tls_key_file, base),
+        tls_client_ca_file=_resolve_file(ing.tls_client_ca_file, base))
+    return msgspec.structs.replace(config, store=store, catalog=catalog, ingestor=ingestor,
+                                   source=source)
 
 
 def validate(config: Config, where: str) -> None:
@@ -282,6 +354,7 @@ def validate(config: Config, where: str) -> None:
                               "already fed by another stream")
         names.add(stream.name)
         tables.add(stream.table)
+    validate_security(config, where)
 
 
 def _validate_collector(col: CollectorSection, where: str) -> None:
@@ -335,8 +408,6 @@ def _validate_stream(stream: StreamConfig, at: str) -> None:
     if stream.event_id_field is not None and stream.event_id_field not in seen:
         raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is not a declared "
                           "column")
-    if any(not token for token in stream.tokens):
-        raise ConfigError(f"{at}.tokens: empty token")
     if stream.partition not in PARTITIONS:
         raise ConfigError(f"{at}.partition: unknown partition {stream.partition!r} (expected "
                           f"one of {', '.join(PARTITIONS)}; it partitions the table by "

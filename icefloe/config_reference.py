@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from icefloe.config import (
+    FILE_ONLY,
     CatalogSection,
     CollectorSection,
     IngestorSection,
@@ -61,6 +62,27 @@ MEANING: dict[str, str] = {
     "ingestor.retry_after_s": "`Retry-After` on 429/503",
     "ingestor.cors_origins": "browser origins allowed to POST (env: comma-separated)",
     "ingestor.zstd_level": "batch file compression level",
+    "ingestor.tls_cert_file": "PEM certificate chain for HTTP and gRPC (relative: to the config "
+                              "folder); re-read within seconds when it changes, no restart",
+    "ingestor.tls_key_file": "PEM private key of `tls_cert_file` (unencrypted; keep it 0600)",
+    "ingestor.tls_client_ca_file": "PEM CA bundle: clients must present a certificate it "
+                                   "signed (mutual TLS); reloaded like the certificate",
+    "ingestor.plaintext": "allow serving without TLS on a non-loopback `host` (behind a "
+                          "TLS-terminating gateway); logs a warning at start",
+    "ingestor.trusted_proxies": "addresses/CIDRs whose `forwarded_header` names the client "
+                                "(env: comma-separated)",
+    "ingestor.forwarded_header": "the header the trusted proxies set: `x-forwarded-for` or "
+                                 "`forwarded` (RFC 7239); the other one is never read",
+    "ingestor.client_rate_limit": "per client address, all streams: `{ events_per_s, "
+                                  "bytes_per_s, burst_s }`; per process; file only",
+    "ingestor.keep_alive_s": "an idle HTTP keep-alive connection is closed after this",
+    "ingestor.header_timeout_s": "an HTTP request's headers must arrive within this (slow "
+                                 "clients get 408 and a closed connection)",
+    "ingestor.body_timeout_s": "an HTTP body must start arriving within this, and it is "
+                               "extended by the bytes received at `body_min_bytes_per_s`",
+    "ingestor.body_min_bytes_per_s": "slowest body upload rate tolerated (408 below it)",
+    "ingestor.grpc_max_streams_per_connection": "concurrent gRPC calls per connection "
+                                                "(HTTP/2 `max_concurrent_streams`)",
     "collector.host": "bind address of the collector's /metrics, /healthz, /readyz",
     "collector.metrics_port": "collector metrics and probes port (`--metrics-port`; 0 = any)",
     "collector.commit_interval_s": "a run with entries starts this long after the previous "
@@ -118,7 +140,7 @@ def rows() -> list[tuple[str, str, str, str]]:
         defaults = struct()
         for field in struct.__struct_fields__:
             key = f"{section}.{field}"
-            env = "—" if field == "properties" else f"`ICEFLOE_{section.upper()}_{field.upper()}`"
+            env = "—" if field in FILE_ONLY else f"`ICEFLOE_{section.upper()}_{field.upper()}`"
             default = (f"`{UNDER_DATA_DIR[key]}`" if key in UNDER_DATA_DIR
                        else _default(getattr(defaults, field)))
             out.append((f"`{key}`", env, default, MEANING.get(key, "")))

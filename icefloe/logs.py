@@ -3,6 +3,12 @@
 Why JSON lines: operators ship logs to a collector and filter by field (``stream``,
 ``sequence``, ``producer``); a line per event with stable keys makes that possible without
 parsing prose. Extra fields passed as ``log.info(..., extra={"stream": s})`` become keys.
+
+Every line passes :class:`RedactingFilter` on its way out: callers mask what they know is
+secret (``mask_uri`` on a catalog URI), and the filter is the last line of defence for what
+they did not foresee — a library's exception that quotes a connection string, a header
+echoed back. It masks ``user:password@`` in URLs, ``Bearer <token>`` and secret-looking
+``key=value`` pairs in the message, the extra fields and the traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import json
 import logging
 import sys
 import time
+
+from icefloe.redact import redact
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -29,9 +37,37 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value
-        if record.exc_info:
+        if record.exc_text:
+            entry["exc"] = record.exc_text
+        elif record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+class RedactingFilter(logging.Filter):
+    """Masks secrets in a record before any formatter sees it (see the module docstring).
+
+    Attach it to handlers (a logger's filters do not run for records of its children).
+    It rewrites the record in place: the message is rendered once and masked, string extra
+    fields are masked, and a traceback is rendered into ``exc_text`` and masked.
+    """
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: let the handler report it as usual
+            return True
+        record.msg, record.args = redact(message), None
+        for key, value in vars(record).items():
+            if key not in _STANDARD and isinstance(value, str):
+                setattr(record, key, redact(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
 
 
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
@@ -41,6 +77,7 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -59,6 +59,7 @@ class _OpenBatch:
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     streams: set[str] = field(default_factory=set)
     opened_at: float = field(default_factory=time.monotonic)
+    sealed_at: float = 0.0
     size: int = 0
 
 
@@ -138,8 +139,33 @@ class Batcher:
 
     def _seal(self) -> None:
         if self._open is not None and self._open.waiters:
+            self._open.sealed_at = time.monotonic()
             self._sealed.append(self._open)
         self._open = None
+
+    def _expire_queued(self, now: float) -> None:
+        """Fail sealed batches that waited for a flush slot past their deadline.
+
+        Why: ``flush_timeout_s`` bounds a request's wait from the moment its batch is
+        sealed, not from the moment its flush starts. With a stalled store every flush slot
+        is busy for up to the timeout, and a batch queued behind them would otherwise wait
+        several timeouts in a row — a client would see a hang instead of a 503.
+        """
+        while self._sealed and now - self._sealed[0].sealed_at >= self.settings.timeout_s:
+            batch = self._sealed.popleft()
+            self._held_bytes -= batch.size
+            self.metrics.buffer_bytes.set(self._held_bytes)
+            self.metrics.flushes.labels("store_timeout").inc()
+            log.warning("%d events waited %.1f s for a flush slot: the object store is too "
+                        "slow; answering 503", batch.builder.record_count,
+                        now - batch.sealed_at)
+            error = Unavailable(
+                f"the object store is too slow: these events waited "
+                f"{self.settings.timeout_s:g}s for a flush (ingestor.flush_timeout_s)",
+                code="store_timeout", retry_after_s=self.settings.retry_after_s)
+            for waiter in batch.waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
 
     async def _run(self) -> None:
         settings = self.settings
@@ -149,6 +175,7 @@ class Batcher:
             if batch is not None and (self._inflight == 0 or self._closing
                                       or now - batch.opened_at >= settings.age_s):
                 self._seal()
+            self._expire_queued(now)
             while (self._sealed and self._inflight < settings.max_inflight
                    and now - self._last_start >= settings.min_interval_s):
                 self._start_flush(self._sealed.popleft())
@@ -167,6 +194,8 @@ class Batcher:
             waits.append(self._open.opened_at + self.settings.age_s - now)
         if self._sealed and self._inflight < self.settings.max_inflight:
             waits.append(self._last_start + self.settings.min_interval_s - now)
+        if self._sealed:  # wake to expire the oldest queued batch at its deadline
+            waits.append(self._sealed[0].sealed_at + self.settings.timeout_s - now)
         return max(0.0, min(waits)) if waits else None
 
     def _start_flush(self, batch: _OpenBatch) -> None:
@@ -181,8 +210,11 @@ class Batcher:
     async def _flush(self, batch: _OpenBatch) -> None:
         started = time.monotonic()
         error: IngestError | None = None
+        # the deadline runs from sealing: time spent queued for a slot counts
+        remaining = batch.sealed_at + self.settings.timeout_s - started if batch.sealed_at \
+            else self.settings.timeout_s
         try:
-            await asyncio.wait_for(self._write(batch), self.settings.timeout_s)
+            await asyncio.wait_for(self._write(batch), max(remaining, 0.0))
         except QueueFullError as exc:
             error = Overloaded(str(exc), code="queue_full",
                                retry_after_s=self.settings.retry_after_s)

@@ -74,6 +74,14 @@ class MethodNotAllowed(IngestError):
     default_code = "method_not_allowed"
 
 
+class RequestTimeout(IngestError):
+    """An HTTP body arrived too slowly (slow-loris defence); the connection is closed."""
+
+    http_status = 408
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    default_code = "request_timeout"
+
+
 class PayloadTooLarge(IngestError):
     """Body (after decompression) or one event exceeds its configured limit."""
 
@@ -89,7 +97,8 @@ class UnsupportedMediaType(IngestError):
 
 
 class Overloaded(IngestError):
-    """The buffer or the manifest queue is full: back off and retry (never silent loss)."""
+    """Back off and retry: the buffer or the manifest queue is full, or a rate limit
+    (``rate_limited``) or the token verifier (``auth_busy``) says slow down."""
 
     http_status = 429
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED

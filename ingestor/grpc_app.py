@@ -15,6 +15,11 @@ Why it looks like this:
   the stream goes on; only a broken transport ends it.
 * **Lean hot path.** A request costs one list of the events' JSON bytes (plus their ids
   when any is set); the schema layer decodes that list in one pass.
+* **Per-connection limits.** HTTP/2 ``max_concurrent_streams`` bounds the calls one
+  connection may run at once (``ingestor.grpc_max_streams_per_connection``), and each
+  PublishStream has at most ``max_inflight`` requests in flight.
+* **Who is calling.** The client address is the peer, or ``x-forwarded-for`` /
+  ``forwarded`` metadata when the peer is a trusted proxy, as on HTTP.
 
 Messages larger than ``ingestor.max_body_bytes`` are refused by gRPC itself with
 RESOURCE_EXHAUSTED and no ``RetryInfo`` (retrying cannot help; the client does not retry
@@ -29,6 +34,7 @@ import errno
 import logging
 import socket
 import time
+import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Any, NamedTuple
 
@@ -42,8 +48,10 @@ from grpc_status import rpc_status
 from icefloe.errors import ConfigError
 from icefloe.schema import InvalidEvents
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+from ingestor.client_address import TrustedProxies
 from ingestor.errors import IngestError, Unavailable
 from ingestor.runtime import IngestorRuntime
+from ingestor.tls import CertificateReloader
 
 log = logging.getLogger("icefloe.ingestor.grpc")
 
@@ -128,6 +136,34 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
     return None
 
 
+def metadata_value(metadata: Sequence[tuple[str, str | bytes]] | None, key: str
+                   ) -> str | None:
+    """All values of ``key`` joined with commas (as repeated HTTP headers are), or None."""
+    values = [v for k, v in metadata or () if k == key and isinstance(v, str)]
+    return ",".join(values) if values else None
+
+
+def peer_host(peer: str | None) -> str | None:
+    """The address of a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:%5B::1%5D:5``)."""
+    if not peer:
+        return None
+    kind, _, rest = urllib.parse.unquote(peer).partition(":")
+    if kind not in ("ipv4", "ipv6") or not rest:
+        return None
+    host = rest.rsplit(":", 1)[0] if kind == "ipv4" or rest.startswith("[") else rest
+    return host.strip("[]")
+
+
+def client_address(context: grpc.aio.ServicerContext, proxies: TrustedProxies) -> str | None:
+    """The client of a call: its peer, or the forwarded address behind a trusted proxy."""
+    host = peer_host(context.peer())
+    if host is None or not proxies:
+        return host
+    metadata = context.invocation_metadata()
+    return proxies.client(host, metadata_value(metadata, "forwarded"),
+                          metadata_value(metadata, "x-forwarded-for"))
+
+
 # -- the servicer ---------------------------------------------------------------------------
 
 
@@ -157,8 +193,9 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
 
     async def Publish(self, request: ingest_pb2.PublishRequest,
                       context: grpc.aio.ServicerContext) -> ingest_pb2.PublishResponse:
-        accepted, error = await self._attempt(request, bearer_token(
-            context.invocation_metadata()))
+        accepted, error = await self._attempt(
+            request, bearer_token(context.invocation_metadata()),
+            client_address(context, self.service.proxies))
         if error is not None:
             status = error_status(error, retry_after_s=self.retry_after_s,
                                   max_details_bytes=MAX_TRAILER_DETAILS_BYTES)
@@ -171,10 +208,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         if self.draining:
             await self._abort_draining(context)
         token = bearer_token(context.invocation_metadata())
+        client = client_address(context, self.service.proxies)
         slots = asyncio.Semaphore(self.max_inflight)
         order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None] = \
             asyncio.Queue()
-        reader = asyncio.create_task(self._read(request_iterator, token, slots, order),
+        reader = asyncio.create_task(self._read(request_iterator, token, client, slots, order),
                                      name="grpc-publish-stream-reader")
         reader.add_done_callback(_retrieve)  # a call cancelled mid-read must not log noise
         self._readers.add(reader)
@@ -202,7 +240,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         await context.abort_with_status(rpc_status.to_status(error_status(error)))
 
     async def _read(self, requests: AsyncIterable[ingest_pb2.PublishRequest],
-                    token: str | None, slots: asyncio.Semaphore,
+                    token: str | None, client: str | None, slots: asyncio.Semaphore,
                     order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None]
                     ) -> None:
         iterator = aiter(requests)
@@ -213,13 +251,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                     request = await anext(iterator)
                 except StopAsyncIteration:
                     return
-                order.put_nowait(asyncio.create_task(self._respond(request, token)))
+                order.put_nowait(asyncio.create_task(self._respond(request, token, client)))
         finally:
             order.put_nowait(None)
 
-    async def _respond(self, request: ingest_pb2.PublishRequest, token: str | None
-                       ) -> ingest_pb2.PublishResponse:
-        accepted, error = await self._attempt(request, token)
+    async def _respond(self, request: ingest_pb2.PublishRequest, token: str | None,
+                       client: str | None) -> ingest_pb2.PublishResponse:
+        accepted, error = await self._attempt(request, token, client)
         if error is None:
             return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
         return ingest_pb2.PublishResponse(
@@ -228,12 +266,12 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
 
     # -- one request -----------------------------------------------------------------------
 
-    async def _attempt(self, request: ingest_pb2.PublishRequest, token: str | None
-                       ) -> tuple[int, IngestError | None]:
+    async def _attempt(self, request: ingest_pb2.PublishRequest, token: str | None,
+                       client: str | None) -> tuple[int, IngestError | None]:
         """Ingest one request: (accepted, None) once durable, or (0, why it was refused)."""
         started = time.perf_counter()
         try:
-            accepted = await self._publish(request, token)
+            accepted = await self._publish(request, token, client)
         except IngestError as error:
             self._refused(request, error)
             return 0, error
@@ -250,10 +288,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         ok.inc()
         return accepted, None
 
-    async def _publish(self, request: ingest_pb2.PublishRequest, token: str | None) -> int:
+    async def _publish(self, request: ingest_pb2.PublishRequest, token: str | None,
+                       client: str | None) -> int:
         service = self.service
         stream = service.stream(request.stream)
-        service.authorize(stream, token)
+        caller = await service.authorize(stream, token, client)
         events = list(request.events)  # one wrapper per event, read twice (~30% cheaper)
         try:
             canonical = stream.from_events([event.json for event in events])
@@ -261,7 +300,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             raise service.bad_request(exc) from None
         ids = [event.event_id for event in events]
         return await service.ingest(stream, canonical, event_ids=ids if any(ids) else None,
-                                    idempotency_key=request.request_id or None)
+                                    idempotency_key=request.request_id or None, caller=caller)
 
     def _refused(self, request: ingest_pb2.PublishRequest, error: IngestError) -> None:
         label = request.stream if request.stream in self.service.streams \
@@ -306,17 +345,23 @@ class GrpcServer(NamedTuple):
 
 async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
                             max_inflight: int = DEFAULT_STREAM_INFLIGHT,
-                            reuse_port: bool = False) -> GrpcServer:
+                            reuse_port: bool = False,
+                            tls: CertificateReloader | None = None) -> GrpcServer:
     """Serve ``icefloe.v1.Ingest`` + health + reflection on ``host:port`` (0 = any free port).
+
+    With ``tls`` the port speaks only TLS (mutual TLS if it has a client CA), with
+    certificates reloaded on change; a plaintext client cannot connect.
 
     Raises:
         ConfigError: the port is in use (``grpc.so_reuseport`` is off unless ``reuse_port``,
             so a second server never silently splits traffic with the first) or cannot be
             bound.
     """
+    ing = runtime.config.ingestor
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", int(reuse_port)),
-        ("grpc.max_receive_message_length", runtime.config.ingestor.max_body_bytes),
+        ("grpc.max_receive_message_length", ing.max_body_bytes),
+        ("grpc.max_concurrent_streams", ing.grpc_max_streams_per_connection),
     ])
     servicer = IngestServicer(runtime, max_inflight=max_inflight)
     ingest_pb2_grpc.add_IngestServicer_to_server(servicer, server)
@@ -329,7 +374,8 @@ async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") \
         else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, tls.grpc_credentials()) if tls is not None \
+            else server.add_insecure_port(address)
     except RuntimeError:  # grpcio raises on a failed bind (older versions returned 0)
         bound = 0
     if not bound:

@@ -20,11 +20,16 @@ only send text/plain, and refusing it would lose browser analytics beacons.
 route only; the aliases mirror the seed, which took JSON). Anything else is 415.
 ``Content-Encoding`` may be ``gzip`` or ``zstd`` (``identity`` = none); others are 415.
 
-Ordering of checks: route, method, stream, token, content type/encoding and declared
-length all happen before a byte of the body is read, so refused requests cost nothing.
-The body is then read message by message and refused (413) the moment the received or the
-decompressed size passes ``ingestor.max_body_bytes``. A 202 is sent only after
-``IngestService.ingest`` returned, i.e. when the events are durable in the object store.
+Ordering of checks: route, method, stream, token, rate limits (an empty bucket), content
+type/encoding and declared length all happen before a byte of the body is read, so refused
+requests cost nothing. The body is then read message by message and refused (413) the
+moment the received or the decompressed size passes ``ingestor.max_body_bytes``, or (408,
+connection closed) when it arrives slower than the slow-loris rules allow
+(:mod:`ingestor.slow_clients`). A 202 is sent only after ``IngestService.ingest`` returned,
+i.e. when the events are durable in the object store.
+
+The client address is the TCP peer, or what ``X-Forwarded-For`` / ``Forwarded`` say when the
+peer is a trusted proxy (:mod:`ingestor.client_address`); it keys per-client rate limits.
 
 This app does not own the runtime: ``lifespan`` is acknowledged and nothing else, because
 the runtime (buffer, manifest producer) is shared with the gRPC front and its lifecycle
@@ -33,15 +38,14 @@ belongs to the server that runs both.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Final
 
 import msgspec
-import zstandard
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from icefloe.schema import Canonical, CompiledStream, InvalidEvents
@@ -51,10 +55,13 @@ from ingestor.errors import (
     MethodNotAllowed,
     NotFoundRoute,
     PayloadTooLarge,
+    RequestTimeout,
     Unavailable,
     UnsupportedMediaType,
 )
+from ingestor.inflate import ENCODINGS, Inflater, body_too_large
 from ingestor.runtime import IngestorRuntime
+from ingestor.slow_clients import BodyRead, SlowClientGuard
 
 __all__ = ["HttpApp", "error_body"]
 
@@ -71,7 +78,6 @@ EVENTS, ONE, BATCH = "events", "one", "batch"  # the three ingest routes
 Target = tuple[str, str, str]  # (route kind, stream or schema, "" or table)
 
 CORS_MAX_AGE_S: Final = 7200  # the longest preflight cache Chromium honours
-ZSTD_MAX_WINDOW: Final = 1 << 23  # 8 MiB: zstd levels 1-19; refuses --ultra/--long memory
 CLIENT_GONE_STATUS: Final = 499  # metrics label for a client that hung up mid-body
 
 _JSON: Final = (b"content-type", b"application/json")
@@ -85,13 +91,17 @@ _PREFLIGHT: Final = (
 _EXPOSE: Final = (b"access-control-expose-headers", b"Retry-After")
 _VARY: Final = (b"vary", b"Origin")
 _HEALTHY: Final = b'{"status":"ok"}'
+_CLOSE: Final = (b"connection", b"close")
 
 # Header name (as uvicorn gives it: lower case) → _Request attribute.
 _WANTED: Final = {
     b"authorization": "authorization", b"content-encoding": "content_encoding",
     b"content-length": "content_length", b"content-type": "content_type",
     b"idempotency-key": "idempotency_key", b"origin": "origin",
+    b"forwarded": "forwarded", b"x-forwarded-for": "x_forwarded_for",
 }
+_JOINED: Final = frozenset({"forwarded", "x_forwarded_for"})
+"""Headers a request may repeat; their values are joined with commas (RFC 9110 5.3)."""
 _MEDIA_TYPES: Final = {
     b"": "json", b"application/json": "json", b"text/plain": "json",
     b"application/x-ndjson": "ndjson", b"application/ndjson": "ndjson",
@@ -140,133 +150,6 @@ _ACCEPTED_TYPES: Final = {
 }
 
 
-# -- decompression ------------------------------------------------------------------------
-
-def _body_too_large(limit: int, what: str) -> PayloadTooLarge:
-    return PayloadTooLarge(f"the {what} body exceeds the {limit}-byte limit "
-                           "(ingestor.max_body_bytes); split it into smaller requests")
-
-
-def _bad_encoding(name: str, reason: str) -> BadRequest:
-    return BadRequest(f"the body is not valid {name}: {reason}", code="invalid_encoding")
-
-
-class _Inflater:
-    """Decompresses a body as it streams in and refuses it once the output passes the limit.
-
-    Why incremental with a bound: a few KiB of gzip/zstd can expand to gigabytes; checking
-    only the compressed size, or decompressing first and measuring after, lets one request
-    exhaust memory. Here a bomb costs at most ``limit`` bytes of output before 413.
-    """
-
-    name = ""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-        self.parts: list[bytes] = []
-        self.fed = False
-
-    def feed(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def _complete(self) -> bool:
-        raise NotImplementedError
-
-    def _keep(self, out: bytes) -> None:
-        self.size += len(out)
-        if self.size > self.limit:
-            raise _body_too_large(self.limit, "decompressed")
-        if out:
-            self.parts.append(out)
-
-    def finish(self) -> bytes:
-        """The whole decompressed body; a stream cut short is refused, never half-used."""
-        if self.fed and not self._complete():
-            raise _bad_encoding(self.name, "the body ends in the middle of a compressed stream")
-        return b"".join(self.parts)
-
-
-class _Gunzip(_Inflater):
-    """gzip via zlib, whose ``max_length`` bounds each call's output (several members OK)."""
-
-    name = "gzip"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
-        self._z = zlib.decompressobj(wbits=31)
-
-    def feed(self, data: bytes) -> None:
-        self.fed = True
-        try:
-            while data:
-                if self._z.eof:  # RFC 1952 allows several members back to back
-                    self._z = zlib.decompressobj(wbits=31)
-                self._keep(self._z.decompress(data, self.limit - self.size + 1))
-                data = self._z.unused_data if self._z.eof else b""
-        except zlib.error as exc:
-            raise _bad_encoding(self.name, str(exc)) from None
-
-    def _complete(self) -> bool:
-        return self._z.eof
-
-
-class _Meter:
-    """A write sink that only counts, and raises once more than ``limit`` bytes arrive."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.size += len(data)
-        if self.size > self.limit:
-            raise _body_too_large(self.limit, "decompressed")
-        return len(data)
-
-
-class _Unzstd(_Inflater):
-    """zstd, bounded although zstandard's ``decompressobj`` has no ``max_length``.
-
-    Why two decoders: ``decompressobj().decompress`` returns all output at once (a 64 KiB
-    chunk can expand to gigabytes), while ``stream_writer`` hands output to a sink piece by
-    piece (so the sink can stop it) but cannot tell a complete frame from a truncated one.
-    Each chunk goes first through a counting stream_writer (refuses a bomb after ``limit``
-    bytes), then through decompressobj, whose output is then known to be bounded and which
-    reports ``eof``. zstd decodes at >1.5 GB/s, so the second pass costs little next to JSON.
-    """
-
-    name = "zstd"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
-        meter = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
-        self._meter = meter.stream_writer(_Meter(limit), closefd=False)
-        # A separate decompressor: the writer and the decompressobj must not share a context.
-        self._dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
-        self._z = self._dctx.decompressobj()
-
-    def feed(self, data: bytes) -> None:
-        self.fed = True
-        try:
-            self._meter.write(data)
-            while data:
-                if self._z.eof:  # the next frame of a multi-frame body
-                    self._z = self._dctx.decompressobj()
-                self._keep(self._z.decompress(data))
-                data = self._z.unused_data if self._z.eof else b""
-        except zstandard.ZstdError as exc:
-            raise _bad_encoding(self.name, str(exc)) from None
-
-    def _complete(self) -> bool:
-        return self._z.eof
-
-
-_ENCODINGS: Final[dict[bytes, type[_Inflater] | None]] = {
-    b"": None, b"identity": None, b"gzip": _Gunzip, b"x-gzip": _Gunzip, b"zstd": _Unzstd,
-}
-
-
 # -- per-request state ----------------------------------------------------------------------
 
 class _ClientGone(Exception):
@@ -277,7 +160,8 @@ class _Request:
     """The headers an ingest needs (picked out in one pass) and what the handler learnt."""
 
     __slots__ = ("authorization", "content_encoding", "content_length", "content_type",
-                 "count", "idempotency_key", "origin", "stream")
+                 "count", "forwarded", "idempotency_key", "origin", "stream",
+                 "x_forwarded_for")
 
     def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
         self.authorization: bytes | None = None
@@ -286,11 +170,15 @@ class _Request:
         self.content_type: bytes | None = None
         self.idempotency_key: bytes | None = None
         self.origin: bytes | None = None
+        self.forwarded: bytes | None = None
+        self.x_forwarded_for: bytes | None = None
         self.stream = "-"  # metrics label: only configured names, never client input
         self.count = 1  # events refused if this request fails (1 until the body is parsed)
         for name, value in raw:
             attr = _WANTED.get(name)
             if attr is not None:
+                if attr in _JOINED and getattr(self, attr) is not None:
+                    value = getattr(self, attr) + b"," + value
                 setattr(self, attr, value)
 
     def token(self) -> str | None:
@@ -358,11 +246,14 @@ class HttpApp:
     :mod:`ingestor.errors` (status, JSON body, ``Retry-After`` on 429/503).
     """
 
-    def __init__(self, runtime: IngestorRuntime) -> None:
+    def __init__(self, runtime: IngestorRuntime, guard: SlowClientGuard | None = None) -> None:
         self.runtime = runtime
         self.service = runtime.service
         self.metrics = runtime.metrics
         ing = runtime.config.ingestor
+        self.guard = guard or SlowClientGuard(ing.header_timeout_s, ing.body_timeout_s,
+                                              ing.body_min_bytes_per_s)
+        self.proxies = runtime.service.proxies
         self.max_body_bytes = ing.max_body_bytes
         self.retry_after_s = float(ing.retry_after_s)
         self._cors_any = "*" in ing.cors_origins
@@ -417,7 +308,7 @@ class HttpApp:
         request = _Request(scope["headers"])
         cors = self._cors(request.origin)
         try:
-            accepted = await self._accept(request, receive, target)
+            accepted = await self._accept(scope, request, receive, target)
         except IngestError as err:
             self.service.reject(request.stream, err, request.count)
             await self._error(send, err, cors, request.stream)
@@ -435,14 +326,15 @@ class HttpApp:
         await self._respond(send, 202, b'{"accepted":%d}' % accepted, [_JSON, *cors],
                             request.stream)
 
-    async def _accept(self, request: _Request, receive: Receive, target: Target) -> int:
+    async def _accept(self, scope: Scope, request: _Request, receive: Receive,
+                      target: Target) -> int:
         """Check everything that needs no body, read it within limits, validate, ingest."""
         kind, first, second = target
         service = self.service
         stream = service.stream(first) if kind == EVENTS else \
             service.stream_for_table(first, second)
         request.stream = stream.name
-        service.authorize(stream, request.token())
+        caller = await service.authorize(stream, request.token(), self._client(scope, request))
         decode = self._decoder(kind, request.content_type)
         inflater = self._inflater(request.content_encoding)
         key = request.key()
@@ -452,7 +344,19 @@ class HttpApp:
         except InvalidEvents as exc:
             raise service.bad_request(exc) from None
         request.count = len(canonical.payloads)
-        return await service.ingest(stream, canonical, idempotency_key=key)
+        return await service.ingest(stream, canonical, idempotency_key=key, caller=caller)
+
+    def _client(self, scope: Scope, request: _Request) -> str | None:
+        """The client address: the peer, or the forwarded one when the peer is trusted."""
+        peer = scope.get("client")
+        if not peer:
+            return None
+        if not self.proxies:
+            return str(peer[0])
+        forwarded, xff = request.forwarded, request.x_forwarded_for
+        return self.proxies.client(str(peer[0]),
+                                   None if forwarded is None else forwarded.decode("latin-1"),
+                                   None if xff is None else xff.decode("latin-1"))
 
     @staticmethod
     def _decoder(kind: str, content_type: bytes | None) -> Decode:
@@ -464,27 +368,48 @@ class HttpApp:
                 f"{_ACCEPTED_TYPES[kind]}")
         return decode
 
-    def _inflater(self, content_encoding: bytes | None) -> _Inflater | None:
+    def _inflater(self, content_encoding: bytes | None) -> Inflater | None:
         name = (content_encoding or b"").strip().lower()
-        if name not in _ENCODINGS:
+        if name not in ENCODINGS:
             raise UnsupportedMediaType(
                 f"Content-Encoding {name.decode('latin-1')!r} is not supported; send gzip, "
                 "zstd or an uncompressed body", code="unsupported_encoding")
-        inflater = _ENCODINGS[name]
+        inflater = ENCODINGS[name]
         return None if inflater is None else inflater(self.max_body_bytes)
 
     async def _read_body(self, receive: Receive, declared: int | None,
-                         inflater: _Inflater | None) -> bytes:
+                         inflater: Inflater | None) -> bytes:
         """Read ``http.request`` messages, refusing as soon as a limit is passed.
 
         A declared Content-Length over the limit is refused before anything is read; a
         chunked upload is refused at the first message that takes the total over it. The
         limit applies to the bytes received and, when compressed, to the decompressed bytes.
+        A body slower than the slow-loris rules allow is refused with 408.
         """
         limit = self.max_body_bytes
         if declared is not None and declared > limit:
             raise PayloadTooLarge(f"Content-Length {declared} exceeds the {limit}-byte limit "
                                   "(ingestor.max_body_bytes); split it into smaller requests")
+        read = self.guard.begin_body()
+        try:
+            return await self._receive_body(receive, inflater, read)
+        except asyncio.CancelledError:
+            if not read.expired:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise RequestTimeout(
+                f"the body arrived too slowly ({read.received} bytes after "
+                f"{self.guard.body_timeout_s:g} s plus 1 s per "
+                f"{self.guard.body_min_bytes_per_s} bytes; ingestor.body_timeout_s, "
+                "ingestor.body_min_bytes_per_s)") from None
+        finally:
+            self.guard.end_body(read)
+
+    async def _receive_body(self, receive: Receive, inflater: Inflater | None,
+                            read: BodyRead) -> bytes:
+        limit = self.max_body_bytes
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -497,8 +422,9 @@ class HttpApp:
             if not chunk:
                 continue
             size += len(chunk)
+            read.received = size
             if size > limit:
-                raise _body_too_large(limit, "request")
+                raise body_too_large(limit, "request")
             if inflater is not None:
                 inflater.feed(chunk)
             else:
@@ -576,6 +502,8 @@ class HttpApp:
 
     async def _error(self, send: Send, err: IngestError, extra: Headers, stream: str) -> None:
         headers = [_JSON, *extra]
+        if err.http_status == RequestTimeout.http_status:
+            headers.append(_CLOSE)  # the rest of a slow body is never read
         if err.http_status in (429, 503):
             delay = err.retry_after_s if err.retry_after_s is not None else self.retry_after_s
             headers.append((b"retry-after", str(max(1, math.ceil(delay))).encode()))

@@ -49,6 +49,14 @@ class IngestMetrics:
         self.ack_seconds = Histogram("icefloe_ingest_ack_seconds",
                                      "Time from request received to durable acknowledgement",
                                      ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.rate_limited_requests = Counter(
+            "icefloe_ingest_rate_limited_requests", "Requests refused by a rate limit, by the "
+            "limit's scope (stream, token or client); their events count in "
+            "icefloe_ingest_events_rejected{reason=\"rate_limited\"}", ["stream", "scope"],
+            registry=r)
+        self.rate_limit = Gauge(
+            "icefloe_ingest_rate_limit", "Configured rate limits of this process (each "
+            "ingestor enforces its own)", ["scope", "name", "measure"], registry=r)
 
     def totals(self) -> dict[str, float]:
         """Accepted/rejected events over all streams and the buffered bytes, for progress

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from icefloe.config import Config
 from icefloe.manifest import ManifestProducer
+from icefloe.redact import mask_uri
 from icefloe.store import StoreOptions, open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.probe import probe_conditional_writes
@@ -60,7 +61,7 @@ class IngestorRuntime:
         batcher = Batcher(store, producer, flush_settings(config), metrics)
         batcher.start()
         service = IngestService(config, batcher, metrics, store)
-        log.info("ingestor ready: store=%s producer=%s streams=%s", store.url,
+        log.info("ingestor ready: store=%s producer=%s streams=%s", mask_uri(store.url),
                  producer.producer_id, ",".join(service.streams) or "-")
         return cls(config, store, producer, batcher, service, metrics)
 

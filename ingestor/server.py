@@ -6,6 +6,10 @@ not durable": on SIGTERM/SIGINT the health service turns NOT_SERVING, both serve
 accepting, in-flight requests finish (their flushes keep running), then the runtime drains
 what is left and answers every waiting request, and the process exits 0 — all within
 ``shutdown_timeout_s``.
+
+Before anything binds, the transport policy is applied (:func:`ingestor.tls.server_tls`):
+TLS from files (reloaded on change), or plaintext on loopback, or plaintext elsewhere only
+with ``[ingestor] plaintext = true``.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import uvicorn
 
 from icefloe.config import Config
 from icefloe.errors import ConfigError
+from icefloe.redact import mask_uri
 from ingestor.grpc_app import start_grpc_server
 from ingestor.http_app import HttpApp
+from ingestor.http_server import http_config, slow_client_guard
 from ingestor.runtime import IngestorRuntime
+from ingestor.tls import RELOAD_CHECK_S, server_tls
 
 log = logging.getLogger("icefloe.ingestor")
 
@@ -62,20 +69,27 @@ def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socke
 
 async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None = None,
                 stop: asyncio.Event | None = None,
-                on_runtime: Callable[[IngestorRuntime], None] | None = None) -> bool:
+                on_runtime: Callable[[IngestorRuntime], None] | None = None,
+                tls_reload_s: float = RELOAD_CHECK_S) -> bool:
     """Run until SIGTERM/SIGINT (or ``stop``); return True if every buffered event drained.
 
-    ``on_runtime`` sees the running ingestor (e.g. to report its metrics' totals).
+    ``on_runtime`` sees the running ingestor (e.g. to report its metrics' totals);
+    ``tls_reload_s`` is how often the TLS files are checked for a new certificate.
+
+    Raises:
+        ConfigError: the transport policy refuses the bind address, TLS files cannot be
+            loaded, or a port is taken.
     """
     ing = config.ingestor
+    tls = server_tls(config, tls_reload_s)
     http_socket = bind_http(ing.host, ing.http_port, reuse_port=ing.reuse_port)
     runtime = await IngestorRuntime.start(config)
     grpc_server, grpc_port, health = await start_grpc_server(
-        runtime, ing.host, ing.grpc_port, reuse_port=ing.reuse_port)
-    http = uvicorn.Server(uvicorn.Config(
-        HttpApp(runtime), loop="none", http="httptools", lifespan="off", access_log=False,
-        log_level="warning", timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
-        timeout_keep_alive=30, proxy_headers=False, server_header=False))
+        runtime, ing.host, ing.grpc_port, reuse_port=ing.reuse_port, tls=tls)
+    guard = slow_client_guard(ing)
+    http = uvicorn.Server(http_config(HttpApp(runtime, guard), ing, guard, tls))
+    if tls is not None:
+        tls.start()
     http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
     stop = stop or asyncio.Event()
@@ -87,7 +101,9 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
         await asyncio.sleep(0.01)
     ports = BoundPorts(http_socket.getsockname()[1], grpc_port)
     log.info("ingestor listening", extra={"http_port": ports.http, "grpc_port": ports.grpc,
-                                          "store": runtime.store.url})
+                                          "store": mask_uri(runtime.store.url),
+                                          "tls": "none" if tls is None else
+                                          "mutual" if tls.mutual else "server"})
     if on_runtime is not None:
         on_runtime(runtime)
     if on_ready is not None:
@@ -98,6 +114,9 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     http.should_exit = True
     await asyncio.gather(grpc_server.stop(ing.shutdown_timeout_s), http_task,
                          return_exceptions=True)
+    guard.close()
+    if tls is not None:
+        await tls.stop()
     drained = await runtime.close(ing.shutdown_timeout_s)
     log.info("ingestor stopped", extra={"drained": drained})
     return drained

@@ -8,10 +8,10 @@ arrive and how errors are spelled. Everything here is plain asyncio with no web 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ulid import ULID
@@ -21,23 +21,33 @@ from icefloe.envelope import MAX_ID_BYTES, frame_events
 from icefloe.errors import NotFound, StoreError
 from icefloe.schema import Canonical, CompiledStream, InvalidEvents
 from icefloe.store.base import AsyncObjectStore
+from ingestor.auth import TokenAuthority
 from ingestor.buffer import Batcher
+from ingestor.client_address import TrustedProxies
 from ingestor.errors import (
     BadRequest,
     IngestError,
     PayloadTooLarge,
-    PermissionDenied,
-    Unauthenticated,
     UnknownStream,
 )
 from ingestor.metrics import IngestMetrics
+from ingestor.ratelimit import RateLimiter
 
 READY_CACHE_S = 1.0
 log = logging.getLogger("icefloe.ingestor")
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request: the client address (after trusted proxies; None if unknown) and
+    the name of the token that authorized it (None on an open stream). Never the token."""
+
+    client: str | None = None
+    token: str | None = None
+
+
 class IngestService:
-    """Validate → authorize → id → frame → buffer → wait until durable."""
+    """Authorize → validate → rate-limit → id → frame → buffer → wait until durable."""
 
     def __init__(self, config: Config, batcher: Batcher, metrics: IngestMetrics,
                  store: AsyncObjectStore) -> None:
@@ -50,6 +60,10 @@ class IngestService:
         self._by_table = {s.table: self.streams[s.name] for s in config.streams}
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
         self._accepted: dict[str, Any] = {}
+        self.auth = TokenAuthority(config)
+        self.limits = RateLimiter(config, metrics)
+        self.proxies = TrustedProxies(config.ingestor.trusted_proxies,
+                                      config.ingestor.forwarded_header)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -66,18 +80,25 @@ class IngestService:
         except KeyError:
             raise UnknownStream(f"no stream writes table {namespace}.{table}") from None
 
-    def authorize(self, stream: CompiledStream, token: str | None) -> None:
-        """Streams with tokens need one of them (constant-time compare)."""
-        tokens = stream.config.tokens
-        if not tokens:
-            return
-        if not token:
-            raise Unauthenticated(f"stream {stream.name!r} needs a write token: send "
-                                  "'Authorization: Bearer <token>' (gRPC: 'authorization' "
-                                  "metadata)")
-        given = token.encode()
-        if not any(hmac.compare_digest(given, t.encode()) for t in tokens):
-            raise PermissionDenied(f"the token is not valid for stream {stream.name!r}")
+    async def authorize(self, stream: CompiledStream, token: str | None,
+                        client: str | None = None) -> Caller:
+        """Check the token (:mod:`ingestor.auth`) and that the rate limits have room.
+
+        Runs before any body is read: an empty bucket refuses at once (429), and a client
+        over its own limit cannot make the ingestor verify new tokens for it.
+
+        Raises:
+            Unauthenticated, PermissionDenied: missing / wrong token.
+            Overloaded: ``rate_limited`` or ``auth_busy``.
+        """
+        limits = self.limits
+        if limits.enabled:
+            limits.precheck_client(stream.name, client)
+        credential = await self.auth.authorize(stream.name, token, client)
+        caller = Caller(client, None if credential is None else credential.name)
+        if limits.enabled:
+            limits.admit(stream.name, caller.token, client, 1, 1, take=False)
+        return caller
 
     # -- ingest ----------------------------------------------------------------------------
 
@@ -96,8 +117,12 @@ class IngestService:
 
     async def ingest(self, stream: CompiledStream, canonical: Canonical, *,
                      event_ids: Sequence[str] | None = None,
-                     idempotency_key: str | None = None) -> int:
-        """Make the events durable; return how many were accepted (all or none)."""
+                     idempotency_key: str | None = None, caller: Caller | None = None) -> int:
+        """Make the events durable; return how many were accepted (all or none).
+
+        ``caller`` (from :meth:`authorize`) selects the token and client rate limits; the
+        stream's own limit applies either way.
+        """
         payloads = canonical.payloads
         for index, payload in enumerate(payloads):
             if len(payload) > self.max_event_bytes:
@@ -107,6 +132,10 @@ class IngestService:
                     details=[{"index": index, "field": None,
                               "reason": f"{len(payload)} bytes > {self.max_event_bytes}"}])
         ids = self._event_ids(len(payloads), canonical.body_ids, event_ids, idempotency_key)
+        if self.limits.enabled:
+            self.limits.admit(stream.name, caller.token if caller else None,
+                              caller.client if caller else None, len(payloads),
+                              sum(map(len, payloads)))
         received_at_ms = time.time_ns() // 1_000_000
         framed = frame_events(stream.name, received_at_ms, ids, payloads, validate=False)
         await self.batcher.submit(framed, len(payloads), stream.name)

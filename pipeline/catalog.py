@@ -22,9 +22,11 @@ from pyiceberg.catalog import Catalog
 
 from icefloe.config import CatalogSection
 from icefloe.errors import CatalogError
+from icefloe.redact import SECRET_QUERY_KEYS, mask_uri
 
-_SECRET_QUERY_KEYS = ("password", "secret", "token", "credential")
 _PG_CONNECT_TIMEOUT_S = "10"
+
+__all__ = ["catalog_label", "mask_uri", "open_catalog"]
 
 
 def catalog_label(section: CatalogSection) -> str:
@@ -34,28 +36,6 @@ def catalog_label(section: CatalogSection) -> str:
         region = section.properties.get("glue.region", "default region")
         return f"glue catalog {section.name!r} at {endpoint} ({region})"
     return f"{section.type} catalog {section.name!r} at {mask_uri(section.uri)}"
-
-
-def mask_uri(uri: str) -> str:
-    """``scheme://user:secret@host/db?password=x`` → ``scheme://user:***@host/db?password=***``.
-
-    Edits the string in place rather than re-assembling it: ``urlunsplit`` would turn
-    ``sqlite:////abs.db`` into ``sqlite://abs.db``.
-    """
-    head, sep, query = uri.partition("?")
-    if "://" in head:
-        scheme, rest = head.split("://", 1)
-        netloc, slash, path = rest.partition("/")
-        if "@" in netloc:
-            user_info, host = netloc.rsplit("@", 1)
-            user, _, password = user_info.partition(":")
-            if password:
-                netloc = f"{user}:***@{host}"
-        head = f"{scheme}://{netloc}{slash}{path}"
-    pairs = (p.partition("=") for p in query.split("&")) if query else ()
-    query = "&".join(f"{k}{eq}***" if eq and _is_secret(k) else f"{k}{eq}{v}"
-                     for k, eq, v in pairs)
-    return f"{head}{sep}{query}"
 
 
 def open_catalog(section: CatalogSection) -> Catalog:
@@ -167,4 +147,4 @@ def _secret_free(text: str, section: CatalogSection) -> str:
 
 
 def _is_secret(key: str) -> bool:
-    return any(word in key.lower() for word in _SECRET_QUERY_KEYS)
+    return any(word in key.lower() for word in SECRET_QUERY_KEYS)

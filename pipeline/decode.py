@@ -223,3 +223,31 @@ def decode_batch_file(data: bytes, ref: BatchRef, schemas: Mapping[str, pa.Schem
             continue
         out.tables[stream] = parse_stream(cols, schema, ref, out.dead)
     return out
+
+
+def decode_payload_rows(lines: Sequence[bytes], event_ids: Sequence[str],
+                        received_ms: Sequence[int], sequences: Sequence[int],
+                        schema: pa.Schema) -> tuple[pa.Table, list[tuple[int, str]]]:
+    """Parse canonical payloads one by one (dead-letter redrive): the rows that now fit
+    ``schema`` with their ids, receive times and own sequences, and ``(index, reason)`` for
+    each that still does not."""
+    good: list[pa.Table] = []
+    kept: list[int] = []
+    still_bad: list[tuple[int, str]] = []
+    for index, line in enumerate(lines):
+        try:
+            row = _parse_block(line.rstrip(b"\n") + b"\n", schema)
+            if row.num_rows != 1:
+                raise pa.ArrowInvalid(f"payload parsed into {row.num_rows} rows, expected 1")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            still_bad.append((index, _first_line(exc)))
+            continue
+        good.append(row)
+        kept.append(index)
+    payload = pa.concat_tables(good) if good else schema.empty_table()
+    received = pc.multiply(pa.array([received_ms[i] for i in kept], pa.int64()),
+                           1000).cast(TIMESTAMP)
+    columns = [*payload.columns, pa.array([event_ids[i] for i in kept], pa.string()),
+               received, pa.array([sequences[i] for i in kept], pa.int64())]
+    names = payload.column_names + [name for name, _ in _META_TYPES]
+    return pa.Table.from_arrays(columns, names=names), still_bad

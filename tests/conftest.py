@@ -7,11 +7,10 @@ child processes spawned by tests must be able to reach the same server by URL.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,36 +83,17 @@ class S3Faults:
 S3_FAULTS = S3Faults()
 
 
-class _SerializedApp:
-    """A WSGI app that handles one request at a time.
-
-    moto checks ``If-Match``/``If-None-Match`` and then writes in separate steps, so two
-    concurrent conditional PUTs could both win. Real S3 makes the check-and-write atomic;
-    holding a lock around the whole request (including consuming the response body) gives
-    the test server the same guarantee.
-    """
-
-    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
-        self._app = app
-        self._lock = threading.Lock()
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
-                 ) -> list[bytes]:
-        fault = S3_FAULTS.match(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
-        if fault is not None:
-            body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{fault.code}</Code>"
-                    f"<Message>injected by the test</Message></Error>").encode()
-            start_response(f"{fault.status} {fault.code}", [
-                ("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
-            return [body]
-        with self._lock:
-            result = self._app(environ, start_response)
-            try:
-                return list(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
+def _inject_fault(environ: dict[str, Any], start_response: Callable[..., Any]
+                  ) -> list[bytes] | None:
+    """Answer a request with the S3 error of a matching :class:`S3Fault`, if any."""
+    fault = S3_FAULTS.match(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
+    if fault is None:
+        return None
+    body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{fault.code}</Code>"
+            f"<Message>injected by the test</Message></Error>").encode()
+    start_response(f"{fault.status} {fault.code}", [
+        ("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+    return [body]
 
 
 @pytest.fixture(scope="session")
@@ -136,20 +116,13 @@ def aws_test_env() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def moto_server(aws_test_env: None) -> Iterator[str]:
     """Start a moto S3 server on a free localhost port; yield its endpoint URL."""
-    from moto.server import DomainDispatcherApplication, create_backend_app
-    from werkzeug.serving import make_server
+    from icefloe.chaos.moto_server import MotoServer
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    app = _SerializedApp(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
-    thread.start()
+    server = MotoServer(intercept=_inject_fault)
     try:
-        yield f"http://127.0.0.1:{server.server_port}"
+        yield server.endpoint
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        server.stop()
 
 
 @pytest.fixture

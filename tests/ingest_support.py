@@ -23,14 +23,20 @@ from icefloe.envelope import Envelope, decode_envelope
 from icefloe.manifest import Manifest, ManifestConfig, load
 from icefloe.reader import fetch_batch
 from icefloe.store import open_async_store
+from icefloe.tokens import hash_token
 from ingestor.runtime import IngestorRuntime
+
+TOKEN = "s3cret-token"
+"""The write token of stream ``orders``; the config holds only its hash."""
+TOKEN_HASH = hash_token(TOKEN, log2_n=10)
+"""Cheap scrypt parameters (N = 2**10): tests verify it often; real hashes use 2**14."""
 
 PAGEVIEWS = StreamConfig(
     name="pageviews", table="web.pageviews",
     columns=(Column("user_id", "string", required=True), Column("url", "string"),
              Column("duration_ms", "long"), Column("ts", "timestamp")))
 ORDERS = StreamConfig(
-    name="orders", table="shop.orders", unknown_fields="reject", tokens=("s3cret-token",),
+    name="orders", table="shop.orders", unknown_fields="reject", tokens=(TOKEN_HASH,),
     event_id_field="order_id",
     columns=(Column("order_id", "string", required=True), Column("amount", "double"),
              Column("qty", "int"), Column("paid", "boolean"), Column("day", "date"),

@@ -41,7 +41,8 @@ table = "shop.buys"
 event_id_field = "order_id"
 unknown_fields = "reject"
 partition = "hour"
-tokens = ["s3cret-token"]
+# the hash of "s3cret-token" (icefloe token hash)
+tokens = ["scrypt$ln=10,r=8,p=1$Uy9+nB9LdS457laXXhOuDg$xbvY79GcMOKR26tAvxzbzz6MUWeGffdxGlaGo0XYe3c"]
 columns = [
   { name = "order_id", type = "string", required = true },
   { name = "amount", type = "double" },
@@ -145,6 +146,7 @@ def test_should_list_streams_without_their_tokens(filled, capsys):
     assert buys == ["buys", "shop.buys", "7", "order_id", "reject", "hour", "required"]
     assert next(line for line in lines if line.startswith("clicks")).split()[-1] == "no"
     assert "s3cret" not in out
+    assert "scrypt" not in out
 
     data = run_json(capsys, "streams", "list", "--config", str(path))
     assert [s["name"] for s in data["streams"]] == ["clicks", "buys", "views", "later"]
@@ -152,6 +154,7 @@ def test_should_list_streams_without_their_tokens(filled, capsys):
     assert data["streams"][0]["columns"][0] == {"name": "user_id", "type": "string",
                                                "required": True, "doc": "who clicked"}
     assert "s3cret" not in json.dumps(data)
+    assert "scrypt" not in json.dumps(data)
 
 
 def test_should_show_one_stream_in_full(filled, capsys):
@@ -163,6 +166,7 @@ def test_should_show_one_stream_in_full(filled, capsys):
     assert "partition       hour(_received_at)" in out
     assert "token           required" in out
     assert "s3cret" not in out
+    assert "scrypt" not in out
     assert any(line.split()[:3] == ["meta", "json", "no"] for line in out.splitlines())
 
     data = run_json(capsys, "streams", "show", "clicks", "--config", str(path))

@@ -419,3 +419,18 @@ def test_should_serve_probes_and_metrics_on_the_collector_port():
     finally:
         server.shutdown()
     assert Health().ready() == (False, "starting: opening the catalog and starting Spark")
+
+
+def test_should_show_the_token_header_only_for_streams_that_need_one():
+    import msgspec
+
+    from icefloe.cli.up_cmd import _needs_token
+    from icefloe.config import TokenConfig
+
+    config = load_config(EXAMPLE, env={})
+    pageviews, orders = config.streams
+    assert not _needs_token(config, pageviews)
+    scoped = msgspec.structs.replace(config, tokens=(
+        TokenConfig(name="shop", hash="scrypt$x$y", streams=("orders",)),))
+    assert _needs_token(scoped, orders)
+    assert not _needs_token(scoped, pageviews)

@@ -29,6 +29,7 @@ import pytest
 from icefloe.cli import main
 from icefloe.cli.demo_cmd import EventFactory
 from icefloe.config import Config, load_config
+from icefloe.tokens import hash_token
 from pipeline.catalog import open_catalog
 
 CONFIG = """
@@ -68,7 +69,7 @@ name = "orders"
 table = "shop.orders"
 event_id_field = "order_id"
 unknown_fields = "reject"
-tokens = ["{token}"]
+tokens = ["{token_hash}"]
 columns = [
   {{ name = "order_id", type = "string", required = true }},
   {{ name = "customer_id", type = "string", required = true }},
@@ -88,11 +89,18 @@ table = "web.ghost"
 columns = [{{ name = "url", type = "string" }}]
 """
 TOKEN = "demo-s3cret"
+TOKEN_HASH = hash_token(TOKEN, log2_n=10)
 
 
-def write_config(root: Path, token: str = TOKEN) -> Path:
+@pytest.fixture(autouse=True)
+def demo_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo sends $ICEFLOE_TOKEN to streams that need a token (``orders`` here)."""
+    monkeypatch.setenv("ICEFLOE_TOKEN", TOKEN)
+
+
+def write_config(root: Path) -> Path:
     path = root / "icefloe.toml"
-    path.write_text(textwrap.dedent(CONFIG.format(token=token)))
+    path.write_text(textwrap.dedent(CONFIG.format(token_hash=TOKEN_HASH)))
     return path
 
 
@@ -252,12 +260,10 @@ def test_should_exit_1_when_the_wait_times_out(cluster, capsys):
                            "of the accepted events: is the collector running")
 
 
-def test_should_stop_with_one_line_when_the_token_is_refused(cluster, tmp_path, capsys):
-    other = tmp_path / "other"
-    other.mkdir()
-    path = write_config(other, token="wrong-token")
-    code, out, err = demo(capsys, "--config", str(path), "--url", cluster.url, "--streams",
-                          "orders", "--events", "10", "--seed", "15")
+def test_should_stop_with_one_line_when_the_token_is_refused(cluster, capsys, monkeypatch):
+    monkeypatch.setenv("ICEFLOE_TOKEN", "wrong-token")
+    code, out, err = demo(capsys, "--config", str(cluster.path), "--url", cluster.url,
+                          "--streams", "orders", "--events", "10", "--seed", "15")
     assert code == 1
     assert out.splitlines()[3].split()[:5] == ["orders", "shop.orders", "10", "0", "10"]
     line = err.strip().splitlines()[-1]
@@ -315,3 +321,13 @@ def test_should_generate_the_same_events_from_the_same_seed(tmp_path):
     assert events(1) != events(2)
     assert all({"order_id", "customer_id", "amount"} <= set(e) for e in events(3))
     assert len({e["order_id"] for e in events(4)}) == 50
+
+
+def test_should_ask_for_a_token_before_sending_to_a_stream_that_needs_one(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ICEFLOE_TOKEN")
+    code, _, err = demo(capsys, "--config", str(write_config(tmp_path)), "--streams",
+                        "pageviews,orders", "--events", "10")
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith(
+        "icefloe: error: stream(s) orders need a write token: set $ICEFLOE_TOKEN")

@@ -717,7 +717,8 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
         if "${" in value:  # a Terraform expression: any value of the right kind will do
             value = {"ICEFLOE_CATALOG_TYPE": "glue"}.get(name, "set-by-terraform")
         config = load_config(empty, env={name: value})
-        assert str(getattr(getattr(config, section), key)) == value, name
+        actual = getattr(getattr(config, section), key)
+        assert (str(actual).lower() if isinstance(actual, bool) else str(actual)) == value, name
 
 
 def icefloe_argv() -> Iterator[tuple[str, list[str]]]:

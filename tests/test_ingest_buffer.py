@@ -207,3 +207,29 @@ async def test_should_refuse_instead_of_hanging_when_the_flusher_is_gone(tmp_pat
         with pytest.raises(Unavailable) as info:
             await asyncio.wait_for(ingest(runtime, 1), 5)
         assert info.value.code == "flusher_stopped"
+
+
+async def test_should_count_queue_time_against_the_flush_deadline(tmp_path):
+    """Regression (found by the chaos harness): with a stalled store every flush slot is
+    busy for the whole timeout, and a batch queued behind them used to wait several
+    timeouts in a row — a hang for its client. The deadline now runs from sealing."""
+    store, _ = faulty_store(tmp_path, [FaultRule(
+        "delay", ops=frozenset({"put"}), times=None, delay_s=(1.5, 1.5))])
+    config = make_config(tmp_path / "store", flush_events=1, flush_timeout_s=1.0)
+    runtime = await IngestorRuntime.start(config, store=store, probe=False)
+    assert runtime.batcher.settings.max_inflight < 6  # so some batches must queue
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def one(i: int) -> float:
+            with pytest.raises(Unavailable) as info:
+                await ingest(runtime, 1, i)
+            assert info.value.code == "store_timeout"
+            return loop.time() - started
+
+        waited = await asyncio.gather(*(one(i) for i in range(6)))
+    finally:
+        await runtime.close(10)
+    # every request answered within one deadline (plus scheduling slack), none after two
+    assert max(waited) < 1.7, waited

@@ -46,6 +46,8 @@ locals {
   ]
   environment_ingestor = [
     { name = "ICEFLOE_INGESTOR_HOST", value = "0.0.0.0" },
+    # TLS terminates at the ALB; the ALB-to-task hop stays inside the VPC
+    { name = "ICEFLOE_INGESTOR_PLAINTEXT", value = "true" },
   ]
   environment_collector = [
     { name = "ICEFLOE_CATALOG_TYPE", value = local.use_postgres ? "sql" : "glue" },
@@ -54,7 +56,7 @@ locals {
     # Spark and the JVM write scratch files under $HOME; the root filesystem is read-only
     { name = "HOME", value = "/tmp" },
   ]
-  # the config file travels as a secret: stream tokens may be in it
+  # the config file travels as a secret: write-token hashes may be in it
   config_secret = [{ name = "CONFIG_TOML", valueFrom = aws_secretsmanager_secret.config.arn }]
   catalog_secret = local.use_postgres ? [
     { name = "ICEFLOE_CATALOG_URI", valueFrom = aws_secretsmanager_secret.catalog_uri[0].arn },
@@ -104,7 +106,7 @@ resource "aws_kms_alias" "icefloe" {
   target_key_id = aws_kms_key.icefloe.key_id
 }
 
-# --- configuration (may hold stream tokens: kept as a secret) --------------------------------
+# --- configuration (may hold token hashes: kept as a secret) ---------------------------------
 
 resource "aws_secretsmanager_secret" "config" {
   name_prefix             = "${var.name}-config-"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from icefloe import __version__
 from icefloe.cli import (
     collector_cmd,
+    deadletters_cmd,
     demo_cmd,
     ingestor_cmd,
     inspect_cmd,
@@ -21,6 +22,7 @@ from icefloe.cli import (
     query_cmd,
     streams_cmd,
     tables_cmd,
+    token_cmd,
     up_cmd,
 )
 from icefloe.errors import ConfigError, IcefloeError
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show full tracebacks instead of one-line errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (up_cmd, ingestor_cmd, collector_cmd, query_cmd, streams_cmd, tables_cmd,
-                   demo_cmd, inspect_cmd, probe_cmd):
+                   deadletters_cmd, demo_cmd, token_cmd, inspect_cmd, probe_cmd):
         module.register(commands)
     return parser
 

@@ -27,6 +27,7 @@ import contextlib
 import datetime as dt
 import itertools
 import math
+import os
 import random
 import signal
 import sys
@@ -42,6 +43,7 @@ from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.cli.streams_cmd import describe_source, find_stream
 from icefloe.cli.tables_cmd import load_table, open_existing_catalog, total_records
 from icefloe.config import CatalogSection, Column, Config, StreamConfig
+from icefloe.config_security import needs_token
 from icefloe.errors import ConfigError, IcefloeError
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ PLAIN_EVERY_S = 5.0
 noise there."""
 RATE_WINDOW_S = 0.9
 OMIT_RATE = 0.05
+TOKEN_ENV = "ICEFLOE_TOKEN"
+"""The write token the demo sends to streams that need one (never a command-line flag)."""
 FATAL_STATUSES = frozenset({401, 403, 404, 413, 415})
 """Refusals that every further request would get too: stop at once and say why."""
 
@@ -88,7 +92,9 @@ def register(commands: Any) -> None:
                     "config, to a running ingestor over HTTP, and show sent / accepted / "
                     "rejected events, the rate, and the rows committed to each Iceberg "
                     "table (polled about once a second). Start the cluster first with "
-                    "`icefloe up`. Ctrl-C stops and prints the summary.")
+                    "`icefloe up`. Ctrl-C stops and prints the summary. Streams that need "
+                    f"a write token get the one in ${TOKEN_ENV} (the config holds only "
+                    "hashes).")
     add_config_arguments(parser, example=True)
     parser.add_argument("--url", metavar="URL",
                         help="ingestor HTTP endpoint (default: from [ingestor] host and "
@@ -647,8 +653,9 @@ def _fatal(url: str, stream: StreamConfig, exc: IngestRejected) -> IcefloeError:
                             "with (--config FILE) or choose --streams")
     if exc.status in (401, 403):
         return IcefloeError(f"the ingestor at {url} refused the token for stream "
-                            f"{stream.name!r} ({exc.code}): the demo sends the stream's first "
-                            "token from its config; use the cluster's config (--config FILE)")
+                            f"{stream.name!r} ({exc.code}): the demo sends ${TOKEN_ENV}; set "
+                            "it to a token valid for that stream, or leave the stream out "
+                            "(--streams)")
     if exc.status == 413:
         return IcefloeError(f"the ingestor at {url} refused a request of --batch events as "
                             f"too large ({exc.message}): lower --batch")
@@ -682,12 +689,13 @@ async def check_ingestor(url: str) -> None:
 def default_url(config: Config) -> str:
     """Where ``icefloe up`` with this config listens for HTTP, as seen from this machine."""
     host = config.ingestor.host
+    scheme = "https" if config.ingestor.tls_cert_file else "http"
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
     elif ":" in host:
         host = f"[{host}]"
     port = config.ingestor.http_port or 8080
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def select_streams(config: Config, names: str | None, where: str) -> list[StreamConfig]:
@@ -708,6 +716,12 @@ def build_demo(args: argparse.Namespace, config: Config, path: Path | None) -> D
     from icefloe.client import AsyncHttpClient
 
     streams = select_streams(config, args.streams, describe_source(path))
+    token = os.environ.get(TOKEN_ENV) or None
+    locked = [s.name for s in streams if needs_token(config, s.name)]
+    if locked and token is None:
+        raise ConfigError(f"stream(s) {', '.join(locked)} need a write token: set "
+                          f"${TOKEN_ENV} to one (`icefloe token new` makes a token and the "
+                          "hash for the config), or leave them out (--streams)")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     duration = args.duration if args.duration is not None else (
         None if args.events is not None else DEFAULT_DURATION_S)
@@ -717,7 +731,8 @@ def build_demo(args: argparse.Namespace, config: Config, path: Path | None) -> D
     lanes = [Lane(stream=s,
                   factory=EventFactory(s, random.Random(f"{seed}:events:{s.name}")),
                   keys=random.Random(f"{seed}:keys:{s.name}"),
-                  client=AsyncHttpClient(plan.url, token=s.tokens[0] if s.tokens else None))
+                  client=AsyncHttpClient(plan.url, token=token if needs_token(config, s.name)
+                                         else None))
              for s in streams]
     return Demo(plan, lanes, CommitWatch(config.catalog, [s.table for s in streams]))
 

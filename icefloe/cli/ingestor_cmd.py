@@ -21,8 +21,9 @@ servers listen, and with --stats-interval S one {"event": "stats", "accepted": N
 reads them for its progress line). Logs go to stderr.
 
 exit codes: 0 drained cleanly after SIGTERM/SIGINT; 1 some buffered events could not be
-flushed before shutdown_timeout_s (they were never acknowledged); 2 bad configuration or a
-port in use.
+flushed before shutdown_timeout_s (they were never acknowledged); 2 bad configuration, a
+port in use, or a non-loopback --host without TLS (set [ingestor] tls_cert_file and
+tls_key_file, or plaintext = true behind a TLS-terminating gateway).
 
 environment: ICEFLOE_CONFIG, ICEFLOE_INGESTOR_<KEY> (e.g. ICEFLOE_INGESTOR_HTTP_PORT);
 precedence: flag > environment > config file > default.

@@ -15,6 +15,7 @@ from typing import Any
 from icefloe.cli.common import print_json, table
 from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.config import Config, StreamConfig
+from icefloe.config_security import needs_token
 from icefloe.errors import ConfigError
 
 
@@ -43,14 +44,14 @@ def register(commands: Any) -> None:
     show.set_defaults(run=run_show)
 
 
-def stream_json(stream: StreamConfig) -> dict[str, Any]:
-    """A stream as JSON, without its tokens."""
+def stream_json(stream: StreamConfig, tokens_required: bool) -> dict[str, Any]:
+    """A stream as JSON, without its tokens (only whether one is required)."""
     return {
         "name": stream.name, "table": stream.table,
         "columns": [{"name": c.name, "type": c.type, "required": c.required, "doc": c.doc}
                     for c in stream.columns],
         "unknown_fields": stream.unknown_fields, "event_id_field": stream.event_id_field,
-        "partition": stream.partition, "tokens_required": bool(stream.tokens),
+        "partition": stream.partition, "tokens_required": tokens_required,
         "endpoint": endpoint(stream),
     }
 
@@ -79,7 +80,8 @@ def run_list(args: argparse.Namespace) -> int:
     path, config = config_from_args(args, example=True)
     if args.json:
         print_json({"config": str(path) if path else None,
-                    "streams": [stream_json(s) for s in config.streams]})
+                    "streams": [stream_json(s, needs_token(config, s.name))
+                                for s in config.streams]})
         return 0
     print(f"config  {describe_source(path)}")
     if not config.streams:
@@ -87,7 +89,8 @@ def run_list(args: argparse.Namespace) -> int:
               "--config FILE")
         return 0
     rows = [[s.name, s.table, str(len(s.columns)), s.event_id_field or "-", s.unknown_fields,
-             s.partition, "required" if s.tokens else "no"] for s in config.streams]
+             s.partition, "required" if needs_token(config, s.name) else "no"]
+            for s in config.streams]
     print()
     print(table(["STREAM", "TABLE", "COLUMNS", "EVENT ID", "UNKNOWN FIELDS", "PARTITION",
                  "TOKEN"], rows))
@@ -98,7 +101,7 @@ def run_show(args: argparse.Namespace) -> int:
     path, config = config_from_args(args, example=True)
     stream = find_stream(config, args.name, describe_source(path))
     if args.json:
-        print_json(stream_json(stream))
+        print_json(stream_json(stream, needs_token(config, stream.name)))
         return 0
     event_id = (f"{stream.event_id_field} (retries with the same value are dropped as "
                 "duplicates)" if stream.event_id_field else
@@ -108,7 +111,7 @@ def run_show(args: argparse.Namespace) -> int:
     partition = ("none (unpartitioned)" if stream.partition == "none"
                  else f"{stream.partition}(_received_at)")
     token = ("required (Authorization: Bearer <token>; tokens are not shown)"
-             if stream.tokens else "not required")
+             if needs_token(config, stream.name) else "not required")
     print(f"stream          {stream.name}")
     print(f"endpoint        {endpoint(stream)}")
     print(f"table           {stream.table}")

@@ -203,19 +203,24 @@ class _Up:
 
         config = self.config
         host = _host(config.ingestor.host)
+        tls = config.ingestor.tls_cert_file is not None
+        scheme = "https" if tls else "http"
         shared = f"  ({self.ingestors} ingestors share it)" if self.ingestors > 1 else ""
         print(f"icefloe up  (config {self.path})")
         print(f"  store    {config.store.url}")
         print(f"  catalog  {catalog_label(config.catalog)}")
-        print(f"  HTTP     http://{host}:{http_port}/v1/streams/{{stream}}/events{shared}")
-        print(f"  gRPC     {host}:{grpc_port}  (icefloe.v1.Ingest){shared}")
-        print(f"  metrics  http://{host}:{http_port}/metrics  (ingestor)")
+        print(f"  HTTP     {scheme}://{host}:{http_port}/v1/streams/{{stream}}/events{shared}")
+        print(f"  gRPC     {host}:{grpc_port}  (icefloe.v1.Ingest{', TLS' if tls else ''})"
+              f"{shared}")
+        print(f"  metrics  {scheme}://{host}:{http_port}/metrics  (ingestor)")
         print(f"  streams  {', '.join(s.name for s in config.streams) or 'none'}")
         if config.streams:
             stream = config.streams[0]
             body = json.dumps(example_event(stream), separators=(",", ":"))
-            print(f"\n  curl -X POST http://{host}:{http_port}/v1/streams/{stream.name}/events "
-                  f"-H 'Content-Type: application/json' -d '{body}'")
+            auth = " -H 'Authorization: Bearer $TOKEN'" if _needs_token(config, stream) else ""
+            ca = " --cacert SERVER-CA.pem" if tls else ""
+            print(f"\n  curl{ca} -X POST {scheme}://{host}:{http_port}/v1/streams/{stream.name}"
+                  f"/events -H 'Content-Type: application/json'{auth} -d '{body}'")
         if self.collector:
             print("\n  collector starting Spark (the first start takes ~15 s; events are "
                   "queued meanwhile). Ctrl-C stops everything.", flush=True)
@@ -250,6 +255,12 @@ async def _first(work: Any, stop: asyncio.Event, *, cancel: bool = True) -> bool
     if cancel:
         task.cancel()
     return False
+
+
+def _needs_token(config: Config, stream: StreamConfig) -> bool:
+    """Whether writes to ``stream`` need a bearer token (per-stream or scoped tokens)."""
+    return bool(stream.tokens) or any(
+        "*" in t.streams or stream.name in t.streams for t in config.tokens)
 
 
 def _host(host: str) -> str:

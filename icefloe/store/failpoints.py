@@ -38,7 +38,9 @@ def rules_from_json(spec: dict[str, Any]) -> list[FaultRule]:
     silently disable a fault)."""
     rules = []
     for raw in spec.get("rules", []):
-        raw = dict(raw)
+        if raw.get("layer", "store") != "store":
+            continue  # e.g. "http": applied by the S3 server of a chaos run, not here
+        raw = {k: v for k, v in raw.items() if k != "layer"}
         ops = frozenset(raw.pop("ops", ALL_OPS))
         delay = tuple(raw.pop("delay_s", (0.02, 0.05)))
         rules.append(FaultRule(ops=ops, delay_s=(float(delay[0]), float(delay[1])), **raw))

@@ -1,0 +1,257 @@
+"""Security benchmark: what TLS, token checks, rate limits and redaction cost the ingestor.
+
+Runs, side by side in one run, on this machine:
+
+* transport: a real ``icefloe ingestor`` answering ``GET /healthz`` on keep-alive
+  connections, plaintext vs TLS (the request cost without the store), and full TLS
+  handshakes per second (connect, handshake, one request, close). The load comes from a
+  separate process (``--load``: raw asyncio sockets, so the client stays cheap);
+* in-process costs per request: a token check on an open stream vs a cached token, the
+  first (scrypt) verification of a token, a rate-limit admission, the slow-loris guard's
+  body registration, and the redacting log filter per line.
+
+Usage: python bench/security_bench.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import ssl
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _common import Result, print_table, write_json
+
+PYTHON = sys.executable
+ICEFLOE = str(Path(PYTHON).parent / "icefloe")
+REQUEST = b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n"
+
+
+# -- the load process ---------------------------------------------------------------------------
+
+async def _keepalive(port: int, context: ssl.SSLContext | None, seconds: float,
+                     connections: int) -> int:
+    done = 0
+    stop_at = time.monotonic() + seconds
+
+    async def one() -> None:
+        nonlocal done
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                       server_hostname="localhost"
+                                                       if context else None)
+        while time.monotonic() < stop_at:
+            writer.write(REQUEST)
+            await reader.readuntil(b'{"status":"ok"}')
+            done += 1
+        writer.close()
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+    return done
+
+
+async def _handshakes(port: int, context: ssl.SSLContext, seconds: float,
+                      connections: int) -> int:
+    done = 0
+    stop_at = time.monotonic() + seconds
+
+    async def one() -> None:
+        nonlocal done
+        while time.monotonic() < stop_at:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                           server_hostname="localhost")
+            writer.write(REQUEST)
+            await reader.readuntil(b'{"status":"ok"}')
+            writer.close()
+            done += 1
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+    return done
+
+
+def load_main(argv: list[str]) -> None:
+    """``--load MODE PORT SECONDS CONNECTIONS [CA]``: print requests/s as JSON."""
+    mode, port, seconds, connections = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
+    context = ssl.create_default_context(cafile=argv[4]) if len(argv) > 4 else None
+    import uvloop
+
+    started = time.monotonic()
+    if mode == "handshakes":
+        assert context is not None
+        count = uvloop.run(_handshakes(port, context, seconds, connections))
+    else:
+        count = uvloop.run(_keepalive(port, context, seconds, connections))
+    print(json.dumps({"rate": count / (time.monotonic() - started)}))
+
+
+def run_load(mode: str, port: int, seconds: float, connections: int,
+             ca: Path | None = None) -> float:
+    args = [PYTHON, __file__, "--load", mode, str(port), str(seconds), str(connections)]
+    out = subprocess.run(args + ([str(ca)] if ca else []), capture_output=True, text=True,
+                         check=True).stdout
+    return float(json.loads(out)["rate"])
+
+
+# -- the ingestor under test -------------------------------------------------------------------
+
+CONFIG = """
+[store]
+url = "file://store"
+[ingestor]
+host = "127.0.0.1"
+http_port = {http_port}
+grpc_port = 0
+{tls}
+[[streams]]
+name = "pageviews"
+table = "web.pageviews"
+columns = [{{ name = "url", type = "string" }}]
+"""
+
+
+def start_ingestor(folder: Path, tls: str) -> tuple[subprocess.Popen[str], int]:
+    path = folder / "icefloe.toml"
+    path.write_text(textwrap.dedent(CONFIG.format(http_port=0, tls=tls)))
+    proc = subprocess.Popen([ICEFLOE, "ingestor", "--config", str(path), "--log-level",
+                             "warning"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    ready = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+    return proc, int(ready["http_port"])
+
+
+def transport(quick: bool) -> list[Result]:
+    from security_support import Authority
+
+    seconds = 3.0 if quick else 8.0
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        ca = Authority.create(folder, "bench")
+        cert, key = ca.write("server", server=True)
+        rates = {}
+        for name, tls in (("plaintext", ""),
+                          ("tls", f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"')):
+            proc, port = start_ingestor(folder, tls)
+            try:
+                rates[name] = run_load("keepalive", port, seconds, 32,
+                                       ca.ca_file if tls else None)
+                if tls:
+                    rates["handshakes"] = run_load("handshakes", port, seconds, 8, ca.ca_file)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    plain, tls_rate = rates["plaintext"], rates["tls"]
+    results.append(Result("GET /healthz keep-alive, plaintext (requests/s)", plain, "req/s"))
+    results.append(Result("GET /healthz keep-alive, TLS (requests/s)", tls_rate, "req/s",
+                          baseline=plain))
+    results.append(Result("TLS cost per request (server + client, µs)",
+                          (1 / tls_rate - 1 / plain) * 1e6, "µs"))
+    results.append(Result("new TLS connections: handshake + 1 request (per s)",
+                          rates["handshakes"], "conn/s", baseline=tls_rate))
+    return results
+
+
+# -- in-process costs -------------------------------------------------------------------------
+
+def per_call_us(call: Callable[[], object], count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        call()
+    return (time.perf_counter() - started) / count * 1e6
+
+
+async def _auth_costs(count: int) -> list[Result]:
+    import msgspec
+
+    from icefloe.config import Column, Config, RateLimit, StoreSection, StreamConfig
+    from icefloe.tokens import hash_token
+    from ingestor.auth import TokenAuthority
+    from ingestor.metrics import IngestMetrics
+    from ingestor.ratelimit import RateLimiter
+    from ingestor.slow_clients import SlowClientGuard
+
+    token = "ifl_bench-token-0123456789abcdefghijklmnopqrstuv"
+    columns = (Column("url", "string"),)
+    config = Config(store=StoreSection(url="file:///tmp/unused"), streams=(
+        StreamConfig("open", "web.open", columns),
+        StreamConfig("locked", "web.locked", columns, tokens=(hash_token(token),),
+                     rate_limit=RateLimit(events_per_s=1e12, bytes_per_s=1e15))))
+    authority = TokenAuthority(config)
+    started = time.perf_counter()
+    await authority.authorize("locked", token)
+    first_ms = (time.perf_counter() - started) * 1e3
+
+    async def many(stream: str, presented: str | None) -> float:
+        began = time.perf_counter()
+        for _ in range(count):
+            await authority.authorize(stream, presented)
+        return (time.perf_counter() - began) / count * 1e6
+
+    open_us = await many("open", None)
+    cached_us = await many("locked", token)
+    limits = RateLimiter(msgspec.structs.replace(config), IngestMetrics())
+    admit_us = per_call_us(lambda: limits.admit("locked", None, None, 1, 200), count)
+    guard = SlowClientGuard(10, 20, 1024)
+
+    def body_read() -> None:
+        guard.end_body(guard.begin_body())
+
+    guard_us = per_call_us(body_read, count)
+    guard.close()
+    return [
+        Result("token check, open stream (µs)", open_us, "µs"),
+        Result("token check, cached token (µs)", cached_us, "µs", baseline=open_us),
+        Result("first verification of a token, scrypt N=2^14 (ms)", first_ms, "ms"),
+        Result("rate-limit admission, events + bytes buckets (µs)", admit_us, "µs"),
+        Result("slow-loris guard, body registration (µs)", guard_us, "µs"),
+    ]
+
+
+def redaction_cost(count: int) -> list[Result]:
+    from icefloe.logs import JsonFormatter, RedactingFilter
+
+    record = logging.LogRecord("icefloe.bench", logging.INFO, __file__, 1,
+                               "flushed %d events to %s", (1000, "s3://bucket/prefix"), None)
+    formatter, redactor = JsonFormatter(), RedactingFilter()
+
+    def plain() -> None:
+        formatter.format(record)
+
+    def redacted() -> None:
+        fresh = logging.makeLogRecord(record.__dict__)
+        redactor.filter(fresh)
+        formatter.format(fresh)
+
+    base = per_call_us(plain, count)
+    return [Result("log line, JSON formatter + redacting filter (µs)", per_call_us(
+        redacted, count), "µs", baseline=base)]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--load":
+        load_main(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 s per transport run")
+    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    args = parser.parse_args()
+    count = 20_000 if args.quick else 200_000
+    results = transport(args.quick)
+    results += asyncio.run(_auth_costs(count))
+    results += redaction_cost(count)
+    print_table("security costs (ingestor)", results)
+    write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,364 @@
+"""One chaos run: start the cluster, load it, break it on a seeded schedule, drain, verify.
+
+The schedule is drawn from the seed before anything starts, so a seed names a run: the
+same kills, takeovers and store-fault bursts at the same offsets (process timing itself is
+not deterministic, but every fault is). See ``docs``/README "Chaos" for what is checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from icefloe.chaos.cluster import STREAMS, Cluster, Proc, StoreTarget
+from icefloe.chaos.load import ClientSpec, read_ledgers, run_client
+from icefloe.chaos.verify import freshness, read_table, verify
+from icefloe.config import load_config
+from icefloe.manifest import load
+
+BURSTS: dict[str, list[dict[str, Any]]] = {
+    # 503 SlowDown and 500s on every operation: retries, backoff, failed runs
+    "errors": [{"kind": "slowdown", "probability": 0.3, "times": None},
+               {"kind": "fail", "probability": 0.15, "times": None}],
+    # writes applied but their responses lost: ambiguous manifest CAS and batch PUTs
+    "lost_responses": [{"kind": "lose_response", "probability": 0.25, "ops": ["put"],
+                        "times": None}],
+    # a slow store: flushes back up, buffers fill, clients must get 429/503, not hangs
+    "slow": [{"kind": "delay", "probability": 1.0, "ops": ["put"], "times": None,
+              "delay_s": [0.5, 1.5]}],
+    # a stalled store: buffers fill up; clients must get 429/503 quickly, never hang
+    "stall": [{"kind": "delay", "probability": 1.0, "ops": ["put"], "times": None,
+               "delay_s": [3.0, 6.0]}],
+    # on the wire (S3 runs only; the S3 server applies these to every client, Spark's
+    # workers included): 503s and 500s, cut connections, writes whose answer never comes
+    "network": [{"layer": "http", "kind": "slowdown", "probability": 0.15},
+                {"layer": "http", "kind": "fail", "probability": 0.1},
+                {"layer": "http", "kind": "reset", "probability": 0.1},
+                {"layer": "http", "kind": "lose_response", "probability": 0.15,
+                 "methods": ["PUT"]}],
+}
+LOCAL_ONLY_SKIP = {"network"}
+"""Bursts that need the S3 server; a local-store run draws from the others."""
+
+
+OVERTIME_S = 180.0
+
+
+@dataclass(frozen=True)
+class Action:
+    at: float
+    kind: str  # kill_ingestor | kill_collector | second_collector | burst
+    arg: str = ""
+    length: float = 0.0
+
+
+@dataclass
+class Options:
+    duration_s: float = 60.0
+    seed: int = 1
+    store: str = "local"  # local | s3
+    ingestors: int = 2
+    clients: int = 4
+    rate: float = 0.0  # requests/s per client; 0 = as fast as acks come
+    keep: bool = False
+    workdir: str | None = None
+    faults: bool = True  # False: the same run without any fault (the benchmark baseline)
+
+
+@dataclass
+class Timeline:
+    actions: list[Action]
+    done: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[tuple[float, float]] = field(default_factory=list)
+
+
+def schedule(opts: Options) -> list[Action]:
+    """The seeded fault schedule for a run of ``duration_s`` seconds of load."""
+    if not opts.faults:
+        return []
+    rng = random.Random(opts.seed)
+    d = opts.duration_s
+    actions = [Action(rng.uniform(0.1 * d, 0.95 * d), "kill_ingestor",
+                      str(rng.randrange(opts.ingestors)))
+               for _ in range(max(2, int(d // 20)))]
+    # collector events spaced so each new collector can boot Spark (~15-25 s) in between
+    slots = max(2, int(d // 30))
+    for i in range(slots):
+        # a takeover first (the first collector is active once load starts), then a kill
+        kind = "second_collector" if i % 2 == 0 else "kill_collector"
+        actions.append(Action(0.15 * d + i * (0.6 * d / slots) + rng.uniform(0, 3), kind))
+    kinds = sorted(k for k in BURSTS if opts.store == "s3" or k not in LOCAL_ONLY_SKIP)
+    rng.shuffle(kinds)  # every kind at least once, then at random
+    for i in range(max(len(kinds), int(d // 12))):
+        kind = kinds[i] if i < len(kinds) else rng.choice(kinds)
+        actions.append(Action(rng.uniform(0.05 * d, 0.9 * d), "burst", kind,
+                              rng.uniform(2.0, 5.0)))
+    return sorted(actions, key=lambda a: a.at)
+
+
+class Run:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.root = Path(opts.workdir or tempfile.mkdtemp(prefix="icefloe-chaos-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.moto: Any = None
+        self.cluster: Cluster | None = None
+        self.timeline = Timeline(schedule(opts))
+        self.kills: Counter[str] = Counter()
+        self.progress: list[str] = []
+        self.bursts: dict[float, list[dict[str, Any]]] = {}  # start time -> rules in force
+
+    def say(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        self.progress.append(line)
+        print(line, flush=True)
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def _store(self) -> StoreTarget:
+        if self.opts.store == "local":
+            return StoreTarget((self.root / "store").as_uri())
+        from icefloe.chaos.moto_server import start_moto
+
+        self.moto = start_moto(str(self.root / "faults.json"))
+        return StoreTarget(self.moto.bucket_url("chaos"), self.moto.endpoint)
+
+    def execute(self) -> dict[str, Any]:
+        started = time.time()
+        cluster = self.cluster = Cluster(self.root, self._store(), self.opts.ingestors)
+        try:
+            self.say(f"chaos run seed={self.opts.seed} store={self.opts.store} "
+                     f"duration={self.opts.duration_s:g}s in {self.root}")
+            for i in range(self.opts.ingestors):
+                cluster.start_ingestor(i)
+            first = cluster.start_collector()
+            # faults start once a collector commits: killing one that never got to run
+            # would test Spark's start-up, not the exactly-once protocol
+            if first.wait_ready(240) is None:
+                raise RuntimeError(f"the first collector did not become active; see "
+                                   f"{self.root / 'processes.log'}")
+            self.say("collector active; load and faults start")
+            clients = self._start_clients()
+            load_started = time.time()
+            self._faults(load_started)
+            load_s = time.time() - load_started
+            (self.root / "stop").touch()
+            for proc in clients:
+                proc.join(60)
+            self.say("load stopped; draining")
+            self._drain()
+            return self._report(started, load_s)
+        finally:
+            cluster.close()
+            if self.moto is not None:
+                self.moto.stop()
+            if not self.opts.keep:
+                shutil.rmtree(self.root, ignore_errors=True)
+
+    def _start_clients(self) -> list[multiprocessing.Process]:
+        assert self.cluster is not None
+        context = multiprocessing.get_context("spawn")
+        procs = []
+        for i in range(self.opts.clients):
+            transport = "http" if i % 2 == 0 else "grpc"
+            endpoints = self.cluster.http_urls() if transport == "http" \
+                else self.cluster.grpc_targets()
+            spec = ClientSpec(i, transport, tuple(endpoints), str(self._ledger(i)),
+                              str(self.root / "stop"), self.opts.seed * 1000 + i,
+                              self.opts.rate)
+            proc = context.Process(target=run_client, args=(spec,), daemon=True)
+            proc.start()
+            procs.append(proc)
+        return procs
+
+    def _ledger(self, index: int) -> Path:
+        return self.root / f"client-{index}.jsonl"
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def _faults(self, t0: float) -> None:
+        """Carry out the schedule. The load goes on past ``duration_s`` until every action
+        has happened (collector actions wait for a collector to finish booting, which takes
+        longer on a loaded machine), at most ``OVERTIME_S`` more."""
+        assert self.cluster is not None
+        pending: list[tuple[float, str, Any]] = [(t0 + a.at, "act", a)
+                                                 for a in self.timeline.actions]
+        end = t0 + self.opts.duration_s
+        while pending or time.time() < end:
+            now = time.time()
+            if now > end + OVERTIME_S:
+                self.say(f"{len(pending)} scheduled actions not done after the overtime")
+                break
+            pending.sort(key=lambda p: p[0])
+            if not pending or pending[0][0] > now:
+                time.sleep(0.2)
+                continue
+            _, what, arg = pending.pop(0)
+            self.cluster.reap()
+            if what == "act":
+                pending.extend(self._act(arg))
+            elif what == "restart_ingestor":
+                self.cluster.start_ingestor(int(arg))
+                self.say(f"ingestor {arg} restarted")
+            elif what == "end_burst":
+                self.bursts.pop(arg, None)
+                self._write_faults()
+                self.timeline.windows.append((arg, time.time()))
+                self.say("store faults off" if not self.bursts else "one burst ended")
+
+    def _act(self, action: Action) -> list[tuple[float, str, Any]]:
+        """Do ``action`` now (or put it off a few seconds); what follows from it."""
+        follow = self._do(action)
+        if not (follow and follow[0][1] == "act"):  # put off: not done yet
+            self.timeline.done.append({"at": round(action.at, 1), "kind": action.kind,
+                                       "arg": action.arg})
+        return follow
+
+    def _do(self, action: Action) -> list[tuple[float, str, Any]]:
+        assert self.cluster is not None
+        cluster = self.cluster
+        now = time.time()
+        if action.kind == "kill_ingestor":
+            proc = cluster.ingestors[int(action.arg)]
+            if proc is None or not proc.alive():
+                return []
+            proc.kill()
+            self.kills["ingestor"] += 1
+            self.say(f"kill -9 ingestor {action.arg}")
+            self.timeline.windows.append((now, now + 3))
+            return [(now + random.Random(action.at).uniform(0.5, 2.0), "restart_ingestor",
+                     action.arg)]
+        if action.kind in ("kill_collector", "second_collector"):
+            active = self._settled()
+            if active is None:  # a collector is booting or waiting: try again shortly
+                later = Action(action.at + 5, action.kind, action.arg, action.length)
+                return [(now + 5, "act", later)]
+        if action.kind == "kill_collector":
+            assert active is not None
+            active.kill()
+            self.kills["collector"] += 1
+            self.say(f"kill -9 {active.role}")
+            takeover = random.Random(action.at).random() < 0.5
+            cluster.start_collector(takeover=takeover)
+            self.say("collector started" + (" with --takeover" if takeover
+                                            else " (standby until the lease lapses)"))
+            self.timeline.windows.append((now, now + 25))
+            return []
+        if action.kind == "second_collector":
+            cluster.start_collector(takeover=True)
+            self.say("second collector started with --takeover (fences the active one)")
+            self.timeline.windows.append((now, now + 25))
+            return []
+        self.bursts[now] = BURSTS[action.arg]
+        self._write_faults()
+        self.say(f"store faults on: {action.arg} for {action.length:.1f}s")
+        return [(now + action.length, "end_burst", now)]
+
+    def _write_faults(self) -> None:
+        """The union of the bursts in force (overlapping bursts add up)."""
+        assert self.cluster is not None
+        rules = [rule for burst in self.bursts.values() for rule in burst]
+        staged = self.cluster.faults_file.with_suffix(".tmp")
+        staged.write_text(json.dumps({"seed": self.opts.seed, "rules": rules}))
+        staged.replace(self.cluster.faults_file)  # readers never see half a file
+
+    def _settled(self) -> Proc | None:
+        """The one live collector if it is active and no other is starting, else None:
+        collector faults hit an active collector, not one still booting Spark."""
+        assert self.cluster is not None
+        live = self.cluster.live_collectors()
+        if len(live) != 1:
+            return None
+        return live[0] if live[0].ready is not None or live[0].wait_ready(0.01) else None
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        cluster.faults_file.write_text("{}")
+        for proc in cluster.ingestors:
+            if proc is not None and proc.alive():
+                code = proc.terminate(60)
+                cluster.exits.append((proc.role, code))
+                proc.reaped = True
+        config = load_config(cluster.config, env={})
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            cluster.reap()
+            if not cluster.live_collectors():
+                cluster.start_collector(takeover=True)
+                self.say("no collector alive: started one to drain")
+            if _consumed(config):
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("the collector did not drain the queue within 300 s")
+        for proc in cluster.live_collectors():
+            code = proc.terminate(90)
+            cluster.exits.append((proc.role, code))
+            proc.reaped = True
+        cluster.reap()
+
+    def _report(self, started: float, load_s: float) -> dict[str, Any]:
+        assert self.cluster is not None
+        config = load_config(self.cluster.config, env={})
+        acked, unacked, statuses, hangs, errors = read_ledgers(
+            [self._ledger(i) for i in range(self.opts.clients)])
+        tables = {name: read_table(config, f"chaos.{name.removeprefix('chaos_')}")
+                  for name in STREAMS}
+        verdict = verify(config, tables, acked, unacked)
+        verdict.checks["no request hung"] = hangs == 0
+        verdict.checks["no valid request refused"] = not errors
+        faults = Counter[str]()
+        log = Path(f"{self.cluster.faults_file}.log")
+        if log.exists():
+            faults.update(line.split()[1] for line in log.read_text().splitlines() if line)
+        exits = Counter(f"{role.split('-')[0]} exit {code}" for role, code in self.cluster.exits)
+        return {
+            "ok": verdict.ok, "seed": self.opts.seed, "store": self.opts.store,
+            "duration_s": round(time.time() - started, 1), "load_s": round(load_s, 1),
+            "ingestors": self.opts.ingestors, "clients": self.opts.clients,
+            "events": {"acked": verdict.acked, "unacked": verdict.unacked,
+                       "committed_rows": verdict.committed,
+                       "unacked_but_stored": verdict.unacked_stored,
+                       "lost": len(verdict.lost), "duplicates": len(verdict.duplicates),
+                       "phantoms": len(verdict.phantoms)},
+            "lost_ids": verdict.lost[:50], "duplicate_ids": dict(list(
+                verdict.duplicates.items())[:50]), "phantom_ids": verdict.phantoms[:50],
+            "throughput_events_per_s": round(verdict.acked / load_s, 1) if load_s else 0.0,
+            "freshness_s": freshness(tables, self.timeline.windows),
+            "faults_injected": dict(faults), "kills": dict(self.kills),
+            "takeovers": sum(1 for a in self.timeline.done
+                             if a["kind"] in ("second_collector", "kill_collector")),
+            "process_exits": dict(exits), "client_statuses": dict(statuses),
+            "hangs": hangs, "refused_valid_requests": errors[:10],
+            "dead_letters": verdict.dead_letters, "manifest_entries_left":
+                verdict.manifest_entries, "leaked_batch_files": verdict.leaked_batch_files,
+            "checks": verdict.checks, "schedule": self.timeline.done,
+        }
+
+
+def _consumed(config: Any) -> bool:
+    """Every entry appended so far is acknowledged by the collector."""
+    from icefloe.store import open_async_store, options_for
+
+    async def check() -> bool:
+        store = open_async_store(config.store.url, options_for(config.store.endpoint_url,
+                                                              config.store.region))
+        try:
+            manifest = (await load(store, config.manifest.key)).manifest
+        finally:
+            await store.close()
+        return manifest.consumer.acked_through >= manifest.next_sequence - 1
+
+    return asyncio.run(check())

@@ -1,0 +1,65 @@
+"""Secrets out of text: URL passwords, secret query parameters and bearer tokens.
+
+Why one module: the catalog label, the store URL in a start-up line and the logging filter
+(:class:`icefloe.logs.RedactingFilter`) must mask the same things the same way. Callers
+mask what they know is a URI with :func:`mask_uri` before they log it; :func:`redact` is the
+last line of defence for free text (an exception message that quotes a connection string,
+a header echoed by a library), so it errs towards masking.
+"""
+
+from __future__ import annotations
+
+import re
+
+MASK = "***"
+SECRET_QUERY_KEYS = ("password", "secret", "token", "credential")
+"""Query parameters whose values are masked (matched as substrings, case-insensitive)."""
+
+# scheme://user:password@host: the password is everything up to the last '@' before the
+# path, so passwords with '@' or ':' in them are masked whole.
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s/]*(?=@)")
+_BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)[^\s\"',;]+")
+_SECRET_PARAM = re.compile(
+    r"(?i)(?P<head>[?&;\s](?:[a-z0-9_.-]*(?:password|secret|token|credential)[a-z0-9_.-]*)=)"
+    r"[^&\s\"',;]+")
+
+
+def _is_secret(key: str) -> bool:
+    lowered = key.lower()
+    return any(word in lowered for word in SECRET_QUERY_KEYS)
+
+
+def mask_uri(uri: str) -> str:
+    """``scheme://user:secret@host/db?password=x`` → ``scheme://user:***@host/db?password=***``.
+
+    Edits the string in place rather than re-assembling it: ``urlunsplit`` would turn
+    ``sqlite:////abs.db`` into ``sqlite://abs.db``.
+    """
+    head, sep, query = uri.partition("?")
+    if "://" in head:
+        scheme, rest = head.split("://", 1)
+        netloc, slash, path = rest.partition("/")
+        if "@" in netloc:
+            user_info, host = netloc.rsplit("@", 1)
+            user, _, password = user_info.partition(":")
+            if password:
+                netloc = f"{user}:{MASK}@{host}"
+        head = f"{scheme}://{netloc}{slash}{path}"
+    pairs = (p.partition("=") for p in query.split("&")) if query else ()
+    query = "&".join(f"{k}{eq}{MASK}" if eq and _is_secret(k) else f"{k}{eq}{v}"
+                     for k, eq, v in pairs)
+    return f"{head}{sep}{query}"
+
+
+def redact(text: str) -> str:
+    """Mask URL passwords, ``Bearer <token>`` and secret-looking ``key=value`` pairs.
+
+    Cheap when there is nothing to mask (three regex scans over the text), so it can run on
+    every log line.
+    """
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    text = _BEARER.sub(lambda m: m.group("head") + MASK, text)
+    if "=" in text:
+        text = _SECRET_PARAM.sub(lambda m: m.group("head") + MASK, text)
+    return text

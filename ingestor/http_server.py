@@ -1,0 +1,75 @@
+"""The uvicorn server of the HTTP front: TLS, keep-alive and header deadlines wired in.
+
+Why here and not in ``server.py``: the production server and the tests must run the very
+same HTTP stack (protocol class, TLS context, timeouts), so it is built in one function.
+
+uvicorn's httptools protocol has no deadline for request headers; :func:`guarded_protocol`
+subclasses it to report connections waiting for headers to a
+:class:`~ingestor.slow_clients.SlowClientGuard`, which answers 408 and closes those that
+take longer than ``header_timeout_s``. Idle keep-alive connections are closed by uvicorn
+after ``keep_alive_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from icefloe.config import IngestorSection
+from ingestor.slow_clients import SlowClientGuard
+from ingestor.tls import CertificateReloader
+
+_TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s")
+_TIMEOUT_BODY = (b'{"error":"request_timeout","message":"the request headers did not arrive '
+                 b'in time","details":[]}')
+
+
+def guarded_protocol(guard: SlowClientGuard) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, with header deadlines enforced by ``guard``."""
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            guard.expect_headers(self, self.loop.time())
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            guard.expect_headers(self, self.loop.time())
+
+        def on_headers_complete(self) -> None:
+            guard.headers_done(self)
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            guard.headers_done(self)
+            super().connection_lost(exc)
+
+        def header_timeout(self) -> None:
+            """Too slow: say so (408) and close, like nginx's ``client_header_timeout``."""
+            if not self.transport.is_closing():
+                self.transport.write(_TIMEOUT_408 % (len(_TIMEOUT_BODY), _TIMEOUT_BODY))
+                self.transport.close()
+
+    return GuardedHttpToolsProtocol
+
+
+def slow_client_guard(ing: IngestorSection) -> SlowClientGuard:
+    return SlowClientGuard(ing.header_timeout_s, ing.body_timeout_s, ing.body_min_bytes_per_s)
+
+
+def http_config(app: Any, ing: IngestorSection, guard: SlowClientGuard,
+                tls: CertificateReloader | None = None, *,
+                loop: str = "none") -> uvicorn.Config:
+    """uvicorn settings of the HTTP front; serve with ``Server.serve(sockets=[...])``."""
+    config = uvicorn.Config(
+        app, loop=loop, http=guarded_protocol(guard), lifespan="off", access_log=False,
+        log_level="warning", timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
+        timeout_keep_alive=ing.keep_alive_s,  # type: ignore[arg-type]
+        proxy_headers=False, server_header=False,
+        ssl_context_factory=None if tls is None else (lambda _config, _default:
+                                                      tls.http_context))
+    return config

@@ -1,0 +1,119 @@
+"""Slow-loris defence: HTTP clients whose headers or body arrive too slowly are cut off.
+
+Why this is needed: uvicorn (httptools) has no timeout for request headers, and a body is
+read as fast as the client sends it, so a client that opens connections and dribbles a
+byte every few seconds holds each one — and its buffers — forever. The rules (Apache's
+``mod_reqtimeout`` model):
+
+* headers must be complete ``header_timeout_s`` after the connection opens (or, on a
+  keep-alive connection, after the next request's first byte);
+* a body must be complete ``body_timeout_s`` after the headers, plus one second for every
+  ``body_min_bytes_per_s`` bytes received so far — a slow but steady upload goes on, a
+  trickle is refused with 408 and its connection closed.
+
+Why a sweeper instead of a timer per request: arming and cancelling an event-loop timer
+costs ~4-8 µs, a noticeable share of a ~35 µs request. Here a request only enters and
+leaves a dict; one callback every ``sweep_s`` (0.5 s) looks at what is waiting, and only
+while something is. Deadlines are therefore enforced within ``sweep_s``.
+
+Not thread-safe: one instance belongs to the event loop of one HTTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+SWEEP_S = 0.5
+
+
+class HeaderWaiter(Protocol):
+    """A connection waiting for request headers (the guarded uvicorn protocol)."""
+
+    def header_timeout(self) -> None: ...
+
+
+class BodyRead:
+    """One body being read: when it started, how much arrived, whether time ran out."""
+
+    __slots__ = ("expired", "received", "started", "task")
+
+    def __init__(self, task: asyncio.Task[object] | None, started: float) -> None:
+        self.task = task
+        self.started = started
+        self.received = 0
+        self.expired = False
+
+
+class SlowClientGuard:
+    """Header and body deadlines of one HTTP server's connections (see module docstring)."""
+
+    def __init__(self, header_timeout_s: float, body_timeout_s: float,
+                 body_min_bytes_per_s: float, sweep_s: float = SWEEP_S) -> None:
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.body_min_bytes_per_s = body_min_bytes_per_s
+        self.sweep_s = sweep_s
+        self.headers: dict[HeaderWaiter, float] = {}
+        self.bodies: dict[BodyRead, None] = {}
+        self.cut_headers = 0
+        self.cut_bodies = 0
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    # -- registration (hot path: dict operations only) ------------------------------------
+
+    def expect_headers(self, connection: HeaderWaiter, now: float) -> None:
+        """``connection`` waits for headers since ``now`` (kept if it already waits)."""
+        if connection not in self.headers:
+            self.headers[connection] = now
+            self._ensure_sweeping()
+
+    def headers_done(self, connection: HeaderWaiter) -> None:
+        self.headers.pop(connection, None)
+
+    def begin_body(self) -> BodyRead:
+        """Register the current task's body read (see :meth:`end_body`)."""
+        loop = asyncio.get_running_loop()
+        read = BodyRead(asyncio.current_task(), loop.time())
+        self.bodies[read] = None
+        self._ensure_sweeping()
+        return read
+
+    def end_body(self, read: BodyRead) -> None:
+        self.bodies.pop(read, None)
+
+    def body_deadline(self, read: BodyRead) -> float:
+        extra = read.received / self.body_min_bytes_per_s if self.body_min_bytes_per_s else 0
+        return read.started + self.body_timeout_s + extra
+
+    # -- the sweeper -----------------------------------------------------------------------
+
+    def _ensure_sweeping(self) -> None:
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.sweep_s, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweeper = None
+        now = loop.time()
+        late = [c for c, since in self.headers.items() if now - since > self.header_timeout_s]
+        for connection in late:
+            self.headers.pop(connection, None)
+            self.cut_headers += 1
+            connection.header_timeout()
+        for read in [r for r in self.bodies if now > self.body_deadline(r)]:
+            self.bodies.pop(read, None)
+            if read.task is not None and not read.task.done():
+                read.expired = True
+                self.cut_bodies += 1
+                read.task.cancel()
+        if self.headers or self.bodies:
+            self._sweeper = loop.call_later(self.sweep_s, self._sweep, loop)
+
+    def close(self) -> None:
+        """Stop sweeping (server shutdown)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        self.headers.clear()
+        self.bodies.clear()

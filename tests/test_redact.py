@@ -1,0 +1,66 @@
+"""Secrets never reach a log line: URL passwords, bearer tokens, secret parameters."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from icefloe.logs import setup_logging
+from icefloe.redact import mask_uri, redact
+
+
+@pytest.mark.parametrize(("text", "masked"), [
+    ("postgresql://icefloe:s3cret@db:5432/icefloe", "postgresql://icefloe:***@db:5432/icefloe"),
+    ("cannot open postgresql://u:p@ss:w0rd@db/x?sslmode=require&password=pw2 now",
+     "cannot open postgresql://u:***@db/x?sslmode=require&password=*** now"),
+    ("Authorization: Bearer ifl_abc.DEF-123", "Authorization: Bearer ***"),
+    ("{'authorization': 'bearer xyz'}", "{'authorization': 'bearer ***'}"),
+    ("s3://bucket/key?X-Amz-Credential=AKIA/x&X-Amz-Signature=1",
+     "s3://bucket/key?X-Amz-Credential=***&X-Amz-Signature=1"),
+    ("http://minio:9000/bucket", "http://minio:9000/bucket"),  # nothing to mask
+    ("sqlite:////var/lib/icefloe/catalog.db", "sqlite:////var/lib/icefloe/catalog.db"),
+    ("user@example.com wrote a=b", "user@example.com wrote a=b"),
+])
+def test_should_mask_secrets_in_free_text(text, masked):
+    assert redact(text) == masked
+
+
+def test_should_mask_a_uri_it_knows_is_one():
+    assert mask_uri("postgresql://u:pw@h:5432/db?sslmode=require&password=x") == \
+        "postgresql://u:***@h:5432/db?sslmode=require&password=***"
+
+
+@pytest.fixture
+def root_logger() -> Iterator[None]:
+    """``setup_logging`` replaces the root logger's handlers: put them back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_should_redact_every_log_line_as_the_last_line_of_defence(root_logger, capsys, fmt):
+    setup_logging("info", fmt)  # a handler on the stderr pytest captures now
+    log = logging.getLogger("icefloe.test")
+    log.info("connecting to %s", "postgresql://icefloe:pw-in-args@db/icefloe")
+    log.warning("echoed header", extra={"header": "Bearer ifl_in-an-extra-field"})
+    try:
+        raise RuntimeError("could not connect to postgresql://u:pw-in-traceback@db/x")
+    except RuntimeError:
+        log.exception("catalog failed")
+    out = capsys.readouterr().err
+    for secret in ("pw-in-args", "ifl_in-an-extra-field", "pw-in-traceback"):
+        assert secret not in out
+    assert "postgresql://icefloe:***@db/icefloe" in out
+    assert "RuntimeError: could not connect to postgresql://u:***@db/x" in out
+    if fmt == "json":
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert lines[1]["header"] == "Bearer ***"
+        assert lines[2]["msg"] == "catalog failed"
