@@ -8,7 +8,17 @@ Runs, side by side in one run, on this machine:
   separate process (``--load``: raw asyncio sockets, so the client stays cheap);
 * in-process costs per request: a token check on an open stream vs a cached token, the
   first (scrypt) verification of a token, a rate-limit admission, the slow-loris guard's
-  body registration, and the redacting log filter per line.
+  body registration, and the redacting log filter per line;
+* rate limits under load: a real ingestor with streams limited to 2,000 events/s and to
+  400 kB/s (``burst_s`` 1), each driven for 5 s (``--quick``) or 20 s by 16 keep-alive
+  HTTP clients posting 50-event batches from a separate process (``--rate-load``), far
+  above the limit: *greedy* clients resend at once after a 429, *polite* ones wait out
+  ``Retry-After`` and resend the same batch. Reported against the configured limit (the
+  baseline): accepted events or bytes per second in the steady state (requests sent after
+  the first second, when the full initial bucket is spent) and over the whole run (where
+  the bucket's initial ``burst_s`` worth adds ``1/run`` to the ratio), the share of
+  requests answered 429, and for polite clients the ``Retry-After`` they got and how many
+  of their retries after waiting it out were accepted.
 
 Usage: python bench/security_bench.py [--quick] [--json PATH]
 """
@@ -118,9 +128,10 @@ columns = [{{ name = "url", type = "string" }}]
 """
 
 
-def start_ingestor(folder: Path, tls: str) -> tuple[subprocess.Popen[str], int]:
+def start_ingestor(folder: Path, tls: str, template: str = CONFIG
+                   ) -> tuple[subprocess.Popen[str], int]:
     path = folder / "icefloe.toml"
-    path.write_text(textwrap.dedent(CONFIG.format(http_port=0, tls=tls)))
+    path.write_text(textwrap.dedent(template.format(http_port=0, tls=tls)))
     proc = subprocess.Popen([ICEFLOE, "ingestor", "--config", str(path), "--log-level",
                              "warning"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
@@ -157,6 +168,156 @@ def transport(quick: bool) -> list[Result]:
                           (1 / tls_rate - 1 / plain) * 1e6, "µs"))
     results.append(Result("new TLS connections: handshake + 1 request (per s)",
                           rates["handshakes"], "conn/s", baseline=tls_rate))
+    return results
+
+
+# -- rate limits under load ------------------------------------------------------------------
+
+EVENTS_LIMIT = 2_000.0  # events/s
+BYTES_LIMIT = 400_000.0  # bytes/s of canonical event JSON
+RATE_CLIENTS = 16
+BATCH = 50
+WARMUP_S = 1.0  # the initial bucket (burst_s = 1) is spent well within this
+RATE_COLUMNS = (("user_id", "string"), ("url", "string"), ("duration_ms", "long"),
+                ("ref", "string"))
+
+
+def _rate_stream(name: str, measure: str, limit: float) -> str:
+    columns = "".join(f'[[streams.columns]]\nname = "{c}"\ntype = "{t}"\n'
+                      for c, t in RATE_COLUMNS)
+    return (f'[[streams]]\nname = "{name}"\ntable = "bench.{name}"\n{columns}'
+            f"[streams.rate_limit]\n{measure}_per_s = {limit}\nburst_s = 1\n")
+
+
+RATE_CONFIG = CONFIG.split("[[streams]]")[0] + "".join((
+    _rate_stream("events_limited", "events", EVENTS_LIMIT),
+    _rate_stream("polite", "events", EVENTS_LIMIT),
+    _rate_stream("bytes_limited", "bytes", BYTES_LIMIT)))
+"""The config template (``{http_port}``, ``{tls}``) of the rate-limit runs: three streams."""
+RATE_EVENT = ('{"user_id":"user-%05d","url":"https://example.com/products/%d?ref=campaign-7",'
+              '"duration_ms":%d,"ref":"newsletter-2026-11"}')
+
+
+def rate_body() -> bytes:
+    return ("[" + ",".join(RATE_EVENT % (i, i % 997, i * 7 % 60000)
+                           for i in range(BATCH)) + "]").encode()
+
+
+def canonical_bytes(body: bytes) -> int:
+    """What the bytes bucket counts for ``body``: its events as canonical JSON."""
+    from icefloe.config import Column, StreamConfig
+    from icefloe.schema import CompiledStream
+
+    stream = StreamConfig("b", "bench.b", tuple(Column(c, t) for c, t in RATE_COLUMNS))
+    return sum(map(len, CompiledStream(stream).from_json(body).payloads))
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = dict(line.lower().split(b": ", 1) for line in lines[1:] if b": " in line)
+    await reader.readexactly(int(headers.get(b"content-length", b"0")))
+    return int(lines[0].split(b" ", 2)[1]), headers
+
+
+async def _rate_load(port: int, stream: str, seconds: float, connections: int,
+                     polite: bool) -> dict[str, float]:
+    """``connections`` clients posting one batch at a time for ``seconds``; a polite client
+    waits ``Retry-After`` after a 429 and resends the same batch, the others resend at once."""
+    body = rate_body()
+    request = (b"POST /v1/streams/%s/events HTTP/1.1\r\nhost: bench\r\n"
+               b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+               % (stream.encode(), len(body), body))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    stop_at = started + seconds
+    totals = {"requests": 0, "accepted": 0, "steady": 0, "refused": 0, "retry_after_sum": 0.0,
+              "retries": 0, "retries_accepted": 0}
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        waited = False
+        while loop.time() < stop_at:
+            sent = loop.time() - started  # ~ when admitted (the 202 waits for the flush)
+            writer.write(request)
+            status, headers = await _response(reader)
+            totals["requests"] += 1
+            totals["retries"] += waited
+            if status == 202:
+                totals["accepted"] += 1
+                totals["retries_accepted"] += waited
+                if sent >= WARMUP_S:
+                    totals["steady"] += 1
+                waited = False
+            elif status == 429:
+                totals["refused"] += 1
+                retry_after = float(headers[b"retry-after"])
+                totals["retry_after_sum"] += retry_after
+                waited = polite and loop.time() + retry_after < stop_at
+                if waited:
+                    await asyncio.sleep(retry_after)
+                elif polite:
+                    break
+            else:
+                raise RuntimeError(f"unexpected HTTP {status}")
+        writer.close()
+
+    await asyncio.gather(*(client() for _ in range(connections)))
+    return totals
+
+
+def rate_load_main(argv: list[str]) -> None:
+    """``--rate-load PORT STREAM SECONDS CONNECTIONS polite|greedy``: totals as JSON."""
+    import uvloop
+
+    port, stream, seconds, connections, mode = (int(argv[0]), argv[1], float(argv[2]),
+                                                int(argv[3]), argv[4])
+    print(json.dumps(uvloop.run(_rate_load(port, stream, seconds, connections,
+                                           mode == "polite"))))
+
+
+def run_rate_load(port: int, stream: str, seconds: float, polite: bool) -> dict[str, float]:
+    args = [PYTHON, __file__, "--rate-load", str(port), stream, str(seconds),
+            str(RATE_CLIENTS), "polite" if polite else "greedy"]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def rate_limits(quick: bool) -> list[Result]:
+    seconds = 5.0 if quick else 20.0
+    steady_s = seconds - WARMUP_S
+    per_request = {"events": float(BATCH), "bytes": float(canonical_bytes(rate_body()))}
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_ingestor(Path(tmp), "", RATE_CONFIG)
+        try:
+            for stream, polite in (("events_limited", False), ("polite", True),
+                                   ("bytes_limited", False)):
+                runs[stream] = run_rate_load(port, stream, seconds, polite)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    results = []
+    for stream, measure, limit, who in (("events_limited", "events", EVENTS_LIMIT, "greedy"),
+                                        ("polite", "events", EVENTS_LIMIT, "polite"),
+                                        ("bytes_limited", "bytes", BYTES_LIMIT, "greedy")):
+        got, unit = runs[stream], f"{measure}/s"
+        size = per_request[measure]
+        label = f"{measure}/s limit, {RATE_CLIENTS} {who} clients"
+        if stream != "polite":
+            results.append(Result(f"{label}: offered", got["requests"] * size / seconds, unit,
+                                  baseline=limit))
+        results.append(Result(f"{label}: accepted, steady (sent after {WARMUP_S:g} s)",
+                              got["steady"] * size / steady_s, unit, baseline=limit))
+        results.append(Result(f"{label}: accepted, whole {seconds:g} s run",
+                              got["accepted"] * size / seconds, unit, baseline=limit))
+        results.append(Result(f"{label}: requests answered 429 (%)",
+                              100 * got["refused"] / max(1, got["requests"]), "%"))
+        if stream == "polite":
+            results.append(Result(f"{label}: mean Retry-After (s)",
+                                  got["retry_after_sum"] / max(1, got["refused"]), "s"))
+            results.append(Result(f"{label}: retries after Retry-After accepted (%)",
+                                  100 * got["retries_accepted"] / max(1, got["retries"]), "%"))
     return results
 
 
@@ -240,9 +401,13 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--load":
         load_main(sys.argv[2:])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--rate-load":
+        rate_load_main(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="3 s per transport run")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 s per transport run, 5 s per rate-limit run")
     parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
     args = parser.parse_args()
     count = 20_000 if args.quick else 200_000
@@ -250,7 +415,9 @@ def main() -> None:
     results += asyncio.run(_auth_costs(count))
     results += redaction_cost(count)
     print_table("security costs (ingestor)", results)
-    write_json(args.json, results)
+    limits = rate_limits(args.quick)
+    print_table("rate limits under load (baseline: the configured limit)", limits)
+    write_json(args.json, results + limits)
 
 
 if __name__ == "__main__":

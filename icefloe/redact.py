@@ -19,9 +19,18 @@ SECRET_QUERY_KEYS = ("password", "secret", "token", "credential")
 # path, so passwords with '@' or ':' in them are masked whole.
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s/]*(?=@)")
 _BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)[^\s\"',;]+")
+_ICEFLOE_TOKEN = re.compile(r"\bifl_[A-Za-z0-9_-]{8,}")
+"""A token ``icefloe token new`` made, wherever it appears (its prefix is there for this)."""
+_SECRET_WORD = r"(?:password|secret|token|credential)"
+_SECRET_KEY = rf"[a-z0-9_.-]*{_SECRET_WORD}[a-z0-9_.-]*"
+_COMPOUND_KEY = rf"(?:[a-z0-9_.-]*[_.-]{_SECRET_WORD}[a-z0-9_.-]*|{_SECRET_WORD}[_.-][a-z0-9_.-]*)"
+# The value after a secret-looking key, the key at the start of the text or after a
+# separator: key=value; 'key': 'value' (a dict or JSON echoed in an error); and key: value
+# for compound keys (client_secret: x) — a bare "token:" is as likely prose as a key.
 _SECRET_PARAM = re.compile(
-    r"(?i)(?P<head>[?&;\s](?:[a-z0-9_.-]*(?:password|secret|token|credential)[a-z0-9_.-]*)=)"
-    r"[^&\s\"',;]+")
+    r"(?i)(?P<head>(?:^|(?<=[?&;\s,({\[]))"
+    rf"(?:[\"']{_SECRET_KEY}[\"']\s*[=:]|{_SECRET_KEY}\s*=|{_COMPOUND_KEY}\s*:)"
+    r"\s*[\"']?)[^&\s\"',;)}\]]+")
 
 
 def _is_secret(key: str) -> bool:
@@ -52,14 +61,17 @@ def mask_uri(uri: str) -> str:
 
 
 def redact(text: str) -> str:
-    """Mask URL passwords, ``Bearer <token>`` and secret-looking ``key=value`` pairs.
+    """Mask URL passwords, ``Bearer <token>``, icefloe tokens (``ifl_...``) and the values of
+    secret-looking keys (``password=x``, ``secret: x``, ``'token': 'x'``).
 
-    Cheap when there is nothing to mask (three regex scans over the text), so it can run on
+    Cheap when there is nothing to mask (a few regex scans over the text), so it can run on
     every log line.
     """
     if "://" in text:
         text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
     text = _BEARER.sub(lambda m: m.group("head") + MASK, text)
-    if "=" in text:
+    if "ifl_" in text:
+        text = _ICEFLOE_TOKEN.sub("ifl_" + MASK, text)
+    if "=" in text or ":" in text:
         text = _SECRET_PARAM.sub(lambda m: m.group("head") + MASK, text)
     return text

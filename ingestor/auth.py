@@ -1,14 +1,15 @@
 """Write-token checks against the salted hashes in the config, fast after the first time.
 
 Why a cache, and why keyed: a scrypt verification costs ~70 ms, far too much per request,
-so each distinct presented token is verified once and the outcome remembered. The cache is
-keyed by the stream and a keyed BLAKE2b MAC of the token under a random per-process key —
-never the token itself — so a heap dump or a debugger shows nothing replayable, and an
-attacker cannot choose inputs that collide with a cached entry. (Keyed BLAKE2b is a MAC like
-HMAC-SHA256, at half its cost: ~1 µs per request here.) Per stream, because one token may
-match different entries for different streams (the same hash line pasted into two streams'
-``tokens``): each stream verifies it against its own candidates once. The verification
-itself compares digests in constant time (:meth:`icefloe.tokens.TokenHash.verify`).
+so each distinct presented token is verified once per stream and the outcome remembered.
+The cache is keyed by the stream and a keyed BLAKE2b MAC of the token under a random
+per-process key — never the token itself — so a heap dump or a debugger shows nothing
+replayable, and an attacker cannot choose inputs that collide with a cached entry. (Keyed
+BLAKE2b is a MAC like HMAC-SHA256, at half its cost: ~1 µs per request here.) Per stream,
+because one token may match different entries for different streams (the same hash line
+pasted into two streams' ``tokens``): each stream verifies it against its own candidates
+once. The verification itself compares digests in constant time
+(:meth:`icefloe.tokens.TokenHash.verify`).
 
 Who may write where: a stream accepts requests without a token only when no token is valid
 for it (neither its own ``tokens`` nor a ``[[tokens]]`` entry naming it or ``"*"``).

@@ -11,8 +11,9 @@ Only one of the two headers is read: the one the trusted proxies write
 (``[ingestor] forwarded_header``, ``x-forwarded-for`` by default; ``forwarded`` for RFC 7239).
 A proxy that writes one of them passes the other through as the client sent it, so reading
 the other — or preferring it when both are present — would let any client choose its
-address. A hop that is not an IP address (``unknown``, an obfuscated ``_node`` name, garbage) ends the walk:
-the client is then the nearest hop that is known, which is the proxy that reported it.
+address. A hop that is not an IP address (``unknown``, an obfuscated ``_node`` name,
+garbage) ends the walk: the client is then the nearest hop that is known, which is the
+proxy that reported it.
 """
 
 from __future__ import annotations

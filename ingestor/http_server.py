@@ -8,6 +8,13 @@ subclasses it to report connections waiting for headers to a
 :class:`~ingestor.slow_clients.SlowClientGuard`, which answers 408 and closes those that
 take longer than ``header_timeout_s``. Idle keep-alive connections are closed by uvicorn
 after ``keep_alive_s``.
+
+A request answered before its body arrived (a 401/404/429 refusal, a 413) is a gap in both:
+uvicorn drops the rest of that body unread, but every byte of it cancels the keep-alive
+timer, which is not armed again — so a client could hold the connection for ever by
+trickling a body nobody reads. Such a connection therefore waits for headers from the
+moment of the answer: the rest of the body and the next request's headers must arrive
+within ``header_timeout_s``, or it gets 408 and is closed.
 """
 
 from __future__ import annotations
@@ -44,6 +51,13 @@ def guarded_protocol(guard: SlowClientGuard) -> type[HttpToolsProtocol]:
             guard.headers_done(self)
             super().on_headers_complete()
 
+        def on_response_complete(self) -> None:
+            cycle, pipelined = self.cycle, bool(self.pipeline)
+            super().on_response_complete()
+            if cycle is not None and cycle.more_body and not pipelined \
+                    and not self.transport.is_closing():
+                guard.expect_headers(self, self.loop.time())  # its body is still coming
+
         def connection_lost(self, exc: Exception | None) -> None:
             guard.headers_done(self)
             super().connection_lost(exc)
@@ -67,7 +81,8 @@ def http_config(app: Any, ing: IngestorSection, guard: SlowClientGuard,
     """uvicorn settings of the HTTP front; serve with ``Server.serve(sockets=[...])``."""
     config = uvicorn.Config(
         app, loop=loop, http=guarded_protocol(guard), lifespan="off", access_log=False,
-        log_level="warning", timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
+        log_level="warning", log_config=None,  # uvicorn's lines go through our redacting handler
+        timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
         timeout_keep_alive=ing.keep_alive_s,  # type: ignore[arg-type]
         proxy_headers=False, server_header=False,
         ssl_context_factory=None if tls is None else (lambda _config, _default:

@@ -10,13 +10,15 @@ A request is admitted whole or not at all: every bucket that applies (stream, to
 events and bytes each) must have room, and only then is anything taken. A request larger
 than a bucket's capacity is admitted when that bucket is full and leaves it in debt, so an
 oversized batch is slowed down rather than refused forever. Bytes are the canonical JSON of
-the events, the same measure on HTTP and gRPC.
+the events, the same measure on HTTP and gRPC. An IPv6 client's bucket is its /64 (one host
+may use any address in it).
 
 Not thread-safe: one instance belongs to one event loop (both fronts share it).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,6 +31,9 @@ from ingestor.metrics import IngestMetrics
 MAX_CLIENTS = 65_536
 """Client addresses tracked at once; the least recently seen is forgotten beyond that (it
 starts again with a full bucket)."""
+IPV6_CLIENT_PREFIX = 64
+"""IPv6 clients share one bucket per /64: a single host is routinely given a whole /64 and
+may pick any source address in it, so a bucket per address would limit nothing."""
 _EPSILON = 1e-9
 
 
@@ -178,6 +183,7 @@ class RateLimiter:
         return applied
 
     def _client(self, client: str, now: float) -> Limit:
+        client = client_key(client)
         limit = self.clients.get(client)
         if limit is None:
             if len(self.clients) >= MAX_CLIENTS:
@@ -186,6 +192,17 @@ class RateLimiter:
         else:
             self.clients.move_to_end(client)
         return limit
+
+
+def client_key(client: str) -> str:
+    """The bucket of a client address: itself (IPv4, or not an address), or its IPv6 /64."""
+    if ":" not in client:
+        return client
+    try:
+        address = ipaddress.IPv6Address(client)
+    except ValueError:
+        return client
+    return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
 
 
 def _rate_limited(item: _Applied, wait_s: float) -> Overloaded:

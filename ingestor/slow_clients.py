@@ -9,7 +9,10 @@ byte every few seconds holds each one — and its buffers — forever. The rules
   keep-alive connection, after the next request's first byte);
 * a body must be complete ``body_timeout_s`` after the headers, plus one second for every
   ``body_min_bytes_per_s`` bytes received so far — a slow but steady upload goes on, a
-  trickle is refused with 408 and its connection closed.
+  trickle is refused with 408 and its connection closed;
+* a request answered before its body arrived (a refusal): the rest of that body and the
+  next request's headers within ``header_timeout_s`` of the answer
+  (:mod:`ingestor.http_server`).
 
 Why a sweeper instead of a timer per request: arming and cancelling an event-loop timer
 costs ~4-8 µs, a noticeable share of a ~35 µs request. Here a request only enters and

@@ -84,12 +84,22 @@ def build_context(files: TlsFiles) -> ssl.SSLContext:
     """A server context from the files: TLS 1.2+, HTTP/1.1 ALPN, client certs if mTLS."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(files.cert, files.key)
+    context.load_cert_chain(files.cert, files.key, password=_encrypted_key)
     context.set_alpn_protocols(["http/1.1"])
     if files.client_ca:
         context.load_verify_locations(cafile=files.client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+class EncryptedKey(Exception):
+    """The private key needs a passphrase (icefloe takes unencrypted keys only)."""
+
+
+def _encrypted_key() -> bytes:
+    """Asked for by OpenSSL only for an encrypted key: refuse, rather than let OpenSSL prompt
+    on the terminal (blocking the event loop during a reload) or fail with EINVAL."""
+    raise EncryptedKey
 
 
 def _read(files: TlsFiles) -> tuple[bytes, ...]:
@@ -113,6 +123,9 @@ def load_material(files: TlsFiles) -> TlsMaterial:
     before = _read(files)
     try:
         context = build_context(files)
+    except EncryptedKey:
+        raise ConfigError(f"ingestor.tls_key_file ({files.key}): the private key is encrypted; "
+                          "give an unencrypted key (keep it 0600)") from None
     except ssl.SSLError as exc:
         raise ConfigError(f"ingestor.tls_cert_file/tls_key_file ({files.cert}, {files.key}"
                           f"{', ' + files.client_ca if files.client_ca else ''}): cannot "

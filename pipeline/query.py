@@ -8,14 +8,16 @@ reads that same snapshot, so a self-join or a ``count(*)`` next to a ``sum`` agr
 
 Names resolve in this order: ``namespace.table`` as written; a bare name that is a stream
 (``pageviews`` → its table); a bare name that is the table part of exactly one stream's
-table. Only read-only queries run (``SELECT``, set operations, ``WITH``); anything else is
-refused before Spark starts.
+table. ``FOR VERSION AS OF <snapshot id>`` or ``FOR TIMESTAMP AS OF '<time>'`` after a
+reference pins that one reference (it wins over ``--as-of``); the same table may then be
+read at two snapshots in one query (a before/after comparison). Only read-only queries run
+(``SELECT``, set operations, ``WITH``); anything else is refused before Spark starts.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from icefloe.config import Config
@@ -66,6 +68,9 @@ class Plan:
     sql: str
     tables: dict[str, str]  # identifier -> view name
     snapshots: dict[str, int | None]  # identifier -> snapshot id (None: empty table)
+    # Keys of ``tables`` that are not plain identifiers (a reference with its own
+    # ``FOR VERSION/TIMESTAMP AS OF``: ``web.t@<snapshot>``) -> the identifier they read.
+    identifiers: dict[str, str] = field(default_factory=dict)
 
 
 def parse(sql: str) -> exp.Expression:
@@ -125,18 +130,58 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
         return Plan(tree.sql(dialect="spark"), {}, {})
     views: dict[str, str] = {}
     snapshots: dict[str, int | None] = {}
+    identifiers: dict[str, str] = {}
+    loaded: dict[str, Table] = {}
     for ref in references:
         identifier = resolve_name(ref, config)
-        if identifier not in views:
-            table = load_table(config.catalog, identifier)
-            snapshots[identifier] = _pin(table, identifier, as_of)
-            views[identifier] = f"__icefloe_{len(views)}_{identifier.replace('.', '_')}"
+        clause = time_travel(ref)
+        if identifier not in loaded:
+            loaded[identifier] = load_table(config.catalog, identifier)
+        key = identifier
+        if clause is not None:
+            key = f"{identifier}@{pin(loaded[identifier], identifier, clause)}"
+            identifiers[key] = identifier
+        if key not in views:
+            snapshots[key] = pin(loaded[identifier], identifier, clause or as_of)
+            views[key] = f"__icefloe_{len(views)}_{identifier.replace('.', '_')}"
         alias = ref.alias or ref.name
-        ref.replace(exp.to_table(views[identifier]).as_(alias))
-    return Plan(tree.sql(dialect="spark"), views, snapshots)
+        ref.replace(exp.to_table(views[key]).as_(alias))
+    return Plan(tree.sql(dialect="spark"), views, snapshots, identifiers)
 
 
-def _pin(table: Table, identifier: str, as_of: AsOf | None) -> int | None:
+def time_travel(ref: exp.Table) -> AsOf | None:
+    """The reference's ``FOR VERSION|TIMESTAMP AS OF`` clause as an :class:`AsOf`, removed
+    from the tree (Spark reads a temp view, which has no versions of its own)."""
+    from sqlglot import exp
+
+    version = ref.args.get("version")
+    if version is None:
+        return None
+    ref.set("version", None)
+    kind = str(version.this).upper()
+    value = version.expression
+    where = f"{ref.sql(dialect='spark')} FOR {kind} {version.text('kind')}"
+    if str(version.args.get("kind", "")).upper() != "AS OF" or not isinstance(value,
+                                                                             exp.Literal):
+        raise QueryError(f"{where}: write FOR VERSION AS OF <snapshot id> or FOR TIMESTAMP "
+                         "AS OF '<ISO 8601 time>'")
+    text = value.this.strip()
+    if kind == "VERSION":
+        if not text.isdigit():
+            raise QueryError(f"{where} {text!r}: a version is a snapshot id (digits, see "
+                             "`icefloe tables history`)")
+        return AsOf(snapshot_id=int(text))
+    if text.isdigit():
+        raise QueryError(f"{where} {text}: a timestamp is quoted ISO 8601, such as "
+                         "'2026-11-23T17:00:00Z'")
+    try:
+        return AsOf.parse(text)
+    except QueryError:
+        raise QueryError(f"{where} {text!r}: not an ISO 8601 time (such as "
+                         "'2026-11-23T17:00:00Z')") from None
+
+
+def pin(table: Table, identifier: str, as_of: AsOf | None) -> int | None:
     """The snapshot to read: current, the given id, or the one current at the given time."""
     from pipeline.iceberg_source import resolve_snapshot
 
@@ -163,9 +208,9 @@ def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | No
     from pipeline.iceberg_source import read_table
 
     pinned = plan(sql, config, as_of)
-    for identifier, view in pinned.tables.items():
-        read_table(spark, config.catalog, identifier,
-                   snapshot_id=pinned.snapshots[identifier]).createOrReplaceTempView(view)
+    for key, view in pinned.tables.items():
+        read_table(spark, config.catalog, pinned.identifiers.get(key, key),
+                   snapshot_id=pinned.snapshots[key]).createOrReplaceTempView(view)
     try:
         frame = spark.sql(pinned.sql)
         if limit is not None:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import msgspec
 import httpx
+import msgspec
 import pytest
 from ingest_support import ORDERS, PAGEVIEWS, TOKEN, TOKEN_HASH, make_config
 from security_support import ingestor

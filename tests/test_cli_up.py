@@ -434,3 +434,35 @@ def test_should_show_the_token_header_only_for_streams_that_need_one():
         TokenConfig(name="shop", hash="scrypt$x$y", streams=("orders",)),))
     assert _needs_token(scoped, orders)
     assert not _needs_token(scoped, pageviews)
+
+
+def test_should_restart_a_crashed_ingestor_and_keep_serving(tmp_path):
+    """`up` supervises its ingestor processes: a kill -9 of one is noticed and it is
+    restarted on the shared ports, while the other keeps answering."""
+    import subprocess
+
+    http = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "icefloe", "up", "--data-dir", str(tmp_path / "data"),
+         "--http-port", str(http), "--grpc-port", "0", "--ingestors", "2",
+         "--no-collector"], cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        while "gRPC" not in (line := proc.stdout.readline()):
+            assert line, proc.stderr.read() if proc.stderr else ""
+        first = _ingestor_pids(proc.pid)
+        assert len(first) == 2
+        os.kill(first[0], signal.SIGKILL)
+        wait_for(lambda: len(_ingestor_pids(proc.pid)) == 2
+                 and first[0] not in _ingestor_pids(proc.pid), 60, "a replacement ingestor")
+        for i in range(20):  # both the survivor and the replacement answer on the port
+            response = httpx.post(f"http://127.0.0.1:{http}/v1/streams/pageviews/events",
+                                  json={"user_id": f"u{i}", "url": "/"}, timeout=10)
+            assert response.status_code == 202
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
+    assert proc.stderr is not None
+    assert "stopped (exit code -9); restarting in 1 s" in proc.stderr.read()

@@ -84,6 +84,19 @@ def test_should_take_from_every_bucket_or_from_none(tmp_path):
     assert refused == {("pageviews", "client"): 1, ("pageviews", "stream"): 1}
 
 
+def test_should_give_an_ipv6_client_one_bucket_per_64(tmp_path):
+    """A host owns its /64 and may send from any address in it: one address per request
+    must not mean a fresh bucket per request."""
+    config = make_config(tmp_path, (PAGEVIEWS,), client_rate_limit=RateLimit(events_per_s=2))
+    limits, _ = limiter(config, Clock())
+    limits.admit("pageviews", None, "2001:db8:1:2::1", 1, 1)
+    limits.admit("pageviews", None, "2001:db8:1:2:ffff::9", 1, 1)
+    with pytest.raises(Overloaded):
+        limits.precheck_client("pageviews", "2001:db8:1:2:abcd::7")
+    limits.admit("pageviews", None, "2001:db8:1:3::1", 1, 1)  # another /64: its own bucket
+    limits.admit("pageviews", None, "198.51.100.1", 2, 2)
+
+
 def test_should_only_check_without_taking_before_the_body(tmp_path):
     stream = msgspec.structs.replace(PAGEVIEWS, rate_limit=RateLimit(events_per_s=1,
                                                                      burst_s=1))

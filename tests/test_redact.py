@@ -23,6 +23,15 @@ from icefloe.redact import mask_uri, redact
     ("http://minio:9000/bucket", "http://minio:9000/bucket"),  # nothing to mask
     ("sqlite:////var/lib/icefloe/catalog.db", "sqlite:////var/lib/icefloe/catalog.db"),
     ("user@example.com wrote a=b", "user@example.com wrote a=b"),
+    # the key at the very start, dicts and JSON echoed in errors, compound keys with ':'
+    ("password=hunter2 rejected", "password=*** rejected"),
+    ("AWS_SECRET_ACCESS_KEY=abc/def+g", "AWS_SECRET_ACCESS_KEY=***"),
+    ("{'credential': 'id:s3cret', 'uri': 'http://rest'}", "{'credential': '***', 'uri': 'http://rest'}"),
+    ('{"password": "x"}', '{"password": "***"}'),
+    ("client_secret: abc", "client_secret: ***"),
+    ("needs a write token: send one", "needs a write token: send one"),  # prose, not a key
+    # an icefloe token anywhere, with or without a scheme in front of it
+    ("got ifl_AbCdEf0123456789-_xyz in a header", "got ifl_*** in a header"),
 ])
 def test_should_mask_secrets_in_free_text(text, masked):
     assert redact(text) == masked
@@ -64,3 +73,34 @@ def test_should_redact_every_log_line_as_the_last_line_of_defence(root_logger, c
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         assert lines[1]["header"] == "Bearer ***"
         assert lines[2]["msg"] == "catalog failed"
+
+
+def test_should_mask_secrets_in_the_one_line_cli_error():
+    from icefloe.cli import _describe
+    from icefloe.errors import IcefloeError
+
+    line = _describe(IcefloeError("cannot open postgresql://icefloe:pw-in-error@db/x\nmore"))
+    assert line == "cannot open postgresql://icefloe:***@db/x"
+
+
+def test_should_send_uvicorn_lines_through_the_redacting_handler(root_logger, capsys):
+    from icefloe.config import IngestorSection
+    from ingestor.http_server import http_config, slow_client_guard
+
+    # as in a fresh ingestor process: earlier tests in this pytest process may have run a
+    # uvicorn server with uvicorn's default logging, which leaves its own handlers behind
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers[:], lg.propagate = [], True
+    try:
+        setup_logging("info", "json")
+        ing = IngestorSection()
+        http_config(object(), ing, slow_client_guard(ing))  # uvicorn configures logging here
+        logging.getLogger("uvicorn.error").warning("Invalid header: Bearer ifl_uvicorn-secret")
+    finally:
+        for lg, (handlers, propagate) in zip(loggers, saved, strict=True):
+            lg.handlers[:], lg.propagate = handlers, propagate
+    out = capsys.readouterr().err
+    assert "ifl_uvicorn-secret" not in out
+    assert json.loads(out.strip().splitlines()[-1])["msg"] == "Invalid header: Bearer ***"

@@ -85,12 +85,19 @@ async def test_should_cut_off_a_body_that_trickles_in(quick):
             connection(ports.http) as (reader, writer):
         writer.write(head(4000))  # 4000 bytes at ~10 bytes/s: far below 200 bytes/s
         sender = asyncio.create_task(dribble(writer, b" " * 4000, every_s=0.1))
-        reply = await answer(reader)
+        try:
+            reply: bytes | None = await answer(reader)
+        except ConnectionResetError:
+            # The server closed while our bytes were still arriving: the kernel answers
+            # those with a reset, which can overtake the 408 (uvicorn does not linger the
+            # way nginx does). Being cut off within GIVE_UP_S is the behaviour under test.
+            reply = None
         sender.cancel()
-    status, _, rest = reply.partition(b"\r\n")
-    assert status == b"HTTP/1.1 408 Request Timeout"
-    assert b"connection: close" in rest.lower()
-    assert b'"error":"request_timeout"' in rest
+    if reply is not None:
+        status, _, rest = reply.partition(b"\r\n")
+        assert status == b"HTTP/1.1 408 Request Timeout"
+        assert b"connection: close" in rest.lower()
+        assert b'"error":"request_timeout"' in rest
 
 
 async def test_should_accept_a_slow_but_steady_body(quick):
@@ -136,3 +143,40 @@ async def test_should_bound_concurrent_grpc_calls_per_connection(quick):
             assert await held.read() is grpc.aio.EOF
 
 
+
+
+def refused_head(length: int) -> bytes:
+    """A request the ingestor answers (404) before reading a byte of its body."""
+    return (b"POST /v1/streams/no-such-stream/events HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % length)
+
+
+async def test_should_cut_off_the_trickling_body_of_a_refused_request(quick):
+    """Answered before its body is read, a request must not let the client hold the
+    connection by trickling that body (uvicorn discards it and cancels keep-alive on
+    every byte): the rest must come within header_timeout_s of the answer."""
+    async with ingestor(quick()) as ports, \
+            connection(ports.http) as (reader, writer):
+        writer.write(refused_head(4000))
+        sender = asyncio.create_task(dribble(writer, b" " * 4000, every_s=0.1))
+        reply = await asyncio.wait_for(reader.readuntil(b'"details":[]}'), GIVE_UP_S)
+        # then the connection must end (a reset is fine: the client was still sending)
+        with contextlib.suppress(ConnectionResetError):
+            await answer(reader)
+        sender.cancel()
+    assert reply.startswith(b"HTTP/1.1 404 ")
+
+
+async def test_should_close_an_idle_connection_after_a_refused_body_arrived(quick):
+    """uvicorn's keep-alive timer is cancelled by the late body and never armed again."""
+    async with ingestor(quick()) as ports, \
+            connection(ports.http) as (reader, writer):
+        writer.write(refused_head(len(BODY)))
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b'"details":[]}'), GIVE_UP_S)
+        writer.write(BODY)  # the rest of the refused request, then nothing
+        await writer.drain()
+        reply = first + await answer(reader)
+    assert reply.startswith(b"HTTP/1.1 404 ")
+    assert reply.count(b"HTTP/1.1 ") == 2
+    assert b"HTTP/1.1 408 " in reply

@@ -19,6 +19,7 @@ import grpc
 import httpx
 import msgspec
 import pytest
+from cryptography.hazmat.primitives import serialization
 from ingest_support import PAGEVIEWS, make_config
 from security_support import Authority, ingestor
 
@@ -227,6 +228,19 @@ def test_should_name_the_key_of_a_missing_or_broken_tls_file(tmp_path, pki):
     with pytest.raises(ConfigError, match="cannot load them") as info:
         server_tls(mismatched)
     assert "PRIVATE KEY" not in str(info.value)
+
+
+def test_should_refuse_an_encrypted_key_without_prompting_for_its_passphrase(tmp_path, pki):
+    """OpenSSL would prompt on the terminal (during a reload: on the event loop)."""
+    cert, key = pki["main"].write("server", server=True)
+    private = serialization.load_pem_private_key(key.read_bytes(), None)
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.BestAvailableEncryption(b"pass")))
+    config = make_config(tmp_path, tls_cert_file=str(cert), tls_key_file=str(key))
+    with pytest.raises(ConfigError, match=r"ingestor.tls_key_file .*: the private key is "
+                                          "encrypted"):
+        server_tls(config)
 
 
 def test_should_offer_tls_1_2_or_newer_only(tmp_path, pki):

@@ -162,6 +162,7 @@ class Cluster:
         self.ingestors: list[Proc | None] = [None] * ingestors
         self.collectors: list[Proc] = []
         self.exits: list[tuple[str, int]] = []
+        self.failed_starts = 0
         self._log = (root / "processes.log").open("ab")
 
     def env(self) -> dict[str, str]:
@@ -180,15 +181,24 @@ class Cluster:
 
     # -- ingestors ---------------------------------------------------------------------------
 
-    def start_ingestor(self, index: int, timeout: float = 60) -> Proc:
+    def start_ingestor(self, index: int, timeout: float = 60, attempts: int = 10) -> Proc:
+        """Start ingestor ``index`` on its ports, retrying like a supervisor would: one
+        restarted during a store-fault burst may fail its start-up store probe and exit."""
         http, grpc = self.ports[index]
-        proc = self._spawn(f"ingestor-{index}", [
-            "ingestor", "--config", str(self.config), "--http-port", str(http),
-            "--grpc-port", str(grpc), "--log-format", "text", "--log-level", "warning"])
-        if proc.wait_ready(timeout) is None:
-            raise RuntimeError(f"ingestor {index} did not start; see {self._log.name}")
-        self.ingestors[index] = proc
-        return proc
+        for attempt in range(1, attempts + 1):
+            proc = self._spawn(f"ingestor-{index}", [
+                "ingestor", "--config", str(self.config), "--http-port", str(http),
+                "--grpc-port", str(grpc), "--log-format", "text", "--log-level", "warning"])
+            if proc.wait_ready(timeout) is not None:
+                self.ingestors[index] = proc
+                return proc
+            proc.kill()
+            self.exits.append((proc.role, proc.popen.returncode or 0))
+            proc.reaped = True
+            self.failed_starts += 1
+            time.sleep(min(5.0, 0.5 * attempt))
+        raise RuntimeError(f"ingestor {index} did not start {attempts} times in a row; see "
+                           f"{self._log.name}")
 
     def http_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{http}" for http, _ in self.ports]

@@ -29,6 +29,8 @@ def render(result: dict[str, Any]) -> str:
         "  kills (-9)            " + _pairs(result["kills"]),
         f"  collector changes     {result['takeovers']} (kills with restart, takeovers)",
         "  process exits         " + _pairs(result["process_exits"]),
+        f"  failed starts         {result.get('failed_starts', 0)} (retried, as a supervisor "
+        "would)",
         "  client answers        " + _pairs(result["client_statuses"]),
         "",
     ]

@@ -157,6 +157,10 @@ class Run:
             self.say("load stopped; draining")
             self._drain()
             return self._report(started, load_s)
+        except BaseException:
+            self.opts.keep = True  # a failed run keeps its files for the post-mortem
+            self.say(f"run failed; its files stay in {self.root}")
+            raise
         finally:
             cluster.close()
             if self.moto is not None:
@@ -340,7 +344,8 @@ class Run:
             "faults_injected": dict(faults), "kills": dict(self.kills),
             "takeovers": sum(1 for a in self.timeline.done
                              if a["kind"] in ("second_collector", "kill_collector")),
-            "process_exits": dict(exits), "client_statuses": dict(statuses),
+            "process_exits": dict(exits), "failed_starts": self.cluster.failed_starts,
+            "client_statuses": dict(statuses),
             "hangs": hangs, "refused_valid_requests": errors[:10],
             "dead_letters": verdict.dead_letters, "manifest_entries_left":
                 verdict.manifest_entries, "leaked_batch_files": verdict.leaked_batch_files,

@@ -18,6 +18,7 @@ from icefloe.cli import (
     demo_cmd,
     ingestor_cmd,
     inspect_cmd,
+    models_cmd,
     probe_cmd,
     query_cmd,
     streams_cmd,
@@ -26,6 +27,7 @@ from icefloe.cli import (
     up_cmd,
 )
 from icefloe.errors import ConfigError, IcefloeError
+from icefloe.redact import redact
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -42,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show full tracebacks instead of one-line errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up_cmd, ingestor_cmd, collector_cmd, query_cmd, streams_cmd, tables_cmd,
-                   deadletters_cmd, demo_cmd, token_cmd, inspect_cmd, probe_cmd):
+    for module in (up_cmd, ingestor_cmd, collector_cmd, query_cmd, models_cmd, streams_cmd,
+                   tables_cmd, deadletters_cmd, demo_cmd, token_cmd, inspect_cmd, probe_cmd):
         module.register(commands)
     return parser
 
@@ -64,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _describe(exc: BaseException) -> str:
-    """One line: the error's own first line, or its type when it has no message."""
+    """One line: the error's own first line, or its type when it has no message; secrets
+    (a connection string quoted by a driver, say) masked as in log lines."""
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
+    return redact(text.splitlines()[0])
 

@@ -1,0 +1,226 @@
+"""Run models in DAG order on Spark and commit each result through pyiceberg.
+
+Why each model decides alone whether to run: a rerun with the same SQL (hash) over the same
+source snapshots would write the same rows, so it does nothing and says "up to date".
+Otherwise, by materialization:
+
+* ``view``: registered as a temp view for later models of the same run; nothing is stored.
+* ``table``: the SELECT over all source rows replaces the table.
+* ``append``: the SELECT over the *new* rows (``_sequence`` above the recorded watermark of
+  each source) is appended.
+* ``merge``: the keys (``unique_key``) the new rows produce are found, those keys are
+  recomputed from all rows of the same pinned snapshots, and upserted. Recomputing keeps
+  aggregates right (a count for a day is the count over the whole day, not over the last
+  increment) at the price of scanning the pinned sources, of which Spark keeps only the
+  rows of touched keys after the semi-join.
+
+The first run of an incremental model, any ``--full-refresh``, and a run after a dead-letter
+redrive into a source (redriven rows keep their old ``_sequence``, below the watermark)
+compute everything and replace the table. The watermark and source snapshot ids commit with the rows
+(:mod:`pipeline.models.state`), so a crash before the commit is simply recomputed.
+A model fails alone: later models that read it are skipped, the others still run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from icefloe.config import Config
+from icefloe.errors import IcefloeError
+from pipeline.models.bind import FULL, NEW, SEQUENCE, Binding, bind_model
+from pipeline.models.dag import Project, check_tables, plan_project
+from pipeline.models.spec import Model, ModelError, load_models
+from pipeline.models.state import RunState, last_run, redriven_since
+from pipeline.models.write import load_target, write_result
+from pipeline.query import spark_error
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+    from pyspark.sql import SparkSession
+
+Writer = Callable[..., None]
+"""Same signature as :func:`pipeline.models.write.write_result`: the seam tests use to
+inject a crash between computing a result and committing it."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one model: ``state`` is ran, up to date, view, failed or skipped;
+    ``reason`` says why it failed or was skipped, or notes how it ran."""
+
+    name: str
+    state: str
+    rows: int | None
+    seconds: float
+    reason: str = ""
+
+
+def prepare(folder: Path, config: Config) -> Project:
+    """Load, resolve, order and check every model: all errors before anything runs."""
+    project = plan_project(load_models(folder), config)
+    check_tables(project, config)
+    return project
+
+
+def model_hash(project: Project, model: Model) -> str:
+    """The model's SQL hash, folded with those of the views it reads (their SQL is part of
+    its result; a stored upstream shows up through its snapshot id instead)."""
+    views = [project.models[u] for u in sorted(project.upstream(model.name))
+             if not project.models[u].stored]
+    if not views:
+        return model.sql_hash
+    parts = [model.sql_hash, *(model_hash(project, v) for v in views)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def last_runs(config: Config, models: Sequence[Model]) -> dict[str, RunState | None]:
+    """Each stored model's last committed run (None: never ran, or a view)."""
+    from pipeline.catalog import open_catalog
+
+    catalog = open_catalog(config.catalog)
+    states: dict[str, RunState | None] = {}
+    for model in models:
+        table = load_target(catalog, model.target) if model.stored else None
+        states[model.name] = last_run(table) if table is not None else None
+    return states
+
+
+def run_models(spark: SparkSession, project: Project, config: Config,
+               names: Sequence[str] = (), *, full_refresh: bool = False,
+               write: Writer = write_result) -> list[Outcome]:
+    """Run the named models (all when empty) in DAG order; one outcome per model."""
+    from pipeline.catalog import open_catalog
+
+    catalog = open_catalog(config.catalog)
+    run_id = uuid.uuid4().hex[:16]
+    failed: set[str] = set()
+    outcomes: list[Outcome] = []
+    for model in project.select(names):
+        started = time.monotonic()
+        broken = [u for u in project.upstream(model.name) if u in failed]
+        if broken:
+            failed.add(model.name)
+            outcomes.append(Outcome(model.name, "skipped", None, 0.0,
+                                    f"upstream model {broken[0]} failed"))
+            continue
+        try:
+            state, rows, reason = _run_one(spark, project, config, catalog, model,
+                                           full_refresh=full_refresh, run_id=run_id,
+                                           write=write)
+        except IcefloeError as exc:
+            failed.add(model.name)
+            state, rows, reason = "failed", None, str(exc).splitlines()[0]
+        except Exception as exc:  # Spark analysis/runtime errors: one line, like `query`
+            failed.add(model.name)
+            state, rows, reason = "failed", None, spark_error(exc, {})
+        outcomes.append(Outcome(model.name, state, rows, time.monotonic() - started, reason))
+    return outcomes
+
+
+def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Catalog,
+             model: Model, *, full_refresh: bool, run_id: str, write: Writer
+             ) -> tuple[str, int | None, str]:
+    """Run one model: ``(state, rows, note)``."""
+    if not model.stored:
+        binding = bind_model(spark, project, config, model, None)
+        spark.sql(binding.sql[FULL])  # spark.sql analyses at once: a bad column fails here
+        return "view", None, ""
+    target = load_target(catalog, model.target)
+    current = target.current_snapshot() if target is not None else None
+    previous = last_run(target) if target is not None else None
+    fresh = previous is None or full_refresh
+    marks = None if not model.incremental else {} if fresh or previous is None \
+        else dict(previous.watermarks)
+    binding = bind_model(spark, project, config, model, marks)
+    note = ""
+    if marks and previous is not None and _redriven(binding, previous):
+        # Redriven rows sit below the watermarks: only a full recompute includes them.
+        marks, fresh, note = {}, True, "recomputed in full after a dead-letter redrive"
+        binding = bind_model(spark, project, config, model, marks)
+    digest = model_hash(project, model)
+    if (not full_refresh and previous is not None and previous.sql_hash == digest
+            and previous.sources == binding.sources):
+        return "up to date", None, ""
+    result, mode = _compute(spark, model, binding, incremental=not fresh)
+    if marks is not None:
+        marks = _watermarks(spark, binding, marks)
+    properties = RunState(model.name, digest, result.num_rows, run_id, binding.sources,
+                          marks or {}).properties()
+    write(catalog, model.target, result, mode=mode, unique_key=model.unique_key,
+          properties=properties, expected_snapshot_id=current.snapshot_id if current else None)
+    return "ran", result.num_rows, note
+
+
+def _compute(spark: SparkSession, model: Model, binding: Binding, *, incremental: bool
+             ) -> tuple[pa.Table, str]:
+    """The rows to write and how: ``overwrite``, ``append`` or ``merge``."""
+    if model.materialized == "merge":
+        sql = binding.sql[FULL]
+        if incremental:
+            sql = affected_keys_sql(binding.sql[FULL], binding.sql[NEW], model.unique_key)
+        frame = spark.sql(sql)
+        missing = [k for k in model.unique_key if k not in frame.columns]
+        if missing:
+            raise ModelError(f"model {model.name}: unique_key column(s) {', '.join(missing)} "
+                             f"are not in its result ({', '.join(frame.columns)})")
+        result = frame.toArrow()
+        check_unique_key(model, result)
+        return result, "merge" if incremental else "overwrite"
+    if model.materialized == "append" and incremental:
+        return spark.sql(binding.sql[NEW]).toArrow(), "append"
+    return spark.sql(binding.sql[FULL]).toArrow(), "overwrite"
+
+
+def check_unique_key(model: Model, result: pa.Table) -> None:
+    """A merge result has one row per key and no null key (an upsert cannot match null),
+    checked on every run so the first full run cannot store what later upserts refuse."""
+    import pyarrow.compute as pc
+
+    key = list(model.unique_key)
+    for column in key:
+        nulls = result[column].null_count
+        if nulls:
+            raise ModelError(f"model {model.name}: unique_key column {column} is null in "
+                             f"{nulls} row(s); filter or coalesce them")
+    counts = result.select(key).group_by(key).aggregate([([], "count_all")])
+    duplicated = counts.filter(pc.greater(counts["count_all"], 1))
+    if duplicated.num_rows:
+        example = {k: v for k, v in duplicated.to_pylist()[0].items() if k != "count_all"}
+        raise ModelError(f"model {model.name}: {duplicated.num_rows} unique_key value(s) "
+                         f"occur more than once, e.g. {example}")
+
+
+def _redriven(binding: Binding, previous: RunState) -> bool:
+    """Whether an incremental source got a dead-letter redrive since the previous run."""
+    return any(redriven_since(pin.table, previous.sources.get(identifier))
+               for identifier, pin in binding.incremental().items())
+
+
+def affected_keys_sql(full: str, new: str, key: Sequence[str]) -> str:
+    """Rows of ``full`` whose key some row of ``new`` has (null-safe key equality)."""
+    columns = ", ".join(f"`{k}`" for k in key)
+    match = " AND ".join(f"__full.`{k}` <=> __keys.`{k}`" for k in key)
+    return (f"SELECT __full.* FROM ({full}) AS __full LEFT SEMI JOIN "
+            f"(SELECT DISTINCT {columns} FROM ({new}) AS __new) AS __keys ON {match}")
+
+
+def _watermarks(spark: SparkSession, binding: Binding, previous: dict[str, int]
+                ) -> dict[str, int]:
+    """Highest ``_sequence`` of each incremental source's pinned snapshot (kept if no rows)."""
+    marks: dict[str, int] = {}
+    for identifier, source in binding.incremental().items():
+        view = source.new_view
+        row: Any = spark.sql(f"SELECT max({SEQUENCE}) FROM {view}").first()
+        value = row[0] if row is not None else None
+        if value is not None:
+            marks[identifier] = int(value)
+        elif identifier in previous:
+            marks[identifier] = previous[identifier]
+    return marks

@@ -1,0 +1,84 @@
+"""What a model run records in its target's snapshot summary, and reading it back.
+
+Why the snapshot summary: the run's bookkeeping (which source snapshots it read, how far
+into each source's ``_sequence`` it got) is committed in the same atomic catalog operation
+as the rows it describes. A crash before the commit leaves the previous state in place, so
+the rerun recomputes exactly the uncommitted part: nothing is counted twice or lost.
+
+Watermarks are ``_sequence`` values (manifest sequences, monotonic per table), never
+snapshot ids: compaction rewrites snapshots and expiry removes them. Source snapshot ids are
+recorded only for change detection ("same inputs, same SQL: nothing to do").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+PREFIX = "icefloe.model."
+NAME = PREFIX + "name"
+SQL_HASH = PREFIX + "sql-hash"
+ROWS = PREFIX + "rows"
+RUN_ID = PREFIX + "run-id"
+SOURCES = PREFIX + "sources"  # JSON {identifier: snapshot id or null}
+WATERMARKS = PREFIX + "watermarks"  # JSON {identifier: max _sequence processed}
+REDRIVE = "icefloe.redrive"  # set by pipeline.redrive on its commits
+
+
+@dataclass(frozen=True)
+class RunState:
+    """One committed model run, as its snapshot summary describes it."""
+
+    name: str
+    sql_hash: str
+    rows: int
+    run_id: str
+    sources: dict[str, int | None] = field(default_factory=dict)
+    watermarks: dict[str, int] = field(default_factory=dict)
+    snapshot_id: int | None = None
+    timestamp_ms: int | None = None
+
+    def properties(self) -> dict[str, str]:
+        """The snapshot summary properties that record this run."""
+        return {NAME: self.name, SQL_HASH: self.sql_hash, ROWS: str(self.rows),
+                RUN_ID: self.run_id, SOURCES: json.dumps(self.sources, sort_keys=True),
+                WATERMARKS: json.dumps(self.watermarks, sort_keys=True)}
+
+
+def last_run(table: Table) -> RunState | None:
+    """The newest snapshot that records a model run (walking past foreign commits, such
+    as a compaction by another tool); None if the table never had one."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if NAME in props:
+            return RunState(name=props[NAME], sql_hash=props.get(SQL_HASH, ""),
+                            rows=int(props.get(ROWS, 0)), run_id=props.get(RUN_ID, ""),
+                            sources=json.loads(props.get(SOURCES, "{}")),
+                            watermarks=json.loads(props.get(WATERMARKS, "{}")),
+                            snapshot_id=snapshot.snapshot_id,
+                            timestamp_ms=snapshot.timestamp_ms)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return None
+
+
+def redriven_since(table: Table, snapshot_id: int | None) -> bool:
+    """Whether a dead-letter redrive committed to ``table`` after ``snapshot_id``.
+
+    Why it matters: a redrive appends rows with their *original* ``_sequence``, below any
+    watermark taken since, so an incremental model would never see them. The walk stops at
+    ``snapshot_id`` or where expiry cut the log (then only the walked part is known).
+    """
+    snapshot = table.current_snapshot()
+    while snapshot is not None and snapshot.snapshot_id != snapshot_id:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if props.get(REDRIVE) == "true":
+            return True
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return False

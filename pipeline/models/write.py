@@ -1,0 +1,121 @@
+"""Write a model's result into its Iceberg target through pyiceberg, in one commit.
+
+Why one transaction per run: the rows and the run's state (:mod:`pipeline.models.state`)
+must land together or not at all. Targets are created with ``commit.retry.num-retries=0``
+like every icefloe table, so a run that lost a race (another run committed the target since
+this one read its state) is refused instead of silently rebased, which could double count.
+
+Modes: ``overwrite`` replaces every row (``table``, and ``--full-refresh``); ``append`` adds
+rows; ``merge`` upserts by the unique key (pyiceberg's ``upsert``: matched rows whose values
+changed are rewritten, new keys inserted). An upsert that changes nothing writes no snapshot
+of its own, so an empty append then carries the run's state: the watermark still advances.
+
+Columns are written nullable: a ``count(*)`` is non-null to Spark, but a later SQL version
+may make it nullable, and Iceberg cannot relax ``required`` on existing files by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.table import Table
+
+from pipeline.models.spec import ModelError
+from pipeline.tables import TABLE_PROPERTIES
+
+MODES = ("overwrite", "append", "merge")
+
+
+def load_target(catalog: Catalog, identifier: str) -> Table | None:
+    """The target table, or None before the model's first run."""
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """All fields nullable, large strings/binaries as plain ones (what Iceberg maps back)."""
+    fields = []
+    for item in schema:
+        kind = item.type
+        if pa.types.is_large_string(kind):
+            kind = pa.string()
+        elif pa.types.is_large_binary(kind):
+            kind = pa.binary()
+        fields.append(pa.field(item.name, kind, nullable=True))
+    return pa.schema(fields)
+
+
+def write_result(catalog: Catalog, identifier: str, result: pa.Table, *, mode: str,
+                 unique_key: tuple[str, ...], properties: dict[str, str],
+                 expected_snapshot_id: int | None) -> None:
+    """Commit ``result`` to ``identifier`` with ``properties`` on the snapshot.
+
+    ``expected_snapshot_id`` is the target's current snapshot when the run read its state
+    (None: no table or no snapshot yet); if another run committed since, the write is
+    refused, because this result was computed from a watermark that is no longer current.
+
+    Raises:
+        ModelError: the write was refused (lost race, duplicate keys, schema conflict).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+    result = result.cast(plain_schema(result.schema))
+    table = _ensure_target(catalog, identifier, result.schema)
+    now = table.current_snapshot()
+    if (now.snapshot_id if now is not None else None) != expected_snapshot_id:
+        raise ModelError(f"{identifier} changed while the model ran (another run "
+                         "committed first); run it again")
+    try:
+        with table.transaction() as tx:
+            if mode == "overwrite" and now is not None:
+                tx.overwrite(result, snapshot_properties=properties)
+            elif mode in ("append", "overwrite"):  # nothing to replace yet
+                tx.append(result, snapshot_properties=properties)
+            else:
+                outcome = tx.upsert(result, join_cols=list(unique_key),
+                                    snapshot_properties=properties)
+                if outcome.rows_updated + outcome.rows_inserted == 0:
+                    tx.append(result.slice(0, 0), snapshot_properties=properties)
+    except CommitFailedException as exc:
+        raise ModelError(f"{identifier} changed while the model ran (another run "
+                         f"committed first); run it again: {exc}") from exc
+    except ValueError as exc:  # pyiceberg: duplicate keys, incompatible schema
+        if "Mismatch in fields" in str(exc):
+            raise ModelError(f"cannot write {identifier}: the result's column types do not "
+                             "fit the table's (changed SQL?); write to a new target or drop "
+                             "the table, then run again") from exc
+        reason = " ".join(str(exc).split())[:300]
+        raise ModelError(f"cannot write {identifier}: {reason}") from exc
+
+
+def _ensure_target(catalog: Catalog, identifier: str, schema: pa.Schema) -> Table:
+    """Load or create the target; add columns the result has and the table lacks."""
+    table = load_target(catalog, identifier)
+    if table is None:
+        namespace = identifier.split(".", 1)[0]
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            catalog.create_namespace(namespace)
+        try:
+            return catalog.create_table(identifier, schema, properties=TABLE_PROPERTIES)
+        except TableAlreadyExistsError:
+            table = catalog.load_table(identifier)
+    have = set(table.schema().column_names)
+    if any(name not in have for name in schema.names):
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(schema)
+        except (ValueError, TypeError) as exc:
+            raise ModelError(f"cannot evolve {identifier} to the model's columns: "
+                             f"{' '.join(str(exc).split())[:300]}") from exc
+        table = catalog.load_table(identifier)
+    return table
