@@ -21,7 +21,12 @@ Cost control: verifications run in worker threads (hashlib releases the GIL), at
 beyond ``max_waiting`` queued verifications new unknown tokens get 429 ``auth_busy``. A
 wrong token is remembered too (bounded), so retrying it costs nothing. A flood of distinct
 wrong tokens therefore costs at most ``max_parallel`` cores and delays only first-time
-tokens. Not thread-safe: one instance belongs to one event loop.
+tokens — and it is charged to the client that sends it: each client address may fail
+``FAILED_BURST`` slow verifications at once and ``FAILED_PER_S`` per second after that;
+beyond, its first-time tokens get 429 ``auth_throttled`` without being verified, so one
+address cannot keep the verification threads busy for everyone else (tokens it already
+proved stay cached and keep working). Not thread-safe: one instance belongs to one event
+loop.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +52,8 @@ MAX_CACHED = 10_000
 """Distinct valid tokens remembered (a deployment has far fewer); refused ones likewise."""
 MAX_PARALLEL = 2
 MAX_WAITING = 64
+FAILED_PER_S = 1.0
+FAILED_BURST = 5.0
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -92,6 +100,8 @@ class TokenAuthority:
         self._known: OrderedDict[tuple[str, bytes], Credential] = OrderedDict()
         self._refused: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._slots: asyncio.Semaphore | None = None
+        self._failures: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """Per client address: failed-verification budget left, and when it was counted."""
         self._waiting = 0
         self.verifications = 0
         """Slow hash verifications run so far (tests and benchmarks read it)."""
@@ -132,9 +142,19 @@ class TokenAuthority:
             raise _denied(stream)
         return credential
 
+    def _budget(self, client: str, now: float) -> float:
+        """The client's failed-verification budget now (refilled since last counted)."""
+        left, at = self._failures.get(client, (FAILED_BURST, now))
+        return min(FAILED_BURST, left + (now - at) * FAILED_PER_S)
+
     async def _verify(self, token: str, key: tuple[str, bytes],
                       candidates: Sequence[Credential], client: str | None) -> Credential:
         stream = key[0]
+        now = time.monotonic()
+        if client is not None and self._budget(client, now) < 1.0:
+            wait = (1.0 - self._budget(client, now)) / FAILED_PER_S
+            raise Overloaded("too many wrong tokens from this address; retry later",
+                             code="auth_throttled", retry_after_s=max(1.0, wait))
         if self._waiting >= self._max_waiting:
             raise Overloaded("too many new tokens are being verified at once; retry shortly",
                              code="auth_busy", retry_after_s=1.0)
@@ -149,6 +169,10 @@ class TokenAuthority:
         self.verifications += 1
         if found is None:
             _remember(self._refused, key, None, self._max_cached)
+            if client is not None:
+                now = time.monotonic()
+                _remember(self._failures, client, (self._budget(client, now) - 1.0, now),
+                          self._max_cached)
             log.warning("refused a token for stream %r from %s: it matches no hash valid "
                         "for that stream (later refusals of it are not logged)", stream,
                         client or "an unknown address")

@@ -178,3 +178,26 @@ async def test_should_accept_one_token_on_every_stream_whose_entries_it_matches(
     with pytest.raises(PermissionDenied):
         await authority.authorize("orders", WEB_TOKEN)
     assert authority.verifications == 3  # once per stream
+
+
+async def test_should_charge_wrong_tokens_to_the_client_that_sends_them(tmp_path):
+    """A flood of distinct wrong tokens from one address is cut off after its budget, so
+    it cannot keep the slow verifications busy for everyone; other addresses, and tokens
+    the flooding address already proved, keep working."""
+    from ingestor.auth import FAILED_BURST
+
+    authority = TokenAuthority(make_config(tmp_path, (PAGEVIEWS, ORDERS)))
+    assert await authority.authorize("orders", TOKEN, "10.0.0.1") is not None  # proven
+    for i in range(int(FAILED_BURST)):
+        with pytest.raises(PermissionDenied):
+            await authority.authorize("orders", f"ifl_wrong-{i}", "10.0.0.1")
+    spent = authority.verifications
+    with pytest.raises(Overloaded) as info:
+        await authority.authorize("orders", "ifl_wrong-next", "10.0.0.1")
+    assert info.value.code == "auth_throttled"
+    assert info.value.retry_after_s >= 1.0
+    assert authority.verifications == spent  # refused without hashing
+    assert await authority.authorize("orders", TOKEN, "10.0.0.1") is not None  # cached
+    with pytest.raises(PermissionDenied):  # another address still gets its verification
+        await authority.authorize("orders", "ifl_wrong-other", "10.0.0.2")
+    assert authority.verifications == spent + 1

@@ -184,6 +184,7 @@ def test_should_fill_the_tables_with_exactly_the_sent_events(cluster, capsys):
         ("pageviews", 100, 100), ("orders", 100, 100)]
     assert err.startswith(f"icefloe demo: 200 events at ~1000 events/s to {cluster.url} "
                           "(streams pageviews, orders; seed 11)")
+    assert "[####################] 100%" in err  # the progress bar reached the end
     assert TOKEN not in out + err
 
     views = rows(cluster.config, "web.pageviews")

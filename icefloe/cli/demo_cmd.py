@@ -496,6 +496,7 @@ class Demo:
             if not sender.done():
                 self.stop.set()
             await asyncio.gather(sender, return_exceptions=True)
+            self._progress(loop.time(), waiting=False, final=True)  # the state at the end
             self._end_progress()
         sender.result()  # a bug in the sender must not pass silently
 
@@ -584,10 +585,11 @@ class Demo:
         print(f"icefloe demo: {amount} to {plan.url} (streams {streams}; seed {plan.seed}); "
               "Ctrl-C stops", file=sys.stderr, flush=True)
 
-    def _progress(self, now: float, *, waiting: bool) -> None:
-        if not self._tty and now - self._last_line < PLAIN_EVERY_S and not waiting:
+    def _progress(self, now: float, *, waiting: bool, final: bool = False) -> None:
+        if not final and not self._tty and now - self._last_line < PLAIN_EVERY_S \
+                and not waiting:
             return
-        if not self._tty and waiting and now - self._last_line < POLL_S:
+        if not final and not self._tty and waiting and now - self._last_line < POLL_S:
             return
         self._last_line = now
         mark_time, mark_accepted = self._rate_mark
@@ -598,8 +600,9 @@ class Demo:
         rate = self._rate
         tables = "  ".join(f"{lane.stream.table} {_num(self.watch.committed(lane.stream.table))}"
                            f"/{lane.accepted:,}" for lane in self.lanes)
-        line = (f"{now - self.started:6.1f}s  sent {self.sent:,}  accepted {accepted:,}  "
-                f"rejected {self.rejected:,}  {rate:,.0f} ev/s  committed {tables}")
+        line = (f"{self._bar(now)}{now - self.started:6.1f}s  sent {self.sent:,}  "
+                f"accepted {accepted:,}  rejected {self.rejected:,}  {rate:,.0f} ev/s  "
+                f"committed {tables}")
         if waiting:
             line += "  (waiting for the collector)"
         if self.watch.error:
@@ -609,6 +612,20 @@ class Demo:
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+    def _bar(self, now: float, width: int = 20) -> str:
+        """``[#####.....]  45% `` when the run has a known size (``--events`` or
+        ``--duration``); nothing for an open-ended run."""
+        plan = self.plan
+        if plan.events:
+            done = self.sent / plan.events
+        elif plan.duration:
+            done = (now - self.started) / plan.duration
+        else:
+            return ""
+        done = min(max(done, 0.0), 1.0)
+        filled = int(done * width)
+        return f"[{'#' * filled}{'.' * (width - filled)}] {done:4.0%}  "
 
     def _end_progress(self) -> None:
         if self._tty:
