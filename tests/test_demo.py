@@ -27,7 +27,7 @@ import msgspec
 import pytest
 
 from icefloe.cli import main
-from icefloe.cli.demo_cmd import EventFactory
+from icefloe.cli.demo_events import EventFactory
 from icefloe.config import Config, load_config
 from icefloe.tokens import hash_token
 from pipeline.catalog import open_catalog
