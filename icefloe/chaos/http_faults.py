@@ -20,7 +20,6 @@ in-process ones (``<pid> http-<kind> <method>``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import threading
@@ -30,35 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from icefloe.chaos.moto_server import drop_connection
-
-_CHECK_EVERY_S = 0.2
+from icefloe.store.failpoints import WatchedSpec
 
 
 class HttpFaults:
     """Reads the rules from the faults file (when it changes) and applies them."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.log_path = Path(f"{self.path}.log")
+        self.spec = WatchedSpec(path)
+        self.log_path = Path(f"{path}.log")
         self.rules: list[dict[str, Any]] = []
         self.rng = random.Random(0)
-        self._mtime: int | None = None
-        self._checked = 0.0
         self._lock = threading.Lock()
 
     def _reload(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < _CHECK_EVERY_S:
+        spec = self.spec.changed()
+        if spec is None:
             return
-        self._checked = now
-        try:
-            mtime = self.path.stat().st_mtime_ns
-            if mtime == self._mtime:
-                return
-            spec = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return
-        self._mtime = mtime
         self.rules = [r for r in spec.get("rules", []) if r.get("layer") == "http"]
         self.rng.seed(f"http:{spec.get('seed', 0)}")
 

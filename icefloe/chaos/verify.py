@@ -87,14 +87,14 @@ def row_count(config: Config, name: str) -> int:
     """Rows in a table's current snapshot (0 if it does not exist)."""
     from pyiceberg.exceptions import NoSuchTableError
 
+    from icefloe.cli.tables_cmd import total_records
     from pipeline.catalog import open_catalog
 
     try:
         table = open_catalog(config.catalog).load_table(name)
     except NoSuchTableError:
         return 0
-    snapshot = table.current_snapshot()
-    return int(snapshot.summary["total-records"]) if snapshot and snapshot.summary else 0
+    return total_records(table.current_snapshot())
 
 
 async def manifest_and_leaks(config: Config) -> tuple[int, int]:

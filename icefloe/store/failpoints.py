@@ -47,37 +47,56 @@ def rules_from_json(spec: dict[str, Any]) -> list[FaultRule]:
     return rules
 
 
+class WatchedSpec:
+    """The faults file, re-read only when it changed (looked at most every 0.2 s).
+
+    Shared by the in-process store faults here and the S3 server's wire faults
+    (:mod:`icefloe.chaos.http_faults`), which read the same file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._mtime: int | None = None
+        self._checked = 0.0
+
+    def changed(self) -> dict[str, Any] | None:
+        """The new spec if the file changed since the last look (``{}`` once it is gone),
+        else None. A file caught mid-write counts as unchanged and is read again shortly."""
+        now = time.monotonic()
+        if now - self._checked < _CHECK_EVERY_S:
+            return None
+        self._checked = now
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            if self._mtime is None:
+                return None
+            self._mtime = None
+            return {}
+        if mtime == self._mtime:
+            return None
+        try:
+            spec = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return None
+        self._mtime = mtime
+        return spec
+
+
 class FileDrivenFaultyStore(FaultyAsyncStore):
     """A :class:`FaultyAsyncStore` whose rules come from a JSON file that may change."""
 
     def __init__(self, inner: AsyncObjectStore, path: str | os.PathLike[str]) -> None:
         super().__init__(inner)
-        self.path = Path(path)
-        self.log_path = Path(f"{self.path}.log")
-        self._mtime: float | None = None
-        self._checked = 0.0
+        self.spec = WatchedSpec(path)
+        self.log_path = Path(f"{path}.log")
         self._reload()
 
     def _reload(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < _CHECK_EVERY_S:
-            return
-        self._checked = now
-        try:
-            mtime = self.path.stat().st_mtime_ns
-        except FileNotFoundError:
-            self.rules = []
-            self._mtime = None
-            return
-        if mtime == self._mtime:
-            return
-        try:
-            spec = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return  # caught mid-write: keep the old rules, look again shortly
-        self._mtime = mtime
-        self.rules = rules_from_json(spec)
-        self.rng.seed(f"{spec.get('seed', 0)}:{os.getpid()}")
+        spec = self.spec.changed()
+        if spec is not None:
+            self.rules = rules_from_json(spec)
+            self.rng.seed(f"{spec.get('seed', 0)}:{os.getpid()}")
 
     async def _call(self, op: str, key: str, call: Any) -> Any:
         self._reload()
