@@ -49,14 +49,17 @@ def _first_line(exc: BaseException) -> str:
 
 def default_engine(config: Config) -> Engine:
     """Spark with the configured output path: ``embedded`` (default) or ``cluster``."""
+    from pipeline.mapped import check_on_spark
     from pipeline.run import SparkClusterEngine, SparkEngine
     from pipeline.spark import get_spark
 
     cfg = config.collector
     spark = get_spark(cfg.spark_master, "icefloe-collector",
                       {"spark.driver.memory": cfg.spark_driver_memory})
+    spec = run_spec(config, [])
+    check_on_spark(spark, spec.streams)  # a sql mapping Spark cannot compile: fail now
     # Either way, start the Python workers now so the first run is not ~5 s slower.
-    SparkEngine(spark, cfg.spark_partitions).warm_up(run_spec(config, []))
+    SparkEngine(spark, cfg.spark_partitions).warm_up(spec)
     if cfg.output == "cluster":
         return SparkClusterEngine(spark, cfg.spark_partitions)
     return SparkEngine(spark, cfg.spark_partitions)

@@ -23,6 +23,7 @@ import msgspec
 from icefloe.config_security import validate_security
 from icefloe.errors import ConfigError
 from icefloe.manifest.config import ManifestConfig
+from icefloe.mappings import check_mappings
 
 COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
                 "json")
@@ -35,12 +36,34 @@ _RESERVED_COLUMNS = ("_event_id", "_received_at", "_sequence", "_stream")
 
 
 class Column(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A declared column of a stream: JSON field ``name`` of type ``type``."""
+    """A declared column of a stream: JSON field ``name`` of type ``type``, unless a mapping
+    says where its value comes from (at most one of ``path``, ``header``, ``from``, ``sql``;
+    see :mod:`icefloe.mappings`). ``default`` fills a missing ``path``/``header`` value;
+    ``raw`` lets a ``path`` string column take any JSON value as its JSON text; ``dialect``
+    is the SQL dialect of ``sql`` (spark, duckdb or postgres)."""
 
     name: str
     type: str
     required: bool = False
     doc: str = ""
+    path: str | None = None
+    header: str | None = None
+    source: str | None = msgspec.field(default=None, name="from")
+    sql: str | None = None
+    dialect: str = "spark"
+    default: Any = None
+    raw: bool = False
+
+    @property
+    def mapping(self) -> str | None:
+        """``path``, ``header``, ``sql``, the ``from`` value, or None for a plain field."""
+        if self.path is not None:
+            return "path"
+        if self.header is not None:
+            return "header"
+        if self.sql is not None:
+            return "sql"
+        return self.source
 
 
 class RateLimit(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -405,6 +428,7 @@ def _validate_stream(stream: StreamConfig, at: str) -> None:
         if column.name in seen:
             raise ConfigError(f"{at}.columns[{i}].name: duplicate column {column.name!r}")
         seen.add(column.name)
+    check_mappings(stream, at)
     if stream.event_id_field is not None and stream.event_id_field not in seen:
         raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is not a declared "
                           "column")

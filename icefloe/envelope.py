@@ -248,6 +248,7 @@ class StreamColumns:
     ``ndjson`` is the payloads in record order, each followed by ``b"\\n"``, so
     ``pyarrow.json.read_json(io.BytesIO(cols.ndjson))`` yields row ``i`` for
     ``event_ids[i]``, ``received_at_ms[i]`` and batch record ``record_indexes[i]``.
+    ``metas[i]`` is record i's meta (b"" when it has none); None when no record has one.
     """
 
     stream: str
@@ -255,6 +256,7 @@ class StreamColumns:
     received_at_ms: list[int]
     record_indexes: list[int]
     ndjson: bytes
+    metas: list[bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +294,8 @@ class _Group:
     event_ids: list[str] = field(default_factory=list)
     received: list[int] = field(default_factory=list)
     indexes: list[int] = field(default_factory=list)
+    metas: list[bytes] = field(default_factory=list)
+    has_meta: bool = False
 
 
 def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) -> StreamSplit:
@@ -335,6 +339,7 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
         if q == id_start or q > end:
             rejected.append(index)
             continue
+        meta = b""
         if flags:
             if q + 4 > end:
                 rejected.append(index)
@@ -343,6 +348,7 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
             if not meta_len:
                 rejected.append(index)
                 continue
+            meta = block[q + 4:q + 4 + meta_len]
             q += 4 + meta_len
         if q >= end:  # meta overruns, or the payload is empty
             rejected.append(index)
@@ -364,6 +370,9 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
         group.event_ids.append(event_id)
         group.received.append(received)
         group.indexes.append(index)
+        group.metas.append(meta)
+        if meta:
+            group.has_meta = True
     _check_block_end(block, pos, record_count)
 
     result = StreamSplit()
@@ -377,7 +386,8 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
             if not group.indexes:
                 continue
         result[group.stream] = StreamColumns(
-            group.stream, group.event_ids, group.received, group.indexes, ndjson)
+            group.stream, group.event_ids, group.received, group.indexes, ndjson,
+            group.metas if group.has_meta else None)
     if rejected:
         result.bad.extend(_bad_records(block, record_count, sorted(rejected)))
     return result
@@ -385,9 +395,10 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
 
 def _drop_line_breaks(group: _Group, rejected: list[int]) -> tuple[_Group, bytes]:
     """Slow path: move the records whose payload holds a raw LF/CR to ``rejected``."""
-    kept = _Group(group.stream)
-    for payload, event_id, received, index in zip(
-            group.payloads, group.event_ids, group.received, group.indexes, strict=True):
+    kept = _Group(group.stream, has_meta=group.has_meta)
+    for payload, event_id, received, index, meta in zip(
+            group.payloads, group.event_ids, group.received, group.indexes, group.metas,
+            strict=True):
         if b"\n" in payload or b"\r" in payload:
             rejected.append(index)
             continue
@@ -395,6 +406,7 @@ def _drop_line_breaks(group: _Group, rejected: list[int]) -> tuple[_Group, bytes
         kept.event_ids.append(event_id)
         kept.received.append(received)
         kept.indexes.append(index)
+        kept.metas.append(meta)
     kept.payloads.append(b"")
     ndjson = b"\n".join(kept.payloads)
     kept.payloads.pop()
@@ -421,7 +433,8 @@ def _bad_records(block: bytes, record_count: int, indexes: list[int]) -> list[Ba
 
 
 def frame_events(stream: str, received_at_ms: int, event_ids: Sequence[str],
-                 payloads: Sequence[bytes], *, validate: bool = True) -> bytes:
+                 payloads: Sequence[bytes], *, validate: bool = True,
+                 meta: bytes = b"") -> bytes:
     """Frame many events of one stream as batch records: ``[u32 length][envelope]`` each.
 
     Why: the ingestor's hot path. All events of a request share the stream and receive
@@ -429,7 +442,9 @@ def frame_events(stream: str, received_at_ms: int, event_ids: Sequence[str],
     per event (~0.25 µs per event); the result goes into a batch with
     ``BatchBuilder.add_framed``. Ids must be 1..255 UTF-8 bytes and payloads non-empty
     one-line JSON: checked unless ``validate=False``, for callers that already guarantee
-    both (the ingest service validates ids; msgspec never emits a raw newline).
+    both (the ingest service validates ids; msgspec never emits a raw newline). ``meta``
+    (request metadata column mappings need, shared by the request's events) is written
+    into every record when non-empty.
     """
     if len(event_ids) != len(payloads):
         raise ValueError(f"{len(event_ids)} event ids for {len(payloads)} payloads")
@@ -441,11 +456,23 @@ def frame_events(stream: str, received_at_ms: int, event_ids: Sequence[str],
             if not payload or b"\n" in payload or b"\r" in payload:
                 raise ValueError("payload must be non-empty canonical JSON on one line")
     stream_raw = _id_bytes("stream name", stream)
-    prefix = _HEAD.pack(ENVELOPE_VERSION, 0, received_at_ms, len(stream_raw)) + stream_raw
+    flags = FLAG_META if meta else 0
+    prefix = _HEAD.pack(ENVELOPE_VERSION, flags, received_at_ms, len(stream_raw)) + stream_raw
     fixed = len(prefix) + 1
     pack, byte = _U32.pack, _BYTES
     parts: list[bytes] = []
     extend = parts.extend
+    if meta:
+        if len(meta) > _U32_MAX:
+            raise ValueError(f"meta is {len(meta)} bytes; at most {_U32_MAX} fit")
+        tail = _U32.pack(len(meta)) + meta
+        fixed += len(tail)
+        for event_id, payload in zip(event_ids, payloads, strict=True):
+            raw_id = event_id.encode()
+            size = len(raw_id)
+            extend((pack(fixed + size + len(payload)), prefix, byte[size], raw_id, tail,
+                    payload))
+        return b"".join(parts)
     for event_id, payload in zip(event_ids, payloads, strict=True):
         raw_id = event_id.encode()
         size = len(raw_id)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -25,6 +25,8 @@ import msgspec
 
 from icefloe.config import Column, StreamConfig
 from icefloe.errors import IcefloeError
+from icefloe.ingest_mappings import EventMappings, MappingViolation, request_meta
+from icefloe.mappings import parse_path
 
 _INT32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
@@ -75,14 +77,30 @@ class CompiledStream:
     def __init__(self, config: StreamConfig) -> None:
         self.config = config
         self.name = config.name
+        plain = [c for c in config.columns if c.mapping is None]
         fields: list[Any] = []
-        for column in config.columns:
+        for column in plain:
             kind = _FIELD_TYPES[column.type]
             if column.required:
                 fields.append((column.name, kind))
             else:
                 fields.append((column.name, kind if column.type == "json" else kind | None,
                                None))
+        # One raw field per JSON-path root (unless a plain json column already is that field).
+        roots: dict[str, str] = {c.name: c.name for c in plain if c.type == "json"}
+        for column in config.columns:
+            if column.path is not None:
+                root = str(parse_path(column.path)[0])
+                if root not in roots:
+                    roots[root] = f"_root{len(fields)}"
+                    fields.append((roots[root], msgspec.Raw,
+                                   msgspec.field(default=None, name=root)))
+        self._root_attrs = [a for a in roots.values() if a.startswith("_root")]
+        self._mappings = EventMappings(config, roots, convert_value) \
+            if any(c.path is not None or c.source == "body" for c in config.columns) else None
+        self.meta_headers = [c for c in config.columns if c.header is not None]
+        self.wants_meta = bool(self.meta_headers) or any(c.source == "ip"
+                                                         for c in config.columns)
         struct_name = "Event_" + re.sub(r"\W", "_", config.name)
         self._struct = msgspec.defstruct(
             struct_name, fields, omit_defaults=True, gc=False, kw_only=True,
@@ -91,17 +109,20 @@ class CompiledStream:
         self._many = msgspec.json.Decoder(list[self._struct])  # type: ignore[name-defined]
         self._raw_list = msgspec.json.Decoder(list[msgspec.Raw])
         self._encoder = msgspec.json.Encoder()
-        self._timestamps = [c.name for c in config.columns if c.type == "timestamp"]
-        self._jsons = [c.name for c in config.columns if c.type == "json"]
+        self._timestamps = [c.name for c in plain if c.type == "timestamp"]
+        self._jsons = [c.name for c in plain if c.type == "json"]
         self._id_field = config.event_id_field
         self._id_column: Column | None = next(
             (c for c in config.columns if c.name == config.event_id_field), None)
+        self._id_mapped = self._id_column is not None and self._id_column.path is not None
 
     # -- entry points ----------------------------------------------------------------------
 
     def from_json(self, body: bytes) -> Canonical:
         """A body holding one JSON object or a JSON array of objects."""
         start = body.lstrip()[:1]
+        if self._mappings is not None and self._mappings.needs_raw and start in (b"[", b"{"):
+            return self._from_raw_events(body, start)
         if start == b"[":
             try:
                 events = self._many.decode(body)
@@ -139,11 +160,41 @@ class CompiledStream:
             decoded = self._many.decode(b"[" + b",".join(events) + b"]")
         except (msgspec.ValidationError, msgspec.DecodeError):
             raise self._explain_each(events) from None
-        return self._canonical(decoded)
+        return self._canonical(decoded, events)
+
+    def _from_raw_events(self, body: bytes, start: bytes) -> Canonical:
+        """A body whose events' own JSON text is needed (a ``from = "body"`` column)."""
+        if start == b"{":
+            return self.from_events([body.strip()])
+        try:
+            raws = self._raw_list.decode(body)
+        except msgspec.ValidationError as exc:
+            raise InvalidEvents("invalid_json", "the body must be an array of objects: "
+                                f"{exc}") from None
+        except msgspec.DecodeError as exc:
+            raise _malformed(exc) from None
+        return self.from_events([bytes(raw) for raw in raws])
+
+    def request_meta(self, client: str | None, header: Callable[[str], str | None]) -> bytes:
+        """The envelope meta a request's records carry (b"" when no mapping needs one).
+
+        Raises:
+            InvalidEvents: a required header is missing (``missing_header``).
+        """
+        if not self.wants_meta:
+            return b""
+        try:
+            meta = request_meta(self.config, client, header)
+        except MappingViolation as exc:
+            raise InvalidEvents("missing_header", f"column {exc.field}: {exc.reason}",
+                                [Violation(0, exc.field, exc.reason)]) from None
+        return self._encoder.encode(meta) if meta else b""
 
     # -- canonical form --------------------------------------------------------------------
 
-    def _canonical(self, events: list[Any]) -> Canonical:
+    def _canonical(self, events: list[Any], raws: Sequence[bytes] | None = None) -> Canonical:
+        if self._mappings is not None:
+            return self._canonical_mapped(events, raws)
         violations: list[Violation] = []
         if self._timestamps or self._jsons:
             for index, event in enumerate(events):
@@ -159,6 +210,43 @@ class CompiledStream:
         if self._id_field is not None:
             name = self._id_field
             ids = [_id_text(getattr(event, name)) for event in events]
+        return Canonical(payloads, ids)
+
+    def _canonical_mapped(self, events: list[Any], raws: Sequence[bytes] | None) -> Canonical:
+        """The canonical payloads of a stream with ``path``/``body`` columns: the plain
+        fields as usual, then each mapped value spliced in as one more top-level field."""
+        mappings = self._mappings
+        assert mappings is not None
+        violations: list[Violation] = []
+        extras: list[list[tuple[str, Any]]] = []
+        for index, event in enumerate(events):
+            try:
+                extras.append(mappings.extract(event, raws[index] if raws else None))
+                self._normalize(event)
+            except (MappingViolation, _OutOfRange) as exc:
+                violations.append(Violation(index, exc.field, exc.reason))
+                extras.append([])
+                if len(violations) >= self.MAX_VIOLATIONS:
+                    break
+        if violations:
+            raise _invalid(violations)
+        encode = self._encoder.encode
+        payloads: list[bytes] = []
+        for event, extra in zip(events, extras, strict=True):
+            for attr in self._root_attrs:
+                setattr(event, attr, None)
+            payload = encode(event)
+            if extra:
+                fields = b",".join(encode(name) + b":" + encode(value) for name, value in extra)
+                payload = payload[:-1] + (b"," if len(payload) > 2 else b"") + fields + b"}"
+            payloads.append(payload)
+        ids = None
+        if self._id_field is not None:
+            name = self._id_field
+            if self._id_mapped:
+                ids = [_id_text(dict(extra).get(name)) for extra in extras]
+            else:
+                ids = [_id_text(getattr(event, name)) for event in events]
         return Canonical(payloads, ids)
 
     def _normalize(self, event: Any) -> None:
@@ -222,6 +310,25 @@ class _OutOfRange(Exception):
         super().__init__(reason)
         self.field = field
         self.reason = reason
+
+
+def convert_value(kind: str, value: Any, raw: bool = False) -> Any:
+    """A JSON value (already decoded) as column type ``kind``, in canonical form: what a
+    mapped column holds in the payload. Raises ``msgspec.ValidationError`` or ValueError."""
+    if kind == "json":
+        return msgspec.json.encode(value).decode()
+    if kind == "string" and raw:
+        return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    if kind == "timestamp":
+        if value.__class__ is int:
+            if not -_MAX_EPOCH_MS <= value <= _MAX_EPOCH_MS:
+                raise ValueError(f"epoch milliseconds {value} out of range")
+            return _EPOCH + dt.timedelta(milliseconds=value)
+        return msgspec.convert(value, _TZ_DATETIME).astimezone(dt.UTC)
+    return msgspec.convert(value, _FIELD_TYPES[kind])
+
+
+_TZ_DATETIME = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 
 
 def _id_text(value: Any) -> str | None:

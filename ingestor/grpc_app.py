@@ -136,8 +136,11 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
     return None
 
 
-def metadata_value(metadata: Sequence[tuple[str, str | bytes]] | None, key: str
-                   ) -> str | None:
+Metadata = Sequence[tuple[str, str | bytes]] | None
+"""A call's invocation metadata (gRPC keys are lower case)."""
+
+
+def metadata_value(metadata: Metadata, key: str) -> str | None:
     """All values of ``key`` joined with commas (as repeated HTTP headers are), or None."""
     values = [v for k, v in metadata or () if k == key and isinstance(v, str)]
     return ",".join(values) if values else None
@@ -193,9 +196,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
 
     async def Publish(self, request: ingest_pb2.PublishRequest,
                       context: grpc.aio.ServicerContext) -> ingest_pb2.PublishResponse:
+        metadata = context.invocation_metadata()
         accepted, error = await self._attempt(
-            request, bearer_token(context.invocation_metadata()),
-            client_address(context, self.service.proxies))
+            request, bearer_token(metadata), client_address(context, self.service.proxies),
+            metadata)
         if error is not None:
             status = error_status(error, retry_after_s=self.retry_after_s,
                                   max_details_bytes=MAX_TRAILER_DETAILS_BYTES)
@@ -207,12 +211,14 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                             ) -> AsyncIterator[ingest_pb2.PublishResponse]:
         if self.draining:
             await self._abort_draining(context)
-        token = bearer_token(context.invocation_metadata())
+        metadata = context.invocation_metadata()
+        token = bearer_token(metadata)
         client = client_address(context, self.service.proxies)
         slots = asyncio.Semaphore(self.max_inflight)
         order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None] = \
             asyncio.Queue()
-        reader = asyncio.create_task(self._read(request_iterator, token, client, slots, order),
+        reader = asyncio.create_task(self._read(request_iterator, token, client, metadata,
+                                                slots, order),
                                      name="grpc-publish-stream-reader")
         reader.add_done_callback(_retrieve)  # a call cancelled mid-read must not log noise
         self._readers.add(reader)
@@ -240,7 +246,8 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         await context.abort_with_status(rpc_status.to_status(error_status(error)))
 
     async def _read(self, requests: AsyncIterable[ingest_pb2.PublishRequest],
-                    token: str | None, client: str | None, slots: asyncio.Semaphore,
+                    token: str | None, client: str | None, metadata: Metadata,
+                    slots: asyncio.Semaphore,
                     order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None]
                     ) -> None:
         iterator = aiter(requests)
@@ -251,13 +258,14 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                     request = await anext(iterator)
                 except StopAsyncIteration:
                     return
-                order.put_nowait(asyncio.create_task(self._respond(request, token, client)))
+                order.put_nowait(asyncio.create_task(
+                    self._respond(request, token, client, metadata)))
         finally:
             order.put_nowait(None)
 
     async def _respond(self, request: ingest_pb2.PublishRequest, token: str | None,
-                       client: str | None) -> ingest_pb2.PublishResponse:
-        accepted, error = await self._attempt(request, token, client)
+                       client: str | None, metadata: Metadata) -> ingest_pb2.PublishResponse:
+        accepted, error = await self._attempt(request, token, client, metadata)
         if error is None:
             return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
         return ingest_pb2.PublishResponse(
@@ -267,11 +275,12 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
     # -- one request -----------------------------------------------------------------------
 
     async def _attempt(self, request: ingest_pb2.PublishRequest, token: str | None,
-                       client: str | None) -> tuple[int, IngestError | None]:
+                       client: str | None, metadata: Metadata = None
+                       ) -> tuple[int, IngestError | None]:
         """Ingest one request: (accepted, None) once durable, or (0, why it was refused)."""
         started = time.perf_counter()
         try:
-            accepted = await self._publish(request, token, client)
+            accepted = await self._publish(request, token, client, metadata)
         except IngestError as error:
             self._refused(request, error)
             return 0, error
@@ -289,18 +298,20 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         return accepted, None
 
     async def _publish(self, request: ingest_pb2.PublishRequest, token: str | None,
-                       client: str | None) -> int:
+                       client: str | None, metadata: Metadata = None) -> int:
         service = self.service
         stream = service.stream(request.stream)
         caller = await service.authorize(stream, token, client)
         events = list(request.events)  # one wrapper per event, read twice (~30% cheaper)
         try:
+            meta = stream.request_meta(client, lambda key: metadata_value(metadata, key))
             canonical = stream.from_events([event.json for event in events])
         except InvalidEvents as exc:
             raise service.bad_request(exc) from None
         ids = [event.event_id for event in events]
         return await service.ingest(stream, canonical, event_ids=ids if any(ids) else None,
-                                    idempotency_key=request.request_id or None, caller=caller)
+                                    idempotency_key=request.request_id or None, caller=caller,
+                                    meta=meta)
 
     def _refused(self, request: ingest_pb2.PublishRequest, error: IngestError) -> None:
         label = request.stream if request.stream in self.service.streams \

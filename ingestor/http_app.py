@@ -156,6 +156,16 @@ class _ClientGone(Exception):
     """The client hung up before its body arrived: nothing to answer."""
 
 
+def _header_lookup(scope: Scope) -> Callable[[str], str | None]:
+    """Look a request header up by lower-case name (repeated headers joined by commas);
+    only a stream with header mappings pays for it."""
+    def lookup(name: str) -> str | None:
+        wanted = name.encode()
+        values = [v.decode("latin-1") for k, v in scope["headers"] if k == wanted]
+        return ",".join(values) if values else None
+    return lookup
+
+
 class _Request:
     """The headers an ingest needs (picked out in one pass) and what the handler learnt."""
 
@@ -340,11 +350,14 @@ class HttpApp:
         key = request.key()
         body = await self._read_body(receive, request.declared_length(), inflater)
         try:
+            meta = stream.request_meta(caller.client, _header_lookup(scope)) \
+                if stream.wants_meta else b""
             canonical = decode(stream, body)
         except InvalidEvents as exc:
             raise service.bad_request(exc) from None
         request.count = len(canonical.payloads)
-        return await service.ingest(stream, canonical, idempotency_key=key, caller=caller)
+        return await service.ingest(stream, canonical, idempotency_key=key, caller=caller,
+                                    meta=meta)
 
     def _client(self, scope: Scope, request: _Request) -> str | None:
         """The client address: the peer, or the forwarded one when the peer is trusted."""

@@ -117,11 +117,13 @@ class IngestService:
 
     async def ingest(self, stream: CompiledStream, canonical: Canonical, *,
                      event_ids: Sequence[str] | None = None,
-                     idempotency_key: str | None = None, caller: Caller | None = None) -> int:
+                     idempotency_key: str | None = None, caller: Caller | None = None,
+                     meta: bytes = b"") -> int:
         """Make the events durable; return how many were accepted (all or none).
 
         ``caller`` (from :meth:`authorize`) selects the token and client rate limits; the
-        stream's own limit applies either way.
+        stream's own limit applies either way. ``meta`` (from
+        :meth:`CompiledStream.request_meta`) goes into every record's envelope.
         """
         payloads = canonical.payloads
         for index, payload in enumerate(payloads):
@@ -137,7 +139,8 @@ class IngestService:
                               caller.client if caller else None, len(payloads),
                               sum(map(len, payloads)))
         received_at_ms = time.time_ns() // 1_000_000
-        framed = frame_events(stream.name, received_at_ms, ids, payloads, validate=False)
+        framed = frame_events(stream.name, received_at_ms, ids, payloads, validate=False,
+                              meta=meta)
         await self.batcher.submit(framed, len(payloads), stream.name)
         accepted = self._accepted.get(stream.name)
         if accepted is None:  # labels() takes a lock: cache the child per stream

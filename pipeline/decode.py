@@ -28,6 +28,7 @@ import pyarrow.json as pajson
 from icefloe.batch import decode_block
 from icefloe.envelope import StreamColumns, split_by_stream
 from icefloe.errors import BatchFormatError
+from pipeline.mapped import StreamPlan, add_derived
 from pipeline.schema import TIMESTAMP, dead_letter_arrow_schema
 from pipeline.split import ColumnarStream, split_columnar
 
@@ -158,12 +159,21 @@ def _as_lists(cols: StreamColumns | ColumnarStream) -> StreamColumns:
     if isinstance(cols, StreamColumns):
         return cols
     return StreamColumns(cols.stream, cols.event_ids.to_pylist(), cols.received_at_ms.tolist(),
-                         cols.record_indexes.tolist(), cols.ndjson)
+                         cols.record_indexes.tolist(), cols.ndjson,
+                         None if cols.metas is None else cols.metas.to_pylist())
 
 
-def parse_stream(cols: StreamColumns | ColumnarStream, schema: pa.Schema, ref: BatchRef,
-                 dead: DeadLetters) -> pa.Table:
-    """A stream's rows of one batch; rows that do not parse go to ``dead``."""
+Plan = pa.Schema | StreamPlan
+"""How to decode one stream: its payload schema, or a plan that also derives columns."""
+
+
+def parse_stream(cols: StreamColumns | ColumnarStream, plan: Plan, ref: BatchRef,
+                 dead: DeadLetters, kept: list[int] | None = None) -> pa.Table:
+    """A stream's rows of one batch; rows that do not parse go to ``dead``. When the slow
+    path drops rows, the positions of the rows it kept are appended to ``kept``."""
+    if isinstance(plan, StreamPlan):
+        return _parse_planned(cols, plan, ref, dead)
+    schema = plan
     try:
         payload = _parse_block(cols.ndjson, schema)
         if payload.num_rows == len(cols.event_ids):
@@ -176,8 +186,8 @@ def parse_stream(cols: StreamColumns | ColumnarStream, schema: pa.Schema, ref: B
     good: list[pa.Table] = []
     ids: list[str] = []
     received: list[int] = []
-    for line, event_id, at_ms, index in zip(lines, cols.event_ids, cols.received_at_ms,
-                                            cols.record_indexes, strict=False):
+    for position, (line, event_id, at_ms, index) in enumerate(zip(
+            lines, cols.event_ids, cols.received_at_ms, cols.record_indexes, strict=False)):
         try:
             row = _parse_block(line + b"\n", schema)
             if row.num_rows != 1:
@@ -190,12 +200,34 @@ def parse_stream(cols: StreamColumns | ColumnarStream, schema: pa.Schema, ref: B
         good.append(row)
         ids.append(event_id)
         received.append(at_ms)
+        if kept is not None:
+            kept.append(position)
     payload = (pa.concat_tables(good) if good
                else schema.empty_table())
     return _with_meta(payload, ids, received, ref.sequence)
 
 
-def decode_batch_file(data: bytes, ref: BatchRef, schemas: Mapping[str, pa.Schema]) -> Decoded:
+def _parse_planned(cols: StreamColumns | ColumnarStream, plan: StreamPlan, ref: BatchRef,
+                   dead: DeadLetters) -> pa.Table:
+    """A stream with derived columns: parse the payloads, then add the derived columns
+    from the envelope (rows kept after a slow-path parse keep their own envelope data)."""
+    rows: list[int] = []
+    table = parse_stream(cols, plan.payload, ref, dead, rows)
+    if table.num_rows == len(cols.event_ids):
+        ids, received, metas = cols.event_ids, cols.received_at_ms, cols.metas
+    else:  # some rows became dead letters: line the envelope data up with the kept rows
+        lists = _as_lists(cols)
+        ids = [lists.event_ids[i] for i in rows]
+        received = [lists.received_at_ms[i] for i in rows]
+        metas = None if lists.metas is None else [lists.metas[i] for i in rows]
+    payload = table.drop_columns([name for name, _ in _META_TYPES])
+    full = add_derived(payload, plan, ids, received, metas)
+    return pa.Table.from_arrays(
+        full.columns + [table.column(name) for name, _ in _META_TYPES],
+        names=full.column_names + [name for name, _ in _META_TYPES])
+
+
+def decode_batch_file(data: bytes, ref: BatchRef, schemas: Mapping[str, Plan]) -> Decoded:
     """Decode a verified batch file: ``schemas`` maps each configured stream to its payload
     schema. A corrupt file yields one dead letter (its key and reason, not its bytes)."""
     out = Decoded()

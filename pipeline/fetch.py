@@ -11,13 +11,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-import pyarrow as pa
-
 from icefloe.errors import IntegrityError
 from icefloe.reader import verify_bytes
 from icefloe.store import open_store, options_for
 from icefloe.store.base import ObjectStore
-from pipeline.decode import BatchRef, Decoded, decode_batch_file
+from pipeline.decode import BatchRef, Decoded, Plan, decode_batch_file
 
 INTEGRITY_ATTEMPTS = 3
 INTEGRITY_PAUSE_S = 0.2
@@ -30,7 +28,7 @@ def open_run_store(url: str, endpoint_url: str | None, region: str | None) -> Ob
 
 
 def fetch_and_decode(store: ObjectStore, ref: BatchRef,
-                     schemas: Mapping[str, pa.Schema]) -> Decoded:
+                     schemas: Mapping[str, Plan]) -> Decoded:
     """Read ``ref`` (re-reading on a checksum mismatch, with a pause) and decode it.
 
     A file that stays corrupt is copied to ``quarantine/<its key>`` before its dead letter
@@ -72,6 +70,6 @@ def verify_ref(ref: BatchRef, data: bytes) -> None:
 
 
 def decode_refs(store: ObjectStore, refs: Sequence[BatchRef],
-                schemas: Mapping[str, pa.Schema]) -> Iterator[tuple[BatchRef, Decoded]]:
+                schemas: Mapping[str, Plan]) -> Iterator[tuple[BatchRef, Decoded]]:
     for ref in refs:
         yield ref, fetch_and_decode(store, ref, schemas)

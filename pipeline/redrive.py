@@ -39,7 +39,9 @@ from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
 from pipeline.decode import decode_payload_rows
-from pipeline.schema import DEAD_LETTER_TABLE, payload_schema, table_arrow_schema
+from pipeline.mapped import StreamPlan, add_derived
+from pipeline.schema import DEAD_LETTER_TABLE, table_arrow_schema
+from pipeline.spec import stream_specs
 from pipeline.tables import TABLE_PROPERTIES, ensure_stream_table
 
 log = logging.getLogger("icefloe.redrive")
@@ -155,10 +157,14 @@ def _redrive_stream(config: Config, catalog: Catalog, stream: Any, dead: pa.Tabl
                     report: RedriveReport) -> None:
     received_ms = dead.column("received_at").cast(pa.timestamp("ms", tz="UTC")) \
         .cast(pa.int64()).to_pylist()
+    plan = stream_specs([stream])[0].plan()
     decoded, bad = decode_payload_rows(
         [r or b"" for r in dead.column("raw").to_pylist()],
         dead.column("event_id").to_pylist(), received_ms,
-        dead.column("sequence").to_pylist(), payload_schema(stream))
+        dead.column("sequence").to_pylist(),
+        plan.payload if isinstance(plan, StreamPlan) else plan)
+    if isinstance(plan, StreamPlan):
+        decoded = _with_derived(decoded, plan)
     report.still_bad[stream.name] += len(bad)
     for index, reason in bad[:5]:
         report.samples.append({"stream": stream.name,
@@ -178,6 +184,19 @@ def _redrive_stream(config: Config, catalog: Catalog, stream: Any, dead: pa.Tabl
     failed = {index for index, _ in bad}
     _record(catalog, dead.filter(pa.array([i not in failed for i in range(dead.num_rows)])),
             stream, report.redrive_id)
+
+
+def _with_derived(decoded: pa.Table, plan: StreamPlan) -> pa.Table:
+    """Mapped columns of redriven rows: ``id`` and ``datetime`` come back from the dead
+    letter; ``ip`` and header values were not kept with it, and ``sql`` columns need Spark,
+    so those are null."""
+    meta = ["_event_id", "_received_at", "_sequence"]
+    received = decoded.column("_received_at").cast(pa.timestamp("ms", tz="UTC")) \
+        .cast(pa.int64()).to_numpy(zero_copy_only=False)
+    full = add_derived(decoded.drop_columns(meta), plan,
+                       decoded.column("_event_id").combine_chunks(), received, None)
+    return pa.Table.from_arrays(full.columns + [decoded.column(name) for name in meta],
+                                names=full.column_names + meta)
 
 
 def _append_missing(catalog: Catalog, identifier: str, rows: pa.Table) -> tuple[int, int]:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from pipeline.decode import DeadLetters
 from pipeline.fetch import decode_refs, open_run_store
+from pipeline.mapped import project_sql, sql_expressions
 from pipeline.schema import dead_letter_arrow_schema
 from pipeline.source import DEAD, ENVELOPE, FORMAT, STREAM, struct_column
 from pipeline.spec import RunSpec
@@ -42,8 +43,14 @@ class RunOutput:
 
 
 def read_frame(spark: SparkSession, spec: RunSpec) -> DataFrame:
-    """The run as a Spark DataFrame in the wide schema (see :mod:`pipeline.source`)."""
-    return spark.read.format(FORMAT).option("spec", spec.encode()).load()
+    """The run as a Spark DataFrame in the wide schema (see :mod:`pipeline.source`), with
+    the ``sql`` mapping columns computed by Spark (:mod:`pipeline.mapped`)."""
+    frame = spark.read.format(FORMAT).option("spec", spec.encode()).load()
+    expressions: dict[str, str] = {}
+    for i, stream in enumerate(spec.streams):
+        expressions.update(sql_expressions(i, stream.name, [n for n, _ in stream.columns],
+                                           stream.derived, f"{struct_column(i)}__", STREAM))
+    return project_sql(frame, expressions)
 
 
 def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
@@ -74,8 +81,13 @@ def run_spark(spark: SparkSession, spec: RunSpec) -> RunOutput:
 
 
 def run_local(spec: RunSpec) -> RunOutput:
-    """Fetch and decode in this process (no Spark): same result as :func:`run_spark`."""
-    schemas = {s.name: s.payload_schema() for s in spec.streams}
+    """Fetch and decode in this process (no Spark): same result as :func:`run_spark`,
+    except for ``sql`` mapping columns, which need Spark (refused here)."""
+    for stream in spec.streams:
+        if any(d.kind == "sql" for d in stream.derived):
+            raise ValueError(f"stream {stream.name!r} has sql mapping columns, which only the "
+                             "Spark engine computes")
+    schemas = {s.name: s.plan() for s in spec.streams}
     parts: dict[str, list[pa.Table]] = {}
     dead_parts: list[pa.Table] = []
     store = open_run_store(spec.store_url, spec.endpoint_url, spec.region)

@@ -25,7 +25,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pipeline.decode import BatchRef, Decoded
-from pipeline.schema import TIMESTAMP
+from pipeline.schema import ARROW_TYPES, TIMESTAMP
 from pipeline.spec import RunSpec, StreamSpec, group_refs
 
 FORMAT = "icefloe"
@@ -43,7 +43,8 @@ def wide_arrow_schema(streams: tuple[StreamSpec, ...]) -> pa.Schema:
     fields = [pa.field(STREAM, pa.string())]
     fields += [pa.field(name, kind) for name, kind in ENVELOPE]
     for i, s in enumerate(streams):
-        fields += [pa.field(f"{struct_column(i)}__{f.name}", f.type) for f in s.payload_schema()]
+        fields += [pa.field(f"{struct_column(i)}__{name}", ARROW_TYPES[kind])
+                   for name, kind in s.columns]
     fields.append(pa.field(DEAD, pa.binary()))
     return pa.schema(fields)
 
@@ -103,7 +104,7 @@ class IcefloeReader(DataSourceReader):
 
         spec = self.spec
         target = to_arrow_schema(self.schema, timezone="UTC")
-        schemas = {s.name: s.payload_schema() for s in spec.streams}
+        schemas = {s.name: s.plan() for s in spec.streams}
         store = open_run_store(spec.store_url, spec.endpoint_url, spec.region)
         try:
             for _, decoded in decode_refs(store, partition.refs, schemas):  # type: ignore[attr-defined]

@@ -16,15 +16,28 @@ import pyarrow as pa
 from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from pipeline.decode import BatchRef
+from pipeline.mapped import Derived, StreamPlan, derived_columns
 from pipeline.schema import ARROW_TYPES
 
 
 class StreamSpec(msgspec.Struct, frozen=True):
+    """A stream's table columns, and which of them the pipeline derives (not the payload)."""
+
     name: str
     columns: tuple[tuple[str, str], ...]  # (name, icefloe type)
+    derived: tuple[Derived, ...] = ()
 
     def payload_schema(self) -> pa.Schema:
-        return pa.schema([pa.field(name, ARROW_TYPES[kind]) for name, kind in self.columns])
+        skip = {d.column for d in self.derived}
+        return pa.schema([pa.field(name, ARROW_TYPES[kind]) for name, kind in self.columns
+                          if name not in skip])
+
+    def plan(self) -> pa.Schema | StreamPlan:
+        """What the decode needs: the payload schema, or a plan with derived columns."""
+        if not self.derived:
+            return self.payload_schema()
+        return StreamPlan(self.payload_schema(), self.derived,
+                          tuple(name for name, _ in self.columns))
 
 
 class RunSpec(msgspec.Struct, frozen=True):
@@ -47,7 +60,8 @@ class RunSpec(msgspec.Struct, frozen=True):
 
 
 def stream_specs(streams: Iterable[StreamConfig]) -> tuple[StreamSpec, ...]:
-    return tuple(StreamSpec(s.name, tuple((c.name, c.type) for c in s.columns))
+    return tuple(StreamSpec(s.name, tuple((c.name, c.type) for c in s.columns),
+                            derived_columns(s))
                  for s in streams)
 
 

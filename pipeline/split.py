@@ -6,7 +6,7 @@ only per-record Python work is walking the length prefixes (a chain: each record
 depends on the previous one) and reading stream names; every other field is gathered with
 numpy from the whole block at once: receive times as one int64 gather, event ids as one
 Arrow string array built straight from the bytes, payloads joined by newlines with one
-masked copy. Anything unusual — an envelope with metadata, a malformed record, a payload
+masked copy; envelope metas likewise. Anything unusual — a malformed record, a payload
 holding a raw line break, ids that are not UTF-8 — returns None and the caller falls back to
 the exact per-record path, which reports each bad record precisely.
 """
@@ -19,12 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from icefloe.envelope import ENVELOPE_VERSION, HEADER_SIZE
+from icefloe.envelope import ENVELOPE_VERSION, FLAG_META, HEADER_SIZE
 
 _U32 = struct.Struct("<I")
 _MIN_SIZE = HEADER_SIZE + 4  # header, 1-byte stream, id length, 1-byte id, 1-byte payload
 _NEWLINE = 10
 _CR = 13
+_BINARY = pa.binary()
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class ColumnarStream:
     received_at_ms: np.ndarray
     record_indexes: np.ndarray
     ndjson: bytes
+    metas: pa.BinaryArray | None = None
+    """Each record's envelope meta (empty when it has none); None when no record has one."""
 
 
 def _offsets(block: bytes, count: int) -> np.ndarray | None:
@@ -67,6 +70,16 @@ def _masked(buf: np.ndarray, begin: np.ndarray, stop: np.ndarray) -> np.ndarray:
     flags = np.zeros(len(bounds) - 1, dtype=np.bool_)
     flags[1::2] = True
     return buf[np.repeat(flags, np.diff(bounds))]
+
+
+def _binary(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray,
+            kind: pa.DataType = _BINARY) -> pa.Array:
+    """The segments ``[begin[i], begin[i] + lengths[i])`` as one Arrow binary/string array."""
+    offsets = np.zeros(len(begin) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = _masked(buf, begin, begin + lengths)
+    return pa.Array.from_buffers(kind, len(begin), [None, pa.py_buffer(offsets),
+                                                    pa.py_buffer(values.tobytes())])
 
 
 def _stream_codes(buf: np.ndarray, name_at: np.ndarray, name_len: np.ndarray
@@ -102,7 +115,8 @@ def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None
     end = edges[1:]
     if ((end - env) < _MIN_SIZE).any():
         return None
-    if (buf[env] != ENVELOPE_VERSION).any() or buf[env + 1].any():  # version, flags
+    flags = buf[env + 1]
+    if (buf[env] != ENVELOPE_VERSION).any() or (flags > FLAG_META).any():
         return None
     name_at = env + HEADER_SIZE
     name_len = buf[env + HEADER_SIZE - 1].astype(np.int64)
@@ -114,6 +128,19 @@ def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None
     payload_at = id_at + id_len
     if not id_len.all() or (payload_at >= end).any():
         return None
+    meta_at = meta_len = None
+    if flags.any():  # records with request metadata: u32 length, then the meta bytes
+        flagged = flags.astype(bool)
+        if (payload_at[flagged] + 4 >= end[flagged]).any():
+            return None
+        at = np.minimum(payload_at[:, None] + np.arange(4), len(buf) - 1)
+        meta_len = np.where(flagged, buf[at].copy().view("<u4").ravel(), 0).astype(np.int64)
+        if (flagged & (meta_len == 0)).any():
+            return None
+        meta_at = payload_at + np.where(flagged, 4, 0)
+        payload_at = meta_at + meta_len
+        if (payload_at >= end).any():
+            return None
     received = buf[(env + 2)[:, None] + np.arange(8)].copy().view("<i8").ravel()
 
     names, codes = _stream_codes(buf, name_at, name_len)
@@ -131,15 +158,13 @@ def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None
         ndjson = _masked(padded, payload_at[rows], end[rows] + 1)
         if np.count_nonzero(ndjson == _NEWLINE) != len(rows) or (ndjson == _CR).any():
             return None  # a raw line break inside a payload: let the exact path reject it
-        lengths = id_len[rows]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        values = _masked(padded, id_at[rows], payload_at[rows])
-        ids = pa.StringArray.from_buffers(len(rows), pa.py_buffer(offsets),
-                                          pa.py_buffer(values.tobytes()))
+        ids = _binary(padded, id_at[rows], id_len[rows], pa.string())
         try:
             ids.validate(full=True)
         except pa.ArrowInvalid:
             return None
-        out[name] = ColumnarStream(name, ids, received[rows], rows, ndjson.tobytes())
+        metas = None
+        if meta_at is not None and flags[rows].any():
+            metas = _binary(padded, meta_at[rows], meta_len[rows])
+        out[name] = ColumnarStream(name, ids, received[rows], rows, ndjson.tobytes(), metas)
     return out

@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from collector_support import CLICKS, read_table
 
-from icefloe.config import Config, StreamConfig
+from icefloe.config import Column, Config, StreamConfig
 
 SPARK_TIMEOUT_S = 120.0
 """JVM + Python-worker start-up is ~15 s on an idle 2-core machine; allow for a loaded one."""
@@ -49,14 +50,21 @@ def write_config(root: Path, streams: Sequence[StreamConfig] = (CLICKS,), *,
                   "[catalog]", f"uri = {toml_value(sqlite_uri(root))}",
                   f"warehouse = {toml_value((root / 'warehouse').as_uri())}"]
     for stream in streams:
-        columns = ", ".join(
-            f"{{ name = {toml_value(c.name)}, type = {toml_value(c.type)}, "
-            f"required = {toml_value(c.required)} }}" for c in stream.columns)
+        columns = ", ".join(column_toml(c) for c in stream.columns)
         lines += ["[[streams]]", f"name = {toml_value(stream.name)}",
                   f"table = {toml_value(stream.table)}", f"columns = [{columns}]"]
     path = root / "icefloe.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def column_toml(column: Column) -> str:
+    """A column as an inline TOML table: name, type, required, and what differs from the
+    defaults (mappings, defaults, dialect)."""
+    defaults = msgspec.to_builtins(Column(column.name, column.type))
+    keys = {k: v for k, v in msgspec.to_builtins(column).items()
+            if k in ("name", "type", "required") or v != defaults.get(k)}
+    return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in keys.items()) + " }"
 
 
 def free_port() -> int:

@@ -143,3 +143,16 @@ def test_should_filter_and_print_in_one_line_errors(lake, capsys, tmp_path):
     assert '"pages":1099511627776' in shown
     assert main(["deadletters", "list", "--config", path, "--since", "yesterday"]) == 2
     assert "--since 'yesterday': not an ISO 8601 time" in capsys.readouterr().err
+
+
+def test_should_restore_id_and_datetime_mappings_of_redriven_rows(lake, tmp_path):
+    _, fixed = lake
+    mapped = StreamConfig(name="late", table="web.late", columns=(
+        Column("k", "string"), Column("eid", "string", source="id"),
+        Column("at", "timestamp", source="datetime"), Column("ip", "string", source="ip")))
+    config = msgspec.structs.replace(fixed, streams=(CLICKS, VISITS_V2, mapped))
+    redrive(config, open_catalog(config.catalog), Filters())
+    rows = _rows(config, "web.late").to_pylist()
+    assert sorted(r["k"] for r in rows) == [f"x{i}" for i in range(4)]
+    assert all(r["eid"] == r["_event_id"] and r["at"] == r["_received_at"] for r in rows)
+    assert {r["ip"] for r in rows} == {None}  # not kept with the dead letter

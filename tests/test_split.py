@@ -17,7 +17,8 @@ ids = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=
     lambda s: 0 < len(s.encode()) <= 255)
 payloads = st.dictionaries(st.text(max_size=5), st.integers(), max_size=3).map(
     lambda d: __import__("msgspec").json.encode(d))
-events = st.lists(st.tuples(names, ids, st.integers(-(2**62), 2**62), payloads),
+metas = st.one_of(st.just(b""), st.just(b'{"ip":"::1"}'), payloads.filter(lambda p: p != b"{}"))
+events = st.lists(st.tuples(names, ids, st.integers(-(2**62), 2**62), payloads, metas),
                   min_size=1, max_size=40)
 
 
@@ -29,8 +30,8 @@ def block_of(records: list[bytes]) -> tuple[bytes, int]:
 
 
 def framed(evts) -> list[bytes]:
-    return [encode_envelope(stream, event_id, at, payload)
-            for stream, event_id, at, payload in evts]
+    return [encode_envelope(stream, event_id, at, payload, meta=meta)
+            for stream, event_id, at, payload, meta in evts]
 
 
 @settings(max_examples=150, deadline=None)
@@ -48,6 +49,7 @@ def test_agrees_with_the_exact_split(evts):
         assert got.received_at_ms.tolist() == cols.received_at_ms
         assert got.record_indexes.tolist() == cols.record_indexes
         assert got.ndjson == cols.ndjson
+        assert (None if got.metas is None else got.metas.to_pylist()) == cols.metas
 
 
 def test_a_single_stream_batch_of_many_events():
@@ -65,7 +67,9 @@ def test_a_single_stream_batch_of_many_events():
 
 @pytest.mark.parametrize(("record", "valid"), [
     (b"\x07short", False),                                              # bad version
-    (encode_envelope("s", "i", 1, b'{"a":1}', meta=b'{"m":1}'), True),    # metadata
+    (struct.pack("<BBqB", 1, 1, 1, 1) + b"s\x01i" + struct.pack("<I", 0) + b"{}", False),
+    (struct.pack("<BBqB", 1, 1, 1, 1) + b"s\x01i" + struct.pack("<I", 9) + b"{}", False),
+    (struct.pack("<BBqB", 1, 3, 1, 1) + b"s\x01i{}", False),           # unknown flag bits
     (encode_envelope("s", "i", 1, b'{"a":1}').replace(b'{"a":1}', b'{"a"\n:1}'), False),
     (struct.pack("<BBqB", 1, 0, 1, 1) + b"s" + b"\x02\xff\xfe" + b"{}", False),  # not UTF-8
 ])

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from icefloe.config import Column, StreamConfig
+from icefloe.mappings import place_value
 
 OMIT_RATE = 0.05
 """Share of optional columns left out of an event."""
@@ -99,21 +100,21 @@ class EventFactory:
         # Zipf-like: a few heavy users, a long tail (repeats to group by).
         self._user_weights = list(itertools.accumulate(1 / (i + 1) for i in range(USER_POOL)))
         self._sessions = [f"s_{rng.getrandbits(48):012x}" for _ in range(SESSION_POOL)]
-        self._columns: list[tuple[str, bool, Maker]] = [
-            (c.name, c.required or c.name == stream.event_id_field,
+        self._columns: list[tuple[Column, bool, Maker]] = [
+            (c, c.required or c.name == stream.event_id_field,
              self._id_maker(c) if c.name == stream.event_id_field else self._maker(c))
-            for c in stream.columns]
+            for c in stream.columns if c.mapping in (None, "path")]
 
     def make(self) -> dict[str, Any]:
         """One event: required columns always, optional ones now and then left out."""
         event: dict[str, Any] = {}
-        for name, always, maker in self._columns:
+        for column, always, maker in self._columns:
             if not always and self.rng.random() < OMIT_RATE:
                 continue
             value = maker()
             if value is None and not always:
                 continue  # e.g. a direct visit has no referrer
-            event[name] = value
+            place_value(event, column, value)  # a path column's value goes where it reads
         return event
 
     # -- per column ----------------------------------------------------------------------------

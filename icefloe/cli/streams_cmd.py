@@ -14,7 +14,7 @@ from typing import Any
 
 from icefloe.cli.common import print_json, table
 from icefloe.cli.config_args import add_config_arguments, config_from_args
-from icefloe.config import Config, StreamConfig
+from icefloe.config import Column, Config, StreamConfig
 from icefloe.config_security import needs_token
 from icefloe.errors import ConfigError
 
@@ -48,12 +48,28 @@ def stream_json(stream: StreamConfig, tokens_required: bool) -> dict[str, Any]:
     """A stream as JSON, without its tokens (only whether one is required)."""
     return {
         "name": stream.name, "table": stream.table,
-        "columns": [{"name": c.name, "type": c.type, "required": c.required, "doc": c.doc}
-                    for c in stream.columns],
+        "columns": [{"name": c.name, "type": c.type, "required": c.required, "doc": c.doc,
+                     "mapping": mapping_text(c)} for c in stream.columns],
         "unknown_fields": stream.unknown_fields, "event_id_field": stream.event_id_field,
         "partition": stream.partition, "tokens_required": tokens_required,
         "endpoint": endpoint(stream),
     }
+
+
+def mapping_text(column: Column) -> str | None:
+    """Where a column's value comes from, as written in the config (None: its own field)."""
+    kind = column.mapping
+    if kind is None:
+        return None
+    if kind == "path":
+        return f"path {column.path}" + (f" (default {column.default!r})"
+                                        if column.default is not None else "")
+    if kind == "header":
+        return f"header {column.header}"
+    if kind == "sql":
+        return f"sql {column.sql}" + ("" if column.dialect == "spark"
+                                      else f" ({column.dialect})")
+    return kind
 
 
 def endpoint(stream: StreamConfig) -> str:
@@ -120,7 +136,7 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"partition       {partition}")
     print(f"token           {token}")
     print()
-    print(table(["COLUMN", "TYPE", "REQUIRED", "DOC"],
-                [[c.name, c.type, "yes" if c.required else "no", c.doc or "-"]
-                 for c in stream.columns]))
+    print(table(["COLUMN", "TYPE", "REQUIRED", "FROM", "DOC"],
+                [[c.name, c.type, "yes" if c.required else "no", mapping_text(c) or "-",
+                  c.doc or "-"] for c in stream.columns]))
     return 0

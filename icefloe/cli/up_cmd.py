@@ -31,6 +31,7 @@ from icefloe.cli.progress import Snapshot, show_progress
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.logs import setup_logging
+from icefloe.mappings import place_value
 from icefloe.metric_total import metric_total
 
 if TYPE_CHECKING:
@@ -274,6 +275,11 @@ _SAMPLES: dict[str, Any] = {
 
 def example_event(stream: StreamConfig) -> dict[str, Any]:
     """A valid event for the curl example: every required column, then a few more."""
-    chosen = [c for c in stream.columns if c.required]
-    chosen += [c for c in stream.columns if not c.required][:max(0, 4 - len(chosen))]
-    return {c.name: _SAMPLES.get(c.type, f"{c.name.removesuffix('_id')}-1") for c in chosen}
+    columns = [c for c in stream.columns if c.mapping in (None, "path")]
+    chosen = [c for c in columns if c.required]
+    chosen += [c for c in columns if not c.required][:max(0, 4 - len(chosen))]
+    event: dict[str, Any] = {}
+    for column in chosen:
+        place_value(event, column,
+                    _SAMPLES.get(column.type, f"{column.name.removesuffix('_id')}-1"))
+    return event

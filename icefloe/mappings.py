@@ -1,0 +1,246 @@
+"""Column mappings: where a stream column's value comes from when it is not a top-level field.
+
+A column is *plain* (the event's top-level field of the same name) or *mapped*:
+
+* ``path = "$.user.id"``: a JSON path into the event (keys and array indexes), with an
+  optional ``default`` and ``raw`` (a string column takes any JSON value as its JSON text);
+* ``header = "User-Agent"``: a request header (HTTP header, gRPC metadata key);
+* ``from = "ip" | "body" | "datetime" | "id"``: the client address, the raw event JSON, the
+  receive time, the event id;
+* ``sql = "lower(url)"``: a SQL expression over the stream's other columns, in ``dialect``
+  (spark, duckdb or postgres; transpiled to Spark SQL by sqlglot).
+
+Why the work is split by where the data is: ``path`` and ``body`` read the event, which the
+ingestor parses anyway, so they are extracted and type-checked there and a bad value is a
+400 for the producer (index, column, reason), never a silent null or a dead letter later.
+``ip`` and ``header`` come from the request: the ingestor keeps exactly the ones mappings
+use in the record envelope's meta, and the pipeline's decode (in the Spark workers) turns
+them into columns, as it does ``datetime`` and ``id`` from the envelope. ``sql`` runs on
+Spark over the decoded columns, so every Spark SQL function is available. This module only
+parses and validates; :mod:`icefloe.ingest_mappings` and :mod:`pipeline.mapped` evaluate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from icefloe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from icefloe.config import Column, StreamConfig
+
+MAPPING_FROM = ("ip", "body", "datetime", "id")
+"""Values of ``from``: request or envelope data rather than event fields."""
+SQL_DIALECTS = ("spark", "duckdb", "postgres")
+ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
+"""Envelope columns a ``sql`` mapping may read besides the stream's columns."""
+
+_FROM_TYPES = {"ip": ("string",), "body": ("string", "json"), "id": ("string",),
+               "datetime": ("timestamp", "long", "date")}
+_KEY_STEP = re.compile(r"\.([A-Za-z_$][\w$-]*)")
+_QUOTED_STEP = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\")\]")
+_INDEX_STEP = re.compile(r"\[(\d{1,9})\]")
+_HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+_PER_ROW_ERRORS = (exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Star)
+
+Step = str | int
+"""A path step: an object key or an array index."""
+
+
+def parse_path(text: str) -> tuple[Step, ...]:
+    """``$.a.b[0]['c d']`` → ``("a", "b", 0, "c d")``; the first step must be a key (events
+    are objects). Wildcards, slices and filters are refused: a column holds one value."""
+    if not text.startswith("$"):
+        raise ValueError("a JSON path starts with '$' (e.g. '$.user.id')")
+    steps: list[Step] = []
+    pos = 1
+    while pos < len(text):
+        for pattern in (_KEY_STEP, _QUOTED_STEP, _INDEX_STEP):
+            match = pattern.match(text, pos)
+            if match:
+                break
+        else:
+            raise ValueError(f"unsupported syntax at offset {pos} ({text[pos:pos + 12]!r}); "
+                             "use .key, ['key'] or [index] steps (no wildcards or filters)")
+        if pattern is _INDEX_STEP:
+            steps.append(int(match.group(1)))
+        elif pattern is _QUOTED_STEP:
+            quoted = match.group(1) if match.group(1) is not None else match.group(2)
+            steps.append(re.sub(r"\\(.)", r"\1", quoted))
+        else:
+            steps.append(match.group(1))
+        pos = match.end()
+    if not steps:
+        raise ValueError("the path '$' is the whole event; use from = \"body\" for that")
+    if not isinstance(steps[0], str):
+        raise ValueError("the first step must be a key: an event is a JSON object")
+    return tuple(steps)
+
+
+def place_value(event: dict[str, Any], column: Column, value: Any) -> None:
+    """Put ``value`` where ``column`` reads it: its own top-level field, or the nested place
+    its ``path`` names (objects and lists created as needed). Columns whose value does not
+    come from the event (``from``, ``header``, ``sql``) are left alone. Used to generate
+    sample events (``icefloe demo``, the ``up`` curl example)."""
+    if column.mapping is None:
+        event[column.name] = value
+        return
+    if column.path is None:
+        return
+    steps = parse_path(column.path)
+    node: Any = event
+    for step, after in itertools.pairwise(steps):
+        container = dict if isinstance(after, str) else list
+        if isinstance(step, int):
+            node.extend([None] * (step + 1 - len(node)))
+            child = node[step]
+        else:
+            child = node.get(step)
+        if not isinstance(child, container):
+            child = node[step] = container()
+        node = child
+    last = steps[-1]
+    if isinstance(last, int):
+        node.extend([None] * (last + 1 - len(node)))
+    node[last] = value
+
+
+def sql_expression(column: Column) -> exp.Expression:
+    """The parsed ``sql`` of ``column`` in its dialect (one per-row scalar expression)."""
+    assert column.sql is not None
+    try:
+        parsed = sqlglot.parse(column.sql, read=column.dialect)
+    except ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        raise ValueError(f"invalid {column.dialect} SQL: {first.get('description', exc)}"
+                         ) from None
+    if len(parsed) != 1 or parsed[0] is None:
+        raise ValueError("give exactly one SQL expression (no ';')")
+    tree = parsed[0]
+    if isinstance(tree, exp.Select) or not isinstance(tree, exp.Expression) or \
+            isinstance(tree, exp.Command):
+        raise ValueError("give a SQL expression (e.g. lower(url)), not a statement")
+    bad = tree.find(*_PER_ROW_ERRORS)
+    if bad is not None:
+        what = {exp.AggFunc: "an aggregate", exp.Window: "a window function",
+                exp.Star: "'*'"}.get(next((k for k in _PER_ROW_ERRORS if isinstance(bad, k)),
+                                          exp.Select), "a subquery")
+        raise ValueError(f"{what} ({bad.sql(column.dialect)[:60]}) is not allowed: a "
+                         "mapping computes one value per event")
+    return tree
+
+
+def sql_references(tree: exp.Expression) -> list[str]:
+    """The column names an expression reads (unqualified; a qualified one is an error)."""
+    names: list[str] = []
+    for col in tree.find_all(exp.Column):
+        if col.table:
+            raise ValueError(f"column {col.sql()} is qualified: refer to the stream's "
+                             "columns by name only")
+        if col.name not in names:
+            names.append(col.name)
+    return names
+
+
+def spark_sql(column: Column, rename: dict[str, str]) -> str:
+    """``column.sql`` transpiled to Spark SQL with each column reference renamed (the
+    pipeline's wide frame names stream columns ``s<i>__<name>``)."""
+    tree = sql_expression(column).copy()
+    for col in list(tree.find_all(exp.Column)):
+        col.replace(exp.column(exp.to_identifier(rename.get(col.name, col.name),
+                                                 quoted=True)))
+    return tree.sql(dialect="spark")
+
+
+def _check_default(column: Column) -> None:
+    from icefloe.schema import convert_value
+
+    if column.default is None:
+        return
+    if column.mapping not in ("path", "header"):
+        raise ValueError("'default' applies only to path and header mappings")
+    if column.required:
+        raise ValueError("a required column cannot have a default (drop one of them)")
+    try:
+        convert_value(column.type, column.default, raw=column.raw)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ValueError(f"default {column.default!r} is not a valid {column.type}: "
+                         f"{exc}") from None
+
+
+def _check_one(column: Column, columns: dict[str, Column]) -> None:
+    kinds = [k for k, v in (("path", column.path), ("header", column.header),
+                            ("from", column.source), ("sql", column.sql)) if v is not None]
+    if len(kinds) > 1:
+        raise ValueError(f"a column takes at most one mapping, this one has {' and '.join(kinds)}")
+    if column.raw and (column.path is None or column.type != "string"):
+        raise ValueError("'raw' applies only to a path mapping into a string column")
+    if column.sql is None and column.dialect != "spark":
+        raise ValueError("'dialect' applies only to a sql mapping")
+    _check_default(column)
+    if column.path is not None:
+        parse_path(column.path)
+    elif column.header is not None:
+        if not _HEADER.fullmatch(column.header):
+            raise ValueError(f"{column.header!r} is not a header name")
+        if column.type != "string":
+            raise ValueError("a header mapping gives text: use type = \"string\"")
+    elif column.source is not None:
+        allowed = _FROM_TYPES.get(column.source)
+        if allowed is None:
+            raise ValueError(f"unknown from = {column.source!r} (expected one of "
+                             f"{', '.join(MAPPING_FROM)})")
+        if column.type not in allowed:
+            raise ValueError(f"from = {column.source!r} gives {' or '.join(allowed)}, not "
+                             f"{column.type}")
+        if column.required and column.source != "ip":
+            raise ValueError(f"from = {column.source!r} is always present; drop 'required'")
+    elif column.sql is not None:
+        if column.dialect not in SQL_DIALECTS:
+            raise ValueError(f"unknown dialect {column.dialect!r} (expected one of "
+                             f"{', '.join(SQL_DIALECTS)})")
+        if column.required:
+            raise ValueError("a sql column cannot be required (its value is computed after "
+                             "the event was accepted); use coalesce() for a fallback")
+        for name in sql_references(sql_expression(column)):
+            ref = columns.get(name)
+            if ref is None and name not in ENVELOPE_COLUMNS:
+                raise ValueError(f"unknown column {name!r}: a sql mapping reads the stream's "
+                                 f"columns ({', '.join(columns)}) and "
+                                 f"{', '.join(ENVELOPE_COLUMNS)}")
+            if ref is not None and ref.sql is not None:
+                raise ValueError(f"column {name!r} is itself a sql mapping; inline its "
+                                 "expression instead")
+
+
+def check_mappings(stream: StreamConfig, at: str) -> None:
+    """Every mapping of ``stream`` is well formed (``at`` names the stream in errors)."""
+    columns = {c.name: c for c in stream.columns}
+    for i, column in enumerate(stream.columns):
+        try:
+            _check_one(column, columns)
+        except ValueError as exc:
+            raise ConfigError(f"{at}.columns[{i}] ({column.name}): {exc}") from None
+    for i, column in enumerate(stream.columns):
+        if column.path is None:
+            continue
+        root = parse_path(column.path)[0]
+        clash = columns.get(str(root))
+        if clash is not None and clash.mapping is None and clash.type != "json":
+            raise ConfigError(
+                f"{at}.columns[{i}] ({column.name}): path {column.path} reads inside field "
+                f"{root!r}, which is also declared as a {clash.type} column; declare it as "
+                "json or remove it")
+    if stream.event_id_field is not None:
+        target = columns.get(stream.event_id_field)
+        if target is not None and target.mapping not in (None, "path"):
+            raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is a "
+                              f"{target.mapping} mapping; the event id must come from the "
+                              "event (a plain or path column)")
