@@ -26,7 +26,6 @@ import msgspec
 from icefloe.config import Column, StreamConfig
 from icefloe.errors import IcefloeError
 from icefloe.ingest_mappings import EventMappings, MappingViolation, request_meta
-from icefloe.mappings import parse_path
 
 _INT32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
@@ -86,18 +85,14 @@ class CompiledStream:
             else:
                 fields.append((column.name, kind if column.type == "json" else kind | None,
                                None))
-        # One raw field per JSON-path root (unless a plain json column already is that field).
-        roots: dict[str, str] = {c.name: c.name for c in plain if c.type == "json"}
-        for column in config.columns:
-            if column.path is not None:
-                root = str(parse_path(column.path)[0])
-                if root not in roots:
-                    roots[root] = f"_root{len(fields)}"
-                    fields.append((roots[root], msgspec.Raw,
-                                   msgspec.field(default=None, name=root)))
-        self._root_attrs = [a for a in roots.values() if a.startswith("_root")]
-        self._mappings = EventMappings(config, roots, convert_value) \
-            if any(c.path is not None or c.source == "body" for c in config.columns) else None
+        self._mappings: EventMappings | None = None
+        self._root_attrs: list[str] = []
+        if any(c.path is not None or c.source == "body" for c in config.columns):
+            # One field per JSON-path root (unless a plain json column already is that field).
+            self._mappings = EventMappings(config, {c.name for c in plain if c.type == "json"},
+                                           _leaf_type, convert_value)
+            fields += self._mappings.fields
+            self._root_attrs = self._mappings.root_attrs
         self.meta_headers = [c for c in config.columns if c.header is not None]
         self.wants_meta = bool(self.meta_headers) or any(c.source == "ip"
                                                          for c in config.columns)
@@ -134,7 +129,7 @@ class CompiledStream:
             try:
                 events = [self._one.decode(body)]
             except msgspec.ValidationError as exc:
-                raise _invalid([_violation(0, exc)]) from None
+                raise _invalid([self._named(_violation(0, exc))]) from None
             except msgspec.DecodeError as exc:
                 raise _malformed(exc) from None
         elif not start:
@@ -218,36 +213,49 @@ class CompiledStream:
         mappings = self._mappings
         assert mappings is not None
         violations: list[Violation] = []
-        extras: list[list[tuple[str, Any]]] = []
+        extras: list[bytes] = []
+        mapped_ids: list[str | None] = []
+        normalize = self._normalize if self._timestamps or self._jsons else None
+        extract = mappings.extract
         for index, event in enumerate(events):
             try:
-                extras.append(mappings.extract(event, raws[index] if raws else None))
-                self._normalize(event)
+                extras.append(extract(event, raws[index] if raws else None))
+                mapped_ids.append(mappings.event_id)
+                if normalize is not None:
+                    normalize(event)
             except (MappingViolation, _OutOfRange) as exc:
                 violations.append(Violation(index, exc.field, exc.reason))
-                extras.append([])
+                extras.append(b"")
                 if len(violations) >= self.MAX_VIOLATIONS:
                     break
         if violations:
             raise _invalid(violations)
+        ids = None
+        if self._id_field is not None and not self._id_mapped:
+            name = self._id_field
+            ids = [_id_text(getattr(event, name)) for event in events]
         encode = self._encoder.encode
         payloads: list[bytes] = []
+        roots = self._root_attrs
         for event, extra in zip(events, extras, strict=True):
-            for attr in self._root_attrs:
+            for attr in roots:
                 setattr(event, attr, None)
             payload = encode(event)
-            if extra:
-                fields = b",".join(encode(name) + b":" + encode(value) for name, value in extra)
-                payload = payload[:-1] + (b"," if len(payload) > 2 else b"") + fields + b"}"
+            if extra:  # append the members: '{...}' + ',"col":v...' → '{...,"col":v...}'
+                payload = payload[:-1] + extra + b"}" if len(payload) > 2 else \
+                    b"{" + extra[1:] + b"}"
             payloads.append(payload)
-        ids = None
-        if self._id_field is not None:
-            name = self._id_field
-            if self._id_mapped:
-                ids = [_id_text(dict(extra).get(name)) for extra in extras]
-            else:
-                ids = [_id_text(getattr(event, name)) for event in events]
+        if self._id_mapped:
+            ids = [_id_text(value) for value in mapped_ids]
         return Canonical(payloads, ids)
+
+    def _named(self, violation: Violation) -> Violation:
+        """A type error inside a mapped JSON path, reported under its column's name."""
+        if self._mappings is None or violation.field not in self._mappings.violations:
+            return violation
+        column, path = self._mappings.violations[violation.field]
+        reason = violation.reason.replace(" | null", "")
+        return Violation(violation.index, column, f"value at {path}: {reason}")
 
     def _normalize(self, event: Any) -> None:
         for name in self._timestamps:
@@ -282,13 +290,16 @@ class CompiledStream:
         malformed = False
         for index, event in enumerate(events):
             try:
-                self._normalize(self._one.decode(event))
+                decoded = self._one.decode(event)
+                if self._mappings is not None:  # so one report names every bad event
+                    self._mappings.extract(decoded, event)
+                self._normalize(decoded)
             except msgspec.ValidationError as exc:
-                violations.append(_violation(index, exc))
+                violations.append(self._named(_violation(index, exc)))
             except msgspec.DecodeError as exc:
                 malformed = True
                 violations.append(Violation(index, None, f"malformed JSON: {exc}"))
-            except _OutOfRange as exc:  # decoded, but invalid once normalized
+            except (_OutOfRange, MappingViolation) as exc:  # decoded, but invalid
                 violations.append(Violation(index, exc.field, exc.reason))
             if len(violations) >= self.MAX_VIOLATIONS:
                 break
@@ -310,6 +321,13 @@ class _OutOfRange(Exception):
         super().__init__(reason)
         self.field = field
         self.reason = reason
+
+
+def _leaf_type(column: Column) -> Any:
+    """The msgspec type a mapped JSON path's value is decoded as."""
+    if column.type == "json" or (column.type == "string" and column.raw):
+        return msgspec.Raw
+    return _FIELD_TYPES[column.type]
 
 
 def convert_value(kind: str, value: Any, raw: bool = False) -> Any:

@@ -96,13 +96,17 @@ def _meta_table(metas: Sequence[bytes] | pa.Array | None, rows: int,
     if metas is None:
         return schema.empty_table() if rows == 0 else pa.table(
             {f.name: pa.nulls(rows, f.type) for f in schema}, schema=schema)
-    values = metas.to_pylist() if isinstance(metas, pa.Array) else list(metas)
-    ndjson = b"\n".join(m or b"{}" for m in values) + b"\n"
-    return pajson.read_json(
+    # All events of a request share one meta: parse each distinct meta once, then gather.
+    encoded = (metas if isinstance(metas, pa.Array) else pa.array(metas, pa.binary())
+               ).dictionary_encode()
+    distinct = encoded.dictionary.to_pylist()
+    ndjson = b"\n".join(m or b"{}" for m in distinct) + b"\n"
+    parsed = pajson.read_json(
         io.BytesIO(ndjson),
         read_options=pajson.ReadOptions(use_threads=False, block_size=max(len(ndjson), 1 << 16)),
         parse_options=pajson.ParseOptions(explicit_schema=schema,
                                           unexpected_field_behavior="ignore"))
+    return parsed.take(encoded.indices)
 
 
 def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | pa.Array,

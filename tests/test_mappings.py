@@ -163,7 +163,21 @@ def test_epoch_milliseconds_and_missing_optional_paths():
                       Column("x", "string", path="$.m.x"))
     assert payload(stream, b'{"m":{"at":0}}') == {"at": "1970-01-01T00:00:00Z"}
     assert payload(stream, b'{"m":{"x":null}}') == {}
-    assert payload(stream, b'{"m":[1]}') == {}  # a path through a non-object is missing
+    with pytest.raises(InvalidEvents) as info:  # a path through a non-object: refused
+        stream.from_json(b'{"m":[1]}')
+    assert info.value.violations[0].as_dict() == {
+        "index": 0, "field": "at", "reason": "value at $.m.at: expected `object`, got `array`"}
+
+
+def test_a_path_with_an_index_through_the_wrong_shape_is_refused_too():
+    stream = compiled(Column("sku", "string", path="$.items[0].sku"))
+    assert payload(stream, b'{"items":[]}') == {}
+    assert payload(stream, b'{"items":[{"sku":"a"}]}') == {"sku": "a"}
+    with pytest.raises(InvalidEvents) as info:
+        stream.from_json(b'{"items":{"sku":"a"}}')
+    assert info.value.violations[0].as_dict() == {
+        "index": 0, "field": "sku",
+        "reason": "value at $.items[0].sku: expected `array` before index 0, got `object`"}
 
 
 def test_bad_mapped_values_are_refused_with_index_column_and_path():
@@ -392,3 +406,15 @@ def test_the_collector_refuses_to_start_on_sql_spark_cannot_compile(tmp_path):
     assert error.startswith("icefloe: error: stream 's', column 'bad': sql "
                             "'no_such_function(url)' does not compile on Spark: "), error
     assert "NO_SUCH_FUNCTION" in error.split("Spark: ", 1)[1].upper()
+
+
+def test_overlapping_paths_and_raw_strings_fall_back_to_the_walked_root():
+    stream = compiled(Column("user", "json", path="$.u"), Column("id", "long", path="$.u.id"),
+                      Column("tag", "string", path="$.t", raw=True))
+    assert payload(stream, b'{"u":{"id":5},"t":"plain"}') == {
+        "user": '{"id":5}', "id": 5, "tag": "plain"}
+    assert payload(stream, b'{"u":null,"t":[1]}') == {"tag": "[1]"}
+    with pytest.raises(InvalidEvents) as info:
+        stream.from_json(b'{"u":{"id":"5"}}')
+    assert info.value.violations[0].as_dict() == {
+        "index": 0, "field": "id", "reason": "value at $.u.id: expected `int`, got `str`"}
