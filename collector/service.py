@@ -44,6 +44,7 @@ from icefloe.manifest.model import Entry
 from icefloe.store.base import AsyncObjectStore
 from pipeline.cluster import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
 from pipeline.commit import CommitResult, commit_rows, committed_state
+from pipeline.file_append import WriteThenAdd
 from pipeline.run import RunOutput
 from pipeline.schema import DEAD_LETTER_TABLE
 from pipeline.spec import RunSpec, run_spec
@@ -78,21 +79,6 @@ class RunResult:
     replayed: int = 0
     dead_letters: int = 0
     seconds: float = 0.0
-
-
-def in_sequence_order(rows: pa.Table, *, tie: str | None = None) -> pa.Table:
-    """Rows (or keys) stably sorted by ``_sequence``.
-
-    Why: Spark returns a run in partition order, and partitions are balanced by size, not
-    sequence. Deduplication keeps the *first* copy of an id, and the replay filter drops
-    rows at or below a table's committed sequence; only in sequence order do the two agree
-    (a retried copy in a later entry must lose to the original, which the table may
-    already hold).
-    """
-    if rows.num_rows < 2:
-        return rows
-    keys = [("_sequence", "ascending")] + ([(tie, "ascending")] if tie else [])
-    return rows.sort_by(keys)
 
 
 class Collector:
@@ -253,11 +239,15 @@ class Collector:
         for name, rows in output.tables.items():
             stream = self.streams[name]
             window = self.windows[name]
-            fresh, dropped = window.filter(in_sequence_order(rows))
+            fresh, dropped = window.filter_in_sequence_order(rows)
             result.duplicates += dropped
             if dropped:
                 self.metrics.duplicates.labels(name).inc(dropped)
-            outcome = self._commit(stream.table, fresh, sequence)
+            append = WriteThenAdd(name)
+            try:
+                outcome = self._commit(stream.table, fresh, sequence, append=append)
+            finally:
+                append.cleanup(self.catalog, stream.table, sequence=sequence, epoch=self.epoch)
             window.remember(fresh)
             result.rows[stream.table] = outcome.rows
             result.replayed += outcome.replayed
@@ -318,7 +308,8 @@ class Collector:
         self._commit_dead(output.dead, sequence, result)
 
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
-                append: AddFiles | None = None, nbytes: int | None = None) -> CommitResult:
+                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None
+                ) -> CommitResult:
         assert self.epoch is not None
         outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch,
                               append=append)

@@ -202,6 +202,10 @@ class _TableFiles:
         if self.spec.is_unpartitioned():
             self._file(None).write(rows)
             return
+        key = single_partition(self.spec, self.schema, rows)
+        if key is not None:  # the usual case: a run's rows share one day (or hour)
+            self._file(key).write(rows)
+            return
         from pyiceberg.io.pyarrow import _determine_partitions
 
         # add_files derives a file's partition from its column bounds: one value per file.
@@ -232,6 +236,29 @@ class _TableFiles:
                 file.close()
         self.open.clear()
         delete_files(self.io, paths)
+
+
+def single_partition(spec: Any, schema: Any, rows: pa.Table) -> Any:
+    """The partition key shared by every row, or None when the rows span several values
+    (or a null). Why: pyiceberg's general split filters and copies the whole table once
+    per partition value — ~0.35 s for 1M rows even when there is only one value."""
+    from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+
+    values = []
+    for part in spec.fields:
+        source = schema.find_field(part.source_id)
+        name = schema.find_column_name(part.source_id)
+        if name is None or name not in rows.column_names:
+            return None
+        transformed = part.transform.pyarrow_transform(source.field_type)(rows.column(name))
+        if transformed.null_count:
+            return None
+        bounds = pc.min_max(transformed)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low != high:
+            return None
+        values.append(PartitionFieldValue(field=part, value=low))
+    return PartitionKey(field_values=values, partition_spec=spec, schema=schema)
 
 
 def _small(field: pa.Field) -> pa.Field:
@@ -502,7 +529,7 @@ def run_cluster(spark: SparkSession, spec: RunSpec) -> ClusterRunOutput:
         out.release()
         raise
     log.debug("cluster keys: %d rows in %.3fs", keys.num_rows, time.monotonic() - started)
-    # Sequence order first (see collector.service.in_sequence_order), row id within it.
+    # Sequence order first (see DedupWindow.filter_in_sequence_order), row id within it.
     keys = keys.sort_by([("_sequence", "ascending"), (ROW, "ascending")])
     streams = keys.column(STREAM)
     for stream in spec.streams:
