@@ -224,6 +224,8 @@ def _ingest_target(path: str) -> Target | None:
     if n == 5 and parts[1] == "v1" and parts[2] == "streams" and parts[4] == "events" \
             and parts[3]:
         return EVENTS, parts[3], ""
+    if n == 3 and parts[1] == "ingest" and parts[2]:  # alias of the events route
+        return EVENTS, parts[2], ""
     if n in (4, 5) and parts[1] == "collect" and parts[2] and parts[3]:
         if n == 4:
             return ONE, parts[2], parts[3]

@@ -234,6 +234,21 @@ async def test_an_oversized_idempotency_key_is_refused(http):
     error(r, 400, "invalid_idempotency_key")
 
 
+async def test_ingest_alias_is_the_events_route(http):
+    array = await http.client.post("/ingest/pageviews", json=[{"user_id": "a"}, {"user_id": "b"}])
+    lines = await http.client.post("/ingest/pageviews", content=b'{"user_id":"c"}\n',
+                                   headers={"Content-Type": "application/x-ndjson"})
+    assert (array.status_code, array.json()) == (202, {"accepted": 2})
+    assert (lines.status_code, lines.json()) == (202, {"accepted": 1})
+    unknown = await http.client.post("/ingest/nope", json={"user_id": "a"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] == "unknown_stream"
+    no_token = await http.client.post("/ingest/orders", json={"order_id": "o1"})
+    assert no_token.status_code == 401
+    assert [e.payload for e in await stored_events(http.store_url)] == [
+        b'{"user_id":"a"}', b'{"user_id":"b"}', b'{"user_id":"c"}']
+
+
 async def test_collect_aliases_feed_the_stream_of_the_table(http):
     one = await http.client.post("/collect/web/pageviews", content=b'{"user_id":"a"}')
     batch = await http.client.post("/collect/web/pageviews/batch",
