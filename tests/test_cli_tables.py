@@ -152,7 +152,8 @@ def test_should_list_streams_without_their_tokens(filled, capsys):
     assert [s["name"] for s in data["streams"]] == ["clicks", "buys", "views", "later"]
     assert data["streams"][1]["tokens_required"] is True
     assert data["streams"][0]["columns"][0] == {"name": "user_id", "type": "string",
-                                               "required": True, "doc": "who clicked"}
+                                               "required": True, "doc": "who clicked",
+                                               "mapping": None}
     assert "s3cret" not in json.dumps(data)
     assert "scrypt" not in json.dumps(data)
 
