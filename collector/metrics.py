@@ -64,6 +64,17 @@ class CollectorMetrics:
         self.maintenance = Counter("icefloe_collector_maintenance_runs",
                                    "Table maintenance runs by result", ["table", "result"],
                                    registry=r)
+        self.model_runs = Counter("icefloe_collector_model_runs",
+                                  "SQL model runs by outcome (ran, up to date, view, failed, "
+                                  "skipped)", ["model", "state"], registry=r)
+        self.model_rows = Counter("icefloe_collector_model_rows",
+                                  "Rows written by SQL model runs", ["model"], registry=r)
+        self.model_seconds = Histogram("icefloe_collector_model_seconds",
+                                       "SQL model run time", ["model"],
+                                       buckets=_COMMIT_BUCKETS, registry=r)
+        self.model_last_run = Gauge("icefloe_collector_model_last_run_timestamp_seconds",
+                                    "Unix time of the model's last run that wrote rows",
+                                    ["model"], registry=r)
         self.epoch = Gauge("icefloe_collector_epoch", "This collector's manifest epoch",
                            registry=r)
         self.active = Gauge("icefloe_collector_active",

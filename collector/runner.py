@@ -15,17 +15,20 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from collector.gc import collect_garbage
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
+from collector.models import ModelRefresh, plan_refresh
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.config import Config
-from icefloe.errors import FencedError
+from icefloe.errors import ConfigError, FencedError
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from pipeline.catalog import open_catalog
 from pipeline.maintenance import MaintenanceSettings, run_maintenance
+from pipeline.models.spec import ModelError
 from pipeline.spec import run_spec
 
 log = logging.getLogger("icefloe.collector")
@@ -65,6 +68,22 @@ def default_engine(config: Config) -> Engine:
     return SparkEngine(spark, cfg.spark_partitions)
 
 
+def _spark_of(engine: Engine, config: Config) -> Callable[[], Any]:
+    """The engine's SparkSession for model runs; an engine without one (tests, the no-Spark
+    baseline) gets a session of its own when the models first run."""
+    session = getattr(engine, "spark", None)
+    if session is not None:
+        return lambda: session
+
+    def start() -> Any:
+        from pipeline.spark import get_spark
+
+        cfg = config.collector
+        return get_spark(cfg.spark_master, "icefloe-collector",
+                         {"spark.driver.memory": cfg.spark_driver_memory})
+    return start
+
+
 def maintenance_settings(config: Config) -> MaintenanceSettings:
     cfg = config.collector
     return MaintenanceSettings(keep_last=cfg.snapshot_keep_last,
@@ -77,9 +96,11 @@ def maintenance_settings(config: Config) -> MaintenanceSettings:
 class Runner:
     """The long-running part of ``icefloe collector``."""
 
-    def __init__(self, collector: Collector, stop: asyncio.Event) -> None:
+    def __init__(self, collector: Collector, stop: asyncio.Event,
+                 models: ModelRefresh | None = None) -> None:
         self.collector = collector
         self.stop = stop
+        self.models = models
         self.fenced: str | None = None
         cfg = collector.config.collector
         self._next_gc = time.monotonic() + cfg.gc_interval_s
@@ -153,7 +174,12 @@ class Runner:
                 await self._sleep(delay)
                 continue
             await self._housekeeping()  # when due: also during a backlog, or metadata grows
-            if result.entries and result.entries >= cfg.max_run_entries:
+            backlog = bool(result.entries) and result.entries >= cfg.max_run_entries
+            if self.models is not None:
+                self.models.note_commits(result.rows)
+                if self.models.due(backlog=backlog) and not self.stop.is_set():
+                    await asyncio.to_thread(self.models.run)
+            if backlog:
                 continue  # a backlog: go straight on
             wait = cfg.poll_interval_s if not result.entries else \
                 cfg.commit_interval_s - (time.monotonic() - started)
@@ -212,6 +238,10 @@ async def run_collector(config: Config, *, takeover: bool = False,
     ``serve_metrics`` is off); pass ``metrics`` to read them in-process (``icefloe up``).
     """
     stop = stop or asyncio.Event()
+    try:  # a bad model file, a cycle or an unknown name: refused before anything starts
+        refresh_plan = plan_refresh(config)
+    except ModelError as exc:
+        raise ConfigError(f"{config.source or 'config'}: collector.models: {exc}") from None
     store = store or open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region))
     metrics = metrics or CollectorMetrics()
@@ -231,11 +261,21 @@ async def run_collector(config: Config, *, takeover: bool = False,
             await collector.acquire(takeover=takeover, stop=stop)
         except asyncio.CancelledError:
             return EXIT_OK  # stopped while on standby
-        runner = Runner(collector, stop)
+        models = None
+        if refresh_plan is not None:
+            models = ModelRefresh(config, *refresh_plan, spark=_spark_of(engine, config),
+                                  metrics=metrics)
+        runner = Runner(collector, stop, models)
         runner.start_renewal()
         try:
             await asyncio.to_thread(collector.prepare_tables)
             await collector.verify_offsets()
+            if models is not None:
+                try:
+                    await asyncio.to_thread(models.check_tables)
+                except ModelError as exc:
+                    raise ConfigError(f"{config.source or 'config'}: collector.models: "
+                                      f"{exc}") from None
         except BaseException:
             await runner.stop_renewal()
             raise

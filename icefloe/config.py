@@ -199,6 +199,9 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     path: ``embedded`` collects each run's rows to the driver and appends them there (one
     machine); ``cluster`` keeps the rows on the Spark executors, which write Parquet files
     the driver commits with one ``add_files`` per table (only event ids reach the driver).
+    ``models`` names the SQL models (``"*"``: all) the collector keeps fresh: it runs them
+    (and the stored models they read) after a commit that added rows to a table they read,
+    at most once per ``models_interval_s``; ``models_dir`` is relative to the config file.
     """
 
     host: str = "0.0.0.0"
@@ -222,6 +225,23 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compact_target_bytes: int = 128 * 1024 * 1024
     orphan_age_s: float = 3600.0
     retry_max_delay_s: float = 30.0
+    models: tuple[str, ...] = ()
+    models_dir: str = "models"
+    models_interval_s: float = 0.0
+
+
+class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The admin API (``icefloe admin``): sources and sinks at runtime.
+
+    Bound to this machine by default; every call but ``/healthz`` and ``/openapi.json``
+    needs a bearer token whose hash (``icefloe token hash``) is in ``tokens``.
+    ``registry_key`` is the registry object inside the store.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+    tokens: tuple[str, ...] = ()
+    registry_key: str = "registry/registry.json"
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -232,6 +252,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     manifest: ManifestSection = msgspec.field(default_factory=ManifestSection)
     ingestor: IngestorSection = msgspec.field(default_factory=IngestorSection)
     collector: CollectorSection = msgspec.field(default_factory=CollectorSection)
+    admin: AdminSection = msgspec.field(default_factory=AdminSection)
     streams: tuple[StreamConfig, ...] = ()
     tokens: tuple[TokenConfig, ...] = ()
     source: str | None = None
@@ -294,14 +315,14 @@ def _key_path(message: str) -> str:
 
 FILE_ONLY = frozenset({"properties", "client_rate_limit"})
 """Settings that are tables: set in the file only, never from the environment."""
-_LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies"})
+_LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies", "models", "tokens"})
 """Lists the environment gives comma-separated."""
 
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
-                "collector": CollectorSection}
+                "collector": CollectorSection, "admin": AdminSection}
     for section, struct in sections.items():
         for field in struct.__struct_fields__:
             name = f"ICEFLOE_{section.upper()}_{field.upper()}"
@@ -339,8 +360,10 @@ def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
         ing, tls_cert_file=_resolve_file(ing.tls_cert_file, base),
         tls_key_file=_resolve_file(ing.tls_key_file, base),
         tls_client_ca_file=_resolve_file(ing.tls_client_ca_file, base))
+    collector = msgspec.structs.replace(
+        config.collector, models_dir=_resolve_file(config.collector.models_dir, base) or "")
     return msgspec.structs.replace(config, store=store, catalog=catalog, ingestor=ingestor,
-                                   source=source)
+                                   collector=collector, source=source)
 
 
 def validate(config: Config, where: str) -> None:
@@ -350,6 +373,7 @@ def validate(config: Config, where: str) -> None:
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     _validate_collector(config.collector, where)
+    _validate_admin(config.admin, where)
     ing = config.ingestor
     for key in ("http_port", "grpc_port"):
         port = getattr(ing, key)
@@ -369,7 +393,7 @@ def validate(config: Config, where: str) -> None:
     names: set[str] = set()
     tables: set[str] = set()
     for index, stream in enumerate(config.streams):
-        _validate_stream(stream, f"{where}: streams[{index}]")
+        validate_stream(stream, f"{where}: streams[{index}]")
         if stream.name in names:
             raise ConfigError(f"{where}: streams[{index}].name: duplicate stream {stream.name!r}")
         if stream.table in tables:
@@ -378,6 +402,18 @@ def validate(config: Config, where: str) -> None:
         names.add(stream.name)
         tables.add(stream.table)
     validate_security(config, where)
+
+
+def _validate_admin(admin: AdminSection, where: str) -> None:
+    from icefloe.config_security import check_hash
+
+    if not 0 <= admin.port <= 65535:
+        raise ConfigError(f"{where}: admin.port: {admin.port} is not a TCP port (0-65535)")
+    for i, entry in enumerate(admin.tokens):
+        check_hash(entry, f"{where}: admin.tokens[{i}]")
+    if not admin.registry_key or admin.registry_key.startswith("/"):
+        raise ConfigError(f"{where}: admin.registry_key: {admin.registry_key!r} must be a "
+                          "relative object key")
 
 
 def _validate_collector(col: CollectorSection, where: str) -> None:
@@ -396,13 +432,21 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.dedup_window_s < 0:
         raise ConfigError(f"{where}: collector.dedup_window_s must be >= 0 (0 disables "
                           "deduplication by event id)")
+    if col.models_interval_s < 0:
+        raise ConfigError(f"{where}: collector.models_interval_s must be >= 0 (0: run the "
+                          "models after every commit that added rows they read)")
+    if col.models and not col.models_dir:
+        raise ConfigError(f"{where}: collector.models_dir: a folder is needed to run "
+                          f"{', '.join(col.models)}")
     if col.orphan_age_s < 60:
         raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
                           "least 60 s: younger unreferenced files may belong to a commit "
                           "still in flight")
 
 
-def _validate_stream(stream: StreamConfig, at: str) -> None:
+def validate_stream(stream: StreamConfig, at: str) -> None:
+    """One stream's own rules (name, table, columns, mappings, id field, partition); ``at``
+    prefixes every message (the config key, or the admin API's field)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", stream.name):
         raise ConfigError(f"{at}.name: {stream.name!r} must be 1-128 letters, digits, '_', '-' "
                           "or '.'")

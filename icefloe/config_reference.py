@@ -13,6 +13,7 @@ import msgspec
 
 from icefloe.config import (
     FILE_ONLY,
+    AdminSection,
     CatalogSection,
     CollectorSection,
     IngestorSection,
@@ -22,7 +23,7 @@ from icefloe.config import (
 
 SECTIONS: dict[str, type[msgspec.Struct]] = {
     "store": StoreSection, "catalog": CatalogSection, "manifest": ManifestSection,
-    "ingestor": IngestorSection, "collector": CollectorSection}
+    "ingestor": IngestorSection, "collector": CollectorSection, "admin": AdminSection}
 
 MEANING: dict[str, str] = {
     "store.url": "object store: `file:///dir` or `s3://bucket/prefix`",
@@ -108,6 +109,15 @@ MEANING: dict[str, str] = {
     "collector.compact_target_bytes": "target size of compacted files",
     "collector.orphan_age_s": "unreferenced table files are deleted only when older than this",
     "collector.retry_max_delay_s": "backoff cap between retries of a failed run",
+    "admin.host": "admin API address (this machine only by default)",
+    "admin.port": "admin API port (`icefloe admin`)",
+    "admin.tokens": "hashes (`icefloe token hash`) of the bearer tokens the admin API accepts",
+    "admin.registry_key": "object key of the stream registry inside the store",
+    "collector.models": "SQL models the collector keeps fresh (`[\"*\"]`: all): run after "
+                        "commits that add rows they read, with the stored models they read",
+    "collector.models_dir": "folder of the `*.sql` models, relative to the config file",
+    "collector.models_interval_s": "at least this long between two model runs (0: after "
+                                   "every commit that adds rows they read)",
 }
 
 _START = "<!-- config-reference:start (generated: python -m icefloe.config_reference) -->"

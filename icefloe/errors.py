@@ -24,6 +24,7 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
     └── SchemaConflictError          configured columns cannot evolve the existing table
     CatalogError                     the Iceberg catalog is unreachable or refused an operation
     TableFencedError                 a table records a newer collector epoch: we were replaced
+    RegistryError                    a refused change to the stream registry (``status``, ``code``)
 """
 
 from __future__ import annotations
@@ -153,3 +154,16 @@ class TableFencedError(IcefloeError):
         self.table = table
         self.our_epoch = our_epoch
         self.table_epoch = table_epoch
+
+
+class RegistryError(IcefloeError):
+    """A change to the stream registry was refused: ``status`` is the HTTP status the admin
+    API answers with, ``code`` a stable machine-readable reason, ``details`` the items
+    (field and reason) a client needs to fix its request."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 details: list[dict[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.details = details or []
