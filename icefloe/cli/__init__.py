@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from icefloe import __version__
 from icefloe.cli import (
+    admin_cmd,
     collector_cmd,
     deadletters_cmd,
     demo_cmd,
@@ -21,6 +22,7 @@ from icefloe.cli import (
     models_cmd,
     probe_cmd,
     query_cmd,
+    sources_cmd,
     streams_cmd,
     tables_cmd,
     token_cmd,
@@ -45,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show full tracebacks instead of one-line errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (up_cmd, ingestor_cmd, collector_cmd, query_cmd, models_cmd, streams_cmd,
-                   tables_cmd, deadletters_cmd, demo_cmd, token_cmd, inspect_cmd, probe_cmd):
+                   tables_cmd, deadletters_cmd, demo_cmd, token_cmd, inspect_cmd, probe_cmd,
+                   admin_cmd, sources_cmd):
         module.register(commands)
     return parser
 

@@ -1,0 +1,351 @@
+"""The admin API: sources, sinks, tokens and tasks over HTTP (Starlette on uvicorn).
+
+Why these shapes: every change is validated at once against the current registry, so a
+bad request gets its 400/404/409 with the offending fields straight away; changes that
+need a table (a new sink, new columns) answer ``202`` with a task that creates or evolves
+the table and then applies the change (:mod:`admin.tasks`); everything else is applied by
+compare-and-swap before the answer. Errors share the ingest API's body:
+``{"error": code, "message": ..., "details": [{"field", "reason"}]}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from admin.auth import AdminAuth
+from admin.openapi import openapi_document
+from admin.tasks import Tasks
+from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
+from icefloe.registry import ops
+from icefloe.registry.model import Registry, Sink, Source
+from icefloe.registry.store import RegistryStore
+from icefloe.tokens import hash_token, new_token
+
+log = logging.getLogger("icefloe.admin")
+
+MAX_BODY = 1024 * 1024
+PendingCounter = Callable[[str], Awaitable[int]]
+"""Unacknowledged manifest entries holding events of a source (undelivered data)."""
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> Response:
+    return Response(msgspec.json.encode(body), status, headers=headers,
+                    media_type="application/json")
+
+
+def error(status: int, code: str, message: str,
+          details: list[dict[str, str]] | None = None) -> Response:
+    return json_response({"error": code, "message": message, "details": details or []},
+                         status)
+
+
+def sink_json(source: Source, sink: Sink) -> dict[str, Any]:
+    out = msgspec.to_builtins(sink)
+    out["source"] = source.id
+    out["toggles"] = [msgspec.to_builtins(t) for t in sink.toggles]
+    return out
+
+
+def source_json(source: Source) -> dict[str, Any]:
+    """A source without its token hashes (only how many it has) and with live sinks only."""
+    return {"id": source.id, "description": source.description,
+            "tokens": len(source.tokens),
+            "rate_limit": msgspec.to_builtins(source.rate_limit),
+            "created_version": source.created_version,
+            "updated_version": source.updated_version,
+            "sinks": [sink_json(source, s) for s in source.live_sinks()]}
+
+
+def _field(message: str) -> tuple[str, str]:
+    """msgspec: 'Expected `int`, got `str` - at `$.sinks[0].name`' → (field, reason)."""
+    if " - at `$." in message:
+        reason, at = message.rsplit(" - at `$.", 1)
+        return at.rstrip("`"), reason
+    return "body", message
+
+
+class AdminApi:
+    """The routes, bound to one registry store, task runner and auth."""
+
+    def __init__(self, registry: RegistryStore, tasks: Tasks, auth: AdminAuth, *,
+                 pending: PendingCounter) -> None:
+        self.registry = registry
+        self.tasks = tasks
+        self.auth = auth
+        self.pending = pending
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def guarded(self, handler: Handler) -> Handler:
+        """Bearer auth, then the handler, with refusals turned into JSON errors."""
+
+        async def wrapped(request: Request) -> Response:
+            header = request.headers.get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return error(401, "unauthenticated", "send 'Authorization: Bearer <admin "
+                             "token>' (a token whose hash is in [admin] tokens)")
+            if not await self.auth.check(token.strip()):
+                return error(403, "forbidden", "this token is not an admin token")
+            try:
+                return await handler(request)
+            except RegistryError as exc:
+                return error(exc.status, exc.code, str(exc), exc.details)
+            except ManifestCorruptError as exc:
+                return error(500, "registry_corrupt", str(exc))
+            except StoreError as exc:
+                log.warning("admin %s %s: store unavailable: %s", request.method,
+                            request.url.path, exc)
+                return json_response({"error": "store_unavailable", "message": "the object "
+                                      f"store is unreachable ({type(exc).__name__}); nothing "
+                                      "was changed, retry", "details": []}, 503,
+                                     {"retry-after": "1"})
+        return wrapped
+
+    async def body(self, request: Request, kind: type[Any]) -> Any:
+        data = b""
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > MAX_BODY:
+                raise RegistryError(413, "too_large", f"the body exceeds {MAX_BODY} bytes")
+        if not data.strip():
+            raise ops.invalid("body", "a JSON object is required")
+        try:
+            return msgspec.json.decode(data, type=kind)
+        except msgspec.ValidationError as exc:
+            field, reason = _field(str(exc))
+            raise ops.invalid(field, reason) from None
+        except msgspec.DecodeError as exc:
+            raise RegistryError(400, "malformed", f"the body is not JSON: {exc}") from None
+
+    async def current(self) -> Registry:
+        return await self.registry.read()
+
+    async def check(self, change: Callable[[Registry], Registry]) -> Registry:
+        """Validate ``change`` against the current registry without writing it."""
+        return change(await self.current())
+
+    @staticmethod
+    def _source(registry: Registry, source_id: str) -> Source:
+        source = registry.source(source_id)
+        if source is None:
+            raise ops.not_found("source", source_id)
+        return source
+
+    @staticmethod
+    def _sink(registry: Registry, source_id: str, name: str) -> tuple[Source, Sink]:
+        source = AdminApi._source(registry, source_id)
+        sink = source.sink(name)
+        if sink is None:
+            raise ops.not_found("sink", f"{source_id}/{name}")
+        return source, sink
+
+    # -- registry and sources -------------------------------------------------------------
+
+    async def get_registry(self, request: Request) -> Response:
+        reg = await self.current()
+        return json_response({"version": reg.version, "updated_at": reg.updated_at,
+                              "seeded_from": reg.seeded_from,
+                              "sources": len(reg.live_sources())})
+
+    async def list_sources(self, request: Request) -> Response:
+        reg = await self.current()
+        return json_response({"version": reg.version,
+                              "sources": [source_json(s) for s in reg.live_sources()]})
+
+    async def create_source(self, request: Request) -> Response:
+        spec: ops.SourceSpec = await self.body(request, ops.SourceSpec)
+        checked = await self.check(lambda r: ops.create_source(r, spec))
+        made = checked.source(spec.id)
+        assert made is not None
+        if not spec.sinks:
+            reg = await self.registry.update(lambda r: ops.create_source(r, spec))
+            return self._created(reg, spec.id)
+
+        async def commit() -> dict[str, Any]:
+            reg = await self.registry.update(lambda r: ops.create_source(r, spec))
+            return {"version": reg.version, "source": source_json(self._source(reg, spec.id))}
+        task = self.tasks.start("create_source", spec.id,
+                                [s.stream(spec.id) for s in made.live_sinks()], commit)
+        return self._accepted(task)
+
+    def _created(self, reg: Registry, source_id: str) -> Response:
+        return json_response({"version": reg.version,
+                              "source": source_json(self._source(reg, source_id))}, 201,
+                             {"location": f"/v1/sources/{source_id}"})
+
+    @staticmethod
+    def _accepted(task: Any) -> Response:
+        return json_response({"task": task.to_json()}, 202,
+                             {"location": f"/v1/tasks/{task.id}"})
+
+    async def get_source(self, request: Request) -> Response:
+        reg = await self.current()
+        source = self._source(reg, request.path_params["id"])
+        return json_response({"version": reg.version, "source": source_json(source)})
+
+    async def patch_source(self, request: Request) -> Response:
+        source_id = request.path_params["id"]
+        patch: ops.SourcePatch = await self.body(request, ops.SourcePatch)
+        await self.check(lambda r: ops.update_source(r, source_id, patch))
+        reg = await self.registry.update(lambda r: ops.update_source(r, source_id, patch))
+        return json_response({"version": reg.version,
+                              "source": source_json(self._source(reg, source_id))})
+
+    async def delete_source(self, request: Request) -> Response:
+        source_id = request.path_params["id"]
+        force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
+        self._source(await self.current(), source_id)
+        pending = await self.pending(source_id)
+        if pending and not force:
+            raise RegistryError(409, "undelivered", f"source {source_id!r} has events in "
+                                f"{pending} manifest entr{'y' if pending == 1 else 'ies'} not "
+                                "yet committed; retry later, or add ?force=true (they are "
+                                "still delivered to its sinks)",
+                                [{"field": "force", "reason": f"{pending} pending entries"}])
+        reg = await self.registry.update(lambda r: ops.delete_source(r, source_id))
+        return json_response({"version": reg.version, "deleted": source_id,
+                              "pending_entries": pending})
+
+    async def rotate_tokens(self, request: Request) -> Response:
+        source_id = request.path_params["id"]
+        keep = request.query_params.get("keep_previous", "").lower() in ("1", "true", "yes")
+        source = self._source(await self.current(), source_id)
+        token = new_token()
+        hashed = hash_token(token)
+
+        def rotate(reg: Registry) -> Registry:
+            current = self._source(reg, source_id)
+            kept = current.tokens if keep else ()
+            return ops.set_tokens(reg, source_id, (*kept, hashed))
+        reg = await self.registry.update(rotate)
+        count = len(self._source(reg, source_id).tokens)
+        log.info("tokens of source %s rotated (%d valid, previous %s)", source.id, count,
+                 "kept" if keep else "revoked")
+        return json_response({"version": reg.version, "source": source_id, "token": token,
+                              "tokens": count}, 201)
+
+    # -- sinks ----------------------------------------------------------------------------
+
+    async def list_sinks(self, request: Request) -> Response:
+        reg = await self.current()
+        source = self._source(reg, request.path_params["id"])
+        return json_response({"version": reg.version,
+                              "sinks": [sink_json(source, s) for s in source.live_sinks()]})
+
+    async def create_sink(self, request: Request) -> Response:
+        source_id = request.path_params["id"]
+        spec: ops.SinkSpec = await self.body(request, ops.SinkSpec)
+        checked = await self.check(lambda r: ops.create_sink(r, source_id, spec))
+        _, sink = self._sink(checked, source_id, spec.name)
+
+        async def commit() -> dict[str, Any]:
+            reg = await self.registry.update(lambda r: ops.create_sink(r, source_id, spec))
+            source, made = self._sink(reg, source_id, spec.name)
+            return {"version": reg.version, "sink": sink_json(source, made)}
+        task = self.tasks.start("create_sink", f"{source_id}/{spec.name}",
+                                [sink.stream(source_id)], commit)
+        return self._accepted(task)
+
+    async def get_sink(self, request: Request) -> Response:
+        reg = await self.current()
+        source, sink = self._sink(reg, request.path_params["id"], request.path_params["sink"])
+        return json_response({"version": reg.version, "sink": sink_json(source, sink)})
+
+    async def patch_sink(self, request: Request) -> Response:
+        source_id, name = request.path_params["id"], request.path_params["sink"]
+        patch: ops.SinkPatch = await self.body(request, ops.SinkPatch)
+        before = await self.current()
+        _, old = self._sink(before, source_id, name)
+        checked = ops.update_sink(before, source_id, name, patch)
+        _, new = self._sink(checked, source_id, name)
+
+        async def commit() -> dict[str, Any]:
+            reg = await self.registry.update(
+                lambda r: ops.update_sink(r, source_id, name, patch))
+            source, sink = self._sink(reg, source_id, name)
+            return {"version": reg.version, "sink": sink_json(source, sink)}
+        if new.columns != old.columns:  # the table evolves first
+            task = self.tasks.start("update_sink", f"{source_id}/{name}",
+                                    [new.stream(source_id)], commit)
+            return self._accepted(task)
+        return json_response(await commit())
+
+    async def toggle_sink(self, request: Request, enabled: bool) -> Response:
+        source_id, name = request.path_params["id"], request.path_params["sink"]
+        self._sink(await self.current(), source_id, name)
+        reg = await self.registry.update(
+            lambda r: ops.set_sink_enabled(r, source_id, name, enabled))
+        source, sink = self._sink(reg, source_id, name)
+        return json_response({"version": reg.version, "sink": sink_json(source, sink)})
+
+    async def disable_sink(self, request: Request) -> Response:
+        return await self.toggle_sink(request, False)
+
+    async def enable_sink(self, request: Request) -> Response:
+        return await self.toggle_sink(request, True)
+
+    async def delete_sink(self, request: Request) -> Response:
+        source_id, name = request.path_params["id"], request.path_params["sink"]
+        self._sink(await self.current(), source_id, name)
+        reg = await self.registry.update(lambda r: ops.delete_sink(r, source_id, name))
+        return json_response({"version": reg.version, "deleted": f"{source_id}/{name}"})
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    async def get_task(self, request: Request) -> Response:
+        task = self.tasks.get(request.path_params["task"])
+        if task is None:
+            raise ops.not_found("task", request.path_params["task"])
+        return json_response({"task": task.to_json()})
+
+
+def build_app(api: AdminApi) -> Starlette:
+    g = api.guarded
+    document = msgspec.json.encode(openapi_document())
+
+    async def openapi(request: Request) -> Response:
+        return Response(document, media_type="application/json")
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error(404, "not_found", f"no such endpoint: {request.method} {request.url.path}")
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return error(405, "method_not_allowed",
+                     f"{request.method} is not allowed on {request.url.path}")
+
+    sink = "/v1/sources/{id}/sinks/{sink}"
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/v1/registry", g(api.get_registry), methods=["GET"]),
+        Route("/v1/sources", g(api.list_sources), methods=["GET"]),
+        Route("/v1/sources", g(api.create_source), methods=["POST"]),
+        Route("/v1/sources/{id}/tokens", g(api.rotate_tokens), methods=["POST"]),
+        Route("/v1/sources/{id}/sinks", g(api.list_sinks), methods=["GET"]),
+        Route("/v1/sources/{id}/sinks", g(api.create_sink), methods=["POST"]),
+        Route(sink + ":disable", g(api.disable_sink), methods=["POST"]),
+        Route(sink + ":enable", g(api.enable_sink), methods=["POST"]),
+        Route(sink, g(api.get_sink), methods=["GET"]),
+        Route(sink, g(api.patch_sink), methods=["PATCH"]),
+        Route(sink, g(api.delete_sink), methods=["DELETE"]),
+        Route("/v1/sources/{id}", g(api.get_source), methods=["GET"]),
+        Route("/v1/sources/{id}", g(api.patch_source), methods=["PATCH"]),
+        Route("/v1/sources/{id}", g(api.delete_source), methods=["DELETE"]),
+        Route("/v1/tasks/{task}", g(api.get_task), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})

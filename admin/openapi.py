@@ -1,0 +1,144 @@
+"""The admin API's OpenAPI 3.1 document, served at ``/openapi.json``.
+
+Why generated from the request structs: the JSON Schemas of bodies come from the very
+msgspec types the server decodes with (:mod:`icefloe.registry.ops`), so the document
+cannot drift from what is accepted; the test suite runs schemathesis against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from icefloe.registry import ops
+
+_REF = "#/components/schemas/{name}"
+
+ERROR = {"type": "object", "required": ["error", "message", "details"], "properties": {
+    "error": {"type": "string"}, "message": {"type": "string"},
+    "details": {"type": "array", "items": {"type": "object", "properties": {
+        "field": {"type": "string"}, "reason": {"type": "string"}}}}}}
+TASK = {"type": "object", "required": ["id", "kind", "state", "progress"], "properties": {
+    "id": {"type": "string"}, "kind": {"type": "string"}, "target": {"type": "string"},
+    "state": {"enum": ["pending", "running", "succeeded", "failed"]},
+    "progress": {"type": "string"}, "result": {"type": ["object", "null"]},
+    "error": {"anyOf": [{"type": "null"}, {"$ref": _REF.format(name="Error")}]},
+    "created_at": {"type": "number"}, "finished_at": {"type": ["number", "null"]}}}
+SINK = {"type": "object", "required": ["name", "table", "columns", "enabled", "source"],
+        "properties": {"name": {"type": "string"}, "table": {"type": "string"},
+                       "source": {"type": "string"}, "columns": {"type": "array"},
+                       "enabled": {"type": "boolean"}, "conditions": {"type": "object"},
+                       "created_version": {"type": "integer"}}}
+SOURCE = {"type": "object", "required": ["id", "tokens", "sinks"], "properties": {
+    "id": {"type": "string"}, "description": {"type": "string"},
+    "tokens": {"type": "integer", "description": "how many write tokens (never the tokens)"},
+    "sinks": {"type": "array", "items": {"$ref": _REF.format(name="Sink")}}}}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _obj(**props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": list(props), "properties": props}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    reasons = {400: "invalid request (field and reason in details)",
+               401: "no bearer token", 403: "not an admin token", 404: "no such resource",
+               409: "conflicts with the registry (taken, owned, too many, undelivered)",
+               413: "body too large", 500: "the registry object cannot be read",
+               503: "the object store is unreachable"}
+    return {str(c): {"description": reasons[c], **_json(_ref("Error"))}
+            for c in (401, 403, 500, 503, *codes)}
+
+
+def _op(summary: str, ok: dict[str, Any], *codes: int, body: str | None = None,
+        params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**ok, **_errors(*codes)},
+                          "security": [{"bearer": []}]}
+    if body is not None:
+        op["requestBody"] = {"required": True, **_json(_ref(body))}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def _path(*names: str) -> list[dict[str, Any]]:
+    return [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+            for n in names]
+
+
+def _flag(name: str, doc: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": doc,
+            "schema": {"type": "boolean"}}
+
+
+def openapi_document() -> dict[str, Any]:
+    (_, components) = msgspec.json.schema_components(
+        [ops.SourceSpec, ops.SourcePatch, ops.SinkSpec, ops.SinkPatch],
+        ref_template=_REF)
+    components.update({"Error": ERROR, "Task": TASK, "Sink": SINK, "Source": SOURCE})
+    version = {"version": {"type": "integer"}}
+    one_source = {"200": {"description": "the source", **_json(_obj(
+        **version, source=_ref("Source")))}}
+    one_sink = {"200": {"description": "the sink", **_json(_obj(**version, sink=_ref("Sink")))}}
+    accepted = {"202": {"description": "a task creates or evolves the table(s), then applies "
+                        "the change; poll Location", **_json(_obj(task=_ref("Task")))}}
+    src = _path("id")
+    snk = _path("id", "sink")
+    toggle = {"200": one_sink["200"]}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "icefloe admin API", "version": "1",
+                 "description": "Sources (ingest endpoints), their sinks (Iceberg tables "
+                                "with columns and import conditions), tokens and tasks."},
+        "components": {"schemas": components, "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": {
+            "/v1/registry": {"get": _op("registry version", {"200": {
+                "description": "version", **_json(_obj(**version))}})},
+            "/v1/sources": {
+                "get": _op("list sources", {"200": {"description": "sources", **_json(_obj(
+                    **version, sources={"type": "array", "items": _ref("Source")}))}}),
+                "post": _op("create a source", {"201": {"description": "created", **_json(
+                    _obj(**version, source=_ref("Source")))}, **accepted}, 400, 409, 413,
+                    body="SourceSpec")},
+            "/v1/sources/{id}": {
+                "get": _op("one source", one_source, 404, params=src),
+                "patch": _op("change a source", one_source, 400, 404, 413, body="SourcePatch",
+                             params=src),
+                "delete": _op("delete a source", {"200": {"description": "deleted", **_json(
+                    _obj(**version, deleted={"type": "string"}))}}, 404, 409, params=[
+                    *src, _flag("force", "delete even with undelivered events (they are "
+                                "still delivered)")])},
+            "/v1/sources/{id}/tokens": {"post": _op(
+                "rotate the write tokens (the new token is shown once)", {"201": {
+                    "description": "new token", **_json(_obj(
+                        **version, token={"type": "string"}, tokens={"type": "integer"}))}},
+                404, params=[*src, _flag("keep_previous", "keep the old tokens valid")])},
+            "/v1/sources/{id}/sinks": {
+                "get": _op("list sinks", {"200": {"description": "sinks", **_json(_obj(
+                    **version, sinks={"type": "array", "items": _ref("Sink")}))}}, 404,
+                    params=src),
+                "post": _op("create a sink", accepted, 400, 404, 409, 413, body="SinkSpec",
+                            params=src)},
+            "/v1/sources/{id}/sinks/{sink}": {
+                "get": _op("one sink", one_sink, 404, params=snk),
+                "patch": _op("change a sink", {**one_sink, **accepted}, 400, 404, 413,
+                             body="SinkPatch", params=snk),
+                "delete": _op("delete a sink", {"200": {"description": "deleted", **_json(
+                    _obj(**version, deleted={"type": "string"}))}}, 404, params=snk)},
+            "/v1/sources/{id}/sinks/{sink}:disable": {"post": _op(
+                "stop delivering to a sink", toggle, 404, params=snk)},
+            "/v1/sources/{id}/sinks/{sink}:enable": {"post": _op(
+                "resume delivering to a sink", toggle, 404, params=snk)},
+            "/v1/tasks/{task}": {"get": _op("a task", {"200": {"description": "the task", **_json(
+                _obj(task=_ref("Task")))}}, 404, params=_path("task"))},
+        },
+    }

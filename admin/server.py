@@ -1,0 +1,108 @@
+"""Run the admin API from a config: the registry (seeded from ``[[streams]]``), the task
+runner with its catalog, the undelivered-data check against the manifest, and uvicorn.
+
+Why seeding happens here and at every start: the first process to reach an empty registry
+puts the config's streams into it (one CAS; a second process racing it re-reads and finds
+it seeded). Later, differences between the file and the registry are logged as warnings —
+the registry wins and nothing is applied silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from admin.app import AdminApi, PendingCounter, build_app
+from admin.auth import AdminAuth
+from admin.tasks import TableMaker, Tasks
+from icefloe.config import Config, StreamConfig
+from icefloe.errors import ConfigError
+from icefloe.manifest.cas import load as load_manifest
+from icefloe.registry.store import RegistryStore, drift
+from icefloe.store import open_async_store, options_for
+from icefloe.store.base import AsyncObjectStore
+
+log = logging.getLogger("icefloe.admin")
+
+
+@dataclass
+class AdminReady:
+    host: str
+    port: int
+    registry_version: int
+
+
+def catalog_table_maker(config: Config) -> TableMaker:
+    """Creates or evolves a sink's table in the configured catalog (opened on first use)."""
+    opened: list[object] = []
+
+    def make(stream: StreamConfig) -> None:
+        from pipeline.catalog import open_catalog
+        from pipeline.tables import ensure_stream_table
+
+        if not opened:
+            opened.append(open_catalog(config.catalog))
+        ensure_stream_table(opened[0], stream)  # type: ignore[arg-type]
+    return make
+
+
+def pending_counter(store: AsyncObjectStore, manifest_key: str) -> PendingCounter:
+    async def pending(source_id: str) -> int:
+        manifest = (await load_manifest(store, manifest_key)).manifest
+        acked = manifest.consumer.acked_through
+        return sum(1 for e in manifest.entries if e.sequence > acked and source_id in e.streams)
+    return pending
+
+
+async def serve_admin(config: Config, *, stop: asyncio.Event,
+                      store: AsyncObjectStore | None = None,
+                      make_table: TableMaker | None = None,
+                      on_ready: Callable[[AdminReady], None] | None = None) -> int:
+    """Serve until ``stop`` is set; returns the exit code."""
+    admin = config.admin
+    if not admin.tokens:
+        raise ConfigError(f"{config.source or 'config'}: admin.tokens is empty; the admin "
+                          "API needs at least one token hash; make one with `icefloe token "
+                          "new` and put its hash line into [admin] tokens (or "
+                          "ICEFLOE_ADMIN_TOKENS)")
+    own_store = store is None
+    store = store or open_async_store(config.store.url, options_for(
+        config.store.endpoint_url, config.store.region))
+    try:
+        registry = RegistryStore(store, admin.registry_key)
+        seeded = await registry.seed(config.streams, config.source)
+        for note in drift(seeded, config.streams):
+            log.warning("config and registry differ: %s", note)
+        api = AdminApi(registry, Tasks(make_table or catalog_table_maker(config)),
+                       AdminAuth(admin.tokens),
+                       pending=pending_counter(store, config.manifest.key))
+        server = uvicorn.Server(uvicorn.Config(
+            build_app(api), host=admin.host, port=admin.port, log_config=None,
+            access_log=False, lifespan="off"))
+        serving = asyncio.create_task(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if serving.done():  # failed to bind (uvicorn exits the task with SystemExit)
+            with contextlib.suppress(BaseException):
+                serving.result()
+            raise ConfigError(f"admin.port: cannot listen on {admin.host}:{admin.port} (in "
+                              "use already?); choose another with --port or [admin] port")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        log.info("admin API on http://%s:%d (registry version %d)", admin.host, port,
+                 seeded.version)
+        if on_ready is not None:
+            on_ready(AdminReady(admin.host, port, seeded.version))
+        await stop.wait()
+        server.should_exit = True
+        await serving
+        await api.tasks.wait_all()
+        return 0
+    finally:
+        if own_store:
+            with contextlib.suppress(Exception):
+                await store.close()

@@ -1,0 +1,110 @@
+"""Slow admin operations as tasks: the table first, then the registry change.
+
+Why this order: a sink must never exist in the registry without its Iceberg table, and a
+column change the table cannot take (an incompatible type) must fail without touching the
+registry. So a task creates or evolves the table (in a worker thread: a catalog round trip
+can take seconds on S3) and only then applies the registry change by compare-and-swap —
+re-running that change's checks against the newest registry. ``GET /v1/tasks/{id}``
+reports its state, progress, result or error.
+
+Tasks live in the admin process's memory (the last ``MAX_TASKS``): a restart forgets them,
+but never half-applies one — the registry change is the last, atomic step, and creating a
+table that exists already is a no-op, so the client can simply retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ulid import ULID
+
+from icefloe.config import StreamConfig
+from icefloe.errors import IcefloeError, RegistryError
+
+log = logging.getLogger("icefloe.admin")
+
+MAX_TASKS = 1000
+TableMaker = Callable[[StreamConfig], None]
+"""Creates or evolves one sink's table (``pipeline.tables.ensure_stream_table``)."""
+
+
+@dataclass
+class Task:
+    id: str
+    kind: str
+    target: str
+    state: str = "pending"  # pending | running | succeeded | failed
+    progress: str = "queued"
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    created_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "target": self.target, "state": self.state,
+                "progress": self.progress, "result": self.result, "error": self.error,
+                "created_at": self.created_at, "finished_at": self.finished_at}
+
+
+class Tasks:
+    """Runs and remembers tasks; one instance per admin process (one event loop)."""
+
+    def __init__(self, make_table: TableMaker) -> None:
+        self.make_table = make_table
+        self._tasks: OrderedDict[str, Task] = OrderedDict()
+        self._running: set[asyncio.Task[None]] = set()
+
+    def get(self, task_id: str) -> Task | None:
+        return self._tasks.get(task_id)
+
+    def start(self, kind: str, target: str, tables: list[StreamConfig],
+              commit: Callable[[], Awaitable[dict[str, Any]]]) -> Task:
+        """Make ``tables`` ready, then ``commit`` (the registry change); returns at once."""
+        task = Task(str(ULID()), kind, target)
+        self._tasks[task.id] = task
+        while len(self._tasks) > MAX_TASKS:
+            self._tasks.popitem(last=False)
+        job = asyncio.create_task(self._run(task, tables, commit), name=f"task-{task.id}")
+        self._running.add(job)
+        job.add_done_callback(self._running.discard)
+        return task
+
+    async def _run(self, task: Task, tables: list[StreamConfig],
+                   commit: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        task.state = "running"
+        try:
+            for i, stream in enumerate(tables, 1):
+                task.progress = f"table {i}/{len(tables)}: {stream.table}"
+                await asyncio.to_thread(self.make_table, stream)
+            task.progress = "updating the registry"
+            task.result = await commit()
+            task.state, task.progress = "succeeded", "done"
+        except RegistryError as exc:
+            task.state, task.progress = "failed", "refused"
+            task.error = {"error": exc.code, "message": str(exc), "details": exc.details}
+        except IcefloeError as exc:
+            task.state, task.progress = "failed", "refused"
+            task.error = {"error": "table", "message": str(exc).splitlines()[0],
+                          "details": []}
+        except Exception as exc:  # the catalog or store failed: retrying the call is safe
+            task.state, task.progress = "failed", "error"
+            task.error = {"error": "internal",
+                          "message": f"{type(exc).__name__}: {str(exc).strip()[:300]}; "
+                                     "nothing was changed in the registry, retry the call",
+                          "details": []}
+            log.warning("task %s (%s %s) failed: %s", task.id, task.kind, task.target, exc)
+        finally:
+            task.finished_at = time.time()
+        log.info("task %s %s %s: %s", task.id, task.kind, task.target, task.state,
+                 extra={"task": task.id, "state": task.state})
+
+    async def wait_all(self) -> None:
+        """Let running tasks finish (a clean shutdown, and tests)."""
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)

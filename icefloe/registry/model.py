@@ -1,0 +1,154 @@
+"""The stream registry document: sources, their sinks, and the history routing needs.
+
+Why one versioned document that keeps history: every manifest entry will record the
+registry version its events were accepted under, and the collector routes an entry by
+*that* version. So the document must answer "which sinks of source S were live and enabled
+at version V" for any V still in the queue — a sink carries the version that created it,
+the version that deleted it (a tombstone, kept while older entries may still need it) and
+the versions at which it was disabled or enabled. Everything fits one object updated by
+compare-and-swap, like the manifest: no second store, no lock service.
+
+Encoding: JSON (``msgspec``), ``format`` 1; unknown fields are refused so an older process
+never silently drops what a newer one wrote.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from icefloe.config import Column, RateLimit, StreamConfig
+
+FORMAT = 1
+MAX_SINKS = 20
+
+AGE_RANGE_S = (1.0, 86_400.0)
+BYTES_RANGE = (100, 500 * 1000 * 1000)
+EVENTS_RANGE = (1, 10_000_000)
+
+
+class Conditions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When a sink's pending rows are committed: as soon as the oldest is ``max_age_s`` old,
+    or they reach ``max_bytes`` or ``max_events`` — whichever comes first. The defaults keep
+    the collector's usual rhythm (about a second)."""
+
+    max_age_s: float = 1.0
+    max_bytes: int = 64 * 1024 * 1024
+    max_events: int = 1_000_000
+
+
+class Toggle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """From registry ``version`` on, the sink is ``enabled`` (or not)."""
+
+    version: int
+    enabled: bool
+
+
+class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One target table of a source, with its own columns and import conditions."""
+
+    name: str
+    table: str
+    columns: tuple[Column, ...]
+    unknown_fields: str = "ignore"
+    event_id_field: str | None = None
+    partition: str = "day"
+    conditions: Conditions = msgspec.field(default_factory=Conditions)
+    enabled: bool = True
+    created_version: int = 0
+    updated_version: int = 0
+    deleted_version: int | None = None
+    toggles: tuple[Toggle, ...] = ()
+
+    @property
+    def live(self) -> bool:
+        return self.deleted_version is None
+
+    def receives_at(self, version: int) -> bool:
+        """Whether events accepted at registry ``version`` go to this sink."""
+        if version < self.created_version:
+            return False
+        if self.deleted_version is not None and version >= self.deleted_version:
+            return False
+        enabled = True
+        for toggle in self.toggles:
+            if toggle.version <= version:
+                enabled = toggle.enabled
+        return enabled
+
+    def stream(self, source: str) -> StreamConfig:
+        """The sink as a stream config: what the existing validation, table creation and
+        decode understand."""
+        return StreamConfig(name=source, table=self.table, columns=self.columns,
+                            unknown_fields="reject" if self.unknown_fields == "reject"
+                            else "ignore", event_id_field=self.event_id_field,
+                            partition=self.partition)
+
+
+class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An endpoint that accepts events (``/v1/streams/{id}/events``, the gRPC stream name),
+    with the hashes of its write tokens and its sinks (tombstones included)."""
+
+    id: str
+    sinks: tuple[Sink, ...] = ()
+    tokens: tuple[str, ...] = ()
+    rate_limit: RateLimit | None = None
+    description: str = ""
+    created_version: int = 0
+    updated_version: int = 0
+    deleted_version: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.deleted_version is None
+
+    def live_sinks(self) -> list[Sink]:
+        return [s for s in self.sinks if s.live]
+
+    def sink(self, name: str) -> Sink | None:
+        return next((s for s in self.sinks if s.name == name and s.live), None)
+
+    def routes(self, version: int) -> list[Sink]:
+        """The sinks events accepted at registry ``version`` are delivered to."""
+        return [s for s in self.sinks if s.receives_at(version)]
+
+
+class Registry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The whole registry. ``version`` 0 is the empty registry before any write."""
+
+    format: int = FORMAT
+    version: int = 0
+    updated_at: float = 0.0
+    seeded_from: str | None = None
+    sources: tuple[Source, ...] = ()
+
+    def encode(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Registry:
+        registry = msgspec.json.decode(data, type=cls)
+        if registry.format != FORMAT:
+            raise ValueError(f"registry format {registry.format} is not supported (this "
+                             f"icefloe reads format {FORMAT}); upgrade icefloe")
+        return registry
+
+    def source(self, source_id: str) -> Source | None:
+        return next((s for s in self.sources if s.id == source_id and s.live), None)
+
+    def live_sources(self) -> list[Source]:
+        return [s for s in self.sources if s.live]
+
+    def owner_of(self, table: str) -> tuple[str, str] | None:
+        """``(source, sink)`` of the live sink that writes ``table``, if any."""
+        for source in self.live_sources():
+            for sink in source.live_sinks():
+                if sink.table == table:
+                    return source.id, sink.name
+        return None
+
+    def next(self, sources: tuple[Source, ...]) -> Registry:
+        """The following version with ``sources``; every write changes the bytes."""
+        return msgspec.structs.replace(self, version=self.version + 1,
+                                       updated_at=time.time(), sources=sources)

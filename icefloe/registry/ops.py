@@ -1,0 +1,297 @@
+"""Changes to the registry as pure functions: ``(registry, request) -> next registry``.
+
+Why pure: the store applies them inside a compare-and-swap loop, so after a lost race the
+same function runs again on the newer document and its checks (a table owned by another
+sink, a 21st sink, a source id taken) always see the latest state. Nothing here touches
+the store, the catalog or the network. Every refusal is a :class:`RegistryError` with the
+HTTP status, a stable code and the offending fields.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from icefloe.config import Column, RateLimit, validate_stream
+from icefloe.config_security import check_hash, validate_rate_limit
+from icefloe.errors import ConfigError, RegistryError
+from icefloe.registry.model import (
+    AGE_RANGE_S,
+    BYTES_RANGE,
+    EVENTS_RANGE,
+    MAX_SINKS,
+    Conditions,
+    Registry,
+    Sink,
+    Source,
+    Toggle,
+)
+
+UNSET: Any = msgspec.UNSET
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /v1/sources/{id}/sinks``: a new sink."""
+
+    name: str
+    table: str
+    columns: tuple[Column, ...]
+    unknown_fields: str = "ignore"
+    event_id_field: str | None = None
+    partition: str = "day"
+    conditions: Conditions = msgspec.field(default_factory=Conditions)
+    enabled: bool = True
+
+
+class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``PATCH .../sinks/{sink}``: only the fields given change. The table and partition
+    of an existing sink are fixed (create another sink to write elsewhere)."""
+
+    columns: tuple[Column, ...] = UNSET
+    unknown_fields: str = UNSET
+    event_id_field: str | None = UNSET
+    conditions: Conditions = UNSET
+    enabled: bool = UNSET
+    table: str = UNSET
+    partition: str = UNSET
+
+
+class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /v1/sources``: a new source, optionally with its first sinks."""
+
+    id: str
+    description: str = ""
+    tokens: tuple[str, ...] = ()
+    rate_limit: RateLimit | None = None
+    sinks: tuple[SinkSpec, ...] = ()
+
+
+class SourcePatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``PATCH /v1/sources/{id}``."""
+
+    description: str = UNSET
+    tokens: tuple[str, ...] = UNSET
+    rate_limit: RateLimit | None = UNSET
+
+
+def invalid(field: str, reason: str) -> RegistryError:
+    return RegistryError(400, "invalid", f"{field}: {reason}",
+                         [{"field": field, "reason": reason}])
+
+
+def _from_config_error(exc: ConfigError) -> RegistryError:
+    """``sinks[0].columns[1].type: unknown type 'x' ...`` → field + reason."""
+    text = str(exc)
+    field, _, reason = text.partition(": ")
+    return invalid(field, reason) if reason else invalid("body", text)
+
+
+def not_found(what: str, name: str) -> RegistryError:
+    return RegistryError(404, "not_found", f"no {what} {name!r}")
+
+
+def check_conditions(conditions: Conditions, at: str) -> None:
+    for key, (low, high), unit in (("max_age_s", AGE_RANGE_S, "s"),
+                                   ("max_bytes", BYTES_RANGE, "bytes"),
+                                   ("max_events", EVENTS_RANGE, "events")):
+        value = getattr(conditions, key)
+        if not low <= value <= high:
+            raise invalid(f"{at}.conditions.{key}",
+                          f"{value:g} is out of range ({low:g} to {high:g} {unit})")
+
+
+def check_sink(source_id: str, sink: Sink, at: str) -> None:
+    if not _ID.fullmatch(sink.name):
+        raise invalid(f"{at}.name", f"{sink.name!r} must be 1-128 letters, digits, '_', '-' "
+                      "or '.'")
+    if sink.unknown_fields not in ("ignore", "reject"):
+        raise invalid(f"{at}.unknown_fields",
+                      f"{sink.unknown_fields!r} must be 'ignore' or 'reject'")
+    try:
+        validate_stream(sink.stream(source_id), at)
+    except ConfigError as exc:
+        raise _from_config_error(exc) from None
+    check_conditions(sink.conditions, at)
+
+
+def _check_source_fields(source: Source, at: str) -> None:
+    if not _ID.fullmatch(source.id):
+        raise invalid(f"{at}id", f"{source.id!r} must be 1-128 letters, digits, '_', '-' or '.'")
+    try:
+        for i, entry in enumerate(source.tokens):
+            check_hash(entry, f"{at}tokens[{i}]")
+        if source.rate_limit is not None:
+            validate_rate_limit(source.rate_limit, f"{at}rate_limit")
+    except ConfigError as exc:
+        raise _from_config_error(exc) from None
+
+
+def _check_owner(registry: Registry, table: str, source_id: str, sink: str, at: str) -> None:
+    owner = registry.owner_of(table)
+    if owner is not None and owner != (source_id, sink):
+        raise RegistryError(409, "table_owned", f"{at}.table: {table} is written by sink "
+                            f"{owner[1]!r} of source {owner[0]!r} already",
+                            [{"field": f"{at}.table", "reason": "owned by another sink"}])
+
+
+def _check_count(source: Source, at: str) -> None:
+    if len(source.live_sinks()) > MAX_SINKS:
+        raise RegistryError(409, "too_many_sinks", f"{at}: a source has at most {MAX_SINKS} "
+                            "sinks; delete one first",
+                            [{"field": at, "reason": f"more than {MAX_SINKS} sinks"}])
+
+
+def _new_sink(spec: SinkSpec, version: int) -> Sink:
+    return Sink(name=spec.name, table=spec.table, columns=spec.columns,
+                unknown_fields=spec.unknown_fields, event_id_field=spec.event_id_field,
+                partition=spec.partition, conditions=spec.conditions, enabled=spec.enabled,
+                created_version=version, updated_version=version,
+                toggles=() if spec.enabled else (Toggle(version, False),))
+
+
+def _replace_source(registry: Registry, source: Source) -> tuple[Source, ...]:
+    """The sources with the live one of ``source.id`` replaced (or ``source`` added)."""
+    out = [source if (s.id == source.id and s.live) else s for s in registry.sources]
+    if not any(s.id == source.id and s.live for s in registry.sources):
+        out.append(source)
+    return tuple(out)
+
+
+def _live_source(registry: Registry, source_id: str) -> Source:
+    source = registry.source(source_id)
+    if source is None:
+        raise not_found("source", source_id)
+    return source
+
+
+# ------------------------------------------------------------------------------ sources
+
+
+def create_source(registry: Registry, spec: SourceSpec) -> Registry:
+    version = registry.version + 1
+    if registry.source(spec.id) is not None:
+        raise RegistryError(409, "exists", f"source {spec.id!r} exists already",
+                            [{"field": "id", "reason": "taken"}])
+    sinks = tuple(_new_sink(s, version) for s in spec.sinks)
+    source = Source(id=spec.id, sinks=sinks, tokens=spec.tokens, rate_limit=spec.rate_limit,
+                    description=spec.description, created_version=version,
+                    updated_version=version)
+    _check_source_fields(source, "")
+    _check_count(source, "sinks")
+    names: set[str] = set()
+    tables: set[str] = set()
+    for i, sink in enumerate(sinks):
+        at = f"sinks[{i}]"
+        check_sink(source.id, sink, at)
+        if sink.name in names:
+            raise invalid(f"{at}.name", f"duplicate sink {sink.name!r}")
+        if sink.table in tables:
+            raise RegistryError(409, "table_owned", f"{at}.table: {sink.table} is written "
+                                "by another sink of this source already")
+        names.add(sink.name)
+        tables.add(sink.table)
+        _check_owner(registry, sink.table, source.id, sink.name, at)
+    return registry.next(_replace_source(registry, source))
+
+
+def update_source(registry: Registry, source_id: str, patch: SourcePatch) -> Registry:
+    source = _live_source(registry, source_id)
+    changes = {k: getattr(patch, k) for k in patch.__struct_fields__
+               if getattr(patch, k) is not UNSET}
+    if not changes:
+        return registry
+    version = registry.version + 1
+    updated = msgspec.structs.replace(source, updated_version=version, **changes)
+    _check_source_fields(updated, "")
+    return registry.next(_replace_source(registry, updated))
+
+
+def delete_source(registry: Registry, source_id: str) -> Registry:
+    """Tombstone the source and its sinks: events accepted before this version are still
+    routed to them, none after (the caller checks for undelivered data first)."""
+    source = _live_source(registry, source_id)
+    version = registry.version + 1
+    sinks = tuple(s if not s.live else msgspec.structs.replace(s, deleted_version=version)
+                  for s in source.sinks)
+    gone = msgspec.structs.replace(source, sinks=sinks, deleted_version=version,
+                                   updated_version=version, tokens=())
+    return registry.next(tuple(gone if s is source else s for s in registry.sources))
+
+
+def set_tokens(registry: Registry, source_id: str, hashes: tuple[str, ...]) -> Registry:
+    return update_source(registry, source_id, SourcePatch(tokens=hashes))
+
+
+# -------------------------------------------------------------------------------- sinks
+
+
+def create_sink(registry: Registry, source_id: str, spec: SinkSpec) -> Registry:
+    source = _live_source(registry, source_id)
+    version = registry.version + 1
+    if source.sink(spec.name) is not None:
+        raise RegistryError(409, "exists", f"source {source_id!r} has a sink {spec.name!r} "
+                            "already", [{"field": "name", "reason": "taken"}])
+    sink = _new_sink(spec, version)
+    check_sink(source_id, sink, "sink")
+    _check_owner(registry, sink.table, source_id, sink.name, "sink")
+    updated = msgspec.structs.replace(source, sinks=(*source.sinks, sink),
+                                      updated_version=version)
+    _check_count(updated, "sinks")
+    return registry.next(_replace_source(registry, updated))
+
+
+def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch) -> Registry:
+    source = _live_source(registry, source_id)
+    sink = source.sink(name)
+    if sink is None:
+        raise not_found("sink", f"{source_id}/{name}")
+    changes = {k: getattr(patch, k) for k in patch.__struct_fields__
+               if getattr(patch, k) is not UNSET}
+    for fixed in ("table", "partition"):
+        if fixed in changes and changes[fixed] != getattr(sink, fixed):
+            raise invalid(f"sink.{fixed}", f"the {fixed} of a sink cannot change; create a "
+                          "new sink (and delete this one) instead")
+    version = registry.version + 1
+    toggles = sink.toggles
+    if "enabled" in changes and changes["enabled"] != sink.enabled:
+        toggles = (*toggles, Toggle(version, changes["enabled"]))
+    if all(changes.get(k, getattr(sink, k)) == getattr(sink, k) for k in changes):
+        return registry  # nothing changes: no new version
+    updated = msgspec.structs.replace(sink, updated_version=version, toggles=toggles,
+                                      **changes)
+    check_sink(source_id, updated, "sink")
+    sinks = tuple(updated if s is sink else s for s in source.sinks)
+    return registry.next(_replace_source(registry, msgspec.structs.replace(
+        source, sinks=sinks, updated_version=version)))
+
+
+def set_sink_enabled(registry: Registry, source_id: str, name: str, enabled: bool
+                     ) -> Registry:
+    return update_sink(registry, source_id, name, SinkPatch(enabled=enabled))
+
+
+def delete_sink(registry: Registry, source_id: str, name: str) -> Registry:
+    source = _live_source(registry, source_id)
+    sink = source.sink(name)
+    if sink is None:
+        raise not_found("sink", f"{source_id}/{name}")
+    version = registry.version + 1
+    sinks = tuple(msgspec.structs.replace(s, deleted_version=version) if s is sink else s
+                  for s in source.sinks)
+    return registry.next(_replace_source(registry, msgspec.structs.replace(
+        source, sinks=sinks, updated_version=version)))
+
+
+# ------------------------------------------------------------------------------ seeding
+
+
+def seed_specs(streams: Any) -> list[SourceSpec]:
+    """One source per configured stream, with one sink (named after the stream) that has
+    the stream's table and columns: what ``icefloe.toml`` puts into an empty registry."""
+    return [SourceSpec(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
+        SinkSpec(name=s.name, table=s.table, columns=s.columns,
+                 unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
+                 partition=s.partition),)) for s in streams]

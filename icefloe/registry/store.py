@@ -1,0 +1,112 @@
+"""The registry in the object store: read it, change it by compare-and-swap, seed it.
+
+Why the object store: it is the one piece of shared state every icefloe process already
+reaches (the manifest lives there), so the registry needs no database of its own, and two
+admin processes changing it at once cannot lose an update — the loser of the CAS re-reads
+and re-applies its change (with its checks) to the winner's version.
+
+Seeding: on first start the registry is empty and the ``[[streams]]`` of ``icefloe.toml``
+become sources with one sink each. Afterwards the registry wins; a config whose streams
+differ from it is reported (:func:`drift`), never applied silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from icefloe.config import StreamConfig
+from icefloe.errors import ManifestCorruptError
+from icefloe.registry.model import Registry, Source
+from icefloe.registry.ops import create_source, seed_specs
+from icefloe.store.base import AsyncObjectStore
+from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
+from icefloe.store.retry import RetryPolicy
+
+DEFAULT_KEY = "registry/registry.json"
+
+
+def _decode(data: bytes) -> Registry:
+    try:
+        return Registry.decode(data)
+    except ValueError as exc:  # msgspec.DecodeError and a wrong format are ValueErrors
+        raise ManifestCorruptError(f"the stream registry cannot be read: {exc}") from None
+
+
+class RegistryStore:
+    """Reads and changes one registry object (``key`` inside the store)."""
+
+    def __init__(self, store: AsyncObjectStore, key: str = DEFAULT_KEY, *,
+                 backoff: RetryPolicy | None = None) -> None:
+        self.store = store
+        self.key = key
+        self.backoff = backoff or RetryPolicy(max_attempts=50, budget_s=30.0)
+        self.stats = CasStats()
+
+    async def load(self) -> Versioned[Registry]:
+        return await load_document(self.store, self.key, _decode, Registry)
+
+    async def read(self) -> Registry:
+        return (await self.load()).value
+
+    async def update(self, change: Callable[[Registry], Registry]) -> Registry:
+        """Apply ``change`` atomically and return the registry it produced (the current one
+        when ``change`` returns it unchanged). ``change`` may raise to refuse."""
+
+        def mutate(doc: Versioned[Registry]) -> Registry | None:
+            new = change(doc.value)
+            return None if new is doc.value else new
+
+        loaded, written = await cas_document(self.store, self.key, _decode, Registry, mutate,
+                                             backoff=self.backoff, stats=self.stats,
+                                             what="registry")
+        return written if written is not None else loaded.value
+
+    async def seed(self, streams: Sequence[StreamConfig], source: str | None) -> Registry:
+        """Put the config's streams into an empty registry (in one version); a registry
+        that has been written before is returned as it is."""
+
+        def first(registry: Registry) -> Registry:
+            if registry.version != 0 or not streams:
+                return registry
+            seeded = registry
+            for spec in seed_specs(streams):
+                seeded = create_source(seeded, spec)
+            # one version for the whole seed: every sink exists from version 1
+            return Registry(version=1, updated_at=seeded.updated_at, seeded_from=source,
+                            sources=tuple(_at_version_one(s) for s in seeded.sources))
+
+        return await self.update(first)
+
+
+def _at_version_one(source: Source) -> Source:
+    sinks = tuple(msgspec.structs.replace(s, created_version=1, updated_version=1)
+                  for s in source.sinks)
+    return msgspec.structs.replace(source, sinks=sinks, created_version=1, updated_version=1)
+
+
+def drift(registry: Registry, streams: Sequence[StreamConfig]) -> list[str]:
+    """How the config's streams differ from the registry (empty: they agree). Reported at
+    start: after seeding, the registry is the truth and the file is only a seed."""
+    notes: list[str] = []
+    for stream in streams:
+        source = registry.source(stream.name)
+        if source is None:
+            notes.append(f"stream {stream.name!r} is in the config but not in the registry "
+                         "(deleted there, or never added): create it with `icefloe sources "
+                         "create`")
+            continue
+        sink = next((s for s in source.live_sinks() if s.table == stream.table), None)
+        if sink is None:
+            notes.append(f"stream {stream.name!r}: no sink of the registry's source writes "
+                         f"{stream.table}")
+        elif sink.columns != stream.columns:
+            notes.append(f"stream {stream.name!r}: its columns differ from sink "
+                         f"{sink.name!r} in the registry (the registry's are used)")
+    configured = {s.name for s in streams}
+    for source in registry.live_sources():
+        if source.id not in configured:
+            notes.append(f"source {source.id!r} exists in the registry only (added at "
+                         "runtime)")
+    return notes
