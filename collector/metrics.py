@@ -75,6 +75,9 @@ class CollectorMetrics:
         self.model_last_run = Gauge("icefloe_collector_model_last_run_timestamp_seconds",
                                     "Unix time of the model's last run that wrote rows",
                                     ["model"], registry=r)
+        self.registry_version = Gauge("icefloe_collector_registry_version",
+                                      "Stream-registry version the collector routes by "
+                                      "(0: config streams)", registry=r)
         self.epoch = Gauge("icefloe_collector_epoch", "This collector's manifest epoch",
                            registry=r)
         self.active = Gauge("icefloe_collector_active",

@@ -21,9 +21,11 @@ from collector.gc import collect_garbage
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.models import ModelRefresh, plan_refresh
+from collector.routing import Routes
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.config import Config
 from icefloe.errors import ConfigError, FencedError
+from icefloe.registry.watch import RegistryWatch
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from pipeline.catalog import open_catalog
@@ -97,10 +99,13 @@ class Runner:
     """The long-running part of ``icefloe collector``."""
 
     def __init__(self, collector: Collector, stop: asyncio.Event,
-                 models: ModelRefresh | None = None) -> None:
+                 models: ModelRefresh | None = None,
+                 watch: RegistryWatch | None = None) -> None:
         self.collector = collector
         self.stop = stop
         self.models = models
+        self.watch = watch
+        self._next_registry = 0.0
         self.fenced: str | None = None
         cfg = collector.config.collector
         self._next_gc = time.monotonic() + cfg.gc_interval_s
@@ -157,6 +162,7 @@ class Runner:
         while not self.stop.is_set():
             started = time.monotonic()
             try:
+                await self._follow_registry()
                 result = await collector.run_once()
                 failures = 0
                 collector.metrics.health.run_ok()
@@ -192,6 +198,21 @@ class Runner:
             await collector.dequeue()
         return EXIT_OK
 
+    async def _follow_registry(self) -> None:
+        """Between runs, at most every ``registry_poll_s``: apply a new registry version."""
+        if self.watch is None or time.monotonic() < self._next_registry:
+            return
+        self._next_registry = time.monotonic() + self.watch.poll_s
+        try:
+            registry = await self.watch.check()
+        except Exception as exc:  # keep routing by the last good version
+            self.collector.metrics.run_errors.labels("RegistryUnreadable").inc()
+            log.warning("cannot read the stream registry; keeping version %d: %s",
+                        self.collector.routes.version, _first_line(exc))
+            return
+        if registry is not None:
+            await asyncio.to_thread(self.collector.apply_registry, registry)
+
     async def _housekeeping(self) -> None:
         collector = self.collector
         cfg = collector.config.collector
@@ -212,8 +233,7 @@ class Runner:
         """Compact, expire and clean every table (between runs, never during a commit)."""
         collector = self.collector
         settings = maintenance_settings(collector.config)
-        tables = [s.table for s in collector.streams.values()]
-        for name in tables:
+        for name in collector.routes.live_tables():
             try:
                 table = collector.catalog.load_table(name)
                 report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings)
@@ -265,9 +285,16 @@ async def run_collector(config: Config, *, takeover: bool = False,
         if refresh_plan is not None:
             models = ModelRefresh(config, *refresh_plan, spark=_spark_of(engine, config),
                                   metrics=metrics)
-        runner = Runner(collector, stop, models)
+        watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
+                              poll_s=config.admin.registry_poll_s,
+                              config_streams=config.streams)
+        runner = Runner(collector, stop, models, watch)
         runner.start_renewal()
         try:
+            registry = await watch.check()
+            if registry is not None:  # route by the registry from the first run on
+                collector.routes = Routes(registry)
+                metrics.registry_version.set(registry.version)
             await asyncio.to_thread(collector.prepare_tables)
             await collector.verify_offsets()
             if models is not None:

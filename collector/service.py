@@ -27,20 +27,25 @@ from typing import Protocol
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.table import Table
 from ulid import ULID
 
 from collector.dedup import DedupWindow
 from collector.metrics import CollectorMetrics
+from collector.routing import Routes
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import (
     FencedError,
     LeaseHeldError,
     ManifestMismatchError,
+    RegistryBehindError,
+    RoutingUnsupportedError,
     TableFencedError,
 )
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.model import Entry
+from icefloe.registry.model import Registry
+from icefloe.registry.store import RegistryStore
+from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
 from pipeline.cluster import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
 from pipeline.commit import CommitResult, commit_rows, committed_state
@@ -95,10 +100,9 @@ class Collector:
         self.hook = hook or (lambda stage: None)
         self.consumer = ManifestConsumer(store, config.manifest.build(),
                                          holder=holder or f"collector-{ULID()}")
-        self.streams: dict[str, StreamConfig] = {s.name: s for s in config.streams}
-        cfg = config.collector
-        self.windows = {name: DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
-                        for name in self.streams}
+        self.routes = Routes(config_registry(config.streams))
+        self.windows: dict[str, DedupWindow] = {}
+        """Dedup windows by table: ids committed to that table within the window."""
         self.epoch: int | None = None
         self.table_sequences: dict[str, int] = {}
         self._runs_since_dequeue = 0
@@ -143,18 +147,45 @@ class Collector:
                  self.epoch, " (takeover)" if takeover else "")
         return self.epoch
 
+    @property
+    def streams(self) -> dict[str, StreamConfig]:
+        """The streams decoded (one per source, the union of its sinks' columns)."""
+        return {s.name: s for s in self.routes.decode_streams}
+
     def prepare_tables(self) -> None:
-        """Create or evolve every stream table and the dead-letter table; rebuild dedup."""
-        for stream in self.streams.values():
-            table = ensure_stream_table(self.catalog, stream)
-            state = committed_state(table)
-            self.table_sequences[stream.table] = state.sequence
-            self.metrics.committed_sequence.labels(stream.table).set(state.sequence)
-            log.info("table %s: committed through sequence %d (epoch %d)", stream.table,
-                     state.sequence, state.epoch)
-            self._rebuild_window(stream, table)
+        """Create or evolve every sink's table and the dead-letter table; rebuild dedup."""
+        for name, stream in self.routes.tables().items():
+            self._prepare_table(name, stream)
         dead = ensure_dead_letter_table(self.catalog)
         self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequence
+
+    def _prepare_table(self, name: str, stream: StreamConfig) -> None:
+        table = ensure_stream_table(self.catalog, stream)
+        state = committed_state(table)
+        self.table_sequences[name] = state.sequence
+        self.metrics.committed_sequence.labels(name).set(state.sequence)
+        log.info("table %s: committed through sequence %d (epoch %d)", name, state.sequence,
+                 state.epoch)
+        cfg = self.config.collector
+        window = self.windows[name] = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
+        window.rebuild(table)
+        if len(window):
+            log.info("dedup window of %s rebuilt with %d ids", name, len(window))
+
+    def apply_registry(self, registry: Registry) -> None:
+        """Route by ``registry`` from now on; tables of new sinks are made ready first, and
+        a sink whose columns changed has its table evolved (blocking: call in a thread)."""
+        routes = Routes(registry)
+        old = self.routes.tables()
+        for name, stream in routes.tables().items():
+            if name not in self.windows:
+                self._prepare_table(name, stream)
+            elif old.get(name) != stream:
+                ensure_stream_table(self.catalog, stream)
+        self.routes = routes
+        self.metrics.registry_version.set(registry.version)
+        log.info("registry version %d: %d tables", registry.version, len(self.windows),
+                 extra={"registry_version": registry.version})
 
     async def verify_offsets(self) -> None:
         """Refuse to run if a table has committed sequences the manifest never issued.
@@ -172,12 +203,6 @@ class Collector:
                     f"only issued sequences below {manifest.next_sequence}: the manifest "
                     "was reset or this collector points at the wrong store. Refusing to "
                     "start, because new entries would be skipped as already committed.")
-
-    def _rebuild_window(self, stream: StreamConfig, table: Table) -> None:
-        window = self.windows[stream.name]
-        window.rebuild(table)
-        if len(window):
-            log.info("dedup window of %s rebuilt with %d ids", stream.name, len(window))
 
     # -- one run ---------------------------------------------------------------------------
 
@@ -208,7 +233,9 @@ class Collector:
         if not entries:
             return RunResult()
         assert self.epoch is not None
-        spec = run_spec(self.config, entries, partitions=self.engine.partitions)
+        await self._catch_up_registry(entries)
+        spec = run_spec(self.routes.decode_config(self.config), entries,
+                        partitions=self.engine.partitions)
         output = await asyncio.to_thread(self.engine.run, spec)
         try:
             self.hook("after_job")
@@ -217,7 +244,7 @@ class Collector:
                 output.release()
             raise
         result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence)
-        await asyncio.to_thread(self._commit_all, output, result)
+        await asyncio.to_thread(self._commit_all, output, result, entries)
         self.hook("after_commits")
         last = entries[-1].sequence
         await self.consumer.ack(last)
@@ -229,29 +256,56 @@ class Collector:
         self._observe(entries, result)
         return result
 
-    def _commit_all(self, output: RunOutput | ClusterRunOutput, result: RunResult) -> None:
+    async def _catch_up_registry(self, entries: list[Entry]) -> None:
+        """Entries accepted under a registry version this collector has not seen yet: read
+        the registry first (a run is never routed by an older version than its entries)."""
+        needed = max(e.registry_version for e in entries)
+        if needed <= self.routes.version:
+            return
+        registry = await RegistryStore(self.store, self.config.admin.registry_key).read()
+        if registry.version < needed:
+            raise RegistryBehindError(
+                f"manifest entry {entries[-1].sequence} was accepted under registry version "
+                f"{needed}, but the registry {self.config.admin.registry_key!r} is at version "
+                f"{registry.version}: the registry was replaced or this collector reads "
+                "another store; not routing these events until it is back")
+        await asyncio.to_thread(self.apply_registry, registry)
+
+    @staticmethod
+    def _versions(entries: list[Entry]) -> dict[str, dict[int, int]]:
+        """Per source: each entry holding its events → the registry version it came with."""
+        out: dict[str, dict[int, int]] = {}
+        for entry in entries:
+            for stream in entry.streams:
+                out.setdefault(stream, {})[entry.sequence] = entry.registry_version
+        return out
+
+    def _commit_all(self, output: RunOutput | ClusterRunOutput, result: RunResult,
+                    entries: list[Entry]) -> None:
         """Commit each affected table once (dedup first), then the dead letters."""
+        versions = self._versions(entries)
         if isinstance(output, ClusterRunOutput):
-            self._commit_cluster(output, result)
+            self._commit_cluster(output, result, versions)
             return
         sequence = result.last_sequence
         assert self.epoch is not None
-        for name, rows in output.tables.items():
-            stream = self.streams[name]
-            window = self.windows[name]
-            fresh, dropped = window.filter_in_sequence_order(rows)
-            result.duplicates += dropped
-            if dropped:
-                self.metrics.duplicates.labels(name).inc(dropped)
-            append = WriteThenAdd(name)
-            try:
-                outcome = self._commit(stream.table, fresh, sequence, append=append)
-            finally:
-                append.cleanup(self.catalog, stream.table, sequence=sequence, epoch=self.epoch)
-            window.remember(fresh)
-            result.rows[stream.table] = outcome.rows
-            result.replayed += outcome.replayed
-            self.hook(f"after_commit:{stream.table}")
+        for name, source_rows in output.tables.items():
+            for target, rows in self.routes.split(name, source_rows, versions.get(name, {})):
+                table = target.table
+                window = self.windows[table]
+                fresh, dropped = window.filter_in_sequence_order(rows)
+                result.duplicates += dropped
+                if dropped:
+                    self.metrics.duplicates.labels(name).inc(dropped)
+                append = WriteThenAdd(name)
+                try:
+                    outcome = self._commit(table, fresh, sequence, append=append)
+                finally:
+                    append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
+                window.remember(fresh)
+                result.rows[table] = outcome.rows
+                result.replayed += outcome.replayed
+                self.hook(f"after_commit:{table}")
         self._commit_dead(output.dead, sequence, result)
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
@@ -262,7 +316,8 @@ class Collector:
                 self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
             self.hook(f"after_commit:{DEAD_LETTER_TABLE}")
 
-    def _commit_cluster(self, output: ClusterRunOutput, result: RunResult) -> None:
+    def _commit_cluster(self, output: ClusterRunOutput, result: RunResult,
+                        versions: dict[str, dict[int, int]]) -> None:
         """The cluster output path: dedup on the keys, executors write, add_files per table.
 
         Same order and crash points as the embedded path, plus ``after_write`` (files
@@ -272,37 +327,48 @@ class Collector:
         """
         sequence = result.last_sequence
         assert self.epoch is not None
+        targets: dict[str, str] = {}
+        for name in output.keys:
+            target = self.routes.single_target(name, versions.get(name, {}))
+            if target is None:
+                output.release()
+                raise RoutingUnsupportedError(
+                    f"source {name!r} has several sinks, or a sink that misses part of this "
+                    "run (disabled or created meanwhile): the cluster output path writes "
+                    "each source to one table; set [collector] output = \"embedded\" to "
+                    "route by the registry")
+            targets[name] = target.table
         pending: dict[str, FileSet] = {}
         try:
             fresh_keys: dict[str, pa.Table] = {}
             plans: list[WritePlan] = []
             for name, keys in output.keys.items():
-                fresh, dropped = self.windows[name].filter(keys)
+                fresh, dropped = self.windows[targets[name]].filter(keys)
                 result.duplicates += dropped
                 if dropped:
                     self.metrics.duplicates.labels(name).inc(dropped)
                 fresh_keys[name] = fresh
-                plan = plan_write(self.catalog, self.streams[name].table, name, keys, fresh,
+                plan = plan_write(self.catalog, targets[name], name, keys, fresh,
                                   sequence=sequence, epoch=self.epoch)
                 if plan is not None:
                     plans.append(plan)
             pending = output.write(plans)
             self.hook("after_write")
             for name, fresh in fresh_keys.items():
-                table = self.streams[name].table
+                table = targets[name]
                 add = AddFiles(pending.pop(name, FileSet()))
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
                                            nbytes=add.files.size)
                 finally:
                     add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
-                self.windows[name].remember(fresh)
+                self.windows[table].remember(fresh)
                 result.rows[table] = outcome.rows
                 result.replayed += outcome.replayed
                 self.hook(f"after_commit:{table}")
         finally:
             for name, files in pending.items():  # never offered to add_files: not in a table
-                AddFiles(files).cleanup(self.catalog, self.streams[name].table,
+                AddFiles(files).cleanup(self.catalog, targets[name],
                                         sequence=sequence, epoch=self.epoch)
             output.release()
         self._commit_dead(output.dead, sequence, result)

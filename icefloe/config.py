@@ -242,6 +242,7 @@ class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = 8081
     tokens: tuple[str, ...] = ()
     registry_key: str = "registry/registry.json"
+    registry_poll_s: float = 2.0
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -411,6 +412,8 @@ def _validate_admin(admin: AdminSection, where: str) -> None:
         raise ConfigError(f"{where}: admin.port: {admin.port} is not a TCP port (0-65535)")
     for i, entry in enumerate(admin.tokens):
         check_hash(entry, f"{where}: admin.tokens[{i}]")
+    if not 0.05 <= admin.registry_poll_s <= 300:
+        raise ConfigError(f"{where}: admin.registry_poll_s must be between 0.05 and 300 s")
     if not admin.registry_key or admin.registry_key.startswith("/"):
         raise ConfigError(f"{where}: admin.registry_key: {admin.registry_key!r} must be a "
                           "relative object key")

@@ -113,6 +113,8 @@ MEANING: dict[str, str] = {
     "admin.port": "admin API port (`icefloe admin`)",
     "admin.tokens": "hashes (`icefloe token hash`) of the bearer tokens the admin API accepts",
     "admin.registry_key": "object key of the stream registry inside the store",
+    "admin.registry_poll_s": "how often ingestors and the collector look for a new registry "
+                             "version (a change applies within this delay)",
     "collector.models": "SQL models the collector keeps fresh (`[\"*\"]`: all): run after "
                         "commits that add rows they read, with the stored models they read",
     "collector.models_dir": "folder of the `*.sql` models, relative to the config file",

@@ -25,6 +25,8 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
     CatalogError                     the Iceberg catalog is unreachable or refused an operation
     TableFencedError                 a table records a newer collector epoch: we were replaced
     RegistryError                    a refused change to the stream registry (``status``, ``code``)
+    RegistryBehindError              an entry needs a registry version the store does not have
+    RoutingUnsupportedError          the cluster output path cannot route this run (fan-out)
 """
 
 from __future__ import annotations
@@ -167,3 +169,12 @@ class RegistryError(IcefloeError):
         self.status = status
         self.code = code
         self.details = details or []
+
+
+class RegistryBehindError(IcefloeError):
+    """A manifest entry was accepted under a registry version newer than the registry the
+    collector can read: routing waits (the run is retried) rather than guessing."""
+
+
+class RoutingUnsupportedError(IcefloeError):
+    """The collector's output path cannot deliver this run as the registry routes it."""

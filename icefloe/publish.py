@@ -28,14 +28,15 @@ def new_batch_key() -> str:
 
 async def publish_batch(store: AsyncObjectStore, producer: ManifestProducer, data: bytes, *,
                         record_count: int, streams: Iterable[str],
-                        checksum: int | None = None) -> int | None:
+                        checksum: int | None = None, registry_version: int = 0
+                        ) -> int | None:
     """PUT ``data`` under a new key, then append it; return the manifest sequence."""
     key = new_batch_key()
     put = await store.put(key, data)
     return await producer.append(BatchRef(
         location=key, size=len(data), crc32c=crc32c(data) if checksum is None else checksum,
         record_count=record_count, streams=tuple(sorted(set(streams))),
-        written_at=put.store_time))
+        written_at=put.store_time, registry_version=registry_version))
 
 
 def build_batch(events: Iterable[tuple[str, str, int, bytes]], level: int = 3

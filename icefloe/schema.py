@@ -73,9 +73,12 @@ class CompiledStream:
 
     MAX_VIOLATIONS = 100
 
-    def __init__(self, config: StreamConfig) -> None:
+    def __init__(self, config: StreamConfig, registry_version: int = 0) -> None:
         self.config = config
         self.name = config.name
+        self.registry_version = registry_version
+        """The stream-registry version this validator was built from (0: the config's
+        streams); events it accepts are batched and routed under that version."""
         plain = [c for c in config.columns if c.mapping is None]
         fields: list[Any] = []
         for column in plain:

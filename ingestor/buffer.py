@@ -61,6 +61,7 @@ class _OpenBatch:
     opened_at: float = field(default_factory=time.monotonic)
     sealed_at: float = 0.0
     size: int = 0
+    registry_version: int = 0
 
 
 class Batcher:
@@ -92,8 +93,13 @@ class Batcher:
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name="ingest-flusher")
 
-    async def submit(self, framed: bytes, count: int, stream: str) -> None:
+    async def submit(self, framed: bytes, count: int, stream: str,
+                     registry_version: int = 0) -> None:
         """Buffer one request's framed records; return once they are durable.
+
+        ``registry_version`` is the stream-registry version the events were accepted under;
+        a batch holds one version only (a change seals the open batch), because the manifest
+        entry records it and the collector routes the whole entry by it.
 
         Raises :class:`Overloaded` (buffer full), :class:`Unavailable` (flush failed, or
         shutting down). In both cases none of the request's events were acknowledged.
@@ -118,8 +124,11 @@ class Batcher:
                 "waiting for the object store); retry after the indicated delay",
                 code="buffer_full", retry_after_s=self.settings.retry_after_s)
         batch = self._open
+        if batch is not None and batch.registry_version != registry_version:
+            self._seal()
+            batch = None
         if batch is None:
-            batch = self._open = _OpenBatch()
+            batch = self._open = _OpenBatch(registry_version=registry_version)
         batch.builder.add_framed(framed, count)
         batch.streams.add(stream)
         batch.size += size
@@ -259,7 +268,8 @@ class Batcher:
 
         data, checksum = await asyncio.to_thread(compress)
         await publish_batch(self.store, self.producer, data, checksum=checksum,
-                            record_count=builder.record_count, streams=batch.streams)
+                            record_count=builder.record_count, streams=batch.streams,
+                            registry_version=batch.registry_version)
         self.metrics.batch_bytes.observe(len(data))
         self.metrics.batch_events.observe(builder.record_count)
 

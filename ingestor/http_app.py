@@ -496,7 +496,8 @@ class HttpApp:
     async def _readyz(self, send: Send) -> None:
         ok, reason = await self.service.ready()
         if ok:
-            body = msgspec.json.encode({"status": "ready", "detail": reason})
+            body = msgspec.json.encode({"status": "ready", "detail": reason,
+                                        "registry_version": self.service.registry_version})
             await self._respond(send, 200, body, [_JSON], "-")
         else:
             await self._error(send, Unavailable(reason, code="not_ready",

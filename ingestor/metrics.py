@@ -36,6 +36,12 @@ class IngestMetrics:
                                   registry=r)
         self.buffer_limit_bytes = Gauge("icefloe_ingest_buffer_limit_bytes",
                                         "Buffer bound; beyond it requests get 429", registry=r)
+        self.registry_version = Gauge("icefloe_ingest_registry_version",
+                                      "Stream-registry version in use (0: config streams)",
+                                      registry=r)
+        self.registry_errors = Counter("icefloe_ingest_registry_errors",
+                                       "Failed reads of the stream registry (the last good "
+                                       "version stays in use)", registry=r)
         self.flushes = Counter("icefloe_ingest_flushes", "Batch flushes by result", ["result"],
                                registry=r)
         self.flush_seconds = Histogram("icefloe_ingest_flush_seconds",

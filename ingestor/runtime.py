@@ -7,12 +7,14 @@ shutdown must drain that buffer exactly once, after both servers stopped accepti
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
 from icefloe.config import Config
 from icefloe.manifest import ManifestProducer
 from icefloe.redact import mask_uri
+from icefloe.registry.watch import RegistryWatch
 from icefloe.store import StoreOptions, open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.probe import probe_conditional_writes
@@ -47,6 +49,9 @@ class IngestorRuntime:
     batcher: Batcher
     service: IngestService
     metrics: IngestMetrics
+    watch: RegistryWatch | None = None
+    _watching: asyncio.Task[None] | None = None
+    _stop_watch: asyncio.Event | None = None
 
     @classmethod
     async def start(cls, config: Config, store: AsyncObjectStore | None = None,
@@ -61,12 +66,25 @@ class IngestorRuntime:
         batcher = Batcher(store, producer, flush_settings(config), metrics)
         batcher.start()
         service = IngestService(config, batcher, metrics, store)
-        log.info("ingestor ready: store=%s producer=%s streams=%s", mask_uri(store.url),
-                 producer.producer_id, ",".join(service.streams) or "-")
-        return cls(config, store, producer, batcher, service, metrics)
+        watch = RegistryWatch(store, config.admin.registry_key, service.apply_registry,
+                              poll_s=config.admin.registry_poll_s,
+                              on_error=lambda exc: metrics.registry_errors.inc(),
+                              config_streams=config.streams)
+        await watch.check()  # a registry, if there is one, applies before the first request
+        log.info("ingestor ready: store=%s producer=%s streams=%s registry=%d",
+                 mask_uri(store.url), producer.producer_id, ",".join(service.streams) or "-",
+                 service.registry_version)
+        runtime = cls(config, store, producer, batcher, service, metrics, watch)
+        runtime._stop_watch = asyncio.Event()
+        runtime._watching = asyncio.create_task(watch.run(runtime._stop_watch),
+                                                name="registry-watch")
+        return runtime
 
     async def close(self, timeout_s: float | None = None) -> bool:
         """Flush what is buffered and answer every waiting request; True if drained."""
+        if self._stop_watch is not None and self._watching is not None:
+            self._stop_watch.set()
+            await self._watching
         drained = await self.batcher.close(timeout_s or self.config.ingestor.shutdown_timeout_s)
         await self.producer.close()
         await self.store.close()

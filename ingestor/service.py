@@ -19,6 +19,7 @@ from ulid import ULID
 from icefloe.config import Config
 from icefloe.envelope import MAX_ID_BYTES, frame_events
 from icefloe.errors import NotFound, StoreError
+from icefloe.registry.model import Registry
 from icefloe.schema import Canonical, CompiledStream, InvalidEvents
 from icefloe.store.base import AsyncObjectStore
 from ingestor.auth import TokenAuthority
@@ -56,14 +57,33 @@ class IngestService:
         self.metrics = metrics
         self.store = store
         self.max_event_bytes = config.ingestor.max_event_bytes
-        self.streams = {s.name: CompiledStream(s) for s in config.streams}
-        self._by_table = {s.table: self.streams[s.name] for s in config.streams}
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
         self._accepted: dict[str, Any] = {}
-        self.auth = TokenAuthority(config)
-        self.limits = RateLimiter(config, metrics)
         self.proxies = TrustedProxies(config.ingestor.trusted_proxies,
                                       config.ingestor.forwarded_header)
+        self.registry_version = 0
+        self._use(config, 0, {s.table: s.name for s in config.streams})
+
+    def _use(self, config: Config, version: int, tables: dict[str, str]) -> None:
+        """Serve ``config``'s streams from now on (built fully before being swapped in, so
+        a request sees either the old or the new set, never a mix)."""
+        streams = {s.name: CompiledStream(s, version) for s in config.streams}
+        by_table = {t: streams[name] for t, name in tables.items() if name in streams}
+        auth, limits = TokenAuthority(config), RateLimiter(config, self.metrics)
+        self.streams, self._by_table, self.auth, self.limits = streams, by_table, auth, limits
+        self.registry_version = version
+        self.metrics.registry_version.set(version)
+
+    def apply_registry(self, registry: Registry) -> None:
+        """Switch to a new registry version: its live sources become the streams, their
+        tokens and rate limits apply at once (a rotated-out token is refused from now on)."""
+        from icefloe.registry.streams import effective_config
+
+        tables = {sink.table: source.id for source in registry.live_sources()
+                  for sink in source.live_sinks()}
+        self._use(effective_config(self.config, registry), registry.version, tables)
+        log.info("registry version %d: streams %s", registry.version,
+                 ",".join(self.streams) or "-", extra={"registry_version": registry.version})
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -141,7 +161,7 @@ class IngestService:
         received_at_ms = time.time_ns() // 1_000_000
         framed = frame_events(stream.name, received_at_ms, ids, payloads, validate=False,
                               meta=meta)
-        await self.batcher.submit(framed, len(payloads), stream.name)
+        await self.batcher.submit(framed, len(payloads), stream.name, stream.registry_version)
         accepted = self._accepted.get(stream.name)
         if accepted is None:  # labels() takes a lock: cache the child per stream
             accepted = self._accepted[stream.name] = \

@@ -63,7 +63,8 @@ def buy(i: int, prefix: str = "b") -> tuple[str, str, int, bytes]:
 
 
 async def publish(store: AsyncObjectStore, batches: Iterable[list[tuple[str, str, int, bytes]]],
-                  producer: ManifestProducer | None = None) -> list[int]:
+                  producer: ManifestProducer | None = None, registry_version: int = 0
+                  ) -> list[int]:
     """Write each list of events as one batch file and append it; return the sequences."""
     own = producer is None
     producer = producer or ManifestProducer(store, ManifestConfig())
@@ -72,7 +73,8 @@ async def publish(store: AsyncObjectStore, batches: Iterable[list[tuple[str, str
         for events in batches:
             data, count, streams = build_batch(events)
             sequences.append(await publish_batch(store, producer, data, record_count=count,
-                                                 streams=streams))
+                                                 streams=streams,
+                                                 registry_version=registry_version))
     finally:
         if own:
             await producer.close()
@@ -84,12 +86,12 @@ def open_store_of(config: Config) -> AsyncObjectStore:
                             options_for(config.store.endpoint_url, config.store.region))
 
 
-def publish_sync(config: Config, batches: Iterable[list[tuple[str, str, int, bytes]]]
-                 ) -> list[int]:
+def publish_sync(config: Config, batches: Iterable[list[tuple[str, str, int, bytes]]],
+                 registry_version: int = 0) -> list[int]:
     async def go() -> list[int]:
         store = open_store_of(config)
         try:
-            return await publish(store, batches)
+            return await publish(store, batches, registry_version=registry_version)
         finally:
             await store.close()
     # A fresh thread, so async tests (with a running loop) can call it too.

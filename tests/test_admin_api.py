@@ -185,17 +185,21 @@ def test_should_create_a_sink_and_its_table_through_a_task(admin: Admin) -> None
 
     # add a column: the table evolves first, then the registry changes
     evolve = admin.client.patch("/v1/sources/clicks/sinks/slow", json={
-        "columns": [*COLUMNS, {"name": "url", "type": "string"}]})
+        "columns": [*COLUMNS, {"name": "score", "type": "long"}]})
     assert admin.task(evolve)["state"] == "succeeded"
-    assert "url" in columns_of(admin.config, "mart.slow_clicks")
+    assert "score" in columns_of(admin.config, "mart.slow_clicks")
     # an incompatible type change fails in the task and leaves the registry as it was
     version = admin.client.get("/v1/registry").json()["version"]
     bad = admin.client.patch("/v1/sources/clicks/sinks/slow", json={
-        "columns": [{"name": "user_id", "type": "long", "required": True}]})
+        "columns": [*COLUMNS, {"name": "score", "type": "string"}]})
     failed = admin.task(bad)
     assert failed["state"] == "failed"
-    assert "user_id" in failed["error"]["message"]
+    assert "score" in failed["error"]["message"]
     assert admin.client.get("/v1/registry").json()["version"] == version
+    # a type the source's other sink declares differently is refused at once
+    clash = admin.client.patch("/v1/sources/clicks/sinks/slow", json={
+        "columns": [{"name": "user_id", "type": "long", "required": True}]})
+    assert (clash.status_code, clash.json()["error"]) == (409, "column_conflict")
 
     cond = admin.client.patch("/v1/sources/clicks/sinks/slow",
                               json={"conditions": {"max_age_s": 5}})

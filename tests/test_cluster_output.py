@@ -227,7 +227,7 @@ async def test_retried_ids_are_dropped_on_the_cluster_path(config, engine):
     await collector.store.close()
     publish_sync(config, [batch[30:]])
     restarted = await start(config, engine)  # the window is rebuilt from the table
-    assert len(restarted.windows["clicks"]) == 41
+    assert len(restarted.windows["web.clicks"]) == 41
     await drain(restarted)
     assert_exact(config, "web.clicks", {e[1] for e in batch} | {"c100"})
     assert parquet_on_disk(config) == referenced(config)

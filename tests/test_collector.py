@@ -109,7 +109,7 @@ async def test_client_retries_with_the_same_ids_do_not_duplicate(config, engine)
     # A restarted collector rebuilds its window from the table and still drops retries.
     publish_sync(config, [batch[30:]])
     restarted = await start(config, engine)
-    assert len(restarted.windows["clicks"]) == 41
+    assert len(restarted.windows["web.clicks"]) == 41
     await drain(restarted)
     assert_exact(config, "web.clicks", {e[1] for e in batch} | {"c100"})
     await restarted.store.close()
@@ -320,7 +320,7 @@ async def test_retries_of_a_backlog_received_long_ago_are_still_caught_after_res
     await first.store.close()
     publish_sync(config, [batch[:10]])  # the client retries after the restart
     restarted = await start(config, engine)
-    assert len(restarted.windows["clicks"]) == 20
+    assert len(restarted.windows["web.clicks"]) == 20
     await drain(restarted)
     assert_exact(config, "web.clicks", {e[1] for e in batch})
     await restarted.store.close()
@@ -338,8 +338,8 @@ async def test_a_retried_copy_in_a_later_entry_loses_to_the_original_on_replay(c
     # A big later entry (so it is grouped first) that repeats c3.
     publish_sync(config, [[click(3)] + [click(100 + i) for i in range(300)]])
     restarted = await start(config, engine)
-    restarted.windows["clicks"].seen.clear()  # as if the window had forgotten c3
-    restarted.windows["clicks"].chunks.clear()
+    restarted.windows["web.clicks"].seen.clear()  # as if the window had forgotten c3
+    restarted.windows["web.clicks"].chunks.clear()
     await drain(restarted)
     assert_exact(config, "web.clicks", {e[1] for e in original} | {f"c{100 + i}"
                                                                     for i in range(300)})

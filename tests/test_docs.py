@@ -19,7 +19,7 @@ def test_should_describe_every_setting():
 def test_should_keep_the_readme_reference_in_sync():
     block = readme_block(README.read_text())
     assert block is not None, "README lost its config-reference markers"
-    assert block == markdown(), "stale: run `python -m icefloe.config_reference` and paste"
+    assert block == markdown(), "stale: run `.venv/bin/python scripts/sync-config-reference.py`"
 
 
 def test_should_start_the_readme_with_the_two_commands():

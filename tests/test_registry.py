@@ -148,7 +148,7 @@ async def test_should_seed_once_and_refuse_a_corrupt_registry(tmp_path: Path) ->
     streams = [StreamConfig("clicks", "web.raw", COLS)]
     seeded = await registry.seed(streams, "icefloe.toml")
     assert (seeded.version, seeded.seeded_from) == (1, "icefloe.toml")
-    assert seeded.sources[0].sinks[0].created_version == 1
+    assert seeded.sources[0].sinks[0].created_version == 0  # receives version-0 entries
     again = await registry.seed([*streams, StreamConfig("more", "web.more", COLS)], None)
     assert again == seeded  # the registry wins after the first seed
     await store.put(registry.key, b"{not json")
@@ -196,3 +196,21 @@ def test_should_lose_no_change_when_two_processes_update_at_once(tmp_path: Path)
         f"{p}{i}" for p in "ab" for i in range(count))
     assert sorted({s.created_version for s in reg.sources}) == list(range(1, 2 * count + 1))
     print("CAS conflicts:", conflicts)
+
+
+def test_should_refuse_sinks_that_disagree_on_a_shared_column() -> None:
+    reg = with_source((sink(),))
+    clash = sink("other", "web.other", columns=(Column("n", "string"),))
+    error = refused(409, "column_conflict", ops.create_sink, reg, "clicks", clash)
+    assert "'raw' and 'other'" in str(error)
+    refused(409, "column_conflict", ops.create_source, Registry(), ops.SourceSpec(
+        id="x", sinks=(sink(), clash)))
+    # the same column, stricter elsewhere: fine, and required in the union
+    from icefloe.registry.streams import union_stream
+
+    reg = ops.create_sink(reg, "clicks", sink("strict", "web.strict", columns=(
+        Column("n", "long", required=True),)))
+    source = reg.source("clicks")
+    assert source is not None
+    union = union_stream(source, source.live_sinks())
+    assert [(c.name, c.required) for c in union.columns] == [("user_id", True), ("n", True)]

@@ -55,6 +55,9 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     ingested_at: float
     producer_id: str
     producer_batch: int
+    registry_version: int = 0
+    """The stream-registry version its events were accepted under (0: no registry, the
+    config's streams); the collector routes the entry's events by it."""
 
 
 class ProducerState(msgspec.Struct, frozen=True, kw_only=True):

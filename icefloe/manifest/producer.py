@@ -48,6 +48,7 @@ class BatchRef:
     record_count: int
     streams: tuple[str, ...]
     written_at: float
+    registry_version: int = 0
 
 
 @dataclass
@@ -178,7 +179,8 @@ class ManifestProducer:
                     sequence=sequence, location=batch.location, size=batch.size,
                     crc32c=batch.crc32c, record_count=batch.record_count,
                     streams=batch.streams, ingested_at=batch.written_at,
-                    producer_id=self.producer_id, producer_batch=pending.number))
+                    producer_id=self.producer_id, producer_batch=pending.number,
+                    registry_version=batch.registry_version))
                 outcomes[pending.number] = sequence
                 sequence += 1
                 room -= 1

@@ -144,6 +144,14 @@ def _check_count(source: Source, at: str) -> None:
                             [{"field": at, "reason": f"more than {MAX_SINKS} sinks"}])
 
 
+def _check_union(source: Source) -> None:
+    """The live sinks must agree on shared columns (see :mod:`icefloe.registry.streams`)."""
+    from icefloe.registry.streams import union_stream
+
+    if source.live_sinks():
+        union_stream(source, source.live_sinks())
+
+
 def _new_sink(spec: SinkSpec, version: int) -> Sink:
     return Sink(name=spec.name, table=spec.table, columns=spec.columns,
                 unknown_fields=spec.unknown_fields, event_id_field=spec.event_id_field,
@@ -181,6 +189,7 @@ def create_source(registry: Registry, spec: SourceSpec) -> Registry:
                     updated_version=version)
     _check_source_fields(source, "")
     _check_count(source, "sinks")
+    _check_union(source)
     names: set[str] = set()
     tables: set[str] = set()
     for i, sink in enumerate(sinks):
@@ -240,6 +249,7 @@ def create_sink(registry: Registry, source_id: str, spec: SinkSpec) -> Registry:
     updated = msgspec.structs.replace(source, sinks=(*source.sinks, sink),
                                       updated_version=version)
     _check_count(updated, "sinks")
+    _check_union(updated)
     return registry.next(_replace_source(registry, updated))
 
 
@@ -264,8 +274,9 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch)
                                       **changes)
     check_sink(source_id, updated, "sink")
     sinks = tuple(updated if s is sink else s for s in source.sinks)
-    return registry.next(_replace_source(registry, msgspec.structs.replace(
-        source, sinks=sinks, updated_version=version)))
+    changed = msgspec.structs.replace(source, sinks=sinks, updated_version=version)
+    _check_union(changed)
+    return registry.next(_replace_source(registry, changed))
 
 
 def set_sink_enabled(registry: Registry, source_id: str, name: str, enabled: bool

@@ -73,17 +73,18 @@ class RegistryStore:
             seeded = registry
             for spec in seed_specs(streams):
                 seeded = create_source(seeded, spec)
-            # one version for the whole seed: every sink exists from version 1
+            # one version for the whole seed, and the seeded sinks receive everything since
+            # version 0: events accepted from the config before the registry existed
             return Registry(version=1, updated_at=seeded.updated_at, seeded_from=source,
-                            sources=tuple(_at_version_one(s) for s in seeded.sources))
+                            sources=tuple(_since_the_start(s) for s in seeded.sources))
 
         return await self.update(first)
 
 
-def _at_version_one(source: Source) -> Source:
-    sinks = tuple(msgspec.structs.replace(s, created_version=1, updated_version=1)
+def _since_the_start(source: Source) -> Source:
+    sinks = tuple(msgspec.structs.replace(s, created_version=0, updated_version=1)
                   for s in source.sinks)
-    return msgspec.structs.replace(source, sinks=sinks, created_version=1, updated_version=1)
+    return msgspec.structs.replace(source, sinks=sinks, created_version=0, updated_version=1)
 
 
 def drift(registry: Registry, streams: Sequence[StreamConfig]) -> list[str]:

@@ -1,0 +1,106 @@
+"""Which table each decoded row goes to: the registry's sinks, by the version each manifest
+entry was accepted under.
+
+Why by entry version and not by the registry of the moment: routing must be a pure function
+of what is in the queue, or a replay after a crash could send the same events elsewhere. An
+entry accepted at version V goes to exactly the sinks live and enabled at V — so a sink
+created at version N gets every event accepted at N or later and none before, a disabled
+sink misses what was accepted while it was off, and a deleted source's queued events still
+reach its sinks (its tombstone keeps them).
+
+Config-only mode (no registry object) is the same code over
+:func:`icefloe.registry.streams.config_registry`: version 0, one sink per stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from icefloe.config import Config, StreamConfig
+from icefloe.registry.model import Registry, Sink, Source
+from icefloe.registry.streams import routing_streams
+
+ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One sink of one source record: where some of that source's rows land."""
+
+    source: Source
+    sink: Sink
+
+    @property
+    def table(self) -> str:
+        return self.sink.table
+
+    @property
+    def stream(self) -> StreamConfig:
+        """The sink as a stream: its table's columns (created and evolved from this)."""
+        return self.sink.stream(self.source.id)
+
+    def receives_at(self, version: int) -> bool:
+        record = self.source
+        if version < record.created_version:
+            return False
+        if record.deleted_version is not None and version >= record.deleted_version:
+            return False
+        return self.sink.receives_at(version)
+
+
+class Routes:
+    """The routing view of one registry version."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.version = registry.version
+        self.decode_streams = routing_streams(registry)
+        self.targets: dict[str, list[Target]] = {}
+        for source in registry.sources:
+            for sink in source.sinks:
+                self.targets.setdefault(source.id, []).append(Target(source, sink))
+
+    def tables(self) -> dict[str, StreamConfig]:
+        """Every table a target writes, with its stream (the live sink's, if any)."""
+        out: dict[str, StreamConfig] = {}
+        for targets in self.targets.values():
+            for target in sorted(targets, key=lambda t: t.sink.live):
+                out[target.table] = target.stream
+        return out
+
+    def live_tables(self) -> list[str]:
+        return sorted({t.table for ts in self.targets.values() for t in ts
+                       if t.sink.live and t.source.live})
+
+    def decode_config(self, config: Config) -> Config:
+        return msgspec.structs.replace(config, streams=tuple(self.decode_streams))
+
+    def split(self, source: str, rows: pa.Table, versions: Mapping[int, int]
+              ) -> list[tuple[Target, pa.Table]]:
+        """``rows`` of ``source`` (with ``_sequence``) cut per target; ``versions`` maps
+        each entry's sequence to the registry version it was accepted under."""
+        out: list[tuple[Target, pa.Table]] = []
+        sequences = rows.column("_sequence")
+        for target in self.targets.get(source, []):
+            allowed = [s for s, v in versions.items() if target.receives_at(v)]
+            if not allowed:
+                continue
+            part = rows if len(allowed) == len(versions) else rows.filter(
+                pc.is_in(sequences, pa.array(allowed, pa.int64())))
+            names = [c.name for c in target.sink.columns] + list(ENVELOPE_COLUMNS)
+            out.append((target, part.select(names)))
+        return out
+
+    def single_target(self, source: str, versions: Mapping[int, int]) -> Target | None:
+        """The one target that takes all of ``source``'s rows of a run, if routing is that
+        simple (what the cluster output path supports); None otherwise."""
+        takers = [t for t in self.targets.get(source, [])
+                  if any(t.receives_at(v) for v in versions.values())]
+        if len(takers) == 1 and all(takers[0].receives_at(v) for v in versions.values()):
+            return takers[0]
+        return None

@@ -1,0 +1,126 @@
+"""From registry to what ingestors and the collector run: one stream per source, and the
+sinks each manifest entry goes to.
+
+Why one *union* stream per source: the ingestor validates and normalizes an event once,
+when it is accepted, whatever sinks it will reach; the collector decodes a source's events
+once per run and hands each sink its own columns. So a source's accepted shape is the union
+of its sinks' columns: a column has one type and one mapping across the sinks (a clash is
+refused when the sink is created), it is required if any sink requires it, unknown fields
+are rejected only if every sink rejects them.
+
+Without a registry object (nobody ran ``icefloe admin``), :func:`config_registry` turns the
+config's ``[[streams]]`` into an equivalent registry at version 0, so the same code serves
+both modes and a stream's entries route to its one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from icefloe.config import Column, Config, StreamConfig
+from icefloe.errors import RegistryError
+from icefloe.registry.model import Registry, Sink, Source
+
+
+def union_stream(source: Source, sinks: Sequence[Sink]) -> StreamConfig:
+    """The stream an ingestor validates ``source``'s events against (see module doc).
+
+    Raises :class:`RegistryError` (409 ``column_conflict``) when two sinks declare a
+    column differently, naming both sinks.
+    """
+    columns: dict[str, Column] = {}
+    owner: dict[str, str] = {}
+    id_field: str | None = None
+    for sink in sinks:
+        for column in sink.columns:
+            seen = columns.get(column.name)
+            if seen is None:
+                columns[column.name], owner[column.name] = column, sink.name
+                continue
+            if _shape(seen) != _shape(column):
+                raise RegistryError(409, "column_conflict", f"column {column.name!r} is "
+                                    f"declared differently by sinks {owner[column.name]!r} and "
+                                    f"{sink.name!r} of source {source.id!r}; a source's sinks "
+                                    "must agree on the type and mapping of shared columns",
+                                    [{"field": f"columns.{column.name}",
+                                      "reason": "differs from another sink"}])
+            if column.required and not seen.required:
+                columns[column.name] = msgspec.structs.replace(seen, required=True)
+        if sink.event_id_field is not None:
+            if id_field is not None and id_field != sink.event_id_field:
+                raise RegistryError(409, "column_conflict", f"sinks of source {source.id!r} "
+                                    f"name different event id fields ({id_field!r}, "
+                                    f"{sink.event_id_field!r})",
+                                    [{"field": "event_id_field", "reason": "differs"}])
+            id_field = sink.event_id_field
+    reject = bool(sinks) and all(s.unknown_fields == "reject" for s in sinks)
+    table = sinks[0].table if sinks else f"icefloe.{source.id.replace('.', '_')}"
+    return StreamConfig(name=source.id, table=table, columns=tuple(columns.values()),
+                        unknown_fields="reject" if reject else "ignore",
+                        tokens=source.tokens, event_id_field=id_field,
+                        rate_limit=source.rate_limit)
+
+
+def _shape(column: Column) -> tuple[object, ...]:
+    return (column.type, column.path, column.header, column.source, column.sql,
+            column.dialect, column.default, column.raw)
+
+
+def source_streams(registry: Registry) -> list[StreamConfig]:
+    """One union stream per live source: what an ingestor accepts. A source without live
+    sinks has nothing to validate against or deliver to, so it is left out (404)."""
+    out = []
+    for source in registry.live_sources():
+        sinks = source.live_sinks()
+        if sinks:
+            out.append(union_stream(source, sinks))
+    return out
+
+
+def routing_streams(registry: Registry) -> list[StreamConfig]:
+    """One union stream per source record (tombstones included, over all its sinks): what
+    the collector decodes, since queued entries may predate a deletion."""
+    streams: dict[str, StreamConfig] = {}
+    for source in sorted(registry.sources, key=lambda s: (s.live, s.created_version)):
+        sinks = list(source.sinks)
+        if sinks:  # a live record wins over a tombstone of the same id (sorted last)
+            streams[source.id] = union_stream_lenient(source, sinks)
+    return list(streams.values())
+
+
+def union_stream_lenient(source: Source, sinks: Sequence[Sink]) -> StreamConfig:
+    """:func:`union_stream`, where a clash between a deleted and a live sink keeps the live
+    one's column (a deleted sink's shape no longer constrains the source)."""
+    try:
+        return union_stream(source, sinks)
+    except RegistryError:
+        live = [s for s in sinks if s.live] or list(sinks[-1:])
+        return union_stream(source, live)
+
+
+def sinks_for(registry: Registry, source_id: str, version: int) -> list[Sink]:
+    """The sinks that receive the events of ``source_id`` accepted at registry ``version``."""
+    for source in registry.sources:
+        if source.id != source_id or version < source.created_version:
+            continue
+        if source.deleted_version is not None and version >= source.deleted_version:
+            continue
+        return source.routes(version)
+    return []
+
+
+def config_registry(streams: Iterable[StreamConfig]) -> Registry:
+    """The registry equivalent of config-only streams (version 0, everything since 0)."""
+    sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
+        Sink(name=s.name, table=s.table, columns=s.columns, unknown_fields=s.unknown_fields,
+             event_id_field=s.event_id_field, partition=s.partition),)) for s in streams)
+    return Registry(version=0, sources=sources)
+
+
+def effective_config(config: Config, registry: Registry | None) -> Config:
+    """``config`` with the registry's sources as its streams (unchanged without one)."""
+    if registry is None or registry.version == 0:
+        return config
+    return msgspec.structs.replace(config, streams=tuple(source_streams(registry)))

@@ -1,0 +1,75 @@
+"""Follow the registry object: every ingestor and the collector pick up a change within
+``[admin] registry_poll_s`` (default 2 s), without a restart.
+
+Why polling: an object store has no change notifications that work the same on S3, MinIO
+and a local directory, and the registry is a few kilobytes — one GET every couple of seconds
+per process costs nothing. A failed read keeps the last good version in use (logged and
+counted): an unreachable store must not take streams away from a running ingestor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from icefloe.config import StreamConfig
+from icefloe.registry.model import Registry
+from icefloe.registry.store import RegistryStore, drift
+from icefloe.store.base import AsyncObjectStore
+
+log = logging.getLogger("icefloe.registry")
+
+
+class RegistryWatch:
+    """Polls one registry object and calls ``on_change`` with each newer version."""
+
+    def __init__(self, store: AsyncObjectStore, key: str,
+                 on_change: Callable[[Registry], None], *, poll_s: float = 2.0,
+                 on_error: Callable[[Exception], None] | None = None,
+                 config_streams: Sequence[StreamConfig] = ()) -> None:
+        self.registry = RegistryStore(store, key)
+        self.on_change = on_change
+        self.on_error = on_error
+        self.poll_s = poll_s
+        self.config_streams = config_streams
+        self.version = 0
+        self.current: Registry | None = None
+        self._etag: str | None = None
+
+    async def check(self) -> Registry | None:
+        """One look; returns the registry if it changed (after ``on_change`` ran)."""
+        loaded = await self.registry.load()
+        if loaded.etag is None or loaded.etag == self._etag:
+            return None
+        self._etag = loaded.etag
+        registry = loaded.value
+        if registry.version <= self.version:
+            return None
+        first = self.current is None
+        self.current, self.version = registry, registry.version
+        if first:
+            for note in drift(registry, self.config_streams):
+                log.warning("config and registry differ (the registry is used): %s", note)
+        self.on_change(registry)
+        return registry
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set; errors are logged and the last version stays."""
+        failures = 0
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.poll_s)
+            if stop.is_set():
+                return
+            try:
+                await self.check()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                if self.on_error is not None:
+                    self.on_error(exc)
+                if failures == 1 or failures % 30 == 0:
+                    log.warning("cannot read the stream registry (%d in a row); keeping "
+                                "version %d: %s", failures, self.version, exc)

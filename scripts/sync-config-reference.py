@@ -1,0 +1,13 @@
+"""Paste the generated configuration reference into README.md (between its markers)."""
+
+from pathlib import Path
+
+from icefloe.config_reference import markdown
+
+START = "<!-- config-reference:start"
+END = "<!-- config-reference:end -->"
+
+readme = Path(__file__).resolve().parents[1] / "README.md"
+text = readme.read_text()
+begin, end = text.index(START), text.index(END) + len(END)
+readme.write_text(text[:begin] + markdown().strip() + text[end:])
