@@ -57,6 +57,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py --quick
 	$(BIN)/python bench/collector_bench.py --quick
+	$(BIN)/python bench/conditions_bench.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

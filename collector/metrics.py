@@ -75,6 +75,19 @@ class CollectorMetrics:
         self.model_last_run = Gauge("icefloe_collector_model_last_run_timestamp_seconds",
                                     "Unix time of the model's last run that wrote rows",
                                     ["model"], registry=r)
+        self.staged_rows = Gauge("icefloe_collector_staged_rows",
+                                 "Rows staged for a sink with import conditions, not yet "
+                                 "committed", ["table"], registry=r)
+        self.staged_bytes = Gauge("icefloe_collector_staged_bytes",
+                                  "Parquet bytes staged for a sink, not yet committed",
+                                  ["table"], registry=r)
+        self.staged_oldest = Gauge("icefloe_collector_staged_oldest_received_seconds",
+                                   "Receive time (unix) of the oldest staged row per table",
+                                   ["table"], registry=r)
+        self.staged_commits = Counter("icefloe_collector_staged_commits",
+                                      "Commits of staged rows, by the condition that fired "
+                                      "(age, bytes, events, drain)", ["table", "reason"],
+                                      registry=r)
         self.registry_version = Gauge("icefloe_collector_registry_version",
                                       "Stream-registry version the collector routes by "
                                       "(0: config streams)", registry=r)

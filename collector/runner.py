@@ -24,7 +24,7 @@ from collector.models import ModelRefresh, plan_refresh
 from collector.routing import Routes
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.config import Config
-from icefloe.errors import ConfigError, FencedError
+from icefloe.errors import ConfigError, FencedError, TableFencedError
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
@@ -180,9 +180,10 @@ class Runner:
                 await self._sleep(delay)
                 continue
             await self._housekeeping()  # when due: also during a backlog, or metadata grows
+            staged = await self._commit_due_staged()
             backlog = bool(result.entries) and result.entries >= cfg.max_run_entries
             if self.models is not None:
-                self.models.note_commits(result.rows)
+                self.models.note_commits({**result.rows, **staged})
                 if self.models.due(backlog=backlog) and not self.stop.is_set():
                     await asyncio.to_thread(self.models.run)
             if backlog:
@@ -197,6 +198,19 @@ class Runner:
         with contextlib.suppress(Exception):  # a clean stop leaves a tidy manifest
             await collector.dequeue()
         return EXIT_OK
+
+    async def _commit_due_staged(self) -> dict[str, int]:
+        """Commit staged sinks whose import conditions hold (also while the queue is idle:
+        an age condition fires without new events). A failure is retried next time."""
+        try:
+            return await asyncio.to_thread(self.collector.commit_due_staged)
+        except (Fenced, FencedError, TableFencedError) as exc:
+            self.fenced = str(exc)
+            self.stop.set()
+        except Exception as exc:
+            self.collector.metrics.run_errors.labels(type(exc).__name__).inc()
+            log.warning("commit of staged rows failed (will retry): %s", _first_line(exc))
+        return {}
 
     async def _follow_registry(self) -> None:
         """Between runs, at most every ``registry_poll_s``: apply a new registry version."""
@@ -225,6 +239,12 @@ class Runner:
                 collector.metrics.gc_deleted.inc(gc.deleted)
             except Exception as exc:
                 log.warning("batch-file GC failed (will retry): %s", exc)
+            for table in list(collector.staging.states):
+                try:
+                    await collector.staging.sweep(table, cfg.orphan_age_s)
+                except Exception as exc:
+                    log.warning("sweep of staged files of %s failed (will retry): %s",
+                                table, exc)
         if now >= self._next_maintenance:
             self._next_maintenance = now + cfg.maintenance_interval_s
             await asyncio.to_thread(self.maintain)

@@ -21,9 +21,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -31,7 +31,8 @@ from ulid import ULID
 
 from collector.dedup import DedupWindow
 from collector.metrics import CollectorMetrics
-from collector.routing import Routes
+from collector.routing import Routes, Target
+from collector.staging import StagingArea, StagingState, due
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import (
     FencedError,
@@ -43,7 +44,7 @@ from icefloe.errors import (
 )
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.model import Entry
-from icefloe.registry.model import Registry
+from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
@@ -57,6 +58,7 @@ from pipeline.tables import ensure_dead_letter_table, ensure_stream_table
 
 log = logging.getLogger("icefloe.collector")
 
+T = TypeVar("T")
 Hook = Callable[[str], None]
 """Crash-injection point: called with a stage name; tests raise from it."""
 
@@ -80,6 +82,7 @@ class RunResult:
     first_sequence: int = -1
     last_sequence: int = -1
     rows: dict[str, int] = field(default_factory=dict)
+    staged: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
     replayed: int = 0
     dead_letters: int = 0
@@ -106,6 +109,8 @@ class Collector:
         self.epoch: int | None = None
         self.table_sequences: dict[str, int] = {}
         self._runs_since_dequeue = 0
+        self.staging = StagingArea(store)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
 
@@ -113,6 +118,7 @@ class Collector:
                       stop: asyncio.Event | None = None) -> int:
         """Become the active collector: wait as a hot standby while another holds a live
         lease (unless ``takeover``), then bump the epoch. Returns our epoch."""
+        self._loop = asyncio.get_running_loop()
         lease_s = self.consumer.config.lease_s
         waiting_logged = False
         while True:
@@ -171,6 +177,17 @@ class Collector:
         window.rebuild(table)
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", name, len(window))
+        staged = self._await(self.staging.load(name))
+        self._observe_staged(name, staged)
+        if staged.files:
+            log.info("table %s: %d rows staged through sequence %d", name, staged.rows,
+                     staged.last_sequence)
+
+    def _await(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a store coroutine on the collector's loop from a worker thread (the commit
+        path runs in threads; the store's connections belong to the loop)."""
+        assert self._loop is not None, "acquire() first"
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def apply_registry(self, registry: Registry) -> None:
         """Route by ``registry`` from now on; tables of new sinks are made ready first, and
@@ -256,6 +273,79 @@ class Collector:
         self._observe(entries, result)
         return result
 
+    # -- sinks with import conditions: staged, committed when a condition holds ----------
+
+    def _is_staged(self, target: Target) -> bool:
+        """Sinks with their own import conditions go through staging (and so does one with
+        rows still staged, so that nothing overtakes them); default sinks commit per run."""
+        state = self.staging.states.get(target.table)
+        return target.sink.conditions != Conditions() or bool(state and state.files)
+
+    def _stage(self, target: Target, rows: pa.Table, result: RunResult) -> None:
+        assert self.epoch is not None
+        table = target.table
+        staged = self._await(self.staging.stage(
+            table, rows, committed=self.table_sequences.get(table, -1), epoch=self.epoch,
+            run_last=result.last_sequence))
+        result.staged[table] = staged.rows
+        result.replayed += staged.skipped
+        self._observe_staged(table, staged.state)
+        self.hook(f"after_stage:{table}")
+        self._commit_staged_if_due(table, target.sink.conditions if target.sink.live
+                                   and target.source.live else None)
+
+    def commit_due_staged(self) -> dict[str, int]:
+        """Commit every staged table whose conditions hold (blocking: call in a thread);
+        returns rows committed per table."""
+        conditions: dict[str, Conditions | None] = {}
+        for targets in self.routes.targets.values():
+            for target in targets:
+                live = target.sink.live and target.source.live
+                if live or target.table not in conditions:
+                    conditions[target.table] = target.sink.conditions if live else None
+        done: dict[str, int] = {}
+        for table, state in list(self.staging.states.items()):
+            if state.files:
+                rows = self._commit_staged_if_due(table, conditions.get(table))
+                if rows is not None:
+                    done[table] = rows
+        return done
+
+    def _commit_staged_if_due(self, table: str, conditions: Conditions | None) -> int | None:
+        """``conditions`` None: the sink is gone or back to defaults — commit at once."""
+        state = self.staging.states.get(table)
+        if state is None or not state.files:
+            return None
+        reason = "drain" if conditions is None or conditions == Conditions() else \
+            due(state, conditions, int(time.time() * 1000))
+        if reason is None:
+            return None
+        assert self.epoch is not None
+        rows = self._await(self.staging.read(state))
+        assert rows is not None
+        window = self.windows[table]
+        fresh, dropped = window.filter_in_sequence_order(rows)
+        if dropped:
+            self.metrics.duplicates.labels(table).inc(dropped)
+        outcome = self._commit(table, fresh, state.last_sequence)
+        window.remember(fresh)
+        self.table_sequences[table] = max(self.table_sequences.get(table, -1),
+                                          state.last_sequence)
+        self.hook(f"after_staged_commit:{table}")
+        remaining = self._await(self.staging.drop(table, state.last_sequence, self.epoch))
+        self._observe_staged(table, remaining)
+        self.metrics.staged_commits.labels(table, reason).inc()
+        log.info("staged commit %s (%s): rows=%d sequence=%d", table, reason, outcome.rows,
+                 state.last_sequence, extra={"table": table, "reason": reason,
+                                             "rows": outcome.rows})
+        return outcome.rows
+
+    def _observe_staged(self, table: str, state: StagingState) -> None:
+        self.metrics.staged_rows.labels(table).set(state.rows)
+        self.metrics.staged_bytes.labels(table).set(state.bytes)
+        oldest = state.oldest_ms
+        self.metrics.staged_oldest.labels(table).set(0 if oldest is None else oldest / 1000)
+
     async def _catch_up_registry(self, entries: list[Entry]) -> None:
         """Entries accepted under a registry version this collector has not seen yet: read
         the registry first (a run is never routed by an older version than its entries)."""
@@ -292,6 +382,9 @@ class Collector:
         for name, source_rows in output.tables.items():
             for target, rows in self.routes.split(name, source_rows, versions.get(name, {})):
                 table = target.table
+                if self._is_staged(target):
+                    self._stage(target, rows, result)
+                    continue
                 window = self.windows[table]
                 fresh, dropped = window.filter_in_sequence_order(rows)
                 result.duplicates += dropped
@@ -330,6 +423,12 @@ class Collector:
         targets: dict[str, str] = {}
         for name in output.keys:
             target = self.routes.single_target(name, versions.get(name, {}))
+            if target is not None and self._is_staged(target):
+                output.release()
+                raise RoutingUnsupportedError(
+                    f"sink {target.sink.name!r} of source {name!r} has import conditions: "
+                    "the cluster output path does not stage rows; set [collector] output = "
+                    "\"embedded\" for sinks with import conditions")
             if target is None:
                 output.release()
                 raise RoutingUnsupportedError(
@@ -387,6 +486,8 @@ class Collector:
         self.metrics.bytes.labels(table).inc(size if outcome.rows else 0)
         self.metrics.replayed.labels(table).inc(outcome.replayed)
         self.metrics.committed_sequence.labels(table).set(outcome.sequence)
+        self.table_sequences[table] = max(self.table_sequences.get(table, -1),
+                                          outcome.sequence)
         self.metrics.last_commit.set(time.time())
         log.info("commit %s rows=%d replayed=%d sequence=%d epoch=%d %.3fs attempts=%d",
                  table, outcome.rows, outcome.replayed, outcome.sequence, self.epoch,

@@ -17,7 +17,6 @@ import json
 import logging
 import sys
 import time
-from typing import Any
 
 from icefloe.redact import redact
 
@@ -71,30 +70,9 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to whatever ``sys.stderr`` is when a record is emitted.
-
-    Why not the stream at set-up time: a process may swap ``sys.stderr`` later (a test's
-    capture, a redirect), and a record emitted after the old stream closed — say py4j
-    closing a connection from a finalizer — would then fail with "I/O operation on closed
-    file" and print a logging error into whatever stderr is current.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
-
-
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
     """Configure the root logger once for a long-running process."""
-    handler = StderrHandler()
+    handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

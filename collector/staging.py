@@ -1,0 +1,231 @@
+"""Per-sink staging: a sink with slow import conditions keeps its pending rows as Parquet
+files in the object store, so the shared manifest moves on without it.
+
+Why: a sink that commits once an hour (or at 500 MB) must neither pin the manifest (its
+entries could not be acknowledged and dequeued for an hour, and every other sink and
+ingestor would feel the queue grow) nor keep an hour of rows in the collector's memory.
+So each run writes that sink's rows to ``staging/<table>/<first>-<last>-<ulid>.parquet``
+and records the file in ``staging/<table>/state.json`` — by compare-and-swap, with the
+collector epoch — *before* the run's entries are acknowledged. When the sink's conditions
+hold (oldest pending row older than ``max_age_s``, or ``max_bytes`` / ``max_events``
+reached), all its staged files are committed in one Iceberg append that records the
+highest staged sequence, and then dropped from the state and deleted.
+
+Exactly once, at every crash point:
+
+* before the state write: the run is not acknowledged; the replay stages the rows again
+  (an unreferenced file from the first try is an orphan, deleted by :func:`sweep`);
+* after the state write, before the ack: the replay skips rows at or below the state's
+  ``through_sequence`` for this sink — they are staged already;
+* after the table commit, before the state update: the table's ``icefloe.sequence`` covers
+  the staged files, so the next look drops them from the state without committing again
+  (and :func:`pipeline.commit.commit_rows` filters rows at or below it anyway).
+
+A newer collector fences an older one here too: the state records the epoch of its last
+writer, and a write by an older epoch is refused.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from ulid import ULID
+
+from icefloe.errors import NotFound, TableFencedError
+from icefloe.registry.model import Conditions
+from icefloe.store.base import AsyncObjectStore
+from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
+from icefloe.store.retry import RetryPolicy
+
+log = logging.getLogger("icefloe.collector")
+
+PREFIX = "staging"
+FORMAT = 1
+
+
+class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    key: str
+    first_sequence: int
+    last_sequence: int
+    rows: int
+    bytes: int
+    oldest_ms: int
+
+
+class StagingState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What is staged for one table; ``revision`` changes on every write (new ETag)."""
+
+    format: int = FORMAT
+    table: str = ""
+    epoch: int = 0
+    revision: int = 0
+    through_sequence: int = -1
+    files: tuple[StagedFile, ...] = ()
+
+    def encode(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> StagingState:
+        return msgspec.json.decode(data, type=cls)
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    @property
+    def oldest_ms(self) -> int | None:
+        return min((f.oldest_ms for f in self.files), default=None)
+
+    @property
+    def last_sequence(self) -> int:
+        return max((f.last_sequence for f in self.files), default=-1)
+
+
+def state_key(table: str) -> str:
+    return f"{PREFIX}/{table}/state.json"
+
+
+def due(state: StagingState, conditions: Conditions, now_ms: int) -> str | None:
+    """Why the staged rows must be committed now (``age``, ``bytes``, ``events``), or None."""
+    if not state.files:
+        return None
+    oldest = state.oldest_ms
+    if oldest is not None and now_ms - oldest >= conditions.max_age_s * 1000:
+        return "age"
+    if state.bytes >= conditions.max_bytes:
+        return "bytes"
+    if state.rows >= conditions.max_events:
+        return "events"
+    return None
+
+
+def parquet_bytes(rows: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(rows, sink, compression="zstd")
+    return sink.getvalue()
+
+
+@dataclass
+class Staged:
+    """The outcome of staging one run's rows of one table."""
+
+    rows: int
+    skipped: int
+    state: StagingState
+
+
+class StagingArea:
+    """Reads and writes the staging states and files of one collector (async)."""
+
+    def __init__(self, store: AsyncObjectStore, *, backoff: RetryPolicy | None = None) -> None:
+        self.store = store
+        self.backoff = backoff or RetryPolicy(max_attempts=20, budget_s=30.0)
+        self.stats = CasStats()
+        self.states: dict[str, StagingState] = {}
+
+    async def load(self, table: str) -> StagingState:
+        doc = await load_document(self.store, state_key(table), StagingState.decode,
+                                  lambda: StagingState(table=table))
+        self.states[table] = doc.value
+        return doc.value
+
+    async def _update(self, table: str, epoch: int,
+                      change: Callable[[StagingState], StagingState | None]) -> StagingState:
+        def mutate(doc: Versioned[StagingState]) -> StagingState | None:
+            state = doc.value
+            if state.epoch > epoch:  # a newer collector staged here: we were replaced
+                raise TableFencedError(f"{table} (staging)", epoch, state.epoch)
+            new = change(state)
+            if new is None:
+                return None
+            return msgspec.structs.replace(new, epoch=epoch, revision=state.revision + 1,
+                                           table=table)
+
+        loaded, written = await cas_document(
+            self.store, state_key(table), StagingState.decode,
+            lambda: StagingState(table=table), mutate, backoff=self.backoff,
+            stats=self.stats, what="staging state")
+        state = written if written is not None else loaded.value
+        self.states[table] = state
+        return state
+
+    async def stage(self, table: str, rows: pa.Table, *, committed: int, epoch: int,
+                    run_last: int) -> Staged:
+        """Stage ``rows`` (this run's, for ``table``) durably; rows already staged (at or
+        below ``through_sequence``) or committed (at or below ``committed``) are skipped."""
+        current = self.states.get(table) or await self.load(table)
+        floor = max(current.through_sequence, committed)
+        fresh = rows.filter(pc.greater(rows["_sequence"], floor)) if rows.num_rows else rows
+        skipped = rows.num_rows - fresh.num_rows
+        if fresh.num_rows == 0:
+            return Staged(0, skipped, current)
+        first = pc.min(fresh["_sequence"]).as_py()
+        last = pc.max(fresh["_sequence"]).as_py()
+        oldest = pc.min(fresh["_received_at"]).cast(pa.int64()).as_py() // 1000
+        data = parquet_bytes(fresh)
+        key = f"{PREFIX}/{table}/{first:012d}-{last:012d}-{ULID()}.parquet"
+        await self.store.put(key, data)
+        staged = StagedFile(key, first, last, fresh.num_rows, len(data), oldest)
+
+        def add(state: StagingState) -> StagingState:
+            return msgspec.structs.replace(state, files=(*state.files, staged),
+                                           through_sequence=max(state.through_sequence,
+                                                                run_last))
+        state = await self._update(table, epoch, add)
+        return Staged(fresh.num_rows, skipped, state)
+
+    async def read(self, state: StagingState) -> pa.Table | None:
+        """All staged rows of ``state``, in staging order (None when nothing is staged)."""
+        tables = []
+        for staged in state.files:
+            try:
+                result = await self.store.get(staged.key)
+            except NotFound:
+                raise NotFound(f"staged file {staged.key} is missing: the staging area of "
+                               f"{state.table} was changed outside icefloe") from None
+            tables.append(pq.read_table(io.BytesIO(result.data)))
+        if not tables:
+            return None
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    async def drop(self, table: str, through: int, epoch: int) -> StagingState:
+        """Forget (and delete) the staged files whose rows the table holds now."""
+        gone: list[str] = []
+
+        def forget(state: StagingState) -> StagingState | None:
+            keep = tuple(f for f in state.files if f.last_sequence > through)
+            if len(keep) == len(state.files):
+                return None
+            gone[:] = [f.key for f in state.files if f.last_sequence <= through]
+            return msgspec.structs.replace(state, files=keep)
+        state = await self._update(table, epoch, forget)
+        for key in gone:
+            await self.store.delete(key)
+        return state
+
+    async def sweep(self, table: str, older_than_s: float) -> int:
+        """Delete staged files no state references (a run that failed after writing its
+        file), once older than ``older_than_s``. Returns how many were deleted."""
+        state = await self.load(table)
+        referenced = {f.key for f in state.files}
+        listing = await self.store.list(f"{PREFIX}/{table}/")
+        deleted = 0
+        for info in listing.objects:
+            if not info.key.endswith(".parquet") or info.key in referenced:
+                continue
+            if listing.store_time - info.last_modified >= older_than_s:
+                await self.store.delete(info.key)
+                deleted += 1
+        return deleted
