@@ -84,6 +84,9 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
         server = uvicorn.Server(uvicorn.Config(
             build_app(api), host=admin.host, port=admin.port, log_config=None,
             access_log=False, lifespan="off"))
+        # Stopping is the caller's `stop` (its own signal handlers): uvicorn must not take
+        # SIGTERM over and re-raise it after shutting down, which would kill the process.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
         serving = asyncio.create_task(server.serve())
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)

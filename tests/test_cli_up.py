@@ -466,3 +466,44 @@ def test_should_restart_a_crashed_ingestor_and_keep_serving(tmp_path):
     assert code == 0
     assert proc.stderr is not None
     assert "stopped (exit code -9); restarting in 1 s" in proc.stderr.read()
+
+
+@pytest.mark.timeout(300)
+def test_should_serve_the_admin_api_and_apply_its_changes_while_running(tmp_path):
+    """`up` with [admin] tokens serves the admin API; a source created there is accepted by
+    the running ingestors within the registry poll interval, without a restart."""
+    import subprocess
+
+    from icefloe.tokens import hash_token
+
+    config = tmp_path / "icefloe.toml"
+    config.write_text(EXAMPLE.read_text() + '\n[admin]\ntokens = ["'
+                      + hash_token("admin-token", log2_n=10) + '"]\nregistry_poll_s = 0.2\n')
+    http = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "icefloe", "up", "--config", str(config), "--data-dir",
+         str(tmp_path / "data"), "--http-port", str(http), "--grpc-port", "0",
+         "--admin-port", "0", "--no-collector"], cwd=tmp_path, env=child_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        while "admin" not in (line := proc.stdout.readline()) or "http" not in line:
+            assert line, proc.stderr.read() if proc.stderr else ""
+        admin = re.search(r"http://[\d.]+:(\d+)/v1/sources", line)
+        assert admin is not None, line
+        api = httpx.Client(base_url=f"http://127.0.0.1:{admin.group(1)}", timeout=30,
+                           headers={"authorization": "Bearer admin-token"})
+        listed = api.get("/v1/sources").json()
+        assert [s["id"] for s in listed["sources"]] == ["pageviews", "orders"]
+        task = api.post("/v1/sources", json={"id": "signups", "sinks": [{
+            "name": "signups", "table": "web.signups",
+            "columns": [{"name": "email", "type": "string", "required": True}]}]}).json()
+        wait_for(lambda: api.get(f"/v1/tasks/{task['task']['id']}").json()["task"]["state"]
+                 == "succeeded", 60, "the create task")
+        url = f"http://127.0.0.1:{http}/v1/streams/signups/events"
+        wait_for(lambda: httpx.post(url, json={"email": "a@b.c"}, timeout=10).status_code
+                 == 202, 30, "the ingestor to serve the new source")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0

@@ -72,6 +72,9 @@ def register(commands: Any) -> None:
                         help="collector /metrics, /healthz, /readyz port (default 9464)")
     parser.add_argument("--ingestors", type=int, default=1, metavar="N",
                         help="ingestor processes (default 1; each uses about one core)")
+    parser.add_argument("--admin-port", type=int, metavar="N",
+                        help="admin API port (default 8081; served when [admin] tokens is "
+                             "set; 0 = any free)")
     parser.add_argument("--no-collector", action="store_true",
                         help="run only the ingestors (e.g. when `icefloe collector` runs "
                              "elsewhere); events then wait in the queue")
@@ -81,7 +84,8 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     path, config = config_from_args(args, {
         "ingestor": {"http_port": args.http_port, "grpc_port": args.grpc_port},
-        "collector": {"metrics_port": args.metrics_port}}, example=True)
+        "collector": {"metrics_port": args.metrics_port},
+        "admin": {"port": args.admin_port}}, example=True)
     if args.ingestors < 1:
         raise ConfigError(f"--ingestors {args.ingestors}: at least one ingestor is needed")
     if not args.no_collector:
@@ -147,6 +151,11 @@ class _Up:
         self._print_endpoints(http_port, grpc_port)
         tasks: list[asyncio.Task[Any]] = [
             asyncio.create_task(show_progress(self._snapshot, stop), name="progress")]
+        if self.config.admin.tokens:
+            tasks.append(asyncio.create_task(self._admin(stop), name="admin"))
+        else:
+            print("  admin    off: put a token hash (`icefloe token new`) into [admin] tokens "
+                  "to manage sources and sinks at runtime", flush=True)
         collect = None
         if self.collector:
             collect = asyncio.create_task(self._collect(stop), name="collector")
@@ -159,6 +168,19 @@ class _Up:
         codes = await group.stop()
         await asyncio.gather(*tasks, return_exceptions=True)
         return self._exit_code(collect, codes)
+
+    async def _admin(self, stop: asyncio.Event) -> None:
+        """The admin API next to the cluster; if it cannot start, the cluster keeps running."""
+        from admin.server import AdminReady, serve_admin
+
+        def ready(info: AdminReady) -> None:
+            print(f"  admin    http://{_host(info.host)}:{info.port}/v1/sources  (registry "
+                  f"version {info.registry_version}; ICEFLOE_ADMIN_TOKEN=... icefloe sources "
+                  f"list --url http://{_host(info.host)}:{info.port})", flush=True)
+        try:
+            await serve_admin(self.config, stop=stop, on_ready=ready)
+        except Exception as exc:
+            print(f"icefloe up: admin API not started: {exc}", file=sys.stderr, flush=True)
 
     async def _collect(self, stop: asyncio.Event) -> int:
         from collector.metrics import CollectorMetrics
