@@ -187,6 +187,14 @@ class Collector:
         """Run a store coroutine on the collector's loop from a worker thread (the commit
         path runs in threads; the store's connections belong to the loop)."""
         assert self._loop is not None, "acquire() first"
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:  # waiting here would block the loop the coroutine needs
+            coro.close()
+            raise RuntimeError("blocking collector step called on the event loop: run it "
+                               "with asyncio.to_thread")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def apply_registry(self, registry: Registry) -> None:

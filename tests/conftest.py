@@ -7,6 +7,7 @@ child processes spawned by tests must be able to reach the same server by URL.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import uuid
@@ -94,6 +95,22 @@ def _inject_fault(environ: dict[str, Any], start_response: Callable[..., Any]
     start_response(f"{fault.status} {fault.code}", [
         ("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
     return [body]
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """Put the root logger back after each test.
+
+    Why: a test that runs a CLI command in-process (``main([...])``) configures logging
+    with a handler on that test's captured stderr; once the capture closes, any later log
+    line from a background thread (a server in another test) fails with "I/O operation on
+    closed file" and prints a logging error into whatever stderr is current.
+    """
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

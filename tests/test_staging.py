@@ -5,6 +5,7 @@ real SQLite catalog, in-process decode."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,7 +126,7 @@ async def test_should_commit_on_age_even_without_new_events(config: Config) -> N
     now_ms = int(time.time() * 1000)
     await publish(store, [batch("fresh", 5, now_ms)], registry_version=1)
     await collector.run_once()
-    assert collector.commit_due_staged() == {}  # 60 s have not passed
+    assert await asyncio.to_thread(collector.commit_due_staged) == {}  # not 60 s yet
     await publish(store, [batch("old", 5, now_ms - 61_000)], registry_version=1)
     await collector.run_once()  # the oldest staged row is now 61 s old: committed at once
     assert_exact(config, "web.clicks", ids("fresh", 5) | ids("old", 5))
@@ -172,10 +173,10 @@ async def test_should_be_exactly_once_across_crashes(config: Config, stage: str)
     second = await collector_for(config)  # takes over (a new epoch), replays the queue
     while (await second.run_once()).entries:
         pass
-    second.commit_due_staged()
+    await asyncio.to_thread(second.commit_due_staged)
     await publish(store, [batch("c", 10)], registry_version=1)
     await second.run_once()
-    second.commit_due_staged()
+    await asyncio.to_thread(second.commit_due_staged)
     # a and b committed once (20 >= 15 events); c waits in staging, once
     assert_exact(config, "web.clicks", ids("a", 10) | ids("b", 10))
     state = second.staging.states["web.clicks"]
@@ -196,7 +197,7 @@ async def test_should_drain_when_the_conditions_go_back_to_defaults(config: Conf
                                                    ops.SinkPatch(conditions=Conditions())))
     await publish(store, [batch("b", 5)], registry_version=2)
     await collector.run_once()  # reads version 2: staged rows go first, then direct
-    collector.commit_due_staged()
+    await asyncio.to_thread(collector.commit_due_staged)
     assert_exact(config, "web.clicks", ids("a", 5) | ids("b", 5))
     assert collector.staging.states["web.clicks"].files == ()
     await publish(store, [batch("c", 5)], registry_version=2)
