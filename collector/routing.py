@@ -92,15 +92,59 @@ class Routes:
                 continue
             part = rows if len(allowed) == len(versions) else rows.filter(
                 pc.is_in(sequences, pa.array(allowed, pa.int64())))
-            names = [c.name for c in target.sink.columns] + list(ENVELOPE_COLUMNS)
-            out.append((target, part.select(names)))
+            out.append((target, project(part, target)))
         return out
+
+    def per_table(self, tables: Mapping[str, pa.Table],
+                  versions: Mapping[str, Mapping[int, int]]
+                  ) -> dict[str, tuple[Target, pa.Table]]:
+        """Each table's rows of a run, whichever sink records route them there.
+
+        Why per table and not per sink: a table can be written by a deleted sink and, later,
+        by a new one (a sink renamed, a source re-created) while a run still holds entries
+        of both versions. Committing them separately would record the run's sequence with
+        the first commit and drop the second's rows as a replay; one commit per table per
+        run keeps "the table's sequence covers exactly what it holds". The target returned
+        is the one whose conditions apply (the live sink, if any)."""
+        parts: dict[str, list[pa.Table]] = {}
+        owner: dict[str, Target] = {}
+        for source, rows in tables.items():
+            for target, part in self.split(source, rows, versions.get(source, {})):
+                parts.setdefault(target.table, []).append(part)
+                current = owner.get(target.table)
+                if current is None or (target.sink.live and target.source.live):
+                    owner[target.table] = target
+        return {table: (owner[table], chunks[0] if len(chunks) == 1 else
+                        pa.concat_tables(chunks, promote_options="permissive"))
+                for table, chunks in parts.items()}
+
+    def takers(self, source: str, versions: Mapping[int, int]) -> list[Target]:
+        """The targets that take any of ``source``'s rows of a run."""
+        return [t for t in self.targets.get(source, [])
+                if any(t.receives_at(v) for v in versions.values())]
 
     def single_target(self, source: str, versions: Mapping[int, int]) -> Target | None:
         """The one target that takes all of ``source``'s rows of a run, if routing is that
         simple (what the cluster output path supports); None otherwise."""
-        takers = [t for t in self.targets.get(source, [])
-                  if any(t.receives_at(v) for v in versions.values())]
+        takers = self.takers(source, versions)
         if len(takers) == 1 and all(takers[0].receives_at(v) for v in versions.values()):
             return takers[0]
         return None
+
+
+def project(rows: pa.Table, target: Target) -> pa.Table:
+    """The sink's columns (and the envelope) out of a source's decoded rows; a column the
+    decode did not produce (a sink of an older version) is all nulls, never an error."""
+    from pipeline.schema import ARROW_TYPES
+
+    arrays, names = [], []
+    for column in target.sink.columns:
+        if column.name in rows.column_names:
+            arrays.append(rows.column(column.name))
+        else:
+            arrays.append(pa.nulls(rows.num_rows, ARROW_TYPES[column.type]))
+        names.append(column.name)
+    for name in ENVELOPE_COLUMNS:
+        arrays.append(rows.column(name))
+        names.append(name)
+    return pa.Table.from_arrays(arrays, names=names)

@@ -25,6 +25,7 @@ from collector.routing import Routes
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.config import Config
 from icefloe.errors import ConfigError, FencedError, TableFencedError
+from icefloe.registry.model import Registry
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
@@ -217,15 +218,16 @@ class Runner:
         if self.watch is None or time.monotonic() < self._next_registry:
             return
         self._next_registry = time.monotonic() + self.watch.poll_s
-        try:
-            registry = await self.watch.check()
-        except Exception as exc:  # keep routing by the last good version
-            self.collector.metrics.run_errors.labels("RegistryUnreadable").inc()
-            log.warning("cannot read the stream registry; keeping version %d: %s",
-                        self.collector.routes.version, _first_line(exc))
-            return
-        if registry is not None:
+
+        async def apply(registry: Registry) -> None:
             await asyncio.to_thread(self.collector.apply_registry, registry)
+        self.watch.on_change = apply
+        try:
+            await self.watch.check()
+        except Exception as exc:  # keep routing by the last good version; retried
+            self.collector.metrics.run_errors.labels("RegistryUnreadable").inc()
+            log.warning("cannot apply the stream registry; keeping version %d: %s",
+                        self.collector.routes.version, _first_line(exc))
 
     async def _housekeeping(self) -> None:
         collector = self.collector

@@ -173,11 +173,13 @@ class Collector:
         log.info("table %s: committed through sequence %d (epoch %d)", name, state.sequence,
                  state.epoch)
         cfg = self.config.collector
-        window = self.windows[name] = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
+        window = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
         window.rebuild(table)
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", name, len(window))
-        staged = self._await(self.staging.load(name))
+        assert self.epoch is not None
+        staged = self._await(self.staging.claim(name, self.epoch))
+        self.windows[name] = window  # last: a half-prepared table is prepared again
         self._observe_staged(name, staged)
         if staged.files:
             log.info("table %s: %d rows staged through sequence %d", name, staged.rows,
@@ -220,7 +222,8 @@ class Collector:
         already holds and be acknowledged without being committed — silent loss.
         """
         manifest = await self.consumer.snapshot()
-        for table, sequence in self.table_sequences.items():
+        staged = {t: s.through_sequence for t, s in self.staging.states.items()}
+        for table, sequence in [*self.table_sequences.items(), *staged.items()]:
             if sequence >= manifest.next_sequence:
                 raise ManifestMismatchError(
                     f"table {table} has committed manifest sequence {sequence}, but the "
@@ -329,6 +332,9 @@ class Collector:
         if reason is None:
             return None
         assert self.epoch is not None
+        state = self._await(self.staging.load(table))  # as stored, not as cached
+        if not state.files:
+            return None
         rows = self._await(self.staging.read(state))
         assert rows is not None
         window = self.windows[table]
@@ -387,26 +393,24 @@ class Collector:
             return
         sequence = result.last_sequence
         assert self.epoch is not None
-        for name, source_rows in output.tables.items():
-            for target, rows in self.routes.split(name, source_rows, versions.get(name, {})):
-                table = target.table
-                if self._is_staged(target):
-                    self._stage(target, rows, result)
-                    continue
-                window = self.windows[table]
-                fresh, dropped = window.filter_in_sequence_order(rows)
-                result.duplicates += dropped
-                if dropped:
-                    self.metrics.duplicates.labels(name).inc(dropped)
-                append = WriteThenAdd(name)
-                try:
-                    outcome = self._commit(table, fresh, sequence, append=append)
-                finally:
-                    append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
-                window.remember(fresh)
-                result.rows[table] = outcome.rows
-                result.replayed += outcome.replayed
-                self.hook(f"after_commit:{table}")
+        for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
+            if self._is_staged(target):
+                self._stage(target, rows, result)
+                continue
+            window = self.windows[table]
+            fresh, dropped = window.filter_in_sequence_order(rows)
+            result.duplicates += dropped
+            if dropped:
+                self.metrics.duplicates.labels(target.source.id).inc(dropped)
+            append = WriteThenAdd(target.source.id)
+            try:
+                outcome = self._commit(table, fresh, sequence, append=append)
+            finally:
+                append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
+            window.remember(fresh)
+            result.rows[table] = outcome.rows
+            result.replayed += outcome.replayed
+            self.hook(f"after_commit:{table}")
         self._commit_dead(output.dead, sequence, result)
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
@@ -430,6 +434,8 @@ class Collector:
         assert self.epoch is not None
         targets: dict[str, str] = {}
         for name in output.keys:
+            if not self.routes.takers(name, versions.get(name, {})):
+                continue  # every sink was off for these events: they go nowhere
             target = self.routes.single_target(name, versions.get(name, {}))
             if target is not None and self._is_staged(target):
                 output.release()
@@ -445,11 +451,19 @@ class Collector:
                     "each source to one table; set [collector] output = \"embedded\" to "
                     "route by the registry")
             targets[name] = target.table
+        if len(set(targets.values())) < len(targets):
+            output.release()
+            raise RoutingUnsupportedError(
+                "two sources write the same table in this run (a sink moved between "
+                "sources): the cluster output path commits each source alone; set "
+                "[collector] output = \"embedded\" to route by the registry")
         pending: dict[str, FileSet] = {}
         try:
             fresh_keys: dict[str, pa.Table] = {}
             plans: list[WritePlan] = []
             for name, keys in output.keys.items():
+                if name not in targets:
+                    continue
                 fresh, dropped = self.windows[targets[name]].filter(keys)
                 result.duplicates += dropped
                 if dropped:

@@ -179,12 +179,28 @@ class StagingArea:
         await self.store.put(key, data)
         staged = StagedFile(key, first, last, fresh.num_rows, len(data), oldest)
 
-        def add(state: StagingState) -> StagingState:
+        def add(state: StagingState) -> StagingState | None:
+            if any(f.key == key for f in state.files):
+                return None  # our earlier attempt landed (its response was lost)
+            if state.through_sequence >= run_last:
+                return None  # staged meanwhile: our file stays unreferenced (swept)
             return msgspec.structs.replace(state, files=(*state.files, staged),
-                                           through_sequence=max(state.through_sequence,
-                                                                run_last))
+                                           through_sequence=run_last)
         state = await self._update(table, epoch, add)
+        if not any(f.key == key for f in state.files):
+            return Staged(0, rows.num_rows, state)
         return Staged(fresh.num_rows, skipped, state)
+
+    async def claim(self, table: str, epoch: int) -> StagingState:
+        """Stamp an existing staging state with this collector's epoch, so a replaced
+        collector's next staging write is refused from now on (not only after our first
+        write); a table without staging keeps no state object."""
+        doc = await load_document(self.store, state_key(table), StagingState.decode,
+                                  lambda: StagingState(table=table))
+        if doc.etag is None or doc.value.epoch == epoch:
+            self.states[table] = doc.value
+            return doc.value
+        return await self._update(table, epoch, lambda state: state)
 
     async def read(self, state: StagingState) -> pa.Table | None:
         """All staged rows of ``state``, in staging order (None when nothing is staged)."""

@@ -217,6 +217,12 @@ def test_should_refuse_bad_sinks_with_the_field_and_reason(admin: Admin) -> None
     out_of_range = post({"name": "x", "table": "a.x", "columns": COLUMNS,
                          "conditions": {"max_age_s": 100_000}})
     assert out_of_range.json()["details"][0]["field"] == "sink.conditions.max_age_s"
+    huge = post({"name": "x", "table": "a.x", "columns": COLUMNS,
+                 "conditions": {"max_bytes": 10 ** 400}})
+    assert huge.status_code == 400, huge.text
+    assert huge.json()["details"][0]["field"] == "sink.conditions.max_bytes"
+    long_text = admin.client.post("/v1/sources", json={"id": "x", "description": "d" * 1001})
+    assert long_text.json()["details"][0]["field"] == "description"
     wrong_shape = post({"name": 3, "table": "a.x", "columns": COLUMNS})
     assert (wrong_shape.status_code, wrong_shape.json()["details"][0]["field"]) == (400, "name")
     owned = post({"name": "x", "table": "web.clicks", "columns": COLUMNS})

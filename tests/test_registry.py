@@ -214,3 +214,26 @@ def test_should_refuse_sinks_that_disagree_on_a_shared_column() -> None:
     assert source is not None
     union = union_stream(source, source.live_sinks())
     assert [(c.name, c.required) for c in union.columns] == [("user_id", True), ("n", True)]
+
+
+async def test_should_retry_a_registry_version_whose_apply_failed(tmp_path: Path) -> None:
+    from icefloe.registry.watch import RegistryWatch
+
+    store = open_async_store((tmp_path / "store").as_uri())
+    applied: list[int] = []
+    failures = [RuntimeError("catalog down")]
+
+    def apply(registry: Registry) -> None:
+        if failures:
+            raise failures.pop()
+        applied.append(registry.version)
+
+    watch = RegistryWatch(store, "registry/registry.json", apply)
+    await RegistryStore(store).update(lambda r: ops.create_source(r, ops.SourceSpec(id="a")))
+    with pytest.raises(RuntimeError, match="catalog down"):
+        await watch.check()
+    assert watch.version == 0  # not applied: the next look tries again
+    assert (await watch.check()) is not None
+    assert applied == [1]
+    assert await watch.check() is None  # nothing new
+    await store.close()

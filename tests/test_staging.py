@@ -280,3 +280,53 @@ def test_should_commit_an_aged_sink_from_the_running_collector_while_idle(
     took = asyncio.run(main())
     assert took >= 1.0  # not before the oldest row was a second old
     assert_exact(config, "web.clicks", ids("i", 7))
+
+
+async def test_should_record_a_staged_file_once_when_the_state_write_lost_its_answer(
+        config: Config) -> None:
+    """The state PUT lands but its response is lost: the retry sees its own file listed
+    and does not add it again (else the rows would be committed twice)."""
+    from icefloe.store.adapters import ThreadedAsyncStore
+    from icefloe.store.faults import FaultRule, FaultyAsyncStore
+    from icefloe.store.local import LocalStore
+    from icefloe.store.retry import RetryingAsyncStore
+
+    await registry_with(config, SLOW)
+    collector = await collector_for(config)
+    lost = FaultRule("lose_response", ops=frozenset({"put"}),
+                     key_prefix="staging/web.clicks/state.json", times=1)
+    root = Path(config.store.url.removeprefix("file://"))
+    collector.staging.store = RetryingAsyncStore(FaultyAsyncStore(
+        ThreadedAsyncStore(LocalStore(root)), [lost]))
+    store = open_store_of(config)
+    await publish(store, [batch("a", 10)], registry_version=1)
+    result = await collector.run_once()
+    assert lost.fired == 1
+    assert result.staged == {"web.clicks": 10}
+    state = await collector.staging.load("web.clicks")
+    assert len(state.files) == 1
+    assert state.rows == 10
+    await store.close()
+    await collector.store.close()
+
+
+async def test_should_fence_a_replaced_collector_from_the_takeover_on(config: Config
+                                                                      ) -> None:
+    from collector.staging import StagingArea
+
+    await registry_with(config, SLOW)
+    store = open_store_of(config)
+    await publish(store, [batch("a", 5)], registry_version=1)
+    old = await collector_for(config)
+    await old.run_once()  # staged at the old epoch
+    staged = await old.staging.read(old.staging.states["web.clicks"])
+    newer = await collector_for(config)  # takes over: claims the staging state
+    assert newer.staging.states["web.clicks"].epoch == newer.epoch
+    later = pa.array([9] * staged.num_rows, pa.int64())
+    rows = staged.set_column(staged.schema.get_field_index("_sequence"), "_sequence", later)
+    with pytest.raises(TableFencedError):
+        await StagingArea(store).stage("web.clicks", rows, committed=-1, epoch=old.epoch,
+                                       run_last=9)
+    await store.close()
+    await old.store.close()
+    await newer.store.close()

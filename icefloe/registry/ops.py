@@ -99,8 +99,9 @@ def check_conditions(conditions: Conditions, at: str) -> None:
                                    ("max_events", EVENTS_RANGE, "events")):
         value = getattr(conditions, key)
         if not low <= value <= high:
+            shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:20]}..."
             raise invalid(f"{at}.conditions.{key}",
-                          f"{value:g} is out of range ({low:g} to {high:g} {unit})")
+                          f"{shown} is out of range ({low:g} to {high:g} {unit})")
 
 
 def check_sink(source_id: str, sink: Sink, at: str) -> None:
@@ -117,7 +118,15 @@ def check_sink(source_id: str, sink: Sink, at: str) -> None:
     check_conditions(sink.conditions, at)
 
 
+MAX_TOKENS = 20
+MAX_DESCRIPTION = 1000
+
+
 def _check_source_fields(source: Source, at: str) -> None:
+    if len(source.description) > MAX_DESCRIPTION:
+        raise invalid(f"{at}description", f"at most {MAX_DESCRIPTION} characters")
+    if len(source.tokens) > MAX_TOKENS:
+        raise invalid(f"{at}tokens", f"at most {MAX_TOKENS} tokens per source")
     if not _ID.fullmatch(source.id):
         raise invalid(f"{at}id", f"{source.id!r} must be 1-128 letters, digits, '_', '-' or '.'")
     try:

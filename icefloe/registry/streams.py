@@ -24,11 +24,13 @@ from icefloe.errors import RegistryError
 from icefloe.registry.model import Registry, Sink, Source
 
 
-def union_stream(source: Source, sinks: Sequence[Sink]) -> StreamConfig:
+def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
+                 ) -> StreamConfig:
     """The stream an ingestor validates ``source``'s events against (see module doc).
 
     Raises :class:`RegistryError` (409 ``column_conflict``) when two sinks declare a
-    column differently, naming both sinks.
+    column differently, naming both sinks — unless ``lenient``, where the later sink's
+    declaration wins (the collector's decode over deleted and live sinks alike).
     """
     columns: dict[str, Column] = {}
     owner: dict[str, str] = {}
@@ -37,6 +39,9 @@ def union_stream(source: Source, sinks: Sequence[Sink]) -> StreamConfig:
         for column in sink.columns:
             seen = columns.get(column.name)
             if seen is None:
+                columns[column.name], owner[column.name] = column, sink.name
+                continue
+            if _shape(seen) != _shape(column) and lenient:
                 columns[column.name], owner[column.name] = column, sink.name
                 continue
             if _shape(seen) != _shape(column):
@@ -49,7 +54,7 @@ def union_stream(source: Source, sinks: Sequence[Sink]) -> StreamConfig:
             if column.required and not seen.required:
                 columns[column.name] = msgspec.structs.replace(seen, required=True)
         if sink.event_id_field is not None:
-            if id_field is not None and id_field != sink.event_id_field:
+            if id_field is not None and id_field != sink.event_id_field and not lenient:
                 raise RegistryError(409, "column_conflict", f"sinks of source {source.id!r} "
                                     f"name different event id fields ({id_field!r}, "
                                     f"{sink.event_id_field!r})",
@@ -80,24 +85,19 @@ def source_streams(registry: Registry) -> list[StreamConfig]:
 
 
 def routing_streams(registry: Registry) -> list[StreamConfig]:
-    """One union stream per source record (tombstones included, over all its sinks): what
-    the collector decodes, since queued entries may predate a deletion."""
-    streams: dict[str, StreamConfig] = {}
+    """One stream per source id over *every* sink any of its records ever had (tombstones
+    included): what the collector decodes, since queued entries may predate a deletion or
+    a re-creation. Live sinks come last, so on a clash their declaration wins."""
+    records: dict[str, list[Source]] = {}
     for source in sorted(registry.sources, key=lambda s: (s.live, s.created_version)):
-        sinks = list(source.sinks)
-        if sinks:  # a live record wins over a tombstone of the same id (sorted last)
-            streams[source.id] = union_stream_lenient(source, sinks)
-    return list(streams.values())
-
-
-def union_stream_lenient(source: Source, sinks: Sequence[Sink]) -> StreamConfig:
-    """:func:`union_stream`, where a clash between a deleted and a live sink keeps the live
-    one's column (a deleted sink's shape no longer constrains the source)."""
-    try:
-        return union_stream(source, sinks)
-    except RegistryError:
-        live = [s for s in sinks if s.live] or list(sinks[-1:])
-        return union_stream(source, live)
+        records.setdefault(source.id, []).append(source)
+    streams = []
+    for group in records.values():
+        sinks = sorted((sink for source in group for sink in source.sinks),
+                       key=lambda s: (s.live, s.created_version))
+        if sinks:
+            streams.append(union_stream(group[-1], sinks, lenient=True))
+    return streams
 
 
 def sinks_for(registry: Registry, source_id: str, version: int) -> list[Sink]:

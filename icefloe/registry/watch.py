@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 
@@ -26,7 +27,7 @@ class RegistryWatch:
     """Polls one registry object and calls ``on_change`` with each newer version."""
 
     def __init__(self, store: AsyncObjectStore, key: str,
-                 on_change: Callable[[Registry], None], *, poll_s: float = 2.0,
+                 on_change: Callable[[Registry], object], *, poll_s: float = 2.0,
                  on_error: Callable[[Exception], None] | None = None,
                  config_streams: Sequence[StreamConfig] = ()) -> None:
         self.registry = RegistryStore(store, key)
@@ -39,20 +40,24 @@ class RegistryWatch:
         self._etag: str | None = None
 
     async def check(self) -> Registry | None:
-        """One look; returns the registry if it changed (after ``on_change`` ran)."""
+        """One look; returns the registry if it changed (after ``on_change`` ran). The
+        version counts as applied only once ``on_change`` (sync or async) succeeded, so a
+        failed apply is retried at the next look."""
         loaded = await self.registry.load()
         if loaded.etag is None or loaded.etag == self._etag:
             return None
-        self._etag = loaded.etag
         registry = loaded.value
         if registry.version <= self.version:
+            self._etag = loaded.etag
             return None
-        first = self.current is None
-        self.current, self.version = registry, registry.version
-        if first:
+        if self.current is None:
             for note in drift(registry, self.config_streams):
                 log.warning("config and registry differ (the registry is used): %s", note)
-        self.on_change(registry)
+        outcome = self.on_change(registry)
+        if inspect.isawaitable(outcome):
+            await outcome
+        self._etag = loaded.etag
+        self.current, self.version = registry, registry.version
         return registry
 
     async def run(self, stop: asyncio.Event) -> None:
