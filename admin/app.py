@@ -15,6 +15,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -75,15 +82,31 @@ def _field(message: str) -> tuple[str, str]:
     return "body", message
 
 
+class AdminMetrics:
+    """``/metrics`` of the admin process: calls by operation and status, tasks by outcome,
+    and the registry version it last read."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("icefloe_admin_requests", "Admin API calls",
+                                ["operation", "status"], registry=r)
+        self.tasks = Counter("icefloe_admin_tasks", "Finished tasks by kind and state",
+                             ["kind", "state"], registry=r)
+        self.registry_version = Gauge("icefloe_admin_registry_version",
+                                      "Registry version last read or written", registry=r)
+
+
 class AdminApi:
     """The routes, bound to one registry store, task runner and auth."""
 
     def __init__(self, registry: RegistryStore, tasks: Tasks, auth: AdminAuth, *,
-                 pending: PendingCounter) -> None:
+                 pending: PendingCounter, metrics: AdminMetrics | None = None) -> None:
         self.registry = registry
         self.tasks = tasks
         self.auth = auth
         self.pending = pending
+        self.metrics = metrics or AdminMetrics()
+        tasks.on_finish = lambda task: self.metrics.tasks.labels(task.kind, task.state).inc()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -91,6 +114,11 @@ class AdminApi:
         """Bearer auth, then the handler, with refusals turned into JSON errors."""
 
         async def wrapped(request: Request) -> Response:
+            response = await checked(request)
+            self.metrics.requests.labels(handler.__name__, str(response.status_code)).inc()
+            return response
+
+        async def checked(request: Request) -> Response:
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
@@ -130,7 +158,9 @@ class AdminApi:
             raise RegistryError(400, "malformed", f"the body is not JSON: {exc}") from None
 
     async def current(self) -> Registry:
-        return await self.registry.read()
+        registry = await self.registry.read()
+        self.metrics.registry_version.set(registry.version)
+        return registry
 
     async def check(self, change: Callable[[Registry], Registry]) -> Registry:
         """Validate ``change`` against the current registry without writing it."""
@@ -321,6 +351,9 @@ def build_app(api: AdminApi) -> Starlette:
     async def healthz(request: Request) -> Response:
         return json_response({"status": "ok"})
 
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(api.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error(404, "not_found", f"no such endpoint: {request.method} {request.url.path}")
 
@@ -332,6 +365,7 @@ def build_app(api: AdminApi) -> Starlette:
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/registry", g(api.get_registry), methods=["GET"]),
         Route("/v1/sources", g(api.list_sources), methods=["GET"]),
         Route("/v1/sources", g(api.create_source), methods=["POST"]),

@@ -57,6 +57,7 @@ class Tasks:
 
     def __init__(self, make_table: TableMaker) -> None:
         self.make_table = make_table
+        self.on_finish: Callable[[Task], None] = lambda task: None
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._running: set[asyncio.Task[None]] = set()
 
@@ -101,6 +102,7 @@ class Tasks:
             log.warning("task %s (%s %s) failed: %s", task.id, task.kind, task.target, exc)
         finally:
             task.finished_at = time.time()
+            self.on_finish(task)
         log.info("task %s %s %s: %s", task.id, task.kind, task.target, task.state,
                  extra={"task": task.id, "state": task.state})
 
