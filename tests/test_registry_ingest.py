@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import msgspec
+import pytest
 
 from icefloe.config import Column, Config
 from icefloe.registry import Registry, RegistryStore, ops
@@ -144,3 +145,27 @@ def collector_config_of(config: Config) -> Config:
     root = Path(config.store.url.removeprefix("file://")).parent
     base = collector_config(root, (PAGEVIEWS,), store={"url": config.store.url})
     return msgspec.structs.replace(base, admin=config.admin)
+
+
+async def test_should_serve_a_registry_source_over_grpc(tmp_path: Path) -> None:
+    import grpc
+
+    from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+    from tests.ingest_support import grpc_serving
+
+    config = config_for(tmp_path)
+    async with grpc_serving(config) as (runtime, served):
+        await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+            id="clicks", sinks=(URLS,))))
+        await until_version(runtime, 1)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            stub = ingest_pb2_grpc.IngestStub(channel)
+            ok = await stub.Publish(ingest_pb2.PublishRequest(stream="clicks", events=[
+                ingest_pb2.Event(json=b'{"user_id":"u1","url":"/"}')]), timeout=10)
+            assert ok.accepted == 1
+            with pytest.raises(grpc.aio.AioRpcError) as info:  # not a registry source
+                await stub.Publish(ingest_pb2.PublishRequest(stream="pageviews", events=[
+                    ingest_pb2.Event(json=b'{"user_id":"u1"}')]), timeout=10)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    manifest = await read_manifest(config.store.url)
+    assert [(e.streams, e.registry_version) for e in manifest.entries] == [(("clicks",), 1)]
