@@ -394,3 +394,14 @@ def test_should_refuse_to_start_without_an_admin_token(tmp_path: Path,
     err = capsys.readouterr().err
     assert "admin.tokens[0]: not a token hash" in err
     assert "plain" not in err.replace("admin.tokens[0]", "")
+
+
+def test_should_say_in_streams_list_that_the_registry_defines_the_streams(
+        admin: Admin, capsys: pytest.CaptureFixture[str]) -> None:
+    from icefloe.cli import main
+
+    config = Path(admin.config.source or "").with_name("cli.toml")
+    config.write_text(f'[store]\nurl = "{admin.config.store.url}"\n')
+    assert main(["streams", "list", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "the stream registry in the store (version 1) defines the streams now" in out

@@ -103,6 +103,7 @@ def run_list(args: argparse.Namespace) -> int:
     if not config.streams:
         print("no streams are configured: add [[streams]] to the config or pass "
               "--config FILE")
+        _registry_note(config)
         return 0
     rows = [[s.name, s.table, str(len(s.columns)), s.event_id_field or "-", s.unknown_fields,
              s.partition, "required" if needs_token(config, s.name) else "no"]
@@ -110,7 +111,35 @@ def run_list(args: argparse.Namespace) -> int:
     print()
     print(table(["STREAM", "TABLE", "COLUMNS", "EVENT ID", "UNKNOWN FIELDS", "PARTITION",
                  "TOKEN"], rows))
+    _registry_note(config)
     return 0
+
+
+def _registry_note(config: Config) -> None:
+    version = registry_version(config)
+    if version:
+        print(f"\nnote: the stream registry in the store (version {version}) defines the "
+              "streams now; the config's are only its seed. See `icefloe sources list`.")
+
+
+def registry_version(config: Config) -> int | None:
+    """The registry's version if one exists in the store (0: none), None if unreadable."""
+    import asyncio
+
+    from icefloe.registry import RegistryStore
+    from icefloe.store import open_async_store, options_for
+
+    async def read() -> int:
+        store = open_async_store(config.store.url, options_for(config.store.endpoint_url,
+                                                               config.store.region))
+        try:
+            return (await RegistryStore(store, config.admin.registry_key).read()).version
+        finally:
+            await store.close()
+    try:
+        return asyncio.run(asyncio.wait_for(read(), 3.0))
+    except Exception:  # the listing is about the file: an unreachable store only loses the note
+        return None
 
 
 def run_show(args: argparse.Namespace) -> int:
