@@ -204,7 +204,15 @@ class AdminApi:
             return self._created(reg, spec.id)
 
         async def commit() -> dict[str, Any]:
-            reg = await self.registry.update(lambda r: ops.create_source(r, spec))
+            try:
+                reg = await self.registry.update(lambda r: ops.create_source(r, spec))
+            except RegistryError as exc:  # our own write, if its answer was lost?
+                reg = await self.current()
+                found = reg.source(spec.id)
+                if exc.code != "exists" or found is None or len(found.live_sinks()) != len(
+                        spec.sinks) or not all(ops.matches(s, w) for s, w in zip(
+                            found.live_sinks(), spec.sinks, strict=True)):
+                    raise
             return {"version": reg.version, "source": source_json(self._source(reg, spec.id))}
         task = self.tasks.start("create_source", spec.id,
                                 [s.stream(spec.id) for s in made.live_sinks()], commit)
@@ -281,7 +289,15 @@ class AdminApi:
         _, sink = self._sink(checked, source_id, spec.name)
 
         async def commit() -> dict[str, Any]:
-            reg = await self.registry.update(lambda r: ops.create_sink(r, source_id, spec))
+            try:
+                reg = await self.registry.update(
+                    lambda r: ops.create_sink(r, source_id, spec))
+            except RegistryError as exc:  # our own write, if its answer was lost?
+                reg = await self.current()
+                found = reg.source(source_id)
+                mine = found.sink(spec.name) if found is not None else None
+                if exc.code != "exists" or mine is None or not ops.matches(mine, spec):
+                    raise
             source, made = self._sink(reg, source_id, spec.name)
             return {"version": reg.version, "sink": sink_json(source, made)}
         task = self.tasks.start("create_sink", f"{source_id}/{spec.name}",

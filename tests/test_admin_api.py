@@ -85,19 +85,24 @@ class FlakyStore(AsyncObjectStore):
 
 @pytest.fixture
 def admin(tmp_path: Path) -> Iterator[Admin]:
+    down = threading.Event()
+    yield from serving(tmp_path, lambda url: FlakyStore(open_async_store(url), down), down)
+
+
+def serving(tmp_path: Path, make_store: Any, down: threading.Event) -> Iterator[Admin]:
+    """The admin API on a free port in a background thread, over ``make_store(url)``."""
     from admin.server import serve_admin
 
     base = collector_config(tmp_path, (CLICKS,))
     config = msgspec.structs.replace(base, admin=msgspec.structs.replace(
         base.admin, port=0, tokens=(hash_token(ADMIN_TOKEN, log2_n=10),)))
-    down = threading.Event()
     state: dict[str, Any] = {}
     ready = threading.Event()
 
     async def main() -> None:
         stop = asyncio.Event()
         state["stop"], state["loop"] = stop, asyncio.get_running_loop()
-        store = FlakyStore(open_async_store(config.store.url), down)
+        store = make_store(config.store.url)
         try:
             await serve_admin(config, stop=stop, store=store,
                               on_ready=lambda info: (state.update(port=info.port),
@@ -405,3 +410,28 @@ def test_should_say_in_streams_list_that_the_registry_defines_the_streams(
     assert main(["streams", "list", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "the stream registry in the store (version 1) defines the streams now" in out
+
+
+def test_should_succeed_when_a_create_landed_but_its_answer_was_lost(tmp_path: Path) -> None:
+    """The registry PUT of a new sink is applied but its response lost: the retry finds
+    the sink it made, so the task succeeds instead of reporting a conflict."""
+    from icefloe.store.adapters import ThreadedAsyncStore
+    from icefloe.store.faults import FaultRule, FaultyAsyncStore
+    from icefloe.store.local import LocalStore
+    from icefloe.store.retry import RetryingAsyncStore
+
+    lost = FaultRule("lose_response", ops=frozenset({"put"}),
+                     key_prefix="registry/registry.json", skip=1, times=1)  # not the seed
+
+    def store(url: str) -> Any:
+        root = Path(url.removeprefix("file://"))
+        return RetryingAsyncStore(FaultyAsyncStore(ThreadedAsyncStore(LocalStore(root)),
+                                                   [lost]))
+
+    for admin in serving(tmp_path, store, threading.Event()):
+        task = admin.task(admin.client.post("/v1/sources/clicks/sinks", json={
+            "name": "copy", "table": "web.copy", "columns": COLUMNS}))
+        assert lost.fired == 1
+        assert task["state"] == "succeeded", task
+        assert task["result"]["sink"]["table"] == "web.copy"
+        assert admin.client.get("/v1/registry").json()["version"] == 2

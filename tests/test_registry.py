@@ -237,3 +237,12 @@ async def test_should_retry_a_registry_version_whose_apply_failed(tmp_path: Path
     assert applied == [1]
     assert await watch.check() is None  # nothing new
     await store.close()
+
+
+def test_should_recognize_its_own_sink_after_a_lost_answer() -> None:
+    spec = sink()
+    reg = with_source((spec,))
+    source = reg.source("clicks")
+    assert source is not None
+    assert ops.matches(source.live_sinks()[0], spec)
+    assert not ops.matches(source.live_sinks()[0], sink(table="web.other"))

@@ -161,6 +161,12 @@ def _check_union(source: Source) -> None:
         union_stream(source, source.live_sinks())
 
 
+def matches(sink: Sink, spec: SinkSpec) -> bool:
+    """Whether ``sink`` is what ``spec`` asked for: a create whose write landed but whose
+    answer was lost finds its own sink on the retry, which is success, not a conflict."""
+    return all(getattr(sink, k) == getattr(spec, k) for k in spec.__struct_fields__)
+
+
 def _new_sink(spec: SinkSpec, version: int) -> Sink:
     return Sink(name=spec.name, table=spec.table, columns=spec.columns,
                 unknown_fields=spec.unknown_fields, event_id_field=spec.event_id_field,
