@@ -26,6 +26,7 @@ from icefloe.manifest.cas import load as load_manifest
 from icefloe.registry.store import RegistryStore, drift
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
+from ingestor.tls import section_tls
 
 log = logging.getLogger("icefloe.admin")
 
@@ -35,6 +36,12 @@ class AdminReady:
     host: str
     port: int
     registry_version: int
+    tls: bool = False
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
 
 def catalog_table_maker(config: Config) -> TableMaker:
@@ -70,6 +77,7 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
                           "API needs at least one token hash; make one with `icefloe token "
                           "new` and put its hash line into [admin] tokens (or "
                           "ICEFLOE_ADMIN_TOKENS)")
+    tls = section_tls(config, "admin", what="admin API", secrets="admin tokens")
     own_store = store is None
     store = store or open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region))
@@ -83,7 +91,9 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
                        pending=pending_counter(store, config.manifest.key))
         server = uvicorn.Server(uvicorn.Config(
             build_app(api), host=admin.host, port=admin.port, log_config=None,
-            access_log=False, lifespan="off"))
+            access_log=False, lifespan="off",
+            ssl_context_factory=None if tls is None else (lambda _config, _default:
+                                                          tls.http_context)))
         # Stopping is the caller's `stop` (its own signal handlers): uvicorn must not take
         # SIGTERM over and re-raise it after shutting down, which would kill the process.
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
@@ -96,14 +106,18 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
             raise ConfigError(f"admin.port: cannot listen on {admin.host}:{admin.port} (in "
                               "use already?); choose another with --port or [admin] port")
         port = server.servers[0].sockets[0].getsockname()[1]
-        log.info("admin API on http://%s:%d (registry version %d)", admin.host, port,
-                 seeded.version)
+        if tls is not None:
+            tls.start()
+        log.info("admin API on %s://%s:%d (registry version %d)",
+                 "http" if tls is None else "https", admin.host, port, seeded.version)
         if on_ready is not None:
-            on_ready(AdminReady(admin.host, port, seeded.version))
+            on_ready(AdminReady(admin.host, port, seeded.version, tls is not None))
         await stop.wait()
         server.should_exit = True
         await serving
         await api.tasks.wait_all()
+        if tls is not None:
+            await tls.stop()
         return 0
     finally:
         if own_store:

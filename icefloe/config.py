@@ -243,6 +243,10 @@ class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tokens: tuple[str, ...] = ()
     registry_key: str = "registry/registry.json"
     registry_poll_s: float = 2.0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    plaintext: bool = False
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -363,8 +367,13 @@ def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
         tls_client_ca_file=_resolve_file(ing.tls_client_ca_file, base))
     collector = msgspec.structs.replace(
         config.collector, models_dir=_resolve_file(config.collector.models_dir, base) or "")
+    adm = config.admin
+    admin = msgspec.structs.replace(
+        adm, tls_cert_file=_resolve_file(adm.tls_cert_file, base),
+        tls_key_file=_resolve_file(adm.tls_key_file, base),
+        tls_client_ca_file=_resolve_file(adm.tls_client_ca_file, base))
     return msgspec.structs.replace(config, store=store, catalog=catalog, ingestor=ingestor,
-                                   collector=collector, source=source)
+                                   collector=collector, admin=admin, source=source)
 
 
 def validate(config: Config, where: str) -> None:
@@ -412,6 +421,11 @@ def _validate_admin(admin: AdminSection, where: str) -> None:
         raise ConfigError(f"{where}: admin.port: {admin.port} is not a TCP port (0-65535)")
     for i, entry in enumerate(admin.tokens):
         check_hash(entry, f"{where}: admin.tokens[{i}]")
+    if bool(admin.tls_cert_file) != bool(admin.tls_key_file):
+        raise ConfigError(f"{where}: admin.tls_cert_file and admin.tls_key_file go together")
+    if admin.tls_client_ca_file and not admin.tls_cert_file:
+        raise ConfigError(f"{where}: admin.tls_client_ca_file needs admin.tls_cert_file and "
+                          "admin.tls_key_file (mutual TLS is TLS first)")
     if not 0.05 <= admin.registry_poll_s <= 300:
         raise ConfigError(f"{where}: admin.registry_poll_s must be between 0.05 and 300 s")
     if not admin.registry_key or admin.registry_key.startswith("/"):

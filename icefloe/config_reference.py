@@ -113,6 +113,11 @@ MEANING: dict[str, str] = {
     "admin.port": "admin API port (`icefloe admin`)",
     "admin.tokens": "hashes (`icefloe token hash`) of the bearer tokens the admin API accepts",
     "admin.registry_key": "object key of the stream registry inside the store",
+    "admin.tls_cert_file": "admin API certificate chain (PEM; reloaded when it changes)",
+    "admin.tls_key_file": "admin API private key (PEM, unencrypted)",
+    "admin.tls_client_ca_file": "mutual TLS: admin clients need a certificate this CA signed",
+    "admin.plaintext": "allow the admin API without TLS on a non-loopback address (behind a "
+                       "TLS-terminating gateway)",
     "admin.registry_poll_s": "how often ingestors and the collector look for a new registry "
                              "version (a change applies within this delay)",
     "collector.models": "SQL models the collector keeps fresh (`[\"*\"]`: all): run after "

@@ -259,20 +259,28 @@ def server_tls(config: Config, interval_s: float = RELOAD_CHECK_S
         ConfigError: a non-loopback address without TLS and without ``plaintext = true``,
             or TLS files that cannot be loaded.
     """
-    ing = config.ingestor
-    if ing.tls_cert_file and ing.tls_key_file:
-        return CertificateReloader(TlsFiles(ing.tls_cert_file, ing.tls_key_file,
-                                            ing.tls_client_ca_file), interval_s)
-    if is_loopback(ing.host):
+    return section_tls(config, "ingestor", interval_s,
+                       what="HTTP and gRPC", secrets="tokens and events")
+
+
+def section_tls(config: Config, section: str, interval_s: float = RELOAD_CHECK_S, *,
+                what: str, secrets: str) -> CertificateReloader | None:
+    """The plaintext policy for one config section with ``host``, ``tls_*`` files and
+    ``plaintext`` (``[ingestor]``, ``[admin]``)."""
+    part = getattr(config, section)
+    if part.tls_cert_file and part.tls_key_file:
+        return CertificateReloader(TlsFiles(part.tls_cert_file, part.tls_key_file,
+                                            part.tls_client_ca_file), interval_s)
+    if is_loopback(part.host):
         return None
     where = config.source or "config"
-    if not ing.plaintext:
+    if not part.plaintext:
         raise ConfigError(
-            f"{where}: ingestor.plaintext: refusing to serve {ing.host or 'every address'} "
-            "without TLS; set ingestor.tls_cert_file and ingestor.tls_key_file, or set "
-            "plaintext = true in [ingestor] when a gateway in front terminates TLS, or "
+            f"{where}: {section}.plaintext: refusing to serve {part.host or 'every address'} "
+            f"without TLS; set {section}.tls_cert_file and {section}.tls_key_file, or set "
+            f"plaintext = true in [{section}] when a gateway in front terminates TLS, or "
             "bind 127.0.0.1 (--host)")
-    log.warning("serving plaintext HTTP and gRPC on %s (ingestor.plaintext = true): tokens "
-                "and events are unencrypted up to the TLS-terminating gateway",
-                ing.host or "every address")
+    log.warning("serving plaintext %s on %s (%s.plaintext = true): %s are unencrypted up "
+                "to the TLS-terminating gateway", what, part.host or "every address",
+                section, secrets)
     return None

@@ -6,6 +6,7 @@ being down, the CLI, and a schemathesis run against the served ``/openapi.json``
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import msgspec
 import pytest
 
 from icefloe.config import Config, StreamConfig
-from icefloe.errors import TransientStoreError
+from icefloe.errors import ConfigError, TransientStoreError
 from icefloe.registry import RegistryStore
 from icefloe.store import open_async_store
 from icefloe.store.base import AsyncObjectStore
@@ -435,3 +436,51 @@ def test_should_succeed_when_a_create_landed_but_its_answer_was_lost(tmp_path: P
         assert task["state"] == "succeeded", task
         assert task["result"]["sink"]["table"] == "web.copy"
         assert admin.client.get("/v1/registry").json()["version"] == 2
+
+
+def test_should_serve_the_admin_api_over_tls_and_refuse_plaintext_off_loopback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from admin.server import serve_admin
+    from icefloe.cli import main
+    from ingestor.tls import section_tls
+    from tests.security_support import Authority
+
+    authority = Authority.create(tmp_path, "admin")
+    cert, key = authority.write("localhost", server=True, stem="admin")
+    base = collector_config(tmp_path, (CLICKS,))
+    config = msgspec.structs.replace(base, admin=msgspec.structs.replace(
+        base.admin, port=0, tokens=(hash_token(ADMIN_TOKEN, log2_n=10),),
+        tls_cert_file=str(cert), tls_key_file=str(key)))
+
+    async def main_loop() -> None:
+        stop = asyncio.Event()
+        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(serve_admin(config, stop=stop, on_ready=ready.set_result))
+        info = await asyncio.wait_for(ready, 30)
+        assert info.url.startswith("https://")
+        trust = ssl.create_default_context(cafile=str(authority.ca_file))
+        async with httpx.AsyncClient(verify=trust) as client:
+            listed = await client.get(f"{info.url}/v1/sources",
+                                      headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+            assert listed.status_code == 200
+        async with httpx.AsyncClient() as plain:
+            with pytest.raises(httpx.HTTPError):
+                await plain.get(f"http://127.0.0.1:{info.port}/healthz")
+        monkeypatch.setenv("ICEFLOE_ADMIN_TOKEN", ADMIN_TOKEN)
+        code = await asyncio.to_thread(main, ["sources", "list", "--url", info.url,
+                                              "--cacert", str(authority.ca_file)])
+        assert code == 0
+        stop.set()
+        assert await task == 0
+
+    asyncio.run(main_loop())
+    assert "clicks" in capsys.readouterr().out
+
+    exposed = msgspec.structs.replace(config, admin=msgspec.structs.replace(
+        config.admin, host="0.0.0.0", tls_cert_file=None, tls_key_file=None))
+    with pytest.raises(ConfigError, match=r"admin\.plaintext: refusing to serve 0\.0\.0\.0"):
+        section_tls(exposed, "admin", what="admin API", secrets="admin tokens")
+    allowed = msgspec.structs.replace(exposed, admin=msgspec.structs.replace(
+        exposed.admin, plaintext=True))
+    assert section_tls(allowed, "admin", what="admin API", secrets="admin tokens") is None

@@ -32,7 +32,9 @@ whose hash is in [admin] tokens:
 """
 
 EPILOG = """\
-stdout gets one JSON line {"event": "ready", "port": P, "registry_version": V} when serving.
+stdout gets one JSON line {"event": "ready", "port": P, "url": U, "registry_version": V}
+when serving. Off this machine the API needs TLS ([admin] tls_cert_file, tls_key_file,
+optional tls_client_ca_file for mutual TLS) or plaintext = true behind a TLS gateway.
 exit codes: 0 stopped by SIGTERM/SIGINT, 1 store unreachable, 2 bad config or port in use.
 """
 
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
 
     def ready(info: AdminReady) -> None:
-        print(json.dumps({"event": "ready", "port": info.port,
+        print(json.dumps({"event": "ready", "port": info.port, "url": info.url,
                           "registry_version": info.registry_version}), flush=True)
 
     async def main() -> int:

@@ -25,6 +25,7 @@ from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.errors import ConfigError, IcefloeError
 
 TOKEN_ENV = "ICEFLOE_ADMIN_TOKEN"
+CACERT_ENV = "ICEFLOE_ADMIN_CACERT"
 TASK_TIMEOUT_S = 300.0
 
 SOURCES_EPILOG = """\
@@ -111,7 +112,10 @@ def _cmd(what: Any, name: str, help_text: str, run: Any) -> argparse.ArgumentPar
     parser = what.add_parser(name, help=help_text, description=help_text)
     add_config_arguments(parser)
     parser.add_argument("--url", metavar="URL",
-                        help="admin API (default http://[admin] host:port)")
+                        help="admin API (default http(s)://[admin] host:port)")
+    parser.add_argument("--cacert", metavar="FILE",
+                        help=f"CA bundle to verify the admin API's TLS certificate (default "
+                             f"${CACERT_ENV}, else the system's)")
     parser.add_argument("--json", action="store_true", help="print the API's JSON")
     parser.set_defaults(run=run)
     return parser
@@ -129,9 +133,19 @@ def _client(args: argparse.Namespace) -> httpx.Client:
     if not url:
         _, config = config_from_args(args)
         host = "127.0.0.1" if config.admin.host in ("0.0.0.0", "::") else config.admin.host
-        url = f"http://{host}:{config.admin.port}"
+        scheme = "https" if config.admin.tls_cert_file else "http"
+        url = f"{scheme}://{host}:{config.admin.port}"
+    cacert = args.cacert or os.environ.get(CACERT_ENV)
+    verify: Any = True
+    if cacert:
+        import ssl
+
+        try:
+            verify = ssl.create_default_context(cafile=cacert)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--cacert {cacert}: cannot load it: {exc}") from None
     return httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"},
-                        timeout=30.0)
+                        timeout=30.0, verify=verify)
 
 
 def call(args: argparse.Namespace, method: str, path: str, body: Any = None,

@@ -174,9 +174,9 @@ class _Up:
         from admin.server import AdminReady, serve_admin
 
         def ready(info: AdminReady) -> None:
-            print(f"  admin    http://{_host(info.host)}:{info.port}/v1/sources  (registry "
-                  f"version {info.registry_version}; ICEFLOE_ADMIN_TOKEN=... icefloe sources "
-                  f"list --url http://{_host(info.host)}:{info.port})", flush=True)
+            print(f"  admin    {info.url}/v1/sources  (registry version "
+                  f"{info.registry_version}; ICEFLOE_ADMIN_TOKEN=... icefloe sources list "
+                  f"--url {info.url})", flush=True)
         try:
             await serve_admin(self.config, stop=stop, on_ready=ready)
         except Exception as exc:
