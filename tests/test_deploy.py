@@ -56,8 +56,9 @@ METRICS_PORT = CollectorSection().metrics_port
 IMAGE_NAME = "icefloe"
 IMAGE = f"{IMAGE_NAME}:{__version__}"
 
-TOOLING_ENV = frozenset({"ICEFLOE_CHECKOV"})
-"""Test-tooling variables a deploy README may name; they configure no icefloe process."""
+TOOLING_ENV = frozenset({"ICEFLOE_CHECKOV", "ICEFLOE_ADMIN_TOKEN", "ICEFLOE_ADMIN_CACERT"})
+"""Variables a deploy README may name that configure no icefloe process: test tooling and
+the admin CLI's client credentials."""
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -391,6 +392,7 @@ def test_should_run_icefloe_from_the_entrypoint_and_check_the_default_ports():
     assert module.PORTS == {
         "ingestor": ("ICEFLOE_INGESTOR_HTTP_PORT", HTTP_PORT),
         "collector": ("ICEFLOE_COLLECTOR_METRICS_PORT", METRICS_PORT),
+        "admin": ("ICEFLOE_ADMIN_PORT", 8081),
     }
 
 
@@ -718,6 +720,8 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
             value = {"ICEFLOE_CATALOG_TYPE": "glue"}.get(name, "set-by-terraform")
         config = load_config(empty, env={name: value})
         actual = getattr(getattr(config, section), key)
+        if isinstance(actual, tuple):  # lists come comma-separated from the environment
+            actual = ",".join(actual)
         assert (str(actual).lower() if isinstance(actual, bool) else str(actual)) == value, name
 
 
@@ -752,7 +756,7 @@ def test_should_run_only_real_icefloe_commands_and_flags():
     for where, argv in seen:
         parse_cli(argv, where)
     roles = {argv[0] for where, argv in seen if not where.startswith("deploy/")}
-    assert roles == {"ingestor", "collector"}
+    assert {"ingestor", "collector"} <= roles <= {"ingestor", "collector", "admin"}
 
 
 def test_should_use_one_icefloe_image_everywhere():

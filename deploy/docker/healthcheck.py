@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Container health check: exit 0 when an icefloe process in this container answers.
 
-Usage: icefloe-healthcheck [ingestor|collector|any] [PATH]   (defaults: any /healthz)
+Usage: icefloe-healthcheck [ingestor|collector|admin|any] [PATH]   (defaults: any /healthz)
 
 ``ingestor`` asks the HTTP port (ICEFLOE_INGESTOR_HTTP_PORT, default 8080), ``collector``
-the metrics port (ICEFLOE_COLLECTOR_METRICS_PORT, default 9464), ``any`` tries both, so the
-image's one HEALTHCHECK fits whichever command the container runs. ``/healthz`` is
+the metrics port (ICEFLOE_COLLECTOR_METRICS_PORT, default 9464), ``admin`` the admin API
+(ICEFLOE_ADMIN_PORT, default 8081, plain HTTP), ``any`` tries them all, so the image's one
+HEALTHCHECK fits whichever command the container runs. ``/healthz`` is
 liveness (the process answers); ``/readyz`` also checks the object store (ingestor).
 Standard library only: it runs in the image without loading icefloe.
 """
@@ -18,6 +19,7 @@ import urllib.request
 PORTS = {
     "ingestor": ("ICEFLOE_INGESTOR_HTTP_PORT", 8080),
     "collector": ("ICEFLOE_COLLECTOR_METRICS_PORT", 9464),
+    "admin": ("ICEFLOE_ADMIN_PORT", 8081),
 }
 
 
@@ -35,7 +37,7 @@ def main(argv: list[str]) -> int:
     path = argv[1] if len(argv) > 1 else "/healthz"
     roles = list(PORTS) if role == "any" else [role]
     if any(r not in PORTS for r in roles):
-        print(f"icefloe-healthcheck: unknown role {role!r} (ingestor, collector or any)",
+        print(f"icefloe-healthcheck: unknown role {role!r} (ingestor, collector, admin or any)",
               file=sys.stderr)
         return 2
     for name in roles:
