@@ -27,14 +27,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from admin.auth import AdminAuth
+from admin.auth import AdminAuth, Throttled
 from admin.openapi import openapi_document
 from admin.tasks import Tasks
 from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
 from icefloe.registry import ops
-from icefloe.registry.model import Registry, Sink, Source
+from icefloe.registry.model import Conditions, Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
-from icefloe.tokens import hash_token, new_token
+from icefloe.tokens import new_token
 
 log = logging.getLogger("icefloe.admin")
 
@@ -100,7 +100,11 @@ class AdminApi:
     """The routes, bound to one registry store, task runner and auth."""
 
     def __init__(self, registry: RegistryStore, tasks: Tasks, auth: AdminAuth, *,
-                 pending: PendingCounter, metrics: AdminMetrics | None = None) -> None:
+                 pending: PendingCounter, metrics: AdminMetrics | None = None,
+                 cluster_output: bool = False) -> None:
+        self.cluster_output = cluster_output
+        """The collector writes through the cluster output path, which routes each source
+        to one table and does not stage: refuse what it could not deliver."""
         self.registry = registry
         self.tasks = tasks
         self.auth = auth
@@ -124,8 +128,14 @@ class AdminApi:
             if scheme.lower() != "bearer" or not token.strip():
                 return error(401, "unauthenticated", "send 'Authorization: Bearer <admin "
                              "token>' (a token whose hash is in [admin] tokens)")
-            if not await self.auth.check(token.strip()):
-                return error(403, "forbidden", "this token is not an admin token")
+            client = request.client.host if request.client else None
+            try:
+                if not await self.auth.check(token.strip(), client):
+                    return error(403, "forbidden", "this token is not an admin token")
+            except Throttled:
+                return json_response({"error": "auth_throttled", "message": "too many wrong "
+                                      "admin tokens from this address; wait and retry",
+                                      "details": []}, 429, {"retry-after": "1"})
             try:
                 return await handler(request)
             except RegistryError as exc:
@@ -162,9 +172,20 @@ class AdminApi:
         self.metrics.registry_version.set(registry.version)
         return registry
 
-    async def check(self, change: Callable[[Registry], Registry]) -> Registry:
+    async def check(self, change: Callable[[Registry], Registry],
+                    source_id: str | None = None) -> Registry:
         """Validate ``change`` against the current registry without writing it."""
-        return change(await self.current())
+        after = change(await self.current())
+        source = after.source(source_id) if source_id and self.cluster_output else None
+        if source is not None:
+            sinks = source.live_sinks()
+            if len(sinks) > 1 or any(s.conditions != Conditions() for s in sinks):
+                raise RegistryError(409, "cluster_output", "the collector uses "
+                                    "[collector] output = \"cluster\", which writes each "
+                                    "source to one table without staging: a second sink or "
+                                    "import conditions need output = \"embedded\"",
+                                    [{"field": "sinks", "reason": "needs output = embedded"}])
+        return after
 
     @staticmethod
     def _source(registry: Registry, source_id: str) -> Source:
@@ -196,7 +217,7 @@ class AdminApi:
 
     async def create_source(self, request: Request) -> Response:
         spec: ops.SourceSpec = await self.body(request, ops.SourceSpec)
-        checked = await self.check(lambda r: ops.create_source(r, spec))
+        checked = await self.check(lambda r: ops.create_source(r, spec), spec.id)
         made = checked.source(spec.id)
         assert made is not None
         if not spec.sinks:
@@ -261,7 +282,7 @@ class AdminApi:
         keep = request.query_params.get("keep_previous", "").lower() in ("1", "true", "yes")
         source = self._source(await self.current(), source_id)
         token = new_token()
-        hashed = hash_token(token)
+        hashed = await self.auth.hash_in_pool(token)
 
         def rotate(reg: Registry) -> Registry:
             current = self._source(reg, source_id)
@@ -285,7 +306,7 @@ class AdminApi:
     async def create_sink(self, request: Request) -> Response:
         source_id = request.path_params["id"]
         spec: ops.SinkSpec = await self.body(request, ops.SinkSpec)
-        checked = await self.check(lambda r: ops.create_sink(r, source_id, spec))
+        checked = await self.check(lambda r: ops.create_sink(r, source_id, spec), source_id)
         _, sink = self._sink(checked, source_id, spec.name)
 
         async def commit() -> dict[str, Any]:
@@ -314,7 +335,8 @@ class AdminApi:
         patch: ops.SinkPatch = await self.body(request, ops.SinkPatch)
         before = await self.current()
         _, old = self._sink(before, source_id, name)
-        checked = ops.update_sink(before, source_id, name, patch)
+        checked = await self.check(lambda r: ops.update_sink(r, source_id, name, patch),
+                                   source_id)
         _, new = self._sink(checked, source_id, name)
 
         async def commit() -> dict[str, Any]:

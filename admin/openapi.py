@@ -51,11 +51,13 @@ def _obj(**props: dict[str, Any]) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     reasons = {400: "invalid request (field and reason in details)",
                401: "no bearer token", 403: "not an admin token", 404: "no such resource",
-               409: "conflicts with the registry (taken, owned, too many, undelivered)",
-               413: "body too large", 500: "the registry object cannot be read",
+               409: "conflicts with the registry (taken, owned, too many, undelivered, "
+                    "column clash, cluster output)",
+               413: "body too large", 429: "too many wrong admin tokens from this address",
+               500: "the registry object cannot be read",
                503: "the object store is unreachable"}
     return {str(c): {"description": reasons[c], **_json(_ref("Error"))}
-            for c in (401, 403, 500, 503, *codes)}
+            for c in (401, 403, 429, 500, 503, *codes)}
 
 
 def _op(summary: str, ok: dict[str, Any], *codes: int, body: str | None = None,

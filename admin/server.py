@@ -88,7 +88,8 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
             log.warning("config and registry differ: %s", note)
         api = AdminApi(registry, Tasks(make_table or catalog_table_maker(config)),
                        AdminAuth(admin.tokens),
-                       pending=pending_counter(store, config.manifest.key))
+                       pending=pending_counter(store, config.manifest.key),
+                       cluster_output=config.collector.output == "cluster")
         server = uvicorn.Server(uvicorn.Config(
             build_app(api), host=admin.host, port=admin.port, log_config=None,
             access_log=False, lifespan="off",

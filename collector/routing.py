@@ -67,10 +67,11 @@ class Routes:
 
     def tables(self) -> dict[str, StreamConfig]:
         """Every table a target writes, with its stream (the live sink's, if any)."""
+        every = [t for targets in self.targets.values() for t in targets]
         out: dict[str, StreamConfig] = {}
-        for targets in self.targets.values():
-            for target in sorted(targets, key=lambda t: t.sink.live):
-                out[target.table] = target.stream
+        for target in sorted(every, key=lambda t: (t.sink.live and t.source.live,
+                                                   t.sink.updated_version)):
+            out[target.table] = target.stream  # live and newest last: they win
         return out
 
     def live_tables(self) -> list[str]:

@@ -178,6 +178,8 @@ class Runner:
                 delay = min(cfg.retry_max_delay_s, 0.5 * 2 ** min(failures - 1, 10))
                 log.error("run failed (%s, attempt %d); retrying in %.1f s: %s", kind,
                           failures, delay, _first_line(exc))
+                # staged sinks still commit when due (a drain may be what unblocks the run)
+                await self._commit_due_staged()
                 await self._sleep(delay)
                 continue
             await self._housekeeping()  # when due: also during a backlog, or metadata grows

@@ -32,7 +32,8 @@ from ulid import ULID
 from collector.dedup import DedupWindow
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
-from collector.staging import StagingArea, StagingState, due
+from collector.staging import COMMIT_CHUNK_BYTES, StagedFile, StagingArea, StagingState, due
+from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import (
     FencedError,
@@ -302,8 +303,13 @@ class Collector:
         result.replayed += staged.skipped
         self._observe_staged(table, staged.state)
         self.hook(f"after_stage:{table}")
-        self._commit_staged_if_due(table, target.sink.conditions if target.sink.live
-                                   and target.source.live else None)
+        committed = self._commit_staged_if_due(table, target.sink.conditions if
+                                               target.sink.live and target.source.live
+                                               else None)
+        if committed is not None:
+            result.rows[table] = committed  # models reading this table see the commit
+        elif len(staged.state.files) > MAX_STAGED_FILES:
+            self._observe_staged(table, self._await(self.staging.compact(table, self.epoch)))
 
     def commit_due_staged(self) -> dict[str, int]:
         """Commit every staged table whose conditions hold (blocking: call in a thread);
@@ -333,26 +339,27 @@ class Collector:
             return None
         assert self.epoch is not None
         state = self._await(self.staging.load(table))  # as stored, not as cached
-        if not state.files:
-            return None
-        rows = self._await(self.staging.read(state))
-        assert rows is not None
-        window = self.windows[table]
-        fresh, dropped = window.filter_in_sequence_order(rows)
-        if dropped:
-            self.metrics.duplicates.labels(table).inc(dropped)
-        outcome = self._commit(table, fresh, state.last_sequence)
-        window.remember(fresh)
-        self.table_sequences[table] = max(self.table_sequences.get(table, -1),
-                                          state.last_sequence)
-        self.hook(f"after_staged_commit:{table}")
-        remaining = self._await(self.staging.drop(table, state.last_sequence, self.epoch))
-        self._observe_staged(table, remaining)
+        committed = 0
+        while state.files:  # in chunks of staged bytes, oldest first: each a prefix
+            chunk = chunk_of(state.files, COMMIT_CHUNK_BYTES)
+            rows = self._await(self.staging.read(state, chunk))
+            assert rows is not None
+            through = chunk[-1].last_sequence
+            window = self.windows[table]
+            fresh, dropped = window.filter_in_sequence_order(rows)
+            if dropped:
+                self.metrics.duplicates.labels(table).inc(dropped)
+            outcome = self._commit(table, fresh, through)
+            window.remember(fresh)
+            committed += outcome.rows
+            self.hook(f"after_staged_commit:{table}")
+            state = self._await(self.staging.drop(table, through, self.epoch))
+            self._observe_staged(table, state)
+            log.info("staged commit %s (%s): rows=%d sequence=%d", table, reason,
+                     outcome.rows, through, extra={"table": table, "reason": reason,
+                                                   "rows": outcome.rows})
         self.metrics.staged_commits.labels(table, reason).inc()
-        log.info("staged commit %s (%s): rows=%d sequence=%d", table, reason, outcome.rows,
-                 state.last_sequence, extra={"table": table, "reason": reason,
-                                             "rows": outcome.rows})
-        return outcome.rows
+        return committed
 
     def _observe_staged(self, table: str, state: StagingState) -> None:
         self.metrics.staged_rows.labels(table).set(state.rows)
@@ -542,3 +549,15 @@ class Collector:
             manifest.next_sequence - manifest.consumer.acked_through - 1)
         oldest = pending[0].ingested_at if pending else None
         self.metrics.lag_seconds.set(0 if oldest is None else max(0.0, time.time() - oldest))
+
+
+def chunk_of(files: tuple[StagedFile, ...], limit: int) -> tuple[StagedFile, ...]:
+    """The longest prefix of ``files`` within ``limit`` bytes (at least one file)."""
+    size, count = 0, 0
+    for staged in files:
+        if count and size + staged.bytes > limit:
+            break
+        size += staged.bytes
+        count += 1
+    return files[:count]
+

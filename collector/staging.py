@@ -27,6 +27,7 @@ writer, and a write by an older epoch is refused.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 from collections.abc import Callable
@@ -48,6 +49,13 @@ log = logging.getLogger("icefloe.collector")
 
 PREFIX = "staging"
 FORMAT = 1
+MAX_FILES = 128
+"""Beyond this many staged files of a table, the oldest ``MERGE_FILES`` are merged."""
+MERGE_FILES = 64
+READ_AHEAD = 8
+COMMIT_CHUNK_BYTES = 64 * 1024 * 1024
+"""Staged Parquet bytes committed per Iceberg append: a 500 MB size condition is committed
+as several appends (in sequence order) instead of one decompressed run in memory."""
 
 
 class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -202,19 +210,55 @@ class StagingArea:
             return doc.value
         return await self._update(table, epoch, lambda state: state)
 
-    async def read(self, state: StagingState) -> pa.Table | None:
-        """All staged rows of ``state``, in staging order (None when nothing is staged)."""
-        tables = []
-        for staged in state.files:
+    async def read(self, state: StagingState,
+                   files: tuple[StagedFile, ...] | None = None) -> pa.Table | None:
+        """The staged rows of ``files`` (default: all of ``state``), in staging order; None
+        when there are none. Fetched a few at a time."""
+        chosen = state.files if files is None else files
+        if not chosen:
+            return None
+
+        async def fetch(staged: StagedFile) -> pa.Table:
             try:
                 result = await self.store.get(staged.key)
             except NotFound:
                 raise NotFound(f"staged file {staged.key} is missing: the staging area of "
                                f"{state.table} was changed outside icefloe") from None
-            tables.append(pq.read_table(io.BytesIO(result.data)))
-        if not tables:
-            return None
+            return pq.read_table(io.BytesIO(result.data))
+
+        tables: list[pa.Table] = []
+        for start in range(0, len(chosen), READ_AHEAD):
+            tables += await asyncio.gather(*(fetch(f) for f in chosen[start:start + READ_AHEAD]))
         return pa.concat_tables(tables, promote_options="permissive")
+
+    async def compact(self, table: str, epoch: int) -> StagingState:
+        """Merge the oldest staged files into one once there are more than ``MAX_FILES``,
+        so the state object (rewritten by every run) and the number of objects to read at
+        commit time stay bounded however long the age condition is."""
+        state = self.states.get(table) or await self.load(table)
+        if len(state.files) <= MAX_FILES:
+            return state
+        group = state.files[:MERGE_FILES]
+        rows = await self.read(state, group)
+        assert rows is not None
+        first, last = group[0].first_sequence, group[-1].last_sequence
+        data = parquet_bytes(rows)
+        key = f"{PREFIX}/{table}/{first:012d}-{last:012d}-{ULID()}.parquet"
+        await self.store.put(key, data)
+        merged = StagedFile(key, first, last, rows.num_rows, len(data),
+                            min(f.oldest_ms for f in group))
+        keys = [f.key for f in group]
+
+        def swap(current: StagingState) -> StagingState | None:
+            if [f.key for f in current.files[:len(keys)]] != keys:
+                return None  # changed meanwhile (committed): the merged file is an orphan
+            return msgspec.structs.replace(current, files=(merged,
+                                                           *current.files[len(keys):]))
+        new = await self._update(table, epoch, swap)
+        if new.files and new.files[0].key == key:
+            for old in keys:
+                await self.store.delete(old)
+        return new
 
     async def drop(self, table: str, through: int, epoch: int) -> StagingState:
         """Forget (and delete) the staged files whose rows the table holds now."""

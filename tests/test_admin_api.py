@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from icefloe.config import Config, StreamConfig
-from icefloe.errors import ConfigError, TransientStoreError
+from icefloe.errors import ConfigError, RegistryError, TransientStoreError
 from icefloe.registry import RegistryStore
 from icefloe.store import open_async_store
 from icefloe.store.base import AsyncObjectStore
@@ -484,3 +484,40 @@ def test_should_serve_the_admin_api_over_tls_and_refuse_plaintext_off_loopback(
     allowed = msgspec.structs.replace(exposed, admin=msgspec.structs.replace(
         exposed.admin, plaintext=True))
     assert section_tls(allowed, "admin", what="admin API", secrets="admin tokens") is None
+
+
+def test_should_throttle_an_address_that_keeps_sending_wrong_tokens(admin: Admin) -> None:
+    from admin.auth import FAILED_BURST
+
+    assert admin.client.get("/v1/sources").status_code == 200  # the operator's token: proven
+    codes = [httpx.get(f"{admin.url}/v1/sources",
+                       headers={"authorization": f"Bearer wrong-{i}"}).status_code
+             for i in range(FAILED_BURST + 3)]
+    assert codes[:FAILED_BURST] == [403] * FAILED_BURST
+    assert codes[FAILED_BURST:] == [429] * 3
+    again = httpx.get(f"{admin.url}/v1/sources", headers={"authorization": "Bearer wrong-0"})
+    assert again.status_code == 403  # a known wrong token costs nothing: still a plain 403
+    assert admin.client.get("/v1/sources").status_code == 200  # and still works
+
+
+def test_should_refuse_what_the_cluster_output_path_cannot_deliver(tmp_path: Path) -> None:
+    from admin.app import AdminApi
+    from admin.auth import AdminAuth
+    from admin.tasks import Tasks
+    from icefloe.registry import RegistryStore
+    from icefloe.registry import ops as registry_ops
+
+    async def go() -> None:
+        store = open_async_store((tmp_path / "store").as_uri())
+        api = AdminApi(RegistryStore(store), Tasks(lambda stream: None), AdminAuth(()),
+                       pending=lambda source: asyncio.sleep(0, 0), cluster_output=True)
+        one = registry_ops.SinkSpec(name="a", table="web.a", columns=CLICKS.columns)
+        await api.check(lambda r: registry_ops.create_source(r, registry_ops.SourceSpec(
+            id="s", sinks=(one,))), "s")  # one sink, default conditions: fine
+        two = registry_ops.SourceSpec(id="s", sinks=(one, msgspec.structs.replace(
+            one, name="b", table="web.b")))
+        with pytest.raises(RegistryError, match='need output = "embedded"') as info:
+            await api.check(lambda r: registry_ops.create_source(r, two), "s")
+        assert info.value.status == 409
+        await store.close()
+    asyncio.run(go())

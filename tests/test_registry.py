@@ -246,3 +246,17 @@ def test_should_recognize_its_own_sink_after_a_lost_answer() -> None:
     assert source is not None
     assert ops.matches(source.live_sinks()[0], spec)
     assert not ops.matches(source.live_sinks()[0], sink(table="web.other"))
+
+
+def test_should_keep_a_columns_type_for_the_life_of_a_source_id() -> None:
+    reg = with_source((sink("a", "web.a", columns=(Column("x", "string"),)),))
+    reg = ops.delete_sink(reg, "clicks", "a")
+    clash = sink("b", "web.b", columns=(Column("x", "long"),))
+    error = refused(409, "column_conflict", ops.create_sink, reg, "clicks", clash)
+    assert "deleted sink" in str(error)
+    reg = ops.delete_source(reg, "clicks")
+    refused(409, "column_conflict", ops.create_source, reg, ops.SourceSpec(
+        id="clicks", sinks=(clash,)))
+    same = sink("b", "web.b", columns=(Column("x", "string"), Column("y", "long")))
+    reg = ops.create_source(reg, ops.SourceSpec(id="clicks", sinks=(same,)))
+    assert reg.source("clicks") is not None

@@ -330,3 +330,40 @@ async def test_should_fence_a_replaced_collector_from_the_takeover_on(config: Co
     await store.close()
     await old.store.close()
     await newer.store.close()
+
+
+async def test_should_merge_many_staged_files_and_commit_in_chunks(
+        config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long age condition: staged files are merged once there are too many, and the
+    commit goes in several appends of bounded size — every row once, in order."""
+    import collector.service as service
+    import collector.staging as staging
+
+    monkeypatch.setattr(staging, "MAX_FILES", 4)
+    monkeypatch.setattr(staging, "MERGE_FILES", 3)
+    monkeypatch.setattr(service, "MAX_STAGED_FILES", 4)
+    monkeypatch.setattr(service, "COMMIT_CHUNK_BYTES", 1)  # one file per append
+    await registry_with(config, msgspec.structs.replace(SLOW, max_events=60))
+    collector = await collector_for(config)
+    store = open_store_of(config)
+    for i in range(5):
+        await publish(store, [batch(f"r{i}-", 10)], registry_version=1)
+        await collector.run_once()
+    state = collector.staging.states["web.clicks"]
+    assert len(state.files) == 3  # 5 files: the oldest 3 merged into one
+    assert (state.files[0].first_sequence, state.files[0].last_sequence) == (0, 2)
+    assert state.rows == 50
+    listing = await store.list("staging/web.clicks/")
+    assert len([o for o in listing.objects if o.key.endswith(".parquet")]) == 3
+    await publish(store, [batch("r5-", 10)], registry_version=1)
+    await collector.run_once()  # 60 events: committed, one append per staged file
+    expected = set().union(*(ids(f"r{i}-", 10) for i in range(6)))
+    assert_exact(config, "web.clicks", expected)
+    from pipeline.catalog import open_catalog
+
+    table = open_catalog(config.catalog).load_table("web.clicks")
+    appends = [s for s in table.snapshots() if s.summary and
+               s.summary.get("icefloe.sequence") is not None]
+    assert [int(s.summary["icefloe.sequence"]) for s in appends] == [2, 3, 4, 5]
+    await store.close()
+    await collector.store.close()

@@ -153,12 +153,27 @@ def _check_count(source: Source, at: str) -> None:
                             [{"field": at, "reason": f"more than {MAX_SINKS} sinks"}])
 
 
-def _check_union(source: Source) -> None:
-    """The live sinks must agree on shared columns (see :mod:`icefloe.registry.streams`)."""
+def _check_union(registry: Registry, source: Source) -> None:
+    """The live sinks must agree on shared columns (see :mod:`icefloe.registry.streams`),
+    and so must every sink this source id ever had: queued events of a deleted sink (or
+    of an earlier source with this id) are decoded with the same column types as the new
+    ones, so a column name keeps its type and mapping for the life of the source id."""
     from icefloe.registry.streams import union_stream
 
     if source.live_sinks():
         union_stream(source, source.live_sinks())
+    history = [s for record in registry.sources if record.id == source.id
+               and record is not registry.source(source.id) for s in record.sinks]
+    history += [s for s in source.sinks if not s.live]
+    current = source.live_sinks()
+    if history and current:
+        try:
+            union_stream(source, [*history, *current])
+        except RegistryError as exc:
+            raise RegistryError(409, "column_conflict", f"{exc} (a deleted sink of source "
+                                f"{source.id!r} declared it: its events may still be queued "
+                                "and are decoded with the same types; use another column "
+                                "name, or another source id)", exc.details) from None
 
 
 def matches(sink: Sink, spec: SinkSpec) -> bool:
@@ -204,7 +219,7 @@ def create_source(registry: Registry, spec: SourceSpec) -> Registry:
                     updated_version=version)
     _check_source_fields(source, "")
     _check_count(source, "sinks")
-    _check_union(source)
+    _check_union(registry, source)
     names: set[str] = set()
     tables: set[str] = set()
     for i, sink in enumerate(sinks):
@@ -264,7 +279,7 @@ def create_sink(registry: Registry, source_id: str, spec: SinkSpec) -> Registry:
     updated = msgspec.structs.replace(source, sinks=(*source.sinks, sink),
                                       updated_version=version)
     _check_count(updated, "sinks")
-    _check_union(updated)
+    _check_union(registry, updated)
     return registry.next(_replace_source(registry, updated))
 
 
@@ -290,7 +305,7 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch)
     check_sink(source_id, updated, "sink")
     sinks = tuple(updated if s is sink else s for s in source.sinks)
     changed = msgspec.structs.replace(source, sinks=sinks, updated_version=version)
-    _check_union(changed)
+    _check_union(registry, changed)
     return registry.next(_replace_source(registry, changed))
 
 
