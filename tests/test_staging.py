@@ -208,27 +208,6 @@ async def test_should_drain_when_the_conditions_go_back_to_defaults(config: Conf
     await collector.store.close()
 
 
-async def test_should_refuse_staging_writes_from_a_replaced_collector(config: Config
-                                                                       ) -> None:
-    from collector.staging import StagingArea
-
-    await registry_with(config, SLOW)
-    store = open_store_of(config)
-    await publish(store, [batch("a", 5)], registry_version=1)
-    newer = await collector_for(config)
-    await newer.run_once()  # stages with its epoch
-    stale = StagingArea(store)
-    staged = await newer.staging.read(newer.staging.states["web.clicks"])
-    assert staged is not None
-    later = pa.array([7] * staged.num_rows, pa.int64())  # rows of a later entry
-    rows = staged.set_column(staged.schema.get_field_index("_sequence"), "_sequence", later)
-    with pytest.raises(TableFencedError, match=r"staging\) was committed by collector epoch"):
-        await stale.stage("web.clicks", rows, committed=-1, epoch=newer.epoch - 1,
-                          run_last=99)
-    await store.close()
-    await newer.store.close()
-
-
 async def test_should_sweep_orphaned_staged_files(config: Config) -> None:
     from collector.staging import StagingArea
 
