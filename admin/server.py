@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from admin.tasks import TableMaker, Tasks
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.manifest.cas import load as load_manifest
+from icefloe.registry import ops
+from icefloe.registry.model import Registry
 from icefloe.registry.store import RegistryStore, drift
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
@@ -56,6 +59,51 @@ def catalog_table_maker(config: Config) -> TableMaker:
             opened.append(open_catalog(config.catalog))
         ensure_stream_table(opened[0], stream)  # type: ignore[arg-type]
     return make
+
+
+PRUNE_EVERY_S = 60.0
+
+
+async def prune_tombstones(store: AsyncObjectStore, registry: RegistryStore,
+                           manifest_key: str, grace_s: float) -> Registry:
+    """One pass of :func:`icefloe.registry.ops.prune` with what the store says now: the
+    oldest pending registry version per source, and the tables with staged rows."""
+    from collector.staging import PREFIX, StagingState
+
+    manifest = (await load_manifest(store, manifest_key)).manifest
+    acked = manifest.consumer.acked_through
+    oldest: dict[str, int] = {}
+    for entry in manifest.entries:
+        if entry.sequence > acked:
+            for stream in entry.streams:
+                oldest[stream] = min(oldest.get(stream, entry.registry_version),
+                                     entry.registry_version)
+    staged: set[str] = set()
+    for info in (await store.list(f"{PREFIX}/")).objects:
+        if info.key.endswith("/state.json"):
+            state = StagingState.decode((await store.get(info.key)).data)
+            if state.files:
+                staged.add(state.table)
+    return await registry.update(lambda r: ops.prune(
+        r, now=time.time(), grace_s=grace_s, oldest_pending=oldest, staged_tables=staged))
+
+
+async def _prune_forever(store: AsyncObjectStore, registry: RegistryStore, config: Config,
+                         stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), PRUNE_EVERY_S)
+        if stop.is_set():
+            return
+        try:
+            before = (await registry.read()).version
+            after = await prune_tombstones(store, registry, config.manifest.key,
+                                           config.admin.tombstone_grace_s)
+            if after.version != before:
+                log.info("registry version %d: deleted sources and sinks nothing needs "
+                         "any more were removed", after.version)
+        except Exception as exc:  # try again next time
+            log.warning("pruning the registry failed (will retry): %s", exc)
 
 
 def pending_counter(store: AsyncObjectStore, manifest_key: str) -> PendingCounter:
@@ -113,7 +161,10 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
                  "http" if tls is None else "https", admin.host, port, seeded.version)
         if on_ready is not None:
             on_ready(AdminReady(admin.host, port, seeded.version, tls is not None))
+        pruning = asyncio.create_task(_prune_forever(store, registry, config, stop),
+                                      name="registry-prune")
         await stop.wait()
+        await pruning
         server.should_exit = True
         await serving
         await api.tasks.wait_all()

@@ -243,6 +243,7 @@ class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tokens: tuple[str, ...] = ()
     registry_key: str = "registry/registry.json"
     registry_poll_s: float = 2.0
+    tombstone_grace_s: float = 3600.0
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
@@ -426,6 +427,10 @@ def _validate_admin(admin: AdminSection, where: str) -> None:
     if admin.tls_client_ca_file and not admin.tls_cert_file:
         raise ConfigError(f"{where}: admin.tls_client_ca_file needs admin.tls_cert_file and "
                           "admin.tls_key_file (mutual TLS is TLS first)")
+    if admin.tombstone_grace_s < 60:
+        raise ConfigError(f"{where}: admin.tombstone_grace_s ({admin.tombstone_grace_s:g}) "
+                          "must be at least 60 s: an ingestor may not have seen a deletion "
+                          "yet")
     if not 0.05 <= admin.registry_poll_s <= 300:
         raise ConfigError(f"{where}: admin.registry_poll_s must be between 0.05 and 300 s")
     if not admin.registry_key or admin.registry_key.startswith("/"):

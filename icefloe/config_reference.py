@@ -113,6 +113,8 @@ MEANING: dict[str, str] = {
     "admin.port": "admin API port (`icefloe admin`)",
     "admin.tokens": "hashes (`icefloe token hash`) of the bearer tokens the admin API accepts",
     "admin.registry_key": "object key of the stream registry inside the store",
+    "admin.tombstone_grace_s": "deleted sources and sinks leave the registry this long after "
+                               "their deletion, once no queued or staged event needs them",
     "admin.tls_cert_file": "admin API certificate chain (PEM; reloaded when it changes)",
     "admin.tls_key_file": "admin API private key (PEM, unencrypted)",
     "admin.tls_client_ca_file": "mutual TLS: admin clients need a certificate this CA signed",

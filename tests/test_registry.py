@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,53 @@ def test_should_keep_a_columns_type_for_the_life_of_a_source_id() -> None:
     same = sink("b", "web.b", columns=(Column("x", "string"), Column("y", "long")))
     reg = ops.create_source(reg, ops.SourceSpec(id="clicks", sinks=(same,)))
     assert reg.source("clicks") is not None
+
+
+def test_should_prune_only_tombstones_nothing_needs() -> None:
+    reg = with_source((sink("a", "web.a"), sink("b", "web.b")))      # v1
+    reg = ops.delete_sink(reg, "clicks", "a")                         # v2
+    reg = ops.create_source(reg, ops.SourceSpec(id="gone", sinks=(sink("g", "web.g"),)))
+    reg = ops.delete_source(reg, "gone")                              # v4
+    deleted_at = time.time()
+
+    def pruned(now: float, pending: dict[str, int] | None = None,
+               staged: frozenset[str] = frozenset()) -> Registry:
+        return ops.prune(reg, now=now, grace_s=3600, oldest_pending=pending or {},
+                         staged_tables=staged)
+
+    assert pruned(deleted_at + 10) is reg                   # within the grace period
+    later = deleted_at + 3601
+    assert pruned(later, {"clicks": 1}, frozenset({"web.g"})) is reg  # queued and staged
+    kept = pruned(later, {"clicks": 2})   # the pending entry came after the deletion
+    assert kept.version == reg.version + 1
+    clicks = kept.source("clicks")
+    assert clicks is not None
+    assert [s.name for s in clicks.sinks] == ["b"]
+    assert [s.id for s in kept.sources] == ["clicks"]       # the deleted source went too
+    # what is left routes exactly as before for the versions still in use
+    assert [s.name for s in clicks.routes(5)] == ["b"]
+
+
+async def test_should_prune_from_what_the_store_says(tmp_path: Path) -> None:
+    from admin.server import prune_tombstones
+    from tests.collector_support import click, publish
+
+    store = open_async_store((tmp_path / "store").as_uri())
+    registry = RegistryStore(store)
+    await registry.update(lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(sink("a", "web.a"),))))
+    await publish(store, [[click(1)]], registry_version=1)   # queued, accepted at v1
+    await registry.update(lambda r: ops.delete_source(r, "clicks"))
+    kept = await prune_tombstones(store, registry, "manifest/queue", grace_s=0)
+    assert kept.version == 2                                # the queued entry needs it
+    assert [s.id for s in kept.sources] == ["clicks"]
+    from icefloe.manifest import ManifestConsumer
+    from icefloe.manifest.config import ManifestConfig
+
+    consumer = ManifestConsumer(store, ManifestConfig(), holder="t")
+    await consumer.initialize()
+    await consumer.ack((await consumer.read(max_entries=10))[-1].sequence)
+    gone = await prune_tombstones(store, registry, "manifest/queue", grace_s=0)
+    assert gone.version == 3
+    assert gone.sources == ()
+    await store.close()

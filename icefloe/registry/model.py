@@ -60,6 +60,7 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     updated_version: int = 0
     deleted_version: int | None = None
     toggles: tuple[Toggle, ...] = ()
+    deleted_at: float | None = None
 
     @property
     def live(self) -> bool:
@@ -98,6 +99,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     created_version: int = 0
     updated_version: int = 0
     deleted_version: int | None = None
+    deleted_at: float | None = None
 
     @property
     def live(self) -> bool:

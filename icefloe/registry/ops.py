@@ -10,6 +10,8 @@ HTTP status, a stable code and the offending fields.
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Mapping, Set
 from typing import Any
 
 import msgspec
@@ -253,10 +255,12 @@ def delete_source(registry: Registry, source_id: str) -> Registry:
     routed to them, none after (the caller checks for undelivered data first)."""
     source = _live_source(registry, source_id)
     version = registry.version + 1
-    sinks = tuple(s if not s.live else msgspec.structs.replace(s, deleted_version=version)
+    now = time.time()
+    sinks = tuple(s if not s.live else msgspec.structs.replace(s, deleted_version=version,
+                                                               deleted_at=now)
                   for s in source.sinks)
     gone = msgspec.structs.replace(source, sinks=sinks, deleted_version=version,
-                                   updated_version=version, tokens=())
+                                   updated_version=version, tokens=(), deleted_at=now)
     return registry.next(tuple(gone if s is source else s for s in registry.sources))
 
 
@@ -320,10 +324,50 @@ def delete_sink(registry: Registry, source_id: str, name: str) -> Registry:
     if sink is None:
         raise not_found("sink", f"{source_id}/{name}")
     version = registry.version + 1
-    sinks = tuple(msgspec.structs.replace(s, deleted_version=version) if s is sink else s
-                  for s in source.sinks)
+    sinks = tuple(msgspec.structs.replace(s, deleted_version=version, deleted_at=time.time())
+                  if s is sink else s for s in source.sinks)
     return registry.next(_replace_source(registry, msgspec.structs.replace(
         source, sinks=sinks, updated_version=version)))
+
+
+# ------------------------------------------------------------------------------ pruning
+
+
+def prune(registry: Registry, *, now: float, grace_s: float,
+          oldest_pending: Mapping[str, int], staged_tables: Set[str]) -> Registry:
+    """Drop tombstones nothing can need any more, so the registry stays small under churn.
+
+    A deleted sink (or source) is kept while an unacknowledged manifest entry of its source
+    was accepted before the deletion (``oldest_pending``: source id → lowest registry
+    version among its pending entries), while its table has staged rows, and for
+    ``grace_s`` after the deletion — an ingestor that has not yet seen the deletion may
+    still accept events under the older version for a moment. Returns ``registry`` itself
+    when nothing can go (no new version).
+    """
+    def needed(source_id: str, deleted_version: int | None, deleted_at: float | None,
+               tables: list[str]) -> bool:
+        if deleted_version is None:
+            return True
+        if deleted_at is None or now - deleted_at < grace_s:
+            return True
+        pending = oldest_pending.get(source_id)
+        if pending is not None and pending < deleted_version:
+            return True
+        return any(t in staged_tables for t in tables)
+
+    changed = False
+    sources: list[Source] = []
+    for source in registry.sources:
+        sinks = tuple(s for s in source.sinks
+                      if needed(source.id, s.deleted_version, s.deleted_at, [s.table]))
+        if len(sinks) != len(source.sinks):
+            changed = True
+        if source.live or sinks or needed(source.id, source.deleted_version,
+                                          source.deleted_at, []):
+            sources.append(msgspec.structs.replace(source, sinks=sinks))
+        else:
+            changed = True
+    return registry.next(tuple(sources)) if changed else registry
 
 
 # ------------------------------------------------------------------------------ seeding
