@@ -507,3 +507,19 @@ def test_should_serve_the_admin_api_and_apply_its_changes_while_running(tmp_path
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0
+
+
+async def test_should_count_a_child_stopped_while_still_starting_as_clean():
+    """`up` stopped right after restarting an ingestor: the replacement, still starting
+    (no handlers, nothing accepted), dies of the SIGTERM — that is a clean stop, while a
+    ready child's exit code counts as it is."""
+    from icefloe.cli.ingestor_group import IngestorGroup
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    group = IngestorGroup(1, sleeper, stop_timeout_s=10)
+    group.children = [await group._spawn(0)]
+    assert await group.stop() == [0]
+    ready = IngestorGroup(1, sleeper, stop_timeout_s=10)
+    ready.children = [await ready._spawn(0)]
+    ready.children[0].ready.set_result({"event": "ready"})
+    assert await ready.stop() == [-signal.SIGTERM]

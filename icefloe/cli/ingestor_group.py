@@ -189,11 +189,14 @@ class IngestorGroup:
         codes: list[int] = []
         for child in self.children:
             try:
-                codes.append(await asyncio.wait_for(child.process.wait(), self.stop_timeout_s))
+                code = await asyncio.wait_for(child.process.wait(), self.stop_timeout_s)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
-                codes.append(await child.process.wait())
+                code = await child.process.wait()
+            if code == -signal.SIGTERM and not _was_ready(child):
+                code = 0  # stopped while still starting (a restart): it accepted nothing
+            codes.append(code)
         for child in self.children:  # the last log lines of a draining child
             await asyncio.gather(*child.readers, return_exceptions=True)
         return codes
@@ -204,3 +207,10 @@ class IngestorGroup:
             if child.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
+
+
+def _was_ready(child: _Child) -> bool:
+    """Whether the child announced itself ready (so it may have accepted events)."""
+    ready = child.ready
+    return ready.done() and not ready.cancelled() and ready.exception() is None
+
