@@ -30,6 +30,7 @@ from starlette.routing import Route
 from admin.auth import AdminAuth, Throttled
 from admin.openapi import openapi_document
 from admin.tasks import Tasks
+from icefloe.config import split_key_path
 from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
 from icefloe.registry import ops
 from icefloe.registry.model import Conditions, Registry, Sink, Source
@@ -72,14 +73,6 @@ def source_json(source: Source) -> dict[str, Any]:
             "created_version": source.created_version,
             "updated_version": source.updated_version,
             "sinks": [sink_json(source, s) for s in source.live_sinks()]}
-
-
-def _field(message: str) -> tuple[str, str]:
-    """msgspec: 'Expected `int`, got `str` - at `$.sinks[0].name`' → (field, reason)."""
-    if " - at `$." in message:
-        reason, at = message.rsplit(" - at `$.", 1)
-        return at.rstrip("`"), reason
-    return "body", message
 
 
 class AdminMetrics:
@@ -162,8 +155,8 @@ class AdminApi:
         try:
             return msgspec.json.decode(data, type=kind)
         except msgspec.ValidationError as exc:
-            field, reason = _field(str(exc))
-            raise ops.invalid(field, reason) from None
+            field, reason = split_key_path(str(exc))
+            raise ops.invalid(field or "body", reason) from None
         except msgspec.DecodeError as exc:
             raise RegistryError(400, "malformed", f"the body is not JSON: {exc}") from None
 

@@ -24,6 +24,7 @@ from admin.tasks import TableMaker, Tasks
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.manifest.cas import load as load_manifest
+from icefloe.manifest.model import Entry
 from icefloe.registry import ops
 from icefloe.registry.model import Registry
 from icefloe.registry.store import RegistryStore, drift
@@ -70,14 +71,11 @@ async def prune_tombstones(store: AsyncObjectStore, registry: RegistryStore,
     oldest pending registry version per source, and the tables with staged rows."""
     from collector.staging import PREFIX, StagingState
 
-    manifest = (await load_manifest(store, manifest_key)).manifest
-    acked = manifest.consumer.acked_through
     oldest: dict[str, int] = {}
-    for entry in manifest.entries:
-        if entry.sequence > acked:
-            for stream in entry.streams:
-                oldest[stream] = min(oldest.get(stream, entry.registry_version),
-                                     entry.registry_version)
+    for entry in await _unacknowledged(store, manifest_key):
+        for stream in entry.streams:
+            oldest[stream] = min(oldest.get(stream, entry.registry_version),
+                                 entry.registry_version)
     staged: set[str] = set()
     for info in (await store.list(f"{PREFIX}/")).objects:
         if info.key.endswith("/state.json"):
@@ -108,10 +106,15 @@ async def _prune_forever(store: AsyncObjectStore, registry: RegistryStore, confi
 
 def pending_counter(store: AsyncObjectStore, manifest_key: str) -> PendingCounter:
     async def pending(source_id: str) -> int:
-        manifest = (await load_manifest(store, manifest_key)).manifest
-        acked = manifest.consumer.acked_through
-        return sum(1 for e in manifest.entries if e.sequence > acked and source_id in e.streams)
+        return sum(1 for e in await _unacknowledged(store, manifest_key)
+                   if source_id in e.streams)
     return pending
+
+
+async def _unacknowledged(store: AsyncObjectStore, manifest_key: str) -> tuple[Entry, ...]:
+    """Manifest entries the collector has not acknowledged yet."""
+    manifest = (await load_manifest(store, manifest_key)).manifest
+    return manifest.entries_from(manifest.consumer.acked_through + 1)
 
 
 async def serve_admin(config: Config, *, stop: asyncio.Event,

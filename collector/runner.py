@@ -156,10 +156,15 @@ class Runner:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._renew
 
+    async def _apply_registry(self, registry: Registry) -> None:
+        await asyncio.to_thread(self.collector.apply_registry, registry)
+
     async def _loop(self) -> int:
         collector = self.collector
         cfg = collector.config.collector
         failures = 0
+        if self.watch is not None:  # from now on a new version is applied (start-up set it)
+            self.watch.on_change = self._apply_registry
         while not self.stop.is_set():
             started = time.monotonic()
             try:
@@ -220,10 +225,6 @@ class Runner:
         if self.watch is None or time.monotonic() < self._next_registry:
             return
         self._next_registry = time.monotonic() + self.watch.poll_s
-
-        async def apply(registry: Registry) -> None:
-            await asyncio.to_thread(self.collector.apply_registry, registry)
-        self.watch.on_change = apply
         try:
             await self.watch.check()
         except Exception as exc:  # keep routing by the last good version; retried

@@ -311,12 +311,19 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
     return config
 
 
-def _key_path(message: str) -> str:
-    """msgspec says 'Expected `int`, got `str` - at `$.ingestor.http_port`': lead with the key."""
+def split_key_path(message: str) -> tuple[str | None, str]:
+    """msgspec says 'Expected `int`, got `str` - at `$.ingestor.http_port`': (key, reason),
+    key None when the message names none."""
     if " - at `$." in message:
         reason, key = message.rsplit(" - at `$.", 1)
-        return f"{key.rstrip('`')}: {reason}"
-    return message
+        return key.rstrip("`"), reason
+    return None, message
+
+
+def _key_path(message: str) -> str:
+    """A msgspec message led by the key it is about."""
+    key, reason = split_key_path(message)
+    return reason if key is None else f"{key}: {reason}"
 
 
 FILE_ONLY = frozenset({"properties", "client_rate_limit"})

@@ -79,6 +79,12 @@ class SourcePatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rate_limit: RateLimit | None = UNSET
 
 
+def _given(patch: msgspec.Struct) -> dict[str, Any]:
+    """The fields a PATCH body set (left-out ones stay ``UNSET``)."""
+    return {k: getattr(patch, k) for k in patch.__struct_fields__
+            if getattr(patch, k) is not UNSET}
+
+
 def invalid(field: str, reason: str) -> RegistryError:
     return RegistryError(400, "invalid", f"{field}: {reason}",
                          [{"field": field, "reason": reason}])
@@ -240,8 +246,7 @@ def create_source(registry: Registry, spec: SourceSpec) -> Registry:
 
 def update_source(registry: Registry, source_id: str, patch: SourcePatch) -> Registry:
     source = _live_source(registry, source_id)
-    changes = {k: getattr(patch, k) for k in patch.__struct_fields__
-               if getattr(patch, k) is not UNSET}
+    changes = _given(patch)
     if not changes:
         return registry
     version = registry.version + 1
@@ -292,8 +297,7 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch)
     sink = source.sink(name)
     if sink is None:
         raise not_found("sink", f"{source_id}/{name}")
-    changes = {k: getattr(patch, k) for k in patch.__struct_fields__
-               if getattr(patch, k) is not UNSET}
+    changes = _given(patch)
     for fixed in ("table", "partition"):
         if fixed in changes and changes[fixed] != getattr(sink, fixed):
             raise invalid(f"sink.{fixed}", f"the {fixed} of a sink cannot change; create a "

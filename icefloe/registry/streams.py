@@ -100,17 +100,6 @@ def routing_streams(registry: Registry) -> list[StreamConfig]:
     return streams
 
 
-def sinks_for(registry: Registry, source_id: str, version: int) -> list[Sink]:
-    """The sinks that receive the events of ``source_id`` accepted at registry ``version``."""
-    for source in registry.sources:
-        if source.id != source_id or version < source.created_version:
-            continue
-        if source.deleted_version is not None and version >= source.deleted_version:
-            continue
-        return source.routes(version)
-    return []
-
-
 def config_registry(streams: Iterable[StreamConfig]) -> Registry:
     """The registry equivalent of config-only streams (version 0, everything since 0)."""
     sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
