@@ -204,9 +204,10 @@ def main() -> None:
         # The JVM compiles its hot paths during the first large queries: warm it up with
         # two runs of the same shape, so the figures are the steady state of a collector.
         for round_ in range(2):
-            config = make_config(root / f"warm-up-{round_}")
-            events = asyncio.run(prefill(config, batches // 2, per_batch))
-            asyncio.run(throughput(config, SparkEngine(spark, 4), events))
+            for packed in (True, False):
+                config = make_config(root / f"warm-up-{round_}-{packed}")
+                events = asyncio.run(prefill(config, batches // 2, per_batch))
+                asyncio.run(throughput(config, SparkEngine(spark, 4, packed=packed), events))
         # One pre-filled store, copied for each trial: every trial drains the same files.
         template = make_config(root / "template")
         events = asyncio.run(prefill(template, batches, per_batch))
@@ -215,7 +216,8 @@ def main() -> None:
         rates: dict[str, float] = {}
         commits: dict[str, float] = {}
         engines = (("plain", None), ("no-spark", LocalEngine()),
-                   ("spark", SparkEngine(spark, 4)))
+                   ("spark", SparkEngine(spark, 4)),
+                   ("spark-rows", SparkEngine(spark, 4, packed=False)))
         for trial in range(TRIALS):
             for name, engine in engines:
                 trial_root = root / f"{name}-{trial}"
@@ -231,6 +233,8 @@ def main() -> None:
                               rates["plain"], "events/s"))
         results.append(Result("committed events/s through Spark (collector)", rates["spark"],
                               "events/s", rates["plain"]))
+        results.append(Result("  same, Spark row path (runs with sql columns)",
+                              rates["spark-rows"], "events/s", rates["plain"]))
         results.append(Result("committed events/s, collector without Spark", rates["no-spark"],
                               "events/s"))
         results.append(Result("Spark vs the collector without Spark", rates["spark"],

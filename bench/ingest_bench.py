@@ -149,11 +149,15 @@ def batch_body(n: int) -> str:
     return "[" + ",".join(EVENT % (i, i % 997, i * 37 % 60000) for i in range(n)) + "]"
 
 
-def start_ingestor(workdir: Path) -> tuple[subprocess.Popen[str], int, int]:
+def start_ingestor(workdir: Path, *, durable: bool = True
+                   ) -> tuple[subprocess.Popen[str], int, int]:
+    """A real ``icefloe ingestor``; ``durable=False``: the diagnostic one that answers
+    without writing (``_nondurable_ingestor.py``)."""
     config = workdir / "icefloe.toml"
     config.write_text(CONFIG)
-    proc = subprocess.Popen([ICEFLOE, "ingestor", "--config", str(config), "--log-level",
-                             "warning"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    command = [ICEFLOE, "ingestor", "--config", str(config), "--log-level", "warning"] \
+        if durable else [PYTHON, str(HERE / "_nondurable_ingestor.py"), str(config)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
     ready = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
     return proc, ready["http_port"], ready["grpc_port"]
@@ -221,6 +225,7 @@ def run(quick: bool) -> list[Result]:
             for child in (proc, drain):
                 child.send_signal(signal.SIGTERM)
                 child.wait(60)
+        results += nondurable(workdir, seconds, single, bare, have_wrk)
         if have_wrk:
             results += [Result("bare HTTP stack, single-event POST (ceiling)", bare["single"],
                                "req/s"),
@@ -232,6 +237,28 @@ def run(quick: bool) -> list[Result]:
     if not have_wrk:
         print("note: wrk not found; HTTP throughput rows skipped (apt-get install wrk)",
               file=sys.stderr)
+    return results
+
+
+def nondurable(workdir: Path, seconds: float, single: str, bare: dict[str, float],
+               have_wrk: bool) -> list[Result]:
+    """The same fronts without durability: how much of the gap to the bare stack is
+    icefloe's per-request work (validation, ids, framing, metrics) rather than the wait
+    for the batch file and manifest append."""
+    results: list[Result] = []
+    proc, http_port, grpc_port = start_ingestor(workdir, durable=False)
+    try:
+        if have_wrk:
+            url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
+            rate = wrk(url, single, seconds, 256, workdir)[0]
+            results.append(Result("diagnostic: HTTP single-event POST, not durable, 256 conns",
+                                  rate, "events/s", bare["single"]))
+        unary = grpc_load(grpc_port, "unary", seconds, 32)
+        results.append(Result("diagnostic: gRPC unary 100-event batch, not durable",
+                              unary["events_per_s"], "events/s", bare["unary"]))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
     return results
 
 

@@ -2,8 +2,10 @@
 
 Two engines, one result type. :func:`run_spark` reads the files through the ``icefloe``
 Python data source (Spark workers fetch and decode) and collects Arrow on the driver — the
-embedded output path, where the driver makes one append per table. :func:`run_local` does
-the same decode in this process without Spark: the benchmark's baseline and a tool for tests.
+embedded output path, where the driver makes one append per table; packed
+(:mod:`pipeline.packed`) when no stream has ``sql`` columns, as rows otherwise.
+:func:`run_local` does the same decode in this process without Spark: the benchmark's
+baseline and a tool for tests.
 :class:`SparkClusterEngine` is the cluster output path: its result keeps the rows on the
 executors, which write Parquet files the collector commits (see :mod:`pipeline.cluster`).
 """
@@ -20,6 +22,7 @@ import pyarrow.compute as pc
 from pipeline.decode import DeadLetters
 from pipeline.fetch import decode_refs, open_run_store
 from pipeline.mapped import project_sql, sql_expressions
+from pipeline.packed import needs_rows, unpack
 from pipeline.schema import dead_letter_arrow_schema
 from pipeline.source import DEAD, ENVELOPE, FORMAT, STREAM, struct_column
 from pipeline.spec import RunSpec
@@ -74,10 +77,22 @@ def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
     return out
 
 
-def run_spark(spark: SparkSession, spec: RunSpec) -> RunOutput:
+def run_spark(spark: SparkSession, spec: RunSpec, *, packed: bool | None = None) -> RunOutput:
+    """The run through Spark: packed (:mod:`pipeline.packed`) unless a stream has ``sql``
+    columns, which need rows; ``packed`` forces one path (tests compare both)."""
     if not spec.batches:
         return RunOutput()
-    return split_wide(read_frame(spark, spec).toArrow(), spec)
+    if packed is None:
+        packed = not needs_rows(spec)
+    if not packed:
+        return split_wide(read_frame(spark, spec).toArrow(), spec)
+    if needs_rows(spec):
+        raise ValueError("a stream of this run has sql columns: only the row path "
+                         "computes them")
+    frame = spark.read.format(FORMAT).option("spec", spec.encode()).option(
+        "packed", "true").load()
+    tables, dead = unpack(frame.toArrow())
+    return RunOutput(tables, dead)
 
 
 def run_local(spec: RunSpec) -> RunOutput:
@@ -114,18 +129,22 @@ class SparkEngine:
 
     name = "spark"
 
-    def __init__(self, spark: SparkSession, partitions: int = 4) -> None:
+    def __init__(self, spark: SparkSession, partitions: int = 4, *,
+                 packed: bool | None = None) -> None:
         self.spark = spark
         self.partitions = partitions
+        self.packed = packed  # None: packed unless a stream has sql columns
 
     def run(self, spec: RunSpec) -> RunOutput:
-        return run_spark(self.spark, spec)
+        return run_spark(self.spark, spec, packed=self.packed)
 
     def warm_up(self, spec: RunSpec) -> None:
         """Plan and run the data source once on no files, so the first real run does not
         pay for starting the Python workers (~5 s)."""
         empty = msgspec.structs.replace(spec, batches=())
         read_frame(self.spark, empty).count()
+        self.spark.read.format(FORMAT).option("spec", empty.encode()).option(
+            "packed", "true").load().count()
 
 
 class LocalEngine:

@@ -12,6 +12,10 @@ carries ``_stream`` and the envelope columns, the payload of stream *i* in colum
 column ``_dead`` (with ``_stream`` null) — rare rows should not cost nine null columns on
 every good row.
 The driver splits the result per stream with Arrow (or Spark applies per-stream SQL).
+
+With the option ``packed`` the source yields :mod:`pipeline.packed` rows instead — one
+compressed Arrow IPC value per file and stream — for runs where Spark computes nothing per
+row (no ``sql`` columns).
 """
 
 from __future__ import annotations
@@ -90,9 +94,10 @@ def wide_batches(decoded: Decoded, streams: tuple[StreamSpec, ...], target: pa.S
 
 
 class IcefloeReader(DataSourceReader):
-    def __init__(self, spec: RunSpec, schema: StructType) -> None:
+    def __init__(self, spec: RunSpec, schema: StructType, packed: bool = False) -> None:
         self.spec = spec
         self.schema = schema
+        self.packed = packed
 
     def partitions(self) -> list[InputPartition]:
         groups = group_refs(self.spec.refs(), self.spec.partitions)
@@ -103,29 +108,41 @@ class IcefloeReader(DataSourceReader):
         from pipeline.fetch import decode_refs, open_run_store
 
         spec = self.spec
-        target = to_arrow_schema(self.schema, timezone="UTC")
         schemas = {s.name: s.plan() for s in spec.streams}
         store = open_run_store(spec.store_url, spec.endpoint_url, spec.region)
         try:
-            for _, decoded in decode_refs(store, partition.refs, schemas):  # type: ignore[attr-defined]
+            files = decode_refs(store, partition.refs, schemas)  # type: ignore[attr-defined]
+            if self.packed:
+                from pipeline.packed import pack
+
+                yield from pack(decoded for _, decoded in files)
+                return
+            target = to_arrow_schema(self.schema, timezone="UTC")
+            for _, decoded in files:
                 yield from wide_batches(decoded, spec.streams, target)
         finally:
             store.close()
 
 
 class IcefloeDataSource(DataSource):
-    """``spark.read.format("icefloe").option("spec", RunSpec.encode()).load()``."""
+    """``spark.read.format("icefloe").option("spec", RunSpec.encode()).load()``; add
+    ``.option("packed", "true")`` for the packed rows of :mod:`pipeline.packed`."""
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.spec = RunSpec.decode(options["spec"])
+        self.packed = str(options.get("packed", "false")).lower() == "true"
 
     @classmethod
     def name(cls) -> str:
         return FORMAT
 
     def schema(self) -> StructType:
+        if self.packed:
+            from pipeline.packed import PACKED_ARROW_SCHEMA
+
+            return from_arrow_schema(PACKED_ARROW_SCHEMA)
         return spark_schema(self.spec.streams)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return IcefloeReader(self.spec, schema)
+        return IcefloeReader(self.spec, schema, self.packed)

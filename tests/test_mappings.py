@@ -23,7 +23,8 @@ from icefloe.schema import CompiledStream, InvalidEvents
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 from pipeline.decode import BatchRef, decode_batch_file
 from pipeline.mapped import check_on_spark
-from pipeline.run import SparkClusterEngine, SparkEngine, run_local
+from pipeline.packed import needs_rows
+from pipeline.run import SparkClusterEngine, SparkEngine, run_local, run_spark
 from pipeline.spec import run_spec, stream_specs
 from pipeline.split import split_columnar
 
@@ -286,6 +287,19 @@ def test_the_local_engine_refuses_sql_columns_instead_of_leaving_them_null(tmp_p
     config = collector_config(tmp_path, streams=(ORDERS,))
     with pytest.raises(ValueError, match="sql mapping columns, which only the Spark engine"):
         run_local(run_spec(config, []))
+
+
+def test_a_run_with_sql_columns_takes_the_spark_row_path(tmp_path, spark):
+    """Packed runs never show Spark a row, so a stream with sql columns needs the row
+    path: chosen automatically, and forcing the packed path is refused, not silently null."""
+    config = collector_config(tmp_path, streams=(ORDERS,))
+    spec = msgspec.structs.replace(run_spec(config, []), batches=((0, "batches/x", 1, 0),))
+    assert needs_rows(spec)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert not needs_rows(run_spec(collector_config(plain), []))
+    with pytest.raises(ValueError, match="only the row path computes them"):
+        run_spark(spark, spec, packed=True)
 
 
 # -- the whole way: HTTP and gRPC ingestors → Spark collector → Iceberg ----------------------

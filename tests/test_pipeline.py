@@ -57,13 +57,17 @@ def config(tmp_path: Path):
     return collector_config(tmp_path)
 
 
-def test_spark_and_local_decode_every_type_identically(spark, config):
+SPARK_PATHS = pytest.mark.parametrize("packed", [True, False], ids=["packed", "rows"])
+
+
+@SPARK_PATHS
+def test_spark_and_local_decode_every_type_identically(spark, config, packed):
     publish_sync(config, [[click(i) for i in range(0, 300)] + [buy(i) for i in range(40)],
                           [click(i) for i in range(300, 500)],
                           [buy(i) for i in range(40, 60)]])
     spec = run_spec(config, entries_of(config), partitions=2)
     local = run_local(spec)
-    remote = run_spark(spark, spec)
+    remote = run_spark(spark, spec, packed=packed)
     for stream in (CLICKS, BUYS):
         assert remote.tables[stream.name].schema.equals(table_arrow_schema(stream))
         assert sorted_rows(remote.tables[stream.name]) == sorted_rows(local.tables[stream.name])
@@ -85,7 +89,8 @@ def test_spark_and_local_decode_every_type_identically(spark, config):
     assert remote.dead.num_rows == 0
 
 
-def test_bad_records_become_dead_letters_and_the_rest_lands(spark, config):
+@SPARK_PATHS
+def test_bad_records_become_dead_letters_and_the_rest_lands(spark, config, packed):
     builder = BatchBuilder()
     data, _, _ = build_batch([click(1), ("ghosts", "g1", 5, b'{"x":1}'), click(2)])
     from icefloe.batch import decode_batch
@@ -97,7 +102,7 @@ def test_bad_records_become_dead_letters_and_the_rest_lands(spark, config):
     write_raw_batch(config, b"this is not a batch file at all")  # corrupt: bad footer
     publish_sync(config, [[click(3)]])
     spec = run_spec(config, entries_of(config))
-    for out in (run_local(spec), run_spark(spark, spec)):
+    for out in (run_local(spec), run_spark(spark, spec, packed=packed)):
         assert sorted(out.tables["clicks"].column("_event_id").to_pylist()) == ["c1", "c2", "c3"]
         assert out.dead.schema.equals(dead_letter_arrow_schema())
         dead = sorted(out.dead.to_pylist(), key=lambda r: r["reason"])
@@ -144,7 +149,8 @@ def test_a_checksum_mismatch_that_persists_is_one_dead_letter(config):
     assert f"quarantine/{entry.location}" in dead["message"]
 
 
-def test_a_missing_batch_file_fails_the_run_instead_of_skipping(spark, config):
+@SPARK_PATHS
+def test_a_missing_batch_file_fails_the_run_instead_of_skipping(spark, config, packed):
     publish_sync(config, [[click(1)]])
     [entry] = entries_of(config)
     os.remove(Path(local_path(config.store.url)) / entry.location)
@@ -152,7 +158,7 @@ def test_a_missing_batch_file_fails_the_run_instead_of_skipping(spark, config):
     with pytest.raises(NotFound):
         run_local(spec)
     with pytest.raises(Exception, match=r"NotFound|not found|No such"):
-        run_spark(spark, spec)
+        run_spark(spark, spec, packed=packed)
 
 
 def test_files_are_grouped_into_balanced_partitions():
@@ -165,3 +171,23 @@ def test_files_are_grouped_into_balanced_partitions():
     assert sum(sizes) == 2050
     assert all(g == sorted(g, key=lambda r: r.sequence) for g in groups)
     assert len(group_refs(spec.refs(), 10)) == 6
+
+
+def test_packed_values_round_trip_in_slices_with_dead_letters(monkeypatch):
+    """pack/unpack without Spark: a table wider than one packed value comes back whole and
+    in order, dead letters separately, and a file with nothing to pack yields nothing."""
+    from pipeline import packed
+    from pipeline.decode import BatchRef, Decoded
+
+    monkeypatch.setattr(packed, "MAX_PART_ROWS", 3)
+    table = pa.table({"n": list(range(10)), "_event_id": [f"e{i}" for i in range(10)]})
+    first = Decoded(tables={"clicks": table})
+    first.dead.add(BatchRef(4, "batches/k", 10, 0), reason="unknown_stream", message="m")
+    second = Decoded(tables={"buys": table.slice(0, 2), "clicks": table.slice(0, 0)})
+    batches = list(packed.pack([first, second, Decoded()]))
+    assert [b.num_rows for b in batches] == [5, 1]  # 4 slices + dead letters; empty skipped
+    tables, dead = packed.unpack(pa.Table.from_batches(batches))
+    assert tables["clicks"].to_pylist() == table.to_pylist()
+    assert tables["buys"].to_pylist() == table.slice(0, 2).to_pylist()
+    assert dead.schema.equals(dead_letter_arrow_schema())
+    assert dead.column("reason").to_pylist() == ["unknown_stream"]
