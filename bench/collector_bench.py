@@ -204,10 +204,10 @@ def main() -> None:
         # The JVM compiles its hot paths during the first large queries: warm it up with
         # two runs of the same shape, so the figures are the steady state of a collector.
         for round_ in range(2):
-            for packed in (True, False):
-                config = make_config(root / f"warm-up-{round_}-{packed}")
+            for rows in (False, True):
+                config = make_config(root / f"warm-up-{round_}-{rows}")
                 events = asyncio.run(prefill(config, batches // 2, per_batch))
-                asyncio.run(throughput(config, SparkEngine(spark, 4, packed=packed), events))
+                asyncio.run(throughput(config, SparkEngine(spark, 4, rows=rows), events))
         # One pre-filled store, copied for each trial: every trial drains the same files.
         template = make_config(root / "template")
         events = asyncio.run(prefill(template, batches, per_batch))
@@ -217,7 +217,7 @@ def main() -> None:
         commits: dict[str, float] = {}
         engines = (("plain", None), ("no-spark", LocalEngine()),
                    ("spark", SparkEngine(spark, 4)),
-                   ("spark-rows", SparkEngine(spark, 4, packed=False)))
+                   ("spark-rows", SparkEngine(spark, 4, rows=True)))
         for trial in range(TRIALS):
             for name, engine in engines:
                 trial_root = root / f"{name}-{trial}"

@@ -11,8 +11,16 @@ binary values per file; the driver reads them back zero-copy. On a cluster the d
 receives ~6x fewer bytes than with rows.
 
 Runs that do have ``sql`` columns use the row path: those expressions are Spark's to
-compute (:func:`needs_rows`). Both paths produce the same :class:`~pipeline.run.RunOutput`
-(tested side by side).
+compute (:func:`needs_rows`). The choice is per run: one stream with ``sql`` columns puts
+every stream of its runs on the (~1.7x slower) row path. Both paths produce the same
+:class:`~pipeline.run.RunOutput` — tables in the spec's stream order, rows in file order,
+the declared column types (checked here, as the row path's schema checks them) — tested
+side by side.
+
+Size: Spark re-batches a partition's packed rows into Arrow batches of up to
+``maxRecordsPerBatch`` *rows*, and a packed partition has few rows, so one partition can
+become one batch, whose binary column has 32-bit offsets (2 GiB).
+:func:`packed_partitions` spreads a run over enough partitions to stay far below that.
 """
 
 from __future__ import annotations
@@ -22,15 +30,32 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from pipeline.decode import Decoded
-from pipeline.schema import dead_letter_arrow_schema
-from pipeline.spec import RunSpec
+from pipeline.schema import ARROW_TYPES, META_FIELDS, dead_letter_arrow_schema
+from pipeline.spec import RunSpec, StreamSpec
 
 PART = "_part"
 STREAM = "_stream"
 MAX_PART_ROWS = 65_536
 """Rows per packed value: keeps each binary value a few MB even for a 100k-event file."""
 
+PARTITION_BYTES = 256 * 1024 * 1024
+"""Batch-file bytes per packed partition at most: its packed values (zstd Arrow IPC, about
+the size of the zstd batch files) stay well under the 2 GiB of one Arrow binary column."""
+
 PACKED_ARROW_SCHEMA = pa.schema([pa.field(STREAM, pa.string()), pa.field(PART, pa.binary())])
+
+
+def packed_partitions(spec: RunSpec) -> int:
+    """The spec's partition count, raised so no partition reads over ``PARTITION_BYTES``."""
+    total = sum(size for _, _, size, _ in spec.batches)
+    return max(spec.partitions, -(-total // PARTITION_BYTES))
+
+
+def stream_arrow_schema(stream: StreamSpec) -> pa.Schema:
+    """A decoded table of ``stream``: its columns, then ``_event_id``, ``_received_at``,
+    ``_sequence`` (what the row path's wide schema holds for it)."""
+    fields = [pa.field(name, ARROW_TYPES[kind]) for name, kind in stream.columns]
+    return pa.schema(fields + [pa.field(name, arrow) for name, arrow, _ in META_FIELDS])
 
 
 def needs_rows(spec: RunSpec) -> bool:
@@ -65,8 +90,14 @@ def pack(decoded: Iterable[Decoded]) -> Iterator[pa.RecordBatch]:
                 schema=PACKED_ARROW_SCHEMA)
 
 
-def unpack(packed: pa.Table) -> tuple[dict[str, pa.Table], pa.Table]:
-    """(tables per stream, dead letters) from the collected packed rows, in row order."""
+def unpack(packed: pa.Table, spec: RunSpec) -> tuple[dict[str, pa.Table], pa.Table]:
+    """(tables per stream in the spec's order, dead letters) from the collected packed rows,
+    rows in the order they were packed.
+
+    Raises:
+        ValueError: a packed table does not have its stream's declared columns and types
+            (a decoder bug: refused rather than cast silently at commit).
+    """
     tables: dict[str, list[pa.Table]] = {}
     dead: list[pa.Table] = []
     streams = packed.column(STREAM).to_pylist()
@@ -81,4 +112,17 @@ def unpack(packed: pa.Table) -> tuple[dict[str, pa.Table], pa.Table]:
             elif table.num_rows:
                 tables.setdefault(stream, []).append(table)
     dead_table = pa.concat_tables(dead) if dead else dead_letter_arrow_schema().empty_table()
-    return {name: pa.concat_tables(parts) for name, parts in tables.items()}, dead_table
+    out: dict[str, pa.Table] = {}
+    for stream in spec.streams:
+        parts = tables.pop(stream.name, None)
+        if parts is None:
+            continue
+        table = pa.concat_tables(parts)
+        expected = stream_arrow_schema(stream)
+        if not table.schema.equals(expected):
+            raise ValueError(f"stream {stream.name!r}: decoded columns {table.schema} do not "
+                             f"match the declared {expected}")
+        out[stream.name] = table
+    if tables:
+        raise ValueError(f"packed rows of streams not in this run: {sorted(tables)}")
+    return out, dead_table

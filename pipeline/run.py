@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from pipeline.decode import DeadLetters
 from pipeline.fetch import decode_refs, open_run_store
 from pipeline.mapped import project_sql, sql_expressions
-from pipeline.packed import needs_rows, unpack
+from pipeline.packed import needs_rows, packed_partitions, unpack
 from pipeline.schema import dead_letter_arrow_schema
 from pipeline.source import DEAD, ENVELOPE, FORMAT, STREAM, struct_column
 from pipeline.spec import RunSpec
@@ -79,19 +79,23 @@ def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
 
 def run_spark(spark: SparkSession, spec: RunSpec, *, packed: bool | None = None) -> RunOutput:
     """The run through Spark: packed (:mod:`pipeline.packed`) unless a stream has ``sql``
-    columns, which need rows; ``packed`` forces one path (tests compare both)."""
-    if not spec.batches:
-        return RunOutput()
-    if packed is None:
-        packed = not needs_rows(spec)
-    if not packed:
-        return split_wide(read_frame(spark, spec).toArrow(), spec)
-    if needs_rows(spec):
+    columns, which need rows; ``packed`` forces one path (tests compare both).
+
+    Raises:
+        ValueError: ``packed=True`` for a run with ``sql`` columns (they would stay null).
+    """
+    rows_needed = needs_rows(spec)
+    if packed and rows_needed:
         raise ValueError("a stream of this run has sql columns: only the row path "
                          "computes them")
+    if not spec.batches:
+        return RunOutput()
+    if packed is False or rows_needed:
+        return split_wide(read_frame(spark, spec).toArrow(), spec)
+    spec = msgspec.structs.replace(spec, partitions=packed_partitions(spec))
     frame = spark.read.format(FORMAT).option("spec", spec.encode()).option(
         "packed", "true").load()
-    tables, dead = unpack(frame.toArrow())
+    tables, dead = unpack(frame.toArrow(), spec)
     return RunOutput(tables, dead)
 
 
@@ -115,7 +119,8 @@ def run_local(spec: RunSpec) -> RunOutput:
                 dead_parts.append(decoded.dead.to_arrow())
     finally:
         store.close()
-    out = RunOutput({s: pa.concat_tables(t) for s, t in parts.items()})
+    out = RunOutput({s.name: pa.concat_tables(parts[s.name]) for s in spec.streams
+                     if s.name in parts})  # the spec's stream order, as run_spark
     if dead_parts:
         out.dead = pa.concat_tables(dead_parts)
     return out
@@ -130,21 +135,22 @@ class SparkEngine:
     name = "spark"
 
     def __init__(self, spark: SparkSession, partitions: int = 4, *,
-                 packed: bool | None = None) -> None:
+                 rows: bool = False) -> None:
         self.spark = spark
         self.partitions = partitions
-        self.packed = packed  # None: packed unless a stream has sql columns
+        self.rows = rows  # always the row path (benchmarks); else packed where possible
 
     def run(self, spec: RunSpec) -> RunOutput:
-        return run_spark(self.spark, spec, packed=self.packed)
+        return run_spark(self.spark, spec, packed=False if self.rows else None)
 
     def warm_up(self, spec: RunSpec) -> None:
         """Plan and run the data source once on no files, so the first real run does not
         pay for starting the Python workers (~5 s)."""
         empty = msgspec.structs.replace(spec, batches=())
         read_frame(self.spark, empty).count()
-        self.spark.read.format(FORMAT).option("spec", empty.encode()).option(
-            "packed", "true").load().count()
+        if not needs_rows(spec):
+            self.spark.read.format(FORMAT).option("spec", empty.encode()).option(
+                "packed", "true").load().count()
 
 
 class LocalEngine:

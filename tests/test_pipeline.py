@@ -178,16 +178,92 @@ def test_packed_values_round_trip_in_slices_with_dead_letters(monkeypatch):
     in order, dead letters separately, and a file with nothing to pack yields nothing."""
     from pipeline import packed
     from pipeline.decode import BatchRef, Decoded
+    from pipeline.spec import StreamSpec
 
     monkeypatch.setattr(packed, "MAX_PART_ROWS", 3)
-    table = pa.table({"n": list(range(10)), "_event_id": [f"e{i}" for i in range(10)]})
+    streams = (StreamSpec("buys", (("n", "long"),)), StreamSpec("clicks", (("n", "long"),)))
+    table = pa.Table.from_pydict({
+        "n": list(range(10)), "_event_id": [f"e{i}" for i in range(10)],
+        "_received_at": [i * 1000 for i in range(10)], "_sequence": [7] * 10},
+        schema=packed.stream_arrow_schema(streams[0]))
     first = Decoded(tables={"clicks": table})
     first.dead.add(BatchRef(4, "batches/k", 10, 0), reason="unknown_stream", message="m")
     second = Decoded(tables={"buys": table.slice(0, 2), "clicks": table.slice(0, 0)})
     batches = list(packed.pack([first, second, Decoded()]))
     assert [b.num_rows for b in batches] == [5, 1]  # 4 slices + dead letters; empty skipped
-    tables, dead = packed.unpack(pa.Table.from_batches(batches))
+    spec = RunSpec("file:///x", None, None, streams, ())
+    tables, dead = packed.unpack(pa.Table.from_batches(batches), spec)
+    assert list(tables) == ["buys", "clicks"]  # the spec's order, not first appearance
     assert tables["clicks"].to_pylist() == table.to_pylist()
     assert tables["buys"].to_pylist() == table.slice(0, 2).to_pylist()
     assert dead.schema.equals(dead_letter_arrow_schema())
     assert dead.column("reason").to_pylist() == ["unknown_stream"]
+
+
+def test_packed_and_row_paths_agree_row_for_row(spark, config, monkeypatch):
+    """Same tables in the spec's stream order, same rows in the same order, same dead
+    letters: the collector's dedup keeps the first of repeated ids, so order matters. The
+    run takes the packed path by itself (no sql columns)."""
+    import pipeline.run as run_module
+
+    unpacked: list[int] = []
+    unpack = run_module.unpack
+
+    def counting_unpack(*args, **kwargs):  # a spy: records the call, changes nothing
+        unpacked.append(1)
+        return unpack(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "unpack", counting_unpack)
+    publish_sync(config, [[buy(i) for i in range(5)] + [click(i) for i in range(50)],
+                          [click(i) for i in range(50, 90)] + [click(5)],  # a repeated id
+                          [buy(i) for i in range(5, 9)]])
+    write_raw_batch(config, b"this is not a batch file at all")
+    publish_sync(config, [[click(i) for i in range(90, 120)]])
+    spec = run_spec(config, entries_of(config), partitions=2)
+    auto = run_spark(spark, spec)
+    assert unpacked == [1]
+    rows = run_spark(spark, spec, packed=False)
+    assert unpacked == [1]
+    local = run_local(spec)
+    assert list(auto.tables) == list(rows.tables) == list(local.tables) == ["clicks", "buys"]
+    for name in ("clicks", "buys"):
+        assert auto.tables[name].schema.equals(rows.tables[name].schema)
+        assert auto.tables[name].to_pylist() == rows.tables[name].to_pylist()
+    assert auto.tables["clicks"].num_rows == 121
+    assert auto.dead.to_pylist() == rows.dead.to_pylist()
+    [dead] = auto.dead.to_pylist()
+    assert dead["reason"].startswith("corrupt_batch:")
+
+
+def test_a_run_of_files_without_records_yields_nothing_on_either_path(spark, config):
+    write_raw_batch(config, BatchBuilder().finish(Compression.ZSTD), count=0)
+    spec = run_spec(config, entries_of(config))
+    for packed in (True, False):
+        out = run_spark(spark, spec, packed=packed)
+        assert out.tables == {}
+        assert out.dead.num_rows == 0
+        assert out.dead.schema.equals(dead_letter_arrow_schema())
+
+
+def test_large_runs_are_spread_so_no_packed_partition_nears_2_gib():
+    from pipeline.packed import PARTITION_BYTES, packed_partitions
+
+    small = RunSpec("file:///x", None, None, (), ((0, "a", 1000, 0),), partitions=4)
+    assert packed_partitions(small) == 4
+    big = RunSpec("file:///x", None, None, (), tuple(
+        (i, f"b{i}", PARTITION_BYTES // 2 + 1, 0) for i in range(20)), partitions=4)
+    assert packed_partitions(big) == 11
+    assert max(sum(r.size for r in g) for g in group_refs(
+        big.refs(), packed_partitions(big))) <= 2 * PARTITION_BYTES
+
+
+def test_a_packed_table_with_undeclared_types_is_refused_not_cast():
+    from pipeline.packed import PACKED_ARROW_SCHEMA, _ipc, unpack
+    from pipeline.spec import stream_specs
+
+    spec = RunSpec("file:///x", None, None, stream_specs([CLICKS]), ())
+    wrong = pa.table({"user_id": ["u"], "n": ["not a long"]})
+    packed = pa.table({"_stream": ["clicks"], "_part": [_ipc(wrong)]},
+                      schema=PACKED_ARROW_SCHEMA)
+    with pytest.raises(ValueError, match="do not match the declared"):
+        unpack(packed, spec)
