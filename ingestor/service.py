@@ -176,6 +176,11 @@ class IngestService:
         if key is not None and not 0 < len(key.encode()) <= MAX_ID_BYTES - 11:
             raise BadRequest(f"the idempotency key must be 1..{MAX_ID_BYTES - 11} bytes",
                              code="invalid_idempotency_key")
+        if not body_ids and not explicit:  # the common case: every id derived, all valid
+            if key is not None:  # 11 bytes of room above hold ":" and any index
+                return [key] if count == 1 else [f"{key}:{i}" for i in range(count)]
+            generated = str(ULID())
+            return [f"{generated}-{i}" for i in range(count)]
         generated = str(ULID())
         ids: list[str] = []
         for index in range(count):
