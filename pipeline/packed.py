@@ -30,11 +30,11 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from pipeline.decode import Decoded
-from pipeline.schema import ARROW_TYPES, META_FIELDS, dead_letter_arrow_schema
-from pipeline.spec import RunSpec, StreamSpec
+from pipeline.schema import columns_arrow_schema, dead_letter_arrow_schema
+from pipeline.source import STREAM
+from pipeline.spec import RunSpec
 
 PART = "_part"
-STREAM = "_stream"
 MAX_PART_ROWS = 65_536
 """Rows per packed value: keeps each binary value a few MB even for a 100k-event file."""
 
@@ -49,13 +49,6 @@ def packed_partitions(spec: RunSpec) -> int:
     """The spec's partition count, raised so no partition reads over ``PARTITION_BYTES``."""
     total = sum(size for _, _, size, _ in spec.batches)
     return max(spec.partitions, -(-total // PARTITION_BYTES))
-
-
-def stream_arrow_schema(stream: StreamSpec) -> pa.Schema:
-    """A decoded table of ``stream``: its columns, then ``_event_id``, ``_received_at``,
-    ``_sequence`` (what the row path's wide schema holds for it)."""
-    fields = [pa.field(name, ARROW_TYPES[kind]) for name, kind in stream.columns]
-    return pa.schema(fields + [pa.field(name, arrow) for name, arrow, _ in META_FIELDS])
 
 
 def needs_rows(spec: RunSpec) -> bool:
@@ -100,17 +93,13 @@ def unpack(packed: pa.Table, spec: RunSpec) -> tuple[dict[str, pa.Table], pa.Tab
     """
     tables: dict[str, list[pa.Table]] = {}
     dead: list[pa.Table] = []
-    streams = packed.column(STREAM).to_pylist()
-    index = 0
-    for chunk in packed.column(PART).chunks:
-        for value in chunk:
-            table = pa.ipc.open_stream(value.as_buffer()).read_all()
-            stream = streams[index]
-            index += 1
-            if stream is None:
-                dead.append(table)
-            elif table.num_rows:
-                tables.setdefault(stream, []).append(table)
+    values = (value for chunk in packed.column(PART).chunks for value in chunk)  # zero-copy
+    for stream, value in zip(packed.column(STREAM).to_pylist(), values, strict=True):
+        table = pa.ipc.open_stream(value.as_buffer()).read_all()
+        if stream is None:
+            dead.append(table)
+        elif table.num_rows:
+            tables.setdefault(stream, []).append(table)
     dead_table = pa.concat_tables(dead) if dead else dead_letter_arrow_schema().empty_table()
     out: dict[str, pa.Table] = {}
     for stream in spec.streams:
@@ -118,7 +107,7 @@ def unpack(packed: pa.Table, spec: RunSpec) -> tuple[dict[str, pa.Table], pa.Tab
         if parts is None:
             continue
         table = pa.concat_tables(parts)
-        expected = stream_arrow_schema(stream)
+        expected = columns_arrow_schema(stream.columns)
         if not table.schema.equals(expected):
             raise ValueError(f"stream {stream.name!r}: decoded columns {table.schema} do not "
                              f"match the declared {expected}")

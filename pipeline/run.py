@@ -56,6 +56,12 @@ def read_frame(spark: SparkSession, spec: RunSpec) -> DataFrame:
     return project_sql(frame, expressions)
 
 
+def packed_frame(spark: SparkSession, spec: RunSpec) -> DataFrame:
+    """The run as packed rows (``_stream``, ``_part``; see :mod:`pipeline.packed`)."""
+    return spark.read.format(FORMAT).option("spec", spec.encode()).option(
+        "packed", "true").load()
+
+
 def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
     """Split the wide Arrow result into per-stream tables and dead letters."""
     out = RunOutput()
@@ -93,9 +99,7 @@ def run_spark(spark: SparkSession, spec: RunSpec, *, packed: bool | None = None)
     if packed is False or rows_needed:
         return split_wide(read_frame(spark, spec).toArrow(), spec)
     spec = msgspec.structs.replace(spec, partitions=packed_partitions(spec))
-    frame = spark.read.format(FORMAT).option("spec", spec.encode()).option(
-        "packed", "true").load()
-    tables, dead = unpack(frame.toArrow(), spec)
+    tables, dead = unpack(packed_frame(spark, spec).toArrow(), spec)
     return RunOutput(tables, dead)
 
 
@@ -149,8 +153,7 @@ class SparkEngine:
         empty = msgspec.structs.replace(spec, batches=())
         read_frame(self.spark, empty).count()
         if not needs_rows(spec):
-            self.spark.read.format(FORMAT).option("spec", empty.encode()).option(
-                "packed", "true").load().count()
+            packed_frame(self.spark, empty).count()
 
 
 class LocalEngine:

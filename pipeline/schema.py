@@ -10,6 +10,8 @@ ingestor, and optional columns keep later schema evolution (adding columns) alwa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
@@ -69,7 +71,12 @@ def payload_schema(stream: StreamConfig) -> pa.Schema:
 
 def table_arrow_schema(stream: StreamConfig) -> pa.Schema:
     """Declared columns + ``_event_id``, ``_received_at``, ``_sequence``: one table row."""
-    fields = [pa.field(c.name, ARROW_TYPES[c.type]) for c in stream.columns]
+    return columns_arrow_schema((c.name, c.type) for c in stream.columns)
+
+
+def columns_arrow_schema(columns: Iterable[tuple[str, str]]) -> pa.Schema:
+    """:func:`table_arrow_schema` from ``(name, icefloe type)`` pairs (a ``StreamSpec``'s)."""
+    fields = [pa.field(name, ARROW_TYPES[kind]) for name, kind in columns]
     fields += [pa.field(name, arrow) for name, arrow, _ in META_FIELDS]
     return pa.schema(fields)
 

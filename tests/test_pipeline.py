@@ -16,7 +16,7 @@ from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.publish import build_batch
 from icefloe.store import local_path, open_async_store
 from pipeline.run import run_local, run_spark
-from pipeline.schema import dead_letter_arrow_schema, table_arrow_schema
+from pipeline.schema import columns_arrow_schema, dead_letter_arrow_schema, table_arrow_schema
 from pipeline.spec import RunSpec, group_refs, run_spec
 
 
@@ -185,7 +185,7 @@ def test_packed_values_round_trip_in_slices_with_dead_letters(monkeypatch):
     table = pa.Table.from_pydict({
         "n": list(range(10)), "_event_id": [f"e{i}" for i in range(10)],
         "_received_at": [i * 1000 for i in range(10)], "_sequence": [7] * 10},
-        schema=packed.stream_arrow_schema(streams[0]))
+        schema=columns_arrow_schema(streams[0].columns))
     first = Decoded(tables={"clicks": table})
     first.dead.add(BatchRef(4, "batches/k", 10, 0), reason="unknown_stream", message="m")
     second = Decoded(tables={"buys": table.slice(0, 2), "clicks": table.slice(0, 0)})
