@@ -185,6 +185,10 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     body_timeout_s: float = 20.0
     body_min_bytes_per_s: int = 1024
     grpc_max_streams_per_connection: int = 100
+    http_fast_lane: bool = True
+    """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
+    a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends
+    every request through the ASGI app (for comparison or as a fallback)."""
 
 
 OUTPUT_PATHS = ("embedded", "cluster")

@@ -84,6 +84,9 @@ MEANING: dict[str, str] = {
     "ingestor.body_min_bytes_per_s": "slowest body upload rate tolerated (408 below it)",
     "ingestor.grpc_max_streams_per_connection": "concurrent gRPC calls per connection "
                                                 "(HTTP/2 `max_concurrent_streams`)",
+    "ingestor.http_fast_lane": "answer plain ingest POSTs (HTTP/1.1 keep-alive, "
+                               "Content-Length, uncompressed) from a callback instead of "
+                               "an ASGI task: same answers, less CPU (off: all via ASGI)",
     "collector.host": "bind address of the collector's /metrics, /healthz, /readyz",
     "collector.metrics_port": "collector metrics and probes port (`--metrics-port`; 0 = any)",
     "collector.commit_interval_s": "a run with entries starts this long after the previous "

@@ -58,6 +58,14 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+class NeedsVerification(Exception):
+    """A token this process has not verified yet: only the awaiting path can decide."""
+
+    def __init__(self, key: tuple[str, bytes]) -> None:
+        super().__init__("token not verified yet")
+        self.key = key
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Credential:
     """One configured token hash: who it is (``name``, safe to log) and where it may write
@@ -125,6 +133,23 @@ class TokenAuthority:
             PermissionDenied: the token is not valid for this stream.
             Overloaded: too many first-time tokens are being verified (``auth_busy``).
         """
+        try:
+            return self.authorize_known(stream, token)
+        except NeedsVerification as first_time:
+            credential = await self._verify(token or "", first_time.key,
+                                            self._candidates[stream], client)
+        if not credential.allows(stream):
+            raise _denied(stream)
+        return credential
+
+    def authorize_known(self, stream: str, token: str | None) -> Credential | None:
+        """:meth:`authorize` without awaiting, for callers that cannot wait (the HTTP fast
+        lane): decides when the stream is open or the token's outcome is cached.
+
+        Raises:
+            NeedsVerification: a first-time token; :meth:`authorize` verifies it.
+            Unauthenticated, PermissionDenied: as :meth:`authorize`.
+        """
         candidates = self._candidates.get(stream)
         if not candidates:
             return None
@@ -137,7 +162,7 @@ class TokenAuthority:
         if credential is None:
             if key in self._refused:
                 raise _denied(stream)
-            credential = await self._verify(token, key, candidates, client)
+            raise NeedsVerification(key)
         if not credential.allows(stream):
             raise _denied(stream)
         return credential

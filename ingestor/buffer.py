@@ -100,6 +100,16 @@ class Batcher:
                      registry_version: int = 0) -> None:
         """Buffer one request's framed records; return once they are durable.
 
+        A client that hangs up cancels only its own wait: the flush is its own task, and
+        it skips waiters that are already done. See :meth:`enqueue` for the rest.
+        """
+        await self.enqueue(framed, count, stream, registry_version)
+
+    def enqueue(self, framed: bytes, count: int, stream: str,
+                registry_version: int = 0) -> asyncio.Future[None]:
+        """Buffer one request's framed records; the future resolves once they are durable
+        (or fails with the :class:`Unavailable` that says why they are not).
+
         ``registry_version`` is the stream-registry version the events were accepted under;
         a batch holds one version only (a change seals the open batch), because the manifest
         entry records it and the collector routes the whole entry by it.
@@ -146,9 +156,7 @@ class Batcher:
                 or batch.builder.record_count >= self.settings.max_batch_events):
             self._seal()
         self._wake.set()
-        # A client that hangs up cancels only this future: the flush is its own task, and
-        # it skips waiters that are already done.
-        await future
+        return future
 
     # -- flush scheduling ------------------------------------------------------------------
 

@@ -61,6 +61,7 @@ from ingestor.errors import (
 )
 from ingestor.inflate import ENCODINGS, Inflater, body_too_large
 from ingestor.runtime import IngestorRuntime
+from ingestor.service import Caller
 from ingestor.slow_clients import BodyRead, SlowClientGuard
 
 __all__ = ["HttpApp", "error_body"]
@@ -156,12 +157,12 @@ class _ClientGone(Exception):
     """The client hung up before its body arrived: nothing to answer."""
 
 
-def _header_lookup(scope: Scope) -> Callable[[str], str | None]:
+def _header_lookup(headers: Headers) -> Callable[[str], str | None]:
     """Look a request header up by lower-case name (repeated headers joined by commas);
     only a stream with header mappings pays for it."""
     def lookup(name: str) -> str | None:
         wanted = name.encode()
-        values = [v.decode("latin-1") for k, v in scope["headers"] if k == wanted]
+        values = [v.decode("latin-1") for k, v in headers if k == wanted]
         return ",".join(values) if values else None
     return lookup
 
@@ -274,7 +275,7 @@ class HttpApp:
         self._gets: dict[str, Callable[[Send], Awaitable[None]]] = {
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
         self._counters: dict[tuple[str, int], Any] = {}
-        self._ack_seconds = self.metrics.ack_seconds.labels("http")
+        self.ack_seconds = self.metrics.ack_seconds.labels("http")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -310,7 +311,7 @@ class HttpApp:
         else:
             request = _Request(scope["headers"])
             await self._wrong_method(send, method, path, _ALLOW_INGEST,
-                                     self._cors(request.origin))
+                                     self.cors(request.origin))
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -318,7 +319,7 @@ class HttpApp:
         """Answer 202 once durable; refusals are counted per stream and reason."""
         started = time.perf_counter()
         request = _Request(scope["headers"])
-        cors = self._cors(request.origin)
+        cors = self.cors(request.origin)
         try:
             accepted = await self._accept(scope, request, receive, target)
         except IngestError as err:
@@ -326,7 +327,7 @@ class HttpApp:
             await self._error(send, err, cors, request.stream)
             return
         except _ClientGone:
-            self._count(request.stream, CLIENT_GONE_STATUS)
+            self.count(request.stream, CLIENT_GONE_STATUS)
             return
         except Exception:
             log.exception("unexpected error in POST %s", scope["path"])
@@ -334,36 +335,60 @@ class HttpApp:
             self.service.reject(request.stream, err, request.count)
             await self._error(send, err, cors, request.stream)
             return
-        self._ack_seconds.observe(time.perf_counter() - started)
+        self.ack_seconds.observe(time.perf_counter() - started)
         await self._respond(send, 202, b'{"accepted":%d}' % accepted, [_JSON, *cors],
                             request.stream)
 
     async def _accept(self, scope: Scope, request: _Request, receive: Receive,
                       target: Target) -> int:
         """Check everything that needs no body, read it within limits, validate, ingest."""
+        stream = self.stream_of(target, request)
+        caller = await self.service.authorize(stream, request.token(),
+                                              self.client_address(scope.get("client"), request))
+        decode, inflater, key = self.pre_body_checks(target[0], request)
+        body = await self._read_body(receive, inflater)
+        canonical, meta = self.decoded(stream, decode, body, caller, scope["headers"])
+        request.count = len(canonical.payloads)
+        return await self.service.ingest(stream, canonical, idempotency_key=key,
+                                         caller=caller, meta=meta)
+
+    # -- the steps of an ingest, shared with the fast lane (ingestor.http_fast) -------------
+
+    def stream_of(self, target: Target, request: _Request) -> CompiledStream:
+        """The stream a route names (404 if none); remembered on ``request`` for metrics."""
         kind, first, second = target
-        service = self.service
-        stream = service.stream(first) if kind == EVENTS else \
-            service.stream_for_table(first, second)
+        stream = self.service.stream(first) if kind == EVENTS else \
+            self.service.stream_for_table(first, second)
         request.stream = stream.name
-        caller = await service.authorize(stream, request.token(), self._client(scope, request))
+        return stream
+
+    def pre_body_checks(self, kind: str, request: _Request
+                        ) -> tuple[Decode, Inflater | None, str | None]:
+        """After the token, everything that needs no body: content type and encoding
+        (415), idempotency key (400), declared length (413). Returns the body decoder, the
+        inflater (None: not compressed) and the idempotency key."""
         decode = self._decoder(kind, request.content_type)
         inflater = self._inflater(request.content_encoding)
         key = request.key()
-        body = await self._read_body(receive, request.declared_length(), inflater)
-        try:
-            meta = stream.request_meta(caller.client, _header_lookup(scope)) \
-                if stream.wants_meta else b""
-            canonical = decode(stream, body)
-        except InvalidEvents as exc:
-            raise service.bad_request(exc) from None
-        request.count = len(canonical.payloads)
-        return await service.ingest(stream, canonical, idempotency_key=key, caller=caller,
-                                    meta=meta)
+        declared, limit = request.declared_length(), self.max_body_bytes
+        if declared is not None and declared > limit:
+            raise PayloadTooLarge(f"Content-Length {declared} exceeds the {limit}-byte limit "
+                                  "(ingestor.max_body_bytes); split it into smaller requests")
+        return decode, inflater, key
 
-    def _client(self, scope: Scope, request: _Request) -> str | None:
+    def decoded(self, stream: CompiledStream, decode: Decode, body: bytes, caller: Caller,
+                headers: Headers) -> tuple[Canonical, bytes]:
+        """The body's events in canonical form and the request's envelope metadata (400
+        with per-event details when they do not validate)."""
+        try:
+            meta = stream.request_meta(caller.client, _header_lookup(headers)) \
+                if stream.wants_meta else b""
+            return decode(stream, body), meta
+        except InvalidEvents as exc:
+            raise self.service.bad_request(exc) from None
+
+    def client_address(self, peer: tuple[str, int] | None, request: _Request) -> str | None:
         """The client address: the peer, or the forwarded one when the peer is trusted."""
-        peer = scope.get("client")
         if not peer:
             return None
         if not self.proxies:
@@ -392,19 +417,14 @@ class HttpApp:
         inflater = ENCODINGS[name]
         return None if inflater is None else inflater(self.max_body_bytes)
 
-    async def _read_body(self, receive: Receive, declared: int | None,
-                         inflater: Inflater | None) -> bytes:
+    async def _read_body(self, receive: Receive, inflater: Inflater | None) -> bytes:
         """Read ``http.request`` messages, refusing as soon as a limit is passed.
 
-        A declared Content-Length over the limit is refused before anything is read; a
-        chunked upload is refused at the first message that takes the total over it. The
-        limit applies to the bytes received and, when compressed, to the decompressed bytes.
-        A body slower than the slow-loris rules allow is refused with 408.
+        A chunked upload is refused at the first message that takes the total over the
+        limit (a declared Content-Length over it was refused before: :meth:`pre_body_checks`).
+        The limit applies to the bytes received and, when compressed, to the decompressed
+        bytes. A body slower than the slow-loris rules allow is refused with 408.
         """
-        limit = self.max_body_bytes
-        if declared is not None and declared > limit:
-            raise PayloadTooLarge(f"Content-Length {declared} exceeds the {limit}-byte limit "
-                                  "(ingestor.max_body_bytes); split it into smaller requests")
         read = self.guard.begin_body()
         try:
             return await self._receive_body(receive, inflater, read)
@@ -414,13 +434,17 @@ class HttpApp:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            raise RequestTimeout(
-                f"the body arrived too slowly ({read.received} bytes after "
-                f"{self.guard.body_timeout_s:g} s plus 1 s per "
-                f"{self.guard.body_min_bytes_per_s} bytes; ingestor.body_timeout_s, "
-                "ingestor.body_min_bytes_per_s)") from None
+            raise self.too_slow(read) from None
         finally:
             self.guard.end_body(read)
+
+    def too_slow(self, read: BodyRead) -> RequestTimeout:
+        """The 408 of a body that arrived slower than the slow-loris rules allow."""
+        return RequestTimeout(
+            f"the body arrived too slowly ({read.received} bytes after "
+            f"{self.guard.body_timeout_s:g} s plus 1 s per "
+            f"{self.guard.body_min_bytes_per_s} bytes; ingestor.body_timeout_s, "
+            "ingestor.body_min_bytes_per_s)")
 
     async def _receive_body(self, receive: Receive, inflater: Inflater | None,
                             read: BodyRead) -> bytes:
@@ -465,7 +489,7 @@ class HttpApp:
             return [(b"access-control-allow-origin", origin), _VARY, _EXPOSE]
         return None
 
-    def _cors(self, origin: bytes | None) -> Headers:
+    def cors(self, origin: bytes | None) -> Headers:
         """CORS headers of an ingest response: the grant, else only ``Vary: Origin`` when
         the answer depends on the origin (listed origins), else nothing."""
         granted = self._grant(origin)
@@ -517,22 +541,27 @@ class HttpApp:
         await self._error(send, err, [(b"allow", allow), *extra], "-")
 
     async def _error(self, send: Send, err: IngestError, extra: Headers, stream: str) -> None:
+        await self._respond(send, *self.error_parts(err, extra), stream)
+
+    def error_parts(self, err: IngestError, extra: Headers) -> tuple[int, bytes, Headers]:
+        """Status, JSON body and headers of a refusal (``Retry-After`` on 429/503; a 408
+        closes the connection, as the rest of a slow body is never read)."""
         headers = [_JSON, *extra]
         if err.http_status == RequestTimeout.http_status:
-            headers.append(_CLOSE)  # the rest of a slow body is never read
+            headers.append(_CLOSE)
         if err.http_status in (429, 503):
             delay = err.retry_after_s if err.retry_after_s is not None else self.retry_after_s
             headers.append((b"retry-after", str(max(1, math.ceil(delay))).encode()))
-        await self._respond(send, err.http_status, error_body(err), headers, stream)
+        return err.http_status, error_body(err), headers
 
     async def _respond(self, send: Send, status: int, body: bytes, headers: Headers,
                        stream: str) -> None:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        self._count(stream, status)
+        self.count(stream, status)
 
-    def _count(self, stream: str, status: int) -> None:
+    def count(self, stream: str, status: int) -> None:
         """``requests{transport="http"}``, with label children cached (labels() locks)."""
         child = self._counters.get((stream, status))
         if child is None:

@@ -26,6 +26,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from icefloe.config import IngestorSection
+from ingestor.http_app import HttpApp
+from ingestor.http_fast import FastIngest, FastLane
 from ingestor.slow_clients import SlowClientGuard
 from ingestor.tls import CertificateReloader
 
@@ -81,9 +83,12 @@ class ResponseCork:
         return getattr(self._transport, name)
 
 
-def guarded_protocol(guard: SlowClientGuard) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol, with header deadlines enforced by ``guard`` and each
-    response written in one syscall (:class:`ResponseCork`)."""
+def guarded_protocol(guard: SlowClientGuard,
+                     lane: FastLane | None = None) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, with header deadlines enforced by ``guard``, each
+    response written in one syscall (:class:`ResponseCork`), and — given ``lane`` — plain
+    ingest POSTs answered by the fast lane (:mod:`ingestor.http_fast`) instead of an ASGI
+    task."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -92,24 +97,66 @@ def guarded_protocol(guard: SlowClientGuard) -> type[HttpToolsProtocol]:
             guard.expect_headers(self, self.loop.time())
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            # uvicorn's also builds the ASGI scope, which the fast lane never needs: that
+            # is left to _asgi_scope, for requests that take the ASGI path
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
             guard.expect_headers(self, self.loop.time())
+
+        def _asgi_scope(self) -> None:
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            super().on_message_begin()  # the scope, as uvicorn builds it
+            self.url, self.expect_100_continue = url, expect
+            self.headers = self.scope["headers"] = headers
 
         def on_headers_complete(self) -> None:
             guard.headers_done(self)
+            cycle = self.cycle
+            if lane is not None and (cycle is None or cycle.response_complete) \
+                    and lane.begin(self, self.server_state.default_headers) is not None:
+                return  # the lane set self.cycle to its FastIngest
+            self._asgi_scope()
             super().on_headers_complete()
             self.cycle.transport = self.cork  # type: ignore[assignment]
 
+        def on_body(self, body: bytes) -> None:
+            cycle = self.cycle
+            if type(cycle) is FastIngest:
+                cycle.body(body)
+            else:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            cycle = self.cycle
+            if type(cycle) is FastIngest:
+                cycle.complete()
+            else:
+                super().on_message_complete()
+
         def on_response_complete(self) -> None:
-            cycle, pipelined = self.cycle, bool(self.pipeline)
-            super().on_response_complete()
-            if cycle is not None and cycle.more_body and not pipelined \
-                    and not self.transport.is_closing():
+            if self.pipeline or self.transport.is_closing():
+                super().on_response_complete()  # starts the next pipelined request
+                return
+            # as uvicorn's, but idle connections are the guard's: no timer per request
+            self.server_state.total_requests += 1
+            self.flow.resume_reading()
+            cycle = self.cycle
+            if cycle is not None and cycle.more_body:
                 guard.expect_headers(self, self.loop.time())  # its body is still coming
+            else:
+                guard.expect_idle(self, self.loop.time())
 
         def connection_lost(self, exc: Exception | None) -> None:
-            guard.headers_done(self)
+            guard.forget(self)
+            cycle = self.cycle
+            if type(cycle) is FastIngest and not cycle.response_complete:
+                cycle.lost()
             super().connection_lost(exc)
+
+        def idle_timeout(self) -> None:
+            """Idle for ``keep_alive_s``: close, as uvicorn's keep-alive timer would."""
+            self.timeout_keep_alive_handler()
 
         def header_timeout(self) -> None:
             """Too slow: say so (408) and close, like nginx's ``client_header_timeout``."""
@@ -121,15 +168,17 @@ def guarded_protocol(guard: SlowClientGuard) -> type[HttpToolsProtocol]:
 
 
 def slow_client_guard(ing: IngestorSection) -> SlowClientGuard:
-    return SlowClientGuard(ing.header_timeout_s, ing.body_timeout_s, ing.body_min_bytes_per_s)
+    return SlowClientGuard(ing.header_timeout_s, ing.body_timeout_s, ing.body_min_bytes_per_s,
+                           keep_alive_s=ing.keep_alive_s)
 
 
 def http_config(app: Any, ing: IngestorSection, guard: SlowClientGuard,
                 tls: CertificateReloader | None = None, *,
                 loop: str = "none") -> uvicorn.Config:
     """uvicorn settings of the HTTP front; serve with ``Server.serve(sockets=[...])``."""
+    lane = FastLane(app) if isinstance(app, HttpApp) and ing.http_fast_lane else None
     config = uvicorn.Config(
-        app, loop=loop, http=guarded_protocol(guard), lifespan="off", access_log=False,
+        app, loop=loop, http=guarded_protocol(guard, lane), lifespan="off", access_log=False,
         log_level="warning", log_config=None,  # uvicorn's lines go through our redacting handler
         timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
         timeout_keep_alive=ing.keep_alive_s,  # type: ignore[arg-type]

@@ -14,15 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ulid import ULID
-
 from icefloe.config import Config
 from icefloe.envelope import MAX_ID_BYTES, frame_events
 from icefloe.errors import NotFound, StoreError
 from icefloe.registry.model import Registry
 from icefloe.schema import Canonical, CompiledStream, InvalidEvents
 from icefloe.store.base import AsyncObjectStore
-from ingestor.auth import TokenAuthority
+from ingestor.auth import Credential, TokenAuthority
 from ingestor.buffer import Batcher
 from ingestor.client_address import TrustedProxies
 from ingestor.errors import (
@@ -33,6 +31,7 @@ from ingestor.errors import (
 )
 from ingestor.metrics import IngestMetrics
 from ingestor.ratelimit import RateLimiter
+from ingestor.ulids import UlidSource
 
 READY_CACHE_S = 1.0
 log = logging.getLogger("icefloe.ingestor")
@@ -62,6 +61,7 @@ class IngestService:
         self.proxies = TrustedProxies(config.ingestor.trusted_proxies,
                                       config.ingestor.forwarded_header)
         self.registry_version = 0
+        self._ulids = UlidSource()
         self._use(config, 0, {s.table: s.name for s in config.streams})
 
     def _use(self, config: Config, version: int, tables: dict[str, str]) -> None:
@@ -111,13 +111,28 @@ class IngestService:
             Unauthenticated, PermissionDenied: missing / wrong token.
             Overloaded: ``rate_limited`` or ``auth_busy``.
         """
-        limits = self.limits
-        if limits.enabled:
-            limits.precheck_client(stream.name, client)
+        if self.limits.enabled:
+            self.limits.precheck_client(stream.name, client)
         credential = await self.auth.authorize(stream.name, token, client)
+        return self._caller(stream, credential, client)
+
+    def authorize_known(self, stream: CompiledStream, token: str | None,
+                        client: str | None = None) -> Caller:
+        """:meth:`authorize` without awaiting (the HTTP fast lane).
+
+        Raises:
+            NeedsVerification: a first-time token, which only :meth:`authorize` can verify.
+            Unauthenticated, PermissionDenied, Overloaded: as :meth:`authorize`.
+        """
+        if self.limits.enabled:
+            self.limits.precheck_client(stream.name, client)
+        return self._caller(stream, self.auth.authorize_known(stream.name, token), client)
+
+    def _caller(self, stream: CompiledStream, credential: Credential | None,
+                client: str | None) -> Caller:
         caller = Caller(client, None if credential is None else credential.name)
-        if limits.enabled:
-            limits.admit(stream.name, caller.token, client, 1, 1, take=False)
+        if self.limits.enabled:
+            self.limits.admit(stream.name, caller.token, client, 1, 1, take=False)
         return caller
 
     # -- ingest ----------------------------------------------------------------------------
@@ -145,6 +160,19 @@ class IngestService:
         stream's own limit applies either way. ``meta`` (from
         :meth:`CompiledStream.request_meta`) goes into every record's envelope.
         """
+        await self.admit(stream, canonical, event_ids=event_ids,
+                         idempotency_key=idempotency_key, caller=caller, meta=meta)
+        return self.accepted(stream.name, len(canonical.payloads))
+
+    def admit(self, stream: CompiledStream, canonical: Canonical, *,
+              event_ids: Sequence[str] | None = None, idempotency_key: str | None = None,
+              caller: Caller | None = None, meta: bytes = b"") -> asyncio.Future[None]:
+        """:meth:`ingest` up to the wait: check, id, frame and buffer the events; the
+        returned future resolves once they are durable (then call :meth:`accepted`).
+
+        Why separate: a front that answers from a callback (the HTTP fast lane) needs no
+        task per request. Raises every refusal :meth:`ingest` raises before the wait.
+        """
         payloads = canonical.payloads
         for index, payload in enumerate(payloads):
             if len(payload) > self.max_event_bytes:
@@ -153,25 +181,28 @@ class IngestService:
                     "byte limit per event (ingestor.max_event_bytes)", code="event_too_large",
                     details=[{"index": index, "field": None,
                               "reason": f"{len(payload)} bytes > {self.max_event_bytes}"}])
-        ids = self._event_ids(len(payloads), canonical.body_ids, event_ids, idempotency_key)
+        received_at_ms = time.time_ns() // 1_000_000
+        ids = self._event_ids(len(payloads), canonical.body_ids, event_ids, idempotency_key,
+                              received_at_ms)
         if self.limits.enabled:
             self.limits.admit(stream.name, caller.token if caller else None,
                               caller.client if caller else None, len(payloads),
                               sum(map(len, payloads)))
-        received_at_ms = time.time_ns() // 1_000_000
         framed = frame_events(stream.name, received_at_ms, ids, payloads, validate=False,
                               meta=meta)
-        await self.batcher.submit(framed, len(payloads), stream.name, stream.registry_version)
-        accepted = self._accepted.get(stream.name)
-        if accepted is None:  # labels() takes a lock: cache the child per stream
-            accepted = self._accepted[stream.name] = \
-                self.metrics.events_accepted.labels(stream.name)
-        accepted.inc(len(payloads))
-        return len(payloads)
+        return self.batcher.enqueue(framed, len(payloads), stream.name,
+                                    stream.registry_version)
 
-    @staticmethod
-    def _event_ids(count: int, body_ids: Sequence[str | None] | None,
-                   explicit: Sequence[str] | None, key: str | None) -> list[str]:
+    def accepted(self, stream: str, count: int) -> int:
+        """Count ``count`` durable events of ``stream``; returns ``count``."""
+        accepted = self._accepted.get(stream)
+        if accepted is None:  # labels() takes a lock: cache the child per stream
+            accepted = self._accepted[stream] = self.metrics.events_accepted.labels(stream)
+        accepted.inc(count)
+        return count
+
+    def _event_ids(self, count: int, body_ids: Sequence[str | None] | None,
+                   explicit: Sequence[str] | None, key: str | None, now_ms: int) -> list[str]:
         """Body id field > per-event id > idempotency key (+ index) > generated."""
         if key is not None and not 0 < len(key.encode()) <= MAX_ID_BYTES - 11:
             raise BadRequest(f"the idempotency key must be 1..{MAX_ID_BYTES - 11} bytes",
@@ -179,9 +210,9 @@ class IngestService:
         if not body_ids and not explicit:  # the common case: every id derived, all valid
             if key is not None:  # 11 bytes of room above hold ":" and any index
                 return [key] if count == 1 else [f"{key}:{i}" for i in range(count)]
-            generated = str(ULID())
+            generated = self._ulids.next(now_ms)
             return [f"{generated}-{i}" for i in range(count)]
-        generated = str(ULID())
+        generated = self._ulids.next(now_ms)
         ids: list[str] = []
         for index in range(count):
             event_id = body_ids[index] if body_ids else None

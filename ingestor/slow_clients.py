@@ -12,7 +12,9 @@ byte every few seconds holds each one — and its buffers — forever. The rules
   trickle is refused with 408 and its connection closed;
 * a request answered before its body arrived (a refusal): the rest of that body and the
   next request's headers within ``header_timeout_s`` of the answer
-  (:mod:`ingestor.http_server`).
+  (:mod:`ingestor.http_server`);
+* an idle keep-alive connection (answered, nothing new) is closed after ``keep_alive_s``
+  (uvicorn's own keep-alive timer is not used: it is armed and cancelled per request).
 
 Why a sweeper instead of a timer per request: arming and cancelling an event-loop timer
 costs ~4-8 µs, a noticeable share of a ~35 µs request. Here a request only enters and
@@ -25,24 +27,33 @@ Not thread-safe: one instance belongs to the event loop of one HTTP server.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 SWEEP_S = 0.5
 
 
 class HeaderWaiter(Protocol):
-    """A connection waiting for request headers (the guarded uvicorn protocol)."""
+    """A connection waiting for request headers, or idle (the guarded uvicorn protocol)."""
 
     def header_timeout(self) -> None: ...
 
+    def idle_timeout(self) -> None: ...
+
 
 class BodyRead:
-    """One body being read: when it started, how much arrived, whether time ran out."""
+    """One body being read: when it started, how much arrived, whether time ran out.
 
-    __slots__ = ("expired", "received", "started", "task")
+    ``task`` (the ASGI path) is cancelled when time runs out; ``on_expire`` (the fast
+    lane, which has no task per request) is called instead.
+    """
 
-    def __init__(self, task: asyncio.Task[object] | None, started: float) -> None:
+    __slots__ = ("expired", "on_expire", "received", "started", "task")
+
+    def __init__(self, task: asyncio.Task[object] | None, started: float,
+                 on_expire: Callable[[], None] | None = None) -> None:
         self.task = task
+        self.on_expire = on_expire
         self.started = started
         self.received = 0
         self.expired = False
@@ -52,12 +63,15 @@ class SlowClientGuard:
     """Header and body deadlines of one HTTP server's connections (see module docstring)."""
 
     def __init__(self, header_timeout_s: float, body_timeout_s: float,
-                 body_min_bytes_per_s: float, sweep_s: float = SWEEP_S) -> None:
+                 body_min_bytes_per_s: float, sweep_s: float = SWEEP_S,
+                 keep_alive_s: float = 30.0) -> None:
         self.header_timeout_s = header_timeout_s
+        self.keep_alive_s = keep_alive_s
         self.body_timeout_s = body_timeout_s
         self.body_min_bytes_per_s = body_min_bytes_per_s
         self.sweep_s = sweep_s
         self.headers: dict[HeaderWaiter, float] = {}
+        self.idle: dict[HeaderWaiter, float] = {}
         self.bodies: dict[BodyRead, None] = {}
         self.cut_headers = 0
         self.cut_bodies = 0
@@ -70,18 +84,32 @@ class SlowClientGuard:
     # -- registration (hot path: dict operations only) ------------------------------------
 
     def expect_headers(self, connection: HeaderWaiter, now: float) -> None:
-        """``connection`` waits for headers since ``now`` (kept if it already waits)."""
+        """``connection`` waits for headers since ``now`` (kept if it already waits); it
+        is no longer idle."""
         if connection not in self.headers:
             self.headers[connection] = now
+            self.idle.pop(connection, None)
             self._ensure_sweeping()
 
     def headers_done(self, connection: HeaderWaiter) -> None:
         self.headers.pop(connection, None)
 
-    def begin_body(self) -> BodyRead:
-        """Register the current task's body read (see :meth:`end_body`)."""
+    def expect_idle(self, connection: HeaderWaiter, now: float) -> None:
+        """``connection`` was answered at ``now`` and has nothing else to do."""
+        self.idle[connection] = now
+        self._ensure_sweeping()
+
+    def forget(self, connection: HeaderWaiter) -> None:
+        """``connection`` is gone."""
+        self.headers.pop(connection, None)
+        self.idle.pop(connection, None)
+
+    def begin_body(self, on_expire: Callable[[], None] | None = None) -> BodyRead:
+        """Register a body read (see :meth:`end_body`): the current task's, which is
+        cancelled if time runs out, or — given ``on_expire`` — one that is told so."""
         loop = self._loop or self._bind_loop()
-        read = BodyRead(asyncio.current_task(loop), loop.time())
+        read = BodyRead(None if on_expire else asyncio.current_task(loop), loop.time(),
+                        on_expire)
         self.bodies[read] = None
         self._ensure_sweeping()
         return read
@@ -112,13 +140,21 @@ class SlowClientGuard:
             self.headers.pop(connection, None)
             self.cut_headers += 1
             connection.header_timeout()
+        idle = [c for c, since in self.idle.items() if now - since > self.keep_alive_s]
+        for connection in idle:
+            self.idle.pop(connection, None)
+            connection.idle_timeout()
         for read in [r for r in self.bodies if now > self.body_deadline(r)]:
             self.bodies.pop(read, None)
-            if read.task is not None and not read.task.done():
+            if read.on_expire is not None:
+                read.expired = True
+                self.cut_bodies += 1
+                read.on_expire()
+            elif read.task is not None and not read.task.done():
                 read.expired = True
                 self.cut_bodies += 1
                 read.task.cancel()
-        if self.headers or self.bodies:
+        if self.headers or self.bodies or self.idle:
             self._sweeper = loop.call_later(self.sweep_s, self._sweep, loop)
 
     def close(self) -> None:
@@ -128,4 +164,5 @@ class SlowClientGuard:
             self._sweeper = None
         self._loop = None
         self.headers.clear()
+        self.idle.clear()
         self.bodies.clear()

@@ -136,21 +136,33 @@ async def running_on(config: Config, store: Any, *, probe: bool = True
 
 
 
+def production_config(runtime: IngestorRuntime, **changes: Any) -> Any:
+    """The uvicorn config ``icefloe ingestor`` serves with (guarded protocol, fast lane,
+    deadlines), for ``runtime`` at 127.0.0.1 on a free port; ``changes`` override
+    ``[ingestor]`` settings (e.g. ``http_fast_lane=False``)."""
+    from ingestor.http_app import HttpApp
+    from ingestor.http_server import http_config, slow_client_guard
+
+    ing = msgspec.structs.replace(runtime.config.ingestor, **changes)
+    guard = slow_client_guard(ing)
+    config = http_config(HttpApp(runtime, guard), ing, guard)
+    config.host, config.port = "127.0.0.1", 0
+    return config
+
+
 @contextlib.asynccontextmanager
 async def http_serving(runtime: IngestorRuntime) -> AsyncIterator[str]:
-    """``ingestor.http_app.HttpApp`` on uvicorn at 127.0.0.1, any free port; yields its URL."""
+    """``ingestor.http_app.HttpApp`` as ``icefloe ingestor`` serves it, at 127.0.0.1 on a
+    free port; yields its URL."""
     import socket
 
     import uvicorn
-
-    from ingestor.http_app import HttpApp
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     sock.setblocking(False)
-    server = uvicorn.Server(uvicorn.Config(HttpApp(runtime), loop="none", lifespan="off",
-                                           access_log=False, log_level="warning"))
+    server = uvicorn.Server(production_config(runtime))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

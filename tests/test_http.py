@@ -24,6 +24,7 @@ from ingest_support import (
     PAGEVIEWS,
     faulty_local_store,
     make_config,
+    production_config,
     read_manifest,
     running,
     running_on,
@@ -34,7 +35,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.store.faults import FaultRule
 from icefloe.store.retry import RetryPolicy
-from ingestor.http_app import HttpApp
 from ingestor.runtime import IngestorRuntime
 
 ALLTYPES = StreamConfig(
@@ -95,10 +95,10 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serving(runtime: IngestorRuntime) -> AsyncIterator[Served]:
-    """HttpApp on uvicorn in this test's loop, on a free port, with a client for it."""
-    server = _Server(uvicorn.Config(HttpApp(runtime), host="127.0.0.1", port=0,
-                                    loop="asyncio", lifespan="on", log_level="warning"))
+async def serving(runtime: IngestorRuntime, **changes: Any) -> AsyncIterator[Served]:
+    """HttpApp as the ingestor serves it, in this test's loop, on a free port, with a
+    client for it; ``changes`` override ``[ingestor]`` settings."""
+    server = _Server(production_config(runtime, **changes))
     task = asyncio.create_task(server.serve())
     up = asyncio.create_task(server.up.wait())
     await asyncio.wait({task, up}, return_when=asyncio.FIRST_COMPLETED)
@@ -122,10 +122,13 @@ def config_for(tmp_path: Path, **ingestor: Any) -> Config:
     return make_config(tmp_path / "store", STREAMS, **(settings | ingestor))
 
 
-@pytest.fixture
-async def http(tmp_path) -> AsyncIterator[Served]:
-    """A runtime (1 MiB body limit, 64 KiB event limit, one CORS origin) served over HTTP."""
-    async with running(config_for(tmp_path)) as runtime, serving(runtime) as served:
+@pytest.fixture(params=["fast-lane", "asgi-only"])
+async def http(tmp_path, request) -> AsyncIterator[Served]:
+    """A runtime (1 MiB body limit, 64 KiB event limit, one CORS origin) served over HTTP,
+    once with the fast lane (plain POSTs answered from a callback) and once with every
+    request on the ASGI path: both must give the same answers."""
+    async with running(config_for(tmp_path)) as runtime, \
+            serving(runtime, http_fast_lane=request.param == "fast-lane") as served:
         yield served
 
 
@@ -653,14 +656,30 @@ async def test_wrong_methods_are_405_with_allow(http, method, path, allow):
 
 async def test_an_unexpected_error_is_a_logged_500_and_the_server_carries_on(
         http, monkeypatch, caplog):
-    async def broken(*_args: Any, **_kwargs: Any) -> int:
+    def broken(*_args: Any, **_kwargs: Any) -> asyncio.Future[None]:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(http.runtime.service, "ingest", broken)
+    monkeypatch.setattr(http.runtime.service, "admit", broken)
     r = await http.client.post(EVENTS, content=b'{"user_id":"a"}')
     error(r, 500, "internal")
     assert "boom" not in r.text  # details stay in the log
     assert any(rec.exc_info and "boom" in str(rec.exc_info[1]) for rec in caplog.records)
+    monkeypatch.undo()
+    assert (await http.client.post(EVENTS, content=b'{"user_id":"b"}')).status_code == 202
+
+
+async def test_a_flush_that_fails_unexpectedly_is_a_logged_500(http, monkeypatch, caplog):
+    """A wait for durability that ends in an error no refusal describes (a bug) is a 500,
+    never an acknowledgement, and the connection keeps serving."""
+    def failing(*_args: Any, **_kwargs: Any) -> asyncio.Future[None]:
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(RuntimeError("flush bug"))
+        return future
+
+    monkeypatch.setattr(http.runtime.service, "admit", failing)
+    r = await http.client.post(EVENTS, content=b'{"user_id":"a"}')
+    error(r, 500, "internal")
+    assert any(rec.exc_info and "flush bug" in str(rec.exc_info[1]) for rec in caplog.records)
     monkeypatch.undo()
     assert (await http.client.post(EVENTS, content=b'{"user_id":"b"}')).status_code == 202
 
@@ -682,3 +701,106 @@ async def test_a_client_that_hangs_up_mid_body_is_counted_and_nothing_stored(htt
         await asyncio.sleep(0.01)
     assert gone == 1
     assert await stored_events(http.store_url) == []
+
+
+# -- the fast lane ----------------------------------------------------------------------------
+
+async def exchange(port: int, data: bytes, responses: int = 1) -> list[tuple[bytes, bytes]]:
+    """Send ``data`` on one connection; return ``responses`` (head, body) pairs in order."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        answers = []
+        for _ in range(responses):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            answers.append((head, await reader.readexactly(length)))
+        return answers
+    finally:
+        writer.close()
+
+
+def post(path: str, body: bytes, *extra: bytes) -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n%s\r\n%s" % (path.encode(), len(body),
+                                                  b"".join(h + b"\r\n" for h in extra), body))
+
+
+def normalized(head: bytes) -> list[bytes]:
+    """A response head without its date (which differs by the second), headers sorted."""
+    status, *headers = head.rstrip(b"\r\n").split(b"\r\n")
+    return [status, *sorted(h.lower() for h in headers if not h.lower().startswith(b"date:"))]
+
+
+SAME_ANSWERS = [  # (request, expected status): each lane must answer it byte for byte alike
+    (post(EVENTS, b'{"user_id":"a"}', b"Idempotency-Key: k-1"), 202),
+    (post(EVENTS, b'[{"user_id":"a"},{"url":"no user"}]'), 400),
+    (post(EVENTS, b"{nope"), 400),
+    (post("/v1/streams/nope/events", b"{}"), 404),
+    (post("/v1/streams/orders/events", b"{}"), 401),
+    (post("/v1/streams/orders/events", b"{}", b"Authorization: Bearer wrong"), 403),
+    (post(EVENTS, b"{}", b"Origin: " + ORIGIN.encode()), 400),
+    (post(EVENTS, b"<xml/>").replace(b"application/json", b"application/xml"), 415),
+    (post(EVENTS, b'{"user_id":"a"}', b"Idempotency-Key: " + b"k" * 300), 400),
+    (post("/collect/web/pageviews", b'[{"user_id":"a"}]'), 400),
+    (post("/collect/web/pageviews/batch", b'[{"user_id":"a"}]', b"Origin: https://evil.example"),
+     202),
+]
+
+
+async def test_the_fast_lane_and_the_asgi_path_answer_alike(tmp_path):
+    """Every answer the fast lane gives itself — acceptance and each refusal — has the
+    status, headers and body the ASGI path gives to the same request."""
+    async with running(config_for(tmp_path)) as runtime, \
+            serving(runtime, http_fast_lane=True) as fast, \
+            serving(runtime, http_fast_lane=False) as asgi:
+        for request, status in SAME_ANSWERS:
+            [(fast_head, fast_body)] = await exchange(fast.port, request)
+            [(asgi_head, asgi_body)] = await exchange(asgi.port, request)
+            assert fast_head.startswith(b"HTTP/1.1 %d " % status), (request, fast_head)
+            assert normalized(fast_head) == normalized(asgi_head), request
+            assert fast_body == asgi_body, request
+
+
+async def test_plain_posts_take_the_fast_lane_and_others_the_asgi_path(tmp_path, monkeypatch):
+    """The lane is what it claims: a plain POST never reaches the ASGI app; a gzip body, a
+    chunked body, HTTP/1.0 and ``Connection: close`` do, and all are accepted."""
+    from ingestor.http_app import HttpApp
+
+    calls: list[str] = []
+    original = HttpApp.__call__
+
+    async def counting(self: HttpApp, scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope["method"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(HttpApp, "__call__", counting)
+    one = b'{"user_id":"a"}'
+    async with running(config_for(tmp_path)) as runtime, serving(runtime) as served:
+        [(head, _)] = await exchange(served.port, post(EVENTS, one))
+        assert head.startswith(b"HTTP/1.1 202 ")
+        assert calls == []
+        squeezed = gzip.compress(one)
+        for request in (
+                post(EVENTS, squeezed, b"Content-Encoding: gzip"),
+                b"POST %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"%x\r\n%s\r\n0\r\n\r\n" % (EVENTS.encode(), len(one), one),
+                post(EVENTS, one).replace(b"HTTP/1.1", b"HTTP/1.0"),
+                post(EVENTS, one, b"Connection: close")):
+            [(head, body)] = await exchange(served.port, request)
+            assert b" 202 " in head.split(b"\r\n")[0], (request, head, body)
+        assert calls == ["POST"] * 4
+        assert len(await stored_events(runtime.config.store.url)) == 5
+
+
+async def test_pipelined_posts_are_answered_in_order(http):
+    """Three requests in one write: the first takes the fast lane while the others queue
+    behind it (uvicorn's pipeline); the answers come back in request order."""
+    requests = [post(EVENTS, b'{"user_id":"p%d"}' % i, b"Idempotency-Key: pipe-%d" % i)
+                for i in range(2)] + [post("/v1/streams/nope/events", b"{}")]
+    answers = await exchange(http.port, b"".join(requests), responses=3)
+    assert [head.split(b" ")[1] for head, _ in answers] == [b"202", b"202", b"404"]
+    ids = {e.event_id for e in await stored_events(http.store_url)}
+    assert ids == {"pipe-0", "pipe-1"}
