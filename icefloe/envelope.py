@@ -28,6 +28,7 @@ contains one (JSON escapes line breaks inside strings), so the rule costs nothin
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,12 @@ class Envelope:
     received_at_ms: int
     payload: bytes
     meta: bytes = b""
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_bytes(stream: str) -> bytes:
+    """A stream name's checked UTF-8 bytes; the names are few, so they are remembered."""
+    return _id_bytes("stream name", stream)
 
 
 def _id_bytes(what: str, value: str) -> bytes:
@@ -455,11 +462,16 @@ def frame_events(stream: str, received_at_ms: int, event_ids: Sequence[str],
                                  "UTF-8 bytes")
             if not payload or b"\n" in payload or b"\r" in payload:
                 raise ValueError("payload must be non-empty canonical JSON on one line")
-    stream_raw = _id_bytes("stream name", stream)
+    stream_raw = _stream_bytes(stream)
     flags = FLAG_META if meta else 0
     prefix = _HEAD.pack(ENVELOPE_VERSION, flags, received_at_ms, len(stream_raw)) + stream_raw
     fixed = len(prefix) + 1
     pack, byte = _U32.pack, _BYTES
+    if len(payloads) == 1 and not meta:  # a single event (most HTTP POSTs): no loop
+        raw_id, payload = event_ids[0].encode(), payloads[0]
+        size = len(raw_id)
+        return b"".join((pack(fixed + size + len(payload)), prefix, byte[size], raw_id,
+                         payload))
     parts: list[bytes] = []
     extend = parts.extend
     if meta:

@@ -80,6 +80,7 @@ Target = tuple[str, str, str]  # (route kind, stream or schema, "" or table)
 
 CORS_MAX_AGE_S: Final = 7200  # the longest preflight cache Chromium honours
 CLIENT_GONE_STATUS: Final = 499  # metrics label for a client that hung up mid-body
+MAX_CACHED_TYPES: Final = 256  # distinct Content-Type values whose decoder is remembered
 
 _JSON: Final = (b"content-type", b"application/json")
 _ALLOW_INGEST: Final = b"OPTIONS, POST"
@@ -275,6 +276,7 @@ class HttpApp:
         self._gets: dict[str, Callable[[Send], Awaitable[None]]] = {
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
         self._counters: dict[tuple[str, int], Any] = {}
+        self._decoders: dict[tuple[str, bytes | None], Decode] = {}
         self.ack_seconds = self.metrics.ack_seconds.labels("http")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -398,14 +400,19 @@ class HttpApp:
                                    None if forwarded is None else forwarded.decode("latin-1"),
                                    None if xff is None else xff.decode("latin-1"))
 
-    @staticmethod
-    def _decoder(kind: str, content_type: bytes | None) -> Decode:
+    def _decoder(self, kind: str, content_type: bytes | None) -> Decode:
+        known = self._decoders.get((kind, content_type))
+        if known is not None:
+            return known
         media = _media_type(content_type)
         decode = _DECODERS.get((kind, _MEDIA_TYPES.get(media, "")))
         if decode is None:
             raise UnsupportedMediaType(
                 f"Content-Type {media.decode('latin-1')!r} is not accepted here; send "
                 f"{_ACCEPTED_TYPES[kind]}")
+        if len(self._decoders) >= MAX_CACHED_TYPES:  # Content-Type is client input
+            self._decoders.clear()
+        self._decoders[(kind, content_type)] = decode
         return decode
 
     def _inflater(self, content_encoding: bytes | None) -> Inflater | None:

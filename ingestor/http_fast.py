@@ -41,6 +41,7 @@ from ingestor.http_app import (
     Decode,
     Headers,
     HttpApp,
+    Target,
     _ingest_target,
     _Request,
 )
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("icefloe.ingestor.http")
 
 _UNKNOWN: Final = object()
+MAX_CACHED_PATHS: Final = 1024
 _CLOSE_LINE: Final = b"connection: close\r\n"
 
 
@@ -107,6 +109,8 @@ class FastLane:
         self.guard = app.guard
         self._date_source: object = None
         self._date = b""
+        self._accepted_head = b""
+        self._targets: dict[bytes, Target | None] = {}
 
     def begin(self, connection: LaneConnection, default_headers: Headers) -> FastIngest | None:
         """At a request's end of headers: a :class:`FastIngest` for it, or None (ASGI path).
@@ -123,10 +127,10 @@ class FastLane:
         if url[:1] != b"/" or b"%" in url:  # absolute-form or escaped: let uvicorn parse it
             return None
         query = url.find(b"?")
-        try:
-            target = _ingest_target((url if query < 0 else url[:query]).decode("ascii"))
-        except UnicodeDecodeError:
-            return None
+        path = url if query < 0 else url[:query]
+        target = self._targets.get(path, _UNKNOWN)
+        if target is _UNKNOWN:
+            target = self._target(path)
         if target is None:
             return None
         request = _Request(connection.headers)
@@ -152,12 +156,31 @@ class FastLane:
         fast.ready(stream, caller, decode, key)
         return fast
 
+    def _target(self, path: bytes) -> Target | None:
+        """The route of ``path``, remembered: a few hundred paths at most are ever used, and
+        the bound keeps a client that invents paths from growing the cache."""
+        try:
+            target = _ingest_target(path.decode("ascii"))
+        except UnicodeDecodeError:
+            return None
+        if len(self._targets) >= MAX_CACHED_PATHS:
+            self._targets.clear()
+        self._targets[path] = target
+        return target
+
     def date_line(self, default_headers: Headers) -> bytes:
         """uvicorn's default headers (its ``date``, refreshed every second) as bytes."""
         if default_headers is not self._date_source:
             self._date = b"".join(b"%s: %s\r\n" % pair for pair in default_headers)
+            self._accepted_head = b"%s%s%s: %s\r\ncontent-length: " % (
+                STATUS_LINE[202], self._date, *_JSON)
             self._date_source = default_headers
         return self._date
+
+    def accepted_head(self, default_headers: Headers) -> bytes:
+        """A 202's status line and headers up to the Content-Length value."""
+        self.date_line(default_headers)
+        return self._accepted_head
 
 
 class FastIngest:
@@ -260,10 +283,22 @@ class FastIngest:
             return
         error = future.exception()
         if error is None:
-            lane, stream = self.lane, self.request.stream
-            lane.service.accepted(stream, self.count)
+            lane, stream, count = self.lane, self.request.stream, self.count
+            lane.service.accepted(stream, count)
             lane.app.ack_seconds.observe(time.perf_counter() - self.started)
-            self.respond(202, b'{"accepted":%d}' % self.count, [_JSON, *self.cors])
+            if self.cors or not self.keep_alive:
+                self.respond(202, b'{"accepted":%d}' % count, [_JSON, *self.cors])
+                return
+            # the common answer, from a prebuilt head (what respond() would write)
+            self.response_complete = True
+            connection = self.connection
+            transport = connection.transport
+            if not transport.is_closing():
+                body = b'{"accepted":%d}' % count
+                transport.write(b"%s%d\r\n\r\n%s" % (
+                    lane.accepted_head(self.default_headers), len(body), body))
+            lane.app.count(stream, 202)
+            connection.on_response_complete()
         elif isinstance(error, IngestError):
             self.refuse(error)
         else:
