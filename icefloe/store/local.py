@@ -126,20 +126,27 @@ class LocalStore(ObjectStore):
                 # Cheap early answer for a lost race: skip the temp write and its fsync.
                 # The authoritative check is repeated under the lock below.
                 self._check_condition(path, key, if_match, if_none_match)
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.parent / f"{_RESERVED}tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as handle:
+            try:
+                handle = open(tmp, "wb")  # noqa: SIM115 - closed below, after the fsync
+            except FileNotFoundError:  # the key's first object in its directory
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle = open(tmp, "wb")  # noqa: SIM115
+            with handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
+            replaced = False
             try:
                 with self._locked(key):
                     self._check_condition(path, key, if_match, if_none_match)
                     os.replace(tmp, path)
+                    replaced = True
                     self._fsync_dir(path.parent)
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+                if not replaced:  # a lost race or an error: the temp file must go
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
         except OSError as exc:
             raise self._error(exc, "put", key) from exc
         return PutResult(etag=content_etag(data), store_time=time.time())
