@@ -370,7 +370,8 @@ class HttpApp:
         (415), idempotency key (400), declared length (413). Returns the body decoder, the
         inflater (None: not compressed) and the idempotency key."""
         decode = self._decoder(kind, request.content_type)
-        inflater = self._inflater(request.content_encoding)
+        inflater = None if request.content_encoding is None \
+            else self._inflater(request.content_encoding)
         key = request.key()
         declared, limit = request.declared_length(), self.max_body_bytes
         if declared is not None and declared > limit:

@@ -91,10 +91,15 @@ def guarded_protocol(guard: SlowClientGuard,
     task."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        # the guard's clocks (see SlowClientGuard): waiting for headers since / idle since
+        headers_since: float | None = None
+        idle_since: float | None = None
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.cork = ResponseCork(transport, self.loop)
-            guard.expect_headers(self, self.loop.time())
+            self.headers_since = self.loop.time()
+            guard.watch(self)
 
         def on_message_begin(self) -> None:
             # uvicorn's also builds the ASGI scope, which the fast lane never needs: that
@@ -102,7 +107,9 @@ def guarded_protocol(guard: SlowClientGuard,
             self.url = b""
             self.expect_100_continue = False
             self.headers = []
-            guard.expect_headers(self, self.loop.time())
+            self.idle_since = None
+            if self.headers_since is None:  # kept when it already waits (see below)
+                self.headers_since = self.loop.time()
 
         def _asgi_scope(self) -> None:
             url, headers, expect = self.url, self.headers, self.expect_100_continue
@@ -111,7 +118,7 @@ def guarded_protocol(guard: SlowClientGuard,
             self.headers = self.scope["headers"] = headers
 
         def on_headers_complete(self) -> None:
-            guard.headers_done(self)
+            self.headers_since = None
             cycle = self.cycle
             if lane is not None and (cycle is None or cycle.response_complete) \
                     and lane.begin(self, self.server_state.default_headers) is not None:
@@ -142,10 +149,11 @@ def guarded_protocol(guard: SlowClientGuard,
             self.server_state.total_requests += 1
             self.flow.resume_reading()
             cycle = self.cycle
-            if cycle is not None and cycle.more_body:
-                guard.expect_headers(self, self.loop.time())  # its body is still coming
+            if cycle is not None and cycle.more_body:  # answered; its body is still coming
+                if self.headers_since is None:
+                    self.headers_since = self.loop.time()
             else:
-                guard.expect_idle(self, self.loop.time())
+                self.idle_since = self.loop.time()
 
         def connection_lost(self, exc: Exception | None) -> None:
             guard.forget(self)

@@ -11,8 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from icefloe.config import Config
 from icefloe.envelope import MAX_ID_BYTES, frame_events
@@ -37,10 +36,12 @@ READY_CACHE_S = 1.0
 log = logging.getLogger("icefloe.ingestor")
 
 
-@dataclass(frozen=True, slots=True)
-class Caller:
+class Caller(NamedTuple):
     """Who sent a request: the client address (after trusted proxies; None if unknown) and
-    the name of the token that authorized it (None on an open stream). Never the token."""
+    the name of the token that authorized it (None on an open stream). Never the token.
+
+    A NamedTuple rather than a frozen dataclass: one is built per request, at a third of
+    the cost."""
 
     client: str | None = None
     token: str | None = None
@@ -211,6 +212,8 @@ class IngestService:
             if key is not None:  # 11 bytes of room above hold ":" and any index
                 return [key] if count == 1 else [f"{key}:{i}" for i in range(count)]
             generated = self._ulids.next(now_ms)
+            if count == 1:
+                return [generated + "-0"]
             return [f"{generated}-{i}" for i in range(count)]
         generated = self._ulids.next(now_ms)
         ids: list[str] = []
