@@ -198,7 +198,7 @@ def run(quick: bool) -> list[Result]:
             results += [Result("ack latency p50, light load (1 client, HTTP single)", p50, "ms"),
                         Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
             if have_wrk:
-                for connections in (32, 256):
+                for connections in (32, 256, 512):  # durable acks: rate = clients / ack time
                     rate, p50, p99 = wrk(url, single, seconds, connections, workdir)
                     label = f"HTTP single-event POST, durable, {connections} conns"
                     results += [Result(label, rate, "events/s", bare["single"]),

@@ -569,10 +569,10 @@ class HttpApp:
         await send({"type": "http.response.body", "body": body})
         self.count(stream, status)
 
-    def count(self, stream: str, status: int) -> None:
+    def count(self, stream: str, status: int, requests: int = 1) -> None:
         """``requests{transport="http"}``, with label children cached (labels() locks)."""
         child = self._counters.get((stream, status))
         if child is None:
             child = self.metrics.requests.labels("http", stream, str(status))
             self._counters[(stream, status)] = child
-        child.inc()
+        child.inc(requests)

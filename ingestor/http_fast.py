@@ -73,6 +73,7 @@ class LaneConnection(Protocol):
     expect_100_continue: bool
     client: tuple[str, int] | None
     transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
     cycle: object
 
     def on_response_complete(self) -> None: ...
@@ -111,6 +112,8 @@ class FastLane:
         self._date = b""
         self._accepted_head = b""
         self._targets: dict[bytes, Target | None] = {}
+        self._tally: dict[str, list[int]] = {}
+        self._tally_due = False
 
     def begin(self, connection: LaneConnection, default_headers: Headers) -> FastIngest | None:
         """At a request's end of headers: a :class:`FastIngest` for it, or None (ASGI path).
@@ -155,6 +158,24 @@ class FastLane:
             return fast
         fast.ready(stream, caller, decode, key)
         return fast
+
+    def tally(self, connection: LaneConnection, stream: str, events: int) -> None:
+        """Count one 202 and its events; the Prometheus counters are updated once per
+        event-loop turn (a flush answers its requests in one turn), not per request."""
+        counts = self._tally.get(stream)
+        if counts is None:
+            counts = self._tally[stream] = [0, 0]
+        counts[0] += 1
+        counts[1] += events
+        if not self._tally_due:
+            self._tally_due = True
+            connection.loop.call_soon(self._publish)
+
+    def _publish(self) -> None:
+        tally, self._tally, self._tally_due = self._tally, {}, False
+        for stream, (requests, events) in tally.items():
+            self.service.accepted(stream, events)
+            self.app.count(stream, 202, requests)
 
     def _target(self, path: bytes) -> Target | None:
         """The route of ``path``, remembered: a few hundred paths at most are ever used, and
@@ -284,9 +305,9 @@ class FastIngest:
         error = future.exception()
         if error is None:
             lane, stream, count = self.lane, self.request.stream, self.count
-            lane.service.accepted(stream, count)
             lane.app.ack_seconds.observe(time.perf_counter() - self.started)
             if self.cors or not self.keep_alive:
+                lane.service.accepted(stream, count)
                 self.respond(202, b'{"accepted":%d}' % count, [_JSON, *self.cors])
                 return
             # the common answer, from a prebuilt head (what respond() would write)
@@ -297,7 +318,7 @@ class FastIngest:
                 body = b'{"accepted":%d}' % count
                 transport.write(b"%s%d\r\n\r\n%s" % (
                     lane.accepted_head(self.default_headers), len(body), body))
-            lane.app.count(stream, 202)
+            lane.tally(connection, stream, count)
             connection.on_response_complete()
         elif isinstance(error, IngestError):
             self.refuse(error)
