@@ -12,6 +12,7 @@ import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -36,6 +37,7 @@ from icefloe.config import Column, Config, StreamConfig
 from icefloe.store.faults import FaultRule
 from icefloe.store.retry import RetryPolicy
 from ingestor.runtime import IngestorRuntime
+from ingestor.service import Caller
 
 ALLTYPES = StreamConfig(
     name="alltypes", table="lab.alltypes",
@@ -804,3 +806,63 @@ async def test_pipelined_posts_are_answered_in_order(http):
     assert [head.split(b" ")[1] for head, _ in answers] == [b"202", b"202", b"404"]
     ids = {e.event_id for e in await stored_events(http.store_url)}
     assert ids == {"pipe-0", "pipe-1"}
+
+
+async def test_content_length_with_chunked_encoding_is_refused(http):
+    """Both framings at once (a request-smuggling shape) never reach either path: the
+    parser refuses it with 400 and closes; nothing is stored."""
+    chunk = b'[{"user_id":"smuggled"}]'
+    reader, writer = await asyncio.open_connection("127.0.0.1", http.port)
+    try:
+        writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                     % (EVENTS.encode(), len(chunk), chunk))
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    assert await stored_events(http.store_url) == []
+
+
+class _Transport:
+    """Collects what the fast lane writes (the lane's own unit test needs no socket)."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_the_fast_lane_refuses_a_body_longer_than_the_limit(tmp_path):
+    """Defence in depth: the parser holds a body to its Content-Length (checked against the
+    limit before the body), but should more bytes ever arrive, the lane answers 413 and
+    keeps none of them."""
+    from ingestor.http_app import HttpApp, _Request
+    from ingestor.http_fast import FastIngest, FastLane
+
+    async with running(config_for(tmp_path, max_body_bytes=64)) as runtime:
+        lane = FastLane(HttpApp(runtime))
+        responded: list[bool] = []
+        connection = SimpleNamespace(transport=_Transport(), headers=[],
+                                     on_response_complete=lambda: responded.append(True))
+        request = _Request([(b"content-length", b"10")])
+        request.stream = "pageviews"
+        fast = FastIngest(lane, connection, request, [])  # type: ignore[arg-type]
+        fast.ready(runtime.service.stream("pageviews"), Caller(), lambda *_: None, None)
+        fast.body(b"x" * 40)
+        fast.body(b"x" * 40)  # 80 > 64
+        fast.complete()
+        assert connection.transport.written.startswith(b"HTTP/1.1 413 ")
+        assert b'"payload_too_large"' in connection.transport.written
+        assert responded == [True]
+        assert fast.chunks == [b"x" * 40]  # nothing past the limit was kept
+        assert runtime.batcher.held_bytes == 0  # and nothing buffered
