@@ -5,6 +5,12 @@ Why raw ASGI: on this machine kind a raw ASGI app on uvicorn (uvloop + httptools
 hot path is kept lean: routes are matched by splitting the path (no regex), the headers an
 ingest needs are picked out in one pass, responses are prebuilt bytes or msgspec-encoded.
 
+Served by ``icefloe ingestor``, plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length,
+uncompressed) do not reach this app: the fast lane (:mod:`ingestor.http_fast`) answers them
+from a callback, running the same steps (the methods under "the steps of an ingest") and
+sending the same answers. This app serves everything else, and every request when
+``[ingestor] http_fast_lane = false``.
+
 Routes::
 
     POST    /v1/streams/{stream}/events          JSON object, JSON array, or NDJSON

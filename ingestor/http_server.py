@@ -1,20 +1,23 @@
-"""The uvicorn server of the HTTP front: TLS, keep-alive and header deadlines wired in.
+"""The uvicorn server of the HTTP front: TLS, deadlines and the fast lane wired in.
 
 Why here and not in ``server.py``: the production server and the tests must run the very
 same HTTP stack (protocol class, TLS context, timeouts), so it is built in one function.
 
-uvicorn's httptools protocol has no deadline for request headers; :func:`guarded_protocol`
-subclasses it to report connections waiting for headers to a
-:class:`~ingestor.slow_clients.SlowClientGuard`, which answers 408 and closes those that
-take longer than ``header_timeout_s``. Idle keep-alive connections are closed by uvicorn
-after ``keep_alive_s``.
+:func:`guarded_protocol` subclasses uvicorn's httptools protocol:
 
-A request answered before its body arrived (a 401/404/429 refusal, a 413) is a gap in both:
-uvicorn drops the rest of that body unread, but every byte of it cancels the keep-alive
-timer, which is not armed again — so a client could hold the connection for ever by
-trickling a body nobody reads. Such a connection therefore waits for headers from the
-moment of the answer: the rest of the body and the next request's headers must arrive
-within ``header_timeout_s``, or it gets 408 and is closed.
+* plain ingest POSTs are handed to the fast lane (:mod:`ingestor.http_fast`), which stands
+  in for uvicorn's request cycle and answers from the durability future's callback; every
+  other request gets uvicorn's ASGI cycle, built only then;
+* uvicorn has no deadline for request headers, and its keep-alive timer is armed and
+  cancelled per request; instead each connection keeps two clocks (``headers_since``,
+  ``idle_since``) that a :class:`~ingestor.slow_clients.SlowClientGuard` sweeps: too slow
+  headers get 408 and a close, connections idle past ``keep_alive_s`` are closed;
+* a request answered before its body arrived (a 401/404/429 refusal, a 413) waits for
+  headers from the moment of the answer: the rest of that body (dropped unread) and the
+  next request's headers must arrive within ``header_timeout_s``, or it gets 408 and is
+  closed — else a client could hold the connection for ever by trickling a body nobody
+  reads;
+* each ASGI response is written with one ``send()`` (:class:`ResponseCork`).
 """
 
 from __future__ import annotations
