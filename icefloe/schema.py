@@ -19,7 +19,7 @@ import datetime as dt
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
@@ -60,9 +60,10 @@ class InvalidEvents(IcefloeError):
         self.violations = list(violations)
 
 
-@dataclass(frozen=True, slots=True)
-class Canonical:
-    """Canonical payloads of a request's events, in order, and ids taken from the body."""
+class Canonical(NamedTuple):
+    """Canonical payloads of a request's events, in order, and ids taken from the body.
+
+    A NamedTuple: one is built per request, at a third of a frozen dataclass's cost."""
 
     payloads: list[bytes]
     body_ids: list[str | None] | None
@@ -193,17 +194,18 @@ class CompiledStream:
     def _canonical(self, events: list[Any], raws: Sequence[bytes] | None = None) -> Canonical:
         if self._mappings is not None:
             return self._canonical_mapped(events, raws)
-        violations: list[Violation] = []
         if self._timestamps or self._jsons:
+            violations: list[Violation] = []
             for index, event in enumerate(events):
                 try:
                     self._normalize(event)
                 except _OutOfRange as exc:
                     violations.append(Violation(index, exc.field, exc.reason))
-        if violations:
-            raise _invalid(violations)
+            if violations:
+                raise _invalid(violations)
         encode = self._encoder.encode
-        payloads = [encode(event) for event in events]
+        payloads = [encode(events[0])] if len(events) == 1 else \
+            [encode(event) for event in events]
         ids = None
         if self._id_field is not None:
             name = self._id_field
