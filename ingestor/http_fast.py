@@ -27,6 +27,7 @@ trickles in.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
@@ -48,8 +49,6 @@ from ingestor.http_app import (
 from ingestor.inflate import ENCODINGS, body_too_large
 
 if TYPE_CHECKING:
-    import asyncio
-
     import httptools
 
     from icefloe.schema import CompiledStream
@@ -300,7 +299,7 @@ class FastIngest:
     def durable(self, future: asyncio.Future[None]) -> None:
         """The flush is over: 202, or the refusal that says why it failed."""
         if future.cancelled():  # nothing cancels it; if something did, say so
-            self.crashed(None)
+            self.crashed(asyncio.CancelledError("the wait for durability was cancelled"))
             return
         error = future.exception()
         if error is None:
@@ -329,10 +328,11 @@ class FastIngest:
         self.lane.service.reject(self.request.stream, err, self.count)
         self.respond(*self.lane.app.error_parts(err, self.cors))
 
-    def crashed(self, exc: BaseException | None) -> None:
+    def crashed(self, exc: BaseException) -> None:
         """A bug costs this request a 500, never the server (as on the ASGI path)."""
-        log.error("unexpected error in POST %s", self.connection.url.decode("latin-1"),
-                  exc_info=exc or True)
+        # not the URL: by now the connection may be parsing its next request
+        log.error("unexpected error in a POST to stream %r", self.request.stream,
+                  exc_info=exc)
         self.refuse(IngestError("internal error; the ingestor logged it"))
 
     def respond(self, status: int, body: bytes, headers: Headers) -> None:
