@@ -101,19 +101,12 @@ class Batcher:
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name="ingest-flusher")
 
-    async def submit(self, framed: bytes, count: int, stream: str,
-                     registry_version: int = 0) -> None:
-        """Buffer one request's framed records; return once they are durable.
-
-        A client that hangs up cancels only its own wait: the flush is its own task, and
-        it skips waiters that are already done. See :meth:`enqueue` for the rest.
-        """
-        await self.enqueue(framed, count, stream, registry_version)
-
     def enqueue(self, framed: bytes, count: int, stream: str,
                 registry_version: int = 0) -> asyncio.Future[None]:
         """Buffer one request's framed records; the future resolves once they are durable
-        (or fails with the :class:`Unavailable` that says why they are not).
+        (or fails with the :class:`Unavailable` that says why they are not). A client that
+        hangs up cancels only its own future: the flush is its own task, and it skips
+        waiters that are already done.
 
         ``registry_version`` is the stream-registry version the events were accepted under;
         a batch holds one version only (a change seals the open batch), because the manifest
@@ -216,8 +209,6 @@ class Batcher:
                 return
             self._wake.clear()
             timeout = self._next_deadline(now)
-            # asyncio.timeout, not wait_for: no extra task per wake-up (3.11's wait_for wraps
-            # the wait in one), so a flush starts an event-loop turn sooner after a request
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 

@@ -242,6 +242,11 @@ def _ingest_target(path: str) -> Target | None:
     return None
 
 
+def encoding_name(value: bytes | None) -> bytes:
+    """A Content-Encoding header as ``ENCODINGS`` keys it (b"" when absent)."""
+    return (value or b"").strip().lower()
+
+
 def _media_type(value: bytes | None) -> bytes:
     if value is None:
         return b""
@@ -423,7 +428,7 @@ class HttpApp:
         return decode
 
     def _inflater(self, content_encoding: bytes | None) -> Inflater | None:
-        name = (content_encoding or b"").strip().lower()
+        name = encoding_name(content_encoding)
         if name not in ENCODINGS:
             raise UnsupportedMediaType(
                 f"Content-Encoding {name.decode('latin-1')!r} is not supported; send gzip, "

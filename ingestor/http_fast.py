@@ -45,6 +45,7 @@ from ingestor.http_app import (
     Target,
     _ingest_target,
     _Request,
+    encoding_name,
 )
 from ingestor.inflate import ENCODINGS, body_too_large
 
@@ -136,11 +137,9 @@ class FastLane:
         if target is None:
             return None
         request = _Request(connection.headers)
-        encoding = request.content_encoding
-        if request.content_length is None or (
-                encoding is not None
-                and ENCODINGS.get(encoding.strip().lower(), _UNKNOWN) is not None):
-            return None
+        if request.content_length is None or \
+                ENCODINGS.get(encoding_name(request.content_encoding), _UNKNOWN) is not None:
+            return None  # chunked, or compressed (or an unknown encoding: 415 there)
         fast = FastIngest(self, connection, request, default_headers)
         connection.cycle = fast  # from here on, the connection's request is this one
         app = self.app
@@ -310,15 +309,11 @@ class FastIngest:
                 self.respond(202, b'{"accepted":%d}' % count, [_JSON, *self.cors])
                 return
             # the common answer, from a prebuilt head (what respond() would write)
-            self.response_complete = True
-            connection = self.connection
-            transport = connection.transport
-            if not transport.is_closing():
-                body = b'{"accepted":%d}' % count
-                transport.write(b"%s%d\r\n\r\n%s" % (
-                    lane.accepted_head(self.default_headers), len(body), body))
-            lane.tally(connection, stream, count)
-            connection.on_response_complete()
+            body = b'{"accepted":%d}' % count
+            self._write(b"%s%d\r\n\r\n%s" % (lane.accepted_head(self.default_headers),
+                                                len(body), body))
+            lane.tally(self.connection, stream, count)
+            self.connection.on_response_complete()
         elif isinstance(error, IngestError):
             self.refuse(error)
         else:
@@ -339,8 +334,6 @@ class FastIngest:
         """Write the whole response in one ``send()`` and hand the connection back."""
         if self.response_complete:
             return
-        self.response_complete = True
-        connection = self.connection
         lane = self.lane
         parts = [STATUS_LINE[status], lane.date_line(self.default_headers)]
         for name, value in headers:
@@ -352,10 +345,15 @@ class FastIngest:
             parts.append(_CLOSE_LINE)
         parts.append(b"content-length: %d\r\n\r\n" % len(body))
         parts.append(body)
-        transport = connection.transport
+        self._write(b"".join(parts))
+        lane.app.count(self.request.stream, status)
+        self.connection.on_response_complete()
+
+    def _write(self, response: bytes) -> None:
+        """Send ``response`` unless the client is gone; close after it if not keep-alive."""
+        self.response_complete = True
+        transport = self.connection.transport
         if not transport.is_closing():
-            transport.write(b"".join(parts))
+            transport.write(response)
             if not self.keep_alive:
                 transport.close()
-        lane.app.count(self.request.stream, status)
-        connection.on_response_complete()

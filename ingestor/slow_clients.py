@@ -140,14 +140,12 @@ class SlowClientGuard:
                 connection.idle_timeout()
         for read in [r for r in self.bodies if now > self.body_deadline(r)]:
             self.bodies.pop(read, None)
-            if read.on_expire is not None:
+            expire = read.on_expire or (read.task.cancel if read.task is not None
+                                        and not read.task.done() else None)
+            if expire is not None:
                 read.expired = True
                 self.cut_bodies += 1
-                read.on_expire()
-            elif read.task is not None and not read.task.done():
-                read.expired = True
-                self.cut_bodies += 1
-                read.task.cancel()
+                expire()
         if self.connections or self.bodies:
             self._sweeper = loop.call_later(self.sweep_s, self._sweep, loop)
 
