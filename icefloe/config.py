@@ -189,6 +189,10 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
     a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends
     every request through the ASGI app (for comparison or as a fallback)."""
+    store_helper: bool = True
+    """Do a ``file://`` store's I/O in a helper process rather than in worker threads: a
+    flush's dozen syscalls then never wait for the GIL of a busy event loop (a batch put
+    under gRPC load: 4 ms in a thread, 1.4 ms in the helper). No effect on ``s3://``."""
 
 
 OUTPUT_PATHS = ("embedded", "cluster")

@@ -87,6 +87,9 @@ MEANING: dict[str, str] = {
     "ingestor.http_fast_lane": "answer plain ingest POSTs (HTTP/1.1 keep-alive, "
                                "Content-Length, uncompressed) from a callback instead of "
                                "an ASGI task: same answers, less CPU (off: all via ASGI)",
+    "ingestor.store_helper": "do a `file://` store's writes in a helper process instead of "
+                             "worker threads (flushes never wait for the GIL); no effect "
+                             "on `s3://`",
     "collector.host": "bind address of the collector's /metrics, /healthz, /readyz",
     "collector.metrics_port": "collector metrics and probes port (`--metrics-port`; 0 = any)",
     "collector.commit_interval_s": "a run with entries starts this long after the previous "

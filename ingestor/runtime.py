@@ -8,6 +8,7 @@ shutdown must drain that buffer exactly once, after both servers stopped accepti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -26,8 +27,10 @@ log = logging.getLogger("icefloe.ingestor")
 
 
 def store_options(config: Config) -> StoreOptions:
-    """Store options from ``[store]`` (S3 settings only matter for ``s3://`` URLs)."""
-    return options_for(config.store.endpoint_url, config.store.region)
+    """Store options from ``[store]`` (S3 settings only matter for ``s3://`` URLs), plus
+    ``[ingestor] store_helper`` for a ``file://`` store."""
+    options = options_for(config.store.endpoint_url, config.store.region)
+    return dataclasses.replace(options, local_helper=config.ingestor.store_helper)
 
 
 def flush_settings(config: Config) -> FlushSettings:

@@ -48,6 +48,9 @@ class StoreOptions:
 
     s3: S3Options | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    local_helper: bool = False
+    """Serve a ``file://`` store's I/O from a helper process (:mod:`icefloe.store.process`)
+    instead of worker threads: the ingestor's flushes then never wait for the GIL."""
 
 
 def options_for(endpoint_url: str | None, region: str | None) -> StoreOptions:
@@ -93,8 +96,12 @@ def open_store(url: str, options: StoreOptions | None = None) -> ObjectStore:
 def open_async_store(url: str, options: StoreOptions | None = None) -> AsyncObjectStore:
     """An asyncio, retrying store for ``url`` (aiobotocore for S3)."""
     options = options or StoreOptions()
-    if _scheme(url) == "file":
-        inner: AsyncObjectStore = ThreadedAsyncStore(LocalStore(local_path(url)))
+    if _scheme(url) == "file" and options.local_helper:
+        from icefloe.store.process import ProcessAsyncStore
+
+        inner: AsyncObjectStore = ProcessAsyncStore(local_path(url))
+    elif _scheme(url) == "file":
+        inner = ThreadedAsyncStore(LocalStore(local_path(url)))
     else:
         from icefloe.store.s3 import AsyncS3Store, S3Options
 
