@@ -84,3 +84,24 @@ def test_should_report_range_problems_alongside_type_problems():
     with pytest.raises(InvalidEvents) as info:
         stream.from_json(b'[{"a":"x"},{"ts":99999999999999999}]')
     assert [(v.index, v.field) for v in info.value.violations] == [(0, "a"), (1, "ts")]
+
+
+def test_should_normalize_every_timestamp_form_within_one_request():
+    """The bulk check skips UTC datetimes: the others in the same request still convert."""
+    stream = compiled(Column("ts", "timestamp"), Column("n", "long"))
+    canonical = stream.from_json(
+        b'[{"ts":"2026-11-23T10:00:00Z"},{"ts":"2026-11-23T10:00:00+01:00"},'
+        b'{"ts":1795428000123},{"n":1},{"ts":"2026-11-23T10:00:00.5+00:00"},{"ts":null}]')
+    assert canonical.payloads == [
+        b'{"ts":"2026-11-23T10:00:00Z"}', b'{"ts":"2026-11-23T09:00:00Z"}',
+        b'{"ts":"2026-11-23T10:00:00.123000Z"}', b'{"n":1}',
+        b'{"ts":"2026-11-23T10:00:00.500000Z"}', b"{}"]
+
+
+def test_should_report_every_out_of_range_timestamp_of_a_request_by_index():
+    stream = compiled(Column("ts", "timestamp"))
+    with pytest.raises(InvalidEvents) as info:
+        stream.from_events([b'{"ts":"2026-11-23T10:00:00Z"}', b'{"ts":99999999999999999}',
+                            b'{"ts":1}', b'{"ts":-99999999999999999}'])
+    assert [(v.index, v.field) for v in info.value.violations] == [(1, "ts"), (3, "ts")]
+    assert all("out of range" in v.reason for v in info.value.violations)
