@@ -85,6 +85,9 @@ class _ProducerCollector(Collector):
         for name, doc, value in (
             ("icefloe_ingest_manifest_cas_writes", "Manifest CAS writes", s.writes),
             ("icefloe_ingest_manifest_cas_conflicts", "Manifest CAS races lost", s.conflicts),
+            ("icefloe_ingest_manifest_cas_stale", "Appends begun on the manifest this "
+             "process wrote last that someone had replaced since (then read afresh)",
+             s.stale),
             ("icefloe_ingest_manifest_batches_appended", "Batches appended", s.appended),
             ("icefloe_ingest_manifest_queue_full", "Appends refused: queue full", s.queue_full),
             ("icefloe_ingest_manifest_deadline_exceeded", "Appends refused: too old",

@@ -389,3 +389,31 @@ def test_should_keep_consumer_operations_idempotent_under_lost_responses(tmp_pat
         assert faulty.injected["lose_response"] == 2
 
     asyncio.run(run())
+
+
+def test_should_append_without_reading_back_what_it_wrote_until_someone_else_writes(
+        store_target):
+    """The producer starts each CAS from the manifest it wrote last: one read for a run of
+    appends; a write by someone else costs one failed conditional PUT and a read, and
+    nothing is lost, duplicated or counted as a race."""
+    url, endpoint = store_target
+
+    async def run() -> None:
+        plain = open_async_store(url, store_options(endpoint))
+        watched = FaultyAsyncStore(plain)
+        reads = watched.add(FaultRule("delay", ops=frozenset({"get"}), key_prefix=KEY,
+                                      times=None, delay_s=(0.0, 0.0)))
+        producer, consumer = ManifestProducer(watched), ManifestConsumer(plain)
+        await consumer.initialize()
+        assert [await producer.append(ref(f"b{i}")) for i in range(5)] == [0, 1, 2, 3, 4]
+        assert reads.fired == 1
+        await consumer.ack(1, dequeue=True)  # the collector writes in between
+        assert await producer.append(ref("after")) == 5
+        assert (producer.stats.stale, producer.stats.conflicts, reads.fired) == (1, 0, 2)
+        manifest = (await load(plain, KEY)).manifest
+        assert [e.location for e in manifest.entries] == [
+            "batches/b2", "batches/b3", "batches/b4", "batches/after"]
+        assert manifest.consumer.acked_through == 1
+        await plain.close()
+
+    asyncio.run(run())

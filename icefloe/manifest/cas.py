@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from icefloe.manifest.model import Manifest
 from icefloe.store.base import AsyncObjectStore
-from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
+from icefloe.store.cas import CasStats, LastWritten, Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy
 
-__all__ = ["CasStats", "Loaded", "cas_update", "load"]
+__all__ = ["CasStats", "LastWritten", "Loaded", "cas_update", "load"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +38,16 @@ async def load(store: AsyncObjectStore, key: str) -> Loaded:
 
 async def cas_update(store: AsyncObjectStore, key: str,
                      mutate: Callable[[Loaded], Manifest | None], *,
-                     backoff: RetryPolicy, stats: CasStats | None = None
+                     backoff: RetryPolicy, stats: CasStats | None = None,
+                     last: LastWritten[Manifest] | None = None
                      ) -> tuple[Loaded, Manifest | None]:
     """Apply ``mutate`` atomically; return what was read and what was written (or None).
 
     ``mutate`` returns None when nothing needs writing; it may raise to abort (fencing,
     full queue). Lost races retry with jittered backoff until ``backoff`` gives up.
+    ``last``: see :class:`~icefloe.store.cas.LastWritten`.
     """
     loaded, new = await cas_document(store, key, Manifest.decode, Manifest,
                                      lambda doc: mutate(_loaded(doc)), backoff=backoff,
-                                     stats=stats, what="manifest")
+                                     stats=stats, what="manifest", last=last)
     return _loaded(loaded), new

@@ -18,6 +18,9 @@ Why it is built this way:
   ``QueueFullError`` (the ingestor answers 429/503) instead of growing one object forever.
 * **Never fenced.** Producers keep the consumer's state as they found it; an epoch change
   never blocks them.
+* **No read before most appends.** The producer starts each CAS from the manifest it wrote
+  last (:class:`~icefloe.store.cas.LastWritten`); only when someone else wrote since (the
+  collector's acks, another ingestor) does the conditional PUT fail and a read follow.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from ulid import ULID
 
 from icefloe.errors import DeadlineExceededError, QueueFullError
-from icefloe.manifest.cas import CasStats, Loaded, cas_update
+from icefloe.manifest.cas import CasStats, LastWritten, Loaded, cas_update
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Entry, Manifest, ProducerState
 from icefloe.store.base import AsyncObjectStore
@@ -85,6 +88,7 @@ class ManifestProducer:
         self._next_number = 1
         self._queue: list[_Pending] = []
         self._worker: asyncio.Task[None] | None = None
+        self._last: LastWritten[Manifest] = LastWritten()  # no read before most appends
 
     async def append(self, batch: BatchRef) -> int | None:
         """Append ``batch``; return its sequence once the manifest write succeeded.
@@ -146,7 +150,8 @@ class ManifestProducer:
             return self._plan(loaded, group, outcomes, duplicates)
 
         await cas_update(self.store, self.config.key, mutate,
-                         backoff=self.config.conflict_backoff, stats=self.stats)
+                         backoff=self.config.conflict_backoff, stats=self.stats,
+                         last=self._last)
         self._count(outcomes, duplicates, group_size=len(group))
         return outcomes
 

@@ -40,10 +40,42 @@ class Versioned(Generic[D]):
 
 @dataclass
 class CasStats:
-    """Counters a process exports as metrics."""
+    """Counters a process exports as metrics (``stale``: first attempts made on a
+    remembered version that someone else had replaced — not races, see
+    :class:`LastWritten`)."""
 
     writes: int = 0
     conflicts: int = 0
+    stale: int = 0
+
+
+class LastWritten(Generic[D]):
+    """The version of a document this process wrote last, to skip the read before the next
+    CAS.
+
+    Why: a writer that appends often (the manifest producer, once per flush) would read
+    back what it just wrote on every write: a GET per append, a round trip on S3 and a
+    decode here. The conditional PUT checks the ETag anyway, so a first attempt on the
+    remembered version is safe: if anyone wrote in between, it fails with 412, and the
+    loop reads the document and goes on as usual. The store's clock is estimated as the
+    clock at that write plus the local time elapsed since.
+    """
+
+    def __init__(self) -> None:
+        self._version: Versioned[D] | None = None
+        self._at = 0.0
+
+    def take(self) -> Versioned[D] | None:
+        """The remembered version with its clock brought forward (None if there is none),
+        forgotten until the next write succeeds."""
+        version, self._version = self._version, None
+        if version is None:
+            return None
+        return Versioned(version.value, version.etag,
+                         version.store_time + time.monotonic() - self._at, version.size)
+
+    def keep(self, version: Versioned[D]) -> None:
+        self._version, self._at = version, time.monotonic()
 
 
 async def load_document(store: AsyncObjectStore, key: str, decode: Callable[[bytes], D],
@@ -59,27 +91,46 @@ async def load_document(store: AsyncObjectStore, key: str, decode: Callable[[byt
 async def cas_document(store: AsyncObjectStore, key: str, decode: Callable[[bytes], D],
                        empty: Callable[[], D], mutate: Callable[[Versioned[D]], D | None], *,
                        backoff: RetryPolicy, stats: CasStats | None = None,
-                       what: str = "document") -> tuple[Versioned[D], D | None]:
+                       what: str = "document", last: LastWritten[D] | None = None
+                       ) -> tuple[Versioned[D], D | None]:
     """Apply ``mutate`` atomically; return what was read and what was written (or None).
 
     ``mutate`` returns None when nothing needs writing; it may raise to abort. Lost races
     retry with jittered backoff until ``backoff`` gives up, which surfaces as a transient
-    error (sustained contention looks like an overloaded store).
+    error (sustained contention looks like an overloaded store). With ``last``, the first
+    attempt starts from the version this process wrote last instead of a read, and a
+    successful write is remembered there.
     """
     started = time.monotonic()
     attempt = 0
+    remembered = last.take() if last is not None else None
     while True:
-        loaded = await load_document(store, key, decode, empty)
-        new = mutate(loaded)
+        loaded = remembered or await load_document(store, key, decode, empty)
+        try:
+            new = mutate(loaded)
+        except Exception:
+            if remembered is None:
+                raise
+            new = None
         if new is None:
-            return loaded, None
+            if remembered is None:
+                return loaded, None
+            # "nothing to write" or a refusal is only true of the current version, and
+            # only a write that succeeds proves the remembered one current: read, redo
+            remembered = None
+            continue
         data = new.encode()
         try:
             if loaded.etag is None:
-                await store.put(key, data, if_none_match="*")
+                put = await store.put(key, data, if_none_match="*")
             else:
-                await store.put(key, data, if_match=loaded.etag)
+                put = await store.put(key, data, if_match=loaded.etag)
         except PreconditionFailed:
+            if remembered is not None:  # someone wrote since we did: read, and go on
+                remembered = None
+                if stats is not None:
+                    stats.stale += 1
+                continue
             attempt += 1
             if stats is not None:
                 stats.conflicts += 1
@@ -94,4 +145,6 @@ async def cas_document(store: AsyncObjectStore, key: str, decode: Callable[[byte
             continue
         if stats is not None:
             stats.writes += 1
+        if last is not None:
+            last.keep(Versioned(new, put.etag, put.store_time, len(data)))
         return loaded, new
