@@ -196,7 +196,10 @@ class Batcher:
         while True:
             now = time.monotonic()
             batch = self._open
-            if batch is not None and (self._inflight == 0 or self._closing
+            # group commit: seal when a flush can start now (nothing in flight, minimum
+            # interval over); until then arrivals keep joining the open batch
+            idle = self._inflight == 0 and now - self._last_start >= settings.min_interval_s
+            if batch is not None and (idle or self._closing
                                       or now - batch.opened_at >= settings.age_s):
                 self._seal()
             self._expire_queued(now)
@@ -216,6 +219,8 @@ class Batcher:
         waits: list[float] = []
         if self._open is not None:
             waits.append(self._open.opened_at + self.settings.age_s - now)
+            if self._inflight == 0:  # wake to seal it when the minimum interval is over
+                waits.append(self._last_start + self.settings.min_interval_s - now)
         if self._sealed and self._inflight < self.settings.max_inflight:
             waits.append(self._last_start + self.settings.min_interval_s - now)
         if self._sealed:  # wake to expire the oldest queued batch at its deadline

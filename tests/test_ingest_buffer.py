@@ -63,6 +63,28 @@ async def test_should_flush_a_lone_request_at_once_not_on_a_timer(tmp_path):
         await asyncio.wait_for(ingest(runtime, 1), 5)  # would hang 60 s if age were a tick
 
 
+async def test_should_gather_arrivals_during_the_minimum_interval_into_one_flush(tmp_path):
+    """``min_flush_interval_ms`` bounds PUTs per second: what arrives while the interval
+    runs must wait in the open batch and go out together, not be sealed one by one into
+    a queue of tiny batches released an interval apart."""
+    url = (tmp_path / "store").as_uri()
+    config = make_config(tmp_path / "store", min_flush_interval_ms=300, flush_age_ms=10_000)
+    async with running(config) as runtime:
+        await ingest(runtime, 1)  # flushed at once: nothing was waiting
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        requests = []
+        for i in range(20):  # arrivals spread over ~100 ms, all inside the interval
+            requests.append(asyncio.create_task(ingest(runtime, 1, 1 + i)))
+            await asyncio.sleep(0.005)
+        results = await asyncio.wait_for(asyncio.gather(*requests), 5)
+        waited = loop.time() - started
+    assert sum(results) == 20
+    manifest = await read_manifest(url)
+    assert [e.record_count for e in manifest.entries] == [1, 20]
+    assert 0.1 < waited < 1.5  # waited out (the rest of) one interval, not twenty
+
+
 async def test_should_seal_batches_at_the_size_limit(tmp_path):
     url = (tmp_path / "store").as_uri()
     store, _ = faulty_store(tmp_path, [FaultRule("delay", times=None, delay_s=(0.05, 0.05))])
