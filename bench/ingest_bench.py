@@ -3,7 +3,8 @@
 Runs, side by side in one run, on this machine:
 
 * the bare stacks (``_bare_servers.py``): raw ASGI on uvicorn answering 202 without doing
-  anything, and a grpc.aio Ingest service answering without decoding — the ceilings;
+  anything, and a grpc.aio Ingest service that decodes each event with msgspec into a
+  list and answers (as the CEILINGS.md probe did) — the ceilings;
 * a real ``icefloe ingestor`` on a local store, whose 202/ack means "in a batch file listed
   by the manifest" (validation, canonicalisation, zstd, fsync'd PUT, manifest CAS).
 
