@@ -36,10 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from icefloe.errors import (
-    PermanentStoreError,
-    TransientStoreError,
-)
+from icefloe.errors import PermanentStoreError, TransientStoreError
 from icefloe.store.base import (
     AsyncObjectStore,
     GetResult,
@@ -87,9 +84,9 @@ class _Channel(asyncio.Protocol):
             (size,) = _LENGTH.unpack_from(buffer)
             if len(buffer) < 4 + size:
                 return
-            answer = pickle.loads(memoryview(buffer)[4:4 + size])
-            del buffer[:4 + size]
-            request_id, ok, value = answer
+            with memoryview(buffer) as view, view[4:4 + size] as frame:
+                request_id, ok, value = pickle.loads(frame)
+            del buffer[:4 + size]  # only once no view of it is left
             waiting = self.pending.pop(request_id, None)
             if waiting is None or waiting[0].done():
                 continue  # its caller gave up (a flush timeout): nothing to answer
