@@ -58,6 +58,7 @@ from typing import Final
 import zstandard
 
 from icefloe.errors import BatchFormatError
+from icefloe.zstd_contexts import compressor, decompressor
 
 __all__ = [
     "DEFAULT_LEVEL",
@@ -176,8 +177,7 @@ def _compress(block: bytes | bytearray, compression: Compression, level: int) ->
                 f"zstd level must be an int in {-(1 << 17)}..{zstandard.MAX_COMPRESSION_LEVEL},"
                 f" got {level!r}"
             )
-        cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
-        return cctx.compress(block)
+        return compressor(level, checksum=True).compress(block)
     raise ValueError(f"unknown compression {compression!r}; expected one of {list(Compression)}")
 
 
@@ -357,7 +357,7 @@ def _decompress_frame(frame: memoryview, max_block_bytes: int) -> bytes:
             f"zstd frame declares {content_size} bytes of content; the limit is "
             f"{max_block_bytes}",
         )
-    dctx = zstandard.ZstdDecompressor()
+    dctx = decompressor()
     try:
         if known:
             # zstd itself fails the frame if it produces more or less than declared.

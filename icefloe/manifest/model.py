@@ -35,6 +35,7 @@ import zstandard
 
 from icefloe.checksum import crc32c
 from icefloe.errors import ManifestCorruptError
+from icefloe.zstd_contexts import compressor, decompressor
 
 MAGIC = b"IFMQ"
 VERSION = 1
@@ -179,7 +180,7 @@ class Manifest:
             + b"\n" + self.lines
         compression = 0
         if len(body) > COMPRESS_ABOVE:
-            body = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(body)
+            body = compressor(ZSTD_LEVEL).compress(body)
             compression = 1
         footer = FOOTER.pack(compression, self.epoch, self.next_sequence, self.entry_count,
                              self.revision, crc32c(body), VERSION, MAGIC)
@@ -202,7 +203,7 @@ class Manifest:
             raise ManifestCorruptError("manifest body checksum mismatch")
         try:
             if compression == 1:
-                body = zstandard.ZstdDecompressor().decompress(body)
+                body = decompressor().decompress(body)
             elif compression != 0:
                 raise ManifestCorruptError(f"manifest compression {compression} is unknown")
             split = body.index(b"\n")
