@@ -34,6 +34,7 @@ from icefloe.manifest import (
 from icefloe.manifest.model import FOOTER
 from icefloe.store import open_async_store
 from icefloe.store.adapters import ThreadedAsyncStore
+from icefloe.store.cas import LastWritten, Versioned
 from icefloe.store.faults import FaultRule, FaultyAsyncStore
 from icefloe.store.local import LocalStore
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
@@ -417,3 +418,26 @@ def test_should_append_without_reading_back_what_it_wrote_until_someone_else_wri
         await plain.close()
 
     asyncio.run(run())
+
+
+def test_should_back_off_from_the_remembered_manifest_while_others_write_often():
+    """With several producers on one manifest most first attempts on the remembered version
+    would fail (a wasted PUT each): after k misses in a row the next 2**k - 1 CASes read
+    first; once one succeeds on it again, every CAS starts from it."""
+    last: LastWritten[Manifest] = LastWritten()
+    written = Versioned(Manifest(), '"etag"', time.time(), 10)
+
+    def cas(contended: bool) -> bool:
+        """One CAS as cas_document runs it; True if it started from the remembered one."""
+        offered = last.take() is not None
+        if offered and contended:
+            last.stale()
+        last.keep(written, remembered=offered and not contended)
+        return offered
+
+    last.keep(written, remembered=False)
+    offered = [i for i in range(200) if cas(contended=True)]
+    assert offered == [0, 2, 6, 14, 30, 62, 126, 190]  # gaps 1, 3, 7, ... capped at 63
+    quiet = [cas(contended=False) for _ in range(70)]
+    assert quiet.index(True) <= LastWritten.MAX_SKIPPED  # the backoff runs out ...
+    assert all(quiet[quiet.index(True):])  # ... and one success restores every CAS

@@ -57,25 +57,48 @@ class LastWritten(Generic[D]):
     back what it just wrote on every write: a GET per append, a round trip on S3 and a
     decode here. The conditional PUT checks the ETag anyway, so a first attempt on the
     remembered version is safe: if anyone wrote in between, it fails with 412, and the
-    loop reads the document and goes on as usual. The store's clock is estimated as the
-    clock at that write plus the local time elapsed since.
+    loop reads the document and goes on as usual. A mutation that writes nothing or
+    refuses on the remembered version is redone on a fresh read: only a successful write
+    proves the version was current. The store's clock is estimated as the clock at that
+    write plus the local time elapsed since.
+
+    When others write often (several producers on one manifest), most such attempts would
+    fail, each costing a PUT with the whole body — more than the read it saves. So after
+    ``k`` stale attempts in a row the next ``2**k - 1`` CASes (at most 63) read first; one
+    write that succeeds on the remembered version resets ``k``.
     """
+
+    MAX_SKIPPED = 63
 
     def __init__(self) -> None:
         self._version: Versioned[D] | None = None
         self._at = 0.0
+        self._misses = 0
+        self._skip = 0
 
     def take(self) -> Versioned[D] | None:
-        """The remembered version with its clock brought forward (None if there is none),
-        forgotten until the next write succeeds."""
+        """The remembered version with its clock brought forward, or None (nothing
+        remembered, or backing off); forgotten until the next write succeeds."""
         version, self._version = self._version, None
         if version is None:
+            return None
+        if self._skip:
+            self._skip -= 1
             return None
         return Versioned(version.value, version.etag,
                          version.store_time + time.monotonic() - self._at, version.size)
 
-    def keep(self, version: Versioned[D]) -> None:
+    def keep(self, version: Versioned[D], *, remembered: bool) -> None:
+        """Remember ``version`` as written; ``remembered``: that write started from
+        :meth:`take`'s version (it was current: stop backing off)."""
+        if remembered:
+            self._misses = 0
         self._version, self._at = version, time.monotonic()
+
+    def stale(self) -> None:
+        """The version :meth:`take` gave had been replaced by someone else."""
+        self._misses += 1
+        self._skip = min(2 ** self._misses - 1, self.MAX_SKIPPED)
 
 
 async def load_document(store: AsyncObjectStore, key: str, decode: Callable[[bytes], D],
@@ -127,6 +150,8 @@ async def cas_document(store: AsyncObjectStore, key: str, decode: Callable[[byte
                 put = await store.put(key, data, if_match=loaded.etag)
         except PreconditionFailed:
             if remembered is not None:  # someone wrote since we did: read, and go on
+                assert last is not None
+                last.stale()
                 remembered = None
                 if stats is not None:
                     stats.stale += 1
@@ -146,5 +171,6 @@ async def cas_document(store: AsyncObjectStore, key: str, decode: Callable[[byte
         if stats is not None:
             stats.writes += 1
         if last is not None:
-            last.keep(Versioned(new, put.etag, put.store_time, len(data)))
+            last.keep(Versioned(new, put.etag, put.store_time, len(data)),
+                      remembered=remembered is not None)
         return loaded, new
