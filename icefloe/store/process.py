@@ -145,6 +145,7 @@ class ProcessAsyncStore(AsyncObjectStore):
                 self._process = subprocess.Popen(
                     [sys.executable, "-m", "icefloe.store.process", str(theirs.fileno()),
                      self.root], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,  # never holds the ingestor's stdout open
                     env=_child_environment())
             except OSError as exc:
                 ours.close()
