@@ -181,6 +181,31 @@ def _compress(block: bytes | bytearray, compression: Compression, level: int) ->
     raise ValueError(f"unknown compression {compression!r}; expected one of {list(Compression)}")
 
 
+@dataclass(frozen=True, slots=True)
+class BatchBlock:
+    """A finished builder's records, not yet compressed: an
+    :class:`~icefloe.store.base.Encodable` whose :meth:`encode` is the batch file.
+
+    Why: the ingestor hands this to the store, which compresses where it is cheapest (the
+    local store's helper process), instead of compressing on the event loop.
+    """
+
+    block: bytes | bytearray
+    record_count: int
+    compression: Compression = Compression.ZSTD
+    level: int = DEFAULT_LEVEL
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    def encode(self) -> bytes:
+        """The batch file: the (compressed) block and the footer."""
+        footer = _footer_bytes(Compression(self.compression), self.record_count)
+        if self.compression == Compression.NONE:
+            return b"".join((self.block, footer))
+        return _compress(self.block, Compression(self.compression), self.level) + footer
+
+
 class BatchBuilder:
     """Accumulates records into an uncompressed block; :meth:`finish` makes the file.
 
@@ -279,10 +304,16 @@ class BatchBuilder:
         ``level`` applies to zstd only. Raises ``ValueError`` for an unknown compression or
         an invalid zstd level.
         """
-        footer = _footer_bytes(Compression(compression), self._count)
-        if compression == Compression.NONE:
-            return b"".join((self._buf, footer))  # one copy, not bytes(buf) + footer
-        return _compress(self._buf, Compression(compression), level) + footer
+        return self.to_block(compression, level).encode()
+
+    def to_block(self, compression: Compression = Compression.ZSTD,
+                 level: int = DEFAULT_LEVEL) -> BatchBlock:
+        """The records as a :class:`BatchBlock` to encode later (or elsewhere).
+
+        It shares this builder's buffer: add nothing more to the builder afterwards
+        (:meth:`clear` is fine, it starts a new buffer).
+        """
+        return BatchBlock(self._buf, self._count, Compression(compression), level)
 
 
 def encode_batch(records: Iterable[bytes | bytearray | memoryview],

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from ulid import ULID
 
-from icefloe.batch import BatchBuilder, Compression
+from icefloe.batch import BatchBlock, BatchBuilder, Compression
 from icefloe.checksum import crc32c
 from icefloe.envelope import frame_events
 from icefloe.manifest.producer import BatchRef, ManifestProducer
@@ -37,6 +37,21 @@ async def publish_batch(store: AsyncObjectStore, producer: ManifestProducer, dat
         location=key, size=len(data), crc32c=crc32c(data) if checksum is None else checksum,
         record_count=record_count, streams=tuple(sorted(set(streams))),
         written_at=put.store_time, registry_version=registry_version))
+
+
+async def publish_block(store: AsyncObjectStore, producer: ManifestProducer,
+                        block: BatchBlock, *, streams: Iterable[str],
+                        registry_version: int = 0) -> tuple[int | None, int]:
+    """:func:`publish_batch` for records not yet compressed: the store compresses them
+    (in its helper process if it has one). Returns the manifest sequence and the file's
+    size."""
+    key = new_batch_key()
+    stored = await store.put_encoded(key, block)
+    sequence = await producer.append(BatchRef(
+        location=key, size=stored.size, crc32c=stored.crc32c,
+        record_count=block.record_count, streams=tuple(sorted(set(streams))),
+        written_at=stored.result.store_time, registry_version=registry_version))
+    return sequence, stored.size
 
 
 def build_batch(events: Iterable[tuple[str, str, int, bytes]], level: int = 3

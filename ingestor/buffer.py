@@ -27,18 +27,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from icefloe.batch import BatchBuilder, Compression
-from icefloe.checksum import crc32c
 from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
 from icefloe.manifest import ManifestProducer
-from icefloe.publish import publish_batch
+from icefloe.publish import publish_block
 from icefloe.store.base import AsyncObjectStore
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
 
 log = logging.getLogger("icefloe.ingestor.buffer")
-
-INLINE_COMPRESS_BYTES = 256 * 1024
-"""Batches up to this size are compressed on the event loop (~0.6 ms at most)."""
 
 
 @dataclass(frozen=True)
@@ -279,20 +275,13 @@ class Batcher:
                 waiter.set_exception(error)
 
     async def _write(self, batch: _OpenBatch) -> None:
-        builder, level = batch.builder, self.settings.zstd_level
-
-        def compress() -> tuple[bytes, int]:  # zstd releases the GIL: keep it off the loop
-            data = builder.finish(Compression.ZSTD, level)
-            return data, crc32c(data)
-
-        # zstd releases the GIL, but a thread hop costs an event-loop turn, and a turn under
-        # load is milliseconds: small batches (~0.1 ms at 400 MB/s) compress in place
-        data, checksum = compress() if builder.block_size <= INLINE_COMPRESS_BYTES \
-            else await asyncio.to_thread(compress)
-        await publish_batch(self.store, self.producer, data, checksum=checksum,
-                            record_count=builder.record_count, streams=batch.streams,
-                            registry_version=batch.registry_version)
-        self.metrics.batch_bytes.observe(len(data))
+        builder = batch.builder
+        # compressed by the store: in the local store's helper process, off this loop
+        _, size = await publish_block(
+            self.store, self.producer,
+            builder.to_block(Compression.ZSTD, self.settings.zstd_level),
+            streams=batch.streams, registry_version=batch.registry_version)
+        self.metrics.batch_bytes.observe(size)
         self.metrics.batch_events.observe(builder.record_count)
 
     # -- shutdown --------------------------------------------------------------------------

@@ -46,11 +46,13 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from icefloe.errors import ConfigError
-from icefloe.schema import InvalidEvents
+from icefloe.schema import CompiledStream, InvalidEvents
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+from ingestor.auth import NeedsVerification
 from ingestor.client_address import TrustedProxies
 from ingestor.errors import IngestError, Unavailable
 from ingestor.runtime import IngestorRuntime
+from ingestor.service import Caller
 from ingestor.tls import CertificateReloader
 
 log = logging.getLogger("icefloe.ingestor.grpc")
@@ -280,7 +282,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         """Ingest one request: (accepted, None) once durable, or (0, why it was refused)."""
         started = time.perf_counter()
         try:
-            accepted = await self._publish(request, token, client, metadata)
+            try:
+                durable, stream, count = self._admit(request, token, client, metadata, None)
+            except NeedsVerification:  # a first-time token: verify it (may take a while)
+                stream = self.service.stream(request.stream)
+                caller = await self.service.authorize(stream, token, client)
+                durable, stream, count = self._admit(request, token, client, metadata, caller)
+            await durable
         except IngestError as error:
             self._refused(request, error)
             return 0, error
@@ -290,18 +298,23 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             self._refused(request, error)
             return 0, error
         self._ack.observe(time.perf_counter() - started)
-        ok = self._ok.get(request.stream)
+        ok = self._ok.get(stream.name)
         if ok is None:
-            ok = self._ok[request.stream] = self.metrics.requests.labels(
-                "grpc", request.stream, grpc.StatusCode.OK.name)
+            ok = self._ok[stream.name] = self.metrics.requests.labels(
+                "grpc", stream.name, grpc.StatusCode.OK.name)
         ok.inc()
-        return accepted, None
+        return self.service.accepted(stream.name, count), None
 
-    async def _publish(self, request: ingest_pb2.PublishRequest, token: str | None,
-                       client: str | None, metadata: Metadata = None) -> int:
+    def _admit(self, request: ingest_pb2.PublishRequest, token: str | None,
+               client: str | None, metadata: Metadata, caller: Caller | None
+               ) -> tuple[asyncio.Future[None], CompiledStream, int]:
+        """Check, frame and buffer one request without awaiting: the future resolves once
+        its events are durable. ``caller`` None: authorize from cached token outcomes
+        (raises :class:`NeedsVerification` for a first-time token)."""
         service = self.service
         stream = service.stream(request.stream)
-        caller = await service.authorize(stream, token, client)
+        if caller is None:
+            caller = service.authorize_known(stream, token, client)
         events = list(request.events)  # one wrapper per event, read twice (~30% cheaper)
         try:
             meta = stream.request_meta(client, lambda key: metadata_value(metadata, key))
@@ -309,9 +322,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         except InvalidEvents as exc:
             raise service.bad_request(exc) from None
         ids = [event.event_id for event in events]
-        return await service.ingest(stream, canonical, event_ids=ids if any(ids) else None,
-                                    idempotency_key=request.request_id or None, caller=caller,
-                                    meta=meta)
+        durable = service.admit(stream, canonical, event_ids=ids if any(ids) else None,
+                                idempotency_key=request.request_id or None, caller=caller,
+                                meta=meta)
+        return durable, stream, len(events)
 
     def _refused(self, request: ingest_pb2.PublishRequest, error: IngestError) -> None:
         label = request.stream if request.stream in self.service.streams \

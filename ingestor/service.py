@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from icefloe.config import Config
-from icefloe.envelope import MAX_ID_BYTES, frame_events
+from icefloe.envelope import MAX_ID_BYTES, frame_encoded
 from icefloe.errors import NotFound, StoreError
 from icefloe.registry.model import Registry
 from icefloe.schema import Canonical, CompiledStream, InvalidEvents
@@ -175,13 +175,8 @@ class IngestService:
         task per request. Raises every refusal :meth:`ingest` raises before the wait.
         """
         payloads = canonical.payloads
-        for index, payload in enumerate(payloads):
-            if len(payload) > self.max_event_bytes:
-                raise PayloadTooLarge(
-                    f"event {index} is {len(payload)} bytes, over the {self.max_event_bytes}-"
-                    "byte limit per event (ingestor.max_event_bytes)", code="event_too_large",
-                    details=[{"index": index, "field": None,
-                              "reason": f"{len(payload)} bytes > {self.max_event_bytes}"}])
+        if max(map(len, payloads)) > self.max_event_bytes:
+            self._too_large(payloads)
         received_at_ms = time.time_ns() // 1_000_000
         ids = self._event_ids(len(payloads), canonical.body_ids, event_ids, idempotency_key,
                               received_at_ms)
@@ -189,10 +184,18 @@ class IngestService:
             self.limits.admit(stream.name, caller.token if caller else None,
                               caller.client if caller else None, len(payloads),
                               sum(map(len, payloads)))
-        framed = frame_events(stream.name, received_at_ms, ids, payloads, validate=False,
-                              meta=meta)
+        framed = frame_encoded(stream.name, received_at_ms, ids, payloads, meta=meta)
         return self.batcher.enqueue(framed, len(payloads), stream.name,
                                     stream.registry_version)
+
+    def _too_large(self, payloads: Sequence[bytes]) -> None:
+        index = next(i for i, p in enumerate(payloads) if len(p) > self.max_event_bytes)
+        size = len(payloads[index])
+        raise PayloadTooLarge(
+            f"event {index} is {size} bytes, over the {self.max_event_bytes}-byte limit per "
+            "event (ingestor.max_event_bytes)", code="event_too_large",
+            details=[{"index": index, "field": None,
+                      "reason": f"{size} bytes > {self.max_event_bytes}"}])
 
     def accepted(self, stream: str, count: int) -> int:
         """Count ``count`` durable events of ``stream``; returns ``count``."""
@@ -203,37 +206,45 @@ class IngestService:
         return count
 
     def _event_ids(self, count: int, body_ids: Sequence[str | None] | None,
-                   explicit: Sequence[str] | None, key: str | None, now_ms: int) -> list[str]:
-        """Body id field > per-event id > idempotency key (+ index) > generated."""
-        if key is not None and not 0 < len(key.encode()) <= MAX_ID_BYTES - 11:
-            raise BadRequest(f"the idempotency key must be 1..{MAX_ID_BYTES - 11} bytes",
-                             code="invalid_idempotency_key")
+                   explicit: Sequence[str] | None, key: str | None, now_ms: int
+                   ) -> list[bytes]:
+        """Body id field > per-event id > idempotency key (+ index) > generated; UTF-8.
+
+        Why bytes: the framing needs them encoded, and derived ids are built as bytes from
+        a cached suffix per index instead of formatting a string per event."""
+        raw_key = None
+        if key is not None:
+            raw_key = key.encode()
+            if not 0 < len(raw_key) <= MAX_ID_BYTES - 11:
+                raise BadRequest(f"the idempotency key must be 1..{MAX_ID_BYTES - 11} bytes",
+                                 code="invalid_idempotency_key")
         if not body_ids and not explicit:  # the common case: every id derived, all valid
-            if key is not None:  # 11 bytes of room above hold ":" and any index
-                return [key] if count == 1 else [f"{key}:{i}" for i in range(count)]
-            generated = self._ulids.next(now_ms)
-            if count == 1:
-                return [generated + "-0"]
-            return [f"{generated}-{i}" for i in range(count)]
-        generated = self._ulids.next(now_ms)
-        ids: list[str] = []
+            if raw_key is not None:  # 11 bytes of room above hold ":" and any index
+                return [raw_key] if count == 1 else _suffixed(raw_key, b":", count)
+            return _suffixed(self._ulids.next(now_ms).encode(), b"-", count)
+        generated: bytes | None = None
+        ids: list[bytes] = []
         for index in range(count):
             event_id = body_ids[index] if body_ids else None
             if not event_id and explicit:
                 event_id = explicit[index] or None
-            if not event_id:
-                if key is not None:
-                    event_id = key if count == 1 else f"{key}:{index}"
-                else:
-                    event_id = f"{generated}-{index}"
-            if not 0 < len(event_id.encode()) <= MAX_ID_BYTES:
+            if event_id:
+                raw = event_id.encode()
+            elif raw_key is not None:
+                raw = raw_key if count == 1 else raw_key + b":%d" % index
+            else:
+                if generated is None:
+                    generated = self._ulids.next(now_ms).encode()
+                raw = generated + b"-%d" % index
+            if not 0 < len(raw) <= MAX_ID_BYTES:
                 raise BadRequest(
-                    f"event {index}: its id is {len(event_id.encode())} bytes; ids must be "
+                    f"event {index}: its id is {len(raw)} bytes; ids must be "
                     f"1..{MAX_ID_BYTES} UTF-8 bytes", code="invalid_event_id",
                     details=[{"index": index, "field": "event_id",
                               "reason": f"id {event_id[:40]!r}... longer than {MAX_ID_BYTES} "
-                                        "bytes" if len(event_id) > 40 else "id too long"}])
-            ids.append(event_id)
+                                        "bytes" if event_id and len(event_id) > 40
+                              else "id too long"}])
+            ids.append(raw)
         return ids
 
     # -- readiness -------------------------------------------------------------------------
@@ -253,3 +264,17 @@ class IngestService:
             ok, reason = False, "object store unreachable"
         self._ready = (time.monotonic(), ok, reason)
         return ok, reason
+
+
+_SUFFIX_CACHE = 1024
+_SUFFIXES: dict[bytes, tuple[bytes, ...]] = {
+    sep: tuple(sep + b"%d" % i for i in range(_SUFFIX_CACHE)) for sep in (b"-", b":")}
+
+
+def _suffixed(stem: bytes, sep: bytes, count: int) -> list[bytes]:
+    """``stem + sep + index`` for each index below ``count`` (suffixes cached up to 1024)."""
+    if count == 1:
+        return [stem + sep + b"0"]
+    if count <= _SUFFIX_CACHE:
+        return [stem + suffix for suffix in _SUFFIXES[sep][:count]]
+    return [stem + sep + b"%d" % i for i in range(count)]

@@ -7,12 +7,15 @@ import random
 
 import pytest
 
+from icefloe.batch import BatchBuilder, decode_batch
+from icefloe.checksum import crc32c
 from icefloe.errors import ConditionalWritesUnsupported, PermanentStoreError, TransientStoreError
 from icefloe.store.adapters import ThreadedAsyncStore
 from icefloe.store.base import IfNoneMatch, PutResult
 from icefloe.store.faults import FaultRule, FaultyAsyncStore
 from icefloe.store.local import LocalStore
 from icefloe.store.probe import PROBE_PREFIX, probe_conditional_writes
+from icefloe.store.process import ProcessAsyncStore
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy, call_with_retry
 
 FAST = RetryPolicy(max_attempts=4, base_delay_s=0.001, max_delay_s=0.002, budget_s=5)
@@ -71,6 +74,34 @@ def test_should_stop_retrying_when_the_time_budget_is_spent():
     with pytest.raises(TransientStoreError, match="gave up"):
         call_with_retry(slow, always)
     assert len(calls) < 10
+
+
+@pytest.mark.parametrize("helper", [False, True], ids=["threads", "helper-process"])
+def test_should_retry_an_encoded_put_through_injected_put_faults(tmp_path, helper):
+    """Batch files go through ``put_encoded``: the fault layer must treat it as a put (so
+    chaos rules on puts still hit batch files) and the retry layer must retry it."""
+    builder = BatchBuilder()
+    builder.extend([b"event-%d" % i for i in range(50)])
+    block = builder.to_block()
+
+    async def scenario() -> tuple[int, int, bytes, int]:
+        inner = ProcessAsyncStore(tmp_path) if helper else ThreadedAsyncStore(
+            LocalStore(tmp_path))
+        faulty = FaultyAsyncStore(inner, [FaultRule("fail", ops=frozenset({"put"}),
+                                                    times=2)])
+        store = RetryingAsyncStore(faulty, FAST)
+        try:
+            stored = await store.put_encoded("batches/b.ifb", block)
+            data = (await store.get("batches/b.ifb")).data
+        finally:
+            await store.close()
+        return faulty.injected["fail"], stored.size, data, stored.crc32c
+
+    injected, size, data, checksum = asyncio.run(scenario())
+    assert injected == 2
+    assert size == len(data)
+    assert checksum == crc32c(data)
+    assert decode_batch(data) == [b"event-%d" % i for i in range(50)]
 
 
 def test_should_reject_bad_policies():

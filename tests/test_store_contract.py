@@ -28,7 +28,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from icefloe.checksum import crc32c_b64
+from icefloe.batch import BatchBuilder, Compression, decode_batch
+from icefloe.checksum import crc32c, crc32c_b64
 from icefloe.errors import (
     NotFound,
     PermanentStoreError,
@@ -139,6 +140,26 @@ def test_should_round_trip_a_5_mib_object_in_one_put(backend):
         assert got.data == data
         assert got.etag == put.etag
         assert (await store.head("big/blob")).size == len(data)
+
+    backend.run(scenario)
+
+
+@pytest.mark.parametrize("raw_bytes", [3000, 600_000])  # inline, and in a thread by default
+def test_should_store_an_encoded_body_and_report_its_size_and_crc32c(backend, raw_bytes):
+    records = [b"%06d" % i + b"x" * 94 for i in range(raw_bytes // 104)]
+    builder = BatchBuilder()
+    builder.extend(records)
+    block = builder.to_block(Compression.ZSTD, 3)
+
+    async def scenario(store: AsyncObjectStore) -> None:
+        stored = await store.put_encoded("batches/encoded.ifb", block)
+        got = await store.get("batches/encoded.ifb")
+        assert got.data == builder.finish(Compression.ZSTD, 3)  # the very batch file
+        assert stored.size == len(got.data) < len(block)
+        assert stored.crc32c == crc32c(got.data)
+        assert stored.result.etag == got.etag
+        assert_recent(stored.result.store_time)
+        assert decode_batch(got.data) == records
 
     backend.run(scenario)
 

@@ -26,6 +26,8 @@ from typing import Literal, TypeVar
 from icefloe.errors import PreconditionFailed, TransientStoreError
 from icefloe.store.base import (
     AsyncObjectStore,
+    Encodable,
+    EncodedPut,
     GetResult,
     IfNoneMatch,
     ListResult,
@@ -122,6 +124,9 @@ class FaultyAsyncStore(AsyncObjectStore):
                   if_none_match: IfNoneMatch = None) -> PutResult:
         return await self._call("put", key, lambda: self.inner.put(
             key, data, if_match=if_match, if_none_match=if_none_match))
+
+    async def put_encoded(self, key: str, body: Encodable) -> EncodedPut:
+        return await self._call("put", key, lambda: self.inner.put_encoded(key, body))
 
     async def delete(self, key: str) -> None:
         await self._call("delete", key, lambda: self.inner.delete(key))

@@ -21,6 +21,8 @@ from typing import TypeVar
 from icefloe.errors import TransientStoreError
 from icefloe.store.base import (
     AsyncObjectStore,
+    Encodable,
+    EncodedPut,
     GetResult,
     IfNoneMatch,
     ListResult,
@@ -146,6 +148,10 @@ class RetryingAsyncStore(AsyncObjectStore):
                   if_none_match: IfNoneMatch = None) -> PutResult:
         return await call_with_retry_async(self.policy, lambda: self.inner.put(
             key, data, if_match=if_match, if_none_match=if_none_match))
+
+    async def put_encoded(self, key: str, body: Encodable) -> EncodedPut:
+        return await call_with_retry_async(self.policy,
+                                           lambda: self.inner.put_encoded(key, body))
 
     async def delete(self, key: str) -> None:
         await call_with_retry_async(self.policy, lambda: self.inner.delete(key))
