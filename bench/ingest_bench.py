@@ -8,8 +8,11 @@ Runs, side by side in one run, on this machine:
 * a real ``icefloe ingestor`` on a local store, whose 202/ack means "in a batch file listed
   by the manifest" (validation, canonicalisation, zstd, fsync'd PUT, manifest CAS).
 
-Load comes from separate processes: ``wrk`` (HTTP; falls back to nothing if missing — install
-Debian's ``wrk``) and ``_grpc_load.py`` (gRPC). Events are ~200-byte JSON objects.
+The rows with targets and their ceilings are measured in turns (bare, icefloe, bare, ...)
+three times in a full run and reported as medians (the durable rows' median also counts
+the pass that records their latencies). Load comes from separate processes: ``wrk`` (HTTP;
+falls back to nothing if missing — install Debian's ``wrk``) and ``_grpc_load.py`` (gRPC).
+Events are ~200-byte JSON objects.
 
 Usage: python bench/ingest_bench.py [--quick] [--json PATH]
 """
@@ -23,6 +26,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Result, print_table, write_json
 
 HERE = Path(__file__).resolve().parent
+ROUNDS = 3
+"""Full runs measure the rows with targets (HTTP single events at 256 connections, gRPC
+unary) and their bare ceilings in turns, this many times, and report medians: this VM
+moves 10-15 % between runs, and a ratio of two single runs doubles that."""
 PYTHON = sys.executable
 ICEFLOE = str(Path(PYTHON).parent / "icefloe")
 EVENT = ('{"user_id":"user-%05d","url":"https://example.com/products/%d?ref=campaign-7",'
@@ -174,23 +182,21 @@ def start_drain(workdir: Path) -> subprocess.Popen[str]:
 
 def run(quick: bool) -> list[Result]:
     seconds = 3.0 if quick else 10.0
+    rounds = 1 if quick else ROUNDS
     results: list[Result] = []
     single, batch = EVENT % (1, 2, 3), batch_body(100)
     have_wrk = shutil.which("wrk") is not None
-    with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-") as tmp, \
+            contextlib.ExitStack() as servers:
         workdir = Path(tmp)
-        bare: dict[str, float] = {}
+        bare_http = free_port()
         if have_wrk:
-            port = free_port()
-            with process([PYTHON, str(HERE / "_bare_servers.py"), "http", str(port)], port):
-                url = f"http://127.0.0.1:{port}/"
-                bare["single"] = wrk(url, single, seconds, 32, workdir)[0]
-                bare["batch"] = wrk(url, batch, seconds, 32, workdir)[0] * 100
-        port = free_port()
-        with process([PYTHON, str(HERE / "_bare_servers.py"), "grpc", str(port)], port):
-            bare["unary"] = grpc_load(port, "unary", seconds, 32)["events_per_s"]
-            bare["stream"] = grpc_load(port, "stream", seconds, 4)["events_per_s"]
-
+            servers.enter_context(process(
+                [PYTHON, str(HERE / "_bare_servers.py"), "http", str(bare_http)], bare_http))
+        bare_grpc = free_port()
+        servers.enter_context(process(
+            [PYTHON, str(HERE / "_bare_servers.py"), "grpc", str(bare_grpc)], bare_grpc))
+        bare_url = f"http://127.0.0.1:{bare_http}/"
         proc, http_port, grpc_port = start_ingestor(workdir)
         drain = start_drain(workdir)
         try:
@@ -198,9 +204,27 @@ def run(quick: bool) -> list[Result]:
             p50, p99 = light_latency(url, seconds / 2)
             results += [Result("ack latency p50, light load (1 client, HTTP single)", p50, "ms"),
                         Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
+            # the rows with targets: bare and icefloe in turns, the median of each
+            paired: dict[str, list[float]] = {}
+            for _ in range(rounds):
+                if have_wrk:
+                    paired.setdefault("bare single", []).append(
+                        wrk(bare_url, single, seconds, 32, workdir)[0])
+                    paired.setdefault("single 256", []).append(
+                        wrk(url, single, seconds, 256, workdir)[0])
+                paired.setdefault("bare unary", []).append(
+                    grpc_load(bare_grpc, "unary", seconds, 32)["events_per_s"])
+                paired.setdefault("unary", []).append(
+                    grpc_load(grpc_port, "unary", seconds, 32)["events_per_s"])
+            bare = {"unary": statistics.median(paired["bare unary"]),
+                    "stream": grpc_load(bare_grpc, "stream", seconds, 4)["events_per_s"]}
             if have_wrk:
+                bare["single"] = statistics.median(paired["bare single"])
+                bare["batch"] = wrk(bare_url, batch, seconds, 32, workdir)[0] * 100
                 for connections in (32, 256, 512):  # durable acks: rate = clients / ack time
                     rate, p50, p99 = wrk(url, single, seconds, connections, workdir)
+                    if connections == 256:
+                        rate = statistics.median([*paired["single 256"], rate])
                     label = f"HTTP single-event POST, durable, {connections} conns"
                     results += [Result(label, rate, "events/s", bare["single"]),
                                 Result(f"{label}: ack p50", p50, "ms"),
@@ -214,7 +238,8 @@ def run(quick: bool) -> list[Result]:
             unary = grpc_load(grpc_port, "unary", seconds, 32)
             stream = grpc_load(grpc_port, "stream", seconds, 4)
             results += [
-                Result("gRPC unary 100-event batch, durable", unary["events_per_s"],
+                Result("gRPC unary 100-event batch, durable",
+                       statistics.median([*paired["unary"], unary["events_per_s"]]),
                        "events/s", bare["unary"]),
                 Result("gRPC unary ack p50", unary["p50_ms"], "ms"),
                 Result("gRPC unary ack p99", unary["p99_ms"], "ms"),
@@ -235,6 +260,8 @@ def run(quick: bool) -> list[Result]:
         results += [Result("bare gRPC unary 100-event (ceiling)", bare["unary"], "events/s"),
                     Result("bare gRPC streaming 100-event (ceiling)", bare["stream"],
                            "events/s")]
+        for name, values in paired.items():
+            print(f"  {name}: " + ", ".join(f"{v:,.0f}" for v in values), file=sys.stderr)
     if not have_wrk:
         print("note: wrk not found; HTTP throughput rows skipped (apt-get install wrk)",
               file=sys.stderr)

@@ -159,7 +159,7 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     flush_age_ms: float = 100.0
     flush_bytes: int = 8 * 1024 * 1024
     flush_events: int = 100_000
-    min_flush_interval_ms: float = 0.0
+    min_flush_interval_ms: float = 5.0
     buffer_max_bytes: int = 256 * 1024 * 1024
     flush_timeout_s: float = 30.0
     shutdown_timeout_s: float = 20.0
