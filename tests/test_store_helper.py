@@ -20,7 +20,7 @@ from icefloe.errors import NotFound, TransientStoreError
 from icefloe.store import StoreOptions, open_async_store
 from icefloe.store.adapters import ThreadedAsyncStore
 from icefloe.store.local import LocalStore
-from icefloe.store.process import ProcessAsyncStore
+from icefloe.store.process import HELPER_NICE, ProcessAsyncStore
 from ingestor.runtime import store_options
 
 WAIT_S = 30.0
@@ -93,10 +93,24 @@ def test_should_keep_serving_through_sigint_and_sigterm(tmp_path):
     asyncio.run(scenario())
 
 
+def test_should_run_at_a_lower_priority_than_its_parent(tmp_path):
+    """The event loop it serves is on every request's path; the helper is not."""
+    async def scenario() -> int:
+        store = ProcessAsyncStore(tmp_path)
+        try:
+            await store.put("a", b"1")  # the helper sets its priority before serving
+            assert store.helper_pid is not None
+            return os.getpriority(os.PRIO_PROCESS, store.helper_pid)
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + HELPER_NICE)
+
+
 def test_should_exit_when_its_parent_is_killed(tmp_path):
     script = (
         "import asyncio, sys\n"
-        "from icefloe.store.process import ProcessAsyncStore\n"
+        "from icefloe.store.process import HELPER_NICE, ProcessAsyncStore\n"
         "async def main():\n"
         "    store = ProcessAsyncStore(sys.argv[1])\n"
         "    await store.put('k', b'v')\n"

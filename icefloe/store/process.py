@@ -11,7 +11,8 @@ Semantics are the :class:`~icefloe.store.local.LocalStore`'s, because the helper
 very class; only the transport differs. If the helper dies, operations in flight fail with
 an *ambiguous* :class:`~icefloe.errors.TransientStoreError` (a put may or may not have
 landed; the retry layer and the manifest's idempotent producer handle that), and the next
-operation starts a fresh helper. The helper exits when its parent's socket closes, so a
+operation starts a fresh helper. It runs at a lower priority (``HELPER_NICE``) than the
+event loop it serves. The helper exits when its parent's socket closes, so a
 ``kill -9`` of the parent leaves nothing behind; it ignores SIGINT/SIGTERM so that a
 shutdown's final flush still has a store to write to.
 
@@ -26,6 +27,7 @@ then a pickle. Request ``(id, op, args, kwargs)``; answer ``(id, True, result)``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -58,6 +60,12 @@ _LENGTH = struct.Struct("<I")
 _WORKER_THREADS = 4
 """Operations the helper runs at once: a slow list never holds up a flush's put."""
 _MUTATING = frozenset({"put", "put_encoded", "delete"})
+HELPER_NICE = 5
+"""The helper runs this much nicer than its parent. Why: on a busy machine its CPU work
+(compression, syscalls) competed with the event loop and gRPC's completion-queue thread,
+which are on every request's path; deprioritized, it waits a little longer and the front
+accepts calls sooner (gRPC unary +5 % measured on 2 cores). An idle machine sees no
+difference: nice only matters when something else wants the CPU."""
 
 
 class _Channel(asyncio.Protocol):
@@ -225,6 +233,8 @@ def serve(fd: int, root: str) -> None:
     """Answer requests on socket ``fd`` with a LocalStore on ``root`` until it closes."""
     from icefloe.store.local import LocalStore
 
+    with contextlib.suppress(OSError):  # a sandbox may forbid it: run at normal priority
+        os.nice(HELPER_NICE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     store = LocalStore(root)
