@@ -89,8 +89,9 @@ MEANING: dict[str, str] = {
     "ingestor.http_fast_lane": "answer plain ingest POSTs (HTTP/1.1 keep-alive, "
                                "Content-Length, uncompressed) from a callback instead of "
                                "an ASGI task: same answers, less CPU (off: all via ASGI)",
-    "ingestor.store_helper": "do a `file://` store's writes in a helper process instead of "
-                             "worker threads (flushes never wait for the GIL); no effect "
+    "ingestor.store_helper": "flush through a helper process on a `file://` store: it "
+                             "compresses, writes the batch and appends it to the manifest "
+                             "(off the event loop, never waiting for its GIL); no effect "
                              "on `s3://`",
     "collector.host": "bind address of the collector's /metrics, /healthz, /readyz",
     "collector.metrics_port": "collector metrics and probes port (`--metrics-port`; 0 = any)",

@@ -4,19 +4,36 @@ Why shared: the ingestor's flusher, the benchmarks and the tests must all produc
 exactly the same way — a unique ULID key, the store's write time as the append deadline's
 clock, and the checksum the collector verifies — or tests would prove a different path
 from the one that runs in production.
+
+Where it runs: a :class:`Publisher`. :class:`StorePublisher` writes and appends from this
+process, for any store. With the local store's helper process (the ingestor's default on
+``file://``), :class:`HelperPublisher` sends the batch there and the helper writes the
+file *and* appends it with a manifest producer of its own: one round trip per flush
+instead of two, and the manifest's encoding and CAS off the event loop (gRPC unary +9 %
+measured on 2 cores).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ulid import ULID
 
 from icefloe.batch import BatchBlock, BatchBuilder, Compression
 from icefloe.checksum import crc32c
 from icefloe.envelope import frame_events
-from icefloe.manifest.producer import BatchRef, ManifestProducer
-from icefloe.store.base import AsyncObjectStore
+from icefloe.manifest.config import ManifestConfig
+from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
+from icefloe.store.base import AsyncObjectStore, ObjectStore
+from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
+
+if TYPE_CHECKING:
+    from icefloe.store.process import ProcessAsyncStore
+
+log = logging.getLogger("icefloe.publish")
 
 BATCH_PREFIX = "batches/"
 BATCH_SUFFIX = ".ifb"
@@ -41,17 +58,178 @@ async def publish_batch(store: AsyncObjectStore, producer: ManifestProducer, dat
 
 async def publish_block(store: AsyncObjectStore, producer: ManifestProducer,
                         block: BatchBlock, *, streams: Iterable[str],
-                        registry_version: int = 0) -> tuple[int | None, int]:
+                        registry_version: int = 0, key: str | None = None
+                        ) -> tuple[int | None, int]:
     """:func:`publish_batch` for records not yet compressed: the store compresses them
     (in its helper process if it has one). Returns the manifest sequence and the file's
     size."""
-    key = new_batch_key()
+    key = key or new_batch_key()
     stored = await store.put_encoded(key, block)
     sequence = await producer.append(BatchRef(
         location=key, size=stored.size, crc32c=stored.crc32c,
         record_count=block.record_count, streams=tuple(sorted(set(streams))),
         written_at=stored.result.store_time, registry_version=registry_version))
     return sequence, stored.size
+
+
+class Publisher(Protocol):
+    """Where the ingestor's sealed batches go: a file in the store, then a manifest entry."""
+
+    stats: ProducerStats
+    """The manifest producer's counters (exported as metrics)."""
+
+    @property
+    def producer_id(self) -> str | None:
+        """The manifest producer id in use (None before the first append, helper only)."""
+        ...
+
+    async def publish(self, block: BatchBlock, *, streams: Iterable[str],
+                      registry_version: int = 0) -> tuple[int | None, int]:
+        """Write ``block`` as a batch file and append it; (manifest sequence, file size)."""
+        ...
+
+    async def close(self) -> None:
+        """Wait for appends in flight."""
+        ...
+
+
+class StorePublisher:
+    """Writes and appends from this process, through any store."""
+
+    def __init__(self, store: AsyncObjectStore, producer: ManifestProducer) -> None:
+        self.store = store
+        self.producer = producer
+        self.stats = producer.stats
+
+    @property
+    def producer_id(self) -> str | None:
+        return self.producer.producer_id
+
+    async def publish(self, block: BatchBlock, *, streams: Iterable[str],
+                      registry_version: int = 0) -> tuple[int | None, int]:
+        return await publish_block(self.store, self.producer, block, streams=streams,
+                                   registry_version=registry_version)
+
+    async def close(self) -> None:
+        await self.producer.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishOutcome:
+    """What the helper answers for one batch: its sequence (None: found already appended
+    and dequeued) and size, or the error that refused it; and its producer's id and
+    counters at that moment (refusals count too: queue full, deadline)."""
+
+    sequence: int | None
+    size: int
+    producer_id: str
+    stats: ProducerStats
+    error: Exception | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishJob:
+    """One batch to write and append inside the local store's helper process.
+
+    Runs on the helper's event loop with a producer that lives there (made by the first
+    job, kept in ``state``) over the helper's own store, retried with the ingestor's
+    policy. Pickled to the helper: everything here must pickle.
+    """
+
+    key: str
+    block: BatchBlock
+    streams: tuple[str, ...]
+    registry_version: int
+    manifest: ManifestConfig
+    retry: RetryPolicy
+
+    async def run(self, store: ObjectStore, state: dict[str, Any]) -> PublishOutcome:
+        from icefloe.store.adapters import ThreadedAsyncStore
+
+        producer: ManifestProducer | None = state.get("producer")
+        if producer is None:
+            retrying = RetryingAsyncStore(ThreadedAsyncStore(store), self.retry)
+            producer = state["producer"] = ManifestProducer(retrying, self.manifest)
+        try:
+            sequence, size = await publish_block(
+                producer.store, producer, self.block, streams=self.streams,
+                registry_version=self.registry_version, key=self.key)
+        except Exception as exc:  # answered with the counters it changed
+            return PublishOutcome(None, 0, producer.producer_id,
+                                  dataclasses.replace(producer.stats), exc)
+        return PublishOutcome(sequence, size, producer.producer_id,
+                              dataclasses.replace(producer.stats))
+
+
+class HelperPublisher:
+    """Publishes through the local store's helper process (see the module docstring).
+
+    Why the producer id can change: a helper that died took its producer with it, and the
+    next one starts a new producer (a new id, numbering from 1), exactly like a restarted
+    ingestor; the batches in flight when it died were answered 503, never acknowledged.
+    ``stats`` add up over every helper this process had.
+    """
+
+    def __init__(self, helper: ProcessAsyncStore, manifest: ManifestConfig,
+                 retry: RetryPolicy) -> None:
+        self.helper = helper
+        self.manifest = manifest
+        self.retry = retry
+        self.stats = ProducerStats()
+        self._earlier = ProducerStats()  # the counters of helpers that are gone
+        self._current = ProducerStats()
+        self._producer_id: str | None = None
+
+    @classmethod
+    def for_store(cls, store: AsyncObjectStore, manifest: ManifestConfig
+                  ) -> HelperPublisher | None:
+        """One for a retrying store straight over a helper process, else None (another
+        store, or one wrapped for fault injection: its faults must see every write)."""
+        from icefloe.store.process import ProcessAsyncStore
+
+        if isinstance(store, RetryingAsyncStore) and isinstance(store.inner,
+                                                                ProcessAsyncStore):
+            return cls(store.inner, manifest, store.policy)
+        return None
+
+    @property
+    def producer_id(self) -> str | None:
+        return self._producer_id
+
+    async def publish(self, block: BatchBlock, *, streams: Iterable[str],
+                      registry_version: int = 0) -> tuple[int | None, int]:
+        outcome: PublishOutcome = await self.helper.run_job(PublishJob(
+            new_batch_key(), block, tuple(sorted(set(streams))), registry_version,
+            self.manifest, self.retry))
+        self._account(outcome)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.sequence, outcome.size
+
+    def _account(self, outcome: PublishOutcome) -> None:
+        if outcome.producer_id != self._producer_id:
+            if self._producer_id is not None:
+                self._earlier = _added(self._earlier, self._current)
+                log.warning("manifest producer %s replaced by %s (the store helper "
+                            "restarted)", self._producer_id, outcome.producer_id)
+            self._producer_id, self._current = outcome.producer_id, ProducerStats()
+        # answers of one group may arrive in any order: counters only grow
+        self._current = _added(self._current, outcome.stats, maximum=True)
+        for name, value in dataclasses.asdict(_added(self._earlier, self._current)).items():
+            setattr(self.stats, name, value)
+
+    async def close(self) -> None:
+        """Nothing to wait for: every publish awaits its own append."""
+
+
+def _added(a: ProducerStats, b: ProducerStats, *, maximum: bool = False) -> ProducerStats:
+    """Field by field ``a + b`` (or the larger, with ``maximum``); the largest group is a
+    maximum either way."""
+    values = {}
+    for field in dataclasses.fields(ProducerStats):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        values[field.name] = max(x, y) if maximum or field.name == "largest_group" else x + y
+    return ProducerStats(**values)
 
 
 def build_batch(events: Iterable[tuple[str, str, int, bytes]], level: int = 3

@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 
 from icefloe.batch import BatchBuilder, Compression
 from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
-from icefloe.manifest import ManifestProducer
-from icefloe.publish import publish_block
-from icefloe.store.base import AsyncObjectStore
+from icefloe.publish import Publisher
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
 
@@ -66,10 +64,9 @@ class _OpenBatch:
 class Batcher:
     """Buffers framed requests and flushes them as batch files plus manifest appends."""
 
-    def __init__(self, store: AsyncObjectStore, producer: ManifestProducer,
-                 settings: FlushSettings, metrics: IngestMetrics) -> None:
-        self.store = store
-        self.producer = producer
+    def __init__(self, publisher: Publisher, settings: FlushSettings,
+                 metrics: IngestMetrics) -> None:
+        self.publisher = publisher
         self.settings = settings
         self.metrics = metrics
         self._open: _OpenBatch | None = None
@@ -276,9 +273,9 @@ class Batcher:
 
     async def _write(self, batch: _OpenBatch) -> None:
         builder = batch.builder
-        # compressed by the store: in the local store's helper process, off this loop
-        _, size = await publish_block(
-            self.store, self.producer,
+        # compressed where the publisher writes: in the local store's helper process, off
+        # this loop
+        _, size = await self.publisher.publish(
             builder.to_block(Compression.ZSTD, self.settings.zstd_level),
             streams=batch.streams, registry_version=batch.registry_version)
         self.metrics.batch_bytes.observe(size)

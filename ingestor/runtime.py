@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from icefloe.config import Config
 from icefloe.manifest import ManifestProducer
+from icefloe.publish import HelperPublisher, Publisher, StorePublisher
 from icefloe.redact import mask_uri
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store import StoreOptions, open_async_store, options_for
@@ -48,7 +49,7 @@ class IngestorRuntime:
 
     config: Config
     store: AsyncObjectStore
-    producer: ManifestProducer
+    publisher: Publisher
     batcher: Batcher
     service: IngestService
     metrics: IngestMetrics
@@ -63,10 +64,12 @@ class IngestorRuntime:
         store = store or open_async_store(config.store.url, store_options(config))
         if probe:
             await probe_conditional_writes(store)
-        producer = ManifestProducer(store, config.manifest.build())
+        manifest = config.manifest.build()
+        publisher: Publisher = HelperPublisher.for_store(store, manifest) or \
+            StorePublisher(store, ManifestProducer(store, manifest))
         metrics = IngestMetrics()
-        metrics.watch_producer(producer.stats)
-        batcher = Batcher(store, producer, flush_settings(config), metrics)
+        metrics.watch_producer(publisher.stats)
+        batcher = Batcher(publisher, flush_settings(config), metrics)
         batcher.start()
         service = IngestService(config, batcher, metrics, store)
         watch = RegistryWatch(store, config.admin.registry_key, service.apply_registry,
@@ -75,9 +78,10 @@ class IngestorRuntime:
                               config_streams=config.streams)
         await watch.check()  # a registry, if there is one, applies before the first request
         log.info("ingestor ready: store=%s producer=%s streams=%s registry=%d",
-                 mask_uri(store.url), producer.producer_id, ",".join(service.streams) or "-",
+                 mask_uri(store.url), publisher.producer_id or "(in the store helper)",
+                 ",".join(service.streams) or "-",
                  service.registry_version)
-        runtime = cls(config, store, producer, batcher, service, metrics, watch)
+        runtime = cls(config, store, publisher, batcher, service, metrics, watch)
         runtime._stop_watch = asyncio.Event()
         runtime._watching = asyncio.create_task(watch.run(runtime._stop_watch),
                                                 name="registry-watch")
@@ -89,6 +93,6 @@ class IngestorRuntime:
             self._stop_watch.set()
             await self._watching
         drained = await self.batcher.close(timeout_s or self.config.ingestor.shutdown_timeout_s)
-        await self.producer.close()
+        await self.publisher.close()
         await self.store.close()
         return drained

@@ -12,16 +12,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
+from ingest_support import make_config, read_manifest, running
 
-from icefloe.config import load_config
+from icefloe.config import ManifestSection, load_config
 from icefloe.errors import NotFound, TransientStoreError
+from icefloe.manifest.config import ManifestConfig
+from icefloe.publish import HelperPublisher, StorePublisher
 from icefloe.store import StoreOptions, open_async_store
 from icefloe.store.adapters import ThreadedAsyncStore
+from icefloe.store.failpoints import FAULTS_ENV
 from icefloe.store.local import LocalStore
 from icefloe.store.process import HELPER_NICE, ProcessAsyncStore
-from ingestor.runtime import store_options
+from ingestor.errors import Overloaded, Unavailable
+from ingestor.runtime import IngestorRuntime, store_options
 
 WAIT_S = 30.0
 
@@ -144,3 +151,101 @@ def test_should_be_the_ingestors_default_and_nobody_elses(tmp_path):
     config_file.write_text(f'[store]\nurl = "{url}"\n[ingestor]\nstore_helper = false\n')
     assert not store_options(load_config(config_file)).local_helper
     assert isinstance(open_async_store(url, StoreOptions()).inner, ThreadedAsyncStore)  # type: ignore[attr-defined]
+
+
+# -- publishing in the helper (the ingestor's flushes) -------------------------------------
+
+
+async def _ingest(runtime: IngestorRuntime, n: int) -> int:
+    stream = runtime.service.stream("pageviews")
+    body = b"[" + b",".join(b'{"user_id":"u%d"}' % i for i in range(n)) + b"]"
+    return await runtime.service.ingest(stream, stream.from_json(body))
+
+
+def test_should_write_and_append_each_batch_inside_the_helper(tmp_path):
+    """One round trip per flush: the helper's own producer appends, and this process
+    only sees its id and counters."""
+    url = (tmp_path / "store").as_uri()
+
+    async def scenario() -> None:
+        async with running(make_config(tmp_path / "store")) as runtime:
+            publisher = runtime.publisher
+            assert isinstance(publisher, HelperPublisher)
+            assert publisher.producer_id is None  # the helper makes it on the first batch
+            for n in (3, 4, 5):
+                assert await _ingest(runtime, n) == n
+            manifest = await read_manifest(url)
+            assert [e.record_count for e in manifest.entries] == [3, 4, 5]
+            assert {e.producer_id for e in manifest.entries} == {publisher.producer_id}
+            assert manifest.producers[publisher.producer_id].batch == 3
+            assert publisher.stats.appended == 3
+            assert publisher.stats.writes == 3
+            metrics = runtime.metrics.registry.get_sample_value
+            assert metrics("icefloe_ingest_manifest_batches_appended_total") == 3
+
+    asyncio.run(scenario())
+
+
+def test_should_answer_503_when_the_helper_dies_mid_flush_and_go_on_with_a_new_producer(
+        tmp_path, caplog):
+    url = (tmp_path / "store").as_uri()
+
+    async def scenario() -> None:
+        async with running(make_config(tmp_path / "store")) as runtime:
+            publisher = runtime.publisher
+            assert isinstance(publisher, HelperPublisher)
+            assert await _ingest(runtime, 2) == 2
+            first_id, helper = publisher.producer_id, publisher.helper.helper_pid
+            # hold the manifest's lock: the helper's append blocks mid-CAS, then dies
+            with LocalStore(tmp_path / "store")._locked(ManifestConfig().key):
+                waiting = asyncio.create_task(_ingest(runtime, 3))
+                await until(lambda: publisher.helper.helper_pid == helper and any(
+                    n.startswith(".icefloe-tmp")
+                    for n in os.listdir(tmp_path / "store" / "manifest")),
+                    "the helper's manifest write")
+                os.kill(helper, signal.SIGKILL)
+                with pytest.raises(Unavailable) as refused:
+                    await waiting
+            assert refused.value.code == "store_unavailable"  # 503: never acknowledged
+            assert await _ingest(runtime, 4) == 4
+            assert publisher.producer_id not in (None, first_id)
+            assert publisher.stats.appended == 2  # one batch per helper
+            manifest = await read_manifest(url)
+            assert [e.record_count for e in manifest.entries] == [2, 4]
+            assert [e.producer_id for e in manifest.entries] == [first_id,
+                                                                 publisher.producer_id]
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    assert "the store helper restarted" in caplog.text
+
+
+def test_should_refuse_with_queue_full_from_the_helpers_producer(tmp_path):
+    config = make_config(tmp_path / "store")
+    config = msgspec.structs.replace(config, manifest=ManifestSection(max_entries=1))
+
+    async def scenario() -> None:
+        async with running(config) as runtime:
+            assert isinstance(runtime.publisher, HelperPublisher)
+            assert await _ingest(runtime, 1) == 1
+            with pytest.raises(Overloaded) as full:
+                await _ingest(runtime, 1)
+            assert full.value.code == "queue_full"
+            assert runtime.publisher.stats.queue_full == 1
+
+    asyncio.run(scenario())
+
+
+def test_should_publish_from_this_process_when_faults_are_injected_or_no_helper(
+        tmp_path, monkeypatch):
+    """Injected faults must see every write, so a faulty store never hands them over."""
+    async def kind(config: Any) -> type:
+        async with running(config) as runtime:
+            assert await _ingest(runtime, 1) == 1
+            return type(runtime.publisher)
+
+    faults = tmp_path / "faults.json"
+    faults.write_text('{"rules": []}')
+    assert asyncio.run(kind(make_config(tmp_path / "a", store_helper=False))) is StorePublisher
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    assert asyncio.run(kind(make_config(tmp_path / "b"))) is StorePublisher

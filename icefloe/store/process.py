@@ -27,6 +27,7 @@ then a pickle. Request ``(id, op, args, kwargs)``; answer ``(id, True, result)``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -37,9 +38,10 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from icefloe.errors import PermanentStoreError, TransientStoreError
 from icefloe.store.base import (
@@ -50,6 +52,7 @@ from icefloe.store.base import (
     IfNoneMatch,
     ListResult,
     ObjectInfo,
+    ObjectStore,
     PutResult,
     encode_for_put,
 )
@@ -59,7 +62,7 @@ log = logging.getLogger("icefloe.store")
 _LENGTH = struct.Struct("<I")
 _WORKER_THREADS = 4
 """Operations the helper runs at once: a slow list never holds up a flush's put."""
-_MUTATING = frozenset({"put", "put_encoded", "delete"})
+_MUTATING = frozenset({"put", "put_encoded", "delete", "job"})
 HELPER_NICE = 5
 """The helper runs this much nicer than its parent. Why: on a busy machine its CPU work
 (compression, syscalls) competed with the event loop and gRPC's completion-queue thread,
@@ -124,6 +127,12 @@ def _child_environment() -> dict[str, str]:
     home = str(Path(icefloe.__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH")
     return os.environ | {"PYTHONPATH": home + (os.pathsep + path if path else "")}
+
+
+class Job(Protocol):
+    """Work for :meth:`ProcessAsyncStore.run_job` (must pickle)."""
+
+    async def run(self, store: ObjectStore, state: dict[str, Any]) -> Any: ...
 
 
 class ProcessAsyncStore(AsyncObjectStore):
@@ -201,6 +210,13 @@ class ProcessAsyncStore(AsyncObjectStore):
         result: EncodedPut = await self._call("put_encoded", key, key, body)
         return result
 
+    async def run_job(self, job: Job) -> Any:
+        """Run ``await job.run(store, state)`` in the helper, on its event loop, with its
+        ``LocalStore`` and a dict that persists across the jobs of this helper; return the
+        result (or raise what it raised). Why: a multi-step write (a batch file, then its
+        manifest append) takes one round trip, and its CPU stays off this event loop."""
+        return await self._call("job", getattr(job, "key", type(job).__name__), job)
+
     async def delete(self, key: str) -> None:
         await self._call("delete", key, key)
 
@@ -254,6 +270,8 @@ def serve(fd: int, root: str) -> None:
         data, checksum = encode_for_put(body)
         return EncodedPut(store.put(key, data), len(data), checksum)
 
+    jobs = _JobLoop(store, answer)
+
     def run(request_id: int, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             result = put_encoded(*args) if op == "put_encoded" \
@@ -271,7 +289,40 @@ def serve(fd: int, root: str) -> None:
                 return  # the parent closed its end (or died): finish what runs, then exit
             (size,) = _LENGTH.unpack(header)
             request_id, op, args, kwargs = pickle.loads(reader.read(size))
-            pool.submit(run, request_id, op, args, kwargs)
+            if op == "job":  # on the job loop, which never blocks this reader
+                jobs.submit(request_id, args[0])
+            else:
+                pool.submit(run, request_id, op, args, kwargs)
+
+
+class _JobLoop:
+    """The helper's event loop for jobs, in a thread of its own, started by the first job
+    (only the reader thread submits)."""
+
+    def __init__(self, store: ObjectStore, answer: Callable[[int, bool, Any], None]) -> None:
+        self.store = store
+        self.answer = answer
+        self.state: dict[str, Any] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def submit(self, request_id: int, job: Job) -> None:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="store-jobs",
+                             daemon=True).start()
+        try:
+            running = asyncio.run_coroutine_threadsafe(job.run(self.store, self.state),
+                                                       self.loop)
+        except Exception as exc:  # not even a coroutine: say so
+            self.answer(request_id, False, exc)
+            return
+
+        def done(finished: concurrent.futures.Future[Any]) -> None:
+            error = finished.exception()
+            self.answer(request_id, error is None,
+                        finished.result() if error is None else error)
+
+        running.add_done_callback(done)
 
 
 if __name__ == "__main__":
