@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from icefloe.config import Config
 from icefloe.envelope import MAX_ID_BYTES, frame_encoded
@@ -188,7 +188,7 @@ class IngestService:
         return self.batcher.enqueue(framed, len(payloads), stream.name,
                                     stream.registry_version)
 
-    def _too_large(self, payloads: Sequence[bytes]) -> None:
+    def _too_large(self, payloads: Sequence[bytes]) -> NoReturn:
         index = next(i for i, p in enumerate(payloads) if len(p) > self.max_event_bytes)
         size = len(payloads[index])
         raise PayloadTooLarge(

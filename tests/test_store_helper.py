@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -249,3 +250,28 @@ def test_should_publish_from_this_process_when_faults_are_injected_or_no_helper(
     assert asyncio.run(kind(make_config(tmp_path / "a", store_helper=False))) is StorePublisher
     monkeypatch.setenv(FAULTS_ENV, str(faults))
     assert asyncio.run(kind(make_config(tmp_path / "b"))) is StorePublisher
+
+
+def test_should_let_a_job_in_flight_finish_before_the_helper_exits(tmp_path):
+    """The job loop's thread is a daemon: without the wait, an append in flight when the
+    parent goes away would be cut off at exit."""
+    from icefloe.store.process import _JobLoop
+
+    class SlowWrite:
+        async def run(self, store: LocalStore, state: dict[str, Any]) -> None:
+            await asyncio.sleep(0.3)
+            store.put("late", b"done")
+
+    answers: list[tuple[int, bool, Any]] = []
+    answered = threading.Event()
+
+    def answer(*reply: Any) -> None:
+        answers.append(reply)
+        answered.set()
+
+    jobs = _JobLoop(LocalStore(tmp_path), answer)
+    jobs.submit(7, SlowWrite())  # type: ignore[arg-type]
+    jobs.finish()
+    assert LocalStore(tmp_path).get("late").data == b"done"
+    assert answered.wait(WAIT_S)  # the answer follows the result, from the loop's thread
+    assert answers == [(7, True, None)]

@@ -263,7 +263,7 @@ def serve(fd: int, root: str) -> None:
         except Exception:  # an exception that cannot be pickled: say what it was
             frame = pickle.dumps((request_id, False, PermanentStoreError(
                 f"local store operation failed in the helper process: {value!r}")), protocol=5)
-        with send_lock:
+        with send_lock, contextlib.suppress(OSError):  # OSError: the parent is gone
             sock.sendall(_LENGTH.pack(len(frame)) + frame)
 
     def put_encoded(key: str, body: Encodable) -> EncodedPut:
@@ -285,8 +285,9 @@ def serve(fd: int, root: str) -> None:
     with ThreadPoolExecutor(_WORKER_THREADS, thread_name_prefix="store") as pool:
         while True:
             header = reader.read(4)
-            if len(header) < 4:
-                return  # the parent closed its end (or died): finish what runs, then exit
+            if len(header) < 4:  # the parent closed its end (or died): finish what runs
+                jobs.finish()
+                return
             (size,) = _LENGTH.unpack(header)
             request_id, op, args, kwargs = pickle.loads(reader.read(size))
             if op == "job":  # on the job loop, which never blocks this reader
@@ -304,6 +305,7 @@ class _JobLoop:
         self.answer = answer
         self.state: dict[str, Any] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.running: set[concurrent.futures.Future[Any]] = set()
 
     def submit(self, request_id: int, job: Job) -> None:
         if self.loop is None:
@@ -318,11 +320,18 @@ class _JobLoop:
             return
 
         def done(finished: concurrent.futures.Future[Any]) -> None:
+            self.running.discard(finished)
             error = finished.exception()
             self.answer(request_id, error is None,
                         finished.result() if error is None else error)
 
+        self.running.add(running)
         running.add_done_callback(done)
+
+    def finish(self, timeout_s: float = 30.0) -> None:
+        """Wait for the jobs in flight: a half-done append is never cut off at exit (the
+        loop's thread is a daemon), even when nobody is left to read the answer."""
+        concurrent.futures.wait(list(self.running), timeout=timeout_s)
 
 
 if __name__ == "__main__":
