@@ -144,11 +144,11 @@ class PublishJob:
     retry: RetryPolicy
 
     async def run(self, store: ObjectStore, state: dict[str, Any]) -> PublishOutcome:
-        from icefloe.store.adapters import ThreadedAsyncStore
+        from icefloe.store.adapters import InlineAsyncStore
 
         producer: ManifestProducer | None = state.get("producer")
-        if producer is None:
-            retrying = RetryingAsyncStore(ThreadedAsyncStore(store), self.retry)
+        if producer is None:  # the job loop runs nothing else: no thread hop per call
+            retrying = RetryingAsyncStore(InlineAsyncStore(store), self.retry)
             producer = state["producer"] = ManifestProducer(retrying, self.manifest)
         try:
             sequence, size = await publish_block(

@@ -1,5 +1,5 @@
-"""One contract for every object store: local directory (in threads, and in a helper
-process), S3 via boto3, S3 via aiobotocore.
+"""One contract for every object store: local directory (in threads, inline on the loop,
+and in a helper process), S3 via boto3, S3 via aiobotocore.
 
 The suite is written once against :class:`AsyncObjectStore` and parametrized over the
 backends, so a behaviour the manifest relies on (CAS semantics, NotFound, listing order)
@@ -37,7 +37,7 @@ from icefloe.errors import (
     StoreError,
     TransientStoreError,
 )
-from icefloe.store.adapters import ThreadedAsyncStore
+from icefloe.store.adapters import InlineAsyncStore, ThreadedAsyncStore
 from icefloe.store.base import AsyncObjectStore, ObjectStore
 from icefloe.store.local import LocalStore
 from icefloe.store.process import ProcessAsyncStore
@@ -75,6 +75,7 @@ def s3_options(endpoint_url: str, **overrides: Any) -> S3Options:
 @pytest.fixture(params=[
     pytest.param("local"),
     pytest.param("local-helper"),
+    pytest.param("local-inline"),
     pytest.param("s3-boto3", marks=pytest.mark.s3),
     pytest.param("s3-aiobotocore", marks=pytest.mark.s3),
 ])
@@ -84,6 +85,8 @@ def backend(request: pytest.FixtureRequest, tmp_path) -> Backend:
         return Backend("local", lambda: ThreadedAsyncStore(LocalStore(tmp_path / "store")))
     if request.param == "local-helper":  # the ingestor's default: I/O in a helper process
         return Backend(request.param, lambda: ProcessAsyncStore(tmp_path / "store"))
+    if request.param == "local-inline":  # what the helper's publishing jobs run on
+        return Backend(request.param, lambda: InlineAsyncStore(LocalStore(tmp_path / "store")))
     target = request.getfixturevalue("s3_bucket")
     options = s3_options(target.endpoint_url)
     if request.param == "s3-boto3":

@@ -8,6 +8,8 @@ for servers without writing the file logic twice.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from icefloe.store.base import (
     AsyncObjectStore,
@@ -19,6 +21,8 @@ from icefloe.store.base import (
     PutResult,
 )
 
+T = TypeVar("T")
+
 
 class ThreadedAsyncStore(AsyncObjectStore):
     """Adapts an :class:`ObjectStore` to :class:`AsyncObjectStore` via worker threads."""
@@ -27,23 +31,39 @@ class ThreadedAsyncStore(AsyncObjectStore):
         self.inner = inner
         self.url = inner.url
 
+    async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(call, *args, **kwargs)
+
     async def get(self, key: str) -> GetResult:
-        return await asyncio.to_thread(self.inner.get, key)
+        return await self._run(self.inner.get, key)
 
     async def put(self, key: str, data: bytes, *, if_match: str | None = None,
                   if_none_match: IfNoneMatch = None) -> PutResult:
-        return await asyncio.to_thread(
+        return await self._run(
             self.inner.put, key, data, if_match=if_match, if_none_match=if_none_match
         )
 
     async def delete(self, key: str) -> None:
-        await asyncio.to_thread(self.inner.delete, key)
+        await self._run(self.inner.delete, key)
 
     async def list(self, prefix: str = "") -> ListResult:
-        return await asyncio.to_thread(self.inner.list, prefix)
+        return await self._run(self.inner.list, prefix)
 
     async def head(self, key: str) -> ObjectInfo:
-        return await asyncio.to_thread(self.inner.head, key)
+        return await self._run(self.inner.head, key)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.inner.close)
+        await self._run(self.inner.close)
+
+
+class InlineAsyncStore(ThreadedAsyncStore):
+    """Calls the synchronous store right on the event loop, blocking it for each call.
+
+    Only for a loop that has nothing else to do meanwhile: the local store helper's job
+    loop. There a thread hop per call (two per flush) cost more than it saved — HTTP
+    flushes of ~250 events took 2.7-2.8 ms through threads, against ~2.0-2.2 ms when the
+    helper ran each put directly.
+    """
+
+    async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return call(*args, **kwargs)
