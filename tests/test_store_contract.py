@@ -633,3 +633,15 @@ def test_should_translate_anything_else_to_permanent_with_the_original_message()
 def test_should_implement_both_interfaces():
     assert issubclass(S3Store, ObjectStore)
     assert issubclass(AsyncS3Store, AsyncObjectStore)
+
+
+def test_should_encode_large_bodies_in_a_thread_except_on_the_inline_store(tmp_path):
+    """A thread hop pays off beside a busy event loop, not on the helper's job loop."""
+    builder = BatchBuilder()
+    builder.extend([b"x" * 1000] * 300)  # ~300 KiB raw: past the inline bound
+    block = builder.to_block()
+    assert not ThreadedAsyncStore(LocalStore(tmp_path)).encodes_inline(block)
+    assert InlineAsyncStore(LocalStore(tmp_path)).encodes_inline(block)
+    small = BatchBuilder()
+    small.add(b"x")
+    assert ThreadedAsyncStore(LocalStore(tmp_path)).encodes_inline(small.to_block())

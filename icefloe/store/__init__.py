@@ -96,11 +96,12 @@ def open_store(url: str, options: StoreOptions | None = None) -> ObjectStore:
 def open_async_store(url: str, options: StoreOptions | None = None) -> AsyncObjectStore:
     """An asyncio, retrying store for ``url`` (aiobotocore for S3)."""
     options = options or StoreOptions()
-    if _scheme(url) == "file" and options.local_helper:
+    scheme = _scheme(url)
+    if scheme == "file" and options.local_helper:
         from icefloe.store.process import ProcessAsyncStore
 
         inner: AsyncObjectStore = ProcessAsyncStore(local_path(url))
-    elif _scheme(url) == "file":
+    elif scheme == "file":
         inner = ThreadedAsyncStore(LocalStore(local_path(url)))
     else:
         from icefloe.store.s3 import AsyncS3Store, S3Options

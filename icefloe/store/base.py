@@ -153,11 +153,16 @@ class AsyncObjectStore(abc.ABC):
         The default encodes here (small bodies inline, large ones in a thread) and calls
         :meth:`put`; a store that can encode elsewhere overrides it.
         """
-        if len(body) <= INLINE_ENCODE_BYTES:
+        if self.encodes_inline(body):
             data, checksum = encode_for_put(body)
         else:
             data, checksum = await asyncio.to_thread(encode_for_put, body)
         return EncodedPut(await self.put(key, data), len(data), checksum)
+
+    def encodes_inline(self, body: Encodable) -> bool:
+        """Whether :meth:`put_encoded` encodes ``body`` on the event loop (small bodies)
+        rather than in a thread."""
+        return len(body) <= INLINE_ENCODE_BYTES
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the default has nothing to release."""
