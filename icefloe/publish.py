@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ulid import ULID
@@ -83,9 +83,12 @@ class Publisher(Protocol):
         """The manifest producer id in use (None before the first append, helper only)."""
         ...
 
-    async def publish(self, block: BatchBlock, *, streams: Iterable[str],
-                      registry_version: int = 0) -> tuple[int | None, int]:
-        """Write ``block`` as a batch file and append it; (manifest sequence, file size)."""
+    def dispatch(self, block: BatchBlock, *, streams: Iterable[str],
+                 registry_version: int = 0) -> Awaitable[tuple[int | None, int]]:
+        """Write ``block`` as a batch file and append it; awaited, (manifest sequence, file
+        size). Not a coroutine function: a publisher may start the work in this call (the
+        helper's does), so a flush sealed in the middle of a loop turn is being written
+        while the rest of the turn runs."""
         ...
 
     async def close(self) -> None:
@@ -105,10 +108,11 @@ class StorePublisher:
     def producer_id(self) -> str | None:
         return self.producer.producer_id
 
-    async def publish(self, block: BatchBlock, *, streams: Iterable[str],
-                      registry_version: int = 0) -> tuple[int | None, int]:
-        return await publish_block(self.store, self.producer, block, streams=streams,
-                                   registry_version=registry_version)
+    def dispatch(self, block: BatchBlock, *, streams: Iterable[str],
+                 registry_version: int = 0) -> Awaitable[tuple[int | None, int]]:
+        # starts when awaited: it runs on this loop anyway
+        return publish_block(self.store, self.producer, block, streams=streams,
+                             registry_version=registry_version)
 
     async def close(self) -> None:
         await self.producer.close()
@@ -196,11 +200,15 @@ class HelperPublisher:
     def producer_id(self) -> str | None:
         return self._producer_id
 
-    async def publish(self, block: BatchBlock, *, streams: Iterable[str],
-                      registry_version: int = 0) -> tuple[int | None, int]:
-        outcome: PublishOutcome = await self.helper.run_job(PublishJob(
-            new_batch_key(), block, tuple(sorted(set(streams))), registry_version,
-            self.manifest, self.retry))
+    def dispatch(self, block: BatchBlock, *, streams: Iterable[str],
+                 registry_version: int = 0) -> Awaitable[tuple[int | None, int]]:
+        job = PublishJob(new_batch_key(), block, tuple(sorted(set(streams))),
+                         registry_version, self.manifest, self.retry)
+        sent = self.helper.submit_job(job)  # on its way now, if a helper is running
+        return self._answer(sent if sent is not None else self.helper.run_job(job))
+
+    async def _answer(self, sent: Awaitable[Any]) -> tuple[int | None, int]:
+        outcome: PublishOutcome = await sent
         self._account(outcome)
         if outcome.error is not None:
             raise outcome.error

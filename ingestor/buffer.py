@@ -7,7 +7,13 @@ Why it works this way:
   succeeded. A failed flush fails every waiting request (503): they were never acked.
 * **Latency is the product.** The age limit is a maximum, not a tick: when nothing is being
   flushed, a waiting request is flushed at once; requests arriving during a flush ride the
-  next one (group commit). While flushes are in flight, the open batch is sealed when it
+  next one (group commit). *At once* means inside the request's own call, not at the end
+  of the event-loop turn: 256 HTTP connections answered by one flush send their next
+  requests together, and the loop reads them all in one turn. Sealed at the turn's end,
+  every connection would wait for one flush of all of them and the loop would idle while
+  it is written (lock-step, ~33 % of the time); sealed at the first request that finds the
+  flusher idle, the rest of the turn rides the next flush while this one is written
+  (+8–13 % single-event HTTP throughput at 256 connections). While flushes are in flight, the open batch is sealed when it
   reaches the size/count limit or its age limit, and up to ``max_inflight`` flushes overlap
   (a PUT and a manifest CAS each cost tens of ms on S3). ``min_interval_s`` bounds PUTs/s
   (``min_flush_interval_ms``, 5 ms by default: back to back, a local store's flushes cost
@@ -27,6 +33,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from icefloe.batch import BatchBuilder, Compression
@@ -150,9 +157,19 @@ class Batcher:
                 or batch.builder.record_count >= self.settings.max_batch_events):
             self._seal()
             self._wake.set()
-        elif self._inflight == 0 or len(waiters) == 1:
-            # the flusher must act (nothing in flight) or learn the batch's age deadline;
-            # requests joining a batch that waits for a flush in flight change neither
+        elif self._inflight == 0 and not self._sealed:
+            if time.monotonic() - self._last_start >= self.settings.min_interval_s:
+                # at once means in this call, not at the end of the event-loop turn: when
+                # many connections' requests are ready together, the ones read after this
+                # ride the next flush while this one is being written, instead of every
+                # connection waiting for one flush of all of them (see the docstring)
+                self._seal()
+                self._start_flush(self._sealed.popleft())
+            else:  # the flusher seals it when the minimum interval is over
+                self._wake.set()
+        elif len(waiters) == 1:
+            # the flusher must learn the batch's age deadline; requests joining a batch
+            # that waits for a flush in flight change nothing
             self._wake.set()
         return future
 
@@ -224,22 +241,29 @@ class Batcher:
         return max(0.0, min(waits)) if waits else None
 
     def _start_flush(self, batch: _OpenBatch) -> None:
+        """Hand ``batch`` to the publisher now (the helper starts writing it before this
+        loop turn ends) and let a task wait for the answer."""
         self._inflight += 1
-        self._last_start = time.monotonic()
-        task = asyncio.create_task(self._flush(batch), name="ingest-flush")
+        self._last_start = started = time.monotonic()
+        # compressed where the publisher writes: in the local store's helper process, off
+        # this loop
+        pending = self.publisher.dispatch(
+            batch.builder.to_block(Compression.ZSTD, self.settings.zstd_level),
+            streams=batch.streams, registry_version=batch.registry_version)
+        task = asyncio.create_task(self._flush(batch, pending, started), name="ingest-flush")
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
     # -- one flush -------------------------------------------------------------------------
 
-    async def _flush(self, batch: _OpenBatch) -> None:
-        started = time.monotonic()
+    async def _flush(self, batch: _OpenBatch, pending: Awaitable[tuple[int | None, int]],
+                      started: float) -> None:
         error: IngestError | None = None
         # the deadline runs from sealing: time spent queued for a slot counts
         remaining = batch.sealed_at + self.settings.timeout_s - started if batch.sealed_at \
             else self.settings.timeout_s
         try:
-            await asyncio.wait_for(self._write(batch), max(remaining, 0.0))
+            await asyncio.wait_for(self._write(batch, pending), max(remaining, 0.0))
         except QueueFullError as exc:
             error = Overloaded(str(exc), code="queue_full",
                                retry_after_s=self.settings.retry_after_s)
@@ -274,13 +298,10 @@ class Batcher:
             else:
                 waiter.set_exception(error)
 
-    async def _write(self, batch: _OpenBatch) -> None:
+    async def _write(self, batch: _OpenBatch,
+                     pending: Awaitable[tuple[int | None, int]]) -> None:
         builder = batch.builder
-        # compressed where the publisher writes: in the local store's helper process, off
-        # this loop
-        _, size = await self.publisher.publish(
-            builder.to_block(Compression.ZSTD, self.settings.zstd_level),
-            streams=batch.streams, registry_version=batch.registry_version)
+        _, size = await pending
         self.metrics.batch_bytes.observe(size)
         self.metrics.batch_events.observe(builder.record_count)
 

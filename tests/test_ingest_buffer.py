@@ -63,6 +63,21 @@ async def test_should_flush_a_lone_request_at_once_not_on_a_timer(tmp_path):
         await asyncio.wait_for(ingest(runtime, 1), 5)  # would hang 60 s if age were a tick
 
 
+async def test_should_start_the_flush_inside_the_call_that_finds_the_flusher_idle(tmp_path):
+    """Requests that are ready in one event-loop turn (many connections answered by one
+    flush send their next requests together) must not all wait for one flush of all of
+    them: the first starts a flush at once, inside its own call, and the rest of the turn
+    rides the next one while it is written. That overlap is what keeps the loop busy."""
+    url = (tmp_path / "store").as_uri()
+    async with running(make_config(tmp_path / "store", min_flush_interval_ms=0)) as runtime:
+        # gathered tasks take their first step in the same loop turn
+        results = await asyncio.gather(*(ingest(runtime, 2, 2 * i) for i in range(50)))
+        assert sum(results) == 100
+    manifest = await read_manifest(url)
+    assert [e.record_count for e in manifest.entries] == [2, 98]
+    assert len(await stored_events(url)) == 100
+
+
 async def test_should_gather_arrivals_during_the_minimum_interval_into_one_flush(tmp_path):
     """``min_flush_interval_ms`` bounds PUTs per second: what arrives while the interval
     runs must wait in the open batch and go out together, not be sealed one by one into

@@ -19,15 +19,18 @@ import msgspec
 import pytest
 from ingest_support import make_config, read_manifest, running
 
+from icefloe.batch import BatchBuilder
 from icefloe.config import ManifestSection, load_config
+from icefloe.envelope import frame_events
 from icefloe.errors import NotFound, TransientStoreError
 from icefloe.manifest.config import ManifestConfig
-from icefloe.publish import HelperPublisher, StorePublisher
+from icefloe.publish import HelperPublisher, PublishJob, StorePublisher, new_batch_key
 from icefloe.store import StoreOptions, open_async_store
 from icefloe.store.adapters import ThreadedAsyncStore
 from icefloe.store.failpoints import FAULTS_ENV
 from icefloe.store.local import LocalStore
 from icefloe.store.process import HELPER_NICE, ProcessAsyncStore
+from icefloe.store.retry import RetryPolicy
 from ingestor.errors import Overloaded, Unavailable
 from ingestor.runtime import IngestorRuntime, store_options
 
@@ -118,7 +121,7 @@ def test_should_run_at_a_lower_priority_than_its_parent(tmp_path):
 def test_should_exit_when_its_parent_is_killed(tmp_path):
     script = (
         "import asyncio, sys\n"
-        "from icefloe.store.process import HELPER_NICE, ProcessAsyncStore\n"
+        "from icefloe.store.process import ProcessAsyncStore\n"
         "async def main():\n"
         "    store = ProcessAsyncStore(sys.argv[1])\n"
         "    await store.put('k', b'v')\n"
@@ -250,6 +253,37 @@ def test_should_publish_from_this_process_when_faults_are_injected_or_no_helper(
     assert asyncio.run(kind(make_config(tmp_path / "a", store_helper=False))) is StorePublisher
     monkeypatch.setenv(FAULTS_ENV, str(faults))
     assert asyncio.run(kind(make_config(tmp_path / "b"))) is StorePublisher
+
+
+def test_should_send_a_submitted_job_before_the_loop_turn_ends(tmp_path):
+    """``submit_job`` is how a flush sealed mid-turn gets written while the turn goes on:
+    the job must reach the helper from within the call, not when the loop next runs."""
+    builder = BatchBuilder()
+    builder.add_framed(frame_events("pageviews", 0, ["e1"], [b'{"user_id":"u"}']), 1)
+
+    def job() -> PublishJob:
+        return PublishJob(new_batch_key(), builder.to_block(), ("pageviews",), 0,
+                          ManifestConfig(), RetryPolicy())
+
+    async def scenario() -> None:
+        store = ProcessAsyncStore(tmp_path)
+        try:
+            assert store.submit_job(job()) is None  # no helper yet: run_job starts one
+            await store.put("warm", b"up")
+            batch = job()
+            sent = store.submit_job(batch)
+            assert sent is not None
+            deadline = time.monotonic() + WAIT_S
+            while not (tmp_path / batch.key).exists():  # no await: the loop is held here
+                assert time.monotonic() < deadline, "the job never reached the helper"
+                time.sleep(0.005)
+            outcome = await sent
+            assert outcome.error is None
+            assert outcome.sequence == 0  # the manifest's first entry
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
 
 
 def test_should_let_a_job_in_flight_finish_before_the_helper_exits(tmp_path):

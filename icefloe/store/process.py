@@ -217,6 +217,14 @@ class ProcessAsyncStore(AsyncObjectStore):
         manifest append) takes one round trip, and its CPU stays off this event loop."""
         return await self._call("job", getattr(job, "key", type(job).__name__), job)
 
+    def submit_job(self, job: Job) -> asyncio.Future[Any] | None:
+        """Send ``job`` to the running helper now, without awaiting; None when no helper is
+        connected (then :meth:`run_job` starts one)."""
+        channel = self._channel
+        if channel is None or channel.closed:
+            return None
+        return channel.call("job", getattr(job, "key", type(job).__name__), (job,), {})
+
     async def delete(self, key: str) -> None:
         await self._call("delete", key, key)
 
