@@ -50,10 +50,11 @@ checked in this order:
 from __future__ import annotations
 
 import enum
+import pickle
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, SupportsIndex
 
 import zstandard
 
@@ -160,7 +161,7 @@ def _footer_bytes(compression: Compression, record_count: int) -> bytes:
     return _FOOTER.pack(compression, record_count, FORMAT_VERSION)
 
 
-def _compress(block: bytes | bytearray, compression: Compression, level: int) -> bytes:
+def _compress(block: bytes | bytearray | memoryview, compression: Compression, level: int) -> bytes:
     """Return the stored form of ``block``.
 
     zstd is called one-shot so the frame header carries the content size (readers use it to
@@ -190,13 +191,22 @@ class BatchBlock:
     local store's helper process), instead of compressing on the event loop.
     """
 
-    block: bytes | bytearray
+    block: bytes | bytearray | memoryview  # a view of the helper's request frame there
     record_count: int
     compression: Compression = Compression.ZSTD
     level: int = DEFAULT_LEVEL
 
     def __len__(self) -> int:
         return len(self.block)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        """Pickled with the records out of band where the protocol allows it: a pickler
+        with a ``buffer_callback`` (the store helper's channel) then sends them without
+        copying them into the pickle."""
+        block: Any = self.block
+        if int(protocol) >= 5:
+            block = pickle.PickleBuffer(block)
+        return BatchBlock, (block, self.record_count, self.compression, self.level)
 
     def encode(self) -> bytes:
         """The batch file: the (compressed) block and the footer."""

@@ -13,12 +13,12 @@ Why it works this way:
   every connection would wait for one flush of all of them and the loop would idle while
   it is written (lock-step, ~33 % of the time); sealed at the first request that finds the
   flusher idle, the rest of the turn rides the next flush while this one is written
-  (+8–13 % single-event HTTP throughput at 256 connections). While flushes are in flight, the open batch is sealed when it
-  reaches the size/count limit or its age limit, and up to ``max_inflight`` flushes overlap
-  (a PUT and a manifest CAS each cost tens of ms on S3). ``min_interval_s`` bounds PUTs/s
-  (``min_flush_interval_ms``, 5 ms by default: back to back, a local store's flushes cost
-  more CPU in fsyncs and wake-ups than they saved in latency; an isolated request still
-  flushes at once).
+  (+8-13 % single-event HTTP throughput at 256 connections). While flushes are in
+  flight, the open batch is sealed when it reaches the size/count limit or its age limit,
+  and up to ``max_inflight`` flushes overlap (a PUT and a manifest CAS each cost tens of
+  ms on S3). ``min_interval_s`` bounds PUTs/s (``min_flush_interval_ms``, 5 ms by
+  default: back to back, a local store's flushes cost more CPU in fsyncs and wake-ups
+  than they saved in latency; an isolated request still flushes at once).
 * **Bounded memory.** Bytes buffered plus bytes being flushed never exceed
   ``max_bytes``; a request that would cross it is refused at once with 429, never queued
   without bound and never dropped silently.
@@ -225,8 +225,11 @@ class Batcher:
                 return
             self._wake.clear()
             timeout = self._next_deadline(now)
+            # asyncio.timeout, not wait_for: no task made per wake-up (3.11's wait_for
+            # wraps the awaitable in one)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     def _next_deadline(self, now: float) -> float | None:
         waits: list[float] = []
@@ -263,7 +266,8 @@ class Batcher:
         remaining = batch.sealed_at + self.settings.timeout_s - started if batch.sealed_at \
             else self.settings.timeout_s
         try:
-            await asyncio.wait_for(self._write(batch, pending), max(remaining, 0.0))
+            async with asyncio.timeout(max(remaining, 0.0)):
+                await self._write(batch, pending)
         except QueueFullError as exc:
             error = Overloaded(str(exc), code="queue_full",
                                retry_after_s=self.settings.retry_after_s)

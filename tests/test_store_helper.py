@@ -286,6 +286,29 @@ def test_should_send_a_submitted_job_before_the_loop_turn_ends(tmp_path):
     asyncio.run(scenario())
 
 
+def test_should_send_a_batch_block_out_of_band_to_the_helper():
+    """The records go from the builder's buffer to the socket without being copied into
+    the pickle, and arrive intact (as a view of the request frame)."""
+    from icefloe.store.process import _framed, _unframed
+
+    builder = BatchBuilder()
+    for i in range(200):
+        builder.add_framed(frame_events("pageviews", i, [f"e{i}"], [b'{"user_id":"u%d"}' % i]),
+                           1)
+    block = builder.to_block()
+    parts = _framed((7, "job", (block,), {}))
+    assert sum(len(part) for part in parts[2:3]) < 1024  # the pickle: no records inside
+    frame = memoryview(b"".join(parts)[4:])
+    request_id, op, (arrived,), kwargs = _unframed(frame)
+    assert (request_id, op, kwargs) == (7, "job", {})
+    assert isinstance(arrived.block, memoryview)
+    assert bytes(arrived.block) == bytes(block.block)
+    assert arrived.encode() == block.encode()  # the same batch file either way
+    # an in-band pickle (any other pickler) still carries the records itself
+    import pickle
+    assert bytes(pickle.loads(pickle.dumps(block)).block) == bytes(block.block)
+
+
 def test_should_let_a_job_in_flight_finish_before_the_helper_exits(tmp_path):
     """The job loop's thread is a daemon: without the wait, an append in flight when the
     parent goes away would be cut off at exit."""

@@ -88,10 +88,10 @@ class _Channel(asyncio.Protocol):
              kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         assert self.transport is not None
         self._next_id += 1
-        request = pickle.dumps((self._next_id, op, args, kwargs), protocol=5)
+        frame = _framed((self._next_id, op, args, kwargs))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[self._next_id] = (future, op, key)
-        self.transport.writelines((_LENGTH.pack(len(request)), request))  # no joined copy
+        self.transport.writelines(frame)  # no joined copy
         return future
 
     def data_received(self, data: bytes) -> None:
@@ -117,6 +117,38 @@ class _Channel(asyncio.Protocol):
                     f"the local store's helper process exited during {op} {key!r}",
                     op=op, key=key, ambiguous=op in _MUTATING, code="HelperExited"))
         self.pending.clear()
+
+
+def _framed(message: Any) -> list[bytes | memoryview]:
+    """``message`` as the parts of one request frame: total length, pickle length, the
+    pickle, then each out-of-band buffer (length, bytes).
+
+    Why out of band: a batch block (~300 KB per flush at full gRPC load) pickled in band is
+    copied into the pickle (~90 µs on the event loop) before the socket copies it again;
+    as a ``PickleBuffer`` it goes from the builder's buffer straight to the socket."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    parts: list[bytes | memoryview] = [b"", _LENGTH.pack(len(head)), head]
+    total = 4 + len(head)
+    for buffer in buffers:
+        view = buffer.raw()
+        parts += (_LENGTH.pack(view.nbytes), view)
+        total += 4 + view.nbytes
+    parts[0] = _LENGTH.pack(total)
+    return parts
+
+
+def _unframed(frame: memoryview) -> Any:
+    """The message of one request frame (see :func:`_framed`); its out-of-band buffers are
+    views of ``frame``, which they keep alive."""
+    (size,) = _LENGTH.unpack_from(frame)
+    buffers: list[memoryview] = []
+    at = 4 + size
+    while at < len(frame):
+        (length,) = _LENGTH.unpack_from(frame, at)
+        buffers.append(frame[at + 4:at + 4 + length])
+        at += 4 + length
+    return pickle.loads(frame[4:4 + size], buffers=buffers)
 
 
 def _child_environment() -> dict[str, str]:
@@ -297,7 +329,7 @@ def serve(fd: int, root: str) -> None:
                 jobs.finish()
                 return
             (size,) = _LENGTH.unpack(header)
-            request_id, op, args, kwargs = pickle.loads(reader.read(size))
+            request_id, op, args, kwargs = _unframed(memoryview(reader.read(size)))
             if op == "job":  # on the job loop, which never blocks this reader
                 jobs.submit(request_id, args[0])
             else:
