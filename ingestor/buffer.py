@@ -250,9 +250,12 @@ class Batcher:
         self._last_start = started = time.monotonic()
         # compressed where the publisher writes: in the local store's helper process, off
         # this loop
-        pending = self.publisher.dispatch(
-            batch.builder.to_block(Compression.ZSTD, self.settings.zstd_level),
-            streams=batch.streams, registry_version=batch.registry_version)
+        try:
+            pending = self.publisher.dispatch(
+                batch.builder.to_block(Compression.ZSTD, self.settings.zstd_level),
+                streams=batch.streams, registry_version=batch.registry_version)
+        except Exception as exc:  # answered by the flush task like any failed flush
+            pending = _raise(exc)
         task = asyncio.create_task(self._flush(batch, pending, started), name="ingest-flush")
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
@@ -338,3 +341,8 @@ class Batcher:
                     waiter.set_exception(error)
         if self._loop_task is not None:
             self._loop_task.cancel()
+
+
+async def _raise(exc: Exception) -> tuple[int | None, int]:
+    """An awaitable that fails with ``exc``: a publisher that refused a batch outright."""
+    raise exc

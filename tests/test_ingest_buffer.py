@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from ingest_support import make_config, read_manifest, running, stored_events
 
+from icefloe.errors import TransientStoreError
 from icefloe.manifest import ManifestConfig, ManifestConsumer
 from icefloe.store.adapters import ThreadedAsyncStore
 from icefloe.store.faults import FaultRule, FaultyAsyncStore
@@ -76,6 +77,28 @@ async def test_should_start_the_flush_inside_the_call_that_finds_the_flusher_idl
     manifest = await read_manifest(url)
     assert [e.record_count for e in manifest.entries] == [2, 98]
     assert len(await stored_events(url)) == 100
+
+
+async def test_should_answer_503_when_the_publisher_refuses_a_batch_outright(tmp_path):
+    """A flush now starts inside a request's own call: a publisher that raises right there
+    must fail that batch's requests like any failed flush (503, never acknowledged) and
+    leave the flusher working, not strand the requests or count a flush forever in flight."""
+    url = (tmp_path / "store").as_uri()
+    async with running(make_config(tmp_path / "store")) as runtime:
+        publisher = runtime.publisher
+        real = publisher.dispatch
+
+        def refuse_once(*args: object, **kwargs: object) -> object:
+            publisher.dispatch = real  # type: ignore[method-assign]
+            raise TransientStoreError("the helper's socket broke", op="put")
+
+        publisher.dispatch = refuse_once  # type: ignore[method-assign]
+        with pytest.raises(Unavailable) as refused:
+            await asyncio.wait_for(ingest(runtime, 2), 5)
+        assert refused.value.code == "store_unavailable"
+        assert await asyncio.wait_for(ingest(runtime, 3, 2), 5) == 3
+    manifest = await read_manifest(url)
+    assert [e.record_count for e in manifest.entries] == [3]
 
 
 async def test_should_gather_arrivals_during_the_minimum_interval_into_one_flush(tmp_path):
