@@ -19,9 +19,12 @@ shutdown's final flush still has a store to write to.
 Batch bodies travel raw and are compressed here (:meth:`ProcessAsyncStore.put_encoded`):
 zstd was the largest piece of a flush left on the event loop.
 
-Wire format (private to one parent and its child): frames of a 4-byte little-endian length
-then a pickle. Request ``(id, op, args, kwargs)``; answer ``(id, True, result)`` or
-``(id, False, exception)``: the caller sees the very exception the store raised.
+Wire format (private to one parent and its child): frames of a 4-byte little-endian length.
+A request frame holds ``(id, op, args, kwargs)`` as a pickle (its own length first) and
+then the pickle's out-of-band buffers, each with its length (:func:`_framed`: a batch's
+records are not copied into the pickle). An answer frame is a pickle of
+``(id, True, result)`` or ``(id, False, exception)``: the caller sees the very exception
+the store raised.
 """
 
 from __future__ import annotations
@@ -167,6 +170,11 @@ class Job(Protocol):
     async def run(self, store: ObjectStore, state: dict[str, Any]) -> Any: ...
 
 
+def _job_label(job: Job) -> str:
+    """What an error about ``job`` names: its key if it has one (a batch), else its type."""
+    return getattr(job, "key", type(job).__name__)
+
+
 class ProcessAsyncStore(AsyncObjectStore):
     """A :class:`~icefloe.store.local.LocalStore` on ``root``, served by a helper process."""
 
@@ -247,7 +255,7 @@ class ProcessAsyncStore(AsyncObjectStore):
         ``LocalStore`` and a dict that persists across the jobs of this helper; return the
         result (or raise what it raised). Why: a multi-step write (a batch file, then its
         manifest append) takes one round trip, and its CPU stays off this event loop."""
-        return await self._call("job", getattr(job, "key", type(job).__name__), job)
+        return await self._call("job", _job_label(job), job)
 
     def submit_job(self, job: Job) -> asyncio.Future[Any] | None:
         """Send ``job`` to the running helper now, without awaiting; None when no helper is
@@ -255,7 +263,7 @@ class ProcessAsyncStore(AsyncObjectStore):
         channel = self._channel
         if channel is None or channel.closed:
             return None
-        return channel.call("job", getattr(job, "key", type(job).__name__), (job,), {})
+        return channel.call("job", _job_label(job), (job,), {})
 
     async def delete(self, key: str) -> None:
         await self._call("delete", key, key)
