@@ -223,20 +223,27 @@ class HelperPublisher:
             self._producer_id, self._current = outcome.producer_id, ProducerStats()
         # answers of one group may arrive in any order: counters only grow
         self._current = _added(self._current, outcome.stats, maximum=True)
-        for name, value in dataclasses.asdict(_added(self._earlier, self._current)).items():
-            setattr(self.stats, name, value)
+        total = _added(self._earlier, self._current)
+        for name in _STATS_FIELDS:  # in place: the metrics hold this very object
+            setattr(self.stats, name, getattr(total, name))
 
     async def close(self) -> None:
         """Nothing to wait for: every publish awaits its own append."""
 
 
+_STATS_FIELDS = tuple(field.name for field in dataclasses.fields(ProducerStats))
+
+
 def _added(a: ProducerStats, b: ProducerStats, *, maximum: bool = False) -> ProducerStats:
     """Field by field ``a + b`` (or the larger, with ``maximum``); the largest group is a
-    maximum either way."""
+    maximum either way.
+
+    Why the names are listed once: this runs on the event loop for every flush, and
+    ``dataclasses.fields``/``asdict`` (a deep copy) cost ~3x the arithmetic."""
     values = {}
-    for field in dataclasses.fields(ProducerStats):
-        x, y = getattr(a, field.name), getattr(b, field.name)
-        values[field.name] = max(x, y) if maximum or field.name == "largest_group" else x + y
+    for name in _STATS_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        values[name] = max(x, y) if maximum or name == "largest_group" else x + y
     return ProducerStats(**values)
 
 

@@ -328,7 +328,26 @@ def test_should_let_a_job_in_flight_finish_before_the_helper_exits(tmp_path):
 
     jobs = _JobLoop(LocalStore(tmp_path), answer)
     jobs.submit(7, SlowWrite())  # type: ignore[arg-type]
-    jobs.finish()
+    assert jobs.finish() == 0  # none left behind
     assert LocalStore(tmp_path).get("late").data == b"done"
     assert answered.wait(WAIT_S)  # the answer follows the result, from the loop's thread
     assert answers == [(7, True, None)]
+
+
+def test_should_give_up_on_a_stuck_job_at_exit_within_its_budget(tmp_path):
+    """A job that never finishes must not hold the helper (and the ingestor's shutdown,
+    which waits for it) forever: the helper exits after its budget, saying how many it
+    left, before its parent would have to kill it."""
+    from icefloe.store.process import _JobLoop
+
+    class Stuck:
+        async def run(self, store: LocalStore, state: dict[str, Any]) -> None:
+            await asyncio.Event().wait()
+
+    jobs = _JobLoop(LocalStore(tmp_path), lambda *reply: None)
+    jobs.submit(1, Stuck())  # type: ignore[arg-type]
+    started = time.monotonic()
+    assert jobs.finish(timeout_s=0.2) == 1
+    assert time.monotonic() - started < 5.0
+    for stuck in list(jobs.running):
+        stuck.cancel()

@@ -65,6 +65,10 @@ log = logging.getLogger("icefloe.store")
 _LENGTH = struct.Struct("<I")
 _WORKER_THREADS = 4
 """Operations the helper runs at once: a slow list never holds up a flush's put."""
+HELPER_EXIT_S = 10.0
+"""How long a helper whose parent closed its socket lets jobs in flight finish; the parent
+waits a little longer than this before it kills the helper, so the helper, not a kill,
+decides (a job that never finishes must not hold a shutdown forever)."""
 _MUTATING = frozenset({"put", "put_encoded", "delete", "job"})
 HELPER_NICE = 5
 """The helper runs this much nicer than its parent. Why: on a busy machine its CPU work
@@ -283,8 +287,8 @@ class ProcessAsyncStore(AsyncObjectStore):
         if channel is not None and channel.transport is not None:
             channel.transport.close()
         if process is not None:
-            try:
-                await asyncio.to_thread(process.wait, 10)
+            try:  # it gives up on its jobs first (HELPER_EXIT_S): a kill is the last resort
+                await asyncio.to_thread(process.wait, HELPER_EXIT_S + 5.0)
             except subprocess.TimeoutExpired:
                 process.kill()
                 await asyncio.to_thread(process.wait)
@@ -334,7 +338,11 @@ def serve(fd: int, root: str) -> None:
         while True:
             header = reader.read(4)
             if len(header) < 4:  # the parent closed its end (or died): finish what runs
-                jobs.finish()
+                abandoned = jobs.finish()
+                if abandoned:  # their callers were answered 503 (timed out) long ago
+                    print(f"icefloe store helper: {abandoned} batch job(s) still running "
+                          f"{HELPER_EXIT_S:g}s after the ingestor closed; exiting without "
+                          "them", file=sys.stderr)
                 return
             (size,) = _LENGTH.unpack(header)
             request_id, op, args, kwargs = _unframed(memoryview(reader.read(size)))
@@ -376,10 +384,12 @@ class _JobLoop:
         self.running.add(running)
         running.add_done_callback(done)
 
-    def finish(self, timeout_s: float = 30.0) -> None:
+    def finish(self, timeout_s: float = HELPER_EXIT_S) -> int:
         """Wait for the jobs in flight: a half-done append is never cut off at exit (the
-        loop's thread is a daemon), even when nobody is left to read the answer."""
-        concurrent.futures.wait(list(self.running), timeout=timeout_s)
+        loop's thread is a daemon), even when nobody is left to read the answer. Returns
+        how many are still running after ``timeout_s`` (the helper exits without them)."""
+        _, running = concurrent.futures.wait(list(self.running), timeout=timeout_s)
+        return len(running)
 
 
 if __name__ == "__main__":
