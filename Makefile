@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.icefloe-installed
+# the compiled hot loops (icefloe/_speedups.pyx; without a C compiler icefloe runs the
+# pure-Python path and says so)
+SPEEDUPS := $(VENV)/.icefloe-speedups
 PYTEST_ARGS ?=
 # checkov (static checks of deploy/) lives in its own venv: its pins would downgrade
 # boto3/botocore/packaging in .venv. tests/test_deploy.py runs it from there.
@@ -17,7 +20,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-venv: $(STAMP)
+$(SPEEDUPS): $(STAMP) icefloe/_speedups.pyx scripts/build_speedups.py
+	$(BIN)/python scripts/build_speedups.py
+	@touch $(SPEEDUPS)
+
+venv: $(STAMP) $(SPEEDUPS)
 
 $(CHECKOV_STAMP):
 	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
@@ -29,17 +36,17 @@ java:
 	@bash scripts/ensure-java.sh
 
 ## make up: run icefloe on the embedded default (local store + SQLite catalog in ./icefloe-data)
-up: $(STAMP) java
+up: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/icefloe up
 
 ## make test: the fast suite (what CI runs); slow soak/chaos tests are marked `slow`
-test: $(STAMP) java $(CHECKOV_STAMP)
+test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP)
 	$(BIN)/ruff check .
 	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	  exit $$status
 
-test-slow: $(STAMP) java
+test-slow: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 ## make chaos DURATION=30m STORE=s3 SEED=7: a chaos run (kills, takeovers, store faults),
@@ -47,14 +54,14 @@ test-slow: $(STAMP) java
 DURATION ?= 5m
 STORE    ?= local
 SEED     ?= 1
-chaos: $(STAMP) java
+chaos: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/icefloe-chaos --duration $(DURATION) --store $(STORE) --seed $(SEED) \
 	  --json bench/results/chaos-$(STORE)-$(SEED).json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-bench: $(STAMP)
+bench: $(STAMP) $(SPEEDUPS)
 	$(BIN)/python bench/queue_bench.py --quick
 	$(BIN)/python bench/collector_bench.py --quick
 	$(BIN)/python bench/conditions_bench.py --quick

@@ -36,6 +36,7 @@ from typing import Final
 
 from icefloe.batch import _check_block_end, _framing_error, record_offsets
 from icefloe.errors import BatchFormatError
+from icefloe.speedups import compiled as _speedups
 
 __all__ = [
     "ENVELOPE_VERSION",
@@ -464,32 +465,46 @@ def frame_events(stream: str, received_at_ms: int, event_ids: Sequence[str],
 
 
 def frame_encoded(stream: str, received_at_ms: int, raw_ids: Sequence[bytes],
-                  payloads: Sequence[bytes], *, meta: bytes = b"") -> bytes:
+                  payloads: Sequence[bytes], *, meta: bytes = b"", stem: bytes = b"") -> bytes:
     """:func:`frame_events` for ids already UTF-8 and checked, payloads already canonical.
 
-    Why: the ingestor's hot path (~0.2 µs per event). The ingest service makes its ids as
-    bytes in the first place (a ULID stem plus a cached ``-i`` suffix), so nothing is
-    formatted or encoded per event here.
+    Why: the ingestor's hot path. The ingest service makes its ids as bytes in the first
+    place — a ULID or idempotency-key ``stem`` plus a cached ``-i`` suffix from ``raw_ids``
+    (which may be longer than ``payloads``: only its first ``len(payloads)`` are used) — so
+    nothing is formatted or encoded per event here. With the compiled speedups
+    (:mod:`icefloe._speedups`) the records are written in one pass (~1 µs per 100 events,
+    ~19 µs in Python).
     """
-    if len(raw_ids) != len(payloads):
+    if len(raw_ids) < len(payloads) or (not stem and len(raw_ids) != len(payloads)):
         raise ValueError(f"{len(raw_ids)} event ids for {len(payloads)} payloads")
     stream_raw = _stream_bytes(stream)
     flags = FLAG_META if meta else 0
     prefix = _HEAD.pack(ENVELOPE_VERSION, flags, received_at_ms, len(stream_raw)) + stream_raw
-    fixed = len(prefix) + 1
-    pack, byte = _U32.pack, _BYTES
-    if len(payloads) == 1 and not meta:  # a single event (most HTTP POSTs): no loop
-        raw_id, payload = raw_ids[0], payloads[0]
-        size = len(raw_id)
-        return b"".join((pack(fixed + size + len(payload)), prefix, byte[size], raw_id,
-                         payload))
-    parts: list[bytes] = []
-    extend = parts.extend
+    tail = b""
     if meta:
         if len(meta) > _U32_MAX:
             raise ValueError(f"meta is {len(meta)} bytes; at most {_U32_MAX} fit")
         tail = _U32.pack(len(meta)) + meta
-        fixed += len(tail)
+    if _speedups is not None and type(payloads) is list:
+        return _speedups.frame(prefix, stem, raw_ids, payloads, tail)
+    return _frame_py(prefix, stem, raw_ids, payloads, tail)
+
+
+def _frame_py(prefix: bytes, stem: bytes, raw_ids: Sequence[bytes],
+              payloads: Sequence[bytes], tail: bytes) -> bytes:
+    """The reference framing (what the compiled ``_speedups.frame`` must match)."""
+    fixed = len(prefix) + 1 + len(tail)
+    pack, byte = _U32.pack, _BYTES
+    if len(payloads) == 1:  # a single event (most HTTP POSTs): no loop
+        raw_id, payload = stem + raw_ids[0], payloads[0]
+        size = len(raw_id)
+        return b"".join((pack(fixed + size + len(payload)), prefix, byte[size], raw_id, tail,
+                         payload))
+    if stem:
+        raw_ids = [stem + suffix for suffix in raw_ids[:len(payloads)]]
+    parts: list[bytes] = []
+    extend = parts.extend
+    if tail:
         for raw_id, payload in zip(raw_ids, payloads, strict=True):
             size = len(raw_id)
             extend((pack(fixed + size + len(payload)), prefix, byte[size], raw_id, tail,

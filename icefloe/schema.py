@@ -26,6 +26,7 @@ import msgspec
 from icefloe.config import Column, StreamConfig
 from icefloe.errors import IcefloeError
 from icefloe.ingest_mappings import EventMappings, MappingViolation, request_meta
+from icefloe.speedups import compiled as _speedups
 
 _INT32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
@@ -279,12 +280,9 @@ class CompiledStream:
         """
         bad: dict[int, Violation] = {}
         for name in self._timestamps:
-            values = [getattr(event, name) for event in events]
-            others = [index for index, value in enumerate(values)
-                      if value.__class__ is not dt.datetime or value.tzinfo is not dt.UTC]
-            for index in others:
+            for index in _not_utc(events, name):
                 try:
-                    setattr(events[index], name, _utc(name, values[index]))
+                    setattr(events[index], name, _utc(name, getattr(events[index], name)))
                 except _OutOfRange as exc:
                     bad.setdefault(index, Violation(index, exc.field, exc.reason))
         if bad:
@@ -338,6 +336,21 @@ class CompiledStream:
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _not_utc_py(events: list[Any], name: str) -> list[int]:
+    """Indexes of the events whose ``name`` is not a datetime in UTC (the reference for
+    the compiled ``_speedups.not_utc``)."""
+    values = [getattr(event, name) for event in events]
+    return [index for index, value in enumerate(values)
+            if value.__class__ is not dt.datetime or value.tzinfo is not dt.UTC]
+
+
+def _not_utc(events: list[Any], name: str) -> list[int]:
+    if _speedups is not None and type(events) is list:
+        found: list[int] = _speedups.not_utc(events, name, dt.UTC)
+        return found
+    return _not_utc_py(events, name)
 
 
 def _utc(name: str, value: dt.datetime | int | None) -> dt.datetime | None:

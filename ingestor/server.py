@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from icefloe import speedups
 from icefloe.config import Config
 from icefloe.errors import ConfigError
 from icefloe.redact import mask_uri
@@ -103,7 +104,8 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     log.info("ingestor listening", extra={"http_port": ports.http, "grpc_port": ports.grpc,
                                           "store": mask_uri(runtime.store.url),
                                           "tls": "none" if tls is None else
-                                          "mutual" if tls.mutual else "server"})
+                                          "mutual" if tls.mutual else "server",
+                                          "speedups": speedups.compiled is not None})
     if on_runtime is not None:
         on_runtime(runtime)
     if on_ready is not None:

@@ -178,13 +178,14 @@ class IngestService:
         if max(map(len, payloads)) > self.max_event_bytes:
             self._too_large(payloads)
         received_at_ms = time.time_ns() // 1_000_000
-        ids = self._event_ids(len(payloads), canonical.body_ids, event_ids, idempotency_key,
-                              received_at_ms)
+        stem, ids = self._event_ids(len(payloads), canonical.body_ids, event_ids,
+                                    idempotency_key, received_at_ms)
         if self.limits.enabled:
             self.limits.admit(stream.name, caller.token if caller else None,
                               caller.client if caller else None, len(payloads),
                               sum(map(len, payloads)))
-        framed = frame_encoded(stream.name, received_at_ms, ids, payloads, meta=meta)
+        framed = frame_encoded(stream.name, received_at_ms, ids, payloads, meta=meta,
+                               stem=stem)
         return self.batcher.enqueue(framed, len(payloads), stream.name,
                                     stream.registry_version)
 
@@ -207,11 +208,13 @@ class IngestService:
 
     def _event_ids(self, count: int, body_ids: Sequence[str | None] | None,
                    explicit: Sequence[str] | None, key: str | None, now_ms: int
-                   ) -> list[bytes]:
-        """Body id field > per-event id > idempotency key (+ index) > generated; UTF-8.
+                   ) -> tuple[bytes, Sequence[bytes]]:
+        """Body id field > per-event id > idempotency key (+ index) > generated; UTF-8, as
+        a stem and what follows it per event (:func:`frame_encoded`'s ``stem``/``raw_ids``).
 
-        Why bytes: the framing needs them encoded, and derived ids are built as bytes from
-        a cached suffix per index instead of formatting a string per event."""
+        Why bytes: the framing needs them encoded. Why a stem: derived ids (a key or a ULID
+        plus ``:i``/``-i``) are never built one by one — the framing writes the stem and a
+        cached suffix per index."""
         raw_key = None
         if key is not None:
             raw_key = key.encode()
@@ -220,8 +223,8 @@ class IngestService:
                                  code="invalid_idempotency_key")
         if not body_ids and not explicit:  # the common case: every id derived, all valid
             if raw_key is not None:  # 11 bytes of room above hold ":" and any index
-                return [raw_key] if count == 1 else _suffixed(raw_key, b":", count)
-            return _suffixed(self._ulids.next(now_ms).encode(), b"-", count)
+                return (b"", [raw_key]) if count == 1 else (raw_key, _suffixes(b":", count))
+            return self._ulids.next(now_ms).encode(), _suffixes(b"-", count)
         generated: bytes | None = None
         ids: list[bytes] = []
         for index in range(count):
@@ -245,7 +248,7 @@ class IngestService:
                                         "bytes" if event_id and len(event_id) > 40
                               else "id too long"}])
             ids.append(raw)
-        return ids
+        return b"", ids
 
     # -- readiness -------------------------------------------------------------------------
 
@@ -271,10 +274,9 @@ _SUFFIXES: dict[bytes, tuple[bytes, ...]] = {
     sep: tuple(sep + b"%d" % i for i in range(_SUFFIX_CACHE)) for sep in (b"-", b":")}
 
 
-def _suffixed(stem: bytes, sep: bytes, count: int) -> list[bytes]:
-    """``stem + sep + index`` for each index below ``count`` (suffixes cached up to 1024)."""
-    if count == 1:
-        return [stem + sep + b"0"]
+def _suffixes(sep: bytes, count: int) -> Sequence[bytes]:
+    """``sep + index`` for each index below ``count`` (cached up to 1024; the cached tuple
+    is returned whole, its first ``count`` are the ones)."""
     if count <= _SUFFIX_CACHE:
-        return [stem + suffix for suffix in _SUFFIXES[sep][:count]]
-    return [stem + sep + b"%d" % i for i in range(count)]
+        return _SUFFIXES[sep]
+    return [sep + b"%d" % i for i in range(count)]
