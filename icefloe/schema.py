@@ -272,8 +272,9 @@ class CompiledStream:
         """:meth:`_normalize` for a whole request, with the common case checked in bulk.
 
         Why: a timestamp that decoded as a UTC datetime (``...Z``) needs nothing, and
-        finding those is one comprehension per column; only the others (epoch ms, other
-        offsets, null) are visited one by one. For 100 events: ~5 µs instead of ~25 µs.
+        finding those is one pass per column (compiled where built: ~1 µs per 100 events,
+        else ~7 µs of comprehensions); only the others (epoch ms, other offsets, null) are
+        visited one by one, against ~25 µs for visiting every event.
 
         Raises:
             InvalidEvents: every event with a timestamp out of range, by index.
