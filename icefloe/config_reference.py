@@ -58,6 +58,8 @@ MEANING: dict[str, str] = {
     "ingestor.min_flush_interval_ms": "lower bound between flush starts: under load, fewer "
                                       "and larger batches (bounds PUTs/s on S3, and fsyncs "
                                       "and CPU per event locally)",
+    "ingestor.early_flush_requests": "a flush may start before the minimum interval once "
+                                     "this many requests wait (0: never)",
     "ingestor.buffer_max_bytes": "unacknowledged bytes per process; beyond it: 429",
     "ingestor.flush_timeout_s": "a flush (PUT + manifest append) slower than this fails its "
                                 "requests with 503",

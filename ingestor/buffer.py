@@ -18,7 +18,10 @@ Why it works this way:
   and up to ``max_inflight`` flushes overlap (a PUT and a manifest CAS each cost tens of
   ms on S3). ``min_interval_s`` bounds PUTs/s (``min_flush_interval_ms``, 5 ms by
   default: back to back, a local store's flushes cost more CPU in fsyncs and wake-ups
-  than they saved in latency; an isolated request still flushes at once).
+  than they saved in latency; an isolated request still flushes at once) — unless
+  ``early_requests`` requests (64) already wait: then the PUT is cheap per request, and
+  every one of those clients would otherwise sit out the rest of the interval (HTTP single
+  events at 256 connections: 31k → 38k/s; a 32-call gRPC load never reaches it).
 * **Bounded memory.** Bytes buffered plus bytes being flushed never exceed
   ``max_bytes``; a request that would cross it is refused at once with 429, never queued
   without bound and never dropped silently.
@@ -53,6 +56,9 @@ class FlushSettings:
     max_batch_bytes: int = 8 * 1024 * 1024
     max_batch_events: int = 100_000
     min_interval_s: float = 0.0
+    early_requests: int = 0
+    """Start a flush before ``min_interval_s`` is over once this many requests wait (0:
+    never)."""
     max_bytes: int = 256 * 1024 * 1024
     max_inflight: int = 4
     timeout_s: float = 30.0
@@ -158,7 +164,7 @@ class Batcher:
             self._seal()
             self._wake.set()
         elif self._inflight == 0 and not self._sealed:
-            if time.monotonic() - self._last_start >= self.settings.min_interval_s:
+            if self._may_start(len(waiters), time.monotonic()):
                 # at once means in this call, not at the end of the event-loop turn: when
                 # many connections' requests are ready together, the ones read after this
                 # ride the next flush while this one is being written, instead of every
@@ -210,14 +216,15 @@ class Batcher:
             now = time.monotonic()
             batch = self._open
             # group commit: seal when a flush can start now (nothing in flight, minimum
-            # interval over); until then arrivals keep joining the open batch
-            idle = self._inflight == 0 and now - self._last_start >= settings.min_interval_s
-            if batch is not None and (idle or self._closing
-                                      or now - batch.opened_at >= settings.age_s):
+            # interval over or enough requests waiting); until then arrivals keep joining
+            # the open batch
+            if batch is not None and (
+                    (self._inflight == 0 and self._may_start(len(batch.waiters), now))
+                    or self._closing or now - batch.opened_at >= settings.age_s):
                 self._seal()
             self._expire_queued(now)
             while (self._sealed and self._inflight < settings.max_inflight
-                   and now - self._last_start >= settings.min_interval_s):
+                   and self._may_start(len(self._sealed[0].waiters), now)):
                 self._start_flush(self._sealed.popleft())
                 now = time.monotonic()
             if self._closing and not self._sealed and self._open is None \
@@ -230,6 +237,14 @@ class Batcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
+
+    def _may_start(self, waiting: int, now: float) -> bool:
+        """A flush of a batch ``waiting`` requests wait on may start now: the minimum
+        interval since the last start is over, or that many requests make it worth a PUT
+        at once (``early_requests``)."""
+        settings = self.settings
+        return (now - self._last_start >= settings.min_interval_s
+                or 0 < settings.early_requests <= waiting)
 
     def _next_deadline(self, now: float) -> float | None:
         waits: list[float] = []

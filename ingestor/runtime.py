@@ -39,6 +39,7 @@ def flush_settings(config: Config) -> FlushSettings:
     return FlushSettings(
         age_s=ing.flush_age_ms / 1000, max_batch_bytes=ing.flush_bytes,
         max_batch_events=ing.flush_events, min_interval_s=ing.min_flush_interval_ms / 1000,
+        early_requests=ing.early_flush_requests,
         max_bytes=ing.buffer_max_bytes, timeout_s=ing.flush_timeout_s,
         zstd_level=ing.zstd_level, retry_after_s=ing.retry_after_s)
 

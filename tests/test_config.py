@@ -98,6 +98,20 @@ def test_should_report_a_missing_config_file(tmp_path):
         load_config(tmp_path / "nope.toml", env={})
 
 
+@pytest.mark.parametrize("key", ["min_flush_interval_ms", "early_flush_requests"])
+def test_should_refuse_a_negative_flush_trigger(tmp_path, key):
+    path = write(tmp_path, MINIMAL + f"[ingestor]\n{key} = -1\n")
+    with pytest.raises(ConfigError, match=rf"ingestor.{key} must be >= 0"):
+        load_config(path, env={})
+
+
+def test_should_take_the_early_flush_threshold_from_the_environment(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert load_config(path, env={}).ingestor.early_flush_requests == 64
+    config = load_config(path, env={"ICEFLOE_INGESTOR_EARLY_FLUSH_REQUESTS": "0"})
+    assert config.ingestor.early_flush_requests == 0
+
+
 def test_should_refuse_a_buffer_smaller_than_one_request(tmp_path):
     path = write(tmp_path, MINIMAL + "[ingestor]\nbuffer_max_bytes = 1000\nmax_body_bytes = 2000\n"
                  "flush_bytes = 500\n")

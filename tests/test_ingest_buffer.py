@@ -123,6 +123,25 @@ async def test_should_gather_arrivals_during_the_minimum_interval_into_one_flush
     assert 0.1 < waited < 1.5  # waited out (the rest of) one interval, not twenty
 
 
+async def test_should_flush_before_the_minimum_interval_once_enough_requests_wait(tmp_path):
+    """``early_flush_requests``: the interval bounds PUTs for small batches, but a batch
+    that many clients wait on goes out at once instead of holding them all for the rest
+    of the interval."""
+    url = (tmp_path / "store").as_uri()
+    config = make_config(tmp_path / "store", min_flush_interval_ms=60_000,
+                         flush_age_ms=120_000, early_flush_requests=5)
+    async with running(config) as runtime:
+        await ingest(runtime, 1)  # flushed at once: nothing was waiting; the interval runs
+        waiting = [asyncio.create_task(ingest(runtime, 1, 1 + i)) for i in range(4)]
+        await asyncio.sleep(0.2)
+        assert not any(task.done() for task in waiting)  # 4 < 5: they wait for the interval
+        fifth = asyncio.create_task(ingest(runtime, 1, 5))
+        results = await asyncio.wait_for(asyncio.gather(*waiting, fifth), 5)  # not 60 s
+    assert results == [1] * 5
+    manifest = await read_manifest(url)
+    assert [e.record_count for e in manifest.entries] == [1, 5]
+
+
 async def test_should_seal_batches_at_the_size_limit(tmp_path):
     url = (tmp_path / "store").as_uri()
     store, _ = faulty_store(tmp_path, [FaultRule("delay", times=None, delay_s=(0.05, 0.05))])
