@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# stamped only once built: without a compiler every make says so again (and builds them
+# as soon as one is installed)
 $(SPEEDUPS): $(STAMP) icefloe/_speedups.pyx scripts/build_speedups.py
 	$(BIN)/python scripts/build_speedups.py
-	@touch $(SPEEDUPS)
+	@if ls icefloe/_speedups*.so >/dev/null 2>&1; then touch $(SPEEDUPS); fi
 
 venv: $(STAMP) $(SPEEDUPS)
 
