@@ -339,7 +339,7 @@ def serve(fd: int, root: str) -> None:
             header = reader.read(4)
             if len(header) < 4:  # the parent closed its end (or died): finish what runs
                 abandoned = jobs.finish()
-                if abandoned:  # their callers were answered 503 (timed out) long ago
+                if abandoned:  # their requests were answered 503 already: never acknowledged
                     print(f"icefloe store helper: {abandoned} batch job(s) still running "
                           f"{HELPER_EXIT_S:g}s after the ingestor closed; exiting without "
                           "them", file=sys.stderr)
