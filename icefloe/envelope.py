@@ -504,13 +504,7 @@ def _frame_py(prefix: bytes, stem: bytes, raw_ids: Sequence[bytes],
         raw_ids = [stem + suffix for suffix in raw_ids[:len(payloads)]]
     parts: list[bytes] = []
     extend = parts.extend
-    if tail:
-        for raw_id, payload in zip(raw_ids, payloads, strict=True):
-            size = len(raw_id)
-            extend((pack(fixed + size + len(payload)), prefix, byte[size], raw_id, tail,
-                    payload))
-        return b"".join(parts)
     for raw_id, payload in zip(raw_ids, payloads, strict=True):
         size = len(raw_id)
-        extend((pack(fixed + size + len(payload)), prefix, byte[size], raw_id, payload))
+        extend((pack(fixed + size + len(payload)), prefix, byte[size], raw_id, tail, payload))
     return b"".join(parts)
