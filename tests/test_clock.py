@@ -20,7 +20,8 @@ def test_manual_clock_moves_only_when_told() -> None:
     clock = ManualClock(1000.0)
     assert clock.time() == 1000.0
     clock.advance(2.5)
-    assert clock.time() == 1002.5 and clock.monotonic() == 1002.5
+    assert clock.time() == 1002.5
+    assert clock.monotonic() == 1002.5
     clock.sleep_sync(600)
     assert clock.time() == 1602.5
     with pytest.raises(ValueError, match="cannot go back"):
@@ -32,7 +33,8 @@ def test_skewed_view_follows_its_base() -> None:
     ahead = clock.skewed(3600)
     assert ahead.time() == 4600.0
     clock.advance(10)
-    assert ahead.time() == 4610.0 and ahead.monotonic() == clock.monotonic()
+    assert ahead.time() == 4610.0
+    assert ahead.monotonic() == clock.monotonic()
     ahead.advance(5)  # advancing a view advances the one clock
     assert clock.time() == 1015.0
 
