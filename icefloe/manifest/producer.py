@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ulid import ULID
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import DeadlineExceededError, QueueFullError
 from icefloe.manifest.cas import CasStats, LastWritten, Loaded, cas_update
 from icefloe.manifest.config import ManifestConfig
@@ -79,18 +80,23 @@ Outcome = int | None | Exception
 
 
 class ManifestProducer:
-    """Appends :class:`BatchRef` s to the manifest; one instance per process."""
+    """Appends :class:`BatchRef` s to the manifest; one instance per process.
+
+    ``clock`` (:mod:`icefloe.clock`) times CAS backoff and carries the store's clock
+    forward from the last write; deadlines themselves are judged on the store's clock.
+    """
 
     def __init__(self, store: AsyncObjectStore, config: ManifestConfig | None = None,
-                 producer_id: str | None = None) -> None:
+                 producer_id: str | None = None, *, clock: Clock = SYSTEM) -> None:
         self.store = store
+        self.clock = clock
         self.config = config or ManifestConfig()
         self.producer_id = producer_id or str(ULID())
         self.stats = ProducerStats()
         self._next_number = 1
         self._queue: list[_Pending] = []
         self._worker: asyncio.Task[None] | None = None
-        self._last: LastWritten[Manifest] = LastWritten()  # no read before most appends
+        self._last: LastWritten[Manifest] = LastWritten(clock)  # no read before most appends
 
     async def append(self, batch: BatchRef) -> int | None:
         """Append ``batch``; return its sequence once the manifest write succeeded.
@@ -153,7 +159,7 @@ class ManifestProducer:
 
         await cas_update(self.store, self.config.key, mutate,
                          backoff=self.config.conflict_backoff, stats=self.stats,
-                         last=self._last)
+                         last=self._last, clock=self.clock)
         self._count(outcomes, duplicates, group_size=len(group))
         return outcomes
 
