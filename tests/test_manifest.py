@@ -343,6 +343,30 @@ def test_should_refuse_again_a_batch_refused_beside_a_lost_append(tmp_path):
 
     asyncio.run(run())
 
+def test_should_append_a_batch_refused_earlier_without_lowering_the_mark(tmp_path):
+    """A number the manifest lists as refused is judged again, like a new batch; if it can
+    be appended now it is, after higher numbers, and the producer's mark stays at the
+    highest number appended (a lower mark would let a retry append a batch twice)."""
+    async def run() -> None:
+        store = ThreadedAsyncStore(LocalStore(tmp_path))
+        now = time.time()
+        # as an earlier attempt left it: batch 2 appended, batch 1 refused, answer lost
+        earlier = Entry(sequence=0, location="batches/two", size=123, crc32c=42,
+                        record_count=10, streams=("s",), ingested_at=now,
+                        producer_id="p", producer_batch=2)
+        await cas_update(store, KEY, lambda loaded: loaded.manifest.replace(
+            entries=[earlier], next_sequence=1, producers={"p": ProducerState(
+                batch=2, sequence=0, updated_at=now, refused=(1,))}), backoff=FAST_RETRY)
+        producer = ManifestProducer(store, producer_id="p")
+        one, two = await asyncio.gather(producer.append(ref("one")), producer.append(ref("two")))
+        assert (one, two) == (1, 0)  # 1 appended now, 2 found where the lost write put it
+        manifest = (await load(store, KEY)).manifest
+        assert [e.location for e in manifest.entries] == ["batches/two", "batches/one"]
+        assert manifest.producers["p"].batch == 2
+        assert manifest.producers["p"].refused == ()
+
+    asyncio.run(run())
+
 def test_should_survive_a_412_storm(tmp_path):
     async def run() -> None:
         store, _faulty = faulty_local(tmp_path, [FaultRule("precondition", ops=frozenset({"put"}),
