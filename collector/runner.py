@@ -240,7 +240,8 @@ class Runner:
             self._next_gc = now + cfg.gc_interval_s
             try:
                 gc = await collect_garbage(collector.store, collector.consumer.config.key,
-                                           grace_s=collector.consumer.config.gc_grace_s)
+                                           grace_s=collector.consumer.config.gc_grace_s,
+                                           clock=collector.consumer.clock)
                 collector.metrics.gc_deleted.inc(gc.deleted)
             except Exception as exc:
                 log.warning("batch-file GC failed (will retry): %s", exc)
