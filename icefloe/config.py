@@ -477,6 +477,11 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.dedup_window_s < 0:
         raise ConfigError(f"{where}: collector.dedup_window_s must be >= 0 (0 disables "
                           "deduplication by event id)")
+    if col.dedup_window_s > col.snapshot_max_age_s:
+        raise ConfigError(f"{where}: collector.snapshot_max_age_s ({col.snapshot_max_age_s:g}) "
+                          f"must be at least collector.dedup_window_s ({col.dedup_window_s:g}):"
+                          " the dedup window is rebuilt from the snapshots of its commits, so "
+                          "expiring them sooner would let retries duplicate after a restart")
     if col.models_interval_s < 0:
         raise ConfigError(f"{where}: collector.models_interval_s must be >= 0 (0: run the "
                           "models after every commit that added rows they read)")
