@@ -21,6 +21,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.dedup import with_source
 from icefloe.config import Config, StreamConfig
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
@@ -106,12 +107,13 @@ class Routes:
         of both versions. Committing them separately would record the run's sequence with
         the first commit and drop the second's rows as a replay; one commit per table per
         run keeps "the table's sequence covers exactly what it holds". The target returned
-        is the one whose conditions apply (the live sink, if any)."""
+        is the one whose conditions apply (the live sink, if any). Rows carry their source
+        in a ``_source`` column (dedup is keyed by it; dropped before the commit)."""
         parts: dict[str, list[pa.Table]] = {}
         owner: dict[str, Target] = {}
         for source, rows in tables.items():
             for target, part in self.split(source, rows, versions.get(source, {})):
-                parts.setdefault(target.table, []).append(part)
+                parts.setdefault(target.table, []).append(with_source(part, source))
                 current = owner.get(target.table)
                 if current is None or (target.sink.live and target.source.live):
                     owner[target.table] = target

@@ -262,7 +262,8 @@ class Runner:
         for name in collector.routes.live_tables():
             try:
                 table = collector.catalog.load_table(name)
-                report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings)
+                report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings,
+                                         clock=collector.consumer.store_clock)
                 collector.metrics.maintenance.labels(name, "ok").inc()
                 log.info("maintenance %s: %s", name, report)
             except Exception as exc:

@@ -29,7 +29,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from ulid import ULID
 
-from collector.dedup import DedupWindow
+from collector.dedup import DedupWindow, sources_props, without_source
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, StagedFile, StagingArea, StagingState, due
@@ -106,7 +106,8 @@ class Collector:
                                          holder=holder or f"collector-{ULID()}")
         self.routes = Routes(config_registry(config.streams))
         self.windows: dict[str, DedupWindow] = {}
-        """Dedup windows by table: ids committed to that table within the window."""
+        """Dedup windows by table: ids committed to that table within the window, by
+        source."""
         self.epoch: int | None = None
         self.table_sequences: dict[str, int] = {}
         self._runs_since_dequeue = 0
@@ -174,7 +175,9 @@ class Collector:
         log.info("table %s: committed through sequence %d (epoch %d)", name, state.sequence,
                  state.epoch)
         cfg = self.config.collector
-        window = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
+        window = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids, name=name,
+                             clock=self.consumer.store_clock,
+                             on_effective=self._window_observer(name))
         window.rebuild(table)
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", name, len(window))
@@ -185,6 +188,15 @@ class Collector:
         if staged.files:
             log.info("table %s: %d rows staged through sequence %d", name, staged.rows,
                      staged.last_sequence)
+
+    def _window_observer(self, table: str) -> Callable[[float, int], None]:
+        effective = self.metrics.dedup_effective_window.labels(table)
+        remembered = self.metrics.dedup_ids.labels(table)
+
+        def observe(seconds: float, ids: int) -> None:
+            effective.set(seconds)
+            remembered.set(ids)
+        return observe
 
     def _await(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a store coroutine on the collector's loop from a worker thread (the commit
@@ -349,7 +361,8 @@ class Collector:
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
                 self.metrics.duplicates.labels(table).inc(dropped)
-            outcome = self._commit(table, fresh, through)
+            outcome = self._commit(table, without_source(fresh), through,
+                                   props=sources_props(fresh))
             window.remember(fresh)
             committed += outcome.rows
             self.hook(f"after_staged_commit:{table}")
@@ -411,7 +424,8 @@ class Collector:
                 self.metrics.duplicates.labels(target.source.id).inc(dropped)
             append = WriteThenAdd(target.source.id)
             try:
-                outcome = self._commit(table, fresh, sequence, append=append)
+                outcome = self._commit(table, without_source(fresh), sequence, append=append,
+                                       props=sources_props(fresh))
             finally:
                 append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
             window.remember(fresh)
@@ -471,7 +485,7 @@ class Collector:
             for name, keys in output.keys.items():
                 if name not in targets:
                     continue
-                fresh, dropped = self.windows[targets[name]].filter(keys)
+                fresh, dropped = self.windows[targets[name]].filter(keys, name)
                 result.duplicates += dropped
                 if dropped:
                     self.metrics.duplicates.labels(name).inc(dropped)
@@ -487,10 +501,11 @@ class Collector:
                 add = AddFiles(pending.pop(name, FileSet()))
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
-                                           nbytes=add.files.size)
+                                           nbytes=add.files.size,
+                                           props=sources_props(fresh, name))
                 finally:
                     add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
-                self.windows[table].remember(fresh)
+                self.windows[table].remember(fresh, name)
                 result.rows[table] = outcome.rows
                 result.replayed += outcome.replayed
                 self.hook(f"after_commit:{table}")
@@ -502,11 +517,11 @@ class Collector:
         self._commit_dead(output.dead, sequence, result)
 
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
-                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None
-                ) -> CommitResult:
+                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None,
+                props: dict[str, str] | None = None) -> CommitResult:
         assert self.epoch is not None
         outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch,
-                              append=append)
+                              append=append, props=props, clock=self.consumer.store_clock)
         if outcome.attempts > 1:
             self.metrics.commit_failed.labels(table).inc(outcome.attempts - 1)
         self.metrics.commit_seconds.labels(table).observe(outcome.seconds)

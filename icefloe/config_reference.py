@@ -103,9 +103,10 @@ MEANING: dict[str, str] = {
     "collector.max_run_entries": "most batch files in one run (one Spark job, one commit per "
                                  "table)",
     "collector.max_run_bytes": "most batch-file bytes in one run",
-    "collector.dedup_window_s": "drop rows whose `(stream, _event_id)` was committed this "
-                                "recently; 0 disables",
-    "collector.dedup_max_ids": "bound on the event ids the dedup window remembers",
+    "collector.dedup_window_s": "drop rows whose `(source, _event_id)` was committed to the "
+                                "same table this recently; 0 disables",
+    "collector.dedup_max_ids": "bound on the event ids the dedup window of a table "
+                               "remembers (oldest go first)",
     "collector.spark_master": "Spark master URL (`spark://...` for a cluster)",
     "collector.spark_partitions": "Spark partitions per run",
     "collector.spark_driver_memory": "Spark driver memory",

@@ -169,3 +169,14 @@ def test_should_accept_the_defaults_and_the_shipped_example():
 
     validate(Config(), "defaults")
     load_config(Path(__file__).resolve().parents[1] / "examples" / "icefloe.toml", env={})
+
+
+def test_should_refuse_snapshots_expiring_before_the_dedup_window(tmp_path):
+    """The dedup window is rebuilt from the snapshots of its commits (issue #22)."""
+    path = write(tmp_path, MINIMAL + "[collector]\ndedup_window_s = 900\n")
+    with pytest.raises(ConfigError, match=r"collector.snapshot_max_age_s \(600\) must be at "
+                                          r"least collector.dedup_window_s \(900\)"):
+        load_config(path, env={})
+    path = write(tmp_path, MINIMAL + "[collector]\ndedup_window_s = 900\n"
+                 "snapshot_max_age_s = 900\n")
+    assert load_config(path, env={}).collector.snapshot_max_age_s == 900

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import msgspec
 from ulid import ULID
 
-from icefloe.clock import SYSTEM, Clock
+from icefloe.clock import SYSTEM, Clock, StoreClock
 from icefloe.errors import FencedError, LeaseHeldError
 from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
 from icefloe.manifest.config import ManifestConfig
@@ -43,6 +43,9 @@ class ManifestConsumer:
         self.epoch: int | None = None
         self.stats = CasStats()
         self.last_read: Manifest | None = None  # what read() saw (queue metrics need no GET)
+        self.store_clock = StoreClock(clock)
+        """The store's time as of the last manifest read or write (ages that decide what
+        may be deleted or forgotten are judged by it, not by this host's clock)."""
 
     async def initialize(self, *, respect_lease: bool = False) -> int:
         """Take over the queue: bump the epoch (fencing any older consumer); return it.
@@ -95,6 +98,7 @@ class ManifestConsumer:
     async def lease(self) -> tuple[str, float, float]:
         """``(holder, lease_expires_at, store_now)``: who holds the queue, until when."""
         loaded = await load(self.store, self.config.key, clock=self.clock)
+        self.store_clock.observe(loaded.store_time)
         consumer = loaded.manifest.consumer
         return consumer.holder, consumer.lease_expires_at, loaded.store_time
 
@@ -106,14 +110,17 @@ class ManifestConsumer:
 
     async def _update(self, mutate: Callable[[Loaded], Manifest | None]
                       ) -> tuple[Loaded, Manifest | None]:
-        return await cas_update(self.store, self.config.key, mutate,
-                                backoff=self.config.conflict_backoff, stats=self.stats,
-                                clock=self.clock)
+        loaded, written = await cas_update(self.store, self.config.key, mutate,
+                                           backoff=self.config.conflict_backoff,
+                                           stats=self.stats, clock=self.clock)
+        self.store_clock.observe(loaded.store_time)
+        return loaded, written
 
     async def read(self, from_sequence: int | None = None,
                    max_entries: int | None = None) -> list[Entry]:
         """Entries from ``from_sequence`` (default: after the last ack), in order."""
         loaded = await load(self.store, self.config.key, clock=self.clock)
+        self.store_clock.observe(loaded.store_time)
         manifest = loaded.manifest
         self._check(manifest)
         self.last_read = manifest
