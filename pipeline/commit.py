@@ -30,6 +30,7 @@ from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownExcept
 from pyiceberg.table import Table
 
 from icefloe.errors import CatalogError, TableFencedError
+from pipeline.confirm import confirmed
 
 SEQUENCE_PROP = "icefloe.sequence"
 EPOCH_PROP = "icefloe.epoch"
@@ -118,7 +119,9 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
                                 time.monotonic() - started, attempt)
         try:
-            write(table, fresh, summary_props(sequence, epoch))
+            # A refusal is confirmed against the table first (pipeline.confirm): a retried
+            # commit whose first try landed must not read as "not committed".
+            write(confirmed(table), fresh, summary_props(sequence, epoch))
             return CommitResult(identifier, fresh.num_rows, rows.num_rows - fresh.num_rows,
                                 sequence, time.monotonic() - started, attempt)
         except (CommitFailedException, CommitStateUnknownException) as exc:
