@@ -9,7 +9,8 @@ at start instead of at its first commit.
 
 Drivers: SQLAlchemy 2.1 maps a bare ``postgresql://`` to psycopg 3, which icefloe does not
 install (pyiceberg's ``sql-postgres`` extra brings psycopg2), so the scheme is pinned to an
-installed driver. The REST catalog is wired as documented by pyiceberg but not tested here.
+installed driver. The REST catalog is tested against a small test server
+(``tests/rest_catalog_server.py``), not a production one.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import boto3
 import msgspec
@@ -63,6 +64,7 @@ class Faulty:
     catalog: Catalog
     inject: Callable[[str], Any]
     fired: Callable[[], bool]
+    endpoint: str | None = None
 
 
 def _glue(server: GlueServer) -> Faulty:
@@ -85,7 +87,8 @@ def _glue(server: GlueServer) -> Faulty:
         server.faults.rules.append(rule)
         return rule
 
-    return Faulty(catalog, inject, lambda: all(r.fired == r.times for r in server.faults.rules))
+    return Faulty(catalog, inject, lambda: all(r.fired == r.times for r in server.faults.rules),
+                  server.endpoint)
 
 
 def _rest(server: RestCatalogServer, root: Path) -> Faulty:
@@ -118,6 +121,30 @@ def assert_intact(table: Table) -> None:
     for task in table.scan().plan_files():
         assert io.new_input(task.file.file_path).exists(), task.file.file_path
     table.scan().to_arrow()  # reads every live file
+
+
+def referenced_data_files(table: Table) -> set[str]:
+    """Data files any snapshot of ``table`` references, as paths under its ``data/``."""
+    return {_under_data(entry.data_file.file_path) for snapshot in table.snapshots()
+            for manifest in snapshot.manifests(table.io)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False)}
+
+
+def stored_data_files(table: Table, endpoint: str | None) -> set[str]:
+    """Data files under the table's ``data/``, in S3 (Glue) or a local warehouse (REST)."""
+    location = table.location().rstrip("/") + "/data/"
+    if location.startswith("s3://"):
+        bucket, prefix = location[len("s3://"):].split("/", 1)
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return {_under_data(o["Key"]) for page in pages for o in page.get("Contents", [])
+                if not o["Key"].endswith("/")}  # pyarrow's directory markers
+    root = Path(unquote(urlsplit(location).path))
+    return {_under_data(p.as_posix()) for p in root.rglob("*.parquet")}
+
+
+def _under_data(path: str) -> str:
+    return unquote(path).split("/data/", 1)[1]
 
 
 def snapshots_with_sequence(table: Table, sequence: int) -> int:
@@ -160,9 +187,26 @@ def test_unknown_outcome_commits_once_and_keeps_its_files(faulty: Faulty, kind: 
     assert sorted(ids) == sorted([f"e1-{i}" for i in range(5)] + [f"e2-{i}" for i in range(7)])
     assert snapshots_with_sequence(table, 2) == 1
     assert committed_state(table).sequence == 2
+    if how == "write-then-add":  # and the cleanup leaves no file of a try that did not land
+        assert stored_data_files(table, faulty.endpoint) == referenced_data_files(table)
 
     # A replay of the same run (a restart before the ack) adds nothing.
     _commit(faulty.catalog, name, clicks(7, sequence=2), 2, how)
     again = faulty.catalog.load_table(name)
     assert again.scan().to_arrow().num_rows == 12
     assert again.current_snapshot() == table.current_snapshot()
+
+
+@pytest.mark.parametrize("how", ["append", "write-then-add"])
+def test_rest_conflict_after_an_applied_commit_is_confirmed(
+        rest_server: RestCatalogServer, tmp_path: Path, how: str) -> None:
+    """A gateway that retried an applied commit answers 409: the table says it landed."""
+    faulty = _rest(rest_server, tmp_path)
+    name = _table(faulty.catalog)
+    rest_server.faults.add(CommitFault(applied=True, status=409))
+    assert _commit(faulty.catalog, name, clicks(7, sequence=2), 2, how) == 2
+    table = faulty.catalog.load_table(name)
+    assert_intact(table)
+    assert table.scan().to_arrow().num_rows == 7
+    assert snapshots_with_sequence(table, 2) == 1
+    assert stored_data_files(table, None) == referenced_data_files(table)
