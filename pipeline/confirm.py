@@ -9,10 +9,11 @@ refusal then hides a commit that landed, and the cleanups would delete files the
 current snapshot references.
 
 A commit that adds a snapshot carries its id (random 64 bits, fixed before the commit), so
-the table itself can say whether the commit landed: on a refusal we load the table, and if
-every snapshot the commit adds is there, the commit is answered as the success it was. If
-the table cannot be loaded, the outcome is unknown, and it is reported so, so no one
-deletes anything.
+the table itself can say whether the commit landed: on a refusal or an unknown outcome we
+load the table, and if every snapshot the commit adds is there, the commit is answered as
+the success it was. A refusal that cannot be confirmed because the table cannot be loaded
+becomes an unknown outcome, so no one deletes anything; any other failure is re-raised as
+it was.
 """
 
 from __future__ import annotations
@@ -52,22 +53,45 @@ class ConfirmingCatalog:
         try:
             return self._catalog.commit_table(table, requirements, updates)
         except CommitFailedException as refused:
-            added = {u.snapshot.snapshot_id for u in updates
-                     if isinstance(u, AddSnapshotUpdate)}
-            if not added:
-                raise  # nothing to recognise the commit by: the refusal stands
-            try:
-                current = self._catalog.load_table(table.name())
-            except Exception as exc:
+            landed = self._landed(table, updates)
+            if landed is None:
                 raise CommitStateUnknownException(
                     f"commit refused ({refused}) and the table cannot be read to confirm "
-                    f"it: {exc}") from refused
-            if all(current.metadata.snapshot_by_id(i) is not None for i in added):
-                log.warning("commit to %s was refused (%s) but its snapshot is in the table: "
-                            "an earlier try landed", ".".join(table.name()), refused)
-                return CommitTableResponse(metadata=current.metadata,
-                                           metadata_location=current.metadata_location)
-            raise
+                    "the refusal") from refused
+            if not isinstance(landed, Table):
+                raise
+            return self._confirm(table, landed, refused)
+        except Exception as unknown:
+            # Outcome unknown (5xx, cut connection, timeout): if the table shows the commit,
+            # say so now, so the caller counts the rows it committed and keeps its files.
+            landed = self._landed(table, updates)
+            if not isinstance(landed, Table):
+                raise
+            return self._confirm(table, landed, unknown)
+
+    def _landed(self, table: Table, updates: tuple[TableUpdate, ...]
+                ) -> Table | bool | None:
+        """The table as it is now if every snapshot the commit adds is in it; ``False`` if
+        not (or the commit adds none), ``None`` if the table cannot be read."""
+        added = {u.snapshot.snapshot_id for u in updates if isinstance(u, AddSnapshotUpdate)}
+        if not added:
+            return False
+        try:
+            current = self._catalog.load_table(table.name())
+        except Exception as exc:
+            log.warning("cannot read %s to confirm a commit's outcome: %s",
+                        ".".join(table.name()), exc)
+            return None
+        if all(current.metadata.snapshot_by_id(i) is not None for i in added):
+            return current
+        return False
+
+    @staticmethod
+    def _confirm(table: Table, current: Table, error: Exception) -> CommitTableResponse:
+        log.warning("commit to %s failed (%r) but its snapshot is in the table: it landed",
+                    ".".join(table.name()), error)
+        return CommitTableResponse(metadata=current.metadata,
+                                   metadata_location=current.metadata_location)
 
 
 def confirmed(table: Table) -> Table:

@@ -32,7 +32,7 @@ from test_file_append import clicks
 
 from icefloe.config import CatalogSection
 from pipeline.catalog import open_catalog
-from pipeline.commit import SEQUENCE_PROP, commit_rows, committed_state
+from pipeline.commit import SEQUENCE_PROP, CommitResult, commit_rows, committed_state
 from pipeline.file_append import WriteThenAdd
 from pipeline.tables import ensure_stream_table
 
@@ -159,14 +159,14 @@ def _table(catalog: Catalog) -> str:
     return stream.table
 
 
-def _commit(catalog: Catalog, name: str, rows: pa.Table, sequence: int, how: str) -> int:
+def _commit(catalog: Catalog, name: str, rows: pa.Table, sequence: int, how: str
+            ) -> CommitResult:
     """``commit_rows`` with pyiceberg's append or WriteThenAdd (and its cleanup, always)."""
     if how == "append":
-        return commit_rows(catalog, name, rows, sequence=sequence, epoch=1).sequence
+        return commit_rows(catalog, name, rows, sequence=sequence, epoch=1)
     append = WriteThenAdd("clicks")
     try:
-        return commit_rows(catalog, name, rows, sequence=sequence, epoch=1,
-                           append=append).sequence
+        return commit_rows(catalog, name, rows, sequence=sequence, epoch=1, append=append)
     finally:
         append.cleanup(catalog, name, sequence=sequence, epoch=1)
 
@@ -178,8 +178,10 @@ def test_unknown_outcome_commits_once_and_keeps_its_files(faulty: Faulty, kind: 
     name = _table(faulty.catalog)
     _commit(faulty.catalog, name, clicks(5, sequence=1), 1, how)
     faulty.inject(kind)
-    assert _commit(faulty.catalog, name, clicks(7, sequence=2), 2, how) == 2
+    outcome = _commit(faulty.catalog, name, clicks(7, sequence=2), 2, how)
     assert faulty.fired()
+    # A commit that landed is reported as committed rows, not as a replay.
+    assert (outcome.sequence, outcome.rows, outcome.replayed) == (2, 7, 0)
 
     table = faulty.catalog.load_table(name)
     assert_intact(table)
@@ -204,7 +206,8 @@ def test_rest_conflict_after_an_applied_commit_is_confirmed(
     faulty = _rest(rest_server, tmp_path)
     name = _table(faulty.catalog)
     rest_server.faults.add(CommitFault(applied=True, status=409))
-    assert _commit(faulty.catalog, name, clicks(7, sequence=2), 2, how) == 2
+    outcome = _commit(faulty.catalog, name, clicks(7, sequence=2), 2, how)
+    assert (outcome.sequence, outcome.rows, outcome.attempts) == (2, 7, 1)
     table = faulty.catalog.load_table(name)
     assert_intact(table)
     assert table.scan().to_arrow().num_rows == 7
