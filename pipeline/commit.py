@@ -33,6 +33,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import CatalogError, TableFencedError
+from pipeline.confirm import confirmed
 
 SEQUENCE_PROP = "icefloe.sequence"
 EPOCH_PROP = "icefloe.epoch"
@@ -169,8 +170,10 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
                                 time.monotonic() - started, attempt)
         try:
+            # A refusal is confirmed against the table first (pipeline.confirm): a retried
+            # commit whose first try landed must not read as "not committed".
             stamped = summary_props(sequence, epoch, int(clock.time() * 1000))
-            write(table, fresh, {**(props or {}), **stamped})
+            write(confirmed(table), fresh, {**(props or {}), **stamped})
             return CommitResult(identifier, fresh.num_rows, rows.num_rows - fresh.num_rows,
                                 sequence, time.monotonic() - started, attempt)
         except (CommitFailedException, CommitStateUnknownException) as exc:
