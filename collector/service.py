@@ -315,9 +315,9 @@ class Collector:
         if reason is None:
             return taken, self.engine.run
         self.metrics.embedded_runs.labels(reason).inc()
-        log.warning("run sequences %d..%d takes the embedded path (%s): the cluster output "
-                    "path writes one table per source without staging", taken[0].sequence,
-                    taken[-1].sequence, reason, extra={"reason": reason})
+        log.info("run sequences %d..%d takes the embedded path (%s): the cluster output "
+                 "path writes one table per source without staging", taken[0].sequence,
+                 taken[-1].sequence, reason, extra={"reason": reason})
         return taken, embedded
 
     # -- sinks with import conditions: staged, committed when a condition holds ----------
