@@ -95,6 +95,10 @@ class CollectorMetrics:
                                       "Commits of staged rows, by the condition that fired "
                                       "(age, bytes, events, drain)", ["table", "reason"],
                                       registry=r)
+        self.embedded_runs = Counter("icefloe_collector_embedded_fallback_runs",
+                                     "Runs of output = cluster that took the embedded path, "
+                                     "by reason (fan-out, staging, shared-table, columns)",
+                                     ["reason"], registry=r)
         self.registry_version = Gauge("icefloe_collector_registry_version",
                                       "Stream-registry version the collector routes by "
                                       "(0: config streams)", registry=r)

@@ -31,7 +31,7 @@ from ulid import ULID
 
 from collector.dedup import DedupWindow, sources_props, without_source
 from collector.metrics import CollectorMetrics
-from collector.routing import Routes, Target
+from collector.routing import Routes, Target, cut_by_routing, embedded_reason
 from collector.staging import COMMIT_CHUNK_BYTES, StagedFile, StagingArea, StagingState, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.config import Config, StreamConfig
@@ -65,6 +65,11 @@ Hook = Callable[[str], None]
 
 
 class Engine(Protocol):
+    """Runs the pipeline. A cluster-output engine (its ``run`` gives a
+    :class:`ClusterRunOutput`) also has ``run_embedded(spec) -> RunOutput``: the embedded
+    shape on the same session, for runs the cluster path cannot write (see
+    :meth:`Collector._route_run`)."""
+
     name: str
     partitions: int
 
@@ -275,9 +280,10 @@ class Collector:
             return RunResult()
         assert self.epoch is not None
         await self._catch_up_registry(entries)
+        entries, run = self._route_run(entries)
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
-        output = await asyncio.to_thread(self.engine.run, spec)
+        output = await asyncio.to_thread(run, spec)
         try:
             self.hook("after_job")
         except BaseException:
@@ -296,6 +302,35 @@ class Collector:
         result.seconds = time.monotonic() - started
         self._observe(entries, result)
         return result
+
+    def _route_run(self, entries: list[Entry]
+                   ) -> tuple[list[Entry], Callable[[RunSpec], RunOutput | ClusterRunOutput]]:
+        """The entries of this run and the engine call that runs them.
+
+        On the cluster output path a run ends where its routing changes (a sink disabled,
+        enabled, re-created, a table passing to another source), so each source has one
+        target; a run that still cannot be written in one shot there (fan-out, staging)
+        takes the embedded path on the same session. Both shapes commit through the same
+        ``commit_rows``, dedup windows and staging, so switching per run keeps exactly-once
+        (see :func:`collector.routing.cut_by_routing`). No registry the admin API accepts
+        can wedge the queue.
+        """
+        embedded = getattr(self.engine, "run_embedded", None)
+        if embedded is None:  # an embedded engine routes any run
+            return entries, self.engine.run
+        taken = cut_by_routing(self.routes, entries)
+        if len(taken) < len(entries):
+            log.info("cluster run cut at sequence %d: routing changes at registry version "
+                     "%d", entries[len(taken)].sequence,
+                     entries[len(taken)].registry_version)
+        reason = embedded_reason(self.routes, taken, self._is_staged)
+        if reason is None:
+            return taken, self.engine.run
+        self.metrics.embedded_runs.labels(reason).inc()
+        log.info("run sequences %d..%d takes the embedded path (%s): the cluster output "
+                 "path writes one table per source without staging", taken[0].sequence,
+                 taken[-1].sequence, reason, extra={"reason": reason})
+        return taken, embedded
 
     # -- sinks with import conditions: staged, committed when a condition holds ----------
 

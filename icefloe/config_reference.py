@@ -111,7 +111,8 @@ MEANING: dict[str, str] = {
     "collector.spark_partitions": "Spark partitions per run",
     "collector.spark_driver_memory": "Spark driver memory",
     "collector.output": "`embedded` (rows appended on the driver) or `cluster` (executors "
-                        "write Parquet, the driver commits `add_files`)",
+                        "write Parquet, the driver commits `add_files`; runs with fan-out "
+                        "or staging go the embedded way)",
     "collector.dequeue_every": "runs between bulk dequeues of acknowledged entries",
     "collector.gc_interval_s": "how often unreferenced batch files are collected",
     "collector.maintenance_interval_s": "how often tables are compacted, expired and cleaned",
