@@ -194,8 +194,9 @@ class Collector:
 
         Routed tables and the dead letters carry their sequence forward (a lost one is
         refused here, loudly); model targets and any other table icefloe marked or
-        committed to are fenced too. Then the manifest epoch is confirmed: had a newer
-        collector taken over meanwhile, it may not have seen the tables we just marked.
+        committed to are fenced too, and every existing staging state is stamped. Then the
+        manifest epoch is confirmed: had a newer collector taken over meanwhile, it may not
+        have seen the tables we just marked.
         """
         assert self.epoch is not None
         if self._fenced_epoch == self.epoch:
@@ -203,6 +204,7 @@ class Collector:
         consumed = [*self.routes.tables(), DEAD_LETTER_TABLE]
         fenced = fence_all(self.catalog, self.epoch, consumed=consumed,
                            known=self.model_tables)
+        self.block_on(self.staging.claim_existing(self.epoch))
         self.confirm_epoch_sync()
         self._confirmed.update(f.uuid for f in fenced)
         self._fenced_epoch = self.epoch

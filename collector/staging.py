@@ -22,9 +22,9 @@ Exactly once, at every crash point:
   (and :func:`pipeline.commit.commit_rows` filters rows at or below it anyway).
 
 A newer collector fences an older one here too: the state records the epoch of its last
-writer, and a write by an older epoch is refused. On takeover the new collector claims the
-state of every table it stages (creating it if missing) and stamps every other existing
-one, so the refusal holds from the takeover on; a collector that creates a state later
+writer, and a write by an older epoch is refused. On takeover the new collector stamps
+every existing state and creates (stamped) the state of every table it stages, so the
+refusal holds from the takeover on; a collector that creates a state later
 confirms the manifest epoch before relying on it (a newer collector that found no state
 had bumped the epoch first, so the older one sees it and stops).
 """
@@ -226,6 +226,22 @@ class StagingArea:
             self.states[table] = doc.value
             return doc.value
         return await self._update(table, epoch, lambda state: state)
+
+    async def claim_existing(self, epoch: int) -> int:
+        """Stamp every staging state in the store with ``epoch`` (takeover), also those of
+        tables this collector does not route (yet): a replaced collector's write to any of
+        them is refused from now on. Not cached here: only prepared tables are staged or
+        committed by this collector. Returns how many states were found."""
+        listing = await self.store.list(f"{PREFIX}/")
+        suffix = "/state.json"
+        tables = [info.key[len(PREFIX) + 1:-len(suffix)] for info in listing.objects
+                  if info.key.endswith(suffix)]
+        for table in tables:
+            cached = table in self.states
+            await self.claim(table, epoch)
+            if not cached:
+                self.states.pop(table, None)
+        return len(tables)
 
     async def read(self, state: StagingState,
                    files: tuple[StagedFile, ...] | None = None) -> pa.Table | None:

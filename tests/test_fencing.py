@@ -218,3 +218,44 @@ async def test_an_offset_expired_outside_icefloe_is_refused_loudly(config: Confi
     plain = catalog.create_table("web.plain", table.schema())
     plain.append(rows.cast(table.schema().as_arrow()))
     assert committed_state(catalog.load_table("web.plain")).sequence == -1
+
+
+async def test_a_collector_runs_on_one_thread_with_inline_hops(config: Config) -> None:
+    """The seams a simulator uses: ``offload=inline`` and ``block_on=drive`` with a store
+    that never leaves the thread run prepare, fence, job, commits and ack in order on the
+    calling thread; the manual clock times the run."""
+    from collector.hops import drive, inline
+    from icefloe.clock import ManualClock
+    from icefloe.store.adapters import InlineAsyncStore
+    from icefloe.store.local import LocalStore
+
+    threads: set[int] = set()
+
+    class Recording(LocalEngine):
+        def run(self, spec: Any) -> Any:
+            threads.add(threading.get_ident())
+            return super().run(spec)
+
+    publish_sync(config, [[click(i) for i in range(5)]])
+    root = Path(config.store.url.removeprefix("file://"))
+    clock = ManualClock()
+
+    def build() -> Collector:
+        return Collector(config, InlineAsyncStore(LocalStore(root)),
+                         open_catalog(config.catalog), Recording(), clock=clock,
+                         offload=inline, block_on=drive)
+
+    first = build()
+    await first.acquire(takeover=True)
+    first.prepare_tables()  # on the loop's thread: every store call is driven inline
+    result = await first.run_once()
+    assert result.rows == {"web.clicks": 5}
+    assert result.seconds == 0.0  # the manual clock did not move
+    assert threads == {threading.get_ident()}
+    second = build()
+    await second.acquire(takeover=True)
+    second.prepare_tables()
+    with pytest.raises(TableFencedError):
+        commit_rows(first.catalog, "web.clicks", read_table(config, "web.clicks"),
+                    sequence=9, epoch=first.epoch or 0)
+    assert_exact(config, "web.clicks", {f"c{i}" for i in range(5)})

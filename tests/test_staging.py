@@ -382,6 +382,26 @@ async def test_should_stop_a_replaced_collector_that_creates_a_staging_state(
     await newer.store.close()
 
 
+async def test_should_stamp_staging_states_of_tables_the_new_collector_does_not_route(
+        config: Config) -> None:
+    """A state the old collector created before the takeover, for a table the new one does
+    not route yet: stamped on takeover, so the old one's next write there is refused."""
+    old = await collector_for(config)
+    rows = pa.table({"_sequence": pa.array([0], pa.int64()),
+                     "_received_at": pa.array([0], pa.timestamp("us", tz="UTC"))})
+    await old.staging.stage("web.elsewhere", rows, committed=-1, epoch=old.epoch, run_last=0)
+    newer = await collector_for(config)
+    assert "web.elsewhere" not in newer.staging.states  # not routed: never committed here
+    later = rows.set_column(0, "_sequence", pa.array([1], pa.int64()))
+    with pytest.raises(TableFencedError):
+        await old.staging.stage("web.elsewhere", later, committed=-1, epoch=old.epoch,
+                                run_last=1)
+    state = await newer.staging.load("web.elsewhere")
+    assert (state.epoch, state.through_sequence, len(state.files)) == (newer.epoch, 0, 1)
+    await old.store.close()
+    await newer.store.close()
+
+
 async def test_should_merge_many_staged_files_and_commit_in_chunks(
         config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long age condition: staged files are merged once there are too many, and the
