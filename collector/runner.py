@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.gc import collect_garbage
-from collector.hops import sleep_or_stop
+from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.models import ModelRefresh, plan_refresh
@@ -280,12 +280,13 @@ async def run_collector(config: Config, *, takeover: bool = False,
                         serve_metrics: bool = True,
                         on_ready: Callable[[Ready], None] | None = None,
                         metrics: CollectorMetrics | None = None,
-                        clock: Clock = SYSTEM) -> int:
+                        clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread) -> int:
     """Open everything from ``config``, become active (or wait as standby), run until
     ``stop`` is set or this collector is fenced. Returns the exit code.
 
     ``/metrics``, ``/healthz`` and ``/readyz`` are served from the start (unless
     ``serve_metrics`` is off); pass ``metrics`` to read them in-process (``icefloe up``).
+    ``clock`` and ``offload`` go to the collector (see :mod:`collector.hops`).
     """
     stop = stop or asyncio.Event()
     try:  # a bad model file, a cycle or an unknown name: refused before anything starts
@@ -302,12 +303,12 @@ async def run_collector(config: Config, *, takeover: bool = False,
                             metrics.registry, metrics.health)
         port = server.port
     try:
-        catalog = await asyncio.to_thread(open_catalog, config.catalog)
-        engine = engine or await asyncio.to_thread(default_engine, config)
+        catalog = await offload(open_catalog, config.catalog)
+        engine = engine or await offload(default_engine, config)
         if stop.is_set():  # stopped while Spark was starting: leave the queue untouched
             return EXIT_OK
         collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook,
-                              clock=clock)
+                              clock=clock, offload=offload)
         try:
             await collector.acquire(takeover=takeover, stop=stop)
         except asyncio.CancelledError:

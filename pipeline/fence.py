@@ -45,7 +45,7 @@ _ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
-class Fenced:
+class FencedTable:
     """One fenced table: its name and ``table_uuid`` (a dropped and recreated table is
     another table)."""
 
@@ -77,7 +77,7 @@ def is_icefloe_table(table: Table) -> bool:
 
 
 def fence_table(catalog: Catalog, identifier: str, epoch: int, *, offsets: bool
-                ) -> Fenced | None:
+                ) -> FencedTable | None:
     """Append the fence snapshot for ``epoch`` to ``identifier`` (None: no such table).
 
     ``offsets``: the collector consumes into this table, so its sequence must be known
@@ -102,7 +102,7 @@ def fence_table(catalog: Catalog, identifier: str, epoch: int, *, offsets: bool
             raise TableFencedError(identifier, epoch, recorded)
         managed = table.properties.get(MANAGED_PROP) == "true"
         if recorded == epoch and managed:
-            return Fenced(identifier, str(table.metadata.table_uuid))  # fenced already
+            return FencedTable(identifier, str(table.metadata.table_uuid))  # fenced already
         props = {EPOCH_PROP: str(epoch)}
         if sequence is not None:
             props[SEQUENCE_PROP] = str(sequence)
@@ -118,7 +118,7 @@ def fence_table(catalog: Catalog, identifier: str, epoch: int, *, offsets: bool
             continue
         log.info("fenced %s at epoch %d (sequence %s)", identifier, epoch,
                  props.get(SEQUENCE_PROP, "none"))
-        return Fenced(identifier, str(table.metadata.table_uuid))
+        return FencedTable(identifier, str(table.metadata.table_uuid))
     raise CatalogError(f"cannot fence table {identifier} at epoch {epoch}: {_ATTEMPTS} "
                        "commits in a row were rejected; the collector will retry its start")
 
@@ -143,18 +143,23 @@ def catalog_tables(catalog: Catalog) -> list[str]:
 
 
 def fence_all(catalog: Catalog, epoch: int, *, consumed: Iterable[str],
-              known: Iterable[str] = ()) -> list[Fenced]:
+              known: Iterable[str] = ()) -> list[FencedTable]:
     """Fence the tables the collector consumes into (``consumed``: routed tables and dead
     letters), the ``known`` icefloe tables (model targets), and every other table of the
     catalog that :func:`is_icefloe_table`. Blocking; raises like :func:`fence_table`."""
     consumed = set(consumed)
     named = consumed | set(known)
-    fenced: list[Fenced] = []
+    fenced: list[FencedTable] = []
     for identifier in sorted(named):
         done = fence_table(catalog, identifier, epoch, offsets=identifier in consumed)
         if done is not None:
             fenced.append(done)
-    for identifier in catalog_tables(catalog):
+    try:
+        listed = catalog_tables(catalog)
+    except Exception as exc:  # drivers raise their own trees; the start is retried
+        raise CatalogError(f"cannot list the tables of catalog {catalog.name!r} to fence "
+                           f"them: {' '.join(str(exc).split())[:300]}") from exc
+    for identifier in listed:
         if identifier in named:
             continue
         try:

@@ -259,3 +259,38 @@ async def test_a_collector_runs_on_one_thread_with_inline_hops(config: Config) -
         commit_rows(first.catalog, "web.clicks", read_table(config, "web.clicks"),
                     sequence=9, epoch=first.epoch or 0)
     assert_exact(config, "web.clicks", {f"c{i}" for i in range(5)})
+
+
+async def test_an_old_commit_racing_the_fence_lands_before_it_or_not_at_all(
+        config: Config) -> None:
+    """The old collector commits between the fence's read and its commit: the fence is
+    rejected (retries are 0), re-reads, and lands on top carrying the old commit's sequence
+    forward; the old collector's next commit is refused."""
+    from pipeline.fence import fence_table
+
+    publish_sync(config, [[click(i) for i in range(5)]])
+    old = await start(config, LocalEngine())
+    output = LocalEngine().run(run_spec(config, await old.consumer.read()))
+    catalog = open_catalog(config.catalog)
+    races = [lambda: commit_rows(catalog, "web.clicks", output.tables["clicks"], sequence=0,
+                                 epoch=old.epoch or 0)]
+
+    class Racing:
+        """The catalog, with the old commit slipped in right after the fence's first load."""
+
+        def load_table(self, identifier: str) -> Any:
+            table = catalog.load_table(identifier)
+            if races:
+                races.pop()()
+            return table
+
+    new_epoch = (old.epoch or 0) + 1
+    assert fence_table(Racing(), "web.clicks", new_epoch, offsets=True) is not None  # type: ignore[arg-type]
+    table = catalog.load_table("web.clicks")
+    state = committed_state(table)
+    assert (state.sequence, state.epoch) == (0, new_epoch)
+    assert table.scan().to_arrow().num_rows == 5  # landed before the fence, once
+    with pytest.raises(TableFencedError):
+        commit_rows(catalog, "web.clicks", output.tables["clicks"], sequence=1,
+                    epoch=old.epoch or 0)
+    await close(old)
