@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -145,3 +146,22 @@ def assert_exact(config: Config, table: str, expected: set[str]) -> None:
     ids = rows.column("_event_id")
     assert rows.num_rows == pc.count_distinct(ids).as_py() == len(expected)
     assert set(ids.to_pylist()) == expected
+
+
+class Gate:
+    """An engine whose job waits until the test lets it go: a takeover lands mid-run."""
+
+    name = "gate"
+    partitions = 1
+
+    def __init__(self) -> None:
+        from pipeline.run import LocalEngine
+
+        self.inner = LocalEngine()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def run(self, spec: Any) -> Any:
+        self.entered.set()
+        assert self.go.wait(30), "the test never released the job"
+        return self.inner.run(spec)

@@ -29,6 +29,7 @@ from pipeline.schema import DEAD_LETTER_TABLE
 from pipeline.spec import run_spec
 from tests.collector_support import (
     CLICKS,
+    Gate,
     assert_exact,
     buy,
     click,
@@ -39,23 +40,6 @@ from tests.collector_support import (
     read_table,
     start,
 )
-
-
-class Gate:
-    """An engine whose job waits until the test lets it go: a takeover lands mid-run."""
-
-    name = "gate"
-    partitions = 1
-
-    def __init__(self) -> None:
-        self.inner = LocalEngine()
-        self.entered = threading.Event()
-        self.go = threading.Event()
-
-    def run(self, spec: Any) -> Any:
-        self.entered.set()
-        assert self.go.wait(30), "the test never released the job"
-        return self.inner.run(spec)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ real SQLite catalog, in-process decode."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from icefloe.registry import Conditions, Registry, RegistryStore, ops
 from tests.collector_support import (
     CLICKS,
     Crash,
+    Gate,
     assert_exact,
     click,
     collector_config,
@@ -311,24 +311,6 @@ async def test_should_fence_a_replaced_collector_from_the_takeover_on(config: Co
     await old.store.close()
     await newer.store.close()
 
-
-class Gate:
-    """An engine whose job waits until the test lets it go: a takeover lands mid-run."""
-
-    name = "gate"
-    partitions = 1
-
-    def __init__(self) -> None:
-        from pipeline.run import LocalEngine
-
-        self.inner = LocalEngine()
-        self.entered = threading.Event()
-        self.go = threading.Event()
-
-    def run(self, spec: Any) -> Any:
-        self.entered.set()
-        assert self.go.wait(30), "the test never released the job"
-        return self.inner.run(spec)
 
 
 async def test_should_refuse_a_replaced_collector_staging_a_table_for_the_first_time(
