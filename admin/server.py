@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -83,7 +82,8 @@ async def prune_tombstones(store: AsyncObjectStore, registry: RegistryStore,
             if state.files:
                 staged.add(state.table)
     return await registry.update(lambda r: ops.prune(
-        r, now=time.time(), grace_s=grace_s, oldest_pending=oldest, staged_tables=staged))
+        r, now=registry.clock.time(), grace_s=grace_s, oldest_pending=oldest,
+        staged_tables=staged, clock=registry.clock))
 
 
 async def _prune_forever(store: AsyncObjectStore, registry: RegistryStore, config: Config,

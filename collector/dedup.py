@@ -1,56 +1,182 @@
-"""Drop rows whose ``(stream, _event_id)`` was already committed within a time window.
+"""Drop rows whose ``(source, _event_id)`` was already committed to a table within a window.
 
 Why: the commit protocol makes every *manifest entry* land once, but a client that retries
 a request (same event ids, or the same ``Idempotency-Key``) after a lost response creates a
-second entry with the same events. Remembering recently committed ids per stream turns that
-into "exactly once" end to end. The window is bounded in time (ids older than the window
-are forgotten, by their ``_received_at``) and in size (``max_ids``, oldest first), so memory
-stays bounded; after a restart the window is rebuilt from the table's recent commits.
+second entry with the same events. Remembering the ids recently committed to each table
+turns that into "exactly once" end to end.
+
+Why keyed by source within a table: event ids are only unique per source (business ids via
+``event_id_field`` and idempotency keys collide across sources in real life). When a table
+passes from one source to another (a sink moved between sources), the new source's events
+must not be dropped because the old one used the same ids; and a fanned-out event still
+lands once in each of its sinks, because each table has a window of its own. A table has
+no per-row source column, so each commit records which source its sequences came from in
+its snapshot summary (:data:`~pipeline.commit.SOURCES_PROP`); rows decoded in one run carry
+it in a ``_source`` column that is dropped before the commit (:func:`without_source`).
+
+The window is bounded in time (ids committed more than ``window_s`` ago, by the store's
+clock, are forgotten) and in size (``max_ids``, oldest first, part of a commit at a time),
+so memory stays bounded; when the size bound cuts into the time window, it is logged and
+reported (``on_effective``). After a restart the window is rebuilt from the table's recent
+commits only, never by scanning the whole table (:meth:`DedupWindow.rebuild`).
 """
 
 from __future__ import annotations
 
-import time
+import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.expressions import GreaterThan
+from pyiceberg.expressions import GreaterThanOrEqual
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Snapshot
 
-from pipeline.commit import NO_SEQUENCE, SEQUENCE_PROP
+from icefloe.clock import SYSTEM, Clock
+from pipeline.commit import (
+    NO_SEQUENCE,
+    SEQUENCE_PROP,
+    SOURCES_PROP,
+    SourceRun,
+    committed_at_ms,
+    decode_sources,
+    encode_sources,
+)
+
+log = logging.getLogger("icefloe.collector")
+
+SOURCE_COLUMN = "_source"
+"""The source a decoded row came from; never committed (see :func:`without_source`)."""
+ANY_SOURCE = "*"
+"""Ids of unknown source (commits and staged files of older icefloe versions): they count
+as seen for every source, as the per-table window of those versions did."""
+
+_EMPTY: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
 class _Chunk:
-    newest_ms: int
+    """Ids of one source committed at ``committed_ms``; ``ids[:start]`` already evicted."""
+
+    committed_ms: int
+    source: str
     ids: list[str]
+    start: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """One commit the rebuild replays: its sequence, time and source runs (None: legacy)."""
+
+    sequence: int
+    committed_ms: int
+    runs: list[SourceRun] | None
+
+
+def with_source(rows: pa.Table, source: str) -> pa.Table:
+    """``rows`` of one source, tagged with it (so tables built from several sources keep
+    each row's origin until the commit)."""
+    column = pa.repeat(pa.scalar(source, pa.string()), rows.num_rows)
+    if SOURCE_COLUMN in rows.column_names:
+        return rows.set_column(rows.column_names.index(SOURCE_COLUMN), SOURCE_COLUMN, column)
+    return rows.append_column(SOURCE_COLUMN, column)
+
+
+def without_source(rows: pa.Table) -> pa.Table:
+    """``rows`` as they are committed: the ``_source`` tag removed."""
+    if SOURCE_COLUMN in rows.column_names:
+        return rows.drop_columns([SOURCE_COLUMN])
+    return rows
+
+
+def row_sources(rows: pa.Table, default: str = ANY_SOURCE) -> str | list[str]:
+    """The source of each row: one string when all agree, else one per row; rows without
+    a tag (staged by an older version) get ``default``."""
+    if SOURCE_COLUMN not in rows.column_names or rows.num_rows == 0:
+        return default
+    column = rows.column(SOURCE_COLUMN)
+    if column.null_count:
+        column = pc.fill_null(column, default)
+    unique = pc.unique(column)
+    if len(unique) == 1:
+        return str(unique[0].as_py())
+    return column.to_pylist()
+
+
+def source_runs(rows: pa.Table, default: str = ANY_SOURCE) -> list[SourceRun]:
+    """``[(source, first, last)]`` over the distinct sequences of ``rows``, in sequence
+    order, consecutive sequences of one source merged: what a commit records in
+    :data:`~pipeline.commit.SOURCES_PROP` (one run in the usual case)."""
+    if rows.num_rows == 0:
+        return []
+    sources = row_sources(rows, default)
+    if isinstance(sources, str):
+        seq = rows.column("_sequence")
+        return [(sources, int(pc.min(seq).as_py()), int(pc.max(seq).as_py()))]
+    pairs = pa.table({"s": rows.column("_sequence"), "src": pa.array(sources, pa.string())})
+    pairs = pairs.group_by(["s", "src"]).aggregate([]).sort_by("s")
+    runs: list[SourceRun] = []
+    for sequence, source in zip(pairs.column("s").to_pylist(),
+                                pairs.column("src").to_pylist(), strict=True):
+        if runs and runs[-1][0] == source:
+            runs[-1] = (source, runs[-1][1], sequence)
+        else:
+            runs.append((source, sequence, sequence))
+    return runs
+
+
+def sources_props(rows: pa.Table, default: str = ANY_SOURCE) -> dict[str, str]:
+    """The summary property that lets :meth:`DedupWindow.rebuild` key ``rows`` by source."""
+    runs = source_runs(rows, default)
+    return {SOURCES_PROP: encode_sources(runs)} if runs else {}
 
 
 @dataclass(slots=True)
 class DedupWindow:
-    """Recently committed event ids of one stream."""
+    """Recently committed event ids of one table, by source.
+
+    ``clock`` is the store's clock (:class:`~icefloe.clock.StoreClock`): commit times and
+    the window's edge are both read from it, so a host whose clock is off neither forgets
+    ids early nor keeps them forever. ``on_effective(seconds, ids)`` is told how far back
+    the window reaches after every change (``window_s`` unless ``max_ids`` cut it short).
+    """
 
     window_s: float
     max_ids: int
-    seen: set[str] = field(default_factory=set)
+    name: str = ""
+    clock: Clock = SYSTEM
+    on_effective: Callable[[float, int], None] | None = None
+    seen: dict[str, set[str]] = field(default_factory=dict)
     chunks: deque[_Chunk] = field(default_factory=deque)
+    size: int = 0
+    cut_ms: int | None = None
+    """Commit time of the newest ids the size bound evicted (None: it never did)."""
+    _short: bool = False
 
     def __len__(self) -> int:
-        return len(self.seen)
+        return self.size
 
-    def filter(self, rows: pa.Table) -> tuple[pa.Table, int]:
-        """Rows not seen before (and the first of repeats within ``rows``); dropped count."""
+    def ids(self, source: str) -> set[str]:
+        """The ids remembered for ``source`` (a copy; for tests and inspection)."""
+        return set(self.seen.get(source, _EMPTY))
+
+    # -- filtering --------------------------------------------------------------------
+
+    def filter(self, rows: pa.Table, source: str = ANY_SOURCE) -> tuple[pa.Table, int]:
+        """Rows not seen before (and the first of repeats within ``rows``); dropped count.
+        ``source``: of rows without a ``_source`` column."""
         if self.window_s <= 0 or rows.num_rows == 0:
             return rows, 0
-        keep = self._keep(rows.column("_event_id").to_pylist())
+        keep = self._keep(rows.column("_event_id").to_pylist(), row_sources(rows, source))
         if keep is None:
             return rows, 0
         return rows.filter(pa.array(keep, pa.bool_())), keep.count(False)
 
-    def filter_in_sequence_order(self, rows: pa.Table) -> tuple[pa.Table, int]:
+    def filter_in_sequence_order(self, rows: pa.Table, source: str = ANY_SOURCE
+                                 ) -> tuple[pa.Table, int]:
         """:meth:`filter` as if ``rows`` were stably sorted by ``_sequence``, but without
         reordering them.
 
@@ -65,87 +191,232 @@ class DedupWindow:
         if self.window_s <= 0 or rows.num_rows == 0:
             return rows, 0
         order = pc.sort_indices(rows.column("_sequence"))  # stable
-        keep = self._keep(rows.column("_event_id").take(order).to_pylist())
+        sources = row_sources(rows, source)
+        if not isinstance(sources, str):
+            sources = [sources[i] for i in order.to_numpy()]
+        keep = self._keep(rows.column("_event_id").take(order).to_pylist(), sources)
         if keep is None:
             return rows, 0
         mask = np.empty(rows.num_rows, dtype=np.bool_)
         mask[order.to_numpy()] = keep
         return rows.filter(pa.array(mask)), keep.count(False)
 
-    def _keep(self, ids: list[str]) -> list[bool] | None:
+    def _keep(self, ids: list[str], sources: str | list[str]) -> list[bool] | None:
         """Which ids (in order) are new; None when all of them are."""
-        seen = self.seen
+        if isinstance(sources, str) and sources != ANY_SOURCE:
+            return self._keep_one(ids, self.seen.get(sources, _EMPTY),
+                                  self.seen.get(ANY_SOURCE, _EMPTY))
+        per_row = [sources] * len(ids) if isinstance(sources, str) else sources
+        batch: set[tuple[str, str]] = set()
+        keep: list[bool] = []
+        for source, event_id in zip(per_row, ids, strict=True):
+            key = (source, event_id)
+            if key in batch or self._seen(source, event_id):
+                keep.append(False)
+            else:
+                batch.add(key)
+                keep.append(True)
+        return None if len(batch) == len(keep) else keep
+
+    @staticmethod
+    def _keep_one(ids: list[str], seen: set[str] | frozenset[str],
+                  unknown: set[str] | frozenset[str]) -> list[bool] | None:
+        """The fast path: every row of one source."""
         batch: set[str] = set()
         keep: list[bool] = []
         append = keep.append
         for event_id in ids:
-            if event_id in seen or event_id in batch:
+            if event_id in seen or event_id in batch or event_id in unknown:
                 append(False)
             else:
                 batch.add(event_id)
                 append(True)
         return None if len(batch) == len(keep) else keep
 
-    def remember(self, rows: pa.Table, now_s: float | None = None) -> None:
+    def _seen(self, source: str, event_id: str) -> bool:
+        if source == ANY_SOURCE:  # of unknown source: a repeat of any source's id
+            return any(event_id in ids for ids in self.seen.values())
+        return (event_id in self.seen.get(source, _EMPTY)
+                or event_id in self.seen.get(ANY_SOURCE, _EMPTY))
+
+    # -- remembering ------------------------------------------------------------------
+
+    def remember(self, rows: pa.Table, source: str = ANY_SOURCE,
+                 now_s: float | None = None) -> None:
         """Add the ids of rows committed now, then forget what fell out of the window."""
         if self.window_s <= 0 or rows.num_rows == 0:
             return
-        now = now_s if now_s is not None else time.time()
-        self.add(rows.column("_event_id").to_pylist(), int(now * 1000), now)
+        now = self.clock.time() if now_s is None else now_s
+        sources = row_sources(rows, source)
+        ids = rows.column("_event_id").to_pylist()
+        if isinstance(sources, str):
+            self._append(sources, ids, int(now * 1000))
+        else:
+            grouped: dict[str, list[str]] = {}
+            for src, event_id in zip(sources, ids, strict=True):
+                grouped.setdefault(src, []).append(event_id)
+            for src, group in grouped.items():
+                self._append(src, group, int(now * 1000))
+        self.expire(now)
 
-    def add(self, ids: list[str], committed_ms: int, now_s: float | None = None) -> None:
+    def add(self, ids: list[str], committed_ms: int, now_s: float | None = None, *,
+            source: str = ANY_SOURCE) -> None:
         """Add ids committed at ``committed_ms`` (chunks must come oldest first)."""
         if self.window_s <= 0 or not ids:
             return
-        self.seen.update(ids)
-        self.chunks.append(_Chunk(committed_ms, ids))
+        self._append(source, ids, committed_ms)
         self.expire(now_s)
+
+    def _append(self, source: str, ids: list[str], committed_ms: int) -> None:
+        seen = self.seen.setdefault(source, set())
+        before = len(seen)
+        seen.update(ids)
+        self.size += len(seen) - before
+        self.chunks.append(_Chunk(committed_ms, source, ids))
+
+    # -- forgetting -------------------------------------------------------------------
+
+    def expire(self, now_s: float | None = None) -> None:
+        """Forget ids committed before the window; then, while more than ``max_ids`` are
+        remembered, the oldest ids one by one (never a whole recent commit at once)."""
+        now = self.clock.time() if now_s is None else now_s
+        cutoff_ms = int((now - self.window_s) * 1000)
+        chunks = self.chunks
+        while chunks and chunks[0].committed_ms < cutoff_ms:
+            head = chunks.popleft()
+            self._forget(head.source, head.ids[head.start:])
+        while self.size > self.max_ids and chunks:
+            head = chunks[0]
+            take = min(self.size - self.max_ids, len(head.ids) - head.start)
+            self._forget(head.source, head.ids[head.start:head.start + take])
+            head.start += take
+            self.cut_ms = max(self.cut_ms or head.committed_ms, head.committed_ms)
+            if head.start >= len(head.ids):
+                chunks.popleft()
+            elif head.start * 2 > len(head.ids):  # drop references to evicted ids
+                head.ids, head.start = head.ids[head.start:], 0
+        if not chunks:
+            self.seen.clear()
+            self.size = 0
+        self._report(now, cutoff_ms)
+
+    def _forget(self, source: str, ids: list[str]) -> None:
+        seen = self.seen.get(source)
+        if seen is None:
+            return
+        before = len(seen)
+        seen.difference_update(ids)
+        self.size -= before - len(seen)
+        if not seen:
+            del self.seen[source]
+
+    def effective_s(self, now_s: float | None = None) -> float:
+        """How far back the window reaches: ``window_s``, or less while the ids evicted by
+        ``max_ids`` were committed within it."""
+        now = self.clock.time() if now_s is None else now_s
+        if self.cut_ms is None or self.cut_ms < (now - self.window_s) * 1000:
+            return self.window_s
+        return max(0.0, now - self.cut_ms / 1000)
+
+    def _report(self, now: float, cutoff_ms: int) -> None:
+        effective = self.effective_s(now)
+        short = effective < self.window_s
+        if short and not self._short:
+            log.warning("dedup window of %s: collector.dedup_max_ids (%d) cuts it to the "
+                        "last %.0f s instead of collector.dedup_window_s (%.0f s): a retry "
+                        "older than that is committed again; raise dedup_max_ids",
+                        self.name or "?", self.max_ids, effective, self.window_s,
+                        extra={"table": self.name, "effective_s": round(effective, 1)})
+        elif self._short and not short:
+            log.info("dedup window of %s covers collector.dedup_window_s (%.0f s) again",
+                     self.name or "?", self.window_s)
+        self._short = short
+        if self.on_effective is not None:
+            self.on_effective(effective, self.size)
+
+    # -- after a restart --------------------------------------------------------------
 
     def rebuild(self, table: Table, now_s: float | None = None) -> None:
         """Refill the window from a table after a restart, by *commit* time.
 
         Why the snapshot log and not ``_received_at``: the window promises "committed within
         the last window_s"; after a backlog, rows received long ago may have been committed
-        seconds ago. Each snapshot says when it was committed and up to which manifest
-        sequence, so rows are grouped into one chunk per snapshot (by ``_sequence``),
-        starting after the sequence of the newest snapshot older than the window.
+        seconds ago. Each icefloe commit records when it was committed (store clock), up to
+        which manifest sequence, and which source each of its sequences came from; only the
+        rows of commits within the window are read (``_sequence`` at or above the lowest
+        sequence those commits added), newest commits first until ``max_ids`` are found,
+        and grouped into chunks per commit and source. So neither snapshot expiry nor a
+        large table makes the rebuild scan the whole table. Commits of older versions (no
+        source runs) are read as before, their ids counted for every source.
         """
         if self.window_s <= 0:
             return
-        now = now_s if now_s is not None else time.time()
-        cutoff_ms = int((now - self.window_s) * 1000)
-        marks: list[tuple[int, int]] = []  # (sequence, committed_ms), newest first
-        after = NO_SEQUENCE
-        snapshot = table.current_snapshot()
-        while snapshot is not None:
-            props = snapshot.summary.additional_properties if snapshot.summary else {}
-            if SEQUENCE_PROP in props:
-                if snapshot.timestamp_ms < cutoff_ms:
-                    after = int(props[SEQUENCE_PROP])
-                    break
-                marks.append((int(props[SEQUENCE_PROP]), snapshot.timestamp_ms))
-            parent = snapshot.parent_snapshot_id
-            snapshot = table.snapshot_by_id(parent) if parent is not None else None
+        now = self.clock.time() if now_s is None else now_s
+        marks, floor, capped_ms = self._marks(table, int((now - self.window_s) * 1000))
         if not marks:
             return
-        rows = table.scan(row_filter=GreaterThan("_sequence", after),
+        low = floor + 1
+        if marks[0].runs:  # the oldest mark knows the lowest sequence it added
+            low = max(low, min(first for _, first, _ in marks[0].runs))
+        rows = table.scan(row_filter=GreaterThanOrEqual("_sequence", low),
                           selected_fields=("_event_id", "_sequence")).to_arrow()
         rows = rows.sort_by("_sequence")
         sequences = rows.column("_sequence").to_numpy()
         ids = rows.column("_event_id").to_pylist()
-        begin = 0
-        for sequence, committed_ms in reversed(marks):  # oldest commit first
-            end = int(np.searchsorted(sequences, sequence, side="right"))
-            if end > begin:
-                self.add(ids[begin:end], committed_ms, now)
-                begin = end
-        if begin < len(ids):  # rows beyond the last mark (should not happen): keep them
-            self.add(ids[begin:], int(now * 1000), now)
 
-    def expire(self, now_s: float | None = None) -> None:
-        cutoff_ms = int(((now_s if now_s is not None else time.time()) - self.window_s) * 1000)
-        chunks, seen = self.chunks, self.seen
-        while chunks and (chunks[0].newest_ms < cutoff_ms or len(seen) > self.max_ids):
-            seen.difference_update(chunks.popleft().ids)
-        if not chunks:
-            seen.clear()
+        def between(first: int, last: int) -> list[str]:
+            begin = int(np.searchsorted(sequences, first, side="left"))
+            end = int(np.searchsorted(sequences, last, side="right"))
+            return ids[begin:end]
+
+        previous = low - 1
+        for mark in marks:  # oldest commit first
+            runs = mark.runs or [(ANY_SOURCE, previous + 1, mark.sequence)]
+            for source, first, last in runs:
+                part = between(max(first, previous + 1), min(last, mark.sequence))
+                if part:
+                    self._append(source, part, mark.committed_ms)
+            previous = max(previous, mark.sequence)
+        rest = between(previous + 1, int(sequences[-1]) if len(sequences) else previous)
+        if rest:  # rows beyond the last mark (should not happen): keep them
+            self._append(ANY_SOURCE, rest, int(now * 1000))
+        if capped_ms is not None:
+            self.cut_ms = max(self.cut_ms or capped_ms, capped_ms)
+        self.expire(now)
+
+    def _marks(self, table: Table, cutoff_ms: int) -> tuple[list[_Mark], int, int | None]:
+        """The commits to replay (oldest first), the sequence below them, and the commit
+        time of the newest in-window commit left out because ``max_ids`` were reached."""
+        marks: list[_Mark] = []
+        floor = NO_SEQUENCE
+        capped_ms: int | None = None
+        found = 0
+        snapshot = table.current_snapshot()
+        while snapshot is not None:
+            props = snapshot.summary.additional_properties if snapshot.summary else {}
+            if SEQUENCE_PROP in props and _is_append(snapshot):
+                committed = committed_at_ms(snapshot)
+                sequence = int(props[SEQUENCE_PROP])
+                if committed < cutoff_ms:
+                    floor = sequence
+                    break
+                if found >= self.max_ids:  # enough ids: older commits are left out
+                    floor, capped_ms = sequence, committed
+                    break
+                marks.append(_Mark(sequence, committed, decode_sources(
+                    props.get(SOURCES_PROP))))
+                found += int(props.get("added-records", 0) or 0)
+            snapshot = _parent(table, snapshot)
+        marks.reverse()
+        return marks, floor, capped_ms
+
+
+def _is_append(snapshot: Snapshot) -> bool:
+    """A commit that added rows (icefloe's compactions carry the sequence forward in an
+    overwrite; they add no ids and say nothing about the window)."""
+    return snapshot.summary is None or snapshot.summary.operation == Operation.APPEND
+
+
+def _parent(table: Table, snapshot: Snapshot) -> Snapshot | None:
+    parent = snapshot.parent_snapshot_id
+    return table.snapshot_by_id(parent) if parent is not None else None

@@ -36,10 +36,10 @@ import asyncio
 import inspect
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import NotFound
 from icefloe.manifest.cas import load
 from icefloe.publish import BATCH_PREFIX, BATCH_SUFFIX
@@ -84,7 +84,8 @@ class GcResult:
 async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s: float,
                           prefix: str = BATCH_PREFIX, max_deletes: int | None = None,
                           hook: Hook | None = None, suffix: str = BATCH_SUFFIX,
-                          concurrency: int = DEFAULT_CONCURRENCY) -> GcResult:
+                          concurrency: int = DEFAULT_CONCURRENCY,
+                          clock: Clock = SYSTEM) -> GcResult:
     """Delete unreferenced batch files older than ``grace_s`` (store clock); see module doc.
 
     ``grace_s`` must be the validated ``ManifestConfig.gc_grace_s`` in production (tests use
@@ -93,9 +94,10 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
     ``max_deletes`` bounds one run (oldest files first) so a large backlog is worked off in
     slices. Raises whatever the store raises (nothing is deleted if the LIST or the manifest
     read fails; a failed delete stops the run and leaves the rest for the next one).
+    ``clock`` times the run (ages are judged on the store's clock, never on it).
     """
     _validate(prefix, grace_s, max_deletes, concurrency)
-    tally = _Tally(manifest_key=manifest_key, prefix=prefix)
+    tally = _Tally(manifest_key=manifest_key, prefix=prefix, clock=clock)
     try:
         listing = await store.list(prefix)
         batches = [info for info in listing.objects
@@ -104,7 +106,7 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
         tally.listed = len(batches)
         await _call(hook, "listed")
 
-        loaded = await load(store, manifest_key)
+        loaded = await load(store, manifest_key, clock=clock)
         if loaded.etag is None:
             log.warning("gc skipped: manifest not found, deleting nothing",
                         extra=tally.fields())
@@ -145,11 +147,15 @@ class _Tally:
     deleted: int = 0
     bytes_deleted: int = 0
     deferred: int = 0
-    started: float = field(default_factory=time.monotonic)
+    clock: Clock = SYSTEM
+    started: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock.monotonic()
 
     def result(self) -> GcResult:
         return GcResult(self.listed, self.referenced, self.young, self.deleted,
-                        self.bytes_deleted, time.monotonic() - self.started, self.deferred)
+                        self.bytes_deleted, self.clock.monotonic() - self.started, self.deferred)
 
     def fields(self) -> dict[str, object]:
         """The structured fields of the per-run log line (keys stable for log queries)."""
@@ -157,7 +163,7 @@ class _Tally:
                 "listed": self.listed, "referenced": self.referenced, "young": self.young,
                 "deleted": self.deleted, "bytes_deleted": self.bytes_deleted,
                 "deferred": self.deferred,
-                "seconds": round(time.monotonic() - self.started, 4)}
+                "seconds": round(self.clock.monotonic() - self.started, 4)}
 
 
 def _validate(prefix: str, grace_s: float, max_deletes: int | None, concurrency: int) -> None:

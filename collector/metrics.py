@@ -48,6 +48,13 @@ class CollectorMetrics:
         self.duplicates = Counter("icefloe_collector_duplicates_dropped",
                                   "Rows dropped by event-id deduplication", ["stream"],
                                   registry=r)
+        self.dedup_effective_window = Gauge(
+            "icefloe_collector_dedup_effective_window_seconds",
+            "How far back the dedup window reaches per table: collector.dedup_window_s, or "
+            "less while collector.dedup_max_ids cuts it short", ["table"], registry=r)
+        self.dedup_ids = Gauge("icefloe_collector_dedup_ids",
+                               "Event ids the dedup window of a table remembers", ["table"],
+                               registry=r)
         self.replayed = Counter("icefloe_collector_replayed_rows_skipped",
                                 "Rows skipped because their table already held their sequence",
                                 ["table"], registry=r)
@@ -88,6 +95,10 @@ class CollectorMetrics:
                                       "Commits of staged rows, by the condition that fired "
                                       "(age, bytes, events, drain)", ["table", "reason"],
                                       registry=r)
+        self.embedded_runs = Counter("icefloe_collector_embedded_fallback_runs",
+                                     "Runs of output = cluster that took the embedded path, "
+                                     "by reason (fan-out, staging, shared-table, columns)",
+                                     ["reason"], registry=r)
         self.registry_version = Gauge("icefloe_collector_registry_version",
                                       "Stream-registry version the collector routes by "
                                       "(0: config streams)", registry=r)

@@ -14,14 +14,16 @@ Config-only mode (no registry object) is the same code over
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.dedup import with_source
 from icefloe.config import Config, StreamConfig
+from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
 
@@ -106,12 +108,13 @@ class Routes:
         of both versions. Committing them separately would record the run's sequence with
         the first commit and drop the second's rows as a replay; one commit per table per
         run keeps "the table's sequence covers exactly what it holds". The target returned
-        is the one whose conditions apply (the live sink, if any)."""
+        is the one whose conditions apply (the live sink, if any). Rows carry their source
+        in a ``_source`` column (dedup is keyed by it; dropped before the commit)."""
         parts: dict[str, list[pa.Table]] = {}
         owner: dict[str, Target] = {}
         for source, rows in tables.items():
             for target, part in self.split(source, rows, versions.get(source, {})):
-                parts.setdefault(target.table, []).append(part)
+                parts.setdefault(target.table, []).append(with_source(part, source))
                 current = owner.get(target.table)
                 if current is None or (target.sink.live and target.source.live):
                     owner[target.table] = target
@@ -149,3 +152,74 @@ def project(rows: pa.Table, target: Target) -> pa.Table:
         arrays.append(rows.column(name))
         names.append(name)
     return pa.Table.from_arrays(arrays, names=names)
+
+
+RouteKey = tuple[tuple[int, str, int, str], ...]
+"""Which sink records take a source's events at one version: (source record, sink name,
+sink record, table) per target, sorted — equal keys mean identical routing."""
+
+
+def route_key(routes: Routes, source: str, version: int) -> RouteKey:
+    return tuple(sorted((t.source.created_version, t.sink.name, t.sink.created_version,
+                         t.table) for t in routes.targets.get(source, [])
+                        if t.receives_at(version)))
+
+
+def cut_by_routing(routes: Routes, entries: Sequence[Entry]) -> list[Entry]:
+    """The longest prefix of ``entries`` in which each source has one routing and no table
+    is written by two sources: the run ends at the first entry whose routing differs from
+    what the run already holds (the first entry is always taken).
+
+    Why this is safe for exactly-once: a run is any prefix of the unacknowledged queue,
+    and nothing downstream depends on where a run ends — each table's commit records the
+    run's last sequence, a replay drops rows at or below what a table holds and the dedup
+    windows are per table, whatever the run boundaries were before a crash. A shorter run
+    only means one more commit. The cut itself is a pure function of the entries'
+    registry versions and the registry's history, so a replay cuts the same way.
+    """
+    routing: dict[str, RouteKey] = {}
+    owners: dict[str, str] = {}
+    for index, entry in enumerate(entries):
+        for source in entry.streams:
+            key = route_key(routes, source, entry.registry_version)
+            tables = {table for *_, table in key}
+            clash = routing.get(source, key) != key or any(
+                owners.get(table, source) != source for table in tables)
+            if clash and index:
+                return list(entries[:index])
+            routing[source] = key
+            owners.update(dict.fromkeys(tables, source))
+    return list(entries)
+
+
+def embedded_reason(routes: Routes, entries: Sequence[Entry],
+                    staged: Callable[[Target], bool]) -> str | None:
+    """Why the cluster output path cannot write this run in one shot (None: it can).
+
+    ``fan-out``: a source with several sinks at one version; ``staging``: a sink with
+    import conditions (or rows still staged); ``shared-table``: two sources write one table;
+    ``columns``: the source decodes columns its sink's table lacks (a deleted sink's
+    columns), which the cluster writer would put in the table's files. Such a run takes
+    the embedded path on the same Spark session (fan-out and staging on the cluster path
+    itself: #28).
+    """
+    versions: dict[str, dict[int, int]] = {}
+    for entry in entries:
+        for source in entry.streams:
+            versions.setdefault(source, {})[entry.sequence] = entry.registry_version
+    decoded = {s.name: {c.name for c in s.columns} for s in routes.decode_streams}
+    owners: dict[str, str] = {}
+    for source, seen in versions.items():
+        takers = routes.takers(source, seen)
+        if not takers:
+            continue  # every sink was off for these events: nothing to write
+        if len(takers) > 1 or routes.single_target(source, seen) is None:
+            return "fan-out"
+        target = takers[0]
+        if staged(target):
+            return "staging"
+        if owners.setdefault(target.table, source) != source:
+            return "shared-table"
+        if decoded.get(source, set()) - {c.name for c in target.sink.columns}:
+            return "columns"
+    return None

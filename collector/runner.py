@@ -240,7 +240,8 @@ class Runner:
             self._next_gc = now + cfg.gc_interval_s
             try:
                 gc = await collect_garbage(collector.store, collector.consumer.config.key,
-                                           grace_s=collector.consumer.config.gc_grace_s)
+                                           grace_s=collector.consumer.config.gc_grace_s,
+                                           clock=collector.consumer.clock)
                 collector.metrics.gc_deleted.inc(gc.deleted)
             except Exception as exc:
                 log.warning("batch-file GC failed (will retry): %s", exc)
@@ -261,7 +262,8 @@ class Runner:
         for name in collector.routes.live_tables():
             try:
                 table = collector.catalog.load_table(name)
-                report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings)
+                report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings,
+                                         clock=collector.consumer.store_clock)
                 collector.metrics.maintenance.labels(name, "ok").inc()
                 log.info("maintenance %s: %s", name, report)
             except Exception as exc:

@@ -29,9 +29,9 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from ulid import ULID
 
-from collector.dedup import DedupWindow
+from collector.dedup import DedupWindow, sources_props, without_source
 from collector.metrics import CollectorMetrics
-from collector.routing import Routes, Target
+from collector.routing import Routes, Target, cut_by_routing, embedded_reason
 from collector.staging import COMMIT_CHUNK_BYTES, StagedFile, StagingArea, StagingState, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.config import Config, StreamConfig
@@ -65,6 +65,11 @@ Hook = Callable[[str], None]
 
 
 class Engine(Protocol):
+    """Runs the pipeline. A cluster-output engine (its ``run`` gives a
+    :class:`ClusterRunOutput`) also has ``run_embedded(spec) -> RunOutput``: the embedded
+    shape on the same session, for runs the cluster path cannot write (see
+    :meth:`Collector._route_run`)."""
+
     name: str
     partitions: int
 
@@ -106,7 +111,8 @@ class Collector:
                                          holder=holder or f"collector-{ULID()}")
         self.routes = Routes(config_registry(config.streams))
         self.windows: dict[str, DedupWindow] = {}
-        """Dedup windows by table: ids committed to that table within the window."""
+        """Dedup windows by table: ids committed to that table within the window, by
+        source."""
         self.epoch: int | None = None
         self.table_sequences: dict[str, int] = {}
         self._runs_since_dequeue = 0
@@ -174,7 +180,9 @@ class Collector:
         log.info("table %s: committed through sequence %d (epoch %d)", name, state.sequence,
                  state.epoch)
         cfg = self.config.collector
-        window = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids)
+        window = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids, name=name,
+                             clock=self.consumer.store_clock,
+                             on_effective=self._window_observer(name))
         window.rebuild(table)
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", name, len(window))
@@ -185,6 +193,15 @@ class Collector:
         if staged.files:
             log.info("table %s: %d rows staged through sequence %d", name, staged.rows,
                      staged.last_sequence)
+
+    def _window_observer(self, table: str) -> Callable[[float, int], None]:
+        effective = self.metrics.dedup_effective_window.labels(table)
+        remembered = self.metrics.dedup_ids.labels(table)
+
+        def observe(seconds: float, ids: int) -> None:
+            effective.set(seconds)
+            remembered.set(ids)
+        return observe
 
     def _await(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a store coroutine on the collector's loop from a worker thread (the commit
@@ -263,9 +280,10 @@ class Collector:
             return RunResult()
         assert self.epoch is not None
         await self._catch_up_registry(entries)
+        entries, run = self._route_run(entries)
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
-        output = await asyncio.to_thread(self.engine.run, spec)
+        output = await asyncio.to_thread(run, spec)
         try:
             self.hook("after_job")
         except BaseException:
@@ -284,6 +302,35 @@ class Collector:
         result.seconds = time.monotonic() - started
         self._observe(entries, result)
         return result
+
+    def _route_run(self, entries: list[Entry]
+                   ) -> tuple[list[Entry], Callable[[RunSpec], RunOutput | ClusterRunOutput]]:
+        """The entries of this run and the engine call that runs them.
+
+        On the cluster output path a run ends where its routing changes (a sink disabled,
+        enabled, re-created, a table passing to another source), so each source has one
+        target; a run that still cannot be written in one shot there (fan-out, staging)
+        takes the embedded path on the same session. Both shapes commit through the same
+        ``commit_rows``, dedup windows and staging, so switching per run keeps exactly-once
+        (see :func:`collector.routing.cut_by_routing`). No registry the admin API accepts
+        can wedge the queue.
+        """
+        embedded = getattr(self.engine, "run_embedded", None)
+        if embedded is None:  # an embedded engine routes any run
+            return entries, self.engine.run
+        taken = cut_by_routing(self.routes, entries)
+        if len(taken) < len(entries):
+            log.info("cluster run cut at sequence %d: routing changes at registry version "
+                     "%d", entries[len(taken)].sequence,
+                     entries[len(taken)].registry_version)
+        reason = embedded_reason(self.routes, taken, self._is_staged)
+        if reason is None:
+            return taken, self.engine.run
+        self.metrics.embedded_runs.labels(reason).inc()
+        log.info("run sequences %d..%d takes the embedded path (%s): the cluster output "
+                 "path writes one table per source without staging", taken[0].sequence,
+                 taken[-1].sequence, reason, extra={"reason": reason})
+        return taken, embedded
 
     # -- sinks with import conditions: staged, committed when a condition holds ----------
 
@@ -349,7 +396,8 @@ class Collector:
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
                 self.metrics.duplicates.labels(table).inc(dropped)
-            outcome = self._commit(table, fresh, through)
+            outcome = self._commit(table, without_source(fresh), through,
+                                   props=sources_props(fresh))
             window.remember(fresh)
             committed += outcome.rows
             self.hook(f"after_staged_commit:{table}")
@@ -411,7 +459,8 @@ class Collector:
                 self.metrics.duplicates.labels(target.source.id).inc(dropped)
             append = WriteThenAdd(target.source.id)
             try:
-                outcome = self._commit(table, fresh, sequence, append=append)
+                outcome = self._commit(table, without_source(fresh), sequence, append=append,
+                                       props=sources_props(fresh))
             finally:
                 append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
             window.remember(fresh)
@@ -471,7 +520,7 @@ class Collector:
             for name, keys in output.keys.items():
                 if name not in targets:
                     continue
-                fresh, dropped = self.windows[targets[name]].filter(keys)
+                fresh, dropped = self.windows[targets[name]].filter(keys, name)
                 result.duplicates += dropped
                 if dropped:
                     self.metrics.duplicates.labels(name).inc(dropped)
@@ -487,10 +536,11 @@ class Collector:
                 add = AddFiles(pending.pop(name, FileSet()))
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
-                                           nbytes=add.files.size)
+                                           nbytes=add.files.size,
+                                           props=sources_props(fresh, name))
                 finally:
                     add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
-                self.windows[table].remember(fresh)
+                self.windows[table].remember(fresh, name)
                 result.rows[table] = outcome.rows
                 result.replayed += outcome.replayed
                 self.hook(f"after_commit:{table}")
@@ -502,11 +552,11 @@ class Collector:
         self._commit_dead(output.dead, sequence, result)
 
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
-                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None
-                ) -> CommitResult:
+                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None,
+                props: dict[str, str] | None = None) -> CommitResult:
         assert self.epoch is not None
         outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch,
-                              append=append)
+                              append=append, props=props, clock=self.consumer.store_clock)
         if outcome.attempts > 1:
             self.metrics.commit_failed.labels(table).inc(outcome.attempts - 1)
         self.metrics.commit_seconds.labels(table).observe(outcome.seconds)

@@ -110,3 +110,44 @@ class ManualClock:
 
     def __repr__(self) -> str:
         return f"ManualClock(time={self.time():.3f}, offset_s={self.offset_s:g})"
+
+
+class StoreClock:
+    """The object store's clock as last read, carried forward by local monotonic time.
+
+    Why: ages that decide deletion (snapshot expiry, the orphan sweep) and the dedup window
+    must not depend on the clock of whichever host runs the collector; a host hours ahead
+    would otherwise expire snapshots and delete files a commit in flight still needs. Every
+    manifest read and write answers with the store's time (``Loaded.store_time``); the
+    consumer feeds each one to :meth:`observe`, and :meth:`time` is the last one plus the
+    local monotonic time elapsed since — seconds old at most, never skewed by the host's
+    wall clock. Before the first observation it reads the local clock.
+    """
+
+    __slots__ = ("_at", "_store", "local")
+
+    def __init__(self, local: Clock = SYSTEM) -> None:
+        self.local = local
+        self._store: float | None = None
+        self._at = 0.0
+
+    def observe(self, store_time: float) -> None:
+        """Record the store's time as just read."""
+        self._store, self._at = store_time, self.local.monotonic()
+
+    def time(self) -> float:
+        if self._store is None:
+            return self.local.time()
+        return self._store + self.local.monotonic() - self._at
+
+    def monotonic(self) -> float:
+        return self.local.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.local.sleep(seconds)
+
+    def sleep_sync(self, seconds: float) -> None:
+        self.local.sleep_sync(seconds)
+
+    def __repr__(self) -> str:
+        return f"StoreClock(time={self.time():.3f}, local={self.local!r})"

@@ -22,7 +22,7 @@ import msgspec
 
 from icefloe.config_security import validate_security
 from icefloe.errors import ConfigError
-from icefloe.manifest.config import ManifestConfig
+from icefloe.manifest.config import SAFETY_MARGIN_S, ManifestConfig
 from icefloe.mappings import check_mappings
 
 COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
@@ -405,6 +405,7 @@ def validate(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
     _validate_collector(config.collector, where)
     _validate_admin(config.admin, where)
+    _validate_pairs(config, where)
     ing = config.ingestor
     for key in ("http_port", "grpc_port"):
         port = getattr(ing, key)
@@ -436,6 +437,41 @@ def validate(config: Config, where: str) -> None:
         names.add(stream.name)
         tables.add(stream.table)
     validate_security(config, where)
+
+
+def _validate_pairs(config: Config, where: str) -> None:
+    """Settings of different sections that rest on each other; each message names both keys.
+
+    Why at start: each pair is an assumption some part makes about another part's timing,
+    and a config that breaks it does not fail loudly later — it loses or duplicates data.
+    """
+    deadline = config.manifest.append_deadline_s
+    ing, col, admin = config.ingestor, config.collector, config.admin
+    if ing.flush_timeout_s >= deadline:
+        raise ConfigError(
+            f"{where}: ingestor.flush_timeout_s ({ing.flush_timeout_s:g}) must be less than "
+            f"manifest.append_deadline_s ({deadline:g}): a flush must give up (503, nothing "
+            "acknowledged) before its batch can pass the append deadline, never wait for a "
+            "batch the manifest producer may already have refused")
+    # an ingestor that has not seen a deletion yet (one registry poll) accepts events under
+    # the older version; their flush may take flush_timeout_s, and the batch file may be
+    # appended until append_deadline_s after it was written: the tombstone must outlive
+    # all of that (plus the margin GC keeps) or the entry would name a sink already pruned
+    need = admin.registry_poll_s + ing.flush_timeout_s + deadline + SAFETY_MARGIN_S
+    if admin.tombstone_grace_s < need:
+        raise ConfigError(
+            f"{where}: admin.tombstone_grace_s ({admin.tombstone_grace_s:g}) must be at "
+            f"least manifest.append_deadline_s ({deadline:g}) + ingestor.flush_timeout_s "
+            f"({ing.flush_timeout_s:g}) + admin.registry_poll_s ({admin.registry_poll_s:g}) "
+            f"+ {SAFETY_MARGIN_S:g} s = {need:g}: events accepted just before a deletion "
+            "may reach the manifest that late, and their entries must still find the "
+            "deleted sink to be routed")
+    if col.dedup_window_s > 0 and col.snapshot_max_age_s < col.dedup_window_s:
+        raise ConfigError(
+            f"{where}: collector.snapshot_max_age_s ({col.snapshot_max_age_s:g}) must be at "
+            f"least collector.dedup_window_s ({col.dedup_window_s:g}): a restarted "
+            "collector rebuilds the dedup window from the snapshots committed within it, "
+            "and snapshot expiry would drop them")
 
 
 def _validate_admin(admin: AdminSection, where: str) -> None:

@@ -62,7 +62,7 @@ MEANING: dict[str, str] = {
                                      "this many requests wait (0: never)",
     "ingestor.buffer_max_bytes": "unacknowledged bytes per process; beyond it: 429",
     "ingestor.flush_timeout_s": "a flush (PUT + manifest append) slower than this fails its "
-                                "requests with 503",
+                                "requests with 503 (< manifest.append_deadline_s)",
     "ingestor.shutdown_timeout_s": "SIGTERM drain deadline",
     "ingestor.retry_after_s": "`Retry-After` on 429/503",
     "ingestor.cors_origins": "browser origins allowed to POST (env: comma-separated)",
@@ -103,19 +103,22 @@ MEANING: dict[str, str] = {
     "collector.max_run_entries": "most batch files in one run (one Spark job, one commit per "
                                  "table)",
     "collector.max_run_bytes": "most batch-file bytes in one run",
-    "collector.dedup_window_s": "drop rows whose `(stream, _event_id)` was committed this "
-                                "recently; 0 disables",
-    "collector.dedup_max_ids": "bound on the event ids the dedup window remembers",
+    "collector.dedup_window_s": "drop rows whose `(source, _event_id)` was committed to the "
+                                "same table this recently; 0 disables",
+    "collector.dedup_max_ids": "bound on the event ids the dedup window of a table "
+                               "remembers (oldest go first)",
     "collector.spark_master": "Spark master URL (`spark://...` for a cluster)",
     "collector.spark_partitions": "Spark partitions per run",
     "collector.spark_driver_memory": "Spark driver memory",
     "collector.output": "`embedded` (rows appended on the driver) or `cluster` (executors "
-                        "write Parquet, the driver commits `add_files`)",
+                        "write Parquet, the driver commits `add_files`; runs with fan-out "
+                        "or staging go the embedded way)",
     "collector.dequeue_every": "runs between bulk dequeues of acknowledged entries",
     "collector.gc_interval_s": "how often unreferenced batch files are collected",
     "collector.maintenance_interval_s": "how often tables are compacted, expired and cleaned",
     "collector.snapshot_keep_last": "snapshots always kept per table",
-    "collector.snapshot_max_age_s": "older snapshots beyond the newest N are expired",
+    "collector.snapshot_max_age_s": "older snapshots beyond the newest N are expired "
+                                    "(≥ dedup_window_s unless dedup is off)",
     "collector.compact_min_files": "compact a partition once it has this many small files",
     "collector.compact_target_bytes": "target size of compacted files",
     "collector.orphan_age_s": "unreferenced table files are deleted only when older than this",
@@ -125,7 +128,9 @@ MEANING: dict[str, str] = {
     "admin.tokens": "hashes (`icefloe token hash`) of the bearer tokens the admin API accepts",
     "admin.registry_key": "object key of the stream registry inside the store",
     "admin.tombstone_grace_s": "deleted sources and sinks leave the registry this long after "
-                               "their deletion, once no queued or staged event needs them",
+                               "their deletion, once no queued or staged event needs them "
+                               "(≥ manifest.append_deadline_s + ingestor.flush_timeout_s + "
+                               "registry_poll_s + 300)",
     "admin.tls_cert_file": "admin API certificate chain (PEM; reloaded when it changes)",
     "admin.tls_key_file": "admin API private key (PEM, unencrypted)",
     "admin.tls_client_ca_file": "mutual TLS: admin clients need a certificate this CA signed",

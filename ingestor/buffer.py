@@ -34,12 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from icefloe.batch import BatchBuilder, Compression
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
 from icefloe.publish import Publisher
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
@@ -71,18 +71,26 @@ class _OpenBatch:
     builder: BatchBuilder = field(default_factory=BatchBuilder)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     streams: set[str] = field(default_factory=set)
-    opened_at: float = field(default_factory=time.monotonic)
+    opened_at: float = 0.0
     sealed_at: float = 0.0
     size: int = 0
     registry_version: int = 0
 
 
 class Batcher:
-    """Buffers framed requests and flushes them as batch files plus manifest appends."""
+    """Buffers framed requests and flushes them as batch files plus manifest appends.
+
+    ``clock`` (:mod:`icefloe.clock`) measures batch ages, flush intervals and deadlines;
+    the waits between them are still the event loop's timers.
+    """
 
     def __init__(self, publisher: Publisher, settings: FlushSettings,
-                 metrics: IngestMetrics) -> None:
+                 metrics: IngestMetrics, *, clock: Clock = SYSTEM) -> None:
         self.publisher = publisher
+        self.clock = clock
+        # batch ages, flush intervals and deadlines are durations on this clock (bound
+        # once: it is read on every request)
+        self._monotonic = clock.monotonic
         self.settings = settings
         self.metrics = metrics
         self._open: _OpenBatch | None = None
@@ -148,7 +156,8 @@ class Batcher:
             self._seal()
             batch = None
         if batch is None:
-            batch = self._open = _OpenBatch(registry_version=registry_version)
+            batch = self._open = _OpenBatch(registry_version=registry_version,
+                                            opened_at=self._monotonic())
         batch.builder.add_framed(framed, count)
         batch.streams.add(stream)
         batch.size += size
@@ -164,7 +173,7 @@ class Batcher:
             self._seal()
             self._wake.set()
         elif self._inflight == 0 and not self._sealed:
-            if self._may_start(len(waiters), time.monotonic()):
+            if self._may_start(len(waiters), self._monotonic()):
                 # at once means in this call, not at the end of the event-loop turn: when
                 # many connections' requests are ready together, the ones read after this
                 # ride the next flush while this one is being written, instead of every
@@ -183,7 +192,7 @@ class Batcher:
 
     def _seal(self) -> None:
         if self._open is not None and self._open.waiters:
-            self._open.sealed_at = time.monotonic()
+            self._open.sealed_at = self._monotonic()
             self._sealed.append(self._open)
         self._open = None
 
@@ -213,7 +222,7 @@ class Batcher:
     async def _run(self) -> None:
         settings = self.settings
         while True:
-            now = time.monotonic()
+            now = self._monotonic()
             batch = self._open
             # group commit: seal when a flush can start now (nothing in flight, minimum
             # interval over or enough requests waiting); until then arrivals keep joining
@@ -226,7 +235,7 @@ class Batcher:
             while (self._sealed and self._inflight < settings.max_inflight
                    and self._may_start(len(self._sealed[0].waiters), now)):
                 self._start_flush(self._sealed.popleft())
-                now = time.monotonic()
+                now = self._monotonic()
             if self._closing and not self._sealed and self._open is None \
                     and self._inflight == 0:
                 return
@@ -262,7 +271,7 @@ class Batcher:
         """Hand ``batch`` to the publisher now (the helper starts writing it before this
         loop turn ends) and let a task wait for the answer."""
         self._inflight += 1
-        self._last_start = started = time.monotonic()
+        self._last_start = started = self._monotonic()
         # compressed where the publisher writes: in the local store's helper process, off
         # this loop
         try:
@@ -309,7 +318,7 @@ class Batcher:
             self._held_bytes -= batch.size
             self._wake.set()
         self.metrics.flushes.labels("ok" if error is None else error.code).inc()
-        self.metrics.flush_seconds.observe(time.monotonic() - started)
+        self.metrics.flush_seconds.observe(self._monotonic() - started)
         if error is not None:
             log.warning("flush of %d events failed: %s", batch.builder.record_count, error)
         for waiter in batch.waiters:

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.manifest import ManifestProducer
 from icefloe.publish import HelperPublisher, Publisher, StorePublisher
@@ -60,23 +61,26 @@ class IngestorRuntime:
 
     @classmethod
     async def start(cls, config: Config, store: AsyncObjectStore | None = None,
-                    probe: bool = True) -> IngestorRuntime:
-        """Open the store, refuse it unless it enforces CAS, start the flusher."""
+                    probe: bool = True, *, clock: Clock = SYSTEM) -> IngestorRuntime:
+        """Open the store, refuse it unless it enforces CAS, start the flusher.
+
+        ``clock`` goes to the flusher, the manifest producer and the registry watch (the
+        store helper's producer, in another process, reads the system clock)."""
         store = store or open_async_store(config.store.url, store_options(config))
         if probe:
             await probe_conditional_writes(store)
         manifest = config.manifest.build()
         publisher: Publisher = HelperPublisher.for_store(store, manifest) or \
-            StorePublisher(store, ManifestProducer(store, manifest))
+            StorePublisher(store, ManifestProducer(store, manifest, clock=clock))
         metrics = IngestMetrics()
         metrics.watch_producer(publisher.stats)
-        batcher = Batcher(publisher, flush_settings(config), metrics)
+        batcher = Batcher(publisher, flush_settings(config), metrics, clock=clock)
         batcher.start()
         service = IngestService(config, batcher, metrics, store)
         watch = RegistryWatch(store, config.admin.registry_key, service.apply_registry,
                               poll_s=config.admin.registry_poll_s,
                               on_error=lambda exc: metrics.registry_errors.inc(),
-                              config_streams=config.streams)
+                              config_streams=config.streams, clock=clock)
         await watch.check()  # a registry, if there is one, applies before the first request
         log.info("ingestor ready: store=%s producer=%s streams=%s registry=%d",
                  mask_uri(store.url), publisher.producer_id or "(in the store helper)",

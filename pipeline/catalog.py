@@ -9,7 +9,8 @@ at start instead of at its first commit.
 
 Drivers: SQLAlchemy 2.1 maps a bare ``postgresql://`` to psycopg 3, which icefloe does not
 install (pyiceberg's ``sql-postgres`` extra brings psycopg2), so the scheme is pinned to an
-installed driver. The REST catalog is wired as documented by pyiceberg but not tested here.
+installed driver. The REST catalog is tested against a small test server
+(``tests/rest_catalog_server.py``), not a production one.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from pyiceberg.catalog import Catalog
 
 from icefloe.config import CatalogSection
-from icefloe.errors import CatalogError
+from icefloe.errors import CatalogError, ConfigError
 from icefloe.redact import SECRET_QUERY_KEYS, mask_uri
 
 _PG_CONNECT_TIMEOUT_S = "10"
+_GLUE_MAX_RETRIES = "glue.max-retries"
 
 __all__ = ["catalog_label", "mask_uri", "open_catalog"]
 
@@ -55,7 +57,7 @@ def open_catalog(section: CatalogSection) -> Catalog:
         # reachable with these credentials before anything depends on it.
         catalog.list_namespaces()
         return catalog
-    except CatalogError:
+    except (CatalogError, ConfigError):
         raise
     except Exception as exc:  # every driver has its own error tree: translate them all here
         reason = _secret_free(_one_line(exc), section)
@@ -81,7 +83,22 @@ def _open_glue(section: CatalogSection) -> Catalog:
     from pyiceberg.catalog.glue import GlueCatalog
 
     _prepare_warehouse(section.warehouse)
-    return GlueCatalog(section.name, **{**section.properties, "warehouse": section.warehouse})
+    props: dict[str, object] = {**section.properties, "warehouse": section.warehouse}
+    if _GLUE_MAX_RETRIES in props:
+        # Config properties are strings; botocore compares the retry count with numbers.
+        props[_GLUE_MAX_RETRIES] = _glue_max_retries(section.properties[_GLUE_MAX_RETRIES])
+    return GlueCatalog(section.name, **props)
+
+
+def _glue_max_retries(value: str) -> int:
+    try:
+        retries = int(value)
+    except ValueError:
+        retries = -1
+    if retries < 0:
+        raise ConfigError(f"catalog.properties {_GLUE_MAX_RETRIES} must be a whole number "
+                          f">= 0, got {value!r}")
+    return retries
 
 
 def _open_rest(section: CatalogSection) -> Catalog:

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.io import FileIO
     from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
     from pyspark.sql import DataFrame, SparkSession
 
 SINK_FORMAT = "icefloe-parquet"
@@ -615,9 +616,11 @@ class AddFiles:
         """Delete the files unless they may be in the table. Returns files deleted.
 
         Certain cases: add_files never ran, or every call was rejected → delete; it
-        succeeded → keep. An unknown outcome is settled by the snapshot log: a snapshot
-        with our sequence and epoch means ours landed (keep); if a newer epoch committed
-        since, we cannot tell cheaply and leave the files to the orphan sweep.
+        succeeded → keep. An unknown outcome is settled by the snapshot log: if a snapshot
+        with our sequence and epoch added these files, ours landed (keep); if such a
+        snapshot added other files (a later try of the same commit landed), these are
+        garbage (delete); if a newer epoch committed since, we cannot tell cheaply and
+        leave the files to the orphan sweep.
         """
         if self.landed or not self.files.files:
             return 0
@@ -628,19 +631,40 @@ class AddFiles:
                         "will): %s", identifier, len(self.files.files), exc)
             return 0
         if self.uncertain and (committed_state(table).epoch > epoch
-                               or _has_commit(table, sequence, epoch)):
+                               or _may_reference(table, sequence, epoch, self.files.paths)):
             return 0
         deleted = delete_files(table.io, self.files.paths)
         log.info("deleted %d uncommitted files of %s", deleted, identifier)
         return deleted
 
 
-def _has_commit(table: Table, sequence: int, epoch: int) -> bool:
+def _may_reference(table: Table, sequence: int, epoch: int, paths: Sequence[str]) -> bool:
+    """Whether a snapshot of ours (``sequence``, ``epoch``) may hold ``paths``.
+
+    Reads the data files those snapshots added (a manifest or two); when they cannot be
+    read, the answer is "maybe", which keeps the files.
+    """
     from pipeline.commit import EPOCH_PROP, SEQUENCE_PROP
 
     want = (str(sequence), str(epoch))
+    ours = set(paths)
     for snapshot in table.snapshots():
         props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if (props.get(SEQUENCE_PROP), props.get(EPOCH_PROP)) == want:
+        if (props.get(SEQUENCE_PROP), props.get(EPOCH_PROP)) != want:
+            continue
+        try:
+            if ours & _added_files(table, snapshot):
+                return True
+        except Exception as exc:
+            log.warning("cannot read the files snapshot %d of %s added: %s",
+                        snapshot.snapshot_id, table.name(), exc)
             return True
     return False
+
+
+def _added_files(table: Table, snapshot: Snapshot) -> set[str]:
+    return {entry.data_file.file_path
+            for manifest in snapshot.manifests(table.io)
+            if manifest.added_snapshot_id == snapshot.snapshot_id
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+            if entry.snapshot_id == snapshot.snapshot_id}

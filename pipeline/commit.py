@@ -20,19 +20,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import CatalogError, TableFencedError
+from pipeline.confirm import confirmed
 
 SEQUENCE_PROP = "icefloe.sequence"
 EPOCH_PROP = "icefloe.epoch"
+COMMITTED_AT_PROP = "icefloe.committed-at"
+"""Store-clock milliseconds of the commit: ages (expiry, orphan sweep, dedup) are judged by
+it, not by ``timestamp-ms``, which is the committing host's clock."""
+SOURCES_PROP = "icefloe.sources"
+"""Which source the rows of each manifest sequence came from, as JSON runs
+``[[source, first, last], ...]`` over the sequences the commit added (see
+:mod:`collector.dedup`): the dedup window is keyed by source, and a table keeps no per-row
+source column."""
 NO_SEQUENCE = -1
 
 log = logging.getLogger("icefloe.commit")
@@ -65,8 +77,45 @@ def committed_state(table: Table) -> CommittedState:
     return CommittedState()
 
 
-def summary_props(sequence: int, epoch: int) -> dict[str, str]:
-    return {SEQUENCE_PROP: str(sequence), EPOCH_PROP: str(epoch)}
+def summary_props(sequence: int, epoch: int, committed_ms: int | None = None
+                  ) -> dict[str, str]:
+    props = {SEQUENCE_PROP: str(sequence), EPOCH_PROP: str(epoch)}
+    if committed_ms is not None:
+        props[COMMITTED_AT_PROP] = str(committed_ms)
+    return props
+
+
+def committed_at_ms(snapshot: Snapshot) -> int:
+    """When ``snapshot`` was committed, by the store's clock where icefloe recorded it;
+    snapshots of older icefloe versions and of other tools fall back to ``timestamp-ms``."""
+    props = snapshot.summary.additional_properties if snapshot.summary else {}
+    recorded = props.get(COMMITTED_AT_PROP)
+    if recorded is not None:
+        try:
+            return int(recorded)
+        except ValueError:
+            pass
+    return snapshot.timestamp_ms
+
+
+SourceRun = tuple[str, int, int]
+"""``(source, first_sequence, last_sequence)``: consecutive sequences of one source."""
+
+
+def encode_sources(runs: Sequence[SourceRun]) -> str:
+    return msgspec.json.encode([list(run) for run in runs]).decode()
+
+
+def decode_sources(text: str | None) -> list[SourceRun] | None:
+    """The runs of :data:`SOURCES_PROP`; None when absent or unreadable (treated like a
+    commit of an older icefloe: its rows' source is unknown)."""
+    if not text:
+        return None
+    try:
+        raw = msgspec.json.decode(text, type=list[tuple[str, int, int]])
+    except msgspec.DecodeError:
+        return None
+    return [(str(s), int(a), int(b)) for s, a, b in raw]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +138,16 @@ def check_epoch(name: str, state: CommittedState, epoch: int) -> None:
 def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: int,
                 epoch: int, max_attempts: int = 5,
                 append: Callable[[Table, pa.Table, dict[str, str]], None] | None = None,
+                props: Mapping[str, str] | None = None, clock: Clock = SYSTEM,
                 ) -> CommitResult:
     """Append ``rows`` (with a ``_sequence``/``sequence`` column) exactly once.
 
     ``sequence`` is the highest manifest sequence of the run the rows come from; the
     commit records it even when every row was a replay, so the table's offset advances.
     ``append`` is the write itself (default: ``Table.append``); the cluster output path
-    passes one that adds already-written Parquet files instead.
+    passes one that adds already-written Parquet files instead. ``props`` are extra summary
+    properties (the dedup window's :data:`SOURCES_PROP`); ``clock`` is the store's clock
+    (:class:`~icefloe.clock.StoreClock`), stamped as :data:`COMMITTED_AT_PROP`.
     """
     started = time.monotonic()
     write = append or _append
@@ -118,7 +170,10 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
                                 time.monotonic() - started, attempt)
         try:
-            write(table, fresh, summary_props(sequence, epoch))
+            # A refusal is confirmed against the table first (pipeline.confirm): a retried
+            # commit whose first try landed must not read as "not committed".
+            stamped = summary_props(sequence, epoch, int(clock.time() * 1000))
+            write(confirmed(table), fresh, {**(props or {}), **stamped})
             return CommitResult(identifier, fresh.num_rows, rows.num_rows - fresh.num_rows,
                                 sequence, time.monotonic() - started, attempt)
         except (CommitFailedException, CommitStateUnknownException) as exc:

@@ -19,6 +19,12 @@ if that assumption is broken:
   would cut the walk :func:`~pipeline.commit.committed_state` does and lose the offset);
 * deletion never removes anything the current metadata references, and removes a file that
   was never referenced (a possible in-flight write) only once it is older than a safety age.
+
+Ages are judged by the store's clock (``clock``: the collector passes its
+:class:`~icefloe.clock.StoreClock`): a snapshot's age by the ``icefloe.committed-at`` its
+commit recorded (``timestamp-ms``, the committing host's clock, only for snapshots without
+it), a file's by its modification time in the store. A host whose clock runs hours ahead
+thus never expires young snapshots nor deletes the files of a commit in flight.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ import itertools
 import logging
 import os
 import re
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +53,14 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, Manif
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 
-from pipeline.commit import CommittedState, check_epoch, committed_state, summary_props
+from icefloe.clock import SYSTEM, Clock
+from pipeline.commit import (
+    CommittedState,
+    check_epoch,
+    committed_at_ms,
+    committed_state,
+    summary_props,
+)
 
 MiB = 1024 * 1024
 
@@ -208,7 +220,7 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
 
 def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
             min_input_files: int = 8, max_rewrite_bytes: int | None = None,
-            ) -> CompactionResult:
+            clock: Clock = SYSTEM) -> CompactionResult:
     """Rewrite small data files into target-sized ones in ONE snapshot (operation overwrite).
 
     Why it is safe for exactly-once: the commit carries ``icefloe.sequence`` and
@@ -225,7 +237,7 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
     evolution and name mapping applied) and the row counts read and written are checked
     against the manifests before anything is committed.
     """
-    started = time.monotonic()
+    started = clock.monotonic()
     name = _table_name(table)
     state = committed_state(table)
     check_epoch(name, state, epoch)
@@ -234,7 +246,7 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
                              min_input_files=min_input_files,
                              max_rewrite_bytes=max_rewrite_bytes)
     if not groups:
-        return CompactionResult(seconds=time.monotonic() - started)
+        return CompactionResult(seconds=clock.monotonic() - started)
 
     metadata = table.metadata
     # One output file per group: the group is already sized by its on-disk bytes, and
@@ -250,7 +262,8 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
         for group in groups:
             rows += _rewrite_group(table, write_metadata, group, write_uuid, counter, written)
         txn = table.transaction()
-        props = summary_props(state.sequence, state.epoch) if _has_state(state) else {}
+        props = summary_props(state.sequence, state.epoch, int(clock.time() * 1000)) \
+            if _has_state(state) else {}
         with txn.update_snapshot(snapshot_properties=props).overwrite() as rewrite:
             for group in groups:
                 for data_file in group:
@@ -273,7 +286,7 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
         bytes_removed=sum(f.file_size_in_bytes for f in removed),
         bytes_added=sum(f.file_size_in_bytes for f in written),
         partitions=len({tuple(g[0].partition) if g[0].partition else () for g in groups}),
-        snapshot_id=snapshot_id, seconds=time.monotonic() - started)
+        snapshot_id=snapshot_id, seconds=clock.monotonic() - started)
     log.info("compacted %s: %d files -> %d (%d rows) in %.2fs", name, result.files_removed,
              result.files_added, rows, result.seconds)
     return result
@@ -332,7 +345,7 @@ def _refuse_rebasing_retries(table: Table) -> None:
 
 
 def expire_snapshots(table: Table, *, keep_last: int, max_age_s: float,
-                     now_ms: int | None = None) -> int:
+                     now_ms: int | None = None, clock: Clock = SYSTEM) -> int:
     """Expire snapshots outside the newest ``keep_last`` that are older than ``max_age_s``.
 
     Metadata only (pyiceberg's ``table.maintenance.expire_snapshots()``): the files those
@@ -345,11 +358,15 @@ def expire_snapshots(table: Table, *, keep_last: int, max_age_s: float,
     pyiceberg commits the removal with no requirement on the branch head (the catalog applies
     it to whatever metadata is current). That is safe here: a commit landing meanwhile only
     moves the protected chain forward, onto snapshots this call never selects.
+
+    Age is ``now_ms`` (default: ``clock``, the store's) minus the snapshot's
+    :func:`~pipeline.commit.committed_at_ms`; "newest" is commit order (the snapshot's
+    sequence number), which no host clock can reorder.
     """
     if keep_last < 0 or max_age_s < 0:
         raise ValueError("keep_last and max_age_s must not be negative")
     metadata = table.metadata
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = int(clock.time() * 1000) if now_ms is None else now_ms
     cutoff_ms = now_ms - int(max_age_s * 1000)
     protected = {ref.snapshot_id for ref in metadata.refs.values()}
     state = committed_state(table)
@@ -361,9 +378,10 @@ def expire_snapshots(table: Table, *, keep_last: int, max_age_s: float,
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
     newest_first = sorted(metadata.snapshots,
-                          key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)
+                          key=lambda s: (s.sequence_number or 0, committed_at_ms(s)),
+                          reverse=True)
     victims = [s.snapshot_id for s in newest_first[keep_last:]
-               if s.timestamp_ms < cutoff_ms and s.snapshot_id not in protected]
+               if committed_at_ms(s) < cutoff_ms and s.snapshot_id not in protected]
     if victims:
         table.maintenance.expire_snapshots().by_ids(victims).commit()
         log.info("expired %d snapshots of %s", len(victims), _table_name(table))
@@ -375,7 +393,8 @@ def expire_snapshots(table: Table, *, keep_last: int, max_age_s: float,
 
 def delete_unreachable_files(table: Table, *, older_than_s: float,
                              previous: TableMetadata | None = None,
-                             now_s: float | None = None) -> DeletionResult:
+                             now_s: float | None = None, clock: Clock = SYSTEM
+                             ) -> DeletionResult:
     """Delete the table's files that its current metadata no longer needs.
 
     Reachable (never deleted): the current metadata.json and those in its metadata log,
@@ -394,13 +413,15 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
       its last snapshot expired, so no new commit can adopt it;
     * any other file once it is older than ``older_than_s`` (orphans of failed or crashed
       commits). Younger ones may be written by a commit still in flight and are kept.
+      Age is ``now_s`` (default: ``clock``, the store's) minus the file's modification
+      time, which the store stamps: both are the store's clock.
 
     The table is refreshed first so the newest metadata decides. Only the table location is
     listed (see :func:`_list_files`); listing uses the FileIO's own pyarrow filesystem
     (endpoint and credentials of an S3 FileIO included); deletes go through ``table.io``.
     ``bytes`` in the result counts listed files only.
     """
-    started = time.monotonic()
+    started = clock.monotonic()
     if older_than_s < 0:
         raise ValueError("older_than_s must not be negative")
     table.refresh()
@@ -413,7 +434,7 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
             if key not in reachable:
                 doomed[key] = (uri, 0)
     current_version = _metadata_version(table.metadata_location)
-    cutoff_ns = int(((time.time() if now_s is None else now_s) - older_than_s) * 1e9)
+    cutoff_ns = int(((clock.time() if now_s is None else now_s) - older_than_s) * 1e9)
 
     kept_young = 0
     for uri, size, mtime_ns in _list_files(table):
@@ -441,7 +462,7 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
                 errors += 1
     result = DeletionResult(deleted=len(targets) - errors, bytes=deleted_bytes,
                             kept_young=kept_young, errors=errors, reachable=len(reachable),
-                            seconds=time.monotonic() - started)
+                            seconds=clock.monotonic() - started)
     log.info("deleted %d unreachable files (%d bytes) of %s; kept %d young, %d errors",
              result.deleted, result.bytes, _table_name(table), kept_young, errors)
     return result
@@ -552,7 +573,8 @@ def _delete_quietly(io: FileIO, uris: Iterable[str]) -> None:
 
 
 def run_maintenance(table: Table, *, epoch: int,
-                    settings: MaintenanceSettings | None = None) -> MaintenanceReport:
+                    settings: MaintenanceSettings | None = None,
+                    clock: Clock = SYSTEM) -> MaintenanceReport:
     """Compact, then expire, then delete: the order that frees the most in one pass.
 
     Compaction first, so the small files it replaces become unreachable as soon as the
@@ -560,17 +582,18 @@ def run_maintenance(table: Table, *, epoch: int,
     from before the pass so files of snapshots expired now are removed at once instead of
     waiting for the orphan safety age. A fenced collector stops before touching anything
     (``TableFencedError``); a ``CommitFailedException`` means someone committed meanwhile:
-    reload the table and re-check, as for appends.
+    reload the table and re-check, as for appends. ``clock``: the store's (see above).
     """
-    started = time.monotonic()
+    started = clock.monotonic()
     cfg = settings or MaintenanceSettings()
     check_epoch(_table_name(table), committed_state(table), epoch)
     before = table.metadata
     compaction = compact(table, epoch=epoch, target_file_bytes=cfg.target_file_bytes,
                          min_input_files=cfg.min_input_files,
-                         max_rewrite_bytes=cfg.max_rewrite_bytes)
+                         max_rewrite_bytes=cfg.max_rewrite_bytes, clock=clock)
     expired = expire_snapshots(table, keep_last=cfg.keep_last,
-                               max_age_s=cfg.max_snapshot_age_s)
-    deletion = delete_unreachable_files(table, older_than_s=cfg.orphan_age_s, previous=before)
+                               max_age_s=cfg.max_snapshot_age_s, clock=clock)
+    deletion = delete_unreachable_files(table, older_than_s=cfg.orphan_age_s, previous=before,
+                                        clock=clock)
     return MaintenanceReport(_table_name(table), compaction, expired, deletion,
-                             time.monotonic() - started)
+                             clock.monotonic() - started)

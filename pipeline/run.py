@@ -181,9 +181,15 @@ class SparkClusterEngine:
 
         self.spark = spark
         self.partitions = partitions
+        self.embedded = SparkEngine(spark, partitions)
         register(spark)
 
     def run(self, spec: RunSpec) -> ClusterRunOutput:
         from pipeline.cluster import run_cluster
 
         return run_cluster(self.spark, spec)
+
+    def run_embedded(self, spec: RunSpec) -> RunOutput:
+        """The run in the embedded shape, on the same session: for runs the cluster path
+        cannot write in one shot (fan-out, staging; the collector decides)."""
+        return self.embedded.run(spec)

@@ -158,6 +158,19 @@ def test_unreachable_glue(tmp_path: Path, aws_test_env: None) -> None:
     assert "glue.endpoint" in str(info.value)
 
 
+def test_glue_max_retries_is_a_number(tmp_path: Path, aws_test_env: None) -> None:
+    # Config properties are strings; botocore needs the retry count as a number.
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    bad = _glue_section(endpoint, (tmp_path / "wh").as_uri(), **{"glue.max-retries": "x"})
+    with pytest.raises(ConfigError, match=r"glue\.max-retries"):
+        open_catalog(bad)
+    section = _glue_section(endpoint, (tmp_path / "wh").as_uri(),
+                            **{"glue.max-retries": "0"})
+    with pytest.raises(CatalogError, match="Could not connect") as info:
+        open_catalog(section)  # reaches the network (the count was accepted)
+    assert "not supported between" not in str(info.value)
+
+
 def test_labels_and_masking() -> None:
     assert mask_uri("postgresql://u:pw@h:5432/db?sslmode=require&password=x") == (
         "postgresql://u:***@h:5432/db?sslmode=require&password=***")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -118,3 +119,64 @@ def test_should_refuse_a_buffer_smaller_than_one_request(tmp_path):
     with pytest.raises(ConfigError, match=r"buffer_max_bytes \(1000\) must be >= "
                                           r"ingestor.max_body_bytes \(2000\)"):
         load_config(path, env={})
+
+
+# --- settings that rest on each other: refused at start, naming both keys ---------------
+
+PAIRS = [
+    ("[ingestor]\nflush_timeout_s = 30\n[manifest]\nappend_deadline_s = 30\n",
+     r"ingestor\.flush_timeout_s \(30\) must be less than manifest\.append_deadline_s \(30\)"),
+    ("[admin]\ntombstone_grace_s = 400\n",
+     r"admin\.tombstone_grace_s \(400\) must be at least manifest\.append_deadline_s \(120\)"
+     r" \+ ingestor\.flush_timeout_s \(30\) \+ admin\.registry_poll_s \(2\) \+ 300 s = 452"),
+    ("[collector]\nsnapshot_max_age_s = 300\ndedup_window_s = 600\n",
+     r"collector\.snapshot_max_age_s \(300\) must be at least collector\.dedup_window_s "
+     r"\(600\)"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), PAIRS)
+def test_should_refuse_settings_that_break_each_others_assumptions(tmp_path, extra, message):
+    path = write(tmp_path, MINIMAL + extra)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path, env={})
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(("extra", "message"), PAIRS)
+def test_should_exit_2_naming_both_keys_for_a_broken_pair(tmp_path, capsys, extra, message):
+    from icefloe.cli import main
+
+    path = write(tmp_path, MINIMAL + extra)
+    assert main(["streams", "list", "--config", str(path)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("extra", [
+    "[ingestor]\nflush_timeout_s = 29.9\n[manifest]\nappend_deadline_s = 30\n",
+    "[admin]\ntombstone_grace_s = 452\n",
+    "[collector]\nsnapshot_max_age_s = 600\ndedup_window_s = 600\n",
+    "[collector]\nsnapshot_max_age_s = 60\ndedup_window_s = 0\n",  # dedup off: no need
+])
+def test_should_accept_pairs_on_the_safe_side_of_their_bound(tmp_path, extra):
+    load_config(write(tmp_path, MINIMAL + extra), env={})
+
+
+def test_should_accept_the_defaults_and_the_shipped_example():
+    from pathlib import Path
+
+    from icefloe.config import Config, validate
+
+    validate(Config(), "defaults")
+    load_config(Path(__file__).resolve().parents[1] / "examples" / "icefloe.toml", env={})
+
+
+def test_should_refuse_snapshots_expiring_before_the_dedup_window(tmp_path):
+    """The dedup window is rebuilt from the snapshots of its commits (issue #22)."""
+    path = write(tmp_path, MINIMAL + "[collector]\ndedup_window_s = 900\n")
+    with pytest.raises(ConfigError, match=r"collector.snapshot_max_age_s \(600\) must be at "
+                                          r"least collector.dedup_window_s \(900\)"):
+        load_config(path, env={})
+    path = write(tmp_path, MINIMAL + "[collector]\ndedup_window_s = 900\n"
+                 "snapshot_max_age_s = 900\n")
+    assert load_config(path, env={}).collector.snapshot_max_age_s == 900

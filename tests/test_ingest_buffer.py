@@ -312,3 +312,53 @@ async def test_should_count_queue_time_against_the_flush_deadline(tmp_path):
         await runtime.close(10)
     # every request answered within one deadline (plus scheduling slack), none after two
     assert max(waited) < 1.7, waited
+
+
+async def test_should_not_ack_a_batch_its_group_refused_when_the_append_answer_is_lost(
+        tmp_path):
+    """Issue #22, case 1, through the buffer: batch Y waits behind a slow manifest write
+    until it is past the append deadline, then goes in one group commit with a fresh batch
+    Z. The store applies that write (Z appended, Y refused) but loses its answer; the retry
+    must answer Y's requests 503 (not appended), never 200.
+
+    The flush timeout here exceeds the append deadline, which the config loader refuses
+    (``ingestor.flush_timeout_s < manifest.append_deadline_s``): the producer must be exact
+    even so, for every direct user of it."""
+    deadline_s = 1.0
+    files = tmp_path / "store" / "batches"
+
+    async def hold_the_first_append() -> None:  # until Z's file is written and queued
+        while len(list(files.glob("*.ifb"))) < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+
+    store, faulty = faulty_store(tmp_path, [
+        FaultRule("delay", ops=frozenset({"put"}), key_prefix=ManifestConfig.key,
+                  delay_s=(0, 0), on_fire=hold_the_first_append),
+        FaultRule("delay", ops=frozenset({"put"}), key_prefix="batches/", skip=2,
+                  delay_s=(1.5, 1.5)),  # Z's file is written 1.5 s after Y's
+        FaultRule("lose_response", ops=frozenset({"put"}), key_prefix=ManifestConfig.key,
+                  skip=1)])
+    config = make_config(tmp_path / "store")
+    config = type(config)(store=config.store, ingestor=config.ingestor, streams=config.streams,
+                          manifest=type(config.manifest)(append_deadline_s=deadline_s))
+    runtime = await IngestorRuntime.start(config, store=store, probe=False)
+    try:
+        x = asyncio.create_task(ingest(runtime, 3, 0))
+        while not any(files.glob("*.ifb")):
+            await asyncio.sleep(0.01)
+        y = asyncio.create_task(ingest(runtime, 2, 10))
+        while len(list(files.glob("*.ifb"))) < 2:
+            await asyncio.sleep(0.01)
+        z = asyncio.create_task(ingest(runtime, 1, 20))
+        assert await x == 3
+        with pytest.raises(Unavailable) as info:
+            await y
+        assert info.value.code == "flush_deadline"
+        assert await z == 1
+        assert faulty.injected["lose_response"] == 1
+        assert runtime.publisher.stats.largest_group == 2  # Y and Z went together
+    finally:
+        await runtime.close(10)
+    manifest = await read_manifest((tmp_path / "store").as_uri())
+    assert [e.record_count for e in manifest.entries] == [3, 1]

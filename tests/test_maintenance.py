@@ -23,8 +23,9 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
+from icefloe.clock import Clock, ManualClock, StoreClock
 from icefloe.errors import TableFencedError
-from pipeline.commit import committed_state
+from pipeline.commit import committed_state, summary_props
 from pipeline.maintenance import (
     MaintenanceSettings,
     compact,
@@ -325,3 +326,52 @@ def test_maintenance_on_s3(s3_bucket, tmp_path):
     # 6 metadata.json (current + 5 logged), 1 manifest list, at most 3 manifests
     assert len(keys) <= 11
     assert contents(catalog.load_table("ns.events")) == expected_contents(range(6))
+
+
+# --------------------------------------------------------------------------- store clock
+
+
+def append_at(table: Table, n: int, store: Clock) -> None:
+    """An icefloe commit stamped with the store's time (``icefloe.committed-at``)."""
+    table.append(batch(n), snapshot_properties=summary_props(n, 1, int(store.time() * 1000)))
+
+
+def test_expiry_judges_age_by_the_recorded_store_time(catalog):
+    """The committing host ran 10 h behind the store (its timestamp-ms look 10 h old):
+    snapshots a minute old by the store's clock are kept, an hour later they expire."""
+    table = make_table(catalog)
+    store = ManualClock(time.time()).skewed(10 * 3600)
+    for n in range(5):
+        append_at(table, n, store)
+    store.advance(60)
+    now_ms = int(store.time() * 1000)
+    assert expire_snapshots(table, keep_last=0, max_age_s=600, now_ms=now_ms) == 0
+    store.advance(3600)
+    assert expire_snapshots(table, keep_last=0, max_age_s=600, clock=store) == 4
+
+
+def test_maintenance_on_a_host_hours_ahead_keeps_young_snapshots_and_files(catalog):
+    """The collector's host clock runs 3 h ahead; maintenance judges by the store's clock
+    (as the manifest reads it), so the commits and an in-flight file of a minute ago
+    survive. Judged by the host's clock, both would go."""
+    table = make_table(catalog)
+    host = ManualClock(time.time()).skewed(3 * 3600)
+    store = StoreClock(host)
+    store.observe(time.time())  # the local store's time, as a manifest read returns it
+    for n in range(5):
+        append_at(table, n, store)
+    in_flight = table_dir(table) / "data" / "00000-0-in-flight.parquet"
+    in_flight.write_bytes(b"written by a commit not yet landed")
+    host.advance(60)
+    settings = MaintenanceSettings(keep_last=1, max_snapshot_age_s=600, min_input_files=100,
+                                   orphan_age_s=3600)
+
+    report = run_maintenance(table, epoch=1, settings=settings, clock=store)
+
+    assert report.expired_snapshots == 0
+    assert in_flight in files_on_disk(table)
+    assert len(table.metadata.snapshots) == 5
+    report = run_maintenance(table, epoch=1, settings=settings, clock=host)  # the bug
+    assert report.expired_snapshots == 4
+    assert in_flight not in files_on_disk(table)
+    assert contents(catalog.load_table("ns.events")) == expected_contents(range(5))

@@ -103,6 +103,17 @@ def test_should_reject_corrupt_manifests(mangle, message):
         Manifest.decode(mangle(data))
 
 
+def test_should_read_producer_records_written_before_refusals_were_kept():
+    """Manifests written before ``refused`` existed decode with it empty, and a record
+    without refusals is written exactly as before (the field is omitted)."""
+    old = Manifest(producers={"p": ProducerState(batch=3, sequence=7, updated_at=1.5)})
+    data = old.encode()
+    assert b"refused" not in data
+    assert Manifest.decode(data).producers["p"].refused == ()
+    kept = Manifest(producers={"p": ProducerState(batch=3, sequence=7, updated_at=1.5,
+                                                  refused=(1, 2))})
+    assert Manifest.decode(kept.encode()).producers["p"].refused == (1, 2)
+
 def test_should_reject_non_contiguous_sequences():
     bad = Manifest(entries=(
         Entry(sequence=0, location="a", size=1, crc32c=1, record_count=1, streams=(),
@@ -306,6 +317,55 @@ def test_should_not_duplicate_when_a_put_applies_but_its_response_is_lost(tmp_pa
 
     asyncio.run(run())
 
+
+def test_should_refuse_again_a_batch_refused_beside_a_lost_append(tmp_path):
+    """Issue #22, case 1: one group commit refuses an older batch (past its deadline) and
+    appends a newer one; the store applies that write but its answer is lost. The retry
+    must find the older batch *not* appended and refuse it again: reporting it durable
+    ("already dequeued") would acknowledge data that is in no entry."""
+    async def run() -> None:
+        store, faulty = faulty_local(tmp_path)
+        producer = ManifestProducer(store)
+        faulty.add(FaultRule("lose_response", ops=frozenset({"put"}), key_prefix=KEY))
+        old = ref("old", written_at=time.time() - 121)
+        results = await asyncio.gather(producer.append(old), producer.append(ref("fresh")),
+                                       return_exceptions=True)
+        assert faulty.injected["lose_response"] == 1
+        assert isinstance(results[0], DeadlineExceededError), results[0]
+        assert results[1] == 0
+        manifest = (await load(store, KEY)).manifest
+        assert [e.location for e in manifest.entries] == ["batches/fresh"]
+        assert manifest.producers[producer.producer_id].refused == (1,)
+        assert producer.stats.deadline_exceeded == 1
+        # the next group forgets what can no longer be asked about
+        assert await producer.append(ref("later")) == 1
+        assert (await load(store, KEY)).manifest.producers[producer.producer_id].refused == ()
+
+    asyncio.run(run())
+
+def test_should_append_a_batch_refused_earlier_without_lowering_the_mark(tmp_path):
+    """A number the manifest lists as refused is judged again, like a new batch; if it can
+    be appended now it is, after higher numbers, and the producer's mark stays at the
+    highest number appended (a lower mark would let a retry append a batch twice)."""
+    async def run() -> None:
+        store = ThreadedAsyncStore(LocalStore(tmp_path))
+        now = time.time()
+        # as an earlier attempt left it: batch 2 appended, batch 1 refused, answer lost
+        earlier = Entry(sequence=0, location="batches/two", size=123, crc32c=42,
+                        record_count=10, streams=("s",), ingested_at=now,
+                        producer_id="p", producer_batch=2)
+        await cas_update(store, KEY, lambda loaded: loaded.manifest.replace(
+            entries=[earlier], next_sequence=1, producers={"p": ProducerState(
+                batch=2, sequence=0, updated_at=now, refused=(1,))}), backoff=FAST_RETRY)
+        producer = ManifestProducer(store, producer_id="p")
+        one, two = await asyncio.gather(producer.append(ref("one")), producer.append(ref("two")))
+        assert (one, two) == (1, 0)  # 1 appended now, 2 found where the lost write put it
+        manifest = (await load(store, KEY)).manifest
+        assert [e.location for e in manifest.entries] == ["batches/two", "batches/one"]
+        assert manifest.producers["p"].batch == 2
+        assert manifest.producers["p"].refused == ()
+
+    asyncio.run(run())
 
 def test_should_survive_a_412_storm(tmp_path):
     async def run() -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import msgspec
 from ulid import ULID
 
+from icefloe.clock import SYSTEM, Clock, StoreClock
 from icefloe.errors import FencedError, LeaseHeldError
 from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
 from icefloe.manifest.config import ManifestConfig
@@ -27,16 +28,24 @@ from icefloe.store.base import AsyncObjectStore
 
 
 class ManifestConsumer:
-    """The single fenced reader of the manifest."""
+    """The single fenced reader of the manifest.
+
+    ``clock`` (:mod:`icefloe.clock`) times CAS backoff; leases are judged on the store's
+    clock.
+    """
 
     def __init__(self, store: AsyncObjectStore, config: ManifestConfig | None = None,
-                 holder: str | None = None) -> None:
+                 holder: str | None = None, *, clock: Clock = SYSTEM) -> None:
         self.store = store
+        self.clock = clock
         self.config = config or ManifestConfig()
         self.holder = holder or f"consumer-{ULID()}"
         self.epoch: int | None = None
         self.stats = CasStats()
         self.last_read: Manifest | None = None  # what read() saw (queue metrics need no GET)
+        self.store_clock = StoreClock(clock)
+        """The store's time as of the last manifest read or write (ages that decide what
+        may be deleted or forgotten are judged by it, not by this host's clock)."""
 
     async def initialize(self, *, respect_lease: bool = False) -> int:
         """Take over the queue: bump the epoch (fencing any older consumer); return it.
@@ -88,7 +97,8 @@ class ManifestConsumer:
 
     async def lease(self) -> tuple[str, float, float]:
         """``(holder, lease_expires_at, store_now)``: who holds the queue, until when."""
-        loaded = await load(self.store, self.config.key)
+        loaded = await load(self.store, self.config.key, clock=self.clock)
+        self.store_clock.observe(loaded.store_time)
         consumer = loaded.manifest.consumer
         return consumer.holder, consumer.lease_expires_at, loaded.store_time
 
@@ -100,13 +110,17 @@ class ManifestConsumer:
 
     async def _update(self, mutate: Callable[[Loaded], Manifest | None]
                       ) -> tuple[Loaded, Manifest | None]:
-        return await cas_update(self.store, self.config.key, mutate,
-                                backoff=self.config.conflict_backoff, stats=self.stats)
+        loaded, written = await cas_update(self.store, self.config.key, mutate,
+                                           backoff=self.config.conflict_backoff,
+                                           stats=self.stats, clock=self.clock)
+        self.store_clock.observe(loaded.store_time)
+        return loaded, written
 
     async def read(self, from_sequence: int | None = None,
                    max_entries: int | None = None) -> list[Entry]:
         """Entries from ``from_sequence`` (default: after the last ack), in order."""
-        loaded = await load(self.store, self.config.key)
+        loaded = await load(self.store, self.config.key, clock=self.clock)
+        self.store_clock.observe(loaded.store_time)
         manifest = loaded.manifest
         self._check(manifest)
         self.last_read = manifest
@@ -159,5 +173,5 @@ class ManifestConsumer:
 
     async def snapshot(self) -> Manifest:
         """The manifest as it is now, without a fencing check (metrics, inspection)."""
-        return (await load(self.store, self.config.key)).manifest
+        return (await load(self.store, self.config.key, clock=self.clock)).manifest
 

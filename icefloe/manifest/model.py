@@ -61,12 +61,22 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     config's streams); the collector routes the entry's events by it."""
 
 
-class ProducerState(msgspec.Struct, frozen=True, kw_only=True):
-    """Idempotent-producer record: highest batch number appended and its sequence."""
+class ProducerState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Idempotent-producer record: highest batch number appended and its sequence, and
+    which lower numbers of the last write's group were refused (not appended).
+
+    Why ``refused``: one group commit may refuse an older batch (past its deadline) and
+    append a newer one. If that write's answer is lost, the retry must not take every
+    number up to ``batch`` for appended: the refused ones were not, and answering them
+    durable would lose acknowledged data. It holds only numbers below ``batch`` that the
+    writing group could still be asked about, so it stays as small as one group's
+    refusals; absent (empty) in manifests written before it existed, and then omitted.
+    """
 
     batch: int
     sequence: int
     updated_at: float
+    refused: tuple[int, ...] = ()
 
 
 class ConsumerState(msgspec.Struct, frozen=True, kw_only=True):

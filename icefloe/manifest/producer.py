@@ -7,10 +7,12 @@ Why it is built this way:
   CAS lost a race and is retried — so N concurrent flushes cost one manifest write, and
   the entries carried per write grow as contention between processes rises.
 * **Idempotent producer.** Each process has a producer id (a ULID) and numbers its batches
-  1, 2, 3… The manifest remembers, per producer, the highest number appended. Before
-  appending, the producer drops batches at or below that mark: a retry after an ambiguous
-  write (timeout, lost response) can never append the same batch twice — even if the
-  collector consumed and dequeued the entry in between.
+  1, 2, 3… The manifest remembers, per producer, the highest number appended and the
+  numbers below it that the same write refused (deadline, full queue). Before appending,
+  the producer drops batches at or below that mark that were not refused: a retry after an
+  ambiguous write (timeout, lost response) can never append the same batch twice — even if
+  the collector consumed and dequeued the entry in between — and never answers a batch
+  that write refused as appended.
 * **Deadline.** A batch older than ``append_deadline_s`` (store clock) is never appended;
   its waiters fail instead. GC's grace period exceeds the deadline, so GC never deletes a
   file that could still be appended.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from ulid import ULID
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import DeadlineExceededError, QueueFullError
 from icefloe.manifest.cas import CasStats, LastWritten, Loaded, cas_update
 from icefloe.manifest.config import ManifestConfig
@@ -77,18 +80,23 @@ Outcome = int | None | Exception
 
 
 class ManifestProducer:
-    """Appends :class:`BatchRef` s to the manifest; one instance per process."""
+    """Appends :class:`BatchRef` s to the manifest; one instance per process.
+
+    ``clock`` (:mod:`icefloe.clock`) times CAS backoff and carries the store's clock
+    forward from the last write; deadlines themselves are judged on the store's clock.
+    """
 
     def __init__(self, store: AsyncObjectStore, config: ManifestConfig | None = None,
-                 producer_id: str | None = None) -> None:
+                 producer_id: str | None = None, *, clock: Clock = SYSTEM) -> None:
         self.store = store
+        self.clock = clock
         self.config = config or ManifestConfig()
         self.producer_id = producer_id or str(ULID())
         self.stats = ProducerStats()
         self._next_number = 1
         self._queue: list[_Pending] = []
         self._worker: asyncio.Task[None] | None = None
-        self._last: LastWritten[Manifest] = LastWritten()  # no read before most appends
+        self._last: LastWritten[Manifest] = LastWritten(clock)  # no read before most appends
 
     async def append(self, batch: BatchRef) -> int | None:
         """Append ``batch``; return its sequence once the manifest write succeeded.
@@ -151,51 +159,87 @@ class ManifestProducer:
 
         await cas_update(self.store, self.config.key, mutate,
                          backoff=self.config.conflict_backoff, stats=self.stats,
-                         last=self._last)
+                         last=self._last, clock=self.clock)
         self._count(outcomes, duplicates, group_size=len(group))
         return outcomes
 
     def _plan(self, loaded: Loaded, group: list[_Pending], outcomes: dict[int, Outcome],
               duplicates: set[int]) -> Manifest | None:
-        """Decide each batch's fate against the manifest as read; the new manifest or None."""
+        """Decide each batch's fate against the manifest as read; the new manifest or None.
+
+        A number at or below the producer's mark was appended by an earlier, ambiguous
+        attempt — unless that attempt refused it (``ProducerState.refused``): then it was
+        not appended, and is judged again like a new batch.
+        """
         manifest, now, cfg = loaded.manifest, loaded.store_time, self.config
         state = manifest.producers.get(self.producer_id)
         done_through = state.batch if state else 0
+        not_appended = frozenset(state.refused) if state else frozenset()
         room = cfg.max_entries - manifest.entry_count
         full_bytes = loaded.size >= cfg.max_bytes
         sequence = manifest.next_sequence
         new_entries: list[Entry] = []
         for pending in group:
-            batch = pending.batch
-            if pending.number <= done_through:
-                duplicates.add(pending.number)
-                outcomes[pending.number] = self._find_sequence(manifest, pending.number)
-            elif now - batch.written_at > cfg.append_deadline_s:
-                outcomes[pending.number] = DeadlineExceededError(
-                    f"batch {batch.location} is {now - batch.written_at:.0f}s old, past the "
-                    f"{cfg.append_deadline_s:g}s append deadline; it was not appended")
-            elif room <= 0 or full_bytes:
-                outcomes[pending.number] = QueueFullError(
-                    f"manifest queue full ({manifest.entry_count} entries, {loaded.size} "
-                    f"bytes; limits {cfg.max_entries} entries, {cfg.max_bytes} bytes): the "
-                    "collector is behind; retry later")
-            else:
-                new_entries.append(Entry(
-                    sequence=sequence, location=batch.location, size=batch.size,
-                    crc32c=batch.crc32c, record_count=batch.record_count,
-                    streams=batch.streams, ingested_at=batch.written_at,
-                    producer_id=self.producer_id, producer_batch=pending.number,
-                    registry_version=batch.registry_version))
-                outcomes[pending.number] = sequence
-                sequence += 1
-                room -= 1
+            number = pending.number
+            if number <= done_through and number not in not_appended:
+                duplicates.add(number)
+                outcomes[number] = self._find_sequence(manifest, number)
+                continue
+            refusal = self._refusal(pending.batch, loaded, room, full_bytes, now)
+            if refusal is not None:
+                outcomes[number] = refusal
+                continue
+            new_entries.append(self._entry(pending, sequence))
+            outcomes[number] = sequence
+            sequence += 1
+            room -= 1
         if not new_entries:
             return None
         producers = {pid: ps for pid, ps in manifest.producers.items()
                      if now - ps.updated_at <= cfg.producer_ttl_s}
-        producers[self.producer_id] = ProducerState(
-            batch=new_entries[-1].producer_batch, sequence=sequence - 1, updated_at=now)
+        producers[self.producer_id] = self._state(group, outcomes, new_entries,
+                                                  done_through, now)
         return manifest.append(new_entries, producers=producers, next_sequence=sequence)
+
+    def _refusal(self, batch: BatchRef, loaded: Loaded, room: int, full_bytes: bool,
+                 now: float) -> Exception | None:
+        """Why ``batch`` cannot be appended to the manifest as read, or None if it can."""
+        cfg, manifest = self.config, loaded.manifest
+        if now - batch.written_at > cfg.append_deadline_s:
+            return DeadlineExceededError(
+                f"batch {batch.location} is {now - batch.written_at:.0f}s old, past the "
+                f"{cfg.append_deadline_s:g}s append deadline; it was not appended")
+        if room <= 0 or full_bytes:
+            return QueueFullError(
+                f"manifest queue full ({manifest.entry_count} entries, {loaded.size} "
+                f"bytes; limits {cfg.max_entries} entries, {cfg.max_bytes} bytes): the "
+                "collector is behind; retry later")
+        return None
+
+    def _entry(self, pending: _Pending, sequence: int) -> Entry:
+        batch = pending.batch
+        return Entry(
+            sequence=sequence, location=batch.location, size=batch.size,
+            crc32c=batch.crc32c, record_count=batch.record_count, streams=batch.streams,
+            ingested_at=batch.written_at, producer_id=self.producer_id,
+            producer_batch=pending.number, registry_version=batch.registry_version)
+
+    @staticmethod
+    def _state(group: list[_Pending], outcomes: dict[int, Outcome],
+               new_entries: list[Entry], done_through: int, now: float) -> ProducerState:
+        """The producer's record after this write: its highest appended number (a batch
+        refused once may be appended later, after a higher one: the mark never goes back),
+        the last sequence it appended, and the numbers below the mark this group refused.
+
+        Why only this group's refusals: a retry re-plans the same group (it only grows,
+        upwards), and no number below the group's lowest is ever asked about again, so
+        refusals of earlier groups can be forgotten.
+        """
+        high = max(done_through, max(entry.producer_batch for entry in new_entries))
+        refused = tuple(p.number for p in group
+                        if p.number < high and isinstance(outcomes[p.number], Exception))
+        return ProducerState(batch=high, sequence=new_entries[-1].sequence, updated_at=now,
+                             refused=refused)
 
     def _find_sequence(self, manifest: Manifest, number: int) -> int | None:
         for entry in reversed(manifest.entries):

@@ -14,10 +14,9 @@ never silently drops what a newer one wrote.
 
 from __future__ import annotations
 
-import time
-
 import msgspec
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, StreamConfig
 
 FORMAT = 1
@@ -150,7 +149,8 @@ class Registry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     return source.id, sink.name
         return None
 
-    def next(self, sources: tuple[Source, ...]) -> Registry:
-        """The following version with ``sources``; every write changes the bytes."""
+    def next(self, sources: tuple[Source, ...], *, clock: Clock = SYSTEM) -> Registry:
+        """The following version with ``sources``, stamped with ``clock``'s time; every
+        write changes the bytes."""
         return msgspec.structs.replace(self, version=self.version + 1,
-                                       updated_at=time.time(), sources=sources)
+                                       updated_at=clock.time(), sources=sources)

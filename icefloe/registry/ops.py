@@ -10,12 +10,12 @@ HTTP status, a stable code and the offending fields.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping, Set
 from typing import Any
 
 import msgspec
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, validate_stream
 from icefloe.config_security import check_hash, validate_rate_limit
 from icefloe.errors import ConfigError, RegistryError
@@ -216,7 +216,7 @@ def _live_source(registry: Registry, source_id: str) -> Source:
 # ------------------------------------------------------------------------------ sources
 
 
-def create_source(registry: Registry, spec: SourceSpec) -> Registry:
+def create_source(registry: Registry, spec: SourceSpec, *, clock: Clock = SYSTEM) -> Registry:
     version = registry.version + 1
     if registry.source(spec.id) is not None:
         raise RegistryError(409, "exists", f"source {spec.id!r} exists already",
@@ -241,10 +241,11 @@ def create_source(registry: Registry, spec: SourceSpec) -> Registry:
         names.add(sink.name)
         tables.add(sink.table)
         _check_owner(registry, sink.table, source.id, sink.name, at)
-    return registry.next(_replace_source(registry, source))
+    return registry.next(_replace_source(registry, source), clock=clock)
 
 
-def update_source(registry: Registry, source_id: str, patch: SourcePatch) -> Registry:
+def update_source(registry: Registry, source_id: str, patch: SourcePatch, *,
+                  clock: Clock = SYSTEM) -> Registry:
     source = _live_source(registry, source_id)
     changes = _given(patch)
     if not changes:
@@ -252,31 +253,34 @@ def update_source(registry: Registry, source_id: str, patch: SourcePatch) -> Reg
     version = registry.version + 1
     updated = msgspec.structs.replace(source, updated_version=version, **changes)
     _check_source_fields(updated, "")
-    return registry.next(_replace_source(registry, updated))
+    return registry.next(_replace_source(registry, updated), clock=clock)
 
 
-def delete_source(registry: Registry, source_id: str) -> Registry:
+def delete_source(registry: Registry, source_id: str, *, clock: Clock = SYSTEM) -> Registry:
     """Tombstone the source and its sinks: events accepted before this version are still
     routed to them, none after (the caller checks for undelivered data first)."""
     source = _live_source(registry, source_id)
     version = registry.version + 1
-    now = time.time()
+    now = clock.time()
     sinks = tuple(s if not s.live else msgspec.structs.replace(s, deleted_version=version,
                                                                deleted_at=now)
                   for s in source.sinks)
     gone = msgspec.structs.replace(source, sinks=sinks, deleted_version=version,
                                    updated_version=version, tokens=(), deleted_at=now)
-    return registry.next(tuple(gone if s is source else s for s in registry.sources))
+    return registry.next(tuple(gone if s is source else s for s in registry.sources),
+                         clock=clock)
 
 
-def set_tokens(registry: Registry, source_id: str, hashes: tuple[str, ...]) -> Registry:
-    return update_source(registry, source_id, SourcePatch(tokens=hashes))
+def set_tokens(registry: Registry, source_id: str, hashes: tuple[str, ...], *,
+               clock: Clock = SYSTEM) -> Registry:
+    return update_source(registry, source_id, SourcePatch(tokens=hashes), clock=clock)
 
 
 # -------------------------------------------------------------------------------- sinks
 
 
-def create_sink(registry: Registry, source_id: str, spec: SinkSpec) -> Registry:
+def create_sink(registry: Registry, source_id: str, spec: SinkSpec, *,
+                clock: Clock = SYSTEM) -> Registry:
     source = _live_source(registry, source_id)
     version = registry.version + 1
     if source.sink(spec.name) is not None:
@@ -289,10 +293,11 @@ def create_sink(registry: Registry, source_id: str, spec: SinkSpec) -> Registry:
                                       updated_version=version)
     _check_count(updated, "sinks")
     _check_union(registry, updated)
-    return registry.next(_replace_source(registry, updated))
+    return registry.next(_replace_source(registry, updated), clock=clock)
 
 
-def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch) -> Registry:
+def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch, *,
+                clock: Clock = SYSTEM) -> Registry:
     source = _live_source(registry, source_id)
     sink = source.sink(name)
     if sink is None:
@@ -314,30 +319,32 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch)
     sinks = tuple(updated if s is sink else s for s in source.sinks)
     changed = msgspec.structs.replace(source, sinks=sinks, updated_version=version)
     _check_union(registry, changed)
-    return registry.next(_replace_source(registry, changed))
+    return registry.next(_replace_source(registry, changed), clock=clock)
 
 
-def set_sink_enabled(registry: Registry, source_id: str, name: str, enabled: bool
-                     ) -> Registry:
-    return update_sink(registry, source_id, name, SinkPatch(enabled=enabled))
+def set_sink_enabled(registry: Registry, source_id: str, name: str, enabled: bool, *,
+                     clock: Clock = SYSTEM) -> Registry:
+    return update_sink(registry, source_id, name, SinkPatch(enabled=enabled), clock=clock)
 
 
-def delete_sink(registry: Registry, source_id: str, name: str) -> Registry:
+def delete_sink(registry: Registry, source_id: str, name: str, *,
+                clock: Clock = SYSTEM) -> Registry:
     source = _live_source(registry, source_id)
     sink = source.sink(name)
     if sink is None:
         raise not_found("sink", f"{source_id}/{name}")
     version = registry.version + 1
-    sinks = tuple(msgspec.structs.replace(s, deleted_version=version, deleted_at=time.time())
+    now = clock.time()
+    sinks = tuple(msgspec.structs.replace(s, deleted_version=version, deleted_at=now)
                   if s is sink else s for s in source.sinks)
     return registry.next(_replace_source(registry, msgspec.structs.replace(
-        source, sinks=sinks, updated_version=version)))
+        source, sinks=sinks, updated_version=version)), clock=clock)
 
 
 # ------------------------------------------------------------------------------ pruning
 
 
-def prune(registry: Registry, *, now: float, grace_s: float,
+def prune(registry: Registry, *, now: float, grace_s: float, clock: Clock = SYSTEM,
           oldest_pending: Mapping[str, int], staged_tables: Set[str]) -> Registry:
     """Drop tombstones nothing can need any more, so the registry stays small under churn.
 
@@ -371,7 +378,7 @@ def prune(registry: Registry, *, now: float, grace_s: float,
             sources.append(msgspec.structs.replace(source, sinks=sinks))
         else:
             changed = True
-    return registry.next(tuple(sources)) if changed else registry
+    return registry.next(tuple(sources), clock=clock) if changed else registry
 
 
 # ------------------------------------------------------------------------------ seeding

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
 from icefloe.errors import ManifestCorruptError
 from icefloe.registry.model import Registry, Source
@@ -38,14 +39,17 @@ class RegistryStore:
     """Reads and changes one registry object (``key`` inside the store)."""
 
     def __init__(self, store: AsyncObjectStore, key: str = DEFAULT_KEY, *,
-                 backoff: RetryPolicy | None = None) -> None:
+                 backoff: RetryPolicy | None = None, clock: Clock = SYSTEM) -> None:
         self.store = store
         self.key = key
+        self.clock = clock
+        """Times CAS backoff; changes made here (the seed) are stamped with it, and callers
+        pass it to :mod:`icefloe.registry.ops` for theirs."""
         self.backoff = backoff or RetryPolicy(max_attempts=50, budget_s=30.0)
         self.stats = CasStats()
 
     async def load(self) -> Versioned[Registry]:
-        return await load_document(self.store, self.key, _decode, Registry)
+        return await load_document(self.store, self.key, _decode, Registry, clock=self.clock)
 
     async def read(self) -> Registry:
         return (await self.load()).value
@@ -60,7 +64,7 @@ class RegistryStore:
 
         loaded, written = await cas_document(self.store, self.key, _decode, Registry, mutate,
                                              backoff=self.backoff, stats=self.stats,
-                                             what="registry")
+                                             what="registry", clock=self.clock)
         return written if written is not None else loaded.value
 
     async def seed(self, streams: Sequence[StreamConfig], source: str | None) -> Registry:
@@ -72,7 +76,7 @@ class RegistryStore:
                 return registry
             seeded = registry
             for spec in seed_specs(streams):
-                seeded = create_source(seeded, spec)
+                seeded = create_source(seeded, spec, clock=self.clock)
             # one version for the whole seed, and the seeded sinks receive everything since
             # version 0: events accepted from the config before the registry existed
             return Registry(version=1, updated_at=seeded.updated_at, seeded_from=source,

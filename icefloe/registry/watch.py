@@ -15,6 +15,7 @@ import inspect
 import logging
 from collections.abc import Callable, Sequence
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
 from icefloe.registry.model import Registry
 from icefloe.registry.store import RegistryStore, drift
@@ -29,8 +30,9 @@ class RegistryWatch:
     def __init__(self, store: AsyncObjectStore, key: str,
                  on_change: Callable[[Registry], object], *, poll_s: float = 2.0,
                  on_error: Callable[[Exception], None] | None = None,
-                 config_streams: Sequence[StreamConfig] = ()) -> None:
-        self.registry = RegistryStore(store, key)
+                 config_streams: Sequence[StreamConfig] = (),
+                 clock: Clock = SYSTEM) -> None:
+        self.registry = RegistryStore(store, key, clock=clock)
         self.on_change = on_change
         self.on_error = on_error
         self.poll_s = poll_s

@@ -10,12 +10,11 @@ already owned) always sees the latest document.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import NotFound, PreconditionFailed, TransientStoreError
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.retry import RetryPolicy
@@ -70,7 +69,8 @@ class LastWritten(Generic[D]):
 
     MAX_SKIPPED = 63
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
         self._version: Versioned[D] | None = None
         self._at = 0.0
         self._misses = 0
@@ -86,14 +86,14 @@ class LastWritten(Generic[D]):
             self._skip -= 1
             return None
         return Versioned(version.value, version.etag,
-                         version.store_time + time.monotonic() - self._at, version.size)
+                         version.store_time + self.clock.monotonic() - self._at, version.size)
 
     def keep(self, version: Versioned[D], *, remembered: bool) -> None:
         """Remember ``version`` as written; ``remembered``: that write started from
         :meth:`take`'s version (it was current: stop backing off)."""
         if remembered:
             self._misses = 0
-        self._version, self._at = version, time.monotonic()
+        self._version, self._at = version, self.clock.monotonic()
 
     def stale(self) -> None:
         """The version :meth:`take` gave had been replaced by someone else."""
@@ -102,33 +102,35 @@ class LastWritten(Generic[D]):
 
 
 async def load_document(store: AsyncObjectStore, key: str, decode: Callable[[bytes], D],
-                        empty: Callable[[], D]) -> Versioned[D]:
-    """Read and decode ``key``; a missing object reads as ``empty()`` with etag None."""
+                        empty: Callable[[], D], *, clock: Clock = SYSTEM) -> Versioned[D]:
+    """Read and decode ``key``; a missing object reads as ``empty()`` with etag None (and
+    ``clock``'s time: a missing object has no store time to report)."""
     try:
         result = await store.get(key)
     except NotFound:
-        return Versioned(empty(), None, time.time(), 0)
+        return Versioned(empty(), None, clock.time(), 0)
     return Versioned(decode(result.data), result.etag, result.store_time, len(result.data))
 
 
 async def cas_document(store: AsyncObjectStore, key: str, decode: Callable[[bytes], D],
                        empty: Callable[[], D], mutate: Callable[[Versioned[D]], D | None], *,
                        backoff: RetryPolicy, stats: CasStats | None = None,
-                       what: str = "document", last: LastWritten[D] | None = None
-                       ) -> tuple[Versioned[D], D | None]:
+                       what: str = "document", last: LastWritten[D] | None = None,
+                       clock: Clock = SYSTEM) -> tuple[Versioned[D], D | None]:
     """Apply ``mutate`` atomically; return what was read and what was written (or None).
 
     ``mutate`` returns None when nothing needs writing; it may raise to abort. Lost races
     retry with jittered backoff until ``backoff`` gives up, which surfaces as a transient
     error (sustained contention looks like an overloaded store). With ``last``, the first
     attempt starts from the version this process wrote last instead of a read, and a
-    successful write is remembered there.
+    successful write is remembered there. ``clock`` times the give-up budget and the
+    backoff sleeps.
     """
-    started = time.monotonic()
+    started = clock.monotonic()
     attempt = 0
     remembered = last.take() if last is not None else None
     while True:
-        loaded = remembered or await load_document(store, key, decode, empty)
+        loaded = remembered or await load_document(store, key, decode, empty, clock=clock)
         try:
             new = mutate(loaded)
         except Exception:
@@ -161,12 +163,12 @@ async def cas_document(store: AsyncObjectStore, key: str, decode: Callable[[byte
                 stats.conflicts += 1
             delay = backoff.delay(attempt)
             if attempt >= backoff.max_attempts or \
-                    time.monotonic() - started + delay > backoff.budget_s:
+                    clock.monotonic() - started + delay > backoff.budget_s:
                 raise TransientStoreError(
                     f"{what} {key!r}: lost {attempt} compare-and-swap races in a row over "
-                    f"{time.monotonic() - started:.1f}s; the store is overloaded",
+                    f"{clock.monotonic() - started:.1f}s; the store is overloaded",
                     op="put", key=key, ambiguous=False, code="CasContention") from None
-            await asyncio.sleep(delay)
+            await clock.sleep(delay)
             continue
         if stats is not None:
             stats.writes += 1
