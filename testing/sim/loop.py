@@ -15,7 +15,6 @@ A blocking step that needs the store drives the store coroutine to completion ri
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import selectors
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -85,6 +84,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self, sim: SimTime) -> None:
         super().__init__(selector=_VirtualSelector(sim))
         self.sim = sim
+        # timers within a microsecond count as due: at epoch-sized times a float's step is
+        # ~0.2 us, below the real clock's resolution, and a timer one step ahead of the
+        # clock would never come due
+        self._clock_resolution = 1e-6
 
     def time(self) -> float:
         return self.sim.now
@@ -106,21 +109,33 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return future
 
 
-def drive(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion without the loop (inside an inline step).
+_nested: dict[int, VirtualTimeLoop] = {}
 
-    Works because the simulated store completes at once while ``inline_depth`` > 0; a
-    coroutine that still suspends would wait for a loop that cannot run: that is a bug in
-    the simulation's seams, reported as such.
+
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion inside a blocking step, where the loop cannot run.
+
+    A nested loop on the same :class:`SimTime` runs it (the outer loop is set aside for
+    that time), so the step may still gather tasks or back off; nothing of any other host
+    runs meanwhile, exactly as nothing else runs while a real thread blocks on its result.
     """
-    ctx = contextvars.copy_context()
+    outer = asyncio.events._get_running_loop()
+    if not isinstance(outer, VirtualTimeLoop):
+        raise RuntimeError("drive() runs only inside a simulated blocking step")
+    nested = _nested.get(id(outer))
+    if nested is None or nested.is_closed():
+        nested = _nested[id(outer)] = VirtualTimeLoop(outer.sim)
+        factory = outer.get_task_factory()
+        if factory is not None:
+            nested.set_task_factory(factory)
+    asyncio.events._set_running_loop(None)
     try:
-        while True:
-            yielded = ctx.run(coro.send, None)
-            if yielded is not None and not (isinstance(yielded, asyncio.Future)
-                                            and yielded.done()):
-                coro.close()
-                raise RuntimeError("simulation: a blocking step suspended on "
-                                   f"{yielded!r}; blocking steps must not wait")
-    except StopIteration as stop:
-        return stop.value
+        return nested.run_until_complete(coro)
+    finally:
+        asyncio.events._set_running_loop(outer)
+
+
+def close_nested(loop: asyncio.AbstractEventLoop) -> None:
+    nested = _nested.pop(id(loop), None)
+    if nested is not None and not nested.is_closed():
+        nested.close()

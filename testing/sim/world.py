@@ -23,6 +23,7 @@ import contextvars
 import logging
 import random
 import tempfile
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ from pipeline.fetch import decode_refs
 from pipeline.run import RunOutput
 from pipeline.spec import RunSpec
 from testing.sim.checks import Checker
-from testing.sim.loop import HostClock, SimTime, VirtualTimeLoop, drive
+from testing.sim.loop import HostClock, SimTime, VirtualTimeLoop, close_nested, drive
 from testing.sim.scenario import Scenario
 from testing.sim.store import FaultPlan, SimCrash, SimStore, SimStoreView
 
@@ -161,14 +162,17 @@ class Ingestor:
         store = RetryingAsyncStore(self.view, RetryPolicy(max_attempts=4, base_delay_s=0.05,
                                                           max_delay_s=1.0, budget_s=10.0))
         cfg = world.config
+        clock = world.clock_of(name)
         self.producer = ManifestProducer(store, cfg.manifest.build(),
-                                         producer_id=f"{name}-{world.rng.randrange(1 << 30)}")
+                                         producer_id=f"{name}-{world.rng.randrange(1 << 30)}",
+                                         clock=clock)
         settings = FlushSettings(age_s=0.1, min_interval_s=0.0, early_requests=0,
                                  timeout_s=cfg.ingestor.flush_timeout_s, max_inflight=2)
-        self.batcher = Batcher(StorePublisher(store, self.producer), settings, IngestMetrics())
+        self.batcher = Batcher(StorePublisher(store, self.producer), settings, IngestMetrics(),
+                               clock=clock)
         self.registry: Registry | None = None
         self.watch = RegistryWatch(store, cfg.admin.registry_key, self._on_registry,
-                                   poll_s=cfg.admin.registry_poll_s)
+                                   poll_s=cfg.admin.registry_poll_s, clock=clock)
         self.alive = True
 
     def _on_registry(self, registry: Registry) -> None:
@@ -318,6 +322,9 @@ class World:
         self.ingestors: list[Ingestor] = []
         self.collectors: list[CollectorHost] = []
         self.tasks: dict[str, list[asyncio.Task[Any]]] = {}
+        self.owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = \
+            weakref.WeakKeyDictionary()
+        """Every task, by the host that created it (a crash stops all of a host's tasks)."""
         self._ids: dict[str, int] = {}
         self._skews: dict[str, float] = {}
         self.registry_history: list[Registry] = []
@@ -375,14 +382,14 @@ class World:
                 view_owner.view.crashed = True
                 if isinstance(view_owner, Ingestor):
                     view_owner.alive = False
-        for task in asyncio.all_tasks():
-            if task.get_context().get(HOST) == host and not task.done():  # type: ignore[attr-defined]
+        for task, owner in list(self.owners.items()):
+            if owner == host and not task.done():
                 task.cancel()
 
     # -- the admin ----------------------------------------------------------------------------
 
     async def admin_change(self, registry_store: RegistryStore) -> None:
-        rng = self.rng
+        rng, ac = self.rng, self.clock_of("admin")
         current = self.registry_history[-1]
         sources = current.live_sources()
         choice = rng.choice(["disable", "enable", "recreate", "move", "add_sink",
@@ -393,34 +400,34 @@ class World:
         if choice in ("disable", "enable") and sinks:
             sink = rng.choice(sinks)
             change = lambda r: ops.set_sink_enabled(r, source.id, sink.name,  # noqa: E731
-                                                    choice == "enable")
+                                                    choice == "enable", clock=ac)
         elif choice == "recreate" and sinks:
             sink = rng.choice(sinks)
 
             def change(r: Registry) -> Registry:
-                r = ops.delete_sink(r, source.id, sink.name)
+                r = ops.delete_sink(r, source.id, sink.name, clock=ac)
                 return ops.create_sink(r, source.id, ops.SinkSpec(
-                    name=sink.name, table=sink.table, columns=COLUMNS))
+                    name=sink.name, table=sink.table, columns=COLUMNS), clock=ac)
         elif choice == "move" and sinks and len(sources) > 1:
             sink = rng.choice(sinks)
             other = rng.choice([s for s in sources if s.id != source.id])
 
             def change(r: Registry) -> Registry:
-                r = ops.delete_sink(r, source.id, sink.name)
+                r = ops.delete_sink(r, source.id, sink.name, clock=ac)
                 return ops.create_sink(r, other.id, ops.SinkSpec(
-                    name=f"{sink.name}m", table=sink.table, columns=COLUMNS))
+                    name=f"{sink.name}m", table=sink.table, columns=COLUMNS), clock=ac)
         elif choice == "add_sink":
             table = f"sim.t{len(self._ids) + rng.randrange(100, 999)}"
             change = lambda r: ops.create_sink(r, source.id, ops.SinkSpec(  # noqa: E731
-                name=f"k{rng.randrange(1000)}", table=table, columns=COLUMNS))
+                name=f"k{rng.randrange(1000)}", table=table, columns=COLUMNS), clock=ac)
         elif choice == "add_source":
             new = f"s{len(current.sources)}"
             change = lambda r: ops.create_source(r, ops.SourceSpec(  # noqa: E731
                 id=new, sinks=(ops.SinkSpec(name="main", table=f"sim.{new}",
-                                            columns=COLUMNS),)))
+                                            columns=COLUMNS),)), clock=ac)
         elif choice == "delete_sink" and len(sinks) > 1:
             sink = rng.choice(sinks)
-            change = lambda r: ops.delete_sink(r, source.id, sink.name)  # noqa: E731
+            change = lambda r: ops.delete_sink(r, source.id, sink.name, clock=ac)  # noqa: E731
         if change is None:
             return
         try:
@@ -450,11 +457,12 @@ class World:
     async def main(self) -> None:
         s = self.scenario
         admin_view = self.store.view("admin", FaultPlan.none())
-        registry_store = RegistryStore(admin_view, self.config.admin.registry_key)
+        registry_store = RegistryStore(admin_view, self.config.admin.registry_key,
+                                       clock=self.clock_of("admin"))
 
         def seed(r: Registry) -> Registry:
             for spec in self._seed_spec():
-                r = ops.create_source(r, spec)
+                r = ops.create_source(r, spec, clock=self.clock_of("admin"))
             return r
 
         self.note_registry(await registry_store.update(seed), "seed")
@@ -608,14 +616,23 @@ def run_seed(seed: int, *, verbose: bool = False, keep: Path | None = None) -> C
         stack.enter_context(quiet_logs(verbose))
         world = World(scenario, root)
         loop = VirtualTimeLoop(world.sim)
+
+        def task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+                         ) -> asyncio.Task[Any]:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+            world.owners[task] = HOST.get()
+            return task
+
+        loop.set_task_factory(task_factory)
         try:
             loop.run_until_complete(world.main())
             if not world.checker.violations:
                 world.checker.final()
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(BaseException):
                 for task in asyncio.all_tasks(loop):
                     task.cancel()
                 loop.run_until_complete(asyncio.sleep(0))
+            close_nested(loop)
             loop.close()
         return world.checker
