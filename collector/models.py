@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from collector.metrics import CollectorMetrics
     from pipeline.models import Outcome, Project
+    from pipeline.models.write import WriteFence
 
 log = logging.getLogger("icefloe.collector")
 
@@ -81,7 +82,8 @@ class ModelRefresh:
 
     def __init__(self, config: Config, project: Project, names: Sequence[str],
                  spark: Callable[[], SparkSession], metrics: CollectorMetrics, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 fence: WriteFence | None = None) -> None:
         self.config = config
         self.project = project
         self.names = list(names)
@@ -89,11 +91,17 @@ class ModelRefresh:
         self._spark = spark
         self.metrics = metrics
         self.clock = clock
+        self.fence = fence
+        """The collector's epoch: model commits are refused once another one took over."""
         self.interval_s = config.collector.models_interval_s
         self.stale = True  # a (re)start runs them once: rows may have landed while down
         self.stale_since = clock()
         self.failures = 0
         self.next_at = clock()
+
+    def targets(self) -> list[str]:
+        """The tables the stored models write (fenced on takeover with the others)."""
+        return [m.target for m in self.project.select(self.names) if m.stored]
 
     def check_tables(self) -> None:
         """Every table the models read exists (after the collector created its own)."""
@@ -122,7 +130,8 @@ class ModelRefresh:
         started = self.clock()
         self.stale = False
         try:
-            outcomes = run_models(self._spark(), self.project, self.config, self.names)
+            outcomes = run_models(self._spark(), self.project, self.config, self.names,
+                                  fence=self.fence)
         except Exception as exc:  # the catalog or Spark itself: retry later
             outcomes = []
             self._failed(started, f"{type(exc).__name__}: {str(exc).strip()[:300]}")

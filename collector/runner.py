@@ -4,7 +4,9 @@ Why the loop looks like this: a failed run (store throttling, a missing batch fi
 catalog timeout, a Spark task failure) is retried with exponential backoff and never
 skipped — the entries stay unacknowledged, so nothing can be lost by retrying. Only being
 replaced ends the loop with an error. GC and table maintenance run *between* runs, in the
-same task, so they never race this collector's own commits.
+same task, so they never race this collector's own commits. Time comes from the
+collector's clock and blocking steps go through its ``offload`` seam (see
+:mod:`collector.hops`).
 """
 
 from __future__ import annotations
@@ -12,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from collector.gc import collect_garbage
+from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.models import ModelRefresh, plan_refresh
 from collector.routing import Routes
 from collector.service import Collector, Engine, Fenced, Hook
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.errors import ConfigError, FencedError, TableFencedError
 from icefloe.registry.model import Registry
@@ -32,6 +35,7 @@ from icefloe.store.base import AsyncObjectStore
 from pipeline.catalog import open_catalog
 from pipeline.maintenance import MaintenanceSettings, run_maintenance
 from pipeline.models.spec import ModelError
+from pipeline.models.write import WriteFence
 from pipeline.spec import run_spec
 
 log = logging.getLogger("icefloe.collector")
@@ -109,8 +113,9 @@ class Runner:
         self._next_registry = 0.0
         self.fenced: str | None = None
         cfg = collector.config.collector
-        self._next_gc = time.monotonic() + cfg.gc_interval_s
-        self._next_maintenance = time.monotonic() + cfg.maintenance_interval_s
+        self.clock = collector.clock
+        self._next_gc = self.clock.monotonic() + cfg.gc_interval_s
+        self._next_maintenance = self.clock.monotonic() + cfg.maintenance_interval_s
         self._renew: asyncio.Task[None] | None = None
 
     async def _renew_forever(self) -> None:
@@ -132,8 +137,7 @@ class Runner:
                 log.warning("lease renewal failed (%d in a row): %s", failures, exc)
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait(), max(seconds, 0))
+        await sleep_or_stop(self.clock, seconds, self.stop)
 
     def start_renewal(self) -> None:
         """Renew the lease from now on. Called right after becoming active, *before* the
@@ -157,7 +161,7 @@ class Runner:
                 await self._renew
 
     async def _apply_registry(self, registry: Registry) -> None:
-        await asyncio.to_thread(self.collector.apply_registry, registry)
+        await self.collector.offload(self.collector.apply_registry, registry)
 
     async def _loop(self) -> int:
         collector = self.collector
@@ -166,7 +170,7 @@ class Runner:
         if self.watch is not None:  # from now on a new version is applied (start-up set it)
             self.watch.on_change = self._apply_registry
         while not self.stop.is_set():
-            started = time.monotonic()
+            started = self.clock.monotonic()
             try:
                 await self._follow_registry()
                 result = await collector.run_once()
@@ -193,11 +197,11 @@ class Runner:
             if self.models is not None:
                 self.models.note_commits({**result.rows, **staged})
                 if self.models.due(backlog=backlog) and not self.stop.is_set():
-                    await asyncio.to_thread(self.models.run)
+                    await collector.offload(self.models.run)
             if backlog:
                 continue  # a backlog: go straight on
             wait = cfg.poll_interval_s if not result.entries else \
-                cfg.commit_interval_s - (time.monotonic() - started)
+                cfg.commit_interval_s - (self.clock.monotonic() - started)
             await self._sleep(wait)
         collector.metrics.health.set_role("stopping")
         if self.fenced:
@@ -211,7 +215,7 @@ class Runner:
         """Commit staged sinks whose import conditions hold (also while the queue is idle:
         an age condition fires without new events). A failure is retried next time."""
         try:
-            return await asyncio.to_thread(self.collector.commit_due_staged)
+            return await self.collector.offload(self.collector.commit_due_staged)
         except (Fenced, FencedError, TableFencedError) as exc:
             self.fenced = str(exc)
             self.stop.set()
@@ -222,9 +226,9 @@ class Runner:
 
     async def _follow_registry(self) -> None:
         """Between runs, at most every ``registry_poll_s``: apply a new registry version."""
-        if self.watch is None or time.monotonic() < self._next_registry:
+        if self.watch is None or self.clock.monotonic() < self._next_registry:
             return
-        self._next_registry = time.monotonic() + self.watch.poll_s
+        self._next_registry = self.clock.monotonic() + self.watch.poll_s
         try:
             await self.watch.check()
         except Exception as exc:  # keep routing by the last good version; retried
@@ -235,7 +239,7 @@ class Runner:
     async def _housekeeping(self) -> None:
         collector = self.collector
         cfg = collector.config.collector
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now >= self._next_gc:
             self._next_gc = now + cfg.gc_interval_s
             try:
@@ -253,7 +257,7 @@ class Runner:
                                 table, exc)
         if now >= self._next_maintenance:
             self._next_maintenance = now + cfg.maintenance_interval_s
-            await asyncio.to_thread(self.maintain)
+            await collector.offload(self.maintain)
 
     def maintain(self) -> None:
         """Compact, expire and clean every table (between runs, never during a commit)."""
@@ -277,12 +281,14 @@ async def run_collector(config: Config, *, takeover: bool = False,
                         engine: Engine | None = None, hook: Hook | None = None,
                         serve_metrics: bool = True,
                         on_ready: Callable[[Ready], None] | None = None,
-                        metrics: CollectorMetrics | None = None) -> int:
+                        metrics: CollectorMetrics | None = None,
+                        clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread) -> int:
     """Open everything from ``config``, become active (or wait as standby), run until
     ``stop`` is set or this collector is fenced. Returns the exit code.
 
     ``/metrics``, ``/healthz`` and ``/readyz`` are served from the start (unless
     ``serve_metrics`` is off); pass ``metrics`` to read them in-process (``icefloe up``).
+    ``clock`` and ``offload`` go to the collector (see :mod:`collector.hops`).
     """
     stop = stop or asyncio.Event()
     try:  # a bad model file, a cycle or an unknown name: refused before anything starts
@@ -299,19 +305,23 @@ async def run_collector(config: Config, *, takeover: bool = False,
                             metrics.registry, metrics.health)
         port = server.port
     try:
-        catalog = await asyncio.to_thread(open_catalog, config.catalog)
-        engine = engine or await asyncio.to_thread(default_engine, config)
+        catalog = await offload(open_catalog, config.catalog)
+        engine = engine or await offload(default_engine, config)
         if stop.is_set():  # stopped while Spark was starting: leave the queue untouched
             return EXIT_OK
-        collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook)
+        collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook,
+                              clock=clock, offload=offload)
         try:
             await collector.acquire(takeover=takeover, stop=stop)
         except asyncio.CancelledError:
             return EXIT_OK  # stopped while on standby
         models = None
         if refresh_plan is not None:
+            assert collector.epoch is not None
             models = ModelRefresh(config, *refresh_plan, spark=_spark_of(engine, config),
-                                  metrics=metrics)
+                                  metrics=metrics, fence=WriteFence(
+                                      collector.epoch, collector.confirm_epoch_sync))
+            collector.model_tables = models.targets()
         watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
                               poll_s=config.admin.registry_poll_s,
                               config_streams=config.streams)
@@ -322,11 +332,11 @@ async def run_collector(config: Config, *, takeover: bool = False,
             if registry is not None:  # route by the registry from the first run on
                 collector.routes = Routes(registry)
                 metrics.registry_version.set(registry.version)
-            await asyncio.to_thread(collector.prepare_tables)
+            await collector.offload(collector.prepare_tables)
             await collector.verify_offsets()
             if models is not None:
                 try:
-                    await asyncio.to_thread(models.check_tables)
+                    await collector.offload(models.check_tables)
                 except ModelError as exc:
                     raise ConfigError(f"{config.source or 'config'}: collector.models: "
                                       f"{exc}") from None

@@ -13,27 +13,35 @@ job → per table: deduplicate, commit once with ``icefloe.sequence``/``icefloe.
 
 A replaced collector (epoch bumped by a standby or ``--takeover``) is stopped by the
 manifest (``FencedError``) or by a table recording a newer epoch (``TableFencedError``).
+Every table records the newer epoch from the takeover on: before consuming, a collector
+fences every icefloe table (:mod:`pipeline.fence`) and its staging states, then confirms the
+manifest epoch; a table or staging state it creates later is confirmed the same way before
+its first commit. So no commit by an older epoch lands anywhere after a takeover.
+
+Thread hops (``offload``/``block_on``) and time (``clock``) are injected (see
+:mod:`collector.hops`), so a simulator can run a collector on one thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 from ulid import ULID
 
 from collector.dedup import DedupWindow, sources_props, without_source
+from collector.hops import BlockOn, Offload, sleep_or_stop
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target, cut_by_routing, embedded_reason
 from collector.staging import COMMIT_CHUNK_BYTES, StagedFile, StagingArea, StagingState, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import (
     FencedError,
@@ -51,6 +59,7 @@ from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
 from pipeline.cluster import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
 from pipeline.commit import CommitResult, commit_rows, committed_state
+from pipeline.fence import fence_all
 from pipeline.file_append import WriteThenAdd
 from pipeline.run import RunOutput
 from pipeline.schema import DEAD_LETTER_TABLE
@@ -100,7 +109,13 @@ class Collector:
 
     def __init__(self, config: Config, store: AsyncObjectStore, catalog: Catalog,
                  engine: Engine, *, metrics: CollectorMetrics | None = None,
-                 hook: Hook | None = None, holder: str | None = None) -> None:
+                 hook: Hook | None = None, holder: str | None = None,
+                 clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread,
+                 block_on: BlockOn | None = None) -> None:
+        """``offload`` runs each blocking step off the event loop and ``block_on`` runs a
+        store coroutine from inside one (defaults: a worker thread, and the collector's
+        loop); :func:`collector.hops.inline` and :func:`collector.hops.drive` run
+        everything on one thread instead."""
         self.config = config
         self.store = store
         self.catalog = catalog
@@ -108,7 +123,7 @@ class Collector:
         self.metrics = metrics or CollectorMetrics()
         self.hook = hook or (lambda stage: None)
         self.consumer = ManifestConsumer(store, config.manifest.build(),
-                                         holder=holder or f"collector-{ULID()}")
+                                         holder=holder or f"collector-{ULID()}", clock=clock)
         self.routes = Routes(config_registry(config.streams))
         self.windows: dict[str, DedupWindow] = {}
         """Dedup windows by table: ids committed to that table within the window, by
@@ -116,7 +131,16 @@ class Collector:
         self.epoch: int | None = None
         self.table_sequences: dict[str, int] = {}
         self._runs_since_dequeue = 0
-        self.staging = StagingArea(store)
+        self.clock = clock
+        self.offload = offload
+        self.block_on: BlockOn = block_on or self._run_on_loop
+        self.staging = StagingArea(store, confirm=self.confirm_epoch)
+        self.model_tables: list[str] = []
+        """Model targets the collector keeps fresh: fenced on takeover like its own."""
+        self._fenced_epoch: int | None = None
+        self._confirmed: set[str] = set()
+        """``table_uuid`` of tables known to be fenced against any newer collector: fenced
+        by us, or created/loaded by us and followed by a manifest-epoch confirmation."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
@@ -146,13 +170,9 @@ class Collector:
             self.metrics.active.set(0)
             self.metrics.health.set_role("standby")
             wait = min(max(expires - now, 0.05), lease_s / 3)
-            if stop is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait)
-                if stop.is_set():
-                    raise asyncio.CancelledError
-            else:
-                await asyncio.sleep(wait)
+            await sleep_or_stop(self.clock, wait, stop)
+            if stop is not None and stop.is_set():
+                raise asyncio.CancelledError
         self.metrics.epoch.set(self.epoch)
         self.metrics.active.set(1)
         self.metrics.health.set_role("active")
@@ -166,14 +186,55 @@ class Collector:
         return {s.name: s for s in self.routes.decode_streams}
 
     def prepare_tables(self) -> None:
-        """Create or evolve every sink's table and the dead-letter table; rebuild dedup."""
+        """Fence every icefloe table (once per epoch), then create or evolve every sink's
+        table and the dead-letter table; rebuild dedup (blocking: call in a thread)."""
+        self.fence_tables()
         for name, stream in self.routes.tables().items():
             self._prepare_table(name, stream)
         dead = ensure_dead_letter_table(self.catalog)
+        self.confirm_table(dead)
         self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequence
+
+    def fence_tables(self) -> None:
+        """Make every icefloe table record our epoch before we consume (blocking).
+
+        Routed tables and the dead letters carry their sequence forward (a lost one is
+        refused here, loudly); model targets and any other table icefloe marked or
+        committed to are fenced too, and every existing staging state is stamped. Then the
+        manifest epoch is confirmed: had a newer collector taken over meanwhile, it may not
+        have seen the tables we just marked.
+        """
+        assert self.epoch is not None
+        if self._fenced_epoch == self.epoch:
+            return
+        consumed = [*self.routes.tables(), DEAD_LETTER_TABLE]
+        fenced = fence_all(self.catalog, self.epoch, consumed=consumed,
+                           known=self.model_tables)
+        self.block_on(self.staging.claim_existing(self.epoch))
+        self.confirm_epoch_sync()
+        self._confirmed.update(f.uuid for f in fenced)
+        self._fenced_epoch = self.epoch
+        log.info("fenced %d tables at epoch %d", len(fenced), self.epoch)
+
+    async def confirm_epoch(self) -> None:
+        """Raise :class:`FencedError` if another collector took over (one manifest read)."""
+        await self.consumer.confirm()
+
+    def confirm_epoch_sync(self) -> None:
+        self.block_on(self.confirm_epoch())
+
+    def confirm_table(self, table: Table) -> None:
+        """Before the first commit to a table we did not fence (created or first loaded
+        after our fence), confirm the manifest epoch: a newer collector that listed the
+        catalog before the table was marked bumped the epoch first, so we see it."""
+        uuid = str(table.metadata.table_uuid)
+        if uuid not in self._confirmed:
+            self.confirm_epoch_sync()
+            self._confirmed.add(uuid)
 
     def _prepare_table(self, name: str, stream: StreamConfig) -> None:
         table = ensure_stream_table(self.catalog, stream)
+        self.confirm_table(table)
         state = committed_state(table)
         self.table_sequences[name] = state.sequence
         self.metrics.committed_sequence.labels(name).set(state.sequence)
@@ -187,7 +248,8 @@ class Collector:
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", name, len(window))
         assert self.epoch is not None
-        staged = self._await(self.staging.claim(name, self.epoch))
+        staged = self._await(self.staging.claim(name, self.epoch,
+                                                create=self._has_conditions(name)))
         self.windows[name] = window  # last: a half-prepared table is prepared again
         self._observe_staged(name, staged)
         if staged.files:
@@ -203,7 +265,16 @@ class Collector:
             remembered.set(ids)
         return observe
 
+    def _has_conditions(self, table: str) -> bool:
+        """Whether a sink writing ``table`` has import conditions (its rows are staged)."""
+        return any(t.table == table and t.sink.conditions != Conditions()
+                   for targets in self.routes.targets.values() for t in targets)
+
     def _await(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a store coroutine from a blocking step, through the ``block_on`` seam."""
+        return self.block_on(coro)  # type: ignore[no-any-return]
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a store coroutine on the collector's loop from a worker thread (the commit
         path runs in threads; the store's connections belong to the loop)."""
         assert self._loop is not None, "acquire() first"
@@ -226,7 +297,7 @@ class Collector:
             if name not in self.windows:
                 self._prepare_table(name, stream)
             elif old.get(name) != stream:
-                ensure_stream_table(self.catalog, stream)
+                self.confirm_table(ensure_stream_table(self.catalog, stream))
         self.routes = routes
         self.metrics.registry_version.set(registry.version)
         log.info("registry version %d: %d tables", registry.version, len(self.windows),
@@ -272,7 +343,7 @@ class Collector:
             raise Fenced(str(exc)) from exc
 
     async def _run_once(self) -> RunResult:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         pending = await self.consumer.read(max_entries=self.config.collector.max_run_entries)
         self._observe_queue(pending)
         entries = self._take(pending)
@@ -283,7 +354,7 @@ class Collector:
         entries, run = self._route_run(entries)
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
-        output = await asyncio.to_thread(run, spec)
+        output = await self.offload(run, spec)
         try:
             self.hook("after_job")
         except BaseException:
@@ -291,7 +362,7 @@ class Collector:
                 output.release()
             raise
         result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence)
-        await asyncio.to_thread(self._commit_all, output, result, entries)
+        await self.offload(self._commit_all, output, result, entries)
         self.hook("after_commits")
         last = entries[-1].sequence
         await self.consumer.ack(last)
@@ -299,7 +370,7 @@ class Collector:
         self._runs_since_dequeue += 1
         if self._runs_since_dequeue >= self.config.collector.dequeue_every:
             await self.dequeue()
-        result.seconds = time.monotonic() - started
+        result.seconds = self.clock.monotonic() - started
         self._observe(entries, result)
         return result
 
@@ -381,7 +452,7 @@ class Collector:
         if state is None or not state.files:
             return None
         reason = "drain" if conditions is None or conditions == Conditions() else \
-            due(state, conditions, int(time.time() * 1000))
+            due(state, conditions, int(self.clock.time() * 1000))
         if reason is None:
             return None
         assert self.epoch is not None
@@ -428,7 +499,7 @@ class Collector:
                 f"{needed}, but the registry {self.config.admin.registry_key!r} is at version "
                 f"{registry.version}: the registry was replaced or this collector reads "
                 "another store; not routing these events until it is back")
-        await asyncio.to_thread(self.apply_registry, registry)
+        await self.offload(self.apply_registry, registry)
 
     @staticmethod
     def _versions(entries: list[Entry]) -> dict[str, dict[int, int]]:
@@ -567,7 +638,7 @@ class Collector:
         self.metrics.committed_sequence.labels(table).set(outcome.sequence)
         self.table_sequences[table] = max(self.table_sequences.get(table, -1),
                                           outcome.sequence)
-        self.metrics.last_commit.set(time.time())
+        self.metrics.last_commit.set(self.clock.time())
         log.info("commit %s rows=%d replayed=%d sequence=%d epoch=%d %.3fs attempts=%d",
                  table, outcome.rows, outcome.replayed, outcome.sequence, self.epoch,
                  outcome.seconds, outcome.attempts,
@@ -598,7 +669,7 @@ class Collector:
         self.metrics.queue_length.set(
             manifest.next_sequence - manifest.consumer.acked_through - 1)
         oldest = pending[0].ingested_at if pending else None
-        self.metrics.lag_seconds.set(0 if oldest is None else max(0.0, time.time() - oldest))
+        self.metrics.lag_seconds.set(0 if oldest is None else max(0.0, self.clock.time() - oldest))
 
 
 def chunk_of(files: tuple[StagedFile, ...], limit: int) -> tuple[StagedFile, ...]:

@@ -22,7 +22,11 @@ Exactly once, at every crash point:
   (and :func:`pipeline.commit.commit_rows` filters rows at or below it anyway).
 
 A newer collector fences an older one here too: the state records the epoch of its last
-writer, and a write by an older epoch is refused.
+writer, and a write by an older epoch is refused. On takeover the new collector stamps
+every existing state and creates (stamped) the state of every table it stages, so the
+refusal holds from the takeover on; a collector that creates a state later
+confirms the manifest epoch before relying on it (a newer collector that found no state
+had bumped the epoch first, so the older one sees it and stops).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -137,8 +141,13 @@ class Staged:
 class StagingArea:
     """Reads and writes the staging states and files of one collector (async)."""
 
-    def __init__(self, store: AsyncObjectStore, *, backoff: RetryPolicy | None = None) -> None:
+    def __init__(self, store: AsyncObjectStore, *, backoff: RetryPolicy | None = None,
+                 confirm: Callable[[], Awaitable[object]] | None = None) -> None:
+        """``confirm`` raises when this collector was replaced (the collector passes its
+        manifest-epoch check); it runs after this area created a state object."""
         self.store = store
+        self.confirm = confirm
+        self._confirmed: set[str] = set()
         self.backoff = backoff or RetryPolicy(max_attempts=20, budget_s=30.0)
         self.stats = CasStats()
         self.states: dict[str, StagingState] = {}
@@ -166,6 +175,12 @@ class StagingArea:
             lambda: StagingState(table=table), mutate, backoff=self.backoff,
             stats=self.stats, what="staging state")
         state = written if written is not None else loaded.value
+        if state.revision == 1 and state.epoch == epoch and table not in self._confirmed:
+            # We created it (maybe by a retried PUT whose first answer was lost): a newer
+            # collector may have found it missing, so check we are still current.
+            if self.confirm is not None:
+                await self.confirm()
+            self._confirmed.add(table)
         self.states[table] = state
         return state
 
@@ -199,16 +214,34 @@ class StagingArea:
             return Staged(0, rows.num_rows, state)
         return Staged(fresh.num_rows, skipped, state)
 
-    async def claim(self, table: str, epoch: int) -> StagingState:
-        """Stamp an existing staging state with this collector's epoch, so a replaced
+    async def claim(self, table: str, epoch: int, *, create: bool = False) -> StagingState:
+        """Stamp the table's staging state with this collector's epoch, so a replaced
         collector's next staging write is refused from now on (not only after our first
-        write); a table without staging keeps no state object."""
+        write). ``create``: the table is staged, so a missing state is created (stamped);
+        otherwise a table without staging keeps no state object."""
         doc = await load_document(self.store, state_key(table), StagingState.decode,
                                   lambda: StagingState(table=table))
-        if doc.etag is None or doc.value.epoch == epoch:
+        if (doc.etag is None and not create) or (doc.etag is not None
+                                                 and doc.value.epoch == epoch):
             self.states[table] = doc.value
             return doc.value
         return await self._update(table, epoch, lambda state: state)
+
+    async def claim_existing(self, epoch: int) -> int:
+        """Stamp every staging state in the store with ``epoch`` (takeover), also those of
+        tables this collector does not route (yet): a replaced collector's write to any of
+        them is refused from now on. Not cached here: only prepared tables are staged or
+        committed by this collector. Returns how many states were found."""
+        listing = await self.store.list(f"{PREFIX}/")
+        suffix = "/state.json"
+        tables = [info.key[len(PREFIX) + 1:-len(suffix)] for info in listing.objects
+                  if info.key.endswith(suffix)]
+        for table in tables:
+            cached = table in self.states
+            await self.claim(table, epoch)
+            if not cached:
+                self.states.pop(table, None)
+        return len(tables)
 
     async def read(self, state: StagingState,
                    files: tuple[StagedFile, ...] | None = None) -> pa.Table | None:

@@ -24,6 +24,7 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
     └── SchemaConflictError          configured columns cannot evolve the existing table
     CatalogError                     the Iceberg catalog is unreachable or refused an operation
     TableFencedError                 a table records a newer collector epoch: we were replaced
+    OffsetLostError                  a table's snapshot log no longer says what icefloe committed
     RegistryError                    a refused change to the stream registry (``status``, ``code``)
     RegistryBehindError              an entry needs a registry version the store does not have
     RoutingUnsupportedError          the cluster output path cannot route this run (fan-out)
@@ -156,6 +157,26 @@ class TableFencedError(IcefloeError):
         self.table = table
         self.our_epoch = our_epoch
         self.table_epoch = table_epoch
+
+
+class OffsetLostError(IcefloeError):
+    """A table has snapshots, but the one recording ``icefloe.sequence`` was expired or
+    rewritten outside icefloe: its committed offset is unknown, and replaying from the
+    start would commit every entry still in the manifest a second time."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(
+            f"table {table}: no snapshot left in its log records icefloe.sequence (the "
+            "collector's committed offset); a snapshot expiry or rewrite outside icefloe "
+            "removed it. Refusing to commit to it, because replaying from the start would "
+            "duplicate rows. Restore the table to a snapshot that records the offset, or "
+            "record it: append an empty snapshot whose summary has icefloe.epoch = 0 and "
+            "icefloe.sequence = the highest _sequence in the table (SELECT max(_sequence) "
+            f"FROM {table}; `sequence` in the dead-letter table), or -1 if icefloe never "
+            "wrote to it. Expire snapshots of icefloe tables only through icefloe's "
+            "maintenance, which keeps the offset."
+        )
+        self.table = table
 
 
 class RegistryError(IcefloeError):

@@ -19,7 +19,6 @@ before anything else: if the table now holds our sequence, the commit landed.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.errors import CatalogError, TableFencedError
+from icefloe.errors import CatalogError, OffsetLostError, TableFencedError
 from pipeline.confirm import confirmed
 
 SEQUENCE_PROP = "icefloe.sequence"
@@ -60,21 +59,39 @@ class CommittedState:
 
 
 def committed_state(table: Table) -> CommittedState:
-    """Sequence and epoch of the newest snapshot that carries them.
+    """Sequence of the newest snapshot that carries it, and the newest epoch in the log.
 
-    Walks back from the current snapshot past snapshots without the properties (a
-    maintenance commit made by another tool), so the answer survives them; icefloe's own
-    maintenance carries both forward, so the walk normally stops at the first snapshot.
+    Walks back from the current snapshot past snapshots without the sequence (a maintenance
+    commit made by another tool, an epoch-only fence), so the answer survives them; icefloe's
+    own commits carry both forward, so the walk normally stops at the first snapshot. The
+    epoch is the highest one seen on the way: a fence records the new epoch even where it
+    carries no sequence.
+
+    Raises:
+        OffsetLostError: the walk ran into an expired snapshot before finding a sequence
+            (expiry outside icefloe dropped the offset); answering "nothing committed"
+            would replay and duplicate every entry still in the manifest.
     """
     snapshot = table.current_snapshot()
+    epoch = 0
     while snapshot is not None:
         props = snapshot.summary.additional_properties if snapshot.summary else {}
+        epoch = max(epoch, int(props.get(EPOCH_PROP, 0)))
         if SEQUENCE_PROP in props:
-            return CommittedState(int(props[SEQUENCE_PROP]), int(props.get(EPOCH_PROP, 0)),
-                                  snapshot.snapshot_id)
+            return CommittedState(int(props[SEQUENCE_PROP]), epoch, snapshot.snapshot_id)
         parent = snapshot.parent_snapshot_id
-        snapshot = table.snapshot_by_id(parent) if parent is not None else None
-    return CommittedState()
+        older = table.snapshot_by_id(parent) if parent is not None else None
+        if older is None and _history_cut(snapshot):
+            raise OffsetLostError(".".join(table.name()))
+        snapshot = older
+    return CommittedState(epoch=epoch)
+
+
+def _history_cut(oldest: Snapshot) -> bool:
+    """Whether snapshots older than ``oldest`` (the end of the walk) were expired: its
+    parent is gone, or (pyiceberg's expiry clears the pointer) its data sequence number
+    says commits came before it. In a format-v1 table nothing tells: not judged."""
+    return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
 
 
 def summary_props(sequence: int, epoch: int, committed_ms: int | None = None
@@ -147,9 +164,10 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
     ``append`` is the write itself (default: ``Table.append``); the cluster output path
     passes one that adds already-written Parquet files instead. ``props`` are extra summary
     properties (the dedup window's :data:`SOURCES_PROP`); ``clock`` is the store's clock
-    (:class:`~icefloe.clock.StoreClock`), stamped as :data:`COMMITTED_AT_PROP`.
+    (:class:`~icefloe.clock.StoreClock`): stamped as :data:`COMMITTED_AT_PROP`, and it
+    times the commit and the backoff after an unknown outcome.
     """
-    started = time.monotonic()
+    started = clock.monotonic()
     write = append or _append
     seq_column = "_sequence" if "_sequence" in rows.column_names else "sequence"
     for attempt in range(1, max_attempts + 1):
@@ -162,20 +180,20 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
         if state.sequence >= sequence:
             # Everything up to `sequence` is already in: a replay after a crash before ack.
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
-                                time.monotonic() - started, attempt)
+                                clock.monotonic() - started, attempt)
         fresh = rows
         if state.sequence > NO_SEQUENCE and rows.num_rows:
             fresh = rows.filter(pc.greater(rows[seq_column], state.sequence))
         if fresh.num_rows == 0:  # nothing new: leave the offset, a replay filters again
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
-                                time.monotonic() - started, attempt)
+                                clock.monotonic() - started, attempt)
         try:
             # A refusal is confirmed against the table first (pipeline.confirm): a retried
             # commit whose first try landed must not read as "not committed".
             stamped = summary_props(sequence, epoch, int(clock.time() * 1000))
             write(confirmed(table), fresh, {**(props or {}), **stamped})
             return CommitResult(identifier, fresh.num_rows, rows.num_rows - fresh.num_rows,
-                                sequence, time.monotonic() - started, attempt)
+                                sequence, clock.monotonic() - started, attempt)
         except (CommitFailedException, CommitStateUnknownException) as exc:
             # Someone committed in between, or we cannot tell whether we did: re-read the
             # table before anything else (the loop does), never blindly retry the append.
@@ -186,7 +204,7 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             # Timeouts and catalog 5xx surface as assorted exceptions: same treatment.
             log.warning("commit to %s failed with an unknown outcome (attempt %d): %r",
                         identifier, attempt, exc)
-            time.sleep(min(2.0, 0.1 * 2 ** attempt))
+            clock.sleep_sync(min(2.0, 0.1 * 2 ** attempt))
             continue
     # Out of attempts: one last look decides between "landed" and "failed".
     try:
@@ -197,7 +215,7 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
     check_epoch(identifier, state, epoch)
     if state.sequence >= sequence and state.epoch == epoch:
         return CommitResult(identifier, rows.num_rows, 0, sequence,
-                            time.monotonic() - started, max_attempts)
+                            clock.monotonic() - started, max_attempts)
     raise CatalogError(f"commit to {identifier} failed after {max_attempts} attempts; "
                        "the collector will retry the batch run")
 

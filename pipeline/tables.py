@@ -45,7 +45,11 @@ from pipeline.schema import (
 log = logging.getLogger("icefloe.tables")
 
 RETRIES_PROP = "commit.retry.num-retries"
-TABLE_PROPERTIES: dict[str, str] = {RETRIES_PROP: "0", "format-version": "2"}
+MANAGED_PROP = "icefloe.managed"
+"""Marks a table icefloe writes, so a collector taking over finds and fences it
+(:mod:`pipeline.fence`) even before anything was committed to it."""
+TABLE_PROPERTIES: dict[str, str] = {RETRIES_PROP: "0", "format-version": "2",
+                                    MANAGED_PROP: "true"}
 _TRANSFORMS: dict[str, Transform[object, int]] = {
     "day": DayTransform(), "hour": HourTransform(), "month": MonthTransform(),
 }
@@ -133,7 +137,8 @@ def _warn_partition_change(identifier: str, table: Table, spec: PartitionSpec,
 
 def _evolve(catalog: Catalog, identifier: str, table: Table, schema: Schema,
             configured: Mapping[str, str]) -> Table:
-    """Add missing columns, widen promotable ones, pin the retry property: one commit.
+    """Add missing columns, widen promotable ones, pin the retry property and the
+    ``icefloe.managed`` mark: one commit.
 
     A concurrent evolver may win the commit (retries are 0); then the plan is recomputed on
     the reloaded table, where it is usually empty.
@@ -142,12 +147,13 @@ def _evolve(catalog: Catalog, identifier: str, table: Table, schema: Schema,
         adds, widen = _plan(identifier, table.schema(), schema, configured)
         retries = table.properties.get(RETRIES_PROP)
         fix_retries = retries != "0"
-        if not (adds or widen or fix_retries):
+        mark = table.properties.get(MANAGED_PROP) != "true"
+        if not (adds or widen or fix_retries or mark):
             return table
         try:
             with table.transaction() as tx:
-                if fix_retries:
-                    tx.set_properties({RETRIES_PROP: "0"})
+                if fix_retries or mark:
+                    tx.set_properties({RETRIES_PROP: "0", MANAGED_PROP: "true"})
                 if adds or widen:
                     with tx.update_schema() as update:
                         for name, kind in widen:

@@ -72,7 +72,11 @@ def referenced(config) -> set[str]:
     catalog = open_catalog(config.catalog)
     paths: set[str] = set()
     for name in ("web.clicks", "shop.buys", "icefloe.dead_letters"):
-        files = catalog.load_table(name).inspect.files()
+        table = catalog.load_table(name)
+        snapshot = table.current_snapshot()
+        if snapshot is None or not snapshot.manifests(table.io):
+            continue  # no data yet (a takeover's fence): pyiceberg's files() cannot say so
+        files = table.inspect.files()
         paths |= {p.removeprefix("file://") for p in files.column("file_path").to_pylist()}
     return paths
 

@@ -6,6 +6,7 @@ real SQLite catalog, in-process decode."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,13 +58,13 @@ async def change(config: Config, fn: Callable[[Registry], Registry]) -> None:
         await store.close()
 
 
-async def collector_for(config: Config, hook: Any = None) -> Any:
+async def collector_for(config: Config, hook: Any = None, engine: Any = None) -> Any:
     import asyncio
 
     from collector.routing import Routes
     from pipeline.run import LocalEngine
 
-    collector = await start(config, LocalEngine(), hook=hook)
+    collector = await start(config, engine or LocalEngine(), hook=hook)
     registry = await RegistryStore(collector.store, config.admin.registry_key).read()
     collector.routes = Routes(registry)
     await asyncio.to_thread(collector.prepare_tables)
@@ -307,6 +308,96 @@ async def test_should_fence_a_replaced_collector_from_the_takeover_on(config: Co
         await StagingArea(store).stage("web.clicks", rows, committed=-1, epoch=old.epoch,
                                        run_last=9)
     await store.close()
+    await old.store.close()
+    await newer.store.close()
+
+
+class Gate:
+    """An engine whose job waits until the test lets it go: a takeover lands mid-run."""
+
+    name = "gate"
+    partitions = 1
+
+    def __init__(self) -> None:
+        from pipeline.run import LocalEngine
+
+        self.inner = LocalEngine()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def run(self, spec: Any) -> Any:
+        self.entered.set()
+        assert self.go.wait(30), "the test never released the job"
+        return self.inner.run(spec)
+
+
+async def test_should_refuse_a_replaced_collector_staging_a_table_for_the_first_time(
+        tmp_path: Path) -> None:
+    """The old collector read its run before the takeover and stages the table for the
+    first time after it; the new one claimed (created) the state, so the old write is
+    refused. Before: accepted, and the new collector's longer run staged the same rows
+    again (27 rows for 18 events; with no dedup window they were committed)."""
+    from collector.service import Fenced
+
+    config = collector_config(tmp_path, (CLICKS,), dedup_window_s=0)
+    await registry_with(config, SLOW)
+    store = open_store_of(config)
+    await publish(store, [batch("a", 9)], registry_version=1)
+    gate = Gate()
+    old = await collector_for(config, engine=gate)
+    running = asyncio.create_task(old.run_once())
+    assert await asyncio.to_thread(gate.entered.wait, 10)
+    await publish(store, [batch("b", 9)], registry_version=1)
+    newer = await collector_for(config)  # takes over while the old job runs
+    gate.go.set()
+    with pytest.raises(Fenced):
+        await running
+    assert (await newer.run_once()).staged == {"web.clicks": 18}
+    await publish(store, [batch("c", 9)], registry_version=1)
+    await newer.run_once()  # 27 events >= 25: committed
+    assert_exact(config, "web.clicks", ids("a", 9) | ids("b", 9) | ids("c", 9))
+    assert newer.staging.states["web.clicks"].epoch == newer.epoch
+    await store.close()
+    await old.store.close()
+    await newer.store.close()
+
+
+async def test_should_stop_a_replaced_collector_that_creates_a_staging_state(
+        config: Config) -> None:
+    """A state the new collector never saw (its sink got conditions later): the old one
+    creates it, confirms the manifest epoch before relying on it, and stops."""
+    from icefloe.errors import FencedError
+
+    old = await collector_for(config)
+    newer = await collector_for(config)
+    rows = pa.table({"_sequence": pa.array([0], pa.int64()),
+                     "_received_at": pa.array([0], pa.timestamp("us", tz="UTC"))})
+    with pytest.raises(FencedError):
+        await old.staging.stage("web.later", rows, committed=-1, epoch=old.epoch,
+                                run_last=0)
+    # the new collector takes the state over and its own writes go on
+    await newer.staging.claim("web.later", newer.epoch)
+    assert (await newer.staging.load("web.later")).epoch == newer.epoch
+    await old.store.close()
+    await newer.store.close()
+
+
+async def test_should_stamp_staging_states_of_tables_the_new_collector_does_not_route(
+        config: Config) -> None:
+    """A state the old collector created before the takeover, for a table the new one does
+    not route yet: stamped on takeover, so the old one's next write there is refused."""
+    old = await collector_for(config)
+    rows = pa.table({"_sequence": pa.array([0], pa.int64()),
+                     "_received_at": pa.array([0], pa.timestamp("us", tz="UTC"))})
+    await old.staging.stage("web.elsewhere", rows, committed=-1, epoch=old.epoch, run_last=0)
+    newer = await collector_for(config)
+    assert "web.elsewhere" not in newer.staging.states  # not routed: never committed here
+    later = rows.set_column(0, "_sequence", pa.array([1], pa.int64()))
+    with pytest.raises(TableFencedError):
+        await old.staging.stage("web.elsewhere", later, committed=-1, epoch=old.epoch,
+                                run_last=1)
+    state = await newer.staging.load("web.elsewhere")
+    assert (state.epoch, state.through_sequence, len(state.files)) == (newer.epoch, 0, 1)
     await old.store.close()
     await newer.store.close()
 

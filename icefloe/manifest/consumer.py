@@ -171,6 +171,18 @@ class ManifestConsumer:
         await self._update(drop)
         return removed
 
+    async def confirm(self) -> Manifest:
+        """Read the manifest and raise :class:`FencedError` if another consumer took over.
+
+        Why: a collector that created something others find only by listing (a table, a
+        staging state) confirms its epoch afterwards, before relying on it; a newer
+        collector that listed before the creation bumped the epoch first, so this read
+        sees it.
+        """
+        manifest = (await load(self.store, self.config.key)).manifest
+        self._check(manifest)
+        return manifest
+
     async def snapshot(self) -> Manifest:
         """The manifest as it is now, without a fencing check (metrics, inspection)."""
         return (await load(self.store, self.config.key, clock=self.clock)).manifest

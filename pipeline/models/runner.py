@@ -37,7 +37,7 @@ from pipeline.models.bind import FULL, NEW, SEQUENCE, Binding, bind_model
 from pipeline.models.dag import Project, check_tables, plan_project
 from pipeline.models.spec import Model, ModelError, load_models
 from pipeline.models.state import RunState, last_run, redriven_since
-from pipeline.models.write import load_target, write_result
+from pipeline.models.write import WriteFence, load_target, write_result
 from pipeline.query import spark_error
 
 if TYPE_CHECKING:
@@ -94,8 +94,12 @@ def last_runs(config: Config, models: Sequence[Model]) -> dict[str, RunState | N
 
 def run_models(spark: SparkSession, project: Project, config: Config,
                names: Sequence[str] = (), *, full_refresh: bool = False,
-               write: Writer = write_result) -> list[Outcome]:
-    """Run the named models (all when empty) in DAG order; one outcome per model."""
+               write: Writer = write_result, fence: WriteFence | None = None
+               ) -> list[Outcome]:
+    """Run the named models (all when empty) in DAG order; one outcome per model.
+
+    ``fence``: the collector's epoch; each write is refused once a newer collector took
+    over (the outcome is ``failed`` with the reason)."""
     from pipeline.catalog import open_catalog
 
     catalog = open_catalog(config.catalog)
@@ -113,7 +117,7 @@ def run_models(spark: SparkSession, project: Project, config: Config,
         try:
             state, rows, reason = _run_one(spark, project, config, catalog, model,
                                            full_refresh=full_refresh, run_id=run_id,
-                                           write=write)
+                                           write=write, fence=fence)
         except IcefloeError as exc:
             failed.add(model.name)
             state, rows, reason = "failed", None, str(exc).splitlines()[0]
@@ -125,8 +129,8 @@ def run_models(spark: SparkSession, project: Project, config: Config,
 
 
 def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Catalog,
-             model: Model, *, full_refresh: bool, run_id: str, write: Writer
-             ) -> tuple[str, int | None, str]:
+             model: Model, *, full_refresh: bool, run_id: str, write: Writer,
+             fence: WriteFence | None = None) -> tuple[str, int | None, str]:
     """Run one model: ``(state, rows, note)``."""
     if not model.stored:
         binding = bind_model(spark, project, config, model, None)
@@ -154,7 +158,8 @@ def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Cat
     properties = RunState(model.name, digest, result.num_rows, run_id, binding.sources,
                           marks or {}).properties()
     write(catalog, model.target, result, mode=mode, unique_key=model.unique_key,
-          properties=properties, expected_snapshot_id=current.snapshot_id if current else None)
+          properties=properties, expected_snapshot_id=current.snapshot_id if current else None,
+          fence=fence)
     return "ran", result.num_rows, note
 
 

@@ -10,6 +10,11 @@ rows; ``merge`` upserts by the unique key (pyiceberg's ``upsert``: matched rows 
 changed are rewritten, new keys inserted). An upsert that changes nothing writes no snapshot
 of its own, so an empty append then carries the run's state: the watermark still advances.
 
+From the collector, a write is fenced like every icefloe commit (``fence``): the snapshot
+records ``icefloe.epoch``, a target whose log records a newer epoch refuses it, and the
+manifest epoch is confirmed after the target is loaded or created and before the commit,
+so a replaced collector's model run lands nowhere (see :mod:`pipeline.fence`).
+
 Columns are written nullable: a ``count(*)`` is non-null to Spark, but a later SQL version
 may make it nullable, and Iceberg cannot relax ``required`` on existing files by itself.
 """
@@ -17,6 +22,8 @@ may make it nullable, and Iceberg cannot relax ``required`` on existing files by
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -28,10 +35,22 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.table import Table
 
+from icefloe.errors import TableFencedError
+from pipeline.commit import EPOCH_PROP
 from pipeline.models.spec import ModelError
-from pipeline.tables import TABLE_PROPERTIES
+from pipeline.tables import MANAGED_PROP, TABLE_PROPERTIES
 
 MODES = ("overwrite", "append", "merge")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFence:
+    """The collector epoch a model write commits as, and how to confirm it is current:
+    ``confirm`` reads the manifest and raises :class:`~icefloe.errors.FencedError` when
+    another collector took over."""
+
+    epoch: int
+    confirm: Callable[[], object]
 
 
 def load_target(catalog: Catalog, identifier: str) -> Table | None:
@@ -57,20 +76,25 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
 
 def write_result(catalog: Catalog, identifier: str, result: pa.Table, *, mode: str,
                  unique_key: tuple[str, ...], properties: dict[str, str],
-                 expected_snapshot_id: int | None) -> None:
+                 expected_snapshot_id: int | None, fence: WriteFence | None = None) -> None:
     """Commit ``result`` to ``identifier`` with ``properties`` on the snapshot.
 
     ``expected_snapshot_id`` is the target's current snapshot when the run read its state
     (None: no table or no snapshot yet); if another run committed since, the write is
     refused, because this result was computed from a watermark that is no longer current.
+    ``fence``: commit as this collector epoch, refused once a newer one took over.
 
     Raises:
         ModelError: the write was refused (lost race, duplicate keys, schema conflict).
+        TableFencedError, FencedError: a newer collector epoch exists (``fence`` only).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     result = result.cast(plain_schema(result.schema))
     table = _ensure_target(catalog, identifier, result.schema)
+    if fence is not None:  # first: "replaced" explains a changed target best
+        properties = {**properties, EPOCH_PROP: str(fence.epoch)}
+        _check_fence(identifier, table, fence)
     now = table.current_snapshot()
     if (now.snapshot_id if now is not None else None) != expected_snapshot_id:
         raise ModelError(f"{identifier} changed while the model ran (another run "
@@ -98,6 +122,18 @@ def write_result(catalog: Catalog, identifier: str, result: pa.Table, *, mode: s
         raise ModelError(f"cannot write {identifier}: {reason}") from exc
 
 
+def _check_fence(identifier: str, table: Table, fence: WriteFence) -> None:
+    """Refuse when the target records a newer epoch; then confirm the manifest epoch. The
+    commit that follows requires the head read here, so a fence landing in between
+    rejects it."""
+    from pipeline.fence import table_epoch
+
+    recorded = table_epoch(table)
+    if recorded > fence.epoch:
+        raise TableFencedError(identifier, fence.epoch, recorded)
+    fence.confirm()
+
+
 def _ensure_target(catalog: Catalog, identifier: str, schema: pa.Schema) -> Table:
     """Load or create the target; add columns the result has and the table lacks."""
     table = load_target(catalog, identifier)
@@ -109,6 +145,9 @@ def _ensure_target(catalog: Catalog, identifier: str, schema: pa.Schema) -> Tabl
             return catalog.create_table(identifier, schema, properties=TABLE_PROPERTIES)
         except TableAlreadyExistsError:
             table = catalog.load_table(identifier)
+    if table.properties.get(MANAGED_PROP) != "true":  # a target made by an older icefloe
+        table.transaction().set_properties({MANAGED_PROP: "true"}).commit_transaction()
+        table = catalog.load_table(identifier)
     have = set(table.schema().column_names)
     if any(name not in have for name in schema.names):
         try:
