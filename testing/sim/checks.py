@@ -191,9 +191,14 @@ class Checker:
         return found
 
     async def periodic(self) -> None:
+        """Every few simulated seconds, if anything was committed meanwhile (maintenance
+        and GC between commits are caught by the next look)."""
+        looked_at = -1
         while True:
             await asyncio.sleep(CHECK_EVERY_S)
-            self.check_all()
+            if self.commits != looked_at:
+                looked_at = self.commits
+                self.check_all()
 
     # -- drain and the final verdict ----------------------------------------------------------
 

@@ -20,19 +20,30 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+LOOP_TURN_S = 1e-6
 
 
 class SimTime:
-    """The one simulated clock: seconds, moved only by the loop (and blocking sleeps)."""
+    """The one simulated clock, moved only by the loop (and blocking sleeps).
+
+    ``elapsed`` counts from 0 (the loop's and every host's monotonic time): at epoch-sized
+    values a float's step is ~0.2 us, too coarse for timers that must come due exactly.
+    Wall-clock readings are ``start + elapsed``.
+    """
 
     def __init__(self, start: float) -> None:
-        self.now = start
+        self.start = start
+        self.elapsed = 0.0
         self.inline_depth = 0
-        """>0 while a thread hop runs inline: store operations must not suspend then."""
+        """>0 while a blocking step runs inline: store operations must not suspend then."""
+
+    @property
+    def now(self) -> float:
+        return self.start + self.elapsed
 
     def advance(self, seconds: float) -> None:
         if seconds > 0:
-            self.now += seconds
+            self.elapsed += seconds
 
 
 class HostClock:
@@ -46,7 +57,7 @@ class HostClock:
         return self.sim.now + self.offset_s
 
     def monotonic(self) -> float:
-        return self.sim.now
+        return self.sim.elapsed
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
@@ -62,15 +73,27 @@ class _VirtualSelector(selectors.DefaultSelector):
     def __init__(self, sim: SimTime) -> None:
         super().__init__()
         self._sim = sim
+        self.next_timer: Callable[[], float | None] = lambda: None
 
     def select(self, timeout: float | None = None) -> list[Any]:
         ready = super().select(0)
         if ready:
+            self._sim.advance(LOOP_TURN_S)
             return ready
         if timeout is None:
             raise SimDeadlock("every task waits and no timer is set: the simulation is "
                               "wedged (a task waits for something that never happens)")
-        self._sim.advance(timeout)
+        if timeout <= 0:
+            # every turn of the loop costs a microsecond, as a real one costs at least that:
+            # code that waits for a deadline a rounding error away then still sees it pass
+            self._sim.advance(LOOP_TURN_S)
+            return []
+        if timeout > 0:
+            target = self._sim.elapsed + timeout
+            when = self.next_timer()
+            if when is not None and when <= target + 1e-9:
+                target = max(target, when)  # land on the timer exactly: it comes due
+            self._sim.elapsed = target
         return []
 
 
@@ -82,15 +105,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop on :class:`SimTime` whose executor hops run inline."""
 
     def __init__(self, sim: SimTime) -> None:
-        super().__init__(selector=_VirtualSelector(sim))
+        selector = _VirtualSelector(sim)
+        super().__init__(selector=selector)
         self.sim = sim
-        # timers within a microsecond count as due: at epoch-sized times a float's step is
-        # ~0.2 us, below the real clock's resolution, and a timer one step ahead of the
-        # clock would never come due
-        self._clock_resolution = 1e-6
+        selector.next_timer = lambda: self._scheduled[0]._when if self._scheduled else None
 
     def time(self) -> float:
-        return self.sim.now
+        return self.sim.elapsed
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any
                         ) -> asyncio.Future[T]:
@@ -107,6 +128,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         finally:
             self.sim.inline_depth -= 1
         return future
+
+
+async def offload(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """The collector's ``offload`` seam: a blocking step runs right here, atomically."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualTimeLoop)
+    loop.sim.inline_depth += 1
+    try:
+        return func(*args, **kwargs)
+    finally:
+        loop.sim.inline_depth -= 1
 
 
 _nested: dict[int, VirtualTimeLoop] = {}

@@ -69,7 +69,7 @@ class Scenario:
             dedup_window_s=dedup,
             snapshot_max_age_s=dedup * rng.choice([1.0, 2.0, 4.0]),
             gc_interval_s=rng.choice([5.0, 20.0, 60.0]),
-            maintenance_interval_s=rng.choice([10.0, 30.0, 120.0]),
+            maintenance_interval_s=rng.choice([30.0, 120.0, 600.0]),
             conditions_age_s=rng.choice([None, None, 5.0, 20.0]),
             admin_changes=rng.randint(0, 6),
             collector_crashes=rng.randint(0, 2),

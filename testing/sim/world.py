@@ -56,7 +56,14 @@ from pipeline.fetch import decode_refs
 from pipeline.run import RunOutput
 from pipeline.spec import RunSpec
 from testing.sim.checks import Checker
-from testing.sim.loop import HostClock, SimTime, VirtualTimeLoop, close_nested, drive
+from testing.sim.loop import (
+    HostClock,
+    SimTime,
+    VirtualTimeLoop,
+    close_nested,
+    drive,
+    offload,
+)
 from testing.sim.scenario import Scenario
 from testing.sim.store import FaultPlan, SimCrash, SimStore, SimStoreView
 
@@ -119,14 +126,6 @@ class SimEngine:
         if dead:
             out.dead = pa.concat_tables(dead)
         return out
-
-
-class SimCollector(Collector):
-    """The real collector; its blocking steps run inline, so store calls made from them
-    are driven to completion on the spot instead of through the loop."""
-
-    def _await(self, coro: Coroutine[Any, Any, T]) -> T:
-        return drive(coro)
 
 
 # ------------------------------------------------------------------------------ actors
@@ -266,7 +265,7 @@ class CollectorHost:
         self.skew_s = skew_s
         self.view = world.store.view(name, faults)
         self.stop = asyncio.Event()
-        self.collector: SimCollector | None = None
+        self.collector: Collector | None = None
         self.outcome: str = "running"
 
     async def run(self) -> None:
@@ -275,9 +274,10 @@ class CollectorHost:
                                                           max_delay_s=0.5, budget_s=5.0))
         catalog = open_catalog(config.catalog)
         metrics = CollectorMetrics()
-        collector = SimCollector(config, store, catalog, SimEngine(self.view),
-                                 metrics=metrics, hook=world.checker.hook(self.name),
-                                 holder=self.name)
+        collector = Collector(config, store, catalog, SimEngine(self.view),
+                              metrics=metrics, hook=world.checker.hook(self.name),
+                              holder=self.name, clock=world.clock_of(self.name),
+                              offload=offload, block_on=drive)
         self.collector = collector
         try:
             await collector.acquire(takeover=self.takeover, stop=self.stop)
@@ -344,7 +344,7 @@ class World:
             "ingestor": {"flush_timeout_s": s.flush_timeout_s},
             "admin": {"registry_poll_s": 1.0},
             "collector": {"metrics_port": 0, "host": "127.0.0.1", "commit_interval_s": 1.0,
-                          "poll_interval_s": 0.2, "dedup_window_s": s.dedup_window_s,
+                          "poll_interval_s": 0.5, "dedup_window_s": s.dedup_window_s,
                           "snapshot_max_age_s": s.snapshot_max_age_s,
                           "gc_interval_s": s.gc_interval_s,
                           "maintenance_interval_s": s.maintenance_interval_s,
