@@ -154,6 +154,11 @@ class DedupWindow:
     size: int = 0
     cut_ms: int | None = None
     """Commit time of the newest ids the size bound evicted (None: it never did)."""
+    hold_s: float | None = None
+    """Store time of the oldest event not yet committed (the first unacknowledged entry,
+    or the oldest staged row); None when nothing waits. Ids are kept until ``window_s``
+    before it, not before now: a retry sent seconds after its original but committed after
+    a collector outage or a backlog must still find the original (see :meth:`edge_s`)."""
     _short: bool = False
 
     def __len__(self) -> int:
@@ -280,7 +285,7 @@ class DedupWindow:
         """Forget ids committed before the window; then, while more than ``max_ids`` are
         remembered, the oldest ids one by one (never a whole recent commit at once)."""
         now = self.clock.time() if now_s is None else now_s
-        cutoff_ms = int((now - self.window_s) * 1000)
+        cutoff_ms = int((self.edge_s(now) - self.window_s) * 1000)
         chunks = self.chunks
         while chunks and chunks[0].committed_ms < cutoff_ms:
             head = chunks.popleft()
@@ -336,6 +341,12 @@ class DedupWindow:
 
     # -- after a restart --------------------------------------------------------------
 
+    def edge_s(self, now: float) -> float:
+        """The time the window reaches back from: now, or the oldest event still waiting
+        to be committed when that is older (its retries may follow it by seconds, however
+        late the collector commits them)."""
+        return now if self.hold_s is None else min(now, self.hold_s)
+
     def rebuild(self, table: Table, now_s: float | None = None) -> None:
         """Refill the window from a table after a restart, by *commit* time.
 
@@ -352,7 +363,8 @@ class DedupWindow:
         if self.window_s <= 0:
             return
         now = self.clock.time() if now_s is None else now_s
-        marks, floor, capped_ms = self._marks(table, int((now - self.window_s) * 1000))
+        marks, floor, capped_ms = self._marks(
+            table, int((self.edge_s(now) - self.window_s) * 1000))
         if not marks:
             return
         low = floor + 1

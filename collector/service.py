@@ -125,6 +125,7 @@ class Collector:
         self.consumer = ManifestConsumer(store, config.manifest.build(),
                                          holder=holder or f"collector-{ULID()}", clock=clock)
         self.routes = Routes(config_registry(config.streams))
+        self._hold_s: float | None = None
         self.windows: dict[str, DedupWindow] = {}
         """Dedup windows by table: ids committed to that table within the window, by
         source."""
@@ -189,11 +190,24 @@ class Collector:
         """Fence every icefloe table (once per epoch), then create or evolve every sink's
         table and the dead-letter table; rebuild dedup (blocking: call in a thread)."""
         self.fence_tables()
+        manifest = self._await(self.consumer.snapshot())
+        waiting = manifest.entries_from(manifest.consumer.acked_through + 1)
+        self._hold_s = self._oldest_waiting_s(waiting[0].ingested_at if waiting else None)
         for name, stream in self.routes.tables().items():
             self._prepare_table(name, stream)
         dead = ensure_dead_letter_table(self.catalog)
         self.confirm_table(dead)
         self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequence
+
+    def _oldest_waiting_s(self, oldest_entry_s: float | None) -> float | None:
+        """Store time of the oldest event not yet in its tables: the first unacknowledged
+        entry's, or an older staged row's. Dedup windows reach back ``dedup_window_s`` from
+        it (:attr:`collector.dedup.DedupWindow.hold_s`), so an outage or a backlog never
+        lets an original's id expire before its retries are committed."""
+        staged = [s.oldest_ms / 1000 for s in self.staging.states.values()
+                  if s.oldest_ms is not None]
+        times = [t for t in (oldest_entry_s, *staged) if t is not None]
+        return min(times) if times else None
 
     def fence_tables(self) -> None:
         """Make every icefloe table record our epoch before we consume (blocking).
@@ -244,6 +258,7 @@ class Collector:
         window = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids, name=name,
                              clock=self.consumer.store_clock,
                              on_effective=self._window_observer(name))
+        window.hold_s = self._hold_s
         window.rebuild(table)
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", name, len(window))
@@ -346,6 +361,9 @@ class Collector:
         started = self.clock.monotonic()
         pending = await self.consumer.read(max_entries=self.config.collector.max_run_entries)
         self._observe_queue(pending)
+        self._hold_s = self._oldest_waiting_s(pending[0].ingested_at if pending else None)
+        for window in self.windows.values():
+            window.hold_s = self._hold_s
         entries = self._take(pending)
         if not entries:
             return RunResult()

@@ -247,3 +247,29 @@ def test_rebuild_judges_age_by_the_store_clock_not_the_committing_host(tmp_path:
     store.advance(600)
     later.rebuild(table)
     assert len(later) == 0
+
+
+def test_ids_are_held_while_older_events_still_wait_to_be_committed(tmp_path: Path):
+    """A collector outage longer than the window: the original was committed 20 min ago,
+    but its retry (received seconds after it) is only committed now. The window reaches
+    back from the oldest waiting event, not from now, so the retry is still dropped, in
+    memory and after a rebuild. Found by the simulator (seed 2)."""
+    catalog = open_catalog(collector_config(tmp_path).catalog)
+    ensure_stream_table(catalog, CLICKS)
+    store = ManualClock(time.time())
+    received_retry_at = store.time() + 5  # the retry reached an ingestor 5 s later
+    commit(catalog, ["x", "y"], 0, "a", store, advance_s=1200)  # then 20 min of outage
+    window = DedupWindow(300, 1000, clock=store)
+    window.hold_s = received_retry_at
+    window.add(["x", "y"], int((store.time() - 1200) * 1000), source="a")
+    assert window.ids("a") == {"x", "y"}
+    kept, dropped = window.filter(rows(["x", "z"]), "a")
+    assert dropped == 1
+    assert kept.column("_event_id").to_pylist() == ["z"]
+    rebuilt = DedupWindow(300, 1000, clock=store)
+    rebuilt.hold_s = received_retry_at
+    rebuilt.rebuild(catalog.load_table(CLICKS.table))
+    assert rebuilt.ids("a") == {"x", "y"}
+    window.hold_s = None  # nothing waits any more: the window is measured from now again
+    window.expire()
+    assert len(window) == 0
