@@ -23,6 +23,12 @@ def _run(seed: int, verbose: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # string hashing is randomised per process, and so is the order of sets of names;
+        # a replay must see the same order: restart with a fixed hash seed
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        args = sys.argv[1:] if argv is None else argv
+        os.execve(sys.executable, [sys.executable, "-m", "testing.sim", *args], env)
     parser = argparse.ArgumentParser(
         prog="python -m testing.sim",
         description="Run icefloe's deterministic simulator: one seed builds a cluster "

@@ -29,7 +29,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from collector.staging import PREFIX as STAGING_PREFIX
 from collector.staging import StagingState
 from pipeline.catalog import open_catalog
-from pipeline.commit import EPOCH_PROP, SEQUENCE_PROP
+from pipeline.commit import COMMITTED_AT_PROP, EPOCH_PROP, SEQUENCE_PROP
 from pipeline.schema import DEAD_LETTER_TABLE
 from testing.sim.store import SimCrash
 
@@ -45,6 +45,8 @@ class Checker:
         self.violations: list[str] = []
         self.notes: list[str] = []
         self.ready_epoch = 0
+        self.ready_at: dict[int, float] = {}
+        """When the collector of each epoch had finished starting (fenced every table)."""
         self.max_epoch = 0
         self.commits = 0
         self.crash_points = 0
@@ -73,6 +75,7 @@ class Checker:
 
     def collector_ready(self, host: str, epoch: int) -> None:
         self.ready_epoch = max(self.ready_epoch, epoch)
+        self.ready_at.setdefault(epoch, self.world.sim.now)
         self.note(f"{host} ready at epoch {epoch}")
 
     # -- the collector's hook: crash points and per-commit checks -----------------------
@@ -92,7 +95,7 @@ class Checker:
                 raise SimCrash(f"{host} crashed at {stage}")
             if stage.startswith(("after_commit:", "after_staged_commit:")):
                 self.commits += 1
-                self.check_table(stage.split(":", 1)[1], host)
+                self.check_table(stage.split(":", 1)[1])
 
         return at
 
@@ -116,9 +119,9 @@ class Checker:
         for registry in self.world.registry_history:
             for source in registry.sources:
                 names.update(s.table for s in source.sinks)
-        return sorted(names) + [DEAD_LETTER_TABLE]
+        return [*sorted(names), DEAD_LETTER_TABLE]
 
-    def check_table(self, name: str, host: str = "") -> None:
+    def check_table(self, name: str) -> None:
         try:
             table = self.catalog.load_table(name)
         except NoSuchTableError:
@@ -147,15 +150,26 @@ class Checker:
             sequence = max(sequence, int(props.get(SEQUENCE_PROP, -1)))
             if snap.snapshot_id not in seen:
                 seen.add(snap.snapshot_id)
-                if epoch < self.ready_epoch:
-                    self.violation(f"{name}: a commit of epoch {epoch} landed after the "
-                                   f"collector of epoch {self.ready_epoch} had started "
-                                   f"(fenced collector committed; by {host or '?'})")
+                self._check_late(name, epoch, props.get(COMMITTED_AT_PROP))
         previous = self._sequences.get(name, -1)
         if chain and sequence < previous:
             self.violation(f"{name}: committed sequence went back from {previous} to "
                            f"{sequence}")
         self._sequences[name] = max(previous, sequence)
+
+    def _check_late(self, name: str, epoch: int, committed_at: str | None) -> None:
+        """A commit stamped (store clock: the simulated time) after a newer collector had
+        finished starting came from a fenced collector."""
+        if committed_at is None:
+            return
+        at = int(committed_at) / 1000
+        for newer, ready in self.ready_at.items():
+            if newer > epoch and at > ready + 0.001:
+                self.violation(f"{name}: a commit of epoch {epoch} landed at t+"
+                               f"{at - self.world_start():.1f}s, after the collector of epoch "
+                               f"{newer} had started (t+{ready - self.world_start():.1f}s): "
+                               "a fenced collector committed")
+                return
 
     def scan_rows(self, name: str) -> Counter[str]:
         try:

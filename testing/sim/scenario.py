@@ -38,6 +38,12 @@ class Scenario:
     ingestor_crashes: int
     retry_after_success: float
     """Chance that a client resends a request that succeeded (its answer was lost)."""
+    output: str
+    """``embedded`` or ``cluster``: the collector's output path (Spark's stand-in gives
+    either shape)."""
+    snapshot_keep_last: int
+    """Few: expiry then removes snapshots (and files) within a run, and maintenance, which
+    reads every kept snapshot's manifests, stays cheap."""
     faults: FaultPlan
     collector_faults: FaultPlan
     collector_skew_s: list[float] = field(default_factory=list)
@@ -69,7 +75,7 @@ class Scenario:
             dedup_window_s=dedup,
             snapshot_max_age_s=dedup * rng.choice([1.0, 2.0, 4.0]),
             gc_interval_s=rng.choice([5.0, 20.0, 60.0]),
-            maintenance_interval_s=rng.choice([30.0, 120.0, 600.0]),
+            maintenance_interval_s=rng.choice([60.0, 300.0, 900.0]),
             conditions_age_s=rng.choice([None, None, 5.0, 20.0]),
             admin_changes=rng.randint(0, 6),
             collector_crashes=rng.randint(0, 2),
@@ -77,6 +83,8 @@ class Scenario:
             collector_stalls=rng.randint(0, 1),
             ingestor_crashes=rng.randint(0, 2),
             retry_after_success=rng.choice([0.0, 0.05, 0.2]),
+            output=rng.choice(["embedded", "cluster"]),
+            snapshot_keep_last=rng.choice([2, 5, 20]),
             faults=plan(1.0),
             collector_faults=plan(0.5),
             collector_skew_s=[rng.choice([0.0, 0.0, 120.0, -120.0, 7200.0])
@@ -88,7 +96,7 @@ class Scenario:
                 "append_deadline_s", "dedup_window_s", "snapshot_max_age_s",
                 "conditions_age_s", "admin_changes", "collector_crashes",
                 "forced_takeovers", "collector_stalls", "ingestor_crashes",
-                "retry_after_success")
+                "retry_after_success", "output", "snapshot_keep_last")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"

@@ -35,7 +35,7 @@ from icefloe.store.base import (
 from testing.sim.loop import SimTime
 
 
-class SimCrash(BaseException):  # noqa: N818 - a crash is not an error anyone handles
+class SimCrash(BaseException):
     """The calling host crashed here. A BaseException, so no ``except Exception`` in the
     protocol code can swallow it: the host's tasks end where they stand."""
 

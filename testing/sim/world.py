@@ -24,13 +24,14 @@ import logging
 import random
 import tempfile
 import weakref
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes
@@ -38,7 +39,7 @@ from collector.runner import Runner
 from collector.service import Collector
 from icefloe.config import Column, Config, load_config
 from icefloe.envelope import frame_events
-from icefloe.errors import IcefloeError, RegistryError
+from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFencedError
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Manifest
 from icefloe.manifest.producer import ManifestProducer
@@ -52,8 +53,18 @@ from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
 from pipeline.catalog import open_catalog
+from pipeline.cluster import (
+    KEY_COLUMNS,
+    ROW,
+    ClusterRunOutput,
+    FileSet,
+    TableTarget,
+    WritePlan,
+    _TableFiles,
+)
 from pipeline.fetch import decode_refs
 from pipeline.run import RunOutput
+from pipeline.source import ENVELOPE
 from pipeline.spec import RunSpec
 from testing.sim.checks import Checker
 from testing.sim.loop import (
@@ -126,6 +137,63 @@ class SimEngine:
         if dead:
             out.dead = pa.concat_tables(dead)
         return out
+
+
+class LocalClusterOutput(ClusterRunOutput):
+    """The cluster output shape without executors: the rows stay in this object (as they
+    would stay on the executors), the collector sees only keys, and :meth:`write` writes
+    the planned rows as Parquet files with the executors' own writer
+    (:class:`pipeline.cluster._TableFiles`), for ``add_files``."""
+
+    def __init__(self, spec: RunSpec, embedded: RunOutput) -> None:
+        super().__init__(spec=spec, dead=embedded.dead)
+        self.full: dict[str, pa.Table] = {}
+        offset = 0
+        for name, rows in embedded.tables.items():
+            ids = pa.array(range(offset, offset + rows.num_rows), pa.int64())
+            offset += rows.num_rows
+            rows = rows.append_column(ROW, ids)
+            self.full[name] = rows
+            keys = rows.select(list(KEY_COLUMNS)).sort_by(
+                [("_sequence", "ascending"), (ROW, "ascending")])
+            self.keys[name] = keys
+
+    def write(self, plans: Sequence[WritePlan]) -> dict[str, FileSet]:
+        out: dict[str, FileSet] = {}
+        assert self.spec is not None
+        streams = {s.name: s for s in self.spec.streams}
+        for plan in (p for p in plans if p.expected > 0):
+            rows = self.full[plan.stream]
+            keep = pc.and_(pc.greater(rows.column("_sequence"), plan.after),
+                           pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop)))
+            rows = rows.filter(keep)
+            names = [n for n, _ in streams[plan.stream].columns] + [n for n, _ in ENVELOPE]
+            target = TableTarget.of(plan.stream, plan.table, [(n, n) for n in names])
+            files = _TableFiles(target, f"sim{id(self):x}", "0")
+            files.add(rows)
+            out[plan.stream] = FileSet(tuple(files.close()))
+            if out[plan.stream].rows != plan.expected:
+                raise RuntimeError(f"sim cluster write of {plan.stream}: "
+                                   f"{out[plan.stream].rows} rows, expected {plan.expected}")
+        return out
+
+    def release(self) -> None:
+        self.full.clear()
+
+
+class SimClusterEngine(SimEngine):
+    """The cluster output path's engine: keys to the driver, files written on request;
+    ``run_embedded`` for runs the cluster path hands to the embedded one."""
+
+    name = "sim-cluster"
+
+    def run(self, spec: RunSpec) -> ClusterRunOutput:  # type: ignore[override]
+        if not spec.batches:
+            return ClusterRunOutput()
+        return LocalClusterOutput(spec, super().run(spec))
+
+    def run_embedded(self, spec: RunSpec) -> RunOutput:
+        return super().run(spec)
 
 
 # ------------------------------------------------------------------------------ actors
@@ -274,7 +342,9 @@ class CollectorHost:
                                                           max_delay_s=0.5, budget_s=5.0))
         catalog = open_catalog(config.catalog)
         metrics = CollectorMetrics()
-        collector = Collector(config, store, catalog, SimEngine(self.view),
+        engine = SimClusterEngine(self.view) if config.collector.output == "cluster" \
+            else SimEngine(self.view)
+        collector = Collector(config, store, catalog, engine,
                               metrics=metrics, hook=world.checker.hook(self.name),
                               holder=self.name, clock=world.clock_of(self.name),
                               offload=offload, block_on=drive)
@@ -349,7 +419,8 @@ class World:
                           "gc_interval_s": s.gc_interval_s,
                           "maintenance_interval_s": s.maintenance_interval_s,
                           "orphan_age_s": 600.0, "retry_max_delay_s": 5.0,
-                          "max_run_entries": 50},
+                          "max_run_entries": 50, "output": s.output,
+                          "snapshot_keep_last": s.snapshot_keep_last},
         }
         return load_config(path, overrides=overrides)
 
@@ -518,6 +589,8 @@ class World:
             host.outcome = "crashed"
         except asyncio.CancelledError:
             host.outcome = host.outcome if host.outcome != "running" else "killed"
+        except (FencedError, TableFencedError) as exc:  # replaced while starting: it stops
+            host.outcome = f"fenced at start: {exc}"
         except Exception as exc:  # a collector that dies of an error is a finding
             host.outcome = f"died: {type(exc).__name__}: {exc}"
             self.checker.violation(f"{host.name} died of an unexpected error: "
