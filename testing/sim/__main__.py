@@ -11,15 +11,18 @@ import time
 from typing import Any
 
 
-def _run(seed: int, verbose: bool = False) -> dict[str, Any]:
+def _run(seed: int, verbose: bool = False, mutant: str | None = None) -> dict[str, Any]:
+    from testing.sim.mutants import applied
     from testing.sim.scenario import Scenario
     from testing.sim.world import run_seed
 
     started = time.perf_counter()
-    checker = run_seed(seed, verbose=verbose)
+    with applied(mutant):
+        checker = run_seed(seed, verbose=verbose)
     return {"seed": seed, "ok": not checker.violations, "violations": checker.violations,
             "notes": checker.notes[-40:], "scenario": Scenario.draw(seed).describe(),
-            "seconds": round(time.perf_counter() - started, 2), **checker.summary()}
+            "seconds": round(time.perf_counter() - started, 2), "mutant": mutant,
+            **checker.summary()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel processes for --seeds (default: CPU count)")
     parser.add_argument("--json", metavar="PATH", help="write every result as JSON")
+    parser.add_argument("--mutant", help="run against a known-broken variant (see "
+                        "testing/sim/mutants.py): proves the simulator finds that bug")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show icefloe's own logs (single seeds)")
     args = parser.parse_args(argv)
@@ -53,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     if len(seeds) == 1 or args.jobs <= 1:
         for seed in seeds:
-            results.append(_report(_run(seed, args.verbose), detail=bool(args.seed)))
+            results.append(_report(_run(seed, args.verbose, args.mutant),
+                                   detail=len(seeds) == 1))
     else:
         with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
-            for result in pool.map(_run, seeds):
+            for result in pool.map(_run, seeds, [False] * len(seeds),
+                                   [args.mutant] * len(seeds)):
                 results.append(_report(result, detail=False))
     failed = [r for r in results if not r["ok"]]
     took = time.perf_counter() - started
@@ -81,7 +88,10 @@ def _report(result: dict[str, Any], *, detail: bool) -> dict[str, Any]:
         for violation in result["violations"]:
             print("  ! " + violation)
         if not result["ok"]:
-            print(f"  reproduce with: make sim SEED={result['seed']}")
+            mutant = f" --mutant {result['mutant']}" if result.get("mutant") else ""
+            print(f"  reproduce with: make sim SEED={result['seed']}" if not mutant else
+                  f"  reproduce with: .venv/bin/python -m testing.sim --seed "
+                  f"{result['seed']}{mutant}")
     sys.stdout.flush()
     return result
 

@@ -45,6 +45,7 @@ class Checker:
         self.violations: list[str] = []
         self.notes: list[str] = []
         self.ready_epoch = 0
+        self._reported: set[str] = set()
         self.ready_at: dict[int, float] = {}
         """When the collector of each epoch had finished starting (fenced every table)."""
         self.max_epoch = 0
@@ -64,10 +65,14 @@ class Checker:
         from testing.sim.world import START
         return START
 
-    def violation(self, text: str) -> None:
-        stamped = f"t+{self.world.sim.now - self.world_start():.1f}s {text}"
-        if stamped not in self.violations:
-            self.violations.append(stamped)
+    def violation(self, text: str, key: str | None = None) -> None:
+        """Record a violation once per ``key`` (default: its text): a duplicate stays a
+        duplicate at every later look, and the first sighting is the one that matters."""
+        key = key or text
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        self.violations.append(f"t+{self.world.sim.now - self.world_start():.1f}s {text}")
 
     def epoch_acquired(self, host: str, epoch: int) -> None:
         self.max_epoch = max(self.max_epoch, epoch)
@@ -200,7 +205,7 @@ class Checker:
             twice = [uid for uid, n in counts.items() if n > 1]
             if twice:
                 self.violation(f"{name}: {len(twice)} events committed more than once, "
-                               f"e.g. {sorted(twice)[:3]}")
+                               f"e.g. {sorted(twice)[:3]}", key=f"twice:{name}")
             found[name] = counts
         return found
 

@@ -463,8 +463,8 @@ class World:
         rng, ac = self.rng, self.clock_of("admin")
         current = self.registry_history[-1]
         sources = current.live_sources()
-        choice = rng.choice(["disable", "enable", "recreate", "move", "add_sink",
-                             "add_source", "delete_sink"])
+        choice = rng.choice(["disable", "enable", "recreate", "move", "move", "move",
+                             "add_sink", "add_source", "delete_sink"])
         source = rng.choice(sources)
         change: Callable[[Registry], Registry] | None = None
         sinks = source.live_sinks()
