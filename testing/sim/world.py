@@ -344,10 +344,21 @@ class CollectorHost:
         metrics = CollectorMetrics()
         engine = SimClusterEngine(self.view) if config.collector.output == "cluster" \
             else SimEngine(self.view)
+        rng = random.Random(world.scenario.seed * 131 + len(world.collectors))
+
+        async def timed_offload(func: Callable[..., Any], /, *args: Any, **kwargs: Any
+                                ) -> Any:
+            # a blocking step takes time (a Spark job seconds, a commit a tenth): others
+            # run meanwhile, then the step itself runs atomically, as a thread's result
+            # arrives all at once
+            job = isinstance(getattr(func, "__self__", None), SimEngine)
+            await asyncio.sleep(rng.uniform(0.3, 3.0) if job else rng.uniform(0.02, 0.3))
+            return await offload(func, *args, **kwargs)
+
         collector = Collector(config, store, catalog, engine,
                               metrics=metrics, hook=world.checker.hook(self.name),
                               holder=self.name, clock=world.clock_of(self.name),
-                              offload=offload, block_on=drive)
+                              offload=timed_offload, block_on=drive)
         self.collector = collector
         try:
             await collector.acquire(takeover=self.takeover, stop=self.stop)
