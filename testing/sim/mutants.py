@@ -53,12 +53,22 @@ def _no_fence() -> contextlib.AbstractContextManager[None]:
 
 
 def _no_staging_claim() -> contextlib.AbstractContextManager[None]:
-    """Case 5 undone: staging states are not stamped (or created) at takeover."""
+    """Case 5 undone: staging states are not stamped at takeover, and a state a collector
+    creates is relied on without confirming the manifest epoch first."""
     from collector.staging import StagingArea
 
     async def claim_existing(self: StagingArea, epoch: int) -> int:
         return 0
-    return _patch(StagingArea, "claim_existing", claim_existing)
+
+    original_init = StagingArea.__init__
+
+    def init(self: StagingArea, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **{**kwargs, "confirm": None})
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patch(StagingArea, "claim_existing", claim_existing))
+    stack.enter_context(_patch(StagingArea, "__init__", init))
+    return stack
 
 
 def _cluster_no_cut() -> contextlib.AbstractContextManager[None]:

@@ -395,6 +395,7 @@ class World:
         self.scenario = scenario
         self.root = root
         self.rng = random.Random(scenario.seed * 7919 + 1)
+        self.staging_rng = random.Random(scenario.seed * 7919 + 2)
         self.sim = SimTime(START)
         self.store = SimStore(self.sim, random.Random(scenario.seed * 104729 + 3))
         self.config = self._config()
@@ -500,8 +501,14 @@ class World:
                     name=f"{sink.name}m", table=sink.table, columns=COLUMNS), clock=ac)
         elif choice == "add_sink":
             table = f"sim.t{len(self._ids) + rng.randrange(100, 999)}"
+            # half of the new sinks stage their rows (import conditions): a table staged
+            # for the first time during a takeover (drawn apart, so the rest of the
+            # scenario keeps its random stream)
+            staged = Conditions(max_age_s=self.staging_rng.choice([5.0, 20.0])) \
+                if self.staging_rng.random() < 0.5 else Conditions()
             change = lambda r: ops.create_sink(r, source.id, ops.SinkSpec(  # noqa: E731
-                name=f"k{rng.randrange(1000)}", table=table, columns=COLUMNS), clock=ac)
+                name=f"k{rng.randrange(1000)}", table=table, columns=COLUMNS,
+                conditions=staged), clock=ac)
         elif choice == "add_source":
             new = f"s{len(current.sources)}"
             change = lambda r: ops.create_source(r, ops.SourceSpec(  # noqa: E731
