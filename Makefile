@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 CHECKOV_VENV  := $(VENV)/tools/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: up test test-slow lint bench chaos clean java venv
+.PHONY: up test test-slow lint bench chaos sim clean java venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,3 +70,14 @@ bench: $(STAMP) $(SPEEDUPS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+## make sim SEED=N: replay one seed of the deterministic simulator (its whole story);
+## make sim SEEDS=N: run seeds 1..N in parallel processes; JSON in bench/results/sim.json
+SEEDS ?= 100
+sim: $(STAMP) $(SPEEDUPS)
+ifeq ($(origin SEED),command line)
+	$(BIN)/python -m testing.sim --seed $(SEED)
+else
+	@mkdir -p bench/results
+	$(BIN)/python -m testing.sim --seeds $(SEEDS) --json bench/results/sim.json
+endif

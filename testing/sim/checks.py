@@ -1,0 +1,272 @@
+"""The invariants, checked while the simulation runs and once it has drained.
+
+After every commit (through the collector's hook) and every few simulated seconds:
+
+* no row appears twice in any table (rows are told apart by their ``uid``);
+* no batch file a manifest entry references is deleted (checked at the delete itself),
+  and every data file a table's current snapshot references exists;
+* each table's committed sequence (``icefloe.sequence``) only grows;
+* only the newest epoch commits: along each table's snapshot log epochs never go down,
+  and no commit lands from an epoch older than a collector that had already finished
+  starting.
+
+After faults stop and the queue drains (the world bounds that time: no wedge): every
+acknowledged event is in every sink that was live for it at the registry version it was
+accepted under, exactly once, and nothing is anywhere it was not routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+
+from collector.staging import PREFIX as STAGING_PREFIX
+from collector.staging import StagingState
+from pipeline.catalog import open_catalog
+from pipeline.commit import COMMITTED_AT_PROP, EPOCH_PROP, SEQUENCE_PROP
+from pipeline.schema import DEAD_LETTER_TABLE
+from testing.sim.store import SimCrash
+
+if TYPE_CHECKING:
+    from testing.sim.world import World
+
+CHECK_EVERY_S = 5.0
+
+
+class Checker:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.violations: list[str] = []
+        self.notes: list[str] = []
+        self.ready_epoch = 0
+        self._reported: set[str] = set()
+        self.ready_at: dict[int, float] = {}
+        """When the collector of each epoch had finished starting (fenced every table)."""
+        self.max_epoch = 0
+        self.commits = 0
+        self.crash_points = 0
+        self._catalog: Catalog | None = None
+        self._sequences: dict[str, int] = {}
+        self._seen_snapshots: dict[str, set[int]] = {}
+        world.store.on_delete = self.batch_deleted
+
+    # -- recording --------------------------------------------------------------------------
+
+    def note(self, text: str) -> None:
+        self.notes.append(f"t+{self.world.sim.now - self.world_start():.1f}s {text}")
+
+    def world_start(self) -> float:
+        from testing.sim.world import START
+        return START
+
+    def violation(self, text: str, key: str | None = None) -> None:
+        """Record a violation once per ``key`` (default: its text): a duplicate stays a
+        duplicate at every later look, and the first sighting is the one that matters."""
+        key = key or text
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        self.violations.append(f"t+{self.world.sim.now - self.world_start():.1f}s {text}")
+
+    def epoch_acquired(self, host: str, epoch: int) -> None:
+        self.max_epoch = max(self.max_epoch, epoch)
+        self.note(f"{host} took epoch {epoch}")
+
+    def collector_ready(self, host: str, epoch: int) -> None:
+        self.ready_epoch = max(self.ready_epoch, epoch)
+        self.ready_at.setdefault(epoch, self.world.sim.now)
+        self.note(f"{host} ready at epoch {epoch}")
+
+    # -- the collector's hook: crash points and per-commit checks -----------------------
+
+    def hook(self, host: str) -> Any:
+        rng = self.world.rng
+        crash_p = 0.01 if self.world.scenario.collector_crashes else 0.0
+
+        def at(stage: str) -> None:
+            if self.world.store.faults_on and crash_p and rng.random() < crash_p:
+                self.crash_points += 1
+                self.note(f"{host} crashes at {stage}")
+                self.world.kill(host)
+                for c in self.world.collectors:
+                    if c.name == host:
+                        c.outcome = "crashed"
+                raise SimCrash(f"{host} crashed at {stage}")
+            if stage.startswith(("after_commit:", "after_staged_commit:")):
+                self.commits += 1
+                self.check_table(stage.split(":", 1)[1])
+
+        return at
+
+    def batch_deleted(self, key: str) -> None:
+        if not key.startswith("batches/"):
+            return
+        manifest = self.world.manifest()
+        if manifest is not None and any(e.location == key for e in manifest.entries):
+            self.violation(f"batch file {key} deleted while a manifest entry references it")
+
+    # -- table checks -------------------------------------------------------------------------
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = open_catalog(self.world.config.catalog)
+        return self._catalog
+
+    def tables(self) -> list[str]:
+        names: set[str] = set()
+        for registry in self.world.registry_history:
+            for source in registry.sources:
+                names.update(s.table for s in source.sinks)
+        return [*sorted(names), DEAD_LETTER_TABLE]
+
+    def check_table(self, name: str) -> None:
+        try:
+            table = self.catalog.load_table(name)
+        except NoSuchTableError:
+            return
+        snapshots = {s.snapshot_id: s for s in table.metadata.snapshots}
+        seen = self._seen_snapshots.setdefault(name, set())
+        chain = []
+        current = table.current_snapshot()
+        while current is not None:
+            chain.append(current)
+            parent = current.parent_snapshot_id
+            current = snapshots.get(parent) if parent is not None else None
+        chain.reverse()
+        last_epoch = 0
+        sequence = -1
+        for snap in chain:
+            props = snap.summary.additional_properties if snap.summary else {}
+            if EPOCH_PROP not in props:
+                continue
+            epoch = int(props[EPOCH_PROP])
+            if epoch < last_epoch:
+                self.violation(f"{name}: snapshot {snap.snapshot_id} has epoch {epoch} after "
+                               f"a commit of epoch {last_epoch}: an older collector committed "
+                               "after a newer one")
+            last_epoch = max(last_epoch, epoch)
+            sequence = max(sequence, int(props.get(SEQUENCE_PROP, -1)))
+            if snap.snapshot_id not in seen:
+                seen.add(snap.snapshot_id)
+                self._check_late(name, epoch, props.get(COMMITTED_AT_PROP))
+        previous = self._sequences.get(name, -1)
+        if chain and sequence < previous:
+            self.violation(f"{name}: committed sequence went back from {previous} to "
+                           f"{sequence}")
+        self._sequences[name] = max(previous, sequence)
+
+    def _check_late(self, name: str, epoch: int, committed_at: str | None) -> None:
+        """A commit stamped (store clock: the simulated time) after a newer collector had
+        finished starting came from a fenced collector."""
+        if committed_at is None:
+            return
+        at = int(committed_at) / 1000
+        for newer, ready in self.ready_at.items():
+            if newer > epoch and at > ready + 0.001:
+                self.violation(f"{name}: a commit of epoch {epoch} landed at t+"
+                               f"{at - self.world_start():.1f}s, after the collector of epoch "
+                               f"{newer} had started (t+{ready - self.world_start():.1f}s): "
+                               "a fenced collector committed")
+                return
+
+    def scan_rows(self, name: str) -> Counter[str]:
+        try:
+            table = self.catalog.load_table(name)
+        except NoSuchTableError:
+            return Counter()
+        if table.current_snapshot() is None:
+            return Counter()
+        for task in table.scan().plan_files():
+            path = urlparse(task.file.file_path).path
+            if not os.path.exists(path):
+                self.violation(f"{name}: data file {path} of the current snapshot is gone")
+                return Counter()
+        if name == DEAD_LETTER_TABLE:
+            rows = table.scan().to_arrow()
+            if rows.num_rows:
+                self.violation(f"{rows.num_rows} dead letters (every simulated event is "
+                               f"valid): {rows.column('reason').to_pylist()[:3]}")
+            return Counter()
+        uids = table.scan(selected_fields=("uid",)).to_arrow().column("uid")
+        return Counter(uids.to_pylist())
+
+    def check_all(self) -> dict[str, Counter[str]]:
+        found: dict[str, Counter[str]] = {}
+        for name in self.tables():
+            self.check_table(name)
+            counts = self.scan_rows(name)
+            twice = [uid for uid, n in counts.items() if n > 1]
+            if twice:
+                self.violation(f"{name}: {len(twice)} events committed more than once, "
+                               f"e.g. {sorted(twice)[:3]}", key=f"twice:{name}")
+            found[name] = counts
+        return found
+
+    async def periodic(self) -> None:
+        """Every few simulated seconds, if anything was committed meanwhile (maintenance
+        and GC between commits are caught by the next look)."""
+        looked_at = -1
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            if self.commits != looked_at:
+                looked_at = self.commits
+                self.check_all()
+
+    # -- drain and the final verdict ----------------------------------------------------------
+
+    async def drained(self) -> bool:
+        world = self.world
+        if any(i.batcher.held_bytes for i in world.ingestors if i.alive):
+            return False
+        manifest = world.manifest()
+        if manifest is not None and manifest.consumer.acked_through < \
+                manifest.next_sequence - 1:
+            return False
+        for key, obj in world.store.objects.items():
+            if key.startswith(STAGING_PREFIX + "/") and key.endswith("/state.json") \
+                    and StagingState.decode(obj.data).files:
+                return False
+        return True
+
+    def final(self) -> None:
+        found = self.check_all()
+        registry = self.world.registry_history[-1]
+        required: dict[str, set[str]] = {}
+        allowed: dict[str, set[str]] = {}
+        for copy in self.world.ledger.copies:
+            source = next((s for s in registry.sources if s.id == copy.source), None)
+            if source is None or copy.version < 0:
+                tables: set[str] = set()
+            else:
+                tables = {sink.table for sink in source.routes(copy.version)}
+            allowed.setdefault(copy.uid, set()).update(tables)
+            if copy.acked:
+                required.setdefault(copy.uid, set()).update(tables)
+        lost: list[str] = []
+        for uid, tables in required.items():
+            for table in tables:
+                if found.get(table, Counter())[uid] == 0:
+                    lost.append(f"{uid} in {table}")
+        if lost:
+            self.violation(f"{len(lost)} acknowledged events missing from a sink they were "
+                           f"routed to, e.g. {sorted(lost)[:4]}")
+        stray = [f"{uid} in {table}" for table, counts in found.items()
+                 for uid in counts if table not in allowed.get(uid, set())]
+        if stray:
+            self.violation(f"{len(stray)} events in a table they were not routed to, e.g. "
+                           f"{sorted(stray)[:4]}")
+
+    def summary(self) -> dict[str, Any]:
+        ledger = self.world.ledger
+        return {"requests": ledger.requests, "acked": ledger.acked,
+                "events_acked": sum(1 for c in ledger.copies if c.acked),
+                "commits": self.commits, "max_epoch": self.max_epoch,
+                "store_faults": self.world.store.log.faults,
+                "simulated_s": round(self.world.sim.now - self.world_start(), 1)}

@@ -1,0 +1,103 @@
+"""What one seed decides before the simulation starts: configuration, hosts and fault rates.
+
+Why a separate, printable scenario: a failing seed must be explainable at a glance (``make
+sim SEED=N`` prints it), and every knob the world reads comes from here, drawn from one
+``random.Random(seed)`` in a fixed order, so one seed always builds the same world.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from testing.sim.store import FaultPlan
+
+
+@dataclass
+class Scenario:
+    seed: int
+    sources: int
+    ingestors: int
+    clients: int
+    duration_s: float
+    quiet_gap_s: float
+    """A pause in traffic in the middle of the run (GC, expiry and staging ages pass)."""
+    lease_s: float
+    append_deadline_s: float
+    flush_timeout_s: float
+    dedup_window_s: float
+    snapshot_max_age_s: float
+    gc_interval_s: float
+    maintenance_interval_s: float
+    conditions_age_s: float | None
+    """Import conditions (``max_age_s``) on one sink: exercises staging; None: no staging."""
+    admin_changes: int
+    collector_crashes: int
+    forced_takeovers: int
+    collector_stalls: int
+    ingestor_crashes: int
+    retry_after_success: float
+    """Chance that a client resends a request that succeeded (its answer was lost)."""
+    output: str
+    """``embedded`` or ``cluster``: the collector's output path (Spark's stand-in gives
+    either shape)."""
+    snapshot_keep_last: int
+    """Few: expiry then removes snapshots (and files) within a run, and maintenance, which
+    reads every kept snapshot's manifests, stays cheap."""
+    faults: FaultPlan
+    collector_faults: FaultPlan
+    collector_skew_s: list[float] = field(default_factory=list)
+
+    @classmethod
+    def draw(cls, seed: int) -> Scenario:
+        rng = random.Random(seed)
+        faulty = rng.random() < 0.75
+
+        def plan(scale: float) -> FaultPlan:
+            if not faulty:
+                return FaultPlan.none()
+            return FaultPlan(error_before=0.02 * scale, error_after=0.02 * scale,
+                             lost_race=0.01 * scale, stall=0.005 * scale,
+                             crash=0.0, latency_s=(0.002, 0.04))
+
+        dedup = rng.choice([300.0, 600.0, 900.0])
+        lease = rng.choice([2.0, 4.0, 6.0])
+        return cls(
+            seed=seed,
+            sources=rng.randint(2, 3),
+            ingestors=rng.randint(1, 3),
+            clients=rng.randint(2, 5),
+            duration_s=rng.uniform(40, 120),
+            quiet_gap_s=rng.choice([0.0, 0.0, 600.0, 1800.0, 4000.0]),
+            lease_s=lease,
+            append_deadline_s=rng.choice([30.0, 60.0, 120.0]),
+            flush_timeout_s=rng.choice([10.0, 20.0]),
+            dedup_window_s=dedup,
+            snapshot_max_age_s=dedup * rng.choice([1.0, 2.0, 4.0]),
+            gc_interval_s=rng.choice([5.0, 20.0, 60.0]),
+            maintenance_interval_s=rng.choice([60.0, 300.0, 900.0]),
+            conditions_age_s=rng.choice([None, None, 5.0, 20.0]),
+            admin_changes=rng.randint(0, 6),
+            collector_crashes=rng.randint(0, 2),
+            forced_takeovers=rng.randint(0, 1),
+            collector_stalls=rng.randint(0, 1),
+            ingestor_crashes=rng.randint(0, 2),
+            retry_after_success=rng.choice([0.0, 0.05, 0.2]),
+            output=rng.choice(["embedded", "cluster"]),
+            snapshot_keep_last=rng.choice([2, 5, 20]),
+            faults=plan(1.0),
+            collector_faults=plan(0.5),
+            collector_skew_s=[rng.choice([0.0, 0.0, 120.0, -120.0, 7200.0])
+                              for _ in range(8)],
+        )
+
+    def describe(self) -> str:
+        keys = ("sources", "ingestors", "clients", "duration_s", "quiet_gap_s", "lease_s",
+                "append_deadline_s", "dedup_window_s", "snapshot_max_age_s",
+                "conditions_age_s", "admin_changes", "collector_crashes",
+                "forced_takeovers", "collector_stalls", "ingestor_crashes",
+                "retry_after_success", "output", "snapshot_keep_last")
+        parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
+                 else f"{k}={getattr(self, k)}" for k in keys]
+        faults = "faults" if self.faults.error_before else "no faults"
+        return f"seed {self.seed}: " + " ".join(parts) + f" ({faults})"

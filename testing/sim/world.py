@@ -1,0 +1,729 @@
+"""The simulated cluster: clients, ingestors, collectors and an admin on one virtual clock.
+
+Every part is icefloe's own code: ingestors are the real :class:`~ingestor.buffer.Batcher`
+with a real :class:`~icefloe.manifest.producer.ManifestProducer`; collectors are the real
+:class:`~collector.service.Collector` driven by the real :class:`~collector.runner.Runner`
+(lease renewal, retries, registry following, GC, staging, maintenance) over real pyiceberg
+tables in a SQLite catalog; the admin changes the real registry with the admin API's own
+operations. Only three things are stand-ins: the object store (:mod:`testing.sim.store`),
+time (:mod:`testing.sim.loop`) and Spark (:class:`SimEngine` decodes the run's batch files
+in process, as the embedded path's Spark job would).
+
+What clients do: send small requests to a random ingestor, with event ids that repeat
+across sources (business ids collide in real life), retry failed requests with the same ids
+and payloads, and sometimes resend a request that succeeded (its answer was lost). Every
+event carries a unique ``uid`` in its payload, so the checker can tell copies apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import random
+import tempfile
+import weakref
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collector.metrics import CollectorMetrics
+from collector.routing import Routes
+from collector.runner import Runner
+from collector.service import Collector
+from icefloe.config import Column, Config, load_config
+from icefloe.envelope import frame_events
+from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFencedError
+from icefloe.manifest.config import ManifestConfig
+from icefloe.manifest.model import Manifest
+from icefloe.manifest.producer import ManifestProducer
+from icefloe.publish import StorePublisher
+from icefloe.registry import ops
+from icefloe.registry.model import Conditions, Registry
+from icefloe.registry.store import RegistryStore
+from icefloe.registry.watch import RegistryWatch
+from icefloe.store.base import GetResult, ListResult, ObjectInfo, ObjectStore, PutResult
+from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
+from ingestor.buffer import Batcher, FlushSettings
+from ingestor.metrics import IngestMetrics
+from pipeline.catalog import open_catalog
+from pipeline.cluster import (
+    KEY_COLUMNS,
+    ROW,
+    ClusterRunOutput,
+    FileSet,
+    TableTarget,
+    WritePlan,
+    _TableFiles,
+)
+from pipeline.fetch import decode_refs
+from pipeline.run import RunOutput
+from pipeline.source import ENVELOPE
+from pipeline.spec import RunSpec
+from testing.sim.checks import Checker
+from testing.sim.loop import (
+    HostClock,
+    SimTime,
+    VirtualTimeLoop,
+    close_nested,
+    drive,
+    offload,
+)
+from testing.sim.scenario import Scenario
+from testing.sim.store import FaultPlan, SimCrash, SimStore, SimStoreView
+
+T = TypeVar("T")
+HOST: contextvars.ContextVar[str] = contextvars.ContextVar("sim_host", default="world")
+START = 1_790_000_000.0
+COLUMNS = (Column("uid", "string", required=True), Column("n", "long"))
+log = logging.getLogger("icefloe.sim")
+
+
+# ---------------------------------------------------------------------- Spark stand-in
+
+
+class SyncView(ObjectStore):
+    """The synchronous store a Spark worker would open, over a host's simulated view."""
+
+    def __init__(self, view: SimStoreView) -> None:
+        self.view = view
+        self.url = view.url
+
+    def get(self, key: str) -> GetResult:
+        return drive(self.view.get(key))
+
+    def put(self, key: str, data: bytes, *, if_match: str | None = None,
+            if_none_match: Any = None) -> PutResult:
+        return drive(self.view.put(key, data, if_match=if_match, if_none_match=if_none_match))
+
+    def delete(self, key: str) -> None:
+        drive(self.view.delete(key))
+
+    def list(self, prefix: str = "") -> ListResult:
+        return drive(self.view.list(prefix))
+
+    def head(self, key: str) -> ObjectInfo:
+        return drive(self.view.head(key))
+
+
+class SimEngine:
+    """Decodes a run in process, with the embedded path's output shape (rows per stream
+    plus dead letters): what the collector's commit code receives from Spark."""
+
+    name = "sim"
+    partitions = 1
+
+    def __init__(self, view: SimStoreView) -> None:
+        self.store = SyncView(view)
+
+    def run(self, spec: RunSpec) -> RunOutput:
+        schemas = {s.name: s.plan() for s in spec.streams}
+        parts: dict[str, list[pa.Table]] = {}
+        dead: list[pa.Table] = []
+        for _, decoded in decode_refs(self.store, spec.refs(), schemas):
+            for stream, table in decoded.tables.items():
+                if table.num_rows:
+                    parts.setdefault(stream, []).append(table)
+            if len(decoded.dead):
+                dead.append(decoded.dead.to_arrow())
+        out = RunOutput({s.name: pa.concat_tables(parts[s.name]) for s in spec.streams
+                         if s.name in parts})
+        if dead:
+            out.dead = pa.concat_tables(dead)
+        return out
+
+
+class LocalClusterOutput(ClusterRunOutput):
+    """The cluster output shape without executors: the rows stay in this object (as they
+    would stay on the executors), the collector sees only keys, and :meth:`write` writes
+    the planned rows as Parquet files with the executors' own writer
+    (:class:`pipeline.cluster._TableFiles`), for ``add_files``."""
+
+    def __init__(self, spec: RunSpec, embedded: RunOutput) -> None:
+        super().__init__(spec=spec, dead=embedded.dead)
+        self.full: dict[str, pa.Table] = {}
+        offset = 0
+        for name, rows in embedded.tables.items():
+            ids = pa.array(range(offset, offset + rows.num_rows), pa.int64())
+            offset += rows.num_rows
+            rows = rows.append_column(ROW, ids)
+            self.full[name] = rows
+            keys = rows.select(list(KEY_COLUMNS)).sort_by(
+                [("_sequence", "ascending"), (ROW, "ascending")])
+            self.keys[name] = keys
+
+    def write(self, plans: Sequence[WritePlan]) -> dict[str, FileSet]:
+        out: dict[str, FileSet] = {}
+        assert self.spec is not None
+        streams = {s.name: s for s in self.spec.streams}
+        for plan in (p for p in plans if p.expected > 0):
+            rows = self.full[plan.stream]
+            keep = pc.and_(pc.greater(rows.column("_sequence"), plan.after),
+                           pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop)))
+            rows = rows.filter(keep)
+            names = [n for n, _ in streams[plan.stream].columns] + [n for n, _ in ENVELOPE]
+            target = TableTarget.of(plan.stream, plan.table, [(n, n) for n in names])
+            files = _TableFiles(target, f"sim{id(self):x}", "0")
+            files.add(rows)
+            out[plan.stream] = FileSet(tuple(files.close()))
+            if out[plan.stream].rows != plan.expected:
+                raise RuntimeError(f"sim cluster write of {plan.stream}: "
+                                   f"{out[plan.stream].rows} rows, expected {plan.expected}")
+        return out
+
+    def release(self) -> None:
+        self.full.clear()
+
+
+class SimClusterEngine(SimEngine):
+    """The cluster output path's engine: keys to the driver, files written on request;
+    ``run_embedded`` for runs the cluster path hands to the embedded one."""
+
+    name = "sim-cluster"
+
+    def run(self, spec: RunSpec) -> ClusterRunOutput:  # type: ignore[override]
+        if not spec.batches:
+            return ClusterRunOutput()
+        return LocalClusterOutput(spec, super().run(spec))
+
+    def run_embedded(self, spec: RunSpec) -> RunOutput:
+        return super().run(spec)
+
+
+# ------------------------------------------------------------------------------ actors
+
+
+@dataclass
+class Copy:
+    """One request carrying a logical event, as the client sent it."""
+
+    uid: str
+    source: str
+    version: int
+    acked: bool
+
+
+@dataclass
+class Ledger:
+    """Everything clients sent and what they were told."""
+
+    copies: list[Copy] = field(default_factory=list)
+    requests: int = 0
+    acked: int = 0
+    refused: int = 0
+
+
+class Ingestor:
+    """One ingestor process: registry follower, batcher, manifest producer."""
+
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+        self.view = world.store.view(name, world.scenario.faults)
+        store = RetryingAsyncStore(self.view, RetryPolicy(max_attempts=4, base_delay_s=0.05,
+                                                          max_delay_s=1.0, budget_s=10.0))
+        cfg = world.config
+        clock = world.clock_of(name)
+        self.producer = ManifestProducer(store, cfg.manifest.build(),
+                                         producer_id=f"{name}-{world.rng.randrange(1 << 30)}",
+                                         clock=clock)
+        settings = FlushSettings(age_s=0.1, min_interval_s=0.0, early_requests=0,
+                                 timeout_s=cfg.ingestor.flush_timeout_s, max_inflight=2)
+        self.batcher = Batcher(StorePublisher(store, self.producer), settings, IngestMetrics(),
+                               clock=clock)
+        self.registry: Registry | None = None
+        self.watch = RegistryWatch(store, cfg.admin.registry_key, self._on_registry,
+                                   poll_s=cfg.admin.registry_poll_s, clock=clock)
+        self.alive = True
+
+    def _on_registry(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def run(self) -> None:
+        self.batcher.start()
+        while True:
+            with contextlib.suppress(IcefloeError):
+                await self.watch.check()
+            await asyncio.sleep(self.world.config.admin.registry_poll_s)
+
+    async def submit(self, source: str, ids: list[str], payloads: list[bytes]) -> int:
+        """Accept a request as the HTTP front would; returns the registry version it was
+        accepted under once durable; raises when refused or failed."""
+        registry = self.registry
+        if not self.alive or registry is None:
+            raise ConnectionError("ingestor down")
+        if registry.source(source) is None:
+            raise LookupError(f"unknown source {source}")
+        now_ms = int(self.world.clock_of(self.name).time() * 1000)
+        framed = frame_events(source, now_ms, ids, payloads)
+        future = self.batcher.enqueue(framed, len(ids), source, registry.version)
+        await asyncio.wait_for(future, self.world.config.ingestor.flush_timeout_s + 5)
+        return registry.version
+
+
+class Client:
+    """Sends requests, retries failures with the same ids, sometimes resends a success."""
+
+    def __init__(self, world: World, name: str, rng: random.Random) -> None:
+        self.world = world
+        self.name = name
+        self.rng = rng
+
+    async def run(self, until: float) -> None:
+        world = self.world
+        while world.sim.now < until:
+            await asyncio.sleep(self.rng.uniform(0.05, 0.6))
+            sources = world.live_sources()
+            if not sources:
+                continue
+            source = self.rng.choice(sources)
+            count = self.rng.randint(1, 4)
+            ids, payloads, uids = [], [], []
+            for _ in range(count):
+                n = world.next_id(source)
+                uid = f"{source}/{n}"
+                ids.append(f"e{n}")  # the same ids in every source: they must not collide
+                uids.append(uid)
+                payloads.append(msgspec.json.encode({"uid": uid, "n": n}))
+            acked = await self.send(source, ids, payloads, uids)
+            if acked and self.rng.random() < world.scenario.retry_after_success:
+                await asyncio.sleep(self.rng.uniform(0.1, 5.0))
+                await self.send(source, ids, payloads, uids)
+
+    async def send(self, source: str, ids: list[str], payloads: list[bytes],
+                   uids: list[str]) -> bool:
+        world = self.world
+        for _attempt in range(6):
+            ingestor = self.rng.choice(world.ingestors)
+            world.ledger.requests += 1
+            version = ingestor.registry.version if ingestor.registry else -1
+            try:
+                accepted = await ingestor.submit(source, ids, payloads)
+            except LookupError:
+                world.ledger.refused += 1
+                return False  # the source is gone: a 404, nothing accepted
+            except (Exception, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and not ingestor.alive:
+                    pass  # the ingestor died under the request: unknown outcome
+                elif isinstance(exc, asyncio.CancelledError):
+                    raise
+                world.ledger.copies.extend(Copy(u, source, version, False) for u in uids)
+                await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+                continue
+            world.ledger.acked += 1
+            world.ledger.copies.extend(Copy(u, source, accepted, True) for u in uids)
+            return True
+        return False
+
+
+class CollectorHost:
+    """One collector process: start-up as ``run_collector`` does it, then the Runner."""
+
+    def __init__(self, world: World, name: str, *, takeover: bool, skew_s: float,
+                 faults: FaultPlan) -> None:
+        self.world = world
+        self.name = name
+        self.takeover = takeover
+        self.skew_s = skew_s
+        self.view = world.store.view(name, faults)
+        self.stop = asyncio.Event()
+        self.collector: Collector | None = None
+        self.outcome: str = "running"
+
+    async def run(self) -> None:
+        world, config = self.world, self.world.config
+        store = RetryingAsyncStore(self.view, RetryPolicy(max_attempts=3, base_delay_s=0.05,
+                                                          max_delay_s=0.5, budget_s=5.0))
+        catalog = open_catalog(config.catalog)
+        metrics = CollectorMetrics()
+        engine = SimClusterEngine(self.view) if config.collector.output == "cluster" \
+            else SimEngine(self.view)
+        rng = random.Random(world.scenario.seed * 131 + len(world.collectors))
+
+        async def timed_offload(func: Callable[..., Any], /, *args: Any, **kwargs: Any
+                                ) -> Any:
+            # a blocking step takes time (a Spark job seconds, a commit a tenth): others
+            # run meanwhile, then the step itself runs atomically, as a thread's result
+            # arrives all at once
+            job = isinstance(getattr(func, "__self__", None), SimEngine)
+            await asyncio.sleep(rng.uniform(0.3, 3.0) if job else rng.uniform(0.02, 0.3))
+            return await offload(func, *args, **kwargs)
+
+        collector = Collector(config, store, catalog, engine,
+                              metrics=metrics, hook=world.checker.hook(self.name),
+                              holder=self.name, clock=world.clock_of(self.name),
+                              offload=timed_offload, block_on=drive)
+        self.collector = collector
+        try:
+            await collector.acquire(takeover=self.takeover, stop=self.stop)
+        except asyncio.CancelledError:
+            self.outcome = "stopped on standby"
+            return
+        world.checker.epoch_acquired(self.name, collector.epoch or 0)
+        watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
+                              poll_s=config.admin.registry_poll_s,
+                              config_streams=config.streams)
+        runner = Runner(collector, self.stop, None, watch)
+        runner.start_renewal()
+        try:
+            registry = await watch.check()
+            if registry is not None:
+                collector.routes = Routes(registry)
+            await asyncio.to_thread(collector.prepare_tables)
+            await collector.verify_offsets()
+        except BaseException:
+            await runner.stop_renewal()
+            raise
+        world.checker.collector_ready(self.name, collector.epoch or 0)
+        code = await runner.run()
+        self.outcome = f"exited {code}" + (f" ({runner.fenced})" if runner.fenced else "")
+
+
+# -------------------------------------------------------------------------------- world
+
+
+class World:
+    """Builds everything from a :class:`Scenario` and runs it to a verdict."""
+
+    def __init__(self, scenario: Scenario, root: Path) -> None:
+        self.scenario = scenario
+        self.root = root
+        self.rng = random.Random(scenario.seed * 7919 + 1)
+        self.staging_rng = random.Random(scenario.seed * 7919 + 2)
+        self.sim = SimTime(START)
+        self.store = SimStore(self.sim, random.Random(scenario.seed * 104729 + 3))
+        self.config = self._config()
+        self.ledger = Ledger()
+        self.checker = Checker(self)
+        self.ingestors: list[Ingestor] = []
+        self.collectors: list[CollectorHost] = []
+        self.tasks: dict[str, list[asyncio.Task[Any]]] = {}
+        self.owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = \
+            weakref.WeakKeyDictionary()
+        """Every task, by the host that created it (a crash stops all of a host's tasks)."""
+        self._ids: dict[str, int] = {}
+        self._skews: dict[str, float] = {}
+        self.registry_history: list[Registry] = []
+
+    # -- configuration --------------------------------------------------------------------
+
+    def _config(self) -> Config:
+        s = self.scenario
+        path = self.root / "icefloe.toml"
+        path.write_text("")
+        overrides = {
+            "store": {"url": (self.root / "unused-store").as_uri()},
+            "catalog": {"uri": f"sqlite:///{self.root / 'catalog.db'}",
+                        "warehouse": (self.root / "warehouse").as_uri()},
+            "manifest": {"lease_s": s.lease_s, "append_deadline_s": s.append_deadline_s,
+                         "gc_grace_s": s.append_deadline_s + 300.0},
+            "ingestor": {"flush_timeout_s": s.flush_timeout_s},
+            "admin": {"registry_poll_s": 1.0},
+            "collector": {"metrics_port": 0, "host": "127.0.0.1", "commit_interval_s": 1.0,
+                          "poll_interval_s": 0.5, "dedup_window_s": s.dedup_window_s,
+                          "snapshot_max_age_s": s.snapshot_max_age_s,
+                          "gc_interval_s": s.gc_interval_s,
+                          "maintenance_interval_s": s.maintenance_interval_s,
+                          "orphan_age_s": 600.0, "retry_max_delay_s": 5.0,
+                          "max_run_entries": 50, "output": s.output,
+                          "snapshot_keep_last": s.snapshot_keep_last},
+        }
+        return load_config(path, overrides=overrides)
+
+    # -- helpers the actors use -------------------------------------------------------------
+
+    def clock_of(self, host: str) -> HostClock:
+        return HostClock(self.sim, self._skews.get(host, 0.0))
+
+    def next_id(self, source: str) -> int:
+        self._ids[source] = self._ids.get(source, 0) + 1
+        return self._ids[source]
+
+    def live_sources(self) -> list[str]:
+        registry = self.registry_history[-1] if self.registry_history else None
+        return [s.id for s in registry.live_sources()] if registry else []
+
+    def spawn(self, host: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        token = HOST.set(host)
+        try:
+            task = asyncio.get_running_loop().create_task(coro, name=host)
+        finally:
+            HOST.reset(token)
+        self.tasks.setdefault(host, []).append(task)
+        return task
+
+    def kill(self, host: str) -> None:
+        """A host dies: its store view refuses everything and all its tasks stop."""
+        for view_owner in [*self.ingestors, *self.collectors]:
+            if view_owner.name == host:
+                view_owner.view.crashed = True
+                if isinstance(view_owner, Ingestor):
+                    view_owner.alive = False
+        for task, owner in list(self.owners.items()):
+            if owner == host and not task.done():
+                task.cancel()
+
+    # -- the admin ----------------------------------------------------------------------------
+
+    async def admin_change(self, registry_store: RegistryStore) -> None:
+        rng, ac = self.rng, self.clock_of("admin")
+        current = self.registry_history[-1]
+        sources = current.live_sources()
+        choice = rng.choice(["disable", "enable", "recreate", "move", "move", "move",
+                             "add_sink", "add_source", "delete_sink"])
+        source = rng.choice(sources)
+        change: Callable[[Registry], Registry] | None = None
+        sinks = source.live_sinks()
+        if choice in ("disable", "enable") and sinks:
+            sink = rng.choice(sinks)
+            change = lambda r: ops.set_sink_enabled(r, source.id, sink.name,  # noqa: E731
+                                                    choice == "enable", clock=ac)
+        elif choice == "recreate" and sinks:
+            sink = rng.choice(sinks)
+
+            def change(r: Registry) -> Registry:
+                r = ops.delete_sink(r, source.id, sink.name, clock=ac)
+                return ops.create_sink(r, source.id, ops.SinkSpec(
+                    name=sink.name, table=sink.table, columns=COLUMNS), clock=ac)
+        elif choice == "move" and sinks and len(sources) > 1:
+            sink = rng.choice(sinks)
+            other = rng.choice([s for s in sources if s.id != source.id])
+
+            def change(r: Registry) -> Registry:
+                r = ops.delete_sink(r, source.id, sink.name, clock=ac)
+                return ops.create_sink(r, other.id, ops.SinkSpec(
+                    name=f"{sink.name}m", table=sink.table, columns=COLUMNS), clock=ac)
+        elif choice == "add_sink":
+            table = f"sim.t{len(self._ids) + rng.randrange(100, 999)}"
+            # half of the new sinks stage their rows (import conditions): a table staged
+            # for the first time during a takeover (drawn apart, so the rest of the
+            # scenario keeps its random stream)
+            staged = Conditions(max_age_s=self.staging_rng.choice([5.0, 20.0])) \
+                if self.staging_rng.random() < 0.5 else Conditions()
+            change = lambda r: ops.create_sink(r, source.id, ops.SinkSpec(  # noqa: E731
+                name=f"k{rng.randrange(1000)}", table=table, columns=COLUMNS,
+                conditions=staged), clock=ac)
+        elif choice == "add_source":
+            new = f"s{len(current.sources)}"
+            change = lambda r: ops.create_source(r, ops.SourceSpec(  # noqa: E731
+                id=new, sinks=(ops.SinkSpec(name="main", table=f"sim.{new}",
+                                            columns=COLUMNS),)), clock=ac)
+        elif choice == "delete_sink" and len(sinks) > 1:
+            sink = rng.choice(sinks)
+            change = lambda r: ops.delete_sink(r, source.id, sink.name, clock=ac)  # noqa: E731
+        if change is None:
+            return
+        try:
+            registry = await registry_store.update(change)
+        except (RegistryError, IcefloeError) as exc:
+            log.debug("admin change %s refused: %s", choice, exc)
+            return
+        self.note_registry(registry, f"admin {choice} {source.id}")
+
+    def note_registry(self, registry: Registry, why: str) -> None:
+        if not self.registry_history or registry.version > self.registry_history[-1].version:
+            self.registry_history.append(registry)
+            self.checker.note(f"registry v{registry.version}: {why}")
+
+    def _seed_spec(self) -> list[ops.SourceSpec]:
+        age = self.scenario.conditions_age_s
+        specs = []
+        for i in range(self.scenario.sources):
+            conditions = Conditions(max_age_s=age) if age is not None and i == 0 \
+                else Conditions()
+            specs.append(ops.SourceSpec(id=f"s{i}", sinks=(ops.SinkSpec(
+                name="main", table=f"sim.s{i}", columns=COLUMNS, conditions=conditions),)))
+        return specs
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def main(self) -> None:
+        s = self.scenario
+        admin_view = self.store.view("admin", FaultPlan.none())
+        registry_store = RegistryStore(admin_view, self.config.admin.registry_key,
+                                       clock=self.clock_of("admin"))
+
+        def seed(r: Registry) -> Registry:
+            for spec in self._seed_spec():
+                r = ops.create_source(r, spec, clock=self.clock_of("admin"))
+            return r
+
+        self.note_registry(await registry_store.update(seed), "seed")
+        for i in range(s.ingestors):
+            self._start_ingestor(f"ingestor-{i}")
+        self._start_collector(takeover=False)
+        if self.rng.random() < 0.5:
+            self._start_collector(takeover=False)  # a standby from the start
+        traffic_end = self.sim.now + s.duration_s
+        clients = [self.spawn(f"client-{i}", Client(self, f"client-{i}", random.Random(
+            s.seed * 31 + i)).run(traffic_end)) for i in range(s.clients)]
+        chaos = self.spawn("chaos", self._chaos(registry_store, traffic_end))
+        checks = self.spawn("checker", self.checker.periodic())
+        await asyncio.gather(*clients, return_exceptions=True)
+        if s.quiet_gap_s:  # a long pause, then a second burst: GC, expiry, dedup ages
+            await asyncio.sleep(s.quiet_gap_s)
+            end2 = self.sim.now + 20
+            more = [self.spawn(f"client-b{i}", Client(self, f"client-b{i}", random.Random(
+                s.seed * 37 + i)).run(end2)) for i in range(s.clients)]
+            await asyncio.gather(*more, return_exceptions=True)
+        await chaos
+        await self._drain()
+        checks.cancel()
+        for host in list(self.tasks):
+            if host.startswith(("collector", "ingestor")):
+                for c in self.collectors:
+                    c.stop.set()
+        await asyncio.sleep(self.scenario.lease_s)
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    def _start_ingestor(self, name: str) -> None:
+        ingestor = Ingestor(self, name)
+        self.ingestors = [i for i in self.ingestors if i.name != name] + [ingestor]
+        self.spawn(name, ingestor.run())
+
+    def _start_collector(self, *, takeover: bool) -> CollectorHost:
+        index = len(self.collectors)
+        name = f"collector-{index}"
+        skew = self.scenario.collector_skew_s[index % len(self.scenario.collector_skew_s)]
+        self._skews[name] = skew
+        host = CollectorHost(self, name, takeover=takeover, skew_s=skew,
+                             faults=self.scenario.collector_faults)
+        self.collectors.append(host)
+        self.spawn(name, self._guard(host))
+        return host
+
+    async def _guard(self, host: CollectorHost) -> None:
+        try:
+            await host.run()
+        except SimCrash:
+            host.outcome = "crashed"
+        except asyncio.CancelledError:
+            host.outcome = host.outcome if host.outcome != "running" else "killed"
+        except (FencedError, TableFencedError) as exc:  # replaced while starting: it stops
+            host.outcome = f"fenced at start: {exc}"
+        except Exception as exc:  # a collector that dies of an error is a finding
+            host.outcome = f"died: {type(exc).__name__}: {exc}"
+            self.checker.violation(f"{host.name} died of an unexpected error: "
+                                   f"{type(exc).__name__}: {exc}")
+
+    def active(self) -> CollectorHost | None:
+        running = [c for c in self.collectors if c.outcome == "running"
+                   and c.collector is not None and c.collector.epoch is not None]
+        return max(running, key=lambda c: c.collector.epoch or 0) if running else None
+
+    async def _chaos(self, registry_store: RegistryStore, until: float) -> None:
+        s, rng = self.scenario, self.rng
+        events: list[tuple[float, str]] = []
+        span = max(1.0, until - self.sim.now)
+        for kind, count in (("admin", s.admin_changes), ("crash", s.collector_crashes),
+                            ("takeover", s.forced_takeovers), ("stall", s.collector_stalls),
+                            ("ingestor", s.ingestor_crashes)):
+            events += [(self.sim.now + rng.uniform(0.1, 0.9) * span, kind)
+                       for _ in range(count)]
+        for at, kind in sorted(events):
+            await asyncio.sleep(max(0.0, at - self.sim.now))
+            if kind == "admin":
+                await self.admin_change(registry_store)
+            elif kind == "crash":
+                victim = self.active()
+                if victim is not None:
+                    self.checker.note(f"crash {victim.name}")
+                    self.kill(victim.name)
+                    victim.outcome = "crashed"
+                    await asyncio.sleep(rng.uniform(0.5, 3.0))
+                    self._start_collector(takeover=False)
+            elif kind == "takeover":
+                self.checker.note("forced takeover")
+                self._start_collector(takeover=True)  # the old one runs on: stale
+            elif kind == "stall":
+                victim = self.active()
+                if victim is not None:
+                    self.checker.note(f"stall {victim.name}")
+                    self._start_collector(takeover=False)  # standby, takes over the lease
+                    victim.view.plan = FaultPlan(stall=1.0, stall_s=(s.lease_s * 2,
+                                                                     s.lease_s * 4))
+                    await asyncio.sleep(s.lease_s * 3)
+                    victim.view.plan = s.collector_faults
+            elif kind == "ingestor":
+                victim_i = rng.choice(self.ingestors)
+                self.checker.note(f"crash {victim_i.name}")
+                self.kill(victim_i.name)
+                await asyncio.sleep(rng.uniform(0.5, 3.0))
+                self._start_ingestor(victim_i.name + "r")
+
+    async def _drain(self) -> None:
+        """Faults stop; the queue and staging must empty within a bounded simulated time."""
+        self.store.faults_on = False
+        for c in self.collectors:
+            c.view.plan = FaultPlan.none()
+        limit = self.sim.now + 900.0
+        if self.active() is None:
+            self._start_collector(takeover=False)
+        while self.sim.now < limit:
+            await asyncio.sleep(1.0)
+            if self.active() is None and not any(
+                    c.outcome == "running" for c in self.collectors):
+                self._start_collector(takeover=False)
+            if await self.checker.drained():
+                self.checker.note("drained")
+                return
+        self.checker.violation("wedged: the queue or staging did not drain within 900 s of "
+                               "simulated time after faults stopped")
+
+    def manifest(self) -> Manifest | None:
+        obj = self.store.objects.get(ManifestConfig.key)
+        return Manifest.decode(obj.data) if obj is not None else None
+
+
+@contextlib.contextmanager
+def quiet_logs(verbose: bool) -> Iterator[None]:
+    if verbose:
+        logging.basicConfig(level=logging.INFO)
+        yield
+        return
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def run_seed(seed: int, *, verbose: bool = False, keep: Path | None = None) -> Checker:
+    """Run one seed to its verdict (``checker.violations`` empty means it passed)."""
+    scenario = Scenario.draw(seed)
+    random.seed(seed)  # the retry layer's jitter, drawn from the module generator
+    with contextlib.ExitStack() as stack:
+        root = keep or Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix=f"icefloe-sim-{seed}-")))
+        stack.enter_context(quiet_logs(verbose))
+        world = World(scenario, root)
+        loop = VirtualTimeLoop(world.sim)
+
+        def task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+                         ) -> asyncio.Task[Any]:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+            world.owners[task] = HOST.get()
+            return task
+
+        loop.set_task_factory(task_factory)
+        try:
+            loop.run_until_complete(world.main())
+            if not world.checker.violations:
+                world.checker.final()
+        finally:
+            with contextlib.suppress(BaseException):
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()
+                loop.run_until_complete(asyncio.sleep(0))
+            close_nested(loop)
+            loop.close()
+        return world.checker
