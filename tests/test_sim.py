@@ -26,13 +26,13 @@ staging, takeovers, crashes, stalls, registry changes and hour-long quiet gaps."
 
 MUTANT_SEEDS = {
     "no-dedup": 3,
-    "dedup-per-table": 0,
-    "dedup-from-now": 2,
-    "no-fence": 0,
-    "no-staging-claim": 0,
-    "cluster-no-cut": 0,
+    "dedup-per-table": 5,
+    "no-fence": 2,
+    "cluster-unrouted": 4,
 }
-"""A seed each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``)."""
+"""A seed each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``).
+``no-staging-claim`` and ``dedup-from-now`` fail no seed of 1-30: docs/simulator.md says
+why, and tests/test_staging.py and tests/test_dedup.py hold those fixes."""
 
 
 def sim(*args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
@@ -59,7 +59,7 @@ def test_a_seed_replays_exactly() -> None:
     assert "acked=" in lines[0]
 
 
-@pytest.mark.parametrize("mutant", sorted(m for m, s in MUTANT_SEEDS.items() if s))
+@pytest.mark.parametrize("mutant", sorted(MUTANT_SEEDS))
 def test_the_simulator_finds_each_known_bug(mutant: str) -> None:
     done = sim("--seed", str(MUTANT_SEEDS[mutant]), "--mutant", mutant)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -71,10 +71,11 @@ def _no_staging_claim() -> contextlib.AbstractContextManager[None]:
     return stack
 
 
-def _cluster_no_cut() -> contextlib.AbstractContextManager[None]:
-    """Case 2 undone: cluster runs are not cut where routing changes."""
-    import collector.service as service
-    return _patch(service, "cut_by_routing", lambda routes, entries: list(entries))
+def _cluster_unrouted() -> contextlib.AbstractContextManager[None]:
+    """Case 2 undone: cluster runs are neither cut where routing changes nor handed to the
+    embedded path when the cluster path cannot write them (the refusal loops forever)."""
+    from collector.service import Collector
+    return _patch(Collector, "_route_run", lambda self, entries: (entries, self.engine.run))
 
 
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
@@ -83,7 +84,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-dedup": _no_dedup,
     "no-fence": _no_fence,
     "no-staging-claim": _no_staging_claim,
-    "cluster-no-cut": _cluster_no_cut,
+    "cluster-unrouted": _cluster_unrouted,
 }
 
 
