@@ -50,7 +50,6 @@ class Checker:
         """When the collector of each epoch had finished starting (fenced every table)."""
         self.max_epoch = 0
         self.commits = 0
-        self.crash_points = 0
         self._catalog: Catalog | None = None
         self._sequences: dict[str, int] = {}
         self._seen_snapshots: dict[str, set[int]] = {}
@@ -62,8 +61,7 @@ class Checker:
         self.notes.append(f"t+{self.world.sim.now - self.world_start():.1f}s {text}")
 
     def world_start(self) -> float:
-        from testing.sim.world import START
-        return START
+        return self.world.sim.start
 
     def violation(self, text: str, key: str | None = None) -> None:
         """Record a violation once per ``key`` (default: its text): a duplicate stays a
@@ -91,7 +89,6 @@ class Checker:
 
         def at(stage: str) -> None:
             if self.world.store.faults_on and crash_p and rng.random() < crash_p:
-                self.crash_points += 1
                 self.note(f"{host} crashes at {stage}")
                 self.world.kill(host)
                 for c in self.world.collectors:

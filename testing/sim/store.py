@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from icefloe.errors import NotFound, PreconditionFailed, TransientStoreError
 from icefloe.store.base import (
@@ -66,9 +66,8 @@ class FaultPlan:
 
 @dataclass
 class StoreLog:
-    """What happened, for the invariant checks and the failure report."""
+    """Faults injected (the run's summary reports them)."""
 
-    deleted: list[tuple[float, str]] = field(default_factory=list)
     faults: int = 0
 
 
@@ -112,8 +111,7 @@ class SimStore:
 
     def apply_delete(self, key: str) -> None:
         self.on_delete(key)
-        if self.objects.pop(key, None) is not None:
-            self.log.deleted.append((self.sim.now, key))
+        self.objects.pop(key, None)
 
     def apply_list(self, prefix: str) -> ListResult:
         objects = [ObjectInfo(k, len(o.data), o.last_modified, o.etag)

@@ -325,12 +325,11 @@ class Client:
 class CollectorHost:
     """One collector process: start-up as ``run_collector`` does it, then the Runner."""
 
-    def __init__(self, world: World, name: str, *, takeover: bool, skew_s: float,
+    def __init__(self, world: World, name: str, *, takeover: bool,
                  faults: FaultPlan) -> None:
         self.world = world
         self.name = name
         self.takeover = takeover
-        self.skew_s = skew_s
         self.view = world.store.view(name, faults)
         self.stop = asyncio.Event()
         self.collector: Collector | None = None
@@ -403,7 +402,6 @@ class World:
         self.checker = Checker(self)
         self.ingestors: list[Ingestor] = []
         self.collectors: list[CollectorHost] = []
-        self.tasks: dict[str, list[asyncio.Task[Any]]] = {}
         self.owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = \
             weakref.WeakKeyDictionary()
         """Every task, by the host that created it (a crash stops all of a host's tasks)."""
@@ -455,7 +453,6 @@ class World:
             task = asyncio.get_running_loop().create_task(coro, name=host)
         finally:
             HOST.reset(token)
-        self.tasks.setdefault(host, []).append(task)
         return task
 
     def kill(self, host: str) -> None:
@@ -575,10 +572,8 @@ class World:
         await chaos
         await self._drain()
         checks.cancel()
-        for host in list(self.tasks):
-            if host.startswith(("collector", "ingestor")):
-                for c in self.collectors:
-                    c.stop.set()
+        for c in self.collectors:
+            c.stop.set()
         await asyncio.sleep(self.scenario.lease_s)
         for task in asyncio.all_tasks():
             if task is not asyncio.current_task():
@@ -594,7 +589,7 @@ class World:
         name = f"collector-{index}"
         skew = self.scenario.collector_skew_s[index % len(self.scenario.collector_skew_s)]
         self._skews[name] = skew
-        host = CollectorHost(self, name, takeover=takeover, skew_s=skew,
+        host = CollectorHost(self, name, takeover=takeover,
                              faults=self.scenario.collector_faults)
         self.collectors.append(host)
         self.spawn(name, self._guard(host))
