@@ -131,7 +131,7 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
     tls = section_tls(config, "admin", what="admin API", secrets="admin tokens")
     own_store = store is None
     store = store or open_async_store(config.store.url, options_for(
-        config.store.endpoint_url, config.store.region))
+        config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
     try:
         registry = RegistryStore(store, admin.registry_key)
         seeded = await registry.seed(config.streams, config.source)

@@ -296,7 +296,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
     except ModelError as exc:
         raise ConfigError(f"{config.source or 'config'}: collector.models: {exc}") from None
     store = store or open_async_store(config.store.url, options_for(
-        config.store.endpoint_url, config.store.region))
+        config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
     metrics = metrics or CollectorMetrics()
     port: int | None = None
     server = None

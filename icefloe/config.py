@@ -116,9 +116,14 @@ class TokenConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class StoreSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``url``: batch files. ``control_url``: the manifest, registry and staging state, which
+    are rewritten in place and so belong in an unversioned location (see
+    :mod:`icefloe.store.split`); unset, they live under ``url`` as well."""
+
     url: str = "file://./icefloe-data/store"
     endpoint_url: str | None = None
     region: str | None = None
+    control_url: str | None = None
 
 
 class CatalogSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -378,7 +383,10 @@ def _resolve_file(path: str | None, base: Path) -> str | None:
 
 
 def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
-    store = msgspec.structs.replace(config.store, url=_resolve(config.store.url, base))
+    store = msgspec.structs.replace(
+        config.store, url=_resolve(config.store.url, base),
+        control_url=_resolve(config.store.control_url, base) if config.store.control_url
+        else None)
     catalog = msgspec.structs.replace(config.catalog, uri=_resolve(config.catalog.uri, base),
                                       warehouse=_resolve(config.catalog.warehouse, base))
     ing = config.ingestor
@@ -466,12 +474,23 @@ def _validate_pairs(config: Config, where: str) -> None:
             f"+ {SAFETY_MARGIN_S:g} s = {need:g}: events accepted just before a deletion "
             "may reach the manifest that late, and their entries must still find the "
             "deleted sink to be routed")
+    _validate_control_url(config.store, where)
     if col.dedup_window_s > 0 and col.snapshot_max_age_s < col.dedup_window_s:
         raise ConfigError(
             f"{where}: collector.snapshot_max_age_s ({col.snapshot_max_age_s:g}) must be at "
             f"least collector.dedup_window_s ({col.dedup_window_s:g}): a restarted "
             "collector rebuilds the dedup window from the snapshots committed within it, "
             "and snapshot expiry would drop them")
+
+
+def _validate_control_url(store: StoreSection, where: str) -> None:
+    """The control location must not be the data location's batch folder: garbage
+    collection lists that folder and deletes what no manifest entry names."""
+    control = store.control_url
+    if control and control.rstrip("/").startswith(store.url.rstrip("/") + "/batches"):
+        raise ConfigError(
+            f"{where}: store.control_url ({control}) must not lie inside the batch files "
+            f"of store.url ({store.url}): garbage collection deletes what it finds there")
 
 
 def _validate_admin(admin: AdminSection, where: str) -> None:

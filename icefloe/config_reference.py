@@ -30,6 +30,8 @@ MEANING: dict[str, str] = {
     "store.endpoint_url": "S3-compatible endpoint (MinIO: `http://minio:9000`); credentials "
                           "from the AWS chain",
     "store.region": "S3 region",
+    "store.control_url": "where the manifest, registry and staging state go (unset: `url`); "
+                         "give them an unversioned bucket (deploy/README.md says why)",
     "catalog.type": "`sql` (SQLite, PostgreSQL), `glue` or `rest`",
     "catalog.name": "catalog name inside pyiceberg",
     "catalog.uri": "`sqlite:///path`, `postgresql://user:pass@host/db`, or the REST URL",

@@ -66,7 +66,8 @@ class IngestorRuntime:
 
         ``clock`` goes to the flusher, the manifest producer and the registry watch (the
         store helper's producer, in another process, reads the system clock)."""
-        store = store or open_async_store(config.store.url, store_options(config))
+        store = store or open_async_store(config.store.url, store_options(config),
+                                          control_url=config.store.control_url)
         if probe:
             await probe_conditional_writes(store)
         manifest = config.manifest.build()

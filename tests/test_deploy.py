@@ -479,7 +479,7 @@ def test_should_keep_ingestors_from_deleting_batch_files():
         actions = statement["actions"]
         assert all(not a.endswith("*") for a in actions), statement
         if any("Delete" in a for a in actions):
-            assert statement["resources"] == ["${local.bucket_arn}/${local.probe_keys}"], (
+            assert statement["resources"] == ["${local.control_bucket_arn}/${local.probe_keys}"], (
                 "ingestors may delete only their own start-up probe object")
     assert str(local["probe_keys"]).endswith("/_icefloe/probe/*")
     assert str(local["batch_keys"]).endswith("/batches/*")
@@ -519,7 +519,7 @@ def test_should_use_icefloe_ports_commands_and_image_tag_in_terraform():
     assert (local["http_port"], local["grpc_port"], local["metrics_port"]) == (
         HTTP_PORT, GRPC_PORT, METRICS_PORT)
     commands = {k: v for k, v in local.items() if k.endswith("_command")}
-    assert set(commands) == {"ingestor_command", "collector_command"}
+    assert set(commands) == {"ingestor_command", "collector_command", "admin_command"}
     for name, argv in commands.items():
         parse_cli(argv, f"terraform local.{name}")
     variables = dict(tf_blocks("variable"))

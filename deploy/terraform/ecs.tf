@@ -1,5 +1,6 @@
 # Compute: ECS on Fargate. Ingestors are a load-balanced service scaled on CPU by
-# Application Auto Scaling; the collector is a service of exactly one task.
+# Application Auto Scaling; the collector is a service of exactly one task; the admin API is
+# a service of admin_count (0 or 1) tasks with its own role.
 
 resource "aws_ecr_repository" "icefloe" {
   name                 = var.name
@@ -23,6 +24,12 @@ resource "aws_cloudwatch_log_group" "ingestor" {
 
 resource "aws_cloudwatch_log_group" "collector" {
   name              = "/${var.name}/collector"
+  retention_in_days = var.log_retention_days
+  kms_key_id        = aws_kms_key.icefloe.arn
+}
+
+resource "aws_cloudwatch_log_group" "admin" {
+  name              = "/${var.name}/admin"
   retention_in_days = var.log_retention_days
   kms_key_id        = aws_kms_key.icefloe.arn
 }
@@ -267,6 +274,90 @@ resource "aws_ecs_service" "collector" {
   network_configuration {
     subnets          = var.private_subnet_ids
     security_groups  = [aws_security_group.collector.id]
+    assign_public_ip = false
+  }
+
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
+}
+
+# --- the admin API --------------------------------------------------------------------
+# Off until the config holds [admin] tokens (it refuses to start without them). No load
+# balancer: it is reached from admin_allowed_cidr_blocks inside the VPC.
+
+resource "aws_ecs_task_definition" "admin" {
+  family                   = "${var.name}-admin"
+  requires_compatibilities = ["FARGATE"]
+  network_mode             = "awsvpc"
+  cpu                      = 256
+  memory                   = 512
+  execution_role_arn       = aws_iam_role.execution.arn
+  task_role_arn            = aws_iam_role.admin.arn
+
+  runtime_platform {
+    operating_system_family = "LINUX"
+    cpu_architecture        = "X86_64"
+  }
+
+  volume {
+    name = "tmp"
+  }
+
+  container_definitions = jsonencode([
+    {
+      name                   = "admin"
+      image                  = local.image
+      essential              = true
+      command                = local.admin_command
+      user                   = "10001:10001"
+      readonlyRootFilesystem = true
+      privileged             = false
+      portMappings = [
+        { name = "admin", containerPort = local.admin_port, protocol = "tcp" },
+      ]
+      environment = concat(local.environment_common, local.environment_admin)
+      secrets     = concat(local.config_secret, local.catalog_secret)
+      mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp", readOnly = false }]
+      linuxParameters = {
+        capabilities = { drop = ["ALL"] }
+      }
+      healthCheck = {
+        command     = ["CMD", "icefloe-healthcheck", "admin", "/healthz"]
+        interval    = 15
+        timeout     = 5
+        retries     = 3
+        startPeriod = 30
+      }
+      stopTimeout = 30
+      logConfiguration = {
+        logDriver = "awslogs"
+        options = {
+          "awslogs-group"         = aws_cloudwatch_log_group.admin.name
+          "awslogs-region"        = var.aws_region
+          "awslogs-stream-prefix" = "admin"
+        }
+      }
+    },
+  ])
+}
+
+resource "aws_ecs_service" "admin" {
+  name                               = "${var.name}-admin"
+  cluster                            = aws_ecs_cluster.icefloe.id
+  task_definition                    = aws_ecs_task_definition.admin.arn
+  launch_type                        = "FARGATE"
+  platform_version                   = "LATEST"
+  desired_count                      = var.admin_count
+  deployment_minimum_healthy_percent = 0
+  deployment_maximum_percent         = 100
+  enable_execute_command             = false
+  propagate_tags                     = "SERVICE"
+
+  network_configuration {
+    subnets          = var.private_subnet_ids
+    security_groups  = [aws_security_group.admin.id]
     assign_public_ip = false
   }
 

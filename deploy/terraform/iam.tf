@@ -1,7 +1,12 @@
-# Least-privilege roles. Ingestors write batch files and read/write the manifest object,
-# nothing else: they cannot delete a batch file, list the warehouse or reach the catalog.
-# The collector reads, writes and deletes under the store prefix (acks, dequeues, batch-file
-# GC) and the warehouse (Iceberg data, metadata, maintenance), and uses the catalog.
+# Least-privilege roles. Two buckets: the data bucket (versioned) holds batch files and the
+# Iceberg warehouse; the control bucket (unversioned, s3.tf says why) holds what is rewritten
+# by compare-and-swap: the manifest queue, the stream registry, staging state and the
+# start-up probe object. Ingestors write batch files, append to the manifest and read the
+# registry: they cannot delete a batch file, read the warehouse or reach the catalog. The
+# collector reads, writes and deletes under the store prefix of both buckets (acks, dequeues,
+# batch-file GC, staging) and the warehouse (Iceberg data, metadata, maintenance), and uses
+# the catalog. The admin API rewrites the registry, reads the manifest and staging state,
+# creates and evolves tables (warehouse metadata, catalog) and deletes nothing.
 
 data "aws_iam_policy_document" "ecs_tasks_assume" {
   statement {
@@ -57,6 +62,7 @@ data "aws_iam_policy_document" "execution" {
     resources = [
       "${aws_cloudwatch_log_group.ingestor.arn}:*",
       "${aws_cloudwatch_log_group.collector.arn}:*",
+      "${aws_cloudwatch_log_group.admin.arn}:*",
     ]
   }
   statement {
@@ -86,7 +92,7 @@ resource "aws_iam_role_policy" "execution" {
 
 resource "aws_iam_role" "ingestor" {
   name_prefix        = "${var.name}-ingestor-"
-  description        = "icefloe ingestor tasks: write batch files, append to the manifest queue"
+  description        = "icefloe ingestor tasks: write batch files, append to the manifest queue, read the registry"
   assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
 }
 
@@ -101,7 +107,14 @@ data "aws_iam_policy_document" "ingestor" {
     sid       = "AppendToManifest"
     effect    = "Allow"
     actions   = ["s3:GetObject", "s3:PutObject"]
-    resources = ["${local.bucket_arn}/${local.manifest_key}"]
+    resources = ["${local.control_bucket_arn}/${local.manifest_key}"]
+  }
+  statement {
+    # read at start (before the first request) and polled: streams added by the admin API
+    sid       = "ReadStreamRegistry"
+    effect    = "Allow"
+    actions   = ["s3:GetObject"]
+    resources = ["${local.control_bucket_arn}/${local.registry_key}"]
   }
   statement {
     # the start-up probe writes one small object and removes it again; nothing else is
@@ -109,14 +122,15 @@ data "aws_iam_policy_document" "ingestor" {
     sid       = "ConditionalWriteProbe"
     effect    = "Allow"
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-    resources = ["${local.bucket_arn}/${local.probe_keys}"]
+    resources = ["${local.control_bucket_arn}/${local.probe_keys}"]
   }
   statement {
-    # without ListBucket S3 answers 403 instead of 404 for a manifest that does not exist yet
-    sid       = "ListStorePrefix"
+    # without ListBucket S3 answers 403 instead of 404 for a manifest or registry that does
+    # not exist yet
+    sid       = "ListControlPrefix"
     effect    = "Allow"
     actions   = ["s3:ListBucket"]
-    resources = [local.bucket_arn]
+    resources = [local.control_bucket_arn]
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
@@ -172,6 +186,24 @@ data "aws_iam_policy_document" "collector" {
     }
   }
   statement {
+    # the manifest (lease, acks, dequeues), staging state and staged files
+    sid       = "ControlObjects"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${local.control_bucket_arn}/${var.batch_prefix}/*"]
+  }
+  statement {
+    sid       = "ListControlPrefix"
+    effect    = "Allow"
+    actions   = ["s3:ListBucket"]
+    resources = [local.control_bucket_arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["${var.batch_prefix}/*"]
+    }
+  }
+  statement {
     sid       = "UseBucketKey"
     effect    = "Allow"
     actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
@@ -180,22 +212,10 @@ data "aws_iam_policy_document" "collector" {
   dynamic "statement" {
     for_each = local.use_postgres ? [] : [1]
     content {
-      sid    = "GlueIcebergCatalog"
-      effect = "Allow"
-      actions = [
-        "glue:GetDatabase",
-        "glue:GetDatabases",
-        "glue:CreateDatabase",
-        "glue:GetTable",
-        "glue:GetTables",
-        "glue:CreateTable",
-        "glue:UpdateTable",
-      ]
-      resources = [
-        "arn:${local.partition}:glue:${var.aws_region}:${local.account_id}:catalog",
-        "arn:${local.partition}:glue:${var.aws_region}:${local.account_id}:database/*",
-        "arn:${local.partition}:glue:${var.aws_region}:${local.account_id}:table/*/*",
-      ]
+      sid       = "GlueIcebergCatalog"
+      effect    = "Allow"
+      actions   = local.glue_catalog_actions
+      resources = local.glue_catalog_resources
     }
   }
 }
@@ -204,4 +224,72 @@ resource "aws_iam_role_policy" "collector" {
   name   = "icefloe-collector"
   role   = aws_iam_role.collector.id
   policy = data.aws_iam_policy_document.collector.json
+}
+
+# --- admin API task role ------------------------------------------------------------------
+
+resource "aws_iam_role" "admin" {
+  name_prefix        = "${var.name}-admin-"
+  description        = "icefloe admin API: rewrite the stream registry, create and evolve tables"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+}
+
+data "aws_iam_policy_document" "admin" {
+  statement {
+    # seeded from the config at start, then rewritten by compare-and-swap on every change
+    sid       = "RewriteStreamRegistry"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.control_bucket_arn}/${local.registry_key}"]
+  }
+  statement {
+    # what is pending for a source (refusing to drop one the collector has not caught up
+    # with) and what is staged for a sink: read, never written
+    sid    = "ReadQueueAndStaging"
+    effect = "Allow"
+    actions = ["s3:GetObject"]
+    resources = [
+      "${local.control_bucket_arn}/${local.manifest_key}",
+      "${local.control_bucket_arn}/${local.staging_keys}",
+    ]
+  }
+  statement {
+    sid       = "ListControlPrefix"
+    effect    = "Allow"
+    actions   = ["s3:ListBucket"]
+    resources = [local.control_bucket_arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["${var.batch_prefix}/*"]
+    }
+  }
+  statement {
+    # a new or evolved table writes Iceberg metadata files; the admin deletes none
+    sid       = "WriteTableMetadata"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.bucket_arn}/${var.warehouse_prefix}/*"]
+  }
+  statement {
+    sid       = "UseBucketKey"
+    effect    = "Allow"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [aws_kms_key.icefloe.arn]
+  }
+  dynamic "statement" {
+    for_each = local.use_postgres ? [] : [1]
+    content {
+      sid       = "GlueIcebergCatalog"
+      effect    = "Allow"
+      actions   = local.glue_catalog_actions
+      resources = local.glue_catalog_resources
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "admin" {
+  name   = "icefloe-admin"
+  role   = aws_iam_role.admin.id
+  policy = data.aws_iam_policy_document.admin.json
 }

@@ -1,6 +1,9 @@
 # The ingest entry point: an Application Load Balancer with two TLS listeners.
-#   443   HTTPS -> ingestors' HTTP port 8080 (POST /v1/streams/{stream}/events)
-#   50051 HTTPS -> ingestors' gRPC port 50051 (ALB target group protocol version GRPC)
+#   443   HTTPS -> ingestors' HTTP port 8080, only the ingest routes (local.ingest_http_paths)
+#   50051 HTTPS -> ingestors' gRPC port 50051, only the icefloe.v1.Ingest service
+#                  (ALB target group protocol version GRPC)
+# Everything else (/metrics, /healthz, /readyz, reflection, the health service) answers 404
+# at the load balancer: the target groups' health checks reach the tasks directly.
 # ALB speaks gRPC only over TLS, hence one certificate for both listeners.
 
 resource "aws_lb" "ingest" {
@@ -77,6 +80,26 @@ resource "aws_lb_listener" "https" {
   certificate_arn   = var.certificate_arn
 
   default_action {
+    type = "fixed-response"
+    fixed_response {
+      content_type = "application/json"
+      status_code  = "404"
+      message_body = "{\"error\":\"not_found\"}"
+    }
+  }
+}
+
+resource "aws_lb_listener_rule" "ingest_http" {
+  listener_arn = aws_lb_listener.https.arn
+  priority     = 10
+
+  condition {
+    path_pattern {
+      values = local.ingest_http_paths
+    }
+  }
+
+  action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.http.arn
   }
@@ -90,6 +113,25 @@ resource "aws_lb_listener" "grpc" {
   certificate_arn   = var.certificate_arn
 
   default_action {
+    type = "fixed-response"
+    fixed_response {
+      content_type = "application/grpc"
+      status_code  = "404"
+    }
+  }
+}
+
+resource "aws_lb_listener_rule" "ingest_grpc" {
+  listener_arn = aws_lb_listener.grpc.arn
+  priority     = 10
+
+  condition {
+    path_pattern {
+      values = local.ingest_grpc_paths
+    }
+  }
+
+  action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.grpc.arn
   }

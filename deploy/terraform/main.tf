@@ -18,16 +18,46 @@ locals {
   http_port    = 8080
   grpc_port    = 50051
   metrics_port = 9464
+  admin_port   = 8081
 
-  # where icefloe keeps its objects, relative to the store URL (icefloe.publish,
-  # [manifest] key, icefloe.store.probe)
-  store_url        = "s3://${local.bucket_name}/${var.batch_prefix}"
-  warehouse_url    = "s3://${local.bucket_name}/${var.warehouse_prefix}"
-  batch_keys       = "${var.batch_prefix}/batches/*"
-  manifest_key     = "${var.batch_prefix}/manifest/queue"
-  probe_keys       = "${var.batch_prefix}/_icefloe/probe/*"
-  bucket_arn       = "arn:${local.partition}:s3:::${local.bucket_name}"
-  use_postgres     = var.catalog == "postgres"
+  # what the load balancer forwards (lb.tf): the ingest routes of ingestor/http_app.py and
+  # the icefloe.v1.Ingest gRPC service; /metrics, /healthz, /readyz and gRPC reflection and
+  # health stay inside the VPC
+  ingest_http_paths = ["/v1/streams/*/events", "/ingest/*", "/collect/*"]
+  ingest_grpc_paths = ["/icefloe.v1.Ingest/*"]
+
+  # where icefloe keeps its objects. The data bucket (versioned) holds batch files and the
+  # warehouse; the control bucket (unversioned: see s3.tf) holds the objects rewritten by
+  # compare-and-swap. Keys are relative to the store URLs (icefloe.publish, [manifest] key,
+  # [admin] registry_key, collector.staging, icefloe.store.probe).
+  control_bucket_name = "${local.bucket_name}-control"
+  store_url           = "s3://${local.bucket_name}/${var.batch_prefix}"
+  control_url         = "s3://${local.control_bucket_name}/${var.batch_prefix}"
+  warehouse_url       = "s3://${local.bucket_name}/${var.warehouse_prefix}"
+  batch_keys          = "${var.batch_prefix}/batches/*"
+  manifest_key        = "${var.batch_prefix}/manifest/queue"
+  registry_key        = "${var.batch_prefix}/registry/registry.json"
+  staging_keys        = "${var.batch_prefix}/staging/*"
+  probe_keys          = "${var.batch_prefix}/_icefloe/probe/*"
+  bucket_arn          = "arn:${local.partition}:s3:::${local.bucket_name}"
+  control_bucket_arn  = "arn:${local.partition}:s3:::${local.control_bucket_name}"
+  use_postgres        = var.catalog == "postgres"
+
+  # what pyiceberg's Glue catalog calls (collector and admin), in this account and region
+  glue_catalog_actions = [
+    "glue:GetDatabase",
+    "glue:GetDatabases",
+    "glue:CreateDatabase",
+    "glue:GetTable",
+    "glue:GetTables",
+    "glue:CreateTable",
+    "glue:UpdateTable",
+  ]
+  glue_catalog_resources = [
+    "arn:${local.partition}:glue:${var.aws_region}:${local.account_id}:catalog",
+    "arn:${local.partition}:glue:${var.aws_region}:${local.account_id}:database/*",
+    "arn:${local.partition}:glue:${var.aws_region}:${local.account_id}:table/*/*",
+  ]
   config_file_path = coalesce(var.config_file, "${path.module}/icefloe.toml")
 
   image = "${aws_ecr_repository.icefloe.repository_url}:${var.image_tag}"
@@ -35,10 +65,12 @@ locals {
   # the icefloe command lines (the image's entrypoint runs `icefloe ARGS`)
   ingestor_command  = ["ingestor", "--log-format", "json"]
   collector_command = ["collector", "--log-format", "json"]
+  admin_command     = ["admin", "--log-format", "json"]
 
   # environment of the containers (concatenated per role in ecs.tf)
   environment_common = [
     { name = "ICEFLOE_STORE_URL", value = local.store_url },
+    { name = "ICEFLOE_STORE_CONTROL_URL", value = local.control_url },
     { name = "ICEFLOE_STORE_REGION", value = var.aws_region },
     { name = "ICEFLOE_DATA_DIR", value = "/tmp/icefloe-data" },
     { name = "AWS_REGION", value = var.aws_region },
@@ -55,6 +87,12 @@ locals {
     { name = "ICEFLOE_COLLECTOR_HOST", value = "0.0.0.0" },
     # Spark and the JVM write scratch files under $HOME; the root filesystem is read-only
     { name = "HOME", value = "/tmp" },
+  ]
+  environment_admin = [
+    { name = "ICEFLOE_CATALOG_TYPE", value = local.use_postgres ? "sql" : "glue" },
+    { name = "ICEFLOE_CATALOG_WAREHOUSE", value = local.warehouse_url },
+    # reachable from admin_allowed_cidr_blocks only (network.tf); every call needs a token
+    { name = "ICEFLOE_ADMIN_HOST", value = "0.0.0.0" },
   ]
   # the config file travels as a secret: write-token hashes may be in it
   config_secret = [{ name = "CONFIG_TOML", valueFrom = aws_secretsmanager_secret.config.arn }]

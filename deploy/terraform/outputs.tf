@@ -1,6 +1,11 @@
 output "bucket_name" {
-  description = "S3 bucket holding batch files, the manifest queue and the Iceberg warehouse."
+  description = "Versioned S3 data bucket holding batch files and the Iceberg warehouse."
   value       = aws_s3_bucket.data.id
+}
+
+output "control_bucket_name" {
+  description = "Unversioned S3 bucket holding the manifest queue, the stream registry and staging state."
+  value       = aws_s3_bucket.control.id
 }
 
 output "log_bucket_name" {
@@ -11,6 +16,11 @@ output "log_bucket_name" {
 output "store_url" {
   description = "icefloe store URL ([store] url) the tasks use, e.g. for `icefloe inspect manifest --store`."
   value       = local.store_url
+}
+
+output "control_url" {
+  description = "icefloe control URL ([store] control_url): where the manifest, registry and staging state live."
+  value       = local.control_url
 }
 
 output "warehouse_url" {
@@ -73,6 +83,16 @@ output "collector_role_arn" {
   value       = aws_iam_role.collector.arn
 }
 
+output "admin_role_arn" {
+  description = "IAM role of the admin API task (rewrite the registry, read the queue and staging state, write table metadata; no delete)."
+  value       = aws_iam_role.admin.arn
+}
+
+output "admin_service_name" {
+  description = "Name of the admin API ECS service (admin_count tasks)."
+  value       = aws_ecs_service.admin.name
+}
+
 output "catalog_type" {
   description = "Iceberg catalog in use: glue or postgres."
   value       = var.catalog
@@ -93,5 +113,6 @@ output "log_group_names" {
   value = {
     ingestor  = aws_cloudwatch_log_group.ingestor.name
     collector = aws_cloudwatch_log_group.collector.name
+    admin     = aws_cloudwatch_log_group.admin.name
   }
 }

@@ -1,5 +1,5 @@
-# --- the data bucket: batch files and the manifest queue under batch_prefix, the Iceberg
-# warehouse under warehouse_prefix ---------------------------------------------------------
+# --- the data bucket: batch files under batch_prefix, the Iceberg warehouse under
+# warehouse_prefix ----------------------------------------------------------------------------
 #
 # Lifecycle rules only abort stale multipart uploads and expire old object versions. They
 # never expire current objects: a batch file may be deleted only when no manifest entry
@@ -65,7 +65,7 @@ resource "aws_s3_bucket_lifecycle_configuration" "data" {
     id     = "expire-noncurrent-versions"
     status = "Enabled"
     filter {}
-    # old versions of the manifest (one per update) and of collected batch files
+    # old versions of collected batch files and replaced warehouse objects
     noncurrent_version_expiration {
       noncurrent_days = var.noncurrent_version_days
     }
@@ -103,6 +103,94 @@ resource "aws_s3_bucket_policy" "data" {
   bucket     = aws_s3_bucket.data.id
   policy     = data.aws_iam_policy_document.data_bucket.json
   depends_on = [aws_s3_bucket_public_access_block.data]
+}
+
+# --- the control bucket: the manifest queue, the stream registry, staging state and the
+# start-up probe object under batch_prefix ([store] control_url) -------------------------------
+#
+# Not versioned, on purpose. The manifest is one object rewritten by compare-and-swap on
+# every append, ack and lease renewal (tens of times per second). In a versioned bucket each
+# rewrite keeps the old body as a noncurrent version: with a few days of retention that is
+# millions of versions of one key, and S3 answers requests on such a key with 503 SlowDown.
+# Nothing here needs old versions: every object is a whole document written by CAS, and its
+# history is the Iceberg snapshots it led to. Only the batch files and the warehouse (the
+# data bucket) are versioned.
+
+resource "aws_s3_bucket" "control" {
+  #checkov:skip=CKV_AWS_21:objects rewritten by compare-and-swap tens of times per second; versions would pile up on one key until S3 throttles it (see above)
+  bucket = local.control_bucket_name
+}
+
+resource "aws_s3_bucket_ownership_controls" "control" {
+  bucket = aws_s3_bucket.control.id
+  rule {
+    object_ownership = "BucketOwnerEnforced"
+  }
+}
+
+resource "aws_s3_bucket_public_access_block" "control" {
+  bucket                  = aws_s3_bucket.control.id
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "control" {
+  bucket = aws_s3_bucket.control.id
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm     = "aws:kms"
+      kms_master_key_id = aws_kms_key.icefloe.arn
+    }
+    bucket_key_enabled = true
+  }
+}
+
+resource "aws_s3_bucket_logging" "control" {
+  bucket        = aws_s3_bucket.control.id
+  target_bucket = aws_s3_bucket.logs.id
+  target_prefix = "s3-access/${local.control_bucket_name}/"
+}
+
+resource "aws_s3_bucket_lifecycle_configuration" "control" {
+  bucket = aws_s3_bucket.control.id
+
+  rule {
+    id     = "abort-incomplete-multipart-uploads"
+    status = "Enabled"
+    filter {}
+    abort_incomplete_multipart_upload {
+      days_after_initiation = var.abort_multipart_days
+    }
+  }
+}
+
+data "aws_iam_policy_document" "control_bucket" {
+  statement {
+    sid     = "DenyInsecureTransport"
+    effect  = "Deny"
+    actions = ["s3:*"]
+    resources = [
+      aws_s3_bucket.control.arn,
+      "${aws_s3_bucket.control.arn}/*",
+    ]
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "Bool"
+      variable = "aws:SecureTransport"
+      values   = ["false"]
+    }
+  }
+}
+
+resource "aws_s3_bucket_policy" "control" {
+  bucket     = aws_s3_bucket.control.id
+  policy     = data.aws_iam_policy_document.control_bucket.json
+  depends_on = [aws_s3_bucket_public_access_block.control]
 }
 
 # --- the log bucket: S3 server access logs and load balancer access logs --------------------
@@ -187,7 +275,7 @@ data "aws_iam_policy_document" "logs_bucket" {
     condition {
       test     = "ArnLike"
       variable = "aws:SourceArn"
-      values   = [aws_s3_bucket.data.arn]
+      values   = [aws_s3_bucket.data.arn, aws_s3_bucket.control.arn]
     }
   }
 

@@ -72,13 +72,13 @@ variable "deletion_protection" {
 # --- object store ------------------------------------------------------------------------
 
 variable "bucket_name" {
-  description = "Name of the S3 bucket for batch files, the manifest and the Iceberg warehouse; null picks <name>-<account id>-<region>."
+  description = "Name of the S3 data bucket for batch files and the Iceberg warehouse; null picks <name>-<account id>-<region>. The unversioned control bucket (manifest, registry, staging state) is named <bucket>-control."
   type        = string
   default     = null
 }
 
 variable "batch_prefix" {
-  description = "Key prefix of icefloe's store inside the bucket (batch files, manifest queue): the store URL is s3://BUCKET/PREFIX."
+  description = "Key prefix of icefloe's store inside both buckets (batch files in the data bucket; manifest, registry and staging in the control bucket): the store URLs are s3://BUCKET/PREFIX and s3://BUCKET-control/PREFIX."
   type        = string
   default     = "ingest"
 
@@ -100,7 +100,7 @@ variable "warehouse_prefix" {
 }
 
 variable "noncurrent_version_days" {
-  description = "Days a replaced or deleted object version is kept before it expires. Every manifest update makes one, so keep this short."
+  description = "Days a replaced or deleted object version in the data bucket (collected batch files, warehouse objects) is kept before it expires. The manifest lives in the unversioned control bucket."
   type        = number
   default     = 3
 }
@@ -232,4 +232,23 @@ variable "db_backup_retention_days" {
   description = "Days of automated RDS backups of the catalog."
   type        = number
   default     = 14
+}
+
+# --- admin API ----------------------------------------------------------------------------
+
+variable "admin_count" {
+  description = "Admin API tasks (0 or 1). The admin API refuses to start without [admin] tokens in the config file: put a hash line from `icefloe token new` there, then set 1."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = contains([0, 1], var.admin_count)
+    error_message = "admin_count must be 0 or 1."
+  }
+}
+
+variable "admin_allowed_cidr_blocks" {
+  description = "CIDR blocks allowed to reach the admin API (port 8081, token-protected) inside the VPC; empty: none (reach it through a bastion or a peered network you add)."
+  type        = list(string)
+  default     = []
 }

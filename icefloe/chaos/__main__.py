@@ -45,6 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", metavar="DIR", help="keep the run's files here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary files")
     args = parser.parse_args(argv)
+    if args.json:
+        # `make chaos` names bench/results/..., which a fresh clone does not have (ignored
+        # by git): create the folder up front, so a run of many minutes never ends in a
+        # failed write of its result
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     opts = Options(duration_s=args.duration, seed=args.seed, store=args.store,
                    ingestors=args.ingestors, clients=args.clients, rate=args.rate,
                    keep=args.keep or args.workdir is not None, workdir=args.workdir)

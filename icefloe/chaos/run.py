@@ -359,7 +359,8 @@ def _consumed(config: Any) -> bool:
 
     async def check() -> bool:
         store = open_async_store(config.store.url, options_for(config.store.endpoint_url,
-                                                              config.store.region))
+                                                              config.store.region),
+                                 control_url=config.store.control_url)
         try:
             manifest = (await load(store, config.manifest.key)).manifest
         finally:

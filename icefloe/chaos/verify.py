@@ -106,7 +106,8 @@ async def manifest_and_leaks(config: Config) -> tuple[int, int]:
     from collector.gc import collect_garbage
 
     store = open_async_store(config.store.url, options_for(config.store.endpoint_url,
-                                                          config.store.region))
+                                                          config.store.region),
+                             control_url=config.store.control_url)
     try:
         loaded = await load(store, config.manifest.key)
         await collect_garbage(store, config.manifest.key, grace_s=0.0)

@@ -44,6 +44,7 @@ def resolve_store(args: argparse.Namespace) -> None:
 
     _, config = config_from_args(args, example=True)
     args.store = config.store.url
+    args.control_store = config.store.control_url  # manifest and registry, if apart
     if getattr(args, "endpoint_url", None) is None:
         args.endpoint_url = config.store.endpoint_url
     if getattr(args, "region", None) is None:

@@ -68,7 +68,8 @@ def run_manifest(args: argparse.Namespace) -> int:
     resolve_store(args)
 
     async def read() -> tuple[Manifest, str | None, int]:
-        store = open_async_store(args.store, store_options(args))
+        store = open_async_store(args.store, store_options(args),
+                                 control_url=getattr(args, "control_store", None))
         try:
             loaded = await load(store, args.key)
         finally:

@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     resolve_store(args)
 
     async def probe() -> None:
-        store = open_async_store(args.store, store_options(args))
+        store = open_async_store(args.store, store_options(args),
+                                 control_url=getattr(args, "control_store", None))
         try:
             await probe_conditional_writes(store)
         finally:

@@ -131,7 +131,8 @@ def registry_version(config: Config) -> int | None:
 
     async def read() -> int:
         store = open_async_store(config.store.url, options_for(config.store.endpoint_url,
-                                                               config.store.region))
+                                                               config.store.region),
+                                 control_url=config.store.control_url)
         try:
             return (await RegistryStore(store, config.admin.registry_key).read()).version
         finally:

@@ -93,9 +93,19 @@ def open_store(url: str, options: StoreOptions | None = None) -> ObjectStore:
     return RetryingStore(inner, options.retry)
 
 
-def open_async_store(url: str, options: StoreOptions | None = None) -> AsyncObjectStore:
-    """An asyncio, retrying store for ``url`` (aiobotocore for S3)."""
+def open_async_store(url: str, options: StoreOptions | None = None, *,
+                     control_url: str | None = None) -> AsyncObjectStore:
+    """An asyncio, retrying store for ``url`` (aiobotocore for S3).
+
+    With a ``control_url`` other than ``url``, batch files stay at ``url`` and the manifest,
+    registry, staging state and probe object go to ``control_url``
+    (:mod:`icefloe.store.split` says why)."""
     options = options or StoreOptions()
+    if control_url and control_url.rstrip("/") != url.rstrip("/"):
+        from icefloe.store.split import SplitAsyncStore
+
+        return SplitAsyncStore(open_async_store(url, options),
+                               open_async_store(control_url, options))
     scheme = _scheme(url)
     if scheme == "file" and options.local_helper:
         from icefloe.store.process import ProcessAsyncStore
