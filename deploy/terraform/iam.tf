@@ -186,11 +186,25 @@ data "aws_iam_policy_document" "collector" {
     }
   }
   statement {
-    # the manifest (lease, acks, dequeues), staging state and staged files
-    sid       = "ControlObjects"
+    # lease, acks and dequeues: compare-and-swap rewrites of the one manifest object
+    sid       = "ConsumeManifest"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.control_bucket_arn}/${local.manifest_key}"]
+  }
+  statement {
+    # staged rows of sinks with commit conditions: state documents and Parquet files
+    sid       = "StagingArea"
     effect    = "Allow"
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-    resources = ["${local.control_bucket_arn}/${var.batch_prefix}/*"]
+    resources = ["${local.control_bucket_arn}/${local.staging_keys}"]
+  }
+  statement {
+    # routes entries by the sinks the admin API defined; only the admin API writes it
+    sid       = "ReadStreamRegistry"
+    effect    = "Allow"
+    actions   = ["s3:GetObject"]
+    resources = ["${local.control_bucket_arn}/${local.registry_key}"]
   }
   statement {
     sid       = "ListControlPrefix"
@@ -270,6 +284,18 @@ data "aws_iam_policy_document" "admin" {
     effect    = "Allow"
     actions   = ["s3:GetObject", "s3:PutObject"]
     resources = ["${local.bucket_arn}/${var.warehouse_prefix}/*"]
+  }
+  statement {
+    # pyiceberg's S3 file system lists a key's "folder" before writing a metadata file
+    sid       = "ListWarehouse"
+    effect    = "Allow"
+    actions   = ["s3:ListBucket"]
+    resources = [local.bucket_arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["${var.warehouse_prefix}/*"]
+    }
   }
   statement {
     sid       = "UseBucketKey"

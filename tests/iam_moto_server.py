@@ -1,0 +1,50 @@
+"""A moto server (S3 + IAM) in its own process that can enforce IAM policies, recording each
+authorization decision: ``python tests/iam_moto_server.py RECORD.jsonl``.
+
+Why a process of its own: moto's enforcement switch (``INITIAL_NO_AUTH_ACTION_COUNT``,
+reset through ``POST /moto-api/reset-auth``) is global to the process, and the suite's
+other moto server runs inside pytest without it. Why record: the tests need to know which
+(principal, action, resource) pairs the real processes asked for, to show that each policy
+statement is used and to name what was refused.
+
+Prints the endpoint on its first stdout line and serves until stdin closes. Requests are
+served one at a time (:class:`icefloe.chaos.moto_server.MotoServer`), so conditional writes
+are atomic as on S3.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+
+def main(record_path: str) -> None:
+    from moto.iam import access_control
+
+    from icefloe.chaos.moto_server import MotoServer
+
+    record = open(record_path, "a", buffering=1)  # noqa: SIM115 - open for the process life
+    lock = threading.Lock()
+    original = access_control.IAMRequestBase.check_action_permitted
+
+    def check_and_record(self: access_control.IAMRequestBase, resource: str) -> None:
+        allowed = False
+        try:
+            original(self, resource)
+            allowed = True
+        finally:
+            user = getattr(self._access_key, "_owner_user_name", "?")
+            with lock:
+                record.write(json.dumps({"user": user, "action": self._action,
+                                         "resource": resource, "allowed": allowed}) + "\n")
+
+    access_control.IAMRequestBase.check_action_permitted = check_and_record  # type: ignore
+    server = MotoServer()
+    print(server.endpoint, flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
