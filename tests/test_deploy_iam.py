@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -449,3 +450,58 @@ def _check_every_statement_used(world: World, roles: tuple[str, ...]) -> None:
     assert unused == explained, (
         f"unused but not explained: {sorted(unused - explained)}; explained but used "
         f"after all: {sorted(explained - unused)}")
+
+
+# --- the load balancer ---------------------------------------------------------------------
+
+def test_should_route_only_the_ingest_paths_and_service_through_the_load_balancer():
+    """lb.tf, evaluated: each listener answers 404 by default and forwards only the ingest
+    routes the ingestor really serves; /metrics, health and reflection stay inside."""
+    import fnmatch
+
+    from ingestor.http_app import _ingest_target
+    from icefloe.v1 import ingest_pb2
+
+    tf = module()
+    resources = tf.typed_blocks("resource")
+    # only the routing is evaluated (ARNs and certificates are AWS's to know)
+    listeners = {name: {"default_action": tf.value(body["default_action"])}
+                 for (rtype, name), body in resources.items() if rtype == "aws_lb_listener"}
+    assert set(listeners) == {"https", "grpc"}
+    for name, listener in listeners.items():
+        (default,) = listener["default_action"]
+        assert default["type"] == "fixed-response", f"listener {name} forwards by default"
+        assert default["fixed_response"][0]["status_code"] == "404"
+    rules: dict[str, list[str]] = {}
+    for (rtype, name), body in resources.items():
+        if rtype != "aws_lb_listener_rule":
+            continue
+        rule = {key: tf.value(body[key]) for key in ("action", "condition")}
+        (action,) = rule["action"]
+        assert action["type"] == "forward"
+        listener = re.fullmatch(r"\$\{aws_lb_listener\.(\w+)\.arn\}", body["listener_arn"])
+        assert listener, body["listener_arn"]
+        target = {"https": "http", "grpc": "grpc"}[listener.group(1)]
+        assert action["target_group_arn"].endswith(f"targetgroup/{target}"), action
+        (condition,) = rule["condition"]
+        assert set(condition) == {"path_pattern"}, condition
+        rules.setdefault(listener.group(1), []).extend(condition["path_pattern"][0]["values"])
+
+    def routed(listener: str, path: str) -> bool:
+        return any(fnmatch.fnmatchcase(path, p) for p in rules[listener])
+
+    for pattern in rules["https"]:
+        example = pattern.replace("*", "pageviews")
+        assert _ingest_target(example) is not None, f"{pattern} is no ingest route"
+    for path in ("/v1/streams/pageviews/events", "/ingest/pageviews",
+                 "/collect/web/pageviews", "/collect/web/pageviews/batch"):
+        assert routed("https", path), path
+    for path in ("/metrics", "/healthz", "/readyz", "/openapi.json", "/", "/v1/streams"):
+        assert not routed("https", path), f"{path} is reachable through the load balancer"
+    service = ingest_pb2.DESCRIPTOR.services_by_name["Ingest"]
+    for method in service.methods:
+        assert routed("grpc", f"/{service.full_name}/{method.name}"), method.name
+    for path in ("/grpc.health.v1.Health/Check",
+                 "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                 "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"):
+        assert not routed("grpc", path), f"{path} is reachable through the load balancer"

@@ -30,6 +30,9 @@ KNOWN_ATTRIBUTES: dict[str, str] = {
     "data.aws_caller_identity.current.account_id": ACCOUNT_ID,
     "data.aws_partition.current.partition": PARTITION,
     "aws_kms_key.icefloe.arn": f"arn:{PARTITION}:kms:us-east-1:{ACCOUNT_ID}:key/icefloe",
+    **{f"aws_lb_target_group.{name}.arn":
+       f"arn:{PARTITION}:elasticloadbalancing:us-east-1:{ACCOUNT_ID}:targetgroup/{name}"
+       for name in ("http", "grpc")},
 }
 """Attributes of resources and data sources that only AWS knows, fixed for the tests.
 Any other resource attribute is :class:`Unsupported`."""
