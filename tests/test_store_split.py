@@ -70,7 +70,8 @@ def test_should_keep_batch_files_apart_from_manifest_registry_staging_and_probe(
             loaded = await load(store, config.manifest.key)
             assert [e.sequence for e in loaded.manifest.entries] == [sequence]
             gc = await collect_garbage(store, config.manifest.key, grace_s=0.0)
-            assert gc.listed == 1 and gc.referenced == 1  # GC lists the data bucket
+            assert gc.listed == 1
+            assert gc.referenced == 1
             return sequence or 0
         finally:
             await store.close()
@@ -101,7 +102,8 @@ def test_should_refuse_a_control_url_inside_the_batch_files(tmp_path: Path) -> N
     path.write_text('[store]\nurl = "s3://b/ingest"\ncontrol_url = "s3://b/ingest/batches/x"\n')
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert "store.control_url" in str(info.value) and "store.url" in str(info.value)
+    assert "store.control_url" in str(info.value)
+    assert "store.url" in str(info.value)
 
 
 def test_should_take_the_control_url_from_the_environment(tmp_path: Path) -> None:
