@@ -83,11 +83,14 @@ def child_env() -> dict[str, str]:
 class Child:
     """A child process whose stdout lines are read by a thread, so waits can time out."""
 
-    def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, log: Path,
+                 env: dict[str, str] | None = None) -> None:
+        """``env``: the child's whole environment (default :func:`child_env`)."""
         self.log = log
         self._err = log.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "icefloe", *args], cwd=cwd,
-                                     env=child_env(), stdout=subprocess.PIPE,
+                                     env=child_env() if env is None else env,
+                                     stdout=subprocess.PIPE,
                                      stderr=self._err, text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []

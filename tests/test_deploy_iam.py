@@ -125,8 +125,8 @@ class World:
         return env
 
     def start(self, user: str, role: str) -> Child:
-        return EnvChild([role, "--log-format", "text"], self.tmp,
-                        self.tmp / f"{user}.log", self.env(user, role))
+        return Child([role, "--log-format", "text"], self.tmp, self.tmp / f"{user}.log",
+                     self.env(user, role))
 
     def bucket(self, name: str) -> str:
         return str(module().local(name))
@@ -135,20 +135,6 @@ class World:
         listed = self.client("operator").list_objects_v2(
             Bucket=self.bucket("bucket_name"), Prefix=prefix)
         return [o["Key"] for o in listed.get("Contents", [])]
-
-
-class EnvChild(Child):
-    """:class:`process_support.Child` with an environment of its own (the role's keys)."""
-
-    def __init__(self, args: list[str], cwd: Path, log: Path, env: dict[str, str]) -> None:
-        import process_support
-
-        original = process_support.child_env
-        process_support.child_env = lambda: env  # Child reads it once, in __init__
-        try:
-            super().__init__(args, cwd, log)
-        finally:
-            process_support.child_env = original
 
 
 @pytest.fixture(scope="module")
