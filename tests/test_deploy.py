@@ -740,7 +740,9 @@ def icefloe_argv() -> Iterator[tuple[str, list[str]]]:
         if name.endswith("_command"):
             yield f"terraform local.{name}", argv
     for path in deploy_files(".md"):
-        for block in re.findall(r"```(?:sh|bash|console)?\n(.*?)```", path.read_text(), re.S):
+        for lang, block in re.findall(r"```(\w*)\n(.*?)```", path.read_text(), re.S):
+            if lang not in ("", "sh", "bash", "console"):
+                continue  # a toml or yaml example
             for line in block.replace("\\\n", " ").splitlines():
                 tokens = shlex.split(line, comments=True)
                 for i, token in enumerate(tokens):
