@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -50,7 +51,7 @@ from icefloe.schema import CompiledStream, InvalidEvents
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 from ingestor.auth import NeedsVerification
 from ingestor.client_address import TrustedProxies
-from ingestor.errors import IngestError, Unavailable
+from ingestor.errors import BadRequest, IngestError, Unavailable
 from ingestor.runtime import IngestorRuntime
 from ingestor.service import Caller
 from ingestor.tls import CertificateReloader
@@ -129,13 +130,59 @@ def _pack(message: Any) -> any_pb2.Any:
 
 
 def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
-    """The token of ``authorization: Bearer <token>`` metadata, else None."""
-    for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str):
-            scheme, _, token = value.strip().partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+    """The token of ``authorization: Bearer <token>`` metadata, else None.
+
+    Raises:
+        BadRequest: ``authorization`` sent more than once (``duplicate_header``): which one
+            counts is ambiguous, so neither does (as on HTTP).
+    """
+    values = [value for key, value in metadata or () if key == "authorization"]
+    if len(values) > 1:
+        raise BadRequest("the authorization metadata was sent more than once; send it once",
+                         code="duplicate_header",
+                         details=[{"index": None, "field": "authorization",
+                                   "reason": "repeated metadata"}])
+    if values and isinstance(values[0], str):
+        scheme, _, token = values[0].strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
     return None
+
+
+class Malformed(NamedTuple):
+    """What the request deserializer gives for bytes that are not a ``PublishRequest``
+    (grpc would otherwise end the call with UNKNOWN): refused with INVALID_ARGUMENT."""
+
+    reason: str
+
+
+def parse_request(data: bytes) -> ingest_pb2.PublishRequest | Malformed:
+    """``PublishRequest.FromString`` that never raises (see :class:`Malformed`)."""
+    try:
+        return ingest_pb2.PublishRequest.FromString(data)
+    except DecodeError:
+        return Malformed("the message is not a valid icefloe.v1.PublishRequest (bad "
+                         "protobuf encoding, or a string field that is not UTF-8)")
+
+
+def _malformed_error(request: Malformed) -> BadRequest:
+    return BadRequest(request.reason, code="invalid_protobuf")
+
+
+def add_ingest_servicer(servicer: IngestServicer, server: grpc.aio.Server) -> None:
+    """Register ``icefloe.v1.Ingest`` as the generated code does, but with
+    :func:`parse_request` as the deserializer."""
+    handlers = {
+        "Publish": grpc.unary_unary_rpc_method_handler(
+            servicer.Publish, request_deserializer=parse_request,
+            response_serializer=ingest_pb2.PublishResponse.SerializeToString),
+        "PublishStream": grpc.stream_stream_rpc_method_handler(
+            servicer.PublishStream, request_deserializer=parse_request,
+            response_serializer=ingest_pb2.PublishResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 Metadata = Sequence[tuple[str, str | bytes]] | None
@@ -196,12 +243,19 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         for reader in list(self._readers):
             reader.cancel()
 
-    async def Publish(self, request: ingest_pb2.PublishRequest,
+    async def Publish(self, request: ingest_pb2.PublishRequest | Malformed,
                       context: grpc.aio.ServicerContext) -> ingest_pb2.PublishResponse:
         metadata = context.invocation_metadata()
+        try:
+            if isinstance(request, Malformed):
+                raise _malformed_error(request)
+            token = bearer_token(metadata)
+        except BadRequest as refused:
+            self._refused(None, refused)
+            await context.abort_with_status(rpc_status.to_status(error_status(refused)))
+            raise  # not reached: abort raises
         accepted, error = await self._attempt(
-            request, bearer_token(metadata), client_address(context, self.service.proxies),
-            metadata)
+            request, token, client_address(context, self.service.proxies), metadata)
         if error is not None:
             status = error_status(error, retry_after_s=self.retry_after_s,
                                   max_details_bytes=MAX_TRAILER_DETAILS_BYTES)
@@ -214,7 +268,12 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         if self.draining:
             await self._abort_draining(context)
         metadata = context.invocation_metadata()
-        token = bearer_token(metadata)
+        try:
+            token = bearer_token(metadata)
+        except BadRequest as refused:
+            self._refused(None, refused)
+            await context.abort_with_status(rpc_status.to_status(error_status(refused)))
+            raise  # not reached: abort raises
         client = client_address(context, self.service.proxies)
         slots = asyncio.Semaphore(self.max_inflight)
         order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None] = \
@@ -265,8 +324,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         finally:
             order.put_nowait(None)
 
-    async def _respond(self, request: ingest_pb2.PublishRequest, token: str | None,
-                       client: str | None, metadata: Metadata) -> ingest_pb2.PublishResponse:
+    async def _respond(self, request: ingest_pb2.PublishRequest | Malformed,
+                       token: str | None, client: str | None, metadata: Metadata
+                       ) -> ingest_pb2.PublishResponse:
+        if isinstance(request, Malformed):  # answered in order; the stream goes on
+            error = _malformed_error(request)
+            self._refused(None, error)
+            return ingest_pb2.PublishResponse(error=error_status(error))
         accepted, error = await self._attempt(request, token, client, metadata)
         if error is None:
             return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
@@ -293,8 +357,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             self._refused(request, error)
             return 0, error
         except Exception as exc:  # a bug must not leave the client without an answer
-            log.exception("gRPC publish to stream %r failed unexpectedly", request.stream)
-            error = IngestError(f"internal error: {exc}; nothing was acknowledged")
+            log.exception("gRPC publish to stream %r failed unexpectedly", request.stream,
+                          exc_info=exc)
+            # the exception's text stays in the log: it may say more than a client should see
+            error = IngestError("internal error; the ingestor logged it; nothing was "
+                                "acknowledged")
             self._refused(request, error)
             return 0, error
         self._ack.observe(time.perf_counter() - started)
@@ -327,10 +394,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                                 meta=meta)
         return durable, stream, len(events)
 
-    def _refused(self, request: ingest_pb2.PublishRequest, error: IngestError) -> None:
-        label = request.stream if request.stream in self.service.streams \
-            else UNKNOWN_STREAM_LABEL
-        self.service.reject(label, error, len(request.events))
+    def _refused(self, request: ingest_pb2.PublishRequest | None, error: IngestError) -> None:
+        """Count a refusal (``request`` None: refused before it could be read)."""
+        label = request.stream if request is not None and \
+            request.stream in self.service.streams else UNKNOWN_STREAM_LABEL
+        self.service.reject(label, error, 1 if request is None else len(request.events))
         self.metrics.requests.labels("grpc", label, error.grpc_code.name).inc()
 
 
@@ -389,7 +457,7 @@ async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
         ("grpc.max_concurrent_streams", ing.grpc_max_streams_per_connection),
     ])
     servicer = IngestServicer(runtime, max_inflight=max_inflight)
-    ingest_pb2_grpc.add_IngestServicer_to_server(servicer, server)
+    add_ingest_servicer(servicer, server)
     health_servicer = _Health(servicer)
     for name in (health.OVERALL_HEALTH, SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

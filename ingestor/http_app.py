@@ -110,6 +110,9 @@ _WANTED: Final = {
 }
 _JOINED: Final = frozenset({"forwarded", "x_forwarded_for"})
 """Headers a request may repeat; their values are joined with commas (RFC 9110 5.3)."""
+_SINGLE: Final = {"authorization": "Authorization", "idempotency_key": "Idempotency-Key"}
+"""Headers a request may not repeat: which of two tokens or keys counts is ambiguous, and
+an ingestor and a proxy in front of it may pick differently (400 ``duplicate_header``)."""
 _MEDIA_TYPES: Final = {
     b"": "json", b"application/json": "json", b"text/plain": "json",
     b"application/x-ndjson": "ndjson", b"application/ndjson": "ndjson",
@@ -178,7 +181,7 @@ class _Request:
     """The headers an ingest needs (picked out in one pass) and what the handler learnt."""
 
     __slots__ = ("authorization", "content_encoding", "content_length", "content_type",
-                 "count", "forwarded", "idempotency_key", "origin", "stream",
+                 "count", "forwarded", "idempotency_key", "origin", "repeated", "stream",
                  "x_forwarded_for")
 
     def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
@@ -192,15 +195,29 @@ class _Request:
         self.x_forwarded_for: bytes | None = None
         self.stream = "-"  # metrics label: only configured names, never client input
         self.count = 1  # events refused if this request fails (1 until the body is parsed)
+        self.repeated: str | None = None  # a header of _SINGLE sent twice
         for name, value in raw:
             attr = _WANTED.get(name)
             if attr is not None:
-                if attr in _JOINED and getattr(self, attr) is not None:
-                    value = getattr(self, attr) + b"," + value
+                previous = getattr(self, attr)
+                if previous is not None:
+                    if attr in _JOINED:
+                        value = previous + b"," + value
+                    elif attr in _SINGLE:
+                        self.repeated = _SINGLE[attr]
                 setattr(self, attr, value)
 
     def token(self) -> str | None:
-        """The bearer token; another scheme counts as no token (401, which says what to send)."""
+        """The bearer token; another scheme counts as no token (401, which says what to send).
+
+        Raises:
+            BadRequest: Authorization or Idempotency-Key was sent more than once.
+        """
+        if self.repeated is not None:
+            raise BadRequest(f"the {self.repeated} header was sent more than once; send it "
+                             "once", code="duplicate_header",
+                             details=[{"index": None, "field": self.repeated,
+                                       "reason": "repeated header"}])
         value = self.authorization
         if value is None or value[:7].lower() != b"bearer ":
             return None

@@ -31,6 +31,12 @@ class IngestMetrics:
         self.events_rejected = Counter("icefloe_ingest_events_rejected",
                                        "Events refused, by reason", ["stream", "reason"],
                                        registry=r)
+        self.client_errors = Counter(
+            "icefloe_ingest_client_errors", "Requests refused because of the client (4xx but "
+            "429), by error code (ingestor.client_errors)", ["code"], registry=r)
+        self.client_error_logs_suppressed = Counter(
+            "icefloe_ingest_client_error_logs_suppressed", "Client-error log lines left out "
+            "by the per-code rate limit", registry=r)
         self.buffer_bytes = Gauge("icefloe_ingest_buffer_bytes",
                                   "Bytes buffered or being flushed (not yet acknowledged)",
                                   registry=r)
