@@ -28,6 +28,7 @@ from test_http import (
 )
 
 from icefloe.clock import ManualClock
+from icefloe.config import Column, StreamConfig
 from icefloe.schema import MAX_JSON_DEPTH
 from icefloe.v1 import ingest_pb2
 from ingestor.client_errors import ClientErrorLog
@@ -99,10 +100,15 @@ async def test_bad_bodies_are_400_with_a_stable_code_and_no_traceback(
 
 async def test_the_nesting_limit_is_inclusive_and_reported_per_event(http):  # noqa: F811
     at_limit = b'{"j":' + deep(MAX_JSON_DEPTH) + b"}"
-    body = b"[" + at_limit + b',{"j":{"a":' + deep(MAX_JSON_DEPTH) + b"}}]"
+    too_deep = b'{"j":{"a":' + deep(MAX_JSON_DEPTH) + b"}}"
+    body = b"[" + b",".join([at_limit, too_deep, at_limit, too_deep]) + b"]"
     r = await http.client.post(ALLTYPES, content=body)
     details = error(r, 400, "json_too_deep")["details"]
-    assert [(d["index"], d["field"]) for d in details] == [(1, "j")]
+    assert [(d["index"], d["field"]) for d in details] == [(1, "j"), (3, "j")]
+    mixed = b"[" + b",".join([too_deep, b'{"j":[1e999]}']) + b"]"
+    details = error(await http.client.post(ALLTYPES, content=mixed), 400,
+                    "validation_failed")["details"]
+    assert [d["reason"][:6] for d in details] == ["nested", "number"]
     r = await http.client.post(ALLTYPES, content=at_limit)
     assert r.status_code == 202, r.text
     # brackets inside strings are not nesting
@@ -353,3 +359,47 @@ def test_admin_405_names_every_allowed_method(admin, method, path, allow):  # no
     assert r.status_code == 405, r.text
     assert r.headers["allow"] == allow
     assert r.json()["error"] == "method_not_allowed"
+
+
+MAPPED = StreamConfig(
+    name="mapped", table="lab.mapped",
+    columns=(Column("user", "string", path="$.user.id"),
+             Column("props", "json", path="$.data.props"),
+             Column("first", "json", path="$.list[0]"),
+             Column("whole", "json", source="body")))
+
+
+@pytest.mark.parametrize(("event", "field", "code"), [
+    (b'{"user":{"id":"u"},"data":{"props":' + deep(MAX_JSON_DEPTH + 1) + b"}}", "props",
+     "json_too_deep"),
+    (b'{"user":{"id":"u"},"data":{"props":{"n":1e400}}}', "props", "number_out_of_range"),
+    (b'{"user":{"id":"u"},"list":[[' + b"9" * 400 + b"]]}", "first", "number_out_of_range"),
+    (b'{"user":{"id":"u"},"list":[1e999]}', "first", "number_out_of_range"),
+    (b'{"user":{"id":"u"},"x":' + deep(MAX_JSON_DEPTH + 1) + b"}", "whole", "json_too_deep"),
+], ids=["path-deep", "path-1e400", "index-path-big-int", "index-path-1e999", "body-deep"])
+async def test_mapped_json_columns_refuse_what_readers_could_not_parse(
+        tmp_path, caplog, event, field, code):
+    config = make_config(tmp_path / "store", (MAPPED,))
+    async with grpc_serving(config) as (runtime, served):
+        exc = await refused(served.port, request("mapped", b'{"user":{"id":"ok"}}', event))
+        status = rpc_status.from_call(exc)
+        assert (exc.code(), reason(status)) == (grpc.StatusCode.INVALID_ARGUMENT, code)
+        assert [f for f, _ in violations(status)] == [f"events[1].{field}"]
+        assert (await publish(served.port, request("mapped", b'{"user":{"id":"ok"}}'))
+                ).accepted == 1
+        assert len(await stored_events(runtime.config.store.url)) == 1
+    no_traceback(caplog)
+
+
+async def test_grpc_internal_errors_carry_no_exception_text(tmp_path, monkeypatch, caplog):
+    """A bug is INTERNAL with a fixed message; its text and traceback go to the log only."""
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("secret-detail at /srv/icefloe")
+
+    async with grpc_serving(make_config(tmp_path / "store")) as (runtime, served):
+        monkeypatch.setattr(runtime.service, "admit", broken)
+        exc = await refused(served.port, request("pageviews", b'{"user_id":"a"}'))
+        assert exc.code() == grpc.StatusCode.INTERNAL
+        assert "secret-detail" not in exc.details()
+        assert "RuntimeError" not in exc.details()
+    assert any(r.exc_info and "secret-detail" in str(r.exc_info[1]) for r in caplog.records)
