@@ -13,21 +13,26 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-FUNCTIONS = frozenset("""
-abs absent absent_over_time ceil changes clamp clamp_max clamp_min day_of_month day_of_week
-day_of_year days_in_month delta deriv exp floor histogram_avg histogram_count
-histogram_fraction histogram_quantile histogram_stddev histogram_stdvar histogram_sum
-hour idelta increase irate label_join label_replace ln log10 log2 minute month
-predict_linear rate resets round scalar sgn sort sort_desc sqrt time timestamp vector year
-avg_over_time min_over_time max_over_time sum_over_time count_over_time
-quantile_over_time stddev_over_time stdvar_over_time last_over_time present_over_time
-""".split())
-AGGREGATIONS = frozenset("""
-sum min max avg group stddev stdvar count count_values bottomk topk quantile limitk
-limit_ratio
-""".split())
-KEYWORDS = frozenset("by without on ignoring group_left group_right and or unless bool "
-                     "offset".split())
+FUNCTIONS = frozenset((
+    "abs", "absent", "absent_over_time", "ceil", "changes", "clamp", "clamp_max",
+    "clamp_min", "day_of_month", "day_of_week", "day_of_year", "days_in_month", "delta",
+    "deriv", "exp", "floor", "histogram_avg", "histogram_count", "histogram_fraction",
+    "histogram_quantile", "histogram_stddev", "histogram_stdvar", "histogram_sum", "hour",
+    "idelta", "increase", "irate", "label_join", "label_replace", "ln", "log10", "log2",
+    "minute", "month", "predict_linear", "rate", "resets", "round", "scalar", "sgn", "sort",
+    "sort_desc", "sqrt", "time", "timestamp", "vector", "year", "avg_over_time",
+    "min_over_time", "max_over_time", "sum_over_time", "count_over_time",
+    "quantile_over_time", "stddev_over_time", "stdvar_over_time", "last_over_time",
+    "present_over_time",
+))
+AGGREGATIONS = frozenset((
+    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
+    "bottomk", "topk", "quantile", "limitk", "limit_ratio",
+))
+KEYWORDS = frozenset((
+    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+    "bool", "offset",
+))
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*\{([^{}]*)\}")
@@ -121,7 +126,7 @@ def exported(registry: CollectorRegistry) -> dict[str, Exported]:
     """Every metric of a registry by sample name. Label names come from the metric objects
     (a labelled metric with no children yet has no samples to read them from)."""
     label_names: dict[str, tuple[str, ...]] = {}
-    for collector in list(registry._collector_to_names):  # noqa: SLF001 - label names
+    for collector in list(registry._collector_to_names):
         name = getattr(collector, "_name", None)
         if name is not None:
             label_names[name] = tuple(getattr(collector, "_labelnames", ()))
