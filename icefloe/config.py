@@ -345,6 +345,15 @@ _LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies", "models", "tokens"}
 """Lists the environment gives comma-separated."""
 
 
+_HASH_START = re.compile(r",(?=\s*(?:scrypt|pbkdf2-sha256)\$)")
+"""A comma that starts another token hash: a scrypt hash has commas of its own
+(``scrypt$ln=14,r=8,p=1$...``), so token lists split only before the next hash."""
+
+
+def _split_list(field: str, value: str) -> list[str]:
+    return _HASH_START.split(value) if field == "tokens" else value.split(",")
+
+
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
@@ -355,7 +364,7 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
             if name in env and field not in FILE_ONLY:
                 value: Any = env[name]
                 if field in _LIST_FIELDS:
-                    value = [v.strip() for v in value.split(",") if v.strip()]
+                    value = [v.strip() for v in _split_list(field, value) if v.strip()]
                 raw.setdefault(section, {})[field] = value
 
 

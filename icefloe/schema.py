@@ -130,6 +130,8 @@ class CompiledStream:
                 raise self._explain_array(body) from None
             except msgspec.DecodeError as exc:
                 raise _malformed(exc) from None
+            if not events:  # nothing to buffer: refused like an empty body, never a 500
+                raise InvalidEvents("empty_body", "the JSON array holds no events")
         elif start == b"{":
             try:
                 events = [self._one.decode(body)]

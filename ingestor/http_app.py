@@ -17,7 +17,7 @@ Routes::
     POST    /collect/{schema}/{table}            one JSON object   (seed-compatible alias)
     POST    /collect/{schema}/{table}/batch      a JSON array      (seed-compatible alias)
     OPTIONS (the three above)                    CORS preflight
-    GET     /healthz  /readyz  /metrics
+    GET     /healthz  /readyz  /metrics  /openapi.json   (the last: ingestor.openapi)
 
 Content types: ``application/json`` and a missing Content-Type are JSON. ``text/plain`` is
 JSON too, because ``navigator.sendBeacon`` and CORS "simple" requests (no preflight) can
@@ -66,6 +66,7 @@ from ingestor.errors import (
     UnsupportedMediaType,
 )
 from ingestor.inflate import ENCODINGS, Inflater, body_too_large
+from ingestor.openapi import openapi_document
 from ingestor.runtime import IngestorRuntime
 from ingestor.service import Caller
 from ingestor.slow_clients import BodyRead, SlowClientGuard
@@ -285,7 +286,9 @@ class HttpApp:
         self._cors_origins = frozenset(o.rstrip("/").lower().encode()
                                        for o in ing.cors_origins if o != "*")
         self._gets: dict[str, Callable[[Send], Awaitable[None]]] = {
-            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
+            "/openapi.json": self._openapi}
+        self._openapi_body = msgspec.json.encode(openapi_document())
         self._counters: dict[tuple[str, int], Any] = {}
         self._decoders: dict[tuple[str, bytes | None], Decode] = {}
         self.ack_seconds = self.metrics.ack_seconds.labels("http")
@@ -545,6 +548,9 @@ class HttpApp:
         else:
             await self._error(send, Unavailable(reason, code="not_ready",
                                                 retry_after_s=self.retry_after_s), [], "-")
+
+    async def _openapi(self, send: Send) -> None:
+        await self._respond(send, 200, self._openapi_body, [_JSON], "-")
 
     async def _metrics(self, send: Send) -> None:
         body = generate_latest(self.metrics.registry)
