@@ -55,9 +55,12 @@ def build_wheel(source: Path, out: Path) -> Path:
     """The icefloe wheel built from the tree at ``source`` (offline: hatchling is a test
     dependency, so no isolated build environment is downloaded)."""
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(source)],
-                   check=True, capture_output=True, text=True, env=quiet_env())
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                             "--no-build-isolation", "-w", str(out), str(source)],
+                            check=False, capture_output=True, text=True, env=quiet_env())
+    if result.returncode != 0:
+        raise AssertionError(f"building the wheel from {source} failed:\n"
+                             f"{result.stderr[-3000:]}")
     (wheel,) = out.glob("icefloe-*.whl")
     return wheel
 
