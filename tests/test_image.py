@@ -223,25 +223,11 @@ columns = [{{ name = "id", type = "string", required = true }}]
     return path
 
 
-class VenvChild(Child):
-    """A ``Child`` whose icefloe is the given virtualenv's console script."""
-
-    def __init__(self, venv: Venv, args: list[str], cwd: Path, log: Path) -> None:
-        self.log = log
-        self._err = log.open("ab")
-        import queue
-        import threading
-        self.proc = subprocess.Popen([venv.icefloe, *args], cwd=cwd, env=quiet_env(
-            SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=venv.python), stdout=subprocess.PIPE,
-            stderr=self._err, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-
-def _start(venv: Venv, role: str, config: Path, tmp: Path) -> tuple[VenvChild, dict]:
-    child = VenvChild(venv, [role, "--config", str(config), "--log-format", "text"], tmp,
-                      tmp / f"{role}.log")
+def _start(venv: Venv, role: str, config: Path, tmp: Path) -> tuple[Child, dict]:
+    """``icefloe ROLE`` from the venv's console script (as the entrypoint runs it)."""
+    child = Child([role, "--config", str(config), "--log-format", "text"], tmp,
+                  tmp / f"{role}.log", command=[venv.icefloe],
+                  env=quiet_env(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=venv.python))
     return child, child.ready()
 
 
