@@ -611,7 +611,8 @@ async def test_cors_headers_on_responses_only_for_allowed_origins(http):
     ok = await http.client.post(EVENTS, content=b'{"user_id":"a"}', headers={"Origin": ORIGIN})
     bad = await http.client.post(EVENTS, content=b"{", headers={"Origin": ORIGIN})
     other = await http.client.post(EVENTS, content=b'{"user_id":"b"}',
-                                   headers={"Origin": "https://evil.example"})
+                                   headers={"Origin": "https://evil.example",
+                                            "Content-Type": "application/json"})
     assert ok.headers["access-control-allow-origin"] == ORIGIN
     assert "retry-after" in ok.headers["access-control-expose-headers"].lower()
     assert bad.status_code == 400
