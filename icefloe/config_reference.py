@@ -65,7 +65,9 @@ MEANING: dict[str, str] = {
                                 "requests with 503 (< manifest.append_deadline_s)",
     "ingestor.shutdown_timeout_s": "SIGTERM drain deadline",
     "ingestor.retry_after_s": "`Retry-After` on 429/503",
-    "ingestor.cors_origins": "browser origins allowed to POST (env: comma-separated)",
+    "ingestor.cors_origins": "browser origins allowed to POST, and to send `text/plain` or "
+                             "typeless bodies, which skip the preflight (env: "
+                             "comma-separated)",
     "ingestor.zstd_level": "batch file compression level",
     "ingestor.tls_cert_file": "PEM certificate chain for HTTP and gRPC (relative: to the config "
                               "folder); re-read within seconds when it changes, no restart",

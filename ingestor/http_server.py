@@ -149,11 +149,11 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
         headers_since: float | None = None
         idle_since: float | None = None
         # the limits' state: bytes read of the request head being parsed (counted while
-        # head_pending: between requests and inside a head), its header fields so far,
-        # its Transfer-Encoding values, why it is refused
+        # head_pending: between requests and inside a head), its HTTP version (read once
+        # here, also for the fast lane), its Transfer-Encoding values, why it is refused
         head_pending = True
         head_bytes = 0
-        header_count = 0
+        http_version = "1.1"
         transfer_encoding: list[bytes] | None = None
         refusal: tuple[int, str, str, str] | None = None
         lingering = False  # refused: what arrives is dropped until the close
@@ -163,7 +163,7 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
                 limits.count("max_connections")
-                self.lingering = True
+                self.lingering = self.head_pending = True
                 transport.close()
                 return
             self.cork = ResponseCork(transport, self.loop)
@@ -174,9 +174,9 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
             """uvicorn's, plus the head-size limit: bytes are counted per read while a head
             is pending, and checked once the parser has taken them (a read that completes
             the head resets the count, so a body in the same read never counts)."""
-            if self.lingering:
-                return
             if self.head_pending:
+                if self.lingering:
+                    return
                 self.head_bytes += len(data)
             self._unset_keepalive_if_required()
             try:
@@ -208,7 +208,7 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
             """Answer ``status`` with a JSON error, shut the write side and linger (see
             the module docstring); counted by ``reason``."""
             limits.count(reason)
-            self.lingering = True
+            self.lingering = self.head_pending = True  # head_pending: data_received looks
             self.headers_since = self.idle_since = None
             transport = self.transport
             if transport.is_closing():
@@ -241,15 +241,14 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
             self.url = b""
             self.expect_100_continue = False
             self.headers = []
-            self.header_count = 0
             self.transfer_encoding = None
             self.idle_since = None
             if self.headers_since is None:  # kept when it already waits (see below)
                 self.headers_since = guard.now()
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            count = self.header_count = self.header_count + 1
-            if count > max_headers:
+            headers = self.headers
+            if len(headers) >= max_headers:
                 self.refusal = (431, "header_count", "too_many_headers",
                                 f"the request has more than {max_headers} header fields "
                                 "(ingestor.max_headers)")
@@ -262,12 +261,13 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
                 if self.transfer_encoding is None:
                     self.transfer_encoding = []
                 self.transfer_encoding.append(value)
-            self.headers.append((name, value))
+            headers.append((name, value))
 
         def _check_framing(self) -> None:
             """505 for an HTTP version other than 1.0/1.1; 501 for a transfer coding other
             than plain ``chunked`` (raises :class:`_Refused`, ``refusal`` set)."""
-            if self.parser.get_http_version() not in ("1.1", "1.0"):
+            version = self.http_version = self.parser.get_http_version()
+            if version != "1.1" and version != "1.0":
                 self.refusal = _VERSION_REFUSAL
                 raise _Refused
             codings = self.transfer_encoding
