@@ -38,14 +38,19 @@ _ERRORS = {
     401: "the stream needs a write token: send Authorization: Bearer TOKEN",
     403: "the token is not one of this stream's",
     404: "no such stream (or no stream routes to this table)",
-    408: "the body arrived too slowly (ingestor.body_timeout_s)",
+    408: "the headers or body arrived too slowly (ingestor.header_timeout_s, "
+         "body_timeout_s) or the upload took over ingestor.body_max_s",
     413: "the body is over ingestor.max_body_bytes (received or decompressed)",
-    415: "Content-Type or Content-Encoding not accepted",
+    415: "Content-Type or Content-Encoding not accepted (text/plain and a missing "
+         "Content-Type only from requests without Origin or from an allowed origin)",
     429: "backpressure: the buffer or the manifest queue is full, or a rate limit; retry "
          "after Retry-After seconds",
+    431: "the request headers are over ingestor.max_header_bytes or max_headers",
     500: "a bug; the ingestor logged it and accepted nothing",
+    501: "a Transfer-Encoding other than plain chunked",
     503: "the object store is unreachable or the ingestor is shutting down; retry after "
          "Retry-After seconds",
+    505: "an HTTP version other than 1.0 or 1.1 on this port",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
                                 "schema": {"type": "string"}}}
@@ -96,7 +101,8 @@ def _ingest(summary: str, body: dict[str, Any], params: list[dict[str, Any]]
         "security": [{}, {"bearer": []}],
         "requestBody": {"required": True, "content": body},
         "responses": {"202": {"description": "durable", **_json(_ref("Accepted"))},
-                      **_errors(400, 401, 403, 404, 408, 413, 415, 429, 500, 503)},
+                      **_errors(400, 401, 403, 404, 408, 413, 415, 429, 431, 500, 501,
+                                  503, 505)},
     }
 
 
@@ -112,7 +118,8 @@ def openapi_document() -> dict[str, Any]:
     as_json = {"application/json": {"schema": {"oneOf": [
         _ref("Event"), {"type": "array", "items": _ref("Event"), "minItems": 1}]}},
         "text/plain": {"schema": {"type": "string", "description": "read as JSON (what "
-                                  "navigator.sendBeacon can send)"}},
+                                  "navigator.sendBeacon can send), only from requests "
+                                  "without Origin or from an origin in cors_origins"}},
         "application/x-ndjson": {"schema": {"type": "string",
                                             "description": "one JSON object per line"}}}
     one = {"application/json": {"schema": _ref("Event")},
