@@ -22,6 +22,9 @@ class CollectorMetrics:
         self.registry = r = CollectorRegistry()
         self.queue_length = Gauge("icefloe_collector_queue_entries",
                                   "Manifest entries not yet acknowledged", registry=r)
+        self.queue_max_entries = Gauge("icefloe_collector_queue_max_entries",
+                                       "manifest.max_entries: beyond it ingestors get 429 "
+                                       "queue_full (for alerts on queue_entries)", registry=r)
         self.lag_seconds = Gauge("icefloe_collector_lag_seconds",
                                  "Age of the oldest unconsumed manifest entry (store clock)",
                                  registry=r)

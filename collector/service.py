@@ -124,6 +124,7 @@ class Collector:
         self.hook = hook or (lambda stage: None)
         self.consumer = ManifestConsumer(store, config.manifest.build(),
                                          holder=holder or f"collector-{ULID()}", clock=clock)
+        self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
         self.routes = Routes(config_registry(config.streams))
         self._hold_s: float | None = None
         self.windows: dict[str, DedupWindow] = {}

@@ -189,6 +189,14 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     header_timeout_s: float = 10.0
     body_timeout_s: float = 20.0
     body_min_bytes_per_s: int = 1024
+    body_max_s: float = 300.0
+    """Longest one HTTP body may take, however steadily it arrives (408 and a close)."""
+    max_header_bytes: int = 64 * 1024
+    """Request line plus headers of one HTTP request; counted as they arrive, 431 beyond."""
+    max_headers: int = 100
+    """Header fields of one HTTP request; 431 beyond."""
+    max_connections: int = 10_000
+    """Open HTTP connections of one process; more are closed as soon as they are accepted."""
     grpc_max_streams_per_connection: int = 100
     http_fast_lane: bool = True
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
@@ -345,6 +353,15 @@ _LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies", "models", "tokens"}
 """Lists the environment gives comma-separated."""
 
 
+_HASH_START = re.compile(r",(?=\s*(?:scrypt|pbkdf2-sha256)\$)")
+"""A comma that starts another token hash: a scrypt hash has commas of its own
+(``scrypt$ln=14,r=8,p=1$...``), so token lists split only before the next hash."""
+
+
+def _split_list(field: str, value: str) -> list[str]:
+    return _HASH_START.split(value) if field == "tokens" else value.split(",")
+
+
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
@@ -355,7 +372,7 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
             if name in env and field not in FILE_ONLY:
                 value: Any = env[name]
                 if field in _LIST_FIELDS:
-                    value = [v.strip() for v in value.split(",") if v.strip()]
+                    value = [v.strip() for v in _split_list(field, value) if v.strip()]
                 raw.setdefault(section, {})[field] = value
 
 
@@ -418,6 +435,7 @@ def validate(config: Config, where: str) -> None:
     for key in ("min_flush_interval_ms", "early_flush_requests"):
         if getattr(ing, key) < 0:
             raise ConfigError(f"{where}: ingestor.{key} must be >= 0")
+    _validate_http_limits(ing, where)
     if ing.buffer_max_bytes < ing.max_body_bytes:
         raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
                           f"be >= ingestor.max_body_bytes ({ing.max_body_bytes}): a request "
@@ -437,6 +455,21 @@ def validate(config: Config, where: str) -> None:
         names.add(stream.name)
         tables.add(stream.table)
     validate_security(config, where)
+
+
+def _validate_http_limits(ing: IngestorSection, where: str) -> None:
+    """The HTTP front's limits (issue #29): each must leave room for an ordinary request."""
+    if ing.max_header_bytes < 1024:
+        raise ConfigError(f"{where}: ingestor.max_header_bytes ({ing.max_header_bytes}) must "
+                          "be >= 1024: a request line, Host and a token need that much")
+    for key in ("max_headers", "max_connections", "body_max_s"):
+        if getattr(ing, key) <= 0:
+            raise ConfigError(f"{where}: ingestor.{key} must be > 0")
+    if ing.body_max_s < ing.body_timeout_s:
+        raise ConfigError(f"{where}: ingestor.body_max_s ({ing.body_max_s:g}) must be >= "
+                          f"ingestor.body_timeout_s ({ing.body_timeout_s:g}): the cap on a "
+                          "body's whole upload cannot be shorter than the time it may take "
+                          "to start")
 
 
 def _validate_pairs(config: Config, where: str) -> None:

@@ -65,7 +65,9 @@ MEANING: dict[str, str] = {
                                 "requests with 503 (< manifest.append_deadline_s)",
     "ingestor.shutdown_timeout_s": "SIGTERM drain deadline",
     "ingestor.retry_after_s": "`Retry-After` on 429/503",
-    "ingestor.cors_origins": "browser origins allowed to POST (env: comma-separated)",
+    "ingestor.cors_origins": "browser origins allowed to POST, and to send `text/plain` or "
+                             "typeless bodies, which skip the preflight (env: "
+                             "comma-separated)",
     "ingestor.zstd_level": "batch file compression level",
     "ingestor.tls_cert_file": "PEM certificate chain for HTTP and gRPC (relative: to the config "
                               "folder); re-read within seconds when it changes, no restart",
@@ -86,6 +88,14 @@ MEANING: dict[str, str] = {
     "ingestor.body_timeout_s": "an HTTP body must start arriving within this, and it is "
                                "extended by the bytes received at `body_min_bytes_per_s`",
     "ingestor.body_min_bytes_per_s": "slowest body upload rate tolerated (408 below it)",
+    "ingestor.body_max_s": "longest one HTTP body may take to arrive, however steadily "
+                           "(408 and a close; ≥ `body_timeout_s`)",
+    "ingestor.max_header_bytes": "request line + headers of one HTTP request, counted as they "
+                                 "arrive (431 and a close beyond; ≥ 1 KiB)",
+    "ingestor.max_headers": "header fields of one HTTP request (431 and a close beyond)",
+    "ingestor.max_connections": "open HTTP connections per process; more are closed as soon "
+                                "as accepted (`icefloe_ingest_http_refused_total"
+                                "{reason=\"max_connections\"}`)",
     "ingestor.grpc_max_streams_per_connection": "concurrent gRPC calls per connection "
                                                 "(HTTP/2 `max_concurrent_streams`)",
     "ingestor.http_fast_lane": "answer plain ingest POSTs (HTTP/1.1 keep-alive, "

@@ -155,7 +155,7 @@ class CompiledStream:
                 raise self._explain_array(body) from None
             except msgspec.DecodeError as exc:
                 raise _malformed(exc) from None
-            if not events:
+            if not events:  # nothing to buffer: refused like an empty body, never a 500
                 raise InvalidEvents("empty_body", "the JSON array holds no events: send at "
                                     "least one object")
         elif start == b"{":

@@ -69,6 +69,10 @@ class IngestMetrics:
         self.rate_limit = Gauge(
             "icefloe_ingest_rate_limit", "Configured rate limits of this process (each "
             "ingestor enforces its own)", ["scope", "name", "measure"], registry=r)
+        self.http_refused = Counter(
+            "icefloe_ingest_http_refused", "HTTP connections and requests the front refused "
+            "before any route saw them, by reason (max_connections, header_bytes, "
+            "header_count, http_version, transfer_encoding)", ["reason"], registry=r)
 
     def totals(self) -> dict[str, float]:
         """Accepted/rejected events over all streams and the buffered bytes, for progress

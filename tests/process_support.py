@@ -83,11 +83,13 @@ def child_env() -> dict[str, str]:
 class Child:
     """A child process whose stdout lines are read by a thread, so waits can time out."""
 
-    def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, log: Path,
+                 command: Sequence[str] = (sys.executable, "-m", "icefloe"),
+                 env: dict[str, str] | None = None) -> None:
         self.log = log
         self._err = log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "icefloe", *args], cwd=cwd,
-                                     env=child_env(), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*command, *args], cwd=cwd,
+                                     env=env or child_env(), stdout=subprocess.PIPE,
                                      stderr=self._err, text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
