@@ -34,7 +34,10 @@ ACCEPTED: dict[str, Any] = {
                                 "description": "events now durable (all of the request's)"}}}
 
 _ERRORS = {
-    400: "malformed JSON, a failed validation (every bad event in details), a bad header",
+    400: "malformed JSON, a failed validation (every bad event in details), a bad header; "
+         "also invalid_utf8, empty_body, json_too_deep (stored JSON values nest at most 64 "
+         "levels), number_out_of_range, invalid_event_id, invalid_idempotency_key "
+         "(control characters), duplicate_header (Authorization or Idempotency-Key twice)",
     401: "the stream needs a write token: send Authorization: Bearer TOKEN",
     403: "the token is not one of this stream's",
     404: "no such stream (or no stream routes to this table)",
