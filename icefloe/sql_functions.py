@@ -111,7 +111,7 @@ def check_functions(tree: exp.Expression) -> None:
         if isinstance(dot.expression, exp.Func):
             raise ValueError(f"function {dot.sql(dialect='spark').split('(', 1)[0]} is not "
                              "allowed in a sql mapping: only built-in functions, called "
-                             "by their plain name (allowed: see README, 'sql' mappings)")
+                             "by their plain name (allowed: see README, Column mappings)")
     for node in tree.find_all(exp.Func):
         name = function_name(node)
         if name in ALLOWED_FUNCTIONS:
@@ -123,5 +123,5 @@ def check_functions(tree: exp.Expression) -> None:
                              "mapping: it reads the clock, so a replay would compute "
                              "another value (use _received_at)")
         raise ValueError(f"function {name} is not allowed in a sql mapping (allowed: see "
-                         "README, 'sql' mappings; the list is "
+                         "README, Column mappings; the list is "
                          "icefloe.sql_functions.ALLOWED_FUNCTIONS)")

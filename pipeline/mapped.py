@@ -3,8 +3,9 @@
 Why two steps: ``ip``/``header`` values ride in each record's envelope meta and
 ``datetime``/``id`` are envelope fields, so the decode (in the Spark workers, one Arrow pass
 per batch file) turns them into columns next to the payload's. ``sql`` columns are computed
-by Spark itself over the decoded columns (:func:`project_sql`), so any Spark SQL function
-works and the expression is compiled once per run, not interpreted per row in Python.
+by Spark itself over the decoded columns (:func:`project_sql`), so any allow-listed Spark
+SQL function (:mod:`icefloe.sql_functions`) works and the expression is compiled once per
+run, not interpreted per row in Python.
 ``path`` and ``body`` columns were already filled by the ingestor (see
 :mod:`icefloe.ingest_mappings`) and arrive as ordinary payload fields.
 
@@ -271,7 +272,18 @@ def fill_sql_safely(spark: SparkSession, base: pa.Table, expressions: dict[str, 
                         failed, extra={"column": name, "rows": failed})
         base = base.set_column(base.schema.get_field_index(name), name,
                                values.cast(base.schema.field(name).type))
+    if errors:
+        _check_session(spark)
     return base, errors
+
+
+def _check_session(spark: SparkSession) -> None:
+    """Raise if Spark itself is failing: then the probes failed for Spark's sake, not the
+    expressions', and nulling their rows would lose values a retry computes."""
+    try:
+        spark.range(1).collect()
+    except Exception as exc:
+        raise RuntimeError(f"Spark failed while isolating failing sql rows: {exc}") from exc
 
 
 def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: object, name: str,
