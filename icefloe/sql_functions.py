@@ -57,7 +57,7 @@ make_timestamp make_timestamp_ltz make_timestamp_ntz make_ym_interval minute mon
 months_between next_day quarter second timestamp_micros timestamp_millis timestamp_seconds
 timestampadd timestampdiff to_date to_timestamp to_timestamp_ltz to_timestamp_ntz
 to_unix_timestamp to_utc_timestamp trunc try_make_timestamp try_to_timestamp unix_date
-unix_micros unix_millis unix_seconds weekday weekofyear year
+unix_micros unix_millis unix_seconds weekday weekofyear year dayname monthname
 """
 _CONDITIONAL = """
 case coalesce if ifnull nanvl nullif nullifzero nvl nvl2 zeroifnull equal_null isnan isnull
@@ -70,7 +70,7 @@ tinyint typeof
 _JSON = "get_json_object json_array_length json_object_keys from_json to_json"
 _HASH = "crc32 hash md5 sha sha1 sha2 xxhash64"
 _COLLECTIONS = """
-array array_append array_compact array_contains array_distinct array_except
+aggregate reduce array array_append array_compact array_contains array_distinct array_except
 array_insert array_intersect array_join array_max array_min array_position array_prepend
 array_remove array_size array_union arrays_overlap arrays_zip cardinality element_at
 try_element_at exists filter flatten forall get map map_contains_key map_filter

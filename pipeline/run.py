@@ -65,21 +65,26 @@ def run_expressions(spec: RunSpec) -> dict[str, str]:
     return expressions
 
 
-def read_rows_safely(spark: SparkSession, spec: RunSpec) -> RunOutput:
-    """The row path: one Spark job; if it fails and the run has ``sql`` columns, the rows
-    again without them, then each ``sql`` column on its own, a row whose expression throws
-    losing only its value (see :mod:`pipeline.mapped`). A failure without the ``sql``
-    columns is not theirs: the first error is raised (the run is retried)."""
-    try:
-        return split_wide(read_frame(spark, spec).toArrow(), spec)
-    except Exception as first:
-        expressions = run_expressions(spec)
-        if not expressions:
-            raise
+def read_rows_safely(spark: SparkSession, spec: RunSpec, *,
+                     failed: Exception | None = None) -> RunOutput:
+    """The row path: one Spark job; if it fails (or ``failed``: it already did, on the
+    cluster path) and the run has ``sql`` columns, the rows again without them, then each
+    ``sql`` column on its own, a row whose expression throws losing only its value (see
+    :mod:`pipeline.mapped`). A failure without the ``sql`` columns is not theirs: the first
+    error is raised (the run is retried)."""
+    first = failed
+    if first is None:
         try:
-            base = read_frame(spark, spec, sql=False).toArrow()
-        except Exception:
-            raise first from None
+            return split_wide(read_frame(spark, spec).toArrow(), spec)
+        except Exception as exc:
+            first = exc
+    expressions = run_expressions(spec)
+    if not expressions:
+        raise first
+    try:
+        base = read_frame(spark, spec, sql=False).toArrow()
+    except Exception:
+        raise first from None
     wide, errors = fill_sql_safely(spark, base, expressions)
     out = split_wide(wide, spec)
     names = {f"{struct_column(i)}__{name}": (stream.name, name)
@@ -224,10 +229,10 @@ class SparkClusterEngine:
 
         try:
             return run_cluster(self.spark, spec)
-        except Exception:
+        except Exception as exc:
             if not run_expressions(spec):
                 raise
-        return self.run_embedded(spec)
+            return read_rows_safely(self.spark, spec, failed=exc)
 
     def run_embedded(self, spec: RunSpec) -> RunOutput:
         """The run in the embedded shape, on the same session: for runs the cluster path
