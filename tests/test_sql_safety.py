@@ -129,6 +129,14 @@ def test_the_admin_api_refuses_them_with_json_naming_the_function(
     assert admin.client.get("/v1/sources/clicks/sinks/x").status_code == 404
 
 
+def test_the_admin_api_refuses_them_in_a_patch_too(admin: Admin) -> None:  # noqa: F811
+    columns = [*msgspec.to_builtins(CLICKS.columns),
+               {"name": "host", "type": "string", "sql": "java_method('a', 'b', url)"}]
+    reply = admin.client.patch("/v1/sources/clicks/sinks/clicks", json={"columns": columns})
+    assert reply.status_code == 400, reply.text
+    assert "function java_method is not allowed" in reply.json()["details"][0]["reason"]
+
+
 # -- routing: the mappings of the version an entry carries --------------------------------
 
 RX = ops.SinkSpec(name="rx", table="web.rx", columns=(
