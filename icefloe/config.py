@@ -190,6 +190,24 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     body_timeout_s: float = 20.0
     body_min_bytes_per_s: int = 1024
     grpc_max_streams_per_connection: int = 100
+    grpc_keepalive_time_s: float = 60.0
+    """The server pings a connection quiet this long and closes it when the ping goes
+    unanswered for ``grpc_keepalive_timeout_s``: dead peers do not hold streams forever."""
+    grpc_keepalive_timeout_s: float = 20.0
+    grpc_min_ping_interval_s: float = 10.0
+    """Client pings closer together than this (without data) are strikes; past
+    ``grpc_max_ping_strikes`` the connection gets GOAWAY ENHANCE_YOUR_CALM (a ping flood)."""
+    grpc_max_ping_strikes: int = 2
+    grpc_max_connection_idle_s: float = 300.0
+    """A connection without calls for this long gets GOAWAY (the client reconnects)."""
+    grpc_max_connection_age_s: float = 3600.0
+    """Every connection gets GOAWAY at this age (±10 % jitter) and is closed after
+    ``grpc_max_connection_age_grace_s`` more: no connection, nor its streams, lives forever,
+    and load spreads again over ingestors that joined since."""
+    grpc_max_connection_age_grace_s: float = 60.0
+    grpc_stream_idle_s: float = 60.0
+    """A PublishStream with nothing in flight that sends no request for this long is
+    ended by the server (UNAVAILABLE ``stream_idle``)."""
     http_fast_lane: bool = True
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
     a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends
