@@ -259,6 +259,11 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     models: tuple[str, ...] = ()
     models_dir: str = "models"
     models_interval_s: float = 0.0
+    tls_cert_file: str | None = None
+    """TLS for ``/metrics``, ``/healthz``, ``/readyz``: same rules as ``[ingestor]``."""
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    plaintext: bool = False
 
 
 class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -404,8 +409,12 @@ def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
         ing, tls_cert_file=_resolve_file(ing.tls_cert_file, base),
         tls_key_file=_resolve_file(ing.tls_key_file, base),
         tls_client_ca_file=_resolve_file(ing.tls_client_ca_file, base))
+    col = config.collector
     collector = msgspec.structs.replace(
-        config.collector, models_dir=_resolve_file(config.collector.models_dir, base) or "")
+        col, models_dir=_resolve_file(col.models_dir, base) or "",
+        tls_cert_file=_resolve_file(col.tls_cert_file, base),
+        tls_key_file=_resolve_file(col.tls_key_file, base),
+        tls_client_ca_file=_resolve_file(col.tls_client_ca_file, base))
     adm = config.admin
     admin = msgspec.structs.replace(
         adm, tls_cert_file=_resolve_file(adm.tls_cert_file, base),
@@ -537,6 +546,16 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.models and not col.models_dir:
         raise ConfigError(f"{where}: collector.models_dir: a folder is needed to run "
                           f"{', '.join(col.models)}")
+    if bool(col.tls_cert_file) != bool(col.tls_key_file):
+        raise ConfigError(f"{where}: collector.tls_cert_file and collector.tls_key_file go "
+                          "together")
+    if col.tls_client_ca_file and not col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.tls_client_ca_file needs "
+                          "collector.tls_cert_file and collector.tls_key_file (mutual TLS is "
+                          "TLS first)")
+    if col.plaintext and col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.plaintext: true contradicts "
+                          "collector.tls_cert_file (TLS is on); remove one of them")
     if col.orphan_age_s < 60:
         raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
                           "least 60 s: younger unreferenced files may belong to a commit "

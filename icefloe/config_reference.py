@@ -159,6 +159,14 @@ MEANING: dict[str, str] = {
     "collector.models_dir": "folder of the `*.sql` models, relative to the config file",
     "collector.models_interval_s": "at least this long between two model runs (0: after "
                                    "every commit that adds rows they read)",
+    "collector.tls_cert_file": "certificate chain for /metrics, /healthz, /readyz (PEM; "
+                               "reloaded when it changes)",
+    "collector.tls_key_file": "private key of `collector.tls_cert_file` (PEM, unencrypted)",
+    "collector.tls_client_ca_file": "mutual TLS: scrapers and probes need a certificate "
+                                    "this CA signed",
+    "collector.plaintext": "allow /metrics, /healthz, /readyz without TLS on a non-loopback "
+                           "address (behind a TLS-terminating gateway, or probes inside "
+                           "the pod network)",
 }
 
 _START = "<!-- config-reference:start (generated: python -m icefloe.config_reference) -->"
