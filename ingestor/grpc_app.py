@@ -494,6 +494,9 @@ def server_options(ing: IngestorSection) -> list[tuple[str, int]]:
         ("grpc.http2.min_recv_ping_interval_without_data_ms",
          _ms(ing.grpc_min_ping_interval_s)),
         ("grpc.http2.max_pings_without_data", 0),  # keepalive also on a stream gone quiet
+        # client keepalive pings on a connection without calls are fine at the minimum
+        # interval too (grpc would allow one per 2 h there and strike the rest)
+        ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_ping_strikes", ing.grpc_max_ping_strikes),
         ("grpc.max_connection_idle_ms", _ms(ing.grpc_max_connection_idle_s)),
         ("grpc.max_connection_age_ms", _ms(ing.grpc_max_connection_age_s)),

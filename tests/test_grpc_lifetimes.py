@@ -110,6 +110,45 @@ async def test_client_publish_stream_should_reopen_an_idle_ended_stream_without_
         ("r-0", 1), ("r-1", 1), ("r-2", 1)]
 
 
+def test_sync_client_publish_stream_should_reopen_an_idle_ended_stream(tmp_path):
+    import threading
+
+    from icefloe.client import GrpcClient
+
+    config = make_config(tmp_path / "store", grpc_stream_idle_s=0.3)
+    served_port: list[int] = []
+    done = threading.Event()
+
+    def slow_source():
+        for n in range(2):
+            yield publish_request(n)
+            time.sleep(0.8)  # quiet for longer than the idle limit
+
+    async def serve() -> None:
+        async with grpc_serving(config) as (_, served):
+            served_port.append(served.port)
+            await asyncio.to_thread(done.wait, 30)
+
+    def send() -> list[tuple[str, int]]:
+        while not served_port:
+            time.sleep(0.01)
+        try:
+            with GrpcClient(f"127.0.0.1:{served_port[0]}", retries=0) as client:
+                return [(r.request_id, r.accepted)
+                        for r in client.publish_stream(slow_source())]
+        finally:
+            done.set()
+
+    async def main() -> list[tuple[str, int]]:
+        server = asyncio.create_task(serve())
+        try:
+            return await asyncio.to_thread(send)
+        finally:
+            await server
+
+    assert asyncio.run(main()) == [("r-0", 1), ("r-1", 1)]
+
+
 # -- REFUSED_STREAM ---------------------------------------------------------------------------
 
 
