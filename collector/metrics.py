@@ -102,6 +102,10 @@ class CollectorMetrics:
                                      "Runs of output = cluster that took the embedded path, "
                                      "by reason (fan-out, staging, shared-table, columns)",
                                      ["reason"], registry=r)
+        self.sql_errors = Counter("icefloe_collector_sql_errors",
+                                  "Rows whose sql mapping value is null because its "
+                                  "expression threw at run time", ["stream", "column"],
+                                  registry=r)
         self.registry_version = Gauge("icefloe_collector_registry_version",
                                       "Stream-registry version the collector routes by "
                                       "(0: config streams)", registry=r)

@@ -198,6 +198,24 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_connections: int = 10_000
     """Open HTTP connections of one process; more are closed as soon as they are accepted."""
     grpc_max_streams_per_connection: int = 100
+    grpc_keepalive_time_s: float = 60.0
+    """The server pings a connection quiet this long and closes it when the ping goes
+    unanswered for ``grpc_keepalive_timeout_s``: dead peers do not hold streams forever."""
+    grpc_keepalive_timeout_s: float = 20.0
+    grpc_min_ping_interval_s: float = 10.0
+    """Client pings closer together than this (without data) are strikes; past
+    ``grpc_max_ping_strikes`` the connection gets GOAWAY ENHANCE_YOUR_CALM (a ping flood)."""
+    grpc_max_ping_strikes: int = 2
+    grpc_max_connection_idle_s: float = 300.0
+    """A connection without calls for this long gets GOAWAY (the client reconnects)."""
+    grpc_max_connection_age_s: float = 3600.0
+    """Every connection gets GOAWAY at this age (±10 % jitter) and is closed after
+    ``grpc_max_connection_age_grace_s`` more: no connection, nor its streams, lives forever,
+    and load spreads again over ingestors that joined since."""
+    grpc_max_connection_age_grace_s: float = 60.0
+    grpc_stream_idle_s: float = 60.0
+    """A PublishStream with nothing in flight that sends no request for this long is
+    ended by the server (UNAVAILABLE ``stream_idle``)."""
     http_fast_lane: bool = True
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
     a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends
@@ -249,6 +267,11 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     models: tuple[str, ...] = ()
     models_dir: str = "models"
     models_interval_s: float = 0.0
+    tls_cert_file: str | None = None
+    """TLS for ``/metrics``, ``/healthz``, ``/readyz``: same rules as ``[ingestor]``."""
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    plaintext: bool = False
 
 
 class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -403,8 +426,12 @@ def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
         ing, tls_cert_file=_resolve_file(ing.tls_cert_file, base),
         tls_key_file=_resolve_file(ing.tls_key_file, base),
         tls_client_ca_file=_resolve_file(ing.tls_client_ca_file, base))
+    col = config.collector
     collector = msgspec.structs.replace(
-        config.collector, models_dir=_resolve_file(config.collector.models_dir, base) or "")
+        col, models_dir=_resolve_file(col.models_dir, base) or "",
+        tls_cert_file=_resolve_file(col.tls_cert_file, base),
+        tls_key_file=_resolve_file(col.tls_key_file, base),
+        tls_client_ca_file=_resolve_file(col.tls_client_ca_file, base))
     adm = config.admin
     admin = msgspec.structs.replace(
         adm, tls_cert_file=_resolve_file(adm.tls_cert_file, base),
@@ -552,6 +579,16 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.models and not col.models_dir:
         raise ConfigError(f"{where}: collector.models_dir: a folder is needed to run "
                           f"{', '.join(col.models)}")
+    if bool(col.tls_cert_file) != bool(col.tls_key_file):
+        raise ConfigError(f"{where}: collector.tls_cert_file and collector.tls_key_file go "
+                          "together")
+    if col.tls_client_ca_file and not col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.tls_client_ca_file needs "
+                          "collector.tls_cert_file and collector.tls_key_file (mutual TLS is "
+                          "TLS first)")
+    if col.plaintext and col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.plaintext: true contradicts "
+                          "collector.tls_cert_file (TLS is on); remove one of them")
     if col.orphan_age_s < 60:
         raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
                           "least 60 s: younger unreferenced files may belong to a commit "

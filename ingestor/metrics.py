@@ -61,6 +61,10 @@ class IngestMetrics:
         self.ack_seconds = Histogram("icefloe_ingest_ack_seconds",
                                      "Time from request received to durable acknowledgement",
                                      ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.grpc_idle_streams = Counter(
+            "icefloe_ingest_grpc_idle_streams_closed", "PublishStreams the server ended "
+            "because they sent nothing for grpc_stream_idle_s with nothing in flight",
+            registry=r)
         self.rate_limited_requests = Counter(
             "icefloe_ingest_rate_limited_requests", "Requests refused by a rate limit, by the "
             "limit's scope (stream, token or client); their events count in "
