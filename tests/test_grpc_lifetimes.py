@@ -9,6 +9,7 @@ A raw HTTP/2 client over a socket plays the peers a gRPC library would never be.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -344,9 +345,10 @@ async def open_idle_streams(port: int, channels: int, per_channel: int) -> list[
         await asyncio.gather(*(c.close() for c in chans))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_server_memory_stays_bounded_under_waves_of_idle_streams(tmp_path):
+@contextlib.contextmanager
+def ingestor_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """``icefloe ingestor`` in a child process (its RSS is its own): the process and its
+    gRPC port."""
     (tmp_path / "icefloe.toml").write_text(textwrap.dedent(SERVER_CONFIG))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, whatever is installed
     proc = subprocess.Popen([sys.executable, "-m", "icefloe", "ingestor", "--config",
@@ -356,7 +358,16 @@ def test_server_memory_stays_bounded_under_waves_of_idle_streams(tmp_path):
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line, proc.stderr.read()  # type: ignore[union-attr]
-        port = json.loads(line)["grpc_port"]
+        yield proc, json.loads(line)["grpc_port"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_server_memory_stays_bounded_under_waves_of_idle_streams(tmp_path):
+    with ingestor_process(tmp_path) as (proc, port):
         rss = []
         for _ in range(5):  # 1,000 idle streams per wave (20 connections x 50)
             reasons = asyncio.run(open_idle_streams(port, 20, 50))
@@ -366,9 +377,38 @@ def test_server_memory_stays_bounded_under_waves_of_idle_streams(tmp_path):
         # the first wave warms allocator arenas; later ones must not pile up: 5,000
         # streams held open would cost ~120 MB (3,000 cost 73 MB before they were ended)
         assert max(rss) - rss[0] < 25, f"RSS after each wave (MB): {rss}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
+
+
+async def refused_calls(port: int, n: int) -> set[grpc.StatusCode]:
+    """``n`` unary Publish calls the server refuses (an unknown stream): their codes."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = ingest_pb2_grpc.IngestStub(channel)
+        request = ingest_pb2.PublishRequest(stream="no-such-stream")
+
+        async def one() -> grpc.StatusCode:
+            try:
+                await stub.Publish(request, timeout=30)
+            except grpc.aio.AioRpcError as error:
+                return error.code()
+            return grpc.StatusCode.OK
+
+        codes: set[grpc.StatusCode] = set()
+        for _ in range(n // 100):
+            codes.update(await asyncio.gather(*(one() for _ in range(100))))
+        return codes
+
+
+@pytest.mark.timeout(120)
+def test_server_memory_stays_bounded_under_a_flood_of_refused_calls(tmp_path):
+    """Refusals are what a hostile client makes most of: 10,000 of them must not pile up
+    memory (measured here: +8-10 MB over the first wave's level, allocator arenas, with
+    either way of ending the call)."""
+    with ingestor_process(tmp_path) as (proc, port):
+        rss = []
+        for _ in range(5):
+            assert asyncio.run(refused_calls(port, 2000)) == {grpc.StatusCode.NOT_FOUND}
+            rss.append(rss_mb(proc.pid))
+        assert max(rss) - rss[0] < 25, f"RSS after each 2,000 refusals (MB): {rss}"
 
 
 # -- config ---------------------------------------------------------------------------------
