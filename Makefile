@@ -14,10 +14,12 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 .PHONY: up test test-slow lint bench chaos sim clean java venv
 
-$(STAMP): pyproject.toml
+# every role and command ([all]) plus the test and build tools, at the versions the image
+# installs (constraints.txt; scripts/constraints.py rewrites it after an upgrade)
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev]'
 	@touch $(STAMP)
 
 # stamped only once built: without a compiler every make says so again (and builds them

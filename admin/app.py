@@ -25,7 +25,7 @@ from prometheus_client import (
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from admin.auth import AdminAuth, Throttled
 from admin.openapi import openapi_document
@@ -56,6 +56,17 @@ def error(status: int, code: str, message: str,
           details: list[dict[str, str]] | None = None) -> Response:
     return json_response({"error": code, "message": message, "details": details or []},
                          status)
+
+
+def allowed_methods(routes: list[Route], request: Request) -> str:
+    """The ``Allow`` value of a 405: the methods of every route whose path matches (one
+    path has several routes here, one per method, and Starlette names only the first's)."""
+    methods: set[str] = set()
+    for route in routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE and route.methods:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 def sink_json(source: Source, sink: Sink) -> dict[str, Any]:
@@ -153,7 +164,14 @@ class AdminApi:
         if not data.strip():
             raise ops.invalid("body", "a JSON object is required")
         try:
+            data.decode("utf-8")  # msgspec checks only the strings it keeps
             return msgspec.json.decode(data, type=kind)
+        except UnicodeDecodeError as exc:
+            raise RegistryError(400, "invalid_utf8", f"the body is not valid UTF-8 (byte "
+                                f"{exc.start}: {exc.reason})") from None
+        except RecursionError:
+            raise RegistryError(400, "json_too_deep", "the body nests deeper than the "
+                                "decoder allows") from None
         except msgspec.ValidationError as exc:
             field, reason = split_key_path(str(exc))
             raise ops.invalid(field or "body", reason) from None
@@ -389,8 +407,12 @@ def build_app(api: AdminApi) -> Starlette:
         return error(404, "not_found", f"no such endpoint: {request.method} {request.url.path}")
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
-        return error(405, "method_not_allowed",
-                     f"{request.method} is not allowed on {request.url.path}")
+        allow = allowed_methods(routes, request)
+        response = error(405, "method_not_allowed",
+                         f"{request.method} is not allowed on {request.url.path}; allowed: "
+                         f"{allow}")
+        response.headers["allow"] = allow
+        return response
 
     sink = "/v1/sources/{id}/sinks/{sink}"
     routes = [

@@ -20,6 +20,7 @@ import uvicorn
 from admin.app import AdminApi, PendingCounter, build_app
 from admin.auth import AdminAuth
 from admin.tasks import TableMaker, Tasks
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.manifest.cas import load as load_manifest
@@ -120,8 +121,10 @@ async def _unacknowledged(store: AsyncObjectStore, manifest_key: str) -> tuple[E
 async def serve_admin(config: Config, *, stop: asyncio.Event,
                       store: AsyncObjectStore | None = None,
                       make_table: TableMaker | None = None,
-                      on_ready: Callable[[AdminReady], None] | None = None) -> int:
-    """Serve until ``stop`` is set; returns the exit code."""
+                      on_ready: Callable[[AdminReady], None] | None = None,
+                      clock: Clock = SYSTEM) -> int:
+    """Serve until ``stop`` is set; returns the exit code. ``clock`` stamps registry
+    changes and tasks and refills the token-failure budgets."""
     admin = config.admin
     if not admin.tokens:
         raise ConfigError(f"{config.source or 'config'}: admin.tokens is empty; the admin "
@@ -133,12 +136,12 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
     store = store or open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
     try:
-        registry = RegistryStore(store, admin.registry_key)
+        registry = RegistryStore(store, admin.registry_key, clock=clock)
         seeded = await registry.seed(config.streams, config.source)
         for note in drift(seeded, config.streams):
             log.warning("config and registry differ: %s", note)
-        api = AdminApi(registry, Tasks(make_table or catalog_table_maker(config)),
-                       AdminAuth(admin.tokens),
+        api = AdminApi(registry, Tasks(make_table or catalog_table_maker(config), clock=clock),
+                       AdminAuth(admin.tokens, clock=clock),
                        pending=pending_counter(store, config.manifest.key),
                        cluster_output=config.collector.output == "cluster")
         server = uvicorn.Server(uvicorn.Config(

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ulid import ULID
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
 from icefloe.errors import IcefloeError, RegistryError
 
@@ -43,7 +43,7 @@ class Task:
     progress: str = "queued"
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    created_at: float = field(default_factory=time.time)
+    created_at: float = 0.0
     finished_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -55,8 +55,10 @@ class Task:
 class Tasks:
     """Runs and remembers tasks; one instance per admin process (one event loop)."""
 
-    def __init__(self, make_table: TableMaker) -> None:
+    def __init__(self, make_table: TableMaker, *, clock: Clock = SYSTEM) -> None:
         self.make_table = make_table
+        self.clock = clock
+        """Stamps the tasks' ``created_at``/``finished_at``."""
         self.on_finish: Callable[[Task], None] = lambda task: None
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._running: set[asyncio.Task[None]] = set()
@@ -67,7 +69,7 @@ class Tasks:
     def start(self, kind: str, target: str, tables: list[StreamConfig],
               commit: Callable[[], Awaitable[dict[str, Any]]]) -> Task:
         """Make ``tables`` ready, then ``commit`` (the registry change); returns at once."""
-        task = Task(str(ULID()), kind, target)
+        task = Task(str(ULID()), kind, target, created_at=self.clock.time())
         self._tasks[task.id] = task
         while len(self._tasks) > MAX_TASKS:
             self._tasks.popitem(last=False)
@@ -101,7 +103,7 @@ class Tasks:
                           "details": []}
             log.warning("task %s (%s %s) failed: %s", task.id, task.kind, task.target, exc)
         finally:
-            task.finished_at = time.time()
+            task.finished_at = self.clock.time()
             self.on_finish(task)
         log.info("task %s %s %s: %s", task.id, task.kind, task.target, task.state,
                  extra={"task": task.id, "state": task.state})

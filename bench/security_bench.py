@@ -18,9 +18,17 @@ Runs, side by side in one run, on this machine:
   the first second, when the full initial bucket is spent) and over the whole run (where
   the bucket's initial ``burst_s`` worth adds ``1/run`` to the ratio), the share of
   requests answered 429, and for polite clients the ``Retry-After`` they got and how many
-  of their retries after waiting it out were accepted.
+  of their retries after waiting it out were accepted;
+* the HTTP front's own limits (issue #29: head bytes and header count counted as they
+  arrive, HTTP version and transfer-coding checks, connections per process, ``body_max_s``):
+  durable single-event POSTs on 512 keep-alive connections from a separate process
+  (``--limits-load``), against a real ingestor from this tree with the limits as shipped
+  and, running at the same time, one with their per-request code taken out
+  (``bench/_limits_ingestor.py off``); the load alternates between the two, 5 rounds of
+  6 s each (3 of 2.5 s with ``--quick``), medians reported. In process, the same POST fed
+  through the protocol's parser callbacks with and without the limits' code (best of 9).
 
-Usage: python bench/security_bench.py [--quick] [--json PATH]
+Usage: python bench/security_bench.py [--quick] [--limits-only] [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's icefloe first
 from _common import Result, print_table, write_json
 
 PYTHON = sys.executable
@@ -321,6 +332,163 @@ def rate_limits(quick: bool) -> list[Result]:
     return results
 
 
+# -- the HTTP front's limits at 512 connections -----------------------------------------------
+
+LIMITS_CONNECTIONS = 512
+LIMITS_POST = (b"POST /v1/streams/pageviews/events HTTP/1.1\r\nhost: bench\r\n"
+               b"user-agent: security-bench/1\r\naccept: application/json\r\n"
+               b"content-type: application/json\r\ncontent-length: 14\r\n\r\n"
+               b'{"url":"/b/1"}')
+
+
+async def _limits_load(port: int, seconds: float, connections: int) -> dict[str, float]:
+    """``connections`` keep-alive clients, one single-event POST in flight each."""
+    loop = asyncio.get_running_loop()
+    totals = {"accepted": 0, "other": 0}
+    latencies: list[float] = []
+
+    async def client(stop_at: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while loop.time() < stop_at:
+            sent = loop.time()
+            writer.write(LIMITS_POST)
+            status, _ = await _response(reader)
+            latencies.append(loop.time() - sent)
+            totals["accepted" if status == 202 else "other"] += 1
+        writer.close()
+
+    started = loop.time()
+    await asyncio.gather(*(client(started + seconds) for _ in range(connections)))
+    elapsed = loop.time() - started
+    latencies.sort()
+    return {"rate": totals["accepted"] / elapsed, "other": totals["other"], "seconds": elapsed,
+            "p50_ms": 1e3 * latencies[len(latencies) // 2],
+            "p99_ms": 1e3 * latencies[int(len(latencies) * 0.99)]}
+
+
+def limits_load_main(argv: list[str]) -> None:
+    """``--limits-load PORT SECONDS CONNECTIONS``: rate and latency as JSON."""
+    import uvloop
+
+    print(json.dumps(uvloop.run(_limits_load(int(argv[0]), float(argv[1]), int(argv[2])))))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _limits_server(folder: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
+    """An ingestor from this tree, limits ``on`` or ``off``, with its own store."""
+    (folder / mode).mkdir()
+    path = folder / mode / "icefloe.toml"
+    path.write_text(textwrap.dedent(CONFIG.format(http_port=0, tls="")))
+    helper = Path(__file__).resolve().parent / "_limits_ingestor.py"
+    proc = subprocess.Popen([PYTHON, str(helper), str(path), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=folder / mode)
+    return proc, int(json.loads(proc.stdout.readline())["http_port"])  # type: ignore[union-attr]
+
+
+def _limits_run(proc: subprocess.Popen[str], port: int, seconds: float) -> dict[str, float]:
+    cpu = cpu_seconds(proc.pid)
+    out = subprocess.run([PYTHON, __file__, "--limits-load", str(port), str(seconds),
+                          str(LIMITS_CONNECTIONS)], capture_output=True, text=True,
+                         check=True).stdout
+    run = json.loads(out)
+    run["cpu_us"] = (cpu_seconds(proc.pid) - cpu) / (run["rate"] * run["seconds"]) * 1e6
+    return run
+
+
+def http_limits(quick: bool) -> list[Result]:
+    """Limits as shipped vs their per-request code taken out: both servers up at once, the
+    load alternating between them, so a neighbour's burst hits both sides alike."""
+    seconds, rounds = (2.5, 3) if quick else (6.0, 5)
+    runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = {mode: _limits_server(Path(tmp), mode) for mode in ("on", "off")}
+        try:
+            for _ in range(rounds):
+                for mode, (proc, port) in servers.items():
+                    runs[mode].append(_limits_run(proc, port, seconds))
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(30)
+
+    def median(mode: str, key: str) -> float:
+        return statistics.median(run[key] for run in runs[mode])
+
+    label = f"durable 1-event POST, {LIMITS_CONNECTIONS} conns"
+    if any(run["other"] for mode in runs.values() for run in mode):
+        print("  warning: some POSTs were not answered 202", file=sys.stderr)
+    return [
+        Result(f"{label}, limits on (requests/s, median of {rounds})", median("on", "rate"),
+               "req/s", baseline=median("off", "rate")),
+        Result(f"{label}, limits on: ingestor CPU per request (µs)", median("on", "cpu_us"),
+               "µs", baseline=median("off", "cpu_us")),
+        Result(f"{label}, limits on: p50 (ms)", median("on", "p50_ms"), "ms",
+               baseline=median("off", "p50_ms")),
+        Result(f"{label}, limits on: p99 (ms)", median("on", "p99_ms"), "ms",
+               baseline=median("off", "p99_ms")),
+    ]
+
+
+def head_parsing_cost(count: int) -> list[Result]:
+    """In process, no sockets: one POST fed through the protocol's parser callbacks, with the
+    limits' code (counting ``data_received``, ``on_header``, the framing check) and with
+    uvicorn's own methods; what follows the headers is left out of both."""
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from ingestor.http_server import guarded_protocol
+    from ingestor.slow_clients import SlowClientGuard
+
+    class LimitedHead(guarded_protocol(SlowClientGuard(10, 20, 1024))):  # type: ignore[misc]
+        def on_headers_complete(self) -> None:
+            self.head_pending = False
+            self.head_bytes = 0
+            self._check_framing()
+
+        def on_body(self, body: bytes) -> None:
+            return None
+
+        def on_message_complete(self) -> None:
+            self.head_pending = True
+            self.head_bytes = 0
+
+    class PlainHead(HttpToolsProtocol):
+        def on_message_begin(self) -> None:  # the guarded protocol's, minus the limits
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
+            self.idle_since = None
+
+        def on_headers_complete(self) -> None:
+            self.parser.get_http_version()  # the fast lane read it itself before the limits
+
+        def on_body(self, body: bytes) -> None:
+            return None
+
+        def on_message_complete(self) -> None:
+            return None
+
+    def fed(cls: type[HttpToolsProtocol]) -> Callable[[], object]:
+        protocol = object.__new__(cls)
+        protocol.parser = httptools.HttpRequestParser(protocol)
+        protocol.timeout_keep_alive_task = None
+        protocol.headers_since = 0.0  # type: ignore[attr-defined]
+        return lambda: protocol.data_received(LIMITS_POST)
+
+    plain, limited = fed(PlainHead), fed(LimitedHead)
+    runs: dict[str, list[float]] = {"plain": [], "limited": []}
+    for _ in range(9):  # interleaved, best of 9: the cost, not the neighbours' load
+        runs["plain"].append(per_call_us(plain, count))
+        runs["limited"].append(per_call_us(limited, count))
+    return [Result("one POST through the parser callbacks, limits on (µs, best of 9)",
+                   min(runs["limited"]), "µs", baseline=min(runs["plain"]))]
+
+
 # -- in-process costs -------------------------------------------------------------------------
 
 def per_call_us(call: Callable[[], object], count: int) -> float:
@@ -404,12 +572,23 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rate-load":
         rate_load_main(sys.argv[2:])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--limits-load":
+        limits_load_main(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="3 s per transport run, 5 s per rate-limit run")
     parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser.add_argument("--limits-only", action="store_true",
+                        help="only the HTTP limits at 512 connections")
     args = parser.parse_args()
+    limited = head_parsing_cost(20_000 if args.quick else 100_000) + http_limits(args.quick)
+    print_table("HTTP front limits at 512 connections (baseline: their per-request code "
+                "taken out)", limited)
+    if args.limits_only:
+        write_json(args.json, limited)
+        return
     count = 20_000 if args.quick else 200_000
     results = transport(args.quick)
     results += asyncio.run(_auth_costs(count))
@@ -417,7 +596,7 @@ def main() -> None:
     print_table("security costs (ingestor)", results)
     limits = rate_limits(args.quick)
     print_table("rate limits under load (baseline: the configured limit)", limits)
-    write_json(args.json, results + limits)
+    write_json(args.json, limited + results + limits)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ class CollectorMetrics:
         self.registry = r = CollectorRegistry()
         self.queue_length = Gauge("icefloe_collector_queue_entries",
                                   "Manifest entries not yet acknowledged", registry=r)
+        self.queue_max_entries = Gauge("icefloe_collector_queue_max_entries",
+                                       "manifest.max_entries: beyond it ingestors get 429 "
+                                       "queue_full (for alerts on queue_entries)", registry=r)
         self.lag_seconds = Gauge("icefloe_collector_lag_seconds",
                                  "Age of the oldest unconsumed manifest entry (store clock)",
                                  registry=r)
@@ -99,6 +102,10 @@ class CollectorMetrics:
                                      "Runs of output = cluster that took the embedded path, "
                                      "by reason (fan-out, staging, shared-table, columns)",
                                      ["reason"], registry=r)
+        self.sql_errors = Counter("icefloe_collector_sql_errors",
+                                  "Rows whose sql mapping value is null because its "
+                                  "expression threw at run time", ["stream", "column"],
+                                  registry=r)
         self.registry_version = Gauge("icefloe_collector_registry_version",
                                       "Stream-registry version the collector routes by "
                                       "(0: config streams)", registry=r)

@@ -26,6 +26,7 @@ from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
+from pipeline.mapped import SqlCase, sequence_ranges
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 
@@ -121,6 +122,31 @@ class Routes:
         return {table: (owner[table], chunks[0] if len(chunks) == 1 else
                         pa.concat_tables(chunks, promote_options="permissive"))
                 for table, chunks in parts.items()}
+
+    def sql_cases(self, versions: Mapping[str, Mapping[int, int]]
+                  ) -> dict[str, dict[str, tuple[SqlCase, ...]]]:
+        """Per source and ``sql`` column: each expression the sinks routed at the run's
+        entry versions declare, with the sequences of the entries it applies to.
+
+        Why: the decode computes a source's union of columns, tombstones included; an entry
+        must be projected with the mappings of the version it carries, so a deleted sink's
+        expression never runs on events accepted after the deletion (and a re-created
+        sink's on events before it)."""
+        out: dict[str, dict[str, tuple[SqlCase, ...]]] = {}
+        for source, seen in versions.items():
+            found: dict[str, dict[tuple[str, str], list[int]]] = {}
+            for sequence, version in seen.items():
+                for target in self.targets.get(source, []):
+                    if not target.receives_at(version):
+                        continue
+                    for column in target.sink.columns:
+                        if column.sql is not None:
+                            found.setdefault(column.name, {}).setdefault(
+                                (column.sql, column.dialect), []).append(sequence)
+            out[source] = {name: tuple(SqlCase(sql, dialect, sequence_ranges(seqs))
+                                       for (sql, dialect), seqs in exprs.items())
+                           for name, exprs in found.items()}
+        return out
 
     def takers(self, source: str, versions: Mapping[int, int]) -> list[Target]:
         """The targets that take any of ``source``'s rows of a run."""

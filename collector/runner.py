@@ -30,6 +30,7 @@ from icefloe.config import Config
 from icefloe.errors import ConfigError, FencedError, TableFencedError
 from icefloe.registry.model import Registry
 from icefloe.registry.watch import RegistryWatch
+from icefloe.server_tls import section_tls
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from pipeline.catalog import open_catalog
@@ -287,7 +288,9 @@ async def run_collector(config: Config, *, takeover: bool = False,
     ``stop`` is set or this collector is fenced. Returns the exit code.
 
     ``/metrics``, ``/healthz`` and ``/readyz`` are served from the start (unless
-    ``serve_metrics`` is off); pass ``metrics`` to read them in-process (``icefloe up``).
+    ``serve_metrics`` is off), under the ``[collector]`` TLS and plaintext policy (a
+    non-loopback ``host`` without TLS files nor ``plaintext = true`` raises ConfigError);
+    pass ``metrics`` to read them in-process (``icefloe up``).
     ``clock`` and ``offload`` go to the collector (see :mod:`collector.hops`).
     """
     stop = stop or asyncio.Event()
@@ -295,6 +298,9 @@ async def run_collector(config: Config, *, takeover: bool = False,
         refresh_plan = plan_refresh(config)
     except ModelError as exc:
         raise ConfigError(f"{config.source or 'config'}: collector.models: {exc}") from None
+    # refused before anything opens: a non-loopback host needs TLS or plaintext = true
+    tls = section_tls(config, "collector", what="/metrics, /healthz and /readyz",
+                      secrets="metrics and health details") if serve_metrics else None
     store = store or open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
     metrics = metrics or CollectorMetrics()
@@ -302,8 +308,11 @@ async def run_collector(config: Config, *, takeover: bool = False,
     server = None
     if serve_metrics:
         server = HttpServer(config.collector.host, config.collector.metrics_port,
-                            metrics.registry, metrics.health)
+                            metrics.registry, metrics.health,
+                            tls.http_context if tls is not None else None)
         port = server.port
+        if tls is not None:
+            tls.start()
     try:
         catalog = await offload(open_catalog, config.catalog)
         engine = engine or await offload(default_engine, config)
@@ -349,4 +358,6 @@ async def run_collector(config: Config, *, takeover: bool = False,
     finally:
         if server is not None:
             server.shutdown()
+        if tls is not None:
+            await tls.stop()
         await store.close()

@@ -63,7 +63,7 @@ from pipeline.fence import fence_all
 from pipeline.file_append import WriteThenAdd
 from pipeline.run import RunOutput
 from pipeline.schema import DEAD_LETTER_TABLE
-from pipeline.spec import RunSpec, run_spec
+from pipeline.spec import RunSpec, run_spec, with_sql_cases
 from pipeline.tables import ensure_dead_letter_table, ensure_stream_table
 
 log = logging.getLogger("icefloe.collector")
@@ -124,6 +124,7 @@ class Collector:
         self.hook = hook or (lambda stage: None)
         self.consumer = ManifestConsumer(store, config.manifest.build(),
                                          holder=holder or f"collector-{ULID()}", clock=clock)
+        self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
         self.routes = Routes(config_registry(config.streams))
         self._hold_s: float | None = None
         self.windows: dict[str, DedupWindow] = {}
@@ -372,6 +373,7 @@ class Collector:
         entries, run = self._route_run(entries)
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
+        spec = with_sql_cases(spec, self.routes.sql_cases(self._versions(entries)))
         output = await self.offload(run, spec)
         try:
             self.hook("after_job")
@@ -532,6 +534,9 @@ class Collector:
                     entries: list[Entry]) -> None:
         """Commit each affected table once (dedup first), then the dead letters."""
         versions = self._versions(entries)
+        if isinstance(output, RunOutput):
+            for (stream, column), count in output.sql_errors.items():
+                self.metrics.sql_errors.labels(stream, column).inc(count)
         if isinstance(output, ClusterRunOutput):
             self._commit_cluster(output, result, versions)
             return

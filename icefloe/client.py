@@ -17,6 +17,10 @@ Retried (jittered exponential backoff, never sooner than the server's ``Retry-Af
 * HTTP 429 and 503 (the ingestor's backpressure, rate limits and "not acknowledged"
   answers), 408 (an upload the ingestor found too slow), 502/504 (a gateway in front of
   it), and transport errors: connection refused/reset, timeouts.
+* gRPC calls reset with HTTP/2 REFUSED_STREAM (UNAVAILABLE "Received RST_STREAM with
+  error code 7": more calls at once than the connection's stream limit; the server never
+  read them): retried apart from ``retries`` (jittered backoff of at most 0.5 s, for as
+  long as ``timeout`` in all), so a burst over one channel does not use up ``retries``.
 * gRPC UNAVAILABLE (store down, shutting down, connection failures), RESOURCE_EXHAUSTED
   *with* a ``RetryInfo`` (buffer or manifest queue full, rate limited; without one it is a
   local limit such as an oversized message, which a retry cannot fix), and
@@ -87,6 +91,13 @@ EventLike = Mapping[str, Any] | bytes | ingest_pb2.Event
 """An event: a JSON-serializable mapping, one JSON object as bytes, or a gRPC ``Event``."""
 
 RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
+REFUSED_STREAM = "refused_stream"
+"""``IngestRejected.code`` of a call the server reset with HTTP/2 REFUSED_STREAM."""
+STREAM_IDLE = "stream_idle"
+"""The code of a PublishStream the server ended after ``grpc_stream_idle_s`` of silence
+with nothing in flight; ``publish_stream`` opens a new one (resending nothing lost)."""
+_REFUSED_DETAILS = re.compile(r"RST_STREAM.*error code 7\b")
+"""How grpc core words a stream reset with REFUSED_STREAM (code 7) in the call's details."""
 _RETRYABLE_GRPC = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _MAX_HINT_S = 60.0
 STREAM_WINDOW = 128
@@ -141,6 +152,10 @@ class Backoff:
         return backoff
 
 
+REFUSED_BACKOFF = Backoff(base_s=0.01, max_s=0.5)
+"""Backoff between attempts of a refused stream: short, the connection is merely busy."""
+
+
 def new_key() -> str:
     """A fresh idempotency key (random, 32 hex characters)."""
     return uuid.uuid4().hex
@@ -157,40 +172,74 @@ def _json(event: EventLike) -> bytes:
 # -- retry loops ------------------------------------------------------------------------------
 
 
+class _Attempts:
+    """The retry budget of one call: ordinary retries, and refused streams apart.
+
+    Why apart: a refused stream (HTTP/2 REFUSED_STREAM: the call was over the connection's
+    stream limit and the server never looked at it) says only "this connection is busy",
+    so a burst of concurrent calls over one channel must not spend the retries meant for a
+    store outage. Refused attempts are retried with a short capped backoff
+    (``REFUSED_BACKOFF``) until their waits add up to the client's ``timeout``.
+    """
+
+    __slots__ = ("owner", "refused", "refused_wait_s", "retry")
+
+    def __init__(self, owner: _Retrying) -> None:
+        self.owner = owner
+        self.retry = 0
+        self.refused = 0
+        self.refused_wait_s = 0.0
+
+    def delay(self, exc: IngestRejected) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up (raise ``exc``)."""
+        if exc.code == STREAM_IDLE:  # the server ended a quiet stream: not a failure
+            return REFUSED_BACKOFF.delay(1)
+        if exc.code == REFUSED_STREAM and self.refused_wait_s < self.owner.refused_budget_s:
+            self.refused += 1
+            exc.attempts = self.retry + self.refused
+            wait = REFUSED_BACKOFF.delay(self.refused)
+            self.refused_wait_s += wait
+            return wait
+        self.retry += 1
+        exc.attempts = self.retry + self.refused
+        if not exc.retryable or self.retry > self.owner.retries:
+            return None
+        return self.owner.backoff.delay(self.retry, exc.retry_after_s)
+
+    def reset(self) -> None:
+        """An answer came back: the connection works again (streams)."""
+        self.retry = self.refused = 0
+        self.refused_wait_s = 0.0
+
+
 class _Retrying:
+    refused_budget_s: float = 10.0
+    """How long refused streams of one call may wait in backoff, in all (gRPC: timeout)."""
+
     def __init__(self, retries: int, backoff: Backoff | None) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.retries = retries
         self.backoff = backoff or Backoff()
 
-    def _next_delay(self, exc: IngestRejected, retry: int) -> float | None:
-        """Seconds to wait before retry number ``retry``, or None to give up (raise)."""
-        exc.attempts = retry
-        if not exc.retryable or retry > self.retries:
-            return None
-        return self.backoff.delay(retry, exc.retry_after_s)
-
     def _retry(self, attempt: Callable[[], T]) -> T:
-        retry = 0
+        attempts = _Attempts(self)
         while True:
             try:
                 return attempt()
             except IngestRejected as exc:
-                retry += 1
-                delay = self._next_delay(exc, retry)
+                delay = attempts.delay(exc)
                 if delay is None:
                     raise
             time.sleep(delay)
 
     async def _retry_async(self, attempt: Callable[[], Any]) -> Any:
-        retry = 0
+        attempts = _Attempts(self)
         while True:
             try:
                 return await attempt()
             except IngestRejected as exc:
-                retry += 1
-                delay = self._next_delay(exc, retry)
+                delay = attempts.delay(exc)
                 if delay is None:
                     raise
             await asyncio.sleep(delay)
@@ -389,7 +438,12 @@ def _rpc_rejected(exc: grpc.RpcError) -> IngestRejected:
         status = rpc_status.from_call(call)
     except ValueError:  # details that contradict the call's code: ignore them
         status = None
-    return _from_status(call.code(), status, call.details() or "")
+    details = call.details() or ""
+    if call.code() == grpc.StatusCode.UNAVAILABLE and _REFUSED_DETAILS.search(details):
+        return IngestRejected(call.code(), REFUSED_STREAM, "the server refused the stream "
+                              f"(over its per-connection limit; nothing was sent): {details}",
+                              retryable=True)
+    return _from_status(call.code(), status, details)
 
 
 def _keyed(request: ingest_pb2.PublishRequest) -> ingest_pb2.PublishRequest:
@@ -408,6 +462,7 @@ class _GrpcBase(_Retrying):
         super().__init__(retries, backoff)
         self.target = target
         self.timeout = timeout
+        self.refused_budget_s = timeout
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ())
 
@@ -482,14 +537,14 @@ class GrpcClient(_GrpcBase):
             IngestRejected: the stream broke for good (not retryable, or retries exhausted).
         """
         feed = _StreamFeed(iter(requests))
-        retry = 0
+        attempts = _Attempts(self)
         try:
             while True:
                 call = self._stub.PublishStream(feed.outgoing(), metadata=self._metadata)
                 try:
                     for response in call:
                         feed.acked()
-                        retry = 0
+                        attempts.reset()
                         yield response
                     if feed.done():
                         return
@@ -500,8 +555,7 @@ class GrpcClient(_GrpcBase):
                     exc = _rpc_rejected(error)
                 finally:
                     call.cancel()
-                retry += 1
-                delay = self._next_delay(exc, retry)
+                delay = attempts.delay(exc)
                 if delay is None:
                     raise exc
                 time.sleep(delay)
@@ -636,7 +690,7 @@ class AsyncGrpcClient(_GrpcBase):
             | Iterable[ingest_pb2.PublishRequest]) -> AsyncIterator[ingest_pb2.PublishResponse]:
         """See :meth:`GrpcClient.publish_stream` (``requests`` may be async)."""
         feed = _AsyncStreamFeed(requests)
-        retry = 0
+        attempts = _Attempts(self)
         try:
             while True:
                 call = self._stub.PublishStream(metadata=self._metadata)
@@ -644,7 +698,7 @@ class AsyncGrpcClient(_GrpcBase):
                 try:
                     while (response := await call.read()) is not grpc.aio.EOF:
                         feed.unacked.popleft()
-                        retry = 0
+                        attempts.reset()
                         yield response
                     if feed.done():
                         return
@@ -656,8 +710,7 @@ class AsyncGrpcClient(_GrpcBase):
                 finally:
                     call.cancel()
                     await _stopped(writer)
-                retry += 1
-                delay = self._next_delay(exc, retry)
+                delay = attempts.delay(exc)
                 if delay is None:
                     raise exc
                 await asyncio.sleep(delay)

@@ -194,7 +194,33 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     header_timeout_s: float = 10.0
     body_timeout_s: float = 20.0
     body_min_bytes_per_s: int = 1024
+    body_max_s: float = 300.0
+    """Longest one HTTP body may take, however steadily it arrives (408 and a close)."""
+    max_header_bytes: int = 64 * 1024
+    """Request line plus headers of one HTTP request; counted as they arrive, 431 beyond."""
+    max_headers: int = 100
+    """Header fields of one HTTP request; 431 beyond."""
+    max_connections: int = 10_000
+    """Open HTTP connections of one process; more are closed as soon as they are accepted."""
     grpc_max_streams_per_connection: int = 100
+    grpc_keepalive_time_s: float = 60.0
+    """The server pings a connection quiet this long and closes it when the ping goes
+    unanswered for ``grpc_keepalive_timeout_s``: dead peers do not hold streams forever."""
+    grpc_keepalive_timeout_s: float = 20.0
+    grpc_min_ping_interval_s: float = 10.0
+    """Client pings closer together than this (without data) are strikes; past
+    ``grpc_max_ping_strikes`` the connection gets GOAWAY ENHANCE_YOUR_CALM (a ping flood)."""
+    grpc_max_ping_strikes: int = 2
+    grpc_max_connection_idle_s: float = 300.0
+    """A connection without calls for this long gets GOAWAY (the client reconnects)."""
+    grpc_max_connection_age_s: float = 3600.0
+    """Every connection gets GOAWAY at this age (±10 % jitter) and is closed after
+    ``grpc_max_connection_age_grace_s`` more: no connection, nor its streams, lives forever,
+    and load spreads again over ingestors that joined since."""
+    grpc_max_connection_age_grace_s: float = 60.0
+    grpc_stream_idle_s: float = 60.0
+    """A PublishStream with nothing in flight that sends no request for this long is
+    ended by the server (UNAVAILABLE ``stream_idle``)."""
     http_fast_lane: bool = True
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
     a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends
@@ -246,6 +272,11 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     models: tuple[str, ...] = ()
     models_dir: str = "models"
     models_interval_s: float = 0.0
+    tls_cert_file: str | None = None
+    """TLS for ``/metrics``, ``/healthz``, ``/readyz``: same rules as ``[ingestor]``."""
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    plaintext: bool = False
 
 
 class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -350,6 +381,15 @@ _LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies", "models", "tokens"}
 """Lists the environment gives comma-separated."""
 
 
+_HASH_START = re.compile(r",(?=\s*(?:scrypt|pbkdf2-sha256)\$)")
+"""A comma that starts another token hash: a scrypt hash has commas of its own
+(``scrypt$ln=14,r=8,p=1$...``), so token lists split only before the next hash."""
+
+
+def _split_list(field: str, value: str) -> list[str]:
+    return _HASH_START.split(value) if field == "tokens" else value.split(",")
+
+
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
@@ -360,7 +400,7 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
             if name in env and field not in FILE_ONLY:
                 value: Any = env[name]
                 if field in _LIST_FIELDS:
-                    value = [v.strip() for v in value.split(",") if v.strip()]
+                    value = [v.strip() for v in _split_list(field, value) if v.strip()]
                 raw.setdefault(section, {})[field] = value
 
 
@@ -394,8 +434,12 @@ def _resolve_paths(config: Config, base: Path, source: str | None) -> Config:
         ing, tls_cert_file=_resolve_file(ing.tls_cert_file, base),
         tls_key_file=_resolve_file(ing.tls_key_file, base),
         tls_client_ca_file=_resolve_file(ing.tls_client_ca_file, base))
+    col = config.collector
     collector = msgspec.structs.replace(
-        config.collector, models_dir=_resolve_file(config.collector.models_dir, base) or "")
+        col, models_dir=_resolve_file(col.models_dir, base) or "",
+        tls_cert_file=_resolve_file(col.tls_cert_file, base),
+        tls_key_file=_resolve_file(col.tls_key_file, base),
+        tls_client_ca_file=_resolve_file(col.tls_client_ca_file, base))
     adm = config.admin
     admin = msgspec.structs.replace(
         adm, tls_cert_file=_resolve_file(adm.tls_cert_file, base),
@@ -426,6 +470,7 @@ def validate(config: Config, where: str) -> None:
     for key in ("min_flush_interval_ms", "early_flush_requests"):
         if getattr(ing, key) < 0:
             raise ConfigError(f"{where}: ingestor.{key} must be >= 0")
+    _validate_http_limits(ing, where)
     if ing.buffer_max_bytes < ing.max_body_bytes:
         raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
                           f"be >= ingestor.max_body_bytes ({ing.max_body_bytes}): a request "
@@ -445,6 +490,21 @@ def validate(config: Config, where: str) -> None:
         names.add(stream.name)
         tables.add(stream.table)
     validate_security(config, where)
+
+
+def _validate_http_limits(ing: IngestorSection, where: str) -> None:
+    """The HTTP front's limits (issue #29): each must leave room for an ordinary request."""
+    if ing.max_header_bytes < 1024:
+        raise ConfigError(f"{where}: ingestor.max_header_bytes ({ing.max_header_bytes}) must "
+                          "be >= 1024: a request line, Host and a token need that much")
+    for key in ("max_headers", "max_connections", "body_max_s"):
+        if getattr(ing, key) <= 0:
+            raise ConfigError(f"{where}: ingestor.{key} must be > 0")
+    if ing.body_max_s < ing.body_timeout_s:
+        raise ConfigError(f"{where}: ingestor.body_max_s ({ing.body_max_s:g}) must be >= "
+                          f"ingestor.body_timeout_s ({ing.body_timeout_s:g}): the cap on a "
+                          "body's whole upload cannot be shorter than the time it may take "
+                          "to start")
 
 
 def _validate_pairs(config: Config, where: str) -> None:
@@ -538,6 +598,16 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.models and not col.models_dir:
         raise ConfigError(f"{where}: collector.models_dir: a folder is needed to run "
                           f"{', '.join(col.models)}")
+    if bool(col.tls_cert_file) != bool(col.tls_key_file):
+        raise ConfigError(f"{where}: collector.tls_cert_file and collector.tls_key_file go "
+                          "together")
+    if col.tls_client_ca_file and not col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.tls_client_ca_file needs "
+                          "collector.tls_cert_file and collector.tls_key_file (mutual TLS is "
+                          "TLS first)")
+    if col.plaintext and col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.plaintext: true contradicts "
+                          "collector.tls_cert_file (TLS is on); remove one of them")
     if col.orphan_age_s < 60:
         raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
                           "least 60 s: younger unreferenced files may belong to a commit "

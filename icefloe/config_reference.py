@@ -67,7 +67,9 @@ MEANING: dict[str, str] = {
                                 "requests with 503 (< manifest.append_deadline_s)",
     "ingestor.shutdown_timeout_s": "SIGTERM drain deadline",
     "ingestor.retry_after_s": "`Retry-After` on 429/503",
-    "ingestor.cors_origins": "browser origins allowed to POST (env: comma-separated)",
+    "ingestor.cors_origins": "browser origins allowed to POST, and to send `text/plain` or "
+                             "typeless bodies, which skip the preflight (env: "
+                             "comma-separated)",
     "ingestor.zstd_level": "batch file compression level",
     "ingestor.tls_cert_file": "PEM certificate chain for HTTP and gRPC (relative: to the config "
                               "folder); re-read within seconds when it changes, no restart",
@@ -88,8 +90,32 @@ MEANING: dict[str, str] = {
     "ingestor.body_timeout_s": "an HTTP body must start arriving within this, and it is "
                                "extended by the bytes received at `body_min_bytes_per_s`",
     "ingestor.body_min_bytes_per_s": "slowest body upload rate tolerated (408 below it)",
+    "ingestor.body_max_s": "longest one HTTP body may take to arrive, however steadily "
+                           "(408 and a close; ≥ `body_timeout_s`)",
+    "ingestor.max_header_bytes": "request line + headers of one HTTP request, counted as they "
+                                 "arrive (431 and a close beyond; ≥ 1 KiB)",
+    "ingestor.max_headers": "header fields of one HTTP request (431 and a close beyond)",
+    "ingestor.max_connections": "open HTTP connections per process; more are closed as soon "
+                                "as accepted (`icefloe_ingest_http_refused_total"
+                                "{reason=\"max_connections\"}`)",
     "ingestor.grpc_max_streams_per_connection": "concurrent gRPC calls per connection "
                                                 "(HTTP/2 `max_concurrent_streams`)",
+    "ingestor.grpc_keepalive_time_s": "the server pings a gRPC connection quiet this long",
+    "ingestor.grpc_keepalive_timeout_s": "an unanswered keepalive ping closes the connection "
+                                         "after this (< `grpc_keepalive_time_s`)",
+    "ingestor.grpc_min_ping_interval_s": "client pings closer than this (without data) are "
+                                         "strikes",
+    "ingestor.grpc_max_ping_strikes": "strikes after which a connection gets GOAWAY "
+                                      "ENHANCE_YOUR_CALM",
+    "ingestor.grpc_max_connection_idle_s": "a gRPC connection without calls this long gets "
+                                           "GOAWAY",
+    "ingestor.grpc_max_connection_age_s": "every gRPC connection gets GOAWAY at this age "
+                                          "(±10 %)",
+    "ingestor.grpc_max_connection_age_grace_s": "calls still running at the age limit get "
+                                                "this long, then the connection closes "
+                                                "(≥ `flush_timeout_s`)",
+    "ingestor.grpc_stream_idle_s": "a PublishStream with nothing in flight that sends "
+                                   "nothing this long is ended (UNAVAILABLE `stream_idle`)",
     "ingestor.http_fast_lane": "answer plain ingest POSTs (HTTP/1.1 keep-alive, "
                                "Content-Length, uncompressed) from a callback instead of "
                                "an ASGI task: same answers, less CPU (off: all via ASGI)",
@@ -145,6 +171,14 @@ MEANING: dict[str, str] = {
     "collector.models_dir": "folder of the `*.sql` models, relative to the config file",
     "collector.models_interval_s": "at least this long between two model runs (0: after "
                                    "every commit that adds rows they read)",
+    "collector.tls_cert_file": "certificate chain for /metrics, /healthz, /readyz (PEM; "
+                               "reloaded when it changes)",
+    "collector.tls_key_file": "private key of `collector.tls_cert_file` (PEM, unencrypted)",
+    "collector.tls_client_ca_file": "mutual TLS: scrapers and probes need a certificate "
+                                    "this CA signed",
+    "collector.plaintext": "allow /metrics, /healthz, /readyz without TLS on a non-loopback "
+                           "address (behind a TLS-terminating gateway, or probes inside "
+                           "the pod network)",
 }
 
 _START = "<!-- config-reference:start (generated: python -m icefloe.config_reference) -->"

@@ -97,6 +97,35 @@ def _validate_transport(ing: IngestorSection, at: str) -> None:
                           "within body_timeout_s)")
     if ing.client_rate_limit is not None:
         validate_rate_limit(ing.client_rate_limit, f"{at}.client_rate_limit")
+    _validate_grpc_lifetimes(ing, at)
+
+
+GRPC_DURATIONS = ("grpc_keepalive_time_s", "grpc_keepalive_timeout_s",
+                  "grpc_min_ping_interval_s", "grpc_max_connection_idle_s",
+                  "grpc_max_connection_age_s", "grpc_max_connection_age_grace_s",
+                  "grpc_stream_idle_s")
+"""The gRPC connection and stream lifetimes (seconds, each > 0)."""
+
+
+def _validate_grpc_lifetimes(ing: IngestorSection, at: str) -> None:
+    """gRPC keepalive, ping, idle and age limits; pairs that defeat each other are refused
+    with both keys named."""
+    for key in GRPC_DURATIONS:
+        if not getattr(ing, key) > 0:
+            raise ConfigError(f"{at}.{key} must be > 0")
+    if ing.grpc_max_ping_strikes < 1:
+        raise ConfigError(f"{at}.grpc_max_ping_strikes must be >= 1")
+    if ing.grpc_keepalive_timeout_s >= ing.grpc_keepalive_time_s:
+        raise ConfigError(
+            f"{at}.grpc_keepalive_timeout_s ({ing.grpc_keepalive_timeout_s:g}) must be less "
+            f"than ingestor.grpc_keepalive_time_s ({ing.grpc_keepalive_time_s:g}): the next "
+            "keepalive ping would be due before the last one could time out")
+    if ing.grpc_max_connection_age_grace_s < ing.flush_timeout_s:
+        raise ConfigError(
+            f"{at}.grpc_max_connection_age_grace_s ({ing.grpc_max_connection_age_grace_s:g})"
+            f" must be at least ingestor.flush_timeout_s ({ing.flush_timeout_s:g}): a call "
+            "waiting for its flush when its connection reaches its age would be cut before "
+            "its answer, and its client would resend events already stored")
 
 
 def _validate_tokens(config: Config, where: str) -> None:

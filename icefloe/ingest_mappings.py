@@ -29,12 +29,14 @@ Convert = Callable[[str, Any, bool], Any]
 
 
 class MappingViolation(Exception):
-    """An event's mapped value is missing or of the wrong type."""
+    """An event's mapped value is missing or of the wrong type (``code``: the stable
+    error code, ``validation_failed`` unless a more precise one applies)."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str, code: str = "validation_failed") -> None:
         super().__init__(reason)
         self.field = field
         self.reason = reason
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +170,7 @@ class EventMappings:
             elif value is not None:
                 root = decoded.get(path.root_attr, _MISSING)
                 if root is _MISSING:
-                    root = decoded[path.root_attr] = self._decode(value)
+                    root = decoded[path.root_attr] = self._decoded_root(column, value)
                 try:
                     value = _walk(root, path.rest)
                 except ValueError as exc:
@@ -189,10 +191,21 @@ class EventMappings:
             parts.append(path.key + encode(value))
             if column.name == self._id_column:
                 self.event_id = str(value)
-        for _column, key in self.bodies:
+        for column, key in self.bodies:
             assert raw is not None
-            parts.append(key + encode(bytes(raw).decode()))
+            # the event's own text, checked like a json value (depth, number range)
+            text = self._converted(column, msgspec.Raw(raw), "json")
+            parts.append(key + encode(text))
         return b"".join(parts)
+
+    def _decoded_root(self, column: Column, value: Any) -> Any:
+        """A raw root decoded to walk its path; a number no double holds is the column's
+        violation (not a crash)."""
+        try:
+            return self._decode(value)
+        except msgspec.ValidationError as exc:
+            raise MappingViolation(column.name, f"value at {column.path}: {exc}",
+                                   "number_out_of_range") from None
 
     def _typed(self, column: Column, value: Any) -> Any:
         """A leaf msgspec already type-checked, in canonical form (None for JSON null)."""
@@ -202,20 +215,22 @@ class EventMappings:
                 return None
             if column.type == "string" and text[:1] == b'"':  # raw = true, a JSON string
                 return self._decode(text)
-            return text.decode()
+            return self._converted(column, value, "json")  # JSON text: depth, numbers
         if column.type == "timestamp":
             if value.__class__ is int:
                 return self._converted(column, value)
             return value.astimezone(dt.UTC) if value.utcoffset() else value
         return value
 
-    def _converted(self, column: Column, value: Any) -> Any:
+    def _converted(self, column: Column, value: Any, kind: str | None = None) -> Any:
         try:
-            return self._convert(column.type, value, column.raw)
+            return self._convert(kind or column.type, value, column.raw)
         except (msgspec.ValidationError, ValueError) as exc:
             reason = str(exc)
-            raise MappingViolation(column.name, f"value at {column.path}: "
-                                   f"{reason[:1].lower()}{reason[1:]}") from None
+            where = column.path or "the event body"
+            raise MappingViolation(column.name, f"value at {where}: "
+                                   f"{reason[:1].lower()}{reason[1:]}",
+                                   getattr(exc, "code", "validation_failed")) from None
 
 
 def _typable(paths: list[tuple[Column, tuple[Step, ...]]]) -> bool:

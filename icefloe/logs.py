@@ -18,7 +18,7 @@ import logging
 import sys
 import time
 
-from icefloe.redact import redact
+from icefloe.redact import redact, redact_field
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -48,8 +48,9 @@ class RedactingFilter(logging.Filter):
     """Masks secrets in a record before any formatter sees it (see the module docstring).
 
     Attach it to handlers (a logger's filters do not run for records of its children).
-    It rewrites the record in place: the message is rendered once and masked, string extra
-    fields are masked, and a traceback is rendered into ``exc_text`` and masked.
+    It rewrites the record in place: the message is rendered once and masked, extra fields
+    are masked however they nest (strings, bytes, dicts, lists, tuples; an extra named like
+    a secret is masked whole), and a traceback is rendered into ``exc_text`` and masked.
     """
 
     _formatter = logging.Formatter()
@@ -61,8 +62,8 @@ class RedactingFilter(logging.Filter):
             return True
         record.msg, record.args = redact(message), None
         for key, value in vars(record).items():
-            if key not in _STANDARD and isinstance(value, str):
-                setattr(record, key, redact(value))
+            if key not in _STANDARD:
+                setattr(record, key, redact_field(key, value))
         if record.exc_info and not record.exc_text:
             record.exc_text = self._formatter.formatException(record.exc_info)
         if record.exc_text:

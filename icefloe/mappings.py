@@ -16,7 +16,8 @@ ingestor parses anyway, so they are extracted and type-checked there and a bad v
 ``ip`` and ``header`` come from the request: the ingestor keeps exactly the ones mappings
 use in the record envelope's meta, and the pipeline's decode (in the Spark workers) turns
 them into columns, as it does ``datetime`` and ``id`` from the envelope. ``sql`` runs on
-Spark over the decoded columns, so every Spark SQL function is available. This module only
+Spark over the decoded columns, calling only allow-listed functions
+(:mod:`icefloe.sql_functions`). This module only
 parses and validates; :mod:`icefloe.ingest_mappings` and :mod:`pipeline.mapped` evaluate.
 """
 
@@ -32,6 +33,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from icefloe.errors import ConfigError
+from icefloe.sql_functions import check_functions
 
 if TYPE_CHECKING:
     from icefloe.config import Column, StreamConfig
@@ -134,7 +136,17 @@ def sql_expression(column: Column) -> exp.Expression:
                                           exp.Select), "a subquery")
         raise ValueError(f"{what} ({bad.sql(column.dialect)[:60]}) is not allowed: a "
                          "mapping computes one value per event")
+    check_functions(_as_spark(tree))
     return tree
+
+
+def _as_spark(tree: exp.Expression) -> exp.Expression:
+    """``tree`` as Spark will run it: transpiled, then read back as Spark SQL (the function
+    allow-list is checked on what Spark resolves, whatever dialect the mapping is in)."""
+    try:
+        return sqlglot.parse_one(tree.sql(dialect="spark"), read="spark")
+    except ParseError as exc:
+        raise ValueError(f"the expression does not transpile to Spark SQL: {exc}") from None
 
 
 def sql_references(tree: exp.Expression) -> list[str]:

@@ -10,6 +10,7 @@ a header echoed by a library), so it errs towards masking.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 MASK = "***"
 SECRET_QUERY_KEYS = ("password", "secret", "token", "credential")
@@ -75,3 +76,50 @@ def redact(text: str) -> str:
     if "=" in text or ":" in text:
         text = _SECRET_PARAM.sub(lambda m: m.group("head") + MASK, text)
     return text
+
+
+MAX_DEPTH = 16
+"""Nesting redacted into; anything deeper is masked whole (and cycles end there)."""
+_PLAIN = (int, float, bool, type(None))
+
+
+def redact_value(value: object, depth: int = 0) -> object:
+    """A structured value (a log record's extra field) with its secrets masked.
+
+    Why beyond strings: a formatter renders dicts, lists, tuples and bytes too (JSON, or
+    ``str()``), so a token inside ``extra={"headers": {...}}`` or a bytes body would reach
+    the line unmasked. Strings go through :func:`redact`; bytes are decoded (invalid UTF-8
+    escaped) and redacted as text; mappings and sequences are rebuilt with their items
+    redacted, the value of a secret-looking key (``password``, ``token``, ...) masked whole;
+    numbers, booleans and None pass; any other object is redacted as its ``str()``.
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, _PLAIN):
+        return value
+    if depth >= MAX_DEPTH:
+        return MASK
+    if isinstance(value, bytes | bytearray | memoryview):
+        return redact(bytes(value).decode("utf-8", "backslashreplace"))
+    if isinstance(value, Mapping):
+        return {redact_value(key, depth + 1): _masked_item(key, item, depth + 1)
+                for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(redact_value(item, depth + 1) for item in value)
+    if isinstance(value, list | set | frozenset):
+        return [redact_value(item, depth + 1) for item in value]
+    return redact(str(value))
+
+
+def redact_field(key: str, value: object) -> object:
+    """A named value (a log record's extra field) redacted as it would be in a mapping."""
+    return _masked_item(key, value, 0)
+
+
+def _masked_item(key: object, item: object, depth: int) -> object:
+    """The value under ``key``: masked whole when the key looks secret and the value is a
+    scalar (a container under it is redacted item by item)."""
+    if isinstance(key, str) and _is_secret(key) and not isinstance(
+            item, Mapping | list | tuple | set | frozenset | bool | type(None)):
+        return MASK
+    return redact_value(item, depth)

@@ -36,17 +36,34 @@ _FIELD_TYPES: dict[str, Any] = {
     "boolean": bool, "timestamp": _TIMESTAMP, "date": dt.date, "json": msgspec.Raw,
 }
 _MAX_EPOCH_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
+MAX_JSON_DEPTH = 64
+"""How deep arrays and objects may nest in a value icefloe stores as JSON text (a ``json``
+column, a raw string, a ``from = "body"`` column). Why: the collector and the engines that
+read the tables parse that text again (Spark's JSON functions refuse deep documents), so
+icefloe refuses at the door what a reader could not take apart later."""
+_MAX_DOUBLE_BITS = 1024  # an integer of more bits is beyond the largest double (~1.8e308)
+_BIG_NUMBER = re.compile(rb"\d[eE][+-]?0*[1-9]\d\d|\d{309}")
+"""Text that may hold a number outside the double range (an exponent of three digits, or
+309 digits in a row); only such values pay for a full parse."""
+_SHORT_JSON = 2 * MAX_JSON_DEPTH
+_LOWER_E, _UPPER_E = ord("e"), ord("E")  # ``int in bytes`` is a memchr, ~9x ``b"e" in``
+"""JSON text this short cannot nest deeper than the limit nor hold 309 digits: without an
+``e``/``E`` (an exponent) it needs no check at all (nearly every value, at ~0.1 µs)."""
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 _AT = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?:\[\d+\])?\.?(?P<path>[^`]*)`)?$", re.S)
 _NAMED = re.compile(r"field `([^`]+)`")
 
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """Why event ``index`` of a request was refused."""
+    """Why event ``index`` of a request was refused (``code``: the request's error code
+    when every violation has the same one, else ``validation_failed``)."""
 
     index: int
     field: str | None
     reason: str
+    code: str = "validation_failed"
 
     def as_dict(self) -> dict[str, Any]:
         return {"index": self.index, "field": self.field, "reason": self.reason}
@@ -120,6 +137,14 @@ class CompiledStream:
 
     def from_json(self, body: bytes) -> Canonical:
         """A body holding one JSON object or a JSON array of objects."""
+        try:
+            if not body.isascii():
+                _check_utf8(body)
+            return self._from_json(body)
+        except RecursionError:
+            raise _too_deep() from None
+
+    def _from_json(self, body: bytes) -> Canonical:
         start = body.lstrip()[:1]
         if self._mappings is not None and self._mappings.needs_raw and start in (b"[", b"{"):
             return self._from_raw_events(body, start)
@@ -130,6 +155,9 @@ class CompiledStream:
                 raise self._explain_array(body) from None
             except msgspec.DecodeError as exc:
                 raise _malformed(exc) from None
+            if not events:  # nothing to buffer: refused like an empty body, never a 500
+                raise InvalidEvents("empty_body", "the JSON array holds no events: send at "
+                                    "least one object")
         elif start == b"{":
             try:
                 events = [self._one.decode(body)]
@@ -147,25 +175,42 @@ class CompiledStream:
 
     def from_ndjson(self, body: bytes) -> Canonical:
         """Newline-delimited JSON objects (blank lines are skipped)."""
+        if not body.isascii():
+            _check_utf8(body)
         lines = [line for line in body.split(b"\n") if line.strip()]
         if not lines:
             raise InvalidEvents("empty_body", "the NDJSON body holds no events")
-        return self.from_events(lines)
+        try:
+            return self._from_events(lines)
+        except RecursionError:
+            raise _too_deep() from None
 
     def from_events(self, events: Sequence[bytes]) -> Canonical:
         """One JSON object per element (NDJSON lines, gRPC ``Event.json``)."""
         if not events:
             raise InvalidEvents("empty_body", "the request holds no events")
         try:
-            decoded = self._many.decode(b"[" + b",".join(events) + b"]")
+            return self._from_events(events, utf8_checked=False)
+        except RecursionError:
+            raise _too_deep() from None
+
+    def _from_events(self, events: Sequence[bytes], utf8_checked: bool = True) -> Canonical:
+        joined = b"[" + b",".join(events) + b"]"
+        if not utf8_checked and not joined.isascii():
+            for index, event in enumerate(events):
+                _check_utf8(event, index)
+        try:
+            decoded = self._many.decode(joined)
         except (msgspec.ValidationError, msgspec.DecodeError):
             raise self._explain_each(events) from None
+        if len(decoded) != len(events):  # an empty element, or one holding two objects
+            raise self._explain_each(events)
         return self._canonical(decoded, events)
 
     def _from_raw_events(self, body: bytes, start: bytes) -> Canonical:
         """A body whose events' own JSON text is needed (a ``from = "body"`` column)."""
         if start == b"{":
-            return self.from_events([body.strip()])
+            return self._from_events([body.strip()])
         try:
             raws = self._raw_list.decode(body)
         except msgspec.ValidationError as exc:
@@ -173,7 +218,10 @@ class CompiledStream:
                                 f"{exc}") from None
         except msgspec.DecodeError as exc:
             raise _malformed(exc) from None
-        return self.from_events([bytes(raw) for raw in raws])
+        if not raws:
+            raise InvalidEvents("empty_body", "the JSON array holds no events: send at "
+                                "least one object")
+        return self._from_events([bytes(raw) for raw in raws])
 
     def request_meta(self, client: str | None, header: Callable[[str], str | None]) -> bytes:
         """The envelope meta a request's records carry (b"" when no mapping needs one).
@@ -197,6 +245,8 @@ class CompiledStream:
             return self._canonical_mapped(events, raws)
         if self._timestamps or self._jsons:
             self._normalize_many(events)
+        elif not events:  # every entry point refuses this first; never frame zero events
+            raise InvalidEvents("empty_body", "the request holds no events")
         encode = self._encoder.encode
         payloads = [encode(events[0])] if len(events) == 1 else \
             [encode(event) for event in events]
@@ -223,7 +273,8 @@ class CompiledStream:
                 if normalize is not None:
                     normalize(event)
             except (MappingViolation, _OutOfRange) as exc:
-                violations.append(Violation(index, exc.field, exc.reason))
+                violations.append(Violation(index, exc.field, exc.reason,
+                                            getattr(exc, "code", "validation_failed")))
                 extras.append(b"")
                 if len(violations) >= self.MAX_VIOLATIONS:
                     break
@@ -285,19 +336,41 @@ class CompiledStream:
                 try:
                     setattr(events[index], name, _utc(name, getattr(events[index], name)))
                 except _OutOfRange as exc:
-                    bad.setdefault(index, Violation(index, exc.field, exc.reason))
+                    bad.setdefault(index, Violation(index, exc.field, exc.reason, exc.code))
+        if self._jsons:
+            self._normalize_all_jsons(events, bad)
         if bad:
             raise _invalid([bad[index] for index in sorted(bad)])
-        if self._jsons:
-            for event in events:
-                self._normalize_jsons(event)
+
+    def _normalize_all_jsons(self, events: list[Any], bad: dict[int, Violation]) -> None:
+        """:meth:`_normalize_jsons` of every event; each refused one lands in ``bad``."""
+        start = 0
+        while start < len(events):
+            index = start
+            try:
+                for index in range(start, len(events)):
+                    self._normalize_jsons(events[index])
+                return
+            except _OutOfRange as exc:  # rare: note it and go on after it
+                bad.setdefault(index, Violation(index, exc.field, exc.reason, exc.code))
+                start = index + 1
 
     def _normalize_jsons(self, event: Any) -> None:
+        """``json`` values to text, checked as a reader will need them (:func:`json_text`).
+
+        Raises:
+            _OutOfRange: too deep, or a number beyond the double range.
+        """
         for name in self._jsons:
             value = getattr(event, name)
             if value is not None:
                 text = bytes(value)
-                setattr(event, name, None if text == b"null" else text.decode())
+                if text == b"null":
+                    setattr(event, name, None)
+                elif len(text) > _SHORT_JSON or _LOWER_E in text or _UPPER_E in text:
+                    setattr(event, name, json_text(name, text))
+                else:  # too short to nest too deep or hold a 309-digit number, no exponent
+                    setattr(event, name, text.decode())
 
     # -- slow paths: say exactly what is wrong ------------------------------------------------
 
@@ -314,6 +387,11 @@ class CompiledStream:
         violations: list[Violation] = []
         malformed = False
         for index, event in enumerate(events):
+            if not event.strip():
+                malformed = True
+                violations.append(Violation(index, None, "empty: an event must be a JSON "
+                                            "object"))
+                continue
             try:
                 decoded = self._one.decode(event)
                 if self._mappings is not None:  # so one report names every bad event
@@ -325,7 +403,8 @@ class CompiledStream:
                 malformed = True
                 violations.append(Violation(index, None, f"malformed JSON: {exc}"))
             except (_OutOfRange, MappingViolation) as exc:  # decoded, but invalid
-                violations.append(Violation(index, exc.field, exc.reason))
+                violations.append(Violation(index, exc.field, exc.reason,
+                                            getattr(exc, "code", "validation_failed")))
             if len(violations) >= self.MAX_VIOLATIONS:
                 break
         if not violations:  # every event decodes alone: a joint problem (should not happen)
@@ -367,13 +446,94 @@ def _utc(name: str, value: dt.datetime | int | None) -> dt.datetime | None:
     return value.astimezone(dt.UTC) if value.utcoffset() else value
 
 
-class _OutOfRange(Exception):
+class _OutOfRange(ValueError):
     """A value that decoded but cannot be normalized (e.g. a timestamp past year 9999)."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str, code: str = "validation_failed") -> None:
         super().__init__(reason)
         self.field = field
         self.reason = reason
+        self.code = code
+
+
+def json_text(field: str, text: bytes) -> str:
+    """``text`` (JSON, already parsed once, UTF-8 checked) as the text a ``json`` column
+    stores, if every reader can parse it again.
+
+    Raises:
+        _OutOfRange: nested deeper than :data:`MAX_JSON_DEPTH` (``json_too_deep``), or a
+            number beyond the double range (``number_out_of_range``), which other readers
+            would turn into an error or infinity.
+    """
+    if _too_deep_text(text):
+        raise _OutOfRange(field, f"nested deeper than {MAX_JSON_DEPTH} levels",
+                          "json_too_deep")
+    if _BIG_NUMBER.search(text) is not None:
+        try:
+            check_json_numbers(field, msgspec.json.decode(text))
+        except msgspec.ValidationError as exc:
+            raise _OutOfRange(field, f"{_lower(str(exc))} (a number beyond the double "
+                              "range)", "number_out_of_range") from None
+    return text.decode()
+
+
+def check_json_numbers(field: str, value: Any) -> None:
+    """Refuse an integer beyond the double range anywhere in a decoded JSON value (floats
+    beyond it do not decode at all). Recursion is bounded: the value's depth was checked."""
+    if value.__class__ is int:
+        if value.bit_length() > _MAX_DOUBLE_BITS:
+            raise _OutOfRange(field, f"an integer of {len(str(abs(value)))} digits is beyond "
+                              "the double range", "number_out_of_range")
+    elif value.__class__ is list:
+        for item in value:
+            check_json_numbers(field, item)
+    elif value.__class__ is dict:
+        for item in value.values():
+            check_json_numbers(field, item)
+
+
+def _too_deep_text(text: bytes) -> bool:
+    """True when arrays/objects in the JSON ``text`` nest deeper than MAX_JSON_DEPTH.
+
+    Why this shape: only bytes-level operations that run in C. Values with few brackets
+    (nearly all) are passed by two counts; otherwise escapes and strings are dropped, the
+    brackets kept as ``(``/``)``, and innermost pairs removed a level per round.
+    """
+    limit = MAX_JSON_DEPTH
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    unescaped = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    parens = b"".join(unescaped.split(b'"')[::2]).translate(_BRACKETS, _NOT_BRACKETS)
+    if parens.count(b"(") <= limit:
+        return False
+    for _ in range(limit):
+        parens = parens.replace(b"()", b"")
+        if not parens:
+            return False
+    return True
+
+
+def _check_utf8(body: bytes, index: int | None = None) -> None:
+    """Refuse text that is not UTF-8 (JSON must be; msgspec checks only the strings it
+    keeps, so a bad byte in a dropped field or a ``json`` value would pass it)."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = f"event {index}: " if index is not None else ""
+        violations = [] if index is None else [Violation(index, None, "not UTF-8",
+                                                         "invalid_utf8")]
+        raise InvalidEvents("invalid_utf8", f"{where}the body is not valid UTF-8 (byte "
+                            f"{exc.start}: {exc.reason}); JSON must be UTF-8",
+                            violations) from None
+
+
+def _too_deep() -> InvalidEvents:
+    return InvalidEvents("json_too_deep", "the JSON nests deeper than the decoder allows; "
+                         f"values icefloe stores may nest at most {MAX_JSON_DEPTH} levels")
+
+
+def _lower(text: str) -> str:
+    return text[:1].lower() + text[1:]
 
 
 def _leaf_type(column: Column) -> Any:
@@ -387,7 +547,9 @@ def convert_value(kind: str, value: Any, raw: bool = False) -> Any:
     """A JSON value (already decoded) as column type ``kind``, in canonical form: what a
     mapped column holds in the payload. Raises ``msgspec.ValidationError`` or ValueError."""
     if kind == "json":
-        return msgspec.json.encode(value).decode()
+        text = msgspec.json.encode(value)
+        json_text("value", text)  # raises ValueError (an _OutOfRange) if no reader could
+        return text.decode()
     if kind == "string" and raw:
         return value if isinstance(value, str) else msgspec.json.encode(value).decode()
     if kind == "timestamp":
@@ -418,7 +580,8 @@ def _violation(index: int, exc: msgspec.ValidationError) -> Violation:
 
 
 def _invalid(violations: list[Violation]) -> InvalidEvents:
-    return InvalidEvents("validation_failed",
+    codes = {v.code for v in violations}
+    return InvalidEvents(codes.pop() if len(codes) == 1 else "validation_failed",
                          f"{len(violations)} event(s) failed validation; nothing was accepted",
                          violations)
 

@@ -40,17 +40,20 @@ from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from icefloe.clock import SYSTEM, Clock
+from icefloe.config import IngestorSection
 from icefloe.errors import ConfigError
 from icefloe.schema import CompiledStream, InvalidEvents
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 from ingestor.auth import NeedsVerification
 from ingestor.client_address import TrustedProxies
-from ingestor.errors import IngestError, Unavailable
+from ingestor.errors import BadRequest, IngestError, Unavailable
 from ingestor.runtime import IngestorRuntime
 from ingestor.service import Caller
 from ingestor.tls import CertificateReloader
@@ -129,13 +132,59 @@ def _pack(message: Any) -> any_pb2.Any:
 
 
 def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
-    """The token of ``authorization: Bearer <token>`` metadata, else None."""
-    for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str):
-            scheme, _, token = value.strip().partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+    """The token of ``authorization: Bearer <token>`` metadata, else None.
+
+    Raises:
+        BadRequest: ``authorization`` sent more than once (``duplicate_header``): which one
+            counts is ambiguous, so neither does (as on HTTP).
+    """
+    values = [value for key, value in metadata or () if key == "authorization"]
+    if len(values) > 1:
+        raise BadRequest("the authorization metadata was sent more than once; send it once",
+                         code="duplicate_header",
+                         details=[{"index": None, "field": "authorization",
+                                   "reason": "repeated metadata"}])
+    if values and isinstance(values[0], str):
+        scheme, _, token = values[0].strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
     return None
+
+
+class Malformed(NamedTuple):
+    """What the request deserializer gives for bytes that are not a ``PublishRequest``
+    (grpc would otherwise end the call with UNKNOWN): refused with INVALID_ARGUMENT."""
+
+    reason: str
+
+
+def parse_request(data: bytes) -> ingest_pb2.PublishRequest | Malformed:
+    """``PublishRequest.FromString`` that never raises (see :class:`Malformed`)."""
+    try:
+        return ingest_pb2.PublishRequest.FromString(data)
+    except DecodeError:
+        return Malformed("the message is not a valid icefloe.v1.PublishRequest (bad "
+                         "protobuf encoding, or a string field that is not UTF-8)")
+
+
+def _malformed_error(request: Malformed) -> BadRequest:
+    return BadRequest(request.reason, code="invalid_protobuf")
+
+
+def add_ingest_servicer(servicer: IngestServicer, server: grpc.aio.Server) -> None:
+    """Register ``icefloe.v1.Ingest`` as the generated code does, but with
+    :func:`parse_request` as the deserializer."""
+    handlers = {
+        "Publish": grpc.unary_unary_rpc_method_handler(
+            servicer.Publish, request_deserializer=parse_request,
+            response_serializer=ingest_pb2.PublishResponse.SerializeToString),
+        "PublishStream": grpc.stream_stream_rpc_method_handler(
+            servicer.PublishStream, request_deserializer=parse_request,
+            response_serializer=ingest_pb2.PublishResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 Metadata = Sequence[tuple[str, str | bytes]] | None
@@ -176,9 +225,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
     """``icefloe.v1.Ingest`` over one :class:`IngestorRuntime` (asyncio, one loop)."""
 
     def __init__(self, runtime: IngestorRuntime, *,
-                 max_inflight: int = DEFAULT_STREAM_INFLIGHT) -> None:
+                 max_inflight: int = DEFAULT_STREAM_INFLIGHT,
+                 stream_idle_s: float | None = None, clock: Clock = SYSTEM) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
+        self.stream_idle_s = stream_idle_s if stream_idle_s is not None \
+            else runtime.config.ingestor.grpc_stream_idle_s
+        self.clock = clock
         self.service = runtime.service
         self.metrics = runtime.metrics
         self.max_inflight = max_inflight
@@ -196,16 +249,22 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         for reader in list(self._readers):
             reader.cancel()
 
-    async def Publish(self, request: ingest_pb2.PublishRequest,
+    async def Publish(self, request: ingest_pb2.PublishRequest | Malformed,
                       context: grpc.aio.ServicerContext) -> ingest_pb2.PublishResponse:
         metadata = context.invocation_metadata()
+        try:
+            if isinstance(request, Malformed):
+                raise _malformed_error(request)
+            token = bearer_token(metadata)
+        except BadRequest as refused:
+            self._refused(None, refused)
+            return _failed(context, error_status(refused))
         accepted, error = await self._attempt(
-            request, bearer_token(metadata), client_address(context, self.service.proxies),
-            metadata)
+            request, token, client_address(context, self.service.proxies), metadata)
         if error is not None:
-            status = error_status(error, retry_after_s=self.retry_after_s,
-                                  max_details_bytes=MAX_TRAILER_DETAILS_BYTES)
-            await context.abort_with_status(rpc_status.to_status(status))
+            return _failed(context, error_status(
+                error, retry_after_s=self.retry_after_s,
+                max_details_bytes=MAX_TRAILER_DETAILS_BYTES))
         return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
 
     async def PublishStream(self, request_iterator: AsyncIterable[ingest_pb2.PublishRequest],
@@ -214,32 +273,70 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         if self.draining:
             await self._abort_draining(context)
         metadata = context.invocation_metadata()
-        token = bearer_token(metadata)
+        try:
+            token = bearer_token(metadata)
+        except BadRequest as refused:
+            self._refused(None, refused)
+            _failed(context, error_status(refused))
+            return
         client = client_address(context, self.service.proxies)
         slots = asyncio.Semaphore(self.max_inflight)
         order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None] = \
             asyncio.Queue()
+        activity = _Activity(self.clock.monotonic())
         reader = asyncio.create_task(self._read(request_iterator, token, client, metadata,
-                                                slots, order),
+                                                slots, order, activity),
                                      name="grpc-publish-stream-reader")
         reader.add_done_callback(_retrieve)  # a call cancelled mid-read must not log noise
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
+        watchdog = asyncio.create_task(self._watch_idle(reader, activity),
+                                       name="grpc-publish-stream-idle")
         try:
             while (task := await order.get()) is not None:
                 response = await task
                 slots.release()
+                activity.answered(self.clock.monotonic())
                 yield response
             await asyncio.wait([reader])  # it put the end marker: it is finishing
+            if activity.idle:
+                self._end_idle(context)
+                return
             if reader.cancelled():  # only drain() cancels it while the call goes on
                 await self._abort_draining(context)
             reader.result()  # re-raise a broken request stream
         finally:
+            watchdog.cancel()
             reader.cancel()
             while not order.empty():
                 pending = order.get_nowait()
                 if pending is not None:
                     pending.cancel()  # a flush already started still completes (shielded)
+
+    async def _watch_idle(self, reader: asyncio.Task[None], activity: _Activity) -> None:
+        """Cancel ``reader`` once the stream had nothing in flight and sent nothing for
+        ``stream_idle_s``. Why a watchdog rather than a timeout on each read: one sleeping
+        task per stream costs nothing per message, and a stream waiting on its own flushes
+        (requests in flight) is never idle, however long the store takes."""
+        while not reader.done():
+            now = self.clock.monotonic()
+            due = activity.last + self.stream_idle_s
+            if activity.inflight == 0 and now >= due:
+                activity.idle = True
+                reader.cancel()
+                return
+            # busy: look again in a quarter period, so a stream is ended at most
+            # 1.25 x stream_idle_s after its last answer
+            await self.clock.sleep(due - now if activity.inflight == 0
+                                   else self.stream_idle_s / 4)
+
+    def _end_idle(self, context: grpc.aio.ServicerContext) -> None:
+        """Set the call's final status (UNAVAILABLE ``stream_idle``) for a plain return."""
+        self.metrics.grpc_idle_streams.inc()
+        error = Unavailable(f"no request on this stream for {self.stream_idle_s:g} s with "
+                            "nothing in flight: the server ended it; open a new stream when "
+                            "there are events to send", code="stream_idle")
+        _failed(context, error_status(error))
 
     async def _abort_draining(self, context: grpc.aio.ServicerContext) -> None:
         error = Unavailable("this ingestor is shutting down: reconnect (to another one) and "
@@ -250,8 +347,8 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
     async def _read(self, requests: AsyncIterable[ingest_pb2.PublishRequest],
                     token: str | None, client: str | None, metadata: Metadata,
                     slots: asyncio.Semaphore,
-                    order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None]
-                    ) -> None:
+                    order: asyncio.Queue[asyncio.Task[ingest_pb2.PublishResponse] | None],
+                    activity: _Activity) -> None:
         iterator = aiter(requests)
         try:
             while True:
@@ -260,13 +357,19 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                     request = await anext(iterator)
                 except StopAsyncIteration:
                     return
+                activity.inflight += 1
                 order.put_nowait(asyncio.create_task(
                     self._respond(request, token, client, metadata)))
         finally:
             order.put_nowait(None)
 
-    async def _respond(self, request: ingest_pb2.PublishRequest, token: str | None,
-                       client: str | None, metadata: Metadata) -> ingest_pb2.PublishResponse:
+    async def _respond(self, request: ingest_pb2.PublishRequest | Malformed,
+                       token: str | None, client: str | None, metadata: Metadata
+                       ) -> ingest_pb2.PublishResponse:
+        if isinstance(request, Malformed):  # answered in order; the stream goes on
+            error = _malformed_error(request)
+            self._refused(None, error)
+            return ingest_pb2.PublishResponse(error=error_status(error))
         accepted, error = await self._attempt(request, token, client, metadata)
         if error is None:
             return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
@@ -293,8 +396,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             self._refused(request, error)
             return 0, error
         except Exception as exc:  # a bug must not leave the client without an answer
-            log.exception("gRPC publish to stream %r failed unexpectedly", request.stream)
-            error = IngestError(f"internal error: {exc}; nothing was acknowledged")
+            log.exception("gRPC publish to stream %r failed unexpectedly", request.stream,
+                          exc_info=exc)
+            # the exception's text stays in the log: it may say more than a client should see
+            error = IngestError("internal error; the ingestor logged it; nothing was "
+                                "acknowledged")
             self._refused(request, error)
             return 0, error
         self._ack.observe(time.perf_counter() - started)
@@ -327,11 +433,44 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                                 meta=meta)
         return durable, stream, len(events)
 
-    def _refused(self, request: ingest_pb2.PublishRequest, error: IngestError) -> None:
-        label = request.stream if request.stream in self.service.streams \
-            else UNKNOWN_STREAM_LABEL
-        self.service.reject(label, error, len(request.events))
+    def _refused(self, request: ingest_pb2.PublishRequest | None, error: IngestError) -> None:
+        """Count a refusal (``request`` None: refused before it could be read)."""
+        label = request.stream if request is not None and \
+            request.stream in self.service.streams else UNKNOWN_STREAM_LABEL
+        self.service.reject(label, error, 1 if request is None else len(request.events))
         self.metrics.requests.labels("grpc", label, error.grpc_code.name).inc()
+
+
+class _Activity:
+    """What the idle watchdog of one PublishStream looks at: requests read and not yet
+    answered, and when the stream last moved (a request read or a response sent)."""
+
+    __slots__ = ("idle", "inflight", "last")
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+        self.inflight = 0
+        self.idle = False
+
+    def answered(self, now: float) -> None:
+        self.inflight -= 1
+        self.last = now
+
+
+def _failed(context: grpc.aio.ServicerContext,
+            status: status_pb2.Status) -> ingest_pb2.PublishResponse:
+    """Set the call's final (error) status for a plain return; the message returned with
+    it is never sent.
+
+    Why not ``abort_with_status``: ending idle PublishStreams through its exception path
+    kept memory (RSS grew ~5 MB per 1,000 streams and was not given back; flat when the
+    status is set and the handler returns), and refusals are what a hostile client makes
+    many of."""
+    final = rpc_status.to_status(status)
+    context.set_code(final.code)
+    context.set_details(final.details)
+    context.set_trailing_metadata(final.trailing_metadata)
+    return ingest_pb2.PublishResponse()
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
@@ -371,7 +510,8 @@ class GrpcServer(NamedTuple):
 async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
                             max_inflight: int = DEFAULT_STREAM_INFLIGHT,
                             reuse_port: bool = False,
-                            tls: CertificateReloader | None = None) -> GrpcServer:
+                            tls: CertificateReloader | None = None,
+                            clock: Clock = SYSTEM) -> GrpcServer:
     """Serve ``icefloe.v1.Ingest`` + health + reflection on ``host:port`` (0 = any free port).
 
     With ``tls`` the port speaks only TLS (mutual TLS if it has a client CA), with
@@ -386,10 +526,11 @@ async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_receive_message_length", ing.max_body_bytes),
-        ("grpc.max_concurrent_streams", ing.grpc_max_streams_per_connection),
+        *server_options(ing),
     ])
-    servicer = IngestServicer(runtime, max_inflight=max_inflight)
-    ingest_pb2_grpc.add_IngestServicer_to_server(servicer, server)
+    servicer = IngestServicer(runtime, max_inflight=max_inflight,
+                              stream_idle_s=ing.grpc_stream_idle_s, clock=clock)
+    add_ingest_servicer(servicer, server)
     health_servicer = _Health(servicer)
     for name in (health.OVERALL_HEALTH, SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -408,6 +549,35 @@ async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
         raise _bind_error(host, port)
     await server.start()
     return GrpcServer(server, bound, health_servicer)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def server_options(ing: IngestorSection) -> list[tuple[str, int]]:
+    """The grpc core options that bound a connection's and its streams' lifetime.
+
+    Why each: keepalive finds peers that vanished without a FIN (their streams would stay
+    open); the ping policy turns a ping flood into GOAWAY ENHANCE_YOUR_CALM after a few
+    strikes; idle and age limits make every connection end, the age grace letting calls in
+    flight finish (the config makes it at least ``flush_timeout_s``).
+    """
+    return [
+        ("grpc.max_concurrent_streams", ing.grpc_max_streams_per_connection),
+        ("grpc.keepalive_time_ms", _ms(ing.grpc_keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", _ms(ing.grpc_keepalive_timeout_s)),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms",
+         _ms(ing.grpc_min_ping_interval_s)),
+        ("grpc.http2.max_pings_without_data", 0),  # keepalive also on a stream gone quiet
+        # client keepalive pings on a connection without calls are fine at the minimum
+        # interval too (grpc would allow one per 2 h there and strike the rest)
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_ping_strikes", ing.grpc_max_ping_strikes),
+        ("grpc.max_connection_idle_ms", _ms(ing.grpc_max_connection_idle_s)),
+        ("grpc.max_connection_age_ms", _ms(ing.grpc_max_connection_age_s)),
+        ("grpc.max_connection_age_grace_ms", _ms(ing.grpc_max_connection_age_grace_s)),
+    ]
 
 
 def _bind_error(host: str, port: int) -> ConfigError:

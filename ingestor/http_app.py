@@ -17,13 +17,17 @@ Routes::
     POST    /collect/{schema}/{table}            one JSON object   (seed-compatible alias)
     POST    /collect/{schema}/{table}/batch      a JSON array      (seed-compatible alias)
     OPTIONS (the three above)                    CORS preflight
-    GET     /healthz  /readyz  /metrics
+    GET     /healthz  /readyz  /metrics  /openapi.json   (the last: ingestor.openapi)
 
-Content types: ``application/json`` and a missing Content-Type are JSON. ``text/plain`` is
-JSON too, because ``navigator.sendBeacon`` and CORS "simple" requests (no preflight) can
-only send text/plain, and refusing it would lose browser analytics beacons.
-``application/x-ndjson`` and ``application/ndjson`` are newline-delimited JSON (the events
-route only; the aliases mirror the seed, which took JSON). Anything else is 415.
+Content types: ``application/json`` is JSON; ``application/x-ndjson`` and
+``application/ndjson`` are newline-delimited JSON (the events route only; the aliases
+mirror the seed, which took JSON). ``text/plain`` and a missing Content-Type are read as
+JSON *with a condition*, because a browser sends them cross-origin without a CORS
+preflight (``navigator.sendBeacon``, ``fetch`` with a string or a typeless Blob): the
+preflight is what lets ``cors_origins`` refuse a page, so without it any web page could
+write to a token-free stream. They are therefore accepted only from a request that carries
+no ``Origin`` (not a browser: curl, scripts, services) or whose ``Origin`` ``cors_origins``
+allows; a page from any other origin gets 415. Anything else is 415.
 ``Content-Encoding`` may be ``gzip`` or ``zstd`` (``identity`` = none); others are 415.
 
 Ordering of checks: route, method, stream, token, rate limits (an empty bucket), content
@@ -66,6 +70,7 @@ from ingestor.errors import (
     UnsupportedMediaType,
 )
 from ingestor.inflate import ENCODINGS, Inflater, body_too_large
+from ingestor.openapi import openapi_document
 from ingestor.runtime import IngestorRuntime
 from ingestor.service import Caller
 from ingestor.slow_clients import BodyRead, SlowClientGuard
@@ -110,10 +115,16 @@ _WANTED: Final = {
 }
 _JOINED: Final = frozenset({"forwarded", "x_forwarded_for"})
 """Headers a request may repeat; their values are joined with commas (RFC 9110 5.3)."""
+_SINGLE: Final = {"authorization": "Authorization", "idempotency_key": "Idempotency-Key"}
+"""Headers a request may not repeat: which of two tokens or keys counts is ambiguous, and
+an ingestor and a proxy in front of it may pick differently (400 ``duplicate_header``)."""
 _MEDIA_TYPES: Final = {
     b"": "json", b"application/json": "json", b"text/plain": "json",
     b"application/x-ndjson": "ndjson", b"application/ndjson": "ndjson",
 }
+_NO_PREFLIGHT: Final = frozenset({b"", b"text/plain"})
+"""Body types a browser sends cross-origin without a CORS preflight (see the module
+docstring): accepted only without an ``Origin`` or from an allowed one."""
 
 
 def error_body(err: IngestError) -> bytes:
@@ -178,7 +189,7 @@ class _Request:
     """The headers an ingest needs (picked out in one pass) and what the handler learnt."""
 
     __slots__ = ("authorization", "content_encoding", "content_length", "content_type",
-                 "count", "forwarded", "idempotency_key", "origin", "stream",
+                 "count", "forwarded", "idempotency_key", "origin", "repeated", "stream",
                  "x_forwarded_for")
 
     def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
@@ -192,15 +203,29 @@ class _Request:
         self.x_forwarded_for: bytes | None = None
         self.stream = "-"  # metrics label: only configured names, never client input
         self.count = 1  # events refused if this request fails (1 until the body is parsed)
+        self.repeated: str | None = None  # a header of _SINGLE sent twice
         for name, value in raw:
             attr = _WANTED.get(name)
             if attr is not None:
-                if attr in _JOINED and getattr(self, attr) is not None:
-                    value = getattr(self, attr) + b"," + value
+                previous = getattr(self, attr)
+                if previous is not None:
+                    if attr in _JOINED:
+                        value = previous + b"," + value
+                    elif attr in _SINGLE:
+                        self.repeated = _SINGLE[attr]
                 setattr(self, attr, value)
 
     def token(self) -> str | None:
-        """The bearer token; another scheme counts as no token (401, which says what to send)."""
+        """The bearer token; another scheme counts as no token (401, which says what to send).
+
+        Raises:
+            BadRequest: Authorization or Idempotency-Key was sent more than once.
+        """
+        if self.repeated is not None:
+            raise BadRequest(f"the {self.repeated} header was sent more than once; send it "
+                             "once", code="duplicate_header",
+                             details=[{"index": None, "field": self.repeated,
+                                       "reason": "repeated header"}])
         value = self.authorization
         if value is None or value[:7].lower() != b"bearer ":
             return None
@@ -277,7 +302,8 @@ class HttpApp:
         self.metrics = runtime.metrics
         ing = runtime.config.ingestor
         self.guard = guard or SlowClientGuard(ing.header_timeout_s, ing.body_timeout_s,
-                                              ing.body_min_bytes_per_s)
+                                              ing.body_min_bytes_per_s,
+                                              body_max_s=ing.body_max_s)
         self.proxies = runtime.service.proxies
         self.max_body_bytes = ing.max_body_bytes
         self.retry_after_s = float(ing.retry_after_s)
@@ -285,9 +311,11 @@ class HttpApp:
         self._cors_origins = frozenset(o.rstrip("/").lower().encode()
                                        for o in ing.cors_origins if o != "*")
         self._gets: dict[str, Callable[[Send], Awaitable[None]]] = {
-            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
+            "/openapi.json": self._openapi}
+        self._openapi_body = msgspec.json.encode(openapi_document())
         self._counters: dict[tuple[str, int], Any] = {}
-        self._decoders: dict[tuple[str, bytes | None], Decode] = {}
+        self._decoders: dict[tuple[str, bytes | None], tuple[Decode, bool]] = {}
         self.ack_seconds = self.metrics.ack_seconds.labels("http")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -380,7 +408,12 @@ class HttpApp:
         """After the token, everything that needs no body: content type and encoding
         (415), idempotency key (400), declared length (413). Returns the body decoder, the
         inflater (None: not compressed) and the idempotency key."""
-        decode = self._decoder(kind, request.content_type)
+        decode, simple = self._decoder(kind, request.content_type)
+        if simple and request.origin is not None and not self._allowed(request.origin):
+            raise UnsupportedMediaType(
+                "a browser page may send text/plain or no Content-Type only from an origin "
+                "listed in ingestor.cors_origins; send application/json (the browser then "
+                "asks first, with a CORS preflight)")
         inflater = None if request.content_encoding is None \
             else self._inflater(request.content_encoding)
         key = request.key()
@@ -412,7 +445,9 @@ class HttpApp:
                                    None if forwarded is None else forwarded.decode("latin-1"),
                                    None if xff is None else xff.decode("latin-1"))
 
-    def _decoder(self, kind: str, content_type: bytes | None) -> Decode:
+    def _decoder(self, kind: str, content_type: bytes | None) -> tuple[Decode, bool]:
+        """The body decoder of ``content_type`` on a ``kind`` route (415 if none), and
+        whether the type is one a browser sends without a preflight."""
         known = self._decoders.get((kind, content_type))
         if known is not None:
             return known
@@ -424,8 +459,8 @@ class HttpApp:
                 f"{_ACCEPTED_TYPES[kind]}")
         if len(self._decoders) >= MAX_CACHED_TYPES:  # Content-Type is client input
             self._decoders.clear()
-        self._decoders[(kind, content_type)] = decode
-        return decode
+        found = self._decoders[(kind, content_type)] = (decode, media in _NO_PREFLIGHT)
+        return found
 
     def _inflater(self, content_encoding: bytes | None) -> Inflater | None:
         name = encoding_name(content_encoding)
@@ -459,6 +494,10 @@ class HttpApp:
 
     def too_slow(self, read: BodyRead) -> RequestTimeout:
         """The 408 of a body that arrived slower than the slow-loris rules allow."""
+        if read.capped:
+            return RequestTimeout(
+                f"the body was not complete within {self.guard.body_max_s:g} s "
+                f"({read.received} bytes arrived; ingestor.body_max_s)")
         return RequestTimeout(
             f"the body arrived too slowly ({read.received} bytes after "
             f"{self.guard.body_timeout_s:g} s plus 1 s per "
@@ -492,6 +531,10 @@ class HttpApp:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     # -- CORS ------------------------------------------------------------------------------
+
+    def _allowed(self, origin: bytes) -> bool:
+        """``cors_origins`` lets ``origin`` in (``*``, or listed)."""
+        return self._cors_any or origin.rstrip(b"/").lower() in self._cors_origins
 
     def _grant(self, origin: bytes | None) -> Headers | None:
         """The headers that let a browser read the response; None if the origin may not.
@@ -545,6 +588,9 @@ class HttpApp:
         else:
             await self._error(send, Unavailable(reason, code="not_ready",
                                                 retry_after_s=self.retry_after_s), [], "-")
+
+    async def _openapi(self, send: Send) -> None:
+        await self._respond(send, 200, self._openapi_body, [_JSON], "-")
 
     async def _metrics(self, send: Send) -> None:
         body = generate_latest(self.metrics.registry)

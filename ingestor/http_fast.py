@@ -68,6 +68,7 @@ class LaneConnection(Protocol):
     :mod:`ingestor.http_server`)."""
 
     parser: httptools.HttpRequestParser
+    http_version: str  # the parser's, read once at the end of headers
     url: bytes
     headers: list[tuple[bytes, bytes]]
     expect_100_continue: bool
@@ -123,7 +124,7 @@ class FastLane:
         """
         parser = connection.parser
         if (parser.get_method() != b"POST" or connection.expect_100_continue
-                or parser.get_http_version() != "1.1" or not parser.should_keep_alive()
+                or connection.http_version != "1.1" or not parser.should_keep_alive()
                 or parser.should_upgrade()):
             return None
         url = connection.url

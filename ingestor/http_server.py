@@ -17,16 +17,32 @@ same HTTP stack (protocol class, TLS context, timeouts), so it is built in one f
   next request's headers must arrive within ``header_timeout_s``, or it gets 408 and is
   closed — else a client could hold the connection for ever by trickling a body nobody
   reads;
-* each ASGI response is written with one ``send()`` (:class:`ResponseCork`).
+* each ASGI response is written with one ``send()`` (:class:`ResponseCork`);
+* the front's own limits (:class:`HttpLimits`, issue #29), checked before any route sees a
+  request: request head bytes (counted per read as they arrive, so a 64 MiB header is
+  refused after ``max_header_bytes`` plus one read, never buffered whole by httptools) and
+  header count (431); HTTP versions other than 1.0/1.1 (505, an HTTP/2 preface included);
+  transfer codings other than plain ``chunked`` (501: a body framed as ``gzip, chunked``
+  would otherwise be read as if it were not compressed); and open connections per process
+  (more are closed as soon as they are accepted). A refused request is answered with
+  JSON, then the connection lingers: its write side is shut and what the client still
+  sends is read and dropped for up to ``LINGER_S``, so the answer is not lost to the reset
+  that closing on unread data would cause;
+* a client that half-closes (``shutdown(SHUT_WR)``) after its request still gets the
+  answer; the connection closes once it is written.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
+import httptools
+import msgspec
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from prometheus_client import Counter
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from icefloe.config import IngestorSection
 from ingestor.http_app import HttpApp
@@ -38,6 +54,39 @@ _TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s")
 _TIMEOUT_BODY = (b'{"error":"request_timeout","message":"the request headers did not arrive '
                  b'in time","details":[]}')
+LINGER_S: Final = 2.0
+"""How long a refused connection keeps reading (and dropping) what its client still sends."""
+_HTTP2_PREFACE: Final = b"PRI * HTTP/2.0\r\n"
+
+
+def refusal_response(status: int, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 response: the JSON error body every refusal carries, and a close."""
+    body = msgspec.json.encode({"error": code, "message": message, "details": []})
+    return b"%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close" \
+        b"\r\n\r\n%s" % (STATUS_LINE[status], len(body), body)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """The HTTP front's own limits (``[ingestor]`` keys of the same names) and the counter
+    of what they refused (``icefloe_ingest_http_refused_total{reason}``)."""
+
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    max_connections: int = 10_000
+    refused: Counter | None = None
+
+    @classmethod
+    def of(cls, ing: IngestorSection, refused: Counter | None = None) -> HttpLimits:
+        return cls(ing.max_header_bytes, ing.max_headers, ing.max_connections, refused)
+
+    def count(self, reason: str) -> None:
+        if self.refused is not None:
+            self.refused.labels(reason).inc()
+
+
+class _Refused(Exception):
+    """Raised in a parser callback to stop parsing; the connection's ``refusal`` says why."""
 
 
 class ResponseCork:
@@ -86,23 +135,105 @@ class ResponseCork:
         return getattr(self._transport, name)
 
 
-def guarded_protocol(guard: SlowClientGuard,
-                     lane: FastLane | None = None) -> type[HttpToolsProtocol]:
+def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
+                     limits: HttpLimits | None = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol, with header deadlines enforced by ``guard``, each
-    response written in one syscall (:class:`ResponseCork`), and — given ``lane`` — plain
-    ingest POSTs answered by the fast lane (:mod:`ingestor.http_fast`) instead of an ASGI
-    task."""
+    response written in one syscall (:class:`ResponseCork`), the front's ``limits``, and —
+    given ``lane`` — plain ingest POSTs answered by the fast lane
+    (:mod:`ingestor.http_fast`) instead of an ASGI task."""
+    limits = limits or HttpLimits()
+    max_head, max_headers = limits.max_header_bytes, limits.max_headers
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # the guard's clocks (see SlowClientGuard): waiting for headers since / idle since
         headers_since: float | None = None
         idle_since: float | None = None
+        # the limits' state: bytes read of the request head being parsed (counted while
+        # head_pending: between requests and inside a head), its HTTP version (read once
+        # here, also for the fast lane), its Transfer-Encoding values, why it is refused
+        head_pending = True
+        head_bytes = 0
+        http_version = "1.1"
+        transfer_encoding: list[bytes] | None = None
+        refusal: tuple[int, str, str, str] | None = None
+        lingering = False  # refused: what arrives is dropped until the close
+        eof_seen = False  # the client half-closed: answer, then close
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                limits.count("max_connections")
+                self.lingering = self.head_pending = True
+                transport.close()
+                return
             self.cork = ResponseCork(transport, self.loop)
-            self.headers_since = self.loop.time()
             guard.watch(self)
+            self.headers_since = guard.now()
+
+        def data_received(self, data: bytes) -> None:
+            """uvicorn's, plus the head-size limit: bytes are counted per read while a head
+            is pending, and checked once the parser has taken them (a read that completes
+            the head resets the count, so a body in the same read never counts)."""
+            if self.head_pending:
+                if self.lingering:
+                    return
+                self.head_bytes += len(data)
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+            except httptools.HttpParserError:
+                self._parse_error(data)
+                return
+            if self.head_pending and self.head_bytes > max_head:
+                self.refuse(431, "header_bytes", "header_too_large",
+                            f"the request line and headers exceed {max_head} bytes "
+                            "(ingestor.max_header_bytes)")
+
+        def _parse_error(self, data: bytes) -> None:
+            if self.refusal is not None:
+                self.refuse(*self.refusal)
+            elif data.startswith(_HTTP2_PREFACE):
+                self.refuse(*_VERSION_REFUSAL)
+            else:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+
+        def refuse(self, status: int, reason: str, code: str, message: str) -> None:
+            """Answer ``status`` with a JSON error, shut the write side and linger (see
+            the module docstring); counted by ``reason``."""
+            limits.count(reason)
+            self.lingering = self.head_pending = True  # head_pending: data_received looks
+            self.headers_since = self.idle_since = None
+            transport = self.transport
+            if transport.is_closing():
+                return
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                transport.close()  # an earlier request is still being answered
+                return
+            transport.write(refusal_response(status, code, message))
+            if transport.can_write_eof():
+                transport.write_eof()
+                self.loop.call_later(LINGER_S, transport.close)
+            else:
+                transport.close()
+
+        def eof_received(self) -> bool | None:
+            """Half-closed after a whole request: keep the connection to answer it. With
+            nothing to answer, or mid-body (that request can never complete: the client
+            has gone, 499), it closes; so it does on TLS, which cannot half-close."""
+            cycle = self.cycle
+            if self.lingering or self.scheme == "https" or cycle is None \
+                    or cycle.response_complete or cycle.more_body:
+                return None
+            self.eof_seen = True
+            return True
 
         def on_message_begin(self) -> None:
             # uvicorn's also builds the ASGI scope, which the fast lane never needs: that
@@ -110,9 +241,42 @@ def guarded_protocol(guard: SlowClientGuard,
             self.url = b""
             self.expect_100_continue = False
             self.headers = []
+            self.transfer_encoding = None
             self.idle_since = None
             if self.headers_since is None:  # kept when it already waits (see below)
-                self.headers_since = self.loop.time()
+                self.headers_since = guard.now()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            headers = self.headers
+            if len(headers) >= max_headers:
+                self.refusal = (431, "header_count", "too_many_headers",
+                                f"the request has more than {max_headers} header fields "
+                                "(ingestor.max_headers)")
+                raise _Refused
+            name = name.lower()  # as uvicorn's, plus Transfer-Encoding noted
+            if name == b"expect":
+                if value.lower() == b"100-continue":
+                    self.expect_100_continue = True
+            elif name == b"transfer-encoding":
+                if self.transfer_encoding is None:
+                    self.transfer_encoding = []
+                self.transfer_encoding.append(value)
+            headers.append((name, value))
+
+        def _check_framing(self) -> None:
+            """505 for an HTTP version other than 1.0/1.1; 501 for a transfer coding other
+            than plain ``chunked`` (raises :class:`_Refused`, ``refusal`` set)."""
+            version = self.http_version = self.parser.get_http_version()
+            if version != "1.1" and version != "1.0":
+                self.refusal = _VERSION_REFUSAL
+                raise _Refused
+            codings = self.transfer_encoding
+            if codings is not None and [c.strip().lower() for c in b",".join(codings)
+                                        .split(b",")] != [b"chunked"]:
+                self.refusal = (501, "transfer_encoding", "unsupported_transfer_encoding",
+                                "only Transfer-Encoding: chunked is supported; send "
+                                "compressed bodies with Content-Encoding")
+                raise _Refused
 
         def _asgi_scope(self) -> None:
             url, headers, expect = self.url, self.headers, self.expect_100_continue
@@ -122,6 +286,9 @@ def guarded_protocol(guard: SlowClientGuard,
 
         def on_headers_complete(self) -> None:
             self.headers_since = None
+            self.head_pending = False
+            self.head_bytes = 0
+            self._check_framing()
             cycle = self.cycle
             if lane is not None and (cycle is None or cycle.response_complete) \
                     and lane.begin(self, self.server_state.default_headers) is not None:
@@ -138,6 +305,8 @@ def guarded_protocol(guard: SlowClientGuard,
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self.head_pending = True  # what follows is the next request's head
+            self.head_bytes = 0
             cycle = self.cycle
             if type(cycle) is FastIngest:
                 cycle.complete()
@@ -148,15 +317,18 @@ def guarded_protocol(guard: SlowClientGuard,
             if self.pipeline or self.transport.is_closing():
                 super().on_response_complete()  # starts the next pipelined request
                 return
+            if self.eof_seen:  # half-closed: nothing more can come
+                self.transport.close()
+                return
             # as uvicorn's, but idle connections are the guard's: no timer per request
             self.server_state.total_requests += 1
             self.flow.resume_reading()
             cycle = self.cycle
             if cycle is not None and cycle.more_body:  # answered; its body is still coming
                 if self.headers_since is None:
-                    self.headers_since = self.loop.time()
+                    self.headers_since = guard.now()
             else:
-                self.idle_since = self.loop.time()
+                self.idle_since = guard.now()
 
         def connection_lost(self, exc: Exception | None) -> None:
             guard.forget(self)
@@ -178,9 +350,14 @@ def guarded_protocol(guard: SlowClientGuard,
     return GuardedHttpToolsProtocol
 
 
+_VERSION_REFUSAL: Final = (505, "http_version", "http_version_not_supported",
+                           "this port speaks HTTP/1.1 (and 1.0); HTTP/2 is served on the "
+                           "gRPC port only")
+
+
 def slow_client_guard(ing: IngestorSection) -> SlowClientGuard:
     return SlowClientGuard(ing.header_timeout_s, ing.body_timeout_s, ing.body_min_bytes_per_s,
-                           keep_alive_s=ing.keep_alive_s)
+                           keep_alive_s=ing.keep_alive_s, body_max_s=ing.body_max_s)
 
 
 def http_config(app: Any, ing: IngestorSection, guard: SlowClientGuard,
@@ -188,8 +365,10 @@ def http_config(app: Any, ing: IngestorSection, guard: SlowClientGuard,
                 loop: str = "none") -> uvicorn.Config:
     """uvicorn settings of the HTTP front; serve with ``Server.serve(sockets=[...])``."""
     lane = FastLane(app) if isinstance(app, HttpApp) and ing.http_fast_lane else None
+    limits = HttpLimits.of(ing, app.metrics.http_refused if isinstance(app, HttpApp) else None)
     config = uvicorn.Config(
-        app, loop=loop, http=guarded_protocol(guard, lane), lifespan="off", access_log=False,
+        app, loop=loop, http=guarded_protocol(guard, lane, limits), lifespan="off",
+        access_log=False,
         log_level="warning", log_config=None,  # uvicorn's lines go through our redacting handler
         timeout_graceful_shutdown=int(ing.shutdown_timeout_s),
         timeout_keep_alive=ing.keep_alive_s,  # type: ignore[arg-type]

@@ -31,6 +31,12 @@ class IngestMetrics:
         self.events_rejected = Counter("icefloe_ingest_events_rejected",
                                        "Events refused, by reason", ["stream", "reason"],
                                        registry=r)
+        self.client_errors = Counter(
+            "icefloe_ingest_client_errors", "Requests refused because of the client (4xx but "
+            "429), by error code (ingestor.client_errors)", ["code"], registry=r)
+        self.client_error_logs_suppressed = Counter(
+            "icefloe_ingest_client_error_logs_suppressed", "Client-error log lines left out "
+            "by the per-code rate limit", registry=r)
         self.buffer_bytes = Gauge("icefloe_ingest_buffer_bytes",
                                   "Bytes buffered or being flushed (not yet acknowledged)",
                                   registry=r)
@@ -55,6 +61,10 @@ class IngestMetrics:
         self.ack_seconds = Histogram("icefloe_ingest_ack_seconds",
                                      "Time from request received to durable acknowledgement",
                                      ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.grpc_idle_streams = Counter(
+            "icefloe_ingest_grpc_idle_streams_closed", "PublishStreams the server ended "
+            "because they sent nothing for grpc_stream_idle_s with nothing in flight",
+            registry=r)
         self.rate_limited_requests = Counter(
             "icefloe_ingest_rate_limited_requests", "Requests refused by a rate limit, by the "
             "limit's scope (stream, token or client); their events count in "
@@ -63,6 +73,10 @@ class IngestMetrics:
         self.rate_limit = Gauge(
             "icefloe_ingest_rate_limit", "Configured rate limits of this process (each "
             "ingestor enforces its own)", ["scope", "name", "measure"], registry=r)
+        self.http_refused = Counter(
+            "icefloe_ingest_http_refused", "HTTP connections and requests the front refused "
+            "before any route saw them, by reason (max_connections, header_bytes, "
+            "header_count, http_version, transfer_encoding)", ["reason"], registry=r)
 
     def totals(self) -> dict[str, float]:
         """Accepted/rejected events over all streams and the buffered bytes, for progress

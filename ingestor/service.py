@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.envelope import MAX_ID_BYTES, frame_encoded
 from icefloe.errors import NotFound, StoreError
@@ -22,6 +24,7 @@ from icefloe.store.base import AsyncObjectStore
 from ingestor.auth import Credential, TokenAuthority
 from ingestor.buffer import Batcher
 from ingestor.client_address import TrustedProxies
+from ingestor.client_errors import ClientErrorLog, is_client_error
 from ingestor.errors import (
     BadRequest,
     IngestError,
@@ -33,6 +36,9 @@ from ingestor.ratelimit import RateLimiter
 from ingestor.ulids import UlidSource
 
 READY_CACHE_S = 1.0
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters and DEL: refused in event ids and idempotency keys, which
+end up in logs, in dedup keys and in other systems' keys, where they mislead or break."""
 log = logging.getLogger("icefloe.ingestor")
 
 
@@ -51,8 +57,10 @@ class IngestService:
     """Authorize → validate → rate-limit → id → frame → buffer → wait until durable."""
 
     def __init__(self, config: Config, batcher: Batcher, metrics: IngestMetrics,
-                 store: AsyncObjectStore) -> None:
+                 store: AsyncObjectStore, clock: Clock = SYSTEM) -> None:
         self.config = config
+        self.client_errors = ClientErrorLog(metrics.client_errors,
+                                            metrics.client_error_logs_suppressed, clock=clock)
         self.batcher = batcher
         self.metrics = metrics
         self.store = store
@@ -145,6 +153,8 @@ class IngestService:
         """
         label = stream if stream in self.streams else "-"
         self.metrics.events_rejected.labels(label, error.code).inc(max(events, 1))
+        if is_client_error(error):
+            self.client_errors.record(label, error)
 
     @staticmethod
     def bad_request(exc: InvalidEvents) -> BadRequest:
@@ -175,6 +185,8 @@ class IngestService:
         task per request. Raises every refusal :meth:`ingest` raises before the wait.
         """
         payloads = canonical.payloads
+        if not payloads:  # the decoders refuse this first; never frame an empty request
+            raise BadRequest("the request holds no events", code="empty_body")
         if max(map(len, payloads)) > self.max_event_bytes:
             self._too_large(payloads)
         received_at_ms = time.time_ns() // 1_000_000
@@ -221,10 +233,18 @@ class IngestService:
             if not 0 < len(raw_key) <= MAX_ID_BYTES - 11:
                 raise BadRequest(f"the idempotency key must be 1..{MAX_ID_BYTES - 11} bytes",
                                  code="invalid_idempotency_key")
+            if _CONTROL.search(key) is not None:
+                raise BadRequest("the idempotency key (Idempotency-Key header, gRPC "
+                                 "request_id) holds a control character",
+                                 code="invalid_idempotency_key",
+                                 details=[{"index": None, "field": "idempotency_key",
+                                           "reason": "control character"}])
         if not body_ids and not explicit:  # the common case: every id derived, all valid
             if raw_key is not None:  # 11 bytes of room above hold ":" and any index
                 return (b"", [raw_key]) if count == 1 else (raw_key, _suffixes(b":", count))
             return self._ulids.next(now_ms).encode(), _suffixes(b"-", count)
+        _refuse_control_ids(body_ids)
+        _refuse_control_ids(explicit)
         generated: bytes | None = None
         ids: list[bytes] = []
         for index in range(count):
@@ -267,6 +287,19 @@ class IngestService:
             ok, reason = False, "object store unreachable"
         self._ready = (time.monotonic(), ok, reason)
         return ok, reason
+
+
+def _refuse_control_ids(ids: Sequence[str | None] | None) -> None:
+    """Refuse ids holding control characters; one search over all of them (the common case
+    finds none), the index only looked for when one does."""
+    if not ids or _CONTROL.search("".join(filter(None, ids))) is None:
+        return
+    bad = [index for index, event_id in enumerate(ids)
+           if event_id and _CONTROL.search(event_id) is not None]
+    raise BadRequest(f"{len(bad)} event id(s) hold a control character; nothing was accepted",
+                     code="invalid_event_id",
+                     details=[{"index": index, "field": "event_id",
+                               "reason": "control character"} for index in bad[:100]])
 
 
 _SUFFIX_CACHE = 1024

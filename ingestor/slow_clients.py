@@ -10,6 +10,9 @@ byte every few seconds holds each one — and its buffers — forever. The rules
 * a body must be complete ``body_timeout_s`` after the headers, plus one second for every
   ``body_min_bytes_per_s`` bytes received so far — a slow but steady upload goes on, a
   trickle is refused with 408 and its connection closed;
+* however steady, a body must be complete ``body_max_s`` after its headers (408 and a close
+  too): else one client could hold a connection and its buffers for hours at the minimum
+  rate;
 * a request answered before its body arrived (a refusal): the rest of that body and the
   next request's headers within ``header_timeout_s`` of the answer
   (:mod:`ingestor.http_server`);
@@ -22,6 +25,10 @@ it started waiting (``headers_since``, ``idle_since``: attribute writes, no dict
 per request), and one callback every ``sweep_s`` (0.5 s) looks at the watched connections
 and bodies, while there are any. Deadlines are therefore enforced within ``sweep_s``.
 
+Time is read through :attr:`SlowClientGuard.now`: the event loop's clock, or the
+``clock`` given (a :class:`~icefloe.clock.ManualClock` in tests), so deadlines can be
+checked without waiting for them. Connections set their clocks from the same ``now``.
+
 Not thread-safe: one instance belongs to the event loop of one HTTP server.
 """
 
@@ -30,6 +37,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Protocol
+
+from icefloe.clock import Clock
 
 SWEEP_S = 0.5
 
@@ -54,7 +63,7 @@ class BodyRead:
     lane, which has no task per request) is called instead.
     """
 
-    __slots__ = ("expired", "on_expire", "received", "started", "task")
+    __slots__ = ("capped", "expired", "on_expire", "received", "started", "task")
 
     def __init__(self, task: asyncio.Task[object] | None, started: float,
                  on_expire: Callable[[], None] | None = None) -> None:
@@ -63,6 +72,7 @@ class BodyRead:
         self.started = started
         self.received = 0
         self.expired = False
+        self.capped = False  # expired by body_max_s rather than by the rate rule
 
 
 class SlowClientGuard:
@@ -70,8 +80,10 @@ class SlowClientGuard:
 
     def __init__(self, header_timeout_s: float, body_timeout_s: float,
                  body_min_bytes_per_s: float, sweep_s: float = SWEEP_S,
-                 keep_alive_s: float = 30.0) -> None:
+                 keep_alive_s: float = 30.0, body_max_s: float = 300.0,
+                 clock: Clock | None = None) -> None:
         self.header_timeout_s = header_timeout_s
+        self.body_max_s = body_max_s
         self.keep_alive_s = keep_alive_s
         self.body_timeout_s = body_timeout_s
         self.body_min_bytes_per_s = body_min_bytes_per_s
@@ -85,6 +97,9 @@ class SlowClientGuard:
         # every call in CPython 3.11, and syscalls are not cheap everywhere (~10 % of a
         # single-event request on this project's CI-class VM, measured with py-spy).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.now: Callable[[], float] = clock.monotonic if clock is not None \
+            else self._first_now
+        self._clock = clock
 
     # -- registration ------------------------------------------------------------------
 
@@ -101,7 +116,7 @@ class SlowClientGuard:
         """Register a body read (see :meth:`end_body`): the current task's, which is
         cancelled if time runs out, or — given ``on_expire`` — one that is told so."""
         loop = self._loop or self._bind_loop()
-        read = BodyRead(None if on_expire else asyncio.current_task(loop), loop.time(),
+        read = BodyRead(None if on_expire else asyncio.current_task(loop), self.now(),
                         on_expire)
         self.bodies[read] = None
         self._ensure_sweeping()
@@ -109,14 +124,21 @@ class SlowClientGuard:
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
+        if self._clock is None:
+            self.now = self._loop.time
         return self._loop
+
+    def _first_now(self) -> float:
+        """``now`` before the guard knows its loop: bind it, then read the loop's clock."""
+        return (self._loop or self._bind_loop()).time()
 
     def end_body(self, read: BodyRead) -> None:
         self.bodies.pop(read, None)
 
     def body_deadline(self, read: BodyRead) -> float:
+        """The rate rule's deadline, capped at ``body_max_s`` after the body began."""
         extra = read.received / self.body_min_bytes_per_s if self.body_min_bytes_per_s else 0
-        return read.started + self.body_timeout_s + extra
+        return read.started + min(self.body_timeout_s + extra, self.body_max_s)
 
     # -- the sweeper -----------------------------------------------------------------------
 
@@ -127,7 +149,7 @@ class SlowClientGuard:
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweeper = None
-        now = loop.time()
+        now = self.now()
         for connection in list(self.connections):
             since = connection.headers_since
             if since is not None and now - since > self.header_timeout_s:
@@ -144,6 +166,7 @@ class SlowClientGuard:
                                         and not read.task.done() else None)
             if expire is not None:
                 read.expired = True
+                read.capped = now - read.started >= self.body_max_s
                 self.cut_bodies += 1
                 expire()
         if self.connections or self.bodies:
@@ -155,5 +178,7 @@ class SlowClientGuard:
             self._sweeper.cancel()
             self._sweeper = None
         self._loop = None
+        if self._clock is None:
+            self.now = self._first_now
         self.connections.clear()
         self.bodies.clear()

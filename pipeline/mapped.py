@@ -3,8 +3,9 @@
 Why two steps: ``ip``/``header`` values ride in each record's envelope meta and
 ``datetime``/``id`` are envelope fields, so the decode (in the Spark workers, one Arrow pass
 per batch file) turns them into columns next to the payload's. ``sql`` columns are computed
-by Spark itself over the decoded columns (:func:`project_sql`), so any Spark SQL function
-works and the expression is compiled once per run, not interpreted per row in Python.
+by Spark itself over the decoded columns (:func:`project_sql`), so any allow-listed Spark
+SQL function (:mod:`icefloe.sql_functions`) works and the expression is compiled once per
+run, not interpreted per row in Python.
 ``path`` and ``body`` columns were already filled by the ingestor (see
 :mod:`icefloe.ingest_mappings`) and arrive as ordinary payload fields.
 
@@ -12,11 +13,29 @@ Why ANSI mode is off while the expressions are built: with it, one row whose ``C
 division fails aborts the whole Spark job, so the collector would retry the same run
 forever and block the queue. Without it such a value becomes null, which the README
 documents; Spark fixes the mode of each expression when it is parsed.
+
+ANSI off does not catch everything: an allow-listed function can still throw on some row
+(``element_at(a, 0)``, ``regexp_extract`` with a pattern read from the data, ``from_json``
+in ``FAILFAST`` mode). So a run whose Spark job fails is retried *once* without its ``sql``
+columns (:func:`fill_sql_safely`): if that fails too, the failure was not the mappings' and
+the run fails as before (retried with backoff). If it succeeds, each ``sql`` column is
+evaluated on its own over the decoded rows; a column that fails is bisected over row
+ranges until the failing rows are isolated, and only they get null, counted per stream and
+column (``icefloe_collector_sql_errors_total``). Bisection is bounded (:data:`MAX_PROBES`
+evaluations per column per run): past the bound, every row of a range still failing gets
+null (counted too) — an expression that fails on most rows costs its values, never the run.
+
+Which rows a ``sql`` column is computed for: only rows of entries whose registry version
+routes them to a sink declaring that column with that expression (``Derived.cases``, set
+by the collector from the entries' versions). A deleted sink's expression never runs on
+events accepted after the deletion, and a re-created sink's new expression never runs on
+events accepted before it.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -38,16 +57,34 @@ if TYPE_CHECKING:
 
     from pipeline.spec import StreamSpec
 
+log = logging.getLogger("icefloe.pipeline")
+
 DERIVED_KINDS = ("ip", "header", "datetime", "id", "sql")
+MAX_PROBES = 64
+"""Spark evaluations one failing ``sql`` column may cost per run while its failing rows are
+isolated (see the module doc)."""
+ROW_ID = "__icefloe_row"
 _SPARK_TYPES = {"string": "STRING", "long": "BIGINT", "int": "INT", "float": "FLOAT",
                 "double": "DOUBLE", "boolean": "BOOLEAN", "timestamp": "TIMESTAMP",
                 "date": "DATE", "json": "STRING"}
+
+
+class SqlCase(msgspec.Struct, frozen=True):
+    """One expression of a ``sql`` column and the ``_sequence`` ranges (inclusive) of the
+    entries it applies to."""
+
+    sql: str
+    dialect: str
+    ranges: tuple[tuple[int, int], ...]
 
 
 class Derived(msgspec.Struct, frozen=True):
     """A column the pipeline fills (not read from the payload): its mapping, as plain data.
 
     ``arg`` is the lower-case header name of a ``header`` mapping, the SQL of a ``sql``.
+    ``cases`` (``sql`` only): None computes ``arg`` on every row of the stream; otherwise
+    each case's expression on the rows of its sequences, and null elsewhere (see the module
+    doc).
     """
 
     column: str
@@ -55,6 +92,7 @@ class Derived(msgspec.Struct, frozen=True):
     kind: str
     arg: str = ""
     dialect: str = "spark"
+    cases: tuple[SqlCase, ...] | None = None
 
 
 def derived_columns(stream: StreamConfig) -> tuple[Derived, ...]:
@@ -139,23 +177,60 @@ def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | 
 
 
 
+def sequence_ranges(sequences: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted sequences folded into inclusive ``(first, last)`` ranges."""
+    out: list[tuple[int, int]] = []
+    for seq in sorted(set(sequences)):
+        if out and out[-1][1] == seq - 1:
+            out[-1] = (out[-1][0], seq)
+        else:
+            out.append((seq, seq))
+    return tuple(out)
+
+
+def _spark_body(column: str, sql: str, dialect: str, type_: str,
+                rename: dict[str, str]) -> str | None:
+    """One expression as Spark SQL over the wide frame, cast to the column type; None when
+    the allow-list refuses it (a registry written before the check: never run)."""
+    try:
+        body = spark_sql(Column(column, type_, sql=sql, dialect=dialect), rename)
+    except ValueError as exc:
+        log.warning("sql column %s is not run (null): %s", column, exc,
+                    extra={"column": column})
+        return None
+    return f"CAST(({body}) AS {_SPARK_TYPES[type_]})"
+
+
+def _in_ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    return " OR ".join(f"`_sequence` = {a}" if a == b else f"`_sequence` BETWEEN {a} AND {b}"
+                       for a, b in ranges)
+
+
 def sql_expressions(index: int, stream: str, columns: Sequence[str],
                     derived: Sequence[Derived], prefix: str, stream_column: str
                     ) -> dict[str, str]:
     """Spark SQL for each ``sql`` column of stream ``index`` in the wide frame: its column
     references renamed to the frame's ``<prefix><name>`` columns, cast to the column type,
-    and only evaluated on the stream's own rows."""
+    and only evaluated on the stream's own rows (and, with ``cases``, only on the rows of
+    the entries each expression applies to)."""
     rename = {name: f"{prefix}{name}" for name in columns}
     rename.update({name: name for name in ENVELOPE_COLUMNS})
-    quoted = stream.replace("'", "\\'")
+    quoted = stream.replace("\\", "\\\\").replace("'", "\\'")
+    own = f"`{stream_column}` = '{quoted}'"
     out: dict[str, str] = {}
     for d in derived:
         if d.kind != "sql":
             continue
-        column = Column(d.column, d.type, sql=d.arg, dialect=d.dialect)
-        body = spark_sql(column, rename)
-        out[f"{prefix}{d.column}"] = (f"CASE WHEN `{stream_column}` = '{quoted}' THEN "
-                                      f"CAST(({body}) AS {_SPARK_TYPES[d.type]}) END")
+        whens: list[str] = []
+        cases = d.cases if d.cases is not None else (SqlCase(d.arg, d.dialect, ()),)
+        for case in cases:
+            body = _spark_body(d.column, case.sql, case.dialect, d.type, rename)
+            if body is None or (d.cases is not None and not case.ranges):
+                continue
+            guard = own if d.cases is None else f"{own} AND ({_in_ranges(case.ranges)})"
+            whens.append(f"WHEN {guard} THEN {body}")
+        out[f"{prefix}{d.column}"] = (f"CASE {' '.join(whens)} END" if whens else
+                                      f"CAST(NULL AS {_SPARK_TYPES[d.type]})")
     return out
 
 
@@ -174,6 +249,81 @@ def project_sql(frame: DataFrame, expressions: dict[str, str]) -> DataFrame:
         return frame.withColumns({name: F.expr(sql) for name, sql in expressions.items()})
     finally:
         spark.conf.set(key, previous)
+
+
+SqlErrors = dict[str, int]
+"""Rows whose ``sql`` value was lost to a runtime failure, by wide-frame column name."""
+
+
+def fill_sql_safely(spark: SparkSession, base: pa.Table, expressions: dict[str, str],
+                    *, max_probes: int = MAX_PROBES) -> tuple[pa.Table, SqlErrors]:
+    """``base`` (the wide rows, ``sql`` columns still null) with each ``sql`` column computed
+    on its own; rows where it fails get null and are counted (see the module doc)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    rows = base.append_column(ROW_ID, pa.array(range(base.num_rows), pa.int64()))
+    schema = from_arrow_schema(rows.schema, prefer_timestamp_ntz=False)
+    errors: SqlErrors = {}
+    for name, sql in expressions.items():
+        values, failed = _evaluate_column(spark, rows, schema, name, sql, max_probes)
+        if failed:
+            errors[name] = failed
+            log.warning("sql column %s failed on %d rows of this run: they get null", name,
+                        failed, extra={"column": name, "rows": failed})
+        base = base.set_column(base.schema.get_field_index(name), name,
+                               values.cast(base.schema.field(name).type))
+    if errors:
+        _check_session(spark)
+    return base, errors
+
+
+def _check_session(spark: SparkSession) -> None:
+    """Raise if Spark itself is failing: then the probes failed for Spark's sake, not the
+    expressions', and nulling their rows would lose values a retry computes."""
+    try:
+        spark.range(1).collect()
+    except Exception as exc:
+        raise RuntimeError(f"Spark failed while isolating failing sql rows: {exc}") from exc
+
+
+def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: object, name: str,
+                     sql: str, max_probes: int) -> tuple[pa.Array, int]:
+    """The column's values over ``rows`` (null where evaluation fails) and how many rows
+    failed: evaluate a range, and split a failing one in halves while probes remain."""
+    values: list[pa.Table] = []
+    failed = 0
+    pending = [(0, rows.num_rows)]
+    probes = 0
+    while pending:
+        start, stop = pending.pop()
+        part = rows.slice(start, stop - start)
+        if probes >= max_probes:
+            failed += stop - start
+            continue
+        probes += 1
+        try:
+            frame = spark.createDataFrame(part, schema=schema)  # type: ignore[arg-type]
+            got = project_sql(frame, {name: sql}).select(ROW_ID, name).toArrow()
+        except Exception:  # the expression threw on some row of this range
+            if stop - start == 1:
+                failed += 1
+            else:
+                middle = (start + stop) // 2
+                pending += [(middle, stop), (start, middle)]
+            continue
+        values.append(got)
+    field = rows.schema.field(name)
+    done = pa.concat_tables([v.cast(pa.schema([pa.field(ROW_ID, pa.int64()), field]))
+                             for v in values]) if values else None
+    out = pa.nulls(rows.num_rows, field.type)
+    if done is not None and done.num_rows:
+        positions = done.column(ROW_ID).to_numpy()
+        filled = np.full(rows.num_rows, -1, dtype=np.int64)
+        filled[positions] = np.arange(done.num_rows)
+        taken = done.column(name).combine_chunks().take(
+            pa.array(np.where(filled >= 0, filled, 0)))
+        out = pc.if_else(pa.array(filled >= 0), taken, out)
+    return out, failed
 
 
 def check_on_spark(spark: SparkSession, streams: Sequence[StreamSpec]) -> None:

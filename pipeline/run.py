@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from pipeline.decode import DeadLetters
 from pipeline.fetch import decode_refs, open_run_store
-from pipeline.mapped import project_sql, sql_expressions
+from pipeline.mapped import fill_sql_safely, project_sql, sql_expressions
 from pipeline.packed import needs_rows, packed_partitions, unpack
 from pipeline.schema import dead_letter_arrow_schema
 from pipeline.source import DEAD, ENVELOPE, FORMAT, STREAM, struct_column
@@ -39,21 +39,58 @@ class RunOutput:
 
     tables: dict[str, pa.Table] = field(default_factory=dict)
     dead: pa.Table = field(default_factory=lambda: dead_letter_arrow_schema().empty_table())
+    sql_errors: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Rows whose ``sql`` value became null because its expression threw, by (stream,
+    column); see :func:`pipeline.mapped.fill_sql_safely`."""
 
     @property
     def rows(self) -> int:
         return sum(t.num_rows for t in self.tables.values())
 
 
-def read_frame(spark: SparkSession, spec: RunSpec) -> DataFrame:
+def read_frame(spark: SparkSession, spec: RunSpec, *, sql: bool = True) -> DataFrame:
     """The run as a Spark DataFrame in the wide schema (see :mod:`pipeline.source`), with
-    the ``sql`` mapping columns computed by Spark (:mod:`pipeline.mapped`)."""
+    the ``sql`` mapping columns computed by Spark (:mod:`pipeline.mapped`), or left null
+    (``sql=False``)."""
     frame = spark.read.format(FORMAT).option("spec", spec.encode()).load()
+    return project_sql(frame, run_expressions(spec)) if sql else frame
+
+
+def run_expressions(spec: RunSpec) -> dict[str, str]:
+    """Every ``sql`` column of the run, by wide-frame column name."""
     expressions: dict[str, str] = {}
     for i, stream in enumerate(spec.streams):
         expressions.update(sql_expressions(i, stream.name, [n for n, _ in stream.columns],
                                            stream.derived, f"{struct_column(i)}__", STREAM))
-    return project_sql(frame, expressions)
+    return expressions
+
+
+def read_rows_safely(spark: SparkSession, spec: RunSpec, *,
+                     failed: Exception | None = None) -> RunOutput:
+    """The row path: one Spark job; if it fails (or ``failed``: it already did, on the
+    cluster path) and the run has ``sql`` columns, the rows again without them, then each
+    ``sql`` column on its own, a row whose expression throws losing only its value (see
+    :mod:`pipeline.mapped`). A failure without the ``sql`` columns is not theirs: the first
+    error is raised (the run is retried)."""
+    first = failed
+    if first is None:
+        try:
+            return split_wide(read_frame(spark, spec).toArrow(), spec)
+        except Exception as exc:
+            first = exc
+    expressions = run_expressions(spec)
+    if not expressions:
+        raise first
+    try:
+        base = read_frame(spark, spec, sql=False).toArrow()
+    except Exception:
+        raise first from None
+    wide, errors = fill_sql_safely(spark, base, expressions)
+    out = split_wide(wide, spec)
+    names = {f"{struct_column(i)}__{name}": (stream.name, name)
+             for i, stream in enumerate(spec.streams) for name, _ in stream.columns}
+    out.sql_errors = {names[column]: count for column, count in errors.items()}
+    return out
 
 
 def packed_frame(spark: SparkSession, spec: RunSpec) -> DataFrame:
@@ -97,7 +134,7 @@ def run_spark(spark: SparkSession, spec: RunSpec, *, packed: bool | None = None)
     if not spec.batches:
         return RunOutput()
     if packed is False or rows_needed:
-        return split_wide(read_frame(spark, spec).toArrow(), spec)
+        return read_rows_safely(spark, spec)
     spec = msgspec.structs.replace(spec, partitions=packed_partitions(spec))
     tables, dead = unpack(packed_frame(spark, spec).toArrow(), spec)
     return RunOutput(tables, dead)
@@ -184,10 +221,18 @@ class SparkClusterEngine:
         self.embedded = SparkEngine(spark, partitions)
         register(spark)
 
-    def run(self, spec: RunSpec) -> ClusterRunOutput:
+    def run(self, spec: RunSpec) -> ClusterRunOutput | RunOutput:
+        """The run kept on the executors; if its job fails and the run has ``sql``
+        columns, the embedded shape instead, whose row path costs a throwing expression
+        only the values it cannot compute (see :func:`read_rows_safely`)."""
         from pipeline.cluster import run_cluster
 
-        return run_cluster(self.spark, spec)
+        try:
+            return run_cluster(self.spark, spec)
+        except Exception as exc:
+            if not run_expressions(spec):
+                raise
+            return read_rows_safely(self.spark, spec, failed=exc)
 
     def run_embedded(self, spec: RunSpec) -> RunOutput:
         """The run in the embedded shape, on the same session: for runs the cluster path

@@ -16,7 +16,7 @@ import pyarrow as pa
 from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from pipeline.decode import BatchRef
-from pipeline.mapped import Derived, StreamPlan, derived_columns
+from pipeline.mapped import Derived, SqlCase, StreamPlan, derived_columns
 from pipeline.schema import ARROW_TYPES
 
 
@@ -71,6 +71,21 @@ def run_spec(config: Config, entries: Sequence[Entry], partitions: int = 4) -> R
         region=config.store.region, streams=stream_specs(config.streams),
         batches=tuple((e.sequence, e.location, e.size, e.crc32c) for e in entries),
         partitions=partitions)
+
+
+def with_sql_cases(spec: RunSpec,
+                   cases: dict[str, dict[str, tuple[SqlCase, ...]]]) -> RunSpec:
+    """``spec`` with each ``sql`` column of each stream limited to the entries whose
+    registry version declares it, with the expression that version declares (``cases``:
+    by stream, then column; a column absent there is computed on no row). See
+    :mod:`pipeline.mapped`."""
+    streams = []
+    for stream in spec.streams:
+        mine = cases.get(stream.name, {})
+        derived = tuple(msgspec.structs.replace(d, cases=mine.get(d.column, ()))
+                        if d.kind == "sql" else d for d in stream.derived)
+        streams.append(msgspec.structs.replace(stream, derived=derived))
+    return msgspec.structs.replace(spec, streams=tuple(streams))
 
 
 def group_refs(refs: Sequence[BatchRef], partitions: int) -> list[list[BatchRef]]:

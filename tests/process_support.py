@@ -84,11 +84,13 @@ class Child:
     """A child process whose stdout lines are read by a thread, so waits can time out."""
 
     def __init__(self, args: list[str], cwd: Path, log: Path,
-                 env: dict[str, str] | None = None) -> None:
-        """``env``: the child's whole environment (default :func:`child_env`)."""
+                 env: dict[str, str] | None = None, *,
+                 command: Sequence[str] = (sys.executable, "-m", "icefloe")) -> None:
+        """``env``: the child's whole environment (default :func:`child_env`);
+        ``command``: what runs ``args`` (an installed ``icefloe`` script, say)."""
         self.log = log
         self._err = log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "icefloe", *args], cwd=cwd,
+        self.proc = subprocess.Popen([*command, *args], cwd=cwd,
                                      env=child_env() if env is None else env,
                                      stdout=subprocess.PIPE,
                                      stderr=self._err, text=True)

@@ -18,6 +18,7 @@ import httpx
 import msgspec
 import pytest
 
+from icefloe.clock import SYSTEM, Clock, ManualClock
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError, RegistryError, TransientStoreError
 from icefloe.registry import RegistryStore
@@ -90,7 +91,8 @@ def admin(tmp_path: Path) -> Iterator[Admin]:
     yield from serving(tmp_path, lambda url: FlakyStore(open_async_store(url), down), down)
 
 
-def serving(tmp_path: Path, make_store: Any, down: threading.Event) -> Iterator[Admin]:
+def serving(tmp_path: Path, make_store: Any, down: threading.Event,
+            clock: Clock = SYSTEM) -> Iterator[Admin]:
     """The admin API on a free port in a background thread, over ``make_store(url)``."""
     from admin.server import serve_admin
 
@@ -105,7 +107,7 @@ def serving(tmp_path: Path, make_store: Any, down: threading.Event) -> Iterator[
         state["stop"], state["loop"] = stop, asyncio.get_running_loop()
         store = make_store(config.store.url)
         try:
-            await serve_admin(config, stop=stop, store=store,
+            await serve_admin(config, stop=stop, store=store, clock=clock,
                               on_ready=lambda info: (state.update(port=info.port),
                                                      ready.set()))
         finally:
@@ -486,8 +488,16 @@ def test_should_serve_the_admin_api_over_tls_and_refuse_plaintext_off_loopback(
     assert section_tls(allowed, "admin", what="admin API", secrets="admin tokens") is None
 
 
-def test_should_throttle_an_address_that_keeps_sending_wrong_tokens(admin: Admin) -> None:
-    from admin.auth import FAILED_BURST
+def test_should_throttle_an_address_that_keeps_sending_wrong_tokens(tmp_path: Path) -> None:
+    """The failure budget refills with the injected clock, which stands still here: a
+    loaded machine taking seconds over the burst must not refill it mid-test."""
+    clock = ManualClock()
+    for admin in serving(tmp_path, open_async_store, threading.Event(), clock):
+        throttled_then_refilled(admin, clock)
+
+
+def throttled_then_refilled(admin: Admin, clock: ManualClock) -> None:
+    from admin.auth import FAILED_BURST, FAILED_PER_S
 
     assert admin.client.get("/v1/sources").status_code == 200  # the operator's token: proven
     codes = [httpx.get(f"{admin.url}/v1/sources",
@@ -498,6 +508,11 @@ def test_should_throttle_an_address_that_keeps_sending_wrong_tokens(admin: Admin
     again = httpx.get(f"{admin.url}/v1/sources", headers={"authorization": "Bearer wrong-0"})
     assert again.status_code == 403  # a known wrong token costs nothing: still a plain 403
     assert admin.client.get("/v1/sources").status_code == 200  # and still works
+    clock.advance(2 / FAILED_PER_S)  # two failures' worth of refill, no more
+    codes = [httpx.get(f"{admin.url}/v1/sources",
+                       headers={"authorization": f"Bearer later-{i}"}).status_code
+             for i in range(3)]
+    assert codes == [403, 403, 429]
 
 
 def test_should_refuse_what_the_cluster_output_path_cannot_deliver(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from icefloe.cli import build_parser
 from icefloe.cli.config_args import DATA_DIR_ENV
 from icefloe.config import (
     CONFIG_ENV,
+    AdminSection,
     CollectorSection,
     Config,
     IngestorSection,
@@ -47,6 +48,10 @@ DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 TERRAFORM = DEPLOY / "terraform"
 K8S_BASE = DEPLOY / "kubernetes" / "base"
 K8S_STANDBY = DEPLOY / "kubernetes" / "overlays" / "standby"
+K8S_EXTRA = (DEPLOY / "kubernetes" / "overlays" / "production",
+             DEPLOY / "kubernetes" / "components" / "monitoring",
+             DEPLOY / "kubernetes" / "components" / "ingress")
+"""The opt-in components and the overlay that uses them (tests/test_observability.py)."""
 CHECKS_FILE = DEPLOY / "checkov-checks.txt"
 CHECKOV_FRAMEWORKS = ("terraform", "kubernetes", "dockerfile")
 
@@ -242,11 +247,11 @@ def test_should_parse_every_yaml_file():
 
 def test_should_resolve_every_kustomization_reference():
     kustomizations = sorted(DEPLOY.rglob("kustomization.yaml"))
-    assert {p.parent for p in kustomizations} == {K8S_BASE, K8S_STANDBY}
+    assert {p.parent for p in kustomizations} == {K8S_BASE, K8S_STANDBY, *K8S_EXTRA}
     for path in kustomizations:
         (doc,) = yaml_docs(path)
-        assert doc["kind"] == "Kustomization", path
-        for resource in doc.get("resources", []):
+        assert doc["kind"] in ("Kustomization", "Component"), path
+        for resource in doc.get("resources", []) + doc.get("components", []):
             target = (path.parent / resource).resolve()
             assert target.is_file() or (target / "kustomization.yaml").is_file(), (
                 f"{path.relative_to(ROOT)}: resource {resource!r} does not exist")
@@ -344,12 +349,14 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 def test_should_build_a_non_root_image_with_java_a_healthcheck_and_the_ports():
     steps = dockerfile_instructions()
-    bases = [rest.split()[0] for word, rest in steps if word == "FROM"]
+    stages = [rest.split() for word, rest in steps if word == "FROM"]
+    names = {s[-1] for s in stages if "AS" in s}
+    bases = [s[0] for s in stages if s[0] not in names]
     assert bases
     assert all(b.startswith("python:3.11-slim") for b in bases), bases
     runs = " ".join(rest for word, rest in steps if word == "RUN")
     assert "openjdk-17-jre-headless" in runs
-    assert re.search(r"pip install \.(\s|$)", runs), "the project is installed with pip"
+    assert re.search(r"pip install -c \S*constraints.txt ", runs), "pinned by constraints.txt"
     users = [rest for word, rest in steps if word == "USER"]
     assert users
     assert users[-1].split(":")[0] not in ("root", "0"), users
@@ -357,8 +364,10 @@ def test_should_build_a_non_root_image_with_java_a_healthcheck_and_the_ports():
     assert ("VOLUME", '["/tmp"]') in steps, "/tmp stays writable under a read-only root"
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}
     assert exposed == {HTTP_PORT, GRPC_PORT, METRICS_PORT}
-    (cmd,) = [json.loads(rest) for word, rest in steps if word == "CMD"]
-    parse_cli(cmd, "Dockerfile CMD")
+    cmds = [json.loads(rest) for word, rest in steps if word == "CMD"]
+    assert len(cmds) == 2, "one default command per role target (ingestor, collector)"
+    for cmd in cmds:
+        parse_cli(cmd, "Dockerfile CMD")
 
 
 def test_should_copy_only_files_that_exist_and_the_dockerignore_lets_through():
@@ -545,7 +554,7 @@ def test_should_load_the_terraform_config_with_the_module_environment(tmp_path):
 
 def test_should_harden_every_pod():
     deployments = k8s_deployments()
-    assert set(deployments) == {"icefloe-ingestor", "icefloe-collector"}
+    assert set(deployments) == {"icefloe-ingestor", "icefloe-collector", "icefloe-admin"}
     for name, deployment in deployments.items():
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
@@ -570,18 +579,23 @@ def test_should_harden_every_pod():
 
 def test_should_probe_healthz_and_readyz_on_the_icefloe_ports():
     expected = {"icefloe-ingestor": {"http": HTTP_PORT, "grpc": GRPC_PORT},
-                "icefloe-collector": {"metrics": METRICS_PORT}}
-    probe_port = {"icefloe-ingestor": "http", "icefloe-collector": "metrics"}
+                "icefloe-collector": {"metrics": METRICS_PORT},
+                "icefloe-admin": {"admin": AdminSection().port}}
+    probe_port = {"icefloe-ingestor": "http", "icefloe-collector": "metrics",
+                  "icefloe-admin": "admin"}
     scrape_port = {"icefloe-ingestor": HTTP_PORT, "icefloe-collector": METRICS_PORT}
     for name, deployment in k8s_deployments().items():
         template = deployment["spec"]["template"]
         (container,) = template["spec"]["containers"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports == expected[name], name
-        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"),
+        ready = "/healthz" if name == "icefloe-admin" else "/readyz"  # admin has no /readyz
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", ready),
                             ("startupProbe", "/healthz")):
             get = container[probe]["httpGet"]
             assert (get["path"], get["port"]) == (path, probe_port[name]), (name, probe)
+        if name not in scrape_port:  # admin /metrics needs a token: not scraped
+            continue
         annotations = template["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
         assert annotations["prometheus.io/port"] == str(scrape_port[name])

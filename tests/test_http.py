@@ -203,6 +203,47 @@ async def test_text_plain_is_json_for_send_beacon(http):
     assert payloads(await stored_events(http.store_url)) == [b'{"user_id":"beacon"}']
 
 
+@pytest.mark.parametrize("content_type", ["text/plain;charset=UTF-8", None],
+                         ids=["text-plain", "no-content-type"])
+async def test_preflight_free_bodies_only_from_allowed_origins(http, content_type):
+    """text/plain and a typeless body skip the browser's CORS preflight, so they are JSON
+    only without an Origin (not a browser) or from an origin cors_origins lists; a page
+    elsewhere gets 415, and JSON it must preflight is still handled (the browser enforces)."""
+    typed = {} if content_type is None else {"Content-Type": content_type}
+    listed = await http.client.post(EVENTS, content=b'{"user_id":"listed"}',
+                                    headers={**typed, "Origin": ORIGIN})
+    other = await http.client.post(EVENTS, content=b'{"user_id":"other"}',
+                                   headers={**typed, "Origin": "https://evil.example"})
+    no_origin = await http.client.post(EVENTS, content=b'{"user_id":"script"}', headers=typed)
+    json_other = await http.client.post(EVENTS, content=b'{"user_id":"json"}', headers={
+        "Content-Type": "application/json", "Origin": "https://evil.example"})
+    assert listed.status_code == 202
+    assert listed.headers["access-control-allow-origin"] == ORIGIN
+    body = error(other, 415, "unsupported_media_type")
+    assert "ingestor.cors_origins" in body["message"]
+    assert no_origin.status_code == 202
+    assert json_other.status_code == 202
+    assert sorted(payloads(await stored_events(http.store_url))) == [
+        b'{"user_id":"json"}', b'{"user_id":"listed"}', b'{"user_id":"script"}']
+
+
+async def test_preflight_free_bodies_from_any_origin_under_a_wildcard(tmp_path):
+    async with running(config_for(tmp_path, cors_origins=("*",))) as runtime, \
+            serving(runtime) as http:
+        r = await http.client.post(EVENTS, content=b'{"user_id":"a"}', headers={
+            "Content-Type": "text/plain", "Origin": "https://any.example"})
+    assert r.status_code == 202
+
+
+async def test_preflight_free_bodies_from_browsers_need_cors_origins(tmp_path):
+    async with running(config_for(tmp_path, cors_origins=())) as runtime, \
+            serving(runtime) as http:
+        r = await http.client.post("/collect/web/pageviews", content=b'{"user_id":"a"}',
+                                   headers={"Content-Type": "text/plain",
+                                            "Origin": "https://any.example"})
+    error(r, 415, "unsupported_media_type")
+
+
 async def test_chunked_upload_without_content_length(http):
     async def body() -> AsyncIterator[bytes]:
         yield b'[{"user_id":'
@@ -611,7 +652,8 @@ async def test_cors_headers_on_responses_only_for_allowed_origins(http):
     ok = await http.client.post(EVENTS, content=b'{"user_id":"a"}', headers={"Origin": ORIGIN})
     bad = await http.client.post(EVENTS, content=b"{", headers={"Origin": ORIGIN})
     other = await http.client.post(EVENTS, content=b'{"user_id":"b"}',
-                                   headers={"Origin": "https://evil.example"})
+                                   headers={"Origin": "https://evil.example",
+                                            "Content-Type": "application/json"})
     assert ok.headers["access-control-allow-origin"] == ORIGIN
     assert "retry-after" in ok.headers["access-control-expose-headers"].lower()
     assert bad.status_code == 400

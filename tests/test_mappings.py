@@ -372,10 +372,10 @@ async def test_mapped_columns_land_in_iceberg_from_http_and_grpc(tmp_path, spark
 
 def test_sql_spark_cannot_compile_is_refused_at_start_naming_the_column(tmp_path, spark):
     stream = StreamConfig(name="s", table="a.b", columns=(
-        Column("url", "string"), Column("bad", "string", sql="no_such_function(url)")))
+        Column("url", "string"), Column("bad", "string", sql="element_at(url, 1)")))
     config = collector_config(tmp_path, streams=(stream,))
     with pytest.raises(ConfigError, match=r"stream 's', column 'bad': sql "
-                       r"'no_such_function\(url\)' does not compile on Spark"):
+                       r"'element_at\(url, 1\)' does not compile on Spark"):
         check_on_spark(spark, run_spec(config, []).streams)
     check_on_spark(spark, run_spec(collector_config(tmp_path, streams=(ORDERS,)), []).streams)
 
@@ -412,14 +412,14 @@ def test_demo_events_put_path_values_where_the_stream_reads_them():
 
 def test_the_collector_refuses_to_start_on_sql_spark_cannot_compile(tmp_path):
     stream = StreamConfig(name="s", table="a.b", columns=(
-        Column("url", "string"), Column("bad", "string", sql="no_such_function(url)")))
+        Column("url", "string"), Column("bad", "string", sql="element_at(url, 1)")))
     path = write_config(tmp_path, (stream,))
     done = run_cli(["collector", "--config", str(path)], tmp_path, timeout=SPARK_TIMEOUT_S)
     assert done.returncode == 2, done.stderr
     [error] = [line for line in done.stderr.splitlines() if line.startswith("icefloe: error")]
     assert error.startswith("icefloe: error: stream 's', column 'bad': sql "
-                            "'no_such_function(url)' does not compile on Spark: "), error
-    assert "NO_SUCH_FUNCTION" in error.split("Spark: ", 1)[1].upper()
+                            "'element_at(url, 1)' does not compile on Spark: "), error
+    assert "DATATYPE_MISMATCH" in error.split("Spark: ", 1)[1].upper()
 
 
 def test_overlapping_paths_and_raw_strings_fall_back_to_the_walked_root():

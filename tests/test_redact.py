@@ -104,3 +104,42 @@ def test_should_send_uvicorn_lines_through_the_redacting_handler(root_logger, ca
     out = capsys.readouterr().err
     assert "ifl_uvicorn-secret" not in out
     assert json.loads(out.strip().splitlines()[-1])["msg"] == "Invalid header: Bearer ***"
+
+
+def test_should_redact_tokens_nested_in_non_string_log_extras(root_logger, capsys):
+    """Dicts, lists, tuples and bytes in extra fields reach the JSON line redacted, however
+    deep; a secret-named key's value is masked whole; plain values keep their type."""
+    setup_logging("info", "json")
+    logging.getLogger("icefloe.test").warning("request refused", extra={
+        "headers": {"authorization": "Bearer ifl_in-a-dict", "x-count": 3},
+        "hops": ["10.0.0.1", ("Bearer ifl_in-a-tuple-in-a-list", None)],
+        "body": b'{"token": "raw-bytes-secret", "x": "\xff"} ifl_in-bytes-1234',
+        "deep": {"a": [{"b": {"password": "pw-deep-down", "ok": True}}]},
+        "client_secret": "plain-secret-extra",
+        "rows": 7,
+    })
+    out = capsys.readouterr().err
+    for secret in ("ifl_in-a-dict", "ifl_in-a-tuple-in-a-list", "raw-bytes-secret",
+                   "ifl_in-bytes-1234", "pw-deep-down", "plain-secret-extra"):
+        assert secret not in out
+    line = json.loads(out.strip().splitlines()[-1])
+    assert line["headers"] == {"authorization": "Bearer ***", "x-count": 3}
+    assert line["hops"] == ["10.0.0.1", ["Bearer ***", None]]
+    assert line["deep"] == {"a": [{"b": {"password": "***", "ok": True}}]}
+    assert line["client_secret"] == "***"
+    assert line["rows"] == 7
+    assert line["body"].startswith('{"token": "***"')
+
+
+def test_should_end_redaction_of_a_structure_that_contains_itself():
+    from icefloe.redact import MASK, redact_value
+
+    loop: list[object] = ["Bearer abc"]
+    loop.append(loop)
+    redacted = redact_value(loop)
+    assert redacted[0] == "Bearer ***"
+    depth, node = 0, redacted
+    while isinstance(node, list):
+        node, depth = node[1], depth + 1
+    assert node == MASK
+    assert depth < 20

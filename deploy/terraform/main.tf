@@ -85,6 +85,8 @@ locals {
     { name = "ICEFLOE_CATALOG_TYPE", value = local.use_postgres ? "sql" : "glue" },
     { name = "ICEFLOE_CATALOG_WAREHOUSE", value = local.warehouse_url },
     { name = "ICEFLOE_COLLECTOR_HOST", value = "0.0.0.0" },
+    # metrics and probes stay inside the VPC
+    { name = "ICEFLOE_COLLECTOR_PLAINTEXT", value = "true" },
     # Spark and the JVM write scratch files under $HOME; the root filesystem is read-only
     { name = "HOME", value = "/tmp" },
   ]

@@ -12,22 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from icefloe import __version__
-from icefloe.cli import (
-    admin_cmd,
-    collector_cmd,
-    deadletters_cmd,
-    demo_cmd,
-    ingestor_cmd,
-    inspect_cmd,
-    models_cmd,
-    probe_cmd,
-    query_cmd,
-    sources_cmd,
-    streams_cmd,
-    tables_cmd,
-    token_cmd,
-    up_cmd,
-)
+from icefloe.cli.extras import command_of, extra_for, needs_extra_line
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.redact import redact
 
@@ -37,6 +22,25 @@ EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every sub-command. The command modules are imported here, not at the
+    top, so that ``main`` can tell a client-only install which extra is missing."""
+    from icefloe.cli import (
+        admin_cmd,
+        collector_cmd,
+        deadletters_cmd,
+        demo_cmd,
+        ingestor_cmd,
+        inspect_cmd,
+        models_cmd,
+        probe_cmd,
+        query_cmd,
+        sources_cmd,
+        streams_cmd,
+        tables_cmd,
+        token_cmd,
+        up_cmd,
+    )
+
     parser = argparse.ArgumentParser(
         prog="icefloe",
         description="icefloe: object-store-native ingest into Apache Iceberg, exactly once.",
@@ -55,10 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as exc:
+        return _missing_extra(exc, words)
+    args = parser.parse_args(words)
     try:
         return int(args.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        if args.debug:
+            raise
+        return _missing_extra(exc, words)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except (IcefloeError, ValueError, OSError) as exc:
@@ -66,6 +78,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"icefloe: error: {_describe(exc)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_ERROR
+
+
+def _missing_extra(exc: ModuleNotFoundError, words: Sequence[str]) -> int:
+    """Exit 2 with one line naming the extra when an extra's module is missing (a light
+    install); re-raise any other missing module, which is a bug."""
+    if "--version" in words:
+        print(f"icefloe {__version__}")
+        return 0
+    command = command_of(words)
+    extra = extra_for(command, exc.name)
+    if extra is None:
+        raise exc
+    print(needs_extra_line(command, extra), file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _describe(exc: BaseException) -> str:
