@@ -91,6 +91,17 @@ def test_should_start_the_admin_after_postgres_and_keep_the_catalog_from_ingesto
             assert env["ICEFLOE_CATALOG_URI"].startswith("postgresql://"), name
 
 
+def test_should_build_each_service_from_a_dockerfile_target_that_exists():
+    """Ingestors run the slim target (no JRE, Spark or pyarrow), the rest the collector
+    target; each named target is a stage of the Dockerfile."""
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", (ROOT / "deploy" / "docker" / "Dockerfile")
+                            .read_text(), re.MULTILINE))
+    for name, service in icefloe_services().items():
+        target = service["build"]["target"]
+        assert target in stages, f"{name}: no stage {target!r} in {sorted(stages)}"
+        assert target == ("ingestor" if name.startswith("ingestor") else "collector"), name
+
+
 def test_should_run_real_commands_with_real_settings_and_ports(tmp_path):
     settings = real_settings()
     text = (COMPOSE_DIR / "icefloe.toml").read_text()
