@@ -169,3 +169,32 @@ def test_config_should_resolve_collector_tls_files_against_the_config_folder(tmp
     col = load_config(tmp_path / "icefloe.toml", env={}).collector
     assert (col.tls_cert_file, col.tls_key_file) == (
         str(tmp_path / "tls" / "c.pem"), str(tmp_path / "tls" / "c.key"))
+
+
+@pytest.mark.parametrize("mutual", [False, True])
+def test_container_health_check_should_speak_tls_to_a_tls_port(tmp_path, pki, mutual):
+    """The image's health check answers for a collector whose probes serve (mutual) TLS:
+    it falls back to HTTPS and presents the configured client certificate."""
+    import os
+    import subprocess
+    import sys
+
+    healthcheck = Path(__file__).resolve().parents[1] / "deploy" / "docker" / "healthcheck.py"
+    server = serve(with_tls(collector_config(tmp_path, (CLICKS,)), pki, mutual=mutual))
+    try:
+        env = {**os.environ, "ICEFLOE_COLLECTOR_METRICS_PORT": str(server.port)}
+
+        def check(path: str, **extra: str) -> int:
+            return subprocess.run([sys.executable, str(healthcheck), "collector", path],
+                                  env={**env, **extra}, timeout=30, capture_output=True,
+                                  check=False).returncode
+
+        cert, key = pki["main"].write("probe", server=False)
+        client = {"ICEFLOE_HEALTHCHECK_CERT_FILE": str(cert),
+                  "ICEFLOE_HEALTHCHECK_KEY_FILE": str(key)}
+        assert check("/healthz", **client) == 0
+        assert check("/no-such-path", **client) != 0
+        if mutual:
+            assert check("/healthz") != 0  # no client certificate: refused
+    finally:
+        server.shutdown()

@@ -9,9 +9,16 @@ the metrics port (ICEFLOE_COLLECTOR_METRICS_PORT, default 9464), ``admin`` the a
 HEALTHCHECK fits whichever command the container runs. ``/healthz`` is
 liveness (the process answers); ``/readyz`` also checks the object store (ingestor).
 Standard library only: it runs in the image without loading icefloe.
+
+A port that serves TLS (``tls_cert_file`` set) is asked over HTTPS when plain HTTP gets
+no answer. The server's certificate is not verified: the check talks to 127.0.0.1 inside
+its own container and asks only whether the process answers. With mutual TLS
+(``tls_client_ca_file``) it presents ICEFLOE_HEALTHCHECK_CERT_FILE and
+ICEFLOE_HEALTHCHECK_KEY_FILE (a client certificate that CA signed).
 """
 
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -23,13 +30,29 @@ PORTS = {
 }
 
 
+def tls_context() -> ssl.SSLContext:
+    """Loopback HTTPS without verifying the server; the client certificate if given."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    cert = os.environ.get("ICEFLOE_HEALTHCHECK_CERT_FILE")
+    if cert:
+        context.load_cert_chain(cert, os.environ.get("ICEFLOE_HEALTHCHECK_KEY_FILE") or None)
+    return context
+
+
 def answers(port: int, path: str) -> bool:
-    url = f"http://127.0.0.1:{port}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=3) as response:
-            return 200 <= response.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    for scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(
+                    f"{scheme}://127.0.0.1:{port}{path}", timeout=3,
+                    context=tls_context() if scheme == "https" else None) as response:
+                return 200 <= response.status < 300
+        except urllib.error.HTTPError:
+            return False  # the process answered, and not with success
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+    return False
 
 
 def main(argv: list[str]) -> int:
