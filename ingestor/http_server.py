@@ -186,23 +186,26 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
                     self.handle_websocket_upgrade()
                 else:
                     self._unsupported_upgrade_warning()
-            except httptools.HttpParserError:
-                self._parse_error(data)
+            except httptools.HttpParserError as exc:
+                self._parse_error(data, exc)
                 return
             if self.head_pending and self.head_bytes > max_head:
                 self.refuse(431, "header_bytes", "header_too_large",
                             f"the request line and headers exceed {max_head} bytes "
                             "(ingestor.max_header_bytes)")
 
-        def _parse_error(self, data: bytes) -> None:
+        def _parse_error(self, data: bytes, exc: Exception) -> None:
+            """A refusal noted while parsing, HTTP/2 on this port, or else a request that
+            is not HTTP/1: 400 JSON ``malformed_request`` naming what the parser found
+            (counted, not logged: a client's mistake must not flood the log)."""
             if self.refusal is not None:
                 self.refuse(*self.refusal)
             elif data.startswith(_HTTP2_PREFACE):
                 self.refuse(*_VERSION_REFUSAL)
             else:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+                found = str(exc).strip() or type(exc).__name__
+                self.refuse(400, "malformed_request", "malformed_request",
+                            f"the request is not valid HTTP/1.1 ({found[:120]})")
 
         def refuse(self, status: int, reason: str, code: str, message: str) -> None:
             """Answer ``status`` with a JSON error, shut the write side and linger (see

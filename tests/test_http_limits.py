@@ -198,6 +198,26 @@ async def test_should_answer_505_to_http2_on_the_http1_port(tmp_path, request_li
     assert (status, body["error"]) == (505, "http_version_not_supported")
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /v1/streams/pageviews/events HTTP/1.1\r\nhost: x\r\nbad\x01name: v\r\n\r\n",
+    b"NOT AN HTTP REQUEST\r\n\r\n",
+    b"POST /v1/streams/pageviews/events HTTP/1.1\r\nhost: x\r\n"
+    b"content-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+], ids=["control-char-in-name", "no-request-line", "two-content-lengths"])
+async def test_should_answer_json_400_to_what_is_not_http(tmp_path, caplog, request_bytes):
+    """What the parser cannot read gets the same JSON error shape as every refusal, is
+    counted, and logs nothing (a client's mistake must not flood the log)."""
+    async with ingestor(config(tmp_path)) as ports:
+        reply = await exchange(ports.http, request_bytes)
+        async with httpx.AsyncClient() as client:
+            metrics = (await client.get(f"http://127.0.0.1:{ports.http}/metrics")).text
+    status, body = status_and_body(reply)
+    assert (status, body["error"]) == (400, "malformed_request"), reply
+    assert "not valid HTTP/1.1" in str(body["message"])
+    assert refused_total(metrics, "malformed_request") == 1
+    assert not [r for r in caplog.records if "Invalid HTTP" in r.getMessage()]
+
+
 @LANES
 @pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate, chunked", b"identity, chunked"])
 async def test_should_refuse_transfer_codings_other_than_chunked(tmp_path, fast_lane, coding):
