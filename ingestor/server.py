@@ -45,10 +45,18 @@ class BoundPorts:
     grpc: int
 
 
+LISTEN_BACKLOG = 2048
+
+
 def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """Bind the HTTP socket ourselves so "port in use" is a clear error, not an exit.
 
     ``reuse_port`` lets several ingestor processes listen on one port (``SO_REUSEPORT``).
+    The socket is bound, not listening: :func:`serve` calls ``listen()`` only once the
+    runtime has started. A listening socket queues connections in the kernel's backlog, so
+    a restarting ingestor whose start-up waits on a slow store (its probe, the registry)
+    would hold requests unanswered until their clients time out; a bound socket that does
+    not listen refuses them at once, and the client tries another ingestor.
     """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -63,7 +71,6 @@ def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socke
                               "process or choose another port (--http-port, "
                               "ICEFLOE_INGESTOR_HTTP_PORT)") from None
         raise ConfigError(f"cannot bind HTTP to {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
     sock.setblocking(False)
     return sock
 
@@ -84,7 +91,12 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     ing = config.ingestor
     tls = server_tls(config, tls_reload_s)
     http_socket = bind_http(ing.host, ing.http_port, reuse_port=ing.reuse_port)
-    runtime = await IngestorRuntime.start(config)
+    try:
+        runtime = await IngestorRuntime.start(config)
+    except BaseException:
+        http_socket.close()
+        raise
+    http_socket.listen(LISTEN_BACKLOG)  # only now: see bind_http
     grpc_server, grpc_port, health = await start_grpc_server(
         runtime, ing.host, ing.grpc_port, reuse_port=ing.reuse_port, tls=tls)
     guard = slow_client_guard(ing)

@@ -186,3 +186,51 @@ def test_should_refuse_a_bad_config_with_file_key_and_reason(tmp_path):
     assert result.returncode == 2
     assert str(path) in result.stderr
     assert "streams[0].columns[1].type: unknown type 'number'" in result.stderr
+
+
+async def test_should_refuse_connections_while_starting_not_queue_them(tmp_path, monkeypatch):
+    """A restarting ingestor whose start-up waits on a slow store must refuse connections
+    (the client tries another ingestor at once), not accept them into the kernel's backlog
+    and leave their requests unanswered until the client times out: the chaos run's "no
+    request hung" failure (seed 1, an ingestor restarted during a store stall)."""
+    from icefloe.config import load_config
+    from icefloe.store.failpoints import FAULTS_ENV
+    from ingestor.server import serve
+
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"rules": [{"kind": "delay", "ops": ["put"], "times": None,
+                                             "delay_s": [1.5, 1.5]}]}))
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    with socket.socket() as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        port = probe_port.getsockname()[1]
+    config = load_config(write_config(tmp_path, http_port=port))
+    ready: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(config, stop=stop, on_ready=ready.set_result))
+    refused = accepted = 0
+    try:
+        while not ready.done() and not task.done():
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", port), 1)
+            except ConnectionRefusedError:
+                refused += 1
+            else:
+                accepted += 1
+                writer.close()
+            await asyncio.sleep(0.05)
+        await ready
+        assert accepted == 0, f"{accepted} connections queued while the ingestor started"
+        assert refused > 5  # the start-up took a while, and every try was refused
+        faults.write_text("{}")
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(f"http://127.0.0.1:{port}/v1/streams/clicks/events",
+                                       json={"id": "a1", "n": 1}, timeout=30)
+        assert answer.status_code == 202, answer.text
+    finally:
+        stop.set()
+        await task
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -214,9 +214,8 @@ def test_should_run_make_chaos_from_a_fresh_clone(clone: Path) -> None:
     path = clone / "bench" / "results" / "chaos-local-1.json"
     assert path.is_file(), (done.stdout[-3000:], done.stderr[-3000:])
     result = json.loads(path.read_text())
-    exactly_once = ("every acknowledged event committed", "no event committed twice",
-                    "no event committed that was never sent", "manifest fully consumed")
-    assert all(result["checks"][name] for name in exactly_once), result["checks"]
-    # the exit status is the verdict of the run, and only of the run: the timing checks
-    # ("no request hung") can fail on a machine this loaded, and then make says so
-    assert (done.returncode == 0) == result["ok"], (done.returncode, result["checks"])
+    # every check, the timing ones included: "no request hung" failed here (seed 1) until
+    # a restarting ingestor stopped queueing connections before it could serve them
+    assert all(result["checks"].values()), result["checks"]
+    assert result["ok"], result["checks"]
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
