@@ -60,10 +60,14 @@ GRPC_PORT = IngestorSection().grpc_port
 METRICS_PORT = CollectorSection().metrics_port
 IMAGE_NAME = "icefloe"
 IMAGE = f"{IMAGE_NAME}:{__version__}"
+INGESTOR_IMAGE = f"{IMAGE_NAME}-ingestor:{__version__}"
+"""The slim ingestor target's image (no JRE, Spark or pyarrow)."""
 
 TOOLING_ENV = frozenset({"ICEFLOE_CHECKOV", "ICEFLOE_ADMIN_TOKEN", "ICEFLOE_ADMIN_CACERT"})
 """Variables a deploy README may name that configure no icefloe process: test tooling and
 the admin CLI's client credentials."""
+HEALTHCHECK_ENV = frozenset({"ICEFLOE_HEALTHCHECK_CERT_FILE", "ICEFLOE_HEALTHCHECK_KEY_FILE"})
+"""Variables the image's health check reads (its client certificate under mutual TLS)."""
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -84,9 +88,10 @@ def compose() -> dict[str, Any]:
 
 
 def icefloe_services() -> dict[str, dict[str, Any]]:
-    """Compose services that run the icefloe image."""
+    """Compose services that run an icefloe image (the collector target's, or the slim
+    ingestor target's)."""
     return {name: svc for name, svc in compose()["services"].items()
-            if str(svc.get("image", "")).startswith(f"{IMAGE_NAME}:")}
+            if re.match(rf"{IMAGE_NAME}(-ingestor)?:", str(svc.get("image", "")))}
 
 
 def compose_value(text: str) -> str:
@@ -713,6 +718,9 @@ def test_should_name_only_real_icefloe_settings():
         if name in TOOLING_ENV:
             assert all(w.endswith(".md") for w in where), (name, where)
             continue
+        if name in HEALTHCHECK_ENV:
+            assert "deploy/docker/healthcheck.py" in where, (name, where)  # it reads them
+            continue
         assert name in known, f"{name} (in {sorted(where)}) is not an icefloe setting"
 
 
@@ -779,7 +787,11 @@ def test_should_run_only_real_icefloe_commands_and_flags():
 
 
 def test_should_use_one_icefloe_image_everywhere():
-    assert {svc["image"] for svc in icefloe_services().values()} == {IMAGE}
+    """One version everywhere: the collector target's image, and in Compose the slim
+    ingestor target's for the ingestors."""
+    for name, svc in icefloe_services().items():
+        assert svc["image"] == (INGESTOR_IMAGE if name.startswith("ingestor") else IMAGE), name
+    assert f"-t {INGESTOR_IMAGE} " in DOCKERFILE.read_text()
     images = {c["image"] for d in k8s_deployments().values()
               for c in d["spec"]["template"]["spec"]["containers"]}
     assert images == {IMAGE}
