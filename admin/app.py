@@ -110,6 +110,9 @@ class AdminApi:
         """The collector writes through the cluster output path, which routes each source
         to one table and does not stage: refuse what it could not deliver."""
         self.registry = registry
+        self.clock = registry.clock
+        """Stamps every change made through the API (the registry store's clock: injected,
+        so a test or the simulator drives it)."""
         self.tasks = tasks
         self.auth = auth
         self.pending = pending
@@ -228,16 +231,17 @@ class AdminApi:
 
     async def create_source(self, request: Request) -> Response:
         spec: ops.SourceSpec = await self.body(request, ops.SourceSpec)
-        checked = await self.check(lambda r: ops.create_source(r, spec), spec.id)
+        checked = await self.check(lambda r: ops.create_source(r, spec, clock=self.clock), spec.id)
         made = checked.source(spec.id)
         assert made is not None
         if not spec.sinks:
-            reg = await self.registry.update(lambda r: ops.create_source(r, spec))
+            reg = await self.registry.update(lambda r: ops.create_source(r, spec, clock=self.clock))
             return self._created(reg, spec.id)
 
         async def commit() -> dict[str, Any]:
             try:
-                reg = await self.registry.update(lambda r: ops.create_source(r, spec))
+                reg = await self.registry.update(
+                    lambda r: ops.create_source(r, spec, clock=self.clock))
             except RegistryError as exc:  # our own write, if its answer was lost?
                 reg = await self.current()
                 found = reg.source(spec.id)
@@ -268,8 +272,9 @@ class AdminApi:
     async def patch_source(self, request: Request) -> Response:
         source_id = request.path_params["id"]
         patch: ops.SourcePatch = await self.body(request, ops.SourcePatch)
-        await self.check(lambda r: ops.update_source(r, source_id, patch))
-        reg = await self.registry.update(lambda r: ops.update_source(r, source_id, patch))
+        await self.check(lambda r: ops.update_source(r, source_id, patch, clock=self.clock))
+        reg = await self.registry.update(
+            lambda r: ops.update_source(r, source_id, patch, clock=self.clock))
         return json_response({"version": reg.version,
                               "source": source_json(self._source(reg, source_id))})
 
@@ -284,7 +289,8 @@ class AdminApi:
                                 "yet committed; retry later, or add ?force=true (they are "
                                 "still delivered to its sinks)",
                                 [{"field": "force", "reason": f"{pending} pending entries"}])
-        reg = await self.registry.update(lambda r: ops.delete_source(r, source_id))
+        reg = await self.registry.update(
+            lambda r: ops.delete_source(r, source_id, clock=self.clock))
         return json_response({"version": reg.version, "deleted": source_id,
                               "pending_entries": pending})
 
@@ -298,7 +304,7 @@ class AdminApi:
         def rotate(reg: Registry) -> Registry:
             current = self._source(reg, source_id)
             kept = current.tokens if keep else ()
-            return ops.set_tokens(reg, source_id, (*kept, hashed))
+            return ops.set_tokens(reg, source_id, (*kept, hashed), clock=self.clock)
         reg = await self.registry.update(rotate)
         count = len(self._source(reg, source_id).tokens)
         log.info("tokens of source %s rotated (%d valid, previous %s)", source.id, count,
@@ -317,13 +323,14 @@ class AdminApi:
     async def create_sink(self, request: Request) -> Response:
         source_id = request.path_params["id"]
         spec: ops.SinkSpec = await self.body(request, ops.SinkSpec)
-        checked = await self.check(lambda r: ops.create_sink(r, source_id, spec), source_id)
+        checked = await self.check(
+            lambda r: ops.create_sink(r, source_id, spec, clock=self.clock), source_id)
         _, sink = self._sink(checked, source_id, spec.name)
 
         async def commit() -> dict[str, Any]:
             try:
                 reg = await self.registry.update(
-                    lambda r: ops.create_sink(r, source_id, spec))
+                    lambda r: ops.create_sink(r, source_id, spec, clock=self.clock))
             except RegistryError as exc:  # our own write, if its answer was lost?
                 reg = await self.current()
                 found = reg.source(source_id)
@@ -346,13 +353,14 @@ class AdminApi:
         patch: ops.SinkPatch = await self.body(request, ops.SinkPatch)
         before = await self.current()
         _, old = self._sink(before, source_id, name)
-        checked = await self.check(lambda r: ops.update_sink(r, source_id, name, patch),
+        checked = await self.check(
+            lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock),
                                    source_id)
         _, new = self._sink(checked, source_id, name)
 
         async def commit() -> dict[str, Any]:
             reg = await self.registry.update(
-                lambda r: ops.update_sink(r, source_id, name, patch))
+                lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock))
             source, sink = self._sink(reg, source_id, name)
             return {"version": reg.version, "sink": sink_json(source, sink)}
         if new.columns != old.columns:  # the table evolves first
@@ -365,7 +373,7 @@ class AdminApi:
         source_id, name = request.path_params["id"], request.path_params["sink"]
         self._sink(await self.current(), source_id, name)
         reg = await self.registry.update(
-            lambda r: ops.set_sink_enabled(r, source_id, name, enabled))
+            lambda r: ops.set_sink_enabled(r, source_id, name, enabled, clock=self.clock))
         source, sink = self._sink(reg, source_id, name)
         return json_response({"version": reg.version, "sink": sink_json(source, sink)})
 
@@ -378,7 +386,8 @@ class AdminApi:
     async def delete_sink(self, request: Request) -> Response:
         source_id, name = request.path_params["id"], request.path_params["sink"]
         self._sink(await self.current(), source_id, name)
-        reg = await self.registry.update(lambda r: ops.delete_sink(r, source_id, name))
+        reg = await self.registry.update(
+            lambda r: ops.delete_sink(r, source_id, name, clock=self.clock))
         return json_response({"version": reg.version, "deleted": f"{source_id}/{name}"})
 
     # -- tasks ----------------------------------------------------------------------------

@@ -488,6 +488,32 @@ def test_should_serve_the_admin_api_over_tls_and_refuse_plaintext_off_loopback(
     assert section_tls(allowed, "admin", what="admin API", secrets="admin tokens") is None
 
 
+def test_should_stamp_registry_changes_and_tasks_with_the_injected_clock(
+        tmp_path: Path) -> None:
+    """The admin API reads no clock of its own: what it writes (registry versions, delete
+    tombstones, task times) carries the injected clock's time."""
+    clock = ManualClock(start=1_900_000_000.0)
+
+    async def read_registry(url: str) -> Any:
+        store = open_async_store(url)
+        try:
+            return (await RegistryStore(store).load()).value
+        finally:
+            await store.close()
+
+    for admin in serving(tmp_path, open_async_store, threading.Event(), clock):
+        clock.advance(5)
+        made = admin.client.post("/v1/sources", json={"id": "orders"})
+        assert made.status_code == 201, made.text
+        assert asyncio.run(read_registry(admin.config.store.url)).updated_at == 1_900_000_005
+        clock.advance(5)
+        assert admin.client.delete("/v1/sources/orders").status_code == 200
+        registry = asyncio.run(read_registry(admin.config.store.url))
+        assert registry.updated_at == 1_900_000_010
+        [gone] = [s for s in registry.sources if s.id == "orders"]
+        assert gone.deleted_at == 1_900_000_010
+
+
 def test_should_throttle_an_address_that_keeps_sending_wrong_tokens(tmp_path: Path) -> None:
     """The failure budget refills with the injected clock, which stands still here: a
     loaded machine taking seconds over the burst must not refill it mid-test."""
