@@ -1,7 +1,11 @@
-"""``python -m icefloe`` runs the CLI (same as the ``icefloe`` console script)."""
+"""``python -m icefloe`` runs the CLI (same as the ``icefloe`` console script).
+
+A thin shim over :mod:`icefloe_app.cli`, the composition root: the only module of the
+core allowed to import above it (``tests/test_layers.py`` names this exemption).
+"""
 
 import sys
 
-from icefloe.cli import main
+from icefloe_app.cli import main
 
 sys.exit(main())

@@ -37,7 +37,7 @@ class _Blocked(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _Blocked(sys.argv.pop(1).split(",")))
 sys.argv[0] = "icefloe"
-from icefloe.cli import main
+from icefloe_app.cli import main
 sys.exit(main())
 """
 """``python -c BLOCKER NAMES ARGS...``: run the icefloe CLI with the comma-separated top-level

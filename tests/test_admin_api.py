@@ -94,7 +94,7 @@ def admin(tmp_path: Path) -> Iterator[Admin]:
 def serving(tmp_path: Path, make_store: Any, down: threading.Event,
             clock: Clock = SYSTEM) -> Iterator[Admin]:
     """The admin API on a free port in a background thread, over ``make_store(url)``."""
-    from admin.server import serve_admin
+    from icefloe_app.api.server import serve_admin
 
     base = collector_config(tmp_path, (CLICKS,))
     config = msgspec.structs.replace(base, admin=msgspec.structs.replace(
@@ -323,7 +323,7 @@ def test_should_answer_503_while_the_store_is_down(admin: Admin) -> None:
 def test_should_drive_the_api_from_the_command_line(admin: Admin, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from icefloe.cli import main
+    from icefloe_app.cli import main
 
     def cli(*argv: str) -> tuple[int, str, str]:
         code = main([*argv, "--url", admin.url])
@@ -390,7 +390,7 @@ def test_should_conform_to_its_openapi_document(admin: Admin) -> None:
 def test_should_refuse_to_start_without_an_admin_token(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
-    from icefloe.cli import main
+    from icefloe_app.cli import main
 
     path = tmp_path / "icefloe.toml"
     path.write_text(f'[store]\nurl = "{(tmp_path / "store").as_uri()}"\n')
@@ -406,7 +406,7 @@ def test_should_refuse_to_start_without_an_admin_token(tmp_path: Path,
 
 def test_should_say_in_streams_list_that_the_registry_defines_the_streams(
         admin: Admin, capsys: pytest.CaptureFixture[str]) -> None:
-    from icefloe.cli import main
+    from icefloe_app.cli import main
 
     config = Path(admin.config.source or "").with_name("cli.toml")
     config.write_text(f'[store]\nurl = "{admin.config.store.url}"\n')
@@ -443,8 +443,8 @@ def test_should_succeed_when_a_create_landed_but_its_answer_was_lost(tmp_path: P
 def test_should_serve_the_admin_api_over_tls_and_refuse_plaintext_off_loopback(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from admin.server import serve_admin
-    from icefloe.cli import main
+    from icefloe_app.api.server import serve_admin
+    from icefloe_app.cli import main
     from ingestor.tls import section_tls
     from tests.security_support import Authority
 
@@ -523,7 +523,7 @@ def test_should_throttle_an_address_that_keeps_sending_wrong_tokens(tmp_path: Pa
 
 
 def throttled_then_refilled(admin: Admin, clock: ManualClock) -> None:
-    from admin.auth import FAILED_BURST, FAILED_PER_S
+    from icefloe_app.api.auth import FAILED_BURST, FAILED_PER_S
 
     assert admin.client.get("/v1/sources").status_code == 200  # the operator's token: proven
     codes = [httpx.get(f"{admin.url}/v1/sources",
@@ -542,11 +542,11 @@ def throttled_then_refilled(admin: Admin, clock: ManualClock) -> None:
 
 
 def test_should_refuse_what_the_cluster_output_path_cannot_deliver(tmp_path: Path) -> None:
-    from admin.app import AdminApi
-    from admin.auth import AdminAuth
-    from admin.tasks import Tasks
     from icefloe.registry import RegistryStore
     from icefloe.registry import ops as registry_ops
+    from icefloe_app.api.app import AdminApi
+    from icefloe_app.api.auth import AdminAuth
+    from icefloe_app.api.tasks import Tasks
 
     async def go() -> None:
         store = open_async_store((tmp_path / "store").as_uri())

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from icefloe.batch import Compression, encode_batch
-from icefloe.cli import main
 from icefloe.envelope import encode_envelope
 from icefloe.manifest import BatchRef, ManifestConsumer, ManifestProducer
 from icefloe.store import open_async_store
+from icefloe_app.cli import main
 
 
 def make_batch(path, count: int = 3) -> bytes:

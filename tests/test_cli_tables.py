@@ -3,7 +3,7 @@
 The tables are written the honest way: batches published to a local store, then the
 collector (with the Spark-free :class:`pipeline.run.LocalEngine`) commits them to a SQLite
 Iceberg catalog through the project's own commit path. The commands then read them with
-pyiceberg, in-process via ``icefloe.cli.main``.
+pyiceberg, in-process via ``icefloe_app.cli.main``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import msgspec
 import pytest
 from collector_support import BASE_MS, buy, click, drain, publish_sync, start
 
-from icefloe.cli import main
 from icefloe.config import Config, load_config
+from icefloe_app.cli import main
 from pipeline.catalog import open_catalog
 from pipeline.commit import EPOCH_PROP, SEQUENCE_PROP
 

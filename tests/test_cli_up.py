@@ -28,14 +28,14 @@ import pytest
 from collector_support import CLICKS, collector_config
 from process_support import Child, child_env, free_port, run_cli, wait_for
 
-from icefloe.cli import main
-from icefloe.cli.config_args import config_from_args
-from icefloe.cli.ingestor_group import reserve_port
-from icefloe.cli.progress import Snapshot, render, show_progress
-from icefloe.cli.query_cmd import write
-from icefloe.cli.up_cmd import example_event
 from icefloe.config import CatalogSection, Config, load_config
 from icefloe.errors import CatalogError, ConfigError
+from icefloe_app.cli import main
+from icefloe_app.cli.config_args import config_from_args
+from icefloe_app.cli.ingestor_group import reserve_port
+from icefloe_app.cli.progress import Snapshot, render, show_progress
+from icefloe_app.cli.query_cmd import write
+from icefloe_app.cli.up_cmd import example_event
 from pipeline.catalog import open_catalog
 from pipeline.java import JavaMissingError, require_java
 from pipeline.query import AsOf, QueryError, plan, run_query
@@ -424,8 +424,8 @@ def test_should_serve_probes_and_metrics_on_the_collector_port():
 def test_should_show_the_token_header_only_for_streams_that_need_one():
     import msgspec
 
-    from icefloe.cli.up_cmd import _needs_token
     from icefloe.config import TokenConfig
+    from icefloe_app.cli.up_cmd import _needs_token
 
     config = load_config(EXAMPLE, env={})
     pageviews, orders = config.streams
@@ -513,7 +513,7 @@ async def test_should_count_a_child_stopped_while_still_starting_as_clean():
     """`up` stopped right after restarting an ingestor: the replacement, still starting
     (no handlers, nothing accepted), dies of the SIGTERM — that is a clean stop, while a
     ready child's exit code counts as it is."""
-    from icefloe.cli.ingestor_group import IngestorGroup
+    from icefloe_app.cli.ingestor_group import IngestorGroup
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     group = IngestorGroup(1, sleeper, stop_timeout_s=10)

@@ -36,14 +36,14 @@ from process_support import (
     write_config,
 )
 
-from icefloe.cli import main
-from icefloe.cli.collector_cmd import build_config, serve_collector
-from icefloe.cli.config_args import config_from_args
 from icefloe.config import CatalogSection, Config, load_config
 from icefloe.errors import ConfigError
 from icefloe.manifest import ManifestConsumer
 from icefloe.manifest.config import ManifestConfig
 from icefloe.store import open_async_store
+from icefloe_app.cli import main
+from icefloe_app.cli.collector_cmd import build_config, serve_collector
+from icefloe_app.cli.config_args import config_from_args
 
 # --- fast: the command's contract --------------------------------------------------------
 
@@ -161,7 +161,7 @@ def test_should_commit_then_exit_3_with_advice_when_fenced(tmp_path, capsys):
         asyncio.run(_bump_epoch(config.store.url))
 
     def announce(info: Any) -> None:
-        from icefloe.cli.collector_cmd import announce_ready
+        from icefloe_app.cli.collector_cmd import announce_ready
 
         announce_ready(info)
         ready.set()

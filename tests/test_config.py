@@ -145,7 +145,7 @@ def test_should_refuse_settings_that_break_each_others_assumptions(tmp_path, ext
 
 @pytest.mark.parametrize(("extra", "message"), PAIRS)
 def test_should_exit_2_naming_both_keys_for_a_broken_pair(tmp_path, capsys, extra, message):
-    from icefloe.cli import main
+    from icefloe_app.cli import main
 
     path = write(tmp_path, MINIMAL + extra)
     assert main(["streams", "list", "--config", str(path)]) == 2

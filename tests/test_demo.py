@@ -3,7 +3,7 @@
 The cluster runs in a background thread with its own event loop — the ingestor's real HTTP
 server (:func:`ingestor.server.serve`) and the collector (:func:`collector.runner.run_collector`
 with the Spark-free :class:`pipeline.run.LocalEngine`) on a local store and a SQLite catalog
-— while the demo runs in the test's main thread through ``icefloe.cli.main``, as a user would.
+— while the demo runs in the test's main thread through ``icefloe_app.cli.main``, as a user would.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from icefloe.cli import main
-from icefloe.cli.demo_events import EventFactory
 from icefloe.config import Config, load_config
 from icefloe.tokens import hash_token
+from icefloe_app.cli import main
+from icefloe_app.cli.demo_events import EventFactory
 from pipeline.catalog import open_catalog
 
 CONFIG = """

@@ -29,8 +29,6 @@ import pytest
 import yaml
 
 from icefloe import __version__
-from icefloe.cli import build_parser
-from icefloe.cli.config_args import DATA_DIR_ENV
 from icefloe.config import (
     CONFIG_ENV,
     AdminSection,
@@ -39,6 +37,8 @@ from icefloe.config import (
     IngestorSection,
     load_config,
 )
+from icefloe_app.cli import build_parser
+from icefloe_app.cli.config_args import DATA_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

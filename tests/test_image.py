@@ -6,7 +6,7 @@ package's ``exclude_paths`` applies the rules as the Docker CLI does), and of th
 the build stage's ``COPY`` instructions name is copied. The wheel is built from that copy.
 
 - fast: the copy holds every package the wheel ships, and the wheel built from it imports
-  each role's entry module (this caught ``admin/`` missing from the image);
+  each role's entry module (this caught the admin API's package missing from the image);
 - slow: that wheel installed with constraints.txt into clean virtualenvs, one per image
   target (``[ingestor]``, ``[all]``), and every role the entrypoint runs started to
   readiness against a moto S3 server.
@@ -43,8 +43,8 @@ DOCKERIGNORE = DOCKER / "Dockerfile.dockerignore"
 ROLE_MODULES = {
     "ingestor": "ingestor.server",
     "collector": "collector.service",
-    "admin": "admin.server",
-    "probe": "icefloe.cli.probe_cmd",
+    "admin": "icefloe_app.api.server",
+    "probe": "icefloe_app.cli.probe_cmd",
 }
 """The commands the images run (compose, Kubernetes, ECS, the health check) and the module
 each one starts from."""

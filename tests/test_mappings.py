@@ -400,7 +400,7 @@ def test_streams_show_says_where_each_column_comes_from(tmp_path):
 def test_demo_events_put_path_values_where_the_stream_reads_them():
     import random
 
-    from icefloe.cli.demo_events import EventFactory
+    from icefloe_app.cli.demo_events import EventFactory
 
     stream = CompiledStream(ORDERS)
     factory = EventFactory(ORDERS, random.Random(7))

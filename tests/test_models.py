@@ -433,7 +433,7 @@ def test_should_list_show_and_run_from_the_command_line(spark: Any, lake: Config
                                                         tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
-    from icefloe.cli import main
+    from icefloe_app.cli import main
 
     base = ["--config", str(EXAMPLE_CONFIG), "--data-dir", str(tmp_path)]
     assert main(["models", "run", *base]) == 0  # default folder: models/ beside the config

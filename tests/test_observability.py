@@ -48,9 +48,9 @@ def gen_alerts() -> ModuleType:
 @pytest.fixture(scope="module")
 def catalog() -> dict[str, Exported]:
     """Every metric the three processes export, from their real registries."""
-    from admin.app import AdminMetrics
     from collector.metrics import CollectorMetrics
     from icefloe.manifest import ProducerStats
+    from icefloe_app.api.app import AdminMetrics
     from ingestor.metrics import IngestMetrics
 
     ingest = IngestMetrics()

@@ -37,7 +37,7 @@ from packaging_support import (
 )
 from process_support import Child
 
-from icefloe.cli.extras import COLLECTOR_MODULES, INGESTOR_MODULES
+from icefloe_app.cli.extras import COLLECTOR_MODULES, INGESTOR_MODULES
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
@@ -104,7 +104,7 @@ def test_should_know_the_import_names_each_extra_brings(extra, modules):
     for dist in own:
         assert by_dist.get(dist, set()) & (INGESTOR_MODULES | COLLECTOR_MODULES), (
             f"{dist} ([{extra}]) imports as {sorted(by_dist.get(dist, ()))}: add one of them "
-            "to icefloe/cli/extras.py")
+            "to icefloe_app/cli/extras.py")
     assert {"pyspark", "pyarrow", "pyiceberg", "pandas", "numpy"} <= COLLECTOR_MODULES
 
 
@@ -189,7 +189,7 @@ def test_should_ship_license_and_py_typed_and_tag_the_wheel_for_its_contents(tmp
         (license_name,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         assert "Apache License" in archive.read(license_name).decode()
         metadata = archive.read(next(n for n in names if n.endswith("METADATA"))).decode()
-    assert "icefloe/py.typed" in names
+    assert {"icefloe/py.typed", "icefloe_app/py.typed"} <= set(names)
     assert "License-Expression: Apache-2.0" in metadata
     if not list((ROOT / "icefloe").glob("_speedups*.so")):
         pytest.skip("the compiled loops are not built here (scripts/build_speedups.py)")

@@ -76,8 +76,8 @@ def test_should_redact_every_log_line_as_the_last_line_of_defence(root_logger, c
 
 
 def test_should_mask_secrets_in_the_one_line_cli_error():
-    from icefloe.cli import _describe
     from icefloe.errors import IcefloeError
+    from icefloe_app.cli import _describe
 
     line = _describe(IcefloeError("cannot open postgresql://icefloe:pw-in-error@db/x\nmore"))
     assert line == "cannot open postgresql://icefloe:***@db/x"

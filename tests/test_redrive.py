@@ -18,8 +18,8 @@ import pytest
 from collector_support import BASE_MS, CLICKS, collector_config, drain, publish_sync, start
 from process_support import write_config
 
-from icefloe.cli import main
 from icefloe.config import Column, StreamConfig
+from icefloe_app.cli import main
 from pipeline.catalog import open_catalog
 from pipeline.commit import committed_state
 from pipeline.redrive import Filters, pending, redrive

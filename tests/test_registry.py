@@ -289,7 +289,7 @@ def test_should_prune_only_tombstones_nothing_needs() -> None:
 
 
 async def test_should_prune_from_what_the_store_says(tmp_path: Path) -> None:
-    from admin.server import prune_tombstones
+    from icefloe_app.api.server import prune_tombstones
     from tests.collector_support import click, publish
 
     store = open_async_store((tmp_path / "store").as_uri())

@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 
-from icefloe.cli import main
 from icefloe.config import load_config
 from icefloe.errors import ConfigError
 from icefloe.tokens import TokenHashError, hash_token, new_token, parse_hash
+from icefloe_app.cli import main
 
 STREAM = """
 [[streams]]

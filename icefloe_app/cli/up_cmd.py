@@ -1,7 +1,7 @@
 """``icefloe up``: the whole of icefloe on one machine, on the embedded default.
 
 Starts N ingestor processes sharing the HTTP and gRPC ports (see
-:mod:`icefloe.cli.ingestor_group`) and the collector (Spark ``local[2]`` by default →
+:mod:`icefloe_app.cli.ingestor_group`) and the collector (Spark ``local[2]`` by default →
 Iceberg) in this process, on a local directory object store, a SQLite catalog and a file
 warehouse under ``--data-dir`` wherever the config does not name them. Why this shape: it
 is the "try it on a laptop" path — one command, one Ctrl-C — yet it runs the very processes
@@ -19,20 +19,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icefloe.cli.collector_cmd import (
-    EXIT_FENCED,
-    fenced_message,
-    install_stop_signals,
-    run_guarded,
-)
-from icefloe.cli.config_args import add_config_arguments, config_from_args, data_dir_of
-from icefloe.cli.ingestor_group import IngestorGroup, reserve_port
-from icefloe.cli.progress import Snapshot, show_progress
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.logs import setup_logging
 from icefloe.mappings import place_value
 from icefloe.metric_total import metric_total
+from icefloe_app.cli.collector_cmd import (
+    EXIT_FENCED,
+    fenced_message,
+    install_stop_signals,
+    run_guarded,
+)
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args, data_dir_of
+from icefloe_app.cli.ingestor_group import IngestorGroup, reserve_port
+from icefloe_app.cli.progress import Snapshot, show_progress
 
 if TYPE_CHECKING:
     from collector.metrics import CollectorMetrics
@@ -171,7 +171,7 @@ class _Up:
 
     async def _admin(self, stop: asyncio.Event) -> None:
         """The admin API next to the cluster; if it cannot start, the cluster keeps running."""
-        from admin.server import AdminReady, serve_admin
+        from icefloe_app.api.server import AdminReady, serve_admin
 
         def ready(info: AdminReady) -> None:
             print(f"  admin    {info.url}/v1/sources  (registry version "

@@ -12,9 +12,9 @@ import datetime as dt
 from collections import Counter
 from typing import Any
 
-from icefloe.cli.common import print_json, table
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.errors import ConfigError
+from icefloe_app.cli.common import print_json, table
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 EPILOG = """\
 Only payload_mismatch and unknown_stream rows can be redriven (they keep the payload);

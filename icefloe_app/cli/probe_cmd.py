@@ -6,9 +6,9 @@ import argparse
 import asyncio
 from typing import Any
 
-from icefloe.cli.common import add_store_arguments, resolve_store, store_options
 from icefloe.store import open_async_store
 from icefloe.store.probe import probe_conditional_writes
+from icefloe_app.cli.common import add_store_arguments, resolve_store, store_options
 
 
 def register(commands: Any) -> None:

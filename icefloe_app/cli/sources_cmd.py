@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 
-from icefloe.cli.common import print_json, table
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.errors import ConfigError, IcefloeError
+from icefloe_app.cli.common import print_json, table
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 TOKEN_ENV = "ICEFLOE_ADMIN_TOKEN"
 CACERT_ENV = "ICEFLOE_ADMIN_CACERT"

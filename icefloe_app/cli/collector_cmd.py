@@ -22,10 +22,10 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.config import Config
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.logs import setup_logging
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
     from collector.runner import Ready

@@ -17,7 +17,11 @@ from urllib.parse import urlparse
 
 from icefloe.batch import decode_block, iter_records, read_footer
 from icefloe.checksum import crc32c
-from icefloe.cli.common import (
+from icefloe.envelope import decode_envelope
+from icefloe.errors import BatchFormatError, NotFound
+from icefloe.manifest import Manifest, ManifestConfig, load
+from icefloe.store import local_path, open_async_store, open_store
+from icefloe_app.cli.common import (
     add_s3_arguments,
     add_store_arguments,
     iso,
@@ -26,10 +30,6 @@ from icefloe.cli.common import (
     store_options,
     table,
 )
-from icefloe.envelope import decode_envelope
-from icefloe.errors import BatchFormatError, NotFound
-from icefloe.manifest import Manifest, ManifestConfig, load
-from icefloe.store import local_path, open_async_store, open_store
 
 
 def register(commands: Any) -> None:

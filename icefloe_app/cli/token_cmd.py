@@ -12,10 +12,10 @@ import getpass
 import sys
 from typing import Any
 
-from icefloe.cli.common import print_json
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.tokens import check_token_text, hash_token, new_token
+from icefloe_app.cli.common import print_json
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 EPILOG = """\
 Paste a hash line into icefloe.toml, either for one stream:

@@ -3,7 +3,7 @@
 Why these shapes: every change is validated at once against the current registry, so a
 bad request gets its 400/404/409 with the offending fields straight away; changes that
 need a table (a new sink, new columns) answer ``202`` with a task that creates or evolves
-the table and then applies the change (:mod:`admin.tasks`); everything else is applied by
+the table and then applies the change (:mod:`icefloe_app.api.tasks`); everything else is applied by
 compare-and-swap before the answer. Errors share the ingest API's body:
 ``{"error": code, "message": ..., "details": [{"field", "reason"}]}``.
 """
@@ -27,15 +27,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from admin.auth import AdminAuth, Throttled
-from admin.openapi import openapi_document
-from admin.tasks import Tasks
 from icefloe.config import split_key_path
 from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
 from icefloe.registry import ops
 from icefloe.registry.model import Conditions, Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.tokens import new_token
+from icefloe_app.api.auth import AdminAuth, Throttled
+from icefloe_app.api.openapi import openapi_document
+from icefloe_app.api.tasks import Tasks
 
 log = logging.getLogger("icefloe.admin")
 

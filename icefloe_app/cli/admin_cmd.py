@@ -13,8 +13,8 @@ import json
 import logging
 from typing import Any
 
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.logs import setup_logging
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 log = logging.getLogger("icefloe.admin")
 
@@ -53,8 +53,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from admin.server import AdminReady, serve_admin
-    from icefloe.cli.collector_cmd import install_stop_signals
+    from icefloe_app.api.server import AdminReady, serve_admin
+    from icefloe_app.cli.collector_cmd import install_stop_signals
 
     _, config = config_from_args(args, {"admin": {"host": args.host, "port": args.port}})
     setup_logging(args.log_level, args.log_format)

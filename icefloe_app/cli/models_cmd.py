@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icefloe.cli.common import iso, print_json, table
-from icefloe.cli.config_args import add_config_arguments, config_from_args, config_path
+from icefloe_app.cli.common import iso, print_json, table
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args, config_path
 
 if TYPE_CHECKING:
     from icefloe.config import Config

@@ -7,8 +7,8 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.logs import setup_logging
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
     from ingestor.runtime import IngestorRuntime

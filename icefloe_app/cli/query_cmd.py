@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from icefloe.cli.config_args import add_config_arguments, config_from_args
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -12,11 +12,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from icefloe.cli.common import print_json, table
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.config_security import needs_token
 from icefloe.errors import ConfigError
+from icefloe_app.cli.common import print_json, table
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 
 def register(commands: Any) -> None:

@@ -19,7 +19,7 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
                         help="object store: file:///path or s3://bucket/prefix (default: "
                              "[store] url of the config, else DATA_DIR/store)")
     add_s3_arguments(parser)
-    from icefloe.cli.config_args import add_config_arguments
+    from icefloe_app.cli.config_args import add_config_arguments
 
     add_config_arguments(parser, example=True)
 
@@ -40,7 +40,7 @@ def resolve_store(args: argparse.Namespace) -> None:
     so ``icefloe inspect manifest`` next to ``icefloe up`` needs no flags."""
     if getattr(args, "store", None):
         return
-    from icefloe.cli.config_args import config_from_args
+    from icefloe_app.cli.config_args import config_from_args
 
     _, config = config_from_args(args, example=True)
     args.store = config.store.url

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icefloe.cli.common import iso, print_json, table
-from icefloe.cli.config_args import add_config_arguments, config_from_args
 from icefloe.config import CatalogSection, Config
 from icefloe.errors import CatalogError, ConfigError, IcefloeError
+from icefloe_app.cli.common import iso, print_json, table
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from icefloe import __version__
-from icefloe.cli.extras import command_of, extra_for, needs_extra_line
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.redact import redact
+from icefloe_app.cli.extras import command_of, extra_for, needs_extra_line
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -24,7 +24,7 @@ EXIT_INTERRUPTED = 130
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every sub-command. The command modules are imported here, not at the
     top, so that ``main`` can tell a client-only install which extra is missing."""
-    from icefloe.cli import (
+    from icefloe_app.cli import (
         admin_cmd,
         collector_cmd,
         deadletters_cmd,

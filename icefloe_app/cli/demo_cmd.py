@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icefloe.cli.common import print_json, table
-from icefloe.cli.config_args import add_config_arguments, config_from_args
-from icefloe.cli.demo_events import EventFactory
-from icefloe.cli.streams_cmd import describe_source, find_stream
-from icefloe.cli.tables_cmd import load_table, open_existing_catalog, total_records
 from icefloe.config import CatalogSection, Config, StreamConfig
 from icefloe.config_security import needs_token
 from icefloe.errors import ConfigError, IcefloeError
+from icefloe_app.cli.common import print_json, table
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
+from icefloe_app.cli.demo_events import EventFactory
+from icefloe_app.cli.streams_cmd import describe_source, find_stream
+from icefloe_app.cli.tables_cmd import load_table, open_existing_catalog, total_records
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -17,9 +17,6 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from admin.app import AdminApi, PendingCounter, build_app
-from admin.auth import AdminAuth
-from admin.tasks import TableMaker, Tasks
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
@@ -30,6 +27,9 @@ from icefloe.registry.model import Registry
 from icefloe.registry.store import RegistryStore, drift
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
+from icefloe_app.api.app import AdminApi, PendingCounter, build_app
+from icefloe_app.api.auth import AdminAuth
+from icefloe_app.api.tasks import TableMaker, Tasks
 from ingestor.tls import section_tls
 
 log = logging.getLogger("icefloe.admin")
