@@ -87,7 +87,7 @@ def row_count(config: Config, name: str) -> int:
     """Rows in a table's current snapshot (0 if it does not exist)."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from icefloe.cli.tables_cmd import total_records
+    from icefloe_app.cli.tables_cmd import total_records
     from pipeline.catalog import open_catalog
 
     try:
