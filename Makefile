@@ -59,7 +59,7 @@ DURATION ?= 5m
 STORE    ?= local
 SEED     ?= 1
 chaos: $(STAMP) $(SPEEDUPS) java
-	$(BIN)/icefloe-chaos --duration $(DURATION) --store $(STORE) --seed $(SEED) \
+	$(BIN)/python -m testing.chaos --duration $(DURATION) --store $(STORE) --seed $(SEED) \
 	  --json bench/results/chaos-$(STORE)-$(SEED).json
 
 lint: $(STAMP)

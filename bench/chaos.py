@@ -17,12 +17,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the harness lives in testing/ (never shipped): import it from this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import Result, print_table, write_json
 
-from icefloe.chaos.__main__ import parse_duration
-from icefloe.chaos.report import render
-from icefloe.chaos.run import Options, Run
+from testing.chaos.__main__ import parse_duration
+from testing.chaos.report import render
+from testing.chaos.run import Options, Run
 
 
 def main() -> int:

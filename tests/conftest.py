@@ -133,7 +133,7 @@ def aws_test_env() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def moto_server(aws_test_env: None) -> Iterator[str]:
     """Start a moto S3 server on a free localhost port; yield its endpoint URL."""
-    from icefloe.chaos.moto_server import MotoServer
+    from testing.chaos.moto_server import MotoServer
 
     server = MotoServer(intercept=_inject_fault)
     try:

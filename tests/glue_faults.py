@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from icefloe.chaos.moto_server import SerializedApp
+from testing.chaos.moto_server import SerializedApp
 
 _DROP = "icefloe.test.drop"
 

@@ -8,7 +8,7 @@ other moto server runs inside pytest without it. Why record: the tests need to k
 statement is used and to name what was refused.
 
 Prints the endpoint on its first stdout line and serves until stdin closes. Requests are
-served one at a time (:class:`icefloe.chaos.moto_server.MotoServer`), so conditional writes
+served one at a time (:class:`testing.chaos.moto_server.MotoServer`), so conditional writes
 are atomic as on S3.
 """
 
@@ -17,12 +17,16 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from pathlib import Path
 
 
 def main(record_path: str) -> None:
+    # run as a script: the moto server of the chaos harness lives in testing/ (not an
+    # installed package), so import it from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from moto.iam import access_control
 
-    from icefloe.chaos.moto_server import MotoServer
+    from testing.chaos.moto_server import MotoServer
 
     record = open(record_path, "a", buffering=1)  # noqa: SIM115 - open for the process life
     lock = threading.Lock()

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import configparser
 import importlib.metadata
 import json
 import shutil
@@ -197,6 +198,24 @@ def test_should_ship_license_and_py_typed_and_tag_the_wheel_for_its_contents(tmp
     tag = _wheel_tag(compiled)
     assert tag.startswith(f"cp{sys.version_info.major}{sys.version_info.minor}-"), tag
     assert not tag.endswith("-any"), tag
+
+
+def test_should_not_ship_the_chaos_harness_or_other_test_tooling(tmp_path):
+    """The chaos harness and the simulator are test tooling (``testing/``): the wheel
+    carries neither, nor a console script for them; ``icefloe`` is its only command."""
+    source = _source_copy(tmp_path / "src", compiled=False)
+    # built from a tree that has testing/ beside the packages, as a checkout does
+    shutil.copytree(ROOT / "testing", source / "testing",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    wheel = build_wheel(source, tmp_path / "wheel")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        parser = configparser.ConfigParser()
+        parser.read_string(archive.read(entry_points).decode())
+    shipped = [n for n in names if n.startswith("testing/") or "/chaos/" in n or "/sim/" in n]
+    assert shipped == [], shipped
+    assert list(parser["console_scripts"]) == ["icefloe"], dict(parser["console_scripts"])
 
 
 def test_should_pin_everything_icefloe_all_installs_within_pyproject_ranges():

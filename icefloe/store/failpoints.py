@@ -51,7 +51,7 @@ class WatchedSpec:
     """The faults file, re-read only when it changed (looked at most every 0.2 s).
 
     Shared by the in-process store faults here and the S3 server's wire faults
-    (:mod:`icefloe.chaos.http_faults`), which read the same file.
+    (:mod:`testing.chaos.http_faults`), which read the same file.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

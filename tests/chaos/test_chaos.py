@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from icefloe.chaos.__main__ import parse_duration
-from icefloe.chaos.report import render
-from icefloe.chaos.run import Options, Run, schedule
-from icefloe.chaos.verify import TableRows, freshness, verify
 from icefloe.config import load_config
 from icefloe.errors import TransientStoreError
 from icefloe.store import open_async_store
 from icefloe.store.failpoints import FAULTS_ENV, FileDrivenFaultyStore
+from testing.chaos.__main__ import parse_duration
+from testing.chaos.report import render
+from testing.chaos.run import Options, Run, schedule
+from testing.chaos.verify import TableRows, freshness, verify
 
 
 def _assert_exercised(result: dict) -> None:
@@ -143,7 +143,7 @@ def test_should_break_s3_on_the_wire_from_the_faults_file(tmp_path, aws_test_env
     import botocore.exceptions
     from botocore.config import Config as BotoConfig
 
-    from icefloe.chaos.moto_server import start_moto
+    from testing.chaos.moto_server import start_moto
 
     faults = tmp_path / "faults.json"
     server = start_moto(str(faults))

@@ -1,4 +1,6 @@
-"""``icefloe-chaos``: run the chaos harness from the command line (``make chaos``)."""
+"""``python -m testing.chaos``: run the chaos harness from the command line (``make chaos``).
+
+Run from the repository root, so ``testing`` imports from this checkout."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import platform
 import sys
 from collections.abc import Sequence
 
-from icefloe.chaos.report import render
-from icefloe.chaos.run import Options, Run
+from testing.chaos.report import render
+from testing.chaos.run import Options, Run
 
 
 def parse_duration(text: str) -> float:
@@ -23,7 +25,7 @@ def parse_duration(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="icefloe-chaos",
+        prog="python -m testing.chaos",
         description="Start a real icefloe cluster here (K ingestors, a Spark collector, a "
                     "local or moto S3 store), load it with clients that record every "
                     "acknowledgement, kill -9 ingestors and collectors, start competing "

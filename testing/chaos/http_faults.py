@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from icefloe.chaos.moto_server import drop_connection
 from icefloe.store.failpoints import WatchedSpec
+from testing.chaos.moto_server import drop_connection
 
 
 class HttpFaults:

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from icefloe.chaos.cluster import STREAMS, Cluster, Proc, StoreTarget
-from icefloe.chaos.load import ClientSpec, read_ledgers, run_client
-from icefloe.chaos.verify import freshness, read_table, verify
 from icefloe.config import load_config
 from icefloe.manifest import load
+from testing.chaos.cluster import STREAMS, Cluster, Proc, StoreTarget
+from testing.chaos.load import ClientSpec, read_ledgers, run_client
+from testing.chaos.verify import freshness, read_table, verify
 
 BURSTS: dict[str, list[dict[str, Any]]] = {
     # 503 SlowDown and 500s on every operation: retries, backoff, failed runs
@@ -127,7 +127,7 @@ class Run:
     def _store(self) -> StoreTarget:
         if self.opts.store == "local":
             return StoreTarget((self.root / "store").as_uri())
-        from icefloe.chaos.moto_server import start_moto
+        from testing.chaos.moto_server import start_moto
 
         self.moto = start_moto(str(self.root / "faults.json"))
         return StoreTarget(self.moto.bucket_url("chaos"), self.moto.endpoint)

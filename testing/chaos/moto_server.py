@@ -110,7 +110,7 @@ def start_moto(faults_file: str | None = None) -> MotoServer:
     os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
     if faults_file is None:
         return MotoServer()
-    from icefloe.chaos.http_faults import HttpFaults
+    from testing.chaos.http_faults import HttpFaults
 
     faults = HttpFaults(faults_file)
     return MotoServer(intercept=faults.before, drop_after=faults.drop_after)
