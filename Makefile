@@ -55,6 +55,7 @@ test-slow: $(STAMP) $(SPEEDUPS) java
 
 ## make chaos DURATION=30m STORE=s3 SEED=7: a chaos run (kills, takeovers, store faults),
 ## then a proof that every acknowledged event landed exactly once; JSON in bench/results/
+## (the harness is test tooling in testing/chaos/, run from this checkout; not in the wheel)
 DURATION ?= 5m
 STORE    ?= local
 SEED     ?= 1
