@@ -14,7 +14,9 @@ Rules live in the same faults file, marked ``"layer": "http"``::
 Kinds: ``slowdown`` (503 SlowDown), ``fail`` (500 InternalError), ``reset`` (the connection
 is cut before the request is served), ``lose_response`` (served, then the connection is cut),
 ``delay`` (``delay_s`` seconds before serving). Each injected fault is logged like the
-in-process ones (``<pid> http-<kind> <method>``).
+in-process ones (``<pid> http-<kind> <method>``). :func:`start_moto` starts the S3 server of
+a chaos run with these rules in front of it (the generic server, :mod:`.moto_server`, knows
+nothing of them: the dependency runs one way).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from icefloe.store.failpoints import WatchedSpec
-from testing.chaos.moto_server import drop_connection
+from testing.chaos.moto_server import FAKE_CREDENTIALS, MotoServer, drop_connection
 
 
 class HttpFaults:
@@ -91,3 +93,18 @@ class HttpFaults:
     def drop_after(self, environ: dict[str, Any]) -> bool:
         """Whether to cut the connection after a served request (its answer is lost)."""
         return self._pick(environ.get("REQUEST_METHOD", ""), "after") is not None
+
+
+def start_moto(faults_file: str | None = None) -> MotoServer:
+    """A server for a chaos run; fake credentials go into this process's environment so
+    the cluster's processes (which inherit it) reach moto with one identity. With
+    ``faults_file``, the rules marked ``"layer": "http"`` in it are applied by the server
+    itself, over real HTTP, to every client — Spark's Python workers included."""
+    for name, value in FAKE_CREDENTIALS.items():
+        os.environ.setdefault(name, value)
+    os.environ["AWS_CONFIG_FILE"] = os.devnull
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+    if faults_file is None:
+        return MotoServer()
+    faults = HttpFaults(faults_file)
+    return MotoServer(intercept=faults.before, drop_after=faults.drop_after)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import struct
 import threading
@@ -97,20 +96,3 @@ class MotoServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
-
-
-def start_moto(faults_file: str | None = None) -> MotoServer:
-    """A server for a chaos run; fake credentials go into this process's environment so
-    the cluster's processes (which inherit it) reach moto with one identity. With
-    ``faults_file``, the rules marked ``"layer": "http"`` in it are applied by the server
-    itself, over real HTTP, to every client — Spark's Python workers included."""
-    for name, value in FAKE_CREDENTIALS.items():
-        os.environ.setdefault(name, value)
-    os.environ["AWS_CONFIG_FILE"] = os.devnull
-    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
-    if faults_file is None:
-        return MotoServer()
-    from testing.chaos.http_faults import HttpFaults
-
-    faults = HttpFaults(faults_file)
-    return MotoServer(intercept=faults.before, drop_after=faults.drop_after)

@@ -127,7 +127,7 @@ class Run:
     def _store(self) -> StoreTarget:
         if self.opts.store == "local":
             return StoreTarget((self.root / "store").as_uri())
-        from testing.chaos.moto_server import start_moto
+        from testing.chaos.http_faults import start_moto
 
         self.moto = start_moto(str(self.root / "faults.json"))
         return StoreTarget(self.moto.bucket_url("chaos"), self.moto.endpoint)

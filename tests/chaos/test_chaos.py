@@ -143,7 +143,7 @@ def test_should_break_s3_on_the_wire_from_the_faults_file(tmp_path, aws_test_env
     import botocore.exceptions
     from botocore.config import Config as BotoConfig
 
-    from testing.chaos.moto_server import start_moto
+    from testing.chaos.http_faults import start_moto
 
     faults = tmp_path / "faults.json"
     server = start_moto(str(faults))
