@@ -39,16 +39,10 @@ SHIM = "icefloe.__main__"
 HEAVY = ("pyarrow", "numpy", "pyspark", "pyiceberg", "pandas")
 
 LATER = "moves in a later #24 step"
-CHAOS = "icefloe/chaos moves to testing/chaos (the chaosmove step of #24)"
 
 # --- what is left, each entry one import edge (importer, imported) -----------------------
 
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("icefloe.chaos.verify", "collector.gc"): CHAOS,
-    ("icefloe.chaos.verify", "pipeline.catalog"): CHAOS,
-    ("icefloe.chaos.verify", "pipeline.commit"): CHAOS,
-    ("icefloe.chaos.verify", "icefloe_app.cli.tables_cmd"): CHAOS,
-}
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 ALLOWED_SIDEWAYS: dict[tuple[str, str], str] = {}
 ALLOWED_TESTING: dict[tuple[str, str], str] = {}
 ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
@@ -92,8 +86,6 @@ ALLOWED_CIRCLE_EDGES: dict[tuple[str, str], str] = {
     ("pipeline.source", "pipeline.spec"): _LOAD,
     ("pipeline.spec", "pipeline.decode"): _LOAD,
     ("pipeline.spec", "pipeline.mapped"): _LOAD,
-    ("icefloe.chaos.http_faults", "icefloe.chaos.moto_server"): CHAOS,
-    ("icefloe.chaos.moto_server", "icefloe.chaos.http_faults"): CHAOS,
     ("testing.sim.checks", "testing.sim.world"):
         f"{LATER}: checks names World for type hints only (TYPE_CHECKING)",
     ("testing.sim.world", "testing.sim.checks"):
@@ -386,8 +378,7 @@ def test_should_import_the_core_and_the_ingestor_without_heavy_modules():
     no pyarrow, numpy, pyspark, pyiceberg or pandas (the light client and the slim
     ingestor image depend on it)."""
     names = [m for m in MODULES if top(m) in ("icefloe", "ingestor")
-             and MODULES[m].suffix == ".py" and m != SHIM
-             and not _in(m, "icefloe.chaos")]  # CHAOS: the harness leaves the core
+             and MODULES[m].suffix == ".py" and m != SHIM]
     probe = ("import importlib, json, sys\n"
              f"for name in {names!r}:\n    importlib.import_module(name)\n"
              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
