@@ -3,12 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.icefloe-installed
-# the compiled hot loops (icefloe/_speedups.pyx; without a C compiler icefloe runs the
+# the compiled hot loops (icefloe/formats/_speedups.pyx; without a C compiler icefloe runs the
 # pure-Python path and says so)
 SPEEDUPS := $(VENV)/.icefloe-speedups
 PYTEST_ARGS ?=
 # checkov (static checks of deploy/) lives in its own venv: its pins would downgrade
-# boto3/botocore/packaging in .venv. tests/test_deploy.py runs it from there.
+# boto3/botocore/packaging in .venv. tests/system/test_deploy.py runs it from there.
 CHECKOV_VENV  := $(VENV)/tools/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 # stamped only once built: without a compiler every make says so again (and builds them
 # as soon as one is installed)
-$(SPEEDUPS): $(STAMP) icefloe/_speedups.pyx scripts/build_speedups.py
+$(SPEEDUPS): $(STAMP) icefloe/formats/_speedups.pyx scripts/build_speedups.py
 	$(BIN)/python scripts/build_speedups.py
-	@if ls icefloe/_speedups*.so >/dev/null 2>&1; then touch $(SPEEDUPS); fi
+	@if ls icefloe/formats/_speedups*.so >/dev/null 2>&1; then touch $(SPEEDUPS); fi
 
 venv: $(STAMP) $(SPEEDUPS)
 

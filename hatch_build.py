@@ -1,10 +1,10 @@
 """Wheel build hook: tag the wheel for the platform when the compiled loops are inside.
 
-``scripts/build_speedups.py`` compiles ``icefloe/_speedups.pyx`` into an extension module for
-one interpreter and platform. A wheel that carries it but says ``py3-none-any`` would install
-on any Python and then silently fall back to the slower path (or fail to load the module), so
-with the ``.so`` present the wheel takes the running interpreter's tag; without it icefloe is
-pure Python and stays ``py3-none-any``.
+``scripts/build_speedups.py`` compiles ``icefloe/formats/_speedups.pyx`` into an extension
+module for one interpreter and platform. A wheel that carries it but says ``py3-none-any``
+would install on any Python and then silently fall back to the slower path (or fail to load
+the module), so with the ``.so`` present the wheel takes the running interpreter's tag;
+without it icefloe is pure Python and stays ``py3-none-any``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,6 @@ class SpeedupsTagHook(BuildHookInterface):  # type: ignore[type-arg]
         """Called by hatchling before it builds; ``build_data`` sets the wheel's tag."""
         if self.target_name != "wheel" or version == "editable":
             return
-        if any(Path(self.root, "icefloe").glob("_speedups*.so")):
+        if any(Path(self.root, "icefloe", "formats").glob("_speedups*.so")):
             build_data["pure_python"] = False
             build_data["infer_tag"] = True

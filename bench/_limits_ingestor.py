@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from icefloe.config import load_config
-from ingestor import http_server, server
+from ingestor import server
+from ingestor.http import server as http_server
 
 
 def _without_limits(guard: Any, lane: Any = None, limits: Any = None) -> Any:

@@ -39,12 +39,12 @@ from collector.service import Collector
 from icefloe.config import Column, StreamConfig, load_config
 from icefloe.manifest import ManifestProducer, load
 from icefloe.manifest.config import ManifestConfig
-from icefloe.publish import build_batch, publish_batch
+from icefloe.manifest.publish import build_batch, publish_batch
 from icefloe.store import open_async_store
-from pipeline.catalog import open_catalog
-from pipeline.run import LocalEngine, SparkEngine, run_local
-from pipeline.spec import run_spec
-from pipeline.tables import ensure_stream_table
+from pipeline.iceberg.catalog import open_catalog
+from pipeline.iceberg.tables import ensure_stream_table
+from pipeline.load.run import LocalEngine, SparkEngine, run_local
+from pipeline.load.spec import run_spec
 
 TRIALS = 3
 """Runs per engine; the best counts (single runs on a shared 2-core VM vary by ±30 %)."""
@@ -252,7 +252,7 @@ def main() -> None:
         results.append(Result("events committed in freshness run", len(samples), "events",
                               sent))
         before = data_files(config)
-        from pipeline.maintenance import MaintenanceSettings, run_maintenance
+        from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
 
         table = open_catalog(config.catalog).load_table(STREAM.table)
         run_maintenance(table, epoch=10**6, settings=MaintenanceSettings(min_input_files=2))

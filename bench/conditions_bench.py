@@ -75,7 +75,7 @@ async def produce(config: Config, rate: int, seconds: float, stop: asyncio.Event
     """``rate`` events/s in batches of 100 for ``seconds``; returns how many were sent."""
     from icefloe.manifest import ManifestProducer
     from icefloe.manifest.config import ManifestConfig
-    from icefloe.publish import build_batch, publish_batch
+    from icefloe.manifest.publish import build_batch, publish_batch
     from icefloe.store import open_async_store
 
     store = open_async_store(config.store.url)
@@ -106,8 +106,8 @@ async def collect(config: Config, stop: asyncio.Event) -> dict[str, list[dict[st
     from collector.routing import Routes
     from collector.service import Collector
     from icefloe.store import open_async_store
-    from pipeline.catalog import open_catalog
-    from pipeline.run import LocalEngine
+    from pipeline.iceberg.catalog import open_catalog
+    from pipeline.load.run import LocalEngine
 
     commits: dict[str, list[dict[str, Any]]] = {}
     collector: Collector | None = None

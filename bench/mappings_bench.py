@@ -32,16 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import Result, print_table, write_json
 
-from icefloe.batch import BatchBuilder
 from icefloe.config import Column, Config, StoreSection, StreamConfig
-from icefloe.envelope import frame_events
+from icefloe.formats.batch import BatchBuilder
+from icefloe.formats.envelope import frame_events
 from icefloe.manifest import ManifestProducer, load
 from icefloe.manifest.config import ManifestConfig
-from icefloe.publish import publish_batch
+from icefloe.manifest.publish import publish_batch
 from icefloe.schema import CompiledStream
 from icefloe.store import open_async_store
-from pipeline.decode import BatchRef, decode_batch_file
-from pipeline.spec import run_spec, stream_specs
+from pipeline.load.decode import BatchRef, decode_batch_file
+from pipeline.load.spec import run_spec, stream_specs
 
 PLAIN = StreamConfig(name="plain", table="bench.plain", columns=(
     Column("user_id", "string"), Column("url", "string"), Column("duration_ms", "long"),
@@ -156,7 +156,7 @@ async def entries(config: Config) -> list[object]:
 
 
 def spark_rates(root: Path, files: int, per_file: int, rows: bool) -> tuple[float, float]:
-    from pipeline.run import SparkEngine
+    from pipeline.load.run import SparkEngine
     from pipeline.spark import get_spark
 
     spark = get_spark("local[2]", "icefloe-mappings-bench", {"spark.driver.memory": "2g"})

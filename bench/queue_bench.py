@@ -30,9 +30,9 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Result, print_table, write_json
 
-from icefloe.batch import BatchBuilder, Compression, decode_block, iter_records
-from icefloe.envelope import encode_envelope, split_by_stream
 from icefloe.errors import QueueFullError
+from icefloe.formats.batch import BatchBuilder, Compression, decode_block, iter_records
+from icefloe.formats.envelope import encode_envelope, split_by_stream
 from icefloe.manifest import (
     BatchRef,
     ManifestConfig,

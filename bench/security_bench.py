@@ -441,8 +441,8 @@ def head_parsing_cost(count: int) -> list[Result]:
     import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from ingestor.http_server import guarded_protocol
-    from ingestor.slow_clients import SlowClientGuard
+    from ingestor.http.server import guarded_protocol
+    from ingestor.http.slow_clients import SlowClientGuard
 
     class LimitedHead(guarded_protocol(SlowClientGuard(10, 20, 1024))):  # type: ignore[misc]
         def on_headers_complete(self) -> None:
@@ -504,9 +504,9 @@ async def _auth_costs(count: int) -> list[Result]:
     from icefloe.config import Column, Config, RateLimit, StoreSection, StreamConfig
     from icefloe.tokens import hash_token
     from ingestor.auth import TokenAuthority
+    from ingestor.http.slow_clients import SlowClientGuard
     from ingestor.metrics import IngestMetrics
     from ingestor.ratelimit import RateLimiter
-    from ingestor.slow_clients import SlowClientGuard
 
     token = "ifl_bench-token-0123456789abcdefghijklmnopqrstuv"
     columns = (Column("url", "string"),)

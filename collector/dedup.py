@@ -11,7 +11,7 @@ passes from one source to another (a sink moved between sources), the new source
 must not be dropped because the old one used the same ids; and a fanned-out event still
 lands once in each of its sinks, because each table has a window of its own. A table has
 no per-row source column, so each commit records which source its sequences came from in
-its snapshot summary (:data:`~pipeline.commit.SOURCES_PROP`); rows decoded in one run carry
+its snapshot summary (:data:`~pipeline.iceberg.commit.SOURCES_PROP`); rows decoded in one run carry
 it in a ``_source`` column that is dropped before the commit (:func:`without_source`).
 
 The window is bounded in time (ids committed more than ``window_s`` ago, by the store's
@@ -36,7 +36,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from icefloe.clock import SYSTEM, Clock
-from pipeline.commit import (
+from pipeline.iceberg.commit import (
     NO_SEQUENCE,
     SEQUENCE_PROP,
     SOURCES_PROP,
@@ -109,7 +109,7 @@ def row_sources(rows: pa.Table, default: str = ANY_SOURCE) -> str | list[str]:
 def source_runs(rows: pa.Table, default: str = ANY_SOURCE) -> list[SourceRun]:
     """``[(source, first, last)]`` over the distinct sequences of ``rows``, in sequence
     order, consecutive sequences of one source merged: what a commit records in
-    :data:`~pipeline.commit.SOURCES_PROP` (one run in the usual case)."""
+    :data:`~pipeline.iceberg.commit.SOURCES_PROP` (one run in the usual case)."""
     if rows.num_rows == 0:
         return []
     sources = row_sources(rows, default)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import NotFound
 from icefloe.manifest.cas import load
-from icefloe.publish import BATCH_PREFIX, BATCH_SUFFIX
+from icefloe.manifest.publish import BATCH_PREFIX, BATCH_SUFFIX
 from icefloe.store.base import AsyncObjectStore, ObjectInfo
 
 log = logging.getLogger("icefloe.gc")

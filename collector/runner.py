@@ -33,11 +33,11 @@ from icefloe.registry.watch import RegistryWatch
 from icefloe.server_tls import section_tls
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
-from pipeline.catalog import open_catalog
-from pipeline.maintenance import MaintenanceSettings, run_maintenance
+from pipeline.iceberg.catalog import open_catalog
+from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
+from pipeline.load.spec import run_spec
 from pipeline.models.spec import ModelError
 from pipeline.models.write import WriteFence
-from pipeline.spec import run_spec
 
 log = logging.getLogger("icefloe.collector")
 
@@ -60,8 +60,8 @@ def _first_line(exc: BaseException) -> str:
 
 def default_engine(config: Config) -> Engine:
     """Spark with the configured output path: ``embedded`` (default) or ``cluster``."""
-    from pipeline.mapped import check_on_spark
-    from pipeline.run import SparkClusterEngine, SparkEngine
+    from pipeline.load.mapped import check_on_spark
+    from pipeline.load.run import SparkClusterEngine, SparkEngine
     from pipeline.spark import get_spark
 
     cfg = config.collector

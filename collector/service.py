@@ -7,14 +7,14 @@ job → per table: deduplicate, commit once with ``icefloe.sequence``/``icefloe.
 * crash before a table's commit: nothing of the run is in that table; the entries are not
   acked, so the next collector re-reads and commits them;
 * crash after some commits but before the ack: those tables' summaries hold the run's
-  sequence, so on replay :func:`pipeline.commit.commit_rows` drops their rows; tables not yet
-  committed get theirs — exactly once per table;
+  sequence, so on replay :func:`pipeline.iceberg.commit.commit_rows` drops their rows;
+  tables not yet committed get theirs — exactly once per table;
 * crash after the ack: the entries are never read again; dequeue and GC are idempotent.
 
 A replaced collector (epoch bumped by a standby or ``--takeover``) is stopped by the
 manifest (``FencedError``) or by a table recording a newer epoch (``TableFencedError``).
 Every table records the newer epoch from the takeover on: before consuming, a collector
-fences every icefloe table (:mod:`pipeline.fence`) and its staging states, then confirms the
+fences every icefloe table (:mod:`pipeline.iceberg.fence`) and its staging states, then confirms the
 manifest epoch; a table or staging state it creates later is confirmed the same way before
 its first commit. So no commit by an older epoch lands anywhere after a takeover.
 
@@ -57,14 +57,14 @@ from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
-from pipeline.cluster import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
-from pipeline.commit import CommitResult, commit_rows, committed_state
-from pipeline.fence import fence_all
-from pipeline.file_append import WriteThenAdd
-from pipeline.run import RunOutput
-from pipeline.schema import DEAD_LETTER_TABLE
-from pipeline.spec import RunSpec, run_spec, with_sql_cases
-from pipeline.tables import ensure_dead_letter_table, ensure_stream_table
+from pipeline.iceberg.commit import CommitResult, commit_rows, committed_state
+from pipeline.iceberg.fence import fence_all
+from pipeline.iceberg.file_append import WriteThenAdd
+from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
+from pipeline.load.executors import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
+from pipeline.load.run import RunOutput
+from pipeline.load.schema import DEAD_LETTER_TABLE
+from pipeline.load.spec import RunSpec, run_spec, with_sql_cases
 
 log = logging.getLogger("icefloe.collector")
 

@@ -19,7 +19,7 @@ Exactly once, at every crash point:
   ``through_sequence`` for this sink — they are staged already;
 * after the table commit, before the state update: the table's ``icefloe.sequence`` covers
   the staged files, so the next look drops them from the state without committing again
-  (and :func:`pipeline.commit.commit_rows` filters rows at or below it anyway).
+  (and :func:`pipeline.iceberg.commit.commit_rows` filters rows at or below it anyway).
 
 A newer collector fences an older one here too: the state records the epoch of its last
 writer, and a write by an older epoch is refused. On takeover the new collector stamps

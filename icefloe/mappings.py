@@ -18,7 +18,7 @@ use in the record envelope's meta, and the pipeline's decode (in the Spark worke
 them into columns, as it does ``datetime`` and ``id`` from the envelope. ``sql`` runs on
 Spark over the decoded columns, calling only allow-listed functions
 (:mod:`icefloe.sql_functions`). This module only
-parses and validates; :mod:`icefloe.ingest_mappings` and :mod:`pipeline.mapped` evaluate.
+parses and validates; :mod:`icefloe.ingest_mappings` and :mod:`pipeline.load.mapped` evaluate.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import msgspec
 
 from icefloe.config import Column, StreamConfig
 from icefloe.errors import IcefloeError
+from icefloe.formats.speedups import compiled as _speedups
 from icefloe.ingest_mappings import EventMappings, MappingViolation, request_meta
-from icefloe.speedups import compiled as _speedups
 
 _INT32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]

@@ -23,7 +23,7 @@ The check runs on the expression as transpiled to Spark SQL (what Spark will run
 config is loaded, when the admin API receives a sink, and again when the collector builds a
 run (a registry written by an older icefloe is not trusted). An allow-listed function can
 still fail on some row (``element_at(a, 0)``, a bad regex read from the data): that costs
-the row's value, never the run (see :mod:`pipeline.mapped`).
+the row's value, never the run (see :mod:`pipeline.load.mapped`).
 """
 
 from __future__ import annotations

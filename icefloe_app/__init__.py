@@ -9,7 +9,7 @@ import from here; this package wires them together for people and operators:
 
 Why a separate top-level package: the command and the admin API need every layer, so
 they sit above all of them; keeping them out of ``icefloe`` lets the core stay the bottom
-layer (``tests/test_layers.py`` checks it).
+layer (``tests/system/test_layers.py`` checks it).
 """
 
 __all__: list[str] = []

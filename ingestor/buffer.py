@@ -38,10 +38,10 @@ from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from icefloe.batch import BatchBuilder, Compression
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
-from icefloe.publish import Publisher
+from icefloe.formats.batch import BatchBuilder, Compression
+from icefloe.manifest.publish import Publisher
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.manifest import ManifestProducer
-from icefloe.publish import HelperPublisher, Publisher, StorePublisher
+from icefloe.manifest.publish import HelperPublisher, Publisher, StorePublisher
 from icefloe.redact import mask_uri
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store import StoreOptions, open_async_store, options_for

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from icefloe import speedups
 from icefloe.config import Config
 from icefloe.errors import ConfigError
+from icefloe.formats import speedups
 from icefloe.redact import mask_uri
 from ingestor.grpc_app import start_grpc_server
-from ingestor.http_app import HttpApp
-from ingestor.http_server import http_config, slow_client_guard
+from ingestor.http.app import HttpApp
+from ingestor.http.server import http_config, slow_client_guard
 from ingestor.runtime import IngestorRuntime
 from ingestor.tls import RELOAD_CHECK_S, server_tls
 

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple, NoReturn
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
-from icefloe.envelope import MAX_ID_BYTES, frame_encoded
 from icefloe.errors import NotFound, StoreError
+from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded
 from icefloe.registry.model import Registry
 from icefloe.schema import Canonical, CompiledStream, InvalidEvents
 from icefloe.store.base import AsyncObjectStore

@@ -61,10 +61,10 @@ def get_spark(master: str = "local[2]", app_name: str = "icefloe",
                 "spark.driver.bindAddress", "127.0.0.1")
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
-        from pipeline.source import IcefloeDataSource
+        from pipeline.load.source import IcefloeDataSource
 
         spark.dataSource.register(IcefloeDataSource)
-        from pipeline.iceberg_source import register as register_iceberg_source
+        from pipeline.read.iceberg_source import register as register_iceberg_source
 
         register_iceberg_source(spark)  # format "icefloe-iceberg"
         return spark

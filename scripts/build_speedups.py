@@ -1,4 +1,4 @@
-"""Build icefloe's compiled hot loops (``icefloe/_speedups.pyx``) in place, with Cython.
+"""Build icefloe's compiled hot loops (``icefloe/formats/_speedups.pyx``) in place, with Cython.
 
 Run by ``make`` after installing the virtualenv. Where no C compiler is found it says so
 and exits 0: icefloe then runs its pure-Python reference code (same results, slower). A
@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "icefloe" / "_speedups.pyx"
+SOURCE = ROOT / "icefloe" / "formats" / "_speedups.pyx"
 
 
 _BUILD = """
@@ -25,7 +25,7 @@ from setuptools import Distribution, Extension
 
 source = sys.argv[1]
 with tempfile.TemporaryDirectory(prefix="icefloe-build-") as temp:
-    modules = cythonize([Extension("icefloe._speedups", [source])], build_dir=temp,
+    modules = cythonize([Extension("icefloe.formats._speedups", [source])], build_dir=temp,
                         compiler_directives={"language_level": 3}, quiet=True)
     dist = Distribution({"name": "icefloe-speedups", "ext_modules": modules})
     build = dist.get_command_obj("build_ext")

@@ -3,7 +3,7 @@
 #
 # Usage: scripts/gen-proto.sh [OUT_DIR]   (default: the repository root)
 # Needs grpcio-tools and googleapis-common-protos (for google/rpc/status.proto), both in
-# the `dev` extra. The generated files are checked in; tests/test_proto.py regenerates them
+# the `dev` extra. The generated files are checked in; tests/core/test_proto.py regenerates them
 # into a temporary directory and fails if they differ.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

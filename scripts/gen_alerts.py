@@ -2,7 +2,7 @@
 
 Why generated: the README table is what operators read, the rule files are what Prometheus
 runs; written by hand they drift. This script is the only writer of both rule files, and
-tests/test_observability.py regenerates them and fails when the committed ones differ.
+tests/system/test_observability.py regenerates them and fails when the committed ones differ.
 
 Usage: python scripts/gen_alerts.py           # rewrite the rule files
        python scripts/gen_alerts.py --check   # exit 1 if they are out of date

@@ -16,7 +16,7 @@ import pyarrow as pa
 from icefloe.config import Column, Config, StreamConfig, load_config
 from icefloe.manifest import ManifestProducer
 from icefloe.manifest.config import ManifestConfig
-from icefloe.publish import build_batch, publish_batch
+from icefloe.manifest.publish import build_batch, publish_batch
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 
@@ -101,7 +101,7 @@ def publish_sync(config: Config, batches: Iterable[list[tuple[str, str, int, byt
 
 
 def read_table(config: Config, name: str) -> pa.Table:
-    from pipeline.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog
 
     return open_catalog(config.catalog).load_table(name).scan().to_arrow()
 
@@ -121,7 +121,7 @@ async def start(config: Config, engine: Any, *, hook: Any = None, takeover: bool
                 ) -> Any:
     """A collector that is active and has its tables ready (as ``run_collector`` makes)."""
     from collector.service import Collector
-    from pipeline.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog
 
     collector = Collector(config, open_store_of(config), open_catalog(config.catalog), engine,
                           hook=hook)
@@ -155,7 +155,7 @@ class Gate:
     partitions = 1
 
     def __init__(self) -> None:
-        from pipeline.run import LocalEngine
+        from pipeline.load.run import LocalEngine
 
         self.inner = LocalEngine()
         self.entered = threading.Event()

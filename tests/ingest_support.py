@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 
-from icefloe.batch import decode_block, iter_records
 from icefloe.config import (
     Column,
     Config,
@@ -19,9 +18,10 @@ from icefloe.config import (
     StoreSection,
     StreamConfig,
 )
-from icefloe.envelope import Envelope, decode_envelope
+from icefloe.formats.batch import decode_block, iter_records
+from icefloe.formats.envelope import Envelope, decode_envelope
 from icefloe.manifest import Manifest, ManifestConfig, load
-from icefloe.reader import fetch_batch
+from icefloe.manifest.reader import fetch_batch
 from icefloe.store import open_async_store
 from icefloe.tokens import hash_token
 from ingestor.runtime import IngestorRuntime
@@ -87,7 +87,7 @@ async def stored_events(url: str) -> list[Envelope]:
         await store.close()
 
 
-# -- gRPC front and fault-injected stores (tests/test_grpc.py, tests/test_client.py) ---------
+# -- gRPC front and fault-injected stores (tests/ingestor/test_grpc.py, tests/core/test_client.py)
 
 
 def faulty_local_store(store_dir: Path, rules: list[Any], policy: Any = None) -> Any:
@@ -140,8 +140,8 @@ def production_config(runtime: IngestorRuntime, **changes: Any) -> Any:
     """The uvicorn config ``icefloe ingestor`` serves with (guarded protocol, fast lane,
     deadlines), for ``runtime`` at 127.0.0.1 on a free port; ``changes`` override
     ``[ingestor]`` settings (e.g. ``http_fast_lane=False``)."""
-    from ingestor.http_app import HttpApp
-    from ingestor.http_server import http_config, slow_client_guard
+    from ingestor.http.app import HttpApp
+    from ingestor.http.server import http_config, slow_client_guard
 
     ing = msgspec.structs.replace(runtime.config.ingestor, **changes)
     guard = slow_client_guard(ing)
@@ -152,7 +152,7 @@ def production_config(runtime: IngestorRuntime, **changes: Any) -> Any:
 
 @contextlib.asynccontextmanager
 async def http_serving(runtime: IngestorRuntime) -> AsyncIterator[str]:
-    """``ingestor.http_app.HttpApp`` as ``icefloe ingestor`` serves it, at 127.0.0.1 on a
+    """``ingestor.http.app.HttpApp`` as ``icefloe ingestor`` serves it, at 127.0.0.1 on a
     free port; yields its URL."""
     import socket
 

@@ -28,8 +28,8 @@ from icefloe.store.base import (
 )
 
 DATA_PREFIXES = ("batches/", "quarantine/")
-"""Keys under these prefixes are batch files (``icefloe.publish``) or copies of corrupt
-ones (``pipeline.fetch``): the data location. Everything else is control state."""
+"""Keys under these prefixes are batch files (``icefloe.manifest.publish``) or copies of corrupt
+ones (``pipeline.load.fetch``): the data location. Everything else is control state."""
 
 
 def is_data_key(key: str) -> bool:

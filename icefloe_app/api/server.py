@@ -53,8 +53,8 @@ def catalog_table_maker(config: Config) -> TableMaker:
     opened: list[object] = []
 
     def make(stream: StreamConfig) -> None:
-        from pipeline.catalog import open_catalog
-        from pipeline.tables import ensure_stream_table
+        from pipeline.iceberg.catalog import open_catalog
+        from pipeline.iceberg.tables import ensure_stream_table
 
         if not opened:
             opened.append(open_catalog(config.catalog))

@@ -31,7 +31,7 @@ log = logging.getLogger("icefloe.admin")
 
 MAX_TASKS = 1000
 TableMaker = Callable[[StreamConfig], None]
-"""Creates or evolves one sink's table (``pipeline.tables.ensure_stream_table``)."""
+"""Creates or evolves one sink's table (``pipeline.iceberg.tables.ensure_stream_table``)."""
 
 
 @dataclass

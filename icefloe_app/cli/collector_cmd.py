@@ -109,7 +109,7 @@ def serve_collector(config: Config, *, takeover: bool = False, engine: Engine | 
                     on_ready: Callable[[Ready], None] = announce_ready) -> int:
     """Run one collector until stopped or fenced; the process exit code.
 
-    ``engine`` replaces Spark (tests use :class:`pipeline.run.LocalEngine`).
+    ``engine`` replaces Spark (tests use :class:`pipeline.load.run.LocalEngine`).
     """
     from collector.runner import run_collector
 

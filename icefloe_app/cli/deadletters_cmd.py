@@ -66,7 +66,7 @@ def _filters(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog
     from pipeline.redrive import pending, read_dead_letters, redrive, redriven_keys
 
     filters = _filters(args)

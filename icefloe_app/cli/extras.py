@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# import names of the distributions each extra adds (tests/test_packaging.py checks this
+# import names of the distributions each extra adds (tests/system/test_packaging.py checks this
 # against pyproject's extras, so a new dependency cannot slip past it)
 INGESTOR_MODULES = frozenset({
     "zstandard", "ulid", "google_crc32c", "boto3", "botocore", "aiobotocore",

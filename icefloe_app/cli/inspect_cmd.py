@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from icefloe.batch import decode_block, iter_records, read_footer
 from icefloe.checksum import crc32c
-from icefloe.envelope import decode_envelope
 from icefloe.errors import BatchFormatError, NotFound
+from icefloe.formats.batch import decode_block, iter_records, read_footer
+from icefloe.formats.envelope import decode_envelope
 from icefloe.manifest import Manifest, ManifestConfig, load
 from icefloe.store import local_path, open_async_store, open_store
 from icefloe_app.cli.common import (

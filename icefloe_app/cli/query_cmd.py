@@ -62,7 +62,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.query import AsOf, plan, run_query
+    from pipeline.read.query import AsOf, plan, run_query
 
     _, config = config_from_args(args, example=True)
     as_of = AsOf.parse(args.as_of)

@@ -77,13 +77,13 @@ def sqlite_path(uri: str) -> Path | None:
 def open_existing_catalog(section: CatalogSection) -> Catalog | None:
     """The catalog, or None when it is a SQLite file that does not exist yet.
 
-    Why not just :func:`pipeline.catalog.open_catalog`: opening a SQLite catalog creates the
+    Why not just :func:`pipeline.iceberg.catalog.open_catalog`: opening a SQLite catalog creates the
     database file (and the warehouse folder). A read-only command run before ``icefloe up``
     — or in the wrong folder — must not leave an empty ``icefloe-data`` behind; "nothing
     created yet" is the true answer there. Every other failure is open_catalog's one-line
     :class:`CatalogError`.
     """
-    from pipeline.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog
 
     path = sqlite_path(section.uri)
     if section.type == "sql" and path is not None and not path.exists():
@@ -121,7 +121,7 @@ def _summary_int(snapshot: Snapshot | None, key: str) -> int | None:
 
 
 def _catalog_label(section: CatalogSection) -> str:
-    from pipeline.catalog import catalog_label
+    from pipeline.iceberg.catalog import catalog_label
 
     return catalog_label(section)
 
@@ -150,7 +150,7 @@ class TableStatus:
 
 def table_status(catalog: Catalog | None, identifier: str, stream: str | None) -> TableStatus:
     """What the catalog says about one table."""
-    from pipeline.commit import NO_SEQUENCE, committed_state
+    from pipeline.iceberg.commit import NO_SEQUENCE, committed_state
 
     loaded = load_table(catalog, identifier) if catalog is not None else None
     if loaded is None:
@@ -169,7 +169,7 @@ def table_status(catalog: Catalog | None, identifier: str, stream: str | None) -
 
 def list_statuses(config: Config, catalog: Catalog | None) -> list[TableStatus]:
     """Every configured stream's table, then the dead-letter table if it exists."""
-    from pipeline.schema import DEAD_LETTER_TABLE
+    from pipeline.load.schema import DEAD_LETTER_TABLE
 
     statuses = [table_status(catalog, s.table, s.name) for s in config.streams]
     dead = table_status(catalog, DEAD_LETTER_TABLE, None)
@@ -278,7 +278,7 @@ def run_history(args: argparse.Namespace) -> int:
 
 
 def _history_entry(snapshot: Snapshot, current: Snapshot | None) -> dict[str, Any]:
-    from pipeline.commit import EPOCH_PROP, SEQUENCE_PROP
+    from pipeline.iceberg.commit import EPOCH_PROP, SEQUENCE_PROP
 
     summary = snapshot.summary
     props = summary.additional_properties if summary is not None else {}

@@ -222,7 +222,7 @@ class _Up:
             lag_s=metric_total(m.lag_seconds) if active and m else None)
 
     def _print_endpoints(self, http_port: int, grpc_port: int) -> None:
-        from pipeline.catalog import catalog_label
+        from pipeline.iceberg.catalog import catalog_label
 
         config = self.config
         host = _host(config.ingestor.host)

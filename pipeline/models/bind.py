@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from icefloe.config import Config
 from pipeline.models.dag import Project, Resolver, references
 from pipeline.models.spec import Model, ModelError
-from pipeline.query import AsOf, pin, time_travel
+from pipeline.read.query import AsOf, pin, time_travel
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -111,7 +111,7 @@ class Binder:
         return self._views[key]
 
     def _pin(self, identifier: str, clause: AsOf | None) -> Pin:
-        from pipeline.iceberg_source import load_table, read_table
+        from pipeline.read.iceberg_source import load_table, read_table
 
         if clause is None and identifier in self.pins:
             return self.pins[identifier]

@@ -6,7 +6,7 @@ writing over a stream's raw table should cost a one-line error, not a half-run D
 A table reference in a model resolves, in this order, to
 
 1. another model, by file stem (``staging_sessions``) or by target (``staging.sessions``);
-2. an icefloe table, by the rules of ``icefloe query`` (:func:`pipeline.query.resolve_name`).
+2. an icefloe table, by the rules of ``icefloe query`` (:func:`pipeline.read.query.resolve_name`).
 
 CTE names are not references. The order is topological, ties broken by name, so a run is
 reproducible; a cycle is reported as the path that closes it (``a → b → a``).
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from icefloe.config import Config
 from icefloe.errors import CatalogError
 from pipeline.models.spec import Model, ModelError
-from pipeline.query import DEAD_LETTERS, QueryError, resolve_name
+from pipeline.read.query import DEAD_LETTERS, QueryError, resolve_name
 
 if TYPE_CHECKING:
     from sqlglot import exp
@@ -136,7 +136,7 @@ def topological_order(upstream: dict[str, list[str]]) -> list[str]:
 
 def check_tables(project: Project, config: Config) -> None:
     """Every icefloe table a model reads exists in the catalog (model targets may not yet)."""
-    from pipeline.iceberg_source import load_table
+    from pipeline.read.iceberg_source import load_table
 
     checked: set[str] = set()
     for name, refs in project.refs.items():

@@ -38,7 +38,7 @@ from pipeline.models.dag import Project, check_tables, plan_project
 from pipeline.models.spec import Model, ModelError, load_models
 from pipeline.models.state import RunState, last_run, redriven_since
 from pipeline.models.write import WriteFence, load_target, write_result
-from pipeline.query import spark_error
+from pipeline.read.query import spark_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -82,7 +82,7 @@ def model_hash(project: Project, model: Model) -> str:
 
 def last_runs(config: Config, models: Sequence[Model]) -> dict[str, RunState | None]:
     """Each stored model's last committed run (None: never ran, or a view)."""
-    from pipeline.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog
 
     catalog = open_catalog(config.catalog)
     states: dict[str, RunState | None] = {}
@@ -100,7 +100,7 @@ def run_models(spark: SparkSession, project: Project, config: Config,
 
     ``fence``: the collector's epoch; each write is refused once a newer collector took
     over (the outcome is ``failed`` with the reason)."""
-    from pipeline.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog
 
     catalog = open_catalog(config.catalog)
     run_id = uuid.uuid4().hex[:16]

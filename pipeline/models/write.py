@@ -13,7 +13,7 @@ of its own, so an empty append then carries the run's state: the watermark still
 From the collector, a write is fenced like every icefloe commit (``fence``): the snapshot
 records ``icefloe.epoch``, a target whose log records a newer epoch refuses it, and the
 manifest epoch is confirmed after the target is loaded or created and before the commit,
-so a replaced collector's model run lands nowhere (see :mod:`pipeline.fence`).
+so a replaced collector's model run lands nowhere (see :mod:`pipeline.iceberg.fence`).
 
 Columns are written nullable: a ``count(*)`` is non-null to Spark, but a later SQL version
 may make it nullable, and Iceberg cannot relax ``required`` on existing files by itself.
@@ -36,9 +36,9 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 
 from icefloe.errors import TableFencedError
-from pipeline.commit import EPOCH_PROP
+from pipeline.iceberg.commit import EPOCH_PROP
+from pipeline.iceberg.tables import MANAGED_PROP, TABLE_PROPERTIES
 from pipeline.models.spec import ModelError
-from pipeline.tables import MANAGED_PROP, TABLE_PROPERTIES
 
 MODES = ("overwrite", "append", "merge")
 
@@ -126,7 +126,7 @@ def _check_fence(identifier: str, table: Table, fence: WriteFence) -> None:
     """Refuse when the target records a newer epoch; then confirm the manifest epoch. The
     commit that follows requires the head read here, so a fence landing in between
     rejects it."""
-    from pipeline.fence import table_epoch
+    from pipeline.iceberg.fence import table_epoch
 
     recorded = table_epoch(table)
     if recorded > fence.epoch:

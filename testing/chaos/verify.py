@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from icefloe.config import Config
 from icefloe.manifest import load
-from icefloe.publish import BATCH_PREFIX
+from icefloe.manifest.publish import BATCH_PREFIX
 from icefloe.store import open_async_store, options_for
 
 if TYPE_CHECKING:
@@ -60,8 +60,8 @@ def read_table(config: Config, name: str) -> TableRows | None:
     """Every row's id, sequence, receive time and visibility time (None: no table)."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from pipeline.catalog import open_catalog
-    from pipeline.commit import SEQUENCE_PROP
+    from pipeline.iceberg.catalog import open_catalog
+    from pipeline.iceberg.commit import SEQUENCE_PROP
 
     try:
         table = open_catalog(config.catalog).load_table(name)
@@ -90,7 +90,7 @@ def row_count(config: Config, name: str) -> int:
     """Rows in a table's current snapshot (0 if it does not exist)."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from pipeline.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog
 
     try:
         table = open_catalog(config.catalog).load_table(name)
@@ -104,7 +104,7 @@ def total_records(snapshot: Snapshot | None) -> int:
 
     Read here rather than through the CLI's helper of the same name: the harness is an
     independent reader, and the composition root (``icefloe_app``) is imported by nothing
-    but the ``python -m icefloe`` shim (tests/test_layers.py).
+    but the ``python -m icefloe`` shim (tests/system/test_layers.py).
     """
     if snapshot is None or snapshot.summary is None:
         return 0

@@ -2,7 +2,7 @@
 
 Each mutant undoes one fix of issue #22 (or breaks one guarantee on purpose) by patching a
 single function for the duration of a run. ``python -m testing.sim --mutant NAME --seeds
-N`` must then report violations; ``tests/test_sim.py`` pins a seed per mutant. A mutant the
+N`` must then report violations; ``tests/system/test_sim.py`` pins a seed per mutant. A mutant the
 simulator cannot catch is a gap in the simulator, and ``docs/simulator.md`` says why.
 """
 

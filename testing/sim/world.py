@@ -38,12 +38,12 @@ from collector.routing import Routes
 from collector.runner import Runner
 from collector.service import Collector
 from icefloe.config import Column, Config, load_config
-from icefloe.envelope import frame_events
 from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFencedError
+from icefloe.formats.envelope import frame_events
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Manifest
 from icefloe.manifest.producer import ManifestProducer
-from icefloe.publish import StorePublisher
+from icefloe.manifest.publish import StorePublisher
 from icefloe.registry import ops
 from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
@@ -52,8 +52,8 @@ from icefloe.store.base import GetResult, ListResult, ObjectInfo, ObjectStore, P
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
-from pipeline.catalog import open_catalog
-from pipeline.cluster import (
+from pipeline.iceberg.catalog import open_catalog
+from pipeline.load.executors import (
     KEY_COLUMNS,
     ROW,
     ClusterRunOutput,
@@ -62,10 +62,10 @@ from pipeline.cluster import (
     WritePlan,
     _TableFiles,
 )
-from pipeline.fetch import decode_refs
-from pipeline.run import RunOutput
-from pipeline.source import ENVELOPE
-from pipeline.spec import RunSpec
+from pipeline.load.fetch import decode_refs
+from pipeline.load.run import RunOutput
+from pipeline.load.source import ENVELOPE
+from pipeline.load.spec import RunSpec
 from testing.sim.checks import Checker
 from testing.sim.loop import (
     HostClock,
@@ -143,7 +143,7 @@ class LocalClusterOutput(ClusterRunOutput):
     """The cluster output shape without executors: the rows stay in this object (as they
     would stay on the executors), the collector sees only keys, and :meth:`write` writes
     the planned rows as Parquet files with the executors' own writer
-    (:class:`pipeline.cluster._TableFiles`), for ``add_files``."""
+    (:class:`pipeline.load.executors._TableFiles`), for ``add_files``."""
 
     def __init__(self, spec: RunSpec, embedded: RunOutput) -> None:
         super().__init__(spec=spec, dead=embedded.dead)

@@ -1,0 +1,1 @@
+"""The on-store formats: batch files and the record envelope (plus their compiled hot loops)."""

@@ -1,0 +1,1 @@
+"""Everything that writes Iceberg: catalog, tables, the exactly-once commit, maintenance."""

@@ -1,0 +1,351 @@
+"""The pipeline's half of column mappings: ``ip``, ``header``, ``datetime``, ``id`` and ``sql``.
+
+Why two steps: ``ip``/``header`` values ride in each record's envelope meta and
+``datetime``/``id`` are envelope fields, so the decode (in the Spark workers, one Arrow pass
+per batch file) turns them into columns next to the payload's. ``sql`` columns are computed
+by Spark itself over the decoded columns (:func:`project_sql`), so any allow-listed Spark
+SQL function (:mod:`icefloe.sql_functions`) works and the expression is compiled once per
+run, not interpreted per row in Python.
+``path`` and ``body`` columns were already filled by the ingestor (see
+:mod:`icefloe.ingest_mappings`) and arrive as ordinary payload fields.
+
+Why ANSI mode is off while the expressions are built: with it, one row whose ``CAST`` or
+division fails aborts the whole Spark job, so the collector would retry the same run
+forever and block the queue. Without it such a value becomes null, which the README
+documents; Spark fixes the mode of each expression when it is parsed.
+
+ANSI off does not catch everything: an allow-listed function can still throw on some row
+(``element_at(a, 0)``, ``regexp_extract`` with a pattern read from the data, ``from_json``
+in ``FAILFAST`` mode). So a run whose Spark job fails is retried *once* without its ``sql``
+columns (:func:`fill_sql_safely`): if that fails too, the failure was not the mappings' and
+the run fails as before (retried with backoff). If it succeeds, each ``sql`` column is
+evaluated on its own over the decoded rows; a column that fails is bisected over row
+ranges until the failing rows are isolated, and only they get null, counted per stream and
+column (``icefloe_collector_sql_errors_total``). Bisection is bounded (:data:`MAX_PROBES`
+evaluations per column per run): past the bound, every row of a range still failing gets
+null (counted too) — an expression that fails on most rows costs its values, never the run.
+
+Which rows a ``sql`` column is computed for: only rows of entries whose registry version
+routes them to a sink declaring that column with that expression (``Derived.cases``, set
+by the collector from the entries' versions). A deleted sink's expression never runs on
+events accepted after the deletion, and a re-created sink's new expression never runs on
+events accepted before it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from icefloe.config import Column, StreamConfig
+from icefloe.errors import ConfigError
+from icefloe.ingest_mappings import META_HEADERS, META_IP
+from icefloe.mappings import ENVELOPE_COLUMNS, spark_sql
+from pipeline.load.schema import ARROW_TYPES, TIMESTAMP
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pipeline.load.spec import StreamSpec
+
+log = logging.getLogger("icefloe.pipeline")
+
+DERIVED_KINDS = ("ip", "header", "datetime", "id", "sql")
+MAX_PROBES = 64
+"""Spark evaluations one failing ``sql`` column may cost per run while its failing rows are
+isolated (see the module doc)."""
+ROW_ID = "__icefloe_row"
+_SPARK_TYPES = {"string": "STRING", "long": "BIGINT", "int": "INT", "float": "FLOAT",
+                "double": "DOUBLE", "boolean": "BOOLEAN", "timestamp": "TIMESTAMP",
+                "date": "DATE", "json": "STRING"}
+
+
+class SqlCase(msgspec.Struct, frozen=True):
+    """One expression of a ``sql`` column and the ``_sequence`` ranges (inclusive) of the
+    entries it applies to."""
+
+    sql: str
+    dialect: str
+    ranges: tuple[tuple[int, int], ...]
+
+
+class Derived(msgspec.Struct, frozen=True):
+    """A column the pipeline fills (not read from the payload): its mapping, as plain data.
+
+    ``arg`` is the lower-case header name of a ``header`` mapping, the SQL of a ``sql``.
+    ``cases`` (``sql`` only): None computes ``arg`` on every row of the stream; otherwise
+    each case's expression on the rows of its sequences, and null elsewhere (see the module
+    doc).
+    """
+
+    column: str
+    type: str
+    kind: str
+    arg: str = ""
+    dialect: str = "spark"
+    cases: tuple[SqlCase, ...] | None = None
+
+
+def derived_columns(stream: StreamConfig) -> tuple[Derived, ...]:
+    out: list[Derived] = []
+    for column in stream.columns:
+        kind = column.mapping
+        if kind not in DERIVED_KINDS:
+            continue
+        arg = (column.header or "").lower() if kind == "header" else column.sql or ""
+        out.append(Derived(column.name, column.type, kind, arg, column.dialect))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What the decode needs for one stream: the payload schema and the derived columns,
+    and the order of the table's columns."""
+
+    payload: pa.Schema
+    derived: tuple[Derived, ...]
+    order: tuple[str, ...]
+
+
+def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
+    headers = sorted({d.arg for d in derived if d.kind == "header"})
+    fields = [pa.field(META_IP, pa.string())]
+    if headers:
+        fields.append(pa.field(META_HEADERS, pa.struct([pa.field(h, pa.string())
+                                                          for h in headers])))
+    return pa.schema(fields)
+
+
+def _meta_table(metas: Sequence[bytes] | pa.Array | None, rows: int,
+                derived: Sequence[Derived]) -> pa.Table | None:
+    """The metas parsed in one columnar pass (records without meta give nulls)."""
+    if not any(d.kind in ("ip", "header") for d in derived):
+        return None
+    schema = _meta_schema(derived)
+    if metas is None:
+        return schema.empty_table() if rows == 0 else pa.table(
+            {f.name: pa.nulls(rows, f.type) for f in schema}, schema=schema)
+    # All events of a request share one meta: parse each distinct meta once, then gather.
+    encoded = (metas if isinstance(metas, pa.Array) else pa.array(metas, pa.binary())
+               ).dictionary_encode()
+    distinct = encoded.dictionary.to_pylist()
+    ndjson = b"\n".join(m or b"{}" for m in distinct) + b"\n"
+    parsed = pajson.read_json(
+        io.BytesIO(ndjson),
+        read_options=pajson.ReadOptions(use_threads=False, block_size=max(len(ndjson), 1 << 16)),
+        parse_options=pajson.ParseOptions(explicit_schema=schema,
+                                          unexpected_field_behavior="ignore"))
+    return parsed.take(encoded.indices)
+
+
+def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | pa.Array,
+                received_ms: Sequence[int] | np.ndarray,
+                metas: Sequence[bytes] | pa.Array | None) -> pa.Table:
+    """``payload`` plus every derived column (``sql`` ones null until Spark fills them),
+    in the table's column order."""
+    if not plan.derived:
+        return payload
+    rows = payload.num_rows
+    meta = _meta_table(metas, rows, plan.derived)
+    received = pa.array(received_ms, pa.int64())
+    columns = dict(zip(payload.column_names, payload.columns, strict=True))
+    for d in plan.derived:
+        kind = ARROW_TYPES[d.type]
+        if d.kind == "ip":
+            value = meta.column(META_IP)  # type: ignore[union-attr]
+        elif d.kind == "header":
+            value = pc.struct_field(meta.column(META_HEADERS), d.arg)  # type: ignore[union-attr]
+        elif d.kind == "id":
+            value = event_ids if isinstance(event_ids, pa.Array) else pa.array(event_ids,
+                                                                                pa.string())
+        elif d.kind == "datetime":
+            value = received if d.type == "long" else \
+                pc.multiply(received, 1000).cast(TIMESTAMP).cast(kind)
+        else:
+            value = pa.nulls(rows, kind)
+        columns[d.column] = value
+    return pa.table({name: columns[name] for name in plan.order})
+
+
+
+def sequence_ranges(sequences: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted sequences folded into inclusive ``(first, last)`` ranges."""
+    out: list[tuple[int, int]] = []
+    for seq in sorted(set(sequences)):
+        if out and out[-1][1] == seq - 1:
+            out[-1] = (out[-1][0], seq)
+        else:
+            out.append((seq, seq))
+    return tuple(out)
+
+
+def _spark_body(column: str, sql: str, dialect: str, type_: str,
+                rename: dict[str, str]) -> str | None:
+    """One expression as Spark SQL over the wide frame, cast to the column type; None when
+    the allow-list refuses it (a registry written before the check: never run)."""
+    try:
+        body = spark_sql(Column(column, type_, sql=sql, dialect=dialect), rename)
+    except ValueError as exc:
+        log.warning("sql column %s is not run (null): %s", column, exc,
+                    extra={"column": column})
+        return None
+    return f"CAST(({body}) AS {_SPARK_TYPES[type_]})"
+
+
+def _in_ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    return " OR ".join(f"`_sequence` = {a}" if a == b else f"`_sequence` BETWEEN {a} AND {b}"
+                       for a, b in ranges)
+
+
+def sql_expressions(index: int, stream: str, columns: Sequence[str],
+                    derived: Sequence[Derived], prefix: str, stream_column: str
+                    ) -> dict[str, str]:
+    """Spark SQL for each ``sql`` column of stream ``index`` in the wide frame: its column
+    references renamed to the frame's ``<prefix><name>`` columns, cast to the column type,
+    and only evaluated on the stream's own rows (and, with ``cases``, only on the rows of
+    the entries each expression applies to)."""
+    rename = {name: f"{prefix}{name}" for name in columns}
+    rename.update({name: name for name in ENVELOPE_COLUMNS})
+    quoted = stream.replace("\\", "\\\\").replace("'", "\\'")
+    own = f"`{stream_column}` = '{quoted}'"
+    out: dict[str, str] = {}
+    for d in derived:
+        if d.kind != "sql":
+            continue
+        whens: list[str] = []
+        cases = d.cases if d.cases is not None else (SqlCase(d.arg, d.dialect, ()),)
+        for case in cases:
+            body = _spark_body(d.column, case.sql, case.dialect, d.type, rename)
+            if body is None or (d.cases is not None and not case.ranges):
+                continue
+            guard = own if d.cases is None else f"{own} AND ({_in_ranges(case.ranges)})"
+            whens.append(f"WHEN {guard} THEN {body}")
+        out[f"{prefix}{d.column}"] = (f"CASE {' '.join(whens)} END" if whens else
+                                      f"CAST(NULL AS {_SPARK_TYPES[d.type]})")
+    return out
+
+
+def project_sql(frame: DataFrame, expressions: dict[str, str]) -> DataFrame:
+    """Replace the wide frame's ``sql`` columns with their Spark expressions (ANSI off
+    while they are parsed: a failing cast gives null instead of failing the run)."""
+    if not expressions:
+        return frame
+    from pyspark.sql import functions as F
+
+    spark = frame.sparkSession
+    key = "spark.sql.ansi.enabled"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        return frame.withColumns({name: F.expr(sql) for name, sql in expressions.items()})
+    finally:
+        spark.conf.set(key, previous)
+
+
+SqlErrors = dict[str, int]
+"""Rows whose ``sql`` value was lost to a runtime failure, by wide-frame column name."""
+
+
+def fill_sql_safely(spark: SparkSession, base: pa.Table, expressions: dict[str, str],
+                    *, max_probes: int = MAX_PROBES) -> tuple[pa.Table, SqlErrors]:
+    """``base`` (the wide rows, ``sql`` columns still null) with each ``sql`` column computed
+    on its own; rows where it fails get null and are counted (see the module doc)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    rows = base.append_column(ROW_ID, pa.array(range(base.num_rows), pa.int64()))
+    schema = from_arrow_schema(rows.schema, prefer_timestamp_ntz=False)
+    errors: SqlErrors = {}
+    for name, sql in expressions.items():
+        values, failed = _evaluate_column(spark, rows, schema, name, sql, max_probes)
+        if failed:
+            errors[name] = failed
+            log.warning("sql column %s failed on %d rows of this run: they get null", name,
+                        failed, extra={"column": name, "rows": failed})
+        base = base.set_column(base.schema.get_field_index(name), name,
+                               values.cast(base.schema.field(name).type))
+    if errors:
+        _check_session(spark)
+    return base, errors
+
+
+def _check_session(spark: SparkSession) -> None:
+    """Raise if Spark itself is failing: then the probes failed for Spark's sake, not the
+    expressions', and nulling their rows would lose values a retry computes."""
+    try:
+        spark.range(1).collect()
+    except Exception as exc:
+        raise RuntimeError(f"Spark failed while isolating failing sql rows: {exc}") from exc
+
+
+def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: object, name: str,
+                     sql: str, max_probes: int) -> tuple[pa.Array, int]:
+    """The column's values over ``rows`` (null where evaluation fails) and how many rows
+    failed: evaluate a range, and split a failing one in halves while probes remain."""
+    values: list[pa.Table] = []
+    failed = 0
+    pending = [(0, rows.num_rows)]
+    probes = 0
+    while pending:
+        start, stop = pending.pop()
+        part = rows.slice(start, stop - start)
+        if probes >= max_probes:
+            failed += stop - start
+            continue
+        probes += 1
+        try:
+            frame = spark.createDataFrame(part, schema=schema)  # type: ignore[arg-type]
+            got = project_sql(frame, {name: sql}).select(ROW_ID, name).toArrow()
+        except Exception:  # the expression threw on some row of this range
+            if stop - start == 1:
+                failed += 1
+            else:
+                middle = (start + stop) // 2
+                pending += [(middle, stop), (start, middle)]
+            continue
+        values.append(got)
+    field = rows.schema.field(name)
+    done = pa.concat_tables([v.cast(pa.schema([pa.field(ROW_ID, pa.int64()), field]))
+                             for v in values]) if values else None
+    out = pa.nulls(rows.num_rows, field.type)
+    if done is not None and done.num_rows:
+        positions = done.column(ROW_ID).to_numpy()
+        filled = np.full(rows.num_rows, -1, dtype=np.int64)
+        filled[positions] = np.arange(done.num_rows)
+        taken = done.column(name).combine_chunks().take(
+            pa.array(np.where(filled >= 0, filled, 0)))
+        out = pc.if_else(pa.array(filled >= 0), taken, out)
+    return out, failed
+
+
+def check_on_spark(spark: SparkSession, streams: Sequence[StreamSpec]) -> None:
+    """Compile every ``sql`` mapping on Spark at start-up, one column at a time, so an
+    unknown function or a type error names its stream and column instead of failing the
+    first run (and every retry) later. Analysis only: no job runs."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from pipeline.load.source import STREAM, struct_column, wide_arrow_schema
+    from pipeline.read.query import spark_error
+
+    schema = from_arrow_schema(wide_arrow_schema(tuple(streams)), prefer_timestamp_ntz=False)
+    empty = spark.createDataFrame([], schema)
+    for i, stream in enumerate(streams):
+        names = [name for name, _ in stream.columns]
+        for d in stream.derived:
+            if d.kind != "sql":
+                continue
+            one = sql_expressions(i, stream.name, names, (d,), f"{struct_column(i)}__", STREAM)
+            try:
+                project_sql(empty, one)
+            except Exception as exc:  # AnalysisException, ParseException
+                raise ConfigError(f"stream {stream.name!r}, column {d.column!r}: sql "
+                                  f"{d.arg!r} does not compile on Spark: "
+                                  f"{spark_error(exc, {})}") from None

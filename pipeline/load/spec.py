@@ -1,0 +1,105 @@
+"""What one pipeline run reads: the store, the streams, and the batch files, as plain data.
+
+Why a separate, JSON-serializable spec: a Spark Python data source receives only string
+options on the driver and pickled partitions on the workers, and the same spec also drives
+the no-Spark decode path (tests, the benchmark baseline). Keeping it free of live objects
+(stores, catalogs, sessions) makes it cheap to ship to any executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import msgspec
+import pyarrow as pa
+
+from icefloe.config import Config, StreamConfig
+from icefloe.manifest.model import Entry
+from pipeline.load.decode import BatchRef
+from pipeline.load.mapped import Derived, SqlCase, StreamPlan, derived_columns
+from pipeline.load.schema import ARROW_TYPES
+
+
+class StreamSpec(msgspec.Struct, frozen=True):
+    """A stream's table columns, and which of them the pipeline derives (not the payload)."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]  # (name, icefloe type)
+    derived: tuple[Derived, ...] = ()
+
+    def payload_schema(self) -> pa.Schema:
+        skip = {d.column for d in self.derived}
+        return pa.schema([pa.field(name, ARROW_TYPES[kind]) for name, kind in self.columns
+                          if name not in skip])
+
+    def plan(self) -> pa.Schema | StreamPlan:
+        """What the decode needs: the payload schema, or a plan with derived columns."""
+        if not self.derived:
+            return self.payload_schema()
+        return StreamPlan(self.payload_schema(), self.derived,
+                          tuple(name for name, _ in self.columns))
+
+
+class RunSpec(msgspec.Struct, frozen=True):
+    store_url: str
+    endpoint_url: str | None
+    region: str | None
+    streams: tuple[StreamSpec, ...]
+    batches: tuple[tuple[int, str, int, int], ...]  # (sequence, location, size, crc32c)
+    partitions: int = 4
+
+    def refs(self) -> list[BatchRef]:
+        return [BatchRef(*batch) for batch in self.batches]
+
+    def encode(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> RunSpec:
+        return msgspec.json.decode(text, type=cls)
+
+
+def stream_specs(streams: Iterable[StreamConfig]) -> tuple[StreamSpec, ...]:
+    return tuple(StreamSpec(s.name, tuple((c.name, c.type) for c in s.columns),
+                            derived_columns(s))
+                 for s in streams)
+
+
+def run_spec(config: Config, entries: Sequence[Entry], partitions: int = 4) -> RunSpec:
+    return RunSpec(
+        store_url=config.store.url, endpoint_url=config.store.endpoint_url,
+        region=config.store.region, streams=stream_specs(config.streams),
+        batches=tuple((e.sequence, e.location, e.size, e.crc32c) for e in entries),
+        partitions=partitions)
+
+
+def with_sql_cases(spec: RunSpec,
+                   cases: dict[str, dict[str, tuple[SqlCase, ...]]]) -> RunSpec:
+    """``spec`` with each ``sql`` column of each stream limited to the entries whose
+    registry version declares it, with the expression that version declares (``cases``:
+    by stream, then column; a column absent there is computed on no row). See
+    :mod:`pipeline.load.mapped`."""
+    streams = []
+    for stream in spec.streams:
+        mine = cases.get(stream.name, {})
+        derived = tuple(msgspec.structs.replace(d, cases=mine.get(d.column, ()))
+                        if d.kind == "sql" else d for d in stream.derived)
+        streams.append(msgspec.structs.replace(stream, derived=derived))
+    return msgspec.structs.replace(spec, streams=tuple(streams))
+
+
+def group_refs(refs: Sequence[BatchRef], partitions: int) -> list[list[BatchRef]]:
+    """Split files into ≤ ``partitions`` groups of similar total size.
+
+    Why not one partition per file: every Spark task costs ~35 ms of Python worker overhead,
+    which dominated a probe with 100 files (see CEILINGS.md); a few balanced groups keep
+    both cores busy without it.
+    """
+    count = max(1, min(partitions, len(refs)))
+    groups: list[list[BatchRef]] = [[] for _ in range(count)]
+    sizes = [0] * count
+    for ref in sorted(refs, key=lambda r: -r.size):
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(ref)
+        sizes[smallest] += ref.size
+    return [sorted(group, key=lambda r: r.sequence) for group in groups if group]

@@ -1,0 +1,1 @@
+"""Reading icefloe's tables back: pinned-snapshot queries and the Spark reader."""

@@ -1,0 +1,231 @@
+"""``icefloe query``: Spark SQL over the Iceberg tables, each pinned to one snapshot.
+
+Why rewrite the SQL: Spark here has no Iceberg catalog (no JVM packages), so ``web.pageviews``
+means nothing to it. sqlglot parses the query once, finds every table reference (skipping
+CTE names), and each becomes a temp view over :mod:`pipeline.read.iceberg_source` pinned to one
+snapshot — the current one, or the one current at ``--as-of``. Every reference to a table
+reads that same snapshot, so a self-join or a ``count(*)`` next to a ``sum`` agree.
+
+Names resolve in this order: ``namespace.table`` as written; a bare name that is a stream
+(``pageviews`` → its table); a bare name that is the table part of exactly one stream's
+table. ``FOR VERSION AS OF <snapshot id>`` or ``FOR TIMESTAMP AS OF '<time>'`` after a
+reference pins that one reference (it wins over ``--as-of``); the same table may then be
+read at two snapshots in one query (a before/after comparison). Only read-only queries run
+(``SELECT``, set operations, ``WITH``); anything else is refused before Spark starts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from icefloe.config import Config
+from icefloe.errors import IcefloeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+    from sqlglot import exp
+
+DEAD_LETTERS = "icefloe.dead_letters"
+
+
+class QueryError(IcefloeError):
+    """The query cannot run as written (parse error, unknown table, not read-only, ...)."""
+
+
+@dataclass(frozen=True)
+class AsOf:
+    """``--as-of``: a snapshot id, or a point in time (ms since the epoch)."""
+
+    snapshot_id: int | None = None
+    timestamp_ms: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> AsOf | None:
+        """Digits are a snapshot id; anything else must be an ISO 8601 time (UTC if naive)."""
+        if text is None:
+            return None
+        text = text.strip()
+        if text.isdigit():
+            return cls(snapshot_id=int(text))
+        try:
+            when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise QueryError(f"--as-of {text!r}: give a snapshot id (digits, see `icefloe "
+                             "tables history`) or a time such as 2026-11-23T17:00:00Z") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        return cls(timestamp_ms=int(when.timestamp() * 1000))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The rewritten SQL and, per table, the view and snapshot it reads."""
+
+    sql: str
+    tables: dict[str, str]  # identifier -> view name
+    snapshots: dict[str, int | None]  # identifier -> snapshot id (None: empty table)
+    # Keys of ``tables`` that are not plain identifiers (a reference with its own
+    # ``FOR VERSION/TIMESTAMP AS OF``: ``web.t@<snapshot>``) -> the identifier they read.
+    identifiers: dict[str, str] = field(default_factory=dict)
+
+
+def parse(sql: str) -> exp.Expression:
+    """One read-only statement, or a one-line :class:`QueryError`."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import ParseError
+
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
+    except ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        where = f" (line {first.get('line')}, column {first.get('col')})" if first else ""
+        reason = str(first.get("description") or exc).splitlines()[0]
+        raise QueryError(f"SQL does not parse{where}: {reason}") from None
+    if len(statements) != 1:
+        raise QueryError(f"give exactly one SQL statement (got {len(statements)})")
+    tree = statements[0]
+    if not isinstance(tree, exp.Query):
+        raise QueryError(f"icefloe query runs read-only queries (SELECT, WITH, UNION ...); "
+                         f"this is a {tree.key.upper()} statement")
+    return tree
+
+
+def resolve_name(table: exp.Table, config: Config) -> str:
+    """``namespace.table`` for a reference, by the rules in the module docstring."""
+    if table.catalog:
+        raise QueryError(f"{table.sql(dialect='spark')}: use namespace.table, without a "
+                         "catalog name")
+    if table.db:
+        return f"{table.db}.{table.name}"
+    name = table.name
+    stream = config.stream(name)
+    if stream is not None:
+        return stream.table
+    matches = sorted({s.table for s in config.streams if s.table_name == name})
+    if len(matches) == 1:
+        return matches[0]
+    known = sorted({s.table for s in config.streams} | {DEAD_LETTERS})
+    if matches:
+        raise QueryError(f"table {name!r} is ambiguous: {', '.join(matches)}; qualify it")
+    raise QueryError(f"unknown table {name!r}: use namespace.table or a stream name "
+                     f"(known tables: {', '.join(known)})")
+
+
+def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
+    """Parse, resolve and pin every table; the rewritten SQL reads only temp views."""
+    from sqlglot import exp
+
+    from pipeline.read.iceberg_source import load_table
+
+    tree = parse(sql)
+    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    references = [t for t in tree.find_all(exp.Table)
+                  if t.name and not (not t.db and t.name in ctes)]
+    if not references:
+        return Plan(tree.sql(dialect="spark"), {}, {})
+    views: dict[str, str] = {}
+    snapshots: dict[str, int | None] = {}
+    identifiers: dict[str, str] = {}
+    loaded: dict[str, Table] = {}
+    for ref in references:
+        identifier = resolve_name(ref, config)
+        clause = time_travel(ref)
+        if identifier not in loaded:
+            loaded[identifier] = load_table(config.catalog, identifier)
+        key = identifier
+        if clause is not None:
+            key = f"{identifier}@{pin(loaded[identifier], identifier, clause)}"
+            identifiers[key] = identifier
+        if key not in views:
+            snapshots[key] = pin(loaded[identifier], identifier, clause or as_of)
+            views[key] = f"__icefloe_{len(views)}_{identifier.replace('.', '_')}"
+        alias = ref.alias or ref.name
+        ref.replace(exp.to_table(views[key]).as_(alias))
+    return Plan(tree.sql(dialect="spark"), views, snapshots, identifiers)
+
+
+def time_travel(ref: exp.Table) -> AsOf | None:
+    """The reference's ``FOR VERSION|TIMESTAMP AS OF`` clause as an :class:`AsOf`, removed
+    from the tree (Spark reads a temp view, which has no versions of its own)."""
+    from sqlglot import exp
+
+    version = ref.args.get("version")
+    if version is None:
+        return None
+    ref.set("version", None)
+    kind = str(version.this).upper()
+    value = version.expression
+    where = f"{ref.sql(dialect='spark')} FOR {kind} {version.text('kind')}"
+    if str(version.args.get("kind", "")).upper() != "AS OF" or not isinstance(value,
+                                                                             exp.Literal):
+        raise QueryError(f"{where}: write FOR VERSION AS OF <snapshot id> or FOR TIMESTAMP "
+                         "AS OF '<ISO 8601 time>'")
+    text = value.this.strip()
+    if kind == "VERSION":
+        if not text.isdigit():
+            raise QueryError(f"{where} {text!r}: a version is a snapshot id (digits, see "
+                             "`icefloe tables history`)")
+        return AsOf(snapshot_id=int(text))
+    if text.isdigit():
+        raise QueryError(f"{where} {text}: a timestamp is quoted ISO 8601, such as "
+                         "'2026-11-23T17:00:00Z'")
+    try:
+        return AsOf.parse(text)
+    except QueryError:
+        raise QueryError(f"{where} {text!r}: not an ISO 8601 time (such as "
+                         "'2026-11-23T17:00:00Z')") from None
+
+
+def pin(table: Table, identifier: str, as_of: AsOf | None) -> int | None:
+    """The snapshot to read: current, the given id, or the one current at the given time."""
+    from pipeline.read.iceberg_source import resolve_snapshot
+
+    if as_of is None or as_of.snapshot_id is not None:
+        return resolve_snapshot(table, identifier, as_of.snapshot_id if as_of else None)
+    assert as_of.timestamp_ms is not None
+    snapshot = table.snapshot_as_of_timestamp(as_of.timestamp_ms)
+    if snapshot is None:
+        first = min((s.timestamp_ms for s in table.snapshots()), default=None)
+        when = _iso(as_of.timestamp_ms)
+        since = f"its first commit is at {_iso(first)}" if first else "it has no commits yet"
+        raise QueryError(f"table {identifier!r} had no snapshot at {when}; {since}")
+    return snapshot.snapshot_id
+
+
+def _iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | None = None,
+              limit: int | None = None) -> tuple[pa.Table, bool, Plan]:
+    """Run ``sql``; the result (at most ``limit`` rows), whether more rows were cut off,
+    and the plan (which snapshot each table was read at)."""
+    from pipeline.read.iceberg_source import read_table
+
+    pinned = plan(sql, config, as_of)
+    for key, view in pinned.tables.items():
+        read_table(spark, config.catalog, pinned.identifiers.get(key, key),
+                   snapshot_id=pinned.snapshots[key]).createOrReplaceTempView(view)
+    try:
+        frame = spark.sql(pinned.sql)
+        if limit is not None:
+            frame = frame.limit(limit + 1)
+        result = frame.toArrow()
+    except Exception as exc:
+        raise QueryError(spark_error(exc, pinned.tables)) from exc
+    truncated = limit is not None and result.num_rows > limit
+    return (result.slice(0, limit) if truncated else result), truncated, pinned
+
+
+def spark_error(exc: BaseException, views: dict[str, str]) -> str:
+    """Spark's message in one line, with our view names turned back into table names."""
+    text = " ".join(str(getattr(exc, "getMessage", lambda: exc)()).split()) or repr(exc)
+    text = text.split(" JVM stacktrace:")[0].split("SQLSTATE:")[0].strip()
+    for identifier, view in views.items():
+        text = text.replace(f"`{view}`", identifier).replace(view, identifier)
+    return text[:500]

@@ -1,0 +1,270 @@
+"""``output = "cluster"`` never wedges on a registry the admin API accepts.
+
+A run ends where its routing changes (a sink disabled or enabled, deleted and re-created, a
+table passing to another source), so each source has one target per run; a run the cluster
+path still cannot write in one shot (fan-out, import conditions) takes the embedded path on
+the same Spark session. Every test: each event committed exactly once, the queue drained,
+no ``RoutingUnsupportedError``. Real Spark, real local store, real SQLite catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from collector_support import (
+    CLICKS,
+    Crash,
+    assert_exact,
+    click,
+    collector_config,
+    crash_at,
+    open_store_of,
+    publish,
+    read_table,
+    start,
+)
+
+from collector.routing import Routes, cut_by_routing, embedded_reason
+from icefloe.config import Column, Config
+from icefloe.manifest.model import Entry
+from icefloe.registry import Registry, RegistryStore, ops
+from icefloe.registry.model import Conditions
+from pipeline.load.run import SparkClusterEngine
+
+CLICKS_SINK = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns)
+SLIM = ops.SinkSpec(name="slim", table="web.slim", columns=(Column("user_id", "string"),))
+Event = tuple[str, str, int, bytes]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return collector_config(tmp_path, (CLICKS,), output="cluster", dequeue_every=1)
+
+
+@pytest.fixture
+def engine(spark: Any) -> SparkClusterEngine:
+    return SparkClusterEngine(spark, 2)
+
+
+async def change(config: Config, fn: Callable[[Registry], Registry]) -> int:
+    store = open_store_of(config)
+    try:
+        return (await RegistryStore(store, config.admin.registry_key).update(fn)).version
+    finally:
+        await store.close()
+
+
+async def queue(config: Config, version: int, *batches: list[Event]) -> None:
+    store = open_store_of(config)
+    try:
+        await publish(store, batches, registry_version=version)
+    finally:
+        await store.close()
+
+
+def batch(prefix: str, count: int, source: str = "clicks") -> list[Event]:
+    return [(source, *click(i, prefix)[1:]) for i in range(count)]
+
+
+def ids(*prefixes: str, count: int = 8) -> set[str]:
+    return {f"{p}{i}" for p in prefixes for i in range(count)}
+
+
+async def collector_for(config: Config, engine: SparkClusterEngine) -> Any:
+    collector = await start(config, engine)
+    registry = await RegistryStore(collector.store, config.admin.registry_key).read()
+    collector.routes = Routes(registry)
+    await asyncio.to_thread(collector.prepare_tables)
+    return collector
+
+
+async def drain_all(collector: Any) -> list[int]:
+    """Run until the queue is empty (each run must succeed); the entries of each run."""
+    runs = []
+    while (result := await collector.run_once()).entries:
+        runs.append(result.entries)
+    manifest = await collector.consumer.snapshot()
+    assert manifest.consumer.acked_through == manifest.next_sequence - 1
+    return runs
+
+
+def fallbacks(collector: Any, reason: str) -> float:
+    return collector.metrics.embedded_runs.labels(reason)._value.get()
+
+
+async def test_a_sink_disabled_and_enabled_inside_one_run(config, engine) -> None:
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(CLICKS_SINK,))))
+    await queue(config, version, batch("a", 8))
+    version = await change(config, lambda r: ops.set_sink_enabled(r, "clicks", "clicks",
+                                                                  False))
+    await queue(config, version, batch("off", 8))
+    version = await change(config, lambda r: ops.set_sink_enabled(r, "clicks", "clicks",
+                                                                  True))
+    await queue(config, version, batch("b", 8), batch("c", 8))
+    collector = await collector_for(config, engine)
+    assert await drain_all(collector) == [1, 1, 2]  # cut where the routing changes
+    assert_exact(config, "web.clicks", ids("a", "b", "c"))
+    assert not collector.metrics.embedded_runs.collect()[0].samples  # all on the cluster path
+    await collector.store.close()
+
+
+async def test_a_sink_deleted_and_re_created_inside_one_run(config, engine) -> None:
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(CLICKS_SINK,))))
+    await queue(config, version, batch("a", 8))
+    await change(config, lambda r: ops.delete_sink(r, "clicks", "clicks"))
+    version = await change(config, lambda r: ops.create_sink(r, "clicks", CLICKS_SINK))
+    await queue(config, version, batch("b", 8))
+    collector = await collector_for(config, engine)
+    assert await drain_all(collector) == [1, 1]
+    assert_exact(config, "web.clicks", ids("a", "b"))
+    assert not collector.metrics.embedded_runs.collect()[0].samples
+    await collector.store.close()
+
+
+async def test_a_table_moving_between_sources_inside_one_run(config, engine) -> None:
+    moved = ops.SinkSpec(name="moved", table="web.clicks", columns=CLICKS.columns)
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(CLICKS_SINK,))))
+    await queue(config, version, batch("a", 8))
+    await change(config, lambda r: ops.delete_sink(r, "clicks", "clicks"))
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="visits", sinks=(moved,))))
+    await queue(config, version, batch("v", 8, source="visits"), batch("w", 8, "visits"))
+    collector = await collector_for(config, engine)
+    assert await drain_all(collector) == [1, 2]
+    assert_exact(config, "web.clicks", ids("a", "v", "w"))
+    assert not collector.metrics.embedded_runs.collect()[0].samples
+    await collector.store.close()
+
+
+async def test_fan_out_takes_the_embedded_path(config, engine) -> None:
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(CLICKS_SINK,))))
+    await queue(config, version, batch("a", 8))  # one sink: the cluster path
+    version = await change(config, lambda r: ops.create_sink(r, "clicks", SLIM))
+    await queue(config, version, batch("b", 8), batch("c", 8))  # two sinks: embedded
+    collector = await collector_for(config, engine)
+    assert await drain_all(collector) == [1, 2]
+    assert_exact(config, "web.clicks", ids("a", "b", "c"))
+    assert_exact(config, "web.slim", ids("b", "c"))
+    assert read_table(config, "web.slim").column_names == [
+        "user_id", "_event_id", "_received_at", "_sequence"]
+    assert fallbacks(collector, "fan-out") == 1
+    await collector.store.close()
+
+
+async def test_import_conditions_take_the_embedded_path(config, engine) -> None:
+    staged = msgspec.structs.replace(CLICKS_SINK, conditions=Conditions(max_age_s=3600,
+                                                                       max_events=16))
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(staged,))))
+    await queue(config, version, batch("a", 8))
+    collector = await collector_for(config, engine)
+    result = await collector.run_once()
+    assert result.staged == {"web.clicks": 8}  # staged, not committed: below 16 events
+    assert read_table(config, "web.clicks").num_rows == 0
+    await queue(config, version, batch("b", 8))
+    assert await drain_all(collector) == [1]  # 16 events: committed
+    assert_exact(config, "web.clicks", ids("a", "b"))
+    # Conditions back to the defaults: rows still staged go first, then the cluster path.
+    await queue(config, version, batch("c", 8))
+    assert (await collector.run_once()).staged == {"web.clicks": 8}
+    version = await change(config, lambda r: ops.update_sink(
+        r, "clicks", "clicks", ops.SinkPatch(conditions=Conditions())))
+    await queue(config, version, batch("d", 8))
+    assert await drain_all(collector) == [1]  # staged behind c, then c and d committed
+    assert_exact(config, "web.clicks", ids("a", "b", "c", "d"))
+    assert fallbacks(collector, "staging") == 4
+    await queue(config, version, batch("e", 8))
+    assert await drain_all(collector) == [1]
+    assert fallbacks(collector, "staging") == 4  # nothing staged any more: cluster path
+    assert_exact(config, "web.clicks", ids("a", "b", "c", "d", "e"))
+    await collector.store.close()
+
+
+async def test_a_re_created_source_with_other_columns(config, engine) -> None:
+    """The old record's sink had a column the new one lacks: the source decodes both, which
+    the cluster writer would put into tables that lack them; those runs go embedded."""
+    old = ops.SinkSpec(name="old", table="web.old", columns=(
+        Column("user_id", "string", required=True), Column("n", "long")))
+    new = ops.SinkSpec(name="new", table="web.new", columns=(
+        Column("user_id", "string", required=True), Column("url", "string")))
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(old,))))
+    await queue(config, version, batch("o", 8))
+    await change(config, lambda r: ops.delete_source(r, "clicks"))
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(new,))))
+    await queue(config, version, batch("n", 8))
+    collector = await collector_for(config, engine)
+    assert await drain_all(collector) == [1, 1]
+    assert_exact(config, "web.old", ids("o"))
+    assert_exact(config, "web.new", ids("n"))
+    assert sorted(read_table(config, "web.old").column("n").to_pylist()) == list(range(8))
+    assert read_table(config, "web.new").column_names == [
+        "user_id", "url", "_event_id", "_received_at", "_sequence"]
+    assert fallbacks(collector, "columns") == 2
+    await collector.store.close()
+
+
+async def test_a_crash_between_the_tables_of_a_fan_out_run_then_restart(config, engine
+                                                                       ) -> None:
+    """The embedded path keeps its crash guarantees when the cluster engine takes it:
+    the table committed before the crash is not committed twice, the other one gets its
+    rows, and the runs after it go back to the cluster path."""
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(CLICKS_SINK, SLIM))))
+    await queue(config, version, batch("a", 8), batch("b", 8))
+    crashing = await start(config, engine, hook=crash_at("after_commit:web.clicks"))
+    crashing.routes = Routes(await RegistryStore(crashing.store,
+                                                 config.admin.registry_key).read())
+    await asyncio.to_thread(crashing.prepare_tables)
+    with pytest.raises(Crash):
+        await crashing.run_once()
+    await crashing.store.close()
+    assert_exact(config, "web.clicks", ids("a", "b"))
+    assert read_table(config, "web.slim").num_rows == 0
+    version = await change(config, lambda r: ops.delete_sink(r, "clicks", "slim"))
+    await queue(config, version, batch("c", 8))
+    restarted = await collector_for(config, engine)
+    assert await drain_all(restarted) == [2, 1]  # the replay, then one sink again
+    assert_exact(config, "web.clicks", ids("a", "b", "c"))
+    assert_exact(config, "web.slim", ids("a", "b"))
+    assert fallbacks(restarted, "fan-out") == 1
+    await restarted.store.close()
+
+
+def entry(sequence: int, version: int, *streams: str) -> Entry:
+    return Entry(sequence=sequence, location=f"b/{sequence}", size=1, crc32c=0,
+                 record_count=1, streams=streams, ingested_at=0.0, producer_id="p",
+                 producer_batch=sequence, registry_version=version)
+
+
+def test_a_run_is_cut_where_its_routing_changes() -> None:
+    """Pure: where runs end, and which runs the cluster path hands to the embedded one."""
+    reg = ops.create_source(Registry(), ops.SourceSpec(id="clicks", sinks=(CLICKS_SINK,)))
+    reg = ops.create_source(reg, ops.SourceSpec(id="buys", sinks=(ops.SinkSpec(
+        name="buys", table="shop.buys", columns=CLICKS.columns),)))                # v2
+    reg = ops.set_sink_enabled(reg, "clicks", "clicks", False)                    # v3
+    reg = ops.set_sink_enabled(reg, "clicks", "clicks", True)                     # v4
+    reg = ops.create_sink(reg, "clicks", SLIM)                                    # v5
+    routes = Routes(reg)
+    run = [entry(0, 2, "clicks"), entry(1, 2, "buys"), entry(2, 3, "buys"),
+           entry(3, 4, "clicks", "buys"), entry(4, 3, "clicks")]
+    # buys routes alike at 2 and 3; clicks is off at 3: the run ends there.
+    assert cut_by_routing(routes, run) == run[:4]
+    assert cut_by_routing(routes, run[4:]) == run[4:]  # the first entry is always taken
+    assert embedded_reason(routes, run[:4], lambda target: False) is None
+    assert embedded_reason(routes, run[4:], lambda target: False) is None  # goes nowhere
+    assert embedded_reason(routes, run[:1], lambda target: True) == "staging"
+    fan_out = [entry(5, 5, "clicks"), entry(6, 5, "clicks", "buys")]
+    assert cut_by_routing(routes, [*run[:2], *fan_out]) == run[:2]
+    assert cut_by_routing(routes, fan_out) == fan_out
+    assert embedded_reason(routes, fan_out, lambda target: False) == "fan-out"

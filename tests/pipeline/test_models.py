@@ -1,0 +1,484 @@
+"""SQL models: parsing, the DAG, dialects, every materialization, change detection,
+incremental correctness (also after a crash between compute and commit), time travel.
+
+Spark tests share the session ``spark`` fixture and keep data tiny: a ``web.pageviews``
+table (the example config's stream) in a fresh SQLite catalog per test, written with
+pyiceberg directly, one append per "collector commit" with increasing ``_sequence``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pytest
+
+from icefloe.config import Config, load_config
+from pipeline.iceberg.catalog import open_catalog
+from pipeline.iceberg.tables import ensure_stream_table
+from pipeline.load.schema import table_arrow_schema
+from pipeline.models import (
+    ModelError,
+    load_models,
+    parse_model,
+    plan_project,
+    prepare,
+    run_models,
+    topological_order,
+)
+from pipeline.models.state import last_run
+from pipeline.models.write import write_result
+from pipeline.read.query import AsOf, QueryError, plan, run_query
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_CONFIG = ROOT / "examples" / "icefloe.toml"
+EXAMPLE_MODELS = ROOT / "examples" / "models"
+DAY = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def lake_config(root: Path) -> Config:
+    """The example config's streams on a SQLite catalog under ``root``."""
+    example = load_config(EXAMPLE_CONFIG)
+    return msgspec.structs.replace(example, catalog=msgspec.structs.replace(
+        example.catalog, uri=f"sqlite:///{root / 'catalog.db'}",
+        warehouse=(root / "warehouse").as_uri()))
+
+
+def pageviews(config: Config, views: list[tuple[int, int, str, int]],
+              properties: dict[str, str] | None = None) -> None:
+    """Append one commit of page views: ``(sequence, day offset, url, session)`` each."""
+    stream = config.stream("pageviews")
+    assert stream is not None
+    table = ensure_stream_table(open_catalog(config.catalog), stream)
+    rows = [{"user_id": f"u{session}", "session_id": f"s{session}", "url": url,
+             "referrer": None, "duration_ms": 10, "ts": DAY + dt.timedelta(days=day),
+             "_event_id": f"e{sequence}-{index}", "_received_at": DAY,
+             "_sequence": sequence}
+            for index, (sequence, day, url, session) in enumerate(views)]
+    table.append(pa.Table.from_pylist(rows, schema=table_arrow_schema(stream)),
+                 snapshot_properties=properties or {})
+
+
+def write_model(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.sql"
+    path.write_text(text)
+    return path
+
+
+def target_rows(config: Config, identifier: str, key: tuple[str, ...]) -> list[dict[str, Any]]:
+    rows = open_catalog(config.catalog).load_table(identifier).scan().to_arrow().to_pylist()
+    return sorted(rows, key=lambda r: tuple(str(r[k]) for k in key))
+
+
+def states(outcomes: list[Any]) -> dict[str, str]:
+    return {o.name: o.state for o in outcomes}
+
+
+# ------------------------------------------------------------------ files and the DAG
+
+
+def test_should_read_the_header_and_default_the_rest(tmp_path: Path) -> None:
+    path = write_model(tmp_path, "daily", "-- Daily numbers.\n-- materialized: merge\n"
+                       "-- unique_key: day, url\n\nSELECT day, url FROM web.pageviews\n")
+    model = parse_model(path)
+    assert (model.materialized, model.unique_key, model.target, model.dialect) == (
+        "merge", ("day", "url"), "models.daily", "spark")
+    plain = parse_model(write_model(tmp_path, "plain", "SELECT 1 AS x"))
+    assert (plain.materialized, plain.target) == ("view", "models.plain")
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    ("-- materialised: table", "unknown header key 'materialised'"),
+    ("-- materialized: merge", "needs `-- unique_key"),
+    ("-- materialized: table\n-- unique_key: a", "unique_key only applies"),
+    ("-- dialect: mysql", "dialect must be one of"),
+    ("-- target: nonamespace", "target must be namespace.table"),
+])
+def test_should_refuse_a_bad_header(tmp_path: Path, header: str, message: str) -> None:
+    path = write_model(tmp_path, "bad", f"{header}\nSELECT 1 AS a")
+    with pytest.raises(ModelError, match=message):
+        parse_model(path)
+
+
+def test_should_refuse_sql_that_is_not_one_select(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="not a DELETE statement"):
+        parse_model(write_model(tmp_path, "d", "DELETE FROM web.pageviews"))
+    with pytest.raises(ModelError, match="does not parse"):
+        parse_model(write_model(tmp_path, "p", "SELECT FROM WHERE ("))
+
+
+def test_should_order_models_after_what_they_read(tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "a_mart", "-- materialized: table\nSELECT * FROM b_middle")
+    write_model(folder, "b_middle", "SELECT * FROM staging.c")
+    write_model(folder, "c_first", "-- target: staging.c\nSELECT * FROM web.pageviews")
+    write_model(folder, "d_alone", "WITH x AS (SELECT 1 AS n) SELECT * FROM x")
+    project = plan_project(load_models(folder), lake_config(tmp_path))
+    assert list(project.models) == ["c_first", "b_middle", "a_mart", "d_alone"]
+    assert project.upstream("a_mart") == ["b_middle"]
+    assert project.refs["d_alone"] == ()  # a CTE is not a reference
+
+
+def test_should_name_the_cycle() -> None:
+    with pytest.raises(ModelError, match="cycle: a → b → c → a"):
+        topological_order({"a": ["b"], "b": ["c"], "c": ["a"], "d": []})
+
+
+def test_should_refuse_a_cycle_between_model_files(tmp_path: Path) -> None:
+    write_model(tmp_path, "x", "SELECT * FROM y")
+    write_model(tmp_path, "y", "SELECT * FROM models.x")
+    with pytest.raises(ModelError, match="cycle: x → y → x"):
+        plan_project(load_models(tmp_path), lake_config(tmp_path))
+
+
+def test_should_refuse_unknown_tables_before_running(tmp_path: Path) -> None:
+    config = lake_config(tmp_path)
+    write_model(tmp_path / "m1", "m", "SELECT * FROM nosuchthing")
+    with pytest.raises(ModelError, match="model m: unknown table 'nosuchthing'"):
+        prepare(tmp_path / "m1", config)
+    pageviews(config, [(1, 0, "/a", 1)])
+    write_model(tmp_path / "m2", "m", "SELECT * FROM web.pageviews JOIN web.missing USING (url)")
+    with pytest.raises(ModelError, match=r"model m: table 'web\.missing' does not exist"):
+        prepare(tmp_path / "m2", config)
+
+
+def test_should_refuse_a_model_that_writes_a_stream_table(tmp_path: Path) -> None:
+    write_model(tmp_path, "evil", "-- materialized: table\n-- target: web.pageviews\nSELECT 1")
+    with pytest.raises(ModelError, match="is an icefloe stream table"):
+        plan_project(load_models(tmp_path), lake_config(tmp_path))
+
+
+@pytest.mark.parametrize(("dialect", "sql", "spark_sql"), [
+    ("duckdb", "SELECT epoch_ms(n) AS t FROM x", "SELECT TIMESTAMP_MILLIS(n) AS t FROM x"),
+    ("duckdb", "SELECT strftime(ts, '%Y-%m') AS m FROM x",
+     "SELECT DATE_FORMAT(ts, 'yyyy-MM') AS m FROM x"),
+    ("duckdb", "SELECT ts::DATE AS d FROM x", "SELECT CAST(ts AS DATE) AS d FROM x"),
+    ("postgres", "SELECT string_agg(url, ',') AS u FROM x",
+     "SELECT LISTAGG(url, ',') AS u FROM x"),
+    ("postgres", "SELECT ts::date AS d, url ILIKE '/a%' AS a FROM x",
+     "SELECT CAST(ts AS DATE) AS d, url ILIKE '/a%' AS a FROM x"),
+    ("spark", "SELECT date_format(ts, 'yyyy') AS y FROM x",
+     "SELECT DATE_FORMAT(ts, 'yyyy') AS y FROM x"),
+])
+def test_should_transpile_dialects_to_spark(tmp_path: Path, dialect: str, sql: str,
+                                            spark_sql: str) -> None:
+    model = parse_model(write_model(tmp_path, "t", f"-- dialect: {dialect}\n{sql}"))
+    assert model.tree.sql(dialect="spark") == spark_sql
+
+
+def test_should_hash_what_decides_the_result(tmp_path: Path) -> None:
+    one = parse_model(write_model(tmp_path / "1", "m", "SELECT url FROM web.pageviews"))
+    spaced = parse_model(write_model(tmp_path / "2", "m", "select  url\nfrom web.pageviews"))
+    other = parse_model(write_model(tmp_path / "3", "m", "SELECT user_id FROM web.pageviews"))
+    assert one.sql_hash == spaced.sql_hash != other.sql_hash
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ({"day": [1, 1], "url": ["/a", "/a"]}, "occur more than once"),
+    ({"day": [1, None], "url": ["/a", "/b"]}, "day is null in 1 row"),
+])
+def test_should_refuse_a_merge_result_without_a_usable_key(tmp_path: Path, rows: Any,
+                                                           message: str) -> None:
+    from pipeline.models.runner import check_unique_key
+
+    model = parse_model(write_model(tmp_path, "m", "-- materialized: merge\n"
+                                    "-- unique_key: day, url\nSELECT 1 AS day, 'a' AS url"))
+    check_unique_key(model, pa.table({"day": [1, 1], "url": ["/a", "/b"]}))
+    with pytest.raises(ModelError, match=message):
+        check_unique_key(model, pa.table(rows))
+
+
+def test_should_export_everything_public() -> None:
+    import pipeline.models as package
+
+    assert sorted(package.__all__) == sorted(
+        n for n in vars(package) if not n.startswith("_") and n not in
+        {"dag", "runner", "spec", "state", "bind", "write", "annotations"})
+
+
+# ------------------------------------------------------------------------ on Spark
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Config:
+    config = lake_config(tmp_path)
+    pageviews(config, [(1, 0, "/A", 1), (1, 0, "/a", 1), (1, 0, "/b", 2), (1, 1, "/a", 3)])
+    return config
+
+
+def test_should_run_the_example_incrementally(spark: Any, lake: Config, tmp_path: Path
+                                              ) -> None:
+    folder = tmp_path / "models"
+    shutil.copytree(EXAMPLE_MODELS, folder)
+    project = prepare(folder, lake)
+    first = run_models(spark, project, lake)
+    assert states(first) == {"staging_sessions": "view", "mart_daily_traffic": "ran"}
+    key = ("day", "url")
+    day0, day1 = DAY.date(), (DAY + dt.timedelta(days=1)).date()
+    assert [(r["day"], r["url"], r["views"], r["sessions"]) for r in
+            target_rows(lake, "mart.daily_traffic", key)] == [
+        (day0, "/a", 2, 1), (day0, "/b", 1, 1), (day1, "/a", 1, 1)]
+    assert not open_catalog(lake.catalog).table_exists("staging.sessions")  # a view stores nothing
+
+    again = run_models(spark, project, lake)
+    assert states(again)["mart_daily_traffic"] == "up to date"
+
+    pageviews(lake, [(2, 0, "/a", 4), (2, 2, "/c", 1)])
+    third = run_models(spark, project, lake)
+    assert states(third)["mart_daily_traffic"] == "ran"
+    assert third[1].rows == 2  # only the touched keys were recomputed and upserted
+    assert [(r["day"], r["url"], r["views"], r["sessions"]) for r in
+            target_rows(lake, "mart.daily_traffic", key)] == [
+        (day0, "/a", 3, 2), (day0, "/b", 1, 1), (day1, "/a", 1, 1),
+        ((DAY + dt.timedelta(days=2)).date(), "/c", 1, 1)]
+    state = last_run(open_catalog(lake.catalog).load_table("mart.daily_traffic"))
+    assert state is not None
+    source = open_catalog(lake.catalog).load_table("web.pageviews").current_snapshot()
+    assert (state.name, state.rows, state.watermarks) == ("mart_daily_traffic", 2,
+                                                          {"web.pageviews": 2})
+    assert state.sources == {"web.pageviews": source.snapshot_id}
+    assert state.run_id
+    assert len(state.sql_hash) == 16
+
+
+APPEND = """-- materialized: append
+-- target: mart.views
+SELECT url, _sequence FROM web.pageviews
+"""
+
+
+def test_should_append_only_new_rows_even_after_a_crash(spark: Any, lake: Config,
+                                                        tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "views", APPEND)
+    project = prepare(folder, lake)
+    assert run_models(spark, project, lake)[0].rows == 4
+
+    pageviews(lake, [(2, 0, "/x", 1), (2, 0, "/y", 1)])
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise ModelError("injected: the process died before the commit")
+
+    failed = run_models(spark, project, lake, write=crash)
+    assert (failed[0].state, failed[0].reason) == ("failed", "injected: the process died "
+                                                   "before the commit")
+    pageviews(lake, [(3, 0, "/z", 1)])
+    rerun = run_models(spark, project, lake)
+    assert (rerun[0].state, rerun[0].rows) == ("ran", 3)
+    rows = target_rows(lake, "mart.views", ("_sequence", "url"))
+    assert [r["_sequence"] for r in rows] == [1, 1, 1, 1, 2, 2, 3]  # nothing twice, nothing lost
+    state = last_run(open_catalog(lake.catalog).load_table("mart.views"))
+    assert state is not None
+    assert state.watermarks == {"web.pageviews": 3}
+    assert states(run_models(spark, project, lake)) == {"views": "up to date"}
+
+
+def orders(config: Config, sequence: int, count: int) -> None:
+    """Append one commit of ``count`` orders with ``_sequence`` = ``sequence``."""
+    stream = config.stream("orders")
+    assert stream is not None
+    table = ensure_stream_table(open_catalog(config.catalog), stream)
+    rows = [{"order_id": f"o{sequence}-{i}", "customer_id": "c", "amount": 1.0,
+             "_event_id": f"o{sequence}-{i}", "_received_at": DAY, "_sequence": sequence}
+            for i in range(count)]
+    table.append(pa.Table.from_pylist(rows, schema=table_arrow_schema(stream)))
+
+
+def test_should_keep_one_watermark_per_source(spark: Any, lake: Config, tmp_path: Path
+                                              ) -> None:
+    orders(lake, 1, 2)
+    folder = tmp_path / "models"
+    write_model(folder, "events", "-- materialized: append\n"
+                "SELECT 'view' AS kind, _sequence FROM web.pageviews "
+                "UNION ALL SELECT 'order' AS kind, _sequence FROM shop.orders")
+    project = prepare(folder, lake)
+    assert run_models(spark, project, lake)[0].rows == 6
+    orders(lake, 5, 3)
+    assert run_models(spark, project, lake)[0].rows == 3
+    pageviews(lake, [(7, 0, "/n", 1)])
+    assert run_models(spark, project, lake)[0].rows == 1
+    state = last_run(open_catalog(lake.catalog).load_table("models.events"))
+    assert state is not None
+    assert state.watermarks == {"shop.orders": 5, "web.pageviews": 7}
+    kinds = [r["kind"] for r in target_rows(lake, "models.events", ("kind",))]
+    assert (kinds.count("order"), kinds.count("view")) == (5, 5)
+
+
+def test_should_merge_without_double_counting_after_a_crash(spark: Any, lake: Config,
+                                                            tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    shutil.copytree(EXAMPLE_MODELS, folder)
+    project = prepare(folder, lake)
+    run_models(spark, project, lake)
+    pageviews(lake, [(2, 0, "/a", 9)])
+    calls: list[str] = []
+
+    def crash_after_write(*args: Any, **kwargs: Any) -> None:
+        calls.append(kwargs["mode"])
+        raise RuntimeError("injected crash")  # any exception: the model fails alone
+
+    failed = run_models(spark, project, lake, write=crash_after_write)
+    assert states(failed)["mart_daily_traffic"] == "failed"
+    assert calls == ["merge"]
+    assert run_models(spark, project, lake)[1].state == "ran"
+    views = {r["url"]: r["views"] for r in target_rows(lake, "mart.daily_traffic", ("day", "url"))
+             if r["day"] == DAY.date()}
+    assert views == {"/a": 3, "/b": 1}
+
+
+def test_should_refuse_a_commit_when_another_run_committed_first(spark: Any, lake: Config,
+                                                                 tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "views", APPEND)
+    project = prepare(folder, lake)
+    run_models(spark, project, lake)
+    pageviews(lake, [(2, 0, "/x", 1)])
+
+    def racing(catalog: Any, identifier: str, result: pa.Table, **kwargs: Any) -> None:
+        run_models(spark, project, lake)  # another run sneaks in and commits the rows
+        write_result(catalog, identifier, result, **kwargs)
+
+    outcome = run_models(spark, project, lake, write=racing)[0]
+    assert outcome.state == "failed"
+    assert "changed while the model ran" in outcome.reason
+    assert len(target_rows(lake, "mart.views", ("_sequence", "url"))) == 5
+
+
+def test_should_overwrite_a_table_model_and_rebuild_on_full_refresh(spark: Any, lake: Config,
+                                                                    tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "per_url", "-- materialized: table\n-- dialect: postgres\n"
+                "SELECT lower(url) AS url, count(*)::int AS n FROM pageviews GROUP BY 1")
+    write_model(folder, "views", APPEND)
+    project = prepare(folder, lake)
+    run_models(spark, project, lake)
+    pageviews(lake, [(2, 0, "/b", 1)])
+    assert states(run_models(spark, project, lake, ["per_url"])) == {"per_url": "ran"}
+    assert target_rows(lake, "models.per_url", ("url",)) == [
+        {"url": "/a", "n": 3}, {"url": "/b", "n": 2}]
+    refreshed = run_models(spark, project, lake, full_refresh=True)
+    assert [(o.name, o.state, o.rows) for o in refreshed] == [
+        ("per_url", "ran", 2), ("views", "ran", 5)]
+    assert len(target_rows(lake, "mart.views", ("_sequence", "url"))) == 5
+
+
+def test_should_fail_one_model_and_skip_what_reads_it(spark: Any, lake: Config,
+                                                      tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "broken", "SELECT no_such_column FROM web.pageviews")
+    write_model(folder, "downstream", "-- materialized: table\nSELECT * FROM broken")
+    write_model(folder, "fine", "-- materialized: table\nSELECT count(*) AS n FROM pageviews")
+    outcomes = {o.name: o for o in run_models(spark, prepare(folder, lake), lake)}
+    assert outcomes["broken"].state == "failed"
+    assert "no_such_column" in outcomes["broken"].reason
+    assert (outcomes["downstream"].state, outcomes["downstream"].reason) == (
+        "skipped", "upstream model broken failed")
+    assert outcomes["fine"].state == "ran"
+
+
+def test_should_travel_in_time_in_models_and_queries(spark: Any, lake: Config,
+                                                     tmp_path: Path) -> None:
+    catalog = open_catalog(lake.catalog)
+    first = catalog.load_table("web.pageviews").current_snapshot().snapshot_id
+    pageviews(lake, [(2, 0, "/new", 1)])
+    sql = (f"SELECT cur.n AS now_n, old.n AS then_n FROM "
+           f"(SELECT count(*) AS n FROM web.pageviews) cur CROSS JOIN "
+           f"(SELECT count(*) AS n FROM web.pageviews FOR VERSION AS OF {first}) old")
+    result, _, pinned = run_query(spark, lake, sql)
+    assert result.to_pylist() == [{"now_n": 5, "then_n": 4}]
+    assert f"web.pageviews@{first}" in pinned.snapshots
+    folder = tmp_path / "models"
+    write_model(folder, "old", "-- materialized: table\nSELECT count(*) AS n FROM "
+                f"web.pageviews FOR VERSION AS OF {first}")
+    when = dt.datetime.now(dt.UTC).isoformat()
+    write_model(folder, "at", "-- materialized: table\nSELECT count(*) AS n FROM "
+                f"pageviews FOR TIMESTAMP AS OF '{when}'")
+    project = prepare(folder, lake)
+    run_models(spark, project, lake)
+    assert target_rows(lake, "models.old", ("n",)) == [{"n": 4}]
+    assert target_rows(lake, "models.at", ("n",)) == [{"n": 5}]
+    state = last_run(catalog.load_table("models.old"))
+    assert state is not None
+    assert state.sources == {f"web.pageviews@{first}": first}
+    assert states(run_models(spark, project, lake)) == {"at": "up to date", "old": "up to date"}
+
+
+def test_should_refuse_time_travel_to_nowhere(lake: Config) -> None:
+    with pytest.raises(QueryError, match="a version is a snapshot id"):
+        plan("SELECT * FROM web.pageviews FOR VERSION AS OF 'x'", lake)
+    with pytest.raises(Exception, match="has no snapshot 42"):
+        plan("SELECT * FROM web.pageviews FOR VERSION AS OF 42", lake)
+    with pytest.raises(QueryError, match="had no snapshot at 2000"):
+        plan("SELECT * FROM pageviews FOR TIMESTAMP AS OF '2000-01-01T00:00:00Z'", lake,
+             AsOf(snapshot_id=None))
+
+
+def test_should_record_json_state(lake: Config) -> None:
+    from pipeline.models.state import SOURCES, RunState
+
+    props = RunState("m", "h", 3, "r", {"web.pageviews": 7}, {"web.pageviews": 2}).properties()
+    assert json.loads(props[SOURCES]) == {"web.pageviews": 7}
+
+
+def test_should_list_show_and_run_from_the_command_line(spark: Any, lake: Config,
+                                                        tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from icefloe_app.cli import main
+
+    base = ["--config", str(EXAMPLE_CONFIG), "--data-dir", str(tmp_path)]
+    assert main(["models", "run", *base]) == 0  # default folder: models/ beside the config
+    out = capsys.readouterr().out
+    assert "mart_daily_traffic  ran" in out
+    assert "staging_sessions    view" in out
+    assert main(["models", "run", *base, "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert [(o["name"], o["state"]) for o in ran] == [
+        ("staging_sessions", "view"), ("mart_daily_traffic", "up to date")]
+    assert main(["models", "list", *base, "--json"]) == 0
+    listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)}
+    assert listed["mart_daily_traffic"]["depends_on"] == ["staging_sessions"]
+    assert listed["mart_daily_traffic"]["last_run"].endswith(", 3 rows")
+    assert main(["models", "show", "mart_daily_traffic", *base, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["last_run"]["watermarks"] == {"web.pageviews": 1}
+    assert main(["models", "show", "nope", *base]) == 1
+    assert "no model named 'nope'" in capsys.readouterr().err
+
+
+def test_should_say_how_to_recover_from_a_changed_column_type(spark: Any, lake: Config,
+                                                              tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "n", "-- materialized: table\nSELECT count(*) AS n FROM pageviews")
+    assert run_models(spark, prepare(folder, lake), lake)[0].state == "ran"
+    write_model(folder, "n", "-- materialized: table\nSELECT 'many' AS n FROM pageviews")
+    outcome = run_models(spark, prepare(folder, lake), lake)[0]
+    assert outcome.state == "failed"
+    assert "column types do not fit" in outcome.reason
+
+
+def test_should_recompute_in_full_after_a_dead_letter_redrive(spark: Any, lake: Config,
+                                                              tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "views", APPEND)
+    project = prepare(folder, lake)
+    run_models(spark, project, lake)
+    pageviews(lake, [(5, 0, "/later", 1)])
+    assert run_models(spark, project, lake)[0].rows == 1
+    # A redrive lands rows with their original sequence, below the watermark (5).
+    pageviews(lake, [(2, 0, "/redriven", 1)], {"icefloe.redrive": "true"})
+    outcome = run_models(spark, project, lake)[0]
+    assert (outcome.state, outcome.rows) == ("ran", 6)
+    assert outcome.reason == "recomputed in full after a dead-letter redrive"
+    urls = [r["url"] for r in target_rows(lake, "mart.views", ("_sequence", "url"))]
+    assert sorted(urls) == sorted(["/A", "/a", "/b", "/a", "/redriven", "/later"])
+    assert run_models(spark, project, lake)[0].state == "up to date"
