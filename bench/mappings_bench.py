@@ -38,8 +38,8 @@ from icefloe.formats.envelope import frame_events
 from icefloe.manifest import ManifestProducer, load
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.publish import publish_batch
-from icefloe.schema import CompiledStream
 from icefloe.store import open_async_store
+from ingestor.validate import CompiledStream
 from pipeline.load.decode import BatchRef, decode_batch_file
 from pipeline.load.spec import run_spec, stream_specs
 

@@ -217,7 +217,7 @@ def rate_body() -> bytes:
 def canonical_bytes(body: bytes) -> int:
     """What the bytes bucket counts for ``body``: its events as canonical JSON."""
     from icefloe.config import Column, StreamConfig
-    from icefloe.schema import CompiledStream
+    from ingestor.validate import CompiledStream
 
     stream = StreamConfig("b", "bench.b", tuple(Column(c, t) for c, t in RATE_COLUMNS))
     return sum(map(len, CompiledStream(stream).from_json(body).payloads))

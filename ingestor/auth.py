@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from icefloe.config import Config
-from icefloe.config_security import ALL_STREAMS
+from icefloe.config.security import ALL_STREAMS
 from icefloe.tokens import TokenHash, parse_hash
 from ingestor.errors import Overloaded, PermissionDenied, Unauthenticated
 

@@ -49,7 +49,6 @@ from grpc_status import rpc_status
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import IngestorSection
 from icefloe.errors import ConfigError
-from icefloe.schema import CompiledStream, InvalidEvents
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 from ingestor.auth import NeedsVerification
 from ingestor.client_address import TrustedProxies
@@ -57,6 +56,7 @@ from ingestor.errors import BadRequest, IngestError, Unavailable
 from ingestor.runtime import IngestorRuntime
 from ingestor.service import Caller
 from ingestor.tls import CertificateReloader
+from ingestor.validate import CompiledStream, InvalidEvents
 
 log = logging.getLogger("icefloe.ingestor.grpc")
 

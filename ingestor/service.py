@@ -19,7 +19,6 @@ from icefloe.config import Config
 from icefloe.errors import NotFound, StoreError
 from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded
 from icefloe.registry.model import Registry
-from icefloe.schema import Canonical, CompiledStream, InvalidEvents
 from icefloe.store.base import AsyncObjectStore
 from ingestor.auth import Credential, TokenAuthority
 from ingestor.buffer import Batcher
@@ -34,6 +33,7 @@ from ingestor.errors import (
 from ingestor.metrics import IngestMetrics
 from ingestor.ratelimit import RateLimiter
 from ingestor.ulids import UlidSource
+from ingestor.validate import Canonical, CompiledStream, InvalidEvents
 
 READY_CACHE_S = 1.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

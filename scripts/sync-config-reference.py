@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from icefloe.config_reference import markdown
+from icefloe.config.reference import markdown
 
 START = "<!-- config-reference:start"
 END = "<!-- config-reference:end -->"

@@ -14,7 +14,7 @@ locals {
 
   bucket_name = coalesce(var.bucket_name, "${var.name}-${local.account_id}-${var.aws_region}")
 
-  # icefloe's defaults (icefloe/config.py): the ports every role listens on
+  # icefloe's defaults (icefloe/config/model.py): the ports every role listens on
   http_port    = 8080
   grpc_port    = 50051
   metrics_port = 9464

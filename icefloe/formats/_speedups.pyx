@@ -4,7 +4,7 @@
 Why: for a 100-event gRPC call or HTTP batch, framing the records and checking their
 timestamps were ~26 µs of per-event Python on the event loop, which is what bounds an
 ingestor's throughput (measured: 19 → 1.2 µs and 6.7 → 1.1 µs per 100 events). The
-pure-Python versions in :mod:`icefloe.formats.envelope` and :mod:`icefloe.schema` stay the
+pure-Python versions in :mod:`icefloe.formats.envelope` and :mod:`ingestor.validate` stay the
 reference: they run wherever this module is not built, and the tests hold both to the same
 results.
 """

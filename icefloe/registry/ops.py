@@ -17,7 +17,7 @@ import msgspec
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, validate_stream
-from icefloe.config_security import check_hash, validate_rate_limit
+from icefloe.config.security import check_hash, validate_rate_limit
 from icefloe.errors import ConfigError, RegistryError
 from icefloe.registry.model import (
     AGE_RANGE_S,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icefloe.config import CatalogSection, Config, StreamConfig
-from icefloe.config_security import needs_token
+from icefloe.config.security import needs_token
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe_app.cli.common import print_json, table
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from icefloe.config import Column, StreamConfig
-from icefloe.mappings import place_value
+from icefloe.streams.mappings import place_value
 
 OMIT_RATE = 0.05
 """Share of optional columns left out of an event."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from icefloe.config import Column, Config, StreamConfig
-from icefloe.config_security import needs_token
+from icefloe.config.security import needs_token
 from icefloe.errors import ConfigError
 from icefloe_app.cli.common import print_json, table
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args

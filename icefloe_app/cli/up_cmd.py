@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.logs import setup_logging
-from icefloe.mappings import place_value
 from icefloe.metric_total import metric_total
+from icefloe.streams.mappings import place_value
 from icefloe_app.cli.collector_cmd import (
     EXIT_FENCED,
     fenced_message,

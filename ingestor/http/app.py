@@ -58,7 +58,6 @@ from typing import Any, Final
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from icefloe.schema import Canonical, CompiledStream, InvalidEvents
 from ingestor.errors import (
     BadRequest,
     IngestError,
@@ -74,6 +73,7 @@ from ingestor.http.openapi import openapi_document
 from ingestor.http.slow_clients import BodyRead, SlowClientGuard
 from ingestor.runtime import IngestorRuntime
 from ingestor.service import Caller
+from ingestor.validate import Canonical, CompiledStream, InvalidEvents
 
 __all__ = ["HttpApp", "error_body"]
 

@@ -52,9 +52,9 @@ from ingestor.http.inflate import ENCODINGS, body_too_large
 if TYPE_CHECKING:
     import httptools
 
-    from icefloe.schema import CompiledStream
     from ingestor.http.slow_clients import BodyRead
     from ingestor.service import Caller
+    from ingestor.validate import CompiledStream
 
 log = logging.getLogger("icefloe.ingestor.http")
 

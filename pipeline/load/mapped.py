@@ -4,10 +4,10 @@ Why two steps: ``ip``/``header`` values ride in each record's envelope meta and
 ``datetime``/``id`` are envelope fields, so the decode (in the Spark workers, one Arrow pass
 per batch file) turns them into columns next to the payload's. ``sql`` columns are computed
 by Spark itself over the decoded columns (:func:`project_sql`), so any allow-listed Spark
-SQL function (:mod:`icefloe.sql_functions`) works and the expression is compiled once per
+SQL function (:mod:`icefloe.streams.sql_functions`) works and the expression is compiled once per
 run, not interpreted per row in Python.
 ``path`` and ``body`` columns were already filled by the ingestor (see
-:mod:`icefloe.ingest_mappings`) and arrive as ordinary payload fields.
+:mod:`ingestor.mappings`) and arrive as ordinary payload fields.
 
 Why ANSI mode is off while the expressions are built: with it, one row whose ``CAST`` or
 division fails aborts the whole Spark job, so the collector would retry the same run
@@ -48,8 +48,7 @@ import pyarrow.json as pajson
 
 from icefloe.config import Column, StreamConfig
 from icefloe.errors import ConfigError
-from icefloe.ingest_mappings import META_HEADERS, META_IP
-from icefloe.mappings import ENVELOPE_COLUMNS, spark_sql
+from icefloe.streams.mappings import ENVELOPE_COLUMNS, META_HEADERS, META_IP, spark_sql
 from pipeline.load.schema import ARROW_TYPES, TIMESTAMP
 
 if TYPE_CHECKING:

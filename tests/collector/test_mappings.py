@@ -19,8 +19,8 @@ from icefloe.config import Column, Config, StreamConfig, load_config, validate
 from icefloe.errors import ConfigError
 from icefloe.formats.batch import BatchBuilder
 from icefloe.formats.envelope import frame_events, split_by_stream
-from icefloe.schema import CompiledStream, InvalidEvents
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+from ingestor.validate import CompiledStream, InvalidEvents
 from pipeline.load.decode import BatchRef, decode_batch_file
 from pipeline.load.mapped import check_on_spark
 from pipeline.load.packed import needs_rows

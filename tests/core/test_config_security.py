@@ -8,7 +8,7 @@ import pytest
 
 from icefloe.client import ClientTls
 from icefloe.config import RateLimit, load_config
-from icefloe.config_security import needs_token
+from icefloe.config.security import needs_token
 from icefloe.errors import ConfigError
 from icefloe.tokens import hash_token
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from icefloe.config import Column, StreamConfig
-from icefloe.schema import CompiledStream, InvalidEvents
+from ingestor.validate import CompiledStream, InvalidEvents
 
 
 def compiled(*columns: Column, **options) -> CompiledStream:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from icefloe.formats.envelope import _frame_py, decode_envelope, frame_encoded
 from icefloe.formats.speedups import ENV, compiled
-from icefloe.schema import _not_utc_py
+from ingestor.validate import _not_utc_py
 
 needs_compiled = pytest.mark.skipif(compiled is None, reason="speedups not built "
                                     "(scripts/build_speedups.py, run by make)")

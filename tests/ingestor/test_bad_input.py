@@ -28,7 +28,7 @@ from test_http import (
 
 from icefloe.clock import ManualClock
 from icefloe.config import Column, StreamConfig
-from icefloe.schema import MAX_JSON_DEPTH
+from icefloe.streams.types import MAX_JSON_DEPTH
 from icefloe.v1 import ingest_pb2
 from ingestor.client_errors import ClientErrorLog
 from ingestor.errors import BadRequest

@@ -245,7 +245,7 @@ def test_should_redraw_progress_on_a_terminal_and_print_changes_in_a_log():
 
 
 def test_should_print_a_curl_example_that_the_stream_accepts():
-    from icefloe.schema import CompiledStream
+    from ingestor.validate import CompiledStream
 
     config = load_config(EXAMPLE, env={})
     for stream in config.streams:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from icefloe.config_reference import MEANING, SECTIONS, markdown, readme_block
+from icefloe.config.reference import MEANING, SECTIONS, markdown, readme_block
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -64,18 +64,8 @@ ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
     ("pipeline.iceberg.file_append", "pipeline.load.executors._TableFiles"):
         f"{LATER}: pipeline/iceberg/ (file_append, data_files)",
 }
-_CONFIG = f"{LATER}: config/, streams/ and ingestor/validate split the core's config"
 _LOAD = f"{LATER}: pipeline/load/ (decode, mapped, packed, source, spec, fetch)"
 ALLOWED_CIRCLE_EDGES: dict[tuple[str, str], str] = {
-    ("icefloe.config", "icefloe.config_security"): _CONFIG,
-    ("icefloe.config", "icefloe.mappings"): _CONFIG,
-    ("icefloe.config_security", "icefloe.config"): _CONFIG,
-    ("icefloe.ingest_mappings", "icefloe.config"): _CONFIG,
-    ("icefloe.ingest_mappings", "icefloe.mappings"): _CONFIG,
-    ("icefloe.mappings", "icefloe.config"): _CONFIG,
-    ("icefloe.mappings", "icefloe.schema"): _CONFIG,
-    ("icefloe.schema", "icefloe.config"): _CONFIG,
-    ("icefloe.schema", "icefloe.ingest_mappings"): _CONFIG,
     ("pipeline.load.executors", "pipeline.load.run"): f"{LATER}: pipeline/load/run and executors",
     ("pipeline.load.run", "pipeline.load.executors"): f"{LATER}: pipeline/load/run and executors",
     ("pipeline.load.decode", "pipeline.load.mapped"): _LOAD,

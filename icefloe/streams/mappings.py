@@ -17,8 +17,8 @@ ingestor parses anyway, so they are extracted and type-checked there and a bad v
 use in the record envelope's meta, and the pipeline's decode (in the Spark workers) turns
 them into columns, as it does ``datetime`` and ``id`` from the envelope. ``sql`` runs on
 Spark over the decoded columns, calling only allow-listed functions
-(:mod:`icefloe.sql_functions`). This module only
-parses and validates; :mod:`icefloe.ingest_mappings` and :mod:`pipeline.load.mapped` evaluate.
+(:mod:`icefloe.streams.sql_functions`). This module only
+parses and validates; :mod:`ingestor.mappings` and :mod:`pipeline.load.mapped` evaluate.
 """
 
 from __future__ import annotations
@@ -33,16 +33,21 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from icefloe.errors import ConfigError
-from icefloe.sql_functions import check_functions
+from icefloe.streams.sql_functions import check_functions
+from icefloe.streams.types import convert_value
 
 if TYPE_CHECKING:
-    from icefloe.config import Column, StreamConfig
+    from icefloe.streams.model import Column, StreamConfig
 
 MAPPING_FROM = ("ip", "body", "datetime", "id")
 """Values of ``from``: request or envelope data rather than event fields."""
 SQL_DIALECTS = ("spark", "duckdb", "postgres")
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 """Envelope columns a ``sql`` mapping may read besides the stream's columns."""
+META_IP = "ip"
+META_HEADERS = "h"
+"""Keys of the envelope meta object: ``{"ip": "1.2.3.4", "h": {"user-agent": "..."}}``;
+the ingestor writes it (:mod:`ingestor.mappings`), the pipeline's decode reads it."""
 
 _FROM_TYPES = {"ip": ("string",), "body": ("string", "json"), "id": ("string",),
                "datetime": ("timestamp", "long", "date")}
@@ -172,8 +177,6 @@ def spark_sql(column: Column, rename: dict[str, str]) -> str:
 
 
 def _check_default(column: Column) -> None:
-    from icefloe.schema import convert_value
-
     if column.default is None:
         return
     if column.mapping not in ("path", "header"):

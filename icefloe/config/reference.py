@@ -1,7 +1,7 @@
 """The configuration reference: every key, its environment variable, default and meaning.
 
 Why generated: the README's table is produced from the config structs themselves (run
-``python -m icefloe.config_reference``), and a test fails when a setting has no entry here
+``python -m icefloe.config.reference``), and a test fails when a setting has no entry here
 or the README's copy is stale — so the reference can never silently miss a key.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from icefloe.config import (
-    FILE_ONLY,
+from icefloe.config.load import FILE_ONLY
+from icefloe.config.model import (
     AdminSection,
     CatalogSection,
     CollectorSection,
@@ -181,7 +181,7 @@ MEANING: dict[str, str] = {
                            "the pod network)",
 }
 
-_START = "<!-- config-reference:start (generated: python -m icefloe.config_reference) -->"
+_START = "<!-- config-reference:start (generated: python -m icefloe.config.reference) -->"
 _END = "<!-- config-reference:end -->"
 
 

@@ -14,7 +14,7 @@ casts, JSON reads, hashing, and scalar array/map/struct access. Left out on purp
   ``unix_timestamp``...): a run replayed after a crash must compute the same values, or
   exactly-once would hold for rows but not for their content — use ``_received_at``;
 * aggregate, window, generator (``explode``) and table functions, and subqueries (also
-  refused by :func:`icefloe.mappings.sql_expression`: a mapping computes one value per
+  refused by :func:`icefloe.streams.mappings.sql_expression`: a mapping computes one value per
   event);
 * functions that allocate in proportion to an argument (``repeat``, ``space``,
   ``array_repeat``, ``sequence``): one row could exhaust the collector's memory.
@@ -124,4 +124,4 @@ def check_functions(tree: exp.Expression) -> None:
                              "another value (use _received_at)")
         raise ValueError(f"function {name} is not allowed in a sql mapping (allowed: see "
                          "README, Column mappings; the list is "
-                         "icefloe.sql_functions.ALLOWED_FUNCTIONS)")
+                         "icefloe.streams.sql_functions.ALLOWED_FUNCTIONS)")

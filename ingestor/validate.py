@@ -10,7 +10,9 @@ as JSON text. The collector can then parse a whole batch of one stream in one co
 
 Validation errors are collected per event (index, field, reason): the fast path decodes the
 whole body at once; only when it fails does a slow path decode event by event to report
-every bad event, so a valid request never pays for error reporting.
+every bad event, so a valid request never pays for error reporting. What each column type
+accepts, and the canonical form of a value, is the core's (:mod:`icefloe.streams.types`):
+the config checks mapping defaults with the same rules.
 """
 
 from __future__ import annotations
@@ -19,38 +21,28 @@ import datetime as dt
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
-from icefloe.config import Column, StreamConfig
 from icefloe.errors import IcefloeError
 from icefloe.formats.speedups import compiled as _speedups
-from icefloe.ingest_mappings import EventMappings, MappingViolation, request_meta
+from icefloe.streams.model import Column, StreamConfig
+from icefloe.streams.types import (
+    EPOCH,
+    FIELD_TYPES,
+    MAX_EPOCH_MS,
+    MAX_JSON_DEPTH,
+    OutOfRange,
+    convert_value,
+    json_text,
+)
+from ingestor.mappings import EventMappings, MappingViolation, request_meta
 
-_INT32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
-_INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-_TIMESTAMP = Annotated[dt.datetime, msgspec.Meta(tz=True)] | int
-_FIELD_TYPES: dict[str, Any] = {
-    "string": str, "long": _INT64, "int": _INT32, "float": float, "double": float,
-    "boolean": bool, "timestamp": _TIMESTAMP, "date": dt.date, "json": msgspec.Raw,
-}
-_MAX_EPOCH_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
-MAX_JSON_DEPTH = 64
-"""How deep arrays and objects may nest in a value icefloe stores as JSON text (a ``json``
-column, a raw string, a ``from = "body"`` column). Why: the collector and the engines that
-read the tables parse that text again (Spark's JSON functions refuse deep documents), so
-icefloe refuses at the door what a reader could not take apart later."""
-_MAX_DOUBLE_BITS = 1024  # an integer of more bits is beyond the largest double (~1.8e308)
-_BIG_NUMBER = re.compile(rb"\d[eE][+-]?0*[1-9]\d\d|\d{309}")
-"""Text that may hold a number outside the double range (an exponent of three digits, or
-309 digits in a row); only such values pay for a full parse."""
 _SHORT_JSON = 2 * MAX_JSON_DEPTH
 _LOWER_E, _UPPER_E = ord("e"), ord("E")  # ``int in bytes`` is a memchr, ~9x ``b"e" in``
 """JSON text this short cannot nest deeper than the limit nor hold 309 digits: without an
 ``e``/``E`` (an exponent) it needs no check at all (nearly every value, at ~0.1 µs)."""
-_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
-_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 _AT = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?:\[\d+\])?\.?(?P<path>[^`]*)`)?$", re.S)
 _NAMED = re.compile(r"field `([^`]+)`")
 
@@ -101,7 +93,7 @@ class CompiledStream:
         plain = [c for c in config.columns if c.mapping is None]
         fields: list[Any] = []
         for column in plain:
-            kind = _FIELD_TYPES[column.type]
+            kind = FIELD_TYPES[column.type]
             if column.required:
                 fields.append((column.name, kind))
             else:
@@ -272,7 +264,7 @@ class CompiledStream:
                 mapped_ids.append(mappings.event_id)
                 if normalize is not None:
                     normalize(event)
-            except (MappingViolation, _OutOfRange) as exc:
+            except (MappingViolation, OutOfRange) as exc:
                 violations.append(Violation(index, exc.field, exc.reason,
                                             getattr(exc, "code", "validation_failed")))
                 extras.append(b"")
@@ -311,7 +303,7 @@ class CompiledStream:
         """Timestamps to UTC datetimes, ``json`` values to text, in place.
 
         Raises:
-            _OutOfRange: a timestamp that cannot be represented.
+            OutOfRange: a timestamp that cannot be represented.
         """
         for name in self._timestamps:
             value = getattr(event, name)
@@ -335,7 +327,7 @@ class CompiledStream:
             for index in _not_utc(events, name):
                 try:
                     setattr(events[index], name, _utc(name, getattr(events[index], name)))
-                except _OutOfRange as exc:
+                except OutOfRange as exc:
                     bad.setdefault(index, Violation(index, exc.field, exc.reason, exc.code))
         if self._jsons:
             self._normalize_all_jsons(events, bad)
@@ -351,7 +343,7 @@ class CompiledStream:
                 for index in range(start, len(events)):
                     self._normalize_jsons(events[index])
                 return
-            except _OutOfRange as exc:  # rare: note it and go on after it
+            except OutOfRange as exc:  # rare: note it and go on after it
                 bad.setdefault(index, Violation(index, exc.field, exc.reason, exc.code))
                 start = index + 1
 
@@ -359,7 +351,7 @@ class CompiledStream:
         """``json`` values to text, checked as a reader will need them (:func:`json_text`).
 
         Raises:
-            _OutOfRange: too deep, or a number beyond the double range.
+            OutOfRange: too deep, or a number beyond the double range.
         """
         for name in self._jsons:
             value = getattr(event, name)
@@ -402,7 +394,7 @@ class CompiledStream:
             except msgspec.DecodeError as exc:
                 malformed = True
                 violations.append(Violation(index, None, f"malformed JSON: {exc}"))
-            except (_OutOfRange, MappingViolation) as exc:  # decoded, but invalid
+            except (OutOfRange, MappingViolation) as exc:  # decoded, but invalid
                 violations.append(Violation(index, exc.field, exc.reason,
                                             getattr(exc, "code", "validation_failed")))
             if len(violations) >= self.MAX_VIOLATIONS:
@@ -413,9 +405,6 @@ class CompiledStream:
             return InvalidEvents("invalid_json", f"{len(violations)} event(s) are not valid "
                                  "JSON objects", violations)
         return _invalid(violations)
-
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _not_utc_py(events: list[Any], name: str) -> list[int]:
@@ -439,78 +428,11 @@ def _utc(name: str, value: dt.datetime | int | None) -> dt.datetime | None:
         return None
     if value.__class__ is int:
         assert isinstance(value, int)
-        if not -_MAX_EPOCH_MS <= value <= _MAX_EPOCH_MS:
-            raise _OutOfRange(name, f"epoch milliseconds {value} out of range")
-        return _EPOCH + dt.timedelta(milliseconds=value)
+        if not -MAX_EPOCH_MS <= value <= MAX_EPOCH_MS:
+            raise OutOfRange(name, f"epoch milliseconds {value} out of range")
+        return EPOCH + dt.timedelta(milliseconds=value)
     assert isinstance(value, dt.datetime)
     return value.astimezone(dt.UTC) if value.utcoffset() else value
-
-
-class _OutOfRange(ValueError):
-    """A value that decoded but cannot be normalized (e.g. a timestamp past year 9999)."""
-
-    def __init__(self, field: str, reason: str, code: str = "validation_failed") -> None:
-        super().__init__(reason)
-        self.field = field
-        self.reason = reason
-        self.code = code
-
-
-def json_text(field: str, text: bytes) -> str:
-    """``text`` (JSON, already parsed once, UTF-8 checked) as the text a ``json`` column
-    stores, if every reader can parse it again.
-
-    Raises:
-        _OutOfRange: nested deeper than :data:`MAX_JSON_DEPTH` (``json_too_deep``), or a
-            number beyond the double range (``number_out_of_range``), which other readers
-            would turn into an error or infinity.
-    """
-    if _too_deep_text(text):
-        raise _OutOfRange(field, f"nested deeper than {MAX_JSON_DEPTH} levels",
-                          "json_too_deep")
-    if _BIG_NUMBER.search(text) is not None:
-        try:
-            check_json_numbers(field, msgspec.json.decode(text))
-        except msgspec.ValidationError as exc:
-            raise _OutOfRange(field, f"{_lower(str(exc))} (a number beyond the double "
-                              "range)", "number_out_of_range") from None
-    return text.decode()
-
-
-def check_json_numbers(field: str, value: Any) -> None:
-    """Refuse an integer beyond the double range anywhere in a decoded JSON value (floats
-    beyond it do not decode at all). Recursion is bounded: the value's depth was checked."""
-    if value.__class__ is int:
-        if value.bit_length() > _MAX_DOUBLE_BITS:
-            raise _OutOfRange(field, f"an integer of {len(str(abs(value)))} digits is beyond "
-                              "the double range", "number_out_of_range")
-    elif value.__class__ is list:
-        for item in value:
-            check_json_numbers(field, item)
-    elif value.__class__ is dict:
-        for item in value.values():
-            check_json_numbers(field, item)
-
-
-def _too_deep_text(text: bytes) -> bool:
-    """True when arrays/objects in the JSON ``text`` nest deeper than MAX_JSON_DEPTH.
-
-    Why this shape: only bytes-level operations that run in C. Values with few brackets
-    (nearly all) are passed by two counts; otherwise escapes and strings are dropped, the
-    brackets kept as ``(``/``)``, and innermost pairs removed a level per round.
-    """
-    limit = MAX_JSON_DEPTH
-    if text.count(b"[") + text.count(b"{") <= limit:
-        return False
-    unescaped = text.replace(b"\\\\", b"").replace(b'\\"', b"")
-    parens = b"".join(unescaped.split(b'"')[::2]).translate(_BRACKETS, _NOT_BRACKETS)
-    if parens.count(b"(") <= limit:
-        return False
-    for _ in range(limit):
-        parens = parens.replace(b"()", b"")
-        if not parens:
-            return False
-    return True
 
 
 def _check_utf8(body: bytes, index: int | None = None) -> None:
@@ -532,36 +454,11 @@ def _too_deep() -> InvalidEvents:
                          f"values icefloe stores may nest at most {MAX_JSON_DEPTH} levels")
 
 
-def _lower(text: str) -> str:
-    return text[:1].lower() + text[1:]
-
-
 def _leaf_type(column: Column) -> Any:
     """The msgspec type a mapped JSON path's value is decoded as."""
     if column.type == "json" or (column.type == "string" and column.raw):
         return msgspec.Raw
-    return _FIELD_TYPES[column.type]
-
-
-def convert_value(kind: str, value: Any, raw: bool = False) -> Any:
-    """A JSON value (already decoded) as column type ``kind``, in canonical form: what a
-    mapped column holds in the payload. Raises ``msgspec.ValidationError`` or ValueError."""
-    if kind == "json":
-        text = msgspec.json.encode(value)
-        json_text("value", text)  # raises ValueError (an _OutOfRange) if no reader could
-        return text.decode()
-    if kind == "string" and raw:
-        return value if isinstance(value, str) else msgspec.json.encode(value).decode()
-    if kind == "timestamp":
-        if value.__class__ is int:
-            if not -_MAX_EPOCH_MS <= value <= _MAX_EPOCH_MS:
-                raise ValueError(f"epoch milliseconds {value} out of range")
-            return _EPOCH + dt.timedelta(milliseconds=value)
-        return msgspec.convert(value, _TZ_DATETIME).astimezone(dt.UTC)
-    return msgspec.convert(value, _FIELD_TYPES[kind])
-
-
-_TZ_DATETIME = Annotated[dt.datetime, msgspec.Meta(tz=True)]
+    return FIELD_TYPES[column.type]
 
 
 def _id_text(value: Any) -> str | None:

@@ -17,7 +17,8 @@ from icefloe.errors import ConfigError
 from icefloe.tokens import TokenHashError, looks_hashed, parse_hash
 
 if TYPE_CHECKING:
-    from icefloe.config import Config, IngestorSection, RateLimit
+    from icefloe.config.model import Config, IngestorSection
+    from icefloe.streams.model import RateLimit
 
 ALL_STREAMS = "*"
 FORWARDED_HEADERS = ("x-forwarded-for", "forwarded")

@@ -18,12 +18,8 @@ from typing import Any
 
 import msgspec
 
-from icefloe.config import Column, StreamConfig
-from icefloe.mappings import Step, parse_path
-
-META_IP = "ip"
-META_HEADERS = "h"
-"""Keys of the envelope meta object: ``{"ip": "1.2.3.4", "h": {"user-agent": "..."}}``."""
+from icefloe.streams.mappings import META_HEADERS, META_IP, Step, parse_path
+from icefloe.streams.model import Column, StreamConfig
 
 Convert = Callable[[str, Any, bool], Any]
 

@@ -1,0 +1,185 @@
+"""Cross-key checks of a loaded :class:`Config`: the rules msgspec cannot express.
+
+Why at start: a wrong value, or two settings that rest on each other and disagree, must
+stop every process with a :class:`ConfigError` naming the key (both keys, for a pair), not
+lose or duplicate data later. Each stream is checked by :func:`icefloe.streams.check.
+validate_stream`, the security settings by :mod:`icefloe.config.security`.
+"""
+
+from __future__ import annotations
+
+from icefloe.config.model import (
+    OUTPUT_PATHS,
+    AdminSection,
+    CollectorSection,
+    Config,
+    IngestorSection,
+    StoreSection,
+)
+from icefloe.config.security import check_hash, validate_security
+from icefloe.errors import ConfigError
+from icefloe.manifest.config import SAFETY_MARGIN_S
+from icefloe.streams.check import validate_stream
+
+
+def validate(config: Config, where: str) -> None:
+    """Cross-field rules msgspec cannot express; every message names the key."""
+    try:
+        config.manifest.build()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    _validate_collector(config.collector, where)
+    _validate_admin(config.admin, where)
+    _validate_pairs(config, where)
+    ing = config.ingestor
+    for key in ("http_port", "grpc_port"):
+        port = getattr(ing, key)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{where}: ingestor.{key}: {port} is not a TCP port (0-65535)")
+    for key in ("max_body_bytes", "max_event_bytes", "flush_bytes", "flush_events",
+                "buffer_max_bytes", "flush_age_ms", "flush_timeout_s"):
+        if getattr(ing, key) <= 0:
+            raise ConfigError(f"{where}: ingestor.{key} must be > 0")
+    for key in ("min_flush_interval_ms", "early_flush_requests"):
+        if getattr(ing, key) < 0:
+            raise ConfigError(f"{where}: ingestor.{key} must be >= 0")
+    _validate_http_limits(ing, where)
+    if ing.buffer_max_bytes < ing.max_body_bytes:
+        raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
+                          f"be >= ingestor.max_body_bytes ({ing.max_body_bytes}): a request "
+                          "larger than the buffer could never be accepted")
+    if ing.buffer_max_bytes < ing.flush_bytes:
+        raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
+                          f"be >= ingestor.flush_bytes ({ing.flush_bytes})")
+    names: set[str] = set()
+    tables: set[str] = set()
+    for index, stream in enumerate(config.streams):
+        validate_stream(stream, f"{where}: streams[{index}]")
+        if stream.name in names:
+            raise ConfigError(f"{where}: streams[{index}].name: duplicate stream {stream.name!r}")
+        if stream.table in tables:
+            raise ConfigError(f"{where}: streams[{index}].table: table {stream.table!r} is "
+                              "already fed by another stream")
+        names.add(stream.name)
+        tables.add(stream.table)
+    validate_security(config, where)
+
+
+def _validate_http_limits(ing: IngestorSection, where: str) -> None:
+    """The HTTP front's limits (issue #29): each must leave room for an ordinary request."""
+    if ing.max_header_bytes < 1024:
+        raise ConfigError(f"{where}: ingestor.max_header_bytes ({ing.max_header_bytes}) must "
+                          "be >= 1024: a request line, Host and a token need that much")
+    for key in ("max_headers", "max_connections", "body_max_s"):
+        if getattr(ing, key) <= 0:
+            raise ConfigError(f"{where}: ingestor.{key} must be > 0")
+    if ing.body_max_s < ing.body_timeout_s:
+        raise ConfigError(f"{where}: ingestor.body_max_s ({ing.body_max_s:g}) must be >= "
+                          f"ingestor.body_timeout_s ({ing.body_timeout_s:g}): the cap on a "
+                          "body's whole upload cannot be shorter than the time it may take "
+                          "to start")
+
+
+def _validate_pairs(config: Config, where: str) -> None:
+    """Settings of different sections that rest on each other; each message names both keys.
+
+    Why at start: each pair is an assumption some part makes about another part's timing,
+    and a config that breaks it does not fail loudly later — it loses or duplicates data.
+    """
+    deadline = config.manifest.append_deadline_s
+    ing, col, admin = config.ingestor, config.collector, config.admin
+    if ing.flush_timeout_s >= deadline:
+        raise ConfigError(
+            f"{where}: ingestor.flush_timeout_s ({ing.flush_timeout_s:g}) must be less than "
+            f"manifest.append_deadline_s ({deadline:g}): a flush must give up (503, nothing "
+            "acknowledged) before its batch can pass the append deadline, never wait for a "
+            "batch the manifest producer may already have refused")
+    # an ingestor that has not seen a deletion yet (one registry poll) accepts events under
+    # the older version; their flush may take flush_timeout_s, and the batch file may be
+    # appended until append_deadline_s after it was written: the tombstone must outlive
+    # all of that (plus the margin GC keeps) or the entry would name a sink already pruned
+    need = admin.registry_poll_s + ing.flush_timeout_s + deadline + SAFETY_MARGIN_S
+    if admin.tombstone_grace_s < need:
+        raise ConfigError(
+            f"{where}: admin.tombstone_grace_s ({admin.tombstone_grace_s:g}) must be at "
+            f"least manifest.append_deadline_s ({deadline:g}) + ingestor.flush_timeout_s "
+            f"({ing.flush_timeout_s:g}) + admin.registry_poll_s ({admin.registry_poll_s:g}) "
+            f"+ {SAFETY_MARGIN_S:g} s = {need:g}: events accepted just before a deletion "
+            "may reach the manifest that late, and their entries must still find the "
+            "deleted sink to be routed")
+    _validate_control_url(config.store, where)
+    if col.dedup_window_s > 0 and col.snapshot_max_age_s < col.dedup_window_s:
+        raise ConfigError(
+            f"{where}: collector.snapshot_max_age_s ({col.snapshot_max_age_s:g}) must be at "
+            f"least collector.dedup_window_s ({col.dedup_window_s:g}): a restarted "
+            "collector rebuilds the dedup window from the snapshots committed within it, "
+            "and snapshot expiry would drop them")
+
+
+def _validate_control_url(store: StoreSection, where: str) -> None:
+    """The control location must not be the data location's batch folder: garbage
+    collection lists that folder and deletes what no manifest entry names."""
+    control = store.control_url
+    if control and control.rstrip("/").startswith(store.url.rstrip("/") + "/batches"):
+        raise ConfigError(
+            f"{where}: store.control_url ({control}) must not lie inside the batch files "
+            f"of store.url ({store.url}): garbage collection deletes what it finds there")
+
+
+def _validate_admin(admin: AdminSection, where: str) -> None:
+    if not 0 <= admin.port <= 65535:
+        raise ConfigError(f"{where}: admin.port: {admin.port} is not a TCP port (0-65535)")
+    for i, entry in enumerate(admin.tokens):
+        check_hash(entry, f"{where}: admin.tokens[{i}]")
+    if bool(admin.tls_cert_file) != bool(admin.tls_key_file):
+        raise ConfigError(f"{where}: admin.tls_cert_file and admin.tls_key_file go together")
+    if admin.tls_client_ca_file and not admin.tls_cert_file:
+        raise ConfigError(f"{where}: admin.tls_client_ca_file needs admin.tls_cert_file and "
+                          "admin.tls_key_file (mutual TLS is TLS first)")
+    if admin.tombstone_grace_s < 60:
+        raise ConfigError(f"{where}: admin.tombstone_grace_s ({admin.tombstone_grace_s:g}) "
+                          "must be at least 60 s: an ingestor may not have seen a deletion "
+                          "yet")
+    if not 0.05 <= admin.registry_poll_s <= 300:
+        raise ConfigError(f"{where}: admin.registry_poll_s must be between 0.05 and 300 s")
+    if not admin.registry_key or admin.registry_key.startswith("/"):
+        raise ConfigError(f"{where}: admin.registry_key: {admin.registry_key!r} must be a "
+                          "relative object key")
+
+
+def _validate_collector(col: CollectorSection, where: str) -> None:
+    if not 0 <= col.metrics_port <= 65535:
+        raise ConfigError(f"{where}: collector.metrics_port: {col.metrics_port} is not a TCP "
+                          "port (0-65535)")
+    for key in ("commit_interval_s", "poll_interval_s", "max_run_entries", "max_run_bytes",
+                "dedup_max_ids", "spark_partitions", "dequeue_every", "gc_interval_s",
+                "maintenance_interval_s", "snapshot_keep_last", "compact_min_files",
+                "compact_target_bytes", "orphan_age_s", "retry_max_delay_s"):
+        if getattr(col, key) <= 0:
+            raise ConfigError(f"{where}: collector.{key} must be > 0")
+    if col.output not in OUTPUT_PATHS:
+        raise ConfigError(f"{where}: collector.output: unknown output path {col.output!r} "
+                          f"(expected {' or '.join(OUTPUT_PATHS)})")
+    if col.dedup_window_s < 0:
+        raise ConfigError(f"{where}: collector.dedup_window_s must be >= 0 (0 disables "
+                          "deduplication by event id)")
+    if col.models_interval_s < 0:
+        raise ConfigError(f"{where}: collector.models_interval_s must be >= 0 (0: run the "
+                          "models after every commit that added rows they read)")
+    if col.models and not col.models_dir:
+        raise ConfigError(f"{where}: collector.models_dir: a folder is needed to run "
+                          f"{', '.join(col.models)}")
+    if bool(col.tls_cert_file) != bool(col.tls_key_file):
+        raise ConfigError(f"{where}: collector.tls_cert_file and collector.tls_key_file go "
+                          "together")
+    if col.tls_client_ca_file and not col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.tls_client_ca_file needs "
+                          "collector.tls_cert_file and collector.tls_key_file (mutual TLS is "
+                          "TLS first)")
+    if col.plaintext and col.tls_cert_file:
+        raise ConfigError(f"{where}: collector.plaintext: true contradicts "
+                          "collector.tls_cert_file (TLS is on); remove one of them")
+    if col.orphan_age_s < 60:
+        raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
+                          "least 60 s: younger unreferenced files may belong to a commit "
+                          "still in flight")

@@ -1,0 +1,88 @@
+"""The stream model: a stream's declared columns, its rate limit, and the stream itself.
+
+Why in the core and apart from the rest of the config: a stream is configured in
+``icefloe.toml`` or registered at runtime through the admin API, and the ingestor, the
+collector and the pipeline all read it; nothing here knows about files, environment
+variables or the other sections (:mod:`icefloe.config` builds on this, not the reverse).
+Decoded by msgspec, so a wrong type or unknown key fails with its exact path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
+                "json")
+PARTITIONS = ("day", "hour", "month", "none")
+"""Partitioning of a stream table by ``_received_at``; ``none`` leaves it unpartitioned."""
+
+
+class Column(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A declared column of a stream: JSON field ``name`` of type ``type``, unless a mapping
+    says where its value comes from (at most one of ``path``, ``header``, ``from``, ``sql``;
+    see :mod:`icefloe.streams.mappings`). ``default`` fills a missing ``path``/``header`` value;
+    ``raw`` lets a ``path`` string column take any JSON value as its JSON text; ``dialect``
+    is the SQL dialect of ``sql`` (spark, duckdb or postgres)."""
+
+    name: str
+    type: str
+    required: bool = False
+    doc: str = ""
+    path: str | None = None
+    header: str | None = None
+    source: str | None = msgspec.field(default=None, name="from")
+    sql: str | None = None
+    dialect: str = "spark"
+    default: Any = None
+    raw: bool = False
+
+    @property
+    def mapping(self) -> str | None:
+        """``path``, ``header``, ``sql``, the ``from`` value, or None for a plain field."""
+        if self.path is not None:
+            return "path"
+        if self.header is not None:
+            return "header"
+        if self.sql is not None:
+            return "sql"
+        return self.source
+
+
+class RateLimit(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Token buckets of one stream, token or client address, local to each ingestor.
+
+    ``events_per_s`` and ``bytes_per_s`` (canonical event JSON) refill continuously; each
+    bucket holds ``burst_s`` seconds' worth, so a quiet client may send that much at once.
+    Either rate may be left out (no bound on that measure).
+    """
+
+    events_per_s: float | None = None
+    bytes_per_s: float | None = None
+    burst_s: float = 1.0
+
+
+class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A stream: an ingest endpoint whose events land in one Iceberg table.
+
+    ``tokens`` are hash lines (``icefloe token hash``) of tokens that may write to this
+    stream only; tokens for several streams are top-level ``[[tokens]]``.
+    """
+
+    name: str
+    table: str
+    columns: tuple[Column, ...]
+    unknown_fields: Literal["ignore", "reject"] = "ignore"
+    tokens: tuple[str, ...] = ()
+    event_id_field: str | None = None
+    partition: str = "day"
+    rate_limit: RateLimit | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.table.split(".", 1)[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".", 1)[1]
