@@ -39,8 +39,22 @@ BATCH_PREFIX = "batches/"
 BATCH_SUFFIX = ".ifb"
 
 
+SPREAD_PREFIXES = 256
+"""Sub-folders of ``batches/`` that new batch keys spread over (two hex digits)."""
+
+
 def new_batch_key() -> str:
-    return f"{BATCH_PREFIX}{ULID()}{BATCH_SUFFIX}"
+    """``batches/<xx>/<ULID>.ifb``: unique, and spread over 256 key prefixes.
+
+    Why the ``<xx>`` folder: S3 scales request rates per key prefix, and ULIDs of one
+    moment share their leading characters, so every ingestor's PUTs would land on one
+    prefix's partition. ``xx`` is the ULID's last random byte in hex: uniform, free, and
+    no coordination (the store helper names files before it knows its producer id).
+    Keys written before (``batches/<ULID>.ifb``) stay valid: readers take the location
+    from the manifest entry, and GC lists all of ``batches/``.
+    """
+    ulid = ULID()
+    return f"{BATCH_PREFIX}{ulid.bytes[-1]:02x}/{ulid}{BATCH_SUFFIX}"
 
 
 async def publish_batch(store: AsyncObjectStore, producer: ManifestProducer, data: bytes, *,
