@@ -28,6 +28,13 @@ Why it is safe (the argument the tests pin down):
 
 A missing manifest deletes nothing: it more likely means a wrong ``manifest_key`` (which
 would otherwise read as "nothing is referenced") than a queue that never saw an append.
+
+**Shards.** With a sharded manifest (:mod:`icefloe.manifest.shards`) every shard pins its
+files: after the LIST the run reads the shard count, then every shard (shard 0 is
+``manifest_key``; a shard never written reads as empty). Reading the count after the LIST
+keeps point 1: a shard added later can only receive appends after this run's reads,
+which point 2 covers. Batch keys may sit in sub-folders of the prefix (``batches/xx/``,
+spread for S3's per-prefix limits) or directly in it (older keys): the LIST covers both.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import NotFound
 from icefloe.manifest.cas import load
 from icefloe.manifest.publish import BATCH_PREFIX, BATCH_SUFFIX
+from icefloe.manifest.shards import read_shard_count, shard_key
 from icefloe.store.base import AsyncObjectStore, ObjectInfo
 
 log = logging.getLogger("icefloe.gc")
@@ -102,16 +110,15 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
         listing = await store.list(prefix)
         batches = [info for info in listing.objects
                    if info.key.startswith(prefix) and info.key.endswith(suffix)
-                   and info.key != manifest_key]
+                   and not info.key.startswith(manifest_key)]  # nor its shards
         tally.listed = len(batches)
         await _call(hook, "listed")
 
-        loaded = await load(store, manifest_key, clock=clock)
-        if loaded.etag is None:
+        pinned = await _pinned(store, manifest_key, clock)
+        if pinned is None:
             log.warning("gc skipped: manifest not found, deleting nothing",
                         extra=tally.fields())
             return tally.result()
-        pinned = {entry.location for entry in loaded.manifest.entries}
 
         candidates: list[ObjectInfo] = []
         for info in batches:
@@ -133,6 +140,20 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
         raise
     log.info("gc run", extra=tally.fields())
     return tally.result()
+
+
+async def _pinned(store: AsyncObjectStore, manifest_key: str, clock: Clock
+                  ) -> set[str] | None:
+    """Locations named by an entry of any shard; None if shard 0 (the manifest) is
+    missing. Shard 0 is read first and the others after, all after the LIST."""
+    first = await load(store, manifest_key, clock=clock)
+    if first.etag is None:
+        return None
+    count = await read_shard_count(store, manifest_key, clock=clock)
+    rest = await asyncio.gather(*(load(store, shard_key(manifest_key, n), clock=clock)
+                                  for n in range(1, count)))
+    return {entry.location for loaded in (first, *rest)
+            for entry in loaded.manifest.entries}
 
 
 @dataclass

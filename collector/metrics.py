@@ -8,9 +8,14 @@ failed runs by kind) — without reading logs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from collector.http import Health
+from icefloe.manifest import ShardedConsumer
 
 _COMMIT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -114,3 +119,39 @@ class CollectorMetrics:
         self.active = Gauge("icefloe_collector_active",
                             "1 when this collector holds the lease, 0 while on standby",
                             registry=r)
+
+    def watch_shards(self, consumer: ShardedConsumer) -> None:
+        """Export per-shard queue metrics of a multi-shard consumer (read at scrape time
+        from what its last read saw: no store request per scrape)."""
+        self.registry.register(_ShardCollector(consumer))
+
+
+class _ShardCollector(Collector):
+    """Per shard: entries not yet acknowledged, CAS writes by every writer (the shard's
+    ``revision`` counts them all, so its rate is the shard's CAS rate) and this
+    collector's own lost CAS races (ingestors export theirs)."""
+
+    def __init__(self, consumer: ShardedConsumer) -> None:
+        self.consumer = consumer
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        queued = GaugeMetricFamily("icefloe_collector_shard_queue_entries",
+                                   "Manifest entries not yet acknowledged, per shard",
+                                   labels=["shard"])
+        writes = CounterMetricFamily("icefloe_collector_shard_cas_writes",
+                                     "Manifest CAS writes by every writer, per shard (its "
+                                     "revision)", labels=["shard"])
+        conflicts = CounterMetricFamily("icefloe_collector_shard_cas_conflicts",
+                                        "CAS races this collector lost, per shard",
+                                        labels=["shard"])
+        for number, manifest in sorted(self.consumer.last_read.items()):
+            label = [str(number)]
+            queued.add_metric(label, manifest.next_sequence
+                              - manifest.consumer.acked_through - 1)
+            writes.add_metric(label, manifest.revision)
+        for number, stats in self.consumer.stats.items():
+            conflicts.add_metric([str(number)], stats.conflicts)
+        count = GaugeMetricFamily("icefloe_collector_shards",
+                                  "Manifest shards the store records",
+                                  value=self.consumer.shard_count)
+        yield from (queued, writes, conflicts, count)

@@ -44,6 +44,7 @@ from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import (
+    ConfigError,
     FencedError,
     LeaseHeldError,
     ManifestMismatchError,
@@ -122,6 +123,10 @@ class Collector:
         self.engine = engine
         self.metrics = metrics or CollectorMetrics()
         self.hook = hook or (lambda stage: None)
+        if config.manifest.shards > 1:  # until the commit path records every shard (#25)
+            raise ConfigError(
+                f"manifest.shards = {config.manifest.shards}: this collector consumes one "
+                "manifest shard only; keep manifest.shards = 1 until it consumes them all")
         self.consumer = ManifestConsumer(store, config.manifest.build(),
                                          holder=holder or f"collector-{ULID()}", clock=clock)
         self.metrics.queue_max_entries.set(self.consumer.config.max_entries)

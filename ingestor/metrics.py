@@ -6,7 +6,7 @@ process; the global registry would refuse the second set. ``/metrics`` serves th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -84,6 +84,13 @@ class IngestMetrics:
         return {"accepted": metric_total(self.events_accepted),
                 "rejected": metric_total(self.events_rejected),
                 "buffered_bytes": metric_total(self.buffer_bytes)}
+
+    def watch_shard(self, shard: Callable[[], int | None]) -> None:
+        """Export the manifest shard this process appends to (-1 before the first
+        append); join it with the CAS counters for per-shard rates and conflicts."""
+        gauge = Gauge("icefloe_ingest_manifest_shard", "Manifest shard this ingestor "
+                      "appends to (-1: none yet)", registry=self.registry)
+        gauge.set_function(lambda: -1 if (current := shard()) is None else current)
 
     def watch_producer(self, stats: ProducerStats) -> None:
         """Export the manifest producer's counters (read at scrape time, never copied)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
-from icefloe.manifest import ManifestProducer
+from icefloe.manifest import ShardedProducer, ensure_shards
 from icefloe.manifest.publish import HelperPublisher, Publisher, StorePublisher
 from icefloe.redact import mask_uri
 from icefloe.registry.watch import RegistryWatch
@@ -66,15 +66,23 @@ class IngestorRuntime:
 
         ``clock`` goes to the flusher, the manifest producer and the registry watch (the
         store helper's producer, in another process, reads the system clock)."""
+        opened = store is None
         store = store or open_async_store(config.store.url, store_options(config),
                                           control_url=config.store.control_url)
         if probe:
             await probe_conditional_writes(store)
         manifest = config.manifest.build()
+        try:  # grows the store to [manifest] shards, or refuses a config asking for fewer
+            await ensure_shards(store, manifest, clock=clock)
+        except Exception:
+            if opened:
+                await store.close()
+            raise
         publisher: Publisher = HelperPublisher.for_store(store, manifest) or \
-            StorePublisher(store, ManifestProducer(store, manifest, clock=clock))
+            StorePublisher(store, ShardedProducer(store, manifest, clock=clock))
         metrics = IngestMetrics()
         metrics.watch_producer(publisher.stats)
+        metrics.watch_shard(lambda: publisher.shard)
         batcher = Batcher(publisher, flush_settings(config), metrics, clock=clock)
         batcher.start()
         service = IngestService(config, batcher, metrics, store)

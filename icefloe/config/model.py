@@ -57,6 +57,7 @@ class ManifestSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gc_grace_s: float = ManifestConfig.gc_grace_s
     producer_ttl_s: float = ManifestConfig.producer_ttl_s
     lease_s: float = ManifestConfig.lease_s
+    shards: int = ManifestConfig.shards
 
     def build(self) -> ManifestConfig:
         return ManifestConfig(**msgspec.structs.asdict(self))

@@ -19,6 +19,9 @@ from icefloe.store.retry import RetryPolicy
 SAFETY_MARGIN_S = 300.0
 """Minimum slack between the append deadline and GC grace / producer TTL (seconds)."""
 
+MAX_SHARDS = 256
+"""Upper bound of ``manifest.shards``: the consumer reads every shard on each run."""
+
 
 def _conflict_backoff() -> RetryPolicy:
     return RetryPolicy(max_attempts=1_000_000, base_delay_s=0.002, max_delay_s=0.2,
@@ -38,6 +41,8 @@ class ManifestConfig:
     lease_s:           how long a consumer's lease lasts without renewal
     max_group:         most batches one producer appends in a single CAS (group commit)
     conflict_backoff:  backoff between CAS attempts that lost a race (budget = give-up time)
+    shards:            manifest shards this process expects (``icefloe.manifest.shards``);
+                       shard 0 is ``key`` itself, so 1 is the single-manifest layout
     """
 
     key: str = "manifest/queue"
@@ -49,13 +54,17 @@ class ManifestConfig:
     lease_s: float = 15.0
     max_group: int = 1000
     conflict_backoff: RetryPolicy = field(default_factory=_conflict_backoff)
+    shards: int = 1
 
     def __post_init__(self) -> None:
         positive = ("max_entries", "max_bytes", "append_deadline_s", "gc_grace_s",
-                    "producer_ttl_s", "lease_s", "max_group")
+                    "producer_ttl_s", "lease_s", "max_group", "shards")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"manifest.{name} must be > 0, got {getattr(self, name)}")
+        if self.shards > MAX_SHARDS:
+            raise ConfigError(f"manifest.shards must be at most {MAX_SHARDS}, got "
+                              f"{self.shards}")
         need = self.append_deadline_s + SAFETY_MARGIN_S
         if self.gc_grace_s < need:
             raise ConfigError(

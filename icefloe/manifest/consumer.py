@@ -73,6 +73,27 @@ class ManifestConsumer:
         self.epoch = written.epoch
         return written.epoch
 
+    async def fence(self, epoch: int) -> None:
+        """Raise this manifest's epoch to ``epoch`` claimed elsewhere; consume at it.
+
+        Why: with shards, a takeover claims its epoch on shard 0 and then fences every
+        other shard to the same epoch (:mod:`icefloe.manifest.sharded_consumer`). An epoch
+        already higher means a newer consumer claimed it: :class:`FencedError`. Already
+        at ``epoch`` under our name: nothing is written (a retried ambiguous fence).
+        """
+
+        def lift(loaded: Loaded) -> Manifest | None:
+            manifest = loaded.manifest
+            if manifest.epoch > epoch:
+                raise FencedError(epoch, manifest.epoch)
+            if manifest.epoch == epoch and manifest.consumer.holder == self.holder:
+                return None
+            consumer = msgspec.structs.replace(manifest.consumer, holder=self.holder)
+            return manifest.replace(epoch=epoch, consumer=consumer)
+
+        await self._update(lift)
+        self.epoch = epoch
+
     async def renew_lease(self) -> float:
         """Extend our lease to store-time + ``lease_s``; FencedError if we were replaced.
 

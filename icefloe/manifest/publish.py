@@ -27,6 +27,7 @@ from icefloe.formats.batch import BatchBlock, BatchBuilder, Compression
 from icefloe.formats.envelope import frame_events
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
+from icefloe.manifest.sharded_producer import ShardedProducer
 from icefloe.store.base import AsyncObjectStore, ObjectStore
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 
@@ -39,11 +40,26 @@ BATCH_PREFIX = "batches/"
 BATCH_SUFFIX = ".ifb"
 
 
+SPREAD_PREFIXES = 256
+"""Sub-folders of ``batches/`` that new batch keys spread over (two hex digits)."""
+
+
 def new_batch_key() -> str:
-    return f"{BATCH_PREFIX}{ULID()}{BATCH_SUFFIX}"
+    """``batches/<xx>/<ULID>.ifb``: unique, and spread over 256 key prefixes.
+
+    Why the ``<xx>`` folder: S3 scales request rates per key prefix, and ULIDs of one
+    moment share their leading characters, so every ingestor's PUTs would land on one
+    prefix's partition. ``xx`` is the ULID's last random byte in hex: uniform, free, and
+    no coordination (the store helper names files before it knows its producer id).
+    Keys written before (``batches/<ULID>.ifb``) stay valid: readers take the location
+    from the manifest entry, and GC lists all of ``batches/``.
+    """
+    ulid = ULID()
+    return f"{BATCH_PREFIX}{ulid.bytes[-1]:02x}/{ulid}{BATCH_SUFFIX}"
 
 
-async def publish_batch(store: AsyncObjectStore, producer: ManifestProducer, data: bytes, *,
+async def publish_batch(store: AsyncObjectStore,
+                        producer: ManifestProducer | ShardedProducer, data: bytes, *,
                         record_count: int, streams: Iterable[str],
                         checksum: int | None = None, registry_version: int = 0
                         ) -> int | None:
@@ -56,7 +72,8 @@ async def publish_batch(store: AsyncObjectStore, producer: ManifestProducer, dat
         written_at=put.store_time, registry_version=registry_version))
 
 
-async def publish_block(store: AsyncObjectStore, producer: ManifestProducer,
+async def publish_block(store: AsyncObjectStore,
+                        producer: ManifestProducer | ShardedProducer,
                         block: BatchBlock, *, streams: Iterable[str],
                         registry_version: int = 0, key: str | None = None
                         ) -> tuple[int | None, int]:
@@ -83,6 +100,11 @@ class Publisher(Protocol):
         """The manifest producer id in use (None before the first append, helper only)."""
         ...
 
+    @property
+    def shard(self) -> int | None:
+        """The manifest shard appends go to now (None before the first append)."""
+        ...
+
     def dispatch(self, block: BatchBlock, *, streams: Iterable[str],
                  registry_version: int = 0) -> Awaitable[tuple[int | None, int]]:
         """Write ``block`` as a batch file and append it; awaited, (manifest sequence, file
@@ -99,7 +121,8 @@ class Publisher(Protocol):
 class StorePublisher:
     """Writes and appends from this process, through any store."""
 
-    def __init__(self, store: AsyncObjectStore, producer: ManifestProducer) -> None:
+    def __init__(self, store: AsyncObjectStore,
+                 producer: ManifestProducer | ShardedProducer) -> None:
         self.store = store
         self.producer = producer
         self.stats = producer.stats
@@ -107,6 +130,12 @@ class StorePublisher:
     @property
     def producer_id(self) -> str | None:
         return self.producer.producer_id
+
+    @property
+    def shard(self) -> int | None:
+        """The manifest shard appends go to (None before the first with a sharded
+        producer; 0 for a plain producer, which writes the manifest key)."""
+        return self.producer.shard if isinstance(self.producer, ShardedProducer) else 0
 
     def dispatch(self, block: BatchBlock, *, streams: Iterable[str],
                  registry_version: int = 0) -> Awaitable[tuple[int | None, int]]:
@@ -122,13 +151,17 @@ class StorePublisher:
 class PublishOutcome:
     """What the helper answers for one batch: its sequence (None: found already appended
     and dequeued) and size, or the error that refused it; and its producer's id and
-    counters at that moment (refusals count too: queue full, deadline)."""
+    counters at that moment (refusals count too: queue full, deadline); ``instance`` names
+    the helper's sharded producer (stable while the helper lives, unlike the producer id,
+    which changes when the shard count grows) and ``shard`` where it appends."""
 
     sequence: int | None
     size: int
     producer_id: str
     stats: ProducerStats
     error: Exception | None = None
+    instance: str = ""
+    shard: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,19 +183,21 @@ class PublishJob:
     async def run(self, store: ObjectStore, state: dict[str, Any]) -> PublishOutcome:
         from icefloe.store.adapters import InlineAsyncStore
 
-        producer: ManifestProducer | None = state.get("producer")
+        producer: ShardedProducer | None = state.get("producer")
         if producer is None:  # the job loop runs nothing else: no thread hop per call
             retrying = RetryingAsyncStore(InlineAsyncStore(store), self.retry)
-            producer = state["producer"] = ManifestProducer(retrying, self.manifest)
+            producer = state["producer"] = ShardedProducer(retrying, self.manifest)
         try:
             sequence, size = await publish_block(
                 producer.store, producer, self.block, streams=self.streams,
                 registry_version=self.registry_version, key=self.key)
         except Exception as exc:  # answered with the counters it changed
-            return PublishOutcome(None, 0, producer.producer_id,
-                                  dataclasses.replace(producer.stats), exc)
-        return PublishOutcome(sequence, size, producer.producer_id,
-                              dataclasses.replace(producer.stats))
+            return PublishOutcome(None, 0, producer.producer_id or "",
+                                  dataclasses.replace(producer.stats), exc,
+                                  producer.instance, producer.shard)
+        return PublishOutcome(sequence, size, producer.producer_id or "",
+                              dataclasses.replace(producer.stats), None,
+                              producer.instance, producer.shard)
 
 
 class HelperPublisher:
@@ -183,6 +218,8 @@ class HelperPublisher:
         self._earlier = ProducerStats()  # the counters of helpers that are gone
         self._current = ProducerStats()
         self._producer_id: str | None = None
+        self._instance: str | None = None
+        self._shard: int | None = None
 
     @classmethod
     def for_store(cls, store: AsyncObjectStore, manifest: ManifestConfig
@@ -200,6 +237,11 @@ class HelperPublisher:
     def producer_id(self) -> str | None:
         return self._producer_id
 
+    @property
+    def shard(self) -> int | None:
+        """The manifest shard the helper's producer appends to (None before it answered)."""
+        return self._shard
+
     def dispatch(self, block: BatchBlock, *, streams: Iterable[str],
                  registry_version: int = 0) -> Awaitable[tuple[int | None, int]]:
         job = PublishJob(new_batch_key(), block, tuple(sorted(set(streams))),
@@ -215,12 +257,15 @@ class HelperPublisher:
         return outcome.sequence, outcome.size
 
     def _account(self, outcome: PublishOutcome) -> None:
-        if outcome.producer_id != self._producer_id:
-            if self._producer_id is not None:
+        if outcome.instance != self._instance:
+            if self._instance is not None:
                 self._earlier = _added(self._earlier, self._current)
                 log.warning("manifest producer %s replaced by %s (the store helper "
                             "restarted)", self._producer_id, outcome.producer_id)
-            self._producer_id, self._current = outcome.producer_id, ProducerStats()
+            self._instance, self._current = outcome.instance, ProducerStats()
+        # a new id under the same instance: the shard count grew and it moved
+        self._producer_id = outcome.producer_id or self._producer_id
+        self._shard = outcome.shard
         # answers of one group may arrive in any order: counters only grow
         self._current = _added(self._current, outcome.stats, maximum=True)
         total = _added(self._earlier, self._current)

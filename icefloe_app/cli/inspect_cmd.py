@@ -19,7 +19,8 @@ from icefloe.checksum import crc32c
 from icefloe.errors import BatchFormatError, NotFound
 from icefloe.formats.batch import decode_block, iter_records, read_footer
 from icefloe.formats.envelope import decode_envelope
-from icefloe.manifest import Manifest, ManifestConfig, load
+from icefloe.manifest import Loaded, Manifest, ManifestConfig, load
+from icefloe.manifest.shards import read_shard_count, shard_key, shard_set_key
 from icefloe.store import local_path, open_async_store, open_store
 from icefloe_app.cli.common import (
     add_s3_arguments,
@@ -39,12 +40,13 @@ def register(commands: Any) -> None:
     what = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
 
     manifest = what.add_parser(
-        "manifest", help="entries, epoch, consumer lease, producers",
-        description="Print the manifest: consumer epoch, holder and lease, acked and next "
-                    "sequence, producers, and the queued entries (oldest first).")
+        "manifest", help="entries, epoch, consumer lease, producers (every shard)",
+        description="Print the manifest, every shard of it: consumer epoch, holder and "
+                    "lease, acked and next sequence, producers, and the queued entries "
+                    "(oldest first).")
     add_store_arguments(manifest)
     manifest.add_argument("--key", default=ManifestConfig().key,
-                          help="manifest object key (default: %(default)s)")
+                          help="manifest object key, shard 0 (default: %(default)s)")
     manifest.add_argument("--limit", type=int, default=20,
                           help="entries to list in the table (default: %(default)s)")
     manifest.add_argument("--json", action="store_true", help="print JSON (all entries)")
@@ -65,40 +67,64 @@ def register(commands: Any) -> None:
 # --- manifest ------------------------------------------------------------------------------
 
 def run_manifest(args: argparse.Namespace) -> int:
+    """Print every shard (shard 0 is ``--key``; the store's shard set says how many).
+
+    JSON keeps shard 0's fields at the top level (what single-manifest tooling reads)
+    and adds ``shard_count`` and ``shards``, one object per shard of the same shape."""
     resolve_store(args)
 
-    async def read() -> tuple[Manifest, str | None, int]:
+    async def read() -> list[Loaded]:
         store = open_async_store(args.store, store_options(args),
                                  control_url=getattr(args, "control_store", None))
         try:
-            loaded = await load(store, args.key)
+            count = await read_shard_count(store, args.key)
+            return list(await asyncio.gather(*(load(store, shard_key(args.key, n))
+                                               for n in range(count))))
         finally:
             await store.close()
-        return loaded.manifest, loaded.etag, loaded.size
 
-    manifest, etag, size = asyncio.run(read())
-    if etag is None:
+    shards = asyncio.run(read())
+    if shards[0].etag is None:
         raise NotFound(f"no manifest at {args.store} key {args.key!r}: nothing has been "
                        "ingested into this store yet (check --store and --key)")
     if args.json:
-        print_json({"store": args.store, "key": args.key, "etag": etag, "bytes": size,
-                    "epoch": manifest.epoch, "revision": manifest.revision,
-                    "next_sequence": manifest.next_sequence,
-                    "first_sequence": manifest.first_sequence,
-                    "entry_count": len(manifest.entries), "consumer": manifest.consumer,
-                    "producers": manifest.producers, "entries": manifest.entries})
+        views = [_shard_json(args, n, loaded) for n, loaded in enumerate(shards)]
+        print_json({"store": args.store, **views[0], "shard_count": len(shards),
+                    "shards": views})
         return 0
-    print(_manifest_summary(args, manifest, size))
+    if len(shards) == 1:
+        print(_manifest_summary(args, args.key, shards[0].manifest, shards[0].size))
+        return 0
+    queued = sum(loaded.manifest.entry_count for loaded in shards)
+    parts = [f"shards    {len(shards)} ({shard_set_key(args.key)}), {queued} entries queued "
+             "in all"]
+    for number, loaded in enumerate(shards):
+        key = shard_key(args.key, number)
+        parts.append(f"\n--- shard {number} ---")
+        parts.append(_manifest_summary(args, key, loaded.manifest, loaded.size)
+                     if loaded.etag is not None else f"manifest  {key}: not written yet")
+    print("\n".join(parts))
     return 0
 
 
-def _manifest_summary(args: argparse.Namespace, manifest: Manifest, size: int) -> str:
+def _shard_json(args: argparse.Namespace, number: int, loaded: Loaded) -> dict[str, Any]:
+    manifest = loaded.manifest
+    return {"shard": number, "key": shard_key(args.key, number), "etag": loaded.etag,
+            "bytes": loaded.size, "epoch": manifest.epoch, "revision": manifest.revision,
+            "next_sequence": manifest.next_sequence,
+            "first_sequence": manifest.first_sequence,
+            "entry_count": len(manifest.entries), "consumer": manifest.consumer,
+            "producers": manifest.producers, "entries": manifest.entries}
+
+
+def _manifest_summary(args: argparse.Namespace, key: str, manifest: Manifest,
+                      size: int) -> str:
     consumer, now = manifest.consumer, time.time()
     records = sum(e.record_count for e in manifest.entries)
     lease = (f"expires in {consumer.lease_expires_at - now:.1f}s"
              if consumer.lease_expires_at > now else "lapsed")
     lines = [
-        f"manifest  {args.store} / {args.key}  ({size:,} bytes, revision {manifest.revision})",
+        f"manifest  {args.store} / {key}  ({size:,} bytes, revision {manifest.revision})",
         f"consumer  epoch {manifest.epoch}, holder {consumer.holder or '-'}, lease {lease}, "
         f"acked through {consumer.acked_through}",
         f"queue     {len(manifest.entries)} entries ({records:,} records), sequences "

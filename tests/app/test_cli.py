@@ -15,7 +15,14 @@ import pytest
 
 from icefloe.formats.batch import Compression, encode_batch
 from icefloe.formats.envelope import encode_envelope
-from icefloe.manifest import BatchRef, ManifestConsumer, ManifestProducer
+from icefloe.manifest import (
+    BatchRef,
+    ManifestConfig,
+    ManifestConsumer,
+    ManifestProducer,
+    ShardedProducer,
+    grow_shards,
+)
 from icefloe.store import open_async_store
 from icefloe_app.cli import main
 
@@ -58,6 +65,33 @@ def test_should_print_the_manifest_as_a_table_and_as_json(tmp_path, capsys):
     assert data["next_sequence"] == 3
     assert [e["location"] for e in data["entries"]] == [f"batches/b{i}.ifb" for i in range(3)]
     assert data["consumer"]["acked_through"] == 0
+
+
+def test_should_show_every_manifest_shard(tmp_path, capsys):
+    url = (tmp_path / "store").as_uri()
+    fill_manifest(url, 2)
+
+    async def grow() -> None:
+        store = open_async_store(url)
+        config = ManifestConfig()
+        await grow_shards(store, config.key, 3, backoff=config.conflict_backoff)
+        await ShardedProducer(store, shard=2).append(BatchRef(
+            "batches/ab/on-shard-2.ifb", 100, 7, 10, ("pageviews",), time.time()))
+        await store.close()
+
+    asyncio.run(grow())
+    assert main(["inspect", "manifest", "--store", url]) == 0
+    out = capsys.readouterr().out
+    assert "shards    3 (manifest/queue.shards), 3 entries queued in all" in out
+    assert "--- shard 1 ---\nmanifest  manifest/queue-shard1: not written yet" in out
+    assert "/ manifest/queue-shard2" in out
+    assert "batches/ab/on-shard-2.ifb" in out
+    assert main(["inspect", "manifest", "--store", url, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["shard_count"] == 3
+    assert data["next_sequence"] == 2  # shard 0 at the top level, as before
+    assert [s["entry_count"] for s in data["shards"]] == [2, 0, 1]
+    assert data["shards"][2]["entries"][0]["location"] == "batches/ab/on-shard-2.ifb"
 
 
 def test_should_say_when_there_is_no_manifest(tmp_path, capsys):

@@ -367,3 +367,34 @@ async def test_should_rerun_after_a_crash_on_s3(s3_store):
     assert (bounded.deleted, bounded.deferred) == (1, 1)
     await collect_garbage(store, KEY, grace_s=S3_GRACE)
     assert await keys(store) == {KEY, pinned}
+
+
+async def test_should_keep_files_pinned_by_any_shard_and_take_both_key_layouts(local):
+    """Entries on every shard pin their files; old keys (``batches/<ULID>.ifb``) and
+    spread ones (``batches/xx/<ULID>.ifb``) are both found and collected."""
+    from icefloe.manifest import ShardedProducer, grow_shards, shard_key
+    from icefloe.manifest.publish import new_batch_key
+
+    store, root = local
+    config = ManifestConfig(shards=3)
+    await grow_shards(store, KEY, 3, backoff=FAST_RETRY)
+    pinned, garbage = set(), set()
+    for shard in range(3):
+        producer = ShardedProducer(store, config, shard=shard)
+        for kind in ("old", "new"):
+            for bucket in (pinned, garbage):
+                key = new_batch_key() if kind == "new" else f"batches/{kind}-{shard}-" \
+                    f"{len(bucket)}-{id(bucket)}.ifb"
+                await store.put(key, b"x" * 100)
+                age(root, key)
+                bucket.add(key)
+                if bucket is pinned:
+                    await producer.append(BatchRef(key, 100, 7, 10, ("s",), time.time()))
+    assert (await load(store, shard_key(KEY, 2))).manifest.entry_count == 2
+
+    result = await collect_garbage(store, KEY, grace_s=GRACE)
+
+    assert result.referenced == 6
+    assert result.deleted == 6
+    left = await keys(store, "batches/")
+    assert left == pinned

@@ -26,7 +26,7 @@ staging, takeovers, crashes, stalls, registry changes and hour-long quiet gaps."
 
 MUTANT_SEEDS = {
     "no-dedup": 3,
-    "dedup-per-table": 5,
+    "dedup-per-table": 39,
     "no-fence": 2,
     "cluster-unrouted": 4,
 }

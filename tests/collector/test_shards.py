@@ -1,0 +1,63 @@
+"""The collector and manifest shards: per-shard metrics (queue length, CAS writes,
+conflicts), and the refusal of more than one shard until the commit path consumes them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import generate_latest
+
+from collector.metrics import CollectorMetrics
+from collector.service import Collector
+from icefloe.config import Config, ManifestSection, StoreSection
+from icefloe.errors import ConfigError
+from icefloe.manifest import (
+    BatchRef,
+    ManifestConfig,
+    ShardedConsumer,
+    ShardedProducer,
+    grow_shards,
+)
+from icefloe.store import open_async_store
+
+
+async def test_should_export_queue_length_and_cas_writes_per_shard(tmp_path):
+    store = open_async_store((tmp_path / "store").as_uri())
+    config = ManifestConfig(shards=3)
+    await grow_shards(store, config.key, 3, backoff=config.conflict_backoff)
+    for shard, count in ((0, 1), (2, 3)):
+        producer = ShardedProducer(store, config, shard=shard)
+        for n in range(count):
+            await producer.append(BatchRef(f"batches/{shard}-{n}.ifb", 1, 1, 1, ("s",),
+                                           time.time()))
+    consumer = ShardedConsumer(store, config)
+    await consumer.initialize()
+    await consumer.read()
+    await consumer.ack({2: 0})
+    await consumer.read()
+    metrics = CollectorMetrics()
+    metrics.watch_shards(consumer)
+
+    text = generate_latest(metrics.registry).decode()
+
+    assert 'icefloe_collector_shard_queue_entries{shard="0"} 1.0' in text
+    assert 'icefloe_collector_shard_queue_entries{shard="1"} 0.0' in text
+    assert 'icefloe_collector_shard_queue_entries{shard="2"} 2.0' in text
+    # shard 2: three appends, the fence, the ack (every writer's CAS counts)
+    assert 'icefloe_collector_shard_cas_writes_total{shard="2"} 5.0' in text
+    assert 'icefloe_collector_shard_cas_conflicts_total{shard="0"} 0.0' in text
+    assert "icefloe_collector_shards 3.0" in text
+    await store.close()
+
+
+async def test_should_refuse_to_run_on_more_than_one_shard_until_it_consumes_them(tmp_path):
+    """Today's commit path reads shard 0 only: entries on other shards would never be
+    committed, so the collector refuses the config instead of stranding them."""
+    store = open_async_store((tmp_path / "store").as_uri())
+    config = Config(store=StoreSection(url=(tmp_path / "store").as_uri()),
+                    manifest=ManifestSection(shards=2))
+    with pytest.raises(ConfigError, match=r"manifest\.shards = 2: this collector consumes "
+                                          r"one manifest shard only"):
+        Collector(config, store, catalog=None, engine=None)  # type: ignore[arg-type]
+    await store.close()

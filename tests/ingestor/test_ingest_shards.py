@@ -1,0 +1,51 @@
+"""An ingestor on a sharded manifest: grows the store at start, appends to its shard,
+exports it, and refuses a config asking for fewer shards than the store has."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from ingest_support import make_config, running
+from prometheus_client import generate_latest
+
+from icefloe.errors import ConfigError
+from icefloe.manifest import load, read_shard_count, shard_key
+from icefloe.store import open_async_store
+from ingestor.runtime import IngestorRuntime
+
+
+def sharded(tmp_path, shards: int, **ingestor):
+    config = make_config(tmp_path / "store", **ingestor)
+    return msgspec.structs.replace(
+        config, manifest=msgspec.structs.replace(config.manifest, shards=shards))
+
+
+@pytest.mark.parametrize("helper", [True, False])
+async def test_should_grow_the_store_and_append_to_its_shard(tmp_path, helper):
+    config = sharded(tmp_path, 4, store_helper=helper)
+    async with running(config) as runtime:
+        stream = runtime.service.stream("pageviews")
+        assert await runtime.service.ingest(
+            stream, stream.from_json(b'[{"user_id":"a"},{"user_id":"b"}]')) == 2
+        shard = runtime.publisher.shard
+        assert shard is not None
+        assert 0 <= shard < 4
+        scraped = generate_latest(runtime.metrics.registry).decode()
+        assert f"icefloe_ingest_manifest_shard {float(shard)}" in scraped
+    store = open_async_store((tmp_path / "store").as_uri())
+    try:
+        assert await read_shard_count(store, config.manifest.key) == 4
+        entries = (await load(store, shard_key(config.manifest.key, shard))).manifest.entries
+        assert [e.record_count for e in entries] == [2]
+        assert entries[0].location.startswith("batches/")
+        assert entries[0].location.count("/") == 2  # batches/<xx>/<ULID>.ifb
+    finally:
+        await store.close()
+
+
+async def test_should_refuse_to_start_with_fewer_shards_than_the_store(tmp_path):
+    async with running(sharded(tmp_path, 4, store_helper=False)):
+        pass
+    with pytest.raises(ConfigError, match=r"manifest\.shards = 2 is below the store's "
+                                          r"shard count 4"):
+        await IngestorRuntime.start(sharded(tmp_path, 2, store_helper=False))
