@@ -20,7 +20,7 @@ locals {
   metrics_port = 9464
   admin_port   = 8081
 
-  # what the load balancer forwards (lb.tf): the ingest routes of ingestor/http/app.py and
+  # what the load balancer forwards (lb.tf): the ingest routes of ingestor/http/steps.py and
   # the icefloe.v1.Ingest gRPC service; /metrics, /healthz, /readyz and gRPC reflection and
   # health stay inside the VPC
   ingest_http_paths = ["/v1/streams/*/events", "/ingest/*", "/collect/*"]

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from grpc_status import rpc_status
 from ingest_support import grpc_serving, make_config, stored_events
-from test_admin_api import admin  # noqa: F401  (the fixture: a served admin API)
+from tests.app.test_admin_api import admin  # noqa: F401  (the fixture: a served admin API)
 from test_grpc import publish, publish_stream, reason, refused, request, violations
 from test_http import (
     AUTH,
