@@ -13,7 +13,6 @@ import msgspec
 import pytest
 from grpc_status import rpc_status
 from ingest_support import grpc_serving, make_config, stored_events
-from tests.app.test_admin_api import admin  # noqa: F401  (the fixture: a served admin API)
 from test_grpc import publish, publish_stream, reason, refused, request, violations
 from test_http import (
     AUTH,
@@ -34,6 +33,7 @@ from icefloe.v1 import ingest_pb2
 from ingestor.client_errors import ClientErrorLog
 from ingestor.errors import BadRequest
 from ingestor.metrics import IngestMetrics
+from tests.app.test_admin_api import admin  # noqa: F401  (the fixture: a served admin API)
 
 ALLTYPES = "/v1/streams/alltypes/events"
 NDJSON = {"Content-Type": "application/x-ndjson"}

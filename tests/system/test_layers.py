@@ -51,10 +51,6 @@ ALLOWED_SIDEWAYS: dict[tuple[str, str], str] = {
 }
 ALLOWED_TESTING: dict[tuple[str, str], str] = {}
 ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
-    ("icefloe.formats.envelope", "icefloe.formats.batch._check_block_end"):
-        f"{LATER}: batch and envelope become icefloe/formats/",
-    ("icefloe.formats.envelope", "icefloe.formats.batch._framing_error"):
-        f"{LATER}: batch and envelope become icefloe/formats/",
     ("pipeline.iceberg.file_append", "pipeline.load.executors._TableFiles"):
         f"{LATER}: pipeline/iceberg/ (file_append, data_files)",
 }
