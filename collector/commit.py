@@ -34,13 +34,14 @@ from collector.dedup import DedupWindow, sources_props, without_source
 from collector.hops import BlockOn
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
-from collector.staging import COMMIT_CHUNK_BYTES, StagedFile, StagingArea, StagingState, due
+from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.clock import Clock
 from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Conditions
+from icefloe.staging import StagedFile, StagingState
 from pipeline.iceberg.commit import CommitResult, commit_rows
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.load.executors import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write

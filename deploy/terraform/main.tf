@@ -29,7 +29,7 @@ locals {
   # where icefloe keeps its objects. The data bucket (versioned) holds batch files and the
   # warehouse; the control bucket (unversioned: see s3.tf) holds the objects rewritten by
   # compare-and-swap. Keys are relative to the store URLs (icefloe.manifest.publish, [manifest] key,
-  # [admin] registry_key, collector.staging, icefloe.store.probe).
+  # [admin] registry_key, icefloe.staging, icefloe.store.probe).
   control_bucket_name = "${local.bucket_name}-control"
   store_url           = "s3://${local.bucket_name}/${var.batch_prefix}"
   control_url         = "s3://${local.control_bucket_name}/${var.batch_prefix}"
