@@ -50,8 +50,6 @@ STREAM_WINDOW = 128
 _FIELD = re.compile(r"^events\[(\d+)\](?:\.(.*))?$")
 
 
-
-
 def _from_status(code: grpc.StatusCode, status: status_pb2.Status | None, message: str
                  ) -> IngestRejected:
     """An IngestRejected from a gRPC code and its rich ``google.rpc.Status`` (if any)."""

@@ -224,8 +224,6 @@ def _media_type(value: bytes | None) -> bytes:
     return value.split(b";", 1)[0].strip().lower()
 
 
-
-
 class IngestSteps:
     """The steps of an ingest both fronts run, with the settings and caches they need.
 
