@@ -5,11 +5,12 @@ Why: a sink that commits once an hour (or at 500 MB) must neither pin the manife
 entries could not be acknowledged and dequeued for an hour, and every other sink and
 ingestor would feel the queue grow) nor keep an hour of rows in the collector's memory.
 So each run writes that sink's rows to ``staging/<table>/<first>-<last>-<ulid>.parquet``
-and records the file in ``staging/<table>/state.json`` — by compare-and-swap, with the
-collector epoch — *before* the run's entries are acknowledged. When the sink's conditions
-hold (oldest pending row older than ``max_age_s``, or ``max_bytes`` / ``max_events``
-reached), all its staged files are committed in one Iceberg append that records the
-highest staged sequence, and then dropped from the state and deleted.
+and records the file in ``staging/<table>/state.json`` (the layout: :mod:`icefloe.staging`)
+— by compare-and-swap, with the collector epoch — *before* the run's entries are
+acknowledged. When the sink's conditions hold (oldest pending row older than
+``max_age_s``, or ``max_bytes`` / ``max_events`` reached), all its staged files are
+committed in one Iceberg append that records the highest staged sequence, and then dropped
+from the state and deleted.
 
 Exactly once, at every crash point:
 
@@ -45,14 +46,20 @@ from ulid import ULID
 
 from icefloe.errors import NotFound, TableFencedError
 from icefloe.registry.model import Conditions
+from icefloe.staging import (
+    PREFIX,
+    StagedFile,
+    StagingState,
+    data_key,
+    state_key,
+    table_of_state,
+)
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy
 
 log = logging.getLogger("icefloe.collector")
 
-PREFIX = "staging"
-FORMAT = 1
 MAX_FILES = 128
 """Beyond this many staged files of a table, the oldest ``MERGE_FILES`` are merged."""
 MERGE_FILES = 64
@@ -60,53 +67,6 @@ READ_AHEAD = 8
 COMMIT_CHUNK_BYTES = 64 * 1024 * 1024
 """Staged Parquet bytes committed per Iceberg append: a 500 MB size condition is committed
 as several appends (in sequence order) instead of one decompressed run in memory."""
-
-
-class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    key: str
-    first_sequence: int
-    last_sequence: int
-    rows: int
-    bytes: int
-    oldest_ms: int
-
-
-class StagingState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What is staged for one table; ``revision`` changes on every write (new ETag)."""
-
-    format: int = FORMAT
-    table: str = ""
-    epoch: int = 0
-    revision: int = 0
-    through_sequence: int = -1
-    files: tuple[StagedFile, ...] = ()
-
-    def encode(self) -> bytes:
-        return msgspec.json.encode(self)
-
-    @classmethod
-    def decode(cls, data: bytes) -> StagingState:
-        return msgspec.json.decode(data, type=cls)
-
-    @property
-    def rows(self) -> int:
-        return sum(f.rows for f in self.files)
-
-    @property
-    def bytes(self) -> int:
-        return sum(f.bytes for f in self.files)
-
-    @property
-    def oldest_ms(self) -> int | None:
-        return min((f.oldest_ms for f in self.files), default=None)
-
-    @property
-    def last_sequence(self) -> int:
-        return max((f.last_sequence for f in self.files), default=-1)
-
-
-def state_key(table: str) -> str:
-    return f"{PREFIX}/{table}/state.json"
 
 
 def due(state: StagingState, conditions: Conditions, now_ms: int) -> str | None:
@@ -198,7 +158,7 @@ class StagingArea:
         last = pc.max(fresh["_sequence"]).as_py()
         oldest = pc.min(fresh["_received_at"]).cast(pa.int64()).as_py() // 1000
         data = parquet_bytes(fresh)
-        key = f"{PREFIX}/{table}/{first:012d}-{last:012d}-{ULID()}.parquet"
+        key = data_key(table, first, last, str(ULID()))
         await self.store.put(key, data)
         staged = StagedFile(key, first, last, fresh.num_rows, len(data), oldest)
 
@@ -233,9 +193,8 @@ class StagingArea:
         them is refused from now on. Not cached here: only prepared tables are staged or
         committed by this collector. Returns how many states were found."""
         listing = await self.store.list(f"{PREFIX}/")
-        suffix = "/state.json"
-        tables = [info.key[len(PREFIX) + 1:-len(suffix)] for info in listing.objects
-                  if info.key.endswith(suffix)]
+        tables = [table for info in listing.objects
+                  if (table := table_of_state(info.key)) is not None]
         for table in tables:
             cached = table in self.states
             await self.claim(table, epoch)
@@ -276,7 +235,7 @@ class StagingArea:
         assert rows is not None
         first, last = group[0].first_sequence, group[-1].last_sequence
         data = parquet_bytes(rows)
-        key = f"{PREFIX}/{table}/{first:012d}-{last:012d}-{ULID()}.parquet"
+        key = data_key(table, first, last, str(ULID()))
         await self.store.put(key, data)
         merged = StagedFile(key, first, last, rows.num_rows, len(data),
                             min(f.oldest_ms for f in group))

@@ -20,7 +20,7 @@ locals {
   metrics_port = 9464
   admin_port   = 8081
 
-  # what the load balancer forwards (lb.tf): the ingest routes of ingestor/http/app.py and
+  # what the load balancer forwards (lb.tf): the ingest routes of ingestor/http/steps.py and
   # the icefloe.v1.Ingest gRPC service; /metrics, /healthz, /readyz and gRPC reflection and
   # health stay inside the VPC
   ingest_http_paths = ["/v1/streams/*/events", "/ingest/*", "/collect/*"]
@@ -29,7 +29,7 @@ locals {
   # where icefloe keeps its objects. The data bucket (versioned) holds batch files and the
   # warehouse; the control bucket (unversioned: see s3.tf) holds the objects rewritten by
   # compare-and-swap. Keys are relative to the store URLs (icefloe.manifest.publish, [manifest] key,
-  # [admin] registry_key, collector.staging, icefloe.store.probe).
+  # [admin] registry_key, icefloe.staging, icefloe.store.probe).
   control_bucket_name = "${local.bucket_name}-control"
   store_url           = "s3://${local.bucket_name}/${var.batch_prefix}"
   control_url         = "s3://${local.control_bucket_name}/${var.batch_prefix}"

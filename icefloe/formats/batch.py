@@ -71,9 +71,11 @@ __all__ = [
     "BatchBuilder",
     "Compression",
     "Footer",
+    "check_block_end",
     "decode_batch",
     "decode_block",
     "encode_batch",
+    "framing_error",
     "iter_records",
     "read_footer",
     "record_offsets",
@@ -459,11 +461,12 @@ def _decompress_unknown_size(dctx: zstandard.ZstdDecompressor, frame: memoryview
 
 # --- splitting the block into records --------------------------------------------------------
 
-def _framing_error(block: bytes | bytearray | memoryview, pos: int, index: int,
+def framing_error(block: bytes | bytearray | memoryview, pos: int, index: int,
                    record_count: int) -> BatchFormatError:
     """The error for a block whose record ``index`` cannot be read at offset ``pos``.
 
-    Shared by every splitter so they report identical reasons and messages.
+    Shared by every splitter (here and the envelope's in :mod:`icefloe.formats.envelope`)
+    so they report identical reasons and messages.
     """
     size = len(block)
     left = size - pos
@@ -486,7 +489,7 @@ def _framing_error(block: bytes | bytearray | memoryview, pos: int, index: int,
     )
 
 
-def _check_block_end(block: bytes | bytearray | memoryview, pos: int,
+def check_block_end(block: bytes | bytearray | memoryview, pos: int,
                      record_count: int) -> None:
     """After ``record_count`` records ended at ``pos``: raise if the block holds more.
 
@@ -500,10 +503,10 @@ def _check_block_end(block: bytes | bytearray | memoryview, pos: int,
     index = record_count
     while pos < size:
         if size - pos < _LENGTH_SIZE:
-            raise _framing_error(block, pos, index, record_count)
+            raise framing_error(block, pos, index, record_count)
         end = pos + _LENGTH_SIZE + unpack(block, pos)[0]
         if end > size:
-            raise _framing_error(block, pos, index, record_count)
+            raise framing_error(block, pos, index, record_count)
         pos = end
         index += 1
     raise BatchFormatError(
@@ -530,13 +533,13 @@ def split_records(block: bytes | bytearray | memoryview, record_count: int) -> l
     pos = 0
     for index in range(record_count):
         if size - pos < _LENGTH_SIZE:
-            raise _framing_error(block, pos, index, record_count)
+            raise framing_error(block, pos, index, record_count)
         start = pos + _LENGTH_SIZE
         pos = start + unpack(block, pos)[0]
         if pos > size:
-            raise _framing_error(block, start - _LENGTH_SIZE, index, record_count)
+            raise framing_error(block, start - _LENGTH_SIZE, index, record_count)
         append(block[start:pos])
-    _check_block_end(block, pos, record_count)
+    check_block_end(block, pos, record_count)
     return records
 
 
@@ -553,13 +556,13 @@ def record_offsets(block: bytes | bytearray | memoryview,
     pos = 0
     for index in range(record_count):
         if size - pos < _LENGTH_SIZE:
-            raise _framing_error(block, pos, index, record_count)
+            raise framing_error(block, pos, index, record_count)
         start = pos + _LENGTH_SIZE
         pos = start + unpack(block, pos)[0]
         if pos > size:
-            raise _framing_error(block, start - _LENGTH_SIZE, index, record_count)
+            raise framing_error(block, start - _LENGTH_SIZE, index, record_count)
         append((start, pos))
-    _check_block_end(block, pos, record_count)
+    check_block_end(block, pos, record_count)
     return offsets
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from icefloe.errors import BatchFormatError
-from icefloe.formats.batch import _check_block_end, _framing_error, record_offsets
+from icefloe.formats.batch import check_block_end, framing_error, record_offsets
 from icefloe.formats.speedups import compiled as _speedups
 
 __all__ = [
@@ -327,11 +327,11 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
     pos = 0
     for index in range(record_count):
         if size - pos < 4:
-            raise _framing_error(block, pos, index, record_count)
+            raise framing_error(block, pos, index, record_count)
         start = pos + 4
         end = start + unpack_len(block, pos)[0]
         if end > size:
-            raise _framing_error(block, pos, index, record_count)
+            raise framing_error(block, pos, index, record_count)
         pos = end
         # Any check failing below sends the record to decode_envelope for its message.
         if end - start < _MIN_SIZE:
@@ -382,7 +382,7 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
         group.metas.append(meta)
         if meta:
             group.has_meta = True
-    _check_block_end(block, pos, record_count)
+    check_block_end(block, pos, record_count)
 
     result = StreamSplit()
     for group in groups.values():

@@ -25,6 +25,7 @@ from icefloe.manifest.model import Entry
 from icefloe.registry import ops
 from icefloe.registry.model import Registry
 from icefloe.registry.store import RegistryStore, drift
+from icefloe.staging import PREFIX, StagingState, table_of_state
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from icefloe_app.api.app import AdminApi, PendingCounter, build_app
@@ -69,8 +70,6 @@ async def prune_tombstones(store: AsyncObjectStore, registry: RegistryStore,
                            manifest_key: str, grace_s: float) -> Registry:
     """One pass of :func:`icefloe.registry.ops.prune` with what the store says now: the
     oldest pending registry version per source, and the tables with staged rows."""
-    from collector.staging import PREFIX, StagingState
-
     oldest: dict[str, int] = {}
     for entry in await _unacknowledged(store, manifest_key):
         for stream in entry.streams:
@@ -78,7 +77,7 @@ async def prune_tombstones(store: AsyncObjectStore, registry: RegistryStore,
                                  entry.registry_version)
     staged: set[str] = set()
     for info in (await store.list(f"{PREFIX}/")).objects:
-        if info.key.endswith("/state.json"):
+        if table_of_state(info.key) is not None:
             state = StagingState.decode((await store.get(info.key)).data)
             if state.files:
                 staged.add(state.table)

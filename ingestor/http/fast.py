@@ -14,7 +14,7 @@ future that resolves when the events are durable.
 Which requests take it (:meth:`FastLane.begin`): HTTP/1.1 keep-alive POSTs to an ingest
 route with a ``Content-Length``, no ``Content-Encoding``, no ``Expect``, not pipelined
 behind an unanswered request. They get every answer here, from the very steps the ASGI path
-uses (:class:`ingestor.http.app.HttpApp`), so status, headers and JSON bodies are the same;
+uses (:class:`ingestor.http.steps.IngestSteps`), so status, headers and JSON bodies are the same;
 the single exception is a token this process has not verified yet, which needs a wait
 (a hash in a worker thread) and is therefore left to the ASGI path, before anything was
 done or counted. Everything else — compressed or chunked bodies, ``Expect: 100-continue``,
@@ -36,18 +36,18 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from ingestor.auth import NeedsVerification
 from ingestor.errors import IngestError
-from ingestor.http.app import (
-    _JSON,
+from ingestor.http.inflate import ENCODINGS, body_too_large
+from ingestor.http.steps import (
     CLIENT_GONE_STATUS,
+    JSON_CONTENT_TYPE,
     Decode,
     Headers,
-    HttpApp,
+    IngestSteps,
+    Request,
     Target,
-    _ingest_target,
-    _Request,
     encoding_name,
+    ingest_target,
 )
-from ingestor.http.inflate import ENCODINGS, body_too_large
 
 if TYPE_CHECKING:
     import httptools
@@ -105,7 +105,7 @@ class _Admitted(NamedTuple):
 class FastLane:
     """The fast lane of one HTTP server (see module docstring); holds no per-request state."""
 
-    def __init__(self, app: HttpApp) -> None:
+    def __init__(self, app: IngestSteps) -> None:
         self.app = app
         self.service = app.service
         self.guard = app.guard
@@ -137,7 +137,7 @@ class FastLane:
             target = self._target(path)
         if target is None:
             return None
-        request = _Request(connection.headers)
+        request = Request(connection.headers)
         if request.content_length is None or \
                 ENCODINGS.get(encoding_name(request.content_encoding), _UNKNOWN) is not None:
             return None  # chunked, or compressed (or an unknown encoding: 415 there)
@@ -180,7 +180,7 @@ class FastLane:
         """The route of ``path``, remembered: a few hundred paths at most are ever used, and
         the bound keeps a client that invents paths from growing the cache."""
         try:
-            target = _ingest_target(path.decode("ascii"))
+            target = ingest_target(path.decode("ascii"))
         except UnicodeDecodeError:
             return None
         if len(self._targets) >= MAX_CACHED_PATHS:
@@ -193,7 +193,7 @@ class FastLane:
         if default_headers is not self._date_source:
             self._date = b"".join(b"%s: %s\r\n" % pair for pair in default_headers)
             self._accepted_head = b"%s%s%s: %s\r\ncontent-length: " % (
-                STATUS_LINE[202], self._date, *_JSON)
+                STATUS_LINE[202], self._date, *JSON_CONTENT_TYPE)
             self._date_source = default_headers
         return self._date
 
@@ -215,7 +215,7 @@ class FastIngest:
                  "disconnected", "keep_alive", "lane", "message_event", "more_body", "read",
                  "request", "response_complete", "started")
 
-    def __init__(self, lane: FastLane, connection: LaneConnection, request: _Request,
+    def __init__(self, lane: FastLane, connection: LaneConnection, request: Request,
                  default_headers: Headers) -> None:
         self.lane = lane
         self.connection = connection
@@ -307,7 +307,7 @@ class FastIngest:
             lane.app.ack_seconds.observe(time.perf_counter() - self.started)
             if self.cors or not self.keep_alive:
                 lane.service.accepted(stream, count)
-                self.respond(202, b'{"accepted":%d}' % count, [_JSON, *self.cors])
+                self.respond(202, b'{"accepted":%d}' % count, [JSON_CONTENT_TYPE, *self.cors])
                 return
             # the common answer, from a prebuilt head (what respond() would write)
             body = b'{"accepted":%d}' % count

@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 
-from collector.staging import PREFIX as STAGING_PREFIX
-from collector.staging import StagingState
+from icefloe.staging import PREFIX as STAGING_PREFIX
+from icefloe.staging import StagingState
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import COMMITTED_AT_PROP, EPOCH_PROP, SEQUENCE_PROP
 from pipeline.load.schema import DEAD_LETTER_TABLE

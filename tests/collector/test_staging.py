@@ -388,13 +388,13 @@ async def test_should_merge_many_staged_files_and_commit_in_chunks(
         config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long age condition: staged files are merged once there are too many, and the
     commit goes in several appends of bounded size — every row once, in order."""
-    import collector.service as service
+    import collector.commit as commit
     import collector.staging as staging
 
     monkeypatch.setattr(staging, "MAX_FILES", 4)
     monkeypatch.setattr(staging, "MERGE_FILES", 3)
-    monkeypatch.setattr(service, "MAX_STAGED_FILES", 4)
-    monkeypatch.setattr(service, "COMMIT_CHUNK_BYTES", 1)  # one file per append
+    monkeypatch.setattr(commit, "MAX_STAGED_FILES", 4)
+    monkeypatch.setattr(commit, "COMMIT_CHUNK_BYTES", 1)  # one file per append
     await registry_with(config, msgspec.structs.replace(SLOW, max_events=60))
     collector = await collector_for(config)
     store = open_store_of(config)

@@ -28,7 +28,7 @@ from icefloe.client import (
     IngestRejected,
     response_error,
 )
-from icefloe.client.ingest import _retry_after
+from icefloe.client.http import retry_after
 from icefloe.formats.envelope import frame_events
 from icefloe.store.faults import FaultRule
 from icefloe.store.retry import RetryPolicy
@@ -357,8 +357,8 @@ def test_should_never_retry_sooner_than_the_server_asks():
 
 
 def test_should_read_retry_after_as_seconds_or_a_date():
-    assert _retry_after("3") == 3
-    assert _retry_after(None) is None
-    assert _retry_after("soon") is None
+    assert retry_after("3") == 3
+    assert retry_after(None) is None
+    assert retry_after("soon") is None
     later = email.utils.formatdate(time.time() + 30, usegmt=True)
-    assert 25 < (_retry_after(later) or 0) <= 30
+    assert 25 < (retry_after(later) or 0) <= 30

@@ -888,15 +888,16 @@ async def test_the_fast_lane_refuses_a_body_longer_than_the_limit(tmp_path):
     """Defence in depth: the parser holds a body to its Content-Length (checked against the
     limit before the body), but should more bytes ever arrive, the lane answers 413 and
     keeps none of them."""
-    from ingestor.http.app import HttpApp, _Request
+    from ingestor.http.app import HttpApp
     from ingestor.http.fast import FastIngest, FastLane
+    from ingestor.http.steps import Request
 
     async with running(config_for(tmp_path, max_body_bytes=64)) as runtime:
         lane = FastLane(HttpApp(runtime))
         responded: list[bool] = []
         connection = SimpleNamespace(transport=_Transport(), headers=[],
                                      on_response_complete=lambda: responded.append(True))
-        request = _Request([(b"content-length", b"10")])
+        request = Request([(b"content-length", b"10")])
         request.stream = "pageviews"
         fast = FastIngest(lane, connection, request, [])  # type: ignore[arg-type]
         fast.ready(runtime.service.stream("pageviews"), Caller(), lambda *_: None, None)

@@ -66,7 +66,7 @@ def test_should_serve_a_valid_openapi_document(ingestor_url: str) -> None:
     from openapi_spec_validator import validate
 
     from icefloe import __version__
-    from ingestor.http.app import _ingest_target
+    from ingestor.http.steps import ingest_target
 
     response = httpx.get(f"{ingestor_url}/openapi.json")
     assert response.status_code == 200
@@ -78,7 +78,7 @@ def test_should_serve_a_valid_openapi_document(ingestor_url: str) -> None:
         concrete = path.replace("{stream}", "s").replace("{schema}", "a").replace(
             "{table}", "b")
         if "post" in document["paths"][path]:
-            assert _ingest_target(concrete) is not None, f"{path} is not an ingest route"
+            assert ingest_target(concrete) is not None, f"{path} is not an ingest route"
         else:
             assert httpx.get(f"{ingestor_url}{concrete}").status_code == 200, path
 

@@ -446,7 +446,7 @@ def test_should_route_only_the_ingest_paths_and_service_through_the_load_balance
     import fnmatch
 
     from icefloe.v1 import ingest_pb2
-    from ingestor.http.app import _ingest_target
+    from ingestor.http.steps import ingest_target
 
     tf = module()
     resources = tf.typed_blocks("resource")
@@ -479,7 +479,7 @@ def test_should_route_only_the_ingest_paths_and_service_through_the_load_balance
     ingest_paths = ("/v1/streams/pageviews/events", "/ingest/pageviews",
                     "/collect/web/pageviews", "/collect/web/pageviews/batch")
     for path in ingest_paths:
-        assert _ingest_target(path) is not None, f"{path} is no ingest route (any more)"
+        assert ingest_target(path) is not None, f"{path} is no ingest route (any more)"
         assert routed("https", path), path
     for pattern in rules["https"]:
         assert any(fnmatch.fnmatchcase(p, pattern) for p in ingest_paths), (

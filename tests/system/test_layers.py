@@ -51,16 +51,6 @@ ALLOWED_SIDEWAYS: dict[tuple[str, str], str] = {
 }
 ALLOWED_TESTING: dict[tuple[str, str], str] = {}
 ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
-    ("icefloe.formats.envelope", "icefloe.formats.batch._check_block_end"):
-        f"{LATER}: batch and envelope become icefloe/formats/",
-    ("icefloe.formats.envelope", "icefloe.formats.batch._framing_error"):
-        f"{LATER}: batch and envelope become icefloe/formats/",
-    ("ingestor.http.fast", "ingestor.http.app._JSON"):
-        f"{LATER}: the ingestor's http/ package with a public steps module",
-    ("ingestor.http.fast", "ingestor.http.app._Request"):
-        f"{LATER}: the ingestor's http/ package with a public steps module",
-    ("ingestor.http.fast", "ingestor.http.app._ingest_target"):
-        f"{LATER}: the ingestor's http/ package with a public steps module",
     ("pipeline.iceberg.file_append", "pipeline.load.executors._TableFiles"):
         f"{LATER}: pipeline/iceberg/ (file_append, data_files)",
 }

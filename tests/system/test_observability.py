@@ -316,7 +316,7 @@ def test_should_scrape_the_ingestor_and_collector_ports_that_serve_metrics():
 
 def test_should_route_only_ingest_paths_and_the_ingest_grpc_service_outside():
     from icefloe.v1 import ingest_pb2
-    from ingestor.http.app import _ingest_target
+    from ingestor.http.steps import ingest_target
 
     services = base_services()
     objects = {o["kind"]: o for o in objects_of(INGRESS)}
@@ -329,7 +329,7 @@ def test_should_route_only_ingest_paths_and_the_ingest_grpc_service_outside():
                                                services["icefloe-ingestor"]["spec"]["ports"]}
             probe = path["path"] + {"/v1/streams/": "x/events", "/collect/": "s/t"}.get(
                 path["path"], "x")
-            assert path["path"] == "/openapi.json" or _ingest_target(probe) is not None, path
+            assert path["path"] == "/openapi.json" or ingest_target(probe) is not None, path
     routed = [p["path"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]]
     for private in ("/metrics", "/healthz", "/readyz"):
         assert not any(private.startswith(prefix) for prefix in routed), private

@@ -1,391 +1,53 @@
-"""Small typed clients for the ingest API (HTTP and gRPC) that retry only what is safe.
+"""The gRPC ingest client: ``icefloe.v1.Ingest`` ``Publish`` and ``PublishStream``.
 
-Why retries are duplicate-free here
------------------------------------
-An ingestor derives the id of every event that has none (no ``event_id_field`` value, no
-gRPC ``Event.event_id``) from the request's idempotency key: the key itself for a one-event
-request, ``key:index`` otherwise. These clients give **every call** a key (a fresh random one
-unless you pass ``idempotency_key`` / ``request_id``) and send the **same key with the same
-events in the same order on every retry**. So if an attempt that looked failed had in fact
-been stored (a timeout or a reset after the ingestor acknowledged), its retry carries
-identical event ids, and the collector's deduplication by event id (within its dedup
-window) drops the second copy.
+What is retried and why that is duplicate-free: :mod:`icefloe.client.retry` (UNAVAILABLE,
+DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED with a ``RetryInfo``, and REFUSED_STREAM resets apart
+from ``retries``). Anything else (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED,
+NOT_FOUND, ...) is raised at once as :class:`~icefloe.client.retry.IngestRejected`.
+``publish_stream`` gives every request without a ``request_id`` a fresh one, and after a
+broken stream resends the unacknowledged requests with their ids.
 
-Retried (jittered exponential backoff, never sooner than the server's ``Retry-After`` /
-``RetryInfo``; at most ``retries`` times in a row):
-
-* HTTP 429 and 503 (the ingestor's backpressure, rate limits and "not acknowledged"
-  answers), 408 (an upload the ingestor found too slow), 502/504 (a gateway in front of
-  it), and transport errors: connection refused/reset, timeouts.
-* gRPC calls reset with HTTP/2 REFUSED_STREAM (UNAVAILABLE "Received RST_STREAM with
-  error code 7": more calls at once than the connection's stream limit; the server never
-  read them): retried apart from ``retries`` (jittered backoff of at most 0.5 s, for as
-  long as ``timeout`` in all), so a burst over one channel does not use up ``retries``.
-* gRPC UNAVAILABLE (store down, shutting down, connection failures), RESOURCE_EXHAUSTED
-  *with* a ``RetryInfo`` (buffer or manifest queue full, rate limited; without one it is a
-  local limit such as an oversized message, which a retry cannot fix), and
-  DEADLINE_EXCEEDED.
-
-Not retried, raised at once as :class:`IngestRejected`: 400/401/403/404/413/415 and the gRPC
-codes INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, ... — the request
-can never succeed unchanged. When the retries run out, the last answer is raised as an
-:class:`IngestRejected` with ``retryable=True``: nothing of that request was acknowledged,
-and sending it again later *with the same key* stays safe.
-
-What is **not** safe: reusing one key for *different* events (their ids collide with the
-earlier ones and they are dropped as duplicates), or retrying a request yourself without
-a key and without event ids. ``publish_stream`` gives every request without a
-``request_id`` a fresh one, and after a broken stream resends the unacknowledged requests
-with their ids.
-
-TLS: an ``https://`` URL (HTTP) or ``tls=ClientTls(...)`` (gRPC) encrypts; a
-:class:`~icefloe.client.tls.ClientTls` names the CA to trust and, for ingestors that require
-mutual TLS, this client's certificate and key.
-
-The synchronous clients are thread-safe (httpx and gRPC channels are); the async twins
-belong to one event loop.
+TLS: ``tls=ClientTls(...)`` encrypts (:class:`~icefloe.client.tls.ClientTls`: the CA to
+trust and, for mutual TLS, this client's certificate and key). :class:`GrpcClient` is
+thread-safe (gRPC channels are); :class:`AsyncGrpcClient` belongs to one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import functools
-import random
 import re
-import ssl
 import threading
 import time
-import uuid
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
-from urllib.parse import quote
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any
 
 import grpc
-import httpx
-import msgspec
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from icefloe.client.retry import (
+    REFUSED_STREAM,
+    Attempts,
+    Backoff,
+    EventLike,
+    IngestRejected,
+    Retrying,
+    event_json,
+    new_key,
+)
 from icefloe.client.tls import ClientTls
-from icefloe.errors import IcefloeError
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 
-__all__ = [
-    "AsyncGrpcClient",
-    "AsyncHttpClient",
-    "Backoff",
-    "ClientTls",
-    "EventLike",
-    "GrpcClient",
-    "HttpClient",
-    "IngestRejected",
-    "new_key",
-    "response_error",
-]
+__all__ = ["STREAM_WINDOW", "AsyncGrpcClient", "GrpcClient", "response_error"]
 
-T = TypeVar("T")
-EventLike = Mapping[str, Any] | bytes | ingest_pb2.Event
-"""An event: a JSON-serializable mapping, one JSON object as bytes, or a gRPC ``Event``."""
-
-RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
-REFUSED_STREAM = "refused_stream"
-"""``IngestRejected.code`` of a call the server reset with HTTP/2 REFUSED_STREAM."""
-STREAM_IDLE = "stream_idle"
-"""The code of a PublishStream the server ended after ``grpc_stream_idle_s`` of silence
-with nothing in flight; ``publish_stream`` opens a new one (resending nothing lost)."""
 _REFUSED_DETAILS = re.compile(r"RST_STREAM.*error code 7\b")
 """How grpc core words a stream reset with REFUSED_STREAM (code 7) in the call's details."""
 _RETRYABLE_GRPC = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-_MAX_HINT_S = 60.0
 STREAM_WINDOW = 128
 """Requests ``publish_stream`` holds unanswered at most (taken from the source, not acked)."""
 _FIELD = re.compile(r"^events\[(\d+)\](?:\.(.*))?$")
-_encode = msgspec.json.Encoder().encode
-
-
-class IngestRejected(IcefloeError):
-    """The ingestor refused a request (or could not be reached): nothing was acknowledged.
-
-    Attributes:
-        status: the HTTP status, the ``grpc.StatusCode``, or None when no answer came back.
-        code: the stable error code (``"validation_failed"``, ``"buffer_full"``, ...;
-            ``"connection_failed"`` / ``"timeout"`` for transport errors).
-        message: what went wrong and what to do.
-        details: per-event problems, ``{"index", "field", "reason"}`` each.
-        retry_after_s: the server's back-off hint, if any.
-        retryable: True if a later retry with the same key may succeed.
-        attempts: how many attempts were made before giving up.
-    """
-
-    def __init__(self, status: int | grpc.StatusCode | None, code: str, message: str,
-                 details: list[dict[str, Any]] | None = None, *,
-                 retry_after_s: float | None = None, retryable: bool = False,
-                 attempts: int = 1) -> None:
-        super().__init__(f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.details = details or []
-        self.retry_after_s = retry_after_s
-        self.retryable = retryable
-        self.attempts = attempts
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Full-jitter exponential backoff (``base_s`` · 2^(n-1), capped at ``max_s``).
-
-    A server hint wins when it is longer: the delay is then the hint plus up to 20 % jitter,
-    so clients told to wait do not all come back in the same instant.
-    """
-
-    base_s: float = 0.1
-    max_s: float = 10.0
-
-    def delay(self, retry: int, hint_s: float | None = None) -> float:
-        backoff = random.uniform(0, min(self.max_s, self.base_s * 2 ** (retry - 1)))
-        if hint_s:
-            return max(backoff, min(hint_s, _MAX_HINT_S) * random.uniform(1.0, 1.2))
-        return backoff
-
-
-REFUSED_BACKOFF = Backoff(base_s=0.01, max_s=0.5)
-"""Backoff between attempts of a refused stream: short, the connection is merely busy."""
-
-
-def new_key() -> str:
-    """A fresh idempotency key (random, 32 hex characters)."""
-    return uuid.uuid4().hex
-
-
-def _json(event: EventLike) -> bytes:
-    if isinstance(event, bytes | bytearray | memoryview):
-        return bytes(event)
-    if isinstance(event, ingest_pb2.Event):
-        return event.json
-    return _encode(event)
-
-
-# -- retry loops ------------------------------------------------------------------------------
-
-
-class _Attempts:
-    """The retry budget of one call: ordinary retries, and refused streams apart.
-
-    Why apart: a refused stream (HTTP/2 REFUSED_STREAM: the call was over the connection's
-    stream limit and the server never looked at it) says only "this connection is busy",
-    so a burst of concurrent calls over one channel must not spend the retries meant for a
-    store outage. Refused attempts are retried with a short capped backoff
-    (``REFUSED_BACKOFF``) until their waits add up to the client's ``timeout``.
-    """
-
-    __slots__ = ("owner", "refused", "refused_wait_s", "retry")
-
-    def __init__(self, owner: _Retrying) -> None:
-        self.owner = owner
-        self.retry = 0
-        self.refused = 0
-        self.refused_wait_s = 0.0
-
-    def delay(self, exc: IngestRejected) -> float | None:
-        """Seconds to wait before the next attempt, or None to give up (raise ``exc``)."""
-        if exc.code == STREAM_IDLE:  # the server ended a quiet stream: not a failure
-            return REFUSED_BACKOFF.delay(1)
-        if exc.code == REFUSED_STREAM and self.refused_wait_s < self.owner.refused_budget_s:
-            self.refused += 1
-            exc.attempts = self.retry + self.refused
-            wait = REFUSED_BACKOFF.delay(self.refused)
-            self.refused_wait_s += wait
-            return wait
-        self.retry += 1
-        exc.attempts = self.retry + self.refused
-        if not exc.retryable or self.retry > self.owner.retries:
-            return None
-        return self.owner.backoff.delay(self.retry, exc.retry_after_s)
-
-    def reset(self) -> None:
-        """An answer came back: the connection works again (streams)."""
-        self.retry = self.refused = 0
-        self.refused_wait_s = 0.0
-
-
-class _Retrying:
-    refused_budget_s: float = 10.0
-    """How long refused streams of one call may wait in backoff, in all (gRPC: timeout)."""
-
-    def __init__(self, retries: int, backoff: Backoff | None) -> None:
-        if retries < 0:
-            raise ValueError("retries must be >= 0")
-        self.retries = retries
-        self.backoff = backoff or Backoff()
-
-    def _retry(self, attempt: Callable[[], T]) -> T:
-        attempts = _Attempts(self)
-        while True:
-            try:
-                return attempt()
-            except IngestRejected as exc:
-                delay = attempts.delay(exc)
-                if delay is None:
-                    raise
-            time.sleep(delay)
-
-    async def _retry_async(self, attempt: Callable[[], Any]) -> Any:
-        attempts = _Attempts(self)
-        while True:
-            try:
-                return await attempt()
-            except IngestRejected as exc:
-                delay = attempts.delay(exc)
-                if delay is None:
-                    raise
-            await asyncio.sleep(delay)
-
-
-# -- HTTP -------------------------------------------------------------------------------------
-
-
-def _retry_after(value: str | None) -> float | None:
-    """``Retry-After``: delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _http_rejected(response: httpx.Response) -> IngestRejected:
-    status = response.status_code
-    try:
-        body = msgspec.json.decode(response.content)
-        code, message = str(body["error"]), str(body.get("message", ""))
-        details = list(body.get("details") or [])
-    except (msgspec.DecodeError, KeyError, TypeError, AttributeError):  # a proxy's page
-        code, message, details = f"http_{status}", response.text[:500], []
-    return IngestRejected(status, code, message, details,
-                          retry_after_s=_retry_after(response.headers.get("retry-after")),
-                          retryable=status in RETRYABLE_HTTP)
-
-
-def _transport_rejected(exc: httpx.TransportError) -> IngestRejected:
-    code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_failed"
-    return IngestRejected(None, code, f"{type(exc).__name__}: {exc}", retryable=True)
-
-
-class _HttpBase(_Retrying):
-    def __init__(self, base_url: str, token: str | None, timeout: float, retries: int,
-                 backoff: Backoff | None) -> None:
-        super().__init__(retries, backoff)
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self._headers = {"content-type": "application/json"}
-        if token:
-            self._headers["authorization"] = f"Bearer {token}"
-
-    def _prepare(self, stream: str, events: Iterable[EventLike], key: str | None
-                 ) -> tuple[str, bytes, dict[str, str]]:
-        body = b"[" + b",".join(_json(event) for event in events) + b"]"
-        headers = {**self._headers, "idempotency-key": key or new_key()}
-        return f"/v1/streams/{quote(stream, safe='')}/events", body, headers
-
-    @staticmethod
-    def _accepted(response: httpx.Response) -> int:
-        if response.is_success:
-            return int(msgspec.json.decode(response.content)["accepted"])
-        raise _http_rejected(response)
-
-
-def _verify(tls: ClientTls | None) -> ssl.SSLContext | bool:
-    return True if tls is None else tls.ssl_context()
-
-
-class HttpClient(_HttpBase):
-    """POSTs events to ``{base_url}/v1/streams/{stream}/events`` (a JSON array).
-
-    ``timeout`` bounds each attempt (seconds); ``retries`` counts retries after the first
-    attempt; ``tls`` configures verification and the client certificate of an ``https://``
-    URL. Use it as a context manager, or call :meth:`close`.
-    """
-
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 10,
-                 retries: int = 5, *, backoff: Backoff | None = None,
-                 tls: ClientTls | None = None) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=_verify(tls))
-
-    def send(self, stream: str, events: Iterable[EventLike],
-             idempotency_key: str | None = None) -> int:
-        """Send one request; return how many events are durable (all of them).
-
-        Raises:
-            IngestRejected: refused (at once) or still failing after the retries.
-        """
-        path, body, headers = self._prepare(stream, events, idempotency_key)
-
-        def attempt() -> int:
-            try:
-                response = self._http.post(path, content=body, headers=headers)
-            except httpx.TransportError as exc:
-                raise _transport_rejected(exc) from exc
-            return self._accepted(response)
-
-        return self._retry(attempt)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> HttpClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncHttpClient(_HttpBase):
-    """The asyncio twin of :class:`HttpClient` (``await send(...)``, ``async with``)."""
-
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 10,
-                 retries: int = 5, *, backoff: Backoff | None = None,
-                 tls: ClientTls | None = None) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
-                                       verify=_verify(tls))
-
-    async def send(self, stream: str, events: Iterable[EventLike],
-                   idempotency_key: str | None = None) -> int:
-        """See :meth:`HttpClient.send`."""
-        path, body, headers = self._prepare(stream, events, idempotency_key)
-
-        async def attempt() -> int:
-            try:
-                response = await self._http.post(path, content=body, headers=headers)
-            except httpx.TransportError as exc:
-                raise _transport_rejected(exc) from exc
-            return self._accepted(response)
-
-        result: int = await self._retry_async(attempt)
-        return result
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncHttpClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-# -- gRPC -------------------------------------------------------------------------------------
 
 
 def _from_status(code: grpc.StatusCode, status: status_pb2.Status | None, message: str
@@ -456,7 +118,7 @@ def _keyed(request: ingest_pb2.PublishRequest) -> ingest_pb2.PublishRequest:
     return copy
 
 
-class _GrpcBase(_Retrying):
+class _GrpcBase(Retrying):
     def __init__(self, target: str, token: str | None, retries: int, timeout: float,
                  backoff: Backoff | None) -> None:
         super().__init__(retries, backoff)
@@ -472,7 +134,7 @@ class _GrpcBase(_Retrying):
         return ingest_pb2.PublishRequest(
             stream=stream, request_id=request_id or new_key(),
             events=[event if isinstance(event, ingest_pb2.Event)
-                    else ingest_pb2.Event(json=_json(event)) for event in events])
+                    else ingest_pb2.Event(json=event_json(event)) for event in events])
 
 
 def _credentials(tls: ClientTls | None, credentials: grpc.ChannelCredentials | None
@@ -537,7 +199,7 @@ class GrpcClient(_GrpcBase):
             IngestRejected: the stream broke for good (not retryable, or retries exhausted).
         """
         feed = _StreamFeed(iter(requests))
-        attempts = _Attempts(self)
+        attempts = Attempts(self)
         try:
             while True:
                 call = self._stub.PublishStream(feed.outgoing(), metadata=self._metadata)
@@ -690,7 +352,7 @@ class AsyncGrpcClient(_GrpcBase):
             | Iterable[ingest_pb2.PublishRequest]) -> AsyncIterator[ingest_pb2.PublishResponse]:
         """See :meth:`GrpcClient.publish_stream` (``requests`` may be async)."""
         feed = _AsyncStreamFeed(requests)
-        attempts = _Attempts(self)
+        attempts = Attempts(self)
         try:
             while True:
                 call = self._stub.PublishStream(metadata=self._metadata)

@@ -1,0 +1,343 @@
+"""How a run's rows become Iceberg commits, on each output path.
+
+The run loop (:mod:`collector.service`) reads entries, runs the pipeline and acks; this
+module takes the run's output from there to the tables:
+
+* **embedded** (:class:`~pipeline.load.run.RunOutput`: the rows are here): per table,
+  drop the ids the dedup window has seen, write the files and commit them with the run's
+  sequence (``WriteThenAdd``);
+* **cluster** (:class:`~pipeline.load.executors.ClusterRunOutput`: the rows stay on the
+  executors): dedup on the event keys alone, the executors write the fresh rows, and each
+  table gets one ``add_files`` commit; a run this path cannot write in one shot was handed
+  to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
+* **staged** (sinks with import conditions): rows go to the staging area and are committed,
+  in chunks, oldest first, when a condition holds (:meth:`RunCommits.commit_due_staged`);
+* **dead letters**: always the embedded way, after the tables.
+
+Every path commits through :func:`pipeline.iceberg.commit.commit_rows`, which carries
+``icefloe.sequence``/``icefloe.epoch`` and skips what a table already holds, and calls
+``hook`` at the same crash points (``after_write``, ``after_commit:<table>``,
+``after_stage:<table>``, ``after_staged_commit:<table>``), so tests and the simulator can
+crash a collector between any two steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+
+from collector.dedup import DedupWindow, sources_props, without_source
+from collector.hops import BlockOn
+from collector.metrics import CollectorMetrics
+from collector.routing import Routes, Target
+from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
+from collector.staging import MAX_FILES as MAX_STAGED_FILES
+from icefloe.clock import Clock
+from icefloe.errors import RoutingUnsupportedError
+from icefloe.manifest.consumer import ManifestConsumer
+from icefloe.manifest.model import Entry
+from icefloe.registry.model import Conditions
+from icefloe.staging import StagedFile, StagingState
+from pipeline.iceberg.commit import CommitResult, commit_rows
+from pipeline.iceberg.file_append import WriteThenAdd
+from pipeline.load.executors import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
+from pipeline.load.run import RunOutput
+from pipeline.load.schema import DEAD_LETTER_TABLE
+
+__all__ = ["MAX_STAGED_FILES", "RunCommits", "RunResult", "chunk_of", "versions_of"]
+
+log = logging.getLogger("icefloe.collector")
+
+Hook = Callable[[str], None]
+"""Crash-injection point: called with a stage name; tests raise from it."""
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one run did; ``entries`` 0 means the queue was empty."""
+
+    entries: int = 0
+    first_sequence: int = -1
+    last_sequence: int = -1
+    rows: dict[str, int] = field(default_factory=dict)
+    staged: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    replayed: int = 0
+    dead_letters: int = 0
+    seconds: float = 0.0
+
+
+class RunCommits:
+    """The commit half of :class:`collector.service.Collector`, which inherits it.
+
+    It reads the collector's state rather than holding its own, because that state changes
+    under it: ``epoch`` is set by ``acquire``, ``routes`` is replaced when the registry
+    changes, and tests swap ``hook``. What it relies on is declared below. Blocking: every
+    method runs in a worker thread (or inline under the simulator), never on the loop.
+    """
+
+    catalog: Catalog
+    consumer: ManifestConsumer
+    metrics: CollectorMetrics
+    clock: Clock
+    hook: Hook
+    block_on: BlockOn
+    routes: Routes
+    staging: StagingArea
+    windows: dict[str, DedupWindow]
+    table_sequences: dict[str, int]
+    epoch: int | None
+
+    def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
+                   entries: list[Entry]) -> None:
+        """Commit each affected table once (dedup first), then the dead letters."""
+        versions = versions_of(entries)
+        if isinstance(output, RunOutput):
+            for (stream, column), count in output.sql_errors.items():
+                self.metrics.sql_errors.labels(stream, column).inc(count)
+        if isinstance(output, ClusterRunOutput):
+            self._commit_cluster(output, result, versions)
+            return
+        sequence = result.last_sequence
+        assert self.epoch is not None
+        for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
+            if self.is_staged(target):
+                self._stage(target, rows, result)
+                continue
+            window = self.windows[table]
+            fresh, dropped = window.filter_in_sequence_order(rows)
+            result.duplicates += dropped
+            if dropped:
+                self.metrics.duplicates.labels(target.source.id).inc(dropped)
+            append = WriteThenAdd(target.source.id)
+            try:
+                outcome = self._commit(table, without_source(fresh), sequence, append=append,
+                                       props=sources_props(fresh))
+            finally:
+                append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
+            window.remember(fresh)
+            result.rows[table] = outcome.rows
+            result.replayed += outcome.replayed
+            self.hook(f"after_commit:{table}")
+        self._commit_dead(output.dead, sequence, result)
+
+    def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
+        if dead.num_rows:
+            outcome = self._commit(DEAD_LETTER_TABLE, dead, sequence)
+            result.dead_letters = outcome.rows
+            for reason in dead.column("reason").to_pylist()[: outcome.rows]:
+                self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
+            self.hook(f"after_commit:{DEAD_LETTER_TABLE}")
+
+    def _commit_cluster(self, output: ClusterRunOutput, result: RunResult,
+                        versions: dict[str, dict[int, int]]) -> None:
+        """The cluster output path: dedup on the keys, executors write, add_files per table.
+
+        Same order and crash points as the embedded path, plus ``after_write`` (files
+        written, nothing committed). Files of a table whose commit is refused or never
+        attempted (an earlier table failed) are deleted here; a crash leaves them to the
+        maintenance orphan sweep. Dead letters are few and go the embedded way.
+        """
+        sequence = result.last_sequence
+        assert self.epoch is not None
+        targets: dict[str, str] = {}
+        for name in output.keys:
+            if not self.routes.takers(name, versions.get(name, {})):
+                continue  # every sink was off for these events: they go nowhere
+            target = self.routes.single_target(name, versions.get(name, {}))
+            if target is not None and self.is_staged(target):
+                output.release()
+                raise RoutingUnsupportedError(
+                    f"sink {target.sink.name!r} of source {name!r} has import conditions: "
+                    "the cluster output path does not stage rows; set [collector] output = "
+                    "\"embedded\" for sinks with import conditions")
+            if target is None:
+                output.release()
+                raise RoutingUnsupportedError(
+                    f"source {name!r} has several sinks, or a sink that misses part of this "
+                    "run (disabled or created meanwhile): the cluster output path writes "
+                    "each source to one table; set [collector] output = \"embedded\" to "
+                    "route by the registry")
+            targets[name] = target.table
+        if len(set(targets.values())) < len(targets):
+            output.release()
+            raise RoutingUnsupportedError(
+                "two sources write the same table in this run (a sink moved between "
+                "sources): the cluster output path commits each source alone; set "
+                "[collector] output = \"embedded\" to route by the registry")
+        pending: dict[str, FileSet] = {}
+        try:
+            fresh_keys: dict[str, pa.Table] = {}
+            plans: list[WritePlan] = []
+            for name, keys in output.keys.items():
+                if name not in targets:
+                    continue
+                fresh, dropped = self.windows[targets[name]].filter(keys, name)
+                result.duplicates += dropped
+                if dropped:
+                    self.metrics.duplicates.labels(name).inc(dropped)
+                fresh_keys[name] = fresh
+                plan = plan_write(self.catalog, targets[name], name, keys, fresh,
+                                  sequence=sequence, epoch=self.epoch)
+                if plan is not None:
+                    plans.append(plan)
+            pending = output.write(plans)
+            self.hook("after_write")
+            for name, fresh in fresh_keys.items():
+                table = targets[name]
+                add = AddFiles(pending.pop(name, FileSet()))
+                try:
+                    outcome = self._commit(table, fresh, sequence, append=add,
+                                           nbytes=add.files.size,
+                                           props=sources_props(fresh, name))
+                finally:
+                    add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
+                self.windows[table].remember(fresh, name)
+                result.rows[table] = outcome.rows
+                result.replayed += outcome.replayed
+                self.hook(f"after_commit:{table}")
+        finally:
+            for name, files in pending.items():  # never offered to add_files: not in a table
+                AddFiles(files).cleanup(self.catalog, targets[name],
+                                        sequence=sequence, epoch=self.epoch)
+            output.release()
+        self._commit_dead(output.dead, sequence, result)
+
+    def _commit(self, table: str, rows: pa.Table, sequence: int, *,
+                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None,
+                props: dict[str, str] | None = None) -> CommitResult:
+        assert self.epoch is not None
+        outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch,
+                              append=append, props=props, clock=self.consumer.store_clock)
+        if outcome.attempts > 1:
+            self.metrics.commit_failed.labels(table).inc(outcome.attempts - 1)
+        self.metrics.commit_seconds.labels(table).observe(outcome.seconds)
+        self.metrics.rows.labels(table).inc(outcome.rows)
+        size = rows.nbytes if nbytes is None else nbytes
+        self.metrics.bytes.labels(table).inc(size if outcome.rows else 0)
+        self.metrics.replayed.labels(table).inc(outcome.replayed)
+        self.metrics.committed_sequence.labels(table).set(outcome.sequence)
+        self.table_sequences[table] = max(self.table_sequences.get(table, -1),
+                                          outcome.sequence)
+        self.metrics.last_commit.set(self.clock.time())
+        log.info("commit %s rows=%d replayed=%d sequence=%d epoch=%d %.3fs attempts=%d",
+                 table, outcome.rows, outcome.replayed, outcome.sequence, self.epoch,
+                 outcome.seconds, outcome.attempts,
+                 extra={"table": table, "rows": outcome.rows, "sequence": outcome.sequence,
+                        "epoch": self.epoch, "seconds": round(outcome.seconds, 4)})
+        return outcome
+
+    async def dequeue(self) -> int:
+        """Remove acknowledged entries from the manifest (bulk, idempotent)."""
+        self.hook("before_dequeue")
+        removed = await self.consumer.dequeue()
+        self._runs_since_dequeue = 0
+        return removed
+
+    # -- sinks with import conditions: staged, committed when a condition holds ----------
+
+    def is_staged(self, target: Target) -> bool:
+        """Sinks with their own import conditions go through staging (and so does one with
+        rows still staged, so that nothing overtakes them); default sinks commit per run."""
+        state = self.staging.states.get(target.table)
+        return target.sink.conditions != Conditions() or bool(state and state.files)
+
+    def _stage(self, target: Target, rows: pa.Table, result: RunResult) -> None:
+        assert self.epoch is not None
+        table = target.table
+        staged = self.block_on(self.staging.stage(
+            table, rows, committed=self.table_sequences.get(table, -1), epoch=self.epoch,
+            run_last=result.last_sequence))
+        result.staged[table] = staged.rows
+        result.replayed += staged.skipped
+        self.observe_staged(table, staged.state)
+        self.hook(f"after_stage:{table}")
+        committed = self._commit_staged_if_due(table, target.sink.conditions if
+                                               target.sink.live and target.source.live
+                                               else None)
+        if committed is not None:
+            result.rows[table] = committed  # models reading this table see the commit
+        elif len(staged.state.files) > MAX_STAGED_FILES:
+            self.observe_staged(table, self.block_on(self.staging.compact(table, self.epoch)))
+
+    def commit_due_staged(self) -> dict[str, int]:
+        """Commit every staged table whose conditions hold (blocking: call in a thread);
+        returns rows committed per table."""
+        conditions: dict[str, Conditions | None] = {}
+        for targets in self.routes.targets.values():
+            for target in targets:
+                live = target.sink.live and target.source.live
+                if live or target.table not in conditions:
+                    conditions[target.table] = target.sink.conditions if live else None
+        done: dict[str, int] = {}
+        for table, state in list(self.staging.states.items()):
+            if state.files:
+                rows = self._commit_staged_if_due(table, conditions.get(table))
+                if rows is not None:
+                    done[table] = rows
+        return done
+
+    def _commit_staged_if_due(self, table: str, conditions: Conditions | None) -> int | None:
+        """``conditions`` None: the sink is gone or back to defaults — commit at once."""
+        state = self.staging.states.get(table)
+        if state is None or not state.files:
+            return None
+        reason = "drain" if conditions is None or conditions == Conditions() else \
+            due(state, conditions, int(self.clock.time() * 1000))
+        if reason is None:
+            return None
+        assert self.epoch is not None
+        state = self.block_on(self.staging.load(table))  # as stored, not as cached
+        committed = 0
+        while state.files:  # in chunks of staged bytes, oldest first: each a prefix
+            chunk = chunk_of(state.files, COMMIT_CHUNK_BYTES)
+            rows = self.block_on(self.staging.read(state, chunk))
+            assert rows is not None
+            through = chunk[-1].last_sequence
+            window = self.windows[table]
+            fresh, dropped = window.filter_in_sequence_order(rows)
+            if dropped:
+                self.metrics.duplicates.labels(table).inc(dropped)
+            outcome = self._commit(table, without_source(fresh), through,
+                                   props=sources_props(fresh))
+            window.remember(fresh)
+            committed += outcome.rows
+            self.hook(f"after_staged_commit:{table}")
+            state = self.block_on(self.staging.drop(table, through, self.epoch))
+            self.observe_staged(table, state)
+            log.info("staged commit %s (%s): rows=%d sequence=%d", table, reason,
+                     outcome.rows, through, extra={"table": table, "reason": reason,
+                                                   "rows": outcome.rows})
+        self.metrics.staged_commits.labels(table, reason).inc()
+        return committed
+
+    def observe_staged(self, table: str, state: StagingState) -> None:
+        self.metrics.staged_rows.labels(table).set(state.rows)
+        self.metrics.staged_bytes.labels(table).set(state.bytes)
+        oldest = state.oldest_ms
+        self.metrics.staged_oldest.labels(table).set(0 if oldest is None else oldest / 1000)
+
+
+def versions_of(entries: list[Entry]) -> dict[str, dict[int, int]]:
+    """Per source: each entry holding its events → the registry version it came with."""
+    out: dict[str, dict[int, int]] = {}
+    for entry in entries:
+        for stream in entry.streams:
+            out.setdefault(stream, {})[entry.sequence] = entry.registry_version
+    return out
+
+
+def chunk_of(files: tuple[StagedFile, ...], limit: int) -> tuple[StagedFile, ...]:
+    """The longest prefix of ``files`` within ``limit`` bytes (at least one file)."""
+    size, count = 0, 0
+    for staged in files:
+        if count and size + staged.bytes > limit:
+            break
+        size += staged.bytes
+        count += 1
+    return files[:count]
+
