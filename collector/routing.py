@@ -165,7 +165,7 @@ class Routes:
 def project(rows: pa.Table, target: Target) -> pa.Table:
     """The sink's columns (and the envelope) out of a source's decoded rows; a column the
     decode did not produce (a sink of an older version) is all nulls, never an error."""
-    from pipeline.load.schema import ARROW_TYPES
+    from pipeline.columns import ARROW_TYPES
 
     arrays, names = [], []
     for column in target.sink.columns:

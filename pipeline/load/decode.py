@@ -28,8 +28,8 @@ import pyarrow.json as pajson
 from icefloe.errors import BatchFormatError
 from icefloe.formats.batch import decode_block
 from icefloe.formats.envelope import StreamColumns, split_by_stream
+from pipeline.columns import TIMESTAMP, dead_letter_arrow_schema
 from pipeline.load.mapped import StreamPlan, add_derived
-from pipeline.load.schema import TIMESTAMP, dead_letter_arrow_schema
 from pipeline.load.split import ColumnarStream, split_columnar
 
 _META_TYPES = (("_event_id", pa.string()), ("_received_at", TIMESTAMP),

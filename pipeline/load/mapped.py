@@ -50,7 +50,7 @@ from icefloe.config import Column, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.ingest_mappings import META_HEADERS, META_IP
 from icefloe.mappings import ENVELOPE_COLUMNS, spark_sql
-from pipeline.load.schema import ARROW_TYPES, TIMESTAMP
+from pipeline.columns import ARROW_TYPES, TIMESTAMP
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

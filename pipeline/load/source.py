@@ -28,8 +28,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
+from pipeline.columns import ARROW_TYPES, TIMESTAMP
 from pipeline.load.decode import BatchRef, Decoded
-from pipeline.load.schema import ARROW_TYPES, TIMESTAMP
 from pipeline.load.spec import RunSpec, StreamSpec, group_refs
 
 FORMAT = "icefloe"

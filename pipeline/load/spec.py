@@ -15,9 +15,9 @@ import pyarrow as pa
 
 from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
+from pipeline.columns import ARROW_TYPES
 from pipeline.load.decode import BatchRef
 from pipeline.load.mapped import Derived, SqlCase, StreamPlan, derived_columns
-from pipeline.load.schema import ARROW_TYPES
 
 
 class StreamSpec(msgspec.Struct, frozen=True):

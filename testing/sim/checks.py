@@ -28,9 +28,9 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from collector.staging import PREFIX as STAGING_PREFIX
 from collector.staging import StagingState
+from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import COMMITTED_AT_PROP, EPOCH_PROP, SEQUENCE_PROP
-from pipeline.load.schema import DEAD_LETTER_TABLE
 from testing.sim.store import SimCrash
 
 if TYPE_CHECKING:

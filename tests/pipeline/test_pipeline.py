@@ -15,8 +15,8 @@ from icefloe.formats.batch import BatchBuilder, Compression
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.publish import build_batch
 from icefloe.store import local_path, open_async_store
+from pipeline.columns import columns_arrow_schema, dead_letter_arrow_schema, table_arrow_schema
 from pipeline.load.run import run_local, run_spark
-from pipeline.load.schema import columns_arrow_schema, dead_letter_arrow_schema, table_arrow_schema
 from pipeline.load.spec import RunSpec, group_refs, run_spec
 
 
