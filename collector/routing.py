@@ -26,7 +26,8 @@ from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
-from pipeline.load.mapped import SqlCase, sequence_ranges
+from pipeline.load.mapped import sequence_ranges
+from pipeline.load.spec import SqlCase
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 

@@ -57,7 +57,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 from ulid import ULID
 
-from pipeline.columns import dead_letter_arrow_schema
+from pipeline.columns import ENVELOPE, dead_letter_arrow_schema
 from pipeline.iceberg.commit import NO_SEQUENCE, check_epoch, committed_state
 from pipeline.iceberg.data_files import (
     DataFileRef,
@@ -67,7 +67,7 @@ from pipeline.iceberg.data_files import (
     delete_files,
 )
 from pipeline.load.decode import DeadLetters
-from pipeline.load.source import DEAD, ENVELOPE, STREAM, struct_column
+from pipeline.load.frame import DEAD, STREAM, struct_column
 from pipeline.load.spec import RunSpec
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from pipeline.columns import columns_arrow_schema, dead_letter_arrow_schema
 from pipeline.load.decode import Decoded
-from pipeline.load.source import STREAM
+from pipeline.load.frame import STREAM
 from pipeline.load.spec import RunSpec
 
 PART = "_part"

@@ -19,12 +19,12 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.columns import dead_letter_arrow_schema
+from pipeline.columns import ENVELOPE, dead_letter_arrow_schema
 from pipeline.load.decode import DeadLetters
 from pipeline.load.fetch import decode_refs, open_run_store
+from pipeline.load.frame import DEAD, FORMAT, STREAM, struct_column
 from pipeline.load.mapped import fill_sql_safely, project_sql, sql_expressions
 from pipeline.load.packed import needs_rows, packed_partitions, unpack
-from pipeline.load.source import DEAD, ENVELOPE, FORMAT, STREAM, struct_column
 from pipeline.load.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class RunOutput:
 
 
 def read_frame(spark: SparkSession, spec: RunSpec, *, sql: bool = True) -> DataFrame:
-    """The run as a Spark DataFrame in the wide schema (see :mod:`pipeline.load.source`), with
+    """The run as a Spark DataFrame in the wide schema (see :mod:`pipeline.load.frame`), with
     the ``sql`` mapping columns computed by Spark (:mod:`pipeline.load.mapped`), or left null
     (``sql=False``)."""
     frame = spark.read.format(FORMAT).option("spec", spec.encode()).load()

@@ -52,12 +52,12 @@ from icefloe.store.base import GetResult, ListResult, ObjectInfo, ObjectStore, P
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
+from pipeline.columns import ENVELOPE
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
 from pipeline.load.executors import KEY_COLUMNS, ROW, ClusterRunOutput, WritePlan
 from pipeline.load.fetch import decode_refs
 from pipeline.load.run import RunOutput
-from pipeline.load.source import ENVELOPE
 from pipeline.load.spec import RunSpec
 from testing.sim.checks import Checker
 from testing.sim.loop import (

@@ -58,7 +58,6 @@ ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
         f"{LATER}: the ingestor's http/ package with a public steps module",
 }
 _CONFIG = f"{LATER}: config/, streams/ and ingestor/validate split the core's config"
-_LOAD = f"{LATER}: pipeline/load/ (decode, mapped, packed, source, spec, fetch)"
 ALLOWED_CIRCLE_EDGES: dict[tuple[str, str], str] = {
     ("icefloe.config", "icefloe.config_security"): _CONFIG,
     ("icefloe.config", "icefloe.mappings"): _CONFIG,
@@ -69,19 +68,6 @@ ALLOWED_CIRCLE_EDGES: dict[tuple[str, str], str] = {
     ("icefloe.mappings", "icefloe.schema"): _CONFIG,
     ("icefloe.schema", "icefloe.config"): _CONFIG,
     ("icefloe.schema", "icefloe.ingest_mappings"): _CONFIG,
-    ("pipeline.load.decode", "pipeline.load.mapped"): _LOAD,
-    ("pipeline.load.fetch", "pipeline.load.decode"): _LOAD,
-    ("pipeline.load.mapped", "pipeline.load.source"): _LOAD,
-    ("pipeline.load.mapped", "pipeline.load.spec"): _LOAD,
-    ("pipeline.load.packed", "pipeline.load.decode"): _LOAD,
-    ("pipeline.load.packed", "pipeline.load.source"): _LOAD,
-    ("pipeline.load.packed", "pipeline.load.spec"): _LOAD,
-    ("pipeline.load.source", "pipeline.load.decode"): _LOAD,
-    ("pipeline.load.source", "pipeline.load.fetch"): _LOAD,
-    ("pipeline.load.source", "pipeline.load.packed"): _LOAD,
-    ("pipeline.load.source", "pipeline.load.spec"): _LOAD,
-    ("pipeline.load.spec", "pipeline.load.decode"): _LOAD,
-    ("pipeline.load.spec", "pipeline.load.mapped"): _LOAD,
     ("testing.sim.checks", "testing.sim.world"):
         f"{LATER}: checks names World for type hints only (TYPE_CHECKING)",
     ("testing.sim.world", "testing.sim.checks"):
