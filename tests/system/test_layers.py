@@ -68,10 +68,6 @@ ALLOWED_CIRCLE_EDGES: dict[tuple[str, str], str] = {
     ("icefloe.mappings", "icefloe.schema"): _CONFIG,
     ("icefloe.schema", "icefloe.config"): _CONFIG,
     ("icefloe.schema", "icefloe.ingest_mappings"): _CONFIG,
-    ("testing.sim.checks", "testing.sim.world"):
-        f"{LATER}: checks names World for type hints only (TYPE_CHECKING)",
-    ("testing.sim.world", "testing.sim.checks"):
-        f"{LATER}: checks names World for type hints only (TYPE_CHECKING)",
 }
 ALLOWED_UNRESOLVED: dict[tuple[str, str], str] = {}
 
