@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from tests.test_admin_api import Admin, admin  # noqa: F401  (the served admin API fixture)
+from tests.app.test_admin_api import Admin, admin  # noqa: F401  (the served admin API fixture)
 
 from collector.routing import Routes
 from icefloe.config import Column, Config, StreamConfig, load_config
