@@ -17,13 +17,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from tests.app.test_admin_api import Admin, admin  # noqa: F401  (the served admin API fixture)
 
 from collector.routing import Routes
 from icefloe.config import Column, Config, StreamConfig, load_config
 from icefloe.errors import ConfigError
 from icefloe.registry import Registry, RegistryStore, ops
 from icefloe.registry.model import Sink
+from tests.app.test_admin_api import Admin, admin  # noqa: F401  (the served admin API fixture)
 from tests.collector_support import (
     BASE_MS,
     BUYS,
