@@ -40,8 +40,8 @@ from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.publish import publish_batch
 from icefloe.store import open_async_store
 from ingestor.validate import CompiledStream
-from pipeline.load.decode import BatchRef, decode_batch_file
-from pipeline.load.spec import run_spec, stream_specs
+from pipeline.load.decode import decode_batch_file
+from pipeline.load.spec import EntryFile, run_spec, stream_specs
 
 PLAIN = StreamConfig(name="plain", table="bench.plain", columns=(
     Column("user_id", "string"), Column("url", "string"), Column("duration_ms", "long"),
@@ -124,7 +124,7 @@ def decode_rates(seconds: float, events: int) -> tuple[float, float]:
     for stream, make in ((PLAIN, plain_event), (MAPPED, mapped_event)):
         data, count = batch_file(stream, make, 0, events)
         plans = {s.name: s.plan() for s in stream_specs([stream])}
-        ref = BatchRef(0, "bench", len(data), 0)
+        ref = EntryFile(0, "bench", len(data), 0)
 
         def one(data=data, plans=plans, ref=ref, count=count, name=stream.name) -> int:
             rows = decode_batch_file(data, ref, plans).tables[name].num_rows

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import Result, print_table, write_json
 
 from icefloe.config import Config, load_config
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
-from pipeline.load.schema import table_arrow_schema
 from pipeline.models import prepare, run_models
 from pipeline.spark import get_spark
 

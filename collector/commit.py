@@ -42,11 +42,12 @@ from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState
+from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
+from pipeline.iceberg.data_files import AddFiles, FileSet
 from pipeline.iceberg.file_append import WriteThenAdd
-from pipeline.load.executors import AddFiles, ClusterRunOutput, FileSet, WritePlan, plan_write
+from pipeline.load.executors import ClusterRunOutput, WritePlan, plan_write
 from pipeline.load.run import RunOutput
-from pipeline.load.schema import DEAD_LETTER_TABLE
 
 __all__ = ["MAX_STAGED_FILES", "RunCommits", "RunResult", "chunk_of", "versions_of"]
 

@@ -26,7 +26,8 @@ from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
-from pipeline.load.mapped import SqlCase, sequence_ranges
+from pipeline.load.mapped import sequence_ranges
+from pipeline.load.spec import SqlCase
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 
@@ -165,7 +166,7 @@ class Routes:
 def project(rows: pa.Table, target: Target) -> pa.Table:
     """The sink's columns (and the envelope) out of a source's decoded rows; a column the
     decode did not produce (a sink of an older version) is all nulls, never an error."""
-    from pipeline.load.schema import ARROW_TYPES
+    from pipeline.columns import ARROW_TYPES
 
     arrays, names = [], []
     for column in target.sink.columns:

@@ -59,12 +59,12 @@ from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
+from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import committed_state
 from pipeline.iceberg.fence import fence_all
 from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
 from pipeline.load.executors import ClusterRunOutput
 from pipeline.load.run import RunOutput
-from pipeline.load.schema import DEAD_LETTER_TABLE
 from pipeline.load.spec import RunSpec, run_spec, with_sql_cases
 
 __all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult"]

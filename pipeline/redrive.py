@@ -38,11 +38,11 @@ from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
+from pipeline.columns import DEAD_LETTER_TABLE, table_arrow_schema
 from pipeline.iceberg.tables import TABLE_PROPERTIES, ensure_stream_table
 from pipeline.load.decode import decode_payload_rows
-from pipeline.load.mapped import StreamPlan, add_derived
-from pipeline.load.schema import DEAD_LETTER_TABLE, table_arrow_schema
-from pipeline.load.spec import stream_specs
+from pipeline.load.mapped import add_derived
+from pipeline.load.spec import StreamPlan, stream_specs
 
 log = logging.getLogger("icefloe.redrive")
 

@@ -25,13 +25,13 @@ from icefloe.manifest.model import Entry
 from icefloe.registry import ops
 from icefloe.registry.model import Registry
 from icefloe.registry.store import RegistryStore, drift
+from icefloe.server_tls import section_tls
 from icefloe.staging import PREFIX, StagingState, table_of_state
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from icefloe_app.api.app import AdminApi, PendingCounter, build_app
 from icefloe_app.api.auth import AdminAuth
 from icefloe_app.api.tasks import TableMaker, Tasks
-from ingestor.tls import section_tls
 
 log = logging.getLogger("icefloe.admin")
 

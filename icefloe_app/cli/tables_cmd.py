@@ -169,7 +169,7 @@ def table_status(catalog: Catalog | None, identifier: str, stream: str | None) -
 
 def list_statuses(config: Config, catalog: Catalog | None) -> list[TableStatus]:
     """Every configured stream's table, then the dead-letter table if it exists."""
-    from pipeline.load.schema import DEAD_LETTER_TABLE
+    from pipeline.columns import DEAD_LETTER_TABLE
 
     statuses = [table_status(catalog, s.table, s.name) for s in config.streams]
     dead = table_status(catalog, DEAD_LETTER_TABLE, None)

@@ -1,1 +1,9 @@
-"""Everything that writes Iceberg: catalog, tables, the exactly-once commit, maintenance."""
+"""Everything that writes Iceberg, and the only place that touches pyiceberg internals.
+
+``catalog`` (open one from config) · ``tables`` (create or evolve a stream's table, its
+Iceberg schema) · ``commit`` (the exactly-once commit) with ``confirm`` (settling an unknown
+outcome) · ``fence`` (taking tables over) · ``data_files`` (writing Parquet data files and
+adding them) · ``file_append`` (the embedded path's append) · ``maintenance``. It imports
+neither pyspark nor :mod:`pipeline.load`; the Arrow side of the schema it shares with
+them is :mod:`pipeline.columns`.
+"""

@@ -4,12 +4,12 @@ Why not ``Table.append``: pyiceberg's append splits the rows by partition by fil
 copying the whole table once per partition value, ~0.35 s of a ~0.6 s commit of 1M rows
 even when every row falls on the same day. Writing the files here — with the table's
 writer settings, field ids and location provider, one file per partition value (the usual
-run has one: :func:`pipeline.load.executors.single_partition`) — and committing them with
+run has one: :func:`pipeline.iceberg.data_files.single_partition`) — and committing them with
 ``add_files`` (unique names, so no duplicate scan) lands the same data in about a third of
 the time. It is the same exactly-once protocol: this is the ``append`` hook of
 :func:`pipeline.iceberg.commit.commit_rows`, exactly as the cluster output path's
-:class:`~pipeline.load.executors.AddFiles`, which it reuses, including the cleanup of files whose
-commit was refused.
+:class:`~pipeline.iceberg.data_files.AddFiles`, which it reuses, including the cleanup of
+files whose commit was refused.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ulid import ULID
 
-from pipeline.load.executors import AddFiles, FileSet, TableTarget, _TableFiles
+from pipeline.iceberg.data_files import AddFiles, FileSet, TableFiles, TableTarget
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,7 +40,7 @@ class WriteThenAdd:
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
         target = TableTarget.of(self.stream, table, [(n, n) for n in rows.column_names])
-        files = _TableFiles(target, str(ULID()), "driver")
+        files = TableFiles(target, str(ULID()), "driver")
         try:
             files.add(rows)
             refs = files.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -31,16 +32,23 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField,
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform
-from pyiceberg.types import DoubleType, FloatType, IcebergType, IntegerType, LongType
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestamptzType,
+)
 
 from icefloe.config import StreamConfig
 from icefloe.errors import CatalogError, IcefloeError, SchemaConflictError
-from pipeline.load.schema import (
-    DEAD_LETTER_TABLE,
-    ICEBERG_TYPES,
-    dead_letter_iceberg_schema,
-    table_iceberg_schema,
-)
+from pipeline.columns import DEAD_LETTER_COLUMNS, DEAD_LETTER_TABLE, ENVELOPE, TIMESTAMP
 
 log = logging.getLogger("icefloe.tables")
 
@@ -55,6 +63,39 @@ _TRANSFORMS: dict[str, Transform[object, int]] = {
 }
 _PROMOTIONS = {(IntegerType(), LongType()), (FloatType(), DoubleType())}
 _EVOLVE_ATTEMPTS = 5
+
+ICEBERG_TYPES: dict[str, IcebergType] = {
+    "string": StringType(), "long": LongType(), "int": IntegerType(), "float": FloatType(),
+    "double": DoubleType(), "boolean": BooleanType(), "timestamp": TimestamptzType(),
+    "date": DateType(), "json": StringType(),
+}
+"""Each column type of the config as Iceberg stores it (the Arrow side:
+:data:`pipeline.columns.ARROW_TYPES`)."""
+_ADDED_TYPES: dict[pa.DataType, IcebergType] = {
+    pa.string(): StringType(), pa.int64(): LongType(), pa.binary(): BinaryType(),
+    TIMESTAMP: TimestamptzType(),
+}
+"""The Arrow types of the columns icefloe adds (:mod:`pipeline.columns`) in Iceberg."""
+
+
+def table_iceberg_schema(stream: StreamConfig) -> Schema:
+    """The Iceberg schema a new stream table is created with (field ids 1..n): the
+    declared columns, then the envelope columns of :data:`pipeline.columns.ENVELOPE`.
+    Every column is optional: ``required`` is enforced by the ingestor, and optional
+    columns keep later schema evolution (adding columns) always legal."""
+    named = [(c.name, ICEBERG_TYPES[c.type]) for c in stream.columns]
+    named += [(name, _ADDED_TYPES[arrow]) for name, arrow in ENVELOPE]
+    return _optional_schema(named)
+
+
+def dead_letter_iceberg_schema() -> Schema:
+    """The dead-letter table's schema: :data:`pipeline.columns.DEAD_LETTER_COLUMNS`."""
+    return _optional_schema([(name, _ADDED_TYPES[arrow]) for name, arrow in DEAD_LETTER_COLUMNS])
+
+
+def _optional_schema(named: list[tuple[str, IcebergType]]) -> Schema:
+    return Schema(*(NestedField(i, name, kind, required=False)
+                    for i, (name, kind) in enumerate(named, start=1)))
 
 
 def ensure_stream_table(catalog: Catalog, stream: StreamConfig) -> Table:

@@ -28,22 +28,10 @@ import pyarrow.json as pajson
 from icefloe.errors import BatchFormatError
 from icefloe.formats.batch import decode_block
 from icefloe.formats.envelope import StreamColumns, split_by_stream
-from pipeline.load.mapped import StreamPlan, add_derived
-from pipeline.load.schema import TIMESTAMP, dead_letter_arrow_schema
+from pipeline.columns import ENVELOPE, TIMESTAMP, dead_letter_arrow_schema
+from pipeline.load.mapped import add_derived
+from pipeline.load.spec import EntryFile, StreamPlan
 from pipeline.load.split import ColumnarStream, split_columnar
-
-_META_TYPES = (("_event_id", pa.string()), ("_received_at", TIMESTAMP),
-               ("_sequence", pa.int64()))
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRef:
-    """What a worker needs to fetch and check one batch file (a manifest entry, picklable)."""
-
-    sequence: int
-    location: str
-    size: int
-    crc32c: int
 
 
 @dataclass(slots=True)
@@ -60,7 +48,7 @@ class DeadLetters:
     raw: list[bytes | None] = field(default_factory=list)
     received_at_ms: list[int | None] = field(default_factory=list)
 
-    def add(self, ref: BatchRef, *, reason: str, message: str, stream: str | None = None,
+    def add(self, ref: EntryFile, *, reason: str, message: str, stream: str | None = None,
             index: int | None = None, event_id: str | None = None, raw: bytes | None = None,
             received_at_ms: int | None = None) -> None:
         self.stream.append(stream)
@@ -147,7 +135,7 @@ def _meta_columns(ids: Sequence[str] | pa.Array, received_ms: Sequence[int] | np
 def _with_meta(payload: pa.Table, ids: Sequence[str] | pa.Array,
                received_ms: Sequence[int] | np.ndarray, sequence: int) -> pa.Table:
     columns = list(payload.columns) + _meta_columns(ids, received_ms, sequence)
-    names = payload.column_names + [name for name, _ in _META_TYPES]
+    names = payload.column_names + [name for name, _ in ENVELOPE]
     return pa.Table.from_arrays(columns, names=names)
 
 
@@ -167,7 +155,7 @@ Plan = pa.Schema | StreamPlan
 """How to decode one stream: its payload schema, or a plan that also derives columns."""
 
 
-def parse_stream(cols: StreamColumns | ColumnarStream, plan: Plan, ref: BatchRef,
+def parse_stream(cols: StreamColumns | ColumnarStream, plan: Plan, ref: EntryFile,
                  dead: DeadLetters, kept: list[int] | None = None) -> pa.Table:
     """A stream's rows of one batch; rows that do not parse go to ``dead``. When the slow
     path drops rows, the positions of the rows it kept are appended to ``kept``."""
@@ -207,7 +195,7 @@ def parse_stream(cols: StreamColumns | ColumnarStream, plan: Plan, ref: BatchRef
     return _with_meta(payload, ids, received, ref.sequence)
 
 
-def _parse_planned(cols: StreamColumns | ColumnarStream, plan: StreamPlan, ref: BatchRef,
+def _parse_planned(cols: StreamColumns | ColumnarStream, plan: StreamPlan, ref: EntryFile,
                    dead: DeadLetters) -> pa.Table:
     """A stream with derived columns: parse the payloads, then add the derived columns
     from the envelope (rows kept after a slow-path parse keep their own envelope data)."""
@@ -220,14 +208,14 @@ def _parse_planned(cols: StreamColumns | ColumnarStream, plan: StreamPlan, ref: 
         ids = [lists.event_ids[i] for i in rows]
         received = [lists.received_at_ms[i] for i in rows]
         metas = None if lists.metas is None else [lists.metas[i] for i in rows]
-    payload = table.drop_columns([name for name, _ in _META_TYPES])
+    payload = table.drop_columns([name for name, _ in ENVELOPE])
     full = add_derived(payload, plan, ids, received, metas)
     return pa.Table.from_arrays(
-        full.columns + [table.column(name) for name, _ in _META_TYPES],
-        names=full.column_names + [name for name, _ in _META_TYPES])
+        full.columns + [table.column(name) for name, _ in ENVELOPE],
+        names=full.column_names + [name for name, _ in ENVELOPE])
 
 
-def decode_batch_file(data: bytes, ref: BatchRef, schemas: Mapping[str, Plan]) -> Decoded:
+def decode_batch_file(data: bytes, ref: EntryFile, schemas: Mapping[str, Plan]) -> Decoded:
     """Decode a verified batch file: ``schemas`` maps each configured stream to its payload
     schema. A corrupt file yields one dead letter (its key and reason, not its bytes)."""
     out = Decoded()
@@ -281,5 +269,5 @@ def decode_payload_rows(lines: Sequence[bytes], event_ids: Sequence[str],
                            1000).cast(TIMESTAMP)
     columns = [*payload.columns, pa.array([event_ids[i] for i in kept], pa.string()),
                received, pa.array([sequences[i] for i in kept], pa.int64())]
-    names = payload.column_names + [name for name, _ in _META_TYPES]
+    names = payload.column_names + [name for name, _ in ENVELOPE]
     return pa.Table.from_arrays(columns, names=names), still_bad

@@ -15,7 +15,8 @@ from icefloe.errors import IntegrityError
 from icefloe.manifest.reader import verify_bytes
 from icefloe.store import open_store, options_for
 from icefloe.store.base import ObjectStore
-from pipeline.load.decode import BatchRef, Decoded, Plan, decode_batch_file
+from pipeline.load.decode import Decoded, Plan, decode_batch_file
+from pipeline.load.spec import EntryFile
 
 INTEGRITY_ATTEMPTS = 3
 INTEGRITY_PAUSE_S = 0.2
@@ -27,7 +28,7 @@ def open_run_store(url: str, endpoint_url: str | None, region: str | None) -> Ob
     return open_store(url, options_for(endpoint_url, region))
 
 
-def fetch_and_decode(store: ObjectStore, ref: BatchRef,
+def fetch_and_decode(store: ObjectStore, ref: EntryFile,
                      schemas: Mapping[str, Plan]) -> Decoded:
     """Read ``ref`` (re-reading on a checksum mismatch, with a pause) and decode it.
 
@@ -56,7 +57,7 @@ def fetch_and_decode(store: ObjectStore, ref: BatchRef,
     return out
 
 
-def _quarantine(store: ObjectStore, ref: BatchRef, data: bytes, out: Decoded) -> None:
+def _quarantine(store: ObjectStore, ref: EntryFile, data: bytes, out: Decoded) -> None:
     key = QUARANTINE_PREFIX + ref.location
     store.put(key, data)  # idempotent: a re-run writes the same bytes
     for i, reason in enumerate(out.dead.reason):
@@ -64,12 +65,12 @@ def _quarantine(store: ObjectStore, ref: BatchRef, data: bytes, out: Decoded) ->
             out.dead.message[i] += f" (file copied to {key})"
 
 
-def verify_ref(ref: BatchRef, data: bytes) -> None:
+def verify_ref(ref: EntryFile, data: bytes) -> None:
     verify_bytes(data, location=ref.location, sequence=ref.sequence, size=ref.size,
                  checksum=ref.crc32c)
 
 
-def decode_refs(store: ObjectStore, refs: Sequence[BatchRef],
-                schemas: Mapping[str, Plan]) -> Iterator[tuple[BatchRef, Decoded]]:
+def decode_refs(store: ObjectStore, refs: Sequence[EntryFile],
+                schemas: Mapping[str, Plan]) -> Iterator[tuple[EntryFile, Decoded]]:
     for ref in refs:
         yield ref, fetch_and_decode(store, ref, schemas)

@@ -37,28 +37,25 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from icefloe.config import Column, StreamConfig
+from icefloe.config import Column
 from icefloe.errors import ConfigError
 from icefloe.streams.mappings import ENVELOPE_COLUMNS, META_HEADERS, META_IP, spark_sql
-from pipeline.load.schema import ARROW_TYPES, TIMESTAMP
+from pipeline.columns import ARROW_TYPES, TIMESTAMP
+from pipeline.load.frame import STREAM, struct_column, wide_arrow_schema
+from pipeline.load.spec import Derived, SqlCase, StreamPlan, StreamSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.load.spec import StreamSpec
-
 log = logging.getLogger("icefloe.pipeline")
 
-DERIVED_KINDS = ("ip", "header", "datetime", "id", "sql")
 MAX_PROBES = 64
 """Spark evaluations one failing ``sql`` column may cost per run while its failing rows are
 isolated (see the module doc)."""
@@ -66,53 +63,6 @@ ROW_ID = "__icefloe_row"
 _SPARK_TYPES = {"string": "STRING", "long": "BIGINT", "int": "INT", "float": "FLOAT",
                 "double": "DOUBLE", "boolean": "BOOLEAN", "timestamp": "TIMESTAMP",
                 "date": "DATE", "json": "STRING"}
-
-
-class SqlCase(msgspec.Struct, frozen=True):
-    """One expression of a ``sql`` column and the ``_sequence`` ranges (inclusive) of the
-    entries it applies to."""
-
-    sql: str
-    dialect: str
-    ranges: tuple[tuple[int, int], ...]
-
-
-class Derived(msgspec.Struct, frozen=True):
-    """A column the pipeline fills (not read from the payload): its mapping, as plain data.
-
-    ``arg`` is the lower-case header name of a ``header`` mapping, the SQL of a ``sql``.
-    ``cases`` (``sql`` only): None computes ``arg`` on every row of the stream; otherwise
-    each case's expression on the rows of its sequences, and null elsewhere (see the module
-    doc).
-    """
-
-    column: str
-    type: str
-    kind: str
-    arg: str = ""
-    dialect: str = "spark"
-    cases: tuple[SqlCase, ...] | None = None
-
-
-def derived_columns(stream: StreamConfig) -> tuple[Derived, ...]:
-    out: list[Derived] = []
-    for column in stream.columns:
-        kind = column.mapping
-        if kind not in DERIVED_KINDS:
-            continue
-        arg = (column.header or "").lower() if kind == "header" else column.sql or ""
-        out.append(Derived(column.name, column.type, kind, arg, column.dialect))
-    return tuple(out)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamPlan:
-    """What the decode needs for one stream: the payload schema and the derived columns,
-    and the order of the table's columns."""
-
-    payload: pa.Schema
-    derived: tuple[Derived, ...]
-    order: tuple[str, ...]
 
 
 def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
@@ -331,7 +281,6 @@ def check_on_spark(spark: SparkSession, streams: Sequence[StreamSpec]) -> None:
     first run (and every retry) later. Analysis only: no job runs."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from pipeline.load.source import STREAM, struct_column, wide_arrow_schema
     from pipeline.read.query import spark_error
 
     schema = from_arrow_schema(wide_arrow_schema(tuple(streams)), prefer_timestamp_ntz=False)

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
+from pipeline.columns import columns_arrow_schema, dead_letter_arrow_schema
 from pipeline.load.decode import Decoded
-from pipeline.load.schema import columns_arrow_schema, dead_letter_arrow_schema
-from pipeline.load.source import STREAM
+from pipeline.load.frame import STREAM
 from pipeline.load.spec import RunSpec
 
 PART = "_part"

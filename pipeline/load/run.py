@@ -19,12 +19,12 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.columns import ENVELOPE, dead_letter_arrow_schema
 from pipeline.load.decode import DeadLetters
 from pipeline.load.fetch import decode_refs, open_run_store
+from pipeline.load.frame import DEAD, FORMAT, STREAM, struct_column
 from pipeline.load.mapped import fill_sql_safely, project_sql, sql_expressions
 from pipeline.load.packed import needs_rows, packed_partitions, unpack
-from pipeline.load.schema import dead_letter_arrow_schema
-from pipeline.load.source import DEAD, ENVELOPE, FORMAT, STREAM, struct_column
 from pipeline.load.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class RunOutput:
 
 
 def read_frame(spark: SparkSession, spec: RunSpec, *, sql: bool = True) -> DataFrame:
-    """The run as a Spark DataFrame in the wide schema (see :mod:`pipeline.load.source`), with
+    """The run as a Spark DataFrame in the wide schema (see :mod:`pipeline.load.frame`), with
     the ``sql`` mapping columns computed by Spark (:mod:`pipeline.load.mapped`), or left null
     (``sql=False``)."""
     frame = spark.read.format(FORMAT).option("spec", spec.encode()).load()
@@ -225,10 +225,12 @@ class SparkClusterEngine:
         """The run kept on the executors; if its job fails and the run has ``sql``
         columns, the embedded shape instead, whose row path costs a throwing expression
         only the values it cannot compute (see :func:`read_rows_safely`)."""
-        from pipeline.load.executors import run_cluster
+        from pipeline.load.executors import ClusterRunOutput, run_cluster
 
+        if not spec.batches:
+            return ClusterRunOutput()
         try:
-            return run_cluster(self.spark, spec)
+            return run_cluster(self.spark, spec, read_frame(self.spark, spec))
         except Exception as exc:
             if not run_expressions(spec):
                 raise

@@ -6,12 +6,9 @@ a group of batch files, decodes them with :mod:`pipeline.load.decode`, and yield
 ``pyarrow.RecordBatch``es already in the final schema, so the JVM only moves columns. With a
 cluster ``spark.master`` the same tasks run on executors.
 
-Why one wide schema: a run covers every stream, and a data source has one schema. Each row
-carries ``_stream`` and the envelope columns, the payload of stream *i* in columns
-``s<i>__<name>`` (null for other streams), and dead letters as msgpack rows in one binary
-column ``_dead`` (with ``_stream`` null) — rare rows should not cost nine null columns on
-every good row.
-The driver splits the result per stream with Arrow (or Spark applies per-stream SQL).
+The rows come in the one wide schema of :mod:`pipeline.load.frame` (every stream of the
+run side by side); the driver splits the result per stream with Arrow (or Spark applies
+per-stream SQL).
 
 With the option ``packed`` the source yields :mod:`pipeline.load.packed` rows instead — one
 compressed Arrow IPC value per file and stream — for runs where Spark computes nothing per
@@ -28,29 +25,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from pipeline.load.decode import BatchRef, Decoded
-from pipeline.load.schema import ARROW_TYPES, TIMESTAMP
-from pipeline.load.spec import RunSpec, StreamSpec, group_refs
-
-FORMAT = "icefloe"
-DEAD = "_dead"
-STREAM = "_stream"
-ENVELOPE = (("_event_id", pa.string()), ("_received_at", TIMESTAMP), ("_sequence", pa.int64()))
-
-
-def struct_column(index: int) -> str:
-    return f"s{index}"
-
-
-def wide_arrow_schema(streams: tuple[StreamSpec, ...]) -> pa.Schema:
-    """``_stream``, envelope columns, each stream's columns, ``_dead``."""
-    fields = [pa.field(STREAM, pa.string())]
-    fields += [pa.field(name, kind) for name, kind in ENVELOPE]
-    for i, s in enumerate(streams):
-        fields += [pa.field(f"{struct_column(i)}__{name}", ARROW_TYPES[kind])
-                   for name, kind in s.columns]
-    fields.append(pa.field(DEAD, pa.binary()))
-    return pa.schema(fields)
+from pipeline.columns import ENVELOPE
+from pipeline.load.decode import Decoded
+from pipeline.load.fetch import decode_refs, open_run_store
+from pipeline.load.frame import FORMAT, wide_arrow_schema
+from pipeline.load.packed import PACKED_ARROW_SCHEMA, pack
+from pipeline.load.spec import EntryFile, RunSpec, StreamSpec, group_refs
 
 
 def spark_schema(streams: tuple[StreamSpec, ...]) -> StructType:
@@ -58,7 +38,7 @@ def spark_schema(streams: tuple[StreamSpec, ...]) -> StructType:
 
 
 class _Partition(InputPartition):
-    def __init__(self, refs: list[BatchRef]) -> None:
+    def __init__(self, refs: list[EntryFile]) -> None:
         super().__init__(refs)
         self.refs = refs
 
@@ -105,16 +85,12 @@ class IcefloeReader(DataSourceReader):
         return [_Partition(group) for group in groups] or [_Partition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pipeline.load.fetch import decode_refs, open_run_store
-
         spec = self.spec
         schemas = {s.name: s.plan() for s in spec.streams}
         store = open_run_store(spec.store_url, spec.endpoint_url, spec.region)
         try:
             files = decode_refs(store, partition.refs, schemas)  # type: ignore[attr-defined]
             if self.packed:
-                from pipeline.load.packed import pack
-
                 yield from pack(decoded for _, decoded in files)
                 return
             target = to_arrow_schema(self.schema, timezone="UTC")
@@ -139,8 +115,6 @@ class IcefloeDataSource(DataSource):
 
     def schema(self) -> StructType:
         if self.packed:
-            from pipeline.load.packed import PACKED_ARROW_SCHEMA
-
             return from_arrow_schema(PACKED_ARROW_SCHEMA)
         return spark_schema(self.spec.streams)
 

@@ -4,20 +4,86 @@ Why a separate, JSON-serializable spec: a Spark Python data source receives only
 options on the driver and pickled partitions on the workers, and the same spec also drives
 the no-Spark decode path (tests, the benchmark baseline). Keeping it free of live objects
 (stores, catalogs, sessions) makes it cheap to ship to any executor.
+
+The columns a stream derives rather than reads from its payload (:class:`Derived`) are
+part of that plain data; :mod:`pipeline.load.mapped` evaluates them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import msgspec
 import pyarrow as pa
 
 from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
-from pipeline.load.decode import BatchRef
-from pipeline.load.mapped import Derived, SqlCase, StreamPlan, derived_columns
-from pipeline.load.schema import ARROW_TYPES
+from pipeline.columns import ARROW_TYPES
+
+DERIVED_KINDS = ("ip", "header", "datetime", "id", "sql")
+
+
+@dataclass(frozen=True, slots=True)
+class EntryFile:
+    """The batch file of one manifest entry, as a worker fetches and checks it (picklable).
+
+    Not :class:`icefloe.manifest.BatchRef`, the producer's description of a file it is
+    about to append: this one is read back from an entry, with the entry's sequence.
+    """
+
+    sequence: int
+    location: str
+    size: int
+    crc32c: int
+
+
+class SqlCase(msgspec.Struct, frozen=True):
+    """One expression of a ``sql`` column and the ``_sequence`` ranges (inclusive) of the
+    entries it applies to."""
+
+    sql: str
+    dialect: str
+    ranges: tuple[tuple[int, int], ...]
+
+
+class Derived(msgspec.Struct, frozen=True):
+    """A column the pipeline fills (not read from the payload): its mapping, as plain data.
+
+    ``arg`` is the lower-case header name of a ``header`` mapping, the SQL of a ``sql``.
+    ``cases`` (``sql`` only): None computes ``arg`` on every row of the stream; otherwise
+    each case's expression on the rows of its sequences, and null elsewhere (see the module
+    doc).
+    """
+
+    column: str
+    type: str
+    kind: str
+    arg: str = ""
+    dialect: str = "spark"
+    cases: tuple[SqlCase, ...] | None = None
+
+
+def derived_columns(stream: StreamConfig) -> tuple[Derived, ...]:
+    out: list[Derived] = []
+    for column in stream.columns:
+        kind = column.mapping
+        if kind not in DERIVED_KINDS:
+            continue
+        arg = (column.header or "").lower() if kind == "header" else column.sql or ""
+        out.append(Derived(column.name, column.type, kind, arg, column.dialect))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What the decode needs for one stream: the payload schema and the derived columns,
+    and the order of the table's columns."""
+
+    payload: pa.Schema
+    derived: tuple[Derived, ...]
+    order: tuple[str, ...]
+
 
 
 class StreamSpec(msgspec.Struct, frozen=True):
@@ -48,8 +114,8 @@ class RunSpec(msgspec.Struct, frozen=True):
     batches: tuple[tuple[int, str, int, int], ...]  # (sequence, location, size, crc32c)
     partitions: int = 4
 
-    def refs(self) -> list[BatchRef]:
-        return [BatchRef(*batch) for batch in self.batches]
+    def refs(self) -> list[EntryFile]:
+        return [EntryFile(*batch) for batch in self.batches]
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -88,7 +154,7 @@ def with_sql_cases(spec: RunSpec,
     return msgspec.structs.replace(spec, streams=tuple(streams))
 
 
-def group_refs(refs: Sequence[BatchRef], partitions: int) -> list[list[BatchRef]]:
+def group_refs(refs: Sequence[EntryFile], partitions: int) -> list[list[EntryFile]]:
     """Split files into ≤ ``partitions`` groups of similar total size.
 
     Why not one partition per file: every Spark task costs ~35 ms of Python worker overhead,
@@ -96,7 +162,7 @@ def group_refs(refs: Sequence[BatchRef], partitions: int) -> list[list[BatchRef]
     both cores busy without it.
     """
     count = max(1, min(partitions, len(refs)))
-    groups: list[list[BatchRef]] = [[] for _ in range(count)]
+    groups: list[list[EntryFile]] = [[] for _ in range(count)]
     sizes = [0] * count
     for ref in sorted(refs, key=lambda r: -r.size):
         smallest = sizes.index(min(sizes))

@@ -19,28 +19,64 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 
+from icefloe.config import Config
+from icefloe.manifest.model import Manifest
+from icefloe.registry.model import Registry
 from icefloe.staging import PREFIX as STAGING_PREFIX
 from icefloe.staging import StagingState
+from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import COMMITTED_AT_PROP, EPOCH_PROP, SEQUENCE_PROP
-from pipeline.load.schema import DEAD_LETTER_TABLE
-from testing.sim.store import SimCrash
-
-if TYPE_CHECKING:
-    from testing.sim.world import World
+from testing.sim.loop import SimTime
+from testing.sim.scenario import Scenario
+from testing.sim.store import SimCrash, SimStore
 
 CHECK_EVERY_S = 5.0
 
 
+class Watched(Protocol):
+    """What the checker reads of the simulated world (:class:`testing.sim.world.World`).
+
+    Why a protocol: the world builds its checker, so the checker naming the world's class
+    would close an import circle. The ledger and the hosts are the world's own records,
+    read here by attribute.
+    """
+
+    @property
+    def sim(self) -> SimTime: ...
+    @property
+    def store(self) -> SimStore: ...
+    @property
+    def rng(self) -> random.Random: ...
+    @property
+    def scenario(self) -> Scenario: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def ledger(self) -> Any: ...
+    @property
+    def ingestors(self) -> Sequence[Any]: ...
+    @property
+    def collectors(self) -> Sequence[Any]: ...
+    @property
+    def registry_history(self) -> Sequence[Registry]: ...
+
+    def kill(self, host: str) -> None: ...
+
+    def manifest(self) -> Manifest | None: ...
+
+
 class Checker:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Watched) -> None:
         self.world = world
         self.violations: list[str] = []
         self.notes: list[str] = []

@@ -52,19 +52,12 @@ from icefloe.store.base import GetResult, ListResult, ObjectInfo, ObjectStore, P
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
+from pipeline.columns import ENVELOPE
 from pipeline.iceberg.catalog import open_catalog
-from pipeline.load.executors import (
-    KEY_COLUMNS,
-    ROW,
-    ClusterRunOutput,
-    FileSet,
-    TableTarget,
-    WritePlan,
-    _TableFiles,
-)
+from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
+from pipeline.load.executors import KEY_COLUMNS, ROW, ClusterRunOutput, WritePlan
 from pipeline.load.fetch import decode_refs
 from pipeline.load.run import RunOutput
-from pipeline.load.source import ENVELOPE
 from pipeline.load.spec import RunSpec
 from testing.sim.checks import Checker
 from testing.sim.loop import (
@@ -143,7 +136,7 @@ class LocalClusterOutput(ClusterRunOutput):
     """The cluster output shape without executors: the rows stay in this object (as they
     would stay on the executors), the collector sees only keys, and :meth:`write` writes
     the planned rows as Parquet files with the executors' own writer
-    (:class:`pipeline.load.executors._TableFiles`), for ``add_files``."""
+    (:class:`pipeline.iceberg.data_files.TableFiles`), for ``add_files``."""
 
     def __init__(self, spec: RunSpec, embedded: RunOutput) -> None:
         super().__init__(spec=spec, dead=embedded.dead)
@@ -169,7 +162,7 @@ class LocalClusterOutput(ClusterRunOutput):
             rows = rows.filter(keep)
             names = [n for n, _ in streams[plan.stream].columns] + [n for n, _ in ENVELOPE]
             target = TableTarget.of(plan.stream, plan.table, [(n, n) for n in names])
-            files = _TableFiles(target, f"sim{id(self):x}", "0")
+            files = TableFiles(target, f"sim{id(self):x}", "0")
             files.add(rows)
             out[plan.stream] = FileSet(tuple(files.close()))
             if out[plan.stream].rows != plan.expected:

@@ -32,11 +32,11 @@ from collector.dedup import (
 )
 from icefloe.clock import ManualClock
 from icefloe.registry import Registry, RegistryStore, ops
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import commit_rows, committed_at_ms, summary_props
 from pipeline.iceberg.maintenance import expire_snapshots
 from pipeline.iceberg.tables import ensure_stream_table
-from pipeline.load.schema import table_arrow_schema
 
 
 def rows(ids: list[str], sequence: int = 0) -> pa.Table:

@@ -21,10 +21,10 @@ from collector.service import Collector, Fenced
 from icefloe.config import Config
 from icefloe.errors import FencedError, OffsetLostError, TableFencedError
 from icefloe.registry import RegistryStore, ops
+from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import EPOCH_PROP, commit_rows, committed_state
 from pipeline.load.run import LocalEngine
-from pipeline.load.schema import DEAD_LETTER_TABLE
 from pipeline.load.spec import run_spec
 from pipeline.models.write import WriteFence, write_result
 from tests.collector_support import (

@@ -21,11 +21,11 @@ from icefloe.formats.batch import BatchBuilder
 from icefloe.formats.envelope import frame_events, split_by_stream
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 from ingestor.validate import CompiledStream, InvalidEvents
-from pipeline.load.decode import BatchRef, decode_batch_file
+from pipeline.load.decode import decode_batch_file
 from pipeline.load.mapped import check_on_spark
 from pipeline.load.packed import needs_rows
 from pipeline.load.run import SparkClusterEngine, SparkEngine, run_local, run_spark
-from pipeline.load.spec import run_spec, stream_specs
+from pipeline.load.spec import EntryFile, run_spec, stream_specs
 from pipeline.load.split import split_columnar
 
 UTC = dt.UTC
@@ -257,7 +257,7 @@ def test_meta_survives_both_splits_and_becomes_columns():
     builder.add_framed(block, 3)
     data = builder.finish()
     spec = stream_specs([stream])[0]
-    rows = decode_batch_file(data, BatchRef(9, "k", len(data), 0),
+    rows = decode_batch_file(data, EntryFile(9, "k", len(data), 0),
                              {"s": spec.plan()}).tables["s"].to_pylist()
     assert [(r["a"], r["ip"], r["agent"], r["eid"]) for r in rows] == [
         (1, "1.2.3.4", "curl/8", "e1"), (2, "1.2.3.4", "curl/8", "e2"), (3, None, None, "e3")]
@@ -275,7 +275,7 @@ def test_a_payload_that_no_longer_fits_is_dead_lettered_and_derived_columns_stay
     builder = BatchBuilder()
     builder.add_framed(framed, 3)
     data = builder.finish()
-    out = decode_batch_file(data, BatchRef(1, "k", len(data), 0),
+    out = decode_batch_file(data, EntryFile(1, "k", len(data), 0),
                             {"s": stream_specs([stream])[0].plan()})
     rows = out.tables["s"].to_pylist()
     assert [(r["a"], r["eid"], r["ip"]) for r in rows] == [(1, "e1", "h1"), (3, "e3", "h3")]

@@ -25,13 +25,13 @@ from pyiceberg.types import DoubleType, LongType, StringType
 
 from icefloe.config import CatalogSection, Column, StreamConfig, load_config
 from icefloe.errors import CatalogError, ConfigError, SchemaConflictError
-from pipeline.iceberg.catalog import catalog_label, mask_uri, open_catalog
-from pipeline.iceberg.tables import RETRIES_PROP, ensure_dead_letter_table, ensure_stream_table
-from pipeline.load.schema import (
+from pipeline.columns import (
     DEAD_LETTER_TABLE,
     dead_letter_arrow_schema,
     table_arrow_schema,
 )
+from pipeline.iceberg.catalog import catalog_label, mask_uri, open_catalog
+from pipeline.iceberg.tables import RETRIES_PROP, ensure_dead_letter_table, ensure_stream_table
 
 UTC = dt.UTC
 ALL_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date", "json")
@@ -292,7 +292,7 @@ def test_existing_table_gets_retries_pinned(tmp_path: Path) -> None:
     catalog = open_catalog(_sqlite_section(tmp_path))
     stream = _stream("app.legacy", {"x": "long"})
     catalog.create_namespace("app")
-    from pipeline.load.schema import table_iceberg_schema
+    from pipeline.iceberg.tables import table_iceberg_schema
 
     catalog.create_table(stream.table, table_iceberg_schema(stream),
                          properties={RETRIES_PROP: "4"})

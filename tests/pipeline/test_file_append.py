@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from pyiceberg.exceptions import CommitFailedException
 
 from collector.dedup import DedupWindow
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import commit_rows, committed_state, summary_props
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.tables import ensure_stream_table
-from pipeline.load.schema import table_arrow_schema
 
 UTC = dt.UTC
 

@@ -23,9 +23,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from icefloe.config import Column, Config
 from icefloe.errors import CatalogError
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
-from pipeline.load.schema import table_arrow_schema
 from pipeline.read.iceberg_source import (
     FORMAT,
     IcebergReader,

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pytest
 
 from icefloe.config import Config, load_config
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
-from pipeline.load.schema import table_arrow_schema
 from pipeline.models import (
     ModelError,
     load_models,

@@ -15,8 +15,8 @@ from icefloe.formats.batch import BatchBuilder, Compression
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.publish import build_batch
 from icefloe.store import local_path, open_async_store
+from pipeline.columns import columns_arrow_schema, dead_letter_arrow_schema, table_arrow_schema
 from pipeline.load.run import run_local, run_spark
-from pipeline.load.schema import columns_arrow_schema, dead_letter_arrow_schema, table_arrow_schema
 from pipeline.load.spec import RunSpec, group_refs, run_spec
 
 
@@ -177,8 +177,8 @@ def test_packed_values_round_trip_in_slices_with_dead_letters(monkeypatch):
     """pack/unpack without Spark: a table wider than one packed value comes back whole and
     in order, dead letters separately, and a file with nothing to pack yields nothing."""
     from pipeline.load import packed
-    from pipeline.load.decode import BatchRef, Decoded
-    from pipeline.load.spec import StreamSpec
+    from pipeline.load.decode import Decoded
+    from pipeline.load.spec import EntryFile, StreamSpec
 
     monkeypatch.setattr(packed, "MAX_PART_ROWS", 3)
     streams = (StreamSpec("buys", (("n", "long"),)), StreamSpec("clicks", (("n", "long"),)))
@@ -187,7 +187,7 @@ def test_packed_values_round_trip_in_slices_with_dead_letters(monkeypatch):
         "_received_at": [i * 1000 for i in range(10)], "_sequence": [7] * 10},
         schema=columns_arrow_schema(streams[0].columns))
     first = Decoded(tables={"clicks": table})
-    first.dead.add(BatchRef(4, "batches/k", 10, 0), reason="unknown_stream", message="m")
+    first.dead.add(EntryFile(4, "batches/k", 10, 0), reason="unknown_stream", message="m")
     second = Decoded(tables={"buys": table.slice(0, 2), "clicks": table.slice(0, 0)})
     batches = list(packed.pack([first, second, Decoded()]))
     assert [b.num_rows for b in batches] == [5, 1]  # 4 slices + dead letters; empty skipped

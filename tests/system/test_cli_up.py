@@ -36,10 +36,10 @@ from icefloe_app.cli.ingestor_group import reserve_port
 from icefloe_app.cli.progress import Snapshot, render, show_progress
 from icefloe_app.cli.query_cmd import write
 from icefloe_app.cli.up_cmd import example_event
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
 from pipeline.java import JavaMissingError, require_java
-from pipeline.load.schema import table_arrow_schema
 from pipeline.read.query import AsOf, QueryError, plan, run_query
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "icefloe.toml"
