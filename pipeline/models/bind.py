@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from icefloe.config import Config
 from pipeline.models.dag import Project, Resolver, references
 from pipeline.models.spec import Model, ModelError
-from pipeline.read.query import AsOf, pin, time_travel
+from pipeline.read.query import AsOf, QueryError, pin, point_at, spark_sql, time_travel
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -84,8 +84,6 @@ class Binder:
 
     def rewrite(self, model: Model, variant: str) -> str:
         """The model's SELECT in Spark SQL, reading only this run's temp views."""
-        from sqlglot import exp
-
         tree = model.tree.copy()
         for node in references(tree):
             ref = self.resolver.resolve(model, node)
@@ -99,13 +97,16 @@ class Binder:
                 view = source.full_view
                 if variant == NEW and source.new_view is not None:
                     view = source.new_view
-            node.replace(exp.to_table(view).as_(node.alias or node.name))
-        return tree.sql(dialect="spark")
+            point_at(node, view)
+        try:
+            return spark_sql(tree, model.dialect)
+        except QueryError as exc:
+            raise ModelError(f"model {model.name}: {exc}") from None
 
     def _model_view(self, model: Model, variant: str) -> str:
         key = (model.name, variant)
         if key not in self._views:
-            name = f"__model_{variant}_{model.name}"
+            name = f"__model_{variant}_{model.name.replace('.', '__')}"
             self.spark.sql(self.rewrite(model, variant)).createOrReplaceTempView(name)
             self._views[key] = name
         return self._views[key]
