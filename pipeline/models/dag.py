@@ -28,6 +28,7 @@ from pipeline.read.query import (
     pin,
     refuse_lost_meaning,
     resolve_name,
+    spark_sql,
     time_travel,
 )
 
@@ -93,6 +94,7 @@ def check_model_sql(model: Model) -> None:
             if node.name:
                 check_clauses(node, ctes)
                 time_travel(node)
+        spark_sql(tree, model.dialect)
     except QueryError as exc:
         raise ModelError(f"model {model.name}: {exc}") from None
 

@@ -553,6 +553,8 @@ def test_should_refuse_subfolder_clashes(tmp_path: Path, files: dict[str, str], 
     ("SELECT * FROM web.pageviews AT (VERSION => 9)",
      "table 'web.pageviews' has no version 9: its only version is 1"),
     ("SELECT * FROM web.pageviews AT (TIMESTAMP => '2000-01-01')", "had no snapshot at 2000"),
+    ("SELECT array_agg(url ORDER BY ts) AS a FROM web.pageviews", "Spark cannot order"),
+    ("SELECT url FROM web.pageviews FOR UPDATE", "FOR UPDATE/SHARE"),
 ])
 def test_should_refuse_what_a_model_cannot_honour_before_running(lake: Config, tmp_path: Path,
                                                                  sql: str, message: str
@@ -579,3 +581,21 @@ def test_should_run_subfolder_models_with_directives_and_versions(spark: Any, la
     assert [(r["day"], r["views"]) for r in target_rows(lake, "mart.daily", ("day",))] == [
         (DAY.date(), 4), ((DAY + dt.timedelta(days=1)).date(), 1)]
     assert target_rows(lake, "mart.first", ("n",)) == [{"n": 4}]
+
+
+def test_should_fail_models_run_in_one_line_before_spark(lake: Config, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    from icefloe_app.cli import main
+
+    del lake
+    folder = tmp_path / "models"
+    write_model(folder / "mart", "old", "-- @kind: table\n"
+                "SELECT count(*) AS n FROM web.pageviews AT (VERSION => 9)")
+    code = main(["models", "run", "--models", str(folder), "--config", str(EXAMPLE_CONFIG),
+                 "--data-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.count("\n") == 0
+    assert "model mart.old: table 'web.pageviews' has no version 9" in err
+    assert "starting Spark" not in err
