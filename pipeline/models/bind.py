@@ -10,7 +10,8 @@ Every source table is pinned once per model run: the same snapshot in both varia
 every upstream view, so a run reads one consistent state. A ``view`` model upstream is not
 stored: its SQL is rewritten the same way and registered as a temp view per variant. A
 stored model upstream is read from its target table, as committed (it ran earlier in this
-run when it was selected). ``FOR VERSION|TIMESTAMP AS OF`` pins one reference to an older
+run when it was selected). ``AT (VERSION|TIMESTAMP => ...)`` or ``FOR VERSION|TIMESTAMP AS
+OF`` pins one reference to an older
 snapshot; such a reference is never filtered by a watermark.
 
 Temp views are per SparkSession and replaced on every model run: not thread-safe, one run

@@ -8,10 +8,13 @@ reads that same snapshot, so a self-join or a ``count(*)`` next to a ``sum`` agr
 
 Names resolve in this order: ``namespace.table`` as written; a bare name that is a stream
 (``pageviews`` → its table); a bare name that is the table part of exactly one stream's
-table. ``FOR VERSION AS OF <snapshot id>`` or ``FOR TIMESTAMP AS OF '<time>'`` after a
-reference pins that one reference (it wins over ``--as-of``); the same table may then be
-read at two snapshots in one query (a before/after comparison). Only read-only queries run
-(``SELECT``, set operations, ``WITH``); anything else is refused before Spark starts.
+table. ``AT (VERSION => n)`` / ``AT (TIMESTAMP => t)`` (DuckLake's spelling) or
+``FOR VERSION|TIMESTAMP AS OF`` (Spark's) after a reference pins that one reference (it wins
+over ``--as-of``); ``n`` is a table version (:mod:`pipeline.read.versions`) or a snapshot id.
+The same table may then be read at two snapshots in one query (a before/after comparison).
+Only read-only queries run (``SELECT``, set operations, ``WITH``); anything else is refused
+before Spark starts, and so is any clause or construct the rewrite would drop or change
+(:func:`check_clauses`, :func:`spark_sql`): an error naming it beats a wrong answer.
 """
 
 from __future__ import annotations
