@@ -11,8 +11,8 @@ every upstream view, so a run reads one consistent state. A ``view`` model upstr
 stored: its SQL is rewritten the same way and registered as a temp view per variant. A
 stored model upstream is read from its target table, as committed (it ran earlier in this
 run when it was selected). ``AT (VERSION|TIMESTAMP => ...)`` or ``FOR VERSION|TIMESTAMP AS
-OF`` pins one reference to an older
-snapshot; such a reference is never filtered by a watermark.
+OF`` pins one reference to an older snapshot; such a reference is never filtered by a
+watermark.
 
 Temp views are per SparkSession and replaced on every model run: not thread-safe, one run
 at a time per session.
