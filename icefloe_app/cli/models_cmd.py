@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from pipeline.models import Project, RunState
 
 DESCRIPTION = """\
-SQL models: each models/NAME.sql file is one SELECT over icefloe tables and other models,
-with a header such as `-- materialized: merge`, `-- unique_key: day, url`,
+SQL models: each models/NAME.sql (or models/SCHEMA/NAME.sql, writing SCHEMA.NAME) file is
+one SELECT over icefloe tables and other models, with a header such as
+`-- materialized: merge` (or `-- @kind: merge`), `-- unique_key: day, url`,
 `-- target: mart.daily_traffic`, `-- dialect: duckdb`. Runs on Spark, writes with pyiceberg.
 
 examples:

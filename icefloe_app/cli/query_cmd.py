@@ -33,6 +33,7 @@ examples:
   icefloe query "SELECT url, count(*) AS views FROM pageviews GROUP BY url ORDER BY views DESC"
   icefloe query --format json "SELECT * FROM shop.orders WHERE amount > 100"
   icefloe query --as-of 2026-11-23T17:00:00Z "SELECT count(*) FROM web.pageviews"
+  icefloe query "SELECT count(*) FROM web.pageviews AT (VERSION => 3)"
   icefloe query "SELECT reason, count(*) FROM icefloe.dead_letters GROUP BY reason"
 """
 

@@ -252,7 +252,11 @@ def run_history(args: argparse.Namespace) -> int:
                                                           or 0), reverse=True)
     shown = snapshots if args.limit <= 0 else snapshots[: args.limit]
     current = loaded.current_snapshot()
-    rows = [_history_entry(s, current) for s in shown]
+    from pipeline.read.versions import snapshot_versions
+
+    numbers = {s.snapshot_id: n for n, s in snapshot_versions(loaded).items()}
+    rows = [{"version": numbers.get(s.snapshot_id), **_history_entry(s, current)}
+            for s in shown]
     if args.json:
         print_json({"table": identifier, "stream": stream,
                     "current_snapshot_id": current.snapshot_id if current else None,
@@ -264,16 +268,17 @@ def run_history(args: argparse.Namespace) -> int:
         return 0
     print(f"snapshots {len(snapshots)}, current {current.snapshot_id if current else '-'}")
     print()
-    print(table(["SNAPSHOT", "COMMITTED AT", "OPERATION", "SEQUENCE", "EPOCH", "+ROWS", "ROWS",
-                 "+FILES", "FILES"],
-                [[str(r["snapshot_id"]) + ("*" if r["current"] else ""), r["committed_at"],
+    print(table(["VERSION", "SNAPSHOT", "COMMITTED AT", "OPERATION", "SEQUENCE", "EPOCH",
+                 "+ROWS", "ROWS", "+FILES", "FILES"],
+                [[_opt(r["version"]), str(r["snapshot_id"]) + ("*" if r["current"] else ""),
+                  r["committed_at"],
                   r["operation"], _opt(r["sequence"]), _opt(r["epoch"]),
                   _count(r["added_rows"]), _count(r["total_rows"]), _count(r["added_files"]),
                   _count(r["total_files"])] for r in rows]))
     if len(snapshots) > len(shown):
         print(f"... {len(snapshots) - len(shown)} older (use --limit 0 to show all)")
-    print("* current snapshot. SEQUENCE, EPOCH: the manifest sequence and collector epoch "
-          "it recorded")
+    print("* current snapshot. VERSION: what `AT (VERSION => n)` in icefloe query and models "
+          "reads. SEQUENCE, EPOCH: the manifest sequence and collector epoch it recorded")
     return 0
 
 

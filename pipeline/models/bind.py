@@ -10,8 +10,9 @@ Every source table is pinned once per model run: the same snapshot in both varia
 every upstream view, so a run reads one consistent state. A ``view`` model upstream is not
 stored: its SQL is rewritten the same way and registered as a temp view per variant. A
 stored model upstream is read from its target table, as committed (it ran earlier in this
-run when it was selected). ``FOR VERSION|TIMESTAMP AS OF`` pins one reference to an older
-snapshot; such a reference is never filtered by a watermark.
+run when it was selected). ``AT (VERSION|TIMESTAMP => ...)`` or ``FOR VERSION|TIMESTAMP AS
+OF`` pins one reference to an older snapshot; such a reference is never filtered by a
+watermark.
 
 Temp views are per SparkSession and replaced on every model run: not thread-safe, one run
 at a time per session.
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 from icefloe.config import Config
 from pipeline.models.dag import Project, Resolver, references
 from pipeline.models.spec import Model, ModelError
-from pipeline.read.query import AsOf, pin, time_travel
+from pipeline.read.query import AsOf, QueryError, pin, point_at, spark_sql, time_travel
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -84,8 +85,6 @@ class Binder:
 
     def rewrite(self, model: Model, variant: str) -> str:
         """The model's SELECT in Spark SQL, reading only this run's temp views."""
-        from sqlglot import exp
-
         tree = model.tree.copy()
         for node in references(tree):
             ref = self.resolver.resolve(model, node)
@@ -99,13 +98,16 @@ class Binder:
                 view = source.full_view
                 if variant == NEW and source.new_view is not None:
                     view = source.new_view
-            node.replace(exp.to_table(view).as_(node.alias or node.name))
-        return tree.sql(dialect="spark")
+            point_at(node, view)
+        try:
+            return spark_sql(tree, model.dialect)
+        except QueryError as exc:
+            raise ModelError(f"model {model.name}: {exc}") from None
 
     def _model_view(self, model: Model, variant: str) -> str:
         key = (model.name, variant)
         if key not in self._views:
-            name = f"__model_{variant}_{model.name}"
+            name = f"__model_{variant}_{model.name.replace('.', '__')}"
             self.spark.sql(self.rewrite(model, variant)).createOrReplaceTempView(name)
             self._views[key] = name
         return self._views[key]

@@ -21,9 +21,19 @@ from typing import TYPE_CHECKING
 from icefloe.config import Config
 from icefloe.errors import CatalogError
 from pipeline.models.spec import Model, ModelError
-from pipeline.read.query import DEAD_LETTERS, QueryError, resolve_name
+from pipeline.read.query import (
+    DEAD_LETTERS,
+    QueryError,
+    check_clauses,
+    pin,
+    refuse_lost_meaning,
+    resolve_name,
+    spark_sql,
+    time_travel,
+)
 
 if TYPE_CHECKING:
+    from pyiceberg.table import Table
     from sqlglot import exp
 
 @dataclass(frozen=True)
@@ -66,6 +76,29 @@ def references(tree: exp.Expression) -> list[exp.Table]:
             if t.name and not (not t.db and t.name in ctes)]
 
 
+def travels(node: exp.Table) -> bool:
+    """Whether the reference has a time-travel clause (``AT (...)`` or ``FOR ... AS OF``)."""
+    return node.args.get("version") is not None or node.args.get("when") is not None
+
+
+def check_model_sql(model: Model) -> None:
+    """Refuse, before anything runs, a clause or construct the rewrite cannot honour
+    (see :func:`pipeline.read.query.check_clauses`), and a malformed time-travel clause."""
+    from sqlglot import exp
+
+    tree = model.tree.copy()
+    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    try:
+        refuse_lost_meaning(tree, model.dialect)
+        for node in tree.find_all(exp.Table):
+            if node.name:
+                check_clauses(node, ctes)
+                time_travel(node)
+        spark_sql(tree, model.dialect)
+    except QueryError as exc:
+        raise ModelError(f"model {model.name}: {exc}") from None
+
+
 class Resolver:
     """Turns one model's ``exp.Table`` nodes into :class:`Ref`\\ s."""
 
@@ -84,7 +117,7 @@ class Resolver:
             if other.name == model.name:
                 raise ModelError(f"model {model.name} reads itself ({qualified}); a model "
                                  "cannot depend on its own result")
-            if node.args.get("version") is not None and not other.stored:
+            if travels(node) and not other.stored:
                 raise ModelError(f"model {model.name}: {other.name} is a view; only stored "
                                  "tables have versions to travel to")
             return Ref("model", other.name)
@@ -104,6 +137,7 @@ def plan_project(models: Sequence[Model], config: Config) -> Project:
     resolver = Resolver(models, config)
     refs: dict[str, tuple[Ref, ...]] = {}
     for model in models:
+        check_model_sql(model)
         found = [resolver.resolve(model, node) for node in references(model.tree)]
         refs[model.name] = tuple(dict.fromkeys(found))
     order = topological_order({m: [r.name for r in rs if r.kind == "model"]
@@ -135,16 +169,27 @@ def topological_order(upstream: dict[str, list[str]]) -> list[str]:
 
 
 def check_tables(project: Project, config: Config) -> None:
-    """Every icefloe table a model reads exists in the catalog (model targets may not yet)."""
+    """Every icefloe table a model reads exists in the catalog (model targets may not yet),
+    and every version or time a reference travels to exists in its table."""
     from pipeline.read.iceberg_source import load_table
 
-    checked: set[str] = set()
+    loaded: dict[str, Table] = {}
     for name, refs in project.refs.items():
         for ref in refs:
-            if ref.kind != "table" or ref.name in checked:
+            if ref.kind != "table" or ref.name in loaded:
                 continue
             try:
-                load_table(config.catalog, ref.name)
+                loaded[ref.name] = load_table(config.catalog, ref.name)
             except CatalogError as exc:
                 raise ModelError(f"model {name}: {exc}") from None
-            checked.add(ref.name)
+    resolver = Resolver(project.models.values(), config)
+    for model in project.models.values():
+        for node in references(model.tree.copy()):
+            ref = resolver.resolve(model, node)
+            clause = time_travel(node)
+            if clause is None or ref.name not in loaded:
+                continue  # a stored model's table is checked when the run reads it
+            try:
+                pin(loaded[ref.name], ref.name, clause)
+            except (QueryError, CatalogError) as exc:
+                raise ModelError(f"model {model.name}: {exc}") from None

@@ -1,16 +1,25 @@
-"""One model file: ``models/NAME.sql`` = a header comment block + one read-only SELECT.
+"""One model file: ``models/NAME.sql`` or ``models/SCHEMA/NAME.sql`` = a header comment
+block + one read-only SELECT.
 
 Why a header comment and not a YAML side file: the file stays valid SQL that any editor,
 linter or ``icefloe query`` can run as is, and everything about a model sits in one place::
 
     -- materialized: merge          view | table | append | merge (default: view)
     -- unique_key: day, url         merge only: the columns an upsert matches on
-    -- target: mart.daily_traffic   default: models.<file stem>
+    -- target: mart.daily_traffic   default: models.<file stem>, or SCHEMA.<file stem>
     -- dialect: duckdb              spark (default), duckdb or postgres: transpiled to Spark
 
+OndatraSQL's directive spelling works too: ``-- @kind: merge`` is ``materialized: merge``,
+and every key may carry the ``@`` (``-- @unique_key: day``).
+
 Only leading ``--`` lines are the header. A ``key: value`` line with a key outside the list
-above is an error (a typo such as ``materialised`` must not silently fall back to ``view``);
-other comment lines are free text.
+above is an error (a typo such as ``materialised`` must not silently fall back to ``view``),
+and so is any ``-- @...`` line that is not a known directive (``-- @audit: ...``), in the
+header or below it; other comment lines are free text.
+
+A model in a subfolder takes its schema from the folder: ``models/staging/sessions.sql`` is
+the model ``staging.sessions`` writing the table ``staging.sessions`` (a ``target`` there
+must stay in that schema). Folders nest one level: the schema is one name.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ INCREMENTAL = ("append", "merge")
 DIALECTS = ("spark", "duckdb", "postgres")
 DEFAULT_NAMESPACE = "models"
 _KEYS = ("materialized", "unique_key", "target", "dialect", "description")
-_HEADER_LINE = re.compile(r"^--\s*([A-Za-z_]+)\s*:\s*(.*?)\s*$")
+_ALIASES = {"kind": "materialized"}  # OndatraSQL's name -> ours
+_HEADER_LINE = re.compile(r"^--\s*(@?)([A-Za-z_]+)\s*:\s*(.*?)\s*$")
+_DIRECTIVE = re.compile(r"^\s*--\s*@(\S*)")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -71,10 +82,11 @@ class Model:
 
 
 def load_models(folder: Path) -> list[Model]:
-    """Every ``*.sql`` file of ``folder``, sorted by name; two models may not share a target."""
+    """Every ``*.sql`` file of ``folder`` and its schema subfolders, sorted by path; two
+    models may not share a target."""
     if not folder.is_dir():
         raise ModelError(f"models folder {folder} does not exist (give --models DIR)")
-    models = [parse_model(path) for path in sorted(folder.glob("*.sql"))]
+    models = [parse_model(path, _schema_of(folder, path)) for path in _model_files(folder)]
     targets: dict[str, str] = {}
     for model in models:
         other = targets.setdefault(model.target, model.name)
@@ -83,33 +95,65 @@ def load_models(folder: Path) -> list[Model]:
     return models
 
 
-def parse_model(path: Path) -> Model:
-    """Read one model file; a bad header or SQL is a :class:`ModelError` naming the file."""
-    name = path.stem
-    if not _NAME.match(name):
-        raise ModelError(f"{path.name}: a model file name must be a SQL identifier "
+def _model_files(folder: Path) -> list[Path]:
+    """``*.sql`` files at the top and one folder down; hidden folders are skipped."""
+    found = []
+    for path in sorted(folder.rglob("*.sql")):
+        parts = path.relative_to(folder).parts
+        if any(part.startswith(".") for part in parts):
+            continue
+        if len(parts) > 2:
+            raise ModelError(f"{'/'.join(parts)}: models nest one folder deep "
+                             "(models/SCHEMA/NAME.sql)")
+        found.append(path)
+    return found
+
+
+def _schema_of(folder: Path, path: Path) -> str | None:
+    """The schema a subfolder gives its models (None at the top of the models folder)."""
+    parts = path.relative_to(folder).parts
+    if len(parts) == 1:
+        return None
+    if not _NAME.match(parts[0]):
+        raise ModelError(f"{'/'.join(parts)}: a models subfolder is a schema name and must "
+                         "be a SQL identifier (letters, digits, _)")
+    return parts[0]
+
+
+def parse_model(path: Path, schema: str | None = None) -> Model:
+    """Read one model file; a bad header or SQL is a :class:`ModelError` naming the file.
+
+    ``schema``: the subfolder the file is in, if any (see the module docstring)."""
+    label = f"{schema}/{path.name}" if schema else path.name
+    if not _NAME.match(path.stem):
+        raise ModelError(f"{label}: a model file name must be a SQL identifier "
                          "(letters, digits, _)")
+    name = f"{schema}.{path.stem}" if schema else path.stem
     header, body = _split_header(path.read_text(encoding="utf-8"))
-    settings = _settings(path, header)
+    _refuse_body_directives(label, body)
+    settings, spelled = _settings(label, header)
     materialized = settings.get("materialized", "view").lower()
     if materialized not in MATERIALIZATIONS:
-        raise ModelError(f"{path.name}: materialized must be one of "
-                         f"{', '.join(MATERIALIZATIONS)} (got {materialized!r})")
+        raise ModelError(f"{label}: {spelled.get('materialized', 'materialized')} must be one "
+                         f"of {', '.join(MATERIALIZATIONS)} (got {materialized!r})")
     dialect = settings.get("dialect", "spark").lower()
     if dialect not in DIALECTS:
-        raise ModelError(f"{path.name}: dialect must be one of {', '.join(DIALECTS)} "
+        raise ModelError(f"{label}: dialect must be one of {', '.join(DIALECTS)} "
                          f"(got {dialect!r})")
-    target = settings.get("target", f"{DEFAULT_NAMESPACE}.{name}")
+    target = settings.get("target", name if schema else f"{DEFAULT_NAMESPACE}.{name}")
     if len(target.split(".")) != 2 or not all(_NAME.match(p) for p in target.split(".")):
-        raise ModelError(f"{path.name}: target must be namespace.table (got {target!r})")
+        raise ModelError(f"{label}: target must be namespace.table (got {target!r})")
+    if schema and target.split(".")[0] != schema:
+        raise ModelError(f"{label}: target {target} is outside schema {schema!r}, which "
+                         f"the folder gives; move the file or write {schema}.<table>")
     key = tuple(k.strip() for k in settings.get("unique_key", "").split(",") if k.strip())
     if materialized == "merge" and not key:
-        raise ModelError(f"{path.name}: a merge model needs `-- unique_key: col[, col]`")
+        raise ModelError(f"{label}: a merge model needs `-- unique_key: col[, col]`")
     if key and materialized != "merge":
-        raise ModelError(f"{path.name}: unique_key only applies to materialized: merge")
+        raise ModelError(f"{label}: unique_key only applies to materialized: merge")
     return Model(name=name, path=path, materialized=materialized, target=target,
                  dialect=dialect, unique_key=key, sql=body,
-                 tree=parse_select(body, dialect, path.name),
+                 tree=parse_select(body, dialect, label),
                  description=settings.get("description", ""))
 
 
@@ -149,17 +193,41 @@ def _split_header(text: str) -> tuple[list[str], str]:
     return header, ""
 
 
-def _settings(path: Path, header: list[str]) -> dict[str, str]:
+def _settings(label: str, header: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``({key: value}, {key: as the file spelled it})``; unknown keys and directives fail."""
     settings: dict[str, str] = {}
+    spelled: dict[str, str] = {}
     for line in header:
         match = _HEADER_LINE.match(line)
         if match is None:
+            directive = _DIRECTIVE.match(line)
+            if directive is not None:
+                raise ModelError(f"{label}: directive `-- @{directive.group(1)}` is not "
+                                 f"understood: write `-- @key: value` ({_known()})")
             continue  # free-text comment
-        key = match.group(1).lower()
+        at, written = match.group(1), match.group(2).lower()
+        key = _ALIASES.get(written, written) if at else written
         if key not in _KEYS:
-            raise ModelError(f"{path.name}: unknown header key {key!r} (known: "
-                             f"{', '.join(_KEYS)})")
+            what = f"directive `-- @{written}`" if at else f"header key {written!r}"
+            raise ModelError(f"{label}: unknown {what} ({_known()})")
         if key in settings:
-            raise ModelError(f"{path.name}: header key {key!r} given twice")
-        settings[key] = match.group(2)
-    return settings
+            raise ModelError(f"{label}: header key {key!r} given twice "
+                             f"(as {spelled[key]!r} and {at + written!r})")
+        settings[key] = match.group(3)
+        spelled[key] = at + written
+    return settings, spelled
+
+
+def _known() -> str:
+    return ("known: " + ", ".join(_KEYS) + "; with @: @kind (= materialized), "
+            + ", ".join(f"@{k}" for k in _KEYS if k != "materialized"))
+
+
+def _refuse_body_directives(label: str, body: str) -> None:
+    """A ``-- @key: value`` line below the SQL's first line would be ignored: refuse it."""
+    for number, line in enumerate(body.splitlines(), start=1):
+        directive = _DIRECTIVE.match(line)
+        if directive is not None and _HEADER_LINE.match(line.strip()):
+            raise ModelError(f"{label}: directive `-- @{directive.group(1).rstrip(':')}` "
+                             f"below the SQL (line {number} of the query) is not read; "
+                             "directives go in the header, before the SQL")

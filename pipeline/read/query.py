@@ -8,10 +8,13 @@ reads that same snapshot, so a self-join or a ``count(*)`` next to a ``sum`` agr
 
 Names resolve in this order: ``namespace.table`` as written; a bare name that is a stream
 (``pageviews`` → its table); a bare name that is the table part of exactly one stream's
-table. ``FOR VERSION AS OF <snapshot id>`` or ``FOR TIMESTAMP AS OF '<time>'`` after a
-reference pins that one reference (it wins over ``--as-of``); the same table may then be
-read at two snapshots in one query (a before/after comparison). Only read-only queries run
-(``SELECT``, set operations, ``WITH``); anything else is refused before Spark starts.
+table. ``AT (VERSION => n)`` / ``AT (TIMESTAMP => t)`` (DuckLake's spelling) or
+``FOR VERSION|TIMESTAMP AS OF`` (Spark's) after a reference pins that one reference (it wins
+over ``--as-of``); ``n`` is a table version (:mod:`pipeline.read.versions`) or a snapshot id.
+The same table may then be read at two snapshots in one query (a before/after comparison).
+Only read-only queries run (``SELECT``, set operations, ``WITH``); anything else is refused
+before Spark starts, and so is any clause or construct the rewrite would drop or change
+(:func:`check_clauses`, :func:`spark_sql`): an error naming it beats a wrong answer.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from icefloe.config import Config
-from icefloe.errors import IcefloeError
+from icefloe.errors import CatalogError, IcefloeError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,10 +41,13 @@ class QueryError(IcefloeError):
 
 @dataclass(frozen=True)
 class AsOf:
-    """``--as-of``: a snapshot id, or a point in time (ms since the epoch)."""
+    """Where to read a table: a snapshot id (``--as-of``), a version (a reference's own
+    ``AT (VERSION => n)``: the table's snapshot sequence number or a snapshot id), or a
+    point in time (ms since the epoch)."""
 
     snapshot_id: int | None = None
     timestamp_ms: int | None = None
+    version: int | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> AsOf | None:
@@ -124,10 +130,12 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
 
     tree = parse(sql)
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
-    references = [t for t in tree.find_all(exp.Table)
-                  if t.name and not (not t.db and t.name in ctes)]
+    named = [t for t in tree.find_all(exp.Table) if t.name]
+    for ref in named:
+        check_clauses(ref, ctes)
+    references = [t for t in named if not (not t.db and t.name in ctes)]
     if not references:
-        return Plan(tree.sql(dialect="spark"), {}, {})
+        return Plan(spark_sql(tree), {}, {})
     views: dict[str, str] = {}
     snapshots: dict[str, int | None] = {}
     identifiers: dict[str, str] = {}
@@ -144,47 +152,170 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
         if key not in views:
             snapshots[key] = pin(loaded[identifier], identifier, clause or as_of)
             views[key] = f"__icefloe_{len(views)}_{identifier.replace('.', '_')}"
-        alias = ref.alias or ref.name
-        ref.replace(exp.to_table(views[key]).as_(alias))
-    return Plan(tree.sql(dialect="spark"), views, snapshots, identifiers)
+        point_at(ref, views[key])
+    return Plan(spark_sql(tree), views, snapshots, identifiers)
+
+
+def point_at(ref: exp.Table, view: str) -> None:
+    """Make ``ref`` read ``view`` in place, keeping its alias (the table name when it had
+    none, so ``orders.id`` still resolves), joins, sample and pivots as written."""
+    from sqlglot import exp
+
+    if not ref.alias:
+        ref.set("alias", exp.TableAlias(this=exp.to_identifier(ref.name)))
+    ref.set("this", exp.to_identifier(view))
+    ref.set("db", None)
+    ref.set("catalog", None)
+
+
+def spark_sql(tree: exp.Expression, dialect: str = "spark") -> str:
+    """The tree as Spark SQL; a construct Spark's dialect cannot express is an error naming
+    it, never silently left out (sqlglot would warn and drop it)."""
+    from sqlglot.errors import ErrorLevel, UnsupportedError
+
+    refuse_lost_meaning(tree, dialect)
+    try:
+        return tree.sql(dialect="spark", unsupported_level=ErrorLevel.RAISE)
+    except UnsupportedError as exc:
+        reason = " ".join(str(exc).split())[:300]
+        raise QueryError(f"cannot run this on Spark: {reason}") from None
+
+
+def refuse_lost_meaning(tree: exp.Expression, dialect: str = "spark") -> None:
+    """Constructs sqlglot turns into Spark SQL that means something else, without a warning:
+    ``FETCH ... WITH TIES`` / ``PERCENT`` become a plain ``LIMIT``, and an ``ORDER BY`` inside
+    an aggregate Spark cannot order (``array_agg(x ORDER BY y)``) is dropped."""
+    from sqlglot import exp
+
+    for fetch in tree.find_all(exp.Fetch):
+        options = fetch.args.get("limit_options")
+        for flag, words in (("with_ties", "WITH TIES"), ("percent", "PERCENT")):
+            if options is not None and options.args.get(flag):
+                raise QueryError(f"{fetch.sql(dialect=dialect)}: FETCH ... {words} has no "
+                                 "Spark equivalent (it would become a plain LIMIT)")
+    for order in tree.find_all(exp.Order):
+        call = order.parent
+        if isinstance(call, exp.AggFunc) and "ORDER BY" not in call.sql(dialect="spark"):
+            raise QueryError(f"{call.sql()}: Spark cannot order inside this "
+                             "aggregate (the ORDER BY would be dropped); sort the result "
+                             "instead, e.g. array_sort(collect_list(...))")
+
+
+# Arguments of a sqlglot ``Table`` node the rewrite keeps as written (Spark honours them on
+# the temp view just as on a table) or turns into a pinned snapshot. Any other argument (a
+# T-SQL hint, Snowflake's CHANGES, Postgres' ONLY, MySQL's PARTITION, ...) is refused: the
+# Spark SQL generated from the tree would drop it or mean something else.
+KEPT = frozenset({"this", "db", "catalog", "alias", "joins", "laterals", "pivots", "sample"})
+TIME_TRAVEL = frozenset({"version", "when"})
+_CLAUSE_NAMES = {"hints": "table hint", "changes": "CHANGES clause", "only": "ONLY",
+                 "partition": "PARTITION selection", "indexed": "INDEXED BY",
+                 "system_time": "FOR SYSTEM_TIME", "format": "FILE_FORMAT", "pattern": "PATTERN",
+                 "ordinality": "WITH ORDINALITY", "rows_from": "ROWS FROM"}
+
+
+def check_clauses(ref: exp.Table, ctes: set[str] | frozenset[str] = frozenset()) -> None:
+    """Refuse, naming it, any clause on a table reference the rewrite cannot honour."""
+    name = ".".join(p for p in (ref.catalog, ref.db, ref.name) if p) or "table function"
+    for key, value in ref.args.items():
+        if key in KEPT or key in TIME_TRAVEL or value in (None, False, []):
+            continue
+        label = _CLAUSE_NAMES.get(key, key.upper())
+        shown = _clause_text(key, value)
+        raise QueryError(f"{name}: {label}{' ' + shown if shown else ''} is not supported "
+                         "here (icefloe reads tables through Spark, which cannot honour it); "
+                         "remove it")
+    clauses = [key for key in TIME_TRAVEL if ref.args.get(key) is not None]
+    if len(clauses) > 1:
+        raise QueryError(f"{name}: two time-travel clauses on one table; keep one")
+    if clauses and not ref.db and ref.name in ctes:
+        raise QueryError(f"{ref.name!r} is a CTE: only tables have versions to travel to")
+
+
+def _clause_text(key: str, value: object) -> str:
+    """The clause as its dialect would write it, for the error message."""
+    from sqlglot import exp
+
+    if isinstance(value, list):
+        return " ".join(_clause_text(key, v) for v in value)
+    if key == "hints" and isinstance(value, exp.Expression):
+        return f"WITH ({', '.join(e.sql() for e in value.expressions)})"
+    if isinstance(value, exp.Expression):
+        return value.sql()
+    return ""
 
 
 def time_travel(ref: exp.Table) -> AsOf | None:
-    """The reference's ``FOR VERSION|TIMESTAMP AS OF`` clause as an :class:`AsOf`, removed
-    from the tree (Spark reads a temp view, which has no versions of its own)."""
+    """The reference's time-travel clause as an :class:`AsOf`, removed from the tree (Spark
+    reads a temp view, which has no versions of its own).
+
+    Two spellings mean the same: DuckLake's ``AT (VERSION => n)`` / ``AT (TIMESTAMP => t)``
+    and Spark's ``FOR VERSION AS OF n`` / ``FOR TIMESTAMP AS OF t``. ``n`` is the table's
+    version (its snapshot sequence number, as ``icefloe tables history`` shows) or a
+    snapshot id; ``t`` a quoted ISO 8601 time, UTC unless it says otherwise.
+    """
     from sqlglot import exp
 
-    version = ref.args.get("version")
-    if version is None:
+    check_clauses(ref)
+    version, when = ref.args.get("version"), ref.args.get("when")
+    if version is None and when is None:
         return None
     ref.set("version", None)
+    ref.set("when", None)
+    if when is not None:
+        kind = str(when.args.get("kind", "")).upper()
+        where = f"{ref.sql(dialect='spark')} {when.sql(dialect='spark')}"
+        if str(when.this).upper() != "AT" or kind not in ("VERSION", "TIMESTAMP"):
+            raise QueryError(f"{where}: not supported; write AT (VERSION => n) or "
+                             "AT (TIMESTAMP => '<ISO 8601 time>')")
+        return _travel_to(kind, when.expression, where)
     kind = str(version.this).upper()
     value = version.expression
     where = f"{ref.sql(dialect='spark')} FOR {kind} {version.text('kind')}"
     if str(version.args.get("kind", "")).upper() != "AS OF" or not isinstance(value,
                                                                              exp.Literal):
-        raise QueryError(f"{where}: write FOR VERSION AS OF <snapshot id> or FOR TIMESTAMP "
+        raise QueryError(f"{where}: write FOR VERSION AS OF <version> or FOR TIMESTAMP "
                          "AS OF '<ISO 8601 time>'")
+    return _travel_to(kind, value, f"{where} {value.sql(dialect='spark')}")
+
+
+def _travel_to(kind: str, value: exp.Expression, where: str) -> AsOf:
+    """``VERSION``/``TIMESTAMP`` and its value as an :class:`AsOf`; ``where`` names the clause."""
+    from sqlglot import exp
+
+    if isinstance(value, exp.Cast) and kind == "TIMESTAMP" and value.to.is_type(
+            *exp.DataType.TEMPORAL_TYPES):
+        value = value.this  # TIMESTAMP '2026-11-23 17:00:00'
+    if not isinstance(value, exp.Literal):
+        raise QueryError(f"{where}: give a literal {kind.lower()}, such as "
+                         + ("3 (see `icefloe tables history`)" if kind == "VERSION" else
+                            "'2026-11-23T17:00:00Z'"))
     text = value.this.strip()
     if kind == "VERSION":
-        if not text.isdigit():
-            raise QueryError(f"{where} {text!r}: a version is a snapshot id (digits, see "
-                             "`icefloe tables history`)")
-        return AsOf(snapshot_id=int(text))
-    if text.isdigit():
-        raise QueryError(f"{where} {text}: a timestamp is quoted ISO 8601, such as "
+        if value.is_string or not text.isdigit():
+            raise QueryError(f"{where}: a version is a number: the table's version (1, 2, "
+                             "3 ...) or a snapshot id, see `icefloe tables history`")
+        return AsOf(version=int(text))
+    if not value.is_string:
+        raise QueryError(f"{where}: a timestamp is quoted ISO 8601, such as "
                          "'2026-11-23T17:00:00Z'")
     try:
         return AsOf.parse(text)
     except QueryError:
-        raise QueryError(f"{where} {text!r}: not an ISO 8601 time (such as "
+        raise QueryError(f"{where}: not an ISO 8601 time (such as "
                          "'2026-11-23T17:00:00Z')") from None
 
 
 def pin(table: Table, identifier: str, as_of: AsOf | None) -> int | None:
-    """The snapshot to read: current, the given id, or the one current at the given time."""
+    """The snapshot to read: current, the given id or version, or the one current at the
+    given time."""
     from pipeline.read.iceberg_source import resolve_snapshot
+    from pipeline.read.versions import resolve_version
 
+    if as_of is not None and as_of.version is not None:
+        try:
+            return resolve_version(table, identifier, as_of.version)
+        except CatalogError as exc:
+            raise QueryError(str(exc)) from None
     if as_of is None or as_of.snapshot_id is not None:
         return resolve_snapshot(table, identifier, as_of.snapshot_id if as_of else None)
     assert as_of.timestamp_ms is not None

@@ -290,14 +290,14 @@ def test_should_show_a_tables_snapshots_newest_first(filled, capsys):
     lines = out.splitlines()
     assert lines[0] == "table     web.clicks  (stream clicks)"
     assert lines[1] == f"snapshots 2, current {newest.snapshot_id}"
-    assert lines[3].split() == ["SNAPSHOT", "COMMITTED", "AT", "OPERATION", "SEQUENCE", "EPOCH",
-                                "+ROWS", "ROWS", "+FILES", "FILES"]
+    assert lines[3].split() == ["VERSION", "SNAPSHOT", "COMMITTED", "AT", "OPERATION",
+                                "SEQUENCE", "EPOCH", "+ROWS", "ROWS", "+FILES", "FILES"]
     first = lines[4].split()
-    assert first[0] == f"{newest.snapshot_id}*"
-    assert first[4:] == ["append", "1", "1", "20", "50", "1", "2"]
+    assert first[:2] == ["2", f"{newest.snapshot_id}*"]
+    assert first[5:] == ["append", "1", "1", "20", "50", "1", "2"]
     second = lines[5].split()
-    assert second[0] == str(newest.parent_snapshot_id)
-    assert second[4:] == ["append", "0", "1", "30", "30", "1", "1"]
+    assert second[:2] == ["1", str(newest.parent_snapshot_id)]
+    assert second[5:] == ["append", "0", "1", "30", "30", "1", "1"]
 
 
 def test_should_show_history_as_json_with_a_limit(filled, capsys):
@@ -312,6 +312,7 @@ def test_should_show_history_as_json_with_a_limit(filled, capsys):
     (entry,) = data["snapshots"]
     assert entry["snapshot_id"] == newest.snapshot_id
     assert entry["current"] is True
+    assert entry["version"] == 2
     assert entry["operation"] == "append"
     assert (entry["sequence"], entry["epoch"]) == (1, 1)
     assert (entry["added_rows"], entry["total_rows"]) == (20, 50)

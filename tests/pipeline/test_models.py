@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -413,9 +414,9 @@ def test_should_travel_in_time_in_models_and_queries(spark: Any, lake: Config,
 
 
 def test_should_refuse_time_travel_to_nowhere(lake: Config) -> None:
-    with pytest.raises(QueryError, match="a version is a snapshot id"):
+    with pytest.raises(QueryError, match="a version is a number"):
         plan("SELECT * FROM web.pageviews FOR VERSION AS OF 'x'", lake)
-    with pytest.raises(Exception, match="has no snapshot 42"):
+    with pytest.raises(QueryError, match="has no version 42: its only version is 1"):
         plan("SELECT * FROM web.pageviews FOR VERSION AS OF 42", lake)
     with pytest.raises(QueryError, match="had no snapshot at 2000"):
         plan("SELECT * FROM pageviews FOR TIMESTAMP AS OF '2000-01-01T00:00:00Z'", lake,
@@ -482,3 +483,119 @@ def test_should_recompute_in_full_after_a_dead_letter_redrive(spark: Any, lake: 
     urls = [r["url"] for r in target_rows(lake, "mart.views", ("_sequence", "url"))]
     assert sorted(urls) == sorted(["/A", "/a", "/b", "/a", "/redriven", "/later"])
     assert run_models(spark, project, lake)[0].state == "up to date"
+
+
+# ------------------------------------------- OndatraSQL directives, schema subfolders (#26)
+
+
+def test_should_read_ondatrasql_directives(tmp_path: Path) -> None:
+    model = parse_model(write_model(tmp_path, "daily", "-- @kind: merge\n"
+                                    "-- @unique_key: day\n-- @description: per day\n"
+                                    "SELECT day FROM web.pageviews"))
+    assert (model.materialized, model.unique_key, model.description) == ("merge", ("day",),
+                                                                         "per day")
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    ("-- @audit: SELECT 1 WHERE false", "unknown directive `-- @audit`"),
+    ("-- @kind: events", "@kind must be one of view, table, append, merge (got 'events')"),
+    ("-- @kind merge", "directive `-- @kind` is not understood"),
+    ("-- @kind: table\n-- materialized: view", "given twice"),
+    ("-- @unique_key: day", "unique_key only applies to materialized: merge"),
+])
+def test_should_refuse_a_directive_it_does_not_understand(tmp_path: Path, header: str,
+                                                          message: str) -> None:
+    with pytest.raises(ModelError, match=re.escape(message)):
+        parse_model(write_model(tmp_path, "bad", f"{header}\nSELECT 1 AS a"))
+
+
+def test_should_refuse_a_directive_below_the_sql(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="directive `-- @kind` below the SQL"):
+        parse_model(write_model(tmp_path, "late", "SELECT 1 AS a\n-- @kind: table\n"))
+
+
+def test_should_take_the_schema_from_the_subfolder(tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder / "staging", "sessions", "-- @kind: view\nSELECT url FROM pageviews")
+    write_model(folder / "mart", "daily", "-- @kind: table\nSELECT count(*) AS n "
+                "FROM staging.sessions")
+    write_model(folder, "top", "SELECT 1 AS x")
+    models = {m.name: m for m in load_models(folder)}
+    assert {n: m.target for n, m in models.items()} == {
+        "mart.daily": "mart.daily", "staging.sessions": "staging.sessions",
+        "top": "models.top"}
+    project = plan_project(list(models.values()), lake_config(tmp_path))
+    assert list(project.models) == ["staging.sessions", "mart.daily", "top"]
+    assert project.upstream("mart.daily") == ["staging.sessions"]
+
+
+@pytest.mark.parametrize(("files", "message"), [
+    ({"staging/sessions.sql": "SELECT 1 AS a",
+      "sessions.sql": "-- target: staging.sessions\nSELECT 1 AS a"},
+     "models 'sessions' and 'staging.sessions' both write staging.sessions"),
+    ({"staging/sessions.sql": "-- target: mart.sessions\nSELECT 1 AS a"},
+     "staging/sessions.sql: target mart.sessions is outside schema 'staging'"),
+    ({"a/b/c.sql": "SELECT 1 AS a"}, "a/b/c.sql: models nest one folder deep"),
+    ({"my-schema/c.sql": "SELECT 1 AS a"}, "subfolder is a schema name"),
+])
+def test_should_refuse_subfolder_clashes(tmp_path: Path, files: dict[str, str], message: str
+                                         ) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ModelError, match=re.escape(message)):
+        load_models(tmp_path)
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT * FROM web.pageviews WITH (NOLOCK)", "table hint WITH (NOLOCK)"),
+    ("SELECT * FROM web.pageviews AT (OFFSET => -1)", "AT (OFFSET => -1)"),
+    ("SELECT * FROM web.pageviews AT (VERSION => 9)",
+     "table 'web.pageviews' has no version 9: its only version is 1"),
+    ("SELECT * FROM web.pageviews AT (TIMESTAMP => '2000-01-01')", "had no snapshot at 2000"),
+    ("SELECT array_agg(url ORDER BY ts) AS a FROM web.pageviews", "Spark cannot order"),
+    ("SELECT url FROM web.pageviews FOR UPDATE", "FOR UPDATE/SHARE"),
+])
+def test_should_refuse_what_a_model_cannot_honour_before_running(lake: Config, tmp_path: Path,
+                                                                 sql: str, message: str
+                                                                 ) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "m", f"-- @kind: table\n{sql}")
+    with pytest.raises(ModelError, match=f"model m: .*{re.escape(message)}"):
+        prepare(folder, lake)
+
+
+def test_should_run_subfolder_models_with_directives_and_versions(spark: Any, lake: Config,
+                                                                  tmp_path: Path) -> None:
+    pageviews(lake, [(2, 0, "/a", 4)])
+    folder = tmp_path / "models"
+    write_model(folder / "staging", "sessions", "-- @kind: view\n"
+                "SELECT CAST(ts AS DATE) AS day, url, _sequence FROM pageviews")
+    write_model(folder / "mart", "daily", "-- @kind: merge\n-- @unique_key: day\n"
+                "SELECT day, count(*) AS views FROM staging.sessions GROUP BY day")
+    write_model(folder / "mart", "first", "-- @kind: table\n"
+                "SELECT count(*) AS n FROM web.pageviews AT (VERSION => 1)")
+    outcomes = run_models(spark, prepare(folder, lake), lake)
+    assert states(outcomes) == {"staging.sessions": "view", "mart.daily": "ran",
+                                "mart.first": "ran"}
+    assert [(r["day"], r["views"]) for r in target_rows(lake, "mart.daily", ("day",))] == [
+        (DAY.date(), 4), ((DAY + dt.timedelta(days=1)).date(), 1)]
+    assert target_rows(lake, "mart.first", ("n",)) == [{"n": 4}]
+
+
+def test_should_fail_models_run_in_one_line_before_spark(lake: Config, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    from icefloe_app.cli import main
+
+    del lake
+    folder = tmp_path / "models"
+    write_model(folder / "mart", "old", "-- @kind: table\n"
+                "SELECT count(*) AS n FROM web.pageviews AT (VERSION => 9)")
+    code = main(["models", "run", "--models", str(folder), "--config", str(EXAMPLE_CONFIG),
+                 "--data-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.count("\n") == 0
+    assert "model mart.old: table 'web.pageviews' has no version 9" in err
+    assert "starting Spark" not in err
