@@ -330,7 +330,7 @@ async def test_should_not_ack_a_batch_its_group_refused_when_the_append_answer_i
     files = tmp_path / "store" / "batches"
 
     async def hold_the_first_append() -> None:  # until Z's file is written and queued
-        while len(list(files.glob("*.ifb"))) < 3:
+        while len(list(files.rglob("*.ifb"))) < 3:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.3)
 
@@ -347,10 +347,10 @@ async def test_should_not_ack_a_batch_its_group_refused_when_the_append_answer_i
     runtime = await IngestorRuntime.start(config, store=store, probe=False)
     try:
         x = asyncio.create_task(ingest(runtime, 3, 0))
-        while not any(files.glob("*.ifb")):
+        while not any(files.rglob("*.ifb")):
             await asyncio.sleep(0.01)
         y = asyncio.create_task(ingest(runtime, 2, 10))
-        while len(list(files.glob("*.ifb"))) < 2:
+        while len(list(files.rglob("*.ifb"))) < 2:
             await asyncio.sleep(0.01)
         z = asyncio.create_task(ingest(runtime, 1, 20))
         assert await x == 3
