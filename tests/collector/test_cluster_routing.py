@@ -88,7 +88,7 @@ async def drain_all(collector: Any) -> list[int]:
     runs = []
     while (result := await collector.run_once()).entries:
         runs.append(result.entries)
-    manifest = await collector.consumer.snapshot()
+    manifest = (await collector.consumer.snapshot())[0]
     assert manifest.consumer.acked_through == manifest.next_sequence - 1
     return runs
 

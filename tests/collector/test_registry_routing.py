@@ -118,7 +118,7 @@ async def test_should_not_route_an_entry_from_an_unknown_registry_version(config
         await collector.run_once()
     # nothing was acknowledged: the entry is still there for when the registry is back
     pending = await collector.consumer.read(max_entries=10)
-    assert [e.registry_version for e in pending] == [7]
+    assert [e.entry.registry_version for e in pending] == [7]
     await collector.store.close()
 
 

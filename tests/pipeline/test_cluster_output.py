@@ -272,7 +272,8 @@ async def test_a_fenced_commit_is_refused_and_its_files_are_deleted(config, engi
 async def test_an_unknown_add_files_outcome_keeps_files_that_landed(config, engine):
     publish_sync(config, [[click(i) for i in range(10)]])
     collector = await start(config, engine)
-    spec = run_spec(config, await collector.consumer.read(), partitions=2)
+    spec = run_spec(config, [e.entry for e in await collector.consumer.read()],
+                    partitions=2)
     output = await asyncio.to_thread(engine.run, spec)
     keys = output.keys["clicks"]
     plan = plan_write(collector.catalog, "web.clicks", "clicks", keys, keys, sequence=0,
