@@ -54,7 +54,7 @@ from icefloe.errors import (
     RegistryBehindError,
     TableFencedError,
 )
-from icefloe.manifest.model import Entry
+from icefloe.manifest.model import Entry, Manifest
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
 from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
@@ -186,7 +186,7 @@ class Collector(RunCommits):
         """Fence every icefloe table (once per epoch), then create or evolve every sink's
         table and the dead-letter table; rebuild dedup (blocking: call in a thread)."""
         self.fence_tables()
-        shards = self._await(self.consumer.snapshot())
+        shards = self._await(self._snapshots())
         oldest = [waiting[0].ingested_at for m in shards.values()
                   if (waiting := m.entries_from(m.consumer.acked_through + 1))]
         self._hold_s = self._oldest_waiting_s(min(oldest, default=None))
@@ -322,7 +322,7 @@ class Collector(RunCommits):
         at the wrong store: every new entry would look like a replay of what the table
         already holds and be acknowledged without being committed — silent loss.
         """
-        shards = await self.consumer.snapshot()
+        shards = await self._snapshots()
         staged = {t: {0: s.through_sequence} for t, s in self.staging.states.items()}
         for table, sequences in [*self.table_sequences.items(), *staged.items()]:
             for shard, sequence in sequences.items():
@@ -335,6 +335,13 @@ class Collector(RunCommits):
                         "the manifest was reset or this collector points at the wrong "
                         "store. Refusing to start, because new entries would be skipped as "
                         "already committed.")
+
+    async def _snapshots(self) -> dict[int, Manifest]:
+        """Every shard as it is now, one after the other: unlike the consumer's concurrent
+        :meth:`~ShardedConsumer.snapshot`, this also runs under a ``block_on`` that steps
+        the coroutine on one thread (:func:`collector.hops.drive`)."""
+        count = await self.consumer.refresh_count()
+        return {n: await self.consumer.shard(n).snapshot() for n in range(count)}
 
     # -- one run ---------------------------------------------------------------------------
 

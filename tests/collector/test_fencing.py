@@ -254,7 +254,7 @@ async def test_an_old_commit_racing_the_fence_lands_before_it_or_not_at_all(
 
     publish_sync(config, [[click(i) for i in range(5)]])
     old = await start(config, LocalEngine())
-    output = LocalEngine().run(run_spec(config, await old.consumer.read()))
+    output = LocalEngine().run(run_spec(config, [e.entry for e in await old.consumer.read()]))
     catalog = open_catalog(config.catalog)
     races = [lambda: commit_rows(catalog, "web.clicks", output.tables["clicks"], sequence=0,
                                  epoch=old.epoch or 0)]

@@ -321,6 +321,30 @@ def test_should_refuse_the_ingestor_deletes_and_the_warehouse(world: World,
     assert batch in world.data_keys("ingest/batches/")
 
 
+def test_should_let_ingestor_and_collector_use_every_manifest_shard(
+        world: World, ingested: dict[str, Any]) -> None:
+    """Shard k of the manifest is ``<key>-shard<k>`` and the count is ``<key>.shards``:
+    both roles read and rewrite them (the collector fences and acks every shard; either
+    grows the count at start), the admin only reads them, and nobody deletes them. Batch
+    files land under ``batches/<xx>/``."""
+    control = world.bucket("control_bucket_name")
+    for role in ("ingestor", "collector"):
+        s3 = world.client(role)
+        for key in ("ingest/manifest/queue-shard7", "ingest/manifest/queue.shards"):
+            s3.put_object(Bucket=control, Key=key, Body=role.encode())
+            assert s3.get_object(Bucket=control, Key=key)["Body"].read() == role.encode()
+            assert denied(s3.delete_object, Bucket=control, Key=key)
+    admin = world.client("admin")
+    assert admin.get_object(Bucket=control, Key="ingest/manifest/queue-shard7")
+    assert denied(admin.put_object, Bucket=control, Key="ingest/manifest/queue.shards",
+                  Body=b"x")
+    assert denied(world.client("ingestor").put_object, Bucket=control,
+                  Key="ingest/manifest/other", Body=b"x")
+    batches = world.data_keys("ingest/batches/")
+    assert all(re.fullmatch(r"ingest/batches/[0-9a-f]{2}/[0-9A-Z]{26}\.ifb", k)
+               for k in batches), batches
+
+
 def test_should_start_the_admin_with_its_role_and_create_a_stream(
         world: World, administered: dict[str, Any]) -> None:
     assert any(s["id"] == "signups" for s in administered["sources"])
