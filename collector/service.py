@@ -416,6 +416,11 @@ class Collector(RunCommits):
         embedded = getattr(self.engine, "run_embedded", None)
         if embedded is None:  # an embedded engine routes any run
             return entries, self.engine.run
+        if self.consumer.shard_count > 1:
+            # The store grew past one shard under a cluster-output collector (its config
+            # still says 1; the next start is refused): the embedded path records shards.
+            self.metrics.embedded_runs.labels("shards").inc()
+            return entries, embedded
         taken = cut_by_routing(self.routes, entries)
         if len(taken) < len(entries):
             log.info("cluster run cut at sequence %d: routing changes at registry version "

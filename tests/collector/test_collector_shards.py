@@ -263,3 +263,26 @@ async def test_the_dedup_window_is_rebuilt_from_every_shard_after_a_restart(conf
         await second.store.close()
     assert_exact(config, "web.clicks", {"z0", "n5"} | {f"{p}{i}" for p in "ab"
                                                        for i in range(3)})
+
+
+async def test_a_store_grown_under_a_cluster_output_collector_runs_embedded(tmp_path, spark):
+    """The cluster path writes shard-0 files only: when the store grows past one shard
+    while a cluster-output collector runs, its runs take the embedded path (which records
+    shards) instead of writing other shards' rows as if they were shard 0's."""
+    from pipeline.load.run import SparkClusterEngine
+
+    config = collector_config(tmp_path, dequeue_every=1, output="cluster")
+    await publish_on(config, 0, [clicks("a", 3)])
+    collector = await start(config, SparkClusterEngine(spark, 2))
+    try:
+        await drain(collector)
+        await publish_on(config, 1, [clicks("b", 3)])
+        await publish_on(config, 0, [clicks("c", 3)])
+        await drain(collector)
+        fallbacks = collector.metrics.embedded_runs.labels("shards")._value.get()
+    finally:
+        await collector.store.close()
+    assert fallbacks == 1
+    assert_exact(config, "web.clicks", {f"{p}{i}" for p in "abc" for i in range(3)})
+    where = shard_of(config, "web.clicks")
+    assert (where["a0"], where["b0"], where["c0"]) == ((0, 0), (1, 0), (0, 1))
