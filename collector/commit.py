@@ -37,9 +37,9 @@ from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.clock import Clock
-from icefloe.errors import RoutingUnsupportedError
-from icefloe.manifest.consumer import ManifestConsumer
+from icefloe.errors import ConfigError, RoutingUnsupportedError
 from icefloe.manifest.model import Entry
+from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState
 from pipeline.columns import DEAD_LETTER_TABLE
@@ -70,6 +70,14 @@ class RunResult:
     replayed: int = 0
     dead_letters: int = 0
     seconds: float = 0.0
+    through: dict[int, int] = field(default_factory=dict)
+    """The run's last sequence per manifest shard: what its commits record and its ack
+    acknowledges. ``first_sequence``/``last_sequence`` are run positions (logs only)."""
+
+    @property
+    def sequences(self) -> dict[int, int]:
+        """:attr:`through`, or shard 0's ``last_sequence`` for a run built without it."""
+        return self.through or {0: self.last_sequence}
 
 
 class RunCommits:
@@ -82,7 +90,7 @@ class RunCommits:
     """
 
     catalog: Catalog
-    consumer: ManifestConsumer
+    consumer: ShardedConsumer
     metrics: CollectorMetrics
     clock: Clock
     hook: Hook
@@ -90,7 +98,7 @@ class RunCommits:
     routes: Routes
     staging: StagingArea
     windows: dict[str, DedupWindow]
-    table_sequences: dict[str, int]
+    table_sequences: dict[str, dict[int, int]]
     epoch: int | None
 
     def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
@@ -103,7 +111,7 @@ class RunCommits:
         if isinstance(output, ClusterRunOutput):
             self._commit_cluster(output, result, versions)
             return
-        sequence = result.last_sequence
+        sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
         for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
             if self.is_staged(target):
@@ -117,7 +125,7 @@ class RunCommits:
             append = WriteThenAdd(target.source.id)
             try:
                 outcome = self._commit(table, without_source(fresh), sequence, append=append,
-                                       props=sources_props(fresh))
+                                       props=sources_props(fresh), sequences=sequences)
             finally:
                 append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
             window.remember(fresh)
@@ -128,7 +136,8 @@ class RunCommits:
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:
-            outcome = self._commit(DEAD_LETTER_TABLE, dead, sequence)
+            outcome = self._commit(DEAD_LETTER_TABLE, dead, sequence,
+                                   sequences=result.sequences)
             result.dead_letters = outcome.rows
             for reason in dead.column("reason").to_pylist()[: outcome.rows]:
                 self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
@@ -210,10 +219,13 @@ class RunCommits:
 
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
                 append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None,
-                props: dict[str, str] | None = None) -> CommitResult:
+                props: dict[str, str] | None = None,
+                sequences: dict[int, int] | None = None) -> CommitResult:
+        """Commit ``rows``; ``sequences`` (per shard) supersedes ``sequence`` (shard 0)."""
         assert self.epoch is not None
         outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch,
-                              append=append, props=props, clock=self.consumer.store_clock)
+                              append=append, props=props, clock=self.consumer.store_clock,
+                              sequences=sequences)
         if outcome.attempts > 1:
             self.metrics.commit_failed.labels(table).inc(outcome.attempts - 1)
         self.metrics.commit_seconds.labels(table).observe(outcome.seconds)
@@ -222,8 +234,10 @@ class RunCommits:
         self.metrics.bytes.labels(table).inc(size if outcome.rows else 0)
         self.metrics.replayed.labels(table).inc(outcome.replayed)
         self.metrics.committed_sequence.labels(table).set(outcome.sequence)
-        self.table_sequences[table] = max(self.table_sequences.get(table, -1),
-                                          outcome.sequence)
+        known = self.table_sequences.setdefault(table, {})
+        for shard, seq in outcome.sequences or ((0, outcome.sequence),):
+            if seq >= 0:
+                known[shard] = max(known.get(shard, -1), seq)
         self.metrics.last_commit.set(self.clock.time())
         log.info("commit %s rows=%d replayed=%d sequence=%d epoch=%d %.3fs attempts=%d",
                  table, outcome.rows, outcome.replayed, outcome.sequence, self.epoch,
@@ -237,7 +251,7 @@ class RunCommits:
         self.hook("before_dequeue")
         removed = await self.consumer.dequeue()
         self._runs_since_dequeue = 0
-        return removed
+        return sum(removed.values())
 
     # -- sinks with import conditions: staged, committed when a condition holds ----------
 
@@ -250,8 +264,14 @@ class RunCommits:
     def _stage(self, target: Target, rows: pa.Table, result: RunResult) -> None:
         assert self.epoch is not None
         table = target.table
+        if self.consumer.shard_count > 1:
+            raise ConfigError(
+                f"sink {target.sink.name!r} has import conditions, which stage rows by one "
+                f"manifest sequence; manifest.shards = {self.consumer.shard_count} on the "
+                "store: remove the sink's import conditions or keep manifest.shards = 1")
         staged = self.block_on(self.staging.stage(
-            table, rows, committed=self.table_sequences.get(table, -1), epoch=self.epoch,
+            table, rows, committed=self.table_sequences.get(table, {}).get(0, -1),
+            epoch=self.epoch,
             run_last=result.last_sequence))
         result.staged[table] = staged.rows
         result.replayed += staged.skipped

@@ -39,11 +39,15 @@ from icefloe.clock import SYSTEM, Clock
 from pipeline.iceberg.commit import (
     NO_SEQUENCE,
     SEQUENCE_PROP,
+    SEQUENCES_PROP,
+    SHARD_BITS,
     SOURCES_PROP,
     SourceRun,
     committed_at_ms,
+    decode_sequences,
     decode_sources,
     encode_sources,
+    position,
 )
 
 log = logging.getLogger("icefloe.collector")
@@ -55,6 +59,7 @@ ANY_SOURCE = "*"
 as seen for every source, as the per-table window of those versions did."""
 
 _EMPTY: frozenset[str] = frozenset()
+_LOCAL = (1 << SHARD_BITS) - 1
 
 
 @dataclass(slots=True)
@@ -71,9 +76,11 @@ class _Chunk:
 class _Mark:
     """One commit the rebuild replays: its sequence, time and source runs (None: legacy)."""
 
-    sequence: int
+    sequences: dict[int, int]
+    """Committed sequence per shard after this commit."""
     committed_ms: int
     runs: list[SourceRun] | None
+    """Source runs over run positions (shard << SHARD_BITS | sequence)."""
 
 
 def with_source(rows: pa.Table, source: str) -> pa.Table:
@@ -367,40 +374,49 @@ class DedupWindow:
             table, int((self.edge_s(now) - self.window_s) * 1000))
         if not marks:
             return
-        low = floor + 1
-        if marks[0].runs:  # the oldest mark knows the lowest sequence it added
-            low = max(low, min(first for _, first, _ in marks[0].runs))
-        rows = table.scan(row_filter=GreaterThanOrEqual("_sequence", low),
-                          selected_fields=("_event_id", "_sequence")).to_arrow()
-        rows = rows.sort_by("_sequence")
-        sequences = rows.column("_sequence").to_numpy()
-        ids = rows.column("_event_id").to_pylist()
+        previous = dict(floor)  # per shard: the sequence below the replayed commits
+        firsts: dict[int, int] = {}
+        for _, first, _ in marks[0].runs or ():  # the oldest mark's lowest added sequence
+            shard, local = first >> SHARD_BITS, first & _LOCAL
+            firsts[shard] = min(firsts.get(shard, local), local)
+        for shard, local in firsts.items():
+            previous[shard] = max(previous.get(shard, NO_SEQUENCE), local - 1)
+        shards = {shard for mark in marks for shard in mark.sequences}
+        lowest = min(previous.get(shard, NO_SEQUENCE) for shard in shards) if shards \
+            else NO_SEQUENCE
+        positions, ids = _positions(table, lowest + 1)
 
         def between(first: int, last: int) -> list[str]:
-            begin = int(np.searchsorted(sequences, first, side="left"))
-            end = int(np.searchsorted(sequences, last, side="right"))
+            begin = int(np.searchsorted(positions, first, side="left"))
+            end = int(np.searchsorted(positions, last, side="right"))
             return ids[begin:end]
 
-        previous = low - 1
-        for mark in marks:  # oldest commit first
-            runs = mark.runs or [(ANY_SOURCE, previous + 1, mark.sequence)]
-            for source, first, last in runs:
-                part = between(max(first, previous + 1), min(last, mark.sequence))
-                if part:
-                    self._append(source, part, mark.committed_ms)
-            previous = max(previous, mark.sequence)
-        rest = between(previous + 1, int(sequences[-1]) if len(sequences) else previous)
+        for mark in marks:  # oldest commit first; per shard, what it added
+            for shard, through in sorted(mark.sequences.items()):
+                start = position(shard, previous.get(shard, NO_SEQUENCE) + 1)
+                end = position(shard, through) if through >= 0 else start - 1
+                runs = mark.runs or [(ANY_SOURCE, start, end)]
+                for source, first, last in runs:
+                    part = between(max(first, start), min(last, end))
+                    if part:
+                        self._append(source, part, mark.committed_ms)
+                previous[shard] = max(previous.get(shard, NO_SEQUENCE), through)
+        rest = [i for p, i in zip(positions.tolist(), ids, strict=True)
+                if p >> SHARD_BITS in shards
+                and (p & _LOCAL) > previous.get(p >> SHARD_BITS, NO_SEQUENCE)]
         if rest:  # rows beyond the last mark (should not happen): keep them
             self._append(ANY_SOURCE, rest, int(now * 1000))
         if capped_ms is not None:
             self.cut_ms = max(self.cut_ms or capped_ms, capped_ms)
         self.expire(now)
 
-    def _marks(self, table: Table, cutoff_ms: int) -> tuple[list[_Mark], int, int | None]:
-        """The commits to replay (oldest first), the sequence below them, and the commit
-        time of the newest in-window commit left out because ``max_ids`` were reached."""
+    def _marks(self, table: Table, cutoff_ms: int
+               ) -> tuple[list[_Mark], dict[int, int], int | None]:
+        """The commits to replay (oldest first), the sequences below them per shard, and
+        the commit time of the newest in-window commit left out because ``max_ids`` were
+        reached."""
         marks: list[_Mark] = []
-        floor = NO_SEQUENCE
+        floor: dict[int, int] = {}
         capped_ms: int | None = None
         found = 0
         snapshot = table.current_snapshot()
@@ -408,7 +424,8 @@ class DedupWindow:
             props = snapshot.summary.additional_properties if snapshot.summary else {}
             if SEQUENCE_PROP in props and _is_append(snapshot):
                 committed = committed_at_ms(snapshot)
-                sequence = int(props[SEQUENCE_PROP])
+                sequence = decode_sequences(props.get(SEQUENCES_PROP)) or \
+                    {0: int(props[SEQUENCE_PROP])}
                 if committed < cutoff_ms:
                     floor = sequence
                     break
@@ -427,6 +444,23 @@ def _is_append(snapshot: Snapshot) -> bool:
     """A commit that added rows (icefloe's compactions carry the sequence forward in an
     overwrite; they add no ids and say nothing about the window)."""
     return snapshot.summary is None or snapshot.summary.operation == Operation.APPEND
+
+
+def _positions(table: Table, low: int) -> tuple[np.ndarray, list[str]]:
+    """Run positions (sorted) and event ids of the rows with ``_sequence >= low``; rows of
+    tables written before shards (no ``_shard``, or null) are shard 0's."""
+    has_shard = "_shard" in {f.name for f in table.schema().fields}
+    fields = ("_event_id", "_sequence", "_shard") if has_shard else ("_event_id", "_sequence")
+    rows = table.scan(row_filter=GreaterThanOrEqual("_sequence", max(low, 0)),
+                      selected_fields=fields).to_arrow()
+    pos = rows.column("_sequence").combine_chunks().to_numpy(zero_copy_only=False)
+    pos = pos.astype(np.int64)
+    if has_shard:
+        shard = pc.fill_null(rows.column("_shard"), 0).combine_chunks()
+        pos = pos | (shard.to_numpy(zero_copy_only=False).astype(np.int64) << SHARD_BITS)
+    order = np.argsort(pos, kind="stable")
+    ids = rows.column("_event_id").to_pylist()
+    return pos[order], [ids[i] for i in order]
 
 
 def _parent(table: Table, snapshot: Snapshot) -> Snapshot | None:

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+import msgspec
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from ulid import ULID
@@ -53,14 +54,14 @@ from icefloe.errors import (
     RegistryBehindError,
     TableFencedError,
 )
-from icefloe.manifest.consumer import ManifestConsumer
-from icefloe.manifest.model import Entry
+from icefloe.manifest.model import Entry, Manifest
+from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
 from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
 from pipeline.columns import DEAD_LETTER_TABLE
-from pipeline.iceberg.commit import committed_state
+from pipeline.iceberg.commit import committed_state, position
 from pipeline.iceberg.fence import fence_all
 from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
 from pipeline.load.executors import ClusterRunOutput
@@ -108,20 +109,24 @@ class Collector(RunCommits):
         self.engine = engine
         self.metrics = metrics or CollectorMetrics()
         self.hook = hook or (lambda stage: None)
-        if config.manifest.shards > 1:  # until the commit path records every shard (#25)
+        if config.manifest.shards > 1 and config.collector.output == "cluster":
             raise ConfigError(
-                f"manifest.shards = {config.manifest.shards}: this collector consumes one "
-                "manifest shard only; keep manifest.shards = 1 until it consumes them all")
-        self.consumer = ManifestConsumer(store, config.manifest.build(),
-                                         holder=holder or f"collector-{ULID()}", clock=clock)
+                f"collector.output = \"cluster\" with manifest.shards = "
+                f"{config.manifest.shards}: the cluster output path writes one manifest "
+                "shard's sequences only; set collector.output = \"embedded\" or "
+                "manifest.shards = 1")
+        self.consumer = ShardedConsumer(store, config.manifest.build(),
+                                        holder=holder or f"collector-{ULID()}", clock=clock)
         self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
+        self.metrics.watch_shards(self.consumer)
         self.routes = Routes(config_registry(config.streams))
         self._hold_s: float | None = None
         self.windows: dict[str, DedupWindow] = {}
         """Dedup windows by table: ids committed to that table within the window, by
         source."""
         self.epoch: int | None = None
-        self.table_sequences: dict[str, int] = {}
+        self.table_sequences: dict[str, dict[int, int]] = {}
+        """Committed sequence per table, per manifest shard (absent: none)."""
         self._runs_since_dequeue = 0
         self.clock = clock
         self.offload = offload
@@ -181,14 +186,15 @@ class Collector(RunCommits):
         """Fence every icefloe table (once per epoch), then create or evolve every sink's
         table and the dead-letter table; rebuild dedup (blocking: call in a thread)."""
         self.fence_tables()
-        manifest = self._await(self.consumer.snapshot())
-        waiting = manifest.entries_from(manifest.consumer.acked_through + 1)
-        self._hold_s = self._oldest_waiting_s(waiting[0].ingested_at if waiting else None)
+        shards = self._await(self._snapshots())
+        oldest = [waiting[0].ingested_at for m in shards.values()
+                  if (waiting := m.entries_from(m.consumer.acked_through + 1))]
+        self._hold_s = self._oldest_waiting_s(min(oldest, default=None))
         for name, stream in self.routes.tables().items():
             self._prepare_table(name, stream)
         dead = ensure_dead_letter_table(self.catalog)
         self.confirm_table(dead)
-        self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequence
+        self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequences
 
     def _oldest_waiting_s(self, oldest_entry_s: float | None) -> float | None:
         """Store time of the oldest event not yet in its tables: the first unacknowledged
@@ -241,10 +247,10 @@ class Collector(RunCommits):
         table = ensure_stream_table(self.catalog, stream)
         self.confirm_table(table)
         state = committed_state(table)
-        self.table_sequences[name] = state.sequence
+        self.table_sequences[name] = state.sequences
         self.metrics.committed_sequence.labels(name).set(state.sequence)
-        log.info("table %s: committed through sequence %d (epoch %d)", name, state.sequence,
-                 state.epoch)
+        log.info("table %s: committed through sequences %s (epoch %d)", name,
+                 state.sequences, state.epoch)
         cfg = self.config.collector
         window = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_ids, name=name,
                              clock=self.consumer.store_clock,
@@ -316,16 +322,26 @@ class Collector(RunCommits):
         at the wrong store: every new entry would look like a replay of what the table
         already holds and be acknowledged without being committed — silent loss.
         """
-        manifest = await self.consumer.snapshot()
-        staged = {t: s.through_sequence for t, s in self.staging.states.items()}
-        for table, sequence in [*self.table_sequences.items(), *staged.items()]:
-            if sequence >= manifest.next_sequence:
-                raise ManifestMismatchError(
-                    f"table {table} has committed manifest sequence {sequence}, but the "
-                    f"manifest {self.consumer.config.key!r} in {self.config.store.url} has "
-                    f"only issued sequences below {manifest.next_sequence}: the manifest "
-                    "was reset or this collector points at the wrong store. Refusing to "
-                    "start, because new entries would be skipped as already committed.")
+        shards = await self._snapshots()
+        staged = {t: {0: s.through_sequence} for t, s in self.staging.states.items()}
+        for table, sequences in [*self.table_sequences.items(), *staged.items()]:
+            for shard, sequence in sequences.items():
+                issued = shards[shard].next_sequence if shard in shards else 0
+                if sequence >= issued:
+                    raise ManifestMismatchError(
+                        f"table {table} has committed sequence {sequence} of manifest shard "
+                        f"{shard}, but that shard of {self.consumer.config.key!r} in "
+                        f"{self.config.store.url} has only issued sequences below {issued}: "
+                        "the manifest was reset or this collector points at the wrong "
+                        "store. Refusing to start, because new entries would be skipped as "
+                        "already committed.")
+
+    async def _snapshots(self) -> dict[int, Manifest]:
+        """Every shard as it is now, one after the other: unlike the consumer's concurrent
+        :meth:`~ShardedConsumer.snapshot`, this also runs under a ``block_on`` that steps
+        the coroutine on one thread (:func:`collector.hops.drive`)."""
+        count = await self.consumer.refresh_count()
+        return {n: await self.consumer.shard(n).snapshot() for n in range(count)}
 
     # -- one run ---------------------------------------------------------------------------
 
@@ -350,7 +366,8 @@ class Collector(RunCommits):
 
     async def _run_once(self) -> RunResult:
         started = self.clock.monotonic()
-        pending = await self.consumer.read(max_entries=self.config.collector.max_run_entries)
+        read = await self.consumer.read(max_entries=self.config.collector.max_run_entries)
+        pending = [_positioned(item) for item in read]
         self._observe_queue(pending)
         self._hold_s = self._oldest_waiting_s(pending[0].ingested_at if pending else None)
         for window in self.windows.values():
@@ -371,11 +388,11 @@ class Collector(RunCommits):
             if isinstance(output, ClusterRunOutput):  # free the executors' cached run
                 output.release()
             raise
-        result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence)
+        result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence,
+                           through=_through(read[:len(entries)]))
         await self.offload(self.commit_run, output, result, entries)
         self.hook("after_commits")
-        last = entries[-1].sequence
-        await self.consumer.ack(last)
+        await self.consumer.ack(result.through)
         self.hook("after_ack")
         self._runs_since_dequeue += 1
         if self._runs_since_dequeue >= self.config.collector.dequeue_every:
@@ -399,6 +416,11 @@ class Collector(RunCommits):
         embedded = getattr(self.engine, "run_embedded", None)
         if embedded is None:  # an embedded engine routes any run
             return entries, self.engine.run
+        if self.consumer.shard_count > 1:
+            # The store grew past one shard under a cluster-output collector (its config
+            # still says 1; the next start is refused): the embedded path records shards.
+            self.metrics.embedded_runs.labels("shards").inc()
+            return entries, embedded
         taken = cut_by_routing(self.routes, entries)
         if len(taken) < len(entries):
             log.info("cluster run cut at sequence %d: routing changes at registry version "
@@ -439,10 +461,27 @@ class Collector(RunCommits):
 
     def _observe_queue(self, pending: list[Entry]) -> None:
         """Queue length and lag from the manifest the run just read (no extra GET)."""
-        manifest = self.consumer.last_read
-        if manifest is None:
+        shards = self.consumer.last_read
+        if not shards:
             return
-        self.metrics.queue_length.set(
-            manifest.next_sequence - manifest.consumer.acked_through - 1)
+        self.metrics.queue_length.set(sum(m.next_sequence - m.consumer.acked_through - 1
+                                          for m in shards.values()))
         oldest = pending[0].ingested_at if pending else None
         self.metrics.lag_seconds.set(0 if oldest is None else max(0.0, self.clock.time() - oldest))
+
+
+def _positioned(item: ShardEntry) -> Entry:
+    """The entry with its run position as its sequence: the pipeline, routing and dedup of
+    a run order and tag rows by it (:data:`pipeline.iceberg.commit.SHARD_BITS`)."""
+    if item.shard == 0:
+        return item.entry
+    return msgspec.structs.replace(item.entry, sequence=position(item.shard, item.sequence))
+
+
+def _through(items: list[ShardEntry]) -> dict[int, int]:
+    """The last sequence per shard of a run (each shard's entries are a contiguous
+    prefix of what it had queued, so acking through it skips nothing)."""
+    through: dict[int, int] = {}
+    for item in items:
+        through[item.shard] = max(through.get(item.shard, -1), item.sequence)
+    return through

@@ -32,6 +32,13 @@ ENVELOPE: tuple[tuple[str, pa.DataType], ...] = (
 )
 """The envelope columns icefloe adds to every stream table, after the declared ones."""
 
+SHARD_COLUMN = ("_shard", pa.int32())
+"""The manifest shard of a row's entry, next to ``_sequence`` in every stream table (and
+``shard`` next to ``sequence`` in the dead letters): ``(_shard, _sequence)`` identifies
+the entry. The pipeline does not produce it: inside a run ``_sequence`` carries the whole
+position, and the commit splits it (:func:`pipeline.iceberg.commit.with_shard_column`).
+Rows written before shards existed read it as null, which means shard 0."""
+
 DEAD_LETTER_TABLE = "icefloe.dead_letters"
 DEAD_LETTER_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("stream", pa.string()),

@@ -177,13 +177,24 @@ def _redrive_stream(config: Config, catalog: Catalog, stream: Any, dead: pa.Tabl
         return
     ensure_stream_table(catalog, stream)  # created or evolved to today's columns
     target = table_arrow_schema(stream)
-    appended, recovered = _append_missing(catalog, stream.table,
-                                          decoded.select(target.names).cast(target))
+    failed = {index for index, _ in bad}
+    shards = [shard for index, shard in enumerate(_shards(dead)) if index not in failed]
+    rows = decoded.select(target.names).cast(target)
+    rows = rows.add_column(rows.column_names.index("_sequence") + 1, "_shard",
+                           pa.array(shards, pa.int32()))
+    appended, recovered = _append_missing(catalog, stream.table, rows)
     report.landed[stream.table] += appended
     report.recovered[stream.table] += recovered
-    failed = {index for index, _ in bad}
     _record(catalog, dead.filter(pa.array([i not in failed for i in range(dead.num_rows)])),
             stream, report.redrive_id)
+
+
+def _shards(dead: pa.Table) -> list[int]:
+    """The manifest shard of each dead letter (null or no column: written before shards,
+    so shard 0): a redriven row keeps its ``(_shard, _sequence)``."""
+    if "shard" not in dead.column_names:
+        return [0] * dead.num_rows
+    return [s or 0 for s in dead.column("shard").to_pylist()]
 
 
 def _with_derived(decoded: pa.Table, plan: StreamPlan) -> pa.Table:
@@ -200,17 +211,19 @@ def _with_derived(decoded: pa.Table, plan: StreamPlan) -> pa.Table:
 
 
 def _append_missing(catalog: Catalog, identifier: str, rows: pa.Table) -> tuple[int, int]:
-    """Append the rows the table does not hold yet (by ``_event_id`` and ``_sequence``);
-    (appended, already there)."""
+    """Append the rows the table does not hold yet (by ``_event_id``, ``_shard`` and
+    ``_sequence``; a null ``_shard`` is shard 0); (appended, already there)."""
     for attempt in range(1, _ATTEMPTS + 1):
         table = catalog.load_table(identifier)
         ids = rows.column("_event_id").to_pylist()
         present = table.scan(row_filter=In("_event_id", set(ids)),
-                             selected_fields=("_event_id", "_sequence")).to_arrow()
+                             selected_fields=("_event_id", "_sequence", "_shard")).to_arrow()
         there = set(zip(present.column("_event_id").to_pylist(),
+                        [s or 0 for s in present.column("_shard").to_pylist()],
                         present.column("_sequence").to_pylist(), strict=True))
-        keep = [(i, s) not in there for i, s in zip(
-            ids, rows.column("_sequence").to_pylist(), strict=True)]
+        keep = [key not in there for key in zip(
+            ids, rows.column("_shard").to_pylist(), rows.column("_sequence").to_pylist(),
+            strict=True)]
         fresh = rows.filter(pa.array(keep, pa.bool_()))
         if not fresh.num_rows:
             return 0, rows.num_rows

@@ -98,16 +98,23 @@ resource "aws_iam_role" "ingestor" {
 
 data "aws_iam_policy_document" "ingestor" {
   statement {
+    # batches/<xx>/<ULID>.ifb: 256 key prefixes for S3's per-prefix request rates
     sid       = "WriteBatchFiles"
     effect    = "Allow"
     actions   = ["s3:PutObject"]
     resources = ["${local.bucket_arn}/${local.batch_keys}"]
   }
   statement {
-    sid       = "AppendToManifest"
-    effect    = "Allow"
-    actions   = ["s3:GetObject", "s3:PutObject"]
-    resources = ["${local.control_bucket_arn}/${local.manifest_key}"]
+    # every manifest shard (shard 0 is the key itself, shard k is "<key>-shard<k>") and
+    # the shard-count record, which an ingestor asking for more shards grows at start
+    sid    = "AppendToManifest"
+    effect = "Allow"
+    actions = ["s3:GetObject", "s3:PutObject"]
+    resources = [
+      "${local.control_bucket_arn}/${local.manifest_key}",
+      "${local.control_bucket_arn}/${local.manifest_key}-shard*",
+      "${local.control_bucket_arn}/${local.manifest_key}.shards",
+    ]
   }
   statement {
     # read at start (before the first request) and polled: streams added by the admin API
@@ -186,11 +193,16 @@ data "aws_iam_policy_document" "collector" {
     }
   }
   statement {
-    # lease, acks and dequeues: compare-and-swap rewrites of the one manifest object
-    sid       = "ConsumeManifest"
-    effect    = "Allow"
-    actions   = ["s3:GetObject", "s3:PutObject"]
-    resources = ["${local.control_bucket_arn}/${local.manifest_key}"]
+    # lease, fencing, acks and dequeues: compare-and-swap rewrites of every manifest
+    # shard, and the shard-count record (read each run; grown at start if asked)
+    sid    = "ConsumeManifest"
+    effect = "Allow"
+    actions = ["s3:GetObject", "s3:PutObject"]
+    resources = [
+      "${local.control_bucket_arn}/${local.manifest_key}",
+      "${local.control_bucket_arn}/${local.manifest_key}-shard*",
+      "${local.control_bucket_arn}/${local.manifest_key}.shards",
+    ]
   }
   statement {
     # staged rows of sinks with commit conditions: state documents and Parquet files
@@ -264,6 +276,8 @@ data "aws_iam_policy_document" "admin" {
     actions = ["s3:GetObject"]
     resources = [
       "${local.control_bucket_arn}/${local.manifest_key}",
+      "${local.control_bucket_arn}/${local.manifest_key}-shard*",
+      "${local.control_bucket_arn}/${local.manifest_key}.shards",
       "${local.control_bucket_arn}/${local.staging_keys}",
     ]
   }

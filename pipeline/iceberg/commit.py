@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table
@@ -35,6 +35,19 @@ from icefloe.errors import CatalogError, OffsetLostError, TableFencedError
 from pipeline.iceberg.confirm import confirmed
 
 SEQUENCE_PROP = "icefloe.sequence"
+SEQUENCES_PROP = "icefloe.sequences"
+"""Every manifest shard's committed sequence, as ``shard:sequence`` pairs joined by commas
+(``"0:41,1:17,2:9"``), written once a table holds rows of a shard other than 0.
+:data:`SEQUENCE_PROP` stays shard 0's, so a single-shard table (and a reader that knows no
+shards) reads exactly as before; a table without this property is all shard 0."""
+SHARD_BITS = 40
+"""Inside a collector run an entry's position ``(shard, sequence)`` travels through the
+pipeline as one int64 ``shard << SHARD_BITS | sequence`` (the ``_sequence`` column and the
+run spec's sequences), so the decode and SQL steps stay shard-blind; :func:`commit_rows`
+splits it into ``_shard`` and ``_sequence`` before the write. Shard 0's positions equal its
+sequences, so a single-manifest run is unchanged. 2**40 sequences per shard is centuries at
+any CAS rate a shard sustains."""
+_SEQ_MASK = (1 << SHARD_BITS) - 1
 EPOCH_PROP = "icefloe.epoch"
 COMMITTED_AT_PROP = "icefloe.committed-at"
 """Store-clock milliseconds of the commit: ages (expiry, orphan sweep, dedup) are judged by
@@ -56,6 +69,45 @@ class CommittedState:
     sequence: int = NO_SEQUENCE
     epoch: int = 0
     snapshot_id: int | None = None
+    shards: tuple[tuple[int, int], ...] = ()
+    """``(shard, sequence)`` of every shard committed (empty: shard 0 only, ``sequence``)."""
+
+    @property
+    def sequences(self) -> dict[int, int]:
+        """Committed sequence per shard; a shard never committed is absent (-1)."""
+        if self.shards:
+            return dict(self.shards)
+        return {} if self.sequence == NO_SEQUENCE else {0: self.sequence}
+
+
+def position(shard: int, sequence: int) -> int:
+    """An entry's run position (see :data:`SHARD_BITS`)."""
+    return shard << SHARD_BITS | sequence
+
+
+def split_position(pos: int) -> tuple[int, int]:
+    """``(shard, sequence)`` of a run position."""
+    return pos >> SHARD_BITS, pos & _SEQ_MASK
+
+
+def encode_sequences(sequences: Mapping[int, int]) -> str:
+    return ",".join(f"{shard}:{seq}" for shard, seq in sorted(sequences.items()))
+
+
+def decode_sequences(text: str | None) -> dict[int, int] | None:
+    """:data:`SEQUENCES_PROP` as a dict; None when absent. Unreadable is refused loudly:
+    guessing an offset would replay or skip entries."""
+    if not text:
+        return None
+    try:
+        return {int(k): int(v) for k, v in (pair.split(":") for pair in text.split(","))}
+    except ValueError as exc:
+        raise CatalogError(f"{SEQUENCES_PROP} = {text!r} cannot be read") from exc
+
+
+def offset_props(props: Mapping[str, str]) -> dict[str, str]:
+    """The offset properties of a snapshot summary, to carry forward on another commit."""
+    return {k: props[k] for k in (SEQUENCE_PROP, SEQUENCES_PROP) if k in props}
 
 
 def committed_state(table: Table) -> CommittedState:
@@ -78,7 +130,9 @@ def committed_state(table: Table) -> CommittedState:
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         epoch = max(epoch, int(props.get(EPOCH_PROP, 0)))
         if SEQUENCE_PROP in props:
-            return CommittedState(int(props[SEQUENCE_PROP]), epoch, snapshot.snapshot_id)
+            shards = decode_sequences(props.get(SEQUENCES_PROP)) or {}
+            return CommittedState(int(props[SEQUENCE_PROP]), epoch, snapshot.snapshot_id,
+                                  tuple(sorted(shards.items())))
         parent = snapshot.parent_snapshot_id
         older = table.snapshot_by_id(parent) if parent is not None else None
         if older is None and _history_cut(snapshot):
@@ -94,9 +148,13 @@ def _history_cut(oldest: Snapshot) -> bool:
     return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
 
 
-def summary_props(sequence: int, epoch: int, committed_ms: int | None = None
-                  ) -> dict[str, str]:
+def summary_props(sequence: int, epoch: int, committed_ms: int | None = None,
+                  sequences: Mapping[int, int] | None = None) -> dict[str, str]:
+    """Offset and epoch of a commit; ``sequences`` (per shard) adds
+    :data:`SEQUENCES_PROP` when it names a shard other than 0."""
     props = {SEQUENCE_PROP: str(sequence), EPOCH_PROP: str(epoch)}
+    if sequences and any(shard for shard in sequences):
+        props[SEQUENCES_PROP] = encode_sequences(sequences)
     if committed_ms is not None:
         props[COMMITTED_AT_PROP] = str(committed_ms)
     return props
@@ -145,6 +203,8 @@ class CommitResult:
     sequence: int
     seconds: float
     attempts: int
+    sequences: tuple[tuple[int, int], ...] = ()
+    """The table's committed sequence per shard after this call."""
 
 
 def check_epoch(name: str, state: CommittedState, epoch: int) -> None:
@@ -156,11 +216,15 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
                 epoch: int, max_attempts: int = 5,
                 append: Callable[[Table, pa.Table, dict[str, str]], None] | None = None,
                 props: Mapping[str, str] | None = None, clock: Clock = SYSTEM,
-                ) -> CommitResult:
+                sequences: Mapping[int, int] | None = None) -> CommitResult:
     """Append ``rows`` (with a ``_sequence``/``sequence`` column) exactly once.
 
     ``sequence`` is the highest manifest sequence of the run the rows come from; the
     commit records it even when every row was a replay, so the table's offset advances.
+    With several manifest shards, ``sequences`` gives the run's last sequence per shard
+    instead, the rows' sequence column holds run positions (:data:`SHARD_BITS`), and a row
+    is a replay when its shard's committed sequence reaches it; the write gets ``_shard``
+    (``shard``) and shard-local ``_sequence`` (``sequence``) columns.
     ``append`` is the write itself (default: ``Table.append``); the cluster output path
     passes one that adds already-written Parquet files instead. ``props`` are extra summary
     properties (the dedup window's :data:`SOURCES_PROP`); ``clock`` is the store's clock
@@ -170,6 +234,7 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
     started = clock.monotonic()
     write = append or _append
     seq_column = "_sequence" if "_sequence" in rows.column_names else "sequence"
+    through = dict(sequences) if sequences is not None else {0: sequence}
     for attempt in range(1, max_attempts + 1):
         try:
             table = catalog.load_table(identifier)
@@ -177,23 +242,27 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
         state = committed_state(table)
         check_epoch(identifier, state, epoch)
-        if state.sequence >= sequence:
+        done = state.sequences
+        if _covers(done, through):
             # Everything up to `sequence` is already in: a replay after a crash before ack.
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
-                                clock.monotonic() - started, attempt)
-        fresh = rows
-        if state.sequence > NO_SEQUENCE and rows.num_rows:
-            fresh = rows.filter(pc.greater(rows[seq_column], state.sequence))
+                                clock.monotonic() - started, attempt, state.shards)
+        fresh = _not_committed(rows, seq_column, done) if done and rows.num_rows else rows
         if fresh.num_rows == 0:  # nothing new: leave the offset, a replay filters again
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
-                                clock.monotonic() - started, attempt)
+                                clock.monotonic() - started, attempt, state.shards)
+        merged = {shard: max(done.get(shard, NO_SEQUENCE), through.get(shard, NO_SEQUENCE))
+                  for shard in {*done, *through}}
         try:
             # A refusal is confirmed against the table first (pipeline.iceberg.confirm): a retried
             # commit whose first try landed must not read as "not committed".
-            stamped = summary_props(sequence, epoch, int(clock.time() * 1000))
-            write(confirmed(table), fresh, {**(props or {}), **stamped})
+            stamped = summary_props(merged.get(0, NO_SEQUENCE), epoch,
+                                    int(clock.time() * 1000), merged)
+            write(confirmed(table), with_shard_column(table, fresh, seq_column),
+                  {**(props or {}), **stamped})
             return CommitResult(identifier, fresh.num_rows, rows.num_rows - fresh.num_rows,
-                                sequence, clock.monotonic() - started, attempt)
+                                merged.get(0, NO_SEQUENCE), clock.monotonic() - started,
+                                attempt, tuple(sorted(merged.items())))
         except (CommitFailedException, CommitStateUnknownException) as exc:
             # Someone committed in between, or we cannot tell whether we did: re-read the
             # table before anything else (the loop does), never blindly retry the append.
@@ -213,11 +282,51 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
         raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
     state = committed_state(table)
     check_epoch(identifier, state, epoch)
-    if state.sequence >= sequence and state.epoch == epoch:
-        return CommitResult(identifier, rows.num_rows, 0, sequence,
-                            clock.monotonic() - started, max_attempts)
+    if _covers(state.sequences, through) and state.epoch == epoch:
+        return CommitResult(identifier, rows.num_rows, 0, state.sequence,
+                            clock.monotonic() - started, max_attempts, state.shards)
     raise CatalogError(f"commit to {identifier} failed after {max_attempts} attempts; "
                        "the collector will retry the batch run")
+
+
+def _covers(done: Mapping[int, int], through: Mapping[int, int]) -> bool:
+    """Whether every shard's committed sequence reaches the run's last one."""
+    return all(done.get(shard, NO_SEQUENCE) >= seq for shard, seq in through.items())
+
+
+def _not_committed(rows: pa.Table, column: str, done: Mapping[int, int]) -> pa.Table:
+    """Rows whose position is past their shard's committed sequence."""
+    pos = rows.column(column).combine_chunks().to_numpy(zero_copy_only=False)
+    shards, local = pos >> SHARD_BITS, pos & _SEQ_MASK
+    limit = np.full(len(pos), NO_SEQUENCE, dtype=np.int64)
+    for shard, seq in done.items():
+        limit[shards == shard] = seq
+    return rows.filter(pa.array(local > limit))
+
+
+def shard_column(sequence_column: str) -> str:
+    """``_shard`` next to ``_sequence`` in stream tables, ``shard`` next to ``sequence``
+    in the dead-letter table."""
+    return "_shard" if sequence_column == "_sequence" else "shard"
+
+
+def with_shard_column(table: Table, rows: pa.Table, column: str) -> pa.Table:
+    """``rows`` with run positions split into the shard column and shard-local sequences,
+    when the table has the shard column (tables evolved before this icefloe lack it, and
+    then every position must be shard 0's)."""
+    name = shard_column(column)
+    if column not in rows.column_names or name in rows.column_names:
+        return rows
+    pos = rows.column(column).combine_chunks().to_numpy(zero_copy_only=False)
+    shards = pos >> SHARD_BITS
+    if name not in {f.name for f in table.schema().fields}:
+        if shards.any():
+            raise CatalogError(f"table {'.'.join(table.name())} has no {name} column for "
+                               "rows of manifest shards above 0: it was not evolved")
+        return rows
+    index = rows.column_names.index(column)
+    rows = rows.set_column(index, column, pa.array(pos & _SEQ_MASK, pa.int64()))
+    return rows.add_column(index + 1, name, pa.array(shards, pa.int32()))
 
 
 def _append(table: Table, rows: pa.Table, props: dict[str, str]) -> None:

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.exceptions import CommitFailedException
 
-from pipeline.iceberg.commit import EPOCH_PROP, SEQUENCE_PROP, committed_state
+from pipeline.iceberg.commit import EPOCH_PROP, committed_state
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -316,8 +316,9 @@ def _may_reference(table: Table, sequence: int, epoch: int, paths: Sequence[str]
     ours = set(paths)
     for snapshot in table.snapshots():
         props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if (props.get(SEQUENCE_PROP), props.get(EPOCH_PROP)) != want:
-            continue
+        if props.get(EPOCH_PROP) != want[1]:
+            continue  # any snapshot of our epoch (with shards, the run's sequence alone
+            # does not name the snapshot: a run without shard-0 entries carries shard 0's)
         try:
             if ours & _added_files(table, snapshot):
                 return True

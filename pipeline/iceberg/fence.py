@@ -36,7 +36,13 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 
 from icefloe.errors import CatalogError, TableFencedError
-from pipeline.iceberg.commit import EPOCH_PROP, SEQUENCE_PROP, committed_state
+from pipeline.iceberg.commit import (
+    EPOCH_PROP,
+    SEQUENCE_PROP,
+    committed_state,
+    offset_props,
+    summary_props,
+)
 from pipeline.iceberg.tables import MANAGED_PROP
 
 log = logging.getLogger("icefloe.fence")
@@ -60,15 +66,15 @@ def table_epoch(table: Table) -> int:
     return max(epochs, default=0)
 
 
-def _last_sequence(table: Table) -> int | None:
-    """The newest ``icefloe.sequence`` in the log, without judging a cut log (model and
+def _last_offsets(table: Table) -> dict[str, str]:
+    """The newest offset properties in the log, without judging a cut log (model and
     unrouted tables: their offset is not ours to defend)."""
     newest = sorted(table.snapshots(), key=lambda s: s.sequence_number or 0, reverse=True)
     for snapshot in newest:
         props = snapshot.summary.additional_properties if snapshot.summary else {}
         if SEQUENCE_PROP in props:
-            return int(props[SEQUENCE_PROP])
-    return None
+            return offset_props(props)
+    return {}
 
 
 def is_icefloe_table(table: Table) -> bool:
@@ -95,17 +101,17 @@ def fence_table(catalog: Catalog, identifier: str, epoch: int, *, offsets: bool
             return None
         if offsets:
             state = committed_state(table)
-            recorded, sequence = state.epoch, state.sequence
+            recorded = state.epoch
+            carried = offset_props(summary_props(state.sequence, 0,
+                                                 sequences=state.sequences))
         else:
-            recorded, sequence = table_epoch(table), _last_sequence(table)
+            recorded, carried = table_epoch(table), _last_offsets(table)
         if recorded > epoch:
             raise TableFencedError(identifier, epoch, recorded)
         managed = table.properties.get(MANAGED_PROP) == "true"
         if recorded == epoch and managed:
             return FencedTable(identifier, str(table.metadata.table_uuid))  # fenced already
-        props = {EPOCH_PROP: str(epoch)}
-        if sequence is not None:
-            props[SEQUENCE_PROP] = str(sequence)
+        props = {EPOCH_PROP: str(epoch), **carried}
         try:
             with table.transaction() as tx:
                 if not managed:

@@ -262,7 +262,8 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
         for group in groups:
             rows += _rewrite_group(table, write_metadata, group, write_uuid, counter, written)
         txn = table.transaction()
-        props = summary_props(state.sequence, state.epoch, int(clock.time() * 1000)) \
+        props = summary_props(state.sequence, state.epoch, int(clock.time() * 1000),
+                          state.sequences) \
             if _has_state(state) else {}
         with txn.update_snapshot(snapshot_properties=props).overwrite() as rewrite:
             for group in groups:

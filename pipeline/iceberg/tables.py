@@ -48,7 +48,13 @@ from pyiceberg.types import (
 
 from icefloe.config import StreamConfig
 from icefloe.errors import CatalogError, IcefloeError, SchemaConflictError
-from pipeline.columns import DEAD_LETTER_COLUMNS, DEAD_LETTER_TABLE, ENVELOPE, TIMESTAMP
+from pipeline.columns import (
+    DEAD_LETTER_COLUMNS,
+    DEAD_LETTER_TABLE,
+    ENVELOPE,
+    SHARD_COLUMN,
+    TIMESTAMP,
+)
 
 log = logging.getLogger("icefloe.tables")
 
@@ -73,7 +79,7 @@ ICEBERG_TYPES: dict[str, IcebergType] = {
 :data:`pipeline.columns.ARROW_TYPES`)."""
 _ADDED_TYPES: dict[pa.DataType, IcebergType] = {
     pa.string(): StringType(), pa.int64(): LongType(), pa.binary(): BinaryType(),
-    TIMESTAMP: TimestamptzType(),
+    TIMESTAMP: TimestamptzType(), pa.int32(): IntegerType(),
 }
 """The Arrow types of the columns icefloe adds (:mod:`pipeline.columns`) in Iceberg."""
 
@@ -85,12 +91,16 @@ def table_iceberg_schema(stream: StreamConfig) -> Schema:
     columns keep later schema evolution (adding columns) always legal."""
     named = [(c.name, ICEBERG_TYPES[c.type]) for c in stream.columns]
     named += [(name, _ADDED_TYPES[arrow]) for name, arrow in ENVELOPE]
+    named.insert(named.index(("_sequence", LongType())) + 1,
+                 (SHARD_COLUMN[0], _ADDED_TYPES[SHARD_COLUMN[1]]))
     return _optional_schema(named)
 
 
 def dead_letter_iceberg_schema() -> Schema:
     """The dead-letter table's schema: :data:`pipeline.columns.DEAD_LETTER_COLUMNS`."""
-    return _optional_schema([(name, _ADDED_TYPES[arrow]) for name, arrow in DEAD_LETTER_COLUMNS])
+    named = [(name, _ADDED_TYPES[arrow]) for name, arrow in DEAD_LETTER_COLUMNS]
+    named.insert(named.index(("sequence", LongType())) + 1, ("shard", IntegerType()))
+    return _optional_schema(named)
 
 
 def _optional_schema(named: list[tuple[str, IcebergType]]) -> Schema:

@@ -57,7 +57,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 from ulid import ULID
 
-from pipeline.columns import ENVELOPE, dead_letter_arrow_schema
+from pipeline.columns import ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
 from pipeline.iceberg.commit import NO_SEQUENCE, check_epoch, committed_state
 from pipeline.iceberg.data_files import (
     DataFileRef,
@@ -241,11 +241,15 @@ class ClusterRunOutput:
             columns = [(f"{struct_column(i)}__{name}", name)
                        for name, _ in self.spec.streams[i].columns]
             columns += [(name, name) for name, _ in ENVELOPE]
+            if SHARD_COLUMN[0] in plan.table.schema().column_names:
+                columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))  # (one shard: 0)
             targets.append(TableTarget.of(plan.stream, plan.table, columns))
             wanted += [src for src, _ in columns if src not in wanted]
             term = (F.col(STREAM) == plan.stream) & (F.col("_sequence") > plan.after)
             condition = term if condition is None else condition | term
-        frame = self.frame.where(condition)
+        # The cluster path runs with one manifest shard only (the collector refuses it
+        # otherwise), so every row it writes is shard 0's.
+        frame = self.frame.where(condition).withColumn(SHARD_COLUMN[0], F.lit(0).cast("int"))
         drops = pa.concat_arrays([p.drop for p in plans if len(p.drop)] or
                                  [pa.array([], pa.int64())])
         if 0 < len(drops) <= _INLINE_DROPS:  # a literal list: no extra job

@@ -33,7 +33,41 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SEQUENCE = "_sequence"
+SHARD = "_shard"
 FULL, NEW = "full", "new"
+
+
+def watermark_key(identifier: str, shard: int) -> str:
+    """Key of a source's watermark for one manifest shard: ``_sequence`` is ordered only
+    within a shard, so an incremental model keeps one watermark per ``(source, shard)``.
+    Shard 0's key is the identifier itself, as watermarks of older runs are."""
+    return identifier if shard == 0 else f"{identifier}#{shard}"
+
+
+def shard_watermarks(watermarks: dict[str, int], identifier: str) -> dict[int, int]:
+    """The watermarks of ``identifier`` per shard."""
+    prefix = f"{identifier}#"
+    marks = {int(k[len(prefix):]): v for k, v in watermarks.items() if k.startswith(prefix)}
+    if identifier in watermarks:
+        marks[0] = watermarks[identifier]
+    return marks
+
+
+def new_rows_filter(marks: dict[int, int], has_shard: bool) -> str:
+    """The rows past the watermarks, shard by shard (pyiceberg filter syntax). Rows without
+    ``_shard`` (null, or no such column) are shard 0's; a shard without a watermark is new
+    whole."""
+    if not has_shard:
+        return f"{SEQUENCE} > {int(marks.get(0, -1))}"
+    terms = []
+    for shard, mark in sorted(marks.items()):
+        which = f"({SHARD} IS NULL OR {SHARD} = 0)" if shard == 0 else f"{SHARD} = {shard}"
+        terms.append(f"({which} AND {SEQUENCE} > {int(mark)})")
+    listed = ", ".join(str(shard) for shard in sorted(marks))
+    terms.append(f"({SHARD} IS NOT NULL AND {SHARD} NOT IN ({listed}))")
+    if 0 not in marks:
+        terms.append(f"{SHARD} IS NULL")
+    return " OR ".join(terms)
 
 
 @dataclass
@@ -130,12 +164,13 @@ class Binder:
         source = Pin(identifier, snapshot, full, table)
         has_sequence = SEQUENCE in table.schema().column_names
         if self.watermarks is not None and clause is None and has_sequence:
-            mark = self.watermarks.get(identifier)
+            marks = shard_watermarks(self.watermarks, identifier)
             source.new_view = full
-            if mark is not None:
+            if marks:
                 source.new_view = f"{full}_new"
+                has_shard = SHARD in table.schema().column_names
                 read_table(self.spark, self.config.catalog, identifier, snapshot_id=snapshot,
-                           row_filter=f"{SEQUENCE} > {int(mark)}"
+                           row_filter=new_rows_filter(marks, has_shard)
                            ).createOrReplaceTempView(source.new_view)
         self.pins[key] = source
         return source

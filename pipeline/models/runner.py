@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
-from pipeline.models.bind import FULL, NEW, SEQUENCE, Binding, bind_model
+from pipeline.models.bind import (
+    FULL,
+    NEW,
+    SEQUENCE,
+    SHARD,
+    Binding,
+    bind_model,
+    watermark_key,
+)
 from pipeline.models.dag import Project, check_tables, plan_project
 from pipeline.models.spec import Model, ModelError, load_models
 from pipeline.models.state import RunState, last_run, redriven_since
@@ -218,14 +226,19 @@ def affected_keys_sql(full: str, new: str, key: Sequence[str]) -> str:
 
 def _watermarks(spark: SparkSession, binding: Binding, previous: dict[str, int]
                 ) -> dict[str, int]:
-    """Highest ``_sequence`` of each incremental source's pinned snapshot (kept if no rows)."""
+    """Highest ``_sequence`` per manifest shard of each incremental source's pinned
+    snapshot (see :func:`pipeline.models.bind.watermark_key`; kept where no rows)."""
     marks: dict[str, int] = {}
     for identifier, source in binding.incremental().items():
         view = source.new_view
-        row: Any = spark.sql(f"SELECT max({SEQUENCE}) FROM {view}").first()
-        value = row[0] if row is not None else None
-        if value is not None:
-            marks[identifier] = int(value)
-        elif identifier in previous:
-            marks[identifier] = previous[identifier]
+        for key, value in previous.items():
+            if key == identifier or key.startswith(f"{identifier}#"):
+                marks[key] = value
+        shard = f"coalesce({SHARD}, 0)" if SHARD in source.table.schema().column_names \
+            else "0"
+        rows: Any = spark.sql(f"SELECT {shard} AS s, max({SEQUENCE}) AS m FROM {view} "
+                              "GROUP BY 1").collect()
+        for row in rows:
+            if row[1] is not None:
+                marks[watermark_key(identifier, int(row[0]))] = int(row[1])
     return marks

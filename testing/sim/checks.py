@@ -35,7 +35,13 @@ from icefloe.staging import PREFIX as STAGING_PREFIX
 from icefloe.staging import StagingState
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.catalog import open_catalog
-from pipeline.iceberg.commit import COMMITTED_AT_PROP, EPOCH_PROP, SEQUENCE_PROP
+from pipeline.iceberg.commit import (
+    COMMITTED_AT_PROP,
+    EPOCH_PROP,
+    SEQUENCE_PROP,
+    SEQUENCES_PROP,
+    decode_sequences,
+)
 from testing.sim.loop import SimTime
 from testing.sim.scenario import Scenario
 from testing.sim.store import SimCrash, SimStore
@@ -87,7 +93,8 @@ class Checker:
         self.max_epoch = 0
         self.commits = 0
         self._catalog: Catalog | None = None
-        self._sequences: dict[str, int] = {}
+        self._sequences: dict[str, dict[int, int]] = {}
+        """Committed sequence per table and manifest shard, as last seen."""
         self._seen_snapshots: dict[str, set[int]] = {}
         world.store.on_delete = self.batch_deleted
 
@@ -140,8 +147,8 @@ class Checker:
     def batch_deleted(self, key: str) -> None:
         if not key.startswith("batches/"):
             return
-        manifest = self.world.manifest()
-        if manifest is not None and any(e.location == key for e in manifest.entries):
+        if any(e.location == key for manifest in self.world.manifests().values()
+               for e in manifest.entries):
             self.violation(f"batch file {key} deleted while a manifest entry references it")
 
     # -- table checks -------------------------------------------------------------------------
@@ -174,7 +181,7 @@ class Checker:
             current = snapshots.get(parent) if parent is not None else None
         chain.reverse()
         last_epoch = 0
-        sequence = -1
+        sequences: dict[int, int] = {}
         for snap in chain:
             props = snap.summary.additional_properties if snap.summary else {}
             if EPOCH_PROP not in props:
@@ -185,15 +192,18 @@ class Checker:
                                f"a commit of epoch {last_epoch}: an older collector committed "
                                "after a newer one")
             last_epoch = max(last_epoch, epoch)
-            sequence = max(sequence, int(props.get(SEQUENCE_PROP, -1)))
+            for shard, seq in offsets_of(props).items():
+                sequences[shard] = max(sequences.get(shard, -1), seq)
             if snap.snapshot_id not in seen:
                 seen.add(snap.snapshot_id)
                 self._check_late(name, epoch, props.get(COMMITTED_AT_PROP))
-        previous = self._sequences.get(name, -1)
-        if chain and sequence < previous:
-            self.violation(f"{name}: committed sequence went back from {previous} to "
-                           f"{sequence}")
-        self._sequences[name] = max(previous, sequence)
+        known = self._sequences.setdefault(name, {})
+        for shard, previous in list(known.items()):
+            if chain and sequences.get(shard, -1) < previous:
+                self.violation(f"{name}: committed sequence of shard {shard} went back "
+                               f"from {previous} to {sequences.get(shard, -1)}")
+        for shard, seq in sequences.items():
+            known[shard] = max(known.get(shard, -1), seq)
 
     def _check_late(self, name: str, epoch: int, committed_at: str | None) -> None:
         """A commit stamped (store clock: the simulated time) after a newer collector had
@@ -258,9 +268,8 @@ class Checker:
         world = self.world
         if any(i.batcher.held_bytes for i in world.ingestors if i.alive):
             return False
-        manifest = world.manifest()
-        if manifest is not None and manifest.consumer.acked_through < \
-                manifest.next_sequence - 1:
+        if any(manifest.consumer.acked_through < manifest.next_sequence - 1
+               for manifest in world.manifests().values()):
             return False
         for key, obj in world.store.objects.items():
             if key.startswith(STAGING_PREFIX + "/") and key.endswith("/state.json") \
@@ -303,3 +312,12 @@ class Checker:
                 "commits": self.commits, "max_epoch": self.max_epoch,
                 "store_faults": self.world.store.log.faults,
                 "simulated_s": round(self.world.sim.now - self.world_start(), 1)}
+
+
+def offsets_of(props: dict[str, str]) -> dict[int, int]:
+    """A snapshot's committed sequence per manifest shard (shard 0 only without
+    ``icefloe.sequences``; nothing without an offset)."""
+    shards = decode_sequences(props.get(SEQUENCES_PROP))
+    if shards is not None:
+        return shards
+    return {0: int(props[SEQUENCE_PROP])} if SEQUENCE_PROP in props else {}

@@ -47,6 +47,9 @@ class Scenario:
     faults: FaultPlan
     collector_faults: FaultPlan
     collector_skew_s: list[float] = field(default_factory=list)
+    shards: int = 1
+    """Manifest shards (#25). 2 only with embedded output and no import conditions: the
+    cluster output path and staging refuse more than one shard."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -62,7 +65,7 @@ class Scenario:
 
         dedup = rng.choice([300.0, 600.0, 900.0])
         lease = rng.choice([2.0, 4.0, 6.0])
-        return cls(
+        scenario = cls(
             seed=seed,
             sources=rng.randint(2, 3),
             ingestors=rng.randint(1, 3),
@@ -90,13 +93,18 @@ class Scenario:
             collector_skew_s=[rng.choice([0.0, 0.0, 120.0, -120.0, 7200.0])
                               for _ in range(8)],
         )
+        # drawn last, so every earlier knob of a seed stays what it was before shards
+        two = rng.random() < 0.6
+        if two and scenario.output == "embedded" and scenario.conditions_age_s is None:
+            scenario.shards = 2
+        return scenario
 
     def describe(self) -> str:
         keys = ("sources", "ingestors", "clients", "duration_s", "quiet_gap_s", "lease_s",
                 "append_deadline_s", "dedup_window_s", "snapshot_max_age_s",
                 "conditions_age_s", "admin_changes", "collector_crashes",
                 "forced_takeovers", "collector_stalls", "ingestor_crashes",
-                "retry_after_success", "output", "snapshot_keep_last")
+                "retry_after_success", "output", "snapshot_keep_last", "shards")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"

@@ -44,6 +44,8 @@ from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Manifest
 from icefloe.manifest.producer import ManifestProducer
 from icefloe.manifest.publish import StorePublisher
+from icefloe.manifest.sharded_producer import ShardedProducer
+from icefloe.manifest.shards import ensure_shards, pick_shard, shard_key
 from icefloe.registry import ops
 from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
@@ -223,9 +225,16 @@ class Ingestor:
                                                           max_delay_s=1.0, budget_s=10.0))
         cfg = world.config
         clock = world.clock_of(name)
-        self.producer = ManifestProducer(store, cfg.manifest.build(),
-                                         producer_id=f"{name}-{world.rng.randrange(1 << 30)}",
-                                         clock=clock)
+        self.store = store
+        self.producer: ManifestProducer | ShardedProducer
+        if cfg.manifest.shards > 1:  # the count is grown at start (run), as in production
+            self.producer = ShardedProducer(store, cfg.manifest.build(),
+                                            instance=spread_name(name, cfg.manifest.shards),
+                                            clock=clock)
+        else:
+            self.producer = ManifestProducer(
+                store, cfg.manifest.build(),
+                producer_id=f"{name}-{world.rng.randrange(1 << 30)}", clock=clock)
         settings = FlushSettings(age_s=0.1, min_interval_s=0.0, early_requests=0,
                                  timeout_s=cfg.ingestor.flush_timeout_s, max_inflight=2)
         self.batcher = Batcher(StorePublisher(store, self.producer), settings, IngestMetrics(),
@@ -239,6 +248,9 @@ class Ingestor:
         self.registry = registry
 
     async def run(self) -> None:
+        if self.world.config.manifest.shards > 1:
+            await ensure_shards(self.store, self.world.config.manifest.build(),
+                                clock=self.world.clock_of(self.name))
         self.batcher.start()
         while True:
             with contextlib.suppress(IcefloeError):
@@ -413,6 +425,7 @@ class World:
             "catalog": {"uri": f"sqlite:///{self.root / 'catalog.db'}",
                         "warehouse": (self.root / "warehouse").as_uri()},
             "manifest": {"lease_s": s.lease_s, "append_deadline_s": s.append_deadline_s,
+                         "shards": s.shards,
                          "gc_grace_s": s.append_deadline_s + 300.0},
             "ingestor": {"flush_timeout_s": s.flush_timeout_s},
             "admin": {"registry_poll_s": 1.0},
@@ -669,6 +682,24 @@ class World:
     def manifest(self) -> Manifest | None:
         obj = self.store.objects.get(ManifestConfig.key)
         return Manifest.decode(obj.data) if obj is not None else None
+
+    def manifests(self) -> dict[int, Manifest]:
+        """Every manifest shard that exists, by number (shard 0 is :meth:`manifest`)."""
+        out: dict[int, Manifest] = {}
+        for shard in range(self.scenario.shards):
+            obj = self.store.objects.get(shard_key(ManifestConfig.key, shard))
+            if obj is not None:
+                out[shard] = Manifest.decode(obj.data)
+        return out
+
+
+def spread_name(name: str, shards: int) -> str:
+    """An instance name for ingestor ``name`` whose rendezvous pick is shard ``index %
+    shards`` (the simulated cluster is small: left to chance, every ingestor of a seed
+    could land on one shard). The real pick code runs; only the name is chosen."""
+    index = int("".join(c for c in name if c.isdigit()) or 0)
+    want = index % shards
+    return next(f"{name}~{k}" for k in range(1000) if pick_shard(f"{name}~{k}", shards) == want)
 
 
 @contextlib.contextmanager

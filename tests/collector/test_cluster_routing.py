@@ -88,7 +88,7 @@ async def drain_all(collector: Any) -> list[int]:
     runs = []
     while (result := await collector.run_once()).entries:
         runs.append(result.entries)
-    manifest = await collector.consumer.snapshot()
+    manifest = (await collector.consumer.snapshot())[0]
     assert manifest.consumer.acked_through == manifest.next_sequence - 1
     return runs
 
@@ -155,7 +155,7 @@ async def test_fan_out_takes_the_embedded_path(config, engine) -> None:
     assert_exact(config, "web.clicks", ids("a", "b", "c"))
     assert_exact(config, "web.slim", ids("b", "c"))
     assert read_table(config, "web.slim").column_names == [
-        "user_id", "_event_id", "_received_at", "_sequence"]
+        "user_id", "_event_id", "_received_at", "_sequence", "_shard"]
     assert fallbacks(collector, "fan-out") == 1
     await collector.store.close()
 
@@ -209,7 +209,7 @@ async def test_a_re_created_source_with_other_columns(config, engine) -> None:
     assert_exact(config, "web.new", ids("n"))
     assert sorted(read_table(config, "web.old").column("n").to_pylist()) == list(range(8))
     assert read_table(config, "web.new").column_names == [
-        "user_id", "url", "_event_id", "_received_at", "_sequence"]
+        "user_id", "url", "_event_id", "_received_at", "_sequence", "_shard"]
     assert fallbacks(collector, "columns") == 2
     await collector.store.close()
 

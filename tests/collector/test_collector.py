@@ -69,7 +69,7 @@ async def test_end_to_end_rows_types_and_summary(config, engine):
     assert table.properties["commit.retry.num-retries"] == "0"
     row = next(r for r in read_table(config, "web.clicks").to_pylist() if r["_event_id"] == "c5")
     assert (row["n"], row["url"], row["_sequence"]) == (5, "/p/5", 0)
-    manifest = await collector.consumer.snapshot()
+    manifest = (await collector.consumer.snapshot())[0]
     assert manifest.consumer.acked_through == 3
     assert manifest.entry_count == 0  # dequeued
     assert collector.metrics.rows.labels("web.clicks")._value.get() == 200
@@ -135,7 +135,7 @@ async def test_standby_takes_over_after_the_lease_lapses_and_fences_the_old(conf
     with pytest.raises(Fenced, match="another collector took over"):
         await active.run_once()
     with pytest.raises(FencedError):
-        await active.consumer.ack(0)
+        await active.consumer.ack({0: 0})
     with pytest.raises(FencedError):
         await active.consumer.renew_lease()
     await drain(standby)
@@ -170,12 +170,12 @@ async def test_a_missing_batch_file_stops_the_run_until_it_is_back(config, engin
 
     publish_sync(config, [[click(i) for i in range(5)], [click(i) for i in range(5, 10)]])
     collector = await start(config, engine)
-    entries = await collector.consumer.read()
+    entries = [e.entry for e in await collector.consumer.read()]
     path = Path(local_path(config.store.url)) / entries[1].location
     shutil.move(path, tmp_path / "away")
     with pytest.raises(Exception, match=r"NotFound|not found|No such"):
         await collector.run_once()
-    assert (await collector.consumer.snapshot()).consumer.acked_through == -1
+    assert (await collector.consumer.snapshot())[0].consumer.acked_through == -1
     assert collector.metrics.queue_length._value.get() == 2  # from the run's own read
     assert collector.metrics.lag_seconds._value.get() >= 0
     shutil.move(tmp_path / "away", path)
@@ -214,7 +214,7 @@ async def test_an_unknown_commit_outcome_is_rechecked_not_blindly_retried(config
     collector = await start(config, engine)
     output = await asyncio.to_thread(
         engine.run, __import__("pipeline.load.spec", fromlist=["run_spec"]).run_spec(
-            config, await collector.consumer.read()))
+            config, [e.entry for e in await collector.consumer.read()]))
     rows = output.tables["clicks"]
     calls = []
 
@@ -372,6 +372,6 @@ async def test_a_standby_cannot_fence_a_collector_that_renewed_in_between(config
     await active.consumer.renew_lease()
     with pytest.raises(LeaseHeldError):
         await other.consumer.initialize(respect_lease=True)
-    assert (await active.consumer.snapshot()).epoch == active.epoch
+    assert (await active.consumer.snapshot())[0].epoch == active.epoch
     await active.store.close()
     await other.store.close()

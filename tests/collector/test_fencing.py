@@ -85,7 +85,7 @@ async def test_every_table_kind_refuses_the_old_epoch_before_the_new_one_commits
         config: Config) -> None:
     publish_sync(config, [[click(i) for i in range(5)] + [bad_click(99)]])
     old = await start(config, LocalEngine())
-    output = LocalEngine().run(run_spec(config, await old.consumer.read()))
+    output = LocalEngine().run(run_spec(config, [e.entry for e in await old.consumer.read()]))
     assert output.dead.num_rows == 1
     new = await start(config, LocalEngine())
     catalog = open_catalog(config.catalog)
@@ -254,7 +254,7 @@ async def test_an_old_commit_racing_the_fence_lands_before_it_or_not_at_all(
 
     publish_sync(config, [[click(i) for i in range(5)]])
     old = await start(config, LocalEngine())
-    output = LocalEngine().run(run_spec(config, await old.consumer.read()))
+    output = LocalEngine().run(run_spec(config, [e.entry for e in await old.consumer.read()]))
     catalog = open_catalog(config.catalog)
     races = [lambda: commit_rows(catalog, "web.clicks", output.tables["clicks"], sequence=0,
                                  epoch=old.epoch or 0)]

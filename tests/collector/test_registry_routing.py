@@ -87,7 +87,7 @@ async def test_should_fan_out_and_route_each_entry_by_its_version(config: Config
     assert_exact(config, "web.clicks", ids("a", 10) | ids("b", 10) | ids("c", 10) | ids("d", 10))
     assert_exact(config, "web.slim", ids("b", 10) | ids("d", 10))
     slim = read_table(config, "web.slim")
-    assert slim.column_names == ["user_id", "_event_id", "_received_at", "_sequence"]
+    assert slim.column_names == ["user_id", "_event_id", "_received_at", "_sequence", "_shard"]
     await collector.store.close()
 
 
@@ -118,7 +118,7 @@ async def test_should_not_route_an_entry_from_an_unknown_registry_version(config
         await collector.run_once()
     # nothing was acknowledged: the entry is still there for when the registry is back
     pending = await collector.consumer.read(max_entries=10)
-    assert [e.registry_version for e in pending] == [7]
+    assert [e.entry.registry_version for e in pending] == [7]
     await collector.store.close()
 
 

@@ -1,5 +1,6 @@
 """The collector and manifest shards: per-shard metrics (queue length, CAS writes,
-conflicts), and the refusal of more than one shard until the commit path consumes them."""
+conflicts) watched by the collector, and the refusal of the cluster output path on more
+than one shard."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from prometheus_client import generate_latest
 
 from collector.metrics import CollectorMetrics
 from collector.service import Collector
-from icefloe.config import Config, ManifestSection, StoreSection
+from icefloe.config import CollectorSection, Config, ManifestSection, StoreSection
 from icefloe.errors import ConfigError
 from icefloe.manifest import (
     BatchRef,
@@ -51,13 +52,27 @@ async def test_should_export_queue_length_and_cas_writes_per_shard(tmp_path):
     await store.close()
 
 
-async def test_should_refuse_to_run_on_more_than_one_shard_until_it_consumes_them(tmp_path):
-    """Today's commit path reads shard 0 only: entries on other shards would never be
-    committed, so the collector refuses the config instead of stranding them."""
+async def test_should_refuse_the_cluster_output_path_on_more_than_one_shard(tmp_path):
+    """The cluster output path writes shard-local files without ``_shard``: with several
+    shards it would mix entries of different shards, so the config is refused."""
+    store = open_async_store((tmp_path / "store").as_uri())
+    config = Config(store=StoreSection(url=(tmp_path / "store").as_uri()),
+                    manifest=ManifestSection(shards=2),
+                    collector=CollectorSection(output="cluster"))
+    with pytest.raises(ConfigError, match=r"collector\.output = \"cluster\" with "
+                                          r"manifest\.shards = 2"):
+        Collector(config, store, catalog=None, engine=None)  # type: ignore[arg-type]
+    await store.close()
+
+
+async def test_should_watch_every_shard_from_the_collector(tmp_path):
     store = open_async_store((tmp_path / "store").as_uri())
     config = Config(store=StoreSection(url=(tmp_path / "store").as_uri()),
                     manifest=ManifestSection(shards=2))
-    with pytest.raises(ConfigError, match=r"manifest\.shards = 2: this collector consumes "
-                                          r"one manifest shard only"):
-        Collector(config, store, catalog=None, engine=None)  # type: ignore[arg-type]
+    collector = Collector(config, store, catalog=None, engine=None)  # type: ignore[arg-type]
+    await collector.acquire(takeover=True)
+    await collector.consumer.read()
+    text = generate_latest(collector.metrics.registry).decode()
+    assert 'icefloe_collector_shard_queue_entries{shard="1"} 0.0' in text
+    assert "icefloe_collector_shards 2.0" in text
     await store.close()

@@ -419,3 +419,27 @@ async def test_should_merge_many_staged_files_and_commit_in_chunks(
     assert [int(s.summary["icefloe.sequence"]) for s in appends] == [2, 3, 4, 5]
     await store.close()
     await collector.store.close()
+
+
+async def test_should_refuse_to_stage_rows_when_the_manifest_has_several_shards(
+        config: Config) -> None:
+    """Staging orders rows by one manifest sequence (``through_sequence``): with several
+    shards it would be wrong, so a sink with import conditions stops the run with a
+    ConfigError naming the feature and the key, and nothing is acknowledged or lost."""
+    from icefloe.errors import ConfigError
+    from icefloe.manifest import grow_shards
+
+    config = msgspec.structs.replace(
+        config, manifest=msgspec.structs.replace(config.manifest, shards=2))
+    await registry_with(config, SLOW)
+    store = open_store_of(config)
+    await grow_shards(store, config.manifest.key, 2,
+                      backoff=config.manifest.build().conflict_backoff)
+    await publish(store, [batch("a", 5)], registry_version=1)
+    collector = await collector_for(config)
+    with pytest.raises(ConfigError, match=r"import conditions.*manifest\.shards = 2"):
+        await collector.run_once()
+    assert rows_in(config) == 0
+    assert len(await collector.consumer.read()) == 1  # still queued
+    await collector.store.close()
+    await store.close()

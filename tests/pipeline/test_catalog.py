@@ -205,7 +205,7 @@ def test_every_column_type_appends_to_partitioned_table(
     again = ensure_stream_table(catalog, stream)  # idempotent: no new metadata
     assert again.metadata_location == catalog.load_table(stream.table).metadata_location
     back = sorted(again.scan().to_arrow().to_pylist(), key=lambda r: r["_sequence"])
-    assert back == rows
+    assert back == [{**row, "_shard": None} for row in rows]  # written without it: shard 0
     assert len(again.inspect.partitions()) == 2
 
 
@@ -259,7 +259,7 @@ def test_evolution_adds_and_widens_and_keeps_dropped_columns(
     table = ensure_stream_table(catalog, v2)
     schema = table.schema()
     assert [f.name for f in schema.fields] == [
-        "a", "b", "c", "_event_id", "_received_at", "_sequence", "d", "e"]
+        "a", "b", "c", "_event_id", "_received_at", "_sequence", "_shard", "d", "e"]
     assert schema.find_type("a") == LongType()
     assert schema.find_type("b") == DoubleType()
     assert schema.find_type("c") == StringType()  # left alone, not dropped
@@ -270,7 +270,7 @@ def test_evolution_adds_and_widens_and_keeps_dropped_columns(
     back = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["_sequence"])
     assert back[0] | {"_received_at": None} == {
         "a": 1, "b": 0.5, "c": "old", "d": None, "e": None, "_event_id": "e0",
-        "_received_at": None, "_sequence": 0}
+        "_received_at": None, "_sequence": 0, "_shard": None}
     assert (back[1]["a"], back[1]["c"], back[1]["d"]) == (2**40, None, "new")
 
 

@@ -143,7 +143,7 @@ async def test_cluster_path_commits_exactly_what_the_embedded_path_commits(
     assert all(f["file_path"].startswith(clicks.location() + "/data/") for f in files)
     assert catalog.load_table("shop.buys").spec().is_unpartitioned()
     assert parquet_on_disk(config) == referenced(config)
-    assert (await clustered.consumer.snapshot()).consumer.acked_through == 3
+    assert (await clustered.consumer.snapshot())[0].consumer.acked_through == 3
     await clustered.store.close()
     await reference.store.close()
 
@@ -187,7 +187,7 @@ async def test_files_left_by_a_hard_crash_stay_out_of_the_table_until_swept(conf
     # The dying collector: runs the job and writes every table's files, then the process
     # is gone — no commit, no cleanup.
     dying = await start(config, engine)
-    spec = run_spec(config, await dying.consumer.read(), partitions=2)
+    spec = run_spec(config, [e.entry for e in await dying.consumer.read()], partitions=2)
     output = await asyncio.to_thread(engine.run, spec)
     assert isinstance(output, ClusterRunOutput)
     plans = [plan_write(dying.catalog, s.table, s.name, output.keys[s.name],
@@ -256,7 +256,7 @@ async def test_a_fenced_commit_is_refused_and_its_files_are_deleted(config, engi
                     sequence=entries[-1].sequence, epoch=newer["epoch"])
 
     old = await start(config, engine, hook=newer_collector_commits_first)
-    newer.update(entries=await old.consumer.read(), epoch=old.epoch + 1)
+    newer.update(entries=[e.entry for e in await old.consumer.read()], epoch=old.epoch + 1)
     with pytest.raises(Fenced, match="fenced"):
         await old.run_once()
     assert written[0]
@@ -272,7 +272,8 @@ async def test_a_fenced_commit_is_refused_and_its_files_are_deleted(config, engi
 async def test_an_unknown_add_files_outcome_keeps_files_that_landed(config, engine):
     publish_sync(config, [[click(i) for i in range(10)]])
     collector = await start(config, engine)
-    spec = run_spec(config, await collector.consumer.read(), partitions=2)
+    spec = run_spec(config, [e.entry for e in await collector.consumer.read()],
+                    partitions=2)
     output = await asyncio.to_thread(engine.run, spec)
     keys = output.keys["clicks"]
     plan = plan_write(collector.catalog, "web.clicks", "clicks", keys, keys, sequence=0,

@@ -599,3 +599,39 @@ def test_should_fail_models_run_in_one_line_before_spark(lake: Config, tmp_path:
     assert err.count("\n") == 0
     assert "model mart.old: table 'web.pageviews' has no version 9" in err
     assert "starting Spark" not in err
+
+
+def test_should_keep_one_watermark_per_manifest_shard(spark: Any, lake: Config,
+                                                      tmp_path: Path) -> None:
+    """``_sequence`` is ordered within a manifest shard only: a new row of shard 0 below
+    shard 1's highest sequence, and a first row of shard 2, are still new."""
+    folder = tmp_path / "models"
+    write_model(folder, "views", APPEND)
+    project = prepare(folder, lake)
+
+    def on_shard(shard: int, sequence: int, url: str) -> None:
+        stream = lake.stream("pageviews")
+        assert stream is not None
+        table = open_catalog(lake.catalog).load_table(stream.table)
+        row = {"user_id": "u9", "session_id": "s9", "url": url, "referrer": None,
+               "duration_ms": 10, "ts": DAY, "_event_id": f"{url}-{shard}-{sequence}",
+               "_received_at": DAY, "_sequence": sequence}
+        rows = pa.Table.from_pylist([row], schema=table_arrow_schema(stream))
+        table.append(rows.append_column("_shard", pa.array([shard], pa.int32())))
+
+    on_shard(1, 5, "/s1")
+    assert run_models(spark, project, lake)[0].rows == 5
+    state = last_run(open_catalog(lake.catalog).load_table("mart.views"))
+    assert state is not None
+    assert state.watermarks == {"web.pageviews": 1, "web.pageviews#1": 5}
+    pageviews(lake, [(2, 0, "/x", 1)])  # shard 0 (no _shard: null), below shard 1's 5
+    on_shard(2, 0, "/y")
+    on_shard(1, 5, "/old")  # at shard 1's watermark: not new
+    rerun = run_models(spark, project, lake)
+    assert (rerun[0].state, rerun[0].rows) == ("ran", 2)
+    urls = sorted(r["url"] for r in target_rows(lake, "mart.views", ("_sequence", "url")))
+    assert urls == ["/A", "/a", "/a", "/b", "/s1", "/x", "/y"]
+    state = last_run(open_catalog(lake.catalog).load_table("mart.views"))
+    assert state is not None
+    assert state.watermarks == {"web.pageviews": 2, "web.pageviews#1": 5,
+                                "web.pageviews#2": 0}

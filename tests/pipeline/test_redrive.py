@@ -156,3 +156,42 @@ def test_should_restore_id_and_datetime_mappings_of_redriven_rows(lake, tmp_path
     assert sorted(r["k"] for r in rows) == [f"x{i}" for i in range(4)]
     assert all(r["eid"] == r["_event_id"] and r["at"] == r["_received_at"] for r in rows)
     assert {r["ip"] for r in rows} == {None}  # not kept with the dead letter
+
+
+def test_should_keep_the_manifest_shard_of_redriven_rows(tmp_path):
+    """Dead letters of manifest shard 1 record it (``shard``), and redriven rows land with
+    their ``(_shard, _sequence)``; a rerun, keyed by both, lands nothing."""
+    from collector_support import open_store_of, publish
+
+    from icefloe.manifest import ShardedProducer, grow_shards
+    from pipeline.load.run import LocalEngine
+
+    old = collector_config(tmp_path, streams=(CLICKS, VISITS_V1))
+    old = msgspec.structs.replace(old, manifest=msgspec.structs.replace(old.manifest,
+                                                                        shards=2))
+
+    async def consume() -> None:
+        store = open_store_of(old)
+        await grow_shards(store, old.manifest.key, 2,
+                          backoff=old.manifest.build().conflict_backoff)
+        producer = ShardedProducer(store, old.manifest.build(), shard=1)
+        await publish(store, [[visit(i, 3) for i in range(2)] + [visit(100, 2**40)]],
+                      producer)  # type: ignore[arg-type]
+        await producer.close()
+        await store.close()
+        collector = await start(old, LocalEngine())
+        try:
+            await drain(collector)
+        finally:
+            await collector.store.close()
+
+    asyncio.run(consume())
+    fixed = collector_config(tmp_path, streams=(CLICKS, VISITS_V2))
+    catalog = open_catalog(fixed.catalog)
+    dead = pending(catalog, Filters())
+    assert dead.column("shard").to_pylist() == [1]
+    assert dict(redrive(fixed, catalog, Filters()).landed) == {"web.visits": 1}
+    rows = {r["_event_id"]: (r["_shard"], r["_sequence"])
+            for r in _rows(fixed, "web.visits").to_pylist()}
+    assert rows == {"v0": (1, 0), "v1": (1, 0), "v100": (1, 0)}
+    assert redrive(fixed, catalog, Filters()).selected == 0

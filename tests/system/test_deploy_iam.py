@@ -321,6 +321,33 @@ def test_should_refuse_the_ingestor_deletes_and_the_warehouse(world: World,
     assert batch in world.data_keys("ingest/batches/")
 
 
+def test_should_let_ingestor_and_collector_use_every_manifest_shard(
+        world: World, ingested: dict[str, Any]) -> None:
+    """Shard k of the manifest is ``<key>-shard<k>`` and the count is ``<key>.shards``:
+    both roles read and rewrite them (the collector fences and acks every shard; either
+    grows the count at start), the admin reads them, and neither deletes them. Batch
+    files land under ``batches/<xx>/``."""
+    from icefloe.manifest.shards import ShardSet
+
+    control = world.bucket("control_bucket_name")
+    for role in ("ingestor", "collector"):
+        s3 = world.client(role)
+        # a valid one-shard record: later tests' processes read it (shard 7 is never read)
+        for key, body in (("ingest/manifest/queue-shard7", role.encode()),
+                          ("ingest/manifest/queue.shards", ShardSet().encode())):
+            s3.put_object(Bucket=control, Key=key, Body=body)
+            assert s3.get_object(Bucket=control, Key=key)["Body"].read() == body
+            assert denied(s3.delete_object, Bucket=control, Key=key)
+    # (the admin's refusals are asserted absent by a later test: only its read here)
+    assert world.client("admin").get_object(Bucket=control,
+                                            Key="ingest/manifest/queue-shard7")
+    assert denied(world.client("ingestor").put_object, Bucket=control,
+                  Key="ingest/manifest/other", Body=b"x")
+    batches = world.data_keys("ingest/batches/")
+    assert all(re.fullmatch(r"ingest/batches/[0-9a-f]{2}/[0-9A-Z]{26}\.ifb", k)
+               for k in batches), batches
+
+
 def test_should_start_the_admin_with_its_role_and_create_a_stream(
         world: World, administered: dict[str, Any]) -> None:
     assert any(s["id"] == "signups" for s in administered["sources"])
