@@ -299,6 +299,15 @@ class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     plaintext: bool = False
 
 
+class QuerySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``icefloe query``. ``embedded_max_bytes``: with ``--engine auto``, queries whose pinned
+    data and delete files total at most this many bytes run on the embedded DuckDB engine
+    (answers in about a second, reads into this process's memory); larger ones go to Spark.
+    0 sends every query to Spark."""
+
+    embedded_max_bytes: int = 1024 * 1024 * 1024
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The whole configuration. ``source`` is the file it came from (or None)."""
 
@@ -308,6 +317,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ingestor: IngestorSection = msgspec.field(default_factory=IngestorSection)
     collector: CollectorSection = msgspec.field(default_factory=CollectorSection)
     admin: AdminSection = msgspec.field(default_factory=AdminSection)
+    query: QuerySection = msgspec.field(default_factory=QuerySection)
     streams: tuple[StreamConfig, ...] = ()
     tokens: tuple[TokenConfig, ...] = ()
     source: str | None = None
@@ -393,7 +403,7 @@ def _split_list(field: str, value: str) -> list[str]:
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
-                "collector": CollectorSection, "admin": AdminSection}
+                "collector": CollectorSection, "admin": AdminSection, "query": QuerySection}
     for section, struct in sections.items():
         for field in struct.__struct_fields__:
             name = f"ICEFLOE_{section.upper()}_{field.upper()}"
@@ -457,6 +467,8 @@ def validate(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
     _validate_collector(config.collector, where)
     _validate_admin(config.admin, where)
+    if config.query.embedded_max_bytes < 0:
+        raise ConfigError(f"{where}: query.embedded_max_bytes must be >= 0 (0: always Spark)")
     _validate_pairs(config, where)
     ing = config.ingestor
     for key in ("http_port", "grpc_port"):
