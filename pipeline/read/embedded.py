@@ -287,7 +287,7 @@ def run_embedded(config: Config, pinned: Plan, duck_sql: str, planned: Mapping[s
             relation = connection.sql(duck_sql)
             if limit is not None:
                 relation = relation.limit(limit + 1)
-            result = relation.fetch_arrow_table()
+            result = relation.to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(_duckdb_error(exc, pinned.tables)) from exc
     finally:
