@@ -24,6 +24,7 @@ from icefloe.config.model import (
     Config,
     IngestorSection,
     ManifestSection,
+    QuerySection,
     StoreSection,
     TokenConfig,
 )
@@ -40,7 +41,8 @@ from icefloe.streams import (
 __all__ = [
     "COLUMN_TYPES", "CONFIG_ENV", "DEFAULT_CONFIG", "FILE_ONLY", "OUTPUT_PATHS", "PARTITIONS",
     "AdminSection", "CatalogSection", "CollectorSection", "Column", "Config",
-    "IngestorSection", "ManifestSection", "RateLimit", "StoreSection", "StreamConfig",
+    "IngestorSection", "ManifestSection", "QuerySection", "RateLimit", "StoreSection",
+    "StreamConfig",
     "TokenConfig", "find_config", "load_config", "split_key_path", "validate",
     "validate_stream",
 ]

@@ -25,6 +25,7 @@ from icefloe.config.model import (
     Config,
     IngestorSection,
     ManifestSection,
+    QuerySection,
     StoreSection,
 )
 from icefloe.config.validate import validate
@@ -108,7 +109,8 @@ def _split_list(field: str, value: str) -> list[str]:
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
-                "collector": CollectorSection, "admin": AdminSection}
+                "collector": CollectorSection, "admin": AdminSection,
+                "query": QuerySection}
     for section, struct in sections.items():
         for field in struct.__struct_fields__:
             name = f"ICEFLOE_{section.upper()}_{field.upper()}"

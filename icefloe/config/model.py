@@ -213,6 +213,15 @@ class AdminSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     plaintext: bool = False
 
 
+class QuerySection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``icefloe query``. ``embedded_max_bytes``: with ``--engine auto``, queries whose pinned
+    data and delete files total at most this many bytes run on the embedded DuckDB engine
+    (answers in about a second, reads into this process's memory); larger ones go to Spark.
+    0 sends every query to Spark."""
+
+    embedded_max_bytes: int = 1024 * 1024 * 1024
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The whole configuration. ``source`` is the file it came from (or None)."""
 
@@ -222,6 +231,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ingestor: IngestorSection = msgspec.field(default_factory=IngestorSection)
     collector: CollectorSection = msgspec.field(default_factory=CollectorSection)
     admin: AdminSection = msgspec.field(default_factory=AdminSection)
+    query: QuerySection = msgspec.field(default_factory=QuerySection)
     streams: tuple[StreamConfig, ...] = ()
     tokens: tuple[TokenConfig, ...] = ()
     source: str | None = None

@@ -18,12 +18,14 @@ from icefloe.config.model import (
     CollectorSection,
     IngestorSection,
     ManifestSection,
+    QuerySection,
     StoreSection,
 )
 
 SECTIONS: dict[str, type[msgspec.Struct]] = {
     "store": StoreSection, "catalog": CatalogSection, "manifest": ManifestSection,
-    "ingestor": IngestorSection, "collector": CollectorSection, "admin": AdminSection}
+    "ingestor": IngestorSection, "collector": CollectorSection, "admin": AdminSection,
+    "query": QuerySection}
 
 MEANING: dict[str, str] = {
     "store.url": "object store: `file:///dir` or `s3://bucket/prefix`",
@@ -181,6 +183,9 @@ MEANING: dict[str, str] = {
     "collector.plaintext": "allow /metrics, /healthz, /readyz without TLS on a non-loopback "
                            "address (behind a TLS-terminating gateway, or probes inside "
                            "the pod network)",
+    "query.embedded_max_bytes": "`icefloe query --engine auto` answers with the embedded "
+                                "DuckDB engine when the pinned data files total at most "
+                                "this (0: always Spark)",
 }
 
 _START = "<!-- config-reference:start (generated: python -m icefloe.config.reference) -->"

@@ -30,6 +30,8 @@ def validate(config: Config, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
     _validate_collector(config.collector, where)
     _validate_admin(config.admin, where)
+    if config.query.embedded_max_bytes < 0:
+        raise ConfigError(f"{where}: query.embedded_max_bytes must be >= 0 (0: always Spark)")
     _validate_pairs(config, where)
     ing = config.ingestor
     for key in ("http_port", "grpc_port"):

@@ -17,7 +17,7 @@ INGESTOR_MODULES = frozenset({
     "prometheus_client", "uvicorn", "grpc_health", "grpc_reflection", "sqlglot",
 })
 COLLECTOR_MODULES = frozenset({
-    "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg",
+    "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg", "duckdb",
 })
 
 # the extra each command needs; commands not named here need the ingestor's core

@@ -1,8 +1,11 @@
 """``icefloe query "SQL"``: ask the Iceberg tables a question from the shell.
 
-Why Spark and not DuckDB or pyiceberg alone: the same engine the collector and the SQL
-models use, so a query that works here works there. The price is a ~10 s JVM start per
-call, which the progress note on stderr admits. Output is a readable table by default,
+Two engines read the same pinned snapshots. Spark SQL is the language (the one the
+collector and the SQL models speak), and Spark the reference engine; but its ~10 s JVM
+start per call is too slow for a one-row answer, so ``--engine auto`` hands queries over
+small enough data (``query.embedded_max_bytes``) that sqlglot translates exactly to an
+embedded DuckDB (:mod:`pipeline.read.embedded`), and says on stderr which engine answered
+and why. Output is a readable table by default,
 ``json`` (a list of objects) or ``csv`` for scripts; only data goes to stdout.
 """
 
@@ -23,6 +26,9 @@ from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from icefloe.config import Config
+    from pipeline.read.query import Plan
+
 DESCRIPTION = """\
 Run one read-only Spark SQL query over the Iceberg tables. Name tables as namespace.table
 (web.pageviews), or by stream name (pageviews). Every table is read at one snapshot: the
@@ -35,11 +41,17 @@ examples:
   icefloe query --as-of 2026-11-23T17:00:00Z "SELECT count(*) FROM web.pageviews"
   icefloe query "SELECT count(*) FROM web.pageviews AT (VERSION => 3)"
   icefloe query "SELECT reason, count(*) FROM icefloe.dead_letters GROUP BY reason"
+  icefloe query --engine spark "SELECT url, count(*) FROM pageviews GROUP BY url"
 """
 
 EPILOG = """\
-exit codes: 0 ok; 1 the query failed (the message is Spark's, in one line), Java missing,
-catalog unreachable; 2 bad configuration. Spark starts for every call (~10 s).
+engines: auto (default) answers with the embedded DuckDB engine (about a second) when the
+pinned data files total at most query.embedded_max_bytes and the statement translates
+exactly, else with Spark (~10 s start per call); --engine duckdb fails, naming the
+construct, when it cannot translate exactly; --engine spark always starts Spark.
+
+exit codes: 0 ok; 1 the query failed (the engine's message, in one line), --engine duckdb
+cannot run it exactly, Java missing, catalog unreachable; 2 bad configuration.
 """
 
 
@@ -57,31 +69,51 @@ def register(commands: Any) -> None:
                              "was current at this ISO 8601 time (UTC unless it says otherwise)")
     parser.add_argument("--limit", type=int, default=1000, metavar="N",
                         help="print at most N rows (default 1000; 0 = all rows)")
+    parser.add_argument("--engine", choices=["auto", "duckdb", "spark"], default="auto",
+                        help="who answers: auto (default: DuckDB when small and exactly "
+                             "translatable, else Spark), duckdb or spark")
     parser.add_argument("--spark-master", default="local[2]", metavar="URL",
                         help="Spark master (default local[2])")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.read.query import AsOf, plan, run_query
+    from pipeline.read.embedded import choose, run_embedded
+    from pipeline.read.query import AsOf, plan
 
     _, config = config_from_args(args, example=True)
     as_of = AsOf.parse(args.as_of)
-    plan(args.sql, config, as_of)  # names, tables, snapshots: fail before Spark starts
-    print("icefloe query: starting Spark ...", file=sys.stderr, flush=True)
-    from pipeline.spark import get_spark
-
-    spark = get_spark(args.spark_master, "icefloe-query")
+    pinned = plan(args.sql, config, as_of)  # names, tables, snapshots: fail before any engine
     limit = args.limit if args.limit > 0 else None
-    result, truncated, pinned = run_query(spark, config, args.sql, as_of=as_of, limit=limit)
+    choice = choose(config, pinned, args.engine)
+    if choice.engine == "duckdb":
+        assert choice.duck_sql is not None
+        assert choice.planned is not None
+        result, truncated = run_embedded(config, pinned, choice.duck_sql, choice.planned,
+                                         limit)
+    else:
+        print(f"icefloe query: starting Spark ({choice.reason}) ...", file=sys.stderr,
+              flush=True)
+        result, truncated = _run_spark(args, config, pinned, limit)
     write(result, args.format, sys.stdout)
     read_at = ", ".join(f"{t} @ {s if s is not None else 'empty'}"
                         for t, s in pinned.snapshots.items())
     note = f"{result.num_rows} row{'s' if result.num_rows != 1 else ''}"
     if truncated:
         note += f" shown (more exist; --limit {args.limit} cut them, --limit 0 shows all)"
-    print(f"({note}{'; read ' + read_at if read_at else ''})", file=sys.stderr, flush=True)
+    print(f"({note}{'; read ' + read_at if read_at else ''}; engine {choice.engine})",
+          file=sys.stderr, flush=True)
     return 0
+
+
+def _run_spark(args: argparse.Namespace, config: Config, pinned: Plan, limit: int | None
+               ) -> tuple[pa.Table, bool]:
+    from pipeline.read.query import run_query
+    from pipeline.spark import get_spark
+
+    spark = get_spark(args.spark_master, "icefloe-query")
+    result, truncated, _ = run_query(spark, config, args.sql, limit=limit, pinned=pinned)
+    return result, truncated
 
 
 def write(result: pa.Table, fmt: str, out: Any) -> None:

@@ -126,7 +126,7 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
     """Parse, resolve and pin every table; the rewritten SQL reads only temp views."""
     from sqlglot import exp
 
-    from pipeline.read.iceberg_source import load_table
+    from pipeline.read.tables import load_table
 
     tree = parse(sql)
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
@@ -308,7 +308,7 @@ def _travel_to(kind: str, value: exp.Expression, where: str) -> AsOf:
 def pin(table: Table, identifier: str, as_of: AsOf | None) -> int | None:
     """The snapshot to read: current, the given id or version, or the one current at the
     given time."""
-    from pipeline.read.iceberg_source import resolve_snapshot
+    from pipeline.read.tables import resolve_snapshot
     from pipeline.read.versions import resolve_version
 
     if as_of is not None and as_of.version is not None:
@@ -333,12 +333,15 @@ def _iso(ms: int) -> str:
 
 
 def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | None = None,
-              limit: int | None = None) -> tuple[pa.Table, bool, Plan]:
+              limit: int | None = None, pinned: Plan | None = None
+              ) -> tuple[pa.Table, bool, Plan]:
     """Run ``sql``; the result (at most ``limit`` rows), whether more rows were cut off,
-    and the plan (which snapshot each table was read at)."""
+    and the plan (which snapshot each table was read at). ``pinned``: a plan of ``sql``
+    made earlier (the CLI plans once, then picks the engine), so both read the same
+    snapshots."""
     from pipeline.read.iceberg_source import read_table
 
-    pinned = plan(sql, config, as_of)
+    pinned = pinned or plan(sql, config, as_of)
     for key, view in pinned.tables.items():
         read_table(spark, config.catalog, pinned.identifiers.get(key, key),
                    snapshot_id=pinned.snapshots[key]).createOrReplaceTempView(view)

@@ -1,0 +1,376 @@
+"""``icefloe query``'s embedded engine: DuckDB over the pinned snapshots, in this process.
+
+Why: Spark costs 10-25 s of JVM and Python-worker start for every ``icefloe query``, while
+most questions ("how many rows today?") touch a few megabytes. This engine answers them in
+about a second. It runs *after* :func:`pipeline.read.query.plan`, so names, snapshots and
+time travel are resolved exactly once, the same way for both engines:
+
+* **Reading.** pyiceberg plans the files of each pinned snapshot; pyarrow reads them through
+  the table's own FileIO (local files, S3 with the catalog's ``s3.*`` properties), projecting
+  by field id to the columns the query names, and applies positional delete files. A
+  snapshot with equality delete files is refused (pyiceberg cannot apply them). Each pinned
+  table becomes an Arrow table registered in DuckDB under the plan's view name.
+* **Translating.** The plan's Spark SQL goes through ``sqlglot`` (spark → duckdb). A
+  translation is used only when it is *exact*, which here means all of: every node of the
+  statement is on an allow-list of constructs whose semantics are known to agree between
+  Spark 4 (ANSI mode, session time zone UTC) and DuckDB (time zone UTC); sqlglot raises no
+  "unsupported" error; and the DuckDB text translates back to the same Spark SQL
+  (round trip). Anything else is refused with the construct named: ``/`` (division by zero is
+  an error in Spark, NULL in DuckDB), ``CAST`` (DuckDB rounds ``1.5`` to an integer, Spark
+  truncates), window functions, string functions with different indexing, a string literal
+  compared with a numeric column (implicit casts differ), backslashes in string literals
+  (escapes differ), and every function not listed in :data:`FUNCTIONS`.
+* **Results.** DuckDB's ``sum`` of integers is a 128-bit integer; it comes back as
+  ``int64``, as Spark's ``sum`` of a ``long`` does (an overflow is an error on both).
+  Unaliased expressions are named by DuckDB (``count_star()``), not as Spark names them
+  (``count(1)``): alias them when the column name matters.
+
+``duckdb`` is imported only when this engine runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from icefloe.config import Config
+from pipeline.read.query import Plan, QueryError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import FileScanTask, Table
+    from sqlglot import exp
+
+ENGINES = ("auto", "duckdb", "spark")
+
+FUNCTIONS = frozenset({"COUNT", "SUM", "MIN", "MAX", "AVG", "COALESCE", "LOWER", "UPPER",
+                       "ABS", "LENGTH"})
+"""Functions whose results agree on both engines for icefloe's column types."""
+
+_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|\+00:?00)?)?")
+_NUMBER_TYPES = ("int", "long", "float", "double", "decimal")
+_TIME_TYPES = ("date", "timestamp", "timestamptz")
+
+
+class Untranslatable(QueryError):
+    """The statement holds a construct the embedded engine does not run exactly."""
+
+    def __init__(self, construct: str, reason: str) -> None:
+        super().__init__(f"{construct}: {reason}")
+        self.construct = construct
+        self.reason = reason
+
+
+def _structural() -> tuple[type[exp.Expression], ...]:
+    """Nodes that only shape the query (no values of their own to disagree on)."""
+    from sqlglot import exp
+
+    return (exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order,
+            exp.Ordered, exp.Limit, exp.Offset, exp.With, exp.CTE, exp.TableAlias,
+            exp.Subquery, exp.Union, exp.Except, exp.Intersect, exp.Table, exp.Identifier,
+            exp.Column, exp.Star, exp.Alias, exp.Paren, exp.Distinct, exp.Tuple,
+            exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or, exp.Not,
+            exp.Is, exp.Null, exp.Boolean, exp.In, exp.Between, exp.Like, exp.Literal,
+            exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Case, exp.If, exp.Filter)
+
+
+def check_exact(tree: exp.Expression, columns: Mapping[str, str]) -> None:
+    """Raise :class:`Untranslatable` naming the first construct not on the allow-list.
+
+    ``columns``: lower-case column name -> Iceberg type name (``long``, ``string``, ...), or
+    ``"?"`` where tables disagree; used to refuse implicit casts between strings and numbers.
+    """
+    from sqlglot import exp
+
+    allowed = _structural()
+    for node in tree.walk():
+        if not isinstance(node, allowed):
+            _check_function(node)
+            continue
+        if isinstance(node, exp.Literal) and node.is_string and "\\" in node.this:
+            raise Untranslatable(f"'{node.this}'", "backslash escapes differ between the "
+                                 "engines")
+        if isinstance(node, exp.Like) and node.args.get("escape") is not None:
+            raise Untranslatable("LIKE ... ESCAPE", "escapes differ between the engines")
+        if isinstance(node, exp.Join) and (node.args.get("method") or "").upper() in (
+                "NATURAL", "ASOF"):
+            raise Untranslatable(f"{node.args['method'].upper()} JOIN", "not run embedded")
+        if isinstance(node, exp.EQ | exp.NEQ | exp.GT | exp.GTE | exp.LT | exp.LTE):
+            _check_comparison(node.this, node.expression, columns)
+        elif isinstance(node, exp.In):
+            for value in node.expressions:
+                _check_comparison(node.this, value, columns)
+        elif isinstance(node, exp.Between):
+            _check_comparison(node.this, node.args["low"], columns)
+            _check_comparison(node.this, node.args["high"], columns)
+
+
+def _check_function(node: exp.Expression) -> None:
+    """A node off the structural list passes only as a function of :data:`FUNCTIONS`."""
+    from sqlglot import exp
+
+    names = {exp.Div: "/ (division)", exp.IntDiv: "DIV", exp.Mod: "% (modulo)",
+             exp.Window: "OVER (window function)", exp.Cast: "CAST",
+             exp.TryCast: "TRY_CAST", exp.Lateral: "LATERAL VIEW",
+             exp.TableSample: "TABLESAMPLE", exp.Pivot: "PIVOT", exp.Lambda: "lambda"}
+    for kind, name in names.items():
+        if isinstance(node, kind):
+            raise Untranslatable(name, "not known to give the same answers in DuckDB and "
+                                 "Spark")
+    if not isinstance(node, exp.Func):
+        raise Untranslatable(node.key.upper(), "not known to give the same answers in DuckDB "
+                             "and Spark")
+    label = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).upper()
+    if label not in FUNCTIONS:
+        raise Untranslatable(label, "function not known to give the same answers in DuckDB "
+                             "and Spark")
+
+
+def _kind(node: exp.Expression, columns: Mapping[str, str]) -> str | None:
+    """``string``, ``number``, ``time`` or ``boolean`` when known from the node, else None."""
+    from sqlglot import exp
+
+    if isinstance(node, exp.Paren):
+        return _kind(node.this, columns)
+    if isinstance(node, exp.Literal):
+        return "string" if node.is_string else "number"
+    if isinstance(node, exp.Boolean):
+        return "boolean"
+    if isinstance(node, exp.Column):
+        iceberg = columns.get(node.name.lower())
+        if iceberg is None:
+            return None
+        if iceberg == "string":
+            return "string"
+        if iceberg.startswith(_NUMBER_TYPES):
+            return "number"
+        if iceberg in _TIME_TYPES:
+            return "time"
+        if iceberg == "boolean":
+            return "boolean"
+        return "?"
+    return None
+
+
+def _check_comparison(left: exp.Expression, right: exp.Expression,
+                      columns: Mapping[str, str]) -> None:
+    """Refuse comparisons whose implicit cast differs (or may differ) between the engines."""
+    from sqlglot import exp
+
+    kinds = {_kind(left, columns), _kind(right, columns)}
+    kinds.discard(None)
+    if len(kinds) <= 1:
+        return
+    text = f"{left.sql(dialect='spark')} vs {right.sql(dialect='spark')}"
+    if kinds == {"time", "string"}:
+        literal = right if isinstance(right, exp.Literal) else left
+        if isinstance(literal, exp.Literal) and _ISO_TIME.fullmatch(literal.this.strip()):
+            return  # both read ISO 8601 in the session zone, UTC on both engines
+        raise Untranslatable(text, "a time compared with a string that is not plain ISO "
+                             "8601 (YYYY-MM-DD[ HH:MM[:SS[.ffffff]]][Z])")
+    raise Untranslatable(text, f"compares {' and '.join(sorted(kinds))}: implicit casts "
+                         "differ between the engines")
+
+
+def translate(spark_sql: str, columns: Mapping[str, str] | None = None) -> str:
+    """The DuckDB SQL for ``spark_sql``, or :class:`Untranslatable` (see the module doc)."""
+    import sqlglot
+    from sqlglot.errors import ErrorLevel, SqlglotError
+
+    tree = sqlglot.parse_one(spark_sql, read="spark")
+    check_exact(tree, columns or {})
+    try:
+        duck = tree.sql(dialect="duckdb", unsupported_level=ErrorLevel.RAISE)
+        back = sqlglot.transpile(duck, read="duckdb", write="spark",
+                                 unsupported_level=ErrorLevel.RAISE)[0]
+    except SqlglotError as exc:
+        raise Untranslatable("statement", f"sqlglot cannot translate it: "
+                             f"{str(exc).splitlines()[0]}") from None
+    if back != tree.sql(dialect="spark"):
+        raise Untranslatable("statement", f"the DuckDB translation does not read back as "
+                             f"the same Spark SQL ({back[:200]})")
+    return duck
+
+
+# ------------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One pinned table reference, planned: what it reads and how big it is."""
+
+    view: str
+    table: Table
+    schema: Schema
+    tasks: tuple[FileScanTask, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.file.file_size_in_bytes + sum(d.file_size_in_bytes
+                                                   for d in t.delete_files)
+                   for t in self.tasks)
+
+
+def referenced_columns(spark_sql: str) -> set[str]:
+    """Lower-case names of every column the statement names; ``{"*"}`` if it has a star."""
+    import sqlglot
+    from sqlglot import exp
+
+    tree = sqlglot.parse_one(spark_sql, read="spark")
+    names = {c.name.lower() for c in tree.find_all(exp.Column)}
+    if any(True for _ in tree.find_all(exp.Star)) and not all(
+            isinstance(s.parent, exp.Count) for s in tree.find_all(exp.Star)):
+        names.add("*")
+    return names
+
+
+def plan_files(config: Config, pinned: Plan) -> dict[str, Pinned]:
+    """Per plan key: the pinned snapshot's schema and files (nothing read yet)."""
+    from pipeline.read.tables import load_table
+
+    out: dict[str, Pinned] = {}
+    tables: dict[str, Table] = {}
+    for key, view in pinned.tables.items():
+        identifier = pinned.identifiers.get(key, key)
+        if identifier not in tables:
+            tables[identifier] = load_table(config.catalog, identifier)
+        table = tables[identifier]
+        snapshot = pinned.snapshots[key]
+        scan = table.scan(snapshot_id=snapshot)
+        tasks = tuple(scan.plan_files()) if snapshot is not None else ()
+        out[key] = Pinned(view, table, scan.projection(), tasks)
+    return out
+
+
+def column_types(pinned: Iterable[Pinned]) -> dict[str, str]:
+    """Column name -> Iceberg type over all tables (``"?"`` where they disagree)."""
+    types: dict[str, str] = {}
+    for entry in pinned:
+        for field in entry.schema.fields:
+            kind = str(field.field_type)
+            name = field.name.lower()
+            types[name] = kind if types.get(name, kind) == kind else "?"
+    return types
+
+
+def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
+    """The pinned files as one Arrow table, projected to ``columns`` (at least one)."""
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
+    _refuse_equality_deletes([entry])
+    names = [f.name for f in entry.schema.fields]
+    if "*" not in columns:
+        wanted = [n for n in names if n.lower() in columns]
+        names = wanted or names[:1]  # count(*): one column carries the row count
+    schema = entry.schema.select(*names)
+    if not entry.tasks:
+        return schema_to_pyarrow(schema, include_field_ids=False).empty_table()
+    scan = ArrowScan(entry.table.metadata, entry.table.io, schema, AlwaysTrue())
+    return scan.to_table(entry.tasks)
+
+
+def run_embedded(config: Config, pinned: Plan, duck_sql: str, planned: Mapping[str, Pinned],
+                 limit: int | None = None) -> tuple[pa.Table, bool]:
+    """Run the translated statement on DuckDB; the result and whether ``limit`` cut it."""
+    import duckdb
+
+    columns = referenced_columns(pinned.sql)
+    connection = duckdb.connect(config=_duckdb_settings())
+    try:
+        connection.execute("SET TimeZone = 'UTC'")  # needs ICU, loaded after connect
+        for entry in planned.values():
+            connection.register(entry.view, read_pinned(entry, columns))
+        try:
+            relation = connection.sql(duck_sql)
+            if limit is not None:
+                relation = relation.limit(limit + 1)
+            result = relation.to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(_duckdb_error(exc, pinned.tables)) from exc
+    finally:
+        connection.close()
+    result = _spark_types(result)
+    truncated = limit is not None and result.num_rows > limit
+    return (result.slice(0, limit) if truncated else result), truncated
+
+
+def _duckdb_settings() -> dict[str, Any]:
+    """No extension downloads; order kept as produced (an ordered result stays ordered)."""
+    return {"autoinstall_known_extensions": False,
+            "autoload_known_extensions": False, "preserve_insertion_order": True}
+
+
+def _spark_types(result: pa.Table) -> pa.Table:
+    """DuckDB's ``HUGEINT`` (sum of integers) as ``int64``, the type Spark gives."""
+    import pyarrow as pa
+
+    fields = []
+    for field in result.schema:
+        kind = field.type
+        if pa.types.is_decimal(kind) and kind.precision == 38 and kind.scale == 0:
+            kind = pa.int64()
+        fields.append(field.with_type(kind))
+    target = pa.schema(fields)
+    return result if target.equals(result.schema) else result.cast(target)
+
+
+def _duckdb_error(exc: BaseException, views: Mapping[str, str]) -> str:
+    """DuckDB's message in one line, with view names turned back into table names."""
+    text = " ".join(str(exc).split())
+    for identifier, view in views.items():
+        text = text.replace(f'"{view}"', identifier).replace(view, identifier)
+    return text[:500]
+
+
+# ----------------------------------------------------------------------- choosing engines
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which engine answers, and why (said on stderr)."""
+
+    engine: str
+    reason: str
+    duck_sql: str | None = None
+    planned: Mapping[str, Pinned] | None = None
+
+
+def choose(config: Config, pinned: Plan, requested: str) -> Choice:
+    """``spark`` as asked; ``duckdb`` or an :class:`Untranslatable`; ``auto`` by size and
+    exactness (see the module docstring and ``query.embedded_max_bytes``)."""
+    if requested == "spark":
+        return Choice("spark", "--engine spark")
+    limit = config.query.embedded_max_bytes
+    if requested == "auto" and limit == 0:
+        return Choice("spark", "query.embedded_max_bytes = 0")
+    planned = plan_files(config, pinned)
+    size = sum(p.bytes for p in planned.values())
+    if requested == "auto" and size > limit:
+        return Choice("spark", f"{_mib(size)} of data files > query.embedded_max_bytes "
+                               f"({_mib(limit)})")
+    try:
+        duck_sql = translate(pinned.sql, column_types(planned.values()))
+        _refuse_equality_deletes(planned.values())
+    except Untranslatable as exc:
+        if requested == "duckdb":
+            raise QueryError(f"--engine duckdb cannot run this query exactly: {exc}") from None
+        return Choice("spark", f"not run embedded: {exc}")
+    return Choice("duckdb", f"{_mib(size)} of data files", duck_sql, planned)
+
+
+def _refuse_equality_deletes(planned: Iterable[Pinned]) -> None:
+    """pyiceberg applies positional deletes but not equality deletes: refuse those."""
+    from pyiceberg.manifest import DataFileContent
+
+    for entry in planned:
+        for task in entry.tasks:
+            if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
+                raise Untranslatable("equality deletes", f"{entry.table.name()} has "
+                                     "equality delete files, which pyiceberg cannot apply")
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
