@@ -58,6 +58,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
+def spark_settings(config: Config) -> dict[str, Any]:
+    """The collector's Spark settings: ``[collector] spark_conf`` (checked at load: it
+    holds none icefloe owns) and the driver memory."""
+    cfg = config.collector
+    return {**cfg.spark_conf, "spark.driver.memory": cfg.spark_driver_memory}
+
+
 def default_engine(config: Config) -> Engine:
     """Spark with the configured output path: ``embedded`` (default) or ``cluster``."""
     from pipeline.load.mapped import check_on_spark
@@ -65,8 +72,7 @@ def default_engine(config: Config) -> Engine:
     from pipeline.spark import get_spark
 
     cfg = config.collector
-    spark = get_spark(cfg.spark_master, "icefloe-collector",
-                      {"spark.driver.memory": cfg.spark_driver_memory})
+    spark = get_spark(cfg.spark_master, "icefloe-collector", spark_settings(config))
     spec = run_spec(config, [])
     check_on_spark(spark, spec.streams)  # a sql mapping Spark cannot compile: fail now
     # Either way, start the Python workers now so the first run is not ~5 s slower.
@@ -86,9 +92,8 @@ def _spark_of(engine: Engine, config: Config) -> Callable[[], Any]:
     def start() -> Any:
         from pipeline.spark import get_spark
 
-        cfg = config.collector
-        return get_spark(cfg.spark_master, "icefloe-collector",
-                         {"spark.driver.memory": cfg.spark_driver_memory})
+        return get_spark(config.collector.spark_master, "icefloe-collector",
+                         spark_settings(config))
     return start
 
 
