@@ -130,6 +130,9 @@ class StandbyWarmth:
         self.clock = clock
         self._task: asyncio.Task[None] | None = None
         self._halt = asyncio.Event()
+        self.warmed = asyncio.Event()
+        """Set after the first warming pass that succeeded."""
+        self.tables = 0
 
     def start(self) -> None:
         if self._task is None:
@@ -148,10 +151,11 @@ class StandbyWarmth:
         while not self._halt.is_set():
             started = self.clock.monotonic()
             try:
-                tables = await self.offload(self.warm)
+                self.tables = await self.offload(self.warm)
+                self.warmed.set()
                 if not logged:
                     log.info("standby: warm (Spark, store and catalog checked; %d tables "
-                             "in %.1f s)", tables, self.clock.monotonic() - started)
+                             "in %.1f s)", self.tables, self.clock.monotonic() - started)
                     logged = True
             except Exception as exc:  # the takeover will show the real error, if lasting
                 log.warning("standby: warming failed (will retry): %s", _first_line(exc))

@@ -10,6 +10,7 @@ object, else wrapped as ``{"ts", "level": "warning", "logger": "spark.stderr", "
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -20,6 +21,18 @@ from collections.abc import Iterator
 from icefloe.logs import JsonFormatter, RedactingFilter
 
 LOGGER = "spark.stderr"
+DRAIN_AT_EXIT_S = 1.0
+"""At exit, how long to wait for a relay to copy the last lines of a child that ended."""
+_relays: list[threading.Thread] = []
+
+
+@atexit.register
+def _drain() -> None:
+    """Let each relay copy what its (ended) child wrote last: a daemon thread would
+    otherwise die with the interpreter, lines unread. Registered at import, so it runs
+    after pyspark's own exit hook has stopped the JVM."""
+    for relay in _relays:
+        relay.join(DRAIN_AT_EXIT_S)
 
 
 def json_line(line: str) -> str:
@@ -53,8 +66,10 @@ def stderr_as_json(enabled: bool) -> Iterator[None]:
     sys.stderr.flush()
     read_fd, write_fd = os.pipe()
     saved = os.dup(2)
-    threading.Thread(target=_relay, args=(read_fd, os.dup(saved)), daemon=True,
-                     name="jvm-stderr").start()
+    relay = threading.Thread(target=_relay, args=(read_fd, os.dup(saved)), daemon=True,
+                             name="jvm-stderr")
+    relay.start()
+    _relays.append(relay)
     os.dup2(write_fd, 2)
     os.close(write_fd)
     try:
