@@ -97,8 +97,7 @@ def standalone(tmp_path: Path) -> Iterator[Standalone]:
         cluster.stop()
 
 
-@pytest.mark.slow  # 60-70 s on 2 busy cores: four JVMs (master, worker, driver, executor)
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(300)  # ~45 s (60-70 s on 2 busy cores): master, worker, driver, executor
 def test_should_commit_exactly_once_through_a_standalone_cluster(tmp_path, standalone):
     path = write_config(tmp_path, spark_master=standalone.url, output="cluster",
                         spark_partitions=2)
