@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from collector.gc import collect_garbage
 from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
@@ -58,6 +60,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
+def spark_settings(config: Config) -> dict[str, Any]:
+    """The collector's Spark settings: ``[collector] spark_conf`` (checked at load: it
+    holds none icefloe owns) and the driver memory."""
+    cfg = config.collector
+    return {**cfg.spark_conf, "spark.driver.memory": cfg.spark_driver_memory}
+
+
 def default_engine(config: Config) -> Engine:
     """Spark with the configured output path: ``embedded`` (default) or ``cluster``."""
     from pipeline.load.mapped import check_on_spark
@@ -65,8 +74,7 @@ def default_engine(config: Config) -> Engine:
     from pipeline.spark import get_spark
 
     cfg = config.collector
-    spark = get_spark(cfg.spark_master, "icefloe-collector",
-                      {"spark.driver.memory": cfg.spark_driver_memory})
+    spark = get_spark(cfg.spark_master, "icefloe-collector", spark_settings(config))
     spec = run_spec(config, [])
     check_on_spark(spark, spec.streams)  # a sql mapping Spark cannot compile: fail now
     # Either way, start the Python workers now so the first run is not ~5 s slower.
@@ -86,9 +94,8 @@ def _spark_of(engine: Engine, config: Config) -> Callable[[], Any]:
     def start() -> Any:
         from pipeline.spark import get_spark
 
-        cfg = config.collector
-        return get_spark(cfg.spark_master, "icefloe-collector",
-                         {"spark.driver.memory": cfg.spark_driver_memory})
+        return get_spark(config.collector.spark_master, "icefloe-collector",
+                         spark_settings(config))
     return start
 
 
@@ -99,6 +106,77 @@ def maintenance_settings(config: Config) -> MaintenanceSettings:
                                target_file_bytes=cfg.compact_target_bytes,
                                min_input_files=cfg.compact_min_files,
                                orphan_age_s=cfg.orphan_age_s)
+
+
+WARM_EVERY_S = 20.0
+"""How often a standby touches Spark and the catalog: well inside Spark's one-minute
+timeout for idle Python workers, so the first run after a takeover finds them started."""
+
+
+class StandbyWarmth:
+    """What a standby does while it waits for the lease: keep the SparkSession's Python
+    workers started (an empty run of the data source) and check the catalog (load every
+    configured table that exists), every :data:`WARM_EVERY_S`; the store is checked by the
+    lease reads themselves. Nothing here is kept for after the epoch bump: tables, committed
+    sequences, dedup windows and staging states are read then (they may change until the
+    old collector is fenced), so warming only saves start-up time, never state."""
+
+    def __init__(self, config: Config, engine: Engine, catalog: Any, *, offload: Offload,
+                 clock: Clock = SYSTEM) -> None:
+        self.config = config
+        self.engine = engine
+        self.catalog = catalog
+        self.offload = offload
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._halt = asyncio.Event()
+        self.warmed = asyncio.Event()
+        """Set after the first warming pass that succeeded."""
+        self.tables = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._forever(), name="standby-warmth")
+
+    async def stop(self) -> None:
+        """Stop warming (a warm-up already running finishes in its thread, harmlessly)."""
+        self._halt.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _forever(self) -> None:
+        logged = False
+        while not self._halt.is_set():
+            started = self.clock.monotonic()
+            try:
+                self.tables = await self.offload(self.warm)
+                self.warmed.set()
+                if not logged:
+                    log.info("standby: warm (Spark, store and catalog checked; %d tables "
+                             "in %.1f s)", self.tables, self.clock.monotonic() - started)
+                    logged = True
+            except Exception as exc:  # the takeover will show the real error, if lasting
+                log.warning("standby: warming failed (will retry): %s", _first_line(exc))
+            await sleep_or_stop(self.clock, WARM_EVERY_S, self._halt)
+
+    def warm(self) -> int:
+        """One warming pass (blocking); returns how many configured tables exist."""
+        spark = getattr(self.engine, "spark", None)
+        if spark is not None:
+            from pipeline.load.run import SparkEngine
+
+            SparkEngine(spark, self.config.collector.spark_partitions).warm_up(
+                run_spec(self.config, []))
+        found = 0
+        for stream in self.config.streams:
+            try:
+                self.catalog.load_table(stream.table)
+                found += 1
+            except NoSuchTableError:
+                pass
+        return found
 
 
 class Runner:
@@ -320,10 +398,13 @@ async def run_collector(config: Config, *, takeover: bool = False,
             return EXIT_OK
         collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook,
                               clock=clock, offload=offload)
+        warmth = StandbyWarmth(config, engine, catalog, offload=offload, clock=clock)
         try:
-            await collector.acquire(takeover=takeover, stop=stop)
+            await collector.acquire(takeover=takeover, stop=stop, on_standby=warmth.start)
         except asyncio.CancelledError:
             return EXIT_OK  # stopped while on standby
+        finally:
+            await warmth.stop()
         models = None
         if refresh_plan is not None:
             assert collector.epoch is not None

@@ -143,9 +143,13 @@ class Collector(RunCommits):
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
 
     async def acquire(self, *, takeover: bool = False,
-                      stop: asyncio.Event | None = None) -> int:
+                      stop: asyncio.Event | None = None,
+                      on_standby: Callable[[], None] | None = None) -> int:
         """Become the active collector: wait as a hot standby while another holds a live
-        lease (unless ``takeover``), then bump the epoch. Returns our epoch."""
+        lease (unless ``takeover``), then bump the epoch. Returns our epoch.
+
+        ``on_standby`` is called once when the wait begins (the runner keeps Spark, the
+        store and the catalog warm from then on)."""
         self._loop = asyncio.get_running_loop()
         lease_s = self.consumer.config.lease_s
         waiting_logged = False
@@ -164,6 +168,8 @@ class Collector(RunCommits):
                 log.info("standby: %s holds the lease for %.1f s more; waiting", holder,
                          expires - now)
                 waiting_logged = True
+                if on_standby is not None:
+                    on_standby()
             self.metrics.active.set(0)
             self.metrics.health.set_role("standby")
             wait = min(max(expires - now, 0.05), lease_s / 3)

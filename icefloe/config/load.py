@@ -91,7 +91,7 @@ def _key_path(message: str) -> str:
     return reason if key is None else f"{key}: {reason}"
 
 
-FILE_ONLY = frozenset({"properties", "client_rate_limit"})
+FILE_ONLY = frozenset({"properties", "client_rate_limit", "spark_conf"})
 """Settings that are tables: set in the file only, never from the environment."""
 _LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies", "models", "tokens"})
 """Lists the environment gives comma-separated."""

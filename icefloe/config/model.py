@@ -9,7 +9,7 @@ key is caught at start with its exact path (``$.streams[0].columns[2]``). The st
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -173,6 +173,10 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     spark_master: str = "local[2]"
     spark_partitions: int = 4
     spark_driver_memory: str = "2g"
+    spark_conf: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Extra ``spark.*`` settings for the collector's SparkSession (a cluster's executor
+    memory, an event log, ...); the ones icefloe owns are refused (see
+    :data:`pipeline.spark.OWNED_CONF`, checked in :mod:`icefloe.config.validate`)."""
     output: str = "embedded"
     dequeue_every: int = 10
     gc_interval_s: float = 60.0

@@ -142,6 +142,9 @@ MEANING: dict[str, str] = {
     "collector.spark_master": "Spark master URL (`spark://...` for a cluster)",
     "collector.spark_partitions": "Spark partitions per run",
     "collector.spark_driver_memory": "Spark driver memory",
+    "collector.spark_conf": "extra `spark.*` settings for the collector's SparkSession "
+                            "(strings, numbers, booleans); the ones icefloe owns are "
+                            "refused; file only",
     "collector.output": "`embedded` (rows appended on the driver) or `cluster` (executors "
                         "write Parquet, the driver commits `add_files`; runs with fan-out "
                         "or staging go the embedded way)",

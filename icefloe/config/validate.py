@@ -181,7 +181,59 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.plaintext and col.tls_cert_file:
         raise ConfigError(f"{where}: collector.plaintext: true contradicts "
                           "collector.tls_cert_file (TLS is on); remove one of them")
+    _validate_spark_conf(col, where)
     if col.orphan_age_s < 60:
         raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
                           "least 60 s: younger unreferenced files may belong to a commit "
                           "still in flight")
+
+
+SPARK_FIXED: dict[str, tuple[str, str]] = {
+    "spark.sql.session.timeZone": (
+        "UTC", "timestamps are read and written as UTC instants"),
+    "spark.ui.showConsoleProgress": (
+        "false", "a progress bar on stderr would break the JSON log lines and the progress "
+        "line of `icefloe up`"),
+    "spark.python.worker.reuse": (
+        "true", "the collector starts its Python workers once and reuses them every run"),
+    "spark.submit.deployMode": (
+        "client", "the driver is the collector process itself"),
+    "spark.pyspark.driver.python": (
+        "", "the driver is the interpreter running the collector"),
+}
+"""``spark_conf`` keys icefloe owns (:mod:`pipeline.spark` sets them and depends on them):
+the only value accepted and why. ``spark.master`` and ``spark.driver.memory`` have keys of
+their own; the driver's addresses are icefloe's on a ``local`` master."""
+
+SPARK_PAIRED = {"spark.master": "spark_master", "spark.driver.memory": "spark_driver_memory"}
+_LOCAL_ONLY = ("spark.driver.host", "spark.driver.bindAddress")
+
+
+def spark_value(value: object) -> str:
+    """A ``spark_conf`` value as Spark reads it: booleans lower-case, numbers as written."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _validate_spark_conf(col: CollectorSection, where: str) -> None:
+    """Pass-through ``spark.*`` settings, minus the ones icefloe owns (each refusal names
+    the key; a paired one names both keys)."""
+    for key, value in col.spark_conf.items():
+        name = f"{where}: collector.spark_conf.{key!r}"
+        if not key.startswith("spark."):
+            raise ConfigError(f"{name}: only spark.* settings are passed to Spark")
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(f"{name}: {value!r} is not a string, number or boolean")
+        text = spark_value(value)
+        paired = SPARK_PAIRED.get(key)
+        if paired is not None and text != str(getattr(col, paired)):
+            raise ConfigError(f"{name} = {text!r} contradicts collector.{paired} = "
+                              f"{getattr(col, paired)!r}; set collector.{paired} instead")
+        fixed = SPARK_FIXED.get(key)
+        if fixed is not None and text != fixed[0]:
+            must = f"must be {fixed[0]!r}" if fixed[0] else "is icefloe's"
+            raise ConfigError(f"{name} = {text!r}: {must}, because {fixed[1]}")
+        if key in _LOCAL_ONLY and col.spark_master.startswith("local"):
+            raise ConfigError(f"{name}: with collector.spark_master = {col.spark_master!r} "
+                              "the driver binds to loopback (set it for a cluster master)")
