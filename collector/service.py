@@ -138,9 +138,14 @@ class Collector(RunCommits):
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
 
     async def acquire(self, *, takeover: bool = False,
-                      stop: asyncio.Event | None = None) -> int:
+                      stop: asyncio.Event | None = None, wait: bool = True) -> int:
         """Become the active collector: wait as a hot standby while another holds a live
-        lease (unless ``takeover``), then bump the epoch. Returns our epoch."""
+        lease (unless ``takeover``), then bump the epoch. Returns our epoch.
+
+        Raises:
+            LeaseHeldError: another holds a live lease and ``wait`` is off (``icefloe run``
+                refuses rather than waits).
+        """
         self._loop = asyncio.get_running_loop()
         lease_s = self.consumer.config.lease_s
         waiting_logged = False
@@ -155,6 +160,8 @@ class Collector(RunCommits):
                     break
                 except LeaseHeldError as exc:  # renewed (or taken) meanwhile
                     holder, expires, now = exc.holder, exc.remaining_s, 0.0
+            if not wait:
+                raise LeaseHeldError(holder, max(expires - now, 0.0))
             if not waiting_logged:
                 log.info("standby: %s holds the lease for %.1f s more; waiting", holder,
                          expires - now)

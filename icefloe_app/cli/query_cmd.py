@@ -45,7 +45,8 @@ catalog unreachable; 2 bad configuration. Spark starts for every call (~10 s).
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
-        "query", help="run a read-only Spark SQL query over the Iceberg tables",
+        "query", aliases=["sql"],
+        help="run a read-only Spark SQL query over the Iceberg tables (alias: sql)",
         description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sql", metavar="SQL", help="one SELECT / WITH / UNION query")
