@@ -73,7 +73,7 @@ def test_sql_types_map_to_icefloe_types(sql, ours):
 ])
 def test_what_icefloe_would_not_honour_is_refused_by_name(tmp_path, columns, named):
     config = project(tmp_path, files={"raw/events.sql": f"-- @kind: events\n{columns}\n"})
-    with pytest.raises(ConfigError, match="models/raw/events.sql") as error:
+    with pytest.raises(ConfigError, match=r"models/raw/events\.sql") as error:
         load_config(config)
     assert named in str(error.value)
 
