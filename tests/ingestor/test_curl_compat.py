@@ -163,3 +163,19 @@ def test_form_body_is_validated_when_the_config_loads(tmp_path):
                     'columns = [{ name = "a", type = "string" }]\n')
     with pytest.raises(ConfigError, match="form_body"):
         load_config(path)
+
+
+def test_received_at_is_filled_on_every_entry_point_from_the_injected_clock():
+    """The gRPC front and NDJSON decode through the same validator: same rule."""
+    from icefloe.clock import ManualClock
+    from ingestor.validate import CompiledStream
+
+    clock = ManualClock(1_800_000_000.0)
+    stream = CompiledStream(EVENTS, clock=clock)
+    stamped = b'{"event_name":"a","received_at":"2027-01-15T08:00:00Z"}'
+    for canonical in (stream.from_events([b'{"event_name":"a"}']),
+                      stream.from_ndjson(b'{"event_name":"a","received_at":null}\n'),
+                      stream.from_json(b'[{"event_name":"a"}]')):
+        assert canonical.payloads == [stamped]
+    assert stream.from_events([b'{"event_name":"a","received_at":0}']).payloads == [
+        b'{"event_name":"a","received_at":"1970-01-01T00:00:00Z"}']
