@@ -6,7 +6,8 @@ accepted connection is wrapped by the current (reloadable) context and shakes ha
 own thread within ``HANDSHAKE_TIMEOUT_S``, so a silent peer never blocks the accept loop.
 
 Why not just prometheus' ``start_http_server``: orchestrators need probes too. Liveness
-(``/healthz``) says only that the process answers, so a store outage never gets a healthy
+(``/healthz``, alias ``/health`` as the ingestor and admin API have) says only that the
+process answers, so a store outage never gets a healthy
 collector restarted into a crash loop; readiness (``/readyz``) says whether it is doing its
 job — starting Spark, a standby waiting for the lease, active, or active but failing runs —
 with the reason in a JSON body, so ``kubectl describe`` shows *why*.
@@ -74,14 +75,14 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
-        elif path == "/healthz":
+        elif path in ("/healthz", "/health"):
             self._json(200, {"status": "ok", **self.server.health.body()})
         elif path == "/readyz":
             ready, _ = self.server.health.ready()
             self._json(200 if ready else 503, self.server.health.body())
         else:
             self._json(404, {"error": "not_found",
-                             "message": "try /metrics, /healthz or /readyz"})
+                             "message": "try /metrics, /healthz, /health or /readyz"})
 
     def _json(self, status: int, body: dict[str, object]) -> None:
         self._send(status, msgspec.json.encode(body), "application/json")

@@ -184,8 +184,9 @@ class Runner:
 
     def __init__(self, collector: Collector, stop: asyncio.Event,
                  models: ModelRefresh | None = None,
-                 watch: RegistryWatch | None = None) -> None:
+                 watch: RegistryWatch | None = None, *, once: bool = False) -> None:
         self.collector = collector
+        self.once = once  # stop when the queue is empty (``icefloe run``)
         self.stop = stop
         self.models = models
         self.watch = watch
@@ -277,6 +278,8 @@ class Runner:
                 self.models.note_commits({**result.rows, **staged})
                 if self.models.due(backlog=backlog) and not self.stop.is_set():
                     await collector.offload(self.models.run)
+            if self.once and not result.entries:
+                break  # ``icefloe run``: everything queued is committed
             if backlog:
                 continue  # a backlog: go straight on
             wait = cfg.poll_interval_s if not result.entries else \
@@ -361,9 +364,14 @@ async def run_collector(config: Config, *, takeover: bool = False,
                         serve_metrics: bool = True,
                         on_ready: Callable[[Ready], None] | None = None,
                         metrics: CollectorMetrics | None = None,
-                        clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread) -> int:
+                        clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread,
+                        once: bool = False) -> int:
     """Open everything from ``config``, become active (or wait as standby), run until
     ``stop`` is set or this collector is fenced. Returns the exit code.
+
+    ``once`` (``icefloe run``): become active only if no other collector holds a live lease
+    (else :class:`~icefloe.errors.LeaseHeldError`, unless ``takeover``), and stop once the
+    queue is empty, everything in it committed.
 
     ``/metrics``, ``/healthz`` and ``/readyz`` are served from the start (unless
     ``serve_metrics`` is off), under the ``[collector]`` TLS and plaintext policy (a
@@ -400,7 +408,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
                               clock=clock, offload=offload)
         warmth = StandbyWarmth(config, engine, catalog, offload=offload, clock=clock)
         try:
-            await collector.acquire(takeover=takeover, stop=stop, on_standby=warmth.start)
+            await collector.acquire(takeover=takeover, stop=stop, on_standby=warmth.start,
+                                    wait=not once)
         except asyncio.CancelledError:
             return EXIT_OK  # stopped while on standby
         finally:
@@ -415,7 +424,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
         watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
                               poll_s=config.admin.registry_poll_s,
                               config_streams=config.streams)
-        runner = Runner(collector, stop, models, watch)
+        runner = Runner(collector, stop, models, watch, once=once)
         runner.start_renewal()
         try:
             registry = await watch.check()

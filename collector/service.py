@@ -144,12 +144,18 @@ class Collector(RunCommits):
 
     async def acquire(self, *, takeover: bool = False,
                       stop: asyncio.Event | None = None,
-                      on_standby: Callable[[], None] | None = None) -> int:
+                      on_standby: Callable[[], None] | None = None,
+                      wait: bool = True) -> int:
         """Become the active collector: wait as a hot standby while another holds a live
         lease (unless ``takeover``), then bump the epoch. Returns our epoch.
 
         ``on_standby`` is called once when the wait begins (the runner keeps Spark, the
-        store and the catalog warm from then on)."""
+        store and the catalog warm from then on).
+
+        Raises:
+            LeaseHeldError: another holds a live lease and ``wait`` is off (``icefloe run``
+                refuses rather than waits).
+        """
         self._loop = asyncio.get_running_loop()
         lease_s = self.consumer.config.lease_s
         waiting_logged = False
@@ -164,6 +170,8 @@ class Collector(RunCommits):
                     break
                 except LeaseHeldError as exc:  # renewed (or taken) meanwhile
                     holder, expires, now = exc.holder, exc.remaining_s, 0.0
+            if not wait:
+                raise LeaseHeldError(holder, max(expires - now, 0.0))
             if not waiting_logged:
                 log.info("standby: %s holds the lease for %.1f s more; waiting", holder,
                          expires - now)
@@ -172,8 +180,8 @@ class Collector(RunCommits):
                     on_standby()
             self.metrics.active.set(0)
             self.metrics.health.set_role("standby")
-            wait = min(max(expires - now, 0.05), lease_s / 3)
-            await sleep_or_stop(self.clock, wait, stop)
+            pause = min(max(expires - now, 0.05), lease_s / 3)
+            await sleep_or_stop(self.clock, pause, stop)
             if stop is not None and stop.is_set():
                 raise asyncio.CancelledError
         self.metrics.epoch.set(self.epoch)

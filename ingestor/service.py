@@ -64,6 +64,7 @@ class IngestService:
         self.batcher = batcher
         self.metrics = metrics
         self.store = store
+        self._clock = clock
         self.max_event_bytes = config.ingestor.max_event_bytes
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
         self._accepted: dict[str, Any] = {}
@@ -76,7 +77,8 @@ class IngestService:
     def _use(self, config: Config, version: int, tables: dict[str, str]) -> None:
         """Serve ``config``'s streams from now on (built fully before being swapped in, so
         a request sees either the old or the new set, never a mix)."""
-        streams = {s.name: CompiledStream(s, version) for s in config.streams}
+        streams = {s.name: CompiledStream(s, version, clock=self._clock)
+                   for s in config.streams}
         by_table = {t: streams[name] for t, name in tables.items() if name in streams}
         auth, limits = TokenAuthority(config), RateLimiter(config, self.metrics)
         self.streams, self._by_table, self.auth, self.limits = streams, by_table, auth, limits

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
 from icefloe.formats.speedups import compiled as _speedups
 from icefloe.streams.model import Column, StreamConfig
@@ -39,6 +40,9 @@ from icefloe.streams.types import (
 )
 from ingestor.mappings import EventMappings, MappingViolation, request_meta
 
+RECEIVED_AT = "received_at"
+"""An unmapped ``timestamp`` column of this name is filled with the receive time when an
+event leaves it out or sends null (what OndatraSQL's event tables do); a sent value wins."""
 _SHORT_JSON = 2 * MAX_JSON_DEPTH
 _LOWER_E, _UPPER_E = ord("e"), ord("E")  # ``int in bytes`` is a memchr, ~9x ``b"e" in``
 """JSON text this short cannot nest deeper than the limit nor hold 309 digits: without an
@@ -84,8 +88,10 @@ class CompiledStream:
 
     MAX_VIOLATIONS = 100
 
-    def __init__(self, config: StreamConfig, registry_version: int = 0) -> None:
+    def __init__(self, config: StreamConfig, registry_version: int = 0, *,
+                 clock: Clock = SYSTEM) -> None:
         self.config = config
+        self._clock = clock
         self.name = config.name
         self.registry_version = registry_version
         """The stream-registry version this validator was built from (0: the config's
@@ -120,6 +126,8 @@ class CompiledStream:
         self._encoder = msgspec.json.Encoder()
         self._timestamps = [c.name for c in plain if c.type == "timestamp"]
         self._jsons = [c.name for c in plain if c.type == "json"]
+        self._stamp_received = any(c.name == RECEIVED_AT and c.type == "timestamp"
+                                   for c in plain)
         self._id_field = config.event_id_field
         self._id_column: Column | None = next(
             (c for c in config.columns if c.name == config.event_id_field), None)
@@ -233,6 +241,8 @@ class CompiledStream:
     # -- canonical form --------------------------------------------------------------------
 
     def _canonical(self, events: list[Any], raws: Sequence[bytes] | None = None) -> Canonical:
+        if self._stamp_received:
+            self._received_now(events)
         if self._mappings is not None:
             return self._canonical_mapped(events, raws)
         if self._timestamps or self._jsons:
@@ -290,6 +300,17 @@ class CompiledStream:
         if self._id_mapped:
             ids = [_id_text(value) for value in mapped_ids]
         return Canonical(payloads, ids)
+
+    def _received_now(self, events: list[Any]) -> None:
+        """Fill a missing or null ``received_at`` with the time this request is validated
+        (one clock read per request; the envelope's ``_received_at`` is stamped moments
+        later, when the events are buffered)."""
+        now: dt.datetime | None = None
+        for event in events:
+            if getattr(event, RECEIVED_AT) is None:
+                if now is None:
+                    now = dt.datetime.fromtimestamp(self._clock.time(), dt.UTC)
+                setattr(event, RECEIVED_AT, now)
 
     def _named(self, violation: Violation) -> Violation:
         """A type error inside a mapped JSON path, reported under its column's name."""

@@ -30,6 +30,7 @@ from icefloe.config.model import (
 )
 from icefloe.config.validate import validate
 from icefloe.errors import ConfigError
+from icefloe.streams.events_sql import with_events_files
 
 CONFIG_ENV = "ICEFLOE_CONFIG"
 DEFAULT_CONFIG = "icefloe.toml"
@@ -72,6 +73,9 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
         raise ConfigError(f"{where}: {_key_path(str(exc))}") from None
     base = source.parent.absolute() if source is not None else Path.cwd()
     config = _resolve_paths(config, base, str(source) if source else None)
+    if config.collector.models_dir:  # streams declared as models/SCHEMA/NAME.sql files
+        streams = with_events_files(config.streams, Path(config.collector.models_dir), where)
+        config = msgspec.structs.replace(config, streams=streams)
     validate(config, where)
     return config
 

@@ -18,7 +18,7 @@ import msgspec
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
-from icefloe.errors import ManifestCorruptError
+from icefloe.errors import ConfigError, ManifestCorruptError
 from icefloe.registry.model import Registry, Source
 from icefloe.registry.ops import create_source, seed_specs
 from icefloe.store.base import AsyncObjectStore
@@ -89,6 +89,26 @@ def _since_the_start(source: Source) -> Source:
     sinks = tuple(msgspec.structs.replace(s, created_version=0, updated_version=1)
                   for s in source.sinks)
     return msgspec.structs.replace(source, sinks=sinks, created_version=0, updated_version=1)
+
+
+def refuse_conflicts(registry: Registry, streams: Sequence[StreamConfig], where: str) -> None:
+    """Refuse a config stream (``[[streams]]`` or an events file) whose table a registry
+    source of *another* id writes: two declarations of one table, and which one's columns
+    the events are validated against would depend on the order things started in.
+    Other differences are drift (:func:`drift`): the registry's declaration is used.
+
+    Raises:
+        ConfigError: naming the config stream and the registry source.
+    """
+    writers = {sink.table: source.id for source in registry.live_sources()
+               for sink in source.live_sinks()}
+    for stream in streams:
+        writer = writers.get(stream.table)
+        if writer is not None and writer != stream.name:
+            raise ConfigError(
+                f"{where}: stream {stream.name!r} of the config and source {writer!r} of the "
+                f"registry both write table {stream.table}; keep one: remove the stream from "
+                f"the config, or delete the source (`icefloe sources delete {writer}`)")
 
 
 def drift(registry: Registry, streams: Sequence[StreamConfig]) -> list[str]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
 from icefloe.registry.model import Registry
-from icefloe.registry.store import RegistryStore, drift
+from icefloe.registry.store import RegistryStore, drift, refuse_conflicts
 from icefloe.store.base import AsyncObjectStore
 
 log = logging.getLogger("icefloe.registry")
@@ -52,7 +52,8 @@ class RegistryWatch:
         if registry.version <= self.version:
             self._etag = loaded.etag
             return None
-        if self.current is None:
+        if self.current is None:  # at start: a table declared twice stops it
+            refuse_conflicts(registry, self.config_streams, "config and registry")
             for note in drift(registry, self.config_streams):
                 log.warning("config and registry differ (the registry is used): %s", note)
         outcome = self.on_change(registry)

@@ -15,6 +15,9 @@ import msgspec
 
 COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
                 "json")
+FORM_BODIES = ("collect", "json", "refuse")
+"""``form_body``: where a body typed ``application/x-www-form-urlencoded`` (curl's default
+with ``-d``) is read as JSON: on the ``/collect`` routes only, on every route, or nowhere."""
 PARTITIONS = ("day", "hour", "month", "none")
 """Partitioning of a stream table by ``_received_at``; ``none`` leaves it unpartitioned."""
 
@@ -68,6 +71,10 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     ``tokens`` are hash lines (``icefloe token hash``) of tokens that may write to this
     stream only; tokens for several streams are top-level ``[[tokens]]``.
+
+    ``form_body`` (:data:`FORM_BODIES`) says where a form-typed body is read as JSON: the
+    ``/collect`` routes take what ``curl -d`` sends by default; a stream may opt every
+    route in, or refuse it everywhere (415) so that browsers must pass a CORS preflight.
     """
 
     name: str
@@ -78,6 +85,7 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     event_id_field: str | None = None
     partition: str = "day"
     rate_limit: RateLimit | None = None
+    form_body: Literal["collect", "json", "refuse"] = "collect"
 
     @property
     def namespace(self) -> str:

@@ -426,6 +426,7 @@ def build_app(api: AdminApi) -> Starlette:
     sink = "/v1/sources/{id}/sinks/{sink}"
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/health", healthz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/registry", g(api.get_registry), methods=["GET"]),

@@ -24,7 +24,7 @@ from icefloe.manifest.cas import load as load_manifest
 from icefloe.manifest.model import Entry
 from icefloe.registry import ops
 from icefloe.registry.model import Registry
-from icefloe.registry.store import RegistryStore, drift
+from icefloe.registry.store import RegistryStore, drift, refuse_conflicts
 from icefloe.server_tls import section_tls
 from icefloe.staging import PREFIX, StagingState, table_of_state
 from icefloe.store import open_async_store, options_for
@@ -137,6 +137,7 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
     try:
         registry = RegistryStore(store, admin.registry_key, clock=clock)
         seeded = await registry.seed(config.streams, config.source)
+        refuse_conflicts(seeded, config.streams, config.source or "config")
         for note in drift(seeded, config.streams):
             log.warning("config and registry differ: %s", note)
         api = AdminApi(registry, Tasks(make_table or catalog_table_maker(config), clock=clock),

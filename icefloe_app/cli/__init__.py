@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         models_cmd,
         probe_cmd,
         query_cmd,
+        run_cmd,
         sources_cmd,
         streams_cmd,
         tables_cmd,
@@ -50,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show full tracebacks instead of one-line errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up_cmd, ingestor_cmd, collector_cmd, query_cmd, models_cmd, streams_cmd,
-                   tables_cmd, deadletters_cmd, demo_cmd, token_cmd, inspect_cmd, probe_cmd,
-                   admin_cmd, sources_cmd):
+    for module in (up_cmd, ingestor_cmd, collector_cmd, run_cmd, query_cmd, models_cmd,
+                   streams_cmd, tables_cmd, deadletters_cmd, demo_cmd, token_cmd, inspect_cmd,
+                   probe_cmd, admin_cmd, sources_cmd):
         module.register(commands)
     return parser
 

@@ -28,6 +28,8 @@ COMMAND_EXTRA = {
     "up": "all",
     "demo": "all",
     "query": "collector",
+    "sql": "collector",
+    "run": "collector",
     "models": "collector",
     "tables": "collector",
     "deadletters": "collector",

@@ -57,7 +57,8 @@ cannot run it exactly, Java missing, catalog unreachable; 2 bad configuration.
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
-        "query", help="run a read-only Spark SQL query over the Iceberg tables",
+        "query", aliases=["sql"],
+        help="run a read-only Spark SQL query over the Iceberg tables (alias: sql)",
         description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sql", metavar="SQL", help="one SELECT / WITH / UNION query")

@@ -17,12 +17,15 @@ Routes::
     POST    /collect/{schema}/{table}            one JSON object   (seed-compatible alias)
     POST    /collect/{schema}/{table}/batch      a JSON array      (seed-compatible alias)
     OPTIONS (the three above)                    CORS preflight
-    GET     /healthz  /readyz  /metrics  /openapi.json   (the last: ingestor.http.openapi)
+    GET     /healthz (alias /health)  /readyz  /metrics  /openapi.json   (ingestor.http.openapi)
 
 Content types: ``application/json`` is JSON; ``application/x-ndjson`` and
 ``application/ndjson`` are newline-delimited JSON (the events route only; the aliases
-mirror the seed, which took JSON). ``text/plain`` and a missing Content-Type are read as
-JSON *with a condition*, because a browser sends them cross-origin without a CORS
+mirror the seed, which took JSON). ``application/x-www-form-urlencoded`` (what ``curl -d``
+sends) is read as JSON on the ``/collect`` routes, on every route when the stream says
+``form_body = "json"``, and nowhere with ``"refuse"``; a body that is not JSON is a 400.
+``text/plain``, a form type and a missing Content-Type are read as JSON *with a
+condition*, because a browser sends them cross-origin without a CORS
 preflight (``navigator.sendBeacon``, ``fetch`` with a string or a typeless Blob): the
 preflight is what lets ``cors_origins`` refuse a page, so without it any web page could
 write to a token-free stream. They are therefore accepted only from a request that carries
@@ -118,7 +121,8 @@ class HttpApp(IngestSteps):
     def __init__(self, runtime: IngestorRuntime, guard: SlowClientGuard | None = None) -> None:
         super().__init__(runtime, guard)
         self._gets: dict[str, Callable[[Send], Awaitable[None]]] = {
-            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
+            "/healthz": self._healthz, "/health": self._healthz, "/readyz": self._readyz,
+            "/metrics": self._metrics,
             "/openapi.json": self._openapi}
         self._openapi_body = msgspec.json.encode(openapi_document())
 
@@ -190,7 +194,7 @@ class HttpApp(IngestSteps):
         stream = self.stream_of(target, request)
         caller = await self.service.authorize(stream, request.token(),
                                               self.client_address(scope.get("client"), request))
-        decode, inflater, key = self.pre_body_checks(target[0], request)
+        decode, inflater, key = self.pre_body_checks(target[0], request, stream)
         body = await self._read_body(receive, inflater)
         canonical, meta = self.decoded(stream, decode, body, caller, scope["headers"])
         request.count = len(canonical.payloads)

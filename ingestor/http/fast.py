@@ -148,7 +148,7 @@ class FastLane:
             stream = app.stream_of(target, request)
             client = app.client_address(connection.client, request)
             caller = self.service.authorize_known(stream, request.token(), client)
-            decode, _, key = app.pre_body_checks(target[0], request)
+            decode, _, key = app.pre_body_checks(target[0], request, stream)
         except NeedsVerification:
             connection.cycle = None  # nothing was done: uvicorn takes it from the start
             return None

@@ -44,8 +44,8 @@ _ERRORS = {
     408: "the headers or body arrived too slowly (ingestor.header_timeout_s, "
          "body_timeout_s) or the upload took over ingestor.body_max_s",
     413: "the body is over ingestor.max_body_bytes (received or decompressed)",
-    415: "Content-Type or Content-Encoding not accepted (text/plain and a missing "
-         "Content-Type only from requests without Origin or from an allowed origin)",
+    415: "Content-Type or Content-Encoding not accepted (text/plain, a form type and a "
+         "missing Content-Type only from requests without Origin or from an allowed origin)",
     429: "backpressure: the buffer or the manifest queue is full, or a rate limit; retry "
          "after Retry-After seconds",
     431: "the request headers are over ingestor.max_header_bytes or max_headers",
@@ -125,11 +125,15 @@ def openapi_document() -> dict[str, Any]:
                                   "without Origin or from an origin in cors_origins"}},
         "application/x-ndjson": {"schema": {"type": "string",
                                             "description": "one JSON object per line"}}}
+    form = {"schema": {"type": "string", "description": "read as JSON (curl -d sends this "
+                       "type), unless the stream's form_body is \"refuse\""}}
     one = {"application/json": {"schema": _ref("Event")},
-           "text/plain": {"schema": {"type": "string"}}}
+           "text/plain": {"schema": {"type": "string"}},
+           "application/x-www-form-urlencoded": form}
     many = {"application/json": {"schema": {"type": "array", "items": _ref("Event"),
                                             "minItems": 1}},
-            "text/plain": {"schema": {"type": "string"}}}
+            "text/plain": {"schema": {"type": "string"}},
+            "application/x-www-form-urlencoded": form}
     stream, table = _path("stream"), _path("schema", "table")
     health = {"type": "object", "required": ["status"], "properties": {
         "status": {"type": "string"}, "detail": {"type": "string"},
@@ -163,6 +167,9 @@ def openapi_document() -> dict[str, Any]:
                 "options": _preflight(table)},
             "/healthz": {"get": {"summary": "alive", "security": [], "responses": {
                 "200": {"description": "the process answers", **_json(health)}}}},
+            "/health": {"get": {"summary": "alive (alias of /healthz)", "security": [],
+                                "responses": {"200": {"description": "the process answers",
+                                                      **_json(health)}}}},
             "/readyz": {"get": {"summary": "ready: config loaded and the store answers",
                                 "security": [], "responses": {
                                     "200": {"description": "ready", **_json(health)},

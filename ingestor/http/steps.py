@@ -72,7 +72,9 @@ _MEDIA_TYPES: Final = {
     b"": "json", b"application/json": "json", b"text/plain": "json",
     b"application/x-ndjson": "ndjson", b"application/ndjson": "ndjson",
 }
-_NO_PREFLIGHT: Final = frozenset({b"", b"text/plain"})
+_FORM: Final = b"application/x-www-form-urlencoded"
+"""curl's type with ``-d``: read as JSON where the stream's ``form_body`` says so."""
+_NO_PREFLIGHT: Final = frozenset({b"", b"text/plain", _FORM})
 """Body types a browser sends cross-origin without a CORS preflight (see
 :mod:`ingestor.http.app`): accepted only without an ``Origin`` or from an allowed one."""
 
@@ -247,7 +249,7 @@ class IngestSteps:
         self._cors_origins = frozenset(o.rstrip("/").lower().encode()
                                        for o in ing.cors_origins if o != "*")
         self._counters: dict[tuple[str, int], Any] = {}
-        self._decoders: dict[tuple[str, bytes | None], tuple[Decode, bool]] = {}
+        self._decoders: dict[tuple[str, bytes | None, bool], tuple[Decode, bool]] = {}
         self.ack_seconds = self.metrics.ack_seconds.labels("http")
 
     def stream_of(self, target: Target, request: Request) -> CompiledStream:
@@ -258,17 +260,19 @@ class IngestSteps:
         request.stream = stream.name
         return stream
 
-    def pre_body_checks(self, kind: str, request: Request
+    def pre_body_checks(self, kind: str, request: Request, stream: CompiledStream
                         ) -> tuple[Decode, Inflater | None, str | None]:
         """After the token, everything that needs no body: content type and encoding
         (415), idempotency key (400), declared length (413). Returns the body decoder, the
         inflater (None: not compressed) and the idempotency key."""
-        decode, simple = self._decoder(kind, request.content_type)
+        form = stream.config.form_body
+        decode, simple = self._decoder(kind, request.content_type,
+                                       form == "json" or (form == "collect" and kind != EVENTS))
         if simple and request.origin is not None and not self._allowed(request.origin):
             raise UnsupportedMediaType(
-                "a browser page may send text/plain or no Content-Type only from an origin "
-                "listed in ingestor.cors_origins; send application/json (the browser then "
-                "asks first, with a CORS preflight)")
+                "a browser page may send text/plain, a form type or no Content-Type only from "
+                "an origin listed in ingestor.cors_origins; send application/json (the "
+                "browser then asks first, with a CORS preflight)")
         inflater = None if request.content_encoding is None \
             else self._inflater(request.content_encoding)
         key = request.key()
@@ -300,21 +304,28 @@ class IngestSteps:
                                    None if forwarded is None else forwarded.decode("latin-1"),
                                    None if xff is None else xff.decode("latin-1"))
 
-    def _decoder(self, kind: str, content_type: bytes | None) -> tuple[Decode, bool]:
+    def _decoder(self, kind: str, content_type: bytes | None, form_as_json: bool
+                 ) -> tuple[Decode, bool]:
         """The body decoder of ``content_type`` on a ``kind`` route (415 if none), and
-        whether the type is one a browser sends without a preflight."""
-        known = self._decoders.get((kind, content_type))
+        whether the type is one a browser sends without a preflight. ``form_as_json``: a
+        form-typed body is read as JSON (the stream's ``form_body`` allows it here)."""
+        known = self._decoders.get((kind, content_type, form_as_json))
         if known is not None:
             return known
         media = _media_type(content_type)
-        decode = _DECODERS.get((kind, _MEDIA_TYPES.get(media, "")))
+        parse = "json" if media == _FORM and form_as_json else _MEDIA_TYPES.get(media, "")
+        decode = _DECODERS.get((kind, parse))
         if decode is None:
+            accepted = _ACCEPTED_TYPES[kind]
+            if media == _FORM:
+                accepted += " (this stream's form_body setting keeps the form type out here)"
             raise UnsupportedMediaType(
                 f"Content-Type {media.decode('latin-1')!r} is not accepted here; send "
-                f"{_ACCEPTED_TYPES[kind]}")
+                f"{accepted}")
         if len(self._decoders) >= MAX_CACHED_TYPES:  # Content-Type is client input
             self._decoders.clear()
-        found = self._decoders[(kind, content_type)] = (decode, media in _NO_PREFLIGHT)
+        found = self._decoders[(kind, content_type, form_as_json)] = (
+            decode, media in _NO_PREFLIGHT)
         return found
 
     def _inflater(self, content_encoding: bytes | None) -> Inflater | None:

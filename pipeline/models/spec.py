@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icefloe.errors import IcefloeError
+from icefloe.streams.events_sql import is_events_file
 
 if TYPE_CHECKING:
     from sqlglot import exp
@@ -83,10 +84,12 @@ class Model:
 
 def load_models(folder: Path) -> list[Model]:
     """Every ``*.sql`` file of ``folder`` and its schema subfolders, sorted by path; two
-    models may not share a target."""
+    models may not share a target. Files headed ``-- @kind: events`` are streams, read with
+    the config (:mod:`icefloe.streams.events_sql`), not models: they are skipped here."""
     if not folder.is_dir():
         raise ModelError(f"models folder {folder} does not exist (give --models DIR)")
-    models = [parse_model(path, _schema_of(folder, path)) for path in _model_files(folder)]
+    models = [parse_model(path, _schema_of(folder, path)) for path in _model_files(folder)
+              if not is_events_file(path.read_text(encoding="utf-8"))]
     targets: dict[str, str] = {}
     for model in models:
         other = targets.setdefault(model.target, model.name)

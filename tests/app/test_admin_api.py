@@ -153,6 +153,7 @@ def test_should_demand_an_admin_token(admin: Admin) -> None:
     wrong = httpx.get(f"{admin.url}/v1/sources", headers={"authorization": "Bearer nope"})
     assert wrong.status_code == 403
     assert httpx.get(f"{admin.url}/healthz").status_code == 200
+    assert httpx.get(f"{admin.url}/health").json() == {"status": "ok"}
     metrics = httpx.get(f"{admin.url}/metrics").text
     assert 'icefloe_admin_requests_total{operation="list_sources",status="401"} 1.0' in metrics
     assert 'operation="list_sources",status="403"' in metrics

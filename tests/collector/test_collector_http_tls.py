@@ -62,6 +62,7 @@ def test_should_serve_the_probes_over_tls_only(tmp_path, pki):
         base = f"https://localhost:{server.port}"
         with httpx.Client(verify=client_context(pki), timeout=5) as client:
             assert client.get(f"{base}/healthz").json()["status"] == "ok"
+            assert client.get(f"{base}/health").json() == client.get(f"{base}/healthz").json()
             assert client.get(f"{base}/readyz").status_code == 503  # still starting
             assert b"icefloe_collector" in client.get(f"{base}/metrics").content
         with pytest.raises(httpx.HTTPError):  # plaintext on the TLS port

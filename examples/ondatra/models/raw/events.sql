@@ -1,0 +1,5 @@
+-- @kind: events
+event_name VARCHAR NOT NULL,
+page_url VARCHAR,
+user_id VARCHAR,
+received_at TIMESTAMPTZ

@@ -1,0 +1,145 @@
+"""``icefloe run``: commit what is queued, then run the SQL models once, and exit.
+
+Why a command of its own (OndatraSQL's ``ondatrasql run``): a project without a long-running
+collector — a laptop, a cron job, a test — wants one step that turns accepted events into
+fresh tables and marts. It is the collector's own loop (:func:`collector.runner.
+run_collector` with ``once``: same lease, fencing and exactly-once commits) stopped when the
+queue is empty, followed by the model runner of ``icefloe models run``. It never waits as a
+standby: while another collector holds the lease it exits 3 naming the holder, since that
+collector commits the queue anyway; ``--takeover`` fences it instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from icefloe.config import Config
+from icefloe.errors import LeaseHeldError
+from icefloe.logs import setup_logging
+from icefloe_app.cli.collector_cmd import EXIT_FENCED, fenced_message, run_guarded
+from icefloe_app.cli.common import print_json, table
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
+
+DESCRIPTION = """\
+Commit every queued batch into its Iceberg tables (exactly once, as the collector does),
+then run every SQL model of the models folder ([collector] models_dir, default models/
+beside the config file) once, in dependency order, and exit.
+
+It takes the queue's lease like a collector and refuses to wait for one: while another
+collector holds a live lease, it exits 3 naming the holder (that collector commits the
+queue anyway; run the models with `icefloe models run`). --takeover fences that collector
+instead (it exits 3 itself).
+
+example:
+  curl -X POST localhost:8080/collect/raw/events -d '{"event_name":"pageview"}'
+  icefloe run && icefloe sql "SELECT * FROM mart.daily_traffic"
+"""
+
+EPILOG = """\
+exit codes: 0 ok; 1 a model failed or was skipped, or an error (catalog, store, Spark);
+2 bad configuration or model files; 3 another collector holds the lease (or took it over).
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "run", help="commit what is queued, then run the SQL models once",
+        description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    parser.add_argument("--takeover", action="store_true",
+                        help="fence a collector that holds the lease instead of exiting 3")
+    parser.add_argument("--full-refresh", action="store_true",
+                        help="recompute incremental models from all rows and replace them")
+    parser.add_argument("--json", action="store_true", help="print the model outcomes as JSON")
+    parser.add_argument("--log-level", default="warning",
+                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=["json", "text"])
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.models import plan_project
+    from pipeline.models.spec import load_models
+
+    _, config = config_from_args(args)
+    setup_logging(args.log_level, args.log_format)
+    folder = Path(config.collector.models_dir) if config.collector.models_dir else None
+    has_models = folder is not None and folder.is_dir()
+    if has_models:  # bad model files fail before the queue is touched
+        assert folder is not None
+        plan_project(load_models(folder), config)
+    print("icefloe run: starting Spark and committing the queue ...", file=sys.stderr,
+          flush=True)
+    code = commit_queue(config, takeover=args.takeover)
+    if code != 0 or not has_models:
+        return code
+    assert folder is not None
+    return run_models_once(config, folder, full_refresh=args.full_refresh, as_json=args.json)
+
+
+def commit_queue(config: Config, *, takeover: bool = False) -> int:
+    """Drain the queue as the active collector; 3 (and a line naming the holder) while
+    another collector holds the lease."""
+    from collector.runner import run_collector
+
+    async def main() -> int:
+        if not takeover:  # refuse before Spark starts; acquire() re-checks inside its CAS
+            held = await live_lease(config)
+            if held is not None:
+                raise LeaseHeldError(*held)
+        return await run_collector(config, takeover=takeover, serve_metrics=False, once=True)
+
+    try:
+        code = run_guarded(main, config)
+    except LeaseHeldError as exc:
+        print(f"icefloe: error: collector {exc.holder} holds the queue's lease "
+              f"({exc.remaining_s:.1f} s more) and commits the queue itself; run the models "
+              "with `icefloe models run`, stop that collector, or use --takeover to fence it",
+              file=sys.stderr, flush=True)
+        return EXIT_FENCED
+    if code == EXIT_FENCED:
+        print(f"icefloe: error: {fenced_message(None)}", file=sys.stderr, flush=True)
+    return code
+
+
+async def live_lease(config: Config) -> tuple[str, float] | None:
+    """``(holder, seconds left)`` of a live collector lease on the queue, else None."""
+    from icefloe.manifest import ManifestConsumer
+    from icefloe.store import open_async_store, options_for
+
+    store = open_async_store(config.store.url, options_for(
+        config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
+    try:  # a missing manifest reads as empty: no holder
+        holder, expires, now = await ManifestConsumer(store, config.manifest.build()).lease()
+    finally:
+        await store.close()
+    return (holder, expires - now) if holder and expires > now else None
+
+
+def run_models_once(config: Config, folder: Path, *, full_refresh: bool = False,
+                    as_json: bool = False) -> int:
+    """Every model of ``folder``, once, in DAG order (as ``icefloe models run``)."""
+    from pipeline.models import prepare
+    from pipeline.models import run_models as run_all
+    from pipeline.spark import get_spark
+
+    project = prepare(folder, config)  # after the commit: the tables the models read exist
+    if not project.models:
+        return 0
+    cfg = config.collector
+    spark = get_spark(cfg.spark_master, "icefloe-run",
+                      {"spark.driver.memory": cfg.spark_driver_memory})
+    outcomes = run_all(spark, project, config, [], full_refresh=full_refresh)
+    if as_json:
+        print_json([{"name": o.name, "state": o.state, "rows": o.rows,
+                     "seconds": round(o.seconds, 3), "reason": o.reason} for o in outcomes])
+    else:
+        print(table(["MODEL", "STATE", "ROWS", "SECONDS"],
+                    [[o.name, o.state + (f": {o.reason}" if o.reason else ""),
+                      "-" if o.rows is None else str(o.rows), f"{o.seconds:.2f}"]
+                     for o in outcomes]))
+    return 1 if any(o.state in ("failed", "skipped") for o in outcomes) else 0
