@@ -15,15 +15,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import httpx
 import msgspec
 import pytest
-from ingest_support import TOKEN, TOKEN_HASH, http_serving, make_config, running, stored_events
+from ingest_support import (
+    TOKEN,
+    TOKEN_HASH,
+    grpc_serving,
+    http_serving,
+    make_config,
+    running,
+    stored_events,
+)
 
 from icefloe.config import Column, Config, StreamConfig, validate
 from icefloe.errors import ConfigError
 from icefloe.formats.batch import BatchBuilder
 from icefloe.formats.envelope import frame_events
+from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 from pipeline.load.decode import decode_batch_file
 from pipeline.load.spec import EntryFile, stream_specs
 
@@ -75,11 +85,16 @@ async def test_should_take_the_connectors_json_array_batches_and_headers(config:
                                    headers=CONNECTOR_HEADERS)
         assert joined.status_code == 400, joined.text
         assert "batch.json.as.array=true" in joined.json()["message"]
+        # no Content-Type configured: the JVM client's default text type is read as JSON
+        plain = await client.post(path, content=body([record(7)]), headers={
+            "Content-Type": "text/plain; charset=ISO-8859-1",
+            "Authorization": f"Bearer {TOKEN}"})
+        assert plain.status_code == 202, plain.text
         no_token = await client.post(path, content=body([record(6)]),
                                      headers={"Content-Type": "application/json"})
         assert no_token.status_code == 401
     events = await stored_events(config.store.url)
-    assert [msgspec.json.decode(e.payload)["n"] for e in events] == [0, 1, 2, 3]
+    assert [msgspec.json.decode(e.payload)["n"] for e in events] == [0, 1, 2, 3, 7]
     kept = [msgspec.json.decode(msgspec.json.decode(e.meta)["hs"]) for e in events]
     assert kept[0] == kept[2]  # one meta per request
     assert kept[0]["trace-id"] == "t-1"
@@ -91,6 +106,21 @@ async def test_should_take_the_connectors_json_array_batches_and_headers(config:
     for secret in ("authorization", "cookie", "x-session-id"):
         assert secret not in kept[0]
     assert TOKEN not in repr([e.meta for e in events])
+
+
+async def test_should_keep_grpc_metadata_in_a_headers_column(config: Config) -> None:
+    async with grpc_serving(config) as (_, served), \
+            grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+        request = ingest_pb2.PublishRequest(stream="clicks", events=[
+            ingest_pb2.Event(json=msgspec.json.encode(record(1)))])
+        reply = await ingest_pb2_grpc.IngestStub(channel).Publish(request, metadata=(
+            ("authorization", f"Bearer {TOKEN}"), ("trace-id", "g-1"),
+            ("x-api-key", "k"), ("blob-bin", b"\x00\x01")))
+        assert reply.accepted == 1
+    [event] = await stored_events(config.store.url)
+    kept = msgspec.json.decode(msgspec.json.decode(event.meta)["hs"])
+    assert kept["trace-id"] == "g-1"
+    assert not {"authorization", "x-api-key", "blob-bin"} & set(kept)
 
 
 def test_should_decode_the_headers_column_as_json_or_text() -> None:
