@@ -97,3 +97,27 @@ def test_should_run_the_readme_example(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     assert capsys.readouterr().out == "[b'{\"user_id\":\"u1\",\"url\":\"/\"}']\n"
+
+
+async def test_should_keep_its_lease_while_it_reads_and_lose_it_when_it_stops(
+        config: Config) -> None:
+    import asyncio
+    import time
+
+    short = msgspec.structs.replace(config, manifest=msgspec.structs.replace(
+        config.manifest, lease_s=0.6))
+    reader = Collector.open(short, holder="reader")
+    standby = Collector.open(short, holder="standby")
+    await reader.initialize()
+    until = time.monotonic() + 1.5  # well past one lease: only renewals keep it
+    while time.monotonic() < until:
+        assert await reader.next_batch() is None
+        await asyncio.sleep(0.1)
+    with pytest.raises(LeaseHeldError):
+        await standby.initialize()
+    await asyncio.sleep(0.7)  # the reader stopped calling next_batch: its lease lapses
+    await standby.initialize()
+    with pytest.raises(FencedError):
+        await reader.next_batch()
+    await reader.close()
+    await standby.close()
