@@ -12,13 +12,21 @@ mapping names are kept, once per record, in the envelope's meta (:func:`request_
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from icefloe.streams.mappings import META_HEADERS, META_IP, Step, parse_path
+from icefloe.redact import redact
+from icefloe.streams.mappings import (
+    META_ALL_HEADERS,
+    META_HEADERS,
+    META_IP,
+    Step,
+    parse_path,
+    stored_header,
+)
 from icefloe.streams.model import Column, StreamConfig
 
 Convert = Callable[[str, Any, bool], Any]
@@ -272,21 +280,43 @@ def header_columns(stream: StreamConfig) -> list[Column]:
     return [c for c in stream.columns if c.header is not None]
 
 
+def all_headers_json(pairs: Iterable[tuple[str, str]]) -> str:
+    """The JSON text a ``from = "headers"`` column stores: one object, names in lower case
+    and sorted, a repeated header's values joined with ``,`` (as a ``header`` mapping
+    joins them), secrets left out (:func:`icefloe.streams.mappings.stored_header`) and every
+    value passed through the log redaction (a bearer or ``ifl_`` token in any header is
+    masked)."""
+    joined: dict[str, list[str]] = {}
+    for name, value in pairs:
+        lowered = name.lower()
+        if lowered.startswith(":") or lowered.endswith("-bin") or not stored_header(lowered):
+            continue
+        joined.setdefault(lowered, []).append(value)
+    return msgspec.json.encode({name: redact(",".join(joined[name]))
+                                for name in sorted(joined)}).decode()
+
+
 def request_meta(stream: StreamConfig, client: str | None,
-                 header: Callable[[str], str | None]) -> dict[str, Any] | None:
+                 header: Callable[[str], str | None],
+                 all_headers: Callable[[], Iterable[tuple[str, str]]] | None = None
+                 ) -> dict[str, Any] | None:
     """The meta object a request's records carry, or None when no mapping needs one.
 
-    ``header(name)`` looks a request header up by its lower-case name. A missing required
+    ``header(name)`` looks a request header up by its lower-case name; ``all_headers()``
+    lists them all (name, value), for a ``from = "headers"`` column. A missing required
     header raises :class:`MappingViolation`; a missing optional one takes its default or is
     left out (the column is null).
     """
     wants_ip = any(c.source == "ip" for c in stream.columns)
+    wants_all = any(c.source == "headers" for c in stream.columns)
     headers = header_columns(stream)
-    if not wants_ip and not headers:
+    if not wants_ip and not headers and not wants_all:
         return None
     meta: dict[str, Any] = {}
     if wants_ip and client is not None:
         meta[META_IP] = client
+    if wants_all and all_headers is not None:
+        meta[META_ALL_HEADERS] = all_headers_json(all_headers())
     values: dict[str, str] = {}
     for column in headers:
         name = column.header.lower()  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -114,7 +114,7 @@ class CompiledStream:
             fields += self._mappings.fields
             self._root_attrs = self._mappings.root_attrs
         self.meta_headers = [c for c in config.columns if c.header is not None]
-        self.wants_meta = bool(self.meta_headers) or any(c.source == "ip"
+        self.wants_meta = bool(self.meta_headers) or any(c.source in ("ip", "headers")
                                                          for c in config.columns)
         struct_name = "Event_" + re.sub(r"\W", "_", config.name)
         self._struct = msgspec.defstruct(
@@ -223,7 +223,9 @@ class CompiledStream:
                                 "least one object")
         return self._from_events([bytes(raw) for raw in raws])
 
-    def request_meta(self, client: str | None, header: Callable[[str], str | None]) -> bytes:
+    def request_meta(self, client: str | None, header: Callable[[str], str | None],
+                     all_headers: Callable[[], Iterable[tuple[str, str]]] | None = None
+                     ) -> bytes:
         """The envelope meta a request's records carry (b"" when no mapping needs one).
 
         Raises:
@@ -232,7 +234,7 @@ class CompiledStream:
         if not self.wants_meta:
             return b""
         try:
-            meta = request_meta(self.config, client, header)
+            meta = request_meta(self.config, client, header, all_headers)
         except MappingViolation as exc:
             raise InvalidEvents("missing_header", f"column {exc.field}: {exc.reason}",
                                 [Violation(0, exc.field, exc.reason)]) from None
@@ -505,4 +507,8 @@ def _invalid(violations: list[Violation]) -> InvalidEvents:
 
 
 def _malformed(exc: msgspec.DecodeError) -> InvalidEvents:
+    if "trailing characters" in str(exc):  # {...},{...}: records joined, not an array
+        return InvalidEvents("invalid_json", f"malformed JSON: {exc}; several events go in "
+                             "one JSON array or NDJSON (Kafka Connect's HTTP sink: set "
+                             "batch.json.as.array=true)")
     return InvalidEvents("invalid_json", f"malformed JSON: {exc}")

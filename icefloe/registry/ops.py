@@ -10,6 +10,7 @@ HTTP status, a stable code and the offending fields.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -35,11 +36,12 @@ UNSET: Any = msgspec.UNSET
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
-class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/sources/{id}/sinks``: a new sink."""
+class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/sources/{id}/sinks``: a new sink (``name`` left out: made from the table,
+    see :func:`named_sink`)."""
 
-    name: str
     table: str
+    name: str = ""
     columns: tuple[Column, ...]
     unknown_fields: str = "ignore"
     event_id_field: str | None = None
@@ -61,10 +63,12 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partition: str = UNSET
 
 
-class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``POST /v1/sources``: a new source, optionally with its first sinks."""
+class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/sources``: a new source, optionally with its first sinks. ``id`` left
+    out: made from ``name`` (:func:`named_source`)."""
 
-    id: str
+    id: str = ""
+    name: str = ""
     description: str = ""
     tokens: tuple[str, ...] = ()
     rate_limit: RateLimit | None = None
@@ -213,14 +217,62 @@ def _live_source(registry: Registry, source_id: str) -> Source:
     return source
 
 
+# ------------------------------------------------------------------------- ids from names
+
+_NOT_ID = re.compile(r"[^a-z0-9]+")
+
+
+def slug(name: str) -> str:
+    """The id made from a name: accents folded to ASCII, lower case, every run of other
+    characters one ``-``, no ``-`` at either end, at most 128 characters
+    (``"Web Events (EU)"`` → ``web-events-eu``). Empty when nothing is left."""
+    folded = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    return _NOT_ID.sub("-", folded.lower()).strip("-")[:128].rstrip("-")
+
+
+def named_source(spec: SourceSpec) -> SourceSpec:
+    """``spec`` with its id: the given one, else made from ``name`` (which then also
+    becomes the description, unless one is given). Its sinks get theirs too."""
+    sinks = tuple(named_sink(s, f"sinks[{i}]") for i, s in enumerate(spec.sinks))
+    if spec.id:
+        return msgspec.structs.replace(spec, sinks=sinks)
+    if not spec.name:
+        raise invalid("id", "give an id, or a name to make it from")
+    made = slug(spec.name)
+    if not made:
+        raise invalid("name", f"{spec.name[:40]!r} has no letter or digit to make an id "
+                      "from; give an id")
+    return msgspec.structs.replace(spec, id=made, description=spec.description or spec.name,
+                                   sinks=sinks)
+
+
+def named_sink(spec: SinkSpec, at: str = "sink") -> SinkSpec:
+    """``spec`` with its name (the sink's id): the given one, else made from the table
+    (``web.page_views`` stays ``web.page_views``; other characters as :func:`slug`)."""
+    if spec.name:
+        return spec
+    made = spec.table if _ID.fullmatch(spec.table) else slug(spec.table)
+    if not made:
+        raise invalid(f"{at}.name", "give a name, or a table to make it from")
+    return msgspec.structs.replace(spec, name=made)
+
+
+def _taken(spec: SourceSpec) -> RegistryError:
+    made = bool(spec.name) and spec.id == slug(spec.name)
+    how = f" (made from name {spec.name!r}; give another name or an explicit id)" \
+        if made else ""
+    return RegistryError(409, "exists", f"source {spec.id!r} exists already{how}",
+                         [{"field": "name" if made else "id", "reason": "taken"}])
+
+
 # ------------------------------------------------------------------------------ sources
 
 
 def create_source(registry: Registry, spec: SourceSpec, *, clock: Clock = SYSTEM) -> Registry:
+    spec = named_source(spec)
     version = registry.version + 1
     if registry.source(spec.id) is not None:
-        raise RegistryError(409, "exists", f"source {spec.id!r} exists already",
-                            [{"field": "id", "reason": "taken"}])
+        raise _taken(spec)
     sinks = tuple(_new_sink(s, version) for s in spec.sinks)
     source = Source(id=spec.id, sinks=sinks, tokens=spec.tokens, rate_limit=spec.rate_limit,
                     description=spec.description, created_version=version,
@@ -282,6 +334,7 @@ def set_tokens(registry: Registry, source_id: str, hashes: tuple[str, ...], *,
 def create_sink(registry: Registry, source_id: str, spec: SinkSpec, *,
                 clock: Clock = SYSTEM) -> Registry:
     source = _live_source(registry, source_id)
+    spec = named_sink(spec)
     version = registry.version + 1
     if source.sink(spec.name) is not None:
         raise RegistryError(409, "exists", f"source {source_id!r} has a sink {spec.name!r} "

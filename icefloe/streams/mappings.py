@@ -5,8 +5,9 @@ A column is *plain* (the event's top-level field of the same name) or *mapped*:
 * ``path = "$.user.id"``: a JSON path into the event (keys and array indexes), with an
   optional ``default`` and ``raw`` (a string column takes any JSON value as its JSON text);
 * ``header = "User-Agent"``: a request header (HTTP header, gRPC metadata key);
-* ``from = "ip" | "body" | "datetime" | "id"``: the client address, the raw event JSON, the
-  receive time, the event id;
+* ``from = "ip" | "body" | "datetime" | "id" | "headers"``: the client address, the raw
+  event JSON, the receive time, the event id, all request headers as one JSON object
+  (secrets left out: :data:`NEVER_STORED_HEADERS`);
 * ``sql = "lower(url)"``: a SQL expression over the stream's other columns, in ``dialect``
   (spark, duckdb or postgres; transpiled to Spark SQL by sqlglot).
 
@@ -39,17 +40,33 @@ from icefloe.streams.types import convert_value
 if TYPE_CHECKING:
     from icefloe.streams.model import Column, StreamConfig
 
-MAPPING_FROM = ("ip", "body", "datetime", "id")
+MAPPING_FROM = ("ip", "body", "datetime", "id", "headers")
 """Values of ``from``: request or envelope data rather than event fields."""
 SQL_DIALECTS = ("spark", "duckdb", "postgres")
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 """Envelope columns a ``sql`` mapping may read besides the stream's columns."""
 META_IP = "ip"
 META_HEADERS = "h"
-"""Keys of the envelope meta object: ``{"ip": "1.2.3.4", "h": {"user-agent": "..."}}``;
-the ingestor writes it (:mod:`ingestor.mappings`), the pipeline's decode reads it."""
+META_ALL_HEADERS = "hs"
+"""Keys of the envelope meta object: ``{"ip": "1.2.3.4", "h": {"user-agent": "..."},
+"hs": "{\"accept\":\"*/*\",...}"}`` (``hs``: the JSON text a ``from = "headers"`` column
+stores); the ingestor writes it (:mod:`ingestor.mappings`), the pipeline's decode reads it."""
+NEVER_STORED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie",
+                                  "set-cookie", "x-api-key", "api-key", "x-amz-security-token"})
+SECRET_HEADER_WORDS = ("auth", "token", "secret", "password", "credential", "session",
+                       "cookie", "api-key", "apikey", "signature")
+"""A ``from = "headers"`` column leaves out these headers and every header whose name
+contains one of these words: credentials are never stored by a catch-all column (a
+``header = "..."`` mapping stores exactly the header it names, by choice)."""
+
+
+def stored_header(name: str) -> bool:
+    """Whether a ``from = "headers"`` column keeps header ``name`` (lower case)."""
+    return name not in NEVER_STORED_HEADERS and not any(
+        word in name for word in SECRET_HEADER_WORDS)
 
 _FROM_TYPES = {"ip": ("string",), "body": ("string", "json"), "id": ("string",),
+               "headers": ("json", "string"),
                "datetime": ("timestamp", "long", "date")}
 _KEY_STEP = re.compile(r"\.([A-Za-z_$][\w$-]*)")
 _QUOTED_STEP = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\")\]")

@@ -29,7 +29,7 @@ from starlette.routing import Match, Route
 
 from icefloe.config import split_key_path
 from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
-from icefloe.registry import ops
+from icefloe.registry import ops, settings
 from icefloe.registry.model import Conditions, Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.tokens import new_token
@@ -230,7 +230,7 @@ class AdminApi:
                               "sources": [source_json(s) for s in reg.live_sources()]})
 
     async def create_source(self, request: Request) -> Response:
-        spec: ops.SourceSpec = await self.body(request, ops.SourceSpec)
+        spec: ops.SourceSpec = ops.named_source(await self.body(request, ops.SourceSpec))
         checked = await self.check(lambda r: ops.create_source(r, spec, clock=self.clock), spec.id)
         made = checked.source(spec.id)
         assert made is not None
@@ -322,7 +322,7 @@ class AdminApi:
 
     async def create_sink(self, request: Request) -> Response:
         source_id = request.path_params["id"]
-        spec: ops.SinkSpec = await self.body(request, ops.SinkSpec)
+        spec: ops.SinkSpec = ops.named_sink(await self.body(request, ops.SinkSpec))
         checked = await self.check(
             lambda r: ops.create_sink(r, source_id, spec, clock=self.clock), source_id)
         _, sink = self._sink(checked, source_id, spec.name)
@@ -390,6 +390,44 @@ class AdminApi:
             lambda r: ops.delete_sink(r, source_id, name, clock=self.clock))
         return json_response({"version": reg.version, "deleted": f"{source_id}/{name}"})
 
+    # -- settings: flat key/value views of the same fields ---------------------------------
+
+    async def get_source_settings(self, request: Request) -> Response:
+        reg = await self.current()
+        source = self._source(reg, request.path_params["id"])
+        return json_response({"version": reg.version,
+                              "settings": settings.source_settings(source)})
+
+    async def patch_source_settings(self, request: Request) -> Response:
+        source_id = request.path_params["id"]
+        patch: settings.SettingsPatch = await self.body(request, settings.SettingsPatch)
+        self._source(await self.current(), source_id)  # 404 before 400
+        def change(r: Registry) -> Registry:
+            return settings.update_source_settings(r, source_id, patch, clock=self.clock)
+        await self.check(change)
+        reg = await self.registry.update(change)
+        return json_response({"version": reg.version, "settings": settings.source_settings(
+            self._source(reg, source_id))})
+
+    async def get_sink_settings(self, request: Request) -> Response:
+        reg = await self.current()
+        _, sink = self._sink(reg, request.path_params["id"], request.path_params["sink"])
+        return json_response({"version": reg.version,
+                              "settings": settings.sink_settings(sink)})
+
+    async def patch_sink_settings(self, request: Request) -> Response:
+        """Import conditions included: the collector applies a new version within
+        ``registry_poll_s`` and imports staged data at once when the new conditions hold."""
+        source_id, name = request.path_params["id"], request.path_params["sink"]
+        patch: settings.SettingsPatch = await self.body(request, settings.SettingsPatch)
+        self._sink(await self.current(), source_id, name)  # 404 before 400
+        def change(r: Registry) -> Registry:
+            return settings.update_sink_settings(r, source_id, name, patch, clock=self.clock)
+        await self.check(change, source_id)
+        reg = await self.registry.update(change)
+        _, sink = self._sink(reg, source_id, name)
+        return json_response({"version": reg.version, "settings": settings.sink_settings(sink)})
+
     # -- tasks ----------------------------------------------------------------------------
 
     async def get_task(self, request: Request) -> Response:
@@ -437,6 +475,10 @@ def build_app(api: AdminApi) -> Starlette:
         Route("/v1/sources/{id}/sinks", g(api.create_sink), methods=["POST"]),
         Route(sink + ":disable", g(api.disable_sink), methods=["POST"]),
         Route(sink + ":enable", g(api.enable_sink), methods=["POST"]),
+        Route(sink + "/settings", g(api.get_sink_settings), methods=["GET"]),
+        Route(sink + "/settings", g(api.patch_sink_settings), methods=["PATCH"]),
+        Route("/v1/sources/{id}/settings", g(api.get_source_settings), methods=["GET"]),
+        Route("/v1/sources/{id}/settings", g(api.patch_source_settings), methods=["PATCH"]),
         Route(sink, g(api.get_sink), methods=["GET"]),
         Route(sink, g(api.patch_sink), methods=["PATCH"]),
         Route(sink, g(api.delete_sink), methods=["DELETE"]),

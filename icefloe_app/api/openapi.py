@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from icefloe.registry import ops
+from icefloe.registry import ops, settings
 
 _REF = "#/components/schemas/{name}"
 
@@ -30,6 +30,10 @@ SINK = {"type": "object", "required": ["name", "table", "columns", "enabled", "s
                        "source": {"type": "string"}, "columns": {"type": "array"},
                        "enabled": {"type": "boolean"}, "conditions": {"type": "object"},
                        "created_version": {"type": "integer"}}}
+SETTING = {"type": "object", "required": ["key", "type", "value", "default", "overwritten"],
+           "properties": {"key": {"type": "string"}, "type": {"type": "string"},
+                          "description": {"type": "string"}, "value": {},
+                          "default": {}, "overwritten": {"type": "boolean"}}}
 SOURCE = {"type": "object", "required": ["id", "tokens", "sinks"], "properties": {
     "id": {"type": "string"}, "description": {"type": "string"},
     "tokens": {"type": "integer", "description": "how many write tokens (never the tokens)"},
@@ -83,9 +87,11 @@ def _flag(name: str, doc: str) -> dict[str, Any]:
 
 def openapi_document() -> dict[str, Any]:
     (_, components) = msgspec.json.schema_components(
-        [ops.SourceSpec, ops.SourcePatch, ops.SinkSpec, ops.SinkPatch],
+        [ops.SourceSpec, ops.SourcePatch, ops.SinkSpec, ops.SinkPatch,
+         settings.SettingsPatch],
         ref_template=_REF)
-    components.update({"Error": ERROR, "Task": TASK, "Sink": SINK, "Source": SOURCE})
+    components.update({"Error": ERROR, "Task": TASK, "Sink": SINK, "Source": SOURCE,
+                       "Setting": SETTING})
     version = {"version": {"type": "integer"}}
     one_source = {"200": {"description": "the source", **_json(_obj(
         **version, source=_ref("Source")))}}
@@ -95,6 +101,9 @@ def openapi_document() -> dict[str, Any]:
     src = _path("id")
     snk = _path("id", "sink")
     toggle = {"200": one_sink["200"]}
+    listed = {"200": {"description": "the settings (key, type, value, default, overwritten)",
+                      **_json(_obj(**version, settings={"type": "array",
+                                                        "items": _ref("Setting")}))}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "icefloe admin API", "version": "1",
@@ -136,6 +145,15 @@ def openapi_document() -> dict[str, Any]:
                              body="SinkPatch", params=snk),
                 "delete": _op("delete a sink", {"200": {"description": "deleted", **_json(
                     _obj(**version, deleted={"type": "string"}))}}, 404, params=snk)},
+            "/v1/sources/{id}/settings": {
+                "get": _op("a source's settings", listed, 404, params=src),
+                "patch": _op("change a source's settings (value null: the default)", listed,
+                             400, 404, 413, body="SettingsPatch", params=src)},
+            "/v1/sources/{id}/sinks/{sink}/settings": {
+                "get": _op("a sink's settings, import conditions included", listed, 404,
+                           params=snk),
+                "patch": _op("change a sink's settings (value null: the default)", listed,
+                             400, 404, 409, 413, body="SettingsPatch", params=snk)},
             "/v1/sources/{id}/sinks/{sink}:disable": {"post": _op(
                 "stop delivering to a sink", toggle, 404, params=snk)},
             "/v1/sources/{id}/sinks/{sink}:enable": {"post": _op(

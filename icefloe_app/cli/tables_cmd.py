@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
 
+    from icefloe.registry import Registry
+
 NOT_CREATED = "not created yet"
 NO_COMMITS = "no commits yet"
 
@@ -41,8 +43,9 @@ def register(commands: Any) -> None:
 
     listing = what.add_parser(
         "list", help="every stream's table: snapshot, committed sequence, rows, files",
-        description="One line per configured stream's table (and icefloe.dead_letters when "
-                    "it exists): its current snapshot, the manifest sequence committed "
+        description="One line per configured stream's table, then per table of a sink in "
+                    "the stream registry (STREAM shows source/sink), and icefloe.dead_letters "
+                    "when it exists: its current snapshot, the manifest sequence committed "
                     "through, total rows and data files, and the time of the last commit. "
                     "Tables the collector has not created yet say so.")
     add_config_arguments(listing, example=True)
@@ -167,11 +170,50 @@ def table_status(catalog: Catalog | None, identifier: str, stream: str | None) -
         last_commit_ms=snapshot.timestamp_ms)
 
 
-def list_statuses(config: Config, catalog: Catalog | None) -> list[TableStatus]:
-    """Every configured stream's table, then the dead-letter table if it exists."""
+def read_registry(config: Config) -> Registry | None:
+    """The stream registry in the store, or None when there is none or the store cannot be
+    read within 3 s (the listing is about the catalog: it only loses the sink tables)."""
+    import asyncio
+
+    from icefloe.registry import RegistryStore
+    from icefloe.store import open_async_store, options_for
+
+    async def read() -> Registry:
+        store = open_async_store(config.store.url, options_for(config.store.endpoint_url,
+                                                               config.store.region),
+                                 control_url=config.store.control_url)
+        try:
+            return await RegistryStore(store, config.admin.registry_key).read()
+        finally:
+            await store.close()
+    try:
+        registry = asyncio.run(asyncio.wait_for(read(), 3.0))
+    except Exception:
+        return None
+    return registry if registry.version else None
+
+
+def sink_tables(registry: Registry | None) -> list[tuple[str, str]]:
+    """``(table, label)`` of every live sink: the label is the source id, or
+    ``source/sink`` when the sink is named otherwise."""
+    if registry is None:
+        return []
+    return [(sink.table, source.id if sink.name == source.id else f"{source.id}/{sink.name}")
+            for source in registry.live_sources() for sink in source.live_sinks()]
+
+
+def list_statuses(config: Config, catalog: Catalog | None,
+                  registry: Registry | None = None) -> list[TableStatus]:
+    """Every configured stream's table, then the registry's sink tables not listed yet
+    (sources and sinks made with the admin API), then the dead-letter table if it exists."""
     from pipeline.columns import DEAD_LETTER_TABLE
 
     statuses = [table_status(catalog, s.table, s.name) for s in config.streams]
+    listed = {s.table for s in statuses}
+    for identifier, label in sink_tables(registry):
+        if identifier not in listed:
+            listed.add(identifier)
+            statuses.append(table_status(catalog, identifier, label))
     dead = table_status(catalog, DEAD_LETTER_TABLE, None)
     if dead.exists:
         statuses.append(dead)
@@ -181,7 +223,7 @@ def list_statuses(config: Config, catalog: Catalog | None) -> list[TableStatus]:
 def run_list(args: argparse.Namespace) -> int:
     path, config = config_from_args(args, example=True)
     catalog = open_existing_catalog(config.catalog)
-    statuses = list_statuses(config, catalog)
+    statuses = list_statuses(config, catalog, read_registry(config))
     label = _catalog_label(config.catalog)
     if args.json:
         print_json({"config": str(path) if path else None, "catalog": label,

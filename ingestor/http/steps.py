@@ -133,6 +133,11 @@ def _header_lookup(headers: Headers) -> Callable[[str], str | None]:
     return lookup
 
 
+def _header_pairs(headers: Headers) -> list[tuple[str, str]]:
+    """Every request header as text (a ``from = "headers"`` column takes them all)."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+
+
 class Request:
     """The headers an ingest needs (picked out in one pass) and what the handler learnt."""
 
@@ -287,7 +292,8 @@ class IngestSteps:
         """The body's events in canonical form and the request's envelope metadata (400
         with per-event details when they do not validate)."""
         try:
-            meta = stream.request_meta(caller.client, _header_lookup(headers)) \
+            meta = stream.request_meta(caller.client, _header_lookup(headers),
+                                       lambda: _header_pairs(headers)) \
                 if stream.wants_meta else b""
             return decode(stream, body), meta
         except InvalidEvents as exc:

@@ -46,7 +46,13 @@ import pyarrow.json as pajson
 
 from icefloe.config import Column
 from icefloe.errors import ConfigError
-from icefloe.streams.mappings import ENVELOPE_COLUMNS, META_HEADERS, META_IP, spark_sql
+from icefloe.streams.mappings import (
+    ENVELOPE_COLUMNS,
+    META_ALL_HEADERS,
+    META_HEADERS,
+    META_IP,
+    spark_sql,
+)
 from pipeline.columns import ARROW_TYPES, TIMESTAMP
 from pipeline.load.frame import STREAM, struct_column, wide_arrow_schema
 from pipeline.load.spec import Derived, SqlCase, StreamPlan, StreamSpec
@@ -68,6 +74,8 @@ _SPARK_TYPES = {"string": "STRING", "long": "BIGINT", "int": "INT", "float": "FL
 def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
     headers = sorted({d.arg for d in derived if d.kind == "header"})
     fields = [pa.field(META_IP, pa.string())]
+    if any(d.kind == "headers" for d in derived):
+        fields.append(pa.field(META_ALL_HEADERS, pa.string()))
     if headers:
         fields.append(pa.field(META_HEADERS, pa.struct([pa.field(h, pa.string())
                                                           for h in headers])))
@@ -77,7 +85,7 @@ def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
 def _meta_table(metas: Sequence[bytes] | pa.Array | None, rows: int,
                 derived: Sequence[Derived]) -> pa.Table | None:
     """The metas parsed in one columnar pass (records without meta give nulls)."""
-    if not any(d.kind in ("ip", "header") for d in derived):
+    if not any(d.kind in ("ip", "header", "headers") for d in derived):
         return None
     schema = _meta_schema(derived)
     if metas is None:
@@ -111,6 +119,8 @@ def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | 
         kind = ARROW_TYPES[d.type]
         if d.kind == "ip":
             value = meta.column(META_IP)  # type: ignore[union-attr]
+        elif d.kind == "headers":
+            value = meta.column(META_ALL_HEADERS)  # type: ignore[union-attr]
         elif d.kind == "header":
             value = pc.struct_field(meta.column(META_HEADERS), d.arg)  # type: ignore[union-attr]
         elif d.kind == "id":

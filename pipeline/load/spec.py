@@ -21,7 +21,7 @@ from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from pipeline.columns import ARROW_TYPES
 
-DERIVED_KINDS = ("ip", "header", "datetime", "id", "sql")
+DERIVED_KINDS = ("ip", "header", "headers", "datetime", "id", "sql")
 
 
 @dataclass(frozen=True, slots=True)

@@ -356,3 +356,37 @@ def test_should_refuse_unknown_names_in_one_line(filled, capsys, name, code, mes
     assert one_line_error(err).startswith(f"icefloe: error: {message}")
     if name == "web.nope":
         assert "tables there: icefloe.dead_letters, shop.buys, web.clicks, web.views" in err
+
+
+def test_should_list_the_registrys_sink_tables_too(tmp_path, capsys):
+    """Sources and sinks made with the admin API live in the registry, not the file: their
+    tables are listed after the configured ones (a table both name is listed once)."""
+    from icefloe.config import Column
+    from icefloe.registry import RegistryStore, ops
+    from icefloe.store import open_async_store
+
+    path = write_config(tmp_path)
+    config = load_config(path)
+    columns = (Column("order_id", "string"),)
+
+    async def register() -> None:
+        store = open_async_store(config.store.url)
+        registry = RegistryStore(store, config.admin.registry_key)
+        await registry.update(lambda r: ops.create_source(r, ops.SourceSpec(id="clicks", sinks=(
+            ops.SinkSpec(name="clicks", table="web.clicks", columns=columns),))))
+        await registry.update(lambda r: ops.create_source(r, ops.SourceSpec(id="shop", sinks=(
+            ops.SinkSpec(name="orders", table="shop.orders", columns=columns),
+            ops.SinkSpec(name="shop", table="shop.all", columns=columns)))))
+        await store.close()
+    asyncio.run(register())
+    code, out, _ = run_cli(capsys, "tables", "list", "--config", str(path))
+    assert code == 0
+    rows = [line.split() for line in out.splitlines()[2:] if line.strip()]
+    assert [r[:2] for r in rows] == [["TABLE", "STREAM"], ["web.clicks", "clicks"],
+                                     ["shop.buys", "buys"], ["web.views", "views"],
+                                     ["web.later", "later"], ["shop.orders", "shop/orders"],
+                                     ["shop.all", "shop"]]
+    assert rows[-2][2:] == ["not", "created", "yet"]
+    data = run_json(capsys, "tables", "list", "--config", str(path))
+    assert [(t["table"], t["stream"]) for t in data["tables"]][-2:] == [
+        ("shop.orders", "shop/orders"), ("shop.all", "shop")]
