@@ -124,9 +124,15 @@ def check_order_one(row: dict[str, Any], ref: Any) -> None:
     assert msgspec.json.decode(row["extra"]) == {"free": [1, "form"]}
 
 
+WITH_SQL = msgspec.structs.replace(NESTED, columns=(
+    *NESTED.columns, Column("item_count", "int", sql="size(items)")))
+"""A sql column puts the run on Spark's row path, where Spark itself holds the values."""
+
+
+@pytest.mark.parametrize("stream", [NESTED, WITH_SQL], ids=["packed", "rows"])
 async def test_native_types_land_in_iceberg_and_read_back_in_pyiceberg_and_spark(
-        tmp_path, spark):
-    config = collector_config(tmp_path, streams=(NESTED,))
+        tmp_path, spark, stream):
+    config = collector_config(tmp_path, streams=(stream,))
     await ingest(config)
     collector = await start(config, SparkEngine(spark, 2))
     try:
@@ -148,6 +154,8 @@ async def test_native_types_land_in_iceberg_and_read_back_in_pyiceberg_and_spark
     assert sorted(rows) == ["o1", "o2", "o3"]
     check_order_one(rows["o1"], REF)
     assert rows["o3"]["total"] == Decimal("3.50")
+    if stream is WITH_SQL:
+        assert (rows["o1"].pop("item_count"), rows["o2"].pop("item_count")) == (2, -1)
     assert {k: v for k, v in rows["o2"].items() if v is not None
             and not k.startswith("_")} == {"order_id": "o2"}
     frame = spark_read_table(spark, config.catalog, "shop.native_orders")
