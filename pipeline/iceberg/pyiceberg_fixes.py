@@ -36,4 +36,5 @@ def install() -> None:
                                         mask=list_array.is_null())
 
     setattr(list_keeping_nulls, _MARK, True)
+    list_keeping_nulls.wrapped = original  # type: ignore[attr-defined]
     ArrowProjectionVisitor.list = list_keeping_nulls  # type: ignore[method-assign]
