@@ -8,11 +8,11 @@ into msgspec types once per stream, so msgspec checks shape and leaf types while
 and scale, timestamps and ``json`` values nested in a struct — is done by a per-column
 *normalizer* built here, visited only for columns whose type needs it.
 
-Canonical forms (what the collector's Arrow reader gets): decimals as plain text with
-exactly ``s`` digits after the point; uuids as 36-character text; binary as base64 text;
-times as microseconds since midnight; timestamps as RFC 3339 UTC; ``json`` as JSON text;
-maps as arrays of ``{"key": k, "value": v}`` (Arrow's JSON reader has no map conversion);
-structs as objects without null members.
+Canonical forms (what the collector's Arrow reader gets): decimals as plain text (no
+exponent) with at most ``s`` digits after the point; uuids as 36-character text; binary as
+base64 text; times as microseconds since midnight; timestamps as RFC 3339 UTC; ``json``
+as JSON text; maps as arrays of ``{"key": k, "value": v}`` (Arrow's JSON reader has no
+map conversion); structs as objects without null members.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from icefloe.streams.types import EPOCH, FIELD_TYPES, MAX_EPOCH_MS, OutOfRange, 
 from icefloe.streams.typespec import TypeSpec, parse_type
 
 Normalizer = Callable[[Any, str], Any]
-"""``(value, path) -> canonical value``; raises :class:`OutOfRange` naming ``path``."""
+"""``(value, path) -> canonical value``; raises :class:`OutOfRange` naming the path of the
+refused value (``path`` and the steps below it, e.g. ``items[2].price``)."""
 
 _TIME = Annotated[dt.time, msgspec.Meta(tz=False)]
 _LEAVES: dict[str, Any] = {"uuid": uuid.UUID, "binary": bytes, "time": _TIME,
@@ -106,8 +107,15 @@ def _list_normalizer(inner: Normalizer) -> Normalizer:
     def visit(value: Any, path: str) -> Any:
         if value is None:
             return None
-        return [None if item is None else inner(item, f"{path}[{index}]")
-                for index, item in enumerate(value)]
+        out: list[Any] = []
+        append = out.append
+        try:
+            for item in value:
+                append(None if item is None else inner(item, path))
+        except OutOfRange as exc:
+            exc.field = _inserted(exc.field, path, f"[{len(out)}]")
+            raise
+        return out
     return visit
 
 
@@ -115,8 +123,16 @@ def _map_normalizer(inner: Normalizer) -> Normalizer:
     def visit(value: Any, path: str) -> Any:
         if value is None:
             return None
-        return [{"key": key, "value": None if item is None else inner(item, f"{path}[{key!r}]")}
-                for key, item in value.items()]
+        out: list[dict[str, Any]] = []
+        key = None
+        try:
+            for key, item in value.items():
+                out.append({"key": key,
+                            "value": None if item is None else inner(item, path)})
+        except OutOfRange as exc:
+            exc.field = _inserted(exc.field, path, f"[{key!r}]")
+            raise
+        return out
     return visit
 
 
@@ -127,21 +143,39 @@ def _struct_normalizer(visits: tuple[tuple[str, Normalizer], ...]) -> Normalizer
         for name, inner in visits:
             member = getattr(value, name)
             if member is not None:
-                setattr(value, name, inner(member, f"{path}.{name}"))
+                try:
+                    setattr(value, name, inner(member, path))
+                except OutOfRange as exc:
+                    exc.field = _inserted(exc.field, path, f".{name}")
+                    raise
         return value
     return visit
 
 
+def _inserted(field: str, path: str, step: str) -> str:
+    """``field`` (``path`` + the deeper steps) with ``step`` put right after ``path``.
+
+    Why paths are built this way: containers hand their own path down unchanged, so the
+    happy path builds no strings; only a refused value's path is spelled out, step by step
+    as the error passes up through each container."""
+    return path + step + field[len(path):]
+
+
 def _decimal_normalizer(precision: int, scale: int) -> Normalizer:
-    """A decimal checked against ``decimal(precision, scale)`` and written with exactly
-    ``scale`` digits after the point. Never rounds: more digits after the point than the
-    scale, or more before it than ``precision - scale``, is refused."""
+    """A decimal checked against ``decimal(precision, scale)`` and written in plain
+    notation with at most ``scale`` digits after the point (Arrow pads). Never rounds: more
+    digits after the point than the scale, or more before it than ``precision - scale``, is
+    refused."""
     quantum = decimal.Decimal(1).scaleb(-scale)
     whole = precision - scale
 
     def visit(value: Any, path: str) -> Any:
         if value is None:
             return None
+        _, digits, exponent = value.as_tuple()
+        if exponent.__class__ is int and -scale <= exponent <= 0 and \
+                len(digits) + exponent <= whole and len(digits) - 1 + exponent >= -6:
+            return value  # fits, and str() writes it without an exponent: the common case
         if not value.is_finite():
             raise OutOfRange(path, f"{value} is not a number decimal({precision},{scale}) "
                              "can hold")
