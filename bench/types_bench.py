@@ -6,7 +6,8 @@ the same values — one nested (``struct``, ``list<struct>`` with decimals, ``ma
 items per event, so a list flattens into ``item0_*``/``item1_*``; two map keys into
 ``attr_*``), with the same leaf types:
 
-* the ingestor's validator (``CompiledStream.from_json``, 100-event arrays) in events/s;
+* the ingestor's validator (``CompiledStream.from_json``, 100-event arrays) in events/s,
+  best of ``TRIALS`` alternating rounds;
 * committed events/s through the collector with the Spark engine (packed path, best of
   ``TRIALS`` drains of copies of one pre-filled store per stream).
 
@@ -152,8 +153,11 @@ def main() -> None:
     args = parser.parse_args()
     batches, per_batch = (10, 10_000) if args.quick else (40, 10_000)
     results: list[Result] = []
-    rates = {kind: validator_rate(STREAMS[kind], EVENTS[kind], 1.0 if args.quick else 3.0)
-             for kind in ("flat", "nested")}
+    rates: dict[str, float] = {}
+    for _ in range(TRIALS):  # alternating, best of each: other load on the VM hits both
+        for kind in ("flat", "nested"):
+            rate = validator_rate(STREAMS[kind], EVENTS[kind], 0.5 if args.quick else 1.0)
+            rates[kind] = max(rates.get(kind, 0.0), rate)
     results.append(Result("validator, flat columns (100-event arrays)", rates["flat"],
                           "events/s"))
     results.append(Result("validator, nested columns, same values", rates["nested"],

@@ -21,7 +21,7 @@ from ingest_support import grpc_serving, http_serving, running
 
 from icefloe.config import Column, StreamConfig
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
-from pipeline.load.run import SparkEngine
+from pipeline.load.run import SparkClusterEngine, SparkEngine
 from pipeline.read.iceberg_source import read_table as spark_read_table
 
 UTC = dt.UTC
@@ -129,12 +129,15 @@ WITH_SQL = msgspec.structs.replace(NESTED, columns=(
 """A sql column puts the run on Spark's row path, where Spark itself holds the values."""
 
 
-@pytest.mark.parametrize("stream", [NESTED, WITH_SQL], ids=["packed", "rows"])
+@pytest.mark.parametrize(("stream", "output"), [(NESTED, "embedded"), (WITH_SQL, "embedded"),
+                                              (NESTED, "cluster")],
+                         ids=["packed", "rows", "cluster"])
 async def test_native_types_land_in_iceberg_and_read_back_in_pyiceberg_and_spark(
-        tmp_path, spark, stream):
-    config = collector_config(tmp_path, streams=(stream,))
+        tmp_path, spark, stream, output):
+    config = collector_config(tmp_path, streams=(stream,), output=output)
     await ingest(config)
-    collector = await start(config, SparkEngine(spark, 2))
+    engine = SparkEngine(spark, 2) if output == "embedded" else SparkClusterEngine(spark, 2)
+    collector = await start(config, engine)
     try:
         await drain(collector)
     finally:
