@@ -14,7 +14,9 @@ from typing import Any, Literal
 import msgspec
 
 COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
-                "json")
+                "json", "uuid", "binary", "time")
+"""The type names without parameters; ``decimal(p,s)``, ``list<T>``, ``map<string,T>`` and
+``struct<...>`` are built by the grammar in :mod:`icefloe.streams.typespec`."""
 PARTITIONS = ("day", "hour", "month", "none")
 """Partitioning of a stream table by ``_received_at``; ``none`` leaves it unpartitioned."""
 

@@ -23,8 +23,9 @@ import functools
 import re
 from dataclasses import dataclass
 
-FLAT_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
-              "json", "uuid", "binary", "time")
+from icefloe.streams.model import COLUMN_TYPES
+
+FLAT_TYPES = COLUMN_TYPES
 """Type names without parameters."""
 UNSUPPORTED_TYPES = {
     "timestamp_ns": "Iceberg stores nanosecond timestamps only in table format version 3, "

@@ -165,3 +165,26 @@ async def test_native_types_land_in_iceberg_and_read_back_in_pyiceberg_and_spark
     spark_rows = {r["order_id"]: r.asDict(recursive=True) for r in frame.collect()}
     assert sorted(spark_rows) == ["o1", "o2", "o3"]
     check_order_one(spark_rows["o1"], REF.bytes)  # Spark has no uuid type: 16 bytes
+
+
+def test_nested_values_follow_the_streams_rules_at_every_depth():
+    """Unknown members under ``reject``, timestamps, and ``json`` values keep their rules
+    inside structs and lists, and the refusal names the nested path."""
+    from ingestor.validate import CompiledStream, InvalidEvents
+
+    strict = StreamConfig(name="s", table="n.t", unknown_fields="reject", columns=(
+        Column("x", "struct<a: json, b: list<json>, c: timestamp>"),))
+    compiled = CompiledStream(strict)
+    [payload] = compiled.from_json(b'{"x":{"a":{"q":[1]},"b":[1,null],"c":0}}').payloads
+    assert msgspec.json.decode(payload) == {"x": {"a": '{"q":[1]}', "b": ["1", None],
+                                                  "c": "1970-01-01T00:00:00Z"}}
+    deep = b"[" * 70 + b"]" * 70
+    for body, field, reason in [
+            (b'{"x":{"zz":1}}', "x", "unknown field `zz`"),
+            (b'{"x":{"c":99999999999999999}}', "x.c", "out of range"),
+            (b'{"x":{"b":[1,' + deep + b"]}}", "x.b[1]", "nested deeper than 64")]:
+        with pytest.raises(InvalidEvents) as info:
+            compiled.from_json(body)
+        [violation] = info.value.violations
+        assert violation.field == field
+        assert reason in violation.reason
