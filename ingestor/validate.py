@@ -29,6 +29,7 @@ from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
 from icefloe.formats.speedups import compiled as _speedups
 from icefloe.streams.model import Column, StreamConfig
+from icefloe.streams.native import Normalizer, field_type, normalizer
 from icefloe.streams.types import (
     EPOCH,
     FIELD_TYPES,
@@ -99,7 +100,7 @@ class CompiledStream:
         plain = [c for c in config.columns if c.mapping is None]
         fields: list[Any] = []
         for column in plain:
-            kind = FIELD_TYPES[column.type]
+            kind = _plain_type(config, column)
             if column.required:
                 fields.append((column.name, kind))
             else:
@@ -128,6 +129,7 @@ class CompiledStream:
         self._jsons = [c.name for c in plain if c.type == "json"]
         self._stamp_received = any(c.name == RECEIVED_AT and c.type == "timestamp"
                                    for c in plain)
+        self._natives = _native_normalizers(plain)
         self._id_field = config.event_id_field
         self._id_column: Column | None = next(
             (c for c in config.columns if c.name == config.event_id_field), None)
@@ -247,7 +249,7 @@ class CompiledStream:
             self._received_now(events)
         if self._mappings is not None:
             return self._canonical_mapped(events, raws)
-        if self._timestamps or self._jsons:
+        if self._timestamps or self._jsons or self._natives:
             self._normalize_many(events)
         elif not events:  # every entry point refuses this first; never frame zero events
             raise InvalidEvents("empty_body", "the request holds no events")
@@ -268,7 +270,8 @@ class CompiledStream:
         violations: list[Violation] = []
         extras: list[bytes] = []
         mapped_ids: list[str | None] = []
-        normalize = self._normalize if self._timestamps or self._jsons else None
+        normalize = self._normalize if self._timestamps or self._jsons or self._natives \
+            else None
         extract = mappings.extract
         for index, event in enumerate(events):
             try:
@@ -333,6 +336,8 @@ class CompiledStream:
             if value.__class__ is not dt.datetime or value.tzinfo is not dt.UTC:
                 setattr(event, name, _utc(name, value))
         self._normalize_jsons(event)
+        if self._natives:
+            _normalize_natives(self._natives, event)
 
     def _normalize_many(self, events: list[Any]) -> None:
         """:meth:`_normalize` for a whole request, with the common case checked in bulk.
@@ -354,6 +359,8 @@ class CompiledStream:
                     bad.setdefault(index, Violation(index, exc.field, exc.reason, exc.code))
         if self._jsons:
             self._normalize_all_jsons(events, bad)
+        if self._natives:
+            _normalize_all_natives(self._natives, events, bad)
         if bad:
             raise _invalid([bad[index] for index in sorted(bad)])
 
@@ -475,6 +482,48 @@ def _check_utf8(body: bytes, index: int | None = None) -> None:
 def _too_deep() -> InvalidEvents:
     return InvalidEvents("json_too_deep", "the JSON nests deeper than the decoder allows; "
                          f"values icefloe stores may nest at most {MAX_JSON_DEPTH} levels")
+
+
+def _plain_type(config: StreamConfig, column: Column) -> Any:
+    """The msgspec type of a plain column: a flat type's, or a native one's built from its
+    type string (:mod:`icefloe.streams.native`)."""
+    kind = FIELD_TYPES.get(column.type)
+    if kind is not None:
+        return kind
+    return field_type(column.type, f"{config.name}_{column.name}",
+                      config.unknown_fields == "reject")
+
+
+def _native_normalizers(plain: list[Column]) -> list[tuple[str, Normalizer]]:
+    """``(column, normalizer)`` of every plain native column that needs a visit."""
+    found: list[tuple[str, Normalizer]] = []
+    for column in plain:
+        if column.type in FIELD_TYPES:
+            continue
+        visit = normalizer(column.type)
+        if visit is not None:
+            found.append((column.name, visit))
+    return found
+
+
+def _normalize_natives(natives: list[tuple[str, Normalizer]], event: Any) -> None:
+    """Native values to their canonical form, in place. Raises OutOfRange with the path."""
+    for name, visit in natives:
+        value = getattr(event, name)
+        if value is not None:
+            setattr(event, name, visit(value, name))
+
+
+def _normalize_all_natives(natives: list[tuple[str, Normalizer]], events: list[Any],
+                           bad: dict[int, Violation]) -> None:
+    """:func:`_normalize_natives` of every event; each refused one lands in ``bad``."""
+    for index, event in enumerate(events):
+        if index in bad:
+            continue
+        try:
+            _normalize_natives(natives, event)
+        except OutOfRange as exc:
+            bad[index] = Violation(index, exc.field, exc.reason, exc.code)
 
 
 def _leaf_type(column: Column) -> Any:

@@ -16,14 +16,50 @@ from collections.abc import Iterable
 import pyarrow as pa
 
 from icefloe.config import StreamConfig
+from icefloe.streams.typespec import TypeSpec, parse_type
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
-ARROW_TYPES: dict[str, pa.DataType] = {
+_FLAT_ARROW: dict[str, pa.DataType] = {
     "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "float": pa.float32(),
     "double": pa.float64(), "boolean": pa.bool_(), "timestamp": TIMESTAMP,
-    "date": pa.date32(), "json": pa.string(),
+    "date": pa.date32(), "json": pa.string(), "uuid": pa.binary(16), "binary": pa.binary(),
+    "time": pa.time64("us"),
 }
+UUID = pa.binary(16)
+"""``uuid`` in Arrow: 16 bytes, which pyiceberg writes as Iceberg's ``uuid`` (Parquet
+``UUID`` logical type); Spark and pyiceberg's scans show it as 16 bytes / ``arrow.uuid``."""
+
+
+def arrow_type(kind: str) -> pa.DataType:
+    """The Arrow type of a column type string (flat, native or nested)."""
+    return _spec_arrow(parse_type(kind))
+
+
+def _spec_arrow(spec: TypeSpec) -> pa.DataType:
+    if spec.name == "decimal":
+        return pa.decimal128(spec.precision, spec.scale)
+    if spec.name == "list":
+        assert spec.element is not None
+        return pa.list_(pa.field("element", _spec_arrow(spec.element)))
+    if spec.name == "map":
+        assert spec.element is not None
+        return pa.map_(pa.string(), _spec_arrow(spec.element))
+    if spec.name == "struct":
+        return pa.struct([pa.field(name, _spec_arrow(kind)) for name, kind in spec.fields])
+    return _FLAT_ARROW[spec.name]
+
+
+class _ArrowTypes(dict[str, pa.DataType]):
+    """Column type string → Arrow type; parameterized and nested types are parsed on first
+    use (every caller looks types up by their config string)."""
+
+    def __missing__(self, kind: str) -> pa.DataType:
+        arrow = self[kind] = arrow_type(kind)
+        return arrow
+
+
+ARROW_TYPES: dict[str, pa.DataType] = _ArrowTypes(_FLAT_ARROW)
 
 ENVELOPE: tuple[tuple[str, pa.DataType], ...] = (
     ("_event_id", pa.string()),

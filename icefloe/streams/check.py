@@ -11,7 +11,8 @@ import re
 
 from icefloe.errors import ConfigError
 from icefloe.streams.mappings import check_mappings
-from icefloe.streams.model import COLUMN_TYPES, PARTITIONS, StreamConfig
+from icefloe.streams.model import PARTITIONS, Column, StreamConfig
+from icefloe.streams.typespec import BadType, is_native, parse_type
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _RESERVED_COLUMNS = ("_event_id", "_received_at", "_sequence", "_stream")
@@ -34,9 +35,7 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
         raise ConfigError(f"{at}.columns: a stream needs at least one column")
     seen: set[str] = set()
     for i, column in enumerate(stream.columns):
-        if column.type not in COLUMN_TYPES:
-            raise ConfigError(f"{at}.columns[{i}].type: unknown type {column.type!r} "
-                              f"(expected one of {', '.join(COLUMN_TYPES)})")
+        _check_type(column, f"{at}.columns[{i}]")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", column.name):
             raise ConfigError(f"{at}.columns[{i}].name: {column.name!r} is not a valid column "
                               "name (letters, digits, '_')")
@@ -53,3 +52,18 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
         raise ConfigError(f"{at}.partition: unknown partition {stream.partition!r} (expected "
                           f"one of {', '.join(PARTITIONS)}; it partitions the table by "
                           "_received_at)")
+
+
+def _check_type(column: Column, at: str) -> None:
+    """The column's type string parses (:mod:`icefloe.streams.typespec`), and a type beyond
+    the original flat ones sits on a plain column: mappings (path, header, from, sql)
+    convert values with the flat types' rules only."""
+    try:
+        parse_type(column.type)
+    except BadType as exc:
+        raise ConfigError(f"{at}.type: {exc} (column {column.name!r}, type "
+                          f"{column.type!r})") from None
+    if is_native(column.type) and column.mapping is not None:
+        raise ConfigError(f"{at}.type: type {column.type!r} (column {column.name!r}) applies to "
+                          f"plain columns only, not to a {column.mapping} mapping; map the "
+                          "value into a json column or declare the field as a plain column")

@@ -14,7 +14,11 @@ from typing import Any, Literal
 import msgspec
 
 COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
-                "json")
+                "json", "uuid", "binary", "time")
+
+"""The type names without parameters; ``decimal(p,s)``, ``list<T>``, ``map<string,T>`` and
+``struct<...>`` are built by the grammar in :mod:`icefloe.streams.typespec`."""
+
 FORM_BODIES = ("collect", "json", "refuse")
 """``form_body``: where a body typed ``application/x-www-form-urlencoded`` (curl's default
 with ``-d``) is read as JSON: on the ``/collect`` routes only, on every route, or nowhere."""

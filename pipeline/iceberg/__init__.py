@@ -7,3 +7,7 @@ adding them) · ``file_append`` (the embedded path's append) · ``maintenance``.
 neither pyspark nor :mod:`pipeline.load`; the Arrow side of the schema it shares with
 them is :mod:`pipeline.columns`.
 """
+
+from pipeline.iceberg.pyiceberg_fixes import install as _install_fixes
+
+_install_fixes()  # null lists of structs survive pyiceberg's writes and scans

@@ -18,7 +18,7 @@ Several processes may call these functions at once (ingestors, a collector and i
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -36,18 +36,25 @@ from pyiceberg.types import (
     BinaryType,
     BooleanType,
     DateType,
+    DecimalType,
     DoubleType,
     FloatType,
     IcebergType,
     IntegerType,
+    ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
+    StructType,
     TimestamptzType,
+    TimeType,
+    UUIDType,
 )
 
 from icefloe.config import StreamConfig
 from icefloe.errors import CatalogError, IcefloeError, SchemaConflictError
+from icefloe.streams.typespec import TypeSpec, parse_type
 from pipeline.columns import (
     DEAD_LETTER_COLUMNS,
     DEAD_LETTER_TABLE,
@@ -77,6 +84,10 @@ ICEBERG_TYPES: dict[str, IcebergType] = {
 }
 """Each column type of the config as Iceberg stores it (the Arrow side:
 :data:`pipeline.columns.ARROW_TYPES`)."""
+_NATIVE_ICEBERG: dict[str, IcebergType] = {
+    "uuid": UUIDType(), "binary": BinaryType(), "time": TimeType(),
+}
+"""The flat native types; decimals and nested types are built by :func:`iceberg_type`."""
 _ADDED_TYPES: dict[pa.DataType, IcebergType] = {
     pa.string(): StringType(), pa.int64(): LongType(), pa.binary(): BinaryType(),
     TIMESTAMP: TimestamptzType(), pa.int32(): IntegerType(),
@@ -89,11 +100,58 @@ def table_iceberg_schema(stream: StreamConfig) -> Schema:
     declared columns, then the envelope columns of :data:`pipeline.columns.ENVELOPE`.
     Every column is optional: ``required`` is enforced by the ingestor, and optional
     columns keep later schema evolution (adding columns) always legal."""
-    named = [(c.name, ICEBERG_TYPES[c.type]) for c in stream.columns]
+    ids = iter(range(10_000, 1_000_000))
+    named = [(c.name, ICEBERG_TYPES.get(c.type) or iceberg_type(c.type, ids))
+             for c in stream.columns]
     named += [(name, _ADDED_TYPES[arrow]) for name, arrow in ENVELOPE]
     named.insert(named.index(("_sequence", LongType())) + 1,
                  (SHARD_COLUMN[0], _ADDED_TYPES[SHARD_COLUMN[1]]))
     return _optional_schema(named)
+
+
+def iceberg_type(kind: str, ids: Iterator[int] | None = None) -> IcebergType:
+    """A column type string as Iceberg stores it. Nested fields take ids from ``ids``
+    (10,000 up by default): placeholders only, unique within one schema, because creating
+    a table or adding a column assigns fresh ids."""
+    return _spec_iceberg(parse_type(kind), ids or iter(range(10_000, 1_000_000)))
+
+
+def _spec_iceberg(spec: TypeSpec, ids: Iterator[int]) -> IcebergType:
+    if spec.name == "decimal":
+        return DecimalType(spec.precision, spec.scale)
+    if spec.name == "list":
+        assert spec.element is not None
+        return ListType(next(ids), _spec_iceberg(spec.element, ids), element_required=False)
+    if spec.name == "map":
+        assert spec.element is not None
+        key_id, value_id = next(ids), next(ids)
+        return MapType(key_id, StringType(), value_id, _spec_iceberg(spec.element, ids),
+                       value_required=False)
+    if spec.name == "struct":
+        return StructType(*(NestedField(next(ids), name, _spec_iceberg(kind, ids),
+                                        required=False) for name, kind in spec.fields))
+    return _NATIVE_ICEBERG.get(spec.name) or ICEBERG_TYPES[spec.name]
+
+
+def _shape(kind: IcebergType) -> str:
+    """A type without its field ids (two schemas' nested fields never share ids)."""
+    if isinstance(kind, ListType):
+        return f"list<{_shape(kind.element_type)}>"
+    if isinstance(kind, MapType):
+        return f"map<{_shape(kind.key_type)},{_shape(kind.value_type)}>"
+    if isinstance(kind, StructType):
+        return "struct<" + ",".join(f"{f.name}:{_shape(f.field_type)}"
+                                    for f in kind.fields) + ">"
+    return str(kind)
+
+
+def _promotable(have: IcebergType, want: IcebergType) -> bool:
+    """Iceberg's legal top-level promotions: int→long, float→double, and a decimal's
+    precision widening at the same scale."""
+    if (have, want) in _PROMOTIONS:
+        return True
+    return isinstance(have, DecimalType) and isinstance(want, DecimalType) and \
+        have.scale == want.scale and want.precision > have.precision
 
 
 def dead_letter_iceberg_schema() -> Schema:
@@ -237,24 +295,27 @@ def _plan(identifier: str, current: Schema, wanted: Schema, configured: Mapping[
         have = existing.get(field.name)
         if have is None:
             adds.append((field.name, field.field_type))
-        elif have == field.field_type:
+        elif have == field.field_type or _shape(have) == _shape(field.field_type):
             continue
-        elif (have, field.field_type) in _PROMOTIONS:
+        elif _promotable(have, field.field_type):
             widen.append((field.name, field.field_type))
         else:
             table_type = _type_name(have)
             wanted_type = configured.get(field.name, _type_name(field.field_type))
             raise SchemaConflictError(
                 f"table {identifier}: column {field.name!r} is {table_type} in the table but "
-                f"configured as {wanted_type}; Iceberg can only widen int→long and "
-                f"float→double. Set the column's type back to {table_type!r} in the config, "
+                f"configured as {wanted_type}; Iceberg can only widen int→long, "
+                f"float→double and a decimal's precision (same scale). Set the column's "
+                f"type back to {table_type!r} in the config, "
                 "or give the new data a new column name (the old column stays in the table)")
     return adds, widen
 
 
 def _type_name(kind: IcebergType) -> str:
     """Iceberg type in icefloe's config vocabulary (``timestamptz`` → ``timestamp``)."""
-    for name, iceberg in ICEBERG_TYPES.items():
+    for name, iceberg in (*ICEBERG_TYPES.items(), *_NATIVE_ICEBERG.items()):
         if iceberg == kind:
             return name
-    return str(kind)
+    if isinstance(kind, DecimalType):
+        return f"decimal({kind.precision},{kind.scale})"
+    return _shape(kind)

@@ -30,6 +30,7 @@ from icefloe.formats.batch import decode_block
 from icefloe.formats.envelope import StreamColumns, split_by_stream
 from pipeline.columns import ENVELOPE, TIMESTAMP, dead_letter_arrow_schema
 from pipeline.load.mapped import add_derived
+from pipeline.load.native_arrow import read_type, restore
 from pipeline.load.spec import EntryFile, StreamPlan
 from pipeline.load.split import ColumnarStream, split_columnar
 
@@ -113,6 +114,9 @@ def _parse_block(ndjson: bytes, schema: pa.Schema) -> pa.Table:
     read_schema = schema
     for i in dates:
         read_schema = read_schema.set(i, pa.field(schema.field(i).name, pa.string()))
+    natives = _native_columns(schema)
+    for i, read in natives:
+        read_schema = read_schema.set(i, pa.field(schema.field(i).name, read))
     table = pajson.read_json(
         io.BytesIO(ndjson),
         read_options=pajson.ReadOptions(use_threads=False, block_size=max(len(ndjson), 1 << 16)),
@@ -121,7 +125,22 @@ def _parse_block(ndjson: bytes, schema: pa.Schema) -> pa.Table:
     ).select(schema.names)
     for i in dates:
         table = table.set_column(i, schema.field(i), pc.cast(table.column(i), pa.date32()))
+    for i, _ in natives:
+        table = table.set_column(i, schema.field(i), restore(table.column(i), schema.field(i).type))
     return table
+
+
+def _native_columns(schema: pa.Schema) -> list[tuple[int, pa.DataType]]:
+    """``(position, type read as)`` of the columns the JSON reader cannot parse as declared
+    (binary, uuid, time, map, nested dates; see :mod:`pipeline.load.native_arrow`)."""
+    found = []
+    for i, f in enumerate(schema):
+        if pa.types.is_date32(f.type):
+            continue
+        read = read_type(f.type)
+        if read != f.type:
+            found.append((i, read))
+    return found
 
 
 def _meta_columns(ids: Sequence[str] | pa.Array, received_ms: Sequence[int] | np.ndarray,

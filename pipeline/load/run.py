@@ -19,7 +19,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.columns import ENVELOPE, dead_letter_arrow_schema
+from pipeline.columns import ARROW_TYPES, ENVELOPE, dead_letter_arrow_schema
 from pipeline.load.decode import DeadLetters
 from pipeline.load.fetch import decode_refs, open_run_store
 from pipeline.load.frame import DEAD, FORMAT, STREAM, struct_column
@@ -110,7 +110,8 @@ def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
         if rows.num_rows == 0:
             continue
         names = [name for name, _ in stream.columns]
-        arrays = [rows.column(f"{struct_column(i)}__{name}").combine_chunks() for name in names]
+        arrays = [_declared(rows.column(f"{struct_column(i)}__{name}").combine_chunks(), kind)
+                  for name, kind in stream.columns]
         arrays += [rows.column(name).combine_chunks() for name, _ in ENVELOPE]
         names += [name for name, _ in ENVELOPE]
         out.tables[stream.name] = pa.Table.from_arrays(arrays, names=names)
@@ -118,6 +119,13 @@ def split_wide(wide: pa.Table, spec: RunSpec) -> RunOutput:
     if dead_rows.num_rows:
         out.dead = DeadLetters.decode_rows(dead_rows.column(DEAD).to_pylist()).to_arrow()
     return out
+
+
+def _declared(column: pa.Array, kind: str) -> pa.Array:
+    """A row-path column back in its declared Arrow type (Spark has no uuid and keeps
+    times in nanoseconds: 16 bytes and ``time64[us]`` again)."""
+    declared = ARROW_TYPES[kind]
+    return column if column.type == declared else column.cast(declared)
 
 
 def run_spark(spark: SparkSession, spec: RunSpec, *, packed: bool | None = None) -> RunOutput:

@@ -64,7 +64,9 @@ def wide_batches(decoded: Decoded, streams: tuple[StreamSpec, ...], target: pa.S
         for k, (name, _) in enumerate(ENVELOPE, start=1):
             columns[k] = table.column(name).combine_chunks()
         for k, (name, _) in enumerate(spec.columns):
-            columns[offsets[i] + k] = table.column(name).combine_chunks()
+            column = table.column(name).combine_chunks()
+            kind = types[offsets[i] + k]  # Spark's: uuid → binary, time → time64[ns]
+            columns[offsets[i] + k] = column if column.type == kind else column.cast(kind)
         yield pa.RecordBatch.from_arrays(columns, schema=target)
     if len(decoded.dead):
         rows = decoded.dead.encode_rows()

@@ -98,7 +98,10 @@ from pyspark.sql.types import StructType
 
 from icefloe.config import CatalogSection
 from icefloe.errors import CatalogError
+from pipeline.iceberg.pyiceberg_fixes import install as _install_fixes
 from pipeline.read.tables import load_table, resolve_snapshot
+
+_install_fixes()  # executors scan with pyiceberg too: keep null lists of structs null
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
@@ -216,7 +219,7 @@ def _plain_field(field: pa.Field) -> pa.Field:
 
 
 def _plain_type(kind: pa.DataType) -> pa.DataType:
-    if isinstance(kind, pa.ExtensionType):
+    if isinstance(kind, pa.BaseExtensionType):  # uuid is a canonical (built-in) one
         return _plain_type(kind.storage_type)
     if pa.types.is_struct(kind):
         return pa.struct([_plain_field(kind.field(i)) for i in range(kind.num_fields)])
