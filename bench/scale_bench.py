@@ -129,6 +129,7 @@ class ClusterRun:
     faults: int = 0
     gc_deleted: int = 0
     largest_group: int = 0
+    collector_conflicts: int = 0
 
     def rate(self, count: int) -> float:
         return count / self.window_s
@@ -325,7 +326,8 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
                      drained_total=len(tally.drained), requests=Counter(model.log.requests),
                      throttled=sum(model.throttle.throttled.values()), faults=model.faults,
                      gc_deleted=gc.deleted,
-                     largest_group=max(p.stats.largest_group for p in producers))
+                     largest_group=max(p.stats.largest_group for p in producers),
+                     collector_conflicts=sum(c.stats.conflicts for c in consumers))
     for sealed, done in zip(tally.sealed_at, tally.done_at, strict=True):
         if tally.in_window(sealed):
             if done is None:  # never acked: its wait so far is a lower bound
@@ -374,6 +376,8 @@ def cluster_results(run: ClusterRun) -> list[Result]:
         Result(f"{label}: ack p99 (target 500 ms)", run.percentile(0.99) * 1000, "ms", 500),
         Result(f"{label}: manifest CAS writes/s", run.rate(run.cas_writes), "CAS/s"),
         Result(f"{label}: CAS conflicts/s", run.rate(run.conflicts), "conflicts/s"),
+        Result(f"{label}: entries per manifest CAS",
+               run.acked_in_window / max(1, run.cas_writes), "entries"),
         Result(f"{label}: collector drain (baseline: offered)",
                run.rate(run.drained_in_window), "entries/s", offered),
         Result(f"{label}: bench process CPU (1.0 = one core)", run.cpu, "cores"),
@@ -388,7 +392,8 @@ def print_run_notes(run: ClusterRun) -> None:
           f"window's end {run.censored} (their wait counts as a lower bound), lost "
           f"{run.lost}, duplicated {run.duplicates}; faults injected {run.faults}, "
           f"503 SlowDown {run.throttled}, largest group {run.largest_group}, "
-          f"GC deleted {run.gc_deleted}")
+          f"collector's lost CAS races {run.collector_conflicts}, GC deleted "
+          f"{run.gc_deleted}")
 
 
 # --- cost model ----------------------------------------------------------------------------
@@ -473,9 +478,10 @@ def cost_results(runs: list[ClusterRun]) -> list[Result]:
     target = FIREHOSE_ICEBERG_PER_GB * 1000 / 10
     for flush in (0.1, 0.25, 0.5, 1.0, 2.0):
         formula = formula_per_gb(32, flush_s=flush)
-        results.append(Result(f"cost by formula, flush age {flush:g} s, 32 ingestors "
-                              "(baseline: a tenth of Firehose)", dollars_per_tb(formula),
-                              "$/TB", target))
+        batch = LOAD_BYTES_PER_S * flush / 1e6
+        results.append(Result(f"cost by formula, flush age {flush:g} s (~{batch:g} MB "
+                              "batches), 32 ingestors (baseline: a tenth of Firehose)",
+                              dollars_per_tb(formula), "$/TB", target))
     return results
 
 
@@ -483,7 +489,8 @@ def cost_results(runs: list[ClusterRun]) -> list[Result]:
 
 def specs(quick: bool, seed: int) -> list[ClusterSpec]:
     duration, warmup = (3.0, 0.7) if quick else (8.0, 1.5)
-    sizes = (8, 32) if quick else (8, 32, 64, 128)
+    # 2 and 4 (full run only): how many ingestors one manifest object carries, for sizing
+    sizes = (8, 32) if quick else (2, 4, 8, 32, 64, 128)
     rows = [ClusterSpec(n, duration_s=duration, warmup_s=warmup, seed=seed) for n in sizes]
     rows.append(ClusterSpec(64, batch_bytes=LARGE_BATCH, duration_s=duration,
                             warmup_s=warmup, seed=seed))
@@ -520,7 +527,8 @@ def main() -> None:
                 baseline_runs.append(run)
     print_table("modeled cluster (S3 model: 20-50 ms, lost answers, 409/412, per-prefix "
                 "rates; baseline = what the ingestors offered)", results)
-    cost_runs = [r for r in baseline_runs if r.spec.batch_bytes == DEFAULT_BATCH]
+    cost_runs = [r for r in baseline_runs
+                 if r.spec.batch_bytes == DEFAULT_BATCH and r.spec.ingestors >= 8]
     cost = cost_results(cost_runs)
     print_table(f"cost model at {LOAD_BYTES_PER_S / 1e6:g} MB/s per ingestor, flush "
                 f"{FLUSH_S * 1000:g} ms (S3 Standard us-east-1: PUT/LIST $0.005, GET $0.0004 "
