@@ -15,7 +15,6 @@ import msgspec
 
 COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
                 "json", "uuid", "binary", "time")
-
 """The type names without parameters; ``decimal(p,s)``, ``list<T>``, ``map<string,T>`` and
 ``struct<...>`` are built by the grammar in :mod:`icefloe.streams.typespec`."""
 

@@ -1,0 +1,540 @@
+"""Cluster-scale benchmark (issue #25): does more ingestors mean more throughput?
+
+**Modeled cluster.** N simulated ingestors in this one process (asyncio), each running the
+real publishing code (:func:`icefloe.manifest.publish.publish_batch`: a batch PUT under a
+new ULID key, then :class:`~icefloe.manifest.ManifestProducer`'s group-committed,
+idempotent append) and sealing one batch every ``ingestor.flush_age_ms`` with at most
+``FlushSettings.max_inflight`` flushes in flight, as the real batcher does. They share an
+in-memory S3 model (:mod:`testing.s3model`): 20-50 ms per request (seeded), applied PUTs
+whose answer is lost, lost 409/412 races, and S3's per-prefix request rates (503 SlowDown
+beyond), behind the real retry layer. A modeled collector reads with the real
+:class:`~icefloe.manifest.ManifestConsumer`, GETs every batch file of a run, stands for
+the Spark job and the Iceberg commits with a **fixed latency** (no Spark here), acks, and
+dequeues every ``collector.dequeue_every`` runs; at the end the real GC deletes the files.
+The limit of such a cluster is the store's latency and the single manifest object, not
+CPU; the ``cpu`` column shows how busy this process was (1.0 = one core), so a row the
+machine itself limited is visible.
+
+Reported per size: entries/s and bytes/s against what the ingestors offered (ratio),
+ack p50/p99 (seal → manifest append durable), CAS writes/s, conflicts/s, the collector's
+drain rate, and the exactly-once check (every acked batch drained once).
+
+**Shards.** ``--shards N`` adds the N-shard rows beside the single-manifest baseline.
+Producers and consumers are made in one place, :func:`build_cluster`; until the manifest
+has a shard API, N > 1 is reported as not yet available (never faked).
+
+**Cost model.** S3 requests per GB ingested at 5 MB/s per ingestor with the default
+flush settings, counted from the modeled runs and computed by formula, priced at S3
+Standard us-east-1 list prices, next to Amazon Data Firehose's per-GB price for Iceberg
+destinations (source in bench/README.md).
+
+Usage: python bench/scale_bench.py [--quick] [--json PATH] [--shards N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import Result, print_table, write_json
+
+from collector.gc import collect_garbage
+from icefloe.checksum import crc32c
+from icefloe.config import CollectorSection, IngestorSection
+from icefloe.manifest import ManifestConfig, ManifestConsumer, ManifestProducer
+from icefloe.manifest.publish import publish_batch
+from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
+from ingestor.buffer import FlushSettings
+from testing.s3model import LIST_PAGE, S3Model
+
+INGESTOR = IngestorSection()
+COLLECTOR = CollectorSection()
+MANIFEST = ManifestConfig()
+FLUSH_S = INGESTOR.flush_age_ms / 1000.0
+MAX_INFLIGHT = FlushSettings.max_inflight
+LOAD_BYTES_PER_S = 5_000_000
+"""The stated load per ingestor (5 MB/s of events)."""
+DEFAULT_BATCH = int(LOAD_BYTES_PER_S * FLUSH_S)
+"""What one flush carries at that load: ~500 KB at the default 100 ms flush age."""
+LARGE_BATCH = 2 * 1024 * 1024
+COMMIT_S = 0.15
+"""Modeled Spark job + Iceberg commits per collector run (DESIGN: a commit costs
+~0.1-0.2 s); fixed, whatever the run's size."""
+BATCH_GET_CONCURRENCY = 64
+"""The modeled collector's batch-file GETs in flight (Spark's readers, stood in for)."""
+
+# S3 Standard, us-east-1 list prices (per request); DELETE is free
+PRICE_PUT_CLASS = 0.005 / 1000   # PUT, COPY, POST, LIST
+PRICE_GET_CLASS = 0.0004 / 1000  # GET, HEAD (and SELECT)
+FIREHOSE_ICEBERG_PER_GB = 0.075
+"""Amazon Data Firehose, Apache Iceberg Tables destination, first 250 TB/month, per GB
+ingested (see bench/README.md for where the figure comes from)."""
+
+
+class ShardsUnavailable(Exception):
+    """The manifest has no shard API yet: N-shard rows cannot be measured."""
+
+
+# --- the cluster ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """One modeled run. Durations in seconds, sizes in bytes."""
+
+    ingestors: int
+    batch_bytes: int = DEFAULT_BATCH
+    shards: int = 1
+    duration_s: float = 6.0
+    warmup_s: float = 1.0
+    flush_s: float = FLUSH_S
+    max_inflight: int = MAX_INFLIGHT
+    commit_s: float = COMMIT_S
+    lost_answer: float = 0.005
+    lost_race: float = 0.005
+    seed: int = 1
+
+
+@dataclass
+class ClusterRun:
+    """What one run measured. ``window_s`` is the measured part (after the warm-up)."""
+
+    spec: ClusterSpec
+    window_s: float
+    offered: int = 0
+    acked_in_window: int = 0
+    drained_in_window: int = 0
+    latencies: list[float] = field(default_factory=list)
+    censored: int = 0
+    cas_writes: int = 0
+    conflicts: int = 0
+    cpu: float = 0.0
+    acked_total: int = 0
+    acked_bytes_total: int = 0
+    failed: int = 0
+    not_started: int = 0
+    drained_total: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    requests: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    throttled: int = 0
+    faults: int = 0
+    gc_deleted: int = 0
+    largest_group: int = 0
+    collector_conflicts: int = 0
+
+    def rate(self, count: int) -> float:
+        return count / self.window_s
+
+    @property
+    def offered_per_s(self) -> float:
+        return self.rate(self.offered)
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def build_cluster(model: S3Model, spec: ClusterSpec
+                  ) -> tuple[list[ManifestProducer], list[ManifestConsumer]]:
+    """One manifest producer per ingestor and the collector's consumers, for ``shards``.
+
+    The one place that knows how producers and the collector meet the manifest: adopting
+    the shard API (``[manifest] shards = N``) changes this function only. Each client gets
+    its own connection to the bucket behind the real retry layer, as a process would.
+    """
+    if spec.shards != 1:
+        raise ShardsUnavailable(
+            f"{spec.shards} shards: the manifest has one shard today (no shard API in "
+            "icefloe.manifest yet)")
+    producers = [ManifestProducer(RetryingAsyncStore(model.view(f"ingestor-{i}"),
+                                                     RetryPolicy()), MANIFEST)
+                 for i in range(spec.ingestors)]
+    consumers = [ManifestConsumer(RetryingAsyncStore(model.view("collector", "collector"),
+                                                     RetryPolicy()), MANIFEST)]
+    return producers, consumers
+
+
+@dataclass
+class _Tally:
+    """Shared bookkeeping of one run (all on one event loop: no locks)."""
+
+    window: tuple[float, float]
+    payload: bytes
+    checksum: int
+    offered: int = 0
+    acked_in_window: int = 0
+    drained_in_window: int = 0
+    failed: int = 0
+    not_started: int = 0
+    acked: list[int | None] = field(default_factory=list)
+    acked_bytes: int = 0
+    sealed_at: list[float] = field(default_factory=list)
+    done_at: list[float | None] = field(default_factory=list)
+    drained: list[tuple[int, str, int]] = field(default_factory=list)
+
+    def in_window(self, t: float) -> bool:
+        return self.window[0] <= t < self.window[1]
+
+
+async def _ingestor(producer: ManifestProducer, spec: ClusterSpec, tally: _Tally,
+                    rng: random.Random) -> None:
+    """Seal a batch every ``flush_s``; at most ``max_inflight`` flushes at once (the rest
+    wait, as sealed batches do in the batcher). At the end of the window, batches still
+    waiting for a slot are dropped (never written: not acked); flushes started finish."""
+    loop = asyncio.get_running_loop()
+    slots = asyncio.Semaphore(spec.max_inflight)
+    waiting: set[asyncio.Task[None]] = set()
+    started: set[asyncio.Task[None]] = set()
+
+    async def flush(index: int) -> None:
+        async with slots:
+            task = asyncio.current_task()
+            assert task is not None
+            waiting.discard(task)
+            started.add(task)
+            try:
+                sequence = await publish_batch(
+                    producer.store, producer, tally.payload,
+                    record_count=max(1, spec.batch_bytes // 200), streams=("events",),
+                    checksum=tally.checksum)
+            except Exception:  # not acknowledged (may be appended once: counted apart)
+                tally.failed += 1
+                return
+        now = loop.time()
+        tally.done_at[index] = now
+        tally.acked.append(sequence)
+        tally.acked_bytes += spec.batch_bytes
+        if tally.in_window(now):
+            tally.acked_in_window += 1
+
+    tick = tally.window[0] - spec.warmup_s + rng.uniform(0, spec.flush_s)
+    while tick < tally.window[1]:
+        await asyncio.sleep(max(0.0, tick - loop.time()))
+        index = len(tally.sealed_at)
+        tally.sealed_at.append(tick)
+        tally.done_at.append(None)
+        if tally.in_window(tick):
+            tally.offered += 1
+        task = asyncio.create_task(flush(index))
+        waiting.add(task)
+        tick += spec.flush_s
+    for task in list(waiting):
+        task.cancel()
+        tally.not_started += 1
+    await asyncio.gather(*waiting, *started, return_exceptions=True)
+
+
+async def _collector(consumers: list[ManifestConsumer], spec: ClusterSpec, tally: _Tally,
+                     publishing_done: asyncio.Event) -> None:
+    """Read, GET the batch files, stand in for Spark + commits, ack; until all is drained."""
+    loop = asyncio.get_running_loop()
+    for consumer in consumers:
+        await consumer.initialize()
+    gets = asyncio.Semaphore(BATCH_GET_CONCURRENCY)
+    runs = 0
+
+    async def fetch(consumer: ManifestConsumer, location: str) -> None:
+        async with gets:
+            await consumer.store.get(location)
+
+    while True:
+        began = loop.time()
+        taken = 0
+        for consumer in consumers:
+            entries = await consumer.read(max_entries=COLLECTOR.max_run_entries)
+            run, size = [], 0
+            for entry in entries:
+                if run and size + entry.size > COLLECTOR.max_run_bytes:
+                    break
+                run.append(entry)
+                size += entry.size
+            if not run:
+                continue
+            await asyncio.gather(*(fetch(consumer, e.location) for e in run))
+            await asyncio.sleep(spec.commit_s)
+            await consumer.ack(run[-1].sequence)
+            now = loop.time()
+            for entry in run:
+                tally.drained.append((entry.sequence, entry.producer_id,
+                                      entry.producer_batch))
+            if tally.in_window(now):
+                tally.drained_in_window += len(run)
+            taken = max(taken, len(run))
+        if taken:
+            runs += 1
+            if runs % COLLECTOR.dequeue_every == 0:
+                for consumer in consumers:
+                    await consumer.dequeue()
+        elif publishing_done.is_set():
+            for consumer in consumers:
+                await consumer.dequeue()
+            return
+        if taken >= COLLECTOR.max_run_entries:
+            continue  # a backlog: straight on, as the collector does
+        wait = COLLECTOR.poll_interval_s if not taken else \
+            COLLECTOR.commit_interval_s - (loop.time() - began)
+        await asyncio.sleep(max(0.0, wait))
+
+
+def _cas_totals(producers: list[ManifestProducer]) -> tuple[int, int]:
+    return (sum(p.stats.writes for p in producers), sum(p.stats.conflicts for p in producers))
+
+
+async def run_cluster(spec: ClusterSpec) -> ClusterRun:
+    """Run one modeled cluster and check that every acked batch was drained exactly once."""
+    model = S3Model(seed=spec.seed, lost_answer=spec.lost_answer, lost_race=spec.lost_race)
+    producers, consumers = build_cluster(model, spec)
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.3  # the collector creates the manifest first
+    payload = random.Random(spec.seed).randbytes(spec.batch_bytes)
+    tally = _Tally((start + spec.warmup_s, start + spec.warmup_s + spec.duration_s),
+                   payload, crc32c(payload))
+    rng = random.Random(spec.seed + 1)
+    publishing_done = asyncio.Event()
+    collector = asyncio.create_task(_collector(consumers, spec, tally, publishing_done))
+    ingestors = [asyncio.create_task(_ingestor(p, spec, tally, rng)) for p in producers]
+
+    await asyncio.sleep(max(0.0, tally.window[0] - loop.time()))
+    cas0, conflicts0 = _cas_totals(producers)
+    cpu0 = time.process_time()
+    await asyncio.sleep(max(0.0, tally.window[1] - loop.time()))
+    cas1, conflicts1 = _cas_totals(producers)
+    cpu = (time.process_time() - cpu0) / spec.duration_s
+
+    await asyncio.gather(*ingestors)
+    publishing_done.set()
+    await collector
+    gc = await collect_garbage(consumers[0].store, MANIFEST.key, grace_s=0.0)
+
+    run = ClusterRun(spec, spec.duration_s, offered=tally.offered,
+                     acked_in_window=tally.acked_in_window,
+                     drained_in_window=tally.drained_in_window,
+                     cas_writes=cas1 - cas0, conflicts=conflicts1 - conflicts0, cpu=cpu,
+                     acked_total=len(tally.acked), acked_bytes_total=tally.acked_bytes,
+                     failed=tally.failed, not_started=tally.not_started,
+                     drained_total=len(tally.drained), requests=Counter(model.log.requests),
+                     throttled=sum(model.throttle.throttled.values()), faults=model.faults,
+                     gc_deleted=gc.deleted,
+                     largest_group=max(p.stats.largest_group for p in producers),
+                     collector_conflicts=sum(c.stats.conflicts for c in consumers))
+    for sealed, done in zip(tally.sealed_at, tally.done_at, strict=True):
+        if tally.in_window(sealed):
+            if done is None:  # never acked: its wait so far is a lower bound
+                run.censored += 1
+                run.latencies.append(tally.window[1] - sealed)
+            else:
+                run.latencies.append(done - sealed)
+    _check_exactly_once(run, tally)
+    return run
+
+
+def _check_exactly_once(run: ClusterRun, tally: _Tally) -> None:
+    """Every acked sequence drained, nothing drained twice (by sequence or by producer
+    batch); failed publishes may have been appended once each (ambiguous), no more."""
+    drained_sequences = Counter(s for s, _, _ in tally.drained)
+    drained_batches = Counter((p, b) for _, p, b in tally.drained)
+    run.duplicates = sum(n - 1 for n in drained_sequences.values() if n > 1) + \
+        sum(n - 1 for n in drained_batches.values() if n > 1)
+    known = [s for s in tally.acked if s is not None]
+    missing = sum(1 for s in known if s not in drained_sequences)
+    run.lost = max(missing, len(tally.acked) - run.drained_total)
+    extra = run.drained_total - len(tally.acked)  # drained, never acked: failed publishes
+    if extra > run.failed:  # that may each have been appended once, no more
+        run.duplicates += extra - run.failed
+
+
+# --- output --------------------------------------------------------------------------------
+
+def _label(spec: ClusterSpec) -> str:
+    size = f"{spec.batch_bytes / 2**20:.0f} MiB" if spec.batch_bytes >= 2**20 \
+        else f"{spec.batch_bytes / 1000:.0f} KB"
+    return f"{spec.ingestors} ingestors, {size} batches, {spec.shards} shard" + \
+        ("s" if spec.shards > 1 else "")
+
+
+def cluster_results(run: ClusterRun) -> list[Result]:
+    spec, label = run.spec, _label(run.spec)
+    offered = run.offered_per_s
+    return [
+        Result(f"{label}: entries/s (baseline: offered)", run.rate(run.acked_in_window),
+               "entries/s", offered),
+        Result(f"{label}: bytes/s (baseline: offered)",
+               run.rate(run.acked_in_window) * spec.batch_bytes / 1e6, "MB/s",
+               offered * spec.batch_bytes / 1e6),
+        Result(f"{label}: ack p50 (seal -> appended)", run.percentile(0.50) * 1000, "ms"),
+        Result(f"{label}: ack p99 (target 500 ms)", run.percentile(0.99) * 1000, "ms", 500),
+        Result(f"{label}: manifest CAS writes/s", run.rate(run.cas_writes), "CAS/s"),
+        Result(f"{label}: CAS conflicts/s", run.rate(run.conflicts), "conflicts/s"),
+        Result(f"{label}: entries per manifest CAS",
+               run.acked_in_window / max(1, run.cas_writes), "entries"),
+        Result(f"{label}: collector drain (baseline: offered)",
+               run.rate(run.drained_in_window), "entries/s", offered),
+        Result(f"{label}: bench process CPU (1.0 = one core)", run.cpu, "cores"),
+        Result(f"{label}: lost + duplicated (acked vs drained)", run.lost + run.duplicates,
+               "entries"),
+    ]
+
+
+def print_run_notes(run: ClusterRun) -> None:
+    print(f"  {_label(run.spec)}: acked {run.acked_total}, drained {run.drained_total}, "
+          f"failed {run.failed}, never started at stop {run.not_started}, unacked at the "
+          f"window's end {run.censored} (their wait counts as a lower bound), lost "
+          f"{run.lost}, duplicated {run.duplicates}; faults injected {run.faults}, "
+          f"503 SlowDown {run.throttled}, largest group {run.largest_group}, "
+          f"collector's lost CAS races {run.collector_conflicts}, GC deleted "
+          f"{run.gc_deleted}")
+
+
+# --- cost model ----------------------------------------------------------------------------
+
+COST_ROWS: tuple[tuple[str, str, str, str], ...] = (
+    # label, role, op, kind
+    ("batch PUTs (ingestors)", "ingestor", "put", "batch"),
+    ("manifest CAS PUTs (ingestors)", "ingestor", "put", "manifest"),
+    ("manifest GETs (ingestors, after a lost race)", "ingestor", "get", "manifest"),
+    ("manifest GETs (collector reads)", "collector", "get", "manifest"),
+    ("manifest CAS PUTs (collector acks, dequeues)", "collector", "put", "manifest"),
+    ("batch GETs (collector)", "collector", "get", "batch"),
+    ("LISTs (GC)", "collector", "list", "batch"),
+    ("DELETEs (GC; free on S3)", "collector", "delete", "batch"),
+)
+
+
+def formula_per_gb(ingestors: int, bytes_per_s: float = LOAD_BYTES_PER_S,
+                   flush_s: float = FLUSH_S) -> dict[str, float]:
+    """Requests per GB by formula, from the config defaults, for ``ingestors`` at
+    ``bytes_per_s`` each. Manifest rows are the floor (no lost races): one CAS per flush
+    (the in-flight flushes of one ingestor rarely overlap at 10 per second)."""
+    per_gb = 1e9
+    batches = per_gb / (bytes_per_s * flush_s)
+    seconds = per_gb / (ingestors * bytes_per_s)  # wall time the cluster takes for 1 GB
+    runs = seconds / COLLECTOR.commit_interval_s
+    gc_passes = seconds / COLLECTOR.gc_interval_s
+    files_listed = ingestors / flush_s * (MANIFEST.gc_grace_s + COLLECTOR.gc_interval_s)
+    return {
+        "batch PUTs (ingestors)": batches,
+        "manifest CAS PUTs (ingestors)": batches,
+        "manifest GETs (ingestors, after a lost race)": 0.0,
+        "manifest GETs (collector reads)": runs + gc_passes,
+        "manifest CAS PUTs (collector acks, dequeues)": runs * (1 + 1 / COLLECTOR.dequeue_every),
+        "batch GETs (collector)": batches,
+        "LISTs (GC)": gc_passes * math.ceil(files_listed / 1000),
+        "DELETEs (GC; free on S3)": batches,
+    }
+
+
+def measured_per_gb(run: ClusterRun) -> dict[str, float]:
+    """Requests per GB counted in a modeled run (its whole life, over every byte acked).
+
+    LISTs are the exception: the run's one GC pass at the end lists every file once,
+    while in steady state GC lists each file (gc_grace_s + gc_interval_s) / gc_interval_s
+    times (a file stays in the listing for the grace period), in pages of 1,000 — so that
+    row is the files the run's GC deleted times that factor.
+    """
+    gb = run.acked_bytes_total / 1e9
+    counts = {label: run.requests[(role, op, kind)] / gb
+              for label, role, op, kind in COST_ROWS}
+    listings = (MANIFEST.gc_grace_s + COLLECTOR.gc_interval_s) / COLLECTOR.gc_interval_s
+    counts["LISTs (GC)"] = run.gc_deleted * listings / LIST_PAGE / gb
+    return counts
+
+
+def dollars_per_tb(per_gb: dict[str, float]) -> float:
+    total = 0.0
+    for label, count in per_gb.items():
+        if "DELETE" in label:
+            continue
+        price = PRICE_GET_CLASS if "GET" in label else PRICE_PUT_CLASS
+        total += count * price
+    return total * 1000
+
+
+def cost_results(runs: list[ClusterRun]) -> list[Result]:
+    """Requests per GB (measured beside the formula) and $/TB next to Firehose's price."""
+    results: list[Result] = []
+    firehose_tb = FIREHOSE_ICEBERG_PER_GB * 1000
+    for run in runs:
+        n = run.spec.ingestors
+        measured, formula = measured_per_gb(run), formula_per_gb(n)
+        for label, _, _, _ in COST_ROWS:
+            results.append(Result(f"cost, {n} ingestors: {label} per GB (baseline: formula)",
+                                  measured[label], "requests/GB", formula[label] or None))
+        results.append(Result(f"cost, {n} ingestors: S3 requests $/TB (baseline: Firehose "
+                              "Iceberg $/TB; target ratio <= 0.10)", dollars_per_tb(measured),
+                              "$/TB", firehose_tb))
+        results.append(Result(f"cost, {n} ingestors: formula $/TB (baseline: Firehose)",
+                              dollars_per_tb(formula), "$/TB", firehose_tb))
+    target = FIREHOSE_ICEBERG_PER_GB * 1000 / 10
+    for flush in (0.1, 0.25, 0.5, 1.0, 2.0):
+        formula = formula_per_gb(32, flush_s=flush)
+        batch = LOAD_BYTES_PER_S * flush / 1e6
+        results.append(Result(f"cost by formula, flush age {flush:g} s (~{batch:g} MB "
+                              "batches), 32 ingestors (baseline: a tenth of Firehose)",
+                              dollars_per_tb(formula), "$/TB", target))
+    return results
+
+
+# --- main ----------------------------------------------------------------------------------
+
+def specs(quick: bool, seed: int) -> list[ClusterSpec]:
+    duration, warmup = (3.0, 0.7) if quick else (8.0, 1.5)
+    # 2 and 4 (full run only): how many ingestors one manifest object carries, for sizing
+    sizes = (8, 32) if quick else (2, 4, 8, 32, 64, 128)
+    rows = [ClusterSpec(n, duration_s=duration, warmup_s=warmup, seed=seed) for n in sizes]
+    rows.append(ClusterSpec(64, batch_bytes=LARGE_BATCH, duration_s=duration,
+                            warmup_s=warmup, seed=seed))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
+    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser.add_argument("--shards", type=int, default=8,
+                        help="the N of the N-shard rows (default 8)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    print(f"defaults read from the config: flush age {FLUSH_S * 1000:g} ms, "
+          f"{MAX_INFLIGHT} flushes in flight, collector commit interval "
+          f"{COLLECTOR.commit_interval_s:g} s, dequeue every {COLLECTOR.dequeue_every} runs, "
+          f"max run {COLLECTOR.max_run_entries} entries; modeled commit {COMMIT_S * 1000:g} "
+          f"ms per run (no Spark)")
+    results: list[Result] = []
+    baseline_runs: list[ClusterRun] = []
+    for spec in specs(args.quick, args.seed):
+        for shards in (1, args.shards):
+            one = ClusterSpec(**{**spec.__dict__, "shards": shards})
+            try:
+                run = asyncio.run(run_cluster(one))
+            except ShardsUnavailable as exc:
+                print(f"  {_label(one)}: not yet available ({exc})")
+                continue
+            print_run_notes(run)
+            results += cluster_results(run)
+            if shards == 1:
+                baseline_runs.append(run)
+    print_table("modeled cluster (S3 model: 20-50 ms, lost answers, 409/412, per-prefix "
+                "rates; baseline = what the ingestors offered)", results)
+    cost_runs = [r for r in baseline_runs
+                 if r.spec.batch_bytes == DEFAULT_BATCH and r.spec.ingestors >= 8]
+    cost = cost_results(cost_runs)
+    print_table(f"cost model at {LOAD_BYTES_PER_S / 1e6:g} MB/s per ingestor, flush "
+                f"{FLUSH_S * 1000:g} ms (S3 Standard us-east-1: PUT/LIST $0.005, GET $0.0004 "
+                "per 1,000)", cost)
+    write_json(args.json, results + cost)
+
+
+if __name__ == "__main__":
+    main()

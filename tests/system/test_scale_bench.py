@@ -1,0 +1,122 @@
+"""The scale benchmark's model (issue #25): its counts add up and its S3 model behaves.
+
+Why here: ``bench/scale_bench.py`` reports throughput and cost figures read off a modeled
+cluster; a model that silently dropped or double-counted entries would make every figure
+meaningless. These tests run the model for about a second with the real producer,
+publishing, consumer and GC code, and check exactly-once and the JSON shape; the S3
+model's rate limit and request accounting are checked on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from icefloe.clock import ManualClock
+from icefloe.errors import TransientStoreError
+from testing.s3model import PrefixThrottle, S3Model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("scale_bench", ROOT / "bench" /
+                                                  "scale_bench.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["scale_bench"] = module  # dataclasses resolve annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_model_run_acks_exactly_what_the_collector_drains(bench: ModuleType,
+                                                          tmp_path: Path) -> None:
+    # fault rates well above the bench's, so lost answers and races do happen
+    spec = bench.ClusterSpec(4, batch_bytes=100_000, duration_s=1.2, warmup_s=0.3,
+                             lost_answer=0.05, lost_race=0.05, seed=7)
+    run = asyncio.run(bench.run_cluster(spec))
+
+    assert run.faults > 0  # the ambiguous paths were exercised
+    assert run.offered == pytest.approx(4 * 1.2 / bench.FLUSH_S, abs=4)
+    assert run.acked_total > 0
+    assert run.acked_in_window > 0
+    assert run.lost == 0
+    assert run.duplicates == 0
+    # every acked batch drained once; only failed publishes may add (at most once each)
+    assert run.acked_total <= run.drained_total <= run.acked_total + run.failed
+    assert run.acked_bytes_total == run.acked_total * spec.batch_bytes
+    assert run.gc_deleted >= run.drained_total  # everything drained was collected
+    assert run.requests[("ingestor", "put", "batch")] >= run.acked_total
+    assert run.requests[("collector", "get", "batch")] >= run.drained_total
+    assert len(run.latencies) == run.offered
+
+    results = bench.cluster_results(run) + bench.cost_results([run])
+    out = tmp_path / "scale.json"
+    bench.write_json(str(out), results)
+    doc = json.loads(out.read_text())
+    assert {"cores", "python"} <= set(doc["hardware"])
+    assert doc["results"]
+    for row in doc["results"]:
+        assert set(row) == {"name", "value", "unit", "baseline", "ratio"}
+        assert isinstance(row["value"], int | float)
+    by_name = {row["name"]: row for row in doc["results"]}
+    entries = by_name["4 ingestors, 100 KB batches, 1 shard: entries/s (baseline: offered)"]
+    assert entries["baseline"] == pytest.approx(run.offered / spec.duration_s)
+    assert entries["value"] == pytest.approx(run.acked_in_window / spec.duration_s)
+
+
+def test_the_exactly_once_check_sees_a_lost_and_a_duplicated_entry(bench: ModuleType
+                                                                  ) -> None:
+    tally = bench._Tally((0.0, 1.0), b"x", 0)
+    tally.acked = [1, 2, 3]
+    tally.drained = [(1, "p", 1), (3, "p", 3), (3, "p", 3)]
+    run = bench.ClusterRun(bench.ClusterSpec(1), 1.0, drained_total=3)
+    bench._check_exactly_once(run, tally)
+    assert run.lost == 1
+    assert run.duplicates == 2
+
+
+def test_shard_rows_are_refused_until_the_manifest_has_shards(bench: ModuleType) -> None:
+    with pytest.raises(bench.ShardsUnavailable):
+        bench.build_cluster(S3Model(), bench.ClusterSpec(8, shards=4))
+
+
+def test_prefix_throttle_answers_slowdown_beyond_the_documented_rate() -> None:
+    clock = ManualClock()
+    throttle = PrefixThrottle(clock=clock)
+    admitted = sum(throttle.admit("put", f"batches/{i}") for i in range(4000))
+    assert admitted == 3500  # one second's worth of PUTs per prefix
+    assert throttle.admit("put", "other/x")  # another prefix has its own bucket
+    assert sum(throttle.admit("get", f"batches/{i}") for i in range(6000)) == 5500
+    clock.advance(0.1)
+    refilled = sum(throttle.admit("put", f"batches/{i}") for i in range(1000))
+    assert refilled == pytest.approx(350, abs=1)  # refilled at 3,500 per second
+
+
+def test_metered_view_counts_requests_and_raises_slowdown() -> None:
+    async def scenario() -> tuple[S3Model, str]:
+        model = S3Model(latency_s=(0.0, 0.0), writes_per_s=2.0)
+        view = model.view("a")
+        await view.put("batches/1.ifb", b"x" * 10)
+        await view.put("batches/2.ifb", b"y" * 10)
+        try:
+            await view.put("batches/3.ifb", b"z")
+        except TransientStoreError as exc:
+            code = exc.code or ""
+        await model.view("gc", "collector").list("batches/")
+        return model, code
+
+    model, code = asyncio.run(scenario())
+    assert code == "SlowDown"
+    assert model.log.requests[("ingestor", "put", "batch")] == 3  # throttled ones count
+    assert model.log.requests[("collector", "list", "batch")] == 1
+    assert set(model.bucket.objects) == {"batches/1.ifb", "batches/2.ifb"}
