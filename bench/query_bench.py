@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import Result, print_table, write_json
-from pipeline.load.schema import table_arrow_schema
 
 from icefloe.config import Column, StreamConfig, load_config
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
 from pipeline.read.embedded import choose, run_embedded

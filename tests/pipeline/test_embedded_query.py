@@ -20,11 +20,11 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 import pytest
-from pipeline.load.schema import table_arrow_schema
 
 from icefloe.config import Config, load_config
 from icefloe.errors import ConfigError
 from icefloe_app.cli import main
+from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
 from pipeline.read.embedded import Untranslatable, choose, run_embedded, translate
