@@ -168,7 +168,13 @@ def run_models(args: argparse.Namespace) -> int:
 
     spark = get_spark(args.spark_master, "icefloe-models")
     outcomes = run(spark, project, config, args.names, full_refresh=args.full_refresh)
-    if args.json:
+    return report_outcomes(outcomes, as_json=args.json)
+
+
+def report_outcomes(outcomes: list[Any], *, as_json: bool) -> int:
+    """Print what each model run did (a table, or JSON) and return the exit code: 1 when
+    any model failed or was skipped. Shared by ``models run`` and ``icefloe run``."""
+    if as_json:
         print_json([{"name": o.name, "state": o.state, "rows": o.rows,
                      "seconds": round(o.seconds, 3), "reason": o.reason} for o in outcomes])
     else:

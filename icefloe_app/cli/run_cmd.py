@@ -20,8 +20,8 @@ from icefloe.config import Config
 from icefloe.errors import LeaseHeldError
 from icefloe.logs import setup_logging
 from icefloe_app.cli.collector_cmd import EXIT_FENCED, fenced_message, run_guarded
-from icefloe_app.cli.common import print_json, table
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args
+from icefloe_app.cli.models_cmd import report_outcomes
 
 DESCRIPTION = """\
 Commit every queued batch into its Iceberg tables (exactly once, as the collector does),
@@ -134,12 +134,4 @@ def run_models_once(config: Config, folder: Path, *, full_refresh: bool = False,
     spark = get_spark(cfg.spark_master, "icefloe-run",
                       {"spark.driver.memory": cfg.spark_driver_memory})
     outcomes = run_all(spark, project, config, [], full_refresh=full_refresh)
-    if as_json:
-        print_json([{"name": o.name, "state": o.state, "rows": o.rows,
-                     "seconds": round(o.seconds, 3), "reason": o.reason} for o in outcomes])
-    else:
-        print(table(["MODEL", "STATE", "ROWS", "SECONDS"],
-                    [[o.name, o.state + (f": {o.reason}" if o.reason else ""),
-                      "-" if o.rows is None else str(o.rows), f"{o.seconds:.2f}"]
-                     for o in outcomes]))
-    return 1 if any(o.state in ("failed", "skipped") for o in outcomes) else 0
+    return report_outcomes(outcomes, as_json=as_json)
