@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import math
 import random
 import sys
@@ -50,8 +51,10 @@ from _common import Result, print_table, write_json
 from collector.gc import collect_garbage
 from icefloe.checksum import crc32c
 from icefloe.config import CollectorSection, IngestorSection
-from icefloe.manifest import ManifestConfig, ManifestConsumer, ManifestProducer
+from icefloe.manifest import ManifestConfig, ManifestProducer
 from icefloe.manifest.publish import publish_batch
+from icefloe.manifest.sharded_consumer import ShardedConsumer
+from icefloe.manifest.shards import shard_config
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from ingestor.buffer import FlushSettings
 from testing.s3model import LIST_PAGE, S3Model
@@ -80,8 +83,8 @@ FIREHOSE_ICEBERG_PER_GB = 0.075
 ingested (see bench/README.md for where the figure comes from)."""
 
 
-class ShardsUnavailable(Exception):
-    """The manifest has no shard API yet: N-shard rows cannot be measured."""
+POSITION_BITS = 40
+"""An entry's position across shards: ``shard << 40 | sequence`` (as the collector's runs)."""
 
 
 # --- the cluster ---------------------------------------------------------------------------
@@ -130,6 +133,7 @@ class ClusterRun:
     gc_deleted: int = 0
     largest_group: int = 0
     collector_conflicts: int = 0
+    shards_drained: int = 0  # how many shards the collector drained entries from
 
     def rate(self, count: int) -> float:
         return count / self.window_s
@@ -146,23 +150,24 @@ class ClusterRun:
 
 
 def build_cluster(model: S3Model, spec: ClusterSpec
-                  ) -> tuple[list[ManifestProducer], list[ManifestConsumer]]:
-    """One manifest producer per ingestor and the collector's consumers, for ``shards``.
+                  ) -> tuple[list[tuple[ManifestProducer, int]], ShardedConsumer]:
+    """One manifest producer per ingestor (with its shard) and the collector's consumer.
 
-    The one place that knows how producers and the collector meet the manifest: adopting
-    the shard API (``[manifest] shards = N``) changes this function only. Each client gets
-    its own connection to the bucket behind the real retry layer, as a process would.
+    The one place that knows how producers and the collector meet the manifest. Ingestor
+    ``i`` appends to shard ``i % shards`` (an even spread; real processes pick theirs by
+    rendezvous hashing, even only on average). The collector reads every shard through the
+    real :class:`ShardedConsumer`, as ``icefloe collector`` does. Each client gets its own
+    connection to the bucket behind the real retry layer, as a process would.
     """
-    if spec.shards != 1:
-        raise ShardsUnavailable(
-            f"{spec.shards} shards: the manifest has one shard today (no shard API in "
-            "icefloe.manifest yet)")
-    producers = [ManifestProducer(RetryingAsyncStore(model.view(f"ingestor-{i}"),
-                                                     RetryPolicy()), MANIFEST)
+    producers = [(ManifestProducer(RetryingAsyncStore(model.view(f"ingestor-{i}"),
+                                                      RetryPolicy()),
+                                   shard_config(MANIFEST, i % spec.shards)), i % spec.shards)
                  for i in range(spec.ingestors)]
-    consumers = [ManifestConsumer(RetryingAsyncStore(model.view("collector", "collector"),
-                                                     RetryPolicy()), MANIFEST)]
-    return producers, consumers
+    # started with `[manifest] shards = N`, it grows the store's shard count first
+    consumer = ShardedConsumer(RetryingAsyncStore(model.view("collector", "collector"),
+                                                  RetryPolicy()),
+                               dataclasses.replace(MANIFEST, shards=spec.shards))
+    return producers, consumer
 
 
 @dataclass
@@ -187,8 +192,8 @@ class _Tally:
         return self.window[0] <= t < self.window[1]
 
 
-async def _ingestor(producer: ManifestProducer, spec: ClusterSpec, tally: _Tally,
-                    rng: random.Random) -> None:
+async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
+                    tally: _Tally, rng: random.Random) -> None:
     """Seal a batch every ``flush_s``; at most ``max_inflight`` flushes at once (the rest
     wait, as sealed batches do in the batcher). At the end of the window, batches still
     waiting for a slot are dropped (never written: not acked); flushes started finish."""
@@ -213,7 +218,7 @@ async def _ingestor(producer: ManifestProducer, spec: ClusterSpec, tally: _Tally
                 return
         now = loop.time()
         tally.done_at[index] = now
-        tally.acked.append(sequence)
+        tally.acked.append(None if sequence is None else shard << POSITION_BITS | sequence)
         tally.acked_bytes += spec.batch_bytes
         if tally.in_window(now):
             tally.acked_in_window += 1
@@ -235,66 +240,64 @@ async def _ingestor(producer: ManifestProducer, spec: ClusterSpec, tally: _Tally
     await asyncio.gather(*waiting, *started, return_exceptions=True)
 
 
-async def _collector(consumers: list[ManifestConsumer], spec: ClusterSpec, tally: _Tally,
+async def _collector(consumer: ShardedConsumer, spec: ClusterSpec, tally: _Tally,
                      publishing_done: asyncio.Event) -> None:
-    """Read, GET the batch files, stand in for Spark + commits, ack; until all is drained."""
+    """Read every shard, GET the batch files, stand in for Spark + commits, ack each shard
+    through what the run took; until all is drained."""
     loop = asyncio.get_running_loop()
-    for consumer in consumers:
-        await consumer.initialize()
+    await consumer.initialize()
     gets = asyncio.Semaphore(BATCH_GET_CONCURRENCY)
     runs = 0
 
-    async def fetch(consumer: ManifestConsumer, location: str) -> None:
+    async def fetch(location: str) -> None:
         async with gets:
             await consumer.store.get(location)
 
     while True:
         began = loop.time()
-        taken = 0
-        for consumer in consumers:
-            entries = await consumer.read(max_entries=COLLECTOR.max_run_entries)
-            run, size = [], 0
-            for entry in entries:
-                if run and size + entry.size > COLLECTOR.max_run_bytes:
-                    break
-                run.append(entry)
-                size += entry.size
-            if not run:
-                continue
-            await asyncio.gather(*(fetch(consumer, e.location) for e in run))
+        entries = await consumer.read(max_entries=COLLECTOR.max_run_entries)
+        run, size = [], 0
+        for tagged in entries:  # a cut leaves each shard a contiguous prefix
+            if run and size + tagged.entry.size > COLLECTOR.max_run_bytes:
+                break
+            run.append(tagged)
+            size += tagged.entry.size
+        if run:
+            await asyncio.gather(*(fetch(t.entry.location) for t in run))
             await asyncio.sleep(spec.commit_s)
-            await consumer.ack(run[-1].sequence)
+            through: dict[int, int] = {}
+            for tagged in run:
+                through[tagged.shard] = max(through.get(tagged.shard, -1),
+                                            tagged.entry.sequence)
+            await consumer.ack(through)
             now = loop.time()
-            for entry in run:
-                tally.drained.append((entry.sequence, entry.producer_id,
-                                      entry.producer_batch))
+            for tagged in run:
+                tally.drained.append((tagged.shard << POSITION_BITS | tagged.entry.sequence,
+                                      tagged.entry.producer_id, tagged.entry.producer_batch))
             if tally.in_window(now):
                 tally.drained_in_window += len(run)
-            taken = max(taken, len(run))
-        if taken:
             runs += 1
             if runs % COLLECTOR.dequeue_every == 0:
-                for consumer in consumers:
-                    await consumer.dequeue()
-        elif publishing_done.is_set():
-            for consumer in consumers:
                 await consumer.dequeue()
+        elif publishing_done.is_set():
+            await consumer.dequeue()
             return
-        if taken >= COLLECTOR.max_run_entries:
+        if len(run) >= COLLECTOR.max_run_entries:
             continue  # a backlog: straight on, as the collector does
-        wait = COLLECTOR.poll_interval_s if not taken else \
+        wait = COLLECTOR.poll_interval_s if not run else \
             COLLECTOR.commit_interval_s - (loop.time() - began)
         await asyncio.sleep(max(0.0, wait))
 
 
-def _cas_totals(producers: list[ManifestProducer]) -> tuple[int, int]:
-    return (sum(p.stats.writes for p in producers), sum(p.stats.conflicts for p in producers))
+def _cas_totals(producers: list[tuple[ManifestProducer, int]]) -> tuple[int, int]:
+    return (sum(p.stats.writes for p, _ in producers),
+            sum(p.stats.conflicts for p, _ in producers))
 
 
 async def run_cluster(spec: ClusterSpec) -> ClusterRun:
     """Run one modeled cluster and check that every acked batch was drained exactly once."""
     model = S3Model(seed=spec.seed, lost_answer=spec.lost_answer, lost_race=spec.lost_race)
-    producers, consumers = build_cluster(model, spec)
+    producers, consumer = build_cluster(model, spec)
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.3  # the collector creates the manifest first
     payload = random.Random(spec.seed).randbytes(spec.batch_bytes)
@@ -302,8 +305,9 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
                    payload, crc32c(payload))
     rng = random.Random(spec.seed + 1)
     publishing_done = asyncio.Event()
-    collector = asyncio.create_task(_collector(consumers, spec, tally, publishing_done))
-    ingestors = [asyncio.create_task(_ingestor(p, spec, tally, rng)) for p in producers]
+    collector = asyncio.create_task(_collector(consumer, spec, tally, publishing_done))
+    ingestors = [asyncio.create_task(_ingestor(p, shard, spec, tally, rng))
+                 for p, shard in producers]
 
     await asyncio.sleep(max(0.0, tally.window[0] - loop.time()))
     cas0, conflicts0 = _cas_totals(producers)
@@ -315,7 +319,7 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
     await asyncio.gather(*ingestors)
     publishing_done.set()
     await collector
-    gc = await collect_garbage(consumers[0].store, MANIFEST.key, grace_s=0.0)
+    gc = await collect_garbage(consumer.store, MANIFEST.key, grace_s=0.0)
 
     run = ClusterRun(spec, spec.duration_s, offered=tally.offered,
                      acked_in_window=tally.acked_in_window,
@@ -326,8 +330,9 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
                      drained_total=len(tally.drained), requests=Counter(model.log.requests),
                      throttled=sum(model.throttle.throttled.values()), faults=model.faults,
                      gc_deleted=gc.deleted,
-                     largest_group=max(p.stats.largest_group for p in producers),
-                     collector_conflicts=sum(c.stats.conflicts for c in consumers))
+                     largest_group=max(p.stats.largest_group for p, _ in producers),
+                     collector_conflicts=sum(s.conflicts for s in consumer.stats.values()),
+                     shards_drained=len({pos >> POSITION_BITS for pos, _, _ in tally.drained}))
     for sealed, done in zip(tally.sealed_at, tally.done_at, strict=True):
         if tally.in_window(sealed):
             if done is None:  # never acked: its wait so far is a lower bound
@@ -516,11 +521,7 @@ def main() -> None:
     for spec in specs(args.quick, args.seed):
         for shards in (1, args.shards):
             one = ClusterSpec(**{**spec.__dict__, "shards": shards})
-            try:
-                run = asyncio.run(run_cluster(one))
-            except ShardsUnavailable as exc:
-                print(f"  {_label(one)}: not yet available ({exc})")
-                continue
+            run = asyncio.run(run_cluster(one))
             print_run_notes(run)
             results += cluster_results(run)
             if shards == 1:

@@ -85,9 +85,19 @@ def test_the_exactly_once_check_sees_a_lost_and_a_duplicated_entry(bench: Module
     assert run.duplicates == 2
 
 
-def test_shard_rows_are_refused_until_the_manifest_has_shards(bench: ModuleType) -> None:
-    with pytest.raises(bench.ShardsUnavailable):
-        bench.build_cluster(S3Model(), bench.ClusterSpec(8, shards=4))
+def test_model_run_on_shards_drains_every_shard_exactly_once(bench: ModuleType) -> None:
+    """Four ingestors on two shards, read by the real ShardedConsumer: both shards carry
+    entries, and every acked batch is drained exactly once (positions per shard)."""
+    spec = bench.ClusterSpec(4, batch_bytes=50_000, shards=2, duration_s=1.0, warmup_s=0.3,
+                             lost_answer=0.05, lost_race=0.05, seed=3)
+    run = asyncio.run(bench.run_cluster(spec))
+    assert run.acked_total > 0
+    assert run.lost == 0
+    assert run.duplicates == 0
+    assert run.acked_total <= run.drained_total <= run.acked_total + run.failed
+    assert run.gc_deleted >= run.drained_total
+    assert run.shards_drained == 2
+
 
 
 def test_prefix_throttle_answers_slowdown_beyond_the_documented_rate() -> None:
