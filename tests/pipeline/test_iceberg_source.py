@@ -190,7 +190,8 @@ def test_empty_table_has_schema_and_no_rows(spark: Any, lake: dict[str, Any]) ->
     assert types == {"order_id": T.StringType(), "amount": T.DoubleType(),
                      "qty": T.IntegerType(), "paid": T.BooleanType(), "day": T.DateType(),
                      "meta": T.StringType(), "ratio": T.FloatType(), "_event_id": T.StringType(),
-                     "_received_at": T.TimestampType(), "_sequence": T.LongType()}
+                     "_received_at": T.TimestampType(), "_sequence": T.LongType(),
+                     "_shard": T.IntegerType()}
     assert df.count() == 0
 
 
