@@ -160,7 +160,8 @@ def test_should_name_file_and_key_of_a_bad_config_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["up", "--http-port", "0", "--grpc-port", "0"],
-                                     ["query", "SELECT count(*) FROM web.pageviews"]])
+                                     ["query", "--engine", "spark",
+                                      "SELECT count(*) FROM web.pageviews"]])
 def test_should_say_how_to_get_java_when_it_is_missing(tmp_path, command):
     env = {**child_env(), "PATH": str(tmp_path / "empty-bin")}
     env.pop("JAVA_HOME", None)
