@@ -105,3 +105,15 @@ def confirmed(table: Table) -> Table:
 def _bind(table: Table, catalog: ConfirmingCatalog) -> Table:
     return Table(table.name(), table.metadata, table.metadata_location, table.io,
                  catalog, table.config)  # type: ignore[arg-type]  # duck-typed catalog
+
+
+def confirm_in_place(table: Table) -> Table:
+    """Make ``table``'s own commits confirming, keeping the object.
+
+    Why in place: maintenance commits through the caller's table object, and callers read
+    that object's metadata afterwards (pyiceberg updates it on each commit); a rebound copy
+    would leave them looking at the metadata from before.
+    """
+    if not isinstance(table.catalog, ConfirmingCatalog):
+        table.catalog = ConfirmingCatalog(table.catalog)  # type: ignore[assignment]
+    return table

@@ -34,6 +34,7 @@ from icefloe.config import CatalogSection
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import SEQUENCE_PROP, CommitResult, commit_rows, committed_state
 from pipeline.iceberg.file_append import WriteThenAdd
+from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
 from pipeline.iceberg.tables import ensure_stream_table
 
 FAULTS = ["applied-500", "applied-cut", "not-applied"]
@@ -213,3 +214,27 @@ def test_rest_conflict_after_an_applied_commit_is_confirmed(
     assert table.scan().to_arrow().num_rows == 7
     assert snapshots_with_sequence(table, 2) == 1
     assert stored_data_files(table, None) == referenced_data_files(table)
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_unknown_outcome_compaction_keeps_the_files_it_committed(faulty: Faulty,
+                                                                 kind: str) -> None:
+    """A compaction whose commit landed but whose answer was lost (or refused on a retry)
+    must not delete the files it wrote: the table's current snapshot references them."""
+    name = _table(faulty.catalog)
+    for sequence in range(1, 5):
+        _commit(faulty.catalog, name, clicks(3, sequence=sequence), sequence, "append")
+    table = faulty.catalog.load_table(name)
+    faulty.inject(kind)
+    settings = MaintenanceSettings(min_input_files=2)
+    if kind == "not-applied":  # an error without the commit: outcome unknown, files kept
+        with pytest.raises(Exception):  # noqa: B017, PT011 — Glue and REST raise differently
+            run_maintenance(table, epoch=1, settings=settings)
+    else:  # applied, answer lost or refused on the retry: confirmed by the table
+        assert run_maintenance(table, epoch=1, settings=settings).compaction.files_added == 1
+    assert faulty.fired()
+    after = faulty.catalog.load_table(name)
+    assert_intact(after)
+    assert after.scan().to_arrow().num_rows == 12
+    assert committed_state(after).sequence == 4
+    assert referenced_data_files(after) <= stored_data_files(after, faulty.endpoint)
