@@ -230,9 +230,22 @@ class Runner:
     async def run(self) -> int:
         self.start_renewal()
         try:
-            return await self._loop()
+            code = await self._loop()
         finally:
             await self.stop_renewal()
+        await self._release_lease()  # a clean stop only: a crash keeps its lease
+        return code
+
+    async def _release_lease(self) -> None:
+        """Hand the lease back on the way out, so a warm standby takes over at once
+        instead of after ``lease_s`` (best effort: a failure only costs that wait)."""
+        if self.fenced is not None:
+            return
+        try:
+            if await self.collector.consumer.release_lease():
+                log.info("lease released")
+        except Exception as exc:
+            log.warning("lease not released (a standby waits until it lapses): %s", exc)
 
     async def stop_renewal(self) -> None:
         if self._renew is not None:

@@ -116,6 +116,32 @@ class ManifestConsumer:
         await self._update(extend)
         return expires
 
+    async def release_lease(self) -> bool:
+        """End our lease now; False when it is not ours any more (replaced, or taken).
+
+        Why: a collector that stops cleanly (SIGTERM, ``icefloe run`` done) would otherwise
+        keep a waiting standby out for up to ``lease_s``. Only the lease is ended: the epoch
+        stays, so nothing this consumer might still send is accepted after a takeover any
+        more than before, and a standby still bumps the epoch to become active.
+        """
+        released = False
+
+        def end(loaded: Loaded) -> Manifest | None:
+            nonlocal released
+            manifest = loaded.manifest
+            if self.epoch is None or manifest.epoch != self.epoch \
+                    or manifest.consumer.holder != self.holder:
+                return None
+            released = True
+            if manifest.consumer.lease_expires_at <= loaded.store_time:
+                return None  # lapsed already
+            consumer = msgspec.structs.replace(manifest.consumer,
+                                               lease_expires_at=loaded.store_time)
+            return manifest.replace(consumer=consumer, revision=manifest.revision + 1)
+
+        await self._update(end)
+        return released
+
     async def lease(self) -> tuple[str, float, float]:
         """``(holder, lease_expires_at, store_now)``: who holds the queue, until when."""
         loaded = await load(self.store, self.config.key, clock=self.clock)

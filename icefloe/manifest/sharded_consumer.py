@@ -153,6 +153,10 @@ class ShardedConsumer:
         """Extend the lease on shard 0 (the only one); FencedError if replaced."""
         return await self.shard(0).renew_lease()
 
+    async def release_lease(self) -> bool:
+        """End our lease on shard 0 now (a clean stop); False if it is not ours."""
+        return await self.shard(0).release_lease()
+
     async def lease(self) -> tuple[str, float, float]:
         """``(holder, lease_expires_at, store_now)`` of shard 0."""
         return await self.shard(0).lease()

@@ -44,3 +44,26 @@ def test_once_refuses_a_live_lease_instead_of_waiting(tmp_path):
         asyncio.run(other_then_once())
     assert error.value.holder == "collector-elsewhere"
     assert table_rows(config, "web.clicks") <= 0  # nothing committed
+
+
+def test_a_clean_stop_hands_the_lease_back_at_once(tmp_path):
+    """A standby must not wait out ``lease_s`` after the active collector stopped cleanly
+    (issue #28): the stop ends the lease, keeping the epoch."""
+    config = load_config(write_config(tmp_path))
+    publish_sync(config, [[click(1)]])
+
+    async def once_then_look() -> tuple[str, float, float, int]:
+        assert await run_collector(config, once=True, serve_metrics=False,
+                                   engine=LocalEngine()) == 0
+        store = open_async_store(config.store.url)
+        try:
+            consumer = ManifestConsumer(store, config.manifest.build(), holder="standby")
+            holder, expires, now = await consumer.lease()
+            epoch = await consumer.initialize(respect_lease=True)  # no LeaseHeldError
+        finally:
+            await store.close()
+        return holder, expires, now, epoch
+
+    _, expires, now, epoch = asyncio.run(once_then_look())
+    assert expires <= now < expires + config.manifest.lease_s
+    assert epoch >= 2
