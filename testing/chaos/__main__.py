@@ -43,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="client processes, alternating HTTP and gRPC (default 4)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="requests/s per client (default 0: as fast as acks come)")
+    parser.add_argument("--standby", action="store_true",
+                        help="run a warm standby collector beside the active one; every "
+                             "collector fault kills the active one")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     parser.add_argument("--workdir", metavar="DIR", help="keep the run's files here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary files")
@@ -54,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     opts = Options(duration_s=args.duration, seed=args.seed, store=args.store,
                    ingestors=args.ingestors, clients=args.clients, rate=args.rate,
-                   keep=args.keep or args.workdir is not None, workdir=args.workdir)
+                   keep=args.keep or args.workdir is not None, workdir=args.workdir,
+                   standby=args.standby)
     result = Run(opts).execute()
     result["hardware"] = {"machine": platform.machine(), "python": platform.python_version(),
                           "cpus": os.cpu_count()}

@@ -106,6 +106,8 @@ class Proc:
     started: float = field(default_factory=time.monotonic)
     ready: dict[str, Any] | None = None
     reaped: bool = False
+    log_path: Path | None = None
+    """This process's own stderr log (warm standbys, whose warm-up line is looked for)."""
 
     def pump(self) -> None:
         assert self.popen.stdout is not None
@@ -131,6 +133,12 @@ class Proc:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def logged(self, text: str) -> bool:
+        """``text`` is in this process's own log (False without one)."""
+        if self.log_path is None or not self.log_path.exists():
+            return False
+        return text in self.log_path.read_text(errors="replace")
 
     def kill(self) -> None:
         """``kill -9``."""
@@ -171,11 +179,18 @@ class Cluster:
                     "SPARK_LOCAL_IP": "127.0.0.1", "GRPC_ENABLE_FORK_SUPPORT": "false"})
         return env
 
-    def _spawn(self, role: str, args: list[str]) -> Proc:
-        popen = subprocess.Popen([sys.executable, "-m", "icefloe", *args], cwd=self.root,
-                                 env=self.env(), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=self._log, text=True)
-        proc = Proc(role, args, popen)
+    def _spawn(self, role: str, args: list[str], log_path: Path | None = None) -> Proc:
+        if log_path is None:
+            popen = subprocess.Popen([sys.executable, "-m", "icefloe", *args], cwd=self.root,
+                                     env=self.env(), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True)
+        else:
+            with log_path.open("ab") as own_log:
+                popen = subprocess.Popen([sys.executable, "-m", "icefloe", *args],
+                                         cwd=self.root, env=self.env(),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=own_log, text=True)
+        proc = Proc(role, args, popen, log_path=log_path)
         threading.Thread(target=proc.pump, daemon=True, name=f"pump-{role}").start()
         return proc
 
@@ -208,12 +223,15 @@ class Cluster:
 
     # -- collectors --------------------------------------------------------------------------
 
-    def start_collector(self, *, takeover: bool = False) -> Proc:
+    def start_collector(self, *, takeover: bool = False, standby: bool = False) -> Proc:
+        """A collector; ``standby``: one meant to wait warm beside the active one, logging
+        at info level to its own file so its "standby: warm" line can be seen."""
+        role = f"collector-{len(self.collectors)}"
         args = ["collector", "--config", str(self.config), "--log-format", "text",
-                "--log-level", "warning"]
+                "--log-level", "info" if standby else "warning"]
         if takeover:
             args.append("--takeover")
-        proc = self._spawn(f"collector-{len(self.collectors)}", args)
+        proc = self._spawn(role, args, self.root / f"{role}.log" if standby else None)
         self.collectors.append(proc)
         return proc
 

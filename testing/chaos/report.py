@@ -28,6 +28,11 @@ def render(result: dict[str, Any]) -> str:
         "  faults injected       " + _pairs(result["faults_injected"]),
         "  kills (-9)            " + _pairs(result["kills"]),
         f"  collector changes     {result['takeovers']} (kills with restart, takeovers)",
+        *(["  standby takeovers     " + ", ".join(
+            f"{seconds:.1f} s" + (" (store faults)" if faulty else "")
+            for seconds, faulty in zip(result["standby_takeover_s"],
+                                       result["standby_takeover_store_faults"], strict=True))
+           + " from kill -9 to active"] if result.get("standby") else []),
         "  process exits         " + _pairs(result["process_exits"]),
         f"  failed starts         {result.get('failed_starts', 0)} (retried, as a supervisor "
         "would)",

@@ -72,6 +72,10 @@ class Options:
     keep: bool = False
     workdir: str | None = None
     faults: bool = True  # False: the same run without any fault (the benchmark baseline)
+    standby: bool = False
+    """A warm standby collector waits beside the active one; every collector fault is a
+    kill -9 of the active one, which the standby replaces when the lease lapses, and a new
+    standby starts once it has. Without it a killed collector's replacement boots cold."""
 
 
 @dataclass
@@ -93,8 +97,9 @@ def schedule(opts: Options) -> list[Action]:
     # collector events spaced so each new collector can boot Spark (~15-25 s) in between
     slots = max(2, int(d // 30))
     for i in range(slots):
-        # a takeover first (the first collector is active once load starts), then a kill
-        kind = "second_collector" if i % 2 == 0 else "kill_collector"
+        # a takeover first (the first collector is active once load starts), then a kill;
+        # with a warm standby every collector fault is a kill of the active one
+        kind = "kill_collector" if opts.standby or i % 2 else "second_collector"
         actions.append(Action(0.15 * d + i * (0.6 * d / slots) + rng.uniform(0, 3), kind))
     kinds = sorted(k for k in BURSTS if opts.store == "s3" or k not in LOCAL_ONLY_SKIP)
     rng.shuffle(kinds)  # every kind at least once, then at random
@@ -116,6 +121,8 @@ class Run:
         self.kills: Counter[str] = Counter()
         self.progress: list[str] = []
         self.bursts: dict[float, list[dict[str, Any]]] = {}  # start time -> rules in force
+        self.takeover_s: list[float] = []  # kill of the active -> the standby's "ready"
+        self.takeover_store_faults: list[bool] = []  # a store burst during that takeover
 
     def say(self, text: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {text}"
@@ -146,6 +153,8 @@ class Run:
             if first.wait_ready(240) is None:
                 raise RuntimeError(f"the first collector did not become active; see "
                                    f"{self.root / 'processes.log'}")
+            if self.opts.standby:
+                self._start_standby(first)
             self.say("collector active; load and faults start")
             clients = self._start_clients()
             load_started = time.time()
@@ -210,6 +219,8 @@ class Run:
             self.cluster.reap()
             if what == "act":
                 pending.extend(self._act(arg))
+            elif what == "replace_standby":
+                pending.extend(self._replace_standby(arg))
             elif what == "restart_ingestor":
                 self.cluster.start_ingestor(int(arg))
                 self.say(f"ingestor {arg} restarted")
@@ -241,6 +252,8 @@ class Run:
             self.timeline.windows.append((now, now + 3))
             return [(now + random.Random(action.at).uniform(0.5, 2.0), "restart_ingestor",
                      action.arg)]
+        if action.kind == "kill_collector" and self.opts.standby:
+            return self._kill_active(action)
         if action.kind in ("kill_collector", "second_collector"):
             active = self._settled()
             if active is None:  # a collector is booting or waiting: try again shortly
@@ -266,6 +279,58 @@ class Run:
         self._write_faults()
         self.say(f"store faults on: {action.arg} for {action.length:.1f}s")
         return [(now + action.length, "end_burst", now)]
+
+    # -- the warm standby ----------------------------------------------------------------------
+
+    def _start_standby(self, active: Proc, *, wait: bool = True, timeout: float = 240) -> None:
+        """Start a standby beside ``active``; ``wait`` until it says it is warm (Spark,
+        store and catalog checked). Kills wait for a warm standby either way, so each
+        measures a warm takeover, not a boot; only the first start blocks the schedule."""
+        assert self.cluster is not None
+        standby = self.cluster.start_collector(standby=True)
+        if not wait:
+            self.say(f"{standby.role} starts as the standby of {active.role}")
+            return
+        deadline = time.time() + timeout
+        while not standby.logged("standby: warm"):
+            if not standby.alive() or time.time() > deadline:
+                raise RuntimeError(f"the standby collector did not get warm; see "
+                                   f"{standby.log_path}")
+            time.sleep(0.2)
+        self.say(f"{standby.role} waits warm beside {active.role}")
+
+    def _kill_active(self, action: Action) -> list[tuple[float, str, Any]]:
+        """kill -9 the active collector while a warm standby waits (else try again)."""
+        assert self.cluster is not None
+        now = time.time()
+        live = self.cluster.live_collectors()
+        active = [p for p in live if p.ready is not None or p.wait_ready(0.01)]
+        waiting = [p for p in live if p not in active and p.logged("standby: warm")]
+        if len(active) != 1 or not waiting:
+            later = Action(action.at + 5, action.kind, action.arg, action.length)
+            return [(now + 5, "act", later)]
+        active[0].kill()
+        self.kills["collector"] += 1
+        self.say(f"kill -9 {active[0].role} (active); {waiting[0].role} takes over when "
+                 "the lease lapses")
+        self.timeline.windows.append((now, now + 25))
+        return [(now + 0.5, "replace_standby", (waiting[0], now, bool(self.bursts)))]
+
+    def _replace_standby(self, arg: tuple[Proc, float, bool]
+                         ) -> list[tuple[float, str, Any]]:
+        """Once the standby has taken over, a new one starts beside it. ``arg``: the
+        standby, when the active one was killed, whether store faults were in force."""
+        promoted, killed_at, store_faults = arg
+        if not promoted.alive():
+            return []  # it died too; the drain starts a collector if none is left
+        if promoted.ready is None and promoted.wait_ready(0.01) is None:
+            return [(time.time() + 0.5, "replace_standby", arg)]
+        self.takeover_s.append(round(time.time() - killed_at, 2))
+        self.takeover_store_faults.append(store_faults or bool(self.bursts))
+        self.say(f"{promoted.role} active {self.takeover_s[-1]:.1f} s after the kill"
+                 + (" (store faults in force)" if self.takeover_store_faults[-1] else ""))
+        self._start_standby(promoted, wait=False)
+        return []
 
     def _write_faults(self) -> None:
         """The union of the bursts in force (overlapping bursts add up)."""
@@ -344,6 +409,8 @@ class Run:
             "faults_injected": dict(faults), "kills": dict(self.kills),
             "takeovers": sum(1 for a in self.timeline.done
                              if a["kind"] in ("second_collector", "kill_collector")),
+            "standby": self.opts.standby, "standby_takeover_s": self.takeover_s,
+            "standby_takeover_store_faults": self.takeover_store_faults,
             "process_exits": dict(exits), "failed_starts": self.cluster.failed_starts,
             "client_statuses": dict(statuses),
             "hangs": hangs, "refused_valid_requests": errors[:10],
