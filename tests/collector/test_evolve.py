@@ -1,0 +1,178 @@
+"""Schema evolution from the data (issue #27 item 1) the whole way: HTTP and gRPC ingest of
+an ``unknown_fields = "evolve"`` stream → batch files → collector → Iceberg columns, read
+back through pyiceberg (and Spark, in the test that takes the ``spark`` fixture). Conflicts
+and refused names go to the dead letters with their reason; a crash between the schema
+commit and the data commit is harmless."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import httpx
+import msgspec
+import pytest
+from collector_support import Crash, collector_config, crash_at, drain, read_table, start
+from ingest_support import grpc_serving, http_serving, running
+
+from icefloe.config import Column, StreamConfig
+from icefloe.errors import ConfigError
+from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+from pipeline.iceberg.catalog import open_catalog
+from pipeline.load.run import LocalEngine
+
+PAGES = StreamConfig(name="pages", table="web.pages", unknown_fields="evolve",
+                     columns=(Column("user_id", "string", required=True),))
+
+
+async def ingest_http(config: Any, events: list[dict[str, Any]]) -> None:
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        ok = await client.post("/v1/streams/pages/events", json=events)
+        assert ok.status_code == 202, ok.text
+
+
+async def ingest_grpc(config: Any, events: list[dict[str, Any]]) -> None:
+    async with grpc_serving(config) as (_, served), \
+            grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+        request = ingest_pb2.PublishRequest(stream="pages", events=[
+            ingest_pb2.Event(json=msgspec.json.encode(e)) for e in events])
+        reply = await ingest_pb2_grpc.IngestStub(channel).Publish(request)
+        assert reply.accepted == len(events)
+
+
+async def collect(config: Any, engine: Any = None, hook: Any = None) -> None:
+    collector = await start(config, engine or LocalEngine(), hook=hook)
+    try:
+        await drain(collector)
+    finally:
+        await collector.store.close()
+
+
+def columns(config: Any) -> dict[str, str]:
+    schema = open_catalog(config.catalog).load_table("web.pages").schema()
+    return {f.name: str(f.field_type) for f in schema.fields}
+
+
+def dead_letters(config: Any) -> list[dict[str, Any]]:
+    return read_table(config, "icefloe.dead_letters").to_pylist()
+
+
+FIRST = [
+    {"user_id": "u1", "n": 5, "price": 2.5, "ok": True, "plan": "pro",
+     "geo": {"city": "Oslo", "zip": 150}, "tags": ["a", "b"], "blank": None},
+    {"user_id": "u2", "n": 6, "price": 3, "misc": [1, "x"]},
+]
+
+
+async def test_new_fields_add_typed_columns_over_http_and_grpc(tmp_path):
+    config = collector_config(tmp_path, streams=(PAGES,))
+    await ingest_http(config, FIRST[:1])
+    await ingest_grpc(config, FIRST[1:])
+    await collect(config)
+    kinds = columns(config)
+    assert kinds["n"] == "long"
+    assert kinds["price"] == "double"
+    assert kinds["ok"] == "boolean"
+    assert kinds["plan"] == "string"
+    assert kinds["geo"].startswith("struct<")
+    assert "city" in kinds["geo"]
+    assert kinds["tags"] == "list<string>"
+    assert kinds["misc"] == "string"  # json text: the elements' shapes differ
+    assert "blank" not in kinds  # null only: no column yet
+    rows = {r["user_id"]: r for r in read_table(config, "web.pages").to_pylist()}
+    assert rows["u1"]["n"] == 5
+    assert rows["u1"]["price"] == 2.5
+    assert rows["u1"]["ok"] is True
+    assert rows["u1"]["geo"] == {"city": "Oslo", "zip": 150}
+    assert rows["u1"]["tags"] == ["a", "b"]
+    assert rows["u2"]["price"] == 3.0
+    assert msgspec.json.decode(rows["u2"]["misc"]) == [1, "x"]
+
+
+async def test_conflicts_and_case_twins_are_dead_lettered_with_the_reason(tmp_path):
+    config = collector_config(tmp_path, streams=(PAGES,))
+    await ingest_http(config, FIRST)
+    await collect(config)
+    await ingest_http(config, [
+        {"user_id": "u3", "n": "five"},           # string into a long column
+        {"user_id": "u4", "n": 1.5},              # a fraction into a long column
+        {"user_id": "u5", "Plan": "free"},        # differs from 'plan' only in case
+        {"user_id": "u6", "misc": {"any": "thing"}, "n": 7},  # json takes any value
+        {"user_id": "u7", "geo": {"city": 5}},    # wrong type inside a struct
+    ])
+    await collect(config)
+    kept = {r["user_id"] for r in read_table(config, "web.pages").to_pylist()}
+    assert kept == {"u1", "u2", "u6"}
+    assert {d["reason"] for d in dead_letters(config)} == {"schema_evolution"}
+    messages = sorted(d["message"] for d in dead_letters(config))
+    assert any("string \"five\" does not fit long" in m for m in messages)
+    assert any("number 1.5 does not fit long" in m for m in messages)
+    assert any("'Plan'" in m and "case" in m for m in messages)
+    assert any("'geo.city'" in m for m in messages)
+    assert "Plan" not in columns(config)
+
+
+async def test_a_crash_between_the_schema_change_and_the_data_is_harmless(tmp_path):
+    config = collector_config(tmp_path, streams=(PAGES,))
+    await ingest_http(config, FIRST)
+    with pytest.raises(Crash):
+        await collect(config, hook=crash_at("after_evolve:web.pages"))
+    assert columns(config)["n"] == "long"  # the schema change landed, the rows did not
+    assert read_table(config, "web.pages").num_rows == 0
+    await collect(config)  # a takeover: reads the evolved schema, plans nothing, writes
+    rows = read_table(config, "web.pages")
+    assert sorted(rows.column("user_id").to_pylist()) == ["u1", "u2"]
+    assert sorted(rows.column("n").to_pylist()) == [5, 6]
+
+
+async def test_limits_dead_letter_the_events_beyond_them(tmp_path):
+    config = collector_config(tmp_path, streams=(PAGES,), evolve_max_columns=6,
+                              evolve_max_name_length=8, evolve_max_depth=2)
+    await ingest_http(config, [{"user_id": "u1", "a": 1}, {"user_id": "u2", "b": 1},
+                               {"user_id": "u3", "a_long_name": 1},
+                               {"user_id": "u4", "a": 2, "d": None},
+                               {"user_id": "u5", "a": 3, "deep": [[[1]]]}])
+    await collect(config)
+    assert {r["user_id"] for r in read_table(config, "web.pages").to_pylist()} == {"u1", "u4"}
+    messages = " ".join(d["message"] for d in dead_letters(config))
+    assert "evolve_max_columns" in messages
+    assert "evolve_max_name_length" in messages
+    assert "evolve_max_depth" in messages
+
+
+async def test_the_ingestor_keeps_unknown_fields_only_when_evolving(tmp_path):
+    from ingestor.validate import CompiledStream
+
+    evolving = CompiledStream(PAGES)
+    [payload] = evolving.from_json(b'{"user_id": "u", "x": {"y": [1, 2]}}').payloads
+    assert msgspec.json.decode(payload) == {"user_id": "u",
+                                            "_icefloe_extra": '{"x":{"y":[1,2]}}'}
+    plain = CompiledStream(msgspec.structs.replace(PAGES, unknown_fields="ignore"))
+    [payload] = plain.from_json(b'{"user_id": "u", "x": 1}').payloads
+    assert msgspec.json.decode(payload) == {"user_id": "u"}
+
+
+def test_the_cluster_output_path_refuses_evolve_naming_both_keys(tmp_path):
+    from icefloe.config.validate import validate
+
+    config = collector_config(tmp_path, streams=(PAGES,), output="cluster")
+    with pytest.raises(ConfigError) as error:
+        validate(config, "t")
+    assert "streams[0].unknown_fields" in str(error.value)
+    assert "collector.output" in str(error.value)
+
+
+async def test_evolved_columns_read_back_through_spark(tmp_path, spark):
+    from pipeline.load.run import SparkEngine
+    from pipeline.read.iceberg_source import read_table as spark_read_table
+
+    config = collector_config(tmp_path, streams=(PAGES,))
+    await ingest_http(config, FIRST)
+    await collect(config, SparkEngine(spark, 2))
+    frame = spark_read_table(spark, config.catalog, "web.pages")
+    rows = {r["user_id"]: r.asDict(recursive=True) for r in frame.collect()}
+    assert rows["u1"]["n"] == 5
+    assert rows["u1"]["geo"] == {"city": "Oslo", "zip": 150}
+    assert rows["u1"]["tags"] == ["a", "b"]
+    assert rows["u2"]["price"] == 3.0
