@@ -6,6 +6,8 @@ commit and the data commit is harmless."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import grpc
@@ -16,10 +18,18 @@ from collector_support import Crash, collector_config, crash_at, drain, read_tab
 from ingest_support import grpc_serving, http_serving, running
 
 from icefloe.config import Column, StreamConfig
-from icefloe.errors import ConfigError
+from icefloe.errors import ConfigError, RegistryError
+from icefloe.registry import Registry, RegistryStore
+from icefloe.registry import ops as registry_ops
+from icefloe.registry.streams import source_streams
+from icefloe.store import open_async_store
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+from icefloe_app.api.app import AdminApi
+from icefloe_app.api.auth import AdminAuth
+from icefloe_app.api.tasks import Tasks
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import LocalEngine
+from tests.app.test_admin_api import serving
 
 PAGES = StreamConfig(name="pages", table="web.pages", unknown_fields="evolve",
                      columns=(Column("user_id", "string", required=True),))
@@ -176,3 +186,51 @@ async def test_evolved_columns_read_back_through_spark(tmp_path, spark):
     assert rows["u1"]["geo"] == {"city": "Oslo", "zip": 150}
     assert rows["u1"]["tags"] == ["a", "b"]
     assert rows["u2"]["price"] == 3.0
+
+
+def test_the_admin_api_creates_and_patches_evolving_sinks(tmp_path):
+    admin_serving = serving(tmp_path, open_async_store, threading.Event())
+    admin = next(admin_serving)
+    try:
+        created = admin.task(admin.client.post("/v1/sources/clicks/sinks", json={
+            "name": "wide", "table": "web.wide", "unknown_fields": "evolve",
+            "columns": [{"name": "user_id", "type": "string"}]}))
+        assert created["result"]["sink"]["unknown_fields"] == "evolve"
+        bad = admin.client.patch("/v1/sources/clicks/sinks/wide/settings", json={
+            "settings": [{"key": "unknown_fields", "value": "guess"}]})
+        assert bad.status_code == 400, bad.text
+        patched = admin.client.patch("/v1/sources/clicks/sinks/clicks/settings", json={
+            "settings": [{"key": "unknown_fields", "value": "evolve"}]})
+        assert patched.status_code == 200, patched.text
+    finally:
+        next(admin_serving, None)
+
+    async def read() -> Registry:
+        store = open_async_store(admin.config.store.url)
+        try:
+            return await RegistryStore(store, admin.config.admin.registry_key).read()
+        finally:
+            await store.close()
+
+    registry = asyncio.run(read())
+    sinks = registry.source("clicks").live_sinks()
+    assert {s.name: s.unknown_fields for s in sinks} == {"clicks": "evolve", "wide": "evolve"}
+    [stream] = source_streams(registry)
+    assert stream.unknown_fields == "evolve"  # ingestors keep what the sinks add
+
+
+def test_the_admin_api_refuses_evolve_on_the_cluster_output_path(tmp_path):
+    async def go() -> None:
+        store = open_async_store((tmp_path / "store").as_uri())
+        api = AdminApi(RegistryStore(store), Tasks(lambda stream: None), AdminAuth(()),
+                       pending=lambda source: asyncio.sleep(0, 0), cluster_output=True)
+        sink = registry_ops.SinkSpec(name="a", table="web.a", columns=PAGES.columns,
+                                     unknown_fields="evolve")
+        try:
+            with pytest.raises(RegistryError, match="schema evolution") as info:
+                await api.check(lambda r: registry_ops.create_source(
+                    r, registry_ops.SourceSpec(id="s", sinks=(sink,))), "s")
+            assert (info.value.status, info.value.code) == (409, "cluster_output")
+        finally:
+            await store.close()
+    asyncio.run(go())
