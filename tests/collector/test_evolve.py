@@ -234,3 +234,20 @@ def test_the_admin_api_refuses_evolve_on_the_cluster_output_path(tmp_path):
         finally:
             await store.close()
     asyncio.run(go())
+
+
+async def test_an_int_column_left_by_an_older_config_widens_to_long(tmp_path):
+    older = msgspec.structs.replace(PAGES, unknown_fields="ignore", columns=(
+        *PAGES.columns, Column("qty", "int")))
+    config = collector_config(tmp_path, streams=(older,))
+    await ingest_http(config, [{"user_id": "u1", "qty": 3}])
+    await collect(config)
+    assert columns(config)["qty"] == "int"
+    config = collector_config(tmp_path, streams=(PAGES,))  # qty no longer declared
+    await ingest_http(config, [{"user_id": "u2", "qty": 2**40}, {"user_id": "u3", "qty": "x"}])
+    await collect(config)
+    assert columns(config)["qty"] == "long"  # widened, not refused
+    rows = {r["user_id"]: r["qty"] for r in read_table(config, "web.pages").to_pylist()}
+    assert rows == {"u1": 3, "u2": 2**40}
+    [dead] = dead_letters(config)
+    assert "does not fit long" in dead["message"]
