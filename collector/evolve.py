@@ -86,7 +86,7 @@ def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
                    extras: list[dict | None], limits: EvolveLimits,
                    hook: Callable[[str], None] | None) -> RunPlan:
     """Plan against the table's current schema and commit the changes; re-plan after a
-    lost race. Returns the plan that needed no more changes."""
+    lost race. Returns the plan the table now matches."""
     for _ in range(_ATTEMPTS):
         try:
             table = catalog.load_table(identifier)
@@ -107,6 +107,8 @@ def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
                      describe(change))
         if hook is not None:
             hook(f"after_evolve:{identifier}")
+        # The commit asserted the schema it planned against, so the plan holds as is.
+        return plan
     raise CatalogError(f"schema evolution of {identifier} lost {_ATTEMPTS} races in a row; "
                        "the collector will retry the run")
 

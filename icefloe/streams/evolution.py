@@ -52,6 +52,7 @@ as a ``json`` column, so the decode needs no change; it never reaches a table.""
 RESERVED = frozenset({EXTRA_FIELD, "_event_id", "_received_at", "_sequence", "_shard",
                       "_source"})
 """Names a new column may not take (compared without case): icefloe's own columns."""
+_RESERVED_LOWER = frozenset(name.lower() for name in RESERVED)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LONG = (-(2**63), 2**63 - 1)
 _INT = (-(2**31), 2**31 - 1)
@@ -94,11 +95,11 @@ class RunPlan:
     refused: dict[int, str] = field(default_factory=dict)
 
 
-def parse_extras(texts: Iterable[str | None]) -> list[dict[str, Any] | None]:
-    """The :data:`EXTRA_FIELD` texts of a run's rows as dicts (None where a row had none).
-    Big integers stay ints (msgspec), so the long range is checked here, not lost."""
-    decode = msgspec.json.Decoder(dict[str, Any]).decode
-    return [decode(text) if text else None for text in texts]
+def parse_extras(texts: Sequence[str | None]) -> list[dict[str, Any] | None]:
+    """The :data:`EXTRA_FIELD` texts of a run's rows as dicts (None where a row had none),
+    in one decode. Big integers stay ints (msgspec), so the long range is checked here."""
+    joined = "[" + ",".join(text or "null" for text in texts) + "]"
+    return msgspec.json.decode(joined, type=list[dict[str, Any] | None])
 
 
 def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[str, str],
@@ -116,8 +117,9 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
     plan = RunPlan()
     shapes: dict[str, Shape] = {}
     widen: dict[str, str] = {}
+    seen: dict[str, str | None] = {}
     for index, extra in enumerate(extras):
-        reason = _check_names(extra or {}, lowered, fixed_names, shapes, limits, table)
+        reason = _check_names(extra or {}, lowered, fixed_names, seen, limits, table)
         if reason is not None:
             plan.refused[index] = reason
             continue
@@ -161,24 +163,37 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
 
 
 def _check_names(extra: Mapping[str, Any], lowered: Mapping[str, str], fixed: set[str],
-                 shapes: Mapping[str, Shape], limits: EvolveLimits, table: str) -> str | None:
-    """Why a row's new field names cannot become columns, or None."""
+                 seen: dict[str, str | None], limits: EvolveLimits, table: str
+                 ) -> str | None:
+    """Why a row's new fields cannot become columns, or None. ``seen`` caches each name's
+    verdict for the run (a name's verdict never changes within one)."""
     for name, value in extra.items():
-        if name.lower() in {r.lower() for r in RESERVED} or name in fixed:
-            return f"field {name!r}: the name is reserved for icefloe's own columns"
-        if not _IDENT.fullmatch(name):
-            return (f"field {name!r}: a new column's name must be letters, digits and '_' "
-                    "(not starting with a digit)")
-        if len(name) > limits.max_name_length:
-            return (f"field {name[:32]!r}...: the name is {len(name)} characters, the limit "
-                    f"is {limits.max_name_length} (collector.evolve_max_name_length)")
-        other = lowered.get(name.lower())
-        if other is not None and other != name:
-            return (f"field {name!r}: {table} has a column {other!r}; names that differ "
-                    "only in case are refused (Spark ignores case)")
-        if value is not None and _depth(value) > limits.max_depth:
+        if name in seen:
+            reason = seen[name]
+        else:
+            reason = seen[name] = _name_reason(name, lowered, fixed, limits, table)
+        if reason is not None:
+            return reason
+        if value.__class__ in (dict, list) and _depth(value) > limits.max_depth:
             return (f"field {name!r}: the value nests {_depth(value)} levels, the limit is "
                     f"{limits.max_depth} (collector.evolve_max_depth)")
+    return None
+
+
+def _name_reason(name: str, lowered: Mapping[str, str], fixed: set[str],
+                 limits: EvolveLimits, table: str) -> str | None:
+    if name.lower() in _RESERVED_LOWER or name in fixed:
+        return f"field {name!r}: the name is reserved for icefloe's own columns"
+    if not _IDENT.fullmatch(name):
+        return (f"field {name!r}: a new column's name must be letters, digits and '_' "
+                "(not starting with a digit)")
+    if len(name) > limits.max_name_length:
+        return (f"field {name[:32]!r}...: the name is {len(name)} characters, the limit "
+                f"is {limits.max_name_length} (collector.evolve_max_name_length)")
+    other = lowered.get(name.lower())
+    if other is not None and other != name:
+        return (f"field {name!r}: {table} has a column {other!r}; names that differ "
+                "only in case are refused (Spark ignores case)")
     return None
 
 
