@@ -118,6 +118,7 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
     shapes: dict[str, Shape] = {}
     widen: dict[str, str] = {}
     seen: dict[str, str | None] = {}
+    widenable = {n for n, t in evolved.items() if t in ("int", "float")}
     for index, extra in enumerate(extras):
         reason = _check_names(extra or {}, lowered, fixed_names, seen, limits, table)
         if reason is not None:
@@ -127,9 +128,10 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
             if value is None:
                 continue
             if name in evolved:
-                wider = _widening(evolved[name], value)
-                if wider is not None:
-                    widen[name] = wider
+                if name in widenable:
+                    wider = _widening(evolved[name], value)
+                    if wider is not None:
+                        widen[name] = wider
                 continue
             inferred = _infer(value)
             if inferred is _CONFLICT:
@@ -208,10 +210,24 @@ def _row_conflict(extra: Mapping[str, Any], specs: Mapping[str, TypeSpec], over:
         spec = specs.get(name)
         if spec is None:
             continue
+        fits = _FITS.get(spec.name)
+        if fits is not None and fits(value):
+            continue  # the common case, without building a reason
         reason = conflict(value, spec, name)
         if reason is not None:
             return f"{reason} (column {name!r} of {table}; values are never cast)"
     return None
+
+
+_FITS: dict[str, Any] = {
+    "long": lambda v: v.__class__ is int and _LONG[0] <= v <= _LONG[1],
+    "double": lambda v: (v.__class__ is float and math.isfinite(v)) or v.__class__ is int,
+    "string": lambda v: v.__class__ is str,
+    "boolean": lambda v: v.__class__ is bool,
+    "json": lambda v: True,
+}
+"""Fast yes-answers of :func:`conflict` for flat types (a no goes through it for the
+reason)."""
 
 
 def _depth(value: Any) -> int:
