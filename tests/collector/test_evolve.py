@@ -251,3 +251,24 @@ async def test_an_int_column_left_by_an_older_config_widens_to_long(tmp_path):
     assert rows == {"u1": 3, "u2": 2**40}
     [dead] = dead_letters(config)
     assert "does not fit long" in dead["message"]
+
+
+def test_only_evolving_sinks_of_a_source_receive_its_undeclared_fields():
+    import pyarrow as pa
+
+    from collector.routing import Routes, project
+    from icefloe.registry.model import Registry, Sink, Source
+
+    source = Source(id="pages", sinks=(
+        Sink(name="wide", table="web.wide", columns=PAGES.columns, unknown_fields="evolve"),
+        Sink(name="narrow", table="web.narrow", columns=PAGES.columns)))
+    routes = Routes(Registry(version=1, sources=(source,)))
+    [decode] = routes.decode_streams
+    assert decode.unknown_fields == "evolve"
+    assert decode.columns[-1].name == "_icefloe_extra"  # read as one json column
+    rows = pa.table({"user_id": ["u"], "_icefloe_extra": ['{"x":1}'], "_event_id": ["e"],
+                     "_received_at": pa.array([0], pa.timestamp("us", tz="UTC")),
+                     "_sequence": [1]})
+    wide, narrow = routes.targets["pages"]
+    assert "_icefloe_extra" in project(rows, wide).column_names
+    assert "_icefloe_extra" not in project(rows, narrow).column_names
