@@ -43,7 +43,7 @@ from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState
-from icefloe.streams.evolution import EvolveLimits
+from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
 from pipeline.iceberg.data_files import AddFiles, FileSet
@@ -119,7 +119,9 @@ class RunCommits:
         refused: list[pa.Table] = []
         locations = {entry.sequence: entry.location for entry in entries}
         for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
-            if target.sink.unknown_fields == "evolve":  # the columns land before the rows
+            if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
+                # (by the rows, not the owner: a table's rows may come from an evolving
+                # sink's version while its newest sink does not evolve)
                 rows, dead = evolve_rows(self.catalog, table, target.stream, rows, locations,
                                          self.evolve_limits, hook=self.hook)
                 if dead is not None:
