@@ -31,6 +31,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
 from collector.dedup import DedupWindow, sources_props, without_source
+from collector.evolve import evolve_rows
 from collector.hops import BlockOn
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
@@ -42,6 +43,7 @@ from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState
+from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
 from pipeline.iceberg.data_files import AddFiles, FileSet
@@ -100,6 +102,7 @@ class RunCommits:
     windows: dict[str, DedupWindow]
     table_sequences: dict[str, dict[int, int]]
     epoch: int | None
+    evolve_limits: EvolveLimits
 
     def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
                    entries: list[Entry]) -> None:
@@ -113,7 +116,16 @@ class RunCommits:
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
+        refused: list[pa.Table] = []
+        locations = {entry.sequence: entry.location for entry in entries}
         for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
+            if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
+                # (by the rows, not the owner: a table's rows may come from an evolving
+                # sink's version while its newest sink does not evolve)
+                rows, dead = evolve_rows(self.catalog, table, target.stream, rows, locations,
+                                         self.evolve_limits, hook=self.hook)
+                if dead is not None:
+                    refused.append(dead)
             if self.is_staged(target):
                 self._stage(target, rows, result)
                 continue
@@ -132,7 +144,8 @@ class RunCommits:
             result.rows[table] = outcome.rows
             result.replayed += outcome.replayed
             self.hook(f"after_commit:{table}")
-        self._commit_dead(output.dead, sequence, result)
+        dead_letters = pa.concat_tables([output.dead, *refused]) if refused else output.dead
+        self._commit_dead(dead_letters, sequence, result)
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:

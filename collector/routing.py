@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.dedup import with_source
-from icefloe.config import Config, StreamConfig
+from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
+from icefloe.streams.evolution import EXTRA_FIELD
 from pipeline.load.mapped import sequence_ranges
 from pipeline.load.spec import SqlCase
 
@@ -63,7 +64,7 @@ class Routes:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.version = registry.version
-        self.decode_streams = routing_streams(registry)
+        self.decode_streams = [with_extra(s) for s in routing_streams(registry)]
         self.targets: dict[str, list[Target]] = {}
         for source in registry.sources:
             for sink in source.sinks:
@@ -175,10 +176,23 @@ def project(rows: pa.Table, target: Target) -> pa.Table:
         else:
             arrays.append(pa.nulls(rows.num_rows, ARROW_TYPES[column.type]))
         names.append(column.name)
+    if target.sink.unknown_fields == "evolve" and EXTRA_FIELD in rows.column_names:
+        arrays.append(rows.column(EXTRA_FIELD))  # turned into columns before the commit
+        names.append(EXTRA_FIELD)
     for name in ENVELOPE_COLUMNS:
         arrays.append(rows.column(name))
         names.append(name)
     return pa.Table.from_arrays(arrays, names=names)
+
+
+def with_extra(stream: StreamConfig) -> StreamConfig:
+    """An evolving stream as the collector decodes it: its undeclared fields (kept by the
+    ingestor in :data:`~icefloe.streams.evolution.EXTRA_FIELD`) read as one more ``json``
+    column, which :mod:`collector.evolve` turns into table columns."""
+    if stream.unknown_fields != "evolve":
+        return stream
+    extra = Column(name=EXTRA_FIELD, type="json")
+    return msgspec.structs.replace(stream, columns=(*stream.columns, extra))
 
 
 RouteKey = tuple[tuple[int, str, int, str], ...]

@@ -60,6 +60,7 @@ from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
+from icefloe.streams.evolution import EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import committed_state, position
 from pipeline.iceberg.fence import fence_all
@@ -120,6 +121,9 @@ class Collector(RunCommits):
         self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
         self.metrics.watch_shards(self.consumer)
         self.routes = Routes(config_registry(config.streams))
+        col = config.collector
+        self.evolve_limits = EvolveLimits(col.evolve_max_columns, col.evolve_max_name_length,
+                                          col.evolve_max_depth)
         self._hold_s: float | None = None
         self.windows: dict[str, DedupWindow] = {}
         """Dedup windows by table: ids committed to that table within the window, by

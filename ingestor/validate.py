@@ -28,6 +28,8 @@ import msgspec
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
 from icefloe.formats.speedups import compiled as _speedups
+from icefloe.streams.evolution import EXTRA_FIELD
+from icefloe.streams.mappings import parse_path
 from icefloe.streams.model import Column, StreamConfig
 from icefloe.streams.native import Normalizer, field_type, normalizer
 from icefloe.streams.types import (
@@ -134,6 +136,11 @@ class CompiledStream:
         self._id_column: Column | None = next(
             (c for c in config.columns if c.name == config.event_id_field), None)
         self._id_mapped = self._id_column is not None and self._id_column.path is not None
+        self._evolve = config.unknown_fields == "evolve"
+        self._known = frozenset(c.name for c in plain) | frozenset(
+            str(parse_path(c.path)[0]) for c in config.columns if c.path is not None)
+        """Top-level fields the stream reads: an evolving stream keeps every other one."""
+        self._members = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -142,7 +149,12 @@ class CompiledStream:
         try:
             if not body.isascii():
                 _check_utf8(body)
-            return self._from_json(body)
+            canonical = self._from_json(body)
+            if self._evolve:
+                start = body.lstrip()[:1]
+                canonical = self._keep_unknown(canonical, body if start == b"[" else
+                                               b"[" + body + b"]")
+            return canonical
         except RecursionError:
             raise _too_deep() from None
 
@@ -183,7 +195,9 @@ class CompiledStream:
         if not lines:
             raise InvalidEvents("empty_body", "the NDJSON body holds no events")
         try:
-            return self._from_events(lines)
+            canonical = self._from_events(lines)
+            return self._keep_unknown(canonical, b"[" + b",".join(lines) + b"]") \
+                if self._evolve else canonical
         except RecursionError:
             raise _too_deep() from None
 
@@ -192,7 +206,9 @@ class CompiledStream:
         if not events:
             raise InvalidEvents("empty_body", "the request holds no events")
         try:
-            return self._from_events(events, utf8_checked=False)
+            canonical = self._from_events(events, utf8_checked=False)
+            return self._keep_unknown(canonical, b"[" + b",".join(events) + b"]") \
+                if self._evolve else canonical
         except RecursionError:
             raise _too_deep() from None
 
@@ -241,6 +257,28 @@ class CompiledStream:
             raise InvalidEvents("missing_header", f"column {exc.field}: {exc.reason}",
                                 [Violation(0, exc.field, exc.reason)]) from None
         return self._encoder.encode(meta) if meta else b""
+
+    def _keep_unknown(self, canonical: Canonical, array: bytes) -> Canonical:
+        """An evolving stream's payloads with the fields it does not declare kept in
+        :data:`~icefloe.streams.evolution.EXTRA_FIELD`, as the JSON text of one object.
+
+        Why a string member and not the fields themselves: the collector's columnar decode
+        reads it as one ``json`` column, and only the collector, which sees the table, may
+        turn fields into columns (see :mod:`icefloe.streams.evolution`). ``array`` is the
+        request's events as one JSON array; it already decoded once, so it decodes here.
+        """
+        encode = self._encoder.encode
+        payloads = canonical.payloads
+        for index, members in enumerate(self._members.decode(array)):
+            extra = {k: v for k, v in members.items() if k not in self._known}
+            if not extra:
+                continue
+            text = msgspec.json.format(encode(extra), indent=-1)  # minified, as stored
+            member = b'"' + EXTRA_FIELD.encode() + b'":' + encode(text.decode())
+            payload = payloads[index]
+            payloads[index] = payload[:-1] + b"," + member + b"}" if len(payload) > 2 \
+                else b"{" + member + b"}"
+        return canonical
 
     # -- canonical form --------------------------------------------------------------------
 

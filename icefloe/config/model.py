@@ -190,6 +190,13 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     models: tuple[str, ...] = ()
     models_dir: str = "models"
     models_interval_s: float = 0.0
+    evolve_max_columns: int = 1000
+    """Schema evolution from the data (``unknown_fields = "evolve"``): a table never grows
+    past this many columns; an event whose new field would pass it is dead-lettered."""
+    evolve_max_name_length: int = 128
+    """Longest name a new column may take (longer: the event is dead-lettered)."""
+    evolve_max_depth: int = 8
+    """Deepest nesting of objects and arrays a new field's value may have."""
     tls_cert_file: str | None = None
     """TLS for ``/metrics``, ``/healthz``, ``/readyz``: same rules as ``[ingestor]``."""
     tls_key_file: str | None = None

@@ -178,6 +178,12 @@ MEANING: dict[str, str] = {
     "collector.models_dir": "folder of the `*.sql` models, relative to the config file",
     "collector.models_interval_s": "at least this long between two model runs (0: after "
                                    "every commit that adds rows they read)",
+    "collector.evolve_max_columns": "schema evolution from the data: a table never grows "
+                                    "past this many columns (beyond: dead letter)",
+    "collector.evolve_max_name_length": "schema evolution: longest name a new column may "
+                                        "take (beyond: dead letter)",
+    "collector.evolve_max_depth": "schema evolution: deepest nesting of a new field's value "
+                                  "(beyond: dead letter)",
     "collector.tls_cert_file": "certificate chain for /metrics, /healthz, /readyz (PEM; "
                                "reloaded when it changes)",
     "collector.tls_key_file": "private key of `collector.tls_cert_file` (PEM, unencrypted)",

@@ -62,6 +62,10 @@ def validate(config: Config, where: str) -> None:
         if stream.table in tables:
             raise ConfigError(f"{where}: streams[{index}].table: table {stream.table!r} is "
                               "already fed by another stream")
+        if stream.unknown_fields == "evolve" and config.collector.output == "cluster":
+            raise ConfigError(f"{where}: streams[{index}].unknown_fields = \"evolve\" (schema "
+                              "evolution from the data) needs collector.output = \"embedded\"; "
+                              "the cluster output path does not evolve tables yet")
         names.add(stream.name)
         tables.add(stream.table)
     validate_security(config, where)
@@ -165,6 +169,9 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.dedup_window_s < 0:
         raise ConfigError(f"{where}: collector.dedup_window_s must be >= 0 (0 disables "
                           "deduplication by event id)")
+    for key in ("evolve_max_columns", "evolve_max_name_length", "evolve_max_depth"):
+        if getattr(col, key) <= 0:
+            raise ConfigError(f"{where}: collector.{key} must be > 0")
     if col.models_interval_s < 0:
         raise ConfigError(f"{where}: collector.models_interval_s must be >= 0 (0: run the "
                           "models after every commit that added rows they read)")

@@ -81,8 +81,9 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The sink as a stream config: what the existing validation, table creation and
         decode understand."""
         return StreamConfig(name=source, table=self.table, columns=self.columns,
-                            unknown_fields="reject" if self.unknown_fields == "reject"
-                            else "ignore", event_id_field=self.event_id_field,
+                            unknown_fields=self.unknown_fields  # type: ignore[arg-type]
+                            if self.unknown_fields in ("reject", "evolve") else "ignore",
+                            event_id_field=self.event_id_field,
                             partition=self.partition)
 
 

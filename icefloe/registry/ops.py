@@ -120,9 +120,9 @@ def check_sink(source_id: str, sink: Sink, at: str) -> None:
     if not _ID.fullmatch(sink.name):
         raise invalid(f"{at}.name", f"{sink.name!r} must be 1-128 letters, digits, '_', '-' "
                       "or '.'")
-    if sink.unknown_fields not in ("ignore", "reject"):
+    if sink.unknown_fields not in ("ignore", "reject", "evolve"):
         raise invalid(f"{at}.unknown_fields",
-                      f"{sink.unknown_fields!r} must be 'ignore' or 'reject'")
+                      f"{sink.unknown_fields!r} must be 'ignore', 'reject' or 'evolve'")
     try:
         validate_stream(sink.stream(source_id), at)
     except ConfigError as exc:

@@ -64,7 +64,8 @@ SINK_KEYS = (
         "bytes (100 B to 500 MB)", Conditions().max_bytes),
     Key("conditions.max_events", "integer", "import when this many events wait (1 to 10 M)",
         Conditions().max_events),
-    Key("unknown_fields", "string", "fields the sink does not declare: ignore or reject",
+    Key("unknown_fields", "string", "fields the sink does not declare: ignore, reject, or evolve "
+        "(add them as columns)",
         "ignore"),
     Key("enabled", "boolean", "deliver to this sink", True),
 )

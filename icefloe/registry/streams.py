@@ -61,10 +61,11 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
                                     [{"field": "event_id_field", "reason": "differs"}])
             id_field = sink.event_id_field
     reject = bool(sinks) and all(s.unknown_fields == "reject" for s in sinks)
+    evolve = any(s.unknown_fields == "evolve" for s in sinks)  # kept if any sink adds them
     table = sinks[0].table if sinks else f"icefloe.{source.id.replace('.', '_')}"
     return StreamConfig(name=source.id, table=table, columns=tuple(columns.values()),
-                        unknown_fields="reject" if reject else "ignore",
-                        tokens=source.tokens, event_id_field=id_field,
+                        unknown_fields="evolve" if evolve else "reject" if reject
+                        else "ignore", tokens=source.tokens, event_id_field=id_field,
                         rate_limit=source.rate_limit)
 
 

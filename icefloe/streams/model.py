@@ -83,7 +83,9 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     table: str
     columns: tuple[Column, ...]
-    unknown_fields: Literal["ignore", "reject"] = "ignore"
+    unknown_fields: Literal["ignore", "reject", "evolve"] = "ignore"
+    """Fields the stream does not declare: dropped, refused (400), or kept so the collector
+    adds them as columns (``evolve``, see :mod:`icefloe.streams.evolution`)."""
     tokens: tuple[str, ...] = ()
     event_id_field: str | None = None
     partition: str = "day"

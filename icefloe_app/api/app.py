@@ -199,6 +199,13 @@ class AdminApi:
                                     "source to one table without staging: a second sink or "
                                     "import conditions need output = \"embedded\"",
                                     [{"field": "sinks", "reason": "needs output = embedded"}])
+            if any(s.unknown_fields == "evolve" for s in sinks):
+                raise RegistryError(409, "cluster_output", "the collector uses "
+                                    "[collector] output = \"cluster\", which does not evolve "
+                                    "tables yet: unknown_fields = \"evolve\" (schema evolution "
+                                    "from the data) needs output = \"embedded\"",
+                                    [{"field": "unknown_fields",
+                                      "reason": "needs output = embedded"}])
         return after
 
     @staticmethod

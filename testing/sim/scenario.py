@@ -47,6 +47,9 @@ class Scenario:
     faults: FaultPlan
     collector_faults: FaultPlan
     collector_skew_s: list[float] = field(default_factory=list)
+    evolve: bool = False
+    """The seeded sinks evolve their tables from the data (#27), and every event carries
+    an undeclared field (embedded output only: the cluster path refuses evolve)."""
     shards: int = 1
     """Manifest shards (#25). 2 only with embedded output and no import conditions: the
     cluster output path and staging refuse more than one shard."""
@@ -97,6 +100,7 @@ class Scenario:
         two = rng.random() < 0.6
         if two and scenario.output == "embedded" and scenario.conditions_age_s is None:
             scenario.shards = 2
+        scenario.evolve = rng.random() < 0.5 and scenario.output == "embedded"  # drawn last
         return scenario
 
     def describe(self) -> str:
@@ -104,7 +108,7 @@ class Scenario:
                 "append_deadline_s", "dedup_window_s", "snapshot_max_age_s",
                 "conditions_age_s", "admin_changes", "collector_crashes",
                 "forced_takeovers", "collector_stalls", "ingestor_crashes",
-                "retry_after_success", "output", "snapshot_keep_last", "shards")
+                "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"

@@ -52,6 +52,7 @@ from icefloe.registry.store import RegistryStore
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store.base import GetResult, ListResult, ObjectInfo, ObjectStore, PutResult
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
+from icefloe.streams.evolution import EXTRA_FIELD
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
 from pipeline.columns import ENVELOPE
@@ -295,7 +296,10 @@ class Client:
                 uid = f"{source}/{n}"
                 ids.append(f"e{n}")  # the same ids in every source: they must not collide
                 uids.append(uid)
-                payloads.append(msgspec.json.encode({"uid": uid, "n": n}))
+                body: dict[str, object] = {"uid": uid, "n": n}
+                if world.scenario.evolve:  # what an evolving stream's ingestor keeps
+                    body[EXTRA_FIELD] = msgspec.json.encode({f"x{n % 5}": n}).decode()
+                payloads.append(msgspec.json.encode(body))
             acked = await self.send(source, ids, payloads, uids)
             if acked and self.rng.random() < world.scenario.retry_after_success:
                 await asyncio.sleep(self.rng.uniform(0.1, 5.0))
@@ -541,7 +545,8 @@ class World:
             conditions = Conditions(max_age_s=age) if age is not None and i == 0 \
                 else Conditions()
             specs.append(ops.SourceSpec(id=f"s{i}", sinks=(ops.SinkSpec(
-                name="main", table=f"sim.s{i}", columns=COLUMNS, conditions=conditions),)))
+                name="main", table=f"sim.s{i}", columns=COLUMNS, conditions=conditions,
+                unknown_fields="evolve" if self.scenario.evolve else "ignore"),)))
         return specs
 
     # -- the run ----------------------------------------------------------------------------

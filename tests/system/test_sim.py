@@ -20,7 +20,7 @@ from testing.sim.store import FaultPlan, SimStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FIXED_SEEDS = [2, 4, 7, 8, 13, 14, 15, 17, 18, 24, 25, 29]
+FIXED_SEEDS = [2, 3, 4, 7, 8, 13, 14, 15, 17, 18, 24, 25, 29]
 """Run by ``make test``: cluster and embedded output, with and without store faults,
 staging, takeovers, crashes, stalls, registry changes and hour-long quiet gaps."""
 

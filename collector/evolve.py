@@ -1,0 +1,226 @@
+"""Schema evolution from the data, table side: a run's undeclared fields become columns.
+
+Why in the collector and before the data commit: ingestors have no table access, so they
+only keep an evolving stream's undeclared fields (in
+:data:`~icefloe.streams.evolution.EXTRA_FIELD`); the collector is the one process that sees
+the table. Per run and table it reads the table's *current* schema (so a collector that took
+over, or the same one after a crash, starts from what is committed), plans with the pure
+rules of :mod:`icefloe.streams.evolution`, and commits the new or widened columns through the
+shared :mod:`pipeline.iceberg.evolution` *before* the rows that need them. A crash between
+the two is harmless: the re-run finds the columns and plans nothing. A schema commit that
+loses a race (``commit.retry.num-retries=0``) is re-planned on the reloaded table. Events
+the rules refuse become dead letters with the reason; the rest keep their new values as
+Arrow columns of the table's types.
+
+A ``json`` column is a string in Iceberg; its field ``doc`` (:data:`JSON_DOC`) says it holds
+JSON text, so a later run keeps taking any value there instead of only strings.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.types import IcebergType, ListType, NestedField, StructType
+
+from icefloe.config import StreamConfig
+from icefloe.errors import CatalogError
+from icefloe.streams.evolution import (
+    EXTRA_FIELD,
+    RESERVED,
+    ColumnChange,
+    EvolveLimits,
+    RunPlan,
+    column_value,
+    parse_extras,
+    plan_run,
+)
+from icefloe.streams.typespec import TypeSpec, parse_type
+from pipeline.columns import ARROW_TYPES
+from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape
+from pipeline.iceberg.tables import iceberg_type
+from pipeline.load.decode import DeadLetters
+from pipeline.load.spec import EntryFile
+
+log = logging.getLogger("icefloe.evolve")
+
+JSON_DOC = "icefloe: JSON text (added from the data)"
+ADDED_DOC = "icefloe: added from the data"
+DEAD_REASON = "schema_evolution"
+_ATTEMPTS = 5
+_AS_IS = frozenset({"long", "double", "string", "boolean"})
+"""Flat types whose fitting Python values Arrow takes as they are (ints into double too)."""
+_EMPTY: dict[str, object] = {}
+
+
+def evolve_rows(catalog: Catalog, identifier: str, stream: StreamConfig, rows: pa.Table,
+                locations: Mapping[int, str], limits: EvolveLimits, *,
+                hook: Callable[[str], None] | None = None) -> tuple[pa.Table, pa.Table | None]:
+    """``rows`` of an evolving sink with its undeclared fields as table columns (the
+    table's schema evolved first, committed), and the refused rows as dead letters (or None).
+
+    ``locations`` maps a run position to its batch file (named in the dead letters).
+    """
+    if EXTRA_FIELD not in rows.column_names:
+        return rows, None
+    texts = rows.column(EXTRA_FIELD).to_pylist()
+    extras = parse_extras(texts)
+    declared = {c.name for c in stream.columns} | RESERVED
+    plan, parsed = _evolve_schema(catalog, identifier, declared, extras, texts, limits, hook)
+    keep = [i for i in range(rows.num_rows) if i not in plan.refused]
+    dead = _dead_letters(rows, plan, texts, locations, stream.name) if plan.refused else None
+    kept = rows.drop_columns([EXTRA_FIELD])
+    if len(keep) < rows.num_rows:
+        kept = kept.take(pa.array(keep, pa.int64()))
+        parsed = parsed.take(pa.array(keep, pa.int64())) if parsed is not None else None
+    at = kept.column_names.index("_event_id")
+    kept_extras = [extras[i] or _EMPTY for i in keep]
+    for name, kind in plan.columns.items():
+        if parsed is not None and name in parsed.column_names:
+            kept = kept.add_column(at, name, parsed.column(name))
+            at += 1
+            continue
+        spec = parse_type(kind)
+        values = [extra.get(name) for extra in kept_extras]
+        if kind not in _AS_IS:  # json text, nested values: converted one by one
+            values = [column_value(value, spec) for value in values]
+        kept = kept.add_column(at, name, pa.array(values, type=ARROW_TYPES[kind]))
+        at += 1
+    return kept, dead
+
+
+def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
+                   extras: list[dict | None], texts: list[str | None], limits: EvolveLimits,
+                   hook: Callable[[str], None] | None) -> tuple[RunPlan, pa.Table | None]:
+    """Plan against the table's current schema and commit the changes; re-plan after a
+    lost race. Returns the plan the table now matches, and the table's existing evolved
+    columns already parsed (:func:`_parse_existing`), or None."""
+    for _ in range(_ATTEMPTS):
+        try:
+            table = catalog.load_table(identifier)
+        except Exception as exc:  # catalog down: the collector retries the run
+            raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
+        columns, fixed = table_columns(table.schema().fields, declared)
+        evolved = {n: t for n, t in columns.items() if n not in fixed}
+        parsed = _parse_existing(texts, evolved)
+        if parsed is not None and evolved:  # only the fields the table lacks need a look
+            extras = [{k: v for k, v in e.items() if k not in evolved} if e else None
+                      for e in extras]
+        plan = plan_run(extras, columns, fixed, limits, table=identifier)
+        if not plan.changes:
+            return plan, parsed
+        changes = [_change(c) for c in plan.changes]
+        try:
+            with table.transaction() as txn:
+                apply_changes(txn, changes)
+        except CommitFailedException:
+            continue  # someone committed in between: re-read the schema and plan again
+        for change in changes:
+            log.info("table %s: %s (schema evolution from the data)", identifier,
+                     describe(change))
+        if hook is not None:
+            hook(f"after_evolve:{identifier}")
+        # The commit asserted the schema it planned against, so the plan holds as is.
+        return plan, parsed
+    raise CatalogError(f"schema evolution of {identifier} lost {_ATTEMPTS} races in a row; "
+                       "the collector will retry the run")
+
+
+def _parse_existing(texts: list[str | None], evolved: Mapping[str, str]) -> pa.Table | None:
+    """The table's evolved columns of every row, parsed columnar, when they are all flat
+    (long, double, string, boolean) and every value fits; None otherwise (then each value
+    is checked in Python, which names the misfit). Arrow's JSON reader refuses a string in
+    a number column, a fraction in a long column, a number in a boolean one, so a parse
+    that succeeds is the same verdict, ~20 times cheaper than a look at each value."""
+    if not evolved:
+        return pa.table({})
+    if any(kind not in _AS_IS for kind in evolved.values()):
+        return None
+    schema = pa.schema([(name, ARROW_TYPES[kind]) for name, kind in evolved.items()])
+    ndjson = "\n".join(text or "{}" for text in texts).encode() + b"\n"
+    try:
+        parsed = pajson.read_json(
+            io.BytesIO(ndjson),
+            read_options=pajson.ReadOptions(use_threads=False,
+                                            block_size=max(len(ndjson), 1 << 16)),
+            parse_options=pajson.ParseOptions(explicit_schema=schema,
+                                              unexpected_field_behavior="ignore"))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    if parsed.num_rows != len(texts):
+        return None
+    return parsed.select(schema.names).combine_chunks()
+
+
+def table_columns(fields: tuple[NestedField, ...], declared: set[str]
+                  ) -> tuple[dict[str, str], set[str]]:
+    """(every column → icefloe type string, the names evolution must leave alone): the
+    declared columns, icefloe's own, and columns of a type evolution does not produce."""
+    columns: dict[str, str] = {}
+    fixed = set(declared)
+    for field in fields:
+        kind = _type_string(field.field_type, field.doc)
+        try:
+            parse_type(kind)
+        except ValueError:
+            fixed.add(field.name)
+        columns[field.name] = kind
+    return columns, fixed
+
+
+def _type_string(kind: IcebergType, doc: str | None) -> str:
+    """An Iceberg type in icefloe's vocabulary, ``json`` where the doc says so."""
+    if doc == JSON_DOC:
+        return "json"
+    if isinstance(kind, StructType):
+        return "struct<" + ",".join(f"{f.name}:{_type_string(f.field_type, f.doc)}"
+                                    for f in kind.fields) + ">"
+    if isinstance(kind, ListType):
+        return f"list<{_type_string(kind.element_type, None)}>"
+    return shape(kind)
+
+
+def _change(change: ColumnChange) -> AddColumn | PromoteColumn:
+    if change.action == "widen":
+        return PromoteColumn(change.name, iceberg_type(change.type))
+    doc = JSON_DOC if change.type == "json" else ADDED_DOC
+    return AddColumn(change.name, _iceberg(parse_type(change.type)), doc)
+
+
+def _iceberg(spec: TypeSpec, ids: Iterator[int] | None = None) -> IcebergType:
+    """:func:`pipeline.iceberg.tables.iceberg_type`, with :data:`JSON_DOC` on nested
+    ``json`` fields, so a later run reads them back as ``json`` (ids are placeholders:
+    adding the column assigns fresh ones)."""
+    ids = ids if ids is not None else iter(range(10_000, 1_000_000))
+    if spec.name == "list" and spec.element is not None:
+        return ListType(next(ids), _iceberg(spec.element, ids), element_required=False)
+    if spec.name == "struct":
+        return StructType(*(NestedField(next(ids), name, _iceberg(kind, ids), required=False,
+                                        doc=JSON_DOC if kind.name == "json" else None)
+                            for name, kind in spec.fields))
+    return iceberg_type(spec.name)
+
+
+def _dead_letters(rows: pa.Table, plan: RunPlan, texts: list[str | None],
+                  locations: Mapping[int, str], source: str) -> pa.Table:
+    """The refused rows as dead letters: the reason, and the undeclared fields as ``raw``
+    (the declared ones are in the row's other columns, already parsed)."""
+    dead = DeadLetters()
+    ids = rows.column("_event_id").to_pylist()
+    positions = rows.column("_sequence").to_pylist()
+    received = pc.divide(rows.column("_received_at").cast(pa.int64()), 1000).to_pylist()
+    source_ids = rows.column("_source").to_pylist() if "_source" in rows.column_names \
+        else [source] * rows.num_rows
+    for index, reason in sorted(plan.refused.items()):
+        position = positions[index]
+        text = texts[index]
+        dead.add(EntryFile(position, locations.get(position, ""), 0, 0), reason=DEAD_REASON,
+                 message=reason, stream=source_ids[index], event_id=ids[index],
+                 raw=text.encode() if text else None, received_at_ms=received[index])
+    return dead.to_arrow()
