@@ -12,16 +12,22 @@ Measures, in one run on the local store and a SQLite Iceberg catalog:
   the plain ``Table.append`` latency;
 * freshness under a steady ingest load (event received → committed, i.e. visible to a
   reader), p50/p99, with the default 1 s commit interval;
-* data files per table before and after one maintenance pass.
+* data files per table before and after one maintenance pass;
+* the cluster output path on a Spark standalone cluster of two one-core workers (master
+  and workers started here with pyspark's ``spark-class``) against the same path on
+  ``local[2]``, each in its own driver process (``_cluster_trial.py``); ``--no-cluster``
+  skips it.
 
-Usage: python bench/collector_bench.py [--quick] [--json PATH]
+Usage: python bench/collector_bench.py [--quick] [--no-cluster] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -191,6 +197,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short run (under a minute "
                         "after Spark's ~15 s start)")
     parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser.add_argument("--no-cluster", action="store_true",
+                        help="skip the standalone-cluster rows (~1-2 min more)")
     args = parser.parse_args()
     batches, per_batch = (20, 10_000) if args.quick else (100, 10_000)
     fresh_s = 12 if args.quick else 60
@@ -258,9 +266,41 @@ def main() -> None:
         run_maintenance(table, epoch=10**6, settings=MaintenanceSettings(min_input_files=2))
         results.append(Result("data files before maintenance", before, "files"))
         results.append(Result("data files after maintenance", data_files(config), "files"))
+    spark.stop()
+    if not args.no_cluster:
+        results += cluster_rows(batches // 2, per_batch)
     print_table("collector: manifest → Spark → Iceberg (local store, SQLite catalog)", results)
     write_json(args.json, results)
-    spark.stop()
+
+
+def cluster_rows(batches: int, per_batch: int) -> list[Result]:
+    """The cluster output path: a standalone cluster of two one-core workers vs local[2]."""
+    from testing.spark_standalone import Standalone, spark_env
+
+    rates: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        template = make_config(root / "template")
+        events = asyncio.run(prefill(template, batches, per_batch))
+        cluster = Standalone(root / "spark", workers=2)
+        print(f"standalone cluster (2 workers x 1 core) and local[2], cluster output, "
+              f"{events:,} events per run ...", flush=True)
+        try:
+            cluster.start()
+            for name, master in (("local[2]", "local[2]"), ("standalone", cluster.url)):
+                done = subprocess.run(
+                    [sys.executable, str(Path(__file__).with_name("_cluster_trial.py")),
+                     "--master", master, "--template", str(root / "template"),
+                     "--work", str(root / name), "--events", str(events)],
+                    env=spark_env(), stdout=subprocess.PIPE, text=True, timeout=900,
+                    check=True)
+                rates[name] = json.loads(done.stdout.strip().splitlines()[-1])["events_per_s"]
+        finally:
+            cluster.stop()
+    return [Result("cluster output, local[2] (own driver process)", rates["local[2]"],
+                   "events/s"),
+            Result("cluster output, standalone cluster, 2 workers x 1 core",
+                   rates["standalone"], "events/s", rates["local[2]"])]
 
 
 if __name__ == "__main__":
