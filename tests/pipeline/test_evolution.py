@@ -4,6 +4,7 @@ real pyiceberg SQLite catalog. No Spark."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -77,8 +78,10 @@ def test_should_refuse_an_incompatible_change(have: object, want: object) -> Non
     error = caught.value
     assert isinstance(error, IcefloeError)
     assert (error.table, error.column) == ("mart.t", "x")
-    assert error.from_type == str(have) and error.to_type == str(want)
-    assert "mart.t" in str(error) and "'x'" in str(error)
+    assert error.from_type == str(have)
+    assert error.to_type == str(want)
+    assert "mart.t" in str(error)
+    assert "'x'" in str(error)
 
 
 def test_should_add_a_field_to_a_struct() -> None:
@@ -91,7 +94,7 @@ def test_should_add_a_field_to_a_struct() -> None:
 def test_should_refuse_a_type_change_inside_a_struct() -> None:
     have = schema(("s", StructType(NestedField(10, "a", StringType(), required=False))))
     want = schema(("s", StructType(NestedField(20, "a", LongType(), required=False))))
-    with pytest.raises(EvolutionError, match="'s.a'"):
+    with pytest.raises(EvolutionError, match=re.escape("'s.a'")):
         plan_changes(have, want)
 
 
@@ -124,7 +127,8 @@ def test_should_apply_every_change_in_the_data_commit(catalog: SqlCatalog) -> No
         txn.append(data)
     table = catalog.load_table("mart.t")
     assert len(table.metadata.snapshots) == before + 1
-    assert table.schema().column_names == ["day", "visits", "s", "s.a", "s.b", "note"]
+    assert [f.name for f in table.schema().fields] == ["day", "visits", "s", "note"]
+    assert table.schema().find_field("s.b").field_type == LongType()
     assert table.schema().find_field("visits").field_type == LongType()
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["day"])
     assert rows == [{"day": "d1", "visits": 1, "s": {"a": "p", "b": None}, "note": None},
