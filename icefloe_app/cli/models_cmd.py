@@ -128,12 +128,15 @@ def run_show(args: argparse.Namespace) -> int:
         "name": model.name, "path": str(model.path), "materialized": model.materialized,
         "target": model.target, "unique_key": list(model.unique_key),
         "dialect": model.dialect, "depends_on": _depends(project, model.name),
+        "audits": [audit.sql for audit in model.audits],
         "used_by": [n for n in project.models if model.name in project.upstream(n)],
         "sql_hash": model_hash(project, model), "spark_sql": model.tree.sql(
             dialect="spark", pretty=True),
         "last_run": None if state is None else {
             "at": iso(state.timestamp_ms / 1000) if state.timestamp_ms else None,
             "rows": state.rows, "run_id": state.run_id, "sql_hash": state.sql_hash,
+            "kind": state.kind or None, "sql_sha256": state.sql_sha256 or None,
+            "duration_ms": state.duration_ms, "columns": list(state.columns),
             "snapshot_id": state.snapshot_id, "sources": state.sources,
             "watermarks": state.watermarks},
     }
@@ -145,9 +148,15 @@ def run_show(args: argparse.Namespace) -> int:
         value = info[key]
         text = ", ".join(value) if isinstance(value, list) else str(value)
         print(f"{key + ':':<14}{text or '-'}")
+    for audit in model.audits:
+        print(f"{'audit:':<14}{audit.sql}")
     print(f"{'last run:':<14}{_last(model.stored, state)}")
     if state is not None:
         print(f"{'  run id:':<14}{state.run_id} (sql hash {state.sql_hash})")
+        took = "-" if state.duration_ms is None else f"{state.duration_ms} ms"
+        print(f"{'  commit:':<14}kind {state.kind or '-'}, took {took}, sql sha256 "
+              f"{state.sql_sha256 or '-'}")
+        print(f"{'  columns:':<14}{', '.join(state.columns) or '-'}")
         for source, snapshot in state.sources.items():
             mark = state.watermarks.get(source.split("@")[0])
             extra = f", watermark _sequence {mark}" if mark is not None else ""

@@ -319,6 +319,7 @@ def run_history(args: argparse.Namespace) -> int:
                   _count(r["total_files"])] for r in rows]))
     if len(snapshots) > len(shown):
         print(f"... {len(snapshots) - len(shown)} older (use --limit 0 to show all)")
+    _print_model_commits(rows)
     print("* current snapshot. VERSION: what `AT (VERSION => n)` in icefloe query and models "
           "reads. SEQUENCE, EPOCH: the manifest sequence and collector epoch it recorded")
     return 0
@@ -342,8 +343,35 @@ def _history_entry(snapshot: Snapshot, current: Snapshot | None) -> dict[str, An
         "total_rows": _summary_int(snapshot, "total-records"),
         "added_files": _summary_int(snapshot, "added-data-files"),
         "total_files": _summary_int(snapshot, "total-data-files"),
+        "model": _model_commit(props),
         "summary": dict(props),
     }
+
+
+def _model_commit(props: dict[str, str]) -> dict[str, Any] | None:
+    """What a model run recorded on this snapshot (None for other commits)."""
+    from pipeline.models.state import RunState, last_run_properties
+
+    state: RunState | None = last_run_properties(props)
+    if state is None:
+        return None
+    return {"name": state.name, "kind": state.kind or None, "run_id": state.run_id,
+            "rows": state.rows, "duration_ms": state.duration_ms,
+            "sql_sha256": state.sql_sha256 or None, "columns": list(state.columns)}
+
+
+def _print_model_commits(rows: list[dict[str, Any]]) -> None:
+    """One line per shown snapshot a model run committed: its commit metadata."""
+    models = [(r["version"], r["model"]) for r in rows if r["model"] is not None]
+    if not models:
+        return
+    print("\nmodel commits (VERSION: model, kind, run id, rows, duration, SQL sha256, "
+          "columns):")
+    for version, model in models:
+        took = "-" if model["duration_ms"] is None else f"{model['duration_ms']} ms"
+        print(f"  {_opt(version)}: {model['name']}  {model['kind'] or '-'}  run "
+              f"{model['run_id']}  {model['rows']:,} rows  {took}  sql "
+              f"{(model['sql_sha256'] or '-')[:12]}  {', '.join(model['columns']) or '-'}")
 
 
 def _int(value: str | None) -> int | None:

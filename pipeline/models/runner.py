@@ -18,21 +18,29 @@ The first run of an incremental model, any ``--full-refresh``, and a run after a
 redrive into a source (redriven rows keep their old ``_sequence``, below the watermark)
 compute everything and replace the table. The watermark and source snapshot ids commit with the rows
 (:mod:`pipeline.models.state`), so a crash before the commit is simply recomputed.
+
+Before the commit, the model's ``-- @audit:`` queries check the rows
+(:mod:`pipeline.models.audit`); a failing audit stops the model like any error. The table's
+schema follows the SQL in the same commit as the rows (:mod:`pipeline.iceberg.evolution`):
+an output column whose expression stayed but whose name changed since the last run is a
+rename (its data stays), not a drop plus an add.
 A model fails alone: later models that read it are skipped, the others still run.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
+from pipeline.iceberg.evolution import EvolutionError
+from pipeline.models.audit import run_audits
 from pipeline.models.bind import (
     FULL,
     NEW,
@@ -102,20 +110,22 @@ def last_runs(config: Config, models: Sequence[Model]) -> dict[str, RunState | N
 
 def run_models(spark: SparkSession, project: Project, config: Config,
                names: Sequence[str] = (), *, full_refresh: bool = False,
-               write: Writer = write_result, fence: WriteFence | None = None
-               ) -> list[Outcome]:
+               write: Writer = write_result, fence: WriteFence | None = None,
+               run_id: str | None = None, clock: Clock = SYSTEM) -> list[Outcome]:
     """Run the named models (all when empty) in DAG order; one outcome per model.
 
     ``fence``: the collector's epoch; each write is refused once a newer collector took
-    over (the outcome is ``failed`` with the reason)."""
+    over (the outcome is ``failed`` with the reason). ``run_id``: recorded on every commit
+    of this call (default: a fresh random one), so one pass's commits can be found
+    together."""
     from pipeline.iceberg.catalog import open_catalog
 
     catalog = open_catalog(config.catalog)
-    run_id = uuid.uuid4().hex[:16]
+    run_id = run_id or uuid.uuid4().hex[:16]
     failed: set[str] = set()
     outcomes: list[Outcome] = []
     for model in project.select(names):
-        started = time.monotonic()
+        started = clock.monotonic()
         broken = [u for u in project.upstream(model.name) if u in failed]
         if broken:
             failed.add(model.name)
@@ -125,21 +135,23 @@ def run_models(spark: SparkSession, project: Project, config: Config,
         try:
             state, rows, reason = _run_one(spark, project, config, catalog, model,
                                            full_refresh=full_refresh, run_id=run_id,
-                                           write=write, fence=fence)
+                                           write=write, fence=fence, clock=clock)
         except IcefloeError as exc:
             failed.add(model.name)
             state, rows, reason = "failed", None, str(exc).splitlines()[0]
         except Exception as exc:  # Spark analysis/runtime errors: one line, like `query`
             failed.add(model.name)
             state, rows, reason = "failed", None, spark_error(exc, {})
-        outcomes.append(Outcome(model.name, state, rows, time.monotonic() - started, reason))
+        outcomes.append(Outcome(model.name, state, rows, clock.monotonic() - started, reason))
     return outcomes
 
 
 def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Catalog,
              model: Model, *, full_refresh: bool, run_id: str, write: Writer,
-             fence: WriteFence | None = None) -> tuple[str, int | None, str]:
+             fence: WriteFence | None = None, clock: Clock = SYSTEM
+             ) -> tuple[str, int | None, str]:
     """Run one model: ``(state, rows, note)``."""
+    started = clock.monotonic()
     if not model.stored:
         binding = bind_model(spark, project, config, model, None)
         spark.sql(binding.sql[FULL])  # spark.sql analyses at once: a bad column fails here
@@ -161,14 +173,39 @@ def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Cat
             and previous.sources == binding.sources):
         return "up to date", None, ""
     result, mode = _compute(spark, model, binding, incremental=not fresh)
+    run_audits(spark, model, result)
     if marks is not None:
         marks = _watermarks(spark, binding, marks)
+    select = model.select_items()
     properties = RunState(model.name, digest, result.num_rows, run_id, binding.sources,
-                          marks or {}).properties()
-    write(catalog, model.target, result, mode=mode, unique_key=model.unique_key,
-          properties=properties, expected_snapshot_id=current.snapshot_id if current else None,
-          fence=fence)
+                          marks or {}, kind=model.materialized, sql_sha256=model.sql_sha256,
+                          duration_ms=round((clock.monotonic() - started) * 1000),
+                          select=select).properties()
+    try:
+        write(catalog, model.target, result, mode=mode, unique_key=model.unique_key,
+              properties=properties,
+              expected_snapshot_id=current.snapshot_id if current else None, fence=fence,
+              renames=renamed_columns(previous.select if previous else {}, select))
+    except EvolutionError as exc:
+        raise ModelError(f"model {model.name}: {exc}; nothing committed. Give the new "
+                         "values a new column name, or drop the table and run again") from exc
     return "ran", result.num_rows, note
+
+
+def renamed_columns(before: dict[str, str], now: dict[str, str]) -> dict[str, str]:
+    """``{old name: new name}`` for output columns whose expression is unchanged while
+    their name changed: the old name is gone from ``now``, the new one was not in
+    ``before``, and exactly one such pair has that expression (else it is ambiguous and
+    treated as a drop plus an add)."""
+    gone = {name: expr for name, expr in before.items() if name not in now}
+    new = {name: expr for name, expr in now.items() if name not in before}
+    renames: dict[str, str] = {}
+    for old, expr in gone.items():
+        olds = [o for o, e in gone.items() if e == expr]
+        news = [n for n, e in new.items() if e == expr]
+        if len(olds) == 1 and len(news) == 1:
+            renames[old] = news[0]
+    return renames
 
 
 def _compute(spark: SparkSession, model: Model, binding: Binding, *, incremental: bool

@@ -8,18 +8,25 @@ linter or ``icefloe query`` can run as is, and everything about a model sits in 
     -- unique_key: day, url         merge only: the columns an upsert matches on
     -- target: mart.daily_traffic   default: models.<file stem>, or SCHEMA.<file stem>
     -- dialect: duckdb              spark (default), duckdb or postgres: transpiled to Spark
+    -- audit: SELECT * FROM this WHERE day IS NULL    (repeatable; see below)
 
 OndatraSQL's directive spelling works too: ``-- @kind: merge`` is ``materialized: merge``,
 and every key may carry the ``@`` (``-- @unique_key: day``).
 
 Only leading ``--`` lines are the header. A ``key: value`` line with a key outside the list
 above is an error (a typo such as ``materialised`` must not silently fall back to ``view``),
-and so is any ``-- @...`` line that is not a known directive (``-- @audit: ...``), in the
+and so is any ``-- @...`` line that is not a known directive (``-- @grain: ...``), in the
 header or below it; other comment lines are free text.
 
 A model in a subfolder takes its schema from the folder: ``models/staging/sessions.sql`` is
 the model ``staging.sessions`` writing the table ``staging.sessions`` (a ``target`` there
 must stay in that schema). Folders nest one level: the schema is one name.
+
+``-- @audit: <query>`` (one line each, any number) is a check the rows a run is about to
+commit must pass: the query reads them as the table ``this`` and must return no rows, or the
+commit is aborted (see :mod:`pipeline.models.audit`). Audits are parsed in the model's
+dialect when the file is read, and may read nothing but ``this`` (and their own CTEs), so a
+typo fails before anything runs rather than after Spark computed the result.
 """
 
 from __future__ import annotations
@@ -40,7 +47,10 @@ MATERIALIZATIONS = ("view", "table", "append", "merge")
 INCREMENTAL = ("append", "merge")
 DIALECTS = ("spark", "duckdb", "postgres")
 DEFAULT_NAMESPACE = "models"
-_KEYS = ("materialized", "unique_key", "target", "dialect", "description")
+_KEYS = ("materialized", "unique_key", "target", "dialect", "description", "audit")
+_REPEATABLE = ("audit",)
+THIS = "this"
+"""The table name an audit reads the model's fresh rows under."""
 _ALIASES = {"kind": "materialized"}  # OndatraSQL's name -> ours
 _HEADER_LINE = re.compile(r"^--\s*(@?)([A-Za-z_]+)\s*:\s*(.*?)\s*$")
 _DIRECTIVE = re.compile(r"^\s*--\s*@(\S*)")
@@ -49,6 +59,15 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class ModelError(IcefloeError):
     """A model cannot be loaded, planned or run; the message names the model."""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """One ``-- @audit:`` query: ``line`` of the file, the SQL as written, its tree."""
+
+    line: int
+    sql: str
+    tree: exp.Query
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,7 @@ class Model:
     sql: str  # the body as written (header removed)
     tree: exp.Query  # parsed in ``dialect``
     description: str = ""
+    audits: tuple[Audit, ...] = ()
 
     @property
     def incremental(self) -> bool:
@@ -80,6 +100,27 @@ class Model:
         text = "\n".join([self.dialect, self.materialized, ",".join(self.unique_key),
                           self.tree.sql(dialect="spark")])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def select_items(self) -> dict[str, str]:
+        """Each named output column of the outermost SELECT → its expression as Spark SQL
+        (``*`` items are left out): compared across runs to detect renames."""
+        from sqlglot import exp
+
+        if not isinstance(self.tree, exp.Select):
+            return {}
+        items: dict[str, str] = {}
+        for item in self.tree.expressions:
+            if item.is_star or not item.alias_or_name:
+                continue
+            items[item.alias_or_name] = item.unalias().sql(dialect="spark", comments=False)
+        return items
+
+    @property
+    def sql_sha256(self) -> str:
+        """sha256 of the normalized SQL alone (the query as Spark SQL, comments and
+        formatting gone): what the commit metadata records as the model's SQL hash."""
+        normalized = self.tree.sql(dialect="spark", comments=False)
+        return hashlib.sha256(normalized.encode()).hexdigest()
 
 
 def load_models(folder: Path) -> list[Model]:
@@ -134,7 +175,7 @@ def parse_model(path: Path, schema: str | None = None) -> Model:
     name = f"{schema}.{path.stem}" if schema else path.stem
     header, body = _split_header(path.read_text(encoding="utf-8"))
     _refuse_body_directives(label, body)
-    settings, spelled = _settings(label, header)
+    settings, spelled, audits = _settings(label, header)
     materialized = settings.get("materialized", "view").lower()
     if materialized not in MATERIALIZATIONS:
         raise ModelError(f"{label}: {spelled.get('materialized', 'materialized')} must be one "
@@ -157,7 +198,23 @@ def parse_model(path: Path, schema: str | None = None) -> Model:
     return Model(name=name, path=path, materialized=materialized, target=target,
                  dialect=dialect, unique_key=key, sql=body,
                  tree=parse_select(body, dialect, label),
-                 description=settings.get("description", ""))
+                 description=settings.get("description", ""),
+                 audits=tuple(_audit(label, line, sql, dialect) for line, sql in audits))
+
+
+def _audit(label: str, line: int, sql: str, dialect: str) -> Audit:
+    """Parse one audit; it may read only ``this`` and its own CTEs."""
+    from sqlglot import exp
+
+    where = f"{label} line {line}: audit"
+    tree = parse_select(sql, dialect, where)
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        name = table.name.lower()
+        if table.db or (name != THIS and name not in ctes):
+            raise ModelError(f"{where} reads {table.sql(dialect=dialect)}; an audit reads "
+                             f"only the model's new rows, as the table `{THIS}`")
+    return Audit(line, sql, tree)
 
 
 def parse_select(sql: str, dialect: str, label: str) -> exp.Query:
@@ -183,24 +240,28 @@ def parse_select(sql: str, dialect: str, label: str) -> exp.Query:
     return tree
 
 
-def _split_header(text: str) -> tuple[list[str], str]:
-    """Leading ``--`` lines (blank lines allowed between them) and the rest."""
+def _split_header(text: str) -> tuple[list[tuple[int, str]], str]:
+    """Leading ``--`` lines with their line numbers (blank lines allowed between them) and
+    the rest."""
     lines = text.splitlines()
-    header: list[str] = []
+    header: list[tuple[int, str]] = []
     for index, line in enumerate(lines):
         stripped = line.strip()
         if stripped.startswith("--"):
-            header.append(stripped)
+            header.append((index + 1, stripped))
         elif stripped:
             return header, "\n".join(lines[index:])
     return header, ""
 
 
-def _settings(label: str, header: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """``({key: value}, {key: as the file spelled it})``; unknown keys and directives fail."""
+def _settings(label: str, header: list[tuple[int, str]]
+              ) -> tuple[dict[str, str], dict[str, str], list[tuple[int, str]]]:
+    """``({key: value}, {key: as the file spelled it}, [(line, audit SQL)])``; unknown keys
+    and directives fail."""
     settings: dict[str, str] = {}
     spelled: dict[str, str] = {}
-    for line in header:
+    audits: list[tuple[int, str]] = []
+    for number, line in header:
         match = _HEADER_LINE.match(line)
         if match is None:
             directive = _DIRECTIVE.match(line)
@@ -213,12 +274,15 @@ def _settings(label: str, header: list[str]) -> tuple[dict[str, str], dict[str, 
         if key not in _KEYS:
             what = f"directive `-- @{written}`" if at else f"header key {written!r}"
             raise ModelError(f"{label}: unknown {what} ({_known()})")
+        if key in _REPEATABLE:
+            audits.append((number, match.group(3)))
+            continue
         if key in settings:
             raise ModelError(f"{label}: header key {key!r} given twice "
                              f"(as {spelled[key]!r} and {at + written!r})")
         settings[key] = match.group(3)
         spelled[key] = at + written
-    return settings, spelled
+    return settings, spelled, audits
 
 
 def _known() -> str:

@@ -17,12 +17,20 @@ so a replaced collector's model run lands nowhere (see :mod:`pipeline.iceberg.fe
 
 Columns are written nullable: a ``count(*)`` is non-null to Spark, but a later SQL version
 may make it nullable, and Iceberg cannot relax ``required`` on existing files by itself.
+
+The table's schema follows the result's columns (:mod:`pipeline.iceberg.evolution`): new
+columns are added, ``renames`` (detected by the runner from the SQL) keep a column's data
+under its new name, int/float/decimal columns widen, and columns the SQL no longer selects
+are dropped from the current schema (older snapshots, and time travel to them, keep them).
+The change is staged in the same transaction as the rows, so the commit that shows the new
+schema is the one that holds the first rows written with it; a change Iceberg cannot make
+raises :class:`~pipeline.iceberg.evolution.EvolutionError` before anything is committed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,12 +41,15 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from icefloe.errors import TableFencedError
 from pipeline.iceberg.commit import EPOCH_PROP
+from pipeline.iceberg.evolution import apply_changes, plan_changes
 from pipeline.iceberg.tables import MANAGED_PROP, TABLE_PROPERTIES
 from pipeline.models.spec import ModelError
+from pipeline.models.state import COLUMNS, compact_json
 
 MODES = ("overwrite", "append", "merge")
 
@@ -76,16 +87,19 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
 
 def write_result(catalog: Catalog, identifier: str, result: pa.Table, *, mode: str,
                  unique_key: tuple[str, ...], properties: dict[str, str],
-                 expected_snapshot_id: int | None, fence: WriteFence | None = None) -> None:
+                 expected_snapshot_id: int | None, fence: WriteFence | None = None,
+                 renames: Mapping[str, str] | None = None) -> None:
     """Commit ``result`` to ``identifier`` with ``properties`` on the snapshot.
 
     ``expected_snapshot_id`` is the target's current snapshot when the run read its state
     (None: no table or no snapshot yet); if another run committed since, the write is
     refused, because this result was computed from a watermark that is no longer current.
     ``fence``: commit as this collector epoch, refused once a newer one took over.
+    ``renames``: ``{old column: new column}`` the table's schema applies with the rows.
 
     Raises:
-        ModelError: the write was refused (lost race, duplicate keys, schema conflict).
+        ModelError: the write was refused (lost race, duplicate keys).
+        EvolutionError: the table's schema cannot become the result's (nothing written).
         TableFencedError, FencedError: a newer collector epoch exists (``fence`` only).
     """
     if mode not in MODES:
@@ -99,8 +113,12 @@ def write_result(catalog: Catalog, identifier: str, result: pa.Table, *, mode: s
     if (now.snapshot_id if now is not None else None) != expected_snapshot_id:
         raise ModelError(f"{identifier} changed while the model ran (another run "
                          "committed first); run it again")
+    target = arrow_to_iceberg(result.schema)
+    changes = plan_changes(table.schema(), target, renames or {}, table=identifier)
+    properties = {**properties, COLUMNS: compact_json(column_definitions(target))}
     try:
         with table.transaction() as tx:
+            apply_changes(tx, changes)
             if mode == "overwrite" and now is not None:
                 tx.overwrite(result, snapshot_properties=properties)
             elif mode in ("append", "overwrite"):  # nothing to replace yet
@@ -134,8 +152,18 @@ def _check_fence(identifier: str, table: Table, fence: WriteFence) -> None:
     fence.confirm()
 
 
+def arrow_to_iceberg(schema: pa.Schema) -> Schema:
+    """The Iceberg schema pyiceberg would create for ``schema`` (field ids unassigned)."""
+    return Catalog._convert_schema_if_needed(schema)
+
+
+def column_definitions(schema: Schema) -> list[str]:
+    """``["name:type", ...]`` of the top-level columns, types as Iceberg spells them."""
+    return [f"{field.name}:{field.field_type}" for field in schema.fields]
+
+
 def _ensure_target(catalog: Catalog, identifier: str, schema: pa.Schema) -> Table:
-    """Load or create the target; add columns the result has and the table lacks."""
+    """Load or create the target (its schema then evolves inside the data's commit)."""
     table = load_target(catalog, identifier)
     if table is None:
         namespace = identifier.split(".", 1)[0]
@@ -147,14 +175,5 @@ def _ensure_target(catalog: Catalog, identifier: str, schema: pa.Schema) -> Tabl
             table = catalog.load_table(identifier)
     if table.properties.get(MANAGED_PROP) != "true":  # a target made by an older icefloe
         table.transaction().set_properties({MANAGED_PROP: "true"}).commit_transaction()
-        table = catalog.load_table(identifier)
-    have = set(table.schema().column_names)
-    if any(name not in have for name in schema.names):
-        try:
-            with table.update_schema() as update:
-                update.union_by_name(schema)
-        except (ValueError, TypeError) as exc:
-            raise ModelError(f"cannot evolve {identifier} to the model's columns: "
-                             f"{' '.join(str(exc).split())[:300]}") from exc
         table = catalog.load_table(identifier)
     return table

@@ -203,7 +203,8 @@ def test_should_export_everything_public() -> None:
 
     assert sorted(package.__all__) == sorted(
         n for n in vars(package) if not n.startswith("_") and n not in
-        {"dag", "runner", "spec", "state", "bind", "write", "annotations"})
+        {"dag", "runner", "spec", "state", "bind", "write", "audit",
+         "annotations"})
 
 
 # ------------------------------------------------------------------------ on Spark
@@ -464,7 +465,8 @@ def test_should_say_how_to_recover_from_a_changed_column_type(spark: Any, lake: 
     write_model(folder, "n", "-- materialized: table\nSELECT 'many' AS n FROM pageviews")
     outcome = run_models(spark, prepare(folder, lake), lake)[0]
     assert outcome.state == "failed"
-    assert "column types do not fit" in outcome.reason
+    assert "model n: table models.n: column 'n' cannot change from long to string" \
+        in outcome.reason
 
 
 def test_should_recompute_in_full_after_a_dead_letter_redrive(spark: Any, lake: Config,
@@ -497,7 +499,7 @@ def test_should_read_ondatrasql_directives(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("header", "message"), [
-    ("-- @audit: SELECT 1 WHERE false", "unknown directive `-- @audit`"),
+    ("-- @grain: day", "unknown directive `-- @grain`"),
     ("-- @kind: events", "@kind must be one of view, table, append, merge (got 'events')"),
     ("-- @kind merge", "directive `-- @kind` is not understood"),
     ("-- @kind: table\n-- materialized: view", "given twice"),
@@ -635,3 +637,194 @@ def test_should_keep_one_watermark_per_manifest_shard(spark: Any, lake: Config,
     assert state is not None
     assert state.watermarks == {"web.pageviews": 2, "web.pageviews#1": 5,
                                 "web.pageviews#2": 0}
+
+
+# --------------------------------- commit metadata, audits, schema evolution (#26 item 3)
+
+
+def snapshot_props(config: Config, identifier: str) -> dict[str, str]:
+    snapshot = open_catalog(config.catalog).load_table(identifier).current_snapshot()
+    assert snapshot is not None
+    assert snapshot.summary is not None
+    return dict(snapshot.summary.additional_properties)
+
+
+def test_should_record_what_each_model_commit_is(spark: Any, lake: Config, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Name, kind, sha256 of the normalized SQL, columns, rows, duration and one run id
+    shared by the pass; the existing keys stay."""
+    import hashlib
+
+    from icefloe_app.cli import main
+
+    folder = tmp_path / "models"
+    write_model(folder / "mart", "n", "-- @kind: table\n"
+                "SELECT   count(*) AS n,\n  CAST(max(ts) AS DATE) AS day -- last day\n"
+                "FROM web.pageviews")
+    write_model(folder / "mart", "views", "-- @kind: append\nSELECT url, _sequence "
+                "FROM web.pageviews")
+    project = prepare(folder, lake)
+    assert states(run_models(spark, project, lake, run_id="pass-1")) == {
+        "mart.n": "ran", "mart.views": "ran"}
+    n, views = snapshot_props(lake, "mart.n"), snapshot_props(lake, "mart.views")
+    normalized = project.models["mart.n"].tree.sql(dialect="spark", comments=False)
+    assert "last day" not in normalized
+    assert n["icefloe.model.sql-sha256"] == hashlib.sha256(normalized.encode()).hexdigest()
+    assert (n["icefloe.model.name"], n["icefloe.model.kind"], n["icefloe.model.rows"],
+            n["icefloe.model.run-id"]) == ("mart.n", "table", "1", "pass-1")
+    assert n["icefloe.model.columns"] == '["n:long","day:date"]'
+    assert int(n["icefloe.model.duration-ms"]) >= 0
+    assert (views["icefloe.model.kind"], views["icefloe.model.rows"],
+            views["icefloe.model.run-id"]) == ("append", "4", "pass-1")
+    assert views["icefloe.model.columns"] == '["url:string","_sequence:long"]'
+    assert json.loads(views["icefloe.model.watermarks"]) == {"web.pageviews": 1}
+    assert "icefloe.model.sources" in views
+    assert "icefloe.model.sql-hash" in views
+
+    base = ["--config", str(EXAMPLE_CONFIG), "--data-dir", str(tmp_path)]
+    assert main(["tables", "history", "mart.views", *base]) == 0
+    out = capsys.readouterr().out
+    assert "mart.views  append  run pass-1  4 rows" in out
+    assert "url:string, _sequence:long" in out
+    assert main(["tables", "history", "mart.n", *base, "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)["snapshots"][0]["model"]
+    assert (model["kind"], model["run_id"], model["columns"]) == ("table", "pass-1",
+                                                                  ["n:long", "day:date"])
+
+
+def test_should_give_every_model_of_a_pass_one_run_id(spark: Any, lake: Config,
+                                                      tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "a", "-- @kind: table\nSELECT count(*) AS n FROM web.pageviews")
+    write_model(folder, "b", "-- @kind: table\nSELECT n + 1 AS m FROM a")
+    run_models(spark, prepare(folder, lake), lake)
+    a, b = snapshot_props(lake, "models.a"), snapshot_props(lake, "models.b")
+    assert a["icefloe.model.run-id"] == b["icefloe.model.run-id"]
+
+
+AUDITED = """-- @kind: append
+-- @target: mart.views
+-- @audit: SELECT * FROM this WHERE url IS NULL
+-- @audit: SELECT url, count(*) AS n FROM this WHERE url = lower(url) GROUP BY url
+SELECT url, _sequence FROM web.pageviews
+"""
+
+
+def test_should_abort_the_commit_when_an_audit_returns_rows(spark: Any, lake: Config,
+                                                            tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "views", AUDITED.replace("= lower(url)", "= '/nope'"))
+    assert run_models(spark, prepare(folder, lake), lake)[0].state == "ran"  # audits pass
+    table = open_catalog(lake.catalog).load_table("mart.views")
+    before = (table.current_snapshot().snapshot_id, last_run(table))  # type: ignore[union-attr]
+
+    pageviews(lake, [(2, 0, "/c", 1), (2, 0, "/C", 2), (2, 1, "/d", 1), (2, 1, "/d", 3)])
+    write_model(folder, "views", AUDITED)
+    outcome = run_models(spark, prepare(folder, lake), lake)[0]
+    assert outcome.state == "failed"
+    assert ("model views: audit failed, nothing committed: `SELECT url, count(*) AS n FROM "
+            "this WHERE url = lower(url) GROUP BY url` (line 4) returned 2 row(s): "
+            in outcome.reason)
+    assert '{"url":"/d","n":2}' in outcome.reason
+    assert '{"url":"/c","n":1}' in outcome.reason
+    table = open_catalog(lake.catalog).load_table("mart.views")
+    assert (table.current_snapshot().snapshot_id, last_run(table)) == before  # type: ignore[union-attr]
+    assert not [t for t in spark.catalog.listTables() if t.name.startswith("__icefloe_this")]
+
+
+def test_should_show_at_most_five_failing_rows(spark: Any, lake: Config, tmp_path: Path
+                                               ) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "t", "-- @kind: table\n-- @audit: SELECT this.x FROM this\n"
+                "SELECT explode(sequence(1, 2)) AS x, url FROM web.pageviews")
+    outcome = run_models(spark, prepare(folder, lake), lake)[0]
+    assert "returned 8 row(s) (first 5 shown): " in outcome.reason
+    assert outcome.reason.count('{"x":') == 5
+    assert not open_catalog(lake.catalog).table_exists("models.t")
+
+
+@pytest.mark.parametrize(("audit", "message"), [
+    ("SELECT * FROM this WHERE", "t.sql line 2: audit: SQL does not parse as spark"),
+    ("SELECT * FROM web.pageviews", "t.sql line 2: audit reads web.pageviews; an audit "
+                                    "reads only the model's new rows, as the table `this`"),
+    ("DELETE FROM this", "t.sql line 2: audit: a model is a read-only query"),
+])
+def test_should_check_audits_when_the_model_is_read(tmp_path: Path, audit: str,
+                                                    message: str) -> None:
+    with pytest.raises(ModelError, match=re.escape(message)):
+        parse_model(write_model(tmp_path, "t", f"-- @kind: table\n-- @audit: {audit}\n"
+                                "SELECT 1 AS a"))
+
+
+def test_should_read_several_audits(tmp_path: Path) -> None:
+    model = parse_model(write_model(tmp_path, "t", AUDITED))
+    assert [(a.line, a.sql) for a in model.audits] == [
+        (3, "SELECT * FROM this WHERE url IS NULL"),
+        (4, "SELECT url, count(*) AS n FROM this WHERE url = lower(url) GROUP BY url")]
+
+
+EVOLVING = "-- @kind: append\n-- @target: mart.e\nSELECT {} FROM web.pageviews"
+
+
+@pytest.mark.parametrize(("before", "after", "columns", "old_row"), [
+    ("url, _sequence", "url, _sequence, upper(url) AS shout",
+     ["url:string", "_sequence:long", "shout:string"], {"shout": None}),
+    ("url, _sequence", "url AS page, _sequence",
+     ["page:string", "_sequence:long"], {"page": "/A"}),
+    ("url, CAST(_sequence AS INT) AS s", "url, CAST(_sequence AS BIGINT) AS s",
+     ["url:string", "s:long"], {"s": 1}),
+    ("url, _sequence, duration_ms", "url, _sequence",
+     ["url:string", "_sequence:long"], {"url": "/A"}),
+], ids=["add", "rename", "promote", "drop"])
+def test_should_evolve_the_schema_in_the_data_commit(spark: Any, lake: Config,
+                                                     tmp_path: Path, before: str, after: str,
+                                                     columns: list[str],
+                                                     old_row: dict[str, Any]) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "e", EVOLVING.format(before))
+    assert run_models(spark, prepare(folder, lake), lake)[0].state == "ran"
+    table = open_catalog(lake.catalog).load_table("mart.e")
+    snapshots, metadata_log = len(table.snapshots()), len(table.metadata.metadata_log)
+    old_schema = table.metadata.current_schema_id
+
+    pageviews(lake, [(2, 0, "/z", 1)])
+    write_model(folder, "e", EVOLVING.format(after))
+    outcome = run_models(spark, prepare(folder, lake), lake)[0]
+    assert (outcome.state, outcome.rows) == ("ran", 1), outcome.reason
+    table = open_catalog(lake.catalog).load_table("mart.e")
+    assert len(table.snapshots()) == snapshots + 1  # one new snapshot ...
+    assert len(table.metadata.metadata_log) == metadata_log + 1  # ... in one commit
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert snapshot.schema_id == table.metadata.current_schema_id
+    assert snapshot.schema_id != old_schema
+    assert [f"{f.name}:{f.field_type}" for f in table.schema().fields] == columns
+    assert json.loads(snapshot_props(lake, "mart.e")["icefloe.model.columns"]) == columns
+    rows = table.scan().to_arrow().to_pylist()
+    assert len(rows) == 5
+    first = next(r for r in rows if r.get("url", r.get("page")) == "/A")
+    assert {k: first[k] for k in old_row} == old_row
+
+
+@pytest.mark.parametrize(("before", "after", "column", "types"), [
+    ("url, _sequence", "CAST(_sequence AS STRING) AS url_x, CAST(1 AS INT) AS url",
+     "url", "string to int"),
+    ("url, _sequence", "url, CAST(_sequence AS INT) AS _sequence", "_sequence",
+     "long to int"),
+], ids=["string-to-int", "narrowing"])
+def test_should_refuse_an_incompatible_change_and_commit_nothing(
+        spark: Any, lake: Config, tmp_path: Path, before: str, after: str, column: str,
+        types: str) -> None:
+    folder = tmp_path / "models"
+    write_model(folder, "e", EVOLVING.format(before))
+    run_models(spark, prepare(folder, lake), lake)
+    table = open_catalog(lake.catalog).load_table("mart.e")
+    was = (table.metadata.metadata_log, table.schema(), last_run(table))
+    pageviews(lake, [(2, 0, "/z", 1)])
+    write_model(folder, "e", EVOLVING.format(after))
+    outcome = run_models(spark, prepare(folder, lake), lake)[0]
+    assert outcome.state == "failed"
+    assert f"model e: table mart.e: column '{column}' cannot change from {types}" \
+        in outcome.reason
+    table = open_catalog(lake.catalog).load_table("mart.e")
+    assert (table.metadata.metadata_log, table.schema(), last_run(table)) == was
