@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib
 import json
+import logging
+import multiprocessing
 import os
 import sys
 import time
@@ -56,13 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --seed N or --seeds N")
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
-    if len(seeds) == 1 or args.jobs <= 1:
-        for seed in seeds:
-            results.append(_report(_run(seed, args.verbose, args.mutant),
-                                   detail=len(seeds) == 1))
+    if len(seeds) == 1:
+        results.append(_report(_run(seeds[0], args.verbose, args.mutant), detail=True))
     else:
-        with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
-            for result in pool.map(_run, seeds, [False] * len(seeds),
+        # a fresh process per seed: some state outlives a run in its process, and a seed
+        # run after another must give what ``--seed N`` (the replay) gives
+        with concurrent.futures.ProcessPoolExecutor(
+                max(1, args.jobs), mp_context=multiprocessing.get_context("spawn"),
+                max_tasks_per_child=1, initializer=logging.disable,
+                initargs=(logging.CRITICAL,)) as pool:  # quiet also as the process ends
+            # by its importable name: a spawned process cannot find ``__main__._run``
+            run = importlib.import_module("testing.sim.__main__")._run
+            for result in pool.map(run, seeds, [False] * len(seeds),
                                    [args.mutant] * len(seeds)):
                 results.append(_report(result, detail=False))
     failed = [r for r in results if not r["ok"]]

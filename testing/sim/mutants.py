@@ -53,21 +53,93 @@ def _no_fence() -> contextlib.AbstractContextManager[None]:
 
 
 def _no_staging_claim() -> contextlib.AbstractContextManager[None]:
-    """Case 5 undone: staging states are not stamped at takeover, and a state a collector
-    creates is relied on without confirming the manifest epoch first."""
+    """Case 5 undone: staging states are neither stamped at takeover nor created (stamped)
+    when a collector prepares a staged table, and a state a collector creates is relied on
+    without confirming the manifest epoch first."""
     from collector.staging import StagingArea
 
     async def claim_existing(self: StagingArea, epoch: int) -> int:
         return 0
 
     original_init = StagingArea.__init__
+    original_claim = StagingArea.claim
 
     def init(self: StagingArea, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **{**kwargs, "confirm": None})
 
+    async def claim(self: StagingArea, table: str, epoch: int, *, create: bool = False
+                    ) -> Any:
+        return await original_claim(self, table, epoch, create=False)
+
     stack = contextlib.ExitStack()
     stack.enter_context(_patch(StagingArea, "claim_existing", claim_existing))
     stack.enter_context(_patch(StagingArea, "__init__", init))
+    stack.enter_context(_patch(StagingArea, "claim", claim))
+    return stack
+
+
+def _standby_no_reread() -> contextlib.AbstractContextManager[None]:
+    """#28's hot standby done wrong: while it waits, the standby reads every table (its
+    committed sequences and the snapshots its dedup window is rebuilt from) every
+    ``WARM_EVERY_S``, and after its epoch bump it keeps what it read instead of reading
+    again, missing what the old active collector committed since."""
+    import asyncio
+
+    import collector.service as service
+    from collector.dedup import DedupWindow
+    from collector.runner import WARM_EVERY_S
+    from collector.service import Collector
+
+    early: dict[str, Any] = {}
+    """The tables the collector now preparing read on standby (empty: none)."""
+    original_acquire = Collector.acquire
+    original_prepare = Collector._prepare_table
+    original_state = service.committed_state
+    original_rebuild = DedupWindow.rebuild
+
+    def read_all(catalog: Any) -> dict[str, Any]:
+        return {".".join(ident): catalog.load_table(ident)
+                for namespace in catalog.list_namespaces()
+                for ident in catalog.list_tables(namespace)}
+
+    async def keep_reading(collector: Collector) -> None:
+        while True:
+            collector._early = read_all(collector.catalog)  # type: ignore[attr-defined]
+            await collector.clock.sleep(WARM_EVERY_S)
+
+    async def acquire(self: Collector, *, takeover: bool = False, stop: Any = None,
+                      on_standby: Any = None, wait: bool = True) -> int:
+        task: list[asyncio.Task[None]] = []
+
+        def standby() -> None:
+            if on_standby is not None:
+                on_standby()
+            task.append(asyncio.get_running_loop().create_task(keep_reading(self)))
+        try:
+            return await original_acquire(self, takeover=takeover, stop=stop,
+                                          on_standby=standby, wait=wait)
+        finally:
+            for t in task:
+                t.cancel()
+
+    def prepare(self: Collector, name: str, stream: Any) -> None:
+        early.update(getattr(self, "_early", {}))
+        try:
+            original_prepare(self, name, stream)
+        finally:
+            early.clear()
+
+    def state(table: Any) -> Any:
+        return original_state(early.get(".".join(table.name()), table))
+
+    def rebuild(self: DedupWindow, table: Any, now_s: float | None = None) -> None:
+        original_rebuild(self, early.get(self.name, table), now_s)
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patch(Collector, "acquire", acquire))
+    stack.enter_context(_patch(Collector, "_prepare_table", prepare))
+    stack.enter_context(_patch(service, "committed_state", state))
+    stack.enter_context(_patch(DedupWindow, "rebuild", rebuild))
     return stack
 
 
@@ -85,6 +157,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-fence": _no_fence,
     "no-staging-claim": _no_staging_claim,
     "cluster-unrouted": _cluster_unrouted,
+    "standby-no-reread": _standby_no_reread,
 }
 
 

@@ -53,6 +53,17 @@ class Scenario:
     shards: int = 1
     """Manifest shards (#25). 2 only with embedded output and no import conditions: the
     cluster output path and staging refuse more than one shard."""
+    family: str = "mixed"
+    """Which story the chaos plan tells (drawn apart, see :data:`FAMILIES`): ``mixed``
+    (every kind of chaos at random moments), or one aimed at a case random timing almost
+    never lines up: ``late-staging`` (#22 case 5), ``outage`` (the dedup window across a
+    collector outage), ``failover`` (#28: a warm standby takes over from the killed active
+    collector)."""
+    standby: bool = False
+    """A warm standby collector waits on the lease from the start (also in half of the
+    other seeds, drawn by the world)."""
+    outage_s: float = 0.0
+    """``outage``: how long no collector runs."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -101,15 +112,54 @@ class Scenario:
         if two and scenario.output == "embedded" and scenario.conditions_age_s is None:
             scenario.shards = 2
         scenario.evolve = rng.random() < 0.5 and scenario.output == "embedded"  # drawn last
+        scenario.aim(random.Random(seed * 7 + 104723))
         return scenario
+
+    def aim(self, rng: random.Random) -> None:
+        """Pick the seed's family (from its own generator, so a ``mixed`` seed keeps every
+        knob it had before families existed) and set the knobs its story needs."""
+        self.family = rng.choices(list(FAMILIES), weights=list(FAMILIES.values()))[0]
+        if self.family == "late-staging":
+            # a staged sink gets its first rows while the old collector's run is in
+            # flight at a takeover; with no dedup window to hide them, rows the old
+            # collector staged after the takeover and the new one staged again would be
+            # committed twice (#22 case 5)
+            self.output, self.shards = "embedded", 1
+            self.conditions_age_s = rng.choice([5.0, 20.0])
+            self.dedup_window_s = 0.0
+            self.snapshot_max_age_s = 600.0
+            self.forced_takeovers, self.collector_crashes, self.collector_stalls = 1, 0, 0
+            self.retry_after_success = 0.0
+            self.quiet_gap_s = 0.0
+        elif self.family == "outage":
+            # no collector for longer than the dedup window, while clients resend
+            # requests whose originals were committed just before it
+            self.dedup_window_s = 300.0
+            self.snapshot_max_age_s = max(self.snapshot_max_age_s, 600.0)
+            self.outage_s = rng.uniform(330.0, 600.0)
+            self.retry_after_success = 0.5
+            self.forced_takeovers, self.collector_crashes, self.collector_stalls = 0, 0, 0
+            self.duration_s = max(self.duration_s, 60.0)
+        elif self.family == "failover":
+            # an active collector and a warm standby; every kill hits the active one and
+            # the standby takes over when the lease lapses (#28)
+            self.standby = True
+            self.collector_crashes = rng.randint(1, 3)
+            self.forced_takeovers, self.collector_stalls = 0, 0
+            self.retry_after_success = max(self.retry_after_success, 0.2)
 
     def describe(self) -> str:
         keys = ("sources", "ingestors", "clients", "duration_s", "quiet_gap_s", "lease_s",
                 "append_deadline_s", "dedup_window_s", "snapshot_max_age_s",
                 "conditions_age_s", "admin_changes", "collector_crashes",
                 "forced_takeovers", "collector_stalls", "ingestor_crashes",
-                "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve")
+                "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve",
+                "family", "standby", "outage_s")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
         return f"seed {self.seed}: " + " ".join(parts) + f" ({faults})"
+
+
+FAMILIES = {"mixed": 0.55, "late-staging": 0.15, "outage": 0.15, "failover": 0.15}
+"""How often each family of stories is drawn (:meth:`Scenario.aim`)."""

@@ -24,6 +24,7 @@ import logging
 import random
 import tempfile
 import weakref
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ import pyarrow.compute as pc
 
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes
-from collector.runner import Runner
+from collector.runner import Runner, StandbyWarmth
 from collector.service import Collector
 from icefloe.config import Column, Config, load_config
 from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFencedError
@@ -210,6 +211,9 @@ class Ledger:
     """Everything clients sent and what they were told."""
 
     copies: list[Copy] = field(default_factory=list)
+    sent: Counter[str] = field(default_factory=Counter)
+    """How many requests carried each event (counted before the request goes out): with
+    no dedup window, a table may hold an event at most this many times."""
     requests: int = 0
     acked: int = 0
     refused: int = 0
@@ -285,7 +289,7 @@ class Client:
         world = self.world
         while world.sim.now < until:
             await asyncio.sleep(self.rng.uniform(0.05, 0.6))
-            sources = world.live_sources()
+            sources = world.open_sources()
             if not sources:
                 continue
             source = self.rng.choice(sources)
@@ -311,6 +315,7 @@ class Client:
         for _attempt in range(6):
             ingestor = self.rng.choice(world.ingestors)
             world.ledger.requests += 1
+            world.ledger.sent.update(uids)
             version = ingestor.registry.version if ingestor.registry else -1
             try:
                 accepted = await ingestor.submit(source, ids, payloads)
@@ -360,6 +365,8 @@ class CollectorHost:
             # run meanwhile, then the step itself runs atomically, as a thread's result
             # arrives all at once
             job = isinstance(getattr(func, "__self__", None), SimEngine)
+            if job:
+                world.job_starts(self.name, args[0])
             await asyncio.sleep(rng.uniform(0.3, 3.0) if job else rng.uniform(0.02, 0.3))
             return await offload(func, *args, **kwargs)
 
@@ -368,11 +375,24 @@ class CollectorHost:
                               holder=self.name, clock=world.clock_of(self.name),
                               offload=timed_offload, block_on=drive)
         self.collector = collector
+        # a warm standby, as ``run_collector`` runs one: the real warming (catalog checked
+        # every WARM_EVERY_S; Spark is a stand-in here) while it waits on the lease, and
+        # every table, committed sequence, dedup window and staging state read only after
+        # its epoch bump (prepare_tables below)
+        warmth = StandbyWarmth(config, engine, catalog, offload=offload,
+                               clock=world.clock_of(self.name))
+
+        def on_standby() -> None:
+            world.checker.note(f"{self.name} waits on the lease (warm standby)")
+            warmth.start()
         try:
-            await collector.acquire(takeover=self.takeover, stop=self.stop)
+            await collector.acquire(takeover=self.takeover, stop=self.stop,
+                                    on_standby=on_standby)
         except asyncio.CancelledError:
             self.outcome = "stopped on standby"
             return
+        finally:
+            await warmth.stop()
         world.checker.epoch_acquired(self.name, collector.epoch or 0)
         watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
                               poll_s=config.admin.registry_poll_s,
@@ -417,6 +437,10 @@ class World:
         self._ids: dict[str, int] = {}
         self._skews: dict[str, float] = {}
         self.registry_history: list[Registry] = []
+        self.opens_at: dict[str, float] = {}
+        """Sources clients leave alone until this simulated time (``late-staging``)."""
+        self.takeover_armed = False
+        """``late-staging``: take over when the active collector's next job starts."""
 
     # -- configuration --------------------------------------------------------------------
 
@@ -456,6 +480,27 @@ class World:
     def live_sources(self) -> list[str]:
         registry = self.registry_history[-1] if self.registry_history else None
         return [s.id for s in registry.live_sources()] if registry else []
+
+    def open_sources(self) -> list[str]:
+        """The live sources clients send to now."""
+        return [s for s in self.live_sources() if self.opens_at.get(s, 0.0) <= self.sim.now]
+
+    def job_starts(self, host: str, spec: RunSpec) -> None:
+        """A collector's Spark job starts: in ``late-staging``, if it carries the staged
+        source's first events, take over while it runs, so the old collector stages that
+        table for the first time after the takeover."""
+        if not self.takeover_armed or self.sim.now < self.opens_at.get("s0", 0.0):
+            return
+        active = self.active()
+        if active is None or active.name != host:
+            return
+        locations = {batch[1] for batch in spec.batches}
+        if not any("s0" in e.streams for m in self.manifests().values() for e in m.entries
+                   if e.location in locations):
+            return
+        self.takeover_armed = False
+        self.checker.note(f"forced takeover while {host}'s job runs")
+        self._start_collector(takeover=True)
 
     def spawn(self, host: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         token = HOST.set(host)
@@ -566,8 +611,9 @@ class World:
         for i in range(s.ingestors):
             self._start_ingestor(f"ingestor-{i}")
         self._start_collector(takeover=False)
-        if self.rng.random() < 0.5:
-            self._start_collector(takeover=False)  # a standby from the start
+        standby = self.rng.random() < 0.5
+        if standby or s.standby:
+            self._start_collector(takeover=False)  # a warm standby from the start
         traffic_end = self.sim.now + s.duration_s
         clients = [self.spawn(f"client-{i}", Client(self, f"client-{i}", random.Random(
             s.seed * 31 + i)).run(traffic_end)) for i in range(s.clients)]
@@ -634,6 +680,12 @@ class World:
                             ("ingestor", s.ingestor_crashes)):
             events += [(self.sim.now + rng.uniform(0.1, 0.9) * span, kind)
                        for _ in range(count)]
+        if s.family == "late-staging":  # the takeover follows the staged source's opening
+            events = [e for e in events if e[1] != "takeover"]
+            self.opens_at["s0"] = self.sim.now + rng.uniform(0.2, 0.5) * span
+            self.takeover_armed = True
+        elif s.family == "outage":
+            events.append((self.sim.now + rng.uniform(0.3, 0.7) * span, "outage"))
         for at, kind in sorted(events):
             await asyncio.sleep(max(0.0, at - self.sim.now))
             if kind == "admin":
@@ -644,8 +696,13 @@ class World:
                     self.checker.note(f"crash {victim.name}")
                     self.kill(victim.name)
                     victim.outcome = "crashed"
-                    await asyncio.sleep(rng.uniform(0.5, 3.0))
+                    if s.family == "failover":  # the standby takes over; then a new standby
+                        await self._until_active_other_than(victim)
+                    else:
+                        await asyncio.sleep(rng.uniform(0.5, 3.0))
                     self._start_collector(takeover=False)
+            elif kind == "outage":
+                await self._outage(s.outage_s)
             elif kind == "takeover":
                 self.checker.note("forced takeover")
                 self._start_collector(takeover=True)  # the old one runs on: stale
@@ -664,6 +721,23 @@ class World:
                 self.kill(victim_i.name)
                 await asyncio.sleep(rng.uniform(0.5, 3.0))
                 self._start_ingestor(victim_i.name + "r")
+
+    async def _until_active_other_than(self, victim: CollectorHost) -> None:
+        """Wait (bounded) until another collector is active: the standby's takeover."""
+        limit = self.sim.now + self.scenario.lease_s * 4 + 30.0
+        while self.sim.now < limit and (self.active() in (None, victim)):
+            await asyncio.sleep(0.5)
+
+    async def _outage(self, seconds: float) -> None:
+        """Every collector dies (standbys too); a new one starts after ``seconds``: longer
+        than the dedup window, while clients resend requests committed just before."""
+        running = [c for c in self.collectors if c.outcome == "running"]
+        self.checker.note(f"outage: {len(running)} collectors die for {seconds:.0f} s")
+        for host in running:
+            self.kill(host.name)
+            host.outcome = "crashed"
+        await asyncio.sleep(seconds)
+        self._start_collector(takeover=False)
 
     async def _drain(self) -> None:
         """Faults stop; the queue and staging must empty within a bounded simulated time."""
