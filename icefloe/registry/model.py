@@ -55,6 +55,9 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partition: str = "day"
     conditions: Conditions = msgspec.field(default_factory=Conditions)
     enabled: bool = True
+    partition_by: tuple[str, ...] | None = None
+    sort_by: tuple[str, ...] = ()
+    table_properties: dict[str, str] = msgspec.field(default_factory=dict)
     created_version: int = 0
     updated_version: int = 0
     deleted_version: int | None = None
@@ -83,7 +86,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return StreamConfig(name=source, table=self.table, columns=self.columns,
                             unknown_fields="reject" if self.unknown_fields == "reject"
                             else "ignore", event_id_field=self.event_id_field,
-                            partition=self.partition)
+                            partition=self.partition, partition_by=self.partition_by,
+                            sort_by=self.sort_by, table_properties=self.table_properties)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
