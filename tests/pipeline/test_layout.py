@@ -20,7 +20,8 @@ from icefloe.config import Column, StreamConfig
 from icefloe.streams.layout import parse_partition
 from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
-from pipeline.iceberg.commit import commit_rows
+from pipeline.iceberg.commit import commit_rows, summary_props
+from pipeline.iceberg.data_files import AddFiles, FileSet, StaleFilesError, TableFiles, TableTarget
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.maintenance import compact
 from pipeline.iceberg.tables import ensure_stream_table, iceberg_transform
@@ -224,3 +225,20 @@ def test_compaction_keeps_partitions_and_writes_sorted(tmp_path) -> None:
     fr = table.scan(row_filter=And(EqualTo("country", "fr"),
                                    GreaterThanOrEqual("n", 0), LessThan("n", 10**6)))
     assert fr.to_arrow().num_rows == 20
+
+
+def test_files_written_under_an_older_spec_are_not_committed_under_the_new_one(
+        tmp_path) -> None:
+    """The cluster path writes on executors and commits later: if the spec evolved in
+    between, the files are stale (the run is retried), never filed under the wrong spec."""
+    catalog, stream = make(tmp_path)
+    table = catalog.load_table("web.events")
+    data = rows(10)
+    files = TableFiles(TableTarget.of("events", table, [(n, n) for n in data.column_names]),
+                       "a1", "t1")
+    files.add(data)
+    written = FileSet(tuple(files.close()))
+    ensure_stream_table(catalog, msgspec.structs.replace(stream, partition_by=("country",)))
+    with pytest.raises(StaleFilesError, match="partition spec 0"):
+        AddFiles(written)(catalog.load_table("web.events"), data, summary_props(1, 1))
+    assert catalog.load_table("web.events").current_snapshot() is None
