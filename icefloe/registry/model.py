@@ -55,6 +55,9 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partition: str = "day"
     conditions: Conditions = msgspec.field(default_factory=Conditions)
     enabled: bool = True
+    partition_by: tuple[str, ...] | None = None
+    sort_by: tuple[str, ...] = ()
+    table_properties: dict[str, str] = msgspec.field(default_factory=dict)
     created_version: int = 0
     updated_version: int = 0
     deleted_version: int | None = None
@@ -84,7 +87,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                             unknown_fields=self.unknown_fields  # type: ignore[arg-type]
                             if self.unknown_fields in ("reject", "evolve") else "ignore",
                             event_id_field=self.event_id_field,
-                            partition=self.partition)
+                            partition=self.partition, partition_by=self.partition_by,
+                            sort_by=self.sort_by, table_properties=self.table_properties)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

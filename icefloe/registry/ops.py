@@ -48,11 +48,15 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     partition: str = "day"
     conditions: Conditions = msgspec.field(default_factory=Conditions)
     enabled: bool = True
+    partition_by: tuple[str, ...] | None = None
+    sort_by: tuple[str, ...] = ()
+    table_properties: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``PATCH .../sinks/{sink}``: only the fields given change. The table and partition
-    of an existing sink are fixed (create another sink to write elsewhere)."""
+    """``PATCH .../sinks/{sink}``: only the fields given change. The table and ``partition``
+    of an existing sink are fixed (create another sink to write elsewhere); ``partition_by``,
+    ``sort_by`` and ``table_properties`` may change: the collector evolves the table."""
 
     columns: tuple[Column, ...] = UNSET
     unknown_fields: str = UNSET
@@ -61,6 +65,9 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = UNSET
     table: str = UNSET
     partition: str = UNSET
+    partition_by: tuple[str, ...] | None = UNSET
+    sort_by: tuple[str, ...] = UNSET
+    table_properties: dict[str, str] = UNSET
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -198,6 +205,8 @@ def _new_sink(spec: SinkSpec, version: int) -> Sink:
     return Sink(name=spec.name, table=spec.table, columns=spec.columns,
                 unknown_fields=spec.unknown_fields, event_id_field=spec.event_id_field,
                 partition=spec.partition, conditions=spec.conditions, enabled=spec.enabled,
+                partition_by=spec.partition_by, sort_by=spec.sort_by,
+                table_properties=spec.table_properties,
                 created_version=version, updated_version=version,
                 toggles=() if spec.enabled else (Toggle(version, False),))
 
@@ -443,4 +452,5 @@ def seed_specs(streams: Any) -> list[SourceSpec]:
     return [SourceSpec(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
         SinkSpec(name=s.name, table=s.table, columns=s.columns,
                  unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
-                 partition=s.partition),)) for s in streams]
+                 partition=s.partition, partition_by=s.partition_by, sort_by=s.sort_by,
+                 table_properties=s.table_properties),)) for s in streams]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from icefloe.errors import ConfigError
+from icefloe.streams.layout import check_layout
 from icefloe.streams.mappings import check_mappings
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
 from icefloe.streams.typespec import BadType, is_native, parse_type
@@ -52,6 +53,7 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
         raise ConfigError(f"{at}.partition: unknown partition {stream.partition!r} (expected "
                           f"one of {', '.join(PARTITIONS)}; it partitions the table by "
                           "_received_at)")
+    check_layout(stream, at)
 
 
 def _check_type(column: Column, at: str) -> None:

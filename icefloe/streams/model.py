@@ -78,6 +78,9 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``form_body`` (:data:`FORM_BODIES`) says where a form-typed body is read as JSON: the
     ``/collect`` routes take what ``curl -d`` sends by default; a stream may opt every
     route in, or refuse it everywhere (415) so that browsers must pass a CORS preflight.
+
+    ``partition_by`` (Iceberg transforms of any column; overrides ``partition``), ``sort_by``
+    and ``table_properties`` shape the table: :mod:`icefloe.streams.layout`.
     """
 
     name: str
@@ -91,6 +94,9 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partition: str = "day"
     rate_limit: RateLimit | None = None
     form_body: Literal["collect", "json", "refuse"] = "collect"
+    partition_by: tuple[str, ...] | None = None
+    sort_by: tuple[str, ...] = ()
+    table_properties: dict[str, str] = msgspec.field(default_factory=dict)
 
     @property
     def namespace(self) -> str:

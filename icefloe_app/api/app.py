@@ -370,7 +370,8 @@ class AdminApi:
                 lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock))
             source, sink = self._sink(reg, source_id, name)
             return {"version": reg.version, "sink": sink_json(source, sink)}
-        if new.columns != old.columns:  # the table evolves first
+        shape = ("columns", "partition_by", "sort_by", "table_properties")
+        if any(getattr(new, k) != getattr(old, k) for k in shape):  # the table evolves first
             task = self.tasks.start("update_sink", f"{source_id}/{name}",
                                     [new.stream(source_id)], commit)
             return self._accepted(task)

@@ -15,6 +15,7 @@ from typing import Any
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.config.security import needs_token
 from icefloe.errors import ConfigError
+from icefloe.streams.layout import partition_fields
 from icefloe_app.cli.common import print_json, table
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
@@ -52,8 +53,16 @@ def stream_json(stream: StreamConfig, tokens_required: bool) -> dict[str, Any]:
                      "mapping": mapping_text(c)} for c in stream.columns],
         "unknown_fields": stream.unknown_fields, "event_id_field": stream.event_id_field,
         "partition": stream.partition, "tokens_required": tokens_required,
+        "partition_by": [f.text for f in partition_fields(stream)],
+        "sort_by": list(stream.sort_by), "table_properties": dict(stream.table_properties),
         "endpoint": endpoint(stream),
     }
+
+
+def partition_text(stream: StreamConfig) -> str:
+    """``day(_received_at)``, ``day(_received_at), bucket(16, user_id)`` or ``none
+    (unpartitioned)``."""
+    return ", ".join(f.text for f in partition_fields(stream)) or "none (unpartitioned)"
 
 
 def mapping_text(column: Column) -> str | None:
@@ -106,7 +115,8 @@ def run_list(args: argparse.Namespace) -> int:
         _registry_note(config)
         return 0
     rows = [[s.name, s.table, str(len(s.columns)), s.event_id_field or "-", s.unknown_fields,
-             s.partition, "required" if needs_token(config, s.name) else "no"]
+             s.partition if s.partition_by is None else partition_text(s),
+             "required" if needs_token(config, s.name) else "no"]
             for s in config.streams]
     print()
     print(table(["STREAM", "TABLE", "COLUMNS", "EVENT ID", "UNKNOWN FIELDS", "PARTITION",
@@ -154,8 +164,7 @@ def run_show(args: argparse.Namespace) -> int:
                 "- (derived from the request's Idempotency-Key)")
     unknown = ("reject (an event with an undeclared field fails validation)"
                if stream.unknown_fields == "reject" else "ignore (undeclared fields dropped)")
-    partition = ("none (unpartitioned)" if stream.partition == "none"
-                 else f"{stream.partition}(_received_at)")
+    partition = partition_text(stream)
     token = ("required (Authorization: Bearer <token>; tokens are not shown)"
              if needs_token(config, stream.name) else "not required")
     print(f"stream          {stream.name}")
@@ -164,6 +173,8 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"event id field  {event_id}")
     print(f"unknown fields  {unknown}")
     print(f"partition       {partition}")
+    if stream.sort_by:
+        print(f"sort order      {', '.join(stream.sort_by)}")
     print(f"token           {token}")
     print()
     print(table(["COLUMN", "TYPE", "REQUIRED", "FROM", "DOC"],

@@ -18,7 +18,9 @@ without a catalog connection, so it can travel to Spark executors as JSON.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import decimal
 import logging
 import uuid
 from collections.abc import Sequence
@@ -43,12 +45,57 @@ log = logging.getLogger("icefloe.cluster")
 
 @dataclass(frozen=True, slots=True)
 class DataFileRef:
-    """One Parquet file an executor wrote for ``stream``."""
+    """One Parquet file an executor wrote for ``stream``: under partition spec ``spec_id``,
+    in the partition whose record values are ``partition`` (:func:`encode_partition`), sorted
+    by sort order ``sort_order_id`` (None: unsorted).
+
+    Why the partition travels with the file instead of being read back from its column
+    bounds (what ``add_files`` does): bounds cannot give a ``bucket`` value, and a string's
+    bound is cut to 16 characters, so ``identity`` of a long string would come out wrong."""
 
     stream: str
     path: str
     rows: int
     size: int
+    spec_id: int = 0
+    partition: tuple[Any, ...] = ()
+    sort_order_id: int | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.stream, self.path, self.rows, self.size, self.spec_id,
+                list(self.partition), self.sort_order_id]
+
+    @classmethod
+    def from_json(cls, item: Sequence[Any]) -> DataFileRef:
+        stream, path, rows, size, spec_id, partition, order = item
+        return cls(stream, path, int(rows), int(size), int(spec_id), tuple(partition), order)
+
+
+def encode_partition(values: Sequence[Any]) -> tuple[Any, ...]:
+    """Partition record values as JSON values (bytes, decimals and uuids tagged)."""
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, bytes):
+            out.append({"b64": base64.b64encode(value).decode()})
+        elif isinstance(value, decimal.Decimal):
+            out.append({"dec": str(value)})
+        elif isinstance(value, uuid.UUID):
+            out.append({"b64": base64.b64encode(value.bytes).decode()})
+        else:
+            out.append(value)
+    return tuple(out)
+
+
+def decode_partition(values: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, dict) and "b64" in value:
+            out.append(base64.b64decode(value["b64"]))
+        elif isinstance(value, dict) and "dec" in value:
+            out.append(decimal.Decimal(value["dec"]))
+        else:
+            out.append(value)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +132,15 @@ class TableTarget(msgspec.Struct, frozen=True):
     schema_json: str
     spec_json: str
     columns: tuple[tuple[str, str], ...]  # (column in the wide frame, column in the table)
+    sort_json: str = ""
 
     @classmethod
     def of(cls, stream: str, table: Table, columns: Sequence[tuple[str, str]]) -> TableTarget:
         return cls(stream=stream, location=table.location(), properties=dict(table.properties),
                    io_properties=_io_properties(table.io.properties),
                    schema_json=table.schema().model_dump_json(),
-                   spec_json=table.spec().model_dump_json(), columns=tuple(columns))
+                   spec_json=table.spec().model_dump_json(), columns=tuple(columns),
+                   sort_json=table.sort_order().model_dump_json())
 
 
 _IO_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hdfs.", "oss.", "py-io-impl", "pyarrow.")
@@ -104,7 +153,9 @@ def _io_properties(properties: dict[str, str]) -> dict[str, str]:
 
 
 class TableFiles:
-    """Open Parquet writers of one table in one task: one file per partition value."""
+    """Open Parquet writers of one table in one task: one file per partition value (more
+    when ``write.target-file-size-bytes`` is set and a partition outgrows it), each sorted
+    by the table's sort order when it has one."""
 
     def __init__(self, target: TableTarget, attempt: str, task: str) -> None:
         from pyiceberg.io import load_file_io
@@ -122,8 +173,14 @@ class TableFiles:
         self.kwargs = _get_parquet_writer_kwargs(target.properties)
         full = schema_to_pyarrow(self.schema)  # carries PARQUET:field_id per column
         self.file_schema = pa.schema([_small(full.field(name)) for _, name in target.columns])
+        self.sort_order_id, self.sort_keys = sort_keys_of(target.sort_json, self.schema)
+        target_size = target.properties.get("write.target-file-size-bytes")
+        self.target_bytes = int(target_size) if target_size else None
         self.open: dict[str, _OpenFile] = {}
+        self.keys: dict[str, Any] = {}
+        self.pending: dict[str, list[pa.Table]] = {}  # rows held back to be sorted
         self.done: list[DataFileRef] = []
+        self.count = 0
 
     def add(self, rows: pa.Table) -> None:
         """Append rows (wide-frame columns) to the files of their partitions."""
@@ -131,31 +188,63 @@ class TableFiles:
                                     names=[name for _, name in self.target.columns]
                                     ).cast(self.file_schema)
         if self.spec.is_unpartitioned():
-            self._file(None).write(rows)
+            self._put(None, rows)
             return
         key = single_partition(self.spec, self.schema, rows)
         if key is not None:  # the usual case: a run's rows share one day (or hour)
-            self._file(key).write(rows)
+            self._put(key, rows)
             return
         from pyiceberg.io.pyarrow import _determine_partitions
 
-        # add_files derives a file's partition from its column bounds: one value per file.
         for part in _determine_partitions(self.spec, self.schema, rows):
-            self._file(part.partition_key).write(part.arrow_table_partition)
+            self._put(part.partition_key, part.arrow_table_partition)
 
-    def _file(self, key: Any) -> _OpenFile:
+    def _put(self, key: Any, rows: pa.Table) -> None:
         slot = key.to_path() if key is not None else ""
+        self.keys[slot] = key
+        if self.sort_keys:  # sorted files: hold the rows until the partition is complete
+            self.pending.setdefault(slot, []).append(rows)
+        else:
+            self._write(slot, rows)
+
+    def _write(self, slot: str, rows: pa.Table) -> None:
+        if self.target_bytes is None:
+            self._file(slot).write(rows)
+            return
+        # A row group per slice, so the file's size is known as it grows: about the
+        # target's worth of Arrow bytes (larger than on disk), within sane row counts.
+        per_row = max(1, rows.nbytes // max(1, rows.num_rows))
+        step = min(65_536, max(256, self.target_bytes // per_row))
+        for start in range(0, rows.num_rows, step):
+            file = self._file(slot)
+            file.write(rows.slice(start, step))
+            if file.size() >= self.target_bytes:
+                self._finish(slot)
+
+    def _file(self, slot: str) -> _OpenFile:
         if slot not in self.open:
-            name = f"{self.prefix}-{len(self.open):03d}-{uuid.uuid4().hex[:8]}.parquet"
+            key = self.keys[slot]
+            name = f"{self.prefix}-{self.count:03d}-{uuid.uuid4().hex[:8]}.parquet"
+            self.count += 1
             path = self.locations.new_data_location(name, key)
             self.open[slot] = _OpenFile(path, self.io, self.file_schema, self.kwargs)
         return self.open[slot]
 
+    def _finish(self, slot: str) -> None:
+        file = self.open.pop(slot)
+        size = file.close()
+        key = self.keys[slot]
+        values = encode_partition(list(key.partition)) if key is not None else ()
+        self.done.append(DataFileRef(self.target.stream, file.path, file.rows, size,
+                                     self.spec.spec_id, values,
+                                     self.sort_order_id if self.sort_keys else None))
+
     def close(self) -> list[DataFileRef]:
-        while self.open:
-            _, file = self.open.popitem()
-            size = file.close()
-            self.done.append(DataFileRef(self.target.stream, file.path, file.rows, size))
+        for slot, parts in list(self.pending.items()):
+            self._write(slot, sort_rows(pa.concat_tables(parts), self.sort_keys))
+        self.pending.clear()
+        for slot in list(self.open):
+            self._finish(slot)
         return self.done
 
     def discard(self) -> None:
@@ -166,7 +255,42 @@ class TableFiles:
             with contextlib.suppress(Exception):  # the file is deleted next anyway
                 file.close()
         self.open.clear()
+        self.pending.clear()
         delete_files(self.io, paths)
+
+
+def sort_keys_of(sort_json: str, schema: Any) -> tuple[int | None, list[tuple[str, bool, bool]]]:
+    """(sort order id, [(column, descending, nulls first)]) of the table's sort order; the
+    identity fields up to the first other transform (icefloe sets identity ones only)."""
+    if not sort_json:
+        return None, []
+    from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
+    from pyiceberg.transforms import IdentityTransform
+
+    order = SortOrder.model_validate_json(sort_json)
+    keys: list[tuple[str, bool, bool]] = []
+    for sort_field in order.fields:
+        name = schema.find_column_name(sort_field.source_id)
+        if not isinstance(sort_field.transform, IdentityTransform) or name is None:
+            break
+        keys.append((name, sort_field.direction == SortDirection.DESC,
+                     sort_field.null_order == NullOrder.NULLS_FIRST))
+    return (order.order_id if keys else None), keys
+
+
+def sort_rows(rows: pa.Table, keys: Sequence[tuple[str, bool, bool]]) -> pa.Table:
+    """``rows`` in the sort order ``keys`` (column, descending, nulls first), each key with
+    its own null placement (Arrow's sort has one for all keys: a null flag per key does it)."""
+    if not keys or rows.num_rows < 2:
+        return rows
+    order: list[tuple[str, str]] = []
+    flags = rows
+    for i, (name, descending, nulls_first) in enumerate(keys):
+        flag = f"__null_{i}"
+        flags = flags.append_column(flag, pc.is_null(rows.column(name)))
+        order.append((flag, "descending" if nulls_first else "ascending"))
+        order.append((name, "descending" if descending else "ascending"))
+    return rows.take(pc.sort_indices(flags, sort_keys=order))
 
 
 def single_partition(spec: Any, schema: Any, rows: pa.Table) -> Any:
@@ -220,6 +344,10 @@ class _OpenFile:
             self.writer.write_table(rows)
             self.rows += rows.num_rows
 
+    def size(self) -> int:
+        """Bytes written so far (whole row groups)."""
+        return int(self.stream.tell())
+
     def close(self) -> int:
         """Finish the file; returns its size in bytes."""
         self.writer.close()
@@ -268,11 +396,13 @@ class AddFiles:
         if rows.num_rows != self.files.rows:
             raise StaleFilesError(f"{rows.num_rows} rows to commit but the written files "
                                   f"hold {self.files.rows}")
+        spec_id = table.spec().spec_id
+        if any(ref.spec_id != spec_id for ref in self.files.files):
+            raise StaleFilesError(f"the files were written for partition spec "
+                                  f"{self.files.files[0].spec_id}; the table's is now {spec_id}")
         self.attempted = True
         try:
-            # Unique, freshly written paths: skip the duplicate check (it scans the table).
-            table.add_files(self.files.paths, snapshot_properties=props,
-                            check_duplicate_files=False)
+            append_files(table, self.files.files, props)
         except CommitFailedException:
             raise  # rejected by the catalog: certainly not committed
         except Exception:
@@ -304,6 +434,49 @@ class AddFiles:
         deleted = delete_files(table.io, self.files.paths)
         log.info("deleted %d uncommitted files of %s", deleted, identifier)
         return deleted
+
+
+def append_files(table: Table, refs: Sequence[DataFileRef], props: dict[str, str]) -> None:
+    """Commit ``refs`` in one append, each with the partition it was written for.
+
+    Like ``add_files`` (statistics from each file's footer, the name mapping set once, a
+    fast or merge append as the table says), minus the duplicate check (the paths are
+    unique and fresh; the check scans the table) and with partition values that are known
+    rather than guessed from column bounds (see :class:`DataFileRef`)."""
+    from pyiceberg.table import TableProperties
+
+    with table.transaction() as tx:
+        if tx.table_metadata.name_mapping() is None:
+            tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
+                                 tx.table_metadata.schema().name_mapping.model_dump_json()})
+        with tx._append_snapshot_producer(props) as append:
+            for ref in refs:
+                append.append_data_file(_data_file(table, ref))
+
+
+def _data_file(table: Table, ref: DataFileRef) -> Any:
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import (
+        compute_statistics_plan,
+        data_file_statistics_from_parquet_metadata,
+        parquet_path_to_id_mapping,
+    )
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    schema = table.schema()
+    input_file = table.io.new_input(ref.path)
+    with input_file.open() as stream:
+        footer = pq.read_metadata(stream)
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=footer,
+        stats_columns=compute_statistics_plan(schema, table.metadata.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema))
+    return DataFile.from_args(
+        content=DataFileContent.DATA, file_path=ref.path, file_format=FileFormat.PARQUET,
+        partition=Record(*decode_partition(ref.partition)), file_size_in_bytes=ref.size,
+        sort_order_id=ref.sort_order_id, spec_id=ref.spec_id, equality_ids=None,
+        key_metadata=None, **stats.to_serialized_dict())
 
 
 def _may_reference(table: Table, sequence: int, epoch: int, paths: Sequence[str]) -> bool:

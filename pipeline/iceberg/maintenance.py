@@ -62,6 +62,7 @@ from pipeline.iceberg.commit import (
     summary_props,
 )
 from pipeline.iceberg.confirm import confirm_in_place
+from pipeline.iceberg.data_files import sort_keys_of, sort_rows
 
 MiB = 1024 * 1024
 
@@ -312,6 +313,9 @@ def _rewrite_group(table: Table, write_metadata: TableMetadata, group: list[Data
                          f"{_table_name(table)}, the manifests say {expected}: aborted")
     _check_pyarrow_schema_compatible(table.schema(), arrow.schema,
                                      format_version=table.metadata.format_version)
+    # The group is one partition (plan_compaction); its output follows the sort order.
+    _, keys = sort_keys_of(table.sort_order().model_dump_json(), table.schema())
+    arrow = sort_rows(arrow, keys)
     out_rows = 0
     for data_file in _dataframe_to_data_files(write_metadata, arrow, table.io,
                                               write_uuid=write_uuid, counter=counter):

@@ -18,7 +18,9 @@ Several processes may call these functions at once (ingestors, a collector and i
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -28,10 +30,32 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
+from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
-from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.sorting import (
+    UNSORTED_SORT_ORDER,
+    NullOrder,
+    SortDirection,
+    SortField,
+    SortOrder,
+)
+from pyiceberg.table.update import (
+    AddSortOrderUpdate,
+    AssertDefaultSortOrderId,
+    SetDefaultSortOrderUpdate,
+    TableUpdate,
+)
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -54,6 +78,7 @@ from pyiceberg.types import (
 
 from icefloe.config import StreamConfig
 from icefloe.errors import CatalogError, IcefloeError, SchemaConflictError
+from icefloe.streams.layout import PartField, SortKey, partition_fields, sort_keys
 from icefloe.streams.typespec import TypeSpec, parse_type
 from pipeline.columns import (
     DEAD_LETTER_COLUMNS,
@@ -71,9 +96,14 @@ MANAGED_PROP = "icefloe.managed"
 (:mod:`pipeline.iceberg.fence`) even before anything was committed to it."""
 TABLE_PROPERTIES: dict[str, str] = {RETRIES_PROP: "0", "format-version": "2",
                                     MANAGED_PROP: "true"}
-_TRANSFORMS: dict[str, Transform[object, int]] = {
-    "day": DayTransform(), "hour": HourTransform(), "month": MonthTransform(),
+PASSED_PROP = "icefloe.passed-properties"
+"""The keys of ``table_properties`` icefloe last set, so a key dropped from the config is
+removed from the table again (and keys set by other tools are left alone)."""
+_TIME_TRANSFORMS: dict[str, Transform[object, int]] = {
+    "year": YearTransform(), "day": DayTransform(), "hour": HourTransform(),
+    "month": MonthTransform(),
 }
+_FIELD_SUFFIX = {"bucket": "bucket", "truncate": "trunc"}
 _PROMOTIONS = {(IntegerType(), LongType()), (FloatType(), DoubleType())}
 _EVOLVE_ATTEMPTS = 5
 
@@ -166,27 +196,42 @@ def _optional_schema(named: list[tuple[str, IcebergType]]) -> Schema:
                     for i, (name, kind) in enumerate(named, start=1)))
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What a table should look like beyond its columns: partition fields, sort order and
+    the passed-through table properties."""
+
+    partition: tuple[PartField, ...] = ()
+    sort: tuple[SortKey, ...] = ()
+    properties: Mapping[str, str] = dataclass_field(default_factory=dict)
+
+
+def stream_layout(stream: StreamConfig) -> Layout:
+    return Layout(tuple(partition_fields(stream)), tuple(sort_keys(stream)),
+                  dict(stream.table_properties))
+
+
 def ensure_stream_table(catalog: Catalog, stream: StreamConfig) -> Table:
-    """The stream's table, created (partitioned by ``stream.partition``) or evolved to match."""
+    """The stream's table, created with its layout or evolved to match it (columns,
+    partition spec, sort order, passed properties)."""
     configured = {c.name: c.type for c in stream.columns}
-    return _ensure(catalog, stream.table, table_iceberg_schema(stream), "_received_at",
-                   stream.partition, configured)
+    return _ensure(catalog, stream.table, table_iceberg_schema(stream), stream_layout(stream),
+                   configured)
 
 
 def ensure_dead_letter_table(catalog: Catalog) -> Table:
     """``icefloe.dead_letters``, partitioned by ``day(received_at)``."""
-    return _ensure(catalog, DEAD_LETTER_TABLE, dead_letter_iceberg_schema(), "received_at",
-                   "day", {})
+    return _ensure(catalog, DEAD_LETTER_TABLE, dead_letter_iceberg_schema(),
+                   Layout((PartField("day", "received_at"),)), {})
 
 
-def _ensure(catalog: Catalog, identifier: str, schema: Schema, column: str, partition: str,
+def _ensure(catalog: Catalog, identifier: str, schema: Schema, layout: Layout,
             configured: Mapping[str, str]) -> Table:
     """Load-or-create, then evolve; catalog failures become :class:`CatalogError`."""
-    spec = _spec(schema, column, partition)
     try:
-        table = _load_or_create(catalog, identifier, schema, spec)
-        _warn_partition_change(identifier, table, spec, schema)
-        return _evolve(catalog, identifier, table, schema, configured)
+        table = _load_or_create(catalog, identifier, schema, layout)
+        table = _evolve(catalog, identifier, table, schema, configured)
+        return _evolve_layout(catalog, identifier, table, layout)
     except IcefloeError:
         raise
     except Exception as exc:  # drivers raise their own trees; keep the cause chained
@@ -194,7 +239,7 @@ def _ensure(catalog: Catalog, identifier: str, schema: Schema, column: str, part
                            f"{catalog.name!r}: {' '.join(str(exc).split())[:400]}") from exc
 
 
-def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: PartitionSpec
+def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: Layout
                     ) -> Table:
     try:
         return catalog.load_table(identifier)
@@ -211,22 +256,58 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: Par
         # IntegrityError. If the namespace exists now, the race is harmless.
         if not catalog.namespace_exists(namespace):
             raise
+    spec = _spec(schema, layout.partition)
+    properties = {**layout.properties, **TABLE_PROPERTIES}
+    if layout.properties:
+        properties[PASSED_PROP] = ",".join(sorted(layout.properties))
     try:
         table = catalog.create_table(identifier, schema, partition_spec=spec,
-                                     properties=TABLE_PROPERTIES)
+                                     sort_order=_sort_order(schema, layout.sort),
+                                     properties=properties)
         log.info("created table %s partitioned by %s", identifier, _describe(spec, schema))
         return table
     except TableAlreadyExistsError:
         return catalog.load_table(identifier)
 
 
-def _spec(schema: Schema, column: str, partition: str) -> PartitionSpec:
-    if partition == "none":
-        return UNPARTITIONED_PARTITION_SPEC
-    source = schema.find_field(column)
-    return PartitionSpec(PartitionField(source_id=source.field_id, field_id=1000,
-                                        transform=_TRANSFORMS[partition],
-                                        name=f"{column}_{partition}"))
+def iceberg_transform(part: PartField) -> Transform[object, object]:
+    """The pyiceberg transform of a parsed partition field."""
+    if part.transform == "identity":
+        return IdentityTransform()
+    if part.transform == "bucket":
+        assert part.param is not None
+        return BucketTransform(part.param)
+    if part.transform == "truncate":
+        assert part.param is not None
+        return TruncateTransform(part.param)
+    return _TIME_TRANSFORMS[part.transform]
+
+
+def field_name(part: PartField) -> str:
+    """Iceberg's usual partition field names: ``c`` (identity), ``c_day``, ``c_bucket``,
+    ``c_trunc``."""
+    if part.transform == "identity":
+        return part.column
+    return f"{part.column}_{_FIELD_SUFFIX.get(part.transform, part.transform)}"
+
+
+def _spec(schema: Schema, fields: Sequence[PartField]) -> PartitionSpec:
+    return PartitionSpec(*(PartitionField(source_id=schema.find_field(part.column).field_id,
+                                          field_id=1000 + i, transform=iceberg_transform(part),
+                                          name=field_name(part))
+                           for i, part in enumerate(fields)))
+
+
+def _sort_order(schema: Schema, keys: Sequence[SortKey]) -> SortOrder:
+    if not keys:
+        return UNSORTED_SORT_ORDER
+    return SortOrder(*(SortField(source_id=schema.find_field(key.column).field_id,
+                                 transform=IdentityTransform(),
+                                 direction=SortDirection.DESC if key.descending
+                                 else SortDirection.ASC,
+                                 null_order=NullOrder.NULLS_FIRST if key.nulls_first
+                                 else NullOrder.NULLS_LAST)
+                       for key in keys))
 
 
 def _describe(spec: PartitionSpec, schema: Schema) -> str:
@@ -234,14 +315,103 @@ def _describe(spec: PartitionSpec, schema: Schema) -> str:
     return ", ".join(fields) or "nothing (unpartitioned)"
 
 
-def _warn_partition_change(identifier: str, table: Table, spec: PartitionSpec,
-                           schema: Schema) -> None:
-    """Partition evolution is not automatic (it splits the layout for every reader): warn."""
-    have, want = _describe(table.spec(), table.schema()), _describe(spec, schema)
-    if have != want:
-        log.warning("table %s is partitioned by %s but the config asks for %s; leaving it "
-                    "(change the partitioning with an Iceberg tool if intended)",
-                    identifier, have, want)
+def _spec_shape(spec: PartitionSpec) -> list[tuple[int, str]]:
+    return [(f.source_id, str(f.transform)) for f in spec.fields]
+
+
+def _sort_shape(order: SortOrder) -> list[tuple[int, str, str, str]]:
+    return [(f.source_id, str(f.transform), str(f.direction), str(f.null_order))
+            for f in order.fields]
+
+
+def _evolve_layout(catalog: Catalog, identifier: str, table: Table, layout: Layout
+                   ) -> Table:
+    """Evolve the partition spec, the sort order and the passed properties to ``layout``,
+    in one commit. Why evolve rather than warn: Iceberg keeps every file under the spec it
+    was written with, so readers see old and new files alike; only new files take the new
+    layout. A lost race is re-planned on the reloaded table, as for columns."""
+    for attempt in range(_EVOLVE_ATTEMPTS):
+        schema = table.schema()
+        spec_changes = _spec_shape(table.spec()) != _spec_shape(_spec(schema, layout.partition))
+        wanted_order = _sort_order(schema, layout.sort)
+        sort_changes = _sort_shape(table.sort_order()) != _sort_shape(wanted_order)
+        set_props, drop_props = _property_plan(table.properties, layout.properties)
+        if not (spec_changes or sort_changes or set_props or drop_props):
+            return table
+        try:
+            with table.transaction() as tx:
+                if set_props:
+                    tx.set_properties(set_props)
+                if drop_props:
+                    tx.remove_properties(*drop_props)
+                if spec_changes:
+                    _update_spec(tx, table.spec(), schema, layout.partition)
+                if sort_changes and not layout.sort:
+                    _clear_sort_order(tx)
+                elif sort_changes:
+                    with tx.update_sort_order() as order:
+                        for key in layout.sort:
+                            nulls = NullOrder.NULLS_FIRST if key.nulls_first \
+                                else NullOrder.NULLS_LAST
+                            add = order.desc if key.descending else order.asc
+                            add(key.column, IdentityTransform(), nulls)
+        except CommitFailedException:
+            if attempt == _EVOLVE_ATTEMPTS - 1:
+                raise
+            table = catalog.load_table(identifier)
+            continue
+        if spec_changes:
+            log.warning("table %s: partition spec evolved from %s to %s (files written "
+                        "before keep their spec)", identifier,
+                        _describe(table.spec(), schema),
+                        _describe(_spec(schema, layout.partition), schema))
+        if sort_changes:
+            log.info("table %s: sort order set to %s", identifier,
+                     [f"{k.column} {'desc' if k.descending else 'asc'}" for k in layout.sort])
+        return catalog.load_table(identifier)
+    raise AssertionError("unreachable")
+
+
+def _clear_sort_order(tx: Transaction) -> None:
+    """Make the table unsorted again. Why by hand: pyiceberg's ``update_sort_order`` with
+    no fields tries to add order 0 as "the last added" one and fails."""
+    metadata = tx.table_metadata
+    updates: tuple[TableUpdate, ...] = (SetDefaultSortOrderUpdate(sort_order_id=0),)
+    if metadata.sort_order_by_id(0) is None:
+        updates = (AddSortOrderUpdate(sort_order=UNSORTED_SORT_ORDER), *updates)
+    tx._apply(updates, (AssertDefaultSortOrderId(
+        default_sort_order_id=metadata.default_sort_order_id),))
+
+
+def _update_spec(tx: object, current: PartitionSpec, schema: Schema,
+                 wanted: Sequence[PartField]) -> None:
+    """Remove the fields no longer wanted, add the new ones (pyiceberg's ``update_spec``)."""
+    want = {(schema.find_field(p.column).field_id, str(iceberg_transform(p))): p
+            for p in wanted}
+    have = {(f.source_id, str(f.transform)): f for f in current.fields}
+    with tx.update_spec() as update:  # type: ignore[attr-defined]
+        for key, existing in have.items():
+            if key not in want:
+                update.remove_field(existing.name)
+        for key, part in want.items():
+            if key not in have:
+                update.add_field(part.column, iceberg_transform(part), field_name(part))
+
+
+def _property_plan(have: Mapping[str, str], want: Mapping[str, str]
+                   ) -> tuple[dict[str, str], list[str]]:
+    """(properties to set, keys to remove): the configured ones, and those icefloe passed
+    before that the config no longer has."""
+    before = [k for k in have.get(PASSED_PROP, "").split(",") if k]
+    drop = [k for k in before if k not in want and k in have]
+    updates = {k: v for k, v in want.items() if have.get(k) != v}
+    keys = ",".join(sorted(want))
+    if keys != have.get(PASSED_PROP, "") and (keys or PASSED_PROP in have):
+        if keys:
+            updates[PASSED_PROP] = keys
+        else:
+            drop.append(PASSED_PROP)
+    return updates, drop
 
 
 def _evolve(catalog: Catalog, identifier: str, table: Table, schema: Schema,

@@ -150,7 +150,7 @@ class ParquetSinkWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         refs = [ref for m in messages if isinstance(m, WrittenFiles) for ref in m.files]
-        body = json.dumps([[r.stream, r.path, r.rows, r.size] for r in refs])
+        body = json.dumps([r.to_json() for r in refs])
         tmp = f"{self.job.receipt}.tmp"
         with open(tmp, "w", encoding="utf-8") as out:
             out.write(body)
@@ -311,7 +311,7 @@ def _activate(spark: SparkSession) -> None:
 
 def _read_receipt(path: str) -> list[DataFileRef]:
     with open(path, encoding="utf-8") as f:
-        return [DataFileRef(s, p, int(n), int(b)) for s, p, n, b in json.load(f)]
+        return [DataFileRef.from_json(item) for item in json.load(f)]
 
 
 def register(spark: SparkSession) -> None:
