@@ -12,6 +12,9 @@ module takes the run's output from there to the tables:
   to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
 * **staged** (sinks with import conditions): rows go to the staging area and are committed,
   in chunks, oldest first, when a condition holds (:meth:`RunCommits.commit_due_staged`);
+* **upserts** (sinks with a ``primary_key``, embedded path only): rows missing a key value
+  become dead letters, the rest commit by copy-on-write (:mod:`pipeline.iceberg.upsert`),
+  staged or not;
 * **dead letters**: always the embedded way, after the tables.
 
 Every path commits through :func:`pipeline.iceberg.commit.commit_rows`, which carries
@@ -46,6 +49,12 @@ from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
 from pipeline.iceberg.data_files import AddFiles, FileSet
 from pipeline.iceberg.file_append import WriteThenAdd
+from pipeline.iceberg.upsert import (
+    CopyOnWrite,
+    missing_key_dead_letters,
+    split_missing_keys,
+    upsert_hook,
+)
 from pipeline.load.executors import ClusterRunOutput, WritePlan, plan_write
 from pipeline.load.run import RunOutput
 
@@ -113,7 +122,9 @@ class RunCommits:
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
+        dead = [output.dead]
         for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
+            rows = self._keyed_rows(target, rows, entries, dead)
             if self.is_staged(target):
                 self._stage(target, rows, result)
                 continue
@@ -122,7 +133,7 @@ class RunCommits:
             result.duplicates += dropped
             if dropped:
                 self.metrics.duplicates.labels(target.source.id).inc(dropped)
-            append = WriteThenAdd(target.source.id)
+            append = upsert_hook(target.stream) or WriteThenAdd(target.source.id)
             try:
                 outcome = self._commit(table, without_source(fresh), sequence, append=append,
                                        props=sources_props(fresh), sequences=sequences)
@@ -132,7 +143,23 @@ class RunCommits:
             result.rows[table] = outcome.rows
             result.replayed += outcome.replayed
             self.hook(f"after_commit:{table}")
-        self._commit_dead(output.dead, sequence, result)
+        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else output.dead,
+                          sequence, result)
+
+    @staticmethod
+    def _keyed_rows(target: Target, rows: pa.Table, entries: list[Entry],
+                    dead: list[pa.Table]) -> pa.Table:
+        """``rows`` without those missing a primary-key value, which join ``dead``
+        (before dedup and staging: the window and the staged files hold only rows the
+        table can take)."""
+        key = target.sink.primary_key
+        if not key:
+            return rows
+        rows, bad = split_missing_keys(rows, key)
+        if bad.num_rows:
+            locations = {entry.sequence: entry.location for entry in entries}
+            dead.append(missing_key_dead_letters(bad, key, target.source.id, locations))
+        return rows
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:
@@ -159,6 +186,12 @@ class RunCommits:
             if not self.routes.takers(name, versions.get(name, {})):
                 continue  # every sink was off for these events: they go nowhere
             target = self.routes.single_target(name, versions.get(name, {}))
+            if target is not None and target.sink.primary_key:
+                output.release()
+                raise RoutingUnsupportedError(
+                    f"sink {target.sink.name!r} of source {name!r} has a primary_key: the "
+                    "cluster output path does not do upserts (until #28); set [collector] "
+                    "output = \"embedded\" for sinks with a primary_key")
             if target is not None and self.is_staged(target):
                 output.release()
                 raise RoutingUnsupportedError(
@@ -218,7 +251,8 @@ class RunCommits:
         self._commit_dead(output.dead, sequence, result)
 
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
-                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None,
+                append: AddFiles | WriteThenAdd | CopyOnWrite | None = None,
+                nbytes: int | None = None,
                 props: dict[str, str] | None = None,
                 sequences: dict[int, int] | None = None) -> CommitResult:
         """Commit ``rows``; ``sequences`` (per shard) supersedes ``sequence`` (shard 0)."""
@@ -323,8 +357,14 @@ class RunCommits:
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
                 self.metrics.duplicates.labels(table).inc(dropped)
-            outcome = self._commit(table, without_source(fresh), through,
-                                   props=sources_props(fresh))
+            stream = self.routes.tables().get(table)
+            upsert = upsert_hook(stream) if stream is not None else None
+            try:
+                outcome = self._commit(table, without_source(fresh), through, append=upsert,
+                                       props=sources_props(fresh))
+            finally:
+                if upsert is not None:
+                    upsert.cleanup(self.catalog, table, sequence=through, epoch=self.epoch)
             window.remember(fresh)
             committed += outcome.rows
             self.hook(f"after_staged_commit:{table}")

@@ -60,6 +60,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     deleted_version: int | None = None
     toggles: tuple[Toggle, ...] = ()
     deleted_at: float | None = None
+    primary_key: tuple[str, ...] = ()
+    tombstone_field: str | None = None
 
     @property
     def live(self) -> bool:
@@ -83,7 +85,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return StreamConfig(name=source, table=self.table, columns=self.columns,
                             unknown_fields="reject" if self.unknown_fields == "reject"
                             else "ignore", event_id_field=self.event_id_field,
-                            partition=self.partition)
+                            partition=self.partition, primary_key=self.primary_key,
+                            tombstone_field=self.tombstone_field)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -48,6 +48,8 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     partition: str = "day"
     conditions: Conditions = msgspec.field(default_factory=Conditions)
     enabled: bool = True
+    primary_key: tuple[str, ...] = ()
+    tombstone_field: str | None = None
 
 
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -61,6 +63,8 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = UNSET
     table: str = UNSET
     partition: str = UNSET
+    primary_key: tuple[str, ...] = UNSET
+    tombstone_field: str | None = UNSET
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -198,6 +202,7 @@ def _new_sink(spec: SinkSpec, version: int) -> Sink:
     return Sink(name=spec.name, table=spec.table, columns=spec.columns,
                 unknown_fields=spec.unknown_fields, event_id_field=spec.event_id_field,
                 partition=spec.partition, conditions=spec.conditions, enabled=spec.enabled,
+                primary_key=spec.primary_key, tombstone_field=spec.tombstone_field,
                 created_version=version, updated_version=version,
                 toggles=() if spec.enabled else (Toggle(version, False),))
 
@@ -360,6 +365,13 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
         if fixed in changes and changes[fixed] != getattr(sink, fixed):
             raise invalid(f"sink.{fixed}", f"the {fixed} of a sink cannot change; create a "
                           "new sink (and delete this one) instead")
+    for keyed in ("primary_key", "tombstone_field"):
+        if keyed in changes and changes[keyed] != getattr(sink, keyed):
+            raise RegistryError(409, "primary_key_fixed", f"sink.{keyed}: the upsert key of "
+                                "a live table cannot change: rows already committed were "
+                                "made unique by the old key, and queued entries would be "
+                                "applied by the new one; create a new sink (and table) "
+                                "instead", [{"field": keyed, "reason": "fixed"}])
     version = registry.version + 1
     toggles = sink.toggles
     if "enabled" in changes and changes["enabled"] != sink.enabled:
@@ -443,4 +455,5 @@ def seed_specs(streams: Any) -> list[SourceSpec]:
     return [SourceSpec(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
         SinkSpec(name=s.name, table=s.table, columns=s.columns,
                  unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
-                 partition=s.partition),)) for s in streams]
+                 partition=s.partition, primary_key=s.primary_key,
+                 tombstone_field=s.tombstone_field),)) for s in streams]
