@@ -71,9 +71,10 @@ def _check_key(stream: StreamConfig, at: str) -> None:
     a second event with a seen id, so every update of a key after the first would vanish.
     """
     columns = {c.name: c for c in stream.columns}
+    key = at.rsplit(": ", 1)[-1]  # the key path alone, when naming a second key
     if stream.tombstone_field is not None and not stream.primary_key:
         raise ConfigError(f"{at}.tombstone_field: {stream.tombstone_field!r} deletes rows by "
-                          f"key, but {at}.primary_key is not set")
+                          f"key, but {key}.primary_key is not set")
     for i, name in enumerate(stream.primary_key):
         column = columns.get(name)
         if column is None:
@@ -91,7 +92,7 @@ def _check_key(stream: StreamConfig, at: str) -> None:
             raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} is named twice")
         if name == stream.event_id_field:
             raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} is also "
-                              f"{at}.event_id_field: the dedup window would drop every "
+                              f"{key}.event_id_field: the dedup window would drop every "
                               "update of a key after the first; use another event id field")
     if stream.tombstone_field is not None:
         column = columns.get(stream.tombstone_field)
@@ -100,7 +101,7 @@ def _check_key(stream: StreamConfig, at: str) -> None:
                               f"declared boolean column of stream {stream.name!r}")
         if stream.tombstone_field in stream.primary_key:
             raise ConfigError(f"{at}.tombstone_field: {stream.tombstone_field!r} is part of "
-                              f"{at}.primary_key")
+                              f"{key}.primary_key")
 
 
 def _check_type(column: Column, at: str) -> None:
