@@ -149,6 +149,9 @@ class CopyOnWrite:
         self.refused: list[str] = []  # files of attempts certainly not committed
         self.files_rewritten = 0
         self.rows_removed = 0
+        self.rows_copied = 0
+        """What the last landed attempt did: files replaced, rows dropped from them (keys
+        replaced or deleted), rows copied into their replacements (the copy-on-write cost)."""
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
         latest = latest_per_key(rows, self.key)
@@ -159,7 +162,7 @@ class CopyOnWrite:
             write = latest.filter(pc.invert(deleted))
         written: list[DataFile] = []
         try:
-            replaced, rewritten, removed = self._rewrite(table, keys, written)
+            replaced, removed, copied = self._rewrite(table, keys, written)
             if write.num_rows:
                 written += _write(table, write, uuid.uuid4())
             self._commit(table, replaced, written, props)
@@ -170,13 +173,14 @@ class CopyOnWrite:
             # Outcome unknown (or failed before the commit): the maintenance orphan sweep
             # deletes unreferenced files once they are old enough; never guess here.
             raise
-        self.files_rewritten, self.rows_removed = rewritten, removed
+        self.files_rewritten, self.rows_removed = len(replaced), removed
+        self.rows_copied = copied
 
     def _rewrite(self, table: Table, keys: pa.Table, written: list[DataFile]
                  ) -> tuple[list[DataFile], int, int]:
         """Rewrite every file holding one of ``keys`` without those rows; returns the
-        replaced files, how many, and the rows removed. New files join ``written`` as soon
-        as they exist."""
+        replaced files, the rows removed and the rows copied. New files join ``written``
+        as soon as they exist."""
         if table.current_snapshot() is None:
             return [], 0, 0
         from pyiceberg.io.pyarrow import ArrowScan
@@ -187,7 +191,7 @@ class CopyOnWrite:
         full_scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
         write_uuid, counter = uuid.uuid4(), itertools.count(0)
         replaced: list[DataFile] = []
-        removed = 0
+        removed = copied = 0
         for task in table.scan(row_filter=key_filter(keys)).plan_files():
             present = key_scan.to_table([FileScanTask(task.file)])
             wanted = _aligned(keys, present.schema)
@@ -198,9 +202,10 @@ class CopyOnWrite:
                              use_threads=False)
             replaced.append(task.file)
             removed += rows.num_rows - kept.num_rows
+            copied += kept.num_rows
             if kept.num_rows:
                 written += _write(table, kept, write_uuid, counter)
-        return replaced, len(replaced), removed
+        return replaced, removed, copied
 
     @staticmethod
     def _commit(table: Table, replaced: list[DataFile], written: list[DataFile],

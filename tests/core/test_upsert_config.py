@@ -81,7 +81,8 @@ SINK = ops.SinkSpec(name="users", table="app.users", columns=(
 def test_admin_should_create_a_keyed_sink_and_refuse_changing_its_key():
     registry = ops.create_source(Registry(), ops.SourceSpec(id="users", sinks=(SINK,)))
     sink = registry.source("users").sink("users")
-    assert sink.primary_key == ("user_id",) and sink.tombstone_field == "deleted"
+    assert sink.primary_key == ("user_id",)
+    assert sink.tombstone_field == "deleted"
     assert sink.stream("users").primary_key == ("user_id",)
     with pytest.raises(RegistryError, match="upsert key of a live table cannot change") as info:
         ops.update_sink(registry, "users", "users", ops.SinkPatch(primary_key=("name",)))

@@ -80,7 +80,8 @@ def test_updates_replace_and_tombstones_delete_in_one_snapshot(catalog):
     summary = table.current_snapshot().summary
     assert summary.additional_properties[SEQUENCE_PROP] == "2"
     assert summary.additional_properties[EPOCH_PROP] == "1"
-    assert hook.rows_removed == 3 and hook.files_rewritten == 1
+    assert hook.rows_removed == 3
+    assert hook.files_rewritten == 1
 
 
 def test_a_replayed_run_is_dropped_by_the_sequence_check(catalog):
@@ -110,13 +111,16 @@ def test_keys_spread_over_several_files_rewrite_only_the_files_holding_them(cata
     rows = users([("a007", "v2", None), ("c100", "v2", None), ("c200", "x", True),
                   ("a249", "v2", None)], 10)
     _, hook = upsert(catalog, rows, 10)
-    assert hook.files_rewritten == 2 and hook.rows_removed == 4
+    assert hook.files_rewritten == 2
+    assert hook.rows_removed == 4
     table = catalog.load_table("app.users")
     live = {Path(t.file.file_path.removeprefix("file://")) for t in table.scan().plan_files()}
     assert len(live & before) == 2  # the b and d files are untouched
     got = state(catalog)
-    assert len(got) == 999 and "c200" not in got
-    assert got["a007"] == got["c100"] == got["a249"] == "v2" and got["b005"] == "v1"
+    assert len(got) == 999
+    assert "c200" not in got
+    assert got["a007"] == got["c100"] == got["a249"] == "v2"
+    assert got["b005"] == "v1"
 
 
 def test_within_a_run_the_last_row_wins_by_shard_sequence_position():
