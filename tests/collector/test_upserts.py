@@ -23,6 +23,7 @@ from icefloe.config import Column, StreamConfig
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state
 from pipeline.load.run import SparkEngine
+from pipeline.read.iceberg_source import read_table as spark_read_table
 
 USERS = StreamConfig(name="users", table="app.users", columns=(
     Column("user_id", "string", required=True), Column("name", "string"),
@@ -57,7 +58,7 @@ def table_state(config) -> dict[str, str]:
     return {r["user_id"]: r["name"] for r in rows}
 
 
-async def test_updates_replace_and_tombstones_delete_across_runs(config, engine):
+async def test_updates_replace_and_tombstones_delete_across_runs(config, engine, spark):
     publish_sync(config, [[user(f"u{i}", "v1") for i in range(10)],
                           [user("u0", "v2"), user("u1", "v2"), user("u2", "", True),
                            user("u0", "v3")]])
@@ -68,7 +69,11 @@ async def test_updates_replace_and_tombstones_delete_across_runs(config, engine)
     publish_sync(config, [[user("u2", "back"), user("u3", "", True), user("u4", "v4")]])
     await drain(collector)
     del expected["u3"]
-    assert table_state(config) == expected | {"u2": "back", "u4": "v4"}
+    expected |= {"u2": "back", "u4": "v4"}
+    assert table_state(config) == expected
+    through_spark = spark_read_table(spark, config.catalog, "app.users").collect()
+    assert {r["user_id"]: r["name"] for r in through_spark} == expected
+    assert len(through_spark) == len(expected)
     await collector.store.close()
 
 
