@@ -109,3 +109,30 @@ async def test_a_crash_between_commit_and_ack_replays_exactly(config, engine, st
     # the replayed entries were dropped, not applied again: one fence and one commit more
     assert len(table.snapshots()) == snapshots + 2
     await restarted.store.close()
+
+
+async def test_staged_rows_of_a_keyed_sink_commit_as_upserts(tmp_path):
+    """A sink with import conditions and a key: staged runs land as one copy-on-write
+    commit, the latest row per key across the staged entries (in-process decode)."""
+    from collector.routing import Routes
+    from icefloe.registry import Conditions, RegistryStore, ops
+    from pipeline.load.run import LocalEngine
+    from tests.collector_support import CLICKS, click, open_store_of, publish
+
+    config = collector_config(tmp_path, (CLICKS,))
+    store = open_store_of(config)
+    sink = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns,
+                        primary_key=("user_id",),
+                        conditions=Conditions(max_age_s=3600, max_events=25))
+    await RegistryStore(store, config.admin.registry_key).update(
+        lambda r: ops.create_source(r, ops.SourceSpec(id="clicks", sinks=(sink,))))
+    collector = await start(config, LocalEngine())
+    collector.routes = Routes(await RegistryStore(store, config.admin.registry_key).read())
+    for prefix in ("a", "b", "c"):  # 10 events each over keys u0..u6; staged until 30
+        await publish(store, [[click(i, prefix) for i in range(10)]], registry_version=1)
+        await collector.run_once()
+    rows = read_table(config, "web.clicks").to_pylist()
+    assert sorted((r["user_id"], r["_event_id"]) for r in rows) == sorted(
+        (f"u{i % 7}", f"c{i}") for i in range(3, 10))
+    await store.close()
+    await collector.store.close()
