@@ -184,7 +184,6 @@ class CopyOnWrite:
         if table.current_snapshot() is None:
             return [], 0, 0
         from pyiceberg.io.pyarrow import ArrowScan
-        from pyiceberg.table import FileScanTask
 
         schema = table.schema()
         key_scan = ArrowScan(table.metadata, table.io, schema.select(*self.key), AlwaysTrue())
@@ -192,12 +191,14 @@ class CopyOnWrite:
         write_uuid, counter = uuid.uuid4(), itertools.count(0)
         replaced: list[DataFile] = []
         removed = copied = 0
+        # the planned tasks carry the files' delete files (other engines' position deletes),
+        # so a rewrite never brings back a row someone deleted
         for task in table.scan(row_filter=key_filter(keys)).plan_files():
-            present = key_scan.to_table([FileScanTask(task.file)])
+            present = key_scan.to_table([task])
             wanted = _aligned(keys, present.schema)
             if not _any_match(present, wanted, self.key):
                 continue  # its bounds overlap, its keys do not: left alone
-            rows = full_scan.to_table([FileScanTask(task.file)])
+            rows = full_scan.to_table([task])
             kept = rows.join(wanted, keys=list(self.key), join_type="left anti",
                              use_threads=False)
             replaced.append(task.file)
