@@ -12,6 +12,9 @@ module takes the run's output from there to the tables:
   to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
 * **staged** (sinks with import conditions): rows go to the staging area and are committed,
   in chunks, oldest first, when a condition holds (:meth:`RunCommits.commit_due_staged`);
+* **upserts** (sinks with a ``primary_key``, embedded path only): rows missing a key value
+  become dead letters, the rest commit by copy-on-write (:mod:`pipeline.iceberg.upsert`),
+  staged or not;
 * **dead letters**: always the embedded way, after the tables.
 
 Every path commits through :func:`pipeline.iceberg.commit.commit_rows`, which carries
@@ -48,6 +51,12 @@ from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
 from pipeline.iceberg.data_files import AddFiles, FileSet
 from pipeline.iceberg.file_append import WriteThenAdd
+from pipeline.iceberg.upsert import (
+    CopyOnWrite,
+    missing_key_dead_letters,
+    split_missing_keys,
+    upsert_hook,
+)
 from pipeline.load.executors import ClusterRunOutput, WritePlan, plan_write
 from pipeline.load.run import RunOutput
 
@@ -116,16 +125,17 @@ class RunCommits:
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
-        refused: list[pa.Table] = []
+        dead = [output.dead]
         locations = {entry.sequence: entry.location for entry in entries}
         for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
             if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
                 # (by the rows, not the owner: a table's rows may come from an evolving
                 # sink's version while its newest sink does not evolve)
-                rows, dead = evolve_rows(self.catalog, table, target.stream, rows, locations,
-                                         self.evolve_limits, hook=self.hook)
-                if dead is not None:
-                    refused.append(dead)
+                rows, refused = evolve_rows(self.catalog, table, target.stream, rows,
+                                            locations, self.evolve_limits, hook=self.hook)
+                if refused is not None:
+                    dead.append(refused)
+            rows = self._keyed_rows(target, rows, locations, dead)
             if self.is_staged(target):
                 self._stage(target, rows, result)
                 continue
@@ -134,7 +144,7 @@ class RunCommits:
             result.duplicates += dropped
             if dropped:
                 self.metrics.duplicates.labels(target.source.id).inc(dropped)
-            append = WriteThenAdd(target.source.id)
+            append = upsert_hook(target.stream) or WriteThenAdd(target.source.id)
             try:
                 outcome = self._commit(table, without_source(fresh), sequence, append=append,
                                        props=sources_props(fresh), sequences=sequences)
@@ -144,8 +154,22 @@ class RunCommits:
             result.rows[table] = outcome.rows
             result.replayed += outcome.replayed
             self.hook(f"after_commit:{table}")
-        dead_letters = pa.concat_tables([output.dead, *refused]) if refused else output.dead
-        self._commit_dead(dead_letters, sequence, result)
+        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else output.dead,
+                          sequence, result)
+
+    @staticmethod
+    def _keyed_rows(target: Target, rows: pa.Table, locations: dict[int, str],
+                    dead: list[pa.Table]) -> pa.Table:
+        """``rows`` without those missing a primary-key value, which join ``dead``
+        (before dedup and staging: the window and the staged files hold only rows the
+        table can take)."""
+        key = target.sink.primary_key
+        if not key:
+            return rows
+        rows, bad = split_missing_keys(rows, key)
+        if bad.num_rows:
+            dead.append(missing_key_dead_letters(bad, key, target.source.id, locations))
+        return rows
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:
@@ -172,6 +196,12 @@ class RunCommits:
             if not self.routes.takers(name, versions.get(name, {})):
                 continue  # every sink was off for these events: they go nowhere
             target = self.routes.single_target(name, versions.get(name, {}))
+            if target is not None and target.sink.primary_key:
+                output.release()
+                raise RoutingUnsupportedError(
+                    f"sink {target.sink.name!r} of source {name!r} has a primary_key: the "
+                    "cluster output path does not do upserts (until #28); set [collector] "
+                    "output = \"embedded\" for sinks with a primary_key")
             if target is not None and self.is_staged(target):
                 output.release()
                 raise RoutingUnsupportedError(
@@ -231,7 +261,8 @@ class RunCommits:
         self._commit_dead(output.dead, sequence, result)
 
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
-                append: AddFiles | WriteThenAdd | None = None, nbytes: int | None = None,
+                append: AddFiles | WriteThenAdd | CopyOnWrite | None = None,
+                nbytes: int | None = None,
                 props: dict[str, str] | None = None,
                 sequences: dict[int, int] | None = None) -> CommitResult:
         """Commit ``rows``; ``sequences`` (per shard) supersedes ``sequence`` (shard 0)."""
@@ -336,8 +367,14 @@ class RunCommits:
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
                 self.metrics.duplicates.labels(table).inc(dropped)
-            outcome = self._commit(table, without_source(fresh), through,
-                                   props=sources_props(fresh))
+            stream = self.routes.tables().get(table)
+            upsert = upsert_hook(stream) if stream is not None else None
+            try:
+                outcome = self._commit(table, without_source(fresh), through, append=upsert,
+                                       props=sources_props(fresh))
+            finally:
+                if upsert is not None:
+                    upsert.cleanup(self.catalog, table, sequence=through, epoch=self.epoch)
             window.remember(fresh)
             committed += outcome.rows
             self.hook(f"after_staged_commit:{table}")

@@ -442,8 +442,11 @@ class DedupWindow:
 
 def _is_append(snapshot: Snapshot) -> bool:
     """A commit that added rows (icefloe's compactions carry the sequence forward in an
-    overwrite; they add no ids and say nothing about the window)."""
-    return snapshot.summary is None or snapshot.summary.operation == Operation.APPEND
+    overwrite; they add no ids and say nothing about the window). An upsert's overwrite
+    records its sources (:data:`SOURCES_PROP`) like an append: it added the run's rows."""
+    if snapshot.summary is None or snapshot.summary.operation == Operation.APPEND:
+        return True
+    return SOURCES_PROP in snapshot.summary.additional_properties
 
 
 def _positions(table: Table, low: int) -> tuple[np.ndarray, list[str]]:

@@ -68,6 +68,11 @@ def validate(config: Config, where: str) -> None:
                               "the cluster output path does not evolve tables yet")
         names.add(stream.name)
         tables.add(stream.table)
+        if stream.primary_key and config.collector.output == "cluster":
+            raise ConfigError(f"{where}: streams[{index}].primary_key: upserts (primary_key) "
+                              "work on the embedded output path only (until #28); "
+                              "collector.output = \"cluster\" refuses them: set "
+                              "collector.output = \"embedded\" or remove the key")
     validate_security(config, where)
 
 

@@ -63,6 +63,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     deleted_version: int | None = None
     toggles: tuple[Toggle, ...] = ()
     deleted_at: float | None = None
+    primary_key: tuple[str, ...] = ()
+    tombstone_field: str | None = None
 
     @property
     def live(self) -> bool:
@@ -88,7 +90,9 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                             if self.unknown_fields in ("reject", "evolve") else "ignore",
                             event_id_field=self.event_id_field,
                             partition=self.partition, partition_by=self.partition_by,
-                            sort_by=self.sort_by, table_properties=self.table_properties)
+                            sort_by=self.sort_by, table_properties=self.table_properties,
+                            primary_key=self.primary_key,
+                            tombstone_field=self.tombstone_field)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -51,6 +51,8 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     partition_by: tuple[str, ...] | None = None
     sort_by: tuple[str, ...] = ()
     table_properties: dict[str, str] = msgspec.field(default_factory=dict)
+    primary_key: tuple[str, ...] = ()
+    tombstone_field: str | None = None
 
 
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -68,6 +70,8 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partition_by: tuple[str, ...] | None = UNSET
     sort_by: tuple[str, ...] = UNSET
     table_properties: dict[str, str] = UNSET
+    primary_key: tuple[str, ...] = UNSET
+    tombstone_field: str | None = UNSET
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -207,6 +211,7 @@ def _new_sink(spec: SinkSpec, version: int) -> Sink:
                 partition=spec.partition, conditions=spec.conditions, enabled=spec.enabled,
                 partition_by=spec.partition_by, sort_by=spec.sort_by,
                 table_properties=spec.table_properties,
+                primary_key=spec.primary_key, tombstone_field=spec.tombstone_field,
                 created_version=version, updated_version=version,
                 toggles=() if spec.enabled else (Toggle(version, False),))
 
@@ -369,6 +374,13 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
         if fixed in changes and changes[fixed] != getattr(sink, fixed):
             raise invalid(f"sink.{fixed}", f"the {fixed} of a sink cannot change; create a "
                           "new sink (and delete this one) instead")
+    for keyed in ("primary_key", "tombstone_field"):
+        if keyed in changes and changes[keyed] != getattr(sink, keyed):
+            raise RegistryError(409, "primary_key_fixed", f"sink.{keyed}: the upsert key of "
+                                "a live table cannot change: rows already committed were "
+                                "made unique by the old key, and queued entries would be "
+                                "applied by the new one; create a new sink (and table) "
+                                "instead", [{"field": keyed, "reason": "fixed"}])
     version = registry.version + 1
     toggles = sink.toggles
     if "enabled" in changes and changes["enabled"] != sink.enabled:
@@ -453,4 +465,5 @@ def seed_specs(streams: Any) -> list[SourceSpec]:
         SinkSpec(name=s.name, table=s.table, columns=s.columns,
                  unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
                  partition=s.partition, partition_by=s.partition_by, sort_by=s.sort_by,
-                 table_properties=s.table_properties),)) for s in streams]
+                 table_properties=s.table_properties, primary_key=s.primary_key,
+                 tombstone_field=s.tombstone_field),)) for s in streams]

@@ -106,7 +106,8 @@ def config_registry(streams: Iterable[StreamConfig]) -> Registry:
     sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
         Sink(name=s.name, table=s.table, columns=s.columns, unknown_fields=s.unknown_fields,
              event_id_field=s.event_id_field, partition=s.partition, partition_by=s.partition_by,
-             sort_by=s.sort_by, table_properties=s.table_properties),)) for s in streams)
+             sort_by=s.sort_by, table_properties=s.table_properties,
+             primary_key=s.primary_key, tombstone_field=s.tombstone_field),)) for s in streams)
     return Registry(version=0, sources=sources)
 
 

@@ -49,11 +49,61 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
     if stream.event_id_field is not None and stream.event_id_field not in seen:
         raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is not a declared "
                           "column")
+    _check_key(stream, at)
     if stream.partition not in PARTITIONS:
         raise ConfigError(f"{at}.partition: unknown partition {stream.partition!r} (expected "
                           f"one of {', '.join(PARTITIONS)}; it partitions the table by "
                           "_received_at)")
     check_layout(stream, at)
+
+
+KEY_TYPES = ("string", "long", "int", "boolean", "timestamp", "date", "uuid", "time")
+"""Column types a ``primary_key`` may use (and ``decimal(p,s)``): values that compare
+exactly. ``float``/``double`` (rounding), ``json`` (text of a free-form value), ``binary``
+and nested types are refused."""
+
+
+def _check_key(stream: StreamConfig, at: str) -> None:
+    """``primary_key`` names declared, required columns of exact types, once each, not the
+    event id field; ``tombstone_field`` is a declared boolean column and needs a key.
+
+    Why required: a row without a key value has no row to replace; the ingestor refuses an
+    event missing a required field, and the collector dead-letters one whose mapping gave
+    no value (:mod:`pipeline.iceberg.upsert`). Why not the event id: the dedup window drops
+    a second event with a seen id, so every update of a key after the first would vanish.
+    """
+    columns = {c.name: c for c in stream.columns}
+    key = at.rsplit(": ", 1)[-1]  # the key path alone, when naming a second key
+    if stream.tombstone_field is not None and not stream.primary_key:
+        raise ConfigError(f"{at}.tombstone_field: {stream.tombstone_field!r} deletes rows by "
+                          f"key, but {key}.primary_key is not set")
+    for i, name in enumerate(stream.primary_key):
+        column = columns.get(name)
+        if column is None:
+            raise ConfigError(f"{at}.primary_key[{i}]: {name!r} is not a declared column of "
+                              f"stream {stream.name!r}")
+        if column.type not in KEY_TYPES and not column.type.startswith("decimal("):
+            raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} of stream "
+                              f"{stream.name!r} has type {column.type!r}, which cannot be a "
+                              f"key (use one of {', '.join(KEY_TYPES)} or decimal)")
+        if not column.required:
+            raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} of stream "
+                              f"{stream.name!r} must be declared required = true (a key "
+                              "cannot be null)")
+        if name in stream.primary_key[:i]:
+            raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} is named twice")
+        if name == stream.event_id_field:
+            raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} is also "
+                              f"{key}.event_id_field: the dedup window would drop every "
+                              "update of a key after the first; use another event id field")
+    if stream.tombstone_field is not None:
+        column = columns.get(stream.tombstone_field)
+        if column is None or column.type != "boolean":
+            raise ConfigError(f"{at}.tombstone_field: {stream.tombstone_field!r} must be a "
+                              f"declared boolean column of stream {stream.name!r}")
+        if stream.tombstone_field in stream.primary_key:
+            raise ConfigError(f"{at}.tombstone_field: {stream.tombstone_field!r} is part of "
+                              f"{key}.primary_key")
 
 
 def _check_type(column: Column, at: str) -> None:

@@ -97,6 +97,11 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partition_by: tuple[str, ...] | None = None
     sort_by: tuple[str, ...] = ()
     table_properties: dict[str, str] = msgspec.field(default_factory=dict)
+    primary_key: tuple[str, ...] = ()
+    """Upserts (#27): the table keeps the latest row per key (copy-on-write, see
+    :mod:`pipeline.iceberg.upsert`); empty: append-only."""
+    tombstone_field: str | None = None
+    """A boolean column; a row whose value is true deletes its key (needs ``primary_key``)."""
 
     @property
     def namespace(self) -> str:

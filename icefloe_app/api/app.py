@@ -193,6 +193,13 @@ class AdminApi:
         source = after.source(source_id) if source_id and self.cluster_output else None
         if source is not None:
             sinks = source.live_sinks()
+            if any(s.primary_key for s in sinks):
+                raise RegistryError(409, "cluster_output", "the collector uses "
+                                    "[collector] output = \"cluster\", which does not do "
+                                    "upserts (primary_key) until #28: they need output = "
+                                    "\"embedded\"",
+                                    [{"field": "primary_key", "reason": "needs output = "
+                                      "embedded"}])
             if len(sinks) > 1 or any(s.conditions != Conditions() for s in sinks):
                 raise RegistryError(409, "cluster_output", "the collector uses "
                                     "[collector] output = \"cluster\", which writes each "

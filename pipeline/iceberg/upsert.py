@@ -1,0 +1,296 @@
+"""Upserts by copy-on-write: a table with a ``primary_key`` keeps the latest row per key.
+
+Why copy-on-write: Iceberg offers equality deletes for this, but pyiceberg here cannot read
+them, so neither could ``icefloe query``'s embedded engine nor the dedup window. Instead
+every commit to a keyed table *rewrites* the data files that hold a key the run replaces
+or deletes, without those rows, and adds the run's new rows, in ONE overwrite snapshot.
+Readers never see a key twice nor a key missing, and the table stays plain Iceberg data
+files that any engine reads.
+
+Which row wins: within a run, the last by ``(_shard, _sequence, row position)`` — the
+manifest shard, the entry's sequence in it, the record's place in the entry's batch file
+(the order in which its ingestor accepted it). Runs commit in manifest order, so a later
+run always wins over an earlier one. With several manifest shards the shard number orders
+entries of one run, not arrival: send a key's updates to one shard (or one stream) when
+their order matters. A ``tombstone_field`` that is true makes the key's latest row a
+delete: the key leaves the table and nothing is written for it.
+
+Exactly once: :class:`CopyOnWrite` is the ``append`` hook of
+:func:`pipeline.iceberg.commit.commit_rows`, so the overwrite carries ``icefloe.sequence``
+(``icefloe.sequences``), ``icefloe.epoch`` and the sources exactly like an append, and a
+replayed entry is dropped by the sequence check before the hook runs. Each attempt
+re-reads the table and plans again, and the overwrite is refused if anyone committed in
+between (``commit.retry.num-retries=0``), so a stale plan never lands.
+
+Cost: every commit reads the key columns of the files the keys' column bounds (and the
+table's partitions) cannot rule out, and rewrites each file that holds a replaced key.
+Keys that arrive roughly in order (ids, timestamps) touch few files; random keys over a
+large table touch most of them on every commit (``bench/upsert_bench.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    GreaterThanOrEqual,
+    In,
+    LessThanOrEqual,
+)
+
+from icefloe.streams.model import StreamConfig
+from pipeline.columns import TIMESTAMP, dead_letter_arrow_schema
+from pipeline.iceberg.data_files import delete_files
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import Table
+
+log = logging.getLogger("icefloe.upsert")
+
+MISSING_KEY = "missing_key"
+"""Dead-letter reason of a row without a value in a key column (``missing_key:<column>``)."""
+_IN_LIMIT = 200
+"""Up to this many distinct values a key column prunes files with ``In`` (pyiceberg's
+metrics evaluator gives up on larger sets); beyond, with the values' range."""
+_RANK = "__icefloe_rank"
+
+
+def latest_per_key(rows: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The last row of each key by ``(_shard, _sequence, row position)`` (module doc)."""
+    n = rows.num_rows
+    if n == 0:
+        return rows
+    seq = _int_column(rows, "_sequence")
+    shard = _int_column(rows, "_shard")
+    order = np.lexsort((np.arange(n), seq, shard))  # the last key sorts first
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    ranked = rows.select(list(key)).append_column(_RANK, pa.array(rank))
+    best = ranked.group_by(list(key), use_threads=False).aggregate([(_RANK, "max")])
+    if best.num_rows == n:
+        return rows
+    keep = np.sort(order[best.column(f"{_RANK}_max").to_numpy()])
+    return rows.take(pa.array(keep))
+
+
+def _int_column(rows: pa.Table, name: str) -> np.ndarray:
+    """An int64 column as numpy, nulls (rows of tables before shards) as 0; zeros if absent."""
+    if name not in rows.column_names:
+        return np.zeros(rows.num_rows, dtype=np.int64)
+    column = pc.fill_null(rows.column(name).combine_chunks(), 0)
+    return column.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def split_missing_keys(rows: pa.Table, key: Sequence[str]) -> tuple[pa.Table, pa.Table]:
+    """``(rows with every key column set, rows missing one)``."""
+    if not key or rows.num_rows == 0:
+        return rows, rows.slice(0, 0)
+    missing = pc.is_null(rows.column(key[0]))
+    for name in key[1:]:
+        missing = pc.or_(missing, pc.is_null(rows.column(name)))
+    if not pc.any(missing).as_py():
+        return rows, rows.slice(0, 0)
+    return rows.filter(pc.invert(missing)), rows.filter(missing)
+
+
+def missing_key_dead_letters(bad: pa.Table, key: Sequence[str], stream: str,
+                             locations: Mapping[int, str]) -> pa.Table:
+    """Dead-letter rows for ``bad`` (rows missing a key value): the reason names the first
+    empty key column, ``raw`` holds the row as decoded (JSON), ``location`` the batch file
+    of its entry (``locations``: run position → location)."""
+    records = bad.to_pylist()
+    sources = [r.pop("_source", None) or stream for r in records]
+    reasons, raws = [], []
+    for record in records:
+        empty = next(name for name in key if record.get(name) is None)
+        reasons.append(f"{MISSING_KEY}:{empty}")
+        raws.append(msgspec.json.encode({k: v for k, v in record.items()
+                                         if not k.startswith("_")}, enc_hook=str))
+    sequences = bad.column("_sequence").to_pylist()
+    return pa.table({
+        "stream": pa.array(sources, pa.string()),
+        "sequence": pa.array(sequences, pa.int64()),
+        "location": pa.array([locations.get(s, "") for s in sequences], pa.string()),
+        "record_index": pa.array([None] * bad.num_rows, pa.int64()),
+        "event_id": bad.column("_event_id").cast(pa.string()),
+        "reason": pa.array(reasons, pa.string()),
+        "message": pa.array([f"primary key column {r.split(':', 1)[1]!r} has no value"
+                             for r in reasons], pa.string()),
+        "raw": pa.array(raws, pa.binary()),
+        "received_at": bad.column("_received_at").cast(TIMESTAMP),
+    }, schema=dead_letter_arrow_schema())
+
+
+class CopyOnWrite:
+    """``append`` hook of :func:`~pipeline.iceberg.commit.commit_rows` for a keyed table.
+
+    Called with the rows still to commit (replays already dropped, ``_shard`` split out)
+    once per attempt, each time on a freshly loaded table. Keeps what it wrote per attempt
+    so :meth:`cleanup` deletes the files of attempts the catalog refused.
+    """
+
+    def __init__(self, key: Sequence[str], tombstone: str | None = None) -> None:
+        self.key = tuple(key)
+        self.tombstone = tombstone
+        self.refused: list[str] = []  # files of attempts certainly not committed
+        self.files_rewritten = 0
+        self.rows_removed = 0
+        self.rows_copied = 0
+        """What the last landed attempt did: files replaced, rows dropped from them (keys
+        replaced or deleted), rows copied into their replacements (the copy-on-write cost)."""
+
+    def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
+        latest = latest_per_key(rows, self.key)
+        keys = latest.select(list(self.key))
+        write = latest
+        if self.tombstone is not None and self.tombstone in latest.column_names:
+            deleted = pc.fill_null(latest.column(self.tombstone), False)
+            write = latest.filter(pc.invert(deleted))
+        written: list[DataFile] = []
+        try:
+            replaced, removed, copied = self._rewrite(table, keys, written)
+            if write.num_rows:
+                written += _write(table, write, uuid.uuid4())
+            self._commit(table, replaced, written, props)
+        except (CommitFailedException, ValidationException):
+            self.refused += [f.file_path for f in written]
+            raise
+        except BaseException:
+            # Outcome unknown (or failed before the commit): the maintenance orphan sweep
+            # deletes unreferenced files once they are old enough; never guess here.
+            raise
+        self.files_rewritten, self.rows_removed = len(replaced), removed
+        self.rows_copied = copied
+
+    def _rewrite(self, table: Table, keys: pa.Table, written: list[DataFile]
+                 ) -> tuple[list[DataFile], int, int]:
+        """Rewrite every file holding one of ``keys`` without those rows; returns the
+        replaced files, the rows removed and the rows copied. New files join ``written``
+        as soon as they exist."""
+        if table.current_snapshot() is None:
+            return [], 0, 0
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        schema = table.schema()
+        key_scan = ArrowScan(table.metadata, table.io, schema.select(*self.key), AlwaysTrue())
+        full_scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
+        write_uuid, counter = uuid.uuid4(), itertools.count(0)
+        replaced: list[DataFile] = []
+        removed = copied = 0
+        # the planned tasks carry the files' delete files (other engines' position deletes),
+        # so a rewrite never brings back a row someone deleted
+        for task in table.scan(row_filter=key_filter(keys)).plan_files():
+            present = key_scan.to_table([task])
+            wanted = _aligned(keys, present.schema)
+            if not _any_match(present, wanted, self.key):
+                continue  # its bounds overlap, its keys do not: left alone
+            rows = full_scan.to_table([task])
+            kept = rows.join(wanted, keys=list(self.key), join_type="left anti",
+                             use_threads=False)
+            replaced.append(task.file)
+            removed += rows.num_rows - kept.num_rows
+            copied += kept.num_rows
+            if kept.num_rows:
+                written += _write(table, kept, write_uuid, counter)
+        return replaced, removed, copied
+
+    @staticmethod
+    def _commit(table: Table, replaced: list[DataFile], written: list[DataFile],
+                props: dict[str, str]) -> None:
+        """One snapshot: an overwrite when files are replaced, else a fast append (also
+        when nothing is written: the snapshot still records the run's sequence)."""
+        txn = table.transaction()
+        update = txn.update_snapshot(snapshot_properties=props)
+        producer: Any = update.overwrite() if replaced else update.fast_append()
+        with producer as snapshot:
+            for data_file in replaced:
+                snapshot.delete_data_file(data_file)
+            for data_file in written:
+                snapshot.append_data_file(data_file)
+        txn.commit_transaction()
+
+    def cleanup(self, catalog: Catalog, identifier: str, *, sequence: int, epoch: int) -> int:
+        """Delete the files of attempts the catalog refused (``sequence``/``epoch``: the
+        signature :class:`~pipeline.iceberg.file_append.WriteThenAdd` has)."""
+        del sequence, epoch
+        if not self.refused:
+            return 0
+        try:
+            table = catalog.load_table(identifier)
+        except Exception as exc:
+            log.warning("cannot load %s to delete %d refused files (the orphan sweep will): "
+                        "%s", identifier, len(self.refused), exc)
+            return 0
+        deleted = delete_files(table.io, self.refused)
+        self.refused = []
+        return deleted
+
+
+def upsert_hook(stream: StreamConfig) -> CopyOnWrite | None:
+    """The commit hook of a keyed stream's table, None for an append-only one."""
+    if not stream.primary_key:
+        return None
+    return CopyOnWrite(stream.primary_key, stream.tombstone_field)
+
+
+def key_filter(keys: pa.Table) -> BooleanExpression:
+    """A row filter that keeps every file whose column bounds may hold one of ``keys``:
+    per key column ``In`` for a few values, else the values' range; types whose Python
+    values pyiceberg's literals do not take (uuid, decimal, time) filter nothing."""
+    expr: BooleanExpression = AlwaysTrue()
+    for name in keys.column_names:
+        column = pc.unique(keys.column(name).combine_chunks())
+        values = column.to_pylist()
+        if not values or not all(isinstance(v, (str, int)) for v in values):
+            continue
+        if isinstance(values[0], bool):
+            continue
+        if len(values) <= _IN_LIMIT:
+            part: BooleanExpression = In(name, set(values))
+        else:
+            bounds = pc.min_max(column)
+            part = And(GreaterThanOrEqual(name, bounds["min"].as_py()),
+                       LessThanOrEqual(name, bounds["max"].as_py()))
+        expr = part if isinstance(expr, AlwaysTrue) else And(expr, part)
+    return expr
+
+
+def _aligned(keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``keys`` in the Arrow types a scan gave (``large_string`` or ``string``): joins
+    need equal types on both sides."""
+    return keys.cast(pa.schema([schema.field(name) for name in keys.column_names]))
+
+
+def _any_match(present: pa.Table, keys: pa.Table, key: Sequence[str]) -> bool:
+    if present.num_rows == 0:
+        return False
+    if len(key) == 1:
+        return bool(pc.any(pc.is_in(present.column(key[0]),
+                                    value_set=keys.column(key[0]).combine_chunks())).as_py())
+    return present.join(keys, keys=list(key), join_type="left semi",
+                        use_threads=False).num_rows > 0
+
+
+def _write(table: Table, rows: pa.Table, write_uuid: uuid.UUID,
+           counter: itertools.count[int] | None = None) -> list[DataFile]:
+    """Data files of ``rows`` with the table's settings, partitions and field ids."""
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+
+    _check_pyarrow_schema_compatible(table.schema(), rows.schema,
+                                     format_version=table.metadata.format_version)
+    return list(_dataframe_to_data_files(table.metadata, rows, table.io,
+                                         write_uuid=write_uuid, counter=counter))
