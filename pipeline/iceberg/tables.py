@@ -87,6 +87,7 @@ from pipeline.columns import (
     SHARD_COLUMN,
     TIMESTAMP,
 )
+from pipeline.iceberg.evolution import promotable, shape
 
 log = logging.getLogger("icefloe.tables")
 
@@ -104,7 +105,6 @@ _TIME_TRANSFORMS: dict[str, Transform[object, int]] = {
     "month": MonthTransform(),
 }
 _FIELD_SUFFIX = {"bucket": "bucket", "truncate": "trunc"}
-_PROMOTIONS = {(IntegerType(), LongType()), (FloatType(), DoubleType())}
 _EVOLVE_ATTEMPTS = 5
 
 ICEBERG_TYPES: dict[str, IcebergType] = {
@@ -161,27 +161,6 @@ def _spec_iceberg(spec: TypeSpec, ids: Iterator[int]) -> IcebergType:
         return StructType(*(NestedField(next(ids), name, _spec_iceberg(kind, ids),
                                         required=False) for name, kind in spec.fields))
     return _NATIVE_ICEBERG.get(spec.name) or ICEBERG_TYPES[spec.name]
-
-
-def _shape(kind: IcebergType) -> str:
-    """A type without its field ids (two schemas' nested fields never share ids)."""
-    if isinstance(kind, ListType):
-        return f"list<{_shape(kind.element_type)}>"
-    if isinstance(kind, MapType):
-        return f"map<{_shape(kind.key_type)},{_shape(kind.value_type)}>"
-    if isinstance(kind, StructType):
-        return "struct<" + ",".join(f"{f.name}:{_shape(f.field_type)}"
-                                    for f in kind.fields) + ">"
-    return str(kind)
-
-
-def _promotable(have: IcebergType, want: IcebergType) -> bool:
-    """Iceberg's legal top-level promotions: int→long, float→double, and a decimal's
-    precision widening at the same scale."""
-    if (have, want) in _PROMOTIONS:
-        return True
-    return isinstance(have, DecimalType) and isinstance(want, DecimalType) and \
-        have.scale == want.scale and want.precision > have.precision
 
 
 def dead_letter_iceberg_schema() -> Schema:
@@ -465,9 +444,9 @@ def _plan(identifier: str, current: Schema, wanted: Schema, configured: Mapping[
         have = existing.get(field.name)
         if have is None:
             adds.append((field.name, field.field_type))
-        elif have == field.field_type or _shape(have) == _shape(field.field_type):
+        elif have == field.field_type or shape(have) == shape(field.field_type):
             continue
-        elif _promotable(have, field.field_type):
+        elif promotable(have, field.field_type):
             widen.append((field.name, field.field_type))
         else:
             table_type = _type_name(have)
@@ -488,4 +467,4 @@ def _type_name(kind: IcebergType) -> str:
             return name
     if isinstance(kind, DecimalType):
         return f"decimal({kind.precision},{kind.scale})"
-    return _shape(kind)
+    return shape(kind)
