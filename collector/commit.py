@@ -37,11 +37,11 @@ from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.clock import Clock
-from icefloe.errors import ConfigError, RoutingUnsupportedError
+from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
-from icefloe.staging import StagedFile, StagingState
+from icefloe.staging import StagedFile, StagingState, merge_through
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
 from pipeline.iceberg.data_files import AddFiles, FileSet
@@ -264,15 +264,9 @@ class RunCommits:
     def _stage(self, target: Target, rows: pa.Table, result: RunResult) -> None:
         assert self.epoch is not None
         table = target.table
-        if self.consumer.shard_count > 1:
-            raise ConfigError(
-                f"sink {target.sink.name!r} has import conditions, which stage rows by one "
-                f"manifest sequence; manifest.shards = {self.consumer.shard_count} on the "
-                "store: remove the sink's import conditions or keep manifest.shards = 1")
         staged = self.block_on(self.staging.stage(
-            table, rows, committed=self.table_sequences.get(table, {}).get(0, -1),
-            epoch=self.epoch,
-            run_last=result.last_sequence))
+            table, rows, committed=self.table_sequences.get(table, {}), epoch=self.epoch,
+            through=result.sequences))
         result.staged[table] = staged.rows
         result.replayed += staged.skipped
         self.observe_staged(table, staged.state)
@@ -318,19 +312,19 @@ class RunCommits:
             chunk = chunk_of(state.files, COMMIT_CHUNK_BYTES)
             rows = self.block_on(self.staging.read(state, chunk))
             assert rows is not None
-            through = chunk[-1].last_sequence
+            through = merge_through(f.through for f in chunk)  # a prefix: per shard
             window = self.windows[table]
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
                 self.metrics.duplicates.labels(table).inc(dropped)
-            outcome = self._commit(table, without_source(fresh), through,
-                                   props=sources_props(fresh))
+            outcome = self._commit(table, without_source(fresh), through.get(0, -1),
+                                   props=sources_props(fresh), sequences=through)
             window.remember(fresh)
             committed += outcome.rows
             self.hook(f"after_staged_commit:{table}")
             state = self.block_on(self.staging.drop(table, through, self.epoch))
             self.observe_staged(table, state)
-            log.info("staged commit %s (%s): rows=%d sequence=%d", table, reason,
+            log.info("staged commit %s (%s): rows=%d sequences=%s", table, reason,
                      outcome.rows, through, extra={"table": table, "reason": reason,
                                                    "rows": outcome.rows})
         self.metrics.staged_commits.labels(table, reason).inc()

@@ -279,8 +279,8 @@ class Collector(RunCommits):
         self.windows[name] = window  # last: a half-prepared table is prepared again
         self.observe_staged(name, staged)
         if staged.files:
-            log.info("table %s: %d rows staged through sequence %d", name, staged.rows,
-                     staged.last_sequence)
+            log.info("table %s: %d rows staged through sequences %s", name, staged.rows,
+                     staged.last_sequences)
 
     def _window_observer(self, table: str) -> Callable[[float, int], None]:
         effective = self.metrics.dedup_effective_window.labels(table)
@@ -337,7 +337,7 @@ class Collector(RunCommits):
         already holds and be acknowledged without being committed — silent loss.
         """
         shards = await self._snapshots()
-        staged = {t: {0: s.through_sequence} for t, s in self.staging.states.items()}
+        staged = {t: s.staged_through for t, s in self.staging.states.items()}
         for table, sequences in [*self.table_sequences.items(), *staged.items()]:
             for shard, sequence in sequences.items():
                 issued = shards[shard].next_sequence if shard in shards else 0
