@@ -48,8 +48,8 @@ class Scenario:
     collector_faults: FaultPlan
     collector_skew_s: list[float] = field(default_factory=list)
     shards: int = 1
-    """Manifest shards (#25). 2 only with embedded output and no import conditions: the
-    cluster output path and staging refuse more than one shard."""
+    """Manifest shards (#25). 2 only with embedded output: the cluster output path refuses
+    more than one shard."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -95,7 +95,7 @@ class Scenario:
         )
         # drawn last, so every earlier knob of a seed stays what it was before shards
         two = rng.random() < 0.6
-        if two and scenario.output == "embedded" and scenario.conditions_age_s is None:
+        if two and scenario.output == "embedded":
             scenario.shards = 2
         return scenario
 
