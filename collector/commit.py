@@ -152,7 +152,7 @@ class RunCommits:
         attempted (an earlier table failed) are deleted here; a crash leaves them to the
         maintenance orphan sweep. Dead letters are few and go the embedded way.
         """
-        sequence = result.last_sequence
+        sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
         targets: dict[str, str] = {}
         for name in output.keys:
@@ -192,7 +192,7 @@ class RunCommits:
                     self.metrics.duplicates.labels(name).inc(dropped)
                 fresh_keys[name] = fresh
                 plan = plan_write(self.catalog, targets[name], name, keys, fresh,
-                                  sequence=sequence, epoch=self.epoch)
+                                  sequences=sequences, epoch=self.epoch)
                 if plan is not None:
                     plans.append(plan)
             pending = output.write(plans)
@@ -203,7 +203,8 @@ class RunCommits:
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
                                            nbytes=add.files.size,
-                                           props=sources_props(fresh, name))
+                                           props=sources_props(fresh, name),
+                                           sequences=sequences)
                 finally:
                     add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
                 self.windows[table].remember(fresh, name)

@@ -48,8 +48,8 @@ class Scenario:
     collector_faults: FaultPlan
     collector_skew_s: list[float] = field(default_factory=list)
     shards: int = 1
-    """Manifest shards (#25). 2 only with embedded output: the cluster output path refuses
-    more than one shard."""
+    """Manifest shards (#25). 2 only with embedded output: the cluster output path takes
+    shards since, but widening the draw would change the fixed and mutant seeds."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
