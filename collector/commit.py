@@ -41,11 +41,11 @@ from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from icefloe.clock import Clock
-from icefloe.errors import ConfigError, RoutingUnsupportedError
+from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
-from icefloe.staging import StagedFile, StagingState
+from icefloe.staging import StagedFile, StagingState, merge_through
 from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
@@ -189,7 +189,7 @@ class RunCommits:
         attempted (an earlier table failed) are deleted here; a crash leaves them to the
         maintenance orphan sweep. Dead letters are few and go the embedded way.
         """
-        sequence = result.last_sequence
+        sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
         targets: dict[str, str] = {}
         for name in output.keys:
@@ -235,7 +235,7 @@ class RunCommits:
                     self.metrics.duplicates.labels(name).inc(dropped)
                 fresh_keys[name] = fresh
                 plan = plan_write(self.catalog, targets[name], name, keys, fresh,
-                                  sequence=sequence, epoch=self.epoch)
+                                  sequences=sequences, epoch=self.epoch)
                 if plan is not None:
                     plans.append(plan)
             pending = output.write(plans)
@@ -246,7 +246,8 @@ class RunCommits:
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
                                            nbytes=add.files.size,
-                                           props=sources_props(fresh, name))
+                                           props=sources_props(fresh, name),
+                                           sequences=sequences)
                 finally:
                     add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
                 self.windows[table].remember(fresh, name)
@@ -308,15 +309,9 @@ class RunCommits:
     def _stage(self, target: Target, rows: pa.Table, result: RunResult) -> None:
         assert self.epoch is not None
         table = target.table
-        if self.consumer.shard_count > 1:
-            raise ConfigError(
-                f"sink {target.sink.name!r} has import conditions, which stage rows by one "
-                f"manifest sequence; manifest.shards = {self.consumer.shard_count} on the "
-                "store: remove the sink's import conditions or keep manifest.shards = 1")
         staged = self.block_on(self.staging.stage(
-            table, rows, committed=self.table_sequences.get(table, {}).get(0, -1),
-            epoch=self.epoch,
-            run_last=result.last_sequence))
+            table, rows, committed=self.table_sequences.get(table, {}), epoch=self.epoch,
+            through=result.sequences))
         result.staged[table] = staged.rows
         result.replayed += staged.skipped
         self.observe_staged(table, staged.state)
@@ -362,7 +357,7 @@ class RunCommits:
             chunk = chunk_of(state.files, COMMIT_CHUNK_BYTES)
             rows = self.block_on(self.staging.read(state, chunk))
             assert rows is not None
-            through = chunk[-1].last_sequence
+            through = merge_through(f.through for f in chunk)  # a prefix: per shard
             window = self.windows[table]
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
@@ -370,17 +365,19 @@ class RunCommits:
             stream = self.routes.tables().get(table)
             upsert = upsert_hook(stream) if stream is not None else None
             try:
-                outcome = self._commit(table, without_source(fresh), through, append=upsert,
-                                       props=sources_props(fresh))
+                outcome = self._commit(table, without_source(fresh), through.get(0, -1),
+                                       append=upsert, props=sources_props(fresh),
+                                       sequences=through)
             finally:
                 if upsert is not None:
-                    upsert.cleanup(self.catalog, table, sequence=through, epoch=self.epoch)
+                    upsert.cleanup(self.catalog, table, sequence=through.get(0, -1),
+                                   epoch=self.epoch)
             window.remember(fresh)
             committed += outcome.rows
             self.hook(f"after_staged_commit:{table}")
             state = self.block_on(self.staging.drop(table, through, self.epoch))
             self.observe_staged(table, state)
-            log.info("staged commit %s (%s): rows=%d sequence=%d", table, reason,
+            log.info("staged commit %s (%s): rows=%d sequences=%s", table, reason,
                      outcome.rows, through, extra={"table": table, "reason": reason,
                                                    "rows": outcome.rows})
         self.metrics.staged_commits.labels(table, reason).inc()
