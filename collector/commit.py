@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
 from collector.dedup import DedupWindow, sources_props, without_source
@@ -36,6 +37,7 @@ from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
+from collector.where import unrouted_dead_letters
 from icefloe.clock import Clock
 from icefloe.errors import ConfigError, RoutingUnsupportedError
 from icefloe.manifest.model import Entry
@@ -113,7 +115,9 @@ class RunCommits:
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
-        for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
+        routed, unrouted = self.routes.route_run(output.tables, versions)
+        dead = self._unrouted(unrouted, versions, entries, output.dead)
+        for table, (target, rows) in routed.items():
             if self.is_staged(target):
                 self._stage(target, rows, result)
                 continue
@@ -132,7 +136,24 @@ class RunCommits:
             result.rows[table] = outcome.rows
             result.replayed += outcome.replayed
             self.hook(f"after_commit:{table}")
-        self._commit_dead(output.dead, sequence, result)
+        self._commit_dead(dead, sequence, result)
+
+    def _unrouted(self, unrouted: dict[str, pa.Table], versions: dict[str, dict[int, int]],
+                  entries: list[Entry], dead: pa.Table) -> pa.Table:
+        """Count each source's unrouted events and add those its ``unrouted`` (at their
+        entry's version) sends to the dead letters to ``dead``."""
+        locations = {e.sequence: e.location for e in entries}
+        parts = [dead]
+        for source, rows in unrouted.items():
+            self.metrics.unrouted.labels(source).inc(rows.num_rows)
+            seen = versions.get(source, {})
+            keep = [s for s, v in seen.items()
+                    if self.routes.unrouted_mode(source, v) == "dead_letter"]
+            if keep:
+                chosen = rows.filter(pc.is_in(rows.column("_sequence"),
+                                              pa.array(keep, pa.int64())))
+                parts.append(unrouted_dead_letters(source, chosen, locations))
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:

@@ -64,6 +64,10 @@ def validate(config: Config, where: str) -> None:
                               "already fed by another stream")
         names.add(stream.name)
         tables.add(stream.table)
+        if stream.where is not None and config.collector.output == "cluster":
+            raise ConfigError(f"{where}: streams[{index}].where: sink {stream.name!r} routes "
+                              "by content, which collector.output = \"cluster\" does not "
+                              "support yet (issue #28); use output = \"embedded\"")
     validate_security(config, where)
 
 

@@ -102,9 +102,11 @@ def routing_streams(registry: Registry) -> list[StreamConfig]:
 
 def config_registry(streams: Iterable[StreamConfig]) -> Registry:
     """The registry equivalent of config-only streams (version 0, everything since 0)."""
-    sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
+    sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
+                           unrouted=s.unrouted, sinks=(
         Sink(name=s.name, table=s.table, columns=s.columns, unknown_fields=s.unknown_fields,
-             event_id_field=s.event_id_field, partition=s.partition),)) for s in streams)
+             event_id_field=s.event_id_field, partition=s.partition, where=s.where),))
+        for s in streams)
     return Registry(version=0, sources=sources)
 
 

@@ -13,6 +13,7 @@ from icefloe.errors import ConfigError
 from icefloe.streams.mappings import check_mappings
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
 from icefloe.streams.typespec import BadType, is_native, parse_type
+from icefloe.streams.where import parse_where
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _RESERVED_COLUMNS = ("_event_id", "_received_at", "_sequence", "_stream")
@@ -48,6 +49,12 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
     if stream.event_id_field is not None and stream.event_id_field not in seen:
         raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is not a declared "
                           "column")
+    if stream.where is not None:
+        try:
+            parse_where(stream.where, stream.columns)
+        except ValueError as exc:
+            raise ConfigError(f"{at}.where: sink {stream.name!r} (table {stream.table!r}): "
+                              f"where {stream.where[:80]!r}: {exc}") from None
     if stream.partition not in PARTITIONS:
         raise ConfigError(f"{at}.partition: unknown partition {stream.partition!r} (expected "
                           f"one of {', '.join(PARTITIONS)}; it partitions the table by "

@@ -89,6 +89,11 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partition: str = "day"
     rate_limit: RateLimit | None = None
     form_body: Literal["collect", "json", "refuse"] = "collect"
+    where: str | None = None
+    """Routing by content: a SQL predicate over the columns; only events it holds for
+    reach this table (see :mod:`icefloe.streams.where`)."""
+    unrouted: Literal["drop", "dead_letter"] = "drop"
+    """An event no sink's ``where`` takes: counted and dropped, or also dead-lettered."""
 
     @property
     def namespace(self) -> str:
