@@ -6,6 +6,7 @@ exactly as the first attempt. Real local store, real SQLite catalog, in-process 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -42,7 +43,7 @@ def event(i: int | None, prefix: str, key: int) -> tuple[str, str, int, bytes]:
     return ("clicks", f"{prefix}{key}", BASE_MS + key, msgspec.json.encode(body))
 
 
-def ids(prefix: str, keys: list[int]) -> set[str]:
+def ids(prefix: str, keys: Iterable[int]) -> set[str]:
     return {f"{prefix}{k}" for k in keys}
 
 
@@ -124,3 +125,50 @@ def _engine() -> object:
     from pipeline.load.run import LocalEngine
 
     return LocalEngine()
+
+
+async def test_should_route_by_a_where_from_the_config_alone(tmp_path: Path) -> None:
+    stream = msgspec.structs.replace(CLICKS, where="n >= 5", unrouted="dead_letter")
+    config = collector_config(tmp_path, (stream,))
+    store = open_store_of(config)
+    await publish(store, [[event(k, "c", k) for k in range(7)]])
+    await store.close()
+    collector = await start(config, _engine())
+    await drain(collector)
+    assert_exact(config, "web.clicks", ids("c", [5, 6]))
+    dead = read_table(config, "icefloe.dead_letters")
+    assert sorted(dead.column("event_id").to_pylist()) == sorted(ids("c", range(5)))
+    await collector.store.close()
+
+
+async def test_should_route_events_ingested_over_http_and_grpc(tmp_path: Path) -> None:
+    import grpc
+    import httpx
+    from ingest_support import grpc_serving, http_serving, running
+
+    from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+
+    stream = msgspec.structs.replace(CLICKS, where="n >= 5 OR url LIKE '/keep/%'",
+                                     unrouted="dead_letter")
+    config = collector_config(tmp_path, (stream,))
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        sent = await client.post("/v1/streams/clicks/events", json=[
+            {"user_id": "h1", "n": 7}, {"user_id": "h2", "n": 1},
+            {"user_id": "h3", "url": "/keep/x"}, {"user_id": "h4"}])
+        assert sent.status_code == 202, sent.text
+    async with grpc_serving(config) as (_, served), \
+            grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+        request = ingest_pb2.PublishRequest(stream="clicks", events=[
+            ingest_pb2.Event(json=msgspec.json.encode(body))
+            for body in ({"user_id": "g1", "n": 9}, {"user_id": "g2", "n": 0})])
+        assert (await ingest_pb2_grpc.IngestStub(channel).Publish(request)).accepted == 2
+    collector = await start(config, _engine())
+    await drain(collector)
+    kept = read_table(config, "web.clicks").column("user_id").to_pylist()
+    assert sorted(kept) == ["g1", "h1", "h3"]
+    dead = read_table(config, "icefloe.dead_letters")
+    users = sorted(msgspec.json.decode(r)["user_id"] for r in dead.column("raw").to_pylist())
+    assert users == ["g2", "h2", "h4"]
+    assert unrouted_count(collector, "clicks") == 3
+    await collector.store.close()
