@@ -172,3 +172,27 @@ async def test_should_route_events_ingested_over_http_and_grpc(tmp_path: Path) -
     assert users == ["g2", "h2", "h4"]
     assert unrouted_count(collector, "clicks") == 3
     await collector.store.close()
+
+
+def test_should_judge_each_entry_by_its_own_versions_where() -> None:
+    """A sink created at version 2 with a ``where`` changed at version 3: entry 10 (v1)
+    is not its own, entry 11 (v2) meets the first predicate, entry 12 (v3) the second."""
+    import pyarrow as pa
+
+    from collector.routing import Routes
+    from icefloe.registry import Registry
+
+    registry = ops.create_source(Registry(), ops.SourceSpec(id="clicks", sinks=(
+        msgspec.structs.replace(SMALL, where=None, name="all", table="web.all"),)))
+    registry = ops.create_sink(registry, "clicks", BIG)
+    registry = ops.update_sink(registry, "clicks", "big", ops.SinkPatch(where="n < 2"))
+    rows = pa.table({"user_id": ["a", "b", "c", "d", "e", "f"],
+                     "n": pa.array([9, 1, 9, 1, 1, None], pa.int64()),
+                     "_event_id": list("abcdef"),
+                     "_received_at": pa.array([0] * 6, pa.timestamp("us", tz="UTC")),
+                     "_sequence": pa.array([10, 10, 11, 11, 12, 12], pa.int64())})
+    routed, unrouted = Routes(registry).route("clicks", rows, {10: 1, 11: 2, 12: 3})
+    taken = {t.sink.name: part.column("_event_id").to_pylist() for t, part in routed}
+    # v1: not big's; v2 (n >= 5): c, not d; v3 (n < 2): e, not f (NULL)
+    assert taken == {"all": list("abcdef"), "big": ["c", "e"]}
+    assert unrouted is None  # "all" takes everything
