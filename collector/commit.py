@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
 from collector.dedup import DedupWindow, sources_props, without_source
@@ -40,6 +41,7 @@ from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
+from collector.where import unrouted_dead_letters
 from icefloe.clock import Clock
 from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
@@ -125,9 +127,10 @@ class RunCommits:
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
-        dead = [output.dead]
+        routed, unrouted = self.routes.route_run(output.tables, versions)
+        dead = [self._unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
-        for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
+        for table, (target, rows) in routed.items():
             if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
                 # (by the rows, not the owner: a table's rows may come from an evolving
                 # sink's version while its newest sink does not evolve)
@@ -154,7 +157,7 @@ class RunCommits:
             result.rows[table] = outcome.rows
             result.replayed += outcome.replayed
             self.hook(f"after_commit:{table}")
-        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else output.dead,
+        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else dead[0],
                           sequence, result)
 
     @staticmethod
@@ -170,6 +173,23 @@ class RunCommits:
         if bad.num_rows:
             dead.append(missing_key_dead_letters(bad, key, target.source.id, locations))
         return rows
+
+    def _unrouted(self, unrouted: dict[str, pa.Table], versions: dict[str, dict[int, int]],
+                  entries: list[Entry], dead: pa.Table) -> pa.Table:
+        """Count each source's unrouted events and add those its ``unrouted`` (at their
+        entry's version) sends to the dead letters to ``dead``."""
+        locations = {e.sequence: e.location for e in entries}
+        parts = [dead]
+        for source, rows in unrouted.items():
+            self.metrics.unrouted.labels(source).inc(rows.num_rows)
+            seen = versions.get(source, {})
+            keep = [s for s, v in seen.items()
+                    if self.routes.unrouted_mode(source, v) == "dead_letter"]
+            if keep:
+                chosen = rows.filter(pc.is_in(rows.column("_sequence"),
+                                              pa.array(keep, pa.int64())))
+                parts.append(unrouted_dead_letters(source, chosen, locations))
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:
