@@ -79,7 +79,7 @@ def sink_json(source: Source, sink: Sink) -> dict[str, Any]:
 def source_json(source: Source) -> dict[str, Any]:
     """A source without its token hashes (only how many it has) and with live sinks only."""
     return {"id": source.id, "description": source.description,
-            "tokens": len(source.tokens),
+            "tokens": len(source.tokens), "unrouted": source.unrouted,
             "rate_limit": msgspec.to_builtins(source.rate_limit),
             "created_version": source.created_version,
             "updated_version": source.updated_version,
