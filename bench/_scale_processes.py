@@ -210,7 +210,8 @@ def _wait_drained(collector_url: str, cluster: Cluster, timeout: float) -> float
 
 
 def run_processes(spec: ProcessSpec, say: Callable[[str], None] = print) -> ProcessRun:
-    """One measured run; raises if a process does not start."""
+    """One measured run; raises if a process does not start. The caller holds
+    :func:`spark_lock` (once for all its runs, so no other Spark starts between them)."""
     with tempfile.TemporaryDirectory(prefix="scale-proc-") as tmp:
         root = Path(tmp)
         faults = root / "faults.json"  # the file Cluster points every process at
@@ -228,8 +229,7 @@ def run_processes(spec: ProcessSpec, say: Callable[[str], None] = print) -> Proc
                 url=url, endpoint=moto.endpoint, root=root, shards=spec.shards,
                 warehouse=(root / "warehouse").as_uri(), metrics_port=metrics_port))
             collector_url = f"http://127.0.0.1:{metrics_port}/metrics"
-            with spark_lock():
-                return _measure(spec, cluster, collector_url, say)
+            return _measure(spec, cluster, collector_url, say)
         finally:
             if cluster is not None:
                 for proc in [*cluster.collectors, *(p for p in cluster.ingestors if p)]:

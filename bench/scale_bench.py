@@ -55,7 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Result, print_table, write_json
-from _scale_processes import ProcessRun, ProcessSpec, run_processes
+from _scale_processes import ProcessRun, ProcessSpec, run_processes, spark_lock
 
 from collector.gc import collect_garbage
 from icefloe.checksum import crc32c
@@ -578,12 +578,13 @@ def main() -> None:
     args = parser.parse_args()
     processes: list[Result] = []
     if args.processes:
-        for spec in process_specs(args.quick, args.process_shards, args.seed):
-            print(f"real processes: {spec.ingestors} ingestors, {spec.shards} shard(s), "
-                  f"{spec.duration_s:g} s window after {spec.warmup_s:g} s", flush=True)
-            run = run_processes(spec)
-            print_process_notes(run)
-            processes += process_results(run)
+        with spark_lock():
+            for spec in process_specs(args.quick, args.process_shards, args.seed):
+                print(f"real processes: {spec.ingestors} ingestors, {spec.shards} shard(s), "
+                      f"{spec.duration_s:g} s window after {spec.warmup_s:g} s", flush=True)
+                run = run_processes(spec)
+                print_process_notes(run)
+                processes += process_results(run)
         print_table("real processes (moto behind 20-50 ms per request; moto serves requests "
                     "one at a time: a shape check of the model, not S3's capacity)", processes)
     if args.no_model:
