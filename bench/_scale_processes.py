@@ -196,6 +196,20 @@ def _read_load(procs: list[subprocess.Popen[str]], run: ProcessRun) -> None:
     run.ack_p99_ms = max(p99s, default=0.0)
 
 
+def _warm_collector(cluster: Cluster, collector_url: str, timeout: float = 180) -> None:
+    """Send a little, and wait for the collector to commit it: Spark's first job (JVM
+    warm-up, the session's first plan) takes seconds, and in a short window it would stand
+    for the collector's drain rate."""
+    subprocess.run([sys.executable, str(HERE / "_grpc_load.py"), cluster.grpc_targets()[0],
+                    "unary", "1", "100", "1"], capture_output=True, check=True, timeout=60)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if total(scrape(collector_url), "icefloe_collector_rows_committed") > 0:
+            return
+        time.sleep(0.5)
+    raise RuntimeError("the collector committed nothing of the warm-up load")
+
+
 def _wait_drained(collector_url: str, cluster: Cluster, timeout: float) -> float | None:
     """Seconds until the collector's queue is empty and it committed every accepted event."""
     began = time.monotonic()
@@ -253,6 +267,7 @@ def _measure(spec: ProcessSpec, cluster: Cluster, collector_url: str,
         f"{spec.ingestors} ingestors")
     for index in range(spec.ingestors):
         cluster.start_ingestor(index, timeout=120)
+    _warm_collector(cluster, collector_url)
     load = _start_load(cluster, spec)
     run = ProcessRun(spec, spec.duration_s)
     time.sleep(spec.warmup_s)
