@@ -15,7 +15,9 @@ shards = N``. The collector starts first (it brings the store to N shards), then
 ingestors, then the load: ``_grpc_load.py`` processes, closed loop, 100 events per unary
 Publish. Figures come from the processes' own ``/metrics`` at the start and the end of the
 measured window (entries appended, CAS writes and races, events accepted, rows the collector
-committed), ack p50/p99 from the clients (request sent → durable answer). After the window
+committed), ack p50/p99 from the clients (request sent → durable answer). Before the load
+a second of it is sent and committed, so Spark's first (slow) job is not in the window.
+After the window
 the load stops and the collector drains; then the events acknowledged by every ingestor
 are compared with the rows the collector committed.
 """
