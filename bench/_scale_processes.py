@@ -51,6 +51,8 @@ DELAY_S = (0.020, 0.050)
 
 @dataclass(frozen=True)
 class ProcessSpec:
+    """One real-processes run; durations in seconds."""
+
     ingestors: int = 8
     shards: int = 1
     duration_s: float = 20.0
@@ -64,6 +66,9 @@ class ProcessSpec:
 
 @dataclass
 class ProcessRun:
+    """What one run measured: differences over the window of ``window_s`` seconds, except
+    the ``*_total`` figures (the whole run, after the drain)."""
+
     spec: ProcessSpec
     window_s: float
     entries: float = 0.0
