@@ -273,7 +273,14 @@ def _measure(spec: ProcessSpec, cluster: Cluster, collector_url: str,
     say(f"  collector active after {time.monotonic() - started:.0f} s; starting "
         f"{spec.ingestors} ingestors")
     for index in range(spec.ingestors):
-        cluster.start_ingestor(index, timeout=120)
+        # ports picked now, not when the cluster was made: Spark's driver, started since,
+        # binds ports of its own and may have taken one picked earlier
+        cluster.ports[index] = (free_port(), free_port())
+        try:
+            cluster.start_ingestor(index, timeout=120, attempts=3)
+        except RuntimeError as exc:
+            log = (cluster.root / "processes.log").read_text(errors="replace")
+            raise RuntimeError(f"{exc}; its log ends:\n{log[-3000:]}") from exc
     _warm_collector(cluster, collector_url)
     load = _start_load(cluster, spec)
     run = ProcessRun(spec, spec.duration_s)
