@@ -1,7 +1,10 @@
 """gRPC load generator (runs in its own process): unary or client-streaming, 100 events/msg.
 
-``python bench/_grpc_load.py TARGET unary|stream SECONDS EVENTS_PER_MSG CONCURRENCY`` prints
-one JSON line: {"events": n, "seconds": s, "latencies_ms": [...sample...]}.
+``python bench/_grpc_load.py TARGET unary|stream SECONDS EVENTS_PER_MSG CONCURRENCY [WARMUP]``
+prints one JSON line: {"events": n, "seconds": s, "p50_ms": .., "p99_ms": ..}. TARGET may be
+several ``host:port`` joined by commas (unary: worker ``w`` sends to target ``w % len``, the
+workers being CONCURRENCY per target). With WARMUP seconds, the first WARMUP seconds are sent
+but not counted (``seconds`` is then the counted window).
 """
 
 from __future__ import annotations
@@ -26,23 +29,30 @@ def request(seq: int, per_msg: int) -> ingest_pb2.PublishRequest:
     return ingest_pb2.PublishRequest(stream="pageviews", events=events)
 
 
-async def main(target: str, mode: str, seconds: float, per_msg: int, concurrency: int) -> None:
+async def main(target: str, mode: str, seconds: float, per_msg: int, concurrency: int,
+               warmup: float = 0.0) -> None:
     pool = [request(i, per_msg) for i in range(64)]
     latencies: list[float] = []
     events = 0
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = ingest_pb2_grpc.IngestStub(channel)
-        deadline = time.monotonic() + seconds
+    targets = target.split(",")
+    channels = [grpc.aio.insecure_channel(t) for t in targets]
+    stubs = [ingest_pb2_grpc.IngestStub(c) for c in channels]
+    stub = stubs[0]
+    counted_from = time.monotonic() + warmup
+    deadline = counted_from + seconds
+    try:
 
         async def unary(worker: int) -> None:
             nonlocal events
             i = worker
+            own = stubs[worker % len(stubs)]
             while time.monotonic() < deadline:
                 started = time.perf_counter()
-                response = await stub.Publish(pool[i % len(pool)])
-                latencies.append(time.perf_counter() - started)
-                events += response.accepted
-                i += concurrency
+                response = await own.Publish(pool[i % len(pool)])
+                if time.monotonic() >= counted_from:
+                    latencies.append(time.perf_counter() - started)
+                    events += response.accepted
+                i += concurrency * len(stubs)
 
         async def stream(worker: int) -> None:
             nonlocal events
@@ -56,13 +66,18 @@ async def main(target: str, mode: str, seconds: float, per_msg: int, concurrency
                     i += 1
 
             async for response in stub.PublishStream(requests()):
-                latencies.append(time.perf_counter() - sent.get_nowait())
-                events += response.accepted
+                latency = time.perf_counter() - sent.get_nowait()
+                if time.monotonic() >= counted_from:
+                    latencies.append(latency)
+                    events += response.accepted
 
-        began = time.monotonic()
         worker = unary if mode == "unary" else stream
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        elapsed = time.monotonic() - began
+        workers = concurrency * (len(stubs) if mode == "unary" else 1)
+        await asyncio.gather(*(worker(w) for w in range(workers)))
+        elapsed = time.monotonic() - counted_from
+    finally:
+        for channel in channels:
+            await channel.close()
     sample = sorted(latencies)
     print(json.dumps({"events": events, "seconds": elapsed,
                       "p50_ms": 1000 * sample[len(sample) // 2] if sample else None,
@@ -71,4 +86,5 @@ async def main(target: str, mode: str, seconds: float, per_msg: int, concurrency
 
 if __name__ == "__main__":
     target, mode, seconds, per_msg, concurrency = sys.argv[1:6]
-    uvloop.run(main(target, mode, float(seconds), int(per_msg), int(concurrency)))
+    warmup = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
+    uvloop.run(main(target, mode, float(seconds), int(per_msg), int(concurrency), warmup))

@@ -28,7 +28,14 @@ flush settings, counted from the modeled runs and computed by formula, priced at
 Standard us-east-1 list prices, next to Amazon Data Firehose's per-GB price for Iceberg
 destinations (source in bench/README.md).
 
+**Real processes** (``--processes``, see :mod:`_scale_processes`): 8 real ``icefloe
+ingestor`` processes and the real collector (Spark) against a moto S3 server with 20-50 ms
+in front of every request, 1 shard and ``--process-shards`` N. Moto serves requests one at
+a time, so this is a shape check of the model on the real code path. It takes the machine's
+Spark lock (/tmp/icefloe-spark.lock) itself: do not wrap the bench in ``flock``.
+
 Usage: python bench/scale_bench.py [--quick] [--json PATH] [--shards N] [--seed S]
+                                   [--processes [--process-shards N] [--no-model]]
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import argparse
 import asyncio
 import dataclasses
 import math
+import os
 import random
 import sys
 import time
@@ -47,6 +55,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Result, print_table, write_json
+from _grpc_load import EVENT as LOAD_EVENT
+from _scale_processes import ProcessRun, ProcessSpec, run_processes, spark_lock
 
 from collector.gc import collect_garbage
 from icefloe.checksum import crc32c
@@ -82,6 +92,9 @@ FIREHOSE_ICEBERG_PER_GB = 0.075
 """Amazon Data Firehose, Apache Iceberg Tables destination, first 250 TB/month, per GB
 ingested (see bench/README.md for where the figure comes from)."""
 
+
+EVENT_JSON_BYTES = len(LOAD_EVENT % (1, 1, 1))
+"""About one ``_grpc_load.py`` event as JSON (the real-processes rows' bytes/s)."""
 
 POSITION_BITS = 40
 """An entry's position across shards: ``shard << 40 | sequence`` (as the collector's runs)."""
@@ -490,6 +503,53 @@ def cost_results(runs: list[ClusterRun]) -> list[Result]:
     return results
 
 
+# --- real processes ------------------------------------------------------------------------
+
+def process_results(run: ProcessRun) -> list[Result]:
+    """The real-processes rows, named like the modeled ones; every name carries the moto
+    caveat, so no figure travels without it."""
+    spec, w = run.spec, run.window_s
+    label = (f"real processes, {spec.ingestors} ingestors, {spec.shards} shard"
+             f"{'s' if spec.shards > 1 else ''} (moto serves one request at a time)")
+    requests = sum(run.store_requests.values())
+    return [
+        Result(f"{label}: entries/s", run.entries / w, "entries/s"),
+        Result(f"{label}: events/s acked (clients)", run.client_events / w, "events/s"),
+        Result(f"{label}: bytes/s (events as JSON)", run.events * EVENT_JSON_BYTES / w / 1e6,
+               "MB/s"),
+        Result(f"{label}: batch-file bytes/s (zstd; the load's events repeat)",
+               run.batch_bytes / w / 1e3, "KB/s"),
+        Result(f"{label}: ack p50 (client: sent -> durable; worst client)", run.ack_p50_ms,
+               "ms"),
+        Result(f"{label}: ack p99 (target 500 ms)", run.ack_p99_ms, "ms", 500),
+        Result(f"{label}: manifest CAS writes/s", run.cas_writes / w, "CAS/s"),
+        Result(f"{label}: CAS conflicts/s", run.conflicts / w, "conflicts/s"),
+        Result(f"{label}: collector drain (baseline: events accepted)",
+               run.collector_rows / w, "events/s", run.events / w),
+        Result(f"{label}: collector queue at the window's end", run.queue_at_end, "entries"),
+        Result(f"{label}: store requests/s served by moto", requests / w, "requests/s"),
+        *(Result(f"{label}: {method}s per entry appended (all clients)",
+                 run.store_requests[method] / max(1.0, run.entries), "requests/entry")
+          for method in ("PUT", "GET", "HEAD", "DELETE") if run.store_requests[method]),
+        Result(f"{label}: accepted - committed after the drain",
+               run.accepted_total - run.committed_total, "events"),
+    ]
+
+
+def print_process_notes(run: ProcessRun) -> None:
+    drain = "not drained in time" if run.drain_s is None else f"drained in {run.drain_s:.1f} s"
+    print(f"  real processes, {run.spec.shards} shard(s): shards used by the ingestors "
+          f"{run.shards_used}; store requests in the window {dict(run.store_requests)}; "
+          f"accepted {run.accepted_total:.0f} events, committed {run.committed_total:.0f} "
+          f"({drain}); 1-min load average {run.load_avg:.1f} on {os.cpu_count()} cores")
+
+
+def process_specs(quick: bool, shards: int, seed: int) -> list[ProcessSpec]:
+    duration, warmup = (10.0, 4.0) if quick else (30.0, 6.0)
+    return [ProcessSpec(8, shards=n, duration_s=duration, warmup_s=warmup, seed=seed)
+            for n in (1, shards)]
+
+
 # --- main ----------------------------------------------------------------------------------
 
 def specs(quick: bool, seed: int) -> list[ClusterSpec]:
@@ -510,7 +570,27 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=8,
                         help="the N of the N-shard rows (default 8)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--processes", action="store_true",
+                        help="also run the real-processes rows (8 ingestors, moto, Spark)")
+    parser.add_argument("--process-shards", type=int, default=4,
+                        help="the N of the real-processes N-shard row (default 4)")
+    parser.add_argument("--no-model", action="store_true",
+                        help="skip the modeled cluster and the cost model")
     args = parser.parse_args()
+    processes: list[Result] = []
+    if args.processes:
+        with spark_lock():
+            for spec in process_specs(args.quick, args.process_shards, args.seed):
+                print(f"real processes: {spec.ingestors} ingestors, {spec.shards} shard(s), "
+                      f"{spec.duration_s:g} s window after {spec.warmup_s:g} s", flush=True)
+                run = run_processes(spec)
+                print_process_notes(run)
+                processes += process_results(run)
+        print_table("real processes (moto behind 20-50 ms per request; moto serves requests "
+                    "one at a time: a shape check of the model, not S3's capacity)", processes)
+    if args.no_model:
+        write_json(args.json, processes)
+        return
     print(f"defaults read from the config: flush age {FLUSH_S * 1000:g} ms, "
           f"{MAX_INFLIGHT} flushes in flight, collector commit interval "
           f"{COLLECTOR.commit_interval_s:g} s, dequeue every {COLLECTOR.dequeue_every} runs, "
@@ -534,7 +614,7 @@ def main() -> None:
     print_table(f"cost model at {LOAD_BYTES_PER_S / 1e6:g} MB/s per ingestor, flush "
                 f"{FLUSH_S * 1000:g} ms (S3 Standard us-east-1: PUT/LIST $0.005, GET $0.0004 "
                 "per 1,000)", cost)
-    write_json(args.json, results + cost)
+    write_json(args.json, processes + results + cost)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,55 @@ def test_metered_view_counts_requests_and_raises_slowdown() -> None:
     assert model.log.requests[("ingestor", "put", "batch")] == 3  # throttled ones count
     assert model.log.requests[("collector", "list", "batch")] == 1
     assert set(model.bucket.objects) == {"batches/1.ifb", "batches/2.ifb"}
+
+
+def test_process_rows_carry_the_moto_caveat_and_requests_per_entry(bench: ModuleType) -> None:
+    """The real-processes rows say moto serves one request at a time, next to the figures."""
+    from collections import Counter
+
+    import _scale_processes as sp
+
+    run = sp.ProcessRun(sp.ProcessSpec(8, shards=4), window_s=10.0, entries=200.0,
+                        events=40_000.0, cas_writes=150.0, conflicts=30.0,
+                        store_requests=Counter({"PUT": 500, "GET": 300}),
+                        accepted_total=50_000.0, committed_total=50_000.0)
+    rows = {r.name: r for r in bench.process_results(run)}
+    assert all("moto serves one request at a time" in name for name in rows)
+    by_tail = {name.split(": ", 1)[1]: r for name, r in rows.items()}
+    assert by_tail["entries/s"].value == 20.0
+    assert by_tail["PUTs per entry appended (all clients)"].value == 2.5
+    assert by_tail["GETs per entry appended (all clients)"].value == 1.5
+    assert by_tail["accepted - committed after the drain"].value == 0.0
+
+
+def test_delay_rule_in_front_of_moto_logs_every_request_by_method(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real-processes rows count the store's requests from the delay rule's log."""
+    import _scale_processes as sp
+    import boto3
+
+    from testing.chaos.moto_server import FAKE_CREDENTIALS
+
+    # start_moto writes these into the environment: restored after the test
+    for name, value in {**FAKE_CREDENTIALS, "AWS_CONFIG_FILE": "",
+                        "AWS_SHARED_CREDENTIALS_FILE": ""}.items():
+        monkeypatch.setenv(name, value)
+    faults = tmp_path / "faults.json"
+    sp._write_faults(faults, seed=1)
+    moto = sp.start_moto(str(faults))
+    try:
+        url = moto.bucket_url("scale")
+        client = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1")
+        bucket = url.removeprefix("s3://").split("/", 1)[0]
+        client.put_object(Bucket=bucket, Key="a", Body=b"x")
+        client.get_object(Bucket=bucket, Key="a")
+        client.close()
+    finally:
+        moto.stop()
+
+    class _Cluster:
+        faults_file = faults
+
+    counted = sp._requests(_Cluster())  # type: ignore[arg-type]
+    assert counted["GET"] == 1
+    assert counted["PUT"] == 2  # the bucket's creation, then the object
