@@ -165,3 +165,25 @@ async def test_a_restart_rebuilds_the_window_from_upsert_commits(config):
     assert rows["u0"]["_sequence"] == 1  # the retry (sequence 2) was dropped
     assert restarted.metrics.duplicates.labels("users")._value.get() == 1
     await restarted.store.close()
+
+
+async def test_a_retry_of_a_replaced_row_is_dropped_after_a_restart(config):
+    """u0 is written, then replaced by a later update; the collector restarts and the
+    first write's client retries it (same event id). The rebuilt window holds the replaced
+    row's id (read from the file the upsert removed), so the stale retry is dropped and
+    does not win over the update, as it would not without the restart."""
+    from pipeline.load.run import LocalEngine
+
+    original = user("u0", "v1")
+    publish_sync(config, [[original, user("u1", "v1")]])
+    first = await start(config, LocalEngine())
+    await drain(first)
+    publish_sync(config, [[user("u0", "v2")]])
+    await drain(first)
+    await first.store.close()
+    restarted = await start(config, LocalEngine())
+    assert original[1] in restarted.windows["app.users"].ids("users")
+    publish_sync(config, [[original]])
+    await drain(restarted)
+    assert table_state(config) == {"u0": "v2", "u1": "v1"}
+    await restarted.store.close()
