@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
 from collector.dedup import DedupWindow, sources_props, without_source
@@ -40,12 +41,13 @@ from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
+from collector.where import unrouted_dead_letters
 from icefloe.clock import Clock
-from icefloe.errors import ConfigError, RoutingUnsupportedError
+from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
-from icefloe.staging import StagedFile, StagingState
+from icefloe.staging import StagedFile, StagingState, merge_through
 from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows
@@ -125,9 +127,10 @@ class RunCommits:
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
-        dead = [output.dead]
+        routed, unrouted = self.routes.route_run(output.tables, versions)
+        dead = [self._unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
-        for table, (target, rows) in self.routes.per_table(output.tables, versions).items():
+        for table, (target, rows) in routed.items():
             if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
                 # (by the rows, not the owner: a table's rows may come from an evolving
                 # sink's version while its newest sink does not evolve)
@@ -154,7 +157,7 @@ class RunCommits:
             result.rows[table] = outcome.rows
             result.replayed += outcome.replayed
             self.hook(f"after_commit:{table}")
-        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else output.dead,
+        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else dead[0],
                           sequence, result)
 
     @staticmethod
@@ -170,6 +173,23 @@ class RunCommits:
         if bad.num_rows:
             dead.append(missing_key_dead_letters(bad, key, target.source.id, locations))
         return rows
+
+    def _unrouted(self, unrouted: dict[str, pa.Table], versions: dict[str, dict[int, int]],
+                  entries: list[Entry], dead: pa.Table) -> pa.Table:
+        """Count each source's unrouted events and add those its ``unrouted`` (at their
+        entry's version) sends to the dead letters to ``dead``."""
+        locations = {e.sequence: e.location for e in entries}
+        parts = [dead]
+        for source, rows in unrouted.items():
+            self.metrics.unrouted.labels(source).inc(rows.num_rows)
+            seen = versions.get(source, {})
+            keep = [s for s, v in seen.items()
+                    if self.routes.unrouted_mode(source, v) == "dead_letter"]
+            if keep:
+                chosen = rows.filter(pc.is_in(rows.column("_sequence"),
+                                              pa.array(keep, pa.int64())))
+                parts.append(unrouted_dead_letters(source, chosen, locations))
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:
@@ -189,7 +209,7 @@ class RunCommits:
         attempted (an earlier table failed) are deleted here; a crash leaves them to the
         maintenance orphan sweep. Dead letters are few and go the embedded way.
         """
-        sequence = result.last_sequence
+        sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
         targets: dict[str, str] = {}
         for name in output.keys:
@@ -235,7 +255,7 @@ class RunCommits:
                     self.metrics.duplicates.labels(name).inc(dropped)
                 fresh_keys[name] = fresh
                 plan = plan_write(self.catalog, targets[name], name, keys, fresh,
-                                  sequence=sequence, epoch=self.epoch)
+                                  sequences=sequences, epoch=self.epoch)
                 if plan is not None:
                     plans.append(plan)
             pending = output.write(plans)
@@ -246,7 +266,8 @@ class RunCommits:
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
                                            nbytes=add.files.size,
-                                           props=sources_props(fresh, name))
+                                           props=sources_props(fresh, name),
+                                           sequences=sequences)
                 finally:
                     add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
                 self.windows[table].remember(fresh, name)
@@ -308,15 +329,9 @@ class RunCommits:
     def _stage(self, target: Target, rows: pa.Table, result: RunResult) -> None:
         assert self.epoch is not None
         table = target.table
-        if self.consumer.shard_count > 1:
-            raise ConfigError(
-                f"sink {target.sink.name!r} has import conditions, which stage rows by one "
-                f"manifest sequence; manifest.shards = {self.consumer.shard_count} on the "
-                "store: remove the sink's import conditions or keep manifest.shards = 1")
         staged = self.block_on(self.staging.stage(
-            table, rows, committed=self.table_sequences.get(table, {}).get(0, -1),
-            epoch=self.epoch,
-            run_last=result.last_sequence))
+            table, rows, committed=self.table_sequences.get(table, {}), epoch=self.epoch,
+            through=result.sequences))
         result.staged[table] = staged.rows
         result.replayed += staged.skipped
         self.observe_staged(table, staged.state)
@@ -362,7 +377,7 @@ class RunCommits:
             chunk = chunk_of(state.files, COMMIT_CHUNK_BYTES)
             rows = self.block_on(self.staging.read(state, chunk))
             assert rows is not None
-            through = chunk[-1].last_sequence
+            through = merge_through(f.through for f in chunk)  # a prefix: per shard
             window = self.windows[table]
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
@@ -370,17 +385,19 @@ class RunCommits:
             stream = self.routes.tables().get(table)
             upsert = upsert_hook(stream) if stream is not None else None
             try:
-                outcome = self._commit(table, without_source(fresh), through, append=upsert,
-                                       props=sources_props(fresh))
+                outcome = self._commit(table, without_source(fresh), through.get(0, -1),
+                                       append=upsert, props=sources_props(fresh),
+                                       sequences=through)
             finally:
                 if upsert is not None:
-                    upsert.cleanup(self.catalog, table, sequence=through, epoch=self.epoch)
+                    upsert.cleanup(self.catalog, table, sequence=through.get(0, -1),
+                                   epoch=self.epoch)
             window.remember(fresh)
             committed += outcome.rows
             self.hook(f"after_staged_commit:{table}")
             state = self.block_on(self.staging.drop(table, through, self.epoch))
             self.observe_staged(table, state)
-            log.info("staged commit %s (%s): rows=%d sequence=%d", table, reason,
+            log.info("staged commit %s (%s): rows=%d sequences=%s", table, reason,
                      outcome.rows, through, extra={"table": table, "reason": reason,
                                                    "rows": outcome.rows})
         self.metrics.staged_commits.labels(table, reason).inc()

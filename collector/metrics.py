@@ -53,6 +53,10 @@ class CollectorMetrics:
         self.dead_letters = Counter("icefloe_collector_dead_letter_rows",
                                     "Rows sent to icefloe.dead_letters", ["reason"],
                                     registry=r)
+        self.unrouted = Counter("icefloe_collector_unrouted_events",
+                                "Events that no sink's where took, per source (dropped, "
+                                "or dead-lettered when the source's unrouted says so)",
+                                ["source"], registry=r)
         self.duplicates = Counter("icefloe_collector_duplicates_dropped",
                                   "Rows dropped by event-id deduplication", ["stream"],
                                   registry=r)

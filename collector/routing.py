@@ -18,10 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.dedup import with_source
+from collector.where import accepts
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
@@ -90,16 +92,50 @@ class Routes:
               ) -> list[tuple[Target, pa.Table]]:
         """``rows`` of ``source`` (with ``_sequence``) cut per target; ``versions`` maps
         each entry's sequence to the registry version it was accepted under."""
+        return self.route(source, rows, versions)[0]
+
+    def route(self, source: str, rows: pa.Table, versions: Mapping[int, int]
+              ) -> tuple[list[tuple[Target, pa.Table]], pa.Table | None]:
+        """:meth:`split`, and the rows no target's ``where`` took although some target
+        received their entry's version (None when there are none): the unrouted events.
+
+        Each target takes the rows of the entries it receives whose predicate — the
+        ``where`` of *that entry's* version (:meth:`Sink.where_at`) — is TRUE; NULL and
+        FALSE are not taken. A pure function of the rows and their versions, so a replay
+        routes the same way."""
         out: list[tuple[Target, pa.Table]] = []
         sequences = rows.column("_sequence")
+        receivable: pa.Array | None = None  # rows some target receives, by version
+        taken: pa.Array | None = None  # rows some target takes
+        filtered = False
         for target in self.targets.get(source, []):
             allowed = [s for s, v in versions.items() if target.receives_at(v)]
             if not allowed:
                 continue
-            part = rows if len(allowed) == len(versions) else rows.filter(
-                pc.is_in(sequences, pa.array(allowed, pa.int64())))
+            mask = None if len(allowed) == len(versions) else pc.is_in(
+                sequences, pa.array(allowed, pa.int64()))
+            receivable = _union(receivable, mask, rows.num_rows)
+            chosen = where_mask(target, rows, {s: versions[s] for s in allowed})
+            filtered = filtered or chosen is not None
+            mask = chosen if mask is None else mask if chosen is None else pc.and_(mask,
+                                                                                   chosen)
+            taken = _union(taken, mask, rows.num_rows)
+            part = rows if mask is None else rows.filter(mask)
             out.append((target, project(part, target)))
-        return out
+        if not filtered or receivable is None or taken is None:
+            return out, None
+        unrouted = rows.filter(pc.and_(pc.invert(taken), receivable))
+        return out, unrouted if unrouted.num_rows else None
+
+    def unrouted_mode(self, source: str, version: int) -> str:
+        """``drop`` or ``dead_letter``: the ``unrouted`` of the source record that took
+        events at ``version``."""
+        for target in self.targets.get(source, []):
+            record = target.source
+            if record.created_version <= version and (
+                    record.deleted_version is None or version < record.deleted_version):
+                return record.unrouted_at(version)
+        return "drop"
 
     def per_table(self, tables: Mapping[str, pa.Table],
                   versions: Mapping[str, Mapping[int, int]]
@@ -113,17 +149,27 @@ class Routes:
         run keeps "the table's sequence covers exactly what it holds". The target returned
         is the one whose conditions apply (the live sink, if any). Rows carry their source
         in a ``_source`` column (dedup is keyed by it; dropped before the commit)."""
+        return self.route_run(tables, versions)[0]
+
+    def route_run(self, tables: Mapping[str, pa.Table],
+                  versions: Mapping[str, Mapping[int, int]]
+                  ) -> tuple[dict[str, tuple[Target, pa.Table]], dict[str, pa.Table]]:
+        """:meth:`per_table`, and each source's unrouted rows (see :meth:`route`)."""
         parts: dict[str, list[pa.Table]] = {}
         owner: dict[str, Target] = {}
+        unrouted: dict[str, pa.Table] = {}
         for source, rows in tables.items():
-            for target, part in self.split(source, rows, versions.get(source, {})):
+            routed, left = self.route(source, rows, versions.get(source, {}))
+            if left is not None:
+                unrouted[source] = left
+            for target, part in routed:
                 parts.setdefault(target.table, []).append(with_source(part, source))
                 current = owner.get(target.table)
                 if current is None or (target.sink.live and target.source.live):
                     owner[target.table] = target
         return {table: (owner[table], chunks[0] if len(chunks) == 1 else
                         pa.concat_tables(chunks, promote_options="permissive"))
-                for table, chunks in parts.items()}
+                for table, chunks in parts.items()}, unrouted
 
     def sql_cases(self, versions: Mapping[str, Mapping[int, int]]
                   ) -> dict[str, dict[str, tuple[SqlCase, ...]]]:
@@ -162,6 +208,36 @@ class Routes:
         if len(takers) == 1 and all(takers[0].receives_at(v) for v in versions.values()):
             return takers[0]
         return None
+
+
+def where_mask(target: Target, rows: pa.Table, versions: Mapping[int, int]
+               ) -> pa.Array | None:
+    """Which of ``rows`` (of the entries in ``versions``, which ``target`` receives) its
+    ``where`` takes, each entry judged by the predicate of its own registry version; None
+    when no predicate applies (every row is taken)."""
+    groups: dict[str | None, list[int]] = {}
+    for sequence, version in versions.items():
+        groups.setdefault(target.sink.where_at(version), []).append(sequence)
+    if list(groups) == [None]:
+        return None
+    sequences = rows.column("_sequence")
+    columns = target.sink.columns
+    out: pa.Array | None = None
+    for sql, seqs in groups.items():
+        chosen = pa.array(np.ones(rows.num_rows, dtype=bool)) if sql is None else \
+            accepts(sql, columns, rows)
+        if len(groups) > 1:
+            chosen = pc.and_(chosen, pc.is_in(sequences, pa.array(seqs, pa.int64())))
+        out = chosen if out is None else pc.or_(out, chosen)
+    return out
+
+
+def _union(mask: pa.Array | None, more: pa.Array | None, rows: int) -> pa.Array:
+    """Rows in the accumulated ``mask`` (None: no row yet) or in ``more`` (None: every
+    row)."""
+    if more is None:
+        return pa.array(np.ones(rows, dtype=bool))
+    return more if mask is None else pc.or_(mask, more)
 
 
 def project(rows: pa.Table, target: Target) -> pa.Table:
@@ -237,7 +313,9 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry],
                     staged: Callable[[Target], bool]) -> str | None:
     """Why the cluster output path cannot write this run in one shot (None: it can).
 
-    ``fan-out``: a source with several sinks at one version; ``staging``: a sink with
+    ``where``: a sink routes by content (refused with cluster output at start and by the
+    admin API; a registry written otherwise still routes exactly); ``fan-out``: a source
+    with several sinks at one version; ``staging``: a sink with
     import conditions (or rows still staged); ``shared-table``: two sources write one table;
     ``columns``: the source decodes columns its sink's table lacks (a deleted sink's
     columns), which the cluster writer would put in the table's files. Such a run takes
@@ -254,6 +332,8 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry],
         takers = routes.takers(source, seen)
         if not takers:
             continue  # every sink was off for these events: nothing to write
+        if any(t.sink.where_at(v) is not None for t in takers for v in seen.values()):
+            return "where"
         if len(takers) > 1 or routes.single_target(source, seen) is None:
             return "fan-out"
         target = takers[0]

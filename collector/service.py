@@ -47,7 +47,6 @@ from collector.staging import StagingArea
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import (
-    ConfigError,
     FencedError,
     LeaseHeldError,
     ManifestMismatchError,
@@ -110,12 +109,6 @@ class Collector(RunCommits):
         self.engine = engine
         self.metrics = metrics or CollectorMetrics()
         self.hook = hook or (lambda stage: None)
-        if config.manifest.shards > 1 and config.collector.output == "cluster":
-            raise ConfigError(
-                f"collector.output = \"cluster\" with manifest.shards = "
-                f"{config.manifest.shards}: the cluster output path writes one manifest "
-                "shard's sequences only; set collector.output = \"embedded\" or "
-                "manifest.shards = 1")
         self.consumer = ShardedConsumer(store, config.manifest.build(),
                                         holder=holder or f"collector-{ULID()}", clock=clock)
         self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
@@ -283,8 +276,8 @@ class Collector(RunCommits):
         self.windows[name] = window  # last: a half-prepared table is prepared again
         self.observe_staged(name, staged)
         if staged.files:
-            log.info("table %s: %d rows staged through sequence %d", name, staged.rows,
-                     staged.last_sequence)
+            log.info("table %s: %d rows staged through sequences %s", name, staged.rows,
+                     staged.last_sequences)
 
     def _window_observer(self, table: str) -> Callable[[float, int], None]:
         effective = self.metrics.dedup_effective_window.labels(table)
@@ -341,7 +334,7 @@ class Collector(RunCommits):
         already holds and be acknowledged without being committed — silent loss.
         """
         shards = await self._snapshots()
-        staged = {t: {0: s.through_sequence} for t, s in self.staging.states.items()}
+        staged = {t: s.staged_through for t, s in self.staging.states.items()}
         for table, sequences in [*self.table_sequences.items(), *staged.items()]:
             for shard, sequence in sequences.items():
                 issued = shards[shard].next_sequence if shard in shards else 0
@@ -434,11 +427,6 @@ class Collector(RunCommits):
         embedded = getattr(self.engine, "run_embedded", None)
         if embedded is None:  # an embedded engine routes any run
             return entries, self.engine.run
-        if self.consumer.shard_count > 1:
-            # The store grew past one shard under a cluster-output collector (its config
-            # still says 1; the next start is refused): the embedded path records shards.
-            self.metrics.embedded_runs.labels("shards").inc()
-            return entries, embedded
         taken = cut_by_routing(self.routes, entries)
         if len(taken) < len(entries):
             log.info("cluster run cut at sequence %d: routing changes at registry version "

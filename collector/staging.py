@@ -17,10 +17,16 @@ Exactly once, at every crash point:
 * before the state write: the run is not acknowledged; the replay stages the rows again
   (an unreferenced file from the first try is an orphan, deleted by :func:`sweep`);
 * after the state write, before the ack: the replay skips rows at or below the state's
-  ``through_sequence`` for this sink — they are staged already;
-* after the table commit, before the state update: the table's ``icefloe.sequence`` covers
-  the staged files, so the next look drops them from the state without committing again
-  (and :func:`pipeline.iceberg.commit.commit_rows` filters rows at or below it anyway).
+  staged-through sequence of their shard for this sink — they are staged already;
+* after the table commit, before the state update: the table's per-shard sequences
+  (``icefloe.sequence``/``icefloe.sequences``) cover the staged files, so the next look
+  drops them from the state without committing again (and
+  :func:`pipeline.iceberg.commit.commit_rows` filters rows at or below them anyway).
+
+With several manifest shards every sequence above is per shard: the state records how far
+each shard is staged, each file the last sequence of each shard it holds, and a chunk's
+commit records its files' per-shard maxima (files are staged run by run, so a prefix of
+them is a prefix of every shard).
 
 A newer collector fences an older one here too: the state records the epoch of its last
 writer, and a write by an older epoch is refused. On takeover the new collector stamps
@@ -35,10 +41,11 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -51,12 +58,14 @@ from icefloe.staging import (
     StagedFile,
     StagingState,
     data_key,
+    merge_through,
     state_key,
     table_of_state,
 )
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy
+from pipeline.iceberg.commit import SHARD_BITS
 
 log = logging.getLogger("icefloe.collector")
 
@@ -81,6 +90,31 @@ def due(state: StagingState, conditions: Conditions, now_ms: int) -> str | None:
     if state.rows >= conditions.max_events:
         return "events"
     return None
+
+
+_LOCAL = (1 << SHARD_BITS) - 1
+
+
+def _positions(rows: pa.Table) -> np.ndarray:
+    return rows.column("_sequence").combine_chunks().to_numpy(zero_copy_only=False)
+
+
+def _past(rows: pa.Table, floor: Mapping[int, int]) -> pa.Table:
+    """Rows whose run position is past their shard's ``floor`` (absent: -1)."""
+    pos = _positions(rows)
+    shards = pos >> SHARD_BITS
+    limit = np.full(len(pos), -1, dtype=np.int64)
+    for shard, seq in floor.items():
+        limit[shards == shard] = seq
+    return rows.filter(pa.array((pos & _LOCAL) > limit))
+
+
+def _last_per_shard(rows: pa.Table) -> dict[int, int]:
+    """Per shard, the last sequence of ``rows`` (run positions in ``_sequence``)."""
+    pos = _positions(rows)
+    shards = pos >> SHARD_BITS
+    return {int(shard): int((pos[shards == shard] & _LOCAL).max())
+            for shard in np.unique(shards)}
 
 
 def parquet_bytes(rows: pa.Table) -> bytes:
@@ -144,13 +178,15 @@ class StagingArea:
         self.states[table] = state
         return state
 
-    async def stage(self, table: str, rows: pa.Table, *, committed: int, epoch: int,
-                    run_last: int) -> Staged:
-        """Stage ``rows`` (this run's, for ``table``) durably; rows already staged (at or
-        below ``through_sequence``) or committed (at or below ``committed``) are skipped."""
+    async def stage(self, table: str, rows: pa.Table, *, committed: Mapping[int, int],
+                    epoch: int, through: Mapping[int, int]) -> Staged:
+        """Stage ``rows`` (this run's, for ``table``; ``_sequence`` holds run positions)
+        durably. ``through`` is the run's last sequence per shard, ``committed`` the
+        table's; rows already staged or committed (per shard, at or below the state's
+        ``through_sequences`` or ``committed``) are skipped."""
         current = self.states.get(table) or await self.load(table)
-        floor = max(current.through_sequence, committed)
-        fresh = rows.filter(pc.greater(rows["_sequence"], floor)) if rows.num_rows else rows
+        floor = merge_through((current.staged_through, committed))
+        fresh = _past(rows, floor) if rows.num_rows else rows
         skipped = rows.num_rows - fresh.num_rows
         if fresh.num_rows == 0:
             return Staged(0, skipped, current)
@@ -160,15 +196,18 @@ class StagingArea:
         data = parquet_bytes(fresh)
         key = data_key(table, first, last, str(ULID()))
         await self.store.put(key, data)
-        staged = StagedFile(key, first, last, fresh.num_rows, len(data), oldest)
+        lasts = _last_per_shard(fresh)
+        staged = StagedFile(key, first, last, fresh.num_rows, len(data), oldest,
+                            sequences=lasts if any(lasts) else {})
 
         def add(state: StagingState) -> StagingState | None:
             if any(f.key == key for f in state.files):
                 return None  # our earlier attempt landed (its response was lost)
-            if state.through_sequence >= run_last:
+            done = state.staged_through
+            if all(done.get(shard, -1) >= seq for shard, seq in through.items()):
                 return None  # staged meanwhile: our file stays unreferenced (swept)
-            return msgspec.structs.replace(state, files=(*state.files, staged),
-                                           through_sequence=run_last)
+            return msgspec.structs.replace(state, files=(*state.files, staged)
+                                           ).with_through(through)
         state = await self._update(table, epoch, add)
         if not any(f.key == key for f in state.files):
             return Staged(0, rows.num_rows, state)
@@ -237,8 +276,10 @@ class StagingArea:
         data = parquet_bytes(rows)
         key = data_key(table, first, last, str(ULID()))
         await self.store.put(key, data)
+        lasts = merge_through(f.through for f in group)
         merged = StagedFile(key, first, last, rows.num_rows, len(data),
-                            min(f.oldest_ms for f in group))
+                            min(f.oldest_ms for f in group),
+                            sequences=lasts if any(lasts) else {})
         keys = [f.key for f in group]
 
         def swap(current: StagingState) -> StagingState | None:
@@ -252,15 +293,19 @@ class StagingArea:
                 await self.store.delete(old)
         return new
 
-    async def drop(self, table: str, through: int, epoch: int) -> StagingState:
-        """Forget (and delete) the staged files whose rows the table holds now."""
+    async def drop(self, table: str, through: Mapping[int, int], epoch: int) -> StagingState:
+        """Forget (and delete) the staged files whose rows the table holds now: those
+        whose every shard's last sequence is at or below ``through`` (per shard)."""
         gone: list[str] = []
 
+        def held(staged: StagedFile) -> bool:
+            return all(through.get(shard, -1) >= seq for shard, seq in staged.through.items())
+
         def forget(state: StagingState) -> StagingState | None:
-            keep = tuple(f for f in state.files if f.last_sequence > through)
+            keep = tuple(f for f in state.files if not held(f))
             if len(keep) == len(state.files):
                 return None
-            gone[:] = [f.key for f in state.files if f.last_sequence <= through]
+            gone[:] = [f.key for f in state.files if held(f)]
             return msgspec.structs.replace(state, files=keep)
         state = await self._update(table, epoch, forget)
         for key in gone:

@@ -44,6 +44,34 @@ class Toggle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool
 
 
+class Change(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """From registry ``version`` on, a versioned setting (a sink's ``where``, a source's
+    ``unrouted``) is ``value``: routing reads the value of each entry's version, so a
+    change applies to events accepted from then on and a replay routes exactly as before."""
+
+    version: int
+    value: str | None
+
+
+def value_at(changes: tuple[Change, ...], current: str | None, version: int) -> str | None:
+    """The setting's value at ``version``: the last change at or before it; ``current``
+    when there is no history (a record written before the setting was versioned)."""
+    if not changes:
+        return current
+    value = changes[0].value
+    for change in changes:
+        if change.version <= version:
+            value = change.value
+    return value
+
+
+def with_change(changes: tuple[Change, ...], old: str | None, new: str | None,
+                created: int, version: int) -> tuple[Change, ...]:
+    """``changes`` after the value went from ``old`` to ``new`` at ``version``."""
+    base = changes or (Change(created, old),)
+    return (*base, Change(version, new))
+
+
 class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One target table of a source, with its own columns and import conditions."""
 
@@ -65,10 +93,17 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     deleted_at: float | None = None
     primary_key: tuple[str, ...] = ()
     tombstone_field: str | None = None
+    where: str | None = None
+    wheres: tuple[Change, ...] = ()
+    """Every value ``where`` had, by version (empty while it never changed)."""
 
     @property
     def live(self) -> bool:
         return self.deleted_version is None
+
+    def where_at(self, version: int) -> str | None:
+        """The predicate that applies to events accepted at registry ``version``."""
+        return value_at(self.wheres, self.where, version)
 
     def receives_at(self, version: int) -> bool:
         """Whether events accepted at registry ``version`` go to this sink."""
@@ -92,7 +127,7 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                             partition=self.partition, partition_by=self.partition_by,
                             sort_by=self.sort_by, table_properties=self.table_properties,
                             primary_key=self.primary_key,
-                            tombstone_field=self.tombstone_field)
+                            tombstone_field=self.tombstone_field, where=self.where)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -108,10 +143,17 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     updated_version: int = 0
     deleted_version: int | None = None
     deleted_at: float | None = None
+    unrouted: str = "drop"
+    unrouteds: tuple[Change, ...] = ()
+    """Every value ``unrouted`` had, by version (empty while it never changed)."""
 
     @property
     def live(self) -> bool:
         return self.deleted_version is None
+
+    def unrouted_at(self, version: int) -> str:
+        """What happens to an event accepted at ``version`` that no sink takes."""
+        return value_at(self.unrouteds, self.unrouted, version) or "drop"
 
     def live_sinks(self) -> list[Sink]:
         return [s for s in self.sinks if s.live]

@@ -30,7 +30,9 @@ from icefloe.registry.model import (
     Sink,
     Source,
     Toggle,
+    with_change,
 )
+from icefloe.streams.where import UNROUTED
 
 UNSET: Any = msgspec.UNSET
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -53,6 +55,7 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     table_properties: dict[str, str] = msgspec.field(default_factory=dict)
     primary_key: tuple[str, ...] = ()
     tombstone_field: str | None = None
+    where: str | None = None
 
 
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -72,6 +75,7 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     table_properties: dict[str, str] = UNSET
     primary_key: tuple[str, ...] = UNSET
     tombstone_field: str | None = UNSET
+    where: str | None = UNSET
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -84,6 +88,7 @@ class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     tokens: tuple[str, ...] = ()
     rate_limit: RateLimit | None = None
     sinks: tuple[SinkSpec, ...] = ()
+    unrouted: str = "drop"
 
 
 class SourcePatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -92,6 +97,7 @@ class SourcePatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     description: str = UNSET
     tokens: tuple[str, ...] = UNSET
     rate_limit: RateLimit | None = UNSET
+    unrouted: str = UNSET
 
 
 def _given(patch: msgspec.Struct) -> dict[str, Any]:
@@ -150,6 +156,9 @@ def _check_source_fields(source: Source, at: str) -> None:
         raise invalid(f"{at}description", f"at most {MAX_DESCRIPTION} characters")
     if len(source.tokens) > MAX_TOKENS:
         raise invalid(f"{at}tokens", f"at most {MAX_TOKENS} tokens per source")
+    if source.unrouted not in UNROUTED:
+        raise invalid(f"{at}unrouted", f"{source.unrouted!r} must be one of "
+                      f"{', '.join(UNROUTED)}")
     if not _ID.fullmatch(source.id):
         raise invalid(f"{at}id", f"{source.id!r} must be 1-128 letters, digits, '_', '-' or '.'")
     try:
@@ -213,7 +222,7 @@ def _new_sink(spec: SinkSpec, version: int) -> Sink:
                 table_properties=spec.table_properties,
                 primary_key=spec.primary_key, tombstone_field=spec.tombstone_field,
                 created_version=version, updated_version=version,
-                toggles=() if spec.enabled else (Toggle(version, False),))
+                toggles=() if spec.enabled else (Toggle(version, False),), where=spec.where)
 
 
 def _replace_source(registry: Registry, source: Source) -> tuple[Source, ...]:
@@ -290,7 +299,7 @@ def create_source(registry: Registry, spec: SourceSpec, *, clock: Clock = SYSTEM
     sinks = tuple(_new_sink(s, version) for s in spec.sinks)
     source = Source(id=spec.id, sinks=sinks, tokens=spec.tokens, rate_limit=spec.rate_limit,
                     description=spec.description, created_version=version,
-                    updated_version=version)
+                    updated_version=version, unrouted=spec.unrouted)
     _check_source_fields(source, "")
     _check_count(source, "sinks")
     _check_union(registry, source)
@@ -317,6 +326,10 @@ def update_source(registry: Registry, source_id: str, patch: SourcePatch, *,
     if not changes:
         return registry
     version = registry.version + 1
+    if "unrouted" in changes and changes["unrouted"] != source.unrouted:
+        changes["unrouteds"] = with_change(source.unrouteds, source.unrouted,
+                                           changes["unrouted"], source.created_version,
+                                           version)
     updated = msgspec.structs.replace(source, updated_version=version, **changes)
     _check_source_fields(updated, "")
     return registry.next(_replace_source(registry, updated), clock=clock)
@@ -387,6 +400,9 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
         toggles = (*toggles, Toggle(version, changes["enabled"]))
     if all(changes.get(k, getattr(sink, k)) == getattr(sink, k) for k in changes):
         return registry  # nothing changes: no new version
+    if "where" in changes and changes["where"] != sink.where:
+        changes["wheres"] = with_change(sink.wheres, sink.where, changes["where"],
+                                        sink.created_version, version)
     updated = msgspec.structs.replace(sink, updated_version=version, toggles=toggles,
                                       **changes)
     check_sink(source_id, updated, "sink")
@@ -461,9 +477,10 @@ def prune(registry: Registry, *, now: float, grace_s: float, clock: Clock = SYST
 def seed_specs(streams: Any) -> list[SourceSpec]:
     """One source per configured stream, with one sink (named after the stream) that has
     the stream's table and columns: what ``icefloe.toml`` puts into an empty registry."""
-    return [SourceSpec(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
+    return [SourceSpec(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
+                       unrouted=s.unrouted, sinks=(
         SinkSpec(name=s.name, table=s.table, columns=s.columns,
                  unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
                  partition=s.partition, partition_by=s.partition_by, sort_by=s.sort_by,
                  table_properties=s.table_properties, primary_key=s.primary_key,
-                 tombstone_field=s.tombstone_field),)) for s in streams]
+                 tombstone_field=s.tombstone_field, where=s.where),)) for s in streams]

@@ -56,6 +56,8 @@ SOURCE_KEYS = (
         "canonical event bytes per second per ingestor (null: unbounded)", None),
     Key("rate_limit.burst_s", "number", "seconds' worth of rate a quiet client may send "
         "at once", 1.0),
+    Key("unrouted", "string", "an event no sink's where takes: drop or dead_letter (always "
+        "counted)", "drop"),
 )
 SINK_KEYS = (
     Key("conditions.max_age_s", "number", "import when the oldest waiting event is this "
@@ -68,6 +70,8 @@ SINK_KEYS = (
         "(add them as columns)",
         "ignore"),
     Key("enabled", "boolean", "deliver to this sink", True),
+    Key("where", "string", "SQL predicate: only events it holds for reach this sink (null: "
+        "every event)", None),
 )
 _PY_TYPES: dict[str, tuple[type, ...]] = {"number": (int, float), "integer": (int,),
                                           "string": (str,), "boolean": (bool,)}
@@ -132,8 +136,9 @@ def update_source_settings(registry: Registry, source_id: str, patch: SettingsPa
     if source is None:
         raise ops.not_found("source", source_id)
     changes: dict[str, Any] = {}
-    if "description" in values:
-        changes["description"] = values["description"]
+    for key in ("description", "unrouted"):
+        if key in values:
+            changes[key] = values[key]
     limits = {k.removeprefix("rate_limit."): v for k, v in values.items()
               if k.startswith("rate_limit.")}
     for key, value in limits.items():

@@ -103,11 +103,13 @@ def routing_streams(registry: Registry) -> list[StreamConfig]:
 
 def config_registry(streams: Iterable[StreamConfig]) -> Registry:
     """The registry equivalent of config-only streams (version 0, everything since 0)."""
-    sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit, sinks=(
+    sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
+                           unrouted=s.unrouted, sinks=(
         Sink(name=s.name, table=s.table, columns=s.columns, unknown_fields=s.unknown_fields,
              event_id_field=s.event_id_field, partition=s.partition, partition_by=s.partition_by,
              sort_by=s.sort_by, table_properties=s.table_properties,
-             primary_key=s.primary_key, tombstone_field=s.tombstone_field),)) for s in streams)
+             primary_key=s.primary_key, tombstone_field=s.tombstone_field,
+             where=s.where),)) for s in streams)
     return Registry(version=0, sources=sources)
 
 

@@ -102,6 +102,11 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     :mod:`pipeline.iceberg.upsert`); empty: append-only."""
     tombstone_field: str | None = None
     """A boolean column; a row whose value is true deletes its key (needs ``primary_key``)."""
+    where: str | None = None
+    """Routing by content: a SQL predicate over the columns; only events it holds for
+    reach this table (see :mod:`icefloe.streams.where`)."""
+    unrouted: Literal["drop", "dead_letter"] = "drop"
+    """An event no sink's ``where`` takes: counted and dropped, or also dead-lettered."""
 
     @property
     def namespace(self) -> str:

@@ -79,7 +79,7 @@ def sink_json(source: Source, sink: Sink) -> dict[str, Any]:
 def source_json(source: Source) -> dict[str, Any]:
     """A source without its token hashes (only how many it has) and with live sinks only."""
     return {"id": source.id, "description": source.description,
-            "tokens": len(source.tokens),
+            "tokens": len(source.tokens), "unrouted": source.unrouted,
             "rate_limit": msgspec.to_builtins(source.rate_limit),
             "created_version": source.created_version,
             "updated_version": source.updated_version,
@@ -213,6 +213,13 @@ class AdminApi:
                                     "from the data) needs output = \"embedded\"",
                                     [{"field": "unknown_fields",
                                       "reason": "needs output = embedded"}])
+            routed = next((s for s in sinks if s.where is not None), None)
+            if routed is not None:
+                raise RegistryError(409, "cluster_output", "the collector uses [collector] "
+                                    "output = \"cluster\", which does not support routing "
+                                    f"by content yet (issue #28): sink {routed.name!r} has "
+                                    "a where; use output = \"embedded\"",
+                                    [{"field": "where", "reason": "needs output = embedded"}])
         return after
 
     @staticmethod

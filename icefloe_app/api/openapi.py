@@ -37,6 +37,8 @@ SETTING = {"type": "object", "required": ["key", "type", "value", "default", "ov
 SOURCE = {"type": "object", "required": ["id", "tokens", "sinks"], "properties": {
     "id": {"type": "string"}, "description": {"type": "string"},
     "tokens": {"type": "integer", "description": "how many write tokens (never the tokens)"},
+    "unrouted": {"enum": ["drop", "dead_letter"],
+                 "description": "an event no sink's where takes: dropped or dead-lettered"},
     "sinks": {"type": "array", "items": {"$ref": _REF.format(name="Sink")}}}}
 
 

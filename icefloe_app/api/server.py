@@ -22,6 +22,7 @@ from icefloe.config import Config, StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.manifest.cas import load as load_manifest
 from icefloe.manifest.model import Entry
+from icefloe.manifest.shards import read_shard_count, shard_key
 from icefloe.registry import ops
 from icefloe.registry.model import Registry
 from icefloe.registry.store import RegistryStore, drift, refuse_conflicts
@@ -111,10 +112,15 @@ def pending_counter(store: AsyncObjectStore, manifest_key: str) -> PendingCounte
     return pending
 
 
-async def _unacknowledged(store: AsyncObjectStore, manifest_key: str) -> tuple[Entry, ...]:
-    """Manifest entries the collector has not acknowledged yet."""
-    manifest = (await load_manifest(store, manifest_key)).manifest
-    return manifest.entries_from(manifest.consumer.acked_through + 1)
+async def _unacknowledged(store: AsyncObjectStore, manifest_key: str) -> list[Entry]:
+    """Manifest entries the collector has not acknowledged yet, of every shard (the
+    store's shard count, whatever this process's config says: an ingestor may have grown
+    it, and entries of any shard are undelivered until the collector acks them)."""
+    count = await read_shard_count(store, manifest_key)
+    loaded = await asyncio.gather(*(load_manifest(store, shard_key(manifest_key, n))
+                                    for n in range(count)))
+    return [entry for one in loaded
+            for entry in one.manifest.entries_from(one.manifest.consumer.acked_through + 1)]
 
 
 async def serve_admin(config: Config, *, stop: asyncio.Event,

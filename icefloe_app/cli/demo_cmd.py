@@ -508,7 +508,7 @@ def select_streams(config: Config, names: str | None, where: str) -> list[Stream
               for name in names.split(",") if name.strip()]
     if not chosen:
         raise ConfigError("--streams: name at least one stream")
-    return list(dict.fromkeys(chosen))
+    return list({stream.name: stream for stream in chosen}.values())  # (not hashable)
 
 
 def build_demo(args: argparse.Namespace, config: Config, path: Path | None) -> Demo:

@@ -243,11 +243,11 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
         state = committed_state(table)
         check_epoch(identifier, state, epoch)
         done = state.sequences
-        if _covers(done, through):
+        if covers(done, through):
             # Everything up to `sequence` is already in: a replay after a crash before ack.
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
                                 clock.monotonic() - started, attempt, state.shards)
-        fresh = _not_committed(rows, seq_column, done) if done and rows.num_rows else rows
+        fresh = not_committed(rows, seq_column, done) if done and rows.num_rows else rows
         if fresh.num_rows == 0:  # nothing new: leave the offset, a replay filters again
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
                                 clock.monotonic() - started, attempt, state.shards)
@@ -282,20 +282,21 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
         raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
     state = committed_state(table)
     check_epoch(identifier, state, epoch)
-    if _covers(state.sequences, through) and state.epoch == epoch:
+    if covers(state.sequences, through) and state.epoch == epoch:
         return CommitResult(identifier, rows.num_rows, 0, state.sequence,
                             clock.monotonic() - started, max_attempts, state.shards)
     raise CatalogError(f"commit to {identifier} failed after {max_attempts} attempts; "
                        "the collector will retry the batch run")
 
 
-def _covers(done: Mapping[int, int], through: Mapping[int, int]) -> bool:
-    """Whether every shard's committed sequence reaches the run's last one."""
+def covers(done: Mapping[int, int], through: Mapping[int, int]) -> bool:
+    """Whether every shard's committed sequence (``done``) reaches the run's last one."""
     return all(done.get(shard, NO_SEQUENCE) >= seq for shard, seq in through.items())
 
 
-def _not_committed(rows: pa.Table, column: str, done: Mapping[int, int]) -> pa.Table:
-    """Rows whose position is past their shard's committed sequence."""
+def not_committed(rows: pa.Table, column: str, done: Mapping[int, int]) -> pa.Table:
+    """Rows whose run position (in ``column``) is past their shard's committed sequence
+    in ``done`` (a shard absent from it: nothing committed)."""
     pos = rows.column(column).combine_chunks().to_numpy(zero_copy_only=False)
     shards, local = pos >> SHARD_BITS, pos & _SEQ_MASK
     limit = np.full(len(pos), NO_SEQUENCE, dtype=np.int64)

@@ -41,7 +41,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +58,13 @@ from pyspark.sql.types import StructType
 from ulid import ULID
 
 from pipeline.columns import ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
-from pipeline.iceberg.commit import NO_SEQUENCE, check_epoch, committed_state
+from pipeline.iceberg.commit import (
+    SHARD_BITS,
+    check_epoch,
+    committed_state,
+    covers,
+    not_committed,
+)
 from pipeline.iceberg.data_files import (
     DataFileRef,
     FileSet,
@@ -192,11 +198,12 @@ def _delete_refs(job: SinkJob, refs: Sequence[DataFileRef]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class WritePlan:
-    """Write ``stream``'s rows with ``_sequence > after`` except rows ``drop`` to ``table``."""
+    """Write ``stream``'s rows past ``after`` (per manifest shard, the table's committed
+    sequence: a row's run position names its shard) except rows ``drop`` to ``table``."""
 
     stream: str
     table: Table
-    after: int
+    after: dict[int, int]
     drop: pa.Array
     expected: int
 
@@ -242,14 +249,18 @@ class ClusterRunOutput:
                        for name, _ in self.spec.streams[i].columns]
             columns += [(name, name) for name, _ in ENVELOPE]
             if SHARD_COLUMN[0] in plan.table.schema().column_names:
-                columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))  # (one shard: 0)
+                columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))
             targets.append(TableTarget.of(plan.stream, plan.table, columns))
             wanted += [src for src, _ in columns if src not in wanted]
-            term = (F.col(STREAM) == plan.stream) & (F.col("_sequence") > plan.after)
+            term = (F.col(STREAM) == plan.stream) & _past(plan.after)
             condition = term if condition is None else condition | term
-        # The cluster path runs with one manifest shard only (the collector refuses it
-        # otherwise), so every row it writes is shard 0's.
-        frame = self.frame.where(condition).withColumn(SHARD_COLUMN[0], F.lit(0).cast("int"))
+        # `_sequence` holds run positions (shard << SHARD_BITS | sequence): the written
+        # rows get the shard and the shard's own sequence, as commit_rows gives the
+        # embedded path's.
+        position = F.col("_sequence")
+        frame = self.frame.where(condition) \
+            .withColumn(SHARD_COLUMN[0], F.shiftright(position, SHARD_BITS).cast("int")) \
+            .withColumn("_sequence", position.bitwiseAND(F.lit(_LOCAL)))
         drops = pa.concat_arrays([p.drop for p in plans if len(p.drop)] or
                                  [pa.array([], pa.int64())])
         if 0 < len(drops) <= _INLINE_DROPS:  # a literal list: no extra job
@@ -292,6 +303,21 @@ class ClusterRunOutput:
         if self.frame is not None:
             self.frame.unpersist(blocking=False)
             self.frame = None
+
+
+_LOCAL = (1 << SHARD_BITS) - 1
+
+
+def _past(after: dict[int, int]) -> Any:
+    """A Spark condition: the row's position is past its shard's sequence in ``after``."""
+    from pyspark.sql import functions as F
+
+    position = F.col("_sequence")
+    condition = F.lit(True)
+    for shard, sequence in after.items():
+        condition = condition & ((F.shiftright(position, SHARD_BITS) != shard)
+                                 | (position.bitwiseAND(F.lit(_LOCAL)) > sequence))
+    return condition
 
 
 def _activate(spark: SparkSession) -> None:
@@ -353,12 +379,15 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
 
 
 def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
-               fresh: pa.Table, *, sequence: int, epoch: int) -> WritePlan | None:
+               fresh: pa.Table, *, sequences: Mapping[int, int], epoch: int
+               ) -> WritePlan | None:
     """What to write for one table, or None when nothing is new.
 
-    Reads the table's committed sequence and epoch first: a fenced collector stops before
-    writing a byte, and rows a previous attempt already committed are never rewritten.
-    ``keys`` are all the stream's rows of the run, ``fresh`` those the dedup window kept.
+    Reads the table's committed sequences and epoch first: a fenced collector stops before
+    writing a byte, and rows a previous attempt already committed (per manifest shard)
+    are never rewritten. ``keys`` are all the stream's rows of the run (``_sequence``:
+    run positions), ``fresh`` those the dedup window kept; ``sequences`` the run's last
+    sequence per shard.
     """
     from icefloe.errors import CatalogError
 
@@ -368,17 +397,20 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
         raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
     state = committed_state(table)
     check_epoch(identifier, state, epoch)
-    if state.sequence >= sequence or fresh.num_rows == 0:
+    done = state.sequences
+    if covers(done, sequences) or fresh.num_rows == 0:
         return None
-    survivors = fresh
-    if state.sequence > NO_SEQUENCE:
-        survivors = fresh.filter(pc.greater(fresh.column("_sequence"), state.sequence))
+    survivors = not_committed(fresh, "_sequence", done) if done else fresh
     if survivors.num_rows == 0:
         return None
+    if SHARD_COLUMN[0] not in table.schema().column_names and \
+            pc.any(pc.greater(survivors.column("_sequence"), _LOCAL)).as_py():
+        raise CatalogError(f"table {identifier} has no {SHARD_COLUMN[0]} column for rows of "
+                           "manifest shards above 0: it was not evolved")
     # Rows the dedup window dropped; replayed ones are excluded by `_sequence > after`.
     drop = pa.array([], pa.int64())
     if fresh.num_rows < keys.num_rows:
         kept = pc.is_in(keys.column(ROW), value_set=fresh.column(ROW).combine_chunks())
         drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
-    return WritePlan(stream, table, state.sequence, drop, survivors.num_rows)
+    return WritePlan(stream, table, done, drop, survivors.num_rows)
 

@@ -56,8 +56,9 @@ from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from icefloe.streams.evolution import EXTRA_FIELD
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
-from pipeline.columns import ENVELOPE
+from pipeline.columns import ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
+from pipeline.iceberg.commit import not_committed, with_shard_column
 from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
 from pipeline.load.executors import KEY_COLUMNS, ROW, ClusterRunOutput, WritePlan
 from pipeline.load.fetch import decode_refs
@@ -160,11 +161,11 @@ class LocalClusterOutput(ClusterRunOutput):
         assert self.spec is not None
         streams = {s.name: s for s in self.spec.streams}
         for plan in (p for p in plans if p.expected > 0):
-            rows = self.full[plan.stream]
-            keep = pc.and_(pc.greater(rows.column("_sequence"), plan.after),
-                           pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop)))
-            rows = rows.filter(keep)
+            rows = not_committed(self.full[plan.stream], "_sequence", plan.after)
+            rows = rows.filter(pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop)))
+            rows = with_shard_column(plan.table, rows, "_sequence")  # as the executors do
             names = [n for n, _ in streams[plan.stream].columns] + [n for n, _ in ENVELOPE]
+            names += [n for n in (SHARD_COLUMN[0],) if n in rows.column_names]
             target = TableTarget.of(plan.stream, plan.table, [(n, n) for n in names])
             files = TableFiles(target, f"sim{id(self):x}", "0")
             files.add(rows)

@@ -284,6 +284,28 @@ def test_should_refuse_to_delete_a_source_with_undelivered_events(admin: Admin) 
     assert source.routes(2) == []
 
 
+def test_should_count_undelivered_events_of_every_manifest_shard(admin: Admin) -> None:
+    """Only shard 1 holds the source's entry (an ingestor grew the store to two shards;
+    the admin's own config says one): the deletion is still refused as undelivered."""
+    from icefloe.manifest import BatchRef, ManifestConfig, ShardedProducer, grow_shards
+
+    async def queue_on_shard_1() -> None:
+        store = open_async_store(admin.config.store.url)
+        try:
+            config = ManifestConfig(key=admin.config.manifest.key, shards=2)
+            await grow_shards(store, config.key, 2, backoff=config.conflict_backoff)
+            producer = ShardedProducer(store, config, shard=1)
+            await producer.append(BatchRef("batches/x.ifb", 1, 10, 1, ("clicks",),
+                                           time.time(), registry_version=1))
+            await producer.close()
+        finally:
+            await store.close()
+    asyncio.run(queue_on_shard_1())
+    refused = admin.client.delete("/v1/sources/clicks")
+    assert (refused.status_code, refused.json()["error"]) == (409, "undelivered")
+    assert "1 manifest entry" in refused.json()["message"]
+
+
 def test_should_rotate_write_tokens(admin: Admin) -> None:
     first = admin.client.post("/v1/sources/clicks/tokens")
     assert first.status_code == 201

@@ -265,10 +265,11 @@ async def test_the_dedup_window_is_rebuilt_from_every_shard_after_a_restart(conf
                                                        for i in range(3)})
 
 
-async def test_a_store_grown_under_a_cluster_output_collector_runs_embedded(tmp_path, spark):
-    """The cluster path writes shard-0 files only: when the store grows past one shard
-    while a cluster-output collector runs, its runs take the embedded path (which records
-    shards) instead of writing other shards' rows as if they were shard 0's."""
+async def test_a_store_grown_under_a_cluster_output_collector_stays_on_the_cluster_path(
+        tmp_path, spark):
+    """The store grows past one shard while a cluster-output collector runs: its runs stay
+    on the cluster path, which writes each row with its own shard and sequence (before:
+    they took the embedded path, counted as ``embedded_runs{reason="shards"}``)."""
     from pipeline.load.run import SparkClusterEngine
 
     config = collector_config(tmp_path, dequeue_every=1, output="cluster")
@@ -282,7 +283,45 @@ async def test_a_store_grown_under_a_cluster_output_collector_runs_embedded(tmp_
         fallbacks = collector.metrics.embedded_runs.labels("shards")._value.get()
     finally:
         await collector.store.close()
-    assert fallbacks == 1
+    assert fallbacks == 0
     assert_exact(config, "web.clicks", {f"{p}{i}" for p in "abc" for i in range(3)})
     where = shard_of(config, "web.clicks")
     assert (where["a0"], where["b0"], where["c0"]) == ((0, 0), (1, 0), (0, 1))
+
+
+@pytest.mark.parametrize("stage", ["after_write", "after_commit:web.clicks",
+                                   "after_commits"])
+async def test_the_cluster_output_path_commits_every_shard_exactly_once(tmp_path, spark,
+                                                                        stage):
+    """``collector.output = "cluster"`` on three shards: the executors write each row with
+    its shard and the shard's own sequence, each table records every shard, and a crash
+    between the write, the commits and the ack replays exactly per shard."""
+    from pipeline.load.run import SparkClusterEngine
+
+    config = sharded(collector_config(tmp_path, dequeue_every=1, output="cluster"), 3)
+    engine = SparkClusterEngine(spark, 2)
+    await publish_on(config, 0, [clicks("a", 5), [buy(0, "x")]])
+    await publish_on(config, 1, [clicks("b", 4)])
+    await publish_on(config, 2, [clicks("c", 3), [*clicks("c", 2), click(0, "a")]])
+    first = await start(config, engine, hook=crash_at(stage))
+    with pytest.raises(Crash):
+        await first.run_once()
+    await first.store.close()
+    await publish_on(config, 1, [clicks("d", 2)])
+    second = await start(config, engine)
+    try:
+        await drain(second)
+        embedded = sum(sample.value for metric in second.metrics.embedded_runs.collect()
+                       for sample in metric.samples if sample.name.endswith("_total"))
+    finally:
+        await second.store.close()
+    assert embedded == 0  # every run took the cluster path
+    assert_exact(config, "web.clicks", {f"a{i}" for i in range(5)} | {f"b{i}" for i in
+                                        range(4)} | {f"c{i}" for i in range(3)} | {"d0", "d1"})
+    assert_exact(config, "shop.buys", {"x0"})
+    placed = shard_of(config, "web.clicks")
+    assert (placed["a0"], placed["b0"], placed["c0"], placed["d0"]) == \
+        ((0, 0), (1, 0), (2, 0), (1, 1))
+    table = open_catalog(config.catalog).load_table("web.clicks")
+    props = table.current_snapshot().summary.additional_properties
+    assert props[SEQUENCES_PROP] == "0:1,1:1,2:1"

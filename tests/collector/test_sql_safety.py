@@ -94,6 +94,8 @@ def test_a_sql_mapping_outside_the_allow_list_is_refused_at_load_by_name(
     "coalesce(get_json_object(url, '$.a'), 'none')", "date_format(ts, 'yyyy-MM')",
     "CASE WHEN n > 1 THEN upper(url) ELSE url END", "url RLIKE '^/p'",
     "transform(split(url, '/'), x -> upper(x))[1]", "unix_timestamp(ts)",
+    "CASE WHEN n > 1 AND url IS NOT NULL THEN 'a' ELSE 'b' END",  # AND/OR are operators,
+    "if(n > 1 OR NOT n < 0, url, 'x')",  # not functions (sqlglot models them as Func too)
 ])
 def test_common_pure_expressions_are_accepted(tmp_path: Path, sql: str) -> None:
     path = tmp_path / "icefloe.toml"

@@ -305,8 +305,8 @@ async def test_should_fence_a_replaced_collector_from_the_takeover_on(config: Co
     later = pa.array([9] * staged.num_rows, pa.int64())
     rows = staged.set_column(staged.schema.get_field_index("_sequence"), "_sequence", later)
     with pytest.raises(TableFencedError):
-        await StagingArea(store).stage("web.clicks", rows, committed=-1, epoch=old.epoch,
-                                       run_last=9)
+        await StagingArea(store).stage("web.clicks", rows, committed={}, epoch=old.epoch,
+                                       through={0: 9})
     await store.close()
     await old.store.close()
     await newer.store.close()
@@ -355,8 +355,8 @@ async def test_should_stop_a_replaced_collector_that_creates_a_staging_state(
     rows = pa.table({"_sequence": pa.array([0], pa.int64()),
                      "_received_at": pa.array([0], pa.timestamp("us", tz="UTC"))})
     with pytest.raises(FencedError):
-        await old.staging.stage("web.later", rows, committed=-1, epoch=old.epoch,
-                                run_last=0)
+        await old.staging.stage("web.later", rows, committed={}, epoch=old.epoch,
+                                through={0: 0})
     # the new collector takes the state over and its own writes go on
     await newer.staging.claim("web.later", newer.epoch)
     assert (await newer.staging.load("web.later")).epoch == newer.epoch
@@ -371,13 +371,14 @@ async def test_should_stamp_staging_states_of_tables_the_new_collector_does_not_
     old = await collector_for(config)
     rows = pa.table({"_sequence": pa.array([0], pa.int64()),
                      "_received_at": pa.array([0], pa.timestamp("us", tz="UTC"))})
-    await old.staging.stage("web.elsewhere", rows, committed=-1, epoch=old.epoch, run_last=0)
+    await old.staging.stage("web.elsewhere", rows, committed={}, epoch=old.epoch,
+                            through={0: 0})
     newer = await collector_for(config)
     assert "web.elsewhere" not in newer.staging.states  # not routed: never committed here
     later = rows.set_column(0, "_sequence", pa.array([1], pa.int64()))
     with pytest.raises(TableFencedError):
-        await old.staging.stage("web.elsewhere", later, committed=-1, epoch=old.epoch,
-                                run_last=1)
+        await old.staging.stage("web.elsewhere", later, committed={}, epoch=old.epoch,
+                                through={0: 1})
     state = await newer.staging.load("web.elsewhere")
     assert (state.epoch, state.through_sequence, len(state.files)) == (newer.epoch, 0, 1)
     await old.store.close()
@@ -421,25 +422,161 @@ async def test_should_merge_many_staged_files_and_commit_in_chunks(
     await collector.store.close()
 
 
-async def test_should_refuse_to_stage_rows_when_the_manifest_has_several_shards(
-        config: Config) -> None:
-    """Staging orders rows by one manifest sequence (``through_sequence``): with several
-    shards it would be wrong, so a sink with import conditions stops the run with a
-    ConfigError naming the feature and the key, and nothing is acknowledged or lost."""
-    from icefloe.errors import ConfigError
-    from icefloe.manifest import grow_shards
-
-    config = msgspec.structs.replace(
+def sharded(config: Config) -> Config:
+    return msgspec.structs.replace(
         config, manifest=msgspec.structs.replace(config.manifest, shards=2))
-    await registry_with(config, SLOW)
+
+
+async def publish_on(config: Config, shard: int, prefix: str, count: int) -> int:
+    """One batch of ``count`` clicks appended to ``shard``; its sequence there."""
+    from icefloe.manifest import ShardedProducer, grow_shards, read_shard_count
+
     store = open_store_of(config)
-    await grow_shards(store, config.manifest.key, 2,
-                      backoff=config.manifest.build().conflict_backoff)
-    await publish(store, [batch("a", 5)], registry_version=1)
+    try:
+        if shard + 1 > await read_shard_count(store, config.manifest.key):
+            await grow_shards(store, config.manifest.key, shard + 1,
+                              backoff=config.manifest.build().conflict_backoff)
+        producer = ShardedProducer(store, config.manifest.build(), shard=shard)
+        try:
+            sequences = await publish(store, [batch(prefix, count)], producer,  # type: ignore[arg-type]
+                                      registry_version=1)
+        finally:
+            await producer.close()
+    finally:
+        await store.close()
+    return sequences[0]
+
+
+def shards_of(config: Config) -> dict[str, tuple[int, int]]:
+    rows = read_table(config, "web.clicks")
+    return {r["_event_id"]: (r["_shard"], r["_sequence"]) for r in rows.to_pylist()}
+
+
+def committed_sequences(config: Config) -> str:
+    from pipeline.iceberg.catalog import open_catalog
+
+    table = open_catalog(config.catalog).load_table("web.clicks")
+    return table.current_snapshot().summary.additional_properties["icefloe.sequences"]
+
+
+async def test_should_stage_per_shard_and_import_on_the_condition(config: Config) -> None:
+    """Two shards whose sequences overlap (both start at 0): what is staged is recorded per
+    shard, every entry is acknowledged once staged, and the import on the count condition
+    commits each row once with its shard and sequence and records both shards."""
+    config = sharded(config)
+    await registry_with(config, SLOW)
+    await publish_on(config, 0, "a", 10)
+    await publish_on(config, 0, "b", 5)
+    await publish_on(config, 1, "c", 5)
     collector = await collector_for(config)
-    with pytest.raises(ConfigError, match=r"import conditions.*manifest\.shards = 2"):
-        await collector.run_once()
+    assert (await collector.run_once()).staged == {"web.clicks": 20}
+    state = collector.staging.states["web.clicks"]
+    assert (state.staged_through, state.through_sequence) == ({0: 1, 1: 0}, 1)
+    assert state.files[0].through == {0: 1, 1: 0}
+    assert {n: m.consumer.acked_through
+            for n, m in (await collector.consumer.snapshot()).items()} == {0: 1, 1: 0}
     assert rows_in(config) == 0
-    assert len(await collector.consumer.read()) == 1  # still queued
+    await publish_on(config, 1, "d", 5)  # shard 1's sequence 1, below shard 0's
+    await collector.run_once()  # 25 events: imported
+    assert_exact(config, "web.clicks", ids("a", 10) | ids("b", 5) | ids("c", 5) | ids("d", 5))
+    placed = shards_of(config)
+    assert (placed["a0"], placed["b0"], placed["c0"], placed["d0"]) == \
+        ((0, 0), (0, 1), (1, 0), (1, 1))
+    assert committed_sequences(config) == "0:1,1:1"
+    assert collector.staging.states["web.clicks"].files == ()
     await collector.store.close()
-    await store.close()
+
+
+@pytest.mark.parametrize("stage", ["after_stage:web.clicks", "after_commits",
+                                   "after_staged_commit:web.clicks"])
+async def test_should_replay_exactly_per_shard_across_crashes(config: Config,
+                                                              stage: str) -> None:
+    """A crash between staging and the ack (or between the import and the staging
+    cleanup) on two shards: the next collector takes over, replays every shard from its
+    ack and stages or commits nothing twice."""
+    config = sharded(config)
+    await registry_with(config, msgspec.structs.replace(SLOW, max_events=15))
+    await publish_on(config, 0, "a", 5)
+    await publish_on(config, 1, "b", 5)
+    first = await collector_for(config, hook=None if "staged_commit" in stage
+                                else crash_at(stage))
+    if "staged_commit" in stage:
+        await first.run_once()  # 10 staged, not due
+        first.hook = crash_at(stage)
+        await publish_on(config, 1, "c", 5)
+        await publish_on(config, 0, "d", 5)
+        with pytest.raises(Crash):
+            await first.run_once()  # imported 20, crashed before the staging cleanup
+        assert rows_in(config) == 20
+    else:
+        with pytest.raises(Crash):
+            await first.run_once()  # staged a and b, not acknowledged
+        await publish_on(config, 1, "c", 5)
+        await publish_on(config, 0, "d", 5)
+    await first.store.close()
+
+    second = await collector_for(config)  # takes over (a new epoch), replays the queue
+    while (await second.run_once()).entries:
+        pass
+    await asyncio.to_thread(second.commit_due_staged)
+    await publish_on(config, 1, "e", 5)
+    await second.run_once()
+    await asyncio.to_thread(second.commit_due_staged)
+    assert_exact(config, "web.clicks", ids("a", 5) | ids("b", 5) | ids("c", 5) | ids("d", 5))
+    assert committed_sequences(config) == "0:1,1:1"
+    state = second.staging.states["web.clicks"]
+    assert state.staged_through == {0: 1, 1: 2}
+    staged = await second.staging.read(state)
+    assert sorted(staged.column("_event_id").to_pylist()) == sorted(ids("e", 5))
+    await second.store.close()
+
+
+async def test_should_fence_a_replaced_collector_staging_rows_of_any_shard(config: Config
+                                                                           ) -> None:
+    """Takeover on two shards: the new collector stamps the staging state, so the old
+    one's next staging write (rows of shard 1) is refused and nothing it saw is lost."""
+    from collector.service import Fenced
+
+    config = sharded(config)
+    await registry_with(config, SLOW)
+    await publish_on(config, 1, "a", 5)
+    old = await collector_for(config)
+    await old.run_once()  # shard 1 staged at the old epoch
+    staged = await old.staging.read(old.staging.states["web.clicks"])
+    newer = await collector_for(config)  # takes over: claims the staging state
+    assert newer.staging.states["web.clicks"].epoch == newer.epoch
+    later = pa.array([(1 << 40) | 9] * staged.num_rows, pa.int64())
+    rows = staged.set_column(staged.schema.get_field_index("_sequence"), "_sequence", later)
+    with pytest.raises(TableFencedError):
+        await old.staging.stage("web.clicks", rows, committed={}, epoch=old.epoch,
+                                through={1: 9})
+    await publish_on(config, 0, "b", 5)
+    with pytest.raises(Fenced):
+        await old.run_once()
+    await publish_on(config, 1, "c", 15)
+    await newer.run_once()  # 25 events: imported by the new collector alone
+    assert_exact(config, "web.clicks", ids("a", 5) | ids("b", 5) | ids("c", 15))
+    assert committed_sequences(config) == "0:0,1:1"
+    await old.store.close()
+    await newer.store.close()
+
+
+async def test_should_import_rows_staged_before_the_shards_grew(config: Config) -> None:
+    """Rows staged on one manifest (a format-1 state, read as shard 0) and rows of shard
+    1 after growing to two shards are imported together, each once."""
+    await registry_with(config, SLOW)
+    await publish_on(config, 0, "a", 10)
+    collector = await collector_for(config)
+    await collector.run_once()
+    data = (await collector.store.get("staging/web.clicks/state.json")).data
+    assert data.startswith(b'{"format":1,')
+    assert b"through_sequences" not in data
+    await publish_on(config, 1, "b", 10)  # grows the store to two shards
+    await collector.run_once()
+    state = collector.staging.states["web.clicks"]
+    assert (state.format, state.staged_through) == (2, {0: 0, 1: 0})
+    await publish_on(config, 1, "c", 5)
+    await collector.run_once()  # 25 events: imported
+    assert_exact(config, "web.clicks", ids("a", 10) | ids("b", 10) | ids("c", 5))
+    assert committed_sequences(config) == "0:0,1:1"
+    await collector.store.close()

@@ -311,3 +311,27 @@ async def test_should_prune_from_what_the_store_says(tmp_path: Path) -> None:
     assert gone.version == 3
     assert gone.sources == ()
     await store.close()
+
+
+async def test_should_keep_a_tombstone_while_another_shard_holds_its_events(
+        tmp_path: Path) -> None:
+    """The pending entry is on manifest shard 1 only: the deleted source is kept."""
+    import time
+
+    from icefloe.manifest import BatchRef, ManifestConfig, ShardedProducer, grow_shards
+    from icefloe_app.api.server import prune_tombstones
+
+    store = open_async_store((tmp_path / "store").as_uri())
+    registry = RegistryStore(store)
+    await registry.update(lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(sink("a", "web.a"),))))
+    config = ManifestConfig(shards=2)
+    await grow_shards(store, config.key, 2, backoff=config.conflict_backoff)
+    producer = ShardedProducer(store, config, shard=1)
+    await producer.append(BatchRef("batches/x.ifb", 1, 10, 1, ("clicks",), time.time(),
+                                   registry_version=1))
+    await producer.close()
+    await registry.update(lambda r: ops.delete_source(r, "clicks"))
+    kept = await prune_tombstones(store, registry, config.key, grace_s=0)
+    assert [s.id for s in kept.sources] == ["clicks"]  # shard 1's entry needs it
+    await store.close()

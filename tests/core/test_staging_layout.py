@@ -32,3 +32,17 @@ def test_should_round_trip_a_state_in_its_stored_json() -> None:
     assert data.startswith(b'{"format":1,"table":"t","epoch":4')
     assert StagingState.decode(data) == state
     assert (state.rows, state.bytes, state.oldest_ms, state.last_sequence) == (3, 100, 5, 2)
+
+
+def test_should_read_a_format_1_state_as_shard_0_and_record_shards_once_staged() -> None:
+    old = (b'{"format":1,"table":"t","epoch":4,"revision":2,"through_sequence":7,"files":'
+           b'[{"key":"k","first_sequence":5,"last_sequence":7,"rows":3,"bytes":9,'
+           b'"oldest_ms":1}]}')
+    state = StagingState.decode(old)
+    assert (state.staged_through, state.files[0].through) == ({0: 7}, {0: 7})
+    assert state.encode() == old  # a single-shard state keeps its bytes
+    grown = state.with_through({0: 8, 1: 3})
+    assert (grown.format, grown.through_sequence, grown.staged_through) == \
+        (2, 8, {0: 8, 1: 3})
+    assert StagingState.decode(grown.encode()) == grown
+    assert grown.with_through({1: 2}).staged_through == {0: 8, 1: 3}  # never backwards

@@ -191,7 +191,8 @@ async def test_files_left_by_a_hard_crash_stay_out_of_the_table_until_swept(conf
     output = await asyncio.to_thread(engine.run, spec)
     assert isinstance(output, ClusterRunOutput)
     plans = [plan_write(dying.catalog, s.table, s.name, output.keys[s.name],
-                        output.keys[s.name], sequence=spec.batches[-1][0], epoch=dying.epoch)
+                        output.keys[s.name], sequences={0: spec.batches[-1][0]},
+                        epoch=dying.epoch)
              for s in STREAMS]
     written = output.write([p for p in plans if p is not None])
     output.release()
@@ -276,7 +277,7 @@ async def test_an_unknown_add_files_outcome_keeps_files_that_landed(config, engi
                     partitions=2)
     output = await asyncio.to_thread(engine.run, spec)
     keys = output.keys["clicks"]
-    plan = plan_write(collector.catalog, "web.clicks", "clicks", keys, keys, sequence=0,
+    plan = plan_write(collector.catalog, "web.clicks", "clicks", keys, keys, sequences={0: 0},
                       epoch=collector.epoch)
     files = output.write([plan])["clicks"]
     output.release()

@@ -1,0 +1,206 @@
+"""A sink's ``where``: the SQL predicate that picks which of its source's events it takes.
+
+Why a small checked subset and not any Spark SQL: the collector evaluates a predicate on
+every row of a run to decide where the row *goes*; a predicate that throws, reads the clock
+or depends on other rows would make routing differ between a run and its replay. So a
+``where`` is parsed with sqlglot (Spark dialect) when the config loads and when the admin
+API receives a sink, and accepted only if every part of it is one the collector evaluates
+exactly, column-wise in Arrow (:mod:`collector.where`): column references (the sink's
+declared columns and ``_event_id``/``_received_at``), literals, ``AND``/``OR``/``NOT``,
+comparisons, ``IN`` (a list), ``BETWEEN``, ``IS [NOT] NULL``, ``LIKE``/``ILIKE``,
+``+ - * /`` and the functions in :data:`WHERE_FUNCTIONS` (a subset of the ``sql`` mapping
+allow-list, :mod:`icefloe.streams.sql_functions`). The result must be a boolean; SQL's
+three-valued logic holds: a row whose predicate is NULL is not taken.
+
+Types are checked here as well, on the declared column types, so a comparison Arrow could
+not evaluate (a string column against a number) is refused up front instead of failing a
+run.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from icefloe.streams.model import Column
+from icefloe.streams.sql_functions import ALLOWED_FUNCTIONS, function_name
+from icefloe.streams.typespec import BadType, parse_type
+
+WHERE_COLUMNS = ("_event_id", "_received_at")
+"""Envelope columns a predicate may read besides the declared ones."""
+
+WHERE_FUNCTIONS = frozenset({"lower", "upper", "length", "coalesce", "abs"})
+"""Functions a ``where`` may call (Spark names): what :mod:`collector.where` evaluates."""
+
+UNROUTED = ("drop", "dead_letter")
+"""What happens to a source's event that no sink's ``where`` takes (always counted)."""
+
+COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div)
+_FUNCS = {exp.Lower: "lower", exp.Upper: "upper", exp.Length: "length",
+          exp.Coalesce: "coalesce", exp.Abs: "abs"}
+_KINDS = {"string": "string", "json": "string", "uuid": "string", "long": "number",
+          "int": "number", "float": "number", "double": "number", "boolean": "boolean",
+          "timestamp": "temporal", "timestamp_ns": "temporal", "date": "temporal",
+          "time": "temporal"}
+
+
+def temporal_literal(text: str) -> datetime:
+    """A string compared with a time column, read as an ISO 8601 time (UTC unless it
+    names a zone), or ``ValueError``."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 date or time (e.g. '2026-01-31' or "
+                         "'2026-01-31T12:00:00Z')") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _kind(type_: str) -> str:
+    """A declared type's class for the check: number, string, boolean, temporal or other."""
+    if type_.startswith("decimal"):
+        return "number"
+    try:
+        parse_type(type_)
+    except BadType:
+        return "other"
+    return _KINDS.get(type_, "other")
+
+
+def column_kinds(columns: tuple[Column, ...]) -> dict[str, str]:
+    """Each readable column's class: the declared ones and the envelope's."""
+    kinds = {c.name: _kind(c.type) for c in columns}
+    kinds.update({"_event_id": "string", "_received_at": "temporal"})
+    return kinds
+
+
+def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expression:
+    """The checked predicate tree; ``ValueError`` says what is wrong (see module doc)."""
+    try:
+        parsed = sqlglot.parse(sql, read="spark")
+    except ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        raise ValueError(f"does not parse as Spark SQL: {first.get('description', exc)}"
+                         ) from None
+    if len(parsed) != 1 or parsed[0] is None:
+        raise ValueError("give exactly one SQL boolean expression (no ';')")
+    tree = parsed[0]
+    if isinstance(tree, exp.Query | exp.Command) or tree.find(exp.Query) is not None:
+        raise ValueError("a subquery or statement is not allowed: a predicate reads one "
+                         "event")
+    if tree.find(exp.AggFunc, exp.Window) is not None:
+        raise ValueError("an aggregate or window function is not allowed: a predicate reads "
+                         "one event")
+    kind = _check(tree, column_kinds(columns))
+    if kind not in ("boolean", "null"):
+        raise ValueError(f"is not a boolean expression (it gives a {kind})")
+    return tree
+
+
+def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
+    """The class of ``node``'s value, raising for anything outside the subset."""
+    if isinstance(node, exp.Paren):
+        return _check(node.this, kinds)
+    if isinstance(node, exp.Column):
+        if node.table or node.name not in kinds:
+            raise ValueError(f"unknown column {node.sql('spark')!r} (a predicate reads the "
+                             f"sink's declared columns and {', '.join(WHERE_COLUMNS)})")
+        return kinds[node.name]
+    if isinstance(node, exp.Literal):
+        return "string" if node.is_string else "number"
+    if isinstance(node, exp.Boolean):
+        return "boolean"
+    if isinstance(node, exp.Null):
+        return "null"
+    if isinstance(node, exp.And | exp.Or):
+        for side in (node.this, node.expression):
+            _expect(side, kinds, "boolean", node)
+        return "boolean"
+    if isinstance(node, exp.Not):
+        _expect(node.this, kinds, "boolean", node)
+        return "boolean"
+    if isinstance(node, COMPARISONS):
+        _comparable(node, [node.this, node.expression], kinds)
+        return "boolean"
+    if isinstance(node, exp.Between):
+        _comparable(node, [node.this, node.args["low"], node.args["high"]], kinds)
+        return "boolean"
+    if isinstance(node, exp.In):
+        if node.args.get("query") is not None or node.args.get("unnest") is not None:
+            raise ValueError("IN takes a list of values here, not a subquery")
+        _comparable(node, [node.this, *node.expressions], kinds)
+        return "boolean"
+    if isinstance(node, exp.Is):
+        if not isinstance(node.expression, exp.Null):
+            raise ValueError(f"{node.sql('spark')!r}: only IS [NOT] NULL is supported")
+        _check(node.this, kinds)
+        return "boolean"
+    if isinstance(node, exp.Like | exp.ILike):
+        _expect(node.this, kinds, "string", node)
+        if not (isinstance(node.expression, exp.Literal) and node.expression.is_string):
+            raise ValueError(f"{node.sql('spark')!r}: the LIKE pattern must be a string "
+                             "literal")
+        return "boolean"
+    if isinstance(node, ARITHMETIC):
+        for side in (node.this, node.expression):
+            _expect(side, kinds, "number", node)
+        return "number"
+    if isinstance(node, exp.Neg):
+        _expect(node.this, kinds, "number", node)
+        return "number"
+    if isinstance(node, exp.Func):
+        return _check_function(node, kinds)
+    raise ValueError(f"{node.sql('spark')[:60]!r} is not supported in a where predicate "
+                     "(see README, Routing by content)")
+
+
+def _check_function(node: exp.Func, kinds: dict[str, str]) -> str:
+    name = _FUNCS.get(type(node))
+    if name is None:
+        called = function_name(node)
+        if called not in ALLOWED_FUNCTIONS:
+            raise ValueError(f"function {called} is not allowed: it is not on the allow-list "
+                             "of icefloe.streams.sql_functions (pure per-row functions)")
+        raise ValueError(f"function {called} is not supported in a where predicate "
+                         f"(supported: {', '.join(sorted(WHERE_FUNCTIONS))})")
+    args = [a for a in node.iter_expressions()]
+    if name in ("lower", "upper", "length"):
+        _expect(args[0], kinds, "string", node)
+        return "number" if name == "length" else "string"
+    if name == "abs":
+        _expect(args[0], kinds, "number", node)
+        return "number"
+    found = {_check(a, kinds) for a in args} - {"null"}
+    if len(found) > 1:
+        raise ValueError(f"{node.sql('spark')[:60]!r}: coalesce of different types "
+                         f"({', '.join(sorted(found))})")
+    return found.pop() if found else "null"
+
+
+def _expect(node: exp.Expression, kinds: dict[str, str], want: str,
+            parent: exp.Expression) -> None:
+    got = _check(node, kinds)
+    if got not in (want, "null"):
+        raise ValueError(f"{parent.sql('spark')[:60]!r}: {node.sql('spark')[:40]!r} is a "
+                         f"{got}, expected a {want}")
+
+
+def _comparable(node: exp.Expression, sides: list[exp.Expression],
+                kinds: dict[str, str]) -> None:
+    """Compared values must share a class; a string literal compares with a temporal
+    column (read as a timestamp or date). ``other`` (lists, structs, binary) compares
+    with nothing."""
+    found = {_check(s, kinds) for s in sides} - {"null"}
+    literal_strings = all(isinstance(s, exp.Literal) and s.is_string for s in sides
+                          if _check(s, kinds) == "string")
+    if found == {"temporal", "string"} and literal_strings:
+        for side in sides:
+            if isinstance(side, exp.Literal) and side.is_string:
+                temporal_literal(side.this)
+        return
+    if len(found) > 1 or "other" in found:
+        raise ValueError(f"{node.sql('spark')[:60]!r} compares values of different types "
+                         f"({', '.join(sorted(found))})")

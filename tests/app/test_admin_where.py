@@ -1,0 +1,83 @@
+"""The admin API checks a sink's ``where`` when the request arrives: 400 naming the field
+and the problem, 409 naming the feature when the collector writes through the cluster
+output path; a good one is stored, versioned, and settable through ``/settings``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from icefloe.errors import RegistryError
+from icefloe.store import open_async_store
+from tests.app.test_admin_api import COLUMNS, Admin, serving
+from tests.collector_support import CLICKS
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Admin]:
+    yield from serving(tmp_path, open_async_store, threading.Event())
+
+
+def post(api: Admin, where: str) -> httpx.Response:
+    return api.client.post("/v1/sources/clicks/sinks", json={
+        "name": "x", "table": "web.x", "columns": COLUMNS, "where": where})
+
+
+@pytest.mark.parametrize(("where", "problem"), [
+    ("user_id = ", "does not parse"),
+    ("colour = 'red'", "unknown column 'colour'"),
+    ("java_method('java.lang.System', 'exit', 1) = 1", "function java_method is not allowed"),
+    ("count(*) > 1", "aggregate"),
+])
+def test_should_answer_400_naming_the_where_and_the_problem(api: Admin, where: str,
+                                                            problem: str) -> None:
+    answer = post(api, where)
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert body["details"][0]["field"] == "sink.where"
+    assert problem in body["details"][0]["reason"]
+
+
+def test_should_store_a_where_and_version_its_changes(api: Admin) -> None:
+    assert api.task(post(api, "user_id = 'u1'"))["state"] == "succeeded"
+    patched = api.client.patch("/v1/sources/clicks/sinks/x", json={"where": "user_id = 'u2'"})
+    assert patched.status_code in (200, 202), patched.text
+    bad = api.client.patch("/v1/sources/clicks/settings", json={"settings": [
+        {"key": "unrouted", "value": "nowhere"}]})
+    assert bad.status_code == 400
+    assert bad.json()["details"][0]["field"] == "unrouted"
+    mode = api.client.patch("/v1/sources/clicks/settings", json={"settings": [
+        {"key": "unrouted", "value": "dead_letter"}]})
+    assert mode.status_code in (200, 202), mode.text
+    source = api.client.get("/v1/sources/clicks").json()
+    source = source.get("source", source)
+    sinks = api.client.get("/v1/sources/clicks/sinks").json()["sinks"]
+    sink = next(s for s in sinks if s["name"] == "x")
+    assert sink["where"] == "user_id = 'u2'"
+    assert [(c["value"]) for c in sink["wheres"]] == ["user_id = 'u1'", "user_id = 'u2'"]
+    assert source["unrouted"] == "dead_letter"
+
+
+def test_should_answer_409_for_a_where_with_the_cluster_output_path(tmp_path: Path) -> None:
+    from icefloe.registry import RegistryStore, ops
+    from icefloe_app.api.app import AdminApi
+    from icefloe_app.api.auth import AdminAuth
+    from icefloe_app.api.tasks import Tasks
+
+    async def go() -> None:
+        store = open_async_store((tmp_path / "store").as_uri())
+        api = AdminApi(RegistryStore(store), Tasks(lambda stream: None), AdminAuth(()),
+                       pending=lambda source: asyncio.sleep(0, 0), cluster_output=True)
+        routed = ops.SinkSpec(name="a", table="web.a", columns=CLICKS.columns,
+                              where="n > 1")
+        with pytest.raises(RegistryError, match=r"routing by content.*#28.*'a'") as info:
+            await api.check(lambda r: ops.create_source(r, ops.SourceSpec(
+                id="s", sinks=(routed,))), "s")
+        assert info.value.status == 409
+        await store.close()
+    asyncio.run(go())
