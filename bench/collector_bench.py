@@ -11,14 +11,17 @@ Measures, in one run on the local store and a SQLite Iceberg catalog:
 * commit latency (the collector's written files + ``add_files``) and, for comparison,
   the plain ``Table.append`` latency;
 * freshness under a steady ingest load (event received → committed, i.e. visible to a
-  reader), p50/p99, with the default 1 s commit interval;
+  reader), p50/p99, with the default 1 s commit interval, in three table modes side by
+  side: append, an evolving schema (``unknown_fields = "evolve"``, a new field every
+  10,000 events) and upserts (``primary_key``, every event replaces an existing key);
+  ``--freshness-only`` runs just these rows;
 * data files per table before and after one maintenance pass;
 * the cluster output path on a Spark standalone cluster of two one-core workers (master
   and workers started here with pyspark's ``spark-class``) against the same path on
   ``local[2]``, each in its own driver process (``_cluster_trial.py``); ``--no-cluster``
   skips it.
 
-Usage: python bench/collector_bench.py [--quick] [--no-cluster] [--json PATH]
+Usage: python bench/collector_bench.py [--quick] [--no-cluster] [--freshness-only] [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -47,6 +51,7 @@ from icefloe.manifest import ManifestProducer, load
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.publish import build_batch, publish_batch
 from icefloe.store import open_async_store
+from ingestor.validate import CompiledStream
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
 from pipeline.load.run import LocalEngine, SparkEngine, run_local
@@ -68,7 +73,26 @@ def payload(i: int) -> bytes:
         "device": "mobile" if i % 3 else "desktop", "app_version": f"5.{i % 40}.{i % 7}"})
 
 
-def make_config(root: Path, **collector: object):
+EVOLVE_EVERY = 10_000
+"""Evolve mode: a new top-level field per this many events (issue #27's measure)."""
+MODES: dict[str, StreamConfig] = {
+    "append": STREAM,
+    "evolve": msgspec.structs.replace(STREAM, unknown_fields="evolve"),
+    "upsert": msgspec.structs.replace(STREAM, primary_key=("user_id",)),
+}
+"""Freshness modes, one stream each. Upsert keys cycle over 50,000 users, so after the
+first 5 s every event replaces a row already in the table (copy-on-write each commit)."""
+
+
+def evolving_payload(i: int) -> bytes:
+    """:func:`payload` plus fields ``f0..f<i // EVOLVE_EVERY>``: a new column per
+    :data:`EVOLVE_EVERY` events."""
+    body = msgspec.json.decode(payload(i))
+    body.update({f"f{k}": i + k for k in range(i // EVOLVE_EVERY + 1)})
+    return msgspec.json.encode(body)
+
+
+def make_config(root: Path, stream: StreamConfig = STREAM, **collector: object):
     root.mkdir(parents=True, exist_ok=True)
     (root / "icefloe.toml").write_text("")
     config = load_config(root / "icefloe.toml", overrides={
@@ -77,7 +101,7 @@ def make_config(root: Path, **collector: object):
                     "warehouse": (root / "warehouse").as_uri()},
         "collector": {"max_run_entries": 100_000, "max_run_bytes": 1 << 34,
                       "dedup_window_s": 0, **collector}})
-    return msgspec.structs.replace(config, streams=(STREAM,))
+    return msgspec.structs.replace(config, streams=(stream,))
 
 
 async def prefill(config, batches: int, per_batch: int, start: int = 0) -> int:
@@ -135,9 +159,12 @@ async def throughput(config, engine, events: int) -> tuple[float, float]:
     return events / seconds, commit_s
 
 
-async def freshness(config, engine, seconds: float, rate: int) -> tuple[list[float], int]:
+async def freshness(config, engine, seconds: float, rate: int,
+                    payload_of: Callable[[int], bytes] = payload) -> tuple[list[float], int]:
     """Publish ``rate`` events/s in 10 batches/s while the collector runs; per-event
-    (committed time - publish time) for every event."""
+    (committed time - publish time) for every event. Payloads go through the stream's
+    ingest validation first, as an ingestor would send them (evolve mode's new fields)."""
+    compiled = CompiledStream(config.streams[0])
     store = open_async_store(config.store.url)
     collector = Collector(config, store, open_catalog(config.catalog), engine)
     await collector.acquire(takeover=True)
@@ -165,9 +192,11 @@ async def freshness(config, engine, seconds: float, rate: int) -> tuple[list[flo
     while time.monotonic() < deadline:
         tick = time.monotonic()
         now_ms = int(time.time() * 1000)
-        data, count, streams = build_batch(
-            ("events", f"f{sent + i}", now_ms, payload(sent + i)) for i in range(per_batch))
         at = time.time()
+        payloads = compiled.from_events([payload_of(sent + i)
+                                         for i in range(per_batch)]).payloads
+        data, count, streams = build_batch(
+            ("events", f"f{sent + i}", now_ms, p) for i, p in enumerate(payloads))
         seq = await publish_batch(store, producer, data, record_count=count, streams=streams)
         published[seq] = (at, count)
         sent += count
@@ -199,6 +228,8 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
     parser.add_argument("--no-cluster", action="store_true",
                         help="skip the standalone-cluster rows (~1-2 min more)")
+    parser.add_argument("--freshness-only", action="store_true",
+                        help="only the freshness rows (append, evolve, upsert)")
     args = parser.parse_args()
     batches, per_batch = (20, 10_000) if args.quick else (100, 10_000)
     fresh_s = 12 if args.quick else 60
@@ -207,6 +238,13 @@ def main() -> None:
     print("starting Spark (local[2]) ...", flush=True)
     spark = get_spark("local[2]", "icefloe-bench", {"spark.driver.memory": "4g"})
     results: list[Result] = []
+    if args.freshness_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            fresh_rows(Path(tmp), spark, fresh_s, results, warm_up=True)
+        spark.stop()
+        print_table("collector: freshness at 10k events/s, append / evolve / upsert", results)
+        write_json(args.json, results)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         # The JVM compiles its hot paths during the first large queries: warm it up with
@@ -251,14 +289,7 @@ def main() -> None:
                               commits["spark"], "s"))
         results.append(Result("append latency, plain pyiceberg Table.append", commits["plain"],
                               "s"))
-        config = make_config(root / "fresh", commit_interval_s=1.0, poll_interval_s=0.05,
-                             max_run_entries=2000)
-        print(f"freshness: {fresh_s} s at 10,000 events/s ...", flush=True)
-        samples, sent = asyncio.run(freshness(config, SparkEngine(spark, 2), fresh_s, 10_000))
-        results.append(Result("freshness p50 at 10k events/s", percentile(samples, 0.5), "s"))
-        results.append(Result("freshness p99 at 10k events/s", percentile(samples, 0.99), "s"))
-        results.append(Result("events committed in freshness run", len(samples), "events",
-                              sent))
+        config = fresh_rows(root, spark, fresh_s, results)
         before = data_files(config)
         from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
 
@@ -271,6 +302,42 @@ def main() -> None:
         results += cluster_rows(batches // 2, per_batch)
     print_table("collector: manifest → Spark → Iceberg (local store, SQLite catalog)", results)
     write_json(args.json, results)
+
+
+def fresh_rows(root: Path, spark, seconds: float, results: list[Result],
+               warm_up: bool = False):
+    """Freshness at 10k events/s in each of :data:`MODES`, one after the other in this run
+    (same Spark session, same machine load), after a short throwaway run when ``warm_up``
+    (a JVM that ran nothing yet); returns the append run's config (for the maintenance
+    rows)."""
+    configs = {}
+    if warm_up:  # a fresh JVM compiles its hot paths in the first runs: not a mode's cost
+        print("freshness warm-up: 5 s, append ...", flush=True)
+        asyncio.run(freshness(make_config(root / "fresh-warm-up", commit_interval_s=1.0,
+                                          poll_interval_s=0.05, max_run_entries=2000),
+                              SparkEngine(spark, 2), 5, 10_000))
+    for mode, stream in MODES.items():
+        config = make_config(root / f"fresh-{mode}", stream, commit_interval_s=1.0,
+                             poll_interval_s=0.05, max_run_entries=2000)
+        configs[mode] = config
+        payload_of = evolving_payload if mode == "evolve" else payload
+        print(f"freshness, {mode}: {seconds} s at 10,000 events/s ...", flush=True)
+        samples, sent = asyncio.run(freshness(config, SparkEngine(spark, 2), seconds, 10_000,
+                                              payload_of))
+        label = "" if mode == "append" else f", {mode}"
+        results.append(Result(f"freshness p50 at 10k events/s{label}",
+                              percentile(samples, 0.5), "s"))
+        results.append(Result(f"freshness p99 at 10k events/s{label}",
+                              percentile(samples, 0.99), "s"))
+        results.append(Result(f"events committed in freshness run{label}", len(samples),
+                              "events", sent))
+        results.append(Result(f"  offered rate{label} (publisher shares the process)",
+                              sent / seconds, "events/s", 10_000))
+    rows = open_catalog(configs["upsert"].catalog).load_table(STREAM.table).scan(
+        selected_fields=("user_id",)).to_arrow()
+    results.append(Result("upsert table rows after its run (one per key)", rows.num_rows,
+                          "rows"))
+    return configs["append"]
 
 
 def cluster_rows(batches: int, per_batch: int) -> list[Result]:

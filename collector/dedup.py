@@ -32,7 +32,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import GreaterThanOrEqual
-from pyiceberg.table import Table
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import ManifestEntryStatus
+from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from icefloe.clock import SYSTEM, Clock
@@ -81,6 +83,9 @@ class _Mark:
     committed_ms: int
     runs: list[SourceRun] | None
     """Source runs over run positions (shard << SHARD_BITS | sequence)."""
+    snapshot: Snapshot | None = None
+    """The upsert commit itself when it replaced rows (an overwrite that records its
+    sources): the rows it removed are read back from the files it deleted."""
 
 
 def with_source(rows: pa.Table, source: str) -> pa.Table:
@@ -384,7 +389,8 @@ class DedupWindow:
         shards = {shard for mark in marks for shard in mark.sequences}
         lowest = min(previous.get(shard, NO_SEQUENCE) for shard in shards) if shards \
             else NO_SEQUENCE
-        positions, ids = _positions(table, lowest + 1)
+        positions, ids = _positions(table, lowest + 1,
+                                    [m.snapshot for m in marks if m.snapshot is not None])
 
         def between(first: int, last: int) -> list[str]:
             begin = int(np.searchsorted(positions, first, side="left"))
@@ -432,8 +438,10 @@ class DedupWindow:
                 if found >= self.max_ids:  # enough ids: older commits are left out
                     floor, capped_ms = sequence, committed
                     break
+                upsert = snapshot.summary is not None \
+                    and snapshot.summary.operation == Operation.OVERWRITE
                 marks.append(_Mark(sequence, committed, decode_sources(
-                    props.get(SOURCES_PROP))))
+                    props.get(SOURCES_PROP)), snapshot if upsert else None))
                 found += int(props.get("added-records", 0) or 0)
             snapshot = _parent(table, snapshot)
         marks.reverse()
@@ -449,13 +457,24 @@ def _is_append(snapshot: Snapshot) -> bool:
     return SOURCES_PROP in snapshot.summary.additional_properties
 
 
-def _positions(table: Table, low: int) -> tuple[np.ndarray, list[str]]:
+def _positions(table: Table, low: int, upserts: list[Snapshot] | None = None
+               ) -> tuple[np.ndarray, list[str]]:
     """Run positions (sorted) and event ids of the rows with ``_sequence >= low``; rows of
-    tables written before shards (no ``_shard``, or null) are shard 0's."""
+    tables written before shards (no ``_shard``, or null) are shard 0's.
+
+    ``upserts``: copy-on-write commits of the window. The rows they replaced or deleted
+    are no longer in the table, but their event ids were committed within the window: a
+    retry of one must still be dropped after a restart, as it is in memory, or a stale
+    update would win again. They are read from the files those commits removed (still
+    reachable from the window's snapshots)."""
     has_shard = "_shard" in {f.name for f in table.schema().fields}
     fields = ("_event_id", "_sequence", "_shard") if has_shard else ("_event_id", "_sequence")
-    rows = table.scan(row_filter=GreaterThanOrEqual("_sequence", max(low, 0)),
-                      selected_fields=fields).to_arrow()
+    row_filter = GreaterThanOrEqual("_sequence", max(low, 0))
+    rows = table.scan(row_filter=row_filter, selected_fields=fields).to_arrow()
+    replaced = _replaced_rows(table, upserts or [], fields, row_filter)
+    if replaced is not None and replaced.num_rows:
+        rows = pa.concat_tables([rows.select(fields), replaced.select(fields)])
+        rows = rows.group_by(list(fields)).aggregate([])  # kept rows are in both
     pos = rows.column("_sequence").combine_chunks().to_numpy(zero_copy_only=False)
     pos = pos.astype(np.int64)
     if has_shard:
@@ -464,6 +483,30 @@ def _positions(table: Table, low: int) -> tuple[np.ndarray, list[str]]:
     order = np.argsort(pos, kind="stable")
     ids = rows.column("_event_id").to_pylist()
     return pos[order], [ids[i] for i in order]
+
+
+def _replaced_rows(table: Table, upserts: list[Snapshot], fields: tuple[str, ...],
+                   row_filter: GreaterThanOrEqual) -> pa.Table | None:
+    """The rows (``fields``) of the data files ``upserts`` deleted; None when there are
+    none, or when they cannot be read (logged: the window then holds the table's rows
+    only, as before upserts)."""
+    if not upserts:
+        return None
+    try:
+        tasks = [FileScanTask(entry.data_file) for snapshot in upserts
+                 for manifest in snapshot.manifests(table.io)
+                 if manifest.added_snapshot_id == snapshot.snapshot_id
+                 for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+                 if entry.status == ManifestEntryStatus.DELETED
+                 and entry.snapshot_id == snapshot.snapshot_id]
+        if not tasks:
+            return None
+        return ArrowScan(table.metadata, table.io, table.schema().select(*fields),
+                         row_filter).to_table(tasks)
+    except Exception as exc:  # an unreadable file must not stop the collector's start
+        log.warning("dedup window of %s: cannot read the rows its upserts replaced (%s); "
+                    "a retry of one of them is committed again", table.name(), exc)
+        return None
 
 
 def _parent(table: Table, snapshot: Snapshot) -> Snapshot | None:

@@ -27,3 +27,19 @@ def test_should_start_the_readme_with_the_two_commands():
     first = text[:text.index("## ")]
     assert "make up" in first
     assert "make test" in first
+
+
+def test_should_list_every_stream_key_in_the_readme():
+    """The stream keys are documented by hand (the generated block covers the sections):
+    a key added to ``StreamConfig`` without a row here is a README that lies by omission."""
+    import msgspec
+
+    from icefloe.config import StreamConfig
+
+    text = README.read_text()
+    start = text.index("**Stream keys**")
+    rows = text[start:text.index("\n\n", text.index("| key |", start))]
+    listed = {line.split("`")[1] for line in rows.splitlines() if line.startswith("| `")}
+    keys = {f.encode_name for f in msgspec.structs.fields(StreamConfig)}
+    assert keys - listed == set(), "stream keys missing from the README's Stream keys table"
+    assert listed - keys == set(), "rows for stream keys that do not exist"
