@@ -144,12 +144,18 @@ class StagingArea:
         self.states[table] = state
         return state
 
+    async def floor(self, table: str, committed: int) -> tuple[StagingState, int]:
+        """The state and the sequence at or below which ``table``'s rows are staged or
+        committed already (``committed``: the table's sequence): a run stages only rows
+        above it."""
+        current = self.states.get(table) or await self.load(table)
+        return current, max(current.through_sequence, committed)
+
     async def stage(self, table: str, rows: pa.Table, *, committed: int, epoch: int,
                     run_last: int) -> Staged:
         """Stage ``rows`` (this run's, for ``table``) durably; rows already staged (at or
         below ``through_sequence``) or committed (at or below ``committed``) are skipped."""
-        current = self.states.get(table) or await self.load(table)
-        floor = max(current.through_sequence, committed)
+        current, floor = await self.floor(table, committed)
         fresh = rows.filter(pc.greater(rows["_sequence"], floor)) if rows.num_rows else rows
         skipped = rows.num_rows - fresh.num_rows
         if fresh.num_rows == 0:
@@ -161,18 +167,37 @@ class StagingArea:
         key = data_key(table, first, last, str(ULID()))
         await self.store.put(key, data)
         staged = StagedFile(key, first, last, fresh.num_rows, len(data), oldest)
+        return await self.record(table, (staged,), epoch=epoch, run_last=run_last,
+                                 skipped=skipped)
+
+    async def record(self, table: str, files: tuple[StagedFile, ...], *, epoch: int,
+                     run_last: int, skipped: int = 0) -> Staged:
+        """Add one run's staged ``files`` (already in the store) to the state, with
+        ``through_sequence`` = ``run_last``, in one compare-and-swap.
+
+        The files of one run are recorded together or not at all: a lost race (the run
+        was staged meanwhile, by an earlier attempt whose answer was lost or by a replay)
+        leaves them unreferenced, and they are deleted here (else swept). Files of one run
+        may overlap in sequences (the cluster path writes one per task); they are kept in
+        order of their last sequence, and the import commits overlapping files together
+        (:func:`collector.commit.chunk_of`)."""
+        keys = {f.key for f in files}
+        ordered = tuple(sorted(files, key=lambda f: (f.last_sequence, f.first_sequence)))
 
         def add(state: StagingState) -> StagingState | None:
-            if any(f.key == key for f in state.files):
+            if any(f.key in keys for f in state.files):
                 return None  # our earlier attempt landed (its response was lost)
             if state.through_sequence >= run_last:
-                return None  # staged meanwhile: our file stays unreferenced (swept)
-            return msgspec.structs.replace(state, files=(*state.files, staged),
+                return None  # staged meanwhile: our files stay unreferenced
+            return msgspec.structs.replace(state, files=(*state.files, *ordered),
                                            through_sequence=run_last)
         state = await self._update(table, epoch, add)
-        if not any(f.key == key for f in state.files):
-            return Staged(0, rows.num_rows, state)
-        return Staged(fresh.num_rows, skipped, state)
+        rows = sum(f.rows for f in files)
+        if not any(f.key in keys for f in state.files):
+            for key in keys:
+                await self.store.delete(key)
+            return Staged(0, rows + skipped, state)
+        return Staged(rows, skipped, state)
 
     async def claim(self, table: str, epoch: int, *, create: bool = False) -> StagingState:
         """Stamp the table's staging state with this collector's epoch, so a replaced
@@ -233,7 +258,8 @@ class StagingArea:
         group = state.files[:MERGE_FILES]
         rows = await self.read(state, group)
         assert rows is not None
-        first, last = group[0].first_sequence, group[-1].last_sequence
+        first = min(f.first_sequence for f in group)
+        last = max(f.last_sequence for f in group)
         data = parquet_bytes(rows)
         key = data_key(table, first, last, str(ULID()))
         await self.store.put(key, data)
