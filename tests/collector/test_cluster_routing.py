@@ -33,6 +33,7 @@ from collector_support import (
 )
 
 from collector.routing import Routes, cut_by_routing, embedded_reason
+from collector.service import Fenced
 from icefloe.config import Column, Config
 from icefloe.manifest.model import Entry
 from icefloe.registry import Registry, RegistryStore, ops
@@ -95,10 +96,6 @@ async def drain_all(collector: Any) -> list[int]:
     manifest = (await collector.consumer.snapshot())[0]
     assert manifest.consumer.acked_through == manifest.next_sequence - 1
     return runs
-
-
-def fallbacks(collector: Any, reason: str) -> float:
-    return collector.metrics.embedded_runs.labels(reason)._value.get()
 
 
 async def test_a_sink_disabled_and_enabled_inside_one_run(config, engine) -> None:
@@ -200,33 +197,119 @@ async def test_fan_out_on_the_cluster_path(config, engine) -> None:
     await collector.store.close()
 
 
-async def test_import_conditions_take_the_embedded_path(config, engine) -> None:
-    staged = msgspec.structs.replace(CLICKS_SINK, conditions=Conditions(max_age_s=3600,
-                                                                       max_events=16))
+STAGED = msgspec.structs.replace(CLICKS_SINK, conditions=Conditions(max_age_s=3600,
+                                                                   max_events=16))
+
+
+def staged_keys(collector: Any, table: str = "web.clicks") -> list[str]:
+    return [f.key for f in collector.staging.states[table].files]
+
+
+async def test_import_conditions_stage_on_the_executors(config, engine) -> None:
     version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
-        id="clicks", sinks=(staged,))))
-    await queue(config, version, batch("a", 8))
-    collector = await collector_for(config, engine)
+        id="clicks", sinks=(STAGED, SLIM))))
+    await queue(config, version, batch("a", 8), batch("a2", 8))
+    spy = Spy(engine)
+    collector = await collector_for(config, spy)
     result = await collector.run_once()
-    assert result.staged == {"web.clicks": 8}  # staged, not committed: below 16 events
-    assert read_table(config, "web.clicks").num_rows == 0
+    assert spy.cluster_runs == 1
+    assert result.staged == {"web.clicks": 16}  # staged by the executors, one file a task
+    # ... and committed at once: 16 events. The other sink got its rows in the same job.
+    assert_exact(config, "web.clicks", ids("a", "a2"))
+    assert_exact(config, "web.slim", ids("a", "a2"))
     await queue(config, version, batch("b", 8))
-    assert await drain_all(collector) == [1]  # 16 events: committed
-    assert_exact(config, "web.clicks", ids("a", "b"))
-    # Conditions back to the defaults: rows still staged go first, then the cluster path.
-    await queue(config, version, batch("c", 8))
+    assert (await collector.run_once()).staged == {"web.clicks": 8}
+    assert read_table(config, "web.clicks").num_rows == 16  # below 16 events: staged
+    keys = staged_keys(collector)
+    assert keys
+    assert all(k.startswith("staging/web.clicks/") for k in keys)
+    staged = await collector.staging.read(collector.staging.states["web.clicks"])
+    assert staged.column_names == ["user_id", "url", "n", "ts", "_event_id",
+                                   "_received_at", "_sequence", "_source"]
+    await queue(config, version, batch("b", 8), batch("c", 8))  # b again: retried ids
+    assert await drain_all(collector) == [2]  # 8 + 16 staged: committed, b once
+    assert_exact(config, "web.clicks", ids("a", "a2", "b", "c"))
+    assert_exact(config, "web.slim", ids("a", "a2", "b", "c"))
+    assert not collector.staging.states["web.clicks"].files
+    # Conditions back to the defaults: rows still staged go first, then direct commits.
+    await queue(config, version, batch("d", 8))
     assert (await collector.run_once()).staged == {"web.clicks": 8}
     version = await change(config, lambda r: ops.update_sink(
         r, "clicks", "clicks", ops.SinkPatch(conditions=Conditions())))
-    await queue(config, version, batch("d", 8))
-    assert await drain_all(collector) == [1]  # staged behind c, then c and d committed
-    assert_exact(config, "web.clicks", ids("a", "b", "c", "d"))
-    assert fallbacks(collector, "staging") == 4
     await queue(config, version, batch("e", 8))
+    assert await drain_all(collector) == [1]  # staged behind d, then d and e committed
+    await queue(config, version, batch("f", 8))
     assert await drain_all(collector) == [1]
-    assert fallbacks(collector, "staging") == 4  # nothing staged any more: cluster path
-    assert_exact(config, "web.clicks", ids("a", "b", "c", "d", "e"))
+    assert_exact(config, "web.clicks", ids("a", "a2", "b", "c", "d", "e", "f"))
+    assert spy.cluster_runs == 6
+    cluster_only(collector)
     await collector.store.close()
+
+
+@pytest.mark.parametrize("stage", ["after_write", "after_stage:web.clicks",
+                                   "after_commits"])
+async def test_a_crash_between_stage_and_ack_then_restart(config, engine, stage) -> None:
+    """The executors staged (or wrote and did not record yet), the run is not acked: the
+    replay stages nothing twice, and the import commits each row once."""
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(STAGED,))))
+    await queue(config, version, batch("a", 8), batch("b", 8))  # 16 events: due
+    spy = Spy(engine)
+    crashing = await start(config, spy, hook=crash_at(stage))
+    crashing.routes = Routes(await RegistryStore(crashing.store,
+                                                 config.admin.registry_key).read())
+    await asyncio.to_thread(crashing.prepare_tables)
+    with pytest.raises(Crash):
+        await crashing.run_once()
+    await crashing.store.close()
+    assert spy.cluster_runs == 1
+    await queue(config, version, batch("c", 16))  # due on its own
+    restarted = await collector_for(config, spy)
+    results = []
+    while (result := await restarted.run_once()).entries:
+        results.append(result)
+    assert_exact(config, "web.clicks", ids("a", "b") | ids("c", count=16))
+    if stage != "after_write":  # the replay found its rows staged (or committed) already
+        assert results[0].replayed == 16
+    assert not restarted.staging.states["web.clicks"].files
+    cluster_only(restarted)
+    await restarted.store.close()
+
+
+async def test_a_takeover_with_rows_staged_on_the_executors(config, engine) -> None:
+    """Staging claimed by epoch (#22 case 5): a takeover lands after the old collector's
+    executors staged a run, before it recorded the files — the record is refused, the old
+    one stops, and the new one imports what was staged plus the replay, each row once."""
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(STAGED,))))
+    await queue(config, version, batch("a", 8))
+    spy = Spy(engine)
+    old = await collector_for(config, spy)
+    assert (await old.run_once()).staged == {"web.clicks": 8}
+    loop = asyncio.get_running_loop()
+    taken: list[Any] = []
+
+    def take_over(stage: str) -> None:  # runs in the old collector's commit thread
+        if stage == "after_write" and not taken:
+            taken.append(asyncio.run_coroutine_threadsafe(collector_for(config, spy),
+                                                          loop).result())
+
+    old.hook = take_over
+    await queue(config, version, batch("b", 4))
+    with pytest.raises(Fenced):
+        await old.run_once()
+    new = taken[0]
+    assert new.epoch > old.epoch
+    state = await new.staging.load("web.clicks")
+    assert (state.rows, state.epoch) == (8, new.epoch)  # b's files were never recorded
+    await queue(config, version, batch("c", 4))
+    assert await drain_all(new) == [2]  # b (replayed) and c: 16 staged, imported
+    assert_exact(config, "web.clicks", ids("a") | {f"{p}{i}" for p in "bc" for i in range(4)})
+    assert spy.cluster_runs == 3
+    assert await new.staging.sweep("web.clicks", 0) >= 1  # the refused run's files
+    cluster_only(new)
+    await old.store.close()
+    await new.store.close()
 
 
 async def test_a_re_created_source_with_other_columns(config, engine) -> None:
@@ -250,34 +333,42 @@ async def test_a_re_created_source_with_other_columns(config, engine) -> None:
     assert sorted(read_table(config, "web.old").column("n").to_pylist()) == list(range(8))
     assert read_table(config, "web.new").column_names == [
         "user_id", "url", "_event_id", "_received_at", "_sequence", "_shard"]
-    assert fallbacks(collector, "columns") == 2
+    cluster_only(collector)  # each sink's projection: no columns it lacks
     await collector.store.close()
 
 
 async def test_a_crash_between_the_tables_of_a_fan_out_run_then_restart(config, engine
                                                                        ) -> None:
-    """The embedded path keeps its crash guarantees when the cluster engine takes it:
-    the table committed before the crash is not committed twice, the other one gets its
-    rows, and the runs after it go back to the cluster path."""
+    """Both tables' files are written by one job; the crash lands after the first table's
+    commit: the replay does not commit it twice, the other table gets its rows, and the
+    files the crash left behind are never in a table."""
     version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK, SLIM))))
     await queue(config, version, batch("a", 8), batch("b", 8))
-    crashing = await start(config, engine, hook=crash_at("after_commit:web.clicks"))
+    spy = Spy(engine)
+    crashing = await start(config, spy, hook=crash_at("after_commit:web.clicks"))
     crashing.routes = Routes(await RegistryStore(crashing.store,
                                                  config.admin.registry_key).read())
     await asyncio.to_thread(crashing.prepare_tables)
     with pytest.raises(Crash):
         await crashing.run_once()
     await crashing.store.close()
+    assert spy.cluster_runs == 1
     assert_exact(config, "web.clicks", ids("a", "b"))
     assert read_table(config, "web.slim").num_rows == 0
     version = await change(config, lambda r: ops.delete_sink(r, "clicks", "slim"))
     await queue(config, version, batch("c", 8))
-    restarted = await collector_for(config, engine)
-    assert await drain_all(restarted) == [2, 1]  # the replay, then one sink again
+    restarted = await collector_for(config, spy)
+    results = []
+    while (result := await restarted.run_once()).entries:
+        results.append(result)
+    assert [r.entries for r in results] == [2, 1]  # the replay, then one sink again
+    assert results[0].replayed == 16
+    assert results[0].rows["web.slim"] == 16
     assert_exact(config, "web.clicks", ids("a", "b", "c"))
     assert_exact(config, "web.slim", ids("a", "b"))
-    assert fallbacks(restarted, "fan-out") == 1
+    assert spy.cluster_runs == 3
+    cluster_only(restarted)
     await restarted.store.close()
 
 
@@ -301,10 +392,9 @@ def test_a_run_is_cut_where_its_routing_changes() -> None:
     # buys routes alike at 2 and 3; clicks is off at 3: the run ends there.
     assert cut_by_routing(routes, run) == run[:4]
     assert cut_by_routing(routes, run[4:]) == run[4:]  # the first entry is always taken
-    assert embedded_reason(routes, run[:4], lambda target: False) is None
-    assert embedded_reason(routes, run[4:], lambda target: False) is None  # goes nowhere
-    assert embedded_reason(routes, run[:1], lambda target: True) == "staging"
+    assert embedded_reason(routes, run[:4]) is None
+    assert embedded_reason(routes, run[4:]) is None  # goes nowhere
     fan_out = [entry(5, 5, "clicks"), entry(6, 5, "clicks", "buys")]
     assert cut_by_routing(routes, [*run[:2], *fan_out]) == run[:2]
     assert cut_by_routing(routes, fan_out) == fan_out
-    assert embedded_reason(routes, fan_out, lambda target: False) == "fan-out"
+    assert embedded_reason(routes, fan_out) is None  # fan-out: the cluster path writes it
