@@ -7,10 +7,13 @@ module takes the run's output from there to the tables:
   drop the ids the dedup window has seen, write the files and commit them with the run's
   sequence (``WriteThenAdd``);
 * **cluster** (:class:`~pipeline.load.executors.ClusterRunOutput`: the rows stay on the
-  executors): dedup on the event keys alone, the executors write the fresh rows, and each
-  table gets one ``add_files`` commit; a run this path cannot write in one shot was handed
-  to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
-* **staged** (sinks with import conditions): rows go to the staging area and are committed,
+  executors): dedup on the event keys alone, per target table (a source with several sinks
+  has several); one job has the executors write every table's fresh rows and every staged
+  sink's files, then each table gets one ``add_files`` commit or its staged files are
+  recorded; a run this path cannot write in one shot (two sources writing one table) was
+  handed to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
+* **staged** (sinks with import conditions): rows go to the staging area (written by the
+  driver on the embedded path, by the executors on the cluster path) and are committed,
   in chunks, oldest first, when a condition holds (:meth:`RunCommits.commit_due_staged`);
 * **dead letters**: always the embedded way, after the tables.
 

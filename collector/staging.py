@@ -5,7 +5,8 @@ Why: a sink that commits once an hour (or at 500 MB) must neither pin the manife
 entries could not be acknowledged and dequeued for an hour, and every other sink and
 ingestor would feel the queue grow) nor keep an hour of rows in the collector's memory.
 So each run writes that sink's rows to ``staging/<table>/<first>-<last>-<ulid>.parquet``
-and records the file in ``staging/<table>/state.json`` (the layout: :mod:`icefloe.staging`)
+(on the cluster output path the executors write them, one file per task) and records the
+run's files in ``staging/<table>/state.json`` (the layout: :mod:`icefloe.staging`)
 — by compare-and-swap, with the collector epoch — *before* the run's entries are
 acknowledged. When the sink's conditions hold (oldest pending row older than
 ``max_age_s``, or ``max_bytes`` / ``max_events`` reached), all its staged files are

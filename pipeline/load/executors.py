@@ -10,14 +10,17 @@ run in memory). Here a run works in three steps, and the driver only ever holds 
    a stable ``_row`` id, persists the frame on the executors and collects the keys;
 2. the collector deduplicates and replay-filters on the keys (the same
    :class:`~collector.dedup.DedupWindow` and committed-sequence logic as the embedded path)
-   and :meth:`ClusterRunOutput.write` has the executors write the surviving rows as Parquet
-   files into each table's data location, through the ``icefloe-parquet`` Python data
-   source writer (:class:`ParquetSinkWriter`); the driver-side ``commit()`` of that writer
-   receives the file list from the successful tasks' commit messages;
+   and :meth:`ClusterRunOutput.write_all` has the executors write the surviving rows as
+   Parquet files into each target table's data location (each sink's own projection; a
+   row of a source with several sinks once per sink), and a staged sink's rows as staged
+   files into the staging area (:mod:`icefloe.staging`), through the ``icefloe-parquet``
+   Python data source writer (:class:`ParquetSinkWriter`); the driver-side ``commit()`` of
+   that writer receives the file list from the successful tasks' commit messages;
 3. :class:`~pipeline.iceberg.data_files.AddFiles` commits those files with
    ``Table.add_files`` *through* :func:`pipeline.iceberg.commit.commit_rows` — one fast
    append carrying ``icefloe.sequence`` and ``icefloe.epoch``, with identical fencing,
-   replay checks and unknown-outcome handling.
+   replay checks and unknown-outcome handling; staged files are recorded in the sink's
+   staging state by the collector (:meth:`collector.staging.StagingArea.record`).
 
 Why ``_row`` and not the event id to drop duplicates: the dedup window keeps the *first* of
 repeated ids within a run, so it must be able to name one row among equals.

@@ -398,3 +398,19 @@ def test_a_run_is_cut_where_its_routing_changes() -> None:
     assert cut_by_routing(routes, [*run[:2], *fan_out]) == run[:2]
     assert cut_by_routing(routes, fan_out) == fan_out
     assert embedded_reason(routes, fan_out) is None  # fan-out: the cluster path writes it
+
+
+def test_an_import_chunk_never_ends_between_overlapping_staged_files() -> None:
+    """The executors stage one file per task, so one run's files overlap in sequences; a
+    chunk committed through its highest sequence must take all of them, or the replay
+    filter would drop the rest's rows."""
+    from collector.commit import chunk_of
+    from icefloe.staging import StagedFile
+
+    def staged(first: int, last: int) -> StagedFile:
+        return StagedFile(f"k{first}-{last}", first, last, 1, 100, 0)
+
+    files = (staged(0, 3), staged(1, 4), staged(2, 4), staged(5, 6), staged(7, 9))
+    assert chunk_of(files, 150) == files[:3]  # over the limit, but 1..4 overlap 0..3
+    assert chunk_of(files, 400) == files[:4]
+    assert chunk_of(files[3:], 50) == files[3:4]  # disjoint: one file at least
