@@ -363,8 +363,8 @@ async def test_a_crash_between_the_tables_of_a_fan_out_run_then_restart(config, 
     while (result := await restarted.run_once()).entries:
         results.append(result)
     assert [r.entries for r in results] == [2, 1]  # the replay, then one sink again
-    assert results[0].replayed == 16
-    assert results[0].rows["web.slim"] == 16
+    # web.clicks holds the run: its window (rebuilt from the table) drops the replay.
+    assert results[0].rows == {"web.clicks": 0, "web.slim": 16}
     assert_exact(config, "web.clicks", ids("a", "b", "c"))
     assert_exact(config, "web.slim", ids("a", "b"))
     assert spy.cluster_runs == 3
