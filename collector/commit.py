@@ -7,10 +7,13 @@ module takes the run's output from there to the tables:
   drop the ids the dedup window has seen, write the files and commit them with the run's
   sequence (``WriteThenAdd``);
 * **cluster** (:class:`~pipeline.load.executors.ClusterRunOutput`: the rows stay on the
-  executors): dedup on the event keys alone, the executors write the fresh rows, and each
-  table gets one ``add_files`` commit; a run this path cannot write in one shot was handed
-  to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
-* **staged** (sinks with import conditions): rows go to the staging area and are committed,
+  executors): dedup on the event keys alone, per target table (a source with several sinks
+  has several); one job has the executors write every table's fresh rows and every staged
+  sink's files, then each table gets one ``add_files`` commit or its staged files are
+  recorded; a run this path cannot write in one shot (two sources writing one table) was
+  handed to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
+* **staged** (sinks with import conditions): rows go to the staging area (written by the
+  driver on the embedded path, by the executors on the cluster path) and are committed,
   in chunks, oldest first, when a condition holds (:meth:`RunCommits.commit_due_staged`);
 * **upserts** (sinks with a ``primary_key``, embedded path only): rows missing a key value
   become dead letters, the rest commit by copy-on-write (:mod:`pipeline.iceberg.upsert`),
@@ -26,6 +29,7 @@ crash a collector between any two steps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +43,7 @@ from collector.evolve import evolve_rows
 from collector.hops import BlockOn
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
-from collector.staging import COMMIT_CHUNK_BYTES, StagingArea, due
+from collector.staging import COMMIT_CHUNK_BYTES, Staged, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from collector.where import unrouted_dead_letters
 from icefloe.clock import Clock
@@ -50,7 +54,7 @@ from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState, merge_through
 from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
-from pipeline.iceberg.commit import CommitResult, commit_rows
+from pipeline.iceberg.commit import CommitResult, commit_rows, not_committed
 from pipeline.iceberg.data_files import AddFiles, FileSet
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.upsert import (
@@ -204,82 +208,136 @@ class RunCommits:
                         versions: dict[str, dict[int, int]]) -> None:
         """The cluster output path: dedup on the keys, executors write, add_files per table.
 
-        Same order and crash points as the embedded path, plus ``after_write`` (files
-        written, nothing committed). Files of a table whose commit is refused or never
-        attempted (an earlier table failed) are deleted here; a crash leaves them to the
-        maintenance orphan sweep. Dead letters are few and go the embedded way.
+        Per target table (a source with several sinks has several; a sink that missed part
+        of the run gets only the entries it takes) the keys are deduplicated by that
+        table's window and replay-filtered by its committed sequence; a staged sink's rows
+        above its staging floor are planned instead. One Spark job writes every table's
+        files and every staged file; then, in routing order, each table is committed with
+        ``add_files`` (``after_commit:<table>``) or its staged files are recorded in its
+        staging state (``after_stage:<table>``, then the import if a condition holds) —
+        the embedded path's order and crash points, plus ``after_write`` (files written,
+        nothing committed). Files of a table whose commit is refused or never attempted
+        (an earlier table failed) are deleted here; a crash leaves them to the maintenance
+        orphan sweep (staged ones to :meth:`~collector.staging.StagingArea.sweep`). Dead
+        letters are few and go the embedded way.
         """
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
-        targets: dict[str, str] = {}
-        for name in output.keys:
-            if not self.routes.takers(name, versions.get(name, {})):
-                continue  # every sink was off for these events: they go nowhere
-            target = self.routes.single_target(name, versions.get(name, {}))
-            if target is not None and target.sink.primary_key:
-                output.release()
-                raise RoutingUnsupportedError(
-                    f"sink {target.sink.name!r} of source {name!r} has a primary_key: the "
-                    "cluster output path does not do upserts (until #28); set [collector] "
-                    "output = \"embedded\" for sinks with a primary_key")
-            if target is not None and self.is_staged(target):
-                output.release()
-                raise RoutingUnsupportedError(
-                    f"sink {target.sink.name!r} of source {name!r} has import conditions: "
-                    "the cluster output path does not stage rows; set [collector] output = "
-                    "\"embedded\" for sinks with import conditions")
-            if target is None:
-                output.release()
-                raise RoutingUnsupportedError(
-                    f"source {name!r} has several sinks, or a sink that misses part of this "
-                    "run (disabled or created meanwhile): the cluster output path writes "
-                    "each source to one table; set [collector] output = \"embedded\" to "
-                    "route by the registry")
-            targets[name] = target.table
-        if len(set(targets.values())) < len(targets):
-            output.release()
-            raise RoutingUnsupportedError(
-                "two sources write the same table in this run (a sink moved between "
-                "sources): the cluster output path commits each source alone; set "
-                "[collector] output = \"embedded\" to route by the registry")
+        routed = self._cluster_targets(output, versions)
         pending: dict[str, FileSet] = {}
+        staged_files: dict[str, tuple[StagedFile, ...]] = {}
         try:
             fresh_keys: dict[str, pa.Table] = {}
+            skipped: dict[str, int] = {}
             plans: list[WritePlan] = []
-            for name, keys in output.keys.items():
-                if name not in targets:
+            for table, (target, keys, allowed) in routed.items():
+                source = target.source.id
+                columns = tuple((c.name, c.type) for c in target.sink.columns)
+                if self.is_staged(target):
+                    plan = self._plan_stage(target, keys, columns, allowed)
+                    skipped[table] = keys.num_rows - plan.expected
+                    plans.append(plan)
                     continue
-                fresh, dropped = self.windows[targets[name]].filter(keys, name)
+                fresh, dropped = self.windows[table].filter(keys, source)
                 result.duplicates += dropped
                 if dropped:
-                    self.metrics.duplicates.labels(name).inc(dropped)
-                fresh_keys[name] = fresh
-                plan = plan_write(self.catalog, targets[name], name, keys, fresh,
-                                  sequences=sequences, epoch=self.epoch)
-                if plan is not None:
-                    plans.append(plan)
-            pending = output.write(plans)
+                    self.metrics.duplicates.labels(source).inc(dropped)
+                fresh_keys[table] = fresh
+                planned = plan_write(self.catalog, table, source, keys, fresh,
+                                     sequences=sequences, epoch=self.epoch, key=table,
+                                     columns=columns, entries=allowed)
+                if planned is not None:
+                    plans.append(planned)
+            written = output.write_all(plans)
+            pending, staged_files = written.files, written.staged
             self.hook("after_write")
-            for name, fresh in fresh_keys.items():
-                table = targets[name]
-                add = AddFiles(pending.pop(name, FileSet()))
+            for table, (target, _, _) in routed.items():
+                if table in skipped:
+                    files = staged_files.pop(table, ())
+                    self._record_staged(target, files, result, skipped[table])
+                    continue
+                source, fresh = target.source.id, fresh_keys[table]
+                add = AddFiles(pending.pop(table, FileSet()))
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
                                            nbytes=add.files.size,
-                                           props=sources_props(fresh, name),
+                                           props=sources_props(fresh, source),
                                            sequences=sequences)
                 finally:
                     add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
-                self.windows[table].remember(fresh, name)
+                self.windows[table].remember(fresh, source)
                 result.rows[table] = outcome.rows
                 result.replayed += outcome.replayed
                 self.hook(f"after_commit:{table}")
         finally:
-            for name, files in pending.items():  # never offered to add_files: not in a table
-                AddFiles(files).cleanup(self.catalog, targets[name],
-                                        sequence=sequence, epoch=self.epoch)
+            for table, files in pending.items():  # never offered to add_files: not in a table
+                AddFiles(files).cleanup(self.catalog, table, sequence=sequence,
+                                        epoch=self.epoch)
+            for files in staged_files.values():  # never recorded: in no staging state
+                for staged in files:
+                    with contextlib.suppress(Exception):
+                        self.block_on(self.staging.store.delete(staged.key))
             output.release()
         self._commit_dead(output.dead, sequence, result)
+
+    def _cluster_targets(self, output: ClusterRunOutput, versions: dict[str, dict[int, int]]
+                         ) -> dict[str, tuple[Target, pa.Table, tuple[int, ...] | None]]:
+        """Per table of the run, in routing order: its target, the keys of the rows it
+        takes, and the entries they come from (None: all of the source's entries).
+
+        Raises:
+            RoutingUnsupportedError: two sources write one table in this run (the collector
+                hands such runs to the embedded path before they run).
+        """
+        out: dict[str, tuple[Target, pa.Table, tuple[int, ...] | None]] = {}
+        for name, keys in output.keys.items():
+            seen = versions.get(name, {})
+            for target in self.routes.takers(name, seen):
+                if target.sink.primary_key:
+                    output.release()
+                    raise RoutingUnsupportedError(
+                        f"sink {target.sink.name!r} of source {name!r} has a primary_key: "
+                        "the cluster output path does not do upserts; set [collector] "
+                        "output = \"embedded\" for sinks with a primary_key")
+                allowed = tuple(sorted(s for s, v in seen.items() if target.receives_at(v)))
+                part, chosen = keys, None
+                if len(allowed) < len(seen):  # a sink that misses part of the run
+                    chosen = allowed
+                    part = keys.filter(pc.is_in(keys.column("_sequence"),
+                                                pa.array(allowed, pa.int64())))
+                if target.table in out:
+                    output.release()
+                    raise RoutingUnsupportedError(
+                        f"table {target.table!r} is written by two sinks in this run: the "
+                        "cluster output path commits each table from one sink per run")
+                out[target.table] = (target, part, chosen)
+        return out
+
+    def _plan_stage(self, target: Target, keys: pa.Table, columns: tuple[tuple[str, str], ...],
+                    allowed: tuple[int, ...] | None) -> WritePlan:
+        """What the executors stage for ``target``: its rows above the staging floor
+        (staged or committed already: a replay stages nothing twice). Not deduplicated:
+        staged rows are, when they are imported (as on the embedded path)."""
+        table = target.table
+        committed = self.table_sequences.get(table, {})
+        _, floor = self.block_on(self.staging.floor(table, committed))
+        fresh = not_committed(keys, "_sequence", floor) if floor else keys
+        return WritePlan(target.source.id, None, floor, pa.array([], pa.int64()),
+                         fresh.num_rows, key=table, columns=columns, sequences=allowed,
+                         stage=table)
+
+    def _record_staged(self, target: Target, files: tuple[StagedFile, ...],
+                       result: RunResult, skipped: int) -> None:
+        """Record the files the executors staged for ``target`` in its staging state."""
+        assert self.epoch is not None
+        if files:
+            staged = self.block_on(self.staging.record(
+                target.table, files, epoch=self.epoch, through=result.sequences,
+                skipped=skipped))
+        else:
+            state, _ = self.block_on(self.staging.floor(target.table, {}))
+            staged = Staged(0, skipped, state)
+        self._after_stage(target, staged, result)
 
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
                 append: AddFiles | WriteThenAdd | CopyOnWrite | None = None,
@@ -332,6 +390,13 @@ class RunCommits:
         staged = self.block_on(self.staging.stage(
             table, rows, committed=self.table_sequences.get(table, {}), epoch=self.epoch,
             through=result.sequences))
+        self._after_stage(target, staged, result)
+
+    def _after_stage(self, target: Target, staged: Staged, result: RunResult) -> None:
+        """Both paths, once a run's rows of ``target`` are staged: count them, then commit
+        the staged rows if a condition holds (else compact a long file list)."""
+        assert self.epoch is not None
+        table = target.table
         result.staged[table] = staged.rows
         result.replayed += staged.skipped
         self.observe_staged(table, staged.state)
@@ -420,12 +485,18 @@ def versions_of(entries: list[Entry]) -> dict[str, dict[int, int]]:
 
 
 def chunk_of(files: tuple[StagedFile, ...], limit: int) -> tuple[StagedFile, ...]:
-    """The longest prefix of ``files`` within ``limit`` bytes (at least one file)."""
-    size, count = 0, 0
+    """The longest prefix of ``files`` within ``limit`` bytes (at least one file), grown
+    until it ends at a sequence boundary.
+
+    Why the boundary: a chunk is committed with its highest sequence, and a replay drops
+    rows at or below it; the staged files of one cluster-path run (one per task) overlap
+    in sequences, so a chunk that ended between them would lose the rest's rows."""
+    size, count, last = 0, 0, -1
     for staged in files:
-        if count and size + staged.bytes > limit:
+        if count and size + staged.bytes > limit and staged.first_sequence > last:
             break
         size += staged.bytes
         count += 1
+        last = max(last, staged.last_sequence)
     return files[:count]
 

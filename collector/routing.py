@@ -14,7 +14,7 @@ Config-only mode (no registry object) is the same code over
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -203,7 +203,7 @@ class Routes:
 
     def single_target(self, source: str, versions: Mapping[int, int]) -> Target | None:
         """The one target that takes all of ``source``'s rows of a run, if routing is that
-        simple (what the cluster output path supports); None otherwise."""
+        simple; None otherwise."""
         takers = self.takers(source, versions)
         if len(takers) == 1 and all(takers[0].receives_at(v) for v in versions.values()):
             return takers[0]
@@ -309,38 +309,28 @@ def cut_by_routing(routes: Routes, entries: Sequence[Entry]) -> list[Entry]:
     return list(entries)
 
 
-def embedded_reason(routes: Routes, entries: Sequence[Entry],
-                    staged: Callable[[Target], bool]) -> str | None:
+def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     """Why the cluster output path cannot write this run in one shot (None: it can).
 
     ``where``: a sink routes by content (refused with cluster output at start and by the
-    admin API; a registry written otherwise still routes exactly); ``fan-out``: a source
-    with several sinks at one version; ``staging``: a sink with
-    import conditions (or rows still staged); ``shared-table``: two sources write one table;
-    ``columns``: the source decodes columns its sink's table lacks (a deleted sink's
-    columns), which the cluster writer would put in the table's files. Such a run takes
-    the embedded path on the same Spark session (fan-out and staging on the cluster path
-    itself: #28).
+    admin API; a registry written otherwise still routes exactly); ``shared-table``: two
+    sources (or two sinks) write one table in this run, which the cluster path would
+    commit as two appends of one run. Such a run takes the embedded path on the same Spark
+    session. Fan-out (several sinks, a sink that misses part of the run) and staged sinks
+    are written by the cluster path itself
+    (:meth:`collector.commit.RunCommits._commit_cluster`).
     """
     versions: dict[str, dict[int, int]] = {}
     for entry in entries:
         for source in entry.streams:
             versions.setdefault(source, {})[entry.sequence] = entry.registry_version
-    decoded = {s.name: {c.name for c in s.columns} for s in routes.decode_streams}
-    owners: dict[str, str] = {}
+    owners: set[str] = set()
     for source, seen in versions.items():
         takers = routes.takers(source, seen)
-        if not takers:
-            continue  # every sink was off for these events: nothing to write
         if any(t.sink.where_at(v) is not None for t in takers for v in seen.values()):
             return "where"
-        if len(takers) > 1 or routes.single_target(source, seen) is None:
-            return "fan-out"
-        target = takers[0]
-        if staged(target):
-            return "staging"
-        if owners.setdefault(target.table, source) != source:
-            return "shared-table"
-        if decoded.get(source, set()) - {c.name for c in target.sink.columns}:
-            return "columns"
+        for target in takers:
+            if target.table in owners:
+                return "shared-table"
+            owners.add(target.table)
     return None

@@ -417,12 +417,13 @@ class Collector(RunCommits):
         """The entries of this run and the engine call that runs them.
 
         On the cluster output path a run ends where its routing changes (a sink disabled,
-        enabled, re-created, a table passing to another source), so each source has one
-        target; a run that still cannot be written in one shot there (fan-out, staging)
-        takes the embedded path on the same session. Both shapes commit through the same
-        ``commit_rows``, dedup windows and staging, so switching per run keeps exactly-once
-        (see :func:`collector.routing.cut_by_routing`). No registry the admin API accepts
-        can wedge the queue.
+        enabled, re-created, a table passing to another source), so each table has one
+        sink per run; the cluster path writes fan-out and staged sinks itself. A run that
+        still cannot be written in one shot there (two sources writing one table, a sink
+        routing by content) takes the embedded path on the same session. Both shapes
+        commit through the same ``commit_rows``, dedup windows and staging, so switching per
+        run keeps exactly-once (see :func:`collector.routing.cut_by_routing`). No registry
+        the admin API accepts can wedge the queue.
         """
         embedded = getattr(self.engine, "run_embedded", None)
         if embedded is None:  # an embedded engine routes any run
@@ -432,12 +433,12 @@ class Collector(RunCommits):
             log.info("cluster run cut at sequence %d: routing changes at registry version "
                      "%d", entries[len(taken)].sequence,
                      entries[len(taken)].registry_version)
-        reason = embedded_reason(self.routes, taken, self.is_staged)
+        reason = embedded_reason(self.routes, taken)
         if reason is None:
             return taken, self.engine.run
         self.metrics.embedded_runs.labels(reason).inc()
         log.info("run sequences %d..%d takes the embedded path (%s): the cluster output "
-                 "path writes one table per source without staging", taken[0].sequence,
+                 "path writes each table from one sink per run", taken[0].sequence,
                  taken[-1].sequence, reason, extra={"reason": reason})
         return taken, embedded
 

@@ -5,7 +5,8 @@ Why: a sink that commits once an hour (or at 500 MB) must neither pin the manife
 entries could not be acknowledged and dequeued for an hour, and every other sink and
 ingestor would feel the queue grow) nor keep an hour of rows in the collector's memory.
 So each run writes that sink's rows to ``staging/<table>/<first>-<last>-<ulid>.parquet``
-and records the file in ``staging/<table>/state.json`` (the layout: :mod:`icefloe.staging`)
+(on the cluster output path the executors write them, one file per task) and records the
+run's files in ``staging/<table>/state.json`` (the layout: :mod:`icefloe.staging`)
 — by compare-and-swap, with the collector epoch — *before* the run's entries are
 acknowledged. When the sink's conditions hold (oldest pending row older than
 ``max_age_s``, or ``max_bytes`` / ``max_events`` reached), all its staged files are
@@ -178,14 +179,21 @@ class StagingArea:
         self.states[table] = state
         return state
 
+    async def floor(self, table: str,
+                    committed: Mapping[int, int]) -> tuple[StagingState, dict[int, int]]:
+        """The state and, per shard, the sequence at or below which ``table``'s rows are
+        staged or committed already (``committed``: the table's per-shard sequences): a
+        run stages only rows above it."""
+        current = self.states.get(table) or await self.load(table)
+        return current, merge_through((current.staged_through, committed))
+
     async def stage(self, table: str, rows: pa.Table, *, committed: Mapping[int, int],
                     epoch: int, through: Mapping[int, int]) -> Staged:
         """Stage ``rows`` (this run's, for ``table``; ``_sequence`` holds run positions)
         durably. ``through`` is the run's last sequence per shard, ``committed`` the
         table's; rows already staged or committed (per shard, at or below the state's
         ``through_sequences`` or ``committed``) are skipped."""
-        current = self.states.get(table) or await self.load(table)
-        floor = merge_through((current.staged_through, committed))
+        current, floor = await self.floor(table, committed)
         fresh = _past(rows, floor) if rows.num_rows else rows
         skipped = rows.num_rows - fresh.num_rows
         if fresh.num_rows == 0:
@@ -199,19 +207,39 @@ class StagingArea:
         lasts = _last_per_shard(fresh)
         staged = StagedFile(key, first, last, fresh.num_rows, len(data), oldest,
                             sequences=lasts if any(lasts) else {})
+        return await self.record(table, (staged,), epoch=epoch, through=through,
+                                 skipped=skipped)
+
+    async def record(self, table: str, files: tuple[StagedFile, ...], *, epoch: int,
+                     through: Mapping[int, int], skipped: int = 0) -> Staged:
+        """Add one run's staged ``files`` (already in the store; each carrying its
+        per-shard last sequences) to the state, staged through ``through`` (the run's
+        last sequence per shard), in one compare-and-swap.
+
+        The files of one run are recorded together or not at all: a lost race (the run
+        was staged meanwhile, by an earlier attempt whose answer was lost or by a replay)
+        leaves them unreferenced, and they are deleted here (else swept). Files of one run
+        may overlap in sequences (the cluster path writes one per task); they are kept in
+        order of their last sequence, and the import commits overlapping files together
+        (:func:`collector.commit.chunk_of`)."""
+        keys = {f.key for f in files}
+        ordered = tuple(sorted(files, key=lambda f: (f.last_sequence, f.first_sequence)))
 
         def add(state: StagingState) -> StagingState | None:
-            if any(f.key == key for f in state.files):
+            if any(f.key in keys for f in state.files):
                 return None  # our earlier attempt landed (its response was lost)
             done = state.staged_through
             if all(done.get(shard, -1) >= seq for shard, seq in through.items()):
-                return None  # staged meanwhile: our file stays unreferenced (swept)
-            return msgspec.structs.replace(state, files=(*state.files, staged)
+                return None  # staged meanwhile: our files stay unreferenced
+            return msgspec.structs.replace(state, files=(*state.files, *ordered)
                                            ).with_through(through)
         state = await self._update(table, epoch, add)
-        if not any(f.key == key for f in state.files):
-            return Staged(0, rows.num_rows, state)
-        return Staged(fresh.num_rows, skipped, state)
+        rows = sum(f.rows for f in files)
+        if not any(f.key in keys for f in state.files):
+            for key in keys:
+                await self.store.delete(key)
+            return Staged(0, rows + skipped, state)
+        return Staged(rows, skipped, state)
 
     async def claim(self, table: str, epoch: int, *, create: bool = False) -> StagingState:
         """Stamp the table's staging state with this collector's epoch, so a replaced
@@ -272,7 +300,8 @@ class StagingArea:
         group = state.files[:MERGE_FILES]
         rows = await self.read(state, group)
         assert rows is not None
-        first, last = group[0].first_sequence, group[-1].last_sequence
+        first = min(f.first_sequence for f in group)
+        last = max(f.last_sequence for f in group)
         data = parquet_bytes(rows)
         key = data_key(table, first, last, str(ULID()))
         await self.store.put(key, data)

@@ -27,7 +27,7 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
     OffsetLostError                  a table's snapshot log no longer says what icefloe committed
     RegistryError                    a refused change to the stream registry (``status``, ``code``)
     RegistryBehindError              an entry needs a registry version the store does not have
-    RoutingUnsupportedError          the cluster output path cannot route this run (fan-out)
+    RoutingUnsupportedError          the cluster output path cannot route this run (a shared table)
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from starlette.routing import Match, Route
 from icefloe.config import split_key_path
 from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
 from icefloe.registry import ops, settings
-from icefloe.registry.model import Conditions, Registry, Sink, Source
+from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.tokens import new_token
 from icefloe_app.api.auth import AdminAuth, Throttled
@@ -107,8 +107,8 @@ class AdminApi:
                  pending: PendingCounter, metrics: AdminMetrics | None = None,
                  cluster_output: bool = False) -> None:
         self.cluster_output = cluster_output
-        """The collector writes through the cluster output path, which routes each source
-        to one table and does not stage: refuse what it could not deliver."""
+        """The collector writes through the cluster output path, which does not evolve
+        tables yet: refuse what it could not deliver."""
         self.registry = registry
         self.clock = registry.clock
         """Stamps every change made through the API (the registry store's clock: injected,
@@ -191,21 +191,15 @@ class AdminApi:
         """Validate ``change`` against the current registry without writing it."""
         after = change(await self.current())
         source = after.source(source_id) if source_id and self.cluster_output else None
-        if source is not None:
+        if source is not None:  # (several sinks and import conditions: both paths, #28)
             sinks = source.live_sinks()
             if any(s.primary_key for s in sinks):
                 raise RegistryError(409, "cluster_output", "the collector uses "
                                     "[collector] output = \"cluster\", which does not do "
-                                    "upserts (primary_key) until #28: they need output = "
+                                    "upserts (primary_key): they need output = "
                                     "\"embedded\"",
                                     [{"field": "primary_key", "reason": "needs output = "
                                       "embedded"}])
-            if len(sinks) > 1 or any(s.conditions != Conditions() for s in sinks):
-                raise RegistryError(409, "cluster_output", "the collector uses "
-                                    "[collector] output = \"cluster\", which writes each "
-                                    "source to one table without staging: a second sink or "
-                                    "import conditions need output = \"embedded\"",
-                                    [{"field": "sinks", "reason": "needs output = embedded"}])
             if any(s.unknown_fields == "evolve" for s in sinks):
                 raise RegistryError(409, "cluster_output", "the collector uses "
                                     "[collector] output = \"cluster\", which does not evolve "

@@ -131,7 +131,8 @@ class TableTarget(msgspec.Struct, frozen=True):
     io_properties: dict[str, str]
     schema_json: str
     spec_json: str
-    columns: tuple[tuple[str, str], ...]  # (column in the wide frame, column in the table)
+    columns: tuple[tuple[str, str], ...]
+    """(column in the wide frame, or "" for nulls; column in the table)."""
     sort_json: str = ""
 
     @classmethod
@@ -184,9 +185,11 @@ class TableFiles:
 
     def add(self, rows: pa.Table) -> None:
         """Append rows (wide-frame columns) to the files of their partitions."""
-        rows = pa.Table.from_arrays([rows.column(src) for src, _ in self.target.columns],
-                                    names=[name for _, name in self.target.columns]
-                                    ).cast(self.file_schema)
+        rows = pa.Table.from_arrays(
+            [rows.column(src) if src else  # "": a column the source does not decode
+             pa.nulls(rows.num_rows, self.file_schema.field(name).type)
+             for src, name in self.target.columns],
+            names=[name for _, name in self.target.columns]).cast(self.file_schema)
         if self.spec.is_unpartitioned():
             self._put(None, rows)
             return

@@ -10,14 +10,17 @@ run in memory). Here a run works in three steps, and the driver only ever holds 
    a stable ``_row`` id, persists the frame on the executors and collects the keys;
 2. the collector deduplicates and replay-filters on the keys (the same
    :class:`~collector.dedup.DedupWindow` and committed-sequence logic as the embedded path)
-   and :meth:`ClusterRunOutput.write` has the executors write the surviving rows as Parquet
-   files into each table's data location, through the ``icefloe-parquet`` Python data
-   source writer (:class:`ParquetSinkWriter`); the driver-side ``commit()`` of that writer
-   receives the file list from the successful tasks' commit messages;
+   and :meth:`ClusterRunOutput.write_all` has the executors write the surviving rows as
+   Parquet files into each target table's data location (each sink's own projection; a
+   row of a source with several sinks once per sink), and a staged sink's rows as staged
+   files into the staging area (:mod:`icefloe.staging`), through the ``icefloe-parquet``
+   Python data source writer (:class:`ParquetSinkWriter`); the driver-side ``commit()`` of
+   that writer receives the file list from the successful tasks' commit messages;
 3. :class:`~pipeline.iceberg.data_files.AddFiles` commits those files with
    ``Table.add_files`` *through* :func:`pipeline.iceberg.commit.commit_rows` — one fast
    append carrying ``icefloe.sequence`` and ``icefloe.epoch``, with identical fencing,
-   replay checks and unknown-outcome handling.
+   replay checks and unknown-outcome handling; staged files are recorded in the sink's
+   staging state by the collector (:meth:`collector.staging.StagingArea.record`).
 
 Why ``_row`` and not the event id to drop duplicates: the dedup window keeps the *first* of
 repeated ids within a run, so it must be able to name one row among equals.
@@ -57,6 +60,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 from ulid import ULID
 
+from icefloe.staging import StagedFile, data_key
+from icefloe.store.base import ObjectStore
 from pipeline.columns import ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
 from pipeline.iceberg.commit import (
     SHARD_BITS,
@@ -84,6 +89,10 @@ if TYPE_CHECKING:
 SINK_FORMAT = "icefloe-parquet"
 ROW = "_row"
 KEY_COLUMNS = (ROW, "_event_id", "_received_at", "_sequence")
+TARGET = "_target"
+"""The target (table) a row of the write job goes to."""
+SOURCE = "_source"
+"""The source of a staged row: what :mod:`collector.dedup` keys staged rows by."""
 _INLINE_DROPS = 10_000
 
 log = logging.getLogger("icefloe.cluster")
@@ -94,9 +103,32 @@ log = logging.getLogger("icefloe.cluster")
 
 @dataclass(slots=True)
 class WrittenFiles(WriterCommitMessage):
-    """A task's commit message: the files it wrote (pickled back to the driver)."""
+    """A task's commit message: the files it wrote (pickled back to the driver): table
+    data files, and staged files by staged table."""
 
     files: list[DataFileRef] = field(default_factory=list)
+    staged: list[tuple[str, StagedFile]] = field(default_factory=list)
+
+
+class StageTarget(msgspec.Struct, frozen=True):
+    """What an executor needs to stage one sink's rows (see :mod:`icefloe.staging`).
+
+    ``columns`` are (wide-frame column or "" for a column the source does not decode, sink
+    column, declared type): the staged file holds exactly what the embedded path stages —
+    the sink's columns in their declared Arrow types, the envelope and ``_source``.
+    """
+
+    table: str
+    source: str
+    columns: tuple[tuple[str, str, str], ...]
+
+
+class StoreRef(msgspec.Struct, frozen=True):
+    """The object store of the staging area, as the run's spec names it."""
+
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
 
 
 class SinkJob(msgspec.Struct, frozen=True):
@@ -110,6 +142,8 @@ class SinkJob(msgspec.Struct, frozen=True):
     attempt: str
     receipt: str
     targets: tuple[TableTarget, ...]
+    staged: tuple[StageTarget, ...] = ()
+    store: StoreRef | None = None
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -123,10 +157,13 @@ class SinkJob(msgspec.Struct, frozen=True):
 
 
 class ParquetSinkWriter(DataSourceArrowWriter):
-    """Writes wide-frame rows as Parquet files of their stream's table; commits nothing.
+    """Writes wide-frame rows as Parquet files of their target's table (or staging area);
+    commits nothing.
 
-    The Iceberg commit is the collector's: this writer only reports the files (``commit``
-    writes the receipt) and deletes them when the job fails (``abort``).
+    Each row carries its target in :data:`TARGET` (a table name; a row of a source with
+    several sinks arrives once per sink). The Iceberg commit and the staging-state write
+    are the collector's: this writer only reports the files (``commit`` writes the receipt)
+    and deletes them when the job fails (``abort``).
     """
 
     def __init__(self, job: SinkJob) -> None:
@@ -138,33 +175,138 @@ class ParquetSinkWriter(DataSourceArrowWriter):
         ctx = TaskContext.get()
         task = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}" if ctx else "00000-0"
         tables = {t.stream: TableFiles(t, self.job.attempt, task) for t in self.job.targets}
+        staged = {t.table: StagedRows(t, f"{self.job.attempt}-{task}")
+                  for t in self.job.staged}
+        written: list[tuple[str, StagedFile]] = []
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
                 rows = pa.Table.from_batches([batch])
-                streams = rows.column(STREAM)
-                for name, files in tables.items():
-                    part = rows.filter(pc.equal(streams, name)) if len(tables) > 1 else rows
+                keys = rows.column(TARGET)
+                single = len(tables) + len(staged) == 1
+                for name, sink in [*tables.items(), *staged.items()]:
+                    part = rows if single else rows.filter(pc.equal(keys, name))
                     if part.num_rows:
-                        files.add(part)
-            return WrittenFiles([ref for files in tables.values() for ref in files.close()])
+                        sink.add(part)
+            if staged:
+                store = _open_store(self.job)
+                try:
+                    for name, rows_of in staged.items():
+                        done = rows_of.put(store)
+                        if done is not None:
+                            written.append((name, done))
+                finally:
+                    store.close()
+            return WrittenFiles([ref for files in tables.values() for ref in files.close()],
+                                written)
         except BaseException:
             for files in tables.values():
                 files.discard()
+            if written:
+                _delete_staged(self.job, [key for _, key in written])
             raise
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        refs = [ref for m in messages if isinstance(m, WrittenFiles) for ref in m.files]
-        body = json.dumps([r.to_json() for r in refs])
+        done = [m for m in messages if isinstance(m, WrittenFiles)]
+        body = json.dumps({
+            "files": [r.to_json() for m in done for r in m.files],
+            "staged": [[table, msgspec.to_builtins(f)] for m in done for table, f in m.staged],
+        })
         tmp = f"{self.job.receipt}.tmp"
         with open(tmp, "w", encoding="utf-8") as out:
             out.write(body)
         os.replace(tmp, self.job.receipt)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        refs = [ref for m in messages if isinstance(m, WrittenFiles) for ref in m.files]
-        _delete_refs(self.job, refs)
+        done = [m for m in messages if isinstance(m, WrittenFiles)]
+        _delete_refs(self.job, [ref for m in done for ref in m.files])
+        _delete_staged(self.job, [f for m in done for _, f in m.staged])
+
+
+class StagedRows:
+    """One task's rows of one staged sink: written as one staged Parquet file at the end.
+
+    Why one file per task and not per run: the rows never meet on one machine. The files
+    of one run overlap in sequences; the state records them together and the import never
+    splits overlapping files (:func:`collector.commit.chunk_of`).
+    """
+
+    def __init__(self, target: StageTarget, unique: str) -> None:
+        from pipeline.columns import ARROW_TYPES
+
+        self.target = target
+        self.unique = unique
+        self.types = [ARROW_TYPES[kind] for _, _, kind in target.columns]
+        self.parts: list[pa.Table] = []
+
+    def add(self, rows: pa.Table) -> None:
+        arrays, names = [], []
+        for (src, name, _), kind in zip(self.target.columns, self.types, strict=True):
+            if src and src in rows.column_names:
+                column = rows.column(src)
+                arrays.append(column if column.type == kind else column.cast(kind))
+            else:  # a column this source does not decode: nulls, as the embedded path
+                arrays.append(pa.nulls(rows.num_rows, kind))
+            names.append(name)
+        for name, kind in ENVELOPE:
+            column = rows.column(name)
+            arrays.append(column if column.type == kind else column.cast(kind))
+            names.append(name)
+        arrays.append(pa.array([self.target.source] * rows.num_rows, pa.string()))
+        names.append(SOURCE)
+        self.parts.append(pa.Table.from_arrays(arrays, names=names))
+
+    def put(self, store: ObjectStore) -> StagedFile | None:
+        """Write the staged file (None when this task had no rows for the sink)."""
+        if not self.parts:
+            return None
+        import io
+
+        import pyarrow.parquet as pq
+
+        rows = pa.concat_tables(self.parts)
+        sequences = rows.column("_sequence")
+        first, last = pc.min(sequences).as_py(), pc.max(sequences).as_py()
+        oldest = pc.min(rows.column("_received_at")).cast(pa.int64()).as_py() // 1000
+        sink = io.BytesIO()
+        pq.write_table(rows, sink, compression="zstd")
+        data = sink.getvalue()
+        key = data_key(self.target.table, first, last, self.unique)
+        store.put(key, data)
+        lasts = _last_per_shard(sequences)
+        return StagedFile(key, first, last, rows.num_rows, len(data), oldest,
+                          sequences=lasts if any(lasts) else {})
+
+
+def _last_per_shard(positions: pa.ChunkedArray) -> dict[int, int]:
+    """Per shard, the last sequence among run ``positions`` (a staged file's ``through``)."""
+    import numpy as np
+
+    pos = positions.combine_chunks().to_numpy(zero_copy_only=False)
+    shards = pos >> SHARD_BITS
+    return {int(shard): int((pos[shards == shard] & _LOCAL).max())
+            for shard in np.unique(shards)}
+
+
+def _open_store(job: SinkJob) -> ObjectStore:
+    from pipeline.load.fetch import open_run_store
+
+    assert job.store is not None, "a job with staged targets names its store"
+    return open_run_store(job.store.url, job.store.endpoint_url, job.store.region)
+
+
+def _delete_staged(job: SinkJob, files: Sequence[StagedFile]) -> None:
+    """Best effort: staged files no state will reference (the sweep gets the rest)."""
+    if not files:
+        return
+    store = _open_store(job)
+    try:
+        for staged in files:
+            with contextlib.suppress(Exception):
+                store.delete(staged.key)
+    finally:
+        store.close()
 
 
 class ParquetSink(DataSource):
@@ -199,13 +341,36 @@ def _delete_refs(job: SinkJob, refs: Sequence[DataFileRef]) -> None:
 @dataclass(frozen=True, slots=True)
 class WritePlan:
     """Write ``stream``'s rows past ``after`` (per manifest shard, the table's committed
-    sequence: a row's run position names its shard) except rows ``drop`` to ``table``."""
+    or staged sequence: a row's run position names its shard; and of the entries in
+    ``sequences`` — run positions — if given) except rows ``drop``, to ``table`` — or,
+    with ``stage``, to that table's staging area.
+
+    ``key`` names the target in the result (the table, for the collector; the stream by
+    default). ``columns`` are the sink's (name, declared type): a source with several
+    sinks writes each its own projection; None writes the stream's decoded columns.
+    """
 
     stream: str
-    table: Table
+    table: Table | None
     after: dict[int, int]
     drop: pa.Array
     expected: int
+    key: str = ""
+    columns: tuple[tuple[str, str], ...] | None = None
+    sequences: tuple[int, ...] | None = None
+    stage: str | None = None
+
+    @property
+    def target(self) -> str:
+        return self.key or self.stream
+
+
+@dataclass(slots=True)
+class Written:
+    """What one write job produced: table files and staged files, by plan target."""
+
+    files: dict[str, FileSet] = field(default_factory=dict)
+    staged: dict[str, tuple[StagedFile, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -226,76 +391,116 @@ class ClusterRunOutput:
         return sum(t.num_rows for t in self.keys.values())
 
     def write(self, plans: Sequence[WritePlan]) -> dict[str, FileSet]:
-        """Have the executors write the planned rows; return the files per stream.
+        """:meth:`write_all` for table plans only: the files per target."""
+        return self.write_all(plans).files
 
-        One Spark job for all tables. If the job fails, every file it wrote is deleted
-        (tasks clean up after themselves, ``abort`` after the successful ones).
+    def write_all(self, plans: Sequence[WritePlan]) -> Written:
+        """Have the executors write the planned rows; return the files per target.
+
+        One Spark job for all targets: each row is tagged with the target(s) it goes to
+        (several for a source with several sinks) and each task writes per target. If the
+        job fails, every file it wrote is deleted (tasks clean up after themselves,
+        ``abort`` after the successful ones).
         """
         plans = [p for p in plans if p.expected > 0]
         if not plans:
-            return {}
+            return Written()
         from pyspark.sql import functions as F
 
         assert self.spark is not None
         assert self.frame is not None
         assert self.spec is not None
         index = {s.name: i for i, s in enumerate(self.spec.streams)}
-        condition = None
-        targets = []
-        wanted = [STREAM]
+        targets: list[TableTarget] = []
+        staged: list[StageTarget] = []
+        wanted = [TARGET]
+        terms = []
+        inline = sum(len(p.drop) for p in plans) <= _INLINE_DROPS
         for plan in plans:
             i = index[plan.stream]
-            columns = [(f"{struct_column(i)}__{name}", name)
-                       for name, _ in self.spec.streams[i].columns]
-            columns += [(name, name) for name, _ in ENVELOPE]
-            if SHARD_COLUMN[0] in plan.table.schema().column_names:
-                columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))
-            targets.append(TableTarget.of(plan.stream, plan.table, columns))
-            wanted += [src for src, _ in columns if src not in wanted]
+            decoded = [name for name, _ in self.spec.streams[i].columns]
+            sink = plan.columns or tuple(self.spec.streams[i].columns)
+            source = {name: f"{struct_column(i)}__{name}" for name in decoded}
+            envelope = [(name, name) for name, _ in ENVELOPE]
+            if plan.stage is not None:  # staged rows keep run positions in `_sequence`
+                staged.append(StageTarget(plan.stage, plan.stream, tuple(
+                    (source.get(name, ""), name, kind) for name, kind in sink)))
+                columns = [(source[n], n) for n, _ in sink if n in source] + envelope
+            else:  # table rows get the shard and the shard's own sequence
+                assert plan.table is not None
+                columns = [(source.get(name, ""), name) for name, _ in sink] + [
+                    (_LOCAL_COLUMN if name == "_sequence" else name, name)
+                    for name, _ in ENVELOPE]
+                if SHARD_COLUMN[0] in plan.table.schema().column_names:
+                    columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))
+                targets.append(TableTarget.of(plan.target, plan.table, columns))
+            wanted += [src for src, _ in columns if src and src not in wanted]
             term = (F.col(STREAM) == plan.stream) & _past(plan.after)
-            condition = term if condition is None else condition | term
-        # `_sequence` holds run positions (shard << SHARD_BITS | sequence): the written
-        # rows get the shard and the shard's own sequence, as commit_rows gives the
-        # embedded path's.
+            if plan.sequences is not None:
+                term = term & F.col("_sequence").isin(list(plan.sequences))
+            if inline and len(plan.drop):  # a literal list: no extra job
+                term = term & ~F.col(ROW).isin(plan.drop.to_pylist())
+            terms.append(F.when(term, F.lit(plan.target)))
+        # `_sequence` holds run positions (shard << SHARD_BITS | sequence): table rows get
+        # the shard and the shard's own sequence, as commit_rows gives the embedded path's;
+        # staged rows keep the positions, as the embedded path stages them.
         position = F.col("_sequence")
-        frame = self.frame.where(condition) \
+        frame = self.frame \
             .withColumn(SHARD_COLUMN[0], F.shiftright(position, SHARD_BITS).cast("int")) \
-            .withColumn("_sequence", position.bitwiseAND(F.lit(_LOCAL)))
-        drops = pa.concat_arrays([p.drop for p in plans if len(p.drop)] or
-                                 [pa.array([], pa.int64())])
-        if 0 < len(drops) <= _INLINE_DROPS:  # a literal list: no extra job
-            frame = frame.where(~F.col(ROW).isin(drops.to_pylist()))
-        elif len(drops):  # many retried ids: a broadcast anti-join scales better
-            dropped = self.spark.createDataFrame(pa.table({ROW: drops}))
-            frame = frame.join(F.broadcast(dropped), on=ROW, how="left_anti")
+            .withColumn(_LOCAL_COLUMN, position.bitwiseAND(F.lit(_LOCAL)))
+        if len({p.stream for p in plans}) == len(plans):  # a row has one target at most
+            frame = frame.withColumn(TARGET, F.coalesce(*terms)).where(
+                F.col(TARGET).isNotNull())
+        else:  # fan-out: a row once per sink that takes it
+            frame = frame.withColumn(TARGET, F.explode(F.filter(
+                F.array(*terms), lambda target: target.isNotNull())))
+        if not inline:  # many retried ids: a broadcast anti-join scales better
+            dropped = self.spark.createDataFrame(pa.concat_tables([pa.table({
+                ROW: p.drop, TARGET: pa.array([p.target] * len(p.drop), pa.string())})
+                for p in plans]))
+            frame = frame.join(F.broadcast(dropped), on=[ROW, TARGET], how="left_anti")
         fd, receipt = tempfile.mkstemp(prefix="icefloe-receipt-", suffix=".json")
         os.close(fd)
         os.unlink(receipt)
-        job = SinkJob(attempt=str(ULID()), receipt=receipt, targets=tuple(targets))
+        spec = self.spec
+        store = StoreRef(spec.store_url, spec.endpoint_url, spec.region) if staged else None
+        job = SinkJob(attempt=str(ULID()), receipt=receipt, targets=tuple(targets),
+                      staged=tuple(staged), store=store)
         _activate(self.spark)
         started = time.monotonic()
         try:
             frame.select(*wanted).write.format(SINK_FORMAT).option("job", job.encode()) \
                 .mode("append").save()
-            refs = _read_receipt(receipt)
+            refs, stage_refs = _read_receipt(receipt)
         except BaseException:
             if os.path.exists(receipt):  # committed, yet the call failed: nobody owns them
                 with contextlib.suppress(Exception):
-                    _delete_refs(job, _read_receipt(receipt))
+                    refs, stage_refs = _read_receipt(receipt)
+                    _delete_refs(job, refs)
+                    _delete_staged(job, [f for _, f in stage_refs])
             raise
         finally:
             for path in (receipt, f"{receipt}.tmp"):
                 if os.path.exists(path):
                     os.unlink(path)
-        log.debug("cluster write: %d files, %d rows in %.3fs", len(refs),
-                  sum(r.rows for r in refs), time.monotonic() - started)
-        out = {p.stream: FileSet(tuple(r for r in refs if r.stream == p.stream)) for p in plans}
+        log.debug("cluster write: %d files, %d staged, %d rows in %.3fs", len(refs),
+                  len(stage_refs), sum(r.rows for r in refs) + sum(f.rows for _, f in
+                                                                  stage_refs),
+                  time.monotonic() - started)
+        out = Written(
+            {p.target: FileSet(tuple(r for r in refs if r.stream == p.target))
+             for p in plans if p.stage is None},
+            {p.target: tuple(sorted((f for t, f in stage_refs if t == p.stage),
+                                    key=lambda f: (f.last_sequence, f.first_sequence)))
+             for p in plans if p.stage is not None})
         for plan in plans:
-            if out[plan.stream].rows != plan.expected:
-                for files in out.values():
-                    delete_files(plan.table.io, files.paths)
-                raise RuntimeError(f"cluster write of {plan.stream} produced "
-                                   f"{out[plan.stream].rows} rows, expected {plan.expected}")
+            got = (sum(f.rows for f in out.staged[plan.target]) if plan.stage is not None
+                   else out.files[plan.target].rows)
+            if got != plan.expected:
+                _delete_refs(job, refs)
+                _delete_staged(job, [f for _, f in stage_refs])
+                raise RuntimeError(f"cluster write of {plan.target} produced {got} rows, "
+                                   f"expected {plan.expected}")
         return out
 
     def release(self) -> None:
@@ -306,6 +511,8 @@ class ClusterRunOutput:
 
 
 _LOCAL = (1 << SHARD_BITS) - 1
+_LOCAL_COLUMN = "__icefloe_local_sequence"
+"""The wide frame's column of a row's own shard sequence (``_sequence`` & ``_LOCAL``)."""
 
 
 def _past(after: dict[int, int]) -> Any:
@@ -335,9 +542,12 @@ def _activate(spark: SparkSession) -> None:
         spark._jsparkSession)  # type: ignore[attr-defined]
 
 
-def _read_receipt(path: str) -> list[DataFileRef]:
+def _read_receipt(path: str) -> tuple[list[DataFileRef], list[tuple[str, StagedFile]]]:
     with open(path, encoding="utf-8") as f:
-        return [DataFileRef.from_json(item) for item in json.load(f)]
+        body = json.load(f)
+    refs = [DataFileRef.from_json(item) for item in body["files"]]
+    staged = [(table, msgspec.convert(f, StagedFile)) for table, f in body["staged"]]
+    return refs, staged
 
 
 def register(spark: SparkSession) -> None:
@@ -379,15 +589,17 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
 
 
 def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
-               fresh: pa.Table, *, sequences: Mapping[int, int], epoch: int
-               ) -> WritePlan | None:
+               fresh: pa.Table, *, sequences: Mapping[int, int], epoch: int, key: str = "",
+               columns: tuple[tuple[str, str], ...] | None = None,
+               entries: tuple[int, ...] | None = None) -> WritePlan | None:
     """What to write for one table, or None when nothing is new.
 
     Reads the table's committed sequences and epoch first: a fenced collector stops before
     writing a byte, and rows a previous attempt already committed (per manifest shard)
-    are never rewritten. ``keys`` are all the stream's rows of the run (``_sequence``:
-    run positions), ``fresh`` those the dedup window kept; ``sequences`` the run's last
-    sequence per shard.
+    are never rewritten. ``keys`` are the stream's rows of the run that go to this table
+    (of the entries in ``entries``, run positions, if given; ``_sequence``: run
+    positions), ``fresh`` those the dedup window kept; ``sequences`` the run's last
+    sequence per shard; ``key`` and ``columns``: see :class:`WritePlan`.
     """
     from icefloe.errors import CatalogError
 
@@ -412,5 +624,6 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     if fresh.num_rows < keys.num_rows:
         kept = pc.is_in(keys.column(ROW), value_set=fresh.column(ROW).combine_chunks())
         drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
-    return WritePlan(stream, table, done, drop, survivors.num_rows)
+    return WritePlan(stream, table, done, drop, survivors.num_rows, key=key,
+                     columns=columns, sequences=entries)
 

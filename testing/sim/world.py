@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import logging
 import random
 import tempfile
@@ -60,7 +61,15 @@ from pipeline.columns import ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import not_committed, with_shard_column
 from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
-from pipeline.load.executors import KEY_COLUMNS, ROW, ClusterRunOutput, WritePlan
+from pipeline.load.executors import (
+    KEY_COLUMNS,
+    ROW,
+    ClusterRunOutput,
+    StagedRows,
+    StageTarget,
+    WritePlan,
+    Written,
+)
 from pipeline.load.fetch import decode_refs
 from pipeline.load.run import RunOutput
 from pipeline.load.spec import RunSpec
@@ -137,14 +146,19 @@ class SimEngine:
         return out
 
 
+_WRITES = itertools.count()
+"""Names the sim's staged files (deterministic per process, unlike a ULID)."""
+
+
 class LocalClusterOutput(ClusterRunOutput):
     """The cluster output shape without executors: the rows stay in this object (as they
     would stay on the executors), the collector sees only keys, and :meth:`write` writes
     the planned rows as Parquet files with the executors' own writer
     (:class:`pipeline.iceberg.data_files.TableFiles`), for ``add_files``."""
 
-    def __init__(self, spec: RunSpec, embedded: RunOutput) -> None:
+    def __init__(self, spec: RunSpec, embedded: RunOutput, store: ObjectStore) -> None:
         super().__init__(spec=spec, dead=embedded.dead)
+        self.store = store
         self.full: dict[str, pa.Table] = {}
         offset = 0
         for name, rows in embedded.tables.items():
@@ -156,23 +170,44 @@ class LocalClusterOutput(ClusterRunOutput):
                 [("_sequence", "ascending"), (ROW, "ascending")])
             self.keys[name] = keys
 
-    def write(self, plans: Sequence[WritePlan]) -> dict[str, FileSet]:
-        out: dict[str, FileSet] = {}
+    def write_all(self, plans: Sequence[WritePlan]) -> Written:
+        """What the executors do for ``plans``, in process: each target's projection of
+        its source's rows, as table files or as one staged file (the executors' writers,
+        :class:`TableFiles` and :class:`StagedRows`)."""
+        out = Written()
         assert self.spec is not None
         streams = {s.name: s for s in self.spec.streams}
         for plan in (p for p in plans if p.expected > 0):
             rows = not_committed(self.full[plan.stream], "_sequence", plan.after)
-            rows = rows.filter(pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop)))
-            rows = with_shard_column(plan.table, rows, "_sequence")  # as the executors do
-            names = [n for n, _ in streams[plan.stream].columns] + [n for n, _ in ENVELOPE]
-            names += [n for n in (SHARD_COLUMN[0],) if n in rows.column_names]
-            target = TableTarget.of(plan.stream, plan.table, [(n, n) for n in names])
-            files = TableFiles(target, f"sim{id(self):x}", "0")
-            files.add(rows)
-            out[plan.stream] = FileSet(tuple(files.close()))
-            if out[plan.stream].rows != plan.expected:
-                raise RuntimeError(f"sim cluster write of {plan.stream}: "
-                                   f"{out[plan.stream].rows} rows, expected {plan.expected}")
+            keep = pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop))
+            if plan.sequences is not None:
+                keep = pc.and_(keep, pc.is_in(rows.column("_sequence"), value_set=pa.array(
+                    plan.sequences, pa.int64())))
+            rows = rows.filter(keep)
+            sink = plan.columns or tuple(streams[plan.stream].columns)
+            have = set(rows.column_names)
+            if plan.stage is not None:  # staged rows keep run positions, as the executors'
+                staged = StagedRows(StageTarget(plan.stage, plan.stream, tuple(
+                    (n if n in have else "", n, kind) for n, kind in sink)),
+                    f"sim{next(_WRITES)}")
+                staged.add(rows)
+                done = staged.put(self.store)
+                out.staged[plan.target] = (done,) if done is not None else ()
+                got = sum(f.rows for f in out.staged[plan.target])
+            else:
+                assert plan.table is not None
+                rows = with_shard_column(plan.table, rows, "_sequence")  # as the executors
+                names = [(n if n in have else "", n) for n, _ in sink]
+                names += [(n, n) for n, _ in ENVELOPE]
+                names += [(n, n) for n in (SHARD_COLUMN[0],) if n in rows.column_names]
+                target = TableTarget.of(plan.target, plan.table, names)
+                files = TableFiles(target, f"sim{id(self):x}", "0")
+                files.add(rows)
+                out.files[plan.target] = FileSet(tuple(files.close()))
+                got = out.files[plan.target].rows
+            if got != plan.expected:
+                raise RuntimeError(f"sim cluster write of {plan.target}: {got} rows, "
+                                   f"expected {plan.expected}")
         return out
 
     def release(self) -> None:
@@ -188,7 +223,7 @@ class SimClusterEngine(SimEngine):
     def run(self, spec: RunSpec) -> ClusterRunOutput:  # type: ignore[override]
         if not spec.batches:
             return ClusterRunOutput()
-        return LocalClusterOutput(spec, super().run(spec))
+        return LocalClusterOutput(spec, super().run(spec), self.store)
 
     def run_embedded(self, spec: RunSpec) -> RunOutput:
         return super().run(spec)

@@ -20,8 +20,9 @@ import pytest
 
 from icefloe.clock import SYSTEM, Clock, ManualClock
 from icefloe.config import Config, StreamConfig
-from icefloe.errors import ConfigError, RegistryError, TransientStoreError
+from icefloe.errors import ConfigError, TransientStoreError
 from icefloe.registry import RegistryStore
+from icefloe.registry.model import Conditions
 from icefloe.store import open_async_store
 from icefloe.store.base import AsyncObjectStore
 from icefloe.tokens import hash_token, parse_hash
@@ -564,7 +565,9 @@ def throttled_then_refilled(admin: Admin, clock: ManualClock) -> None:
     assert codes == [403, 403, 429]
 
 
-def test_should_refuse_what_the_cluster_output_path_cannot_deliver(tmp_path: Path) -> None:
+def test_should_accept_fan_out_and_import_conditions_on_the_cluster_output_path(
+        tmp_path: Path) -> None:
+    """Both output paths deliver several sinks and import conditions (#28)."""
     from icefloe.registry import RegistryStore
     from icefloe.registry import ops as registry_ops
     from icefloe_app.api.app import AdminApi
@@ -579,9 +582,8 @@ def test_should_refuse_what_the_cluster_output_path_cannot_deliver(tmp_path: Pat
         await api.check(lambda r: registry_ops.create_source(r, registry_ops.SourceSpec(
             id="s", sinks=(one,))), "s")  # one sink, default conditions: fine
         two = registry_ops.SourceSpec(id="s", sinks=(one, msgspec.structs.replace(
-            one, name="b", table="web.b")))
-        with pytest.raises(RegistryError, match='need output = "embedded"') as info:
-            await api.check(lambda r: registry_ops.create_source(r, two), "s")
-        assert info.value.status == 409
+            one, name="b", table="web.b", conditions=Conditions(max_events=10))))
+        after = await api.check(lambda r: registry_ops.create_source(r, two), "s")
+        assert len(after.source("s").live_sinks()) == 2
         await store.close()
     asyncio.run(go())

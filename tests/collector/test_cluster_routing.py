@@ -1,10 +1,12 @@
 """``output = "cluster"`` never wedges on a registry the admin API accepts.
 
 A run ends where its routing changes (a sink disabled or enabled, deleted and re-created, a
-table passing to another source), so each source has one target per run; a run the cluster
-path still cannot write in one shot (fan-out, import conditions) takes the embedded path on
-the same Spark session. Every test: each event committed exactly once, the queue drained,
-no ``RoutingUnsupportedError``. Real Spark, real local store, real SQLite catalog.
+table passing to another source), so each table has one sink per run; the cluster path
+writes fan-out (several sinks of one source) and staged sinks (import conditions) itself,
+its executors writing every table's files and every staged file in one job (#28). Every
+test: each event committed exactly once, the queue drained, no
+``RoutingUnsupportedError``, and no run handed to the embedded path. Real Spark (local
+mode: executors are real Python workers), real local store, real SQLite catalog.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow.compute as pc
 import pytest
 from collector_support import (
     CLICKS,
@@ -30,10 +33,12 @@ from collector_support import (
 )
 
 from collector.routing import Routes, cut_by_routing, embedded_reason
+from collector.service import Fenced
 from icefloe.config import Column, Config
 from icefloe.manifest.model import Entry
 from icefloe.registry import Registry, RegistryStore, ops
 from icefloe.registry.model import Conditions
+from pipeline.load.executors import ClusterRunOutput
 from pipeline.load.run import SparkClusterEngine
 
 CLICKS_SINK = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns)
@@ -93,10 +98,6 @@ async def drain_all(collector: Any) -> list[int]:
     return runs
 
 
-def fallbacks(collector: Any, reason: str) -> float:
-    return collector.metrics.embedded_runs.labels(reason)._value.get()
-
-
 async def test_a_sink_disabled_and_enabled_inside_one_run(config, engine) -> None:
     version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK,))))
@@ -144,49 +145,171 @@ async def test_a_table_moving_between_sources_inside_one_run(config, engine) -> 
     await collector.store.close()
 
 
-async def test_fan_out_takes_the_embedded_path(config, engine) -> None:
+def cluster_only(collector: Any) -> None:
+    """No run of ``collector`` took the embedded path."""
+    assert not collector.metrics.embedded_runs.collect()[0].samples
+
+
+class Spy:
+    """The engine, counting the runs its executors wrote (the cluster output type)."""
+
+    def __init__(self, engine: SparkClusterEngine) -> None:
+        self.inner = engine
+        self.name, self.partitions = engine.name, engine.partitions
+        self.cluster_runs = 0
+
+    def run(self, spec: Any) -> Any:
+        output = self.inner.run(spec)
+        self.cluster_runs += isinstance(output, ClusterRunOutput)
+        return output
+
+    def run_embedded(self, spec: Any) -> Any:
+        raise AssertionError("this run must stay on the cluster output path")
+
+
+async def test_fan_out_on_the_cluster_path(config, engine) -> None:
     version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK,))))
-    await queue(config, version, batch("a", 8))  # one sink: the cluster path
+    await queue(config, version, batch("a", 8))  # one sink
     version = await change(config, lambda r: ops.create_sink(r, "clicks", SLIM))
-    await queue(config, version, batch("b", 8), batch("c", 8))  # two sinks: embedded
-    collector = await collector_for(config, engine)
+    await queue(config, version, batch("b", 8), batch("c", 8))  # two sinks
+    spy = Spy(engine)
+    collector = await collector_for(config, spy)
     assert await drain_all(collector) == [1, 2]
+    assert spy.cluster_runs == 2
     assert_exact(config, "web.clicks", ids("a", "b", "c"))
     assert_exact(config, "web.slim", ids("b", "c"))
     assert read_table(config, "web.slim").column_names == [
         "user_id", "_event_id", "_received_at", "_sequence", "_shard"]
-    assert fallbacks(collector, "fan-out") == 1
+    slim = read_table(config, "web.slim")
+    assert sorted(slim.column("user_id").to_pylist()) == sorted(
+        read_table(config, "web.clicks").filter(pc.is_in(
+            read_table(config, "web.clicks").column("_event_id"),
+            slim.column("_event_id"))).column("user_id").to_pylist())
+    cluster_only(collector)
+    # Retries of b (same ids) in a later run: each table's window drops them.
+    await queue(config, version, batch("b", 8), batch("d", 8))
+    assert await drain_all(collector) == [2]
+    assert_exact(config, "web.clicks", ids("a", "b", "c", "d"))
+    assert_exact(config, "web.slim", ids("b", "c", "d"))
+    assert collector.metrics.duplicates.labels("clicks")._value.get() == 16
+    cluster_only(collector)
     await collector.store.close()
 
 
-async def test_import_conditions_take_the_embedded_path(config, engine) -> None:
-    staged = msgspec.structs.replace(CLICKS_SINK, conditions=Conditions(max_age_s=3600,
-                                                                       max_events=16))
+STAGED = msgspec.structs.replace(CLICKS_SINK, conditions=Conditions(max_age_s=3600,
+                                                                   max_events=16))
+
+
+def staged_keys(collector: Any, table: str = "web.clicks") -> list[str]:
+    return [f.key for f in collector.staging.states[table].files]
+
+
+async def test_import_conditions_stage_on_the_executors(config, engine) -> None:
     version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
-        id="clicks", sinks=(staged,))))
-    await queue(config, version, batch("a", 8))
-    collector = await collector_for(config, engine)
+        id="clicks", sinks=(STAGED, SLIM))))
+    await queue(config, version, batch("a", 8), batch("a2", 8))
+    spy = Spy(engine)
+    collector = await collector_for(config, spy)
     result = await collector.run_once()
-    assert result.staged == {"web.clicks": 8}  # staged, not committed: below 16 events
-    assert read_table(config, "web.clicks").num_rows == 0
+    assert spy.cluster_runs == 1
+    assert result.staged == {"web.clicks": 16}  # staged by the executors, one file a task
+    # ... and committed at once: 16 events. The other sink got its rows in the same job.
+    assert_exact(config, "web.clicks", ids("a", "a2"))
+    assert_exact(config, "web.slim", ids("a", "a2"))
     await queue(config, version, batch("b", 8))
-    assert await drain_all(collector) == [1]  # 16 events: committed
-    assert_exact(config, "web.clicks", ids("a", "b"))
-    # Conditions back to the defaults: rows still staged go first, then the cluster path.
-    await queue(config, version, batch("c", 8))
+    assert (await collector.run_once()).staged == {"web.clicks": 8}
+    assert read_table(config, "web.clicks").num_rows == 16  # below 16 events: staged
+    keys = staged_keys(collector)
+    assert keys
+    assert all(k.startswith("staging/web.clicks/") for k in keys)
+    staged = await collector.staging.read(collector.staging.states["web.clicks"])
+    assert staged.column_names == ["user_id", "url", "n", "ts", "_event_id",
+                                   "_received_at", "_sequence", "_source"]
+    await queue(config, version, batch("b", 8), batch("c", 8))  # b again: retried ids
+    assert await drain_all(collector) == [2]  # 8 + 16 staged: committed, b once
+    assert_exact(config, "web.clicks", ids("a", "a2", "b", "c"))
+    assert_exact(config, "web.slim", ids("a", "a2", "b", "c"))
+    assert not collector.staging.states["web.clicks"].files
+    # Conditions back to the defaults: rows still staged go first, then direct commits.
+    await queue(config, version, batch("d", 8))
     assert (await collector.run_once()).staged == {"web.clicks": 8}
     version = await change(config, lambda r: ops.update_sink(
         r, "clicks", "clicks", ops.SinkPatch(conditions=Conditions())))
-    await queue(config, version, batch("d", 8))
-    assert await drain_all(collector) == [1]  # staged behind c, then c and d committed
-    assert_exact(config, "web.clicks", ids("a", "b", "c", "d"))
-    assert fallbacks(collector, "staging") == 4
     await queue(config, version, batch("e", 8))
+    assert await drain_all(collector) == [1]  # staged behind d, then d and e committed
+    await queue(config, version, batch("f", 8))
     assert await drain_all(collector) == [1]
-    assert fallbacks(collector, "staging") == 4  # nothing staged any more: cluster path
-    assert_exact(config, "web.clicks", ids("a", "b", "c", "d", "e"))
+    assert_exact(config, "web.clicks", ids("a", "a2", "b", "c", "d", "e", "f"))
+    assert spy.cluster_runs == 6
+    cluster_only(collector)
     await collector.store.close()
+
+
+@pytest.mark.parametrize("stage", ["after_write", "after_stage:web.clicks",
+                                   "after_commits"])
+async def test_a_crash_between_stage_and_ack_then_restart(config, engine, stage) -> None:
+    """The executors staged (or wrote and did not record yet), the run is not acked: the
+    replay stages nothing twice, and the import commits each row once."""
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(STAGED,))))
+    await queue(config, version, batch("a", 8), batch("b", 8))  # 16 events: due
+    spy = Spy(engine)
+    crashing = await start(config, spy, hook=crash_at(stage))
+    crashing.routes = Routes(await RegistryStore(crashing.store,
+                                                 config.admin.registry_key).read())
+    await asyncio.to_thread(crashing.prepare_tables)
+    with pytest.raises(Crash):
+        await crashing.run_once()
+    await crashing.store.close()
+    assert spy.cluster_runs == 1
+    await queue(config, version, batch("c", 16))  # due on its own
+    restarted = await collector_for(config, spy)
+    results = []
+    while (result := await restarted.run_once()).entries:
+        results.append(result)
+    assert_exact(config, "web.clicks", ids("a", "b") | ids("c", count=16))
+    if stage != "after_write":  # the replay found its rows staged (or committed) already
+        assert results[0].replayed == 16
+    assert not restarted.staging.states["web.clicks"].files
+    cluster_only(restarted)
+    await restarted.store.close()
+
+
+async def test_a_takeover_with_rows_staged_on_the_executors(config, engine) -> None:
+    """Staging claimed by epoch (#22 case 5): a takeover lands after the old collector's
+    executors staged a run, before it recorded the files — the record is refused, the old
+    one stops, and the new one imports what was staged plus the replay, each row once."""
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(STAGED,))))
+    await queue(config, version, batch("a", 8))
+    spy = Spy(engine)
+    old = await collector_for(config, spy)
+    assert (await old.run_once()).staged == {"web.clicks": 8}
+    loop = asyncio.get_running_loop()
+    taken: list[Any] = []
+
+    def take_over(stage: str) -> None:  # runs in the old collector's commit thread
+        if stage == "after_write" and not taken:
+            taken.append(asyncio.run_coroutine_threadsafe(collector_for(config, spy),
+                                                          loop).result())
+
+    old.hook = take_over
+    await queue(config, version, batch("b", 4))
+    with pytest.raises(Fenced):
+        await old.run_once()
+    new = taken[0]
+    assert new.epoch > old.epoch
+    state = await new.staging.load("web.clicks")
+    assert (state.rows, state.epoch) == (8, new.epoch)  # b's files were never recorded
+    await queue(config, version, batch("c", 4))
+    assert await drain_all(new) == [2]  # b (replayed) and c: 16 staged, imported
+    assert_exact(config, "web.clicks", ids("a") | {f"{p}{i}" for p in "bc" for i in range(4)})
+    assert spy.cluster_runs == 3
+    assert await new.staging.sweep("web.clicks", 0) >= 1  # the refused run's files
+    cluster_only(new)
+    await old.store.close()
+    await new.store.close()
 
 
 async def test_a_re_created_source_with_other_columns(config, engine) -> None:
@@ -210,34 +333,42 @@ async def test_a_re_created_source_with_other_columns(config, engine) -> None:
     assert sorted(read_table(config, "web.old").column("n").to_pylist()) == list(range(8))
     assert read_table(config, "web.new").column_names == [
         "user_id", "url", "_event_id", "_received_at", "_sequence", "_shard"]
-    assert fallbacks(collector, "columns") == 2
+    cluster_only(collector)  # each sink's projection: no columns it lacks
     await collector.store.close()
 
 
 async def test_a_crash_between_the_tables_of_a_fan_out_run_then_restart(config, engine
                                                                        ) -> None:
-    """The embedded path keeps its crash guarantees when the cluster engine takes it:
-    the table committed before the crash is not committed twice, the other one gets its
-    rows, and the runs after it go back to the cluster path."""
+    """Both tables' files are written by one job; the crash lands after the first table's
+    commit: the replay does not commit it twice, the other table gets its rows, and the
+    files the crash left behind are never in a table."""
     version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK, SLIM))))
     await queue(config, version, batch("a", 8), batch("b", 8))
-    crashing = await start(config, engine, hook=crash_at("after_commit:web.clicks"))
+    spy = Spy(engine)
+    crashing = await start(config, spy, hook=crash_at("after_commit:web.clicks"))
     crashing.routes = Routes(await RegistryStore(crashing.store,
                                                  config.admin.registry_key).read())
     await asyncio.to_thread(crashing.prepare_tables)
     with pytest.raises(Crash):
         await crashing.run_once()
     await crashing.store.close()
+    assert spy.cluster_runs == 1
     assert_exact(config, "web.clicks", ids("a", "b"))
     assert read_table(config, "web.slim").num_rows == 0
     version = await change(config, lambda r: ops.delete_sink(r, "clicks", "slim"))
     await queue(config, version, batch("c", 8))
-    restarted = await collector_for(config, engine)
-    assert await drain_all(restarted) == [2, 1]  # the replay, then one sink again
+    restarted = await collector_for(config, spy)
+    results = []
+    while (result := await restarted.run_once()).entries:
+        results.append(result)
+    assert [r.entries for r in results] == [2, 1]  # the replay, then one sink again
+    # web.clicks holds the run: its window (rebuilt from the table) drops the replay.
+    assert results[0].rows == {"web.clicks": 0, "web.slim": 16}
     assert_exact(config, "web.clicks", ids("a", "b", "c"))
     assert_exact(config, "web.slim", ids("a", "b"))
-    assert fallbacks(restarted, "fan-out") == 1
+    assert spy.cluster_runs == 3
+    cluster_only(restarted)
     await restarted.store.close()
 
 
@@ -261,10 +392,25 @@ def test_a_run_is_cut_where_its_routing_changes() -> None:
     # buys routes alike at 2 and 3; clicks is off at 3: the run ends there.
     assert cut_by_routing(routes, run) == run[:4]
     assert cut_by_routing(routes, run[4:]) == run[4:]  # the first entry is always taken
-    assert embedded_reason(routes, run[:4], lambda target: False) is None
-    assert embedded_reason(routes, run[4:], lambda target: False) is None  # goes nowhere
-    assert embedded_reason(routes, run[:1], lambda target: True) == "staging"
+    assert embedded_reason(routes, run[:4]) is None
+    assert embedded_reason(routes, run[4:]) is None  # goes nowhere
     fan_out = [entry(5, 5, "clicks"), entry(6, 5, "clicks", "buys")]
     assert cut_by_routing(routes, [*run[:2], *fan_out]) == run[:2]
     assert cut_by_routing(routes, fan_out) == fan_out
-    assert embedded_reason(routes, fan_out, lambda target: False) == "fan-out"
+    assert embedded_reason(routes, fan_out) is None  # fan-out: the cluster path writes it
+
+
+def test_an_import_chunk_never_ends_between_overlapping_staged_files() -> None:
+    """The executors stage one file per task, so one run's files overlap in sequences; a
+    chunk committed through its highest sequence must take all of them, or the replay
+    filter would drop the rest's rows."""
+    from collector.commit import chunk_of
+    from icefloe.staging import StagedFile
+
+    def staged(first: int, last: int) -> StagedFile:
+        return StagedFile(f"k{first}-{last}", first, last, 1, 100, 0)
+
+    files = (staged(0, 3), staged(1, 4), staged(2, 4), staged(5, 6), staged(7, 9))
+    assert chunk_of(files, 150) == files[:3]  # over the limit, but 1..4 overlap 0..3
+    assert chunk_of(files, 400) == files[:4]
+    assert chunk_of(files[3:], 50) == files[3:4]  # disjoint: one file at least
