@@ -546,7 +546,9 @@ def _read_receipt(path: str) -> tuple[list[DataFileRef], list[tuple[str, StagedF
     with open(path, encoding="utf-8") as f:
         body = json.load(f)
     refs = [DataFileRef.from_json(item) for item in body["files"]]
-    staged = [(table, msgspec.convert(f, StagedFile)) for table, f in body["staged"]]
+    # strict=False: JSON object keys are strings; a file's per-shard ``sequences`` has ints
+    staged = [(table, msgspec.convert(f, StagedFile, strict=False))
+              for table, f in body["staged"]]
     return refs, staged
 
 

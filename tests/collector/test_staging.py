@@ -487,6 +487,37 @@ async def test_should_stage_per_shard_and_import_on_the_condition(config: Config
     await collector.store.close()
 
 
+async def test_should_stage_per_shard_on_the_executors(tmp_path: Path, spark: Any) -> None:
+    """The cluster output path on two shards: the executors' staged files carry each
+    shard's last sequence, the state is staged through the run's last sequence per shard,
+    and the import commits each row once with its shard and sequence (#25 with #28)."""
+    from icefloe.staging import merge_through
+    from pipeline.load.run import SparkClusterEngine
+
+    config = sharded(collector_config(tmp_path, (CLICKS,), output="cluster"))
+    await registry_with(config, SLOW)
+    await publish_on(config, 0, "a", 10)
+    await publish_on(config, 0, "b", 5)
+    await publish_on(config, 1, "c", 5)
+    collector = await collector_for(config, engine=SparkClusterEngine(spark, 2))
+    assert (await collector.run_once()).staged == {"web.clicks": 20}
+    state = collector.staging.states["web.clicks"]
+    assert state.staged_through == {0: 1, 1: 0}
+    assert merge_through(f.through for f in state.files) == {0: 1, 1: 0}
+    assert rows_in(config) == 0
+    await publish_on(config, 1, "d", 5)
+    await collector.run_once()  # 25 events: imported
+    assert_exact(config, "web.clicks", ids("a", 10) | ids("b", 5) | ids("c", 5) | ids("d", 5))
+    placed = shards_of(config)
+    assert (placed["a0"], placed["b0"], placed["c0"], placed["d0"]) == \
+        ((0, 0), (0, 1), (1, 0), (1, 1))
+    assert committed_sequences(config) == "0:1,1:1"
+    embedded = sum(sample.value for metric in collector.metrics.embedded_runs.collect()
+                   for sample in metric.samples if sample.name.endswith("_total"))
+    assert embedded == 0
+    await collector.store.close()
+
+
 @pytest.mark.parametrize("stage", ["after_stage:web.clicks", "after_commits",
                                    "after_staged_commit:web.clicks"])
 async def test_should_replay_exactly_per_shard_across_crashes(config: Config,
