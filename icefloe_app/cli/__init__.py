@@ -8,12 +8,14 @@ a non-zero exit instead of a traceback; ``--debug`` shows the traceback).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from icefloe import __version__
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.redact import redact
+from icefloe_app.cli.commands import COMMANDS, command_named
 from icefloe_app.cli.extras import command_of, extra_for, needs_extra_line
 
 EXIT_ERROR = 1
@@ -21,27 +23,15 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of every sub-command. The command modules are imported here, not at the
-    top, so that ``main`` can tell a client-only install which extra is missing."""
-    from icefloe_app.cli import (
-        admin_cmd,
-        collector_cmd,
-        deadletters_cmd,
-        demo_cmd,
-        ingestor_cmd,
-        inspect_cmd,
-        models_cmd,
-        probe_cmd,
-        query_cmd,
-        run_cmd,
-        sources_cmd,
-        streams_cmd,
-        tables_cmd,
-        token_cmd,
-        up_cmd,
-    )
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every sub-command.
 
+    With ``words`` (the command line), only the module of the command they name is imported
+    and registers its full parser; every other command gets a stub with its help line from
+    :data:`~icefloe_app.cli.commands.COMMANDS`, enough for ``--help`` and for argparse's
+    "invalid choice". Without ``words``, every module registers (the full parser). The
+    modules are imported here, not at the top, so that ``main`` can tell a client-only
+    install which extra is missing."""
     parser = argparse.ArgumentParser(
         prog="icefloe",
         description="icefloe: object-store-native ingest into Apache Iceberg, exactly once.",
@@ -51,10 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show full tracebacks instead of one-line errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up_cmd, ingestor_cmd, collector_cmd, run_cmd, query_cmd, models_cmd,
-                   streams_cmd, tables_cmd, deadletters_cmd, demo_cmd, token_cmd, inspect_cmd,
-                   probe_cmd, admin_cmd, sources_cmd):
-        module.register(commands)
+    chosen = None if words is None else command_named(command_of(words))
+    registered: set[str] = set()
+    for command in COMMANDS:
+        if command.module in registered:
+            continue  # its module registered this command along with an earlier one
+        if words is None or (chosen is not None and command.module == chosen.module):
+            importlib.import_module(f"icefloe_app.cli.{command.module}").register(commands)
+            registered.add(command.module)
+        else:
+            commands.add_parser(command.name, aliases=list(command.aliases),
+                                help=command.help)
     return parser
 
 
@@ -62,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
+        parser = build_parser(words)
     except ModuleNotFoundError as exc:
         return _missing_extra(exc, words)
     args = parser.parse_args(words)
