@@ -92,14 +92,15 @@ def _metadata_location(catalog: CatalogSection, identifier: str) -> str | None:
     namespace, _, name = identifier.rpartition(".")
     try:
         with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
-            db.row_factory = sqlite3.Row
-            rows = db.execute("SELECT * FROM iceberg_tables WHERE catalog_name = ? AND "
-                              "table_namespace = ? AND table_name = ?",
-                              (catalog.name, namespace, name)).fetchall()
+            cursor = db.execute("SELECT * FROM iceberg_tables WHERE catalog_name = ? AND "
+                                "table_namespace = ? AND table_name = ?",
+                                (catalog.name, namespace, name))
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     except sqlite3.Error:
         return None
-    tables = [r for r in rows if "iceberg_type" not in r.keys()
-              or r["iceberg_type"] in (None, "TABLE")]
+    # pyiceberg's schema v1 also lists views; a row without the column is a table
+    tables = [r for r in rows if r.get("iceberg_type") in (None, "TABLE")]
     if len(tables) != 1:
         return None
     return tables[0]["metadata_location"] or None
