@@ -26,12 +26,13 @@ EXIT_INTERRUPTED = 130
 def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every sub-command.
 
-    With ``words`` (the command line), only the module of the command they name is imported
-    and registers its full parser; every other command gets a stub with its help line from
-    :data:`~icefloe_app.cli.commands.COMMANDS`, enough for ``--help`` and for argparse's
-    "invalid choice". Without ``words``, every module registers (the full parser). The
-    modules are imported here, not at the top, so that ``main`` can tell a client-only
-    install which extra is missing."""
+    When ``words`` (the command line) name a command, only that command's module is
+    imported and registers its full parser; every other command gets a stub with its help
+    line from :data:`~icefloe_app.cli.commands.COMMANDS` (listed as before, and enough for
+    argparse's "invalid choice"). Otherwise (no ``words``, or no command in them: a bare
+    ``icefloe`` or ``icefloe --help``) every module registers, so a client-only install
+    still hears which extra it lacks. The modules are imported here, not at the top, so
+    that ``main`` can tell a client-only install which extra is missing."""
     parser = argparse.ArgumentParser(
         prog="icefloe",
         description="icefloe: object-store-native ingest into Apache Iceberg, exactly once.",
@@ -46,7 +47,7 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for command in COMMANDS:
         if command.module in registered:
             continue  # its module registered this command along with an earlier one
-        if words is None or (chosen is not None and command.module == chosen.module):
+        if chosen is None or command.module == chosen.module:
             _command_module(command.module).register(commands)
             registered.add(command.module)
         else:
