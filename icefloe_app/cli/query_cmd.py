@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from icefloe.config import Config
+    from pipeline.read.embedded import Rows
     from pipeline.read.query import Plan
 
 DESCRIPTION = """\
@@ -79,7 +80,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.read.embedded import choose, run_embedded
+    from pipeline.read.embedded import choose, run_embedded_plain
     from pipeline.read.query import AsOf, plan
 
     _, config = config_from_args(args, example=True)
@@ -90,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if choice.engine == "duckdb":
         assert choice.duck_sql is not None
         assert choice.planned is not None
-        result, truncated = run_embedded(config, pinned, choice.duck_sql, choice.planned,
-                                         limit)
+        result, truncated = run_embedded_plain(config, pinned, choice.duck_sql,
+                                               choice.planned, limit)
     else:
         print(f"icefloe query: starting Spark ({choice.reason}) ...", file=sys.stderr,
               flush=True)
@@ -117,8 +118,9 @@ def _run_spark(args: argparse.Namespace, config: Config, pinned: Plan, limit: in
     return result, truncated
 
 
-def write(result: pa.Table, fmt: str, out: Any) -> None:
-    """Print ``result`` as ``table``, ``json`` or ``csv``."""
+def write(result: pa.Table | Rows, fmt: str, out: Any) -> None:
+    """Print ``result`` (Arrow, or the embedded engine's plain :class:`Rows`) as ``table``,
+    ``json`` or ``csv``."""
     names = result.column_names
     rows = result.to_pylist()
     if fmt == "json":
@@ -131,7 +133,7 @@ def write(result: pa.Table, fmt: str, out: Any) -> None:
         writer.writerows([["" if r[n] is None else _text(r[n]) for n in names] for r in rows])
         return
     out.write(text_table(names, [[_text(r[n]) for n in names] for r in rows],
-                         numeric=[_is_number(result.schema.field(n).type) for n in names]))
+                         numeric=_numeric(result)))
 
 
 def text_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
@@ -146,6 +148,13 @@ def text_table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     body = [rule, line(headers), rule, *(line(r) for r in rows), rule]
     return "\n".join(body) + "\n"
+
+
+def _numeric(result: pa.Table | Rows) -> list[bool]:
+    """Which columns hold numbers (right-aligned)."""
+    if hasattr(result, "numeric"):  # Rows: known without importing pyarrow
+        return list(result.numeric)
+    return [_is_number(result.schema.field(n).type) for n in result.column_names]
 
 
 def _is_number(kind: pa.DataType) -> bool:

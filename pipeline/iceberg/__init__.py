@@ -8,6 +8,7 @@ neither pyspark nor :mod:`pipeline.load`; the Arrow side of the schema it shares
 them is :mod:`pipeline.columns`.
 """
 
-from pipeline.iceberg.pyiceberg_fixes import install as _install_fixes
+from pipeline.iceberg.pyiceberg_fixes import install_when_imported as _install_fixes
 
-_install_fixes()  # null lists of structs survive pyiceberg's writes and scans
+_install_fixes()  # null lists of structs survive pyiceberg's writes and scans (installed
+# when pyiceberg's Arrow module loads: importing it here would cost every reader pandas)

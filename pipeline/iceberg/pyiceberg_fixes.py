@@ -11,11 +11,19 @@ Readers outside icefloe (plain pyiceberg scans) still see ``[]`` until pyiceberg
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _MARK = "_icefloe_keeps_null_lists"
+_TARGET = "pyiceberg.io.pyarrow"
 
 
 def install() -> None:
@@ -38,3 +46,39 @@ def install() -> None:
     setattr(list_keeping_nulls, _MARK, True)
     list_keeping_nulls.wrapped = original  # type: ignore[attr-defined]
     ArrowProjectionVisitor.list = list_keeping_nulls  # type: ignore[method-assign]
+
+
+def install_when_imported() -> None:
+    """:func:`install` now if pyiceberg's Arrow module is loaded, else right after it loads.
+
+    Why not import it here: ``pyiceberg.io.pyarrow`` imports ``pyarrow.dataset`` and with it
+    pandas (~0.7 s), which a one-second ``icefloe query`` that never scans through pyiceberg
+    cannot pay. Whoever imports it later, directly or through pyiceberg, gets it fixed.
+    """
+    if _TARGET in sys.modules:
+        install()
+    elif not any(isinstance(f, _FixAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _FixAfterImport())
+
+
+class _FixAfterImport(importlib.abc.MetaPathFinder):
+    """Finds ``pyiceberg.io.pyarrow`` through the other finders, and installs the fix once
+    its module has run; then leaves ``sys.meta_path``."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_then_install(module: ModuleType) -> None:
+            run(module)
+            install()
+
+        loader.exec_module = exec_then_install  # type: ignore[method-assign]
+        return spec

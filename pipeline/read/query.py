@@ -77,6 +77,9 @@ class Plan:
     # Keys of ``tables`` that are not plain identifiers (a reference with its own
     # ``FOR VERSION/TIMESTAMP AS OF``: ``web.t@<snapshot>``) -> the identifier they read.
     identifiers: dict[str, str] = field(default_factory=dict)
+    # The tables as loaded to pin them (identifier -> table), so the embedded engine plans
+    # their files without loading them again; Spark loads its own.
+    loaded: dict[str, Table] = field(default_factory=dict, compare=False, repr=False)
 
 
 def parse(sql: str) -> exp.Expression:
@@ -126,7 +129,7 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
     """Parse, resolve and pin every table; the rewritten SQL reads only temp views."""
     from sqlglot import exp
 
-    from pipeline.read.tables import load_table
+    from pipeline.read.tables import load_table_to_read
 
     tree = parse(sql)
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
@@ -144,7 +147,7 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
         identifier = resolve_name(ref, config)
         clause = time_travel(ref)
         if identifier not in loaded:
-            loaded[identifier] = load_table(config.catalog, identifier)
+            loaded[identifier] = load_table_to_read(config.catalog, identifier)
         key = identifier
         if clause is not None:
             key = f"{identifier}@{pin(loaded[identifier], identifier, clause)}"
@@ -153,7 +156,7 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
             snapshots[key] = pin(loaded[identifier], identifier, clause or as_of)
             views[key] = f"__icefloe_{len(views)}_{identifier.replace('.', '_')}"
         point_at(ref, views[key])
-    return Plan(spark_sql(tree), views, snapshots, identifiers)
+    return Plan(spark_sql(tree), views, snapshots, identifiers, loaded)
 
 
 def point_at(ref: exp.Table, view: str) -> None:

@@ -26,10 +26,10 @@ staging, takeovers, crashes, stalls, registry changes and hour-long quiet gaps."
 
 MUTANT_SEEDS = {
     "no-dedup": 3,
-    "dedup-per-table": 39,
+    "dedup-per-table": 35,
     "no-fence": 2,
     "cluster-unrouted": 4,
-    "no-staging-claim": 16,
+    "no-staging-claim": 58,
     "dedup-from-now": 14,
     "standby-no-reread": 29,
 }
