@@ -1,18 +1,35 @@
-"""Shared plumbing for icefloe benchmarks: hardware facts, result rows, table and JSON output.
+"""Shared plumbing for icefloe benchmarks: hardware facts, result rows, table and JSON output,
+the ``--quick``/``--json`` command line, and the local lake most benchmarks build (a config
+on a local store and a SQLite catalog, a manifest filled with batch files, a collector
+draining it).
 
 Every benchmark prints a readable table and, with ``--json PATH``, writes
 ``{"hardware": {...}, "results": [{"name", "value", "unit", "baseline", "ratio"}, ...]}``
 so runs on different machines can be compared.
+
+The project imports are inside the functions that need them: the light benchmarks (queue,
+ingest) import this module too and should not pay for the collector's imports.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
 import platform
 import sys
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collector.service import Collector
+    from icefloe.config import Config, StreamConfig
+    from icefloe.manifest import Entry
+    from icefloe.store.base import AsyncObjectStore
 
 
 @dataclass
@@ -69,3 +86,121 @@ def write_json(path: str | None, results: list[Result]) -> None:
     Path(path).write_text(json.dumps({"hardware": hardware(),
                                       "results": [asdict(r) for r in results]}, indent=2))
     print(f"\nwrote {path}")
+
+
+def bench_parser(doc: str | None, quick_help: str) -> argparse.ArgumentParser:
+    """The command line every benchmark shares: ``--quick`` (what it shortens is
+    ``quick_help``) and ``--json PATH``; a benchmark adds its own options to it."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    return parser
+
+
+# -- a local lake: config, filled manifest, draining collector --------------------------------
+
+
+def local_config(root: Path, streams: Iterable[StreamConfig] | None = None, *,
+                 env: Mapping[str, str] | None = None, **collector: object) -> Config:
+    """A config whose store (``root/store``), SQLite catalog and warehouse all live under
+    ``root``, with ``collector`` settings as overrides and ``streams`` in place of the file's
+    (none). ``env`` replaces the process environment when given (a reproducible run)."""
+    import msgspec
+
+    from icefloe.config import load_config
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "icefloe.toml").write_text("")
+    overrides: dict[str, dict[str, Any]] = {
+        "store": {"url": (root / "store").as_uri()},
+        "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
+                    "warehouse": (root / "warehouse").as_uri()}}
+    if collector:
+        overrides["collector"] = dict(collector)
+    config = load_config(root / "icefloe.toml", overrides=overrides,
+                         **({} if env is None else {"env": env}))
+    if streams is None:
+        return config
+    return msgspec.structs.replace(config, streams=tuple(streams))
+
+
+BatchFile = tuple[bytes, int, tuple[str, ...]]
+"""A framed batch file, its record count and the streams in it (``build_batch``'s answer)."""
+
+
+async def publish_files(store_url: str, files: Iterable[BatchFile]) -> None:
+    """Write each batch file and append it to the manifest, as an ingestor's flush does;
+    ``files`` may be a generator, so only one batch is in memory at a time."""
+    from icefloe.manifest import ManifestProducer
+    from icefloe.manifest.publish import publish_batch
+    from icefloe.store import open_async_store
+
+    store = open_async_store(store_url)
+    producer = ManifestProducer(store)
+    try:
+        for data, count, streams in files:
+            await publish_batch(store, producer, data, record_count=count, streams=streams)
+    finally:
+        await producer.close()
+        await store.close()
+
+
+async def manifest_entries(store_url: str) -> list[Entry]:
+    """The manifest's entries as they stand (for a run spec without a collector)."""
+    from icefloe.manifest import load
+    from icefloe.manifest.config import ManifestConfig
+    from icefloe.store import open_async_store
+
+    store = open_async_store(store_url)
+    try:
+        return list((await load(store, ManifestConfig().key)).manifest.entries)
+    finally:
+        await store.close()
+
+
+async def open_collector(config: Config, engine: object, **options: Any
+                         ) -> tuple[Collector, AsyncObjectStore]:
+    """A collector on ``config``'s store that holds the lease and has its tables ready; the
+    caller closes the store."""
+    from collector.service import Collector
+    from icefloe.store import open_async_store
+    from pipeline.iceberg.catalog import open_catalog
+
+    store = open_async_store(config.store.url)
+    collector = Collector(config, store, open_catalog(config.catalog), engine, **options)
+    await collector.acquire(takeover=True)
+    await asyncio.to_thread(collector.prepare_tables)
+    return collector, store
+
+
+async def drain(config: Config, engine: object, events: int, *, until_empty: bool = False
+                ) -> tuple[float, Collector]:
+    """Drain the pre-filled manifest (one run, or runs until it is empty when
+    ``until_empty``) and check all ``events`` were committed; committed events/s, timed
+    from the first run (lease and table setup excluded), and the collector (its metrics)."""
+    collector, store = await open_collector(config, engine)
+    committed = 0
+    try:
+        started = time.perf_counter()
+        while (result := await collector.run_once()).entries:
+            committed += sum(result.rows.values())
+            if not until_empty:
+                break
+        seconds = time.perf_counter() - started
+    finally:
+        await store.close()
+    assert committed == events, f"committed {committed} of {events}"
+    return events / seconds, collector
+
+
+def serve_announcing(config: Config) -> int:
+    """Run an ingestor in this process and print the ``ready`` JSON line ``icefloe
+    ingestor`` prints (the bench's ingestor variants, driven by a parent process)."""
+    from ingestor import server
+
+    def announce(ports: server.BoundPorts) -> None:
+        print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc}),
+              flush=True)
+
+    return server.run(config, on_ready=announce)

@@ -11,17 +11,17 @@ run icefloe. Prints the same ``ready`` JSON line as ``icefloe ingestor``.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import serve_announcing
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from icefloe.config import load_config
-from ingestor import server
 from ingestor.http import server as http_server
 
 
@@ -45,12 +45,7 @@ def main() -> int:
     config = load_config(Path(sys.argv[1]))
     if sys.argv[2] == "off":
         http_server.guarded_protocol = _without_limits  # type: ignore[assignment]
-
-    def announce(ports: server.BoundPorts) -> None:
-        print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc}),
-              flush=True)
-
-    return server.run(config, on_ready=announce)
+    return serve_announcing(config)
 
 
 if __name__ == "__main__":

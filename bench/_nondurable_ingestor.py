@@ -12,14 +12,16 @@ line as ``icefloe ingestor``.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import serve_announcing
+
 from icefloe.config import load_config
-from ingestor import buffer, server
+from ingestor import buffer
 
 
 def _answer_at_once(self: buffer.Batcher, framed: bytes, count: int, stream: str,
@@ -33,12 +35,7 @@ def _answer_at_once(self: buffer.Batcher, framed: bytes, count: int, stream: str
 def main() -> int:
     config = load_config(Path(sys.argv[1]))
     buffer.Batcher.enqueue = _answer_at_once  # type: ignore[method-assign]
-
-    def announce(ports: server.BoundPorts) -> None:
-        print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc}),
-              flush=True)
-
-    return server.run(config, on_ready=announce)
+    return serve_announcing(config)
 
 
 if __name__ == "__main__":

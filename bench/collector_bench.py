@@ -26,7 +26,6 @@ Usage: python bench/collector_bench.py [--quick] [--no-cluster] [--freshness-onl
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import shutil
@@ -34,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -42,15 +41,23 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Result, print_table, write_json
+from _common import (
+    BatchFile,
+    Result,
+    bench_parser,
+    drain,
+    local_config,
+    manifest_entries,
+    open_collector,
+    print_table,
+    publish_files,
+    write_json,
+)
 
 from collector.runner import Runner
-from collector.service import Collector
-from icefloe.config import Column, StreamConfig, load_config
-from icefloe.manifest import ManifestProducer, load
-from icefloe.manifest.config import ManifestConfig
+from icefloe.config import Column, StreamConfig
+from icefloe.manifest import ManifestProducer
 from icefloe.manifest.publish import build_batch, publish_batch
-from icefloe.store import open_async_store
 from ingestor.validate import CompiledStream
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
@@ -93,39 +100,22 @@ def evolving_payload(i: int) -> bytes:
 
 
 def make_config(root: Path, stream: StreamConfig = STREAM, **collector: object):
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "icefloe.toml").write_text("")
-    config = load_config(root / "icefloe.toml", overrides={
-        "store": {"url": (root / "store").as_uri()},
-        "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
-                    "warehouse": (root / "warehouse").as_uri()},
-        "collector": {"max_run_entries": 100_000, "max_run_bytes": 1 << 34,
-                      "dedup_window_s": 0, **collector}})
-    return msgspec.structs.replace(config, streams=(stream,))
+    return local_config(root, (stream,), **{"max_run_entries": 100_000,
+                                            "max_run_bytes": 1 << 34, "dedup_window_s": 0,
+                                            **collector})
 
 
-async def prefill(config, batches: int, per_batch: int, start: int = 0) -> int:
-    store = open_async_store(config.store.url)
-    producer = ManifestProducer(store)
+def batch_files(count: int, per_batch: int, start: int = 0) -> Iterator[BatchFile]:
     now_ms = int(time.time() * 1000)
-    try:
-        for b in range(batches):
-            base = start + b * per_batch
-            data, count, streams = build_batch(
-                ("events", f"e{base + i}", now_ms, payload(base + i)) for i in range(per_batch))
-            await publish_batch(store, producer, data, record_count=count, streams=streams)
-    finally:
-        await producer.close()
-        await store.close()
+    for b in range(count):
+        base = start + b * per_batch
+        yield build_batch(
+            ("events", f"e{base + i}", now_ms, payload(base + i)) for i in range(per_batch))
+
+
+def prefill(config, batches: int, per_batch: int, start: int = 0) -> int:
+    asyncio.run(publish_files(config.store.url, batch_files(batches, per_batch, start)))
     return batches * per_batch
-
-
-async def manifest_entries(config) -> list:
-    store = open_async_store(config.store.url)
-    try:
-        return list((await load(store, ManifestConfig().key)).manifest.entries)
-    finally:
-        await store.close()
 
 
 def plain_append(config, events: int) -> tuple[float, float]:
@@ -133,7 +123,7 @@ def plain_append(config, events: int) -> tuple[float, float]:
     no collector around it; (events/s, append seconds)."""
     catalog = open_catalog(config.catalog)
     table = ensure_stream_table(catalog, STREAM)
-    spec = run_spec(config, asyncio.run(manifest_entries(config)))
+    spec = run_spec(config, asyncio.run(manifest_entries(config.store.url)))
     started = time.perf_counter()
     rows = run_local(spec).tables[STREAM.name]
     appended = time.perf_counter()
@@ -145,18 +135,8 @@ def plain_append(config, events: int) -> tuple[float, float]:
 
 async def throughput(config, engine, events: int) -> tuple[float, float]:
     """Drain a pre-filled manifest in one run; return (events/s, commit seconds)."""
-    store = open_async_store(config.store.url)
-    collector = Collector(config, store, open_catalog(config.catalog), engine)
-    await collector.acquire(takeover=True)
-    await asyncio.to_thread(collector.prepare_tables)
-    started = time.perf_counter()
-    result = await collector.run_once()
-    seconds = time.perf_counter() - started
-    await store.close()
-    committed = sum(result.rows.values())
-    assert committed == events, f"committed {committed} of {events}"
-    commit_s = collector.metrics.commit_seconds.labels(STREAM.table)._sum.get()
-    return events / seconds, commit_s
+    rate, collector = await drain(config, engine, events)
+    return rate, collector.metrics.commit_seconds.labels(STREAM.table)._sum.get()
 
 
 async def freshness(config, engine, seconds: float, rate: int,
@@ -165,10 +145,7 @@ async def freshness(config, engine, seconds: float, rate: int,
     (committed time - publish time) for every event. Payloads go through the stream's
     ingest validation first, as an ingestor would send them (evolve mode's new fields)."""
     compiled = CompiledStream(config.streams[0])
-    store = open_async_store(config.store.url)
-    collector = Collector(config, store, open_catalog(config.catalog), engine)
-    await collector.acquire(takeover=True)
-    await asyncio.to_thread(collector.prepare_tables)
+    collector, store = await open_collector(config, engine)
     published: dict[int, tuple[float, int]] = {}
     samples: list[float] = []
     stop = asyncio.Event()
@@ -221,11 +198,7 @@ def data_files(config) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short run (under a minute "
-                        "after Spark's ~15 s start)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "short run (under a minute after Spark's ~15 s start)")
     parser.add_argument("--no-cluster", action="store_true",
                         help="skip the standalone-cluster rows (~1-2 min more)")
     parser.add_argument("--freshness-only", action="store_true",
@@ -252,11 +225,11 @@ def main() -> None:
         for round_ in range(2):
             for rows in (False, True):
                 config = make_config(root / f"warm-up-{round_}-{rows}")
-                events = asyncio.run(prefill(config, batches // 2, per_batch))
+                events = prefill(config, batches // 2, per_batch)
                 asyncio.run(throughput(config, SparkEngine(spark, 4, rows=rows), events))
         # One pre-filled store, copied for each trial: every trial drains the same files.
         template = make_config(root / "template")
-        events = asyncio.run(prefill(template, batches, per_batch))
+        events = prefill(template, batches, per_batch)
         print(f"{events:,} events pre-filled in {batches} batch files; best of {TRIALS} "
               "runs per engine, alternating", flush=True)
         rates: dict[str, float] = {}
@@ -348,7 +321,7 @@ def cluster_rows(batches: int, per_batch: int) -> list[Result]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         template = make_config(root / "template")
-        events = asyncio.run(prefill(template, batches, per_batch))
+        events = prefill(template, batches, per_batch)
         cluster = Standalone(root / "spark", workers=2)
         print(f"standalone cluster (2 workers x 1 core) and local[2], cluster output, "
               f"{events:,} events per run ...", flush=True)

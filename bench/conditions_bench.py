@@ -22,7 +22,6 @@ Usage: python bench/conditions_bench.py [--quick] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
@@ -37,9 +36,9 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Result, print_table, write_json
+from _common import Result, bench_parser, local_config, print_table, write_json
 
-from icefloe.config import Column, Config, StreamConfig, load_config
+from icefloe.config import Column, Config, StreamConfig
 from icefloe.registry import Conditions, RegistryStore, ops
 
 COLUMNS = (Column("user_id", "string", required=True), Column("url", "string"),
@@ -48,15 +47,8 @@ POLL_S = 0.2
 
 
 def config_in(root: Path) -> Config:
-    path = root / "icefloe.toml"
-    path.write_text("")
-    stream = StreamConfig("clicks", "web.direct", COLUMNS)
-    return msgspec.structs.replace(load_config(path, overrides={
-        "store": {"url": (root / "store").as_uri()},
-        "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
-                    "warehouse": (root / "warehouse").as_uri()},
-        "collector": {"metrics_port": 0, "gc_interval_s": 3600,
-                      "maintenance_interval_s": 3600}}, env={}), streams=(stream,))
+    return local_config(root, (StreamConfig("clicks", "web.direct", COLUMNS),), env={},
+                        metrics_port=0, gc_interval_s=3600, maintenance_interval_s=3600)
 
 
 def sinks(age_s: float, events: int, size: int) -> tuple[ops.SinkSpec, ...]:
@@ -188,10 +180,7 @@ async def propagation(root: Path, rounds: int) -> list[float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="20 s at 2,000 events/s")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "20 s at 2,000 events/s")
     args = parser.parse_args()
     seconds, rate = (20.0, 2000) if args.quick else (60.0, 5000)
     age_s, events, size = (5.0, 8000, 200_000) if args.quick else (15.0, 50_000, 1_000_000)

@@ -18,11 +18,11 @@ Usage: python bench/evolve_bench.py [--quick] [--spark] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -30,15 +30,20 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Result, print_table, write_json
+from _common import (
+    BatchFile,
+    Result,
+    bench_parser,
+    drain,
+    local_config,
+    print_table,
+    publish_files,
+    write_json,
+)
 
-from collector.service import Collector
-from icefloe.config import Column, StreamConfig, load_config
-from icefloe.manifest import ManifestProducer
-from icefloe.manifest.publish import build_batch, publish_batch
-from icefloe.store import open_async_store
+from icefloe.config import Column, StreamConfig
+from icefloe.manifest.publish import build_batch
 from ingestor.validate import CompiledStream
-from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import LocalEngine
 
 TRIALS = 2
@@ -63,64 +68,34 @@ def event(i: int) -> bytes:
 
 
 def make_config(root: Path, stream: StreamConfig):
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "icefloe.toml").write_text("")
-    config = load_config(root / "icefloe.toml", overrides={
-        "store": {"url": (root / "store").as_uri()},
-        "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
-                    "warehouse": (root / "warehouse").as_uri()},
-        "collector": {"max_run_entries": EVERY // PER_BATCH, "dedup_window_s": 0}})
-    return msgspec.structs.replace(config, streams=(stream,))
+    return local_config(root, (stream,), max_run_entries=EVERY // PER_BATCH, dedup_window_s=0)
 
 
-async def prefill(config, stream: StreamConfig, events: int) -> None:
+def batch_files(stream: StreamConfig, events: int) -> Iterator[BatchFile]:
+    """The events as the ingestor would have flushed them, :data:`PER_BATCH` a file."""
     compiled = CompiledStream(stream)
-    store = open_async_store(config.store.url)
-    producer = ManifestProducer(store)
     now_ms = int(time.time() * 1000)
-    try:
-        for start in range(0, events, PER_BATCH):
-            ids = range(start, min(events, start + PER_BATCH))
-            payloads = compiled.from_events([event(i) for i in ids]).payloads
-            data, count, names = build_batch(
-                ("events", f"e{i}", now_ms, p) for i, p in zip(ids, payloads, strict=True))
-            await publish_batch(store, producer, data, record_count=count, streams=names)
-    finally:
-        await producer.close()
-        await store.close()
-
-
-async def drain(config, engine, events: int) -> float:
-    """Committed events/s over the whole queue (runs of :data:`EVERY` events)."""
-    store = open_async_store(config.store.url)
-    collector = Collector(config, store, open_catalog(config.catalog), engine)
-    await collector.acquire(takeover=True)
-    await asyncio.to_thread(collector.prepare_tables)
-    committed = 0
-    started = time.perf_counter()
-    while (result := await collector.run_once()).entries:
-        committed += sum(result.rows.values())
-    seconds = time.perf_counter() - started
-    await store.close()
-    assert committed == events, f"committed {committed} of {events}"
-    return events / seconds
+    for start in range(0, events, PER_BATCH):
+        ids = range(start, min(events, start + PER_BATCH))
+        payloads = compiled.from_events([event(i) for i in ids]).payloads
+        yield build_batch(
+            ("events", f"e{i}", now_ms, p) for i, p in zip(ids, payloads, strict=True))
 
 
 def measure(root: Path, stream: StreamConfig, engine, events: int) -> float:
     best = 0.0
     for trial in range(TRIALS):
         config = make_config(root / f"{stream.unknown_fields}-{trial}", stream)
-        asyncio.run(prefill(config, stream, events))
-        best = max(best, asyncio.run(drain(config, engine, events)))
+        asyncio.run(publish_files(config.store.url, batch_files(stream, events)))
+        # committed events/s over the whole queue, in runs of EVERY events
+        rate, _ = asyncio.run(drain(config, engine, events, until_empty=True))
+        best = max(best, rate)
     return best
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="30,000 events (3 new fields)")
+    parser = bench_parser(__doc__, "30,000 events (3 new fields)")
     parser.add_argument("--spark", action="store_true", help="Spark local[2] engine")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
     args = parser.parse_args()
     events = 30_000 if args.quick else 100_000
     engine = LocalEngine()
@@ -140,8 +115,7 @@ def main() -> None:
                evolving_rate, "events/s", baseline=fixed_rate),
     ]
     print_table(f"schema evolution, {events:,} events, engine {engine.name}", results)
-    if args.json:
-        write_json(args.json, results)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Usage: python bench/ingest_bench.py [--quick] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import re
@@ -38,7 +37,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Result, print_table, write_json
+from _common import Result, bench_parser, print_table, write_json
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 3
@@ -291,10 +290,7 @@ def nondurable(workdir: Path, seconds: float, single: str, bare: dict[str, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="3 s per run (under a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "3 s per run (under a minute)")
     args = parser.parse_args()
     results = run(args.quick)
     print_table("ingest (durable acks on a local store; baseline = bare stack, same run)",

@@ -17,7 +17,6 @@ Usage: python bench/mappings_bench.py [--quick] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
@@ -30,15 +29,18 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Result, print_table, write_json
+from _common import (
+    Result,
+    bench_parser,
+    manifest_entries,
+    print_table,
+    publish_files,
+    write_json,
+)
 
 from icefloe.config import Column, Config, StoreSection, StreamConfig
 from icefloe.formats.batch import BatchBuilder
 from icefloe.formats.envelope import frame_events
-from icefloe.manifest import ManifestProducer, load
-from icefloe.manifest.config import ManifestConfig
-from icefloe.manifest.publish import publish_batch
-from icefloe.store import open_async_store
 from ingestor.validate import CompiledStream
 from pipeline.load.decode import decode_batch_file
 from pipeline.load.spec import EntryFile, run_spec, stream_specs
@@ -134,27 +136,6 @@ def decode_rates(seconds: float, events: int) -> tuple[float, float]:
     return results[0], results[1]
 
 
-async def publish(config: Config, stream: StreamConfig, make: Callable[[int], dict[str, object]],
-                  files: int, per_file: int) -> None:
-    store = open_async_store(config.store.url)
-    producer = ManifestProducer(store)
-    try:
-        for f in range(files):
-            data, count = batch_file(stream, make, f * per_file, per_file)
-            await publish_batch(store, producer, data, record_count=count, streams=(stream.name,))
-    finally:
-        await producer.close()
-        await store.close()
-
-
-async def entries(config: Config) -> list[object]:
-    store = open_async_store(config.store.url)
-    try:
-        return list((await load(store, ManifestConfig().key)).manifest.entries)
-    finally:
-        await store.close()
-
-
 def spark_rates(root: Path, files: int, per_file: int, rows: bool) -> tuple[float, float]:
     from pipeline.load.run import SparkEngine
     from pipeline.spark import get_spark
@@ -164,8 +145,10 @@ def spark_rates(root: Path, files: int, per_file: int, rows: bool) -> tuple[floa
     for stream, make in ((PLAIN, plain_event), (MAPPED, mapped_event)):
         config = Config(store=StoreSection(url=(root / stream.name).as_uri()),
                         streams=(stream,))
-        asyncio.run(publish(config, stream, make, files, per_file))
-        spec = run_spec(config, asyncio.run(entries(config)), partitions=4)
+        asyncio.run(publish_files(config.store.url, (
+            (*batch_file(stream, make, f * per_file, per_file), (stream.name,))
+            for f in range(files))))
+        spec = run_spec(config, asyncio.run(manifest_entries(config.store.url)), partitions=4)
         # rows=False: as the collector runs it (packed, but a stream with sql columns
         # takes the row path); rows=True: both on the row path, so the ratio there is the
         # mappings' own cost
@@ -187,9 +170,7 @@ def spark_rates(root: Path, files: int, per_file: int, rows: bool) -> tuple[floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, done in < 1 min")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser = bench_parser(__doc__, "small sizes, done in < 1 min")
     args = parser.parse_args()
     seconds = 1.5 if args.quick else 6.0
     files, per_file = (8, 10_000) if args.quick else (20, 25_000)

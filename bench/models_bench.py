@@ -17,7 +17,6 @@ Usage: python bench/models_bench.py [--quick] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import shutil
 import statistics
@@ -33,7 +32,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Result, print_table, write_json
+from _common import Result, bench_parser, print_table, write_json
 
 from icefloe.config import Config, load_config
 from pipeline.columns import table_arrow_schema
@@ -76,10 +75,7 @@ def timed(action: Callable[[], object]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short run (20k rows, 3 rounds)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "short run (20k rows, 3 rounds)")
     args = parser.parse_args()
     rows, rounds = (20_000, 3) if args.quick else (200_000, 8)
     spark = get_spark("local[2]", "icefloe-models-bench")

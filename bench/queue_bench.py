@@ -14,7 +14,6 @@ Usage: python bench/queue_bench.py [--quick] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing
 import multiprocessing.synchronize
@@ -28,7 +27,7 @@ import msgspec
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Result, print_table, write_json
+from _common import Result, bench_parser, print_table, write_json
 
 from icefloe.errors import QueueFullError
 from icefloe.formats.batch import BatchBuilder, Compression, decode_block, iter_records
@@ -215,10 +214,7 @@ def bench_manifest(quick: bool) -> list[Result]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "short run (under a minute)")
     args = parser.parse_args()
     results = bench_batches(args.quick)
     print_table("batch files (~200-byte JSON events in envelopes, 20k records)", results)

@@ -40,7 +40,6 @@ Usage: python bench/scale_bench.py [--quick] [--json PATH] [--shards N] [--seed 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import math
@@ -54,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import Result, print_table, write_json
+from _common import Result, bench_parser, print_table, write_json
 from _grpc_load import EVENT as LOAD_EVENT
 from _scale_processes import ProcessRun, ProcessSpec, run_processes, spark_lock
 
@@ -563,10 +562,7 @@ def specs(quick: bool, seed: int) -> list[ClusterSpec]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "short run (under a minute)")
     parser.add_argument("--shards", type=int, default=8,
                         help="the N of the N-shard rows (default 8)")
     parser.add_argument("--seed", type=int, default=1)

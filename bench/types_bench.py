@@ -19,13 +19,13 @@ Usage: python bench/types_bench.py [--quick] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import shutil
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +34,20 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Result, print_table, write_json
+from _common import (
+    BatchFile,
+    Result,
+    bench_parser,
+    drain,
+    local_config,
+    print_table,
+    publish_files,
+    write_json,
+)
 
-from collector.service import Collector
-from icefloe.config import Column, StreamConfig, load_config
-from icefloe.manifest import ManifestProducer
-from icefloe.manifest.publish import build_batch, publish_batch
-from icefloe.store import open_async_store
+from icefloe.config import Column, StreamConfig
+from icefloe.manifest.publish import build_batch
 from ingestor.validate import CompiledStream
-from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import LocalEngine, SparkEngine
 
 TRIALS = 3
@@ -99,58 +104,32 @@ def validator_rate(stream: StreamConfig, make: Any, seconds: float) -> float:
 
 
 def make_config(root: Path, stream: StreamConfig) -> Any:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "icefloe.toml").write_text("")
-    config = load_config(root / "icefloe.toml", overrides={
-        "store": {"url": (root / "store").as_uri()},
-        "catalog": {"uri": f"sqlite:///{root / 'catalog.db'}",
-                    "warehouse": (root / "warehouse").as_uri()},
-        "collector": {"max_run_entries": 100_000, "max_run_bytes": 1 << 34,
-                      "dedup_window_s": 0}})
-    return msgspec.structs.replace(config, streams=(stream,))
+    return local_config(root, (stream,), max_run_entries=100_000, max_run_bytes=1 << 34,
+                        dedup_window_s=0)
 
 
-async def prefill(config: Any, kind: str, batches: int, per_batch: int) -> int:
+def batch_files(kind: str, count: int, per_batch: int) -> Iterator[BatchFile]:
     """Batch files of canonical payloads, as the ingestor writes them."""
     compiled = CompiledStream(STREAMS[kind])
-    store = open_async_store(config.store.url)
-    producer = ManifestProducer(store)
     now_ms = int(time.time() * 1000)
-    try:
-        for b in range(batches):
-            body = msgspec.json.encode([EVENTS[kind](b * per_batch + i)
-                                        for i in range(per_batch)])
-            payloads = compiled.from_json(body).payloads
-            data, count, streams = build_batch(
-                (kind, f"e{b}-{i}", now_ms, p) for i, p in enumerate(payloads))
-            await publish_batch(store, producer, data, record_count=count, streams=streams)
-    finally:
-        await producer.close()
-        await store.close()
-    return batches * per_batch
+    for b in range(count):
+        body = msgspec.json.encode([EVENTS[kind](b * per_batch + i) for i in range(per_batch)])
+        payloads = compiled.from_json(body).payloads
+        yield build_batch((kind, f"e{b}-{i}", now_ms, p) for i, p in enumerate(payloads))
 
 
-async def drain(config: Any, engine: Any, events: int) -> float:
+def prefill(config: Any, kind: str, count: int, per_batch: int) -> int:
+    asyncio.run(publish_files(config.store.url, batch_files(kind, count, per_batch)))
+    return count * per_batch
+
+
+def drain_rate(config: Any, engine: Any, events: int) -> float:
     """Drain the pre-filled manifest in one run; events/s."""
-    store = open_async_store(config.store.url)
-    collector = Collector(config, store, open_catalog(config.catalog), engine)
-    await collector.acquire(takeover=True)
-    await asyncio.to_thread(collector.prepare_tables)
-    started = time.perf_counter()
-    result = await collector.run_once()
-    seconds = time.perf_counter() - started
-    await store.close()
-    committed = sum(result.rows.values())
-    assert committed == events, f"committed {committed} of {events}"
-    return events / seconds
+    return asyncio.run(drain(config, engine, events))[0]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short run (under a minute "
-                        "after Spark's ~15 s start)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "short run (under a minute after Spark's ~15 s start)")
     args = parser.parse_args()
     batches, per_batch = (10, 10_000) if args.quick else (40, 10_000)
     results: list[Result] = []
@@ -171,11 +150,11 @@ def main() -> None:
         root = Path(tmp)
         for kind in STREAMS:  # warm the JVM and the Python workers up on both shapes
             config = make_config(root / f"warm-{kind}", STREAMS[kind])
-            events = asyncio.run(prefill(config, kind, batches // 2, per_batch))
-            asyncio.run(drain(config, SparkEngine(spark, 4), events))
+            events = prefill(config, kind, batches // 2, per_batch)
+            drain_rate(config, SparkEngine(spark, 4), events)
         for kind in STREAMS:
-            asyncio.run(prefill(make_config(root / f"template-{kind}", STREAMS[kind]), kind,
-                                batches, per_batch))
+            prefill(make_config(root / f"template-{kind}", STREAMS[kind]), kind, batches,
+                    per_batch)
         best: dict[str, float] = {}
         engines = (("spark", lambda: SparkEngine(spark, 4)), ("no-spark", LocalEngine))
         for trial in range(TRIALS):
@@ -183,8 +162,8 @@ def main() -> None:
                 for name, engine in engines:
                     trial_root = root / f"{kind}-{name}-{trial}"
                     shutil.copytree(root / f"template-{kind}" / "store", trial_root / "store")
-                    rate = asyncio.run(drain(make_config(trial_root, STREAMS[kind]), engine(),
-                                             batches * per_batch))
+                    rate = drain_rate(make_config(trial_root, STREAMS[kind]), engine(),
+                                      batches * per_batch)
                     key = f"{kind} {name}"
                     best[key] = max(best.get(key, 0.0), rate)
                     print(f"  {key} run {trial + 1}: {rate:,.0f} events/s", flush=True)

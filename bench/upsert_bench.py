@@ -23,7 +23,6 @@ Usage: python bench/upsert_bench.py [--quick] [--json PATH]
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import sys
 import tempfile
@@ -36,9 +35,9 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import Result, print_table, write_json
+from _common import Result, bench_parser, local_config, print_table, write_json
 
-from icefloe.config import Column, StreamConfig, load_config
+from icefloe.config import Column, StreamConfig
 from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import commit_rows
@@ -70,12 +69,7 @@ def rows_of(keys: np.ndarray, sequence: int) -> pa.Table:
 
 def fresh_table(root: Path, name: str, base: int, files: int):
     """A catalog with ``bench.users`` holding ``base`` rows in ``files`` appends."""
-    path = root / name
-    path.mkdir(parents=True)
-    (path / "icefloe.toml").write_text("")
-    config = load_config(path / "icefloe.toml", env={}, overrides={"catalog": {
-        "uri": f"sqlite:///{path / 'catalog.db'}", "warehouse": (path / "wh").as_uri()}})
-    catalog = open_catalog(config.catalog)
+    catalog = open_catalog(local_config(root / name, env={}).catalog)
     ensure_stream_table(catalog, STREAM)
     per = base // files
     for i in range(files):
@@ -128,11 +122,7 @@ def run_case(root: Path, label: str, *, base: int, files: int, size: int, batche
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="100k-row table, 10k-row "
-                        "batches (about a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    parser = bench_parser(__doc__, "100k-row table, 10k-row batches (about a minute)")
     args = parser.parse_args()
     base, size, batches = (100_000, 10_000, 2) if args.quick else (1_000_000, 100_000, 3)
     files = 10
