@@ -4,17 +4,12 @@ naming the key, the column and what is wrong."""
 from __future__ import annotations
 
 import pytest
+from config_support import HEADER, load_text
 
-from icefloe.config import load_config
 from icefloe.errors import ConfigError
 from icefloe.streams.typespec import MAX_TYPE_DEPTH, parse_type
 
-CONFIG = """
-[store]
-url = "file:///var/lib/icefloe/store"
-[catalog]
-uri = "sqlite:////var/lib/icefloe/catalog.db"
-warehouse = "file:///var/lib/icefloe/warehouse"
+CONFIG = HEADER + """
 [[streams]]
 name = "orders"
 table = "shop.orders"
@@ -26,9 +21,7 @@ columns = [
 
 
 def load(tmp_path, kind: str, extra: str = ""):
-    path = tmp_path / "icefloe.toml"
-    path.write_text(CONFIG.format(kind=kind, extra=extra))
-    return load_config(path, env={})
+    return load_text(tmp_path, CONFIG.format(kind=kind, extra=extra))
 
 
 @pytest.mark.parametrize(("text", "canonical"), [

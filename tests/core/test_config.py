@@ -6,16 +6,13 @@ import re
 import textwrap
 
 import pytest
+from config_support import HEADER
+from config_support import write_config as write
 
 from icefloe.config import load_config
 from icefloe.errors import ConfigError
 
-MINIMAL = textwrap.dedent("""
-    [store]
-    url = "file:///var/lib/icefloe/store"
-    [catalog]
-    uri = "sqlite:////var/lib/icefloe/catalog.db"
-    warehouse = "file:///var/lib/icefloe/warehouse"
+MINIMAL = HEADER + textwrap.dedent("""
     [[streams]]
     name = "pageviews"
     table = "web.pageviews"
@@ -26,12 +23,6 @@ MINIMAL = textwrap.dedent("""
       { name = "ts", type = "timestamp" },
     ]
 """)
-
-
-def write(tmp_path, text: str):
-    path = tmp_path / "icefloe.toml"
-    path.write_text(text)
-    return path
 
 
 def test_should_load_the_documented_minimal_shape(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from config_support import write_config
 
 from icefloe.client import ClientTls
 from icefloe.config import RateLimit, load_config
@@ -25,9 +26,7 @@ STREAMS = textwrap.dedent("""
 
 
 def write(tmp_path, text: str):
-    path = tmp_path / "icefloe.toml"
-    path.write_text(textwrap.dedent(text) + STREAMS)
-    return path
+    return write_config(tmp_path, textwrap.dedent(text) + STREAMS)
 
 
 def test_should_load_tls_tokens_limits_and_proxies(tmp_path):

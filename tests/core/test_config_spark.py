@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from config_support import load_text, write_config
 
 from icefloe.config import load_config
 from icefloe.errors import ConfigError
-from tests.core.test_config import MINIMAL, write
+from tests.core.test_config import MINIMAL
 
 
 def load(tmp_path, collector: str):
-    return load_config(write(tmp_path, MINIMAL + "[collector]\n" + collector), env={})
+    return load_text(tmp_path, MINIMAL + "[collector]\n" + collector)
 
 
 def test_should_pass_spark_settings_through(tmp_path):
@@ -54,6 +55,6 @@ def test_should_refuse_settings_icefloe_owns_and_malformed_ones(tmp_path, settin
 
 
 def test_should_keep_spark_conf_out_of_the_environment(tmp_path):
-    config = load_config(write(tmp_path, MINIMAL),
+    config = load_config(write_config(tmp_path, MINIMAL),
                          env={"ICEFLOE_COLLECTOR_SPARK_CONF": "spark.x=1"})
     assert config.collector.spark_conf == {}

@@ -7,17 +7,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from config_support import HEADER, load_text
 
-from icefloe.config import load_config
 from icefloe.errors import ConfigError
 from icefloe.streams.layout import PartField, SortKey, parse_partition, parse_sort
 
-BASE = textwrap.dedent("""
-    [store]
-    url = "file:///var/lib/icefloe/store"
-    [catalog]
-    uri = "sqlite:////var/lib/icefloe/catalog.db"
-    warehouse = "file:///var/lib/icefloe/warehouse"
+BASE = HEADER + textwrap.dedent("""
     [[streams]]
     name = "pageviews"
     table = "web.pageviews"
@@ -35,9 +30,7 @@ BASE = textwrap.dedent("""
 
 
 def load(tmp_path, extra: str):
-    path = tmp_path / "icefloe.toml"
-    path.write_text(BASE + textwrap.dedent(extra))
-    return load_config(path, env={})
+    return load_text(tmp_path, BASE + textwrap.dedent(extra))
 
 
 def test_a_full_layout_loads(tmp_path) -> None:

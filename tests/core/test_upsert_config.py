@@ -8,18 +8,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from config_support import HEADER, load_text
 
-from icefloe.config import Column, load_config
+from icefloe.config import Column
 from icefloe.errors import ConfigError, RegistryError
 from icefloe.registry import ops
 from icefloe.registry.model import Registry
 
-STREAM = textwrap.dedent("""
-    [store]
-    url = "file:///var/lib/icefloe/store"
-    [catalog]
-    uri = "sqlite:////var/lib/icefloe/catalog.db"
-    warehouse = "file:///var/lib/icefloe/warehouse"
+STREAM = HEADER + textwrap.dedent("""
     [[streams]]
     name = "users"
     table = "app.users"
@@ -34,9 +30,7 @@ STREAM = textwrap.dedent("""
 
 
 def load(tmp_path: Path, extra: str, before: str = ""):
-    path = tmp_path / "icefloe.toml"
-    path.write_text(before + STREAM + extra)
-    return load_config(path, env={})
+    return load_text(tmp_path, before + STREAM + extra)
 
 
 def test_should_load_a_key_and_a_tombstone(tmp_path):

@@ -8,16 +8,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from config_support import HEADER, load_text
 
-from icefloe.config import load_config
 from icefloe.errors import ConfigError
 
-BASE = textwrap.dedent("""
-    [store]
-    url = "file:///var/lib/icefloe/store"
-    [catalog]
-    uri = "sqlite:////var/lib/icefloe/catalog.db"
-    warehouse = "file:///var/lib/icefloe/warehouse"
+BASE = HEADER + textwrap.dedent("""
     {collector}
     [[streams]]
     name = "shop"
@@ -31,9 +26,7 @@ BASE = textwrap.dedent("""
 
 
 def load(tmp_path: Path, where: str, collector: str = "") -> object:
-    path = tmp_path / "icefloe.toml"
-    path.write_text(BASE.format(where=where, collector=collector))
-    return load_config(path, env={})
+    return load_text(tmp_path, BASE.format(where=where, collector=collector))
 
 
 def test_should_load_a_where_and_its_unrouted_default(tmp_path: Path) -> None:
