@@ -35,12 +35,12 @@ import asyncio
 import hashlib
 import logging
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.config.security import ALL_STREAMS
 from icefloe.tokens import TokenHash, parse_hash
@@ -97,8 +97,11 @@ class TokenAuthority:
     """Decides whether a presented token may write to a stream (see module docstring)."""
 
     def __init__(self, config: Config, *, max_cached: int = MAX_CACHED,
-                 max_parallel: int = MAX_PARALLEL, max_waiting: int = MAX_WAITING) -> None:
+                 max_parallel: int = MAX_PARALLEL, max_waiting: int = MAX_WAITING,
+                 clock: Clock = SYSTEM) -> None:
         self._key = secrets.token_bytes(32)
+        self._clock = clock
+        """What the failed-verification budget refills on."""
         self._max_cached = max_cached
         self._max_waiting = max_waiting
         self._max_parallel = max_parallel
@@ -175,7 +178,7 @@ class TokenAuthority:
     async def _verify(self, token: str, key: tuple[str, bytes],
                       candidates: Sequence[Credential], client: str | None) -> Credential:
         stream = key[0]
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if client is not None and self._budget(client, now) < 1.0:
             wait = (1.0 - self._budget(client, now)) / FAILED_PER_S
             raise Overloaded("too many wrong tokens from this address; retry later",
@@ -195,7 +198,7 @@ class TokenAuthority:
         if found is None:
             _remember(self._refused, key, None, self._max_cached)
             if client is not None:
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 _remember(self._failures, client, (self._budget(client, now) - 1.0, now),
                           self._max_cached)
             log.warning("refused a token for stream %r from %s: it matches no hash valid "

@@ -64,10 +64,12 @@ class IngestorRuntime:
                     probe: bool = True, *, clock: Clock = SYSTEM) -> IngestorRuntime:
         """Open the store, refuse it unless it enforces CAS, start the flusher.
 
-        ``clock`` goes to the flusher, the manifest producer and the registry watch (the
-        store helper's producer, in another process, reads the system clock)."""
+        ``clock`` goes to the flusher, the manifest producer, the registry watch, the store's
+        retry layer and the ingest service (receive times, token budget, rate limits); the
+        store helper's producer, in another process, reads the system clock."""
         opened = store is None
-        store = store or open_async_store(config.store.url, store_options(config),
+        options = dataclasses.replace(store_options(config), clock=clock)
+        store = store or open_async_store(config.store.url, options,
                                           control_url=config.store.control_url)
         if probe:
             await probe_conditional_writes(store)
@@ -85,7 +87,7 @@ class IngestorRuntime:
         metrics.watch_shard(lambda: publisher.shard)
         batcher = Batcher(publisher, flush_settings(config), metrics, clock=clock)
         batcher.start()
-        service = IngestService(config, batcher, metrics, store)
+        service = IngestService(config, batcher, metrics, store, clock=clock)
         watch = RegistryWatch(store, config.admin.registry_key, service.apply_registry,
                               poll_s=config.admin.registry_poll_s,
                               on_error=lambda exc: metrics.registry_errors.inc(),

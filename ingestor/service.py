@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn
 
@@ -80,7 +79,8 @@ class IngestService:
         streams = {s.name: CompiledStream(s, version, clock=self._clock)
                    for s in config.streams}
         by_table = {t: streams[name] for t, name in tables.items() if name in streams}
-        auth, limits = TokenAuthority(config), RateLimiter(config, self.metrics)
+        auth = TokenAuthority(config, clock=self._clock)
+        limits = RateLimiter(config, self.metrics, clock=self._clock.monotonic)
         self.streams, self._by_table, self.auth, self.limits = streams, by_table, auth, limits
         self.registry_version = version
         self.metrics.registry_version.set(version)
@@ -191,7 +191,7 @@ class IngestService:
             raise BadRequest("the request holds no events", code="empty_body")
         if max(map(len, payloads)) > self.max_event_bytes:
             self._too_large(payloads)
-        received_at_ms = time.time_ns() // 1_000_000
+        received_at_ms = int(self._clock.time() * 1000)
         stem, ids = self._event_ids(len(payloads), canonical.body_ids, event_ids,
                                     idempotency_key, received_at_ms)
         if self.limits.enabled:
@@ -277,7 +277,7 @@ class IngestService:
     async def ready(self) -> tuple[bool, str]:
         """Store reachable and config loaded (cached for a second to keep probes cheap)."""
         checked, ok, reason = self._ready
-        if time.monotonic() - checked < READY_CACHE_S:
+        if self._clock.monotonic() - checked < READY_CACHE_S:
             return ok, reason
         try:
             await asyncio.wait_for(self.store.head(self.config.manifest.key), 5.0)
@@ -287,7 +287,7 @@ class IngestService:
         except (StoreError, TimeoutError) as exc:  # details go to the log, not to callers
             log.warning("readiness check failed: %s", exc)
             ok, reason = False, "object store unreachable"
-        self._ready = (time.monotonic(), ok, reason)
+        self._ready = (self._clock.monotonic(), ok, reason)
         return ok, reason
 
 

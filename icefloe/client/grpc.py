@@ -18,7 +18,6 @@ import asyncio
 import functools
 import re
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any
@@ -38,6 +37,7 @@ from icefloe.client.retry import (
     new_key,
 )
 from icefloe.client.tls import ClientTls
+from icefloe.clock import SYSTEM, Clock
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
 
 __all__ = ["STREAM_WINDOW", "AsyncGrpcClient", "GrpcClient", "response_error"]
@@ -120,8 +120,8 @@ def _keyed(request: ingest_pb2.PublishRequest) -> ingest_pb2.PublishRequest:
 
 class _GrpcBase(Retrying):
     def __init__(self, target: str, token: str | None, retries: int, timeout: float,
-                 backoff: Backoff | None) -> None:
-        super().__init__(retries, backoff)
+                 backoff: Backoff | None, clock: Clock) -> None:
+        super().__init__(retries, backoff, clock)
         self.target = target
         self.timeout = timeout
         self.refused_budget_s = timeout
@@ -150,15 +150,15 @@ class GrpcClient(_GrpcBase):
     ``timeout`` bounds each ``publish`` attempt (seconds). ``options`` are channel options,
     e.g. ``[("grpc.max_send_message_length", ...)]``. ``tls=ClientTls()`` speaks TLS with
     the system's CAs; give ``ca_file`` (and ``cert_file``/``key_file`` for mutual TLS) as
-    needed.
+    needed. ``clock`` is what the backoff between retries waits on (tests: a manual clock).
     """
 
     def __init__(self, target: str, token: str | None = None, retries: int = 5, *,
                  timeout: float = 10, backoff: Backoff | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: Iterable[tuple[str, Any]] = (), tls: ClientTls | None = None
-                 ) -> None:
-        super().__init__(target, token, retries, timeout, backoff)
+                 options: Iterable[tuple[str, Any]] = (), tls: ClientTls | None = None,
+                 clock: Clock = SYSTEM) -> None:
+        super().__init__(target, token, retries, timeout, backoff, clock)
         credentials = _credentials(tls, credentials)
         options = list(options)
         self._channel = grpc.secure_channel(target, credentials, options) if credentials \
@@ -220,7 +220,7 @@ class GrpcClient(_GrpcBase):
                 delay = attempts.delay(exc)
                 if delay is None:
                     raise exc
-                time.sleep(delay)
+                self.clock.sleep_sync(delay)
         finally:
             feed.close()
 
@@ -322,9 +322,9 @@ class AsyncGrpcClient(_GrpcBase):
     def __init__(self, target: str, token: str | None = None, retries: int = 5, *,
                  timeout: float = 10, backoff: Backoff | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: Iterable[tuple[str, Any]] = (), tls: ClientTls | None = None
-                 ) -> None:
-        super().__init__(target, token, retries, timeout, backoff)
+                 options: Iterable[tuple[str, Any]] = (), tls: ClientTls | None = None,
+                 clock: Clock = SYSTEM) -> None:
+        super().__init__(target, token, retries, timeout, backoff, clock)
         credentials = _credentials(tls, credentials)
         options = list(options)
         self._channel = grpc.aio.secure_channel(target, credentials, options) \
@@ -375,7 +375,7 @@ class AsyncGrpcClient(_GrpcBase):
                 delay = attempts.delay(exc)
                 if delay is None:
                     raise exc
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
         finally:
             await _stopped(feed.pump)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import email.utils
 import ssl
-import time
 from collections.abc import Iterable
 from urllib.parse import quote
 
@@ -25,14 +24,15 @@ import msgspec
 
 from icefloe.client.retry import Backoff, EventLike, IngestRejected, Retrying, event_json, new_key
 from icefloe.client.tls import ClientTls
+from icefloe.clock import SYSTEM, Clock
 
 __all__ = ["RETRYABLE_HTTP", "AsyncHttpClient", "HttpClient", "retry_after"]
 
 RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
 
 
-def retry_after(value: str | None) -> float | None:
-    """``Retry-After``: delta-seconds or an HTTP date."""
+def retry_after(value: str | None, clock: Clock = SYSTEM) -> float | None:
+    """``Retry-After``: delta-seconds or an HTTP date (seconds from ``clock``'s now)."""
     if not value:
         return None
     try:
@@ -43,10 +43,10 @@ def retry_after(value: str | None) -> float | None:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return max(0.0, when.timestamp() - clock.time())
 
 
-def _http_rejected(response: httpx.Response) -> IngestRejected:
+def _http_rejected(response: httpx.Response, clock: Clock = SYSTEM) -> IngestRejected:
     status = response.status_code
     try:
         body = msgspec.json.decode(response.content)
@@ -55,7 +55,8 @@ def _http_rejected(response: httpx.Response) -> IngestRejected:
     except (msgspec.DecodeError, KeyError, TypeError, AttributeError):  # a proxy's page
         code, message, details = f"http_{status}", response.text[:500], []
     return IngestRejected(status, code, message, details,
-                          retry_after_s=retry_after(response.headers.get("retry-after")),
+                          retry_after_s=retry_after(response.headers.get("retry-after"),
+                                                    clock),
                           retryable=status in RETRYABLE_HTTP)
 
 
@@ -66,8 +67,8 @@ def _transport_rejected(exc: httpx.TransportError) -> IngestRejected:
 
 class _HttpBase(Retrying):
     def __init__(self, base_url: str, token: str | None, timeout: float, retries: int,
-                 backoff: Backoff | None) -> None:
-        super().__init__(retries, backoff)
+                 backoff: Backoff | None, clock: Clock) -> None:
+        super().__init__(retries, backoff, clock)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._headers = {"content-type": "application/json"}
@@ -80,11 +81,10 @@ class _HttpBase(Retrying):
         headers = {**self._headers, "idempotency-key": key or new_key()}
         return f"/v1/streams/{quote(stream, safe='')}/events", body, headers
 
-    @staticmethod
-    def _accepted(response: httpx.Response) -> int:
+    def _accepted(self, response: httpx.Response) -> int:
         if response.is_success:
             return int(msgspec.json.decode(response.content)["accepted"])
-        raise _http_rejected(response)
+        raise _http_rejected(response, self.clock)
 
 
 def _verify(tls: ClientTls | None) -> ssl.SSLContext | bool:
@@ -96,13 +96,14 @@ class HttpClient(_HttpBase):
 
     ``timeout`` bounds each attempt (seconds); ``retries`` counts retries after the first
     attempt; ``tls`` configures verification and the client certificate of an ``https://``
-    URL. Use it as a context manager, or call :meth:`close`.
+    URL; ``clock`` is what the backoff waits on (tests: a manual clock). Use it as a context
+    manager, or call :meth:`close`.
     """
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 10,
                  retries: int = 5, *, backoff: Backoff | None = None,
-                 tls: ClientTls | None = None) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff)
+                 tls: ClientTls | None = None, clock: Clock = SYSTEM) -> None:
+        super().__init__(base_url, token, timeout, retries, backoff, clock)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=_verify(tls))
 
     def send(self, stream: str, events: Iterable[EventLike],
@@ -138,8 +139,8 @@ class AsyncHttpClient(_HttpBase):
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 10,
                  retries: int = 5, *, backoff: Backoff | None = None,
-                 tls: ClientTls | None = None) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff)
+                 tls: ClientTls | None = None, clock: Clock = SYSTEM) -> None:
+        super().__init__(base_url, token, timeout, retries, backoff, clock)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
                                        verify=_verify(tls))
 

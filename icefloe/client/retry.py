@@ -44,9 +44,7 @@ each say which of their answers are retryable; the loops here do the waiting.
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
 from icefloe.v1 import ingest_pb2
 
@@ -187,16 +186,18 @@ class Attempts:
 
 
 class Retrying:
-    """The retry loops of a client (sync and async), with its ``retries`` and ``backoff``."""
+    """The retry loops of a client (sync and async), with its ``retries`` and ``backoff``;
+    the waits are on ``clock`` (a test's manual clock spends them in no real time)."""
 
     refused_budget_s: float = 10.0
     """How long refused streams of one call may wait in backoff, in all (gRPC: timeout)."""
 
-    def __init__(self, retries: int, backoff: Backoff | None) -> None:
+    def __init__(self, retries: int, backoff: Backoff | None, clock: Clock = SYSTEM) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.retries = retries
         self.backoff = backoff or Backoff()
+        self.clock = clock
 
     def _retry(self, attempt: Callable[[], T]) -> T:
         attempts = Attempts(self)
@@ -207,7 +208,7 @@ class Retrying:
                 delay = attempts.delay(exc)
                 if delay is None:
                     raise
-            time.sleep(delay)
+            self.clock.sleep_sync(delay)
 
     async def _retry_async(self, attempt: Callable[[], Any]) -> Any:
         attempts = Attempts(self)
@@ -218,6 +219,6 @@ class Retrying:
                 delay = attempts.delay(exc)
                 if delay is None:
                     raise
-            await asyncio.sleep(delay)
+            await self.clock.sleep(delay)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import ConfigError
 from icefloe.store.adapters import ThreadedAsyncStore
 from icefloe.store.base import (
@@ -51,6 +52,8 @@ class StoreOptions:
     local_helper: bool = False
     """Serve a ``file://`` store's I/O from a helper process (:mod:`icefloe.store.process`)
     instead of worker threads: the ingestor's flushes then never wait for the GIL."""
+    clock: Clock = SYSTEM
+    """What the retry layer's backoff and budget are measured on (a test's manual clock)."""
 
 
 def options_for(endpoint_url: str | None, region: str | None) -> StoreOptions:
@@ -90,7 +93,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ObjectStore:
         from icefloe.store.s3 import S3Options, S3Store
 
         inner = S3Store(url, options.s3 or S3Options())
-    return RetryingStore(inner, options.retry)
+    return RetryingStore(inner, options.retry, clock=options.clock)
 
 
 def open_async_store(url: str, options: StoreOptions | None = None, *,
@@ -119,4 +122,5 @@ def open_async_store(url: str, options: StoreOptions | None = None, *,
         inner = AsyncS3Store(url, options.s3 or S3Options())
     from icefloe.store.failpoints import wrap_if_configured
 
-    return RetryingAsyncStore(wrap_if_configured(inner), options.retry)
+    return RetryingAsyncStore(wrap_if_configured(inner), options.retry,
+                              clock=options.clock)

@@ -4,6 +4,9 @@ Why a wrapper and not botocore's retries: one policy for every backend (local, b
 aiobotocore), a time *budget* so a request never hangs past what its caller can wait, and
 fault injection that sits *below* the retry layer, so tests exercise the real retry path.
 
+Time (the budget, the backoff sleeps) is read through an injected :class:`~icefloe.clock.Clock`,
+so a test or the simulator can run a whole retry storm in no real time.
+
 Retrying a conditional PUT whose first attempt was applied but whose response was lost
 yields ``PreconditionFailed`` on the retry. That is correct and expected: the manifest
 layer re-reads and finds its own write (idempotent producer table), so nothing duplicates.
@@ -11,13 +14,12 @@ layer re-reads and finds its own write (idempotent producer table), so nothing d
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import TransientStoreError
 from icefloe.store.base import (
     AsyncObjectStore,
@@ -64,103 +66,117 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
-def _exhausted(exc: TransientStoreError, attempts: int, started: float) -> TransientStoreError:
-    elapsed = time.monotonic() - started
+def _exhausted(exc: TransientStoreError, attempts: int, elapsed: float) -> TransientStoreError:
     return TransientStoreError(
         f"{exc} (gave up after {attempts} attempt(s) in {elapsed:.1f}s)",
         op=exc.op, key=exc.key, ambiguous=exc.ambiguous, code=exc.code,
     )
 
 
-def call_with_retry(policy: RetryPolicy, fn: Callable[[], T]) -> T:
-    """Call ``fn`` until it succeeds, raises a non-transient error, or the policy gives up."""
-    started = time.monotonic()
+def _next_delay(policy: RetryPolicy, exc: TransientStoreError, attempt: int,
+                elapsed: float) -> float:
+    """The sleep before attempt ``attempt + 1``; raises the final error when the attempts
+    or the budget (``elapsed`` so far plus that sleep) are spent."""
+    delay = policy.delay(attempt)
+    if attempt >= policy.max_attempts or elapsed + delay > policy.budget_s:
+        raise _exhausted(exc, attempt, elapsed) from exc
+    return delay
+
+
+def call_with_retry(policy: RetryPolicy, fn: Callable[[], T], clock: Clock = SYSTEM) -> T:
+    """Call ``fn`` until it succeeds, raises a non-transient error, or the policy gives up;
+    the budget and the sleeps are on ``clock``."""
+    started = clock.monotonic()
     attempt = 1
     while True:
         try:
             return fn()
         except TransientStoreError as exc:
-            delay = policy.delay(attempt)
-            if attempt >= policy.max_attempts or \
-                    time.monotonic() - started + delay > policy.budget_s:
-                raise _exhausted(exc, attempt, started) from exc
-            attempt += 1
-            time.sleep(delay)
+            delay = _next_delay(policy, exc, attempt, clock.monotonic() - started)
+        attempt += 1
+        clock.sleep_sync(delay)
 
 
-async def call_with_retry_async(policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
+async def call_with_retry_async(policy: RetryPolicy, fn: Callable[[], Awaitable[T]],
+                                clock: Clock = SYSTEM) -> T:
     """Async twin of :func:`call_with_retry`."""
-    started = time.monotonic()
+    started = clock.monotonic()
     attempt = 1
     while True:
         try:
             return await fn()
         except TransientStoreError as exc:
-            delay = policy.delay(attempt)
-            if attempt >= policy.max_attempts or \
-                    time.monotonic() - started + delay > policy.budget_s:
-                raise _exhausted(exc, attempt, started) from exc
-            attempt += 1
-            await asyncio.sleep(delay)
+            delay = _next_delay(policy, exc, attempt, clock.monotonic() - started)
+        attempt += 1
+        await clock.sleep(delay)
 
 
 class RetryingStore(ObjectStore):
-    """Retries transient errors of a synchronous store."""
+    """Retries transient errors of a synchronous store (backoff and budget on ``clock``)."""
 
-    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None) -> None:
+    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None, *,
+                 clock: Clock = SYSTEM) -> None:
         self.inner = inner
         self.policy = policy or RetryPolicy()
+        self.clock = clock
         self.url = inner.url
 
+    def _call(self, fn: Callable[[], T]) -> T:
+        return call_with_retry(self.policy, fn, self.clock)
+
     def get(self, key: str) -> GetResult:
-        return call_with_retry(self.policy, lambda: self.inner.get(key))
+        return self._call(lambda: self.inner.get(key))
 
     def put(self, key: str, data: bytes, *, if_match: str | None = None,
             if_none_match: IfNoneMatch = None) -> PutResult:
-        return call_with_retry(self.policy, lambda: self.inner.put(
+        return self._call(lambda: self.inner.put(
             key, data, if_match=if_match, if_none_match=if_none_match))
 
     def delete(self, key: str) -> None:
-        call_with_retry(self.policy, lambda: self.inner.delete(key))
+        self._call(lambda: self.inner.delete(key))
 
     def list(self, prefix: str = "") -> ListResult:
-        return call_with_retry(self.policy, lambda: self.inner.list(prefix))
+        return self._call(lambda: self.inner.list(prefix))
 
     def head(self, key: str) -> ObjectInfo:
-        return call_with_retry(self.policy, lambda: self.inner.head(key))
+        return self._call(lambda: self.inner.head(key))
 
     def close(self) -> None:
         self.inner.close()
 
 
 class RetryingAsyncStore(AsyncObjectStore):
-    """Retries transient errors of an async store."""
+    """Retries transient errors of an async store (backoff and budget on ``clock``)."""
 
-    def __init__(self, inner: AsyncObjectStore, policy: RetryPolicy | None = None) -> None:
+    def __init__(self, inner: AsyncObjectStore, policy: RetryPolicy | None = None, *,
+                 clock: Clock = SYSTEM) -> None:
         self.inner = inner
         self.policy = policy or RetryPolicy()
+        self.clock = clock
         self.url = inner.url
 
+    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await call_with_retry_async(self.policy, fn, self.clock)
+
     async def get(self, key: str) -> GetResult:
-        return await call_with_retry_async(self.policy, lambda: self.inner.get(key))
+        return await self._call(lambda: self.inner.get(key))
 
     async def put(self, key: str, data: bytes, *, if_match: str | None = None,
                   if_none_match: IfNoneMatch = None) -> PutResult:
-        return await call_with_retry_async(self.policy, lambda: self.inner.put(
+        return await self._call(lambda: self.inner.put(
             key, data, if_match=if_match, if_none_match=if_none_match))
 
     async def put_encoded(self, key: str, body: Encodable) -> EncodedPut:
-        return await call_with_retry_async(self.policy,
-                                           lambda: self.inner.put_encoded(key, body))
+        return await self._call(lambda: self.inner.put_encoded(key, body))
 
     async def delete(self, key: str) -> None:
-        await call_with_retry_async(self.policy, lambda: self.inner.delete(key))
+        await self._call(lambda: self.inner.delete(key))
 
     async def list(self, prefix: str = "") -> ListResult:
-        return await call_with_retry_async(self.policy, lambda: self.inner.list(prefix))
+        return await self._call(lambda: self.inner.list(prefix))
 
     async def head(self, key: str) -> ObjectInfo:
-        return await call_with_retry_async(self.policy, lambda: self.inner.head(key))
+        return await self._call(lambda: self.inner.head(key))
 
     async def close(self) -> None:
         await self.inner.close()
