@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from icefloe.config import Column, Config, StreamConfig, load_config
 from icefloe.manifest import ManifestProducer
 from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.publish import build_batch, publish_batch
+from icefloe.registry import Registry, RegistryStore
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 
@@ -136,6 +137,43 @@ async def drain(collector: Any) -> int:
     while (await collector.run_once()).entries:
         runs += 1
     return runs
+
+
+async def collect_all(config: Config, engine: Any) -> Any:
+    """Start a collector on ``engine``, drain the queue and close its store; the collector,
+    for its metrics (most end-to-end tests only need the tables filled)."""
+    collector = await start(config, engine)
+    try:
+        await drain(collector)
+    finally:
+        await collector.store.close()
+    return collector
+
+
+def output_engine(spark: Any, output: str, partitions: int = 2) -> Any:
+    """The Spark engine of ``[collector] output``: ``embedded`` (rows come back to the
+    driver) or ``cluster`` (executors write the files)."""
+    from pipeline.load.run import SparkClusterEngine, SparkEngine
+
+    if output == "embedded":
+        return SparkEngine(spark, partitions)
+    return SparkClusterEngine(spark, partitions)
+
+
+async def change_registry(config: Config, fn: Callable[[Registry], Registry]) -> Registry:
+    """Apply ``fn`` to the registry in ``config``'s store (as the admin API does); the new
+    registry."""
+    store = open_store_of(config)
+    try:
+        return await RegistryStore(store, config.admin.registry_key).update(fn)
+    finally:
+        await store.close()
+
+
+def ids(prefix: str, count: int) -> set[str]:
+    """The event ids :func:`click` (and :func:`buy`) give events ``0..count-1`` with
+    ``prefix``."""
+    return {f"{prefix}{i}" for i in range(count)}
 
 
 def assert_exact(config: Config, table: str, expected: set[str]) -> None:

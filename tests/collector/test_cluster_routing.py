@@ -23,6 +23,7 @@ from collector_support import (
     CLICKS,
     Crash,
     assert_exact,
+    change_registry,
     click,
     collector_config,
     crash_at,
@@ -57,11 +58,7 @@ def engine(spark: Any) -> SparkClusterEngine:
 
 
 async def change(config: Config, fn: Callable[[Registry], Registry]) -> int:
-    store = open_store_of(config)
-    try:
-        return (await RegistryStore(store, config.admin.registry_key).update(fn)).version
-    finally:
-        await store.close()
+    return (await change_registry(config, fn)).version
 
 
 async def queue(config: Config, version: int, *batches: list[Event]) -> None:

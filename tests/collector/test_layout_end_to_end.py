@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import httpx
 import msgspec
-from collector_support import collector_config, drain, start
+from collector_support import collect_all, collector_config
 from ingest_support import grpc_serving, http_serving, running
 
 from icefloe.config import Column, StreamConfig
@@ -52,11 +52,7 @@ async def test_a_laid_out_table_fills_over_http_and_grpc_and_reads_back_in_spark
         tmp_path: Path, spark) -> None:
     config = collector_config(tmp_path, (VISITS,))
     await ingest(config)
-    collector = await start(config, SparkEngine(spark, 2))
-    try:
-        await drain(collector)
-    finally:
-        await collector.store.close()
+    await collect_all(config, SparkEngine(spark, 2))
     table = open_catalog(config.catalog).load_table("web.visits")
     assert [str(f.transform) for f in table.spec().fields] == ["day", "bucket[4]",
                                                                 "truncate[2]"]

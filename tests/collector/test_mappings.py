@@ -11,7 +11,7 @@ import grpc
 import httpx
 import msgspec
 import pytest
-from collector_support import collector_config, drain, read_table, start
+from collector_support import collect_all, collector_config, output_engine, read_table
 from ingest_support import grpc_serving, http_serving, running
 from process_support import SPARK_TIMEOUT_S, run_cli, write_config
 
@@ -24,7 +24,7 @@ from ingestor.validate import CompiledStream, InvalidEvents
 from pipeline.load.decode import decode_batch_file
 from pipeline.load.mapped import check_on_spark
 from pipeline.load.packed import needs_rows
-from pipeline.load.run import SparkClusterEngine, SparkEngine, run_local, run_spark
+from pipeline.load.run import run_local, run_spark
 from pipeline.load.spec import EntryFile, run_spec, stream_specs
 from pipeline.load.split import split_columnar
 
@@ -340,12 +340,7 @@ async def ingest_orders(config: Config) -> None:
 async def test_mapped_columns_land_in_iceberg_from_http_and_grpc(tmp_path, spark, output):
     config = collector_config(tmp_path, streams=(ORDERS,), output=output)
     await ingest_orders(config)
-    engine = SparkEngine(spark, 2) if output == "embedded" else SparkClusterEngine(spark, 2)
-    collector = await start(config, engine)
-    try:
-        await drain(collector)
-    finally:
-        await collector.store.close()
+    await collect_all(config, output_engine(spark, output))
     rows = {r["order_id"]: r for r in read_table(config, "shop.orders").to_pylist()}
     assert sorted(rows) == ["o1", "o2", "o3", "o5"]
     one = rows["o1"]

@@ -15,13 +15,12 @@ import grpc
 import httpx
 import msgspec
 import pytest
-from collector_support import collector_config, drain, read_table, start
+from collector_support import collect_all, collector_config, output_engine, read_table
 from google.rpc import error_details_pb2, status_pb2
 from ingest_support import grpc_serving, http_serving, running
 
 from icefloe.config import Column, StreamConfig
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
-from pipeline.load.run import SparkClusterEngine, SparkEngine
 from pipeline.read.iceberg_source import read_table as spark_read_table
 
 UTC = dt.UTC
@@ -136,12 +135,7 @@ async def test_native_types_land_in_iceberg_and_read_back_in_pyiceberg_and_spark
         tmp_path, spark, stream, output):
     config = collector_config(tmp_path, streams=(stream,), output=output)
     await ingest(config)
-    engine = SparkEngine(spark, 2) if output == "embedded" else SparkClusterEngine(spark, 2)
-    collector = await start(config, engine)
-    try:
-        await drain(collector)
-    finally:
-        await collector.store.close()
+    await collect_all(config, output_engine(spark, output))
     from pipeline.iceberg.catalog import open_catalog
 
     schema = open_catalog(config.catalog).load_table("shop.native_orders").schema()

@@ -8,7 +8,6 @@ Real local store, real SQLite catalog, the in-process decode (LocalEngine)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,11 @@ from icefloe.registry import Registry, RegistryStore, ops
 from tests.collector_support import (
     CLICKS,
     assert_exact,
+    change_registry,
     click,
     collector_config,
     drain,
+    ids,
     open_store_of,
     publish,
     read_table,
@@ -33,18 +34,6 @@ from tests.collector_support import (
 
 SLIM = ops.SinkSpec(name="slim", table="web.slim", columns=(Column("user_id", "string"),))
 CLICKS_SINK = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns)
-
-
-async def change(config: Config, fn: Callable[[Registry], Registry]) -> Registry:
-    store = open_store_of(config)
-    try:
-        return await RegistryStore(store, config.admin.registry_key).update(fn)
-    finally:
-        await store.close()
-
-
-def ids(prefix: str, count: int) -> set[str]:
-    return {f"{prefix}{i}" for i in range(count)}
 
 
 def batch(prefix: str, count: int) -> list[tuple[str, str, int, bytes]]:
@@ -68,16 +57,16 @@ async def collector_for(config: Config) -> Any:
 
 
 async def test_should_fan_out_and_route_each_entry_by_its_version(config: Config) -> None:
-    v1 = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    v1 = await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK,))))
     assert v1.version == 1
     store = open_store_of(config)
     await publish(store, [batch("a", 10)], registry_version=1)      # before the slim sink
-    v2 = await change(config, lambda r: ops.create_sink(r, "clicks", SLIM))
+    v2 = await change_registry(config, lambda r: ops.create_sink(r, "clicks", SLIM))
     await publish(store, [batch("b", 10)], registry_version=2)      # both sinks
-    await change(config, lambda r: ops.set_sink_enabled(r, "clicks", "slim", False))
+    await change_registry(config, lambda r: ops.set_sink_enabled(r, "clicks", "slim", False))
     await publish(store, [batch("c", 10)], registry_version=3)      # slim is off
-    await change(config, lambda r: ops.set_sink_enabled(r, "clicks", "slim", True))
+    await change_registry(config, lambda r: ops.set_sink_enabled(r, "clicks", "slim", True))
     await publish(store, [batch("d", 10)], registry_version=4)      # slim is back
     await store.close()
     assert v2.version == 2
@@ -92,10 +81,10 @@ async def test_should_fan_out_and_route_each_entry_by_its_version(config: Config
 
 
 async def test_should_read_a_newer_registry_before_routing(config: Config) -> None:
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK,))))
     collector = await collector_for(config)  # knows version 1
-    await change(config, lambda r: ops.create_sink(r, "clicks", SLIM))
+    await change_registry(config, lambda r: ops.create_sink(r, "clicks", SLIM))
     store = open_store_of(config)
     await publish(store, [batch("n", 5)], registry_version=2)
     await store.close()
@@ -108,7 +97,7 @@ async def test_should_read_a_newer_registry_before_routing(config: Config) -> No
 
 async def test_should_not_route_an_entry_from_an_unknown_registry_version(config: Config
                                                                          ) -> None:
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK,))))
     store = open_store_of(config)
     await publish(store, [batch("x", 3)], registry_version=7)
@@ -123,12 +112,12 @@ async def test_should_not_route_an_entry_from_an_unknown_registry_version(config
 
 
 async def test_should_deliver_a_deleted_sources_queued_events(config: Config) -> None:
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK, SLIM))))
     store = open_store_of(config)
     await publish(store, [batch("q", 8)], registry_version=1)
     await store.close()
-    await change(config, lambda r: ops.delete_source(r, "clicks"))
+    await change_registry(config, lambda r: ops.delete_source(r, "clicks"))
     collector = await collector_for(config)
     assert collector.routes.version == 2
     await drain(collector)
@@ -167,10 +156,10 @@ async def test_should_commit_a_table_once_when_two_sink_records_share_it(config:
     """Sink ``a`` writes web.clicks and is deleted; sink ``b`` takes the same table over.
     A run holding entries of both versions must commit every row, in one commit."""
     renamed = ops.SinkSpec(name="b", table="web.clicks", columns=CLICKS.columns)
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(msgspec.structs.replace(CLICKS_SINK, name="a"),))))
-    await change(config, lambda r: ops.delete_sink(r, "clicks", "a"))      # v2
-    await change(config, lambda r: ops.create_sink(r, "clicks", renamed))  # v3
+    await change_registry(config, lambda r: ops.delete_sink(r, "clicks", "a"))      # v2
+    await change_registry(config, lambda r: ops.create_sink(r, "clicks", renamed))  # v3
     store = open_store_of(config)
     await publish(store, [batch("old", 6)], registry_version=1)
     await publish(store, [batch("new", 6)], registry_version=3)
@@ -189,12 +178,12 @@ async def test_should_route_queued_events_of_a_re_created_source(config: Config)
         Column("user_id", "string", required=True), Column("n", "long")))
     new = ops.SinkSpec(name="new", table="web.new", columns=(
         Column("user_id", "string", required=True), Column("url", "string")))
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(id="clicks",
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(id="clicks",
                                                                        sinks=(old,))))
     store = open_store_of(config)
     await publish(store, [batch("o", 5)], registry_version=1)
-    await change(config, lambda r: ops.delete_source(r, "clicks"))              # v2
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    await change_registry(config, lambda r: ops.delete_source(r, "clicks"))              # v2
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(new,))))                                            # v3
     await publish(store, [batch("n", 5)], registry_version=3)
     await store.close()

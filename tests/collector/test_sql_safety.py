@@ -11,7 +11,6 @@ committing. Real local store, real SQLite catalog, real Spark collector where it
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,9 @@ import msgspec
 import pytest
 
 from collector.routing import Routes
-from icefloe.config import Column, Config, StreamConfig, load_config
+from icefloe.config import Column, StreamConfig, load_config
 from icefloe.errors import ConfigError
-from icefloe.registry import Registry, RegistryStore, ops
+from icefloe.registry import Registry, ops
 from icefloe.registry.model import Sink
 from tests.app.test_admin_api import Admin, admin  # noqa: F401  (the served admin API fixture)
 from tests.collector_support import (
@@ -30,9 +29,13 @@ from tests.collector_support import (
     CLICKS,
     assert_exact,
     buy,
+    change_registry,
+    collect_all,
     collector_config,
     drain,
+    ids,
     open_store_of,
+    output_engine,
     publish,
     read_table,
     start,
@@ -65,10 +68,6 @@ def clicks(prefix: str, count: int, bad: int | None = None) -> list[tuple[str, s
 
 def toml_string(text: str) -> str:
     return msgspec.json.encode(text).decode()  # a JSON string is a TOML basic string
-
-
-def ids(prefix: str, count: int) -> set[str]:
-    return {f"{prefix}{i}" for i in range(count)}
 
 
 # -- admission ---------------------------------------------------------------------------
@@ -148,14 +147,6 @@ CLICKS_SINK = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.col
 BUYS_SINK = ops.SinkSpec(name="buys", table="shop.buys", columns=BUYS.columns)
 
 
-async def change(config: Config, fn: Callable[[Registry], Registry]) -> Registry:
-    store = open_store_of(config)
-    try:
-        return await RegistryStore(store, config.admin.registry_key).update(fn)
-    finally:
-        await store.close()
-
-
 def with_raw_sql(registry: Registry, source: str, sink: str, sql: str) -> Registry:
     """The registry with ``sink``'s sql column set to ``sql`` as is: what a registry written
     before the allow-list (or by hand) may hold; the admin API refuses it."""
@@ -172,9 +163,9 @@ def with_raw_sql(registry: Registry, source: str, sink: str, sql: str) -> Regist
 
 async def test_a_deleted_sinks_sql_is_not_part_of_later_entries(tmp_path: Path) -> None:
     config = collector_config(tmp_path, (CLICKS,))
-    before = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    before = await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK, RX))))
-    after = await change(config, lambda r: ops.delete_sink(r, "clicks", "rx"))
+    after = await change_registry(config, lambda r: ops.delete_sink(r, "clicks", "rx"))
     routes = Routes(after)
     cases = routes.sql_cases({"clicks": {10: before.version, 11: after.version,
                                          12: after.version}})
@@ -198,16 +189,16 @@ async def test_a_throwing_deleted_sink_does_not_block_any_table(tmp_path: Path,
     config = collector_config(tmp_path, (CLICKS, BUYS))
     boom = ops.SinkSpec(name="boom", table="web.boom", columns=(
         Column("user_id", "string", required=True), Column("oops", "string", sql="lower('x')")))
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK, RX, boom))))
-    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="buys", sinks=(BUYS_SINK,))))
-    armed = await change(config, lambda r: with_raw_sql(r, "clicks", "boom",
+    armed = await change_registry(config, lambda r: with_raw_sql(r, "clicks", "boom",
                                                         "raise_error('boom')"))
     store = open_store_of(config)
     await publish(store, [clicks("a", 6, bad=2)], registry_version=armed.version)
-    await change(config, lambda r: ops.delete_sink(r, "clicks", "rx"))
-    gone = await change(config, lambda r: ops.delete_sink(r, "clicks", "boom"))
+    await change_registry(config, lambda r: ops.delete_sink(r, "clicks", "rx"))
+    gone = await change_registry(config, lambda r: ops.delete_sink(r, "clicks", "boom"))
     await publish(store, [clicks("b", 6, bad=1), clicks("c", 4, bad=0),
                           [buy(i) for i in range(5)]], registry_version=gone.version)
     await store.close()
@@ -231,7 +222,6 @@ async def test_a_throwing_deleted_sink_does_not_block_any_table(tmp_path: Path,
 @pytest.mark.parametrize("output", ["embedded", "cluster"])
 async def test_a_row_whose_expression_throws_costs_only_its_value(tmp_path: Path, spark: Any,
                                                                   output: str) -> None:
-    from pipeline.load.run import SparkClusterEngine, SparkEngine
 
     stream = StreamConfig(name="clicks", table="web.clicks", columns=(
         *CLICKS.columns, Column("rx", "string", sql="regexp_extract(url, url, 0)"),
@@ -241,12 +231,7 @@ async def test_a_row_whose_expression_throws_costs_only_its_value(tmp_path: Path
     await publish(store, [clicks("a", 40, bad=17) + [buy(i) for i in range(3)],
                           clicks("b", 5)])
     await store.close()
-    engine = SparkEngine(spark, 2) if output == "embedded" else SparkClusterEngine(spark, 2)
-    collector = await start(config, engine)
-    try:
-        await drain(collector)
-    finally:
-        await collector.store.close()
+    collector = await collect_all(config, output_engine(spark, output))
     rows = {r["_event_id"]: r for r in read_table(config, "web.clicks").to_pylist()}
     assert set(rows) == ids("a", 40) | ids("b", 5)
     assert rows["a17"]["rx"] is None

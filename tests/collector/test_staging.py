@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,17 @@ import pytest
 
 from icefloe.config import Config
 from icefloe.errors import TableFencedError
-from icefloe.registry import Conditions, Registry, RegistryStore, ops
+from icefloe.registry import Conditions, RegistryStore, ops
 from tests.collector_support import (
     CLICKS,
     Crash,
     Gate,
     assert_exact,
+    change_registry,
     click,
     collector_config,
     crash_at,
+    ids,
     open_store_of,
     publish,
     read_table,
@@ -41,21 +42,8 @@ def sinks(conditions: Conditions) -> tuple[ops.SinkSpec, ...]:
 
 
 async def registry_with(config: Config, conditions: Conditions) -> None:
-    store = open_store_of(config)
-    try:
-        await RegistryStore(store, config.admin.registry_key).update(
-            lambda r: ops.create_source(r, ops.SourceSpec(id="clicks",
-                                                          sinks=sinks(conditions))))
-    finally:
-        await store.close()
-
-
-async def change(config: Config, fn: Callable[[Registry], Registry]) -> None:
-    store = open_store_of(config)
-    try:
-        await RegistryStore(store, config.admin.registry_key).update(fn)
-    finally:
-        await store.close()
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=sinks(conditions))))
 
 
 async def collector_for(config: Config, hook: Any = None, engine: Any = None) -> Any:
@@ -77,10 +65,6 @@ def batch(prefix: str, count: int, received_ms: int | None = None
     if received_ms is None:
         return events
     return [(s, i, received_ms, p) for s, i, _, p in events]
-
-
-def ids(prefix: str, count: int) -> set[str]:
-    return {f"{prefix}{i}" for i in range(count)}
 
 
 def rows_in(config: Config) -> int:
@@ -194,7 +178,7 @@ async def test_should_drain_when_the_conditions_go_back_to_defaults(config: Conf
     await publish(store, [batch("a", 5)], registry_version=1)
     await collector.run_once()
     assert rows_in(config) == 0
-    await change(config, lambda r: ops.update_sink(r, "clicks", "clicks",
+    await change_registry(config, lambda r: ops.update_sink(r, "clicks", "clicks",
                                                    ops.SinkPatch(conditions=Conditions())))
     await publish(store, [batch("b", 5)], registry_version=2)
     await collector.run_once()  # reads version 2: staged rows go first, then direct

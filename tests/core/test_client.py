@@ -7,6 +7,7 @@ import email.utils
 import socket
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -165,6 +166,18 @@ async def test_should_stream_in_order_and_hand_back_refusals(tmp_path):
     assert {e.event_id.rsplit(":", 1)[0] for e in events} == by_request
 
 
+async def restart_after(runtime: Any, served: Any, responses: list[Any], count: int,
+                        gate: asyncio.Event | threading.Event) -> Any:
+    """Once ``count`` responses are in, stop the gRPC server (the client's stream breaks:
+    UNAVAILABLE), serve again on the same port and let the source go on; the new server."""
+    while len(responses) < count:
+        await asyncio.sleep(0.005)
+    await served.server.stop(None)
+    replacement = await start_grpc_server(runtime, "127.0.0.1", served.port)
+    gate.set()
+    return replacement
+
+
 async def test_should_resume_a_broken_stream_resending_what_was_not_acked(tmp_path):
     gate = threading.Event()
 
@@ -184,11 +197,7 @@ async def test_should_resume_a_broken_stream_resending_what_was_not_acked(tmp_pa
                 responses.append(response)
 
         consumer = asyncio.create_task(asyncio.to_thread(consume))
-        while len(responses) < 5:
-            await asyncio.sleep(0.005)
-        await served.server.stop(None)  # the stream breaks: UNAVAILABLE
-        replacement = await start_grpc_server(runtime, "127.0.0.1", served.port)
-        gate.set()
+        replacement = await restart_after(runtime, served, responses, 5, gate)
         try:
             await asyncio.wait_for(consumer, 15)
         finally:
@@ -222,11 +231,7 @@ async def test_should_resume_a_broken_stream_with_the_async_client(tmp_path):
                     responses.append(response)
 
         consumer = asyncio.create_task(consume())
-        while len(responses) < 3:
-            await asyncio.sleep(0.005)
-        await served.server.stop(None)  # the stream breaks: UNAVAILABLE
-        replacement = await start_grpc_server(runtime, "127.0.0.1", served.port)
-        gate.set()
+        replacement = await restart_after(runtime, served, responses, 3, gate)
         try:
             await asyncio.wait_for(consumer, 15)
         finally:
