@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Result, print_table, write_json
 from _grpc_load import EVENT as LOAD_EVENT
 from _scale_processes import ProcessRun, ProcessSpec, run_processes, spark_lock
+from _scale_trace import FlushTrace, TimedProducer, Trace, TracingStore, summarize
 
 from collector.gc import collect_garbage
 from icefloe.checksum import crc32c
@@ -162,7 +163,7 @@ class ClusterRun:
         return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def build_cluster(model: S3Model, spec: ClusterSpec
+def build_cluster(model: S3Model, spec: ClusterSpec, trace: Trace | None = None
                   ) -> tuple[list[tuple[ManifestProducer, int]], ShardedConsumer]:
     """One manifest producer per ingestor (with its shard) and the collector's consumer.
 
@@ -170,15 +171,25 @@ def build_cluster(model: S3Model, spec: ClusterSpec
     ``i`` appends to shard ``i % shards`` (an even spread; real processes pick theirs by
     rendezvous hashing, even only on average). The collector reads every shard through the
     real :class:`ShardedConsumer`, as ``icefloe collector`` does. Each client gets its own
-    connection to the bucket behind the real retry layer, as a process would.
+    connection to the bucket behind the real retry layer, as a process would. With
+    ``trace``, every connection records its requests below the retry layer.
     """
-    producers = [(ManifestProducer(RetryingAsyncStore(model.view(f"ingestor-{i}"),
-                                                      RetryPolicy()),
+    def connection(host: str, role: str, index: int | None) -> RetryingAsyncStore:
+        view = model.view(host, role)
+        if trace is None:
+            return RetryingAsyncStore(view, RetryPolicy())
+        traced = TracingStore(view)
+        if index is None:
+            trace.collector = traced
+        else:
+            trace.stores[index] = traced
+        return RetryingAsyncStore(traced, RetryPolicy())
+
+    producers = [(ManifestProducer(connection(f"ingestor-{i}", "ingestor", i),
                                    shard_config(MANIFEST, i % spec.shards)), i % spec.shards)
                  for i in range(spec.ingestors)]
     # started with `[manifest] shards = N`, it grows the store's shard count first
-    consumer = ShardedConsumer(RetryingAsyncStore(model.view("collector", "collector"),
-                                                  RetryPolicy()),
+    consumer = ShardedConsumer(connection("collector", "collector", None),
                                dataclasses.replace(MANIFEST, shards=spec.shards))
     return producers, consumer
 
@@ -206,7 +217,8 @@ class _Tally:
 
 
 async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
-                    tally: _Tally, rng: random.Random) -> None:
+                    tally: _Tally, rng: random.Random, trace: Trace | None = None,
+                    number: int = 0) -> None:
     """Seal a batch every ``flush_s``; at most ``max_inflight`` flushes at once (the rest
     wait, as sealed batches do in the batcher). At the end of the window, batches still
     waiting for a slot are dropped (never written: not acked); flushes started finish."""
@@ -216,14 +228,21 @@ async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
     started: set[asyncio.Task[None]] = set()
 
     async def flush(index: int) -> None:
+        timed = None if trace is None else FlushTrace(number, tally.sealed_at[index])
         async with slots:
             task = asyncio.current_task()
             assert task is not None
             waiting.discard(task)
             started.add(task)
+            if timed is not None:
+                assert trace is not None
+                timed.slot = loop.time()
+                trace.flushes.append(timed)
             try:
                 sequence = await publish_batch(
-                    producer.store, producer, tally.payload,
+                    producer.store,
+                    producer if timed is None else TimedProducer(producer, timed),  # type: ignore[arg-type]
+                    tally.payload,
                     record_count=max(1, spec.batch_bytes // 200), streams=("events",),
                     checksum=tally.checksum)
             except Exception:  # not acknowledged (may be appended once: counted apart)
@@ -231,6 +250,8 @@ async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
                 return
         now = loop.time()
         tally.done_at[index] = now
+        if timed is not None:
+            timed.done = now
         tally.acked.append(None if sequence is None else shard << POSITION_BITS | sequence)
         tally.acked_bytes += spec.batch_bytes
         if tally.in_window(now):
@@ -254,7 +275,7 @@ async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
 
 
 async def _collector(consumer: ShardedConsumer, spec: ClusterSpec, tally: _Tally,
-                     publishing_done: asyncio.Event) -> None:
+                     publishing_done: asyncio.Event, trace: Trace | None = None) -> None:
     """Read every shard, GET the batch files, stand in for Spark + commits, ack each shard
     through what the run took; until all is drained."""
     loop = asyncio.get_running_loop()
@@ -276,14 +297,19 @@ async def _collector(consumer: ShardedConsumer, spec: ClusterSpec, tally: _Tally
             run.append(tagged)
             size += tagged.entry.size
         if run:
+            read_at = loop.time()
             await asyncio.gather(*(fetch(t.entry.location) for t in run))
+            fetched_at = loop.time()
             await asyncio.sleep(spec.commit_s)
+            committed_at = loop.time()
             through: dict[int, int] = {}
             for tagged in run:
                 through[tagged.shard] = max(through.get(tagged.shard, -1),
                                             tagged.entry.sequence)
             await consumer.ack(through)
             now = loop.time()
+            if trace is not None:
+                trace.runs.append((began, read_at, fetched_at, committed_at, now, len(run)))
             for tagged in run:
                 tally.drained.append((tagged.shard << POSITION_BITS | tagged.entry.sequence,
                                       tagged.entry.producer_id, tagged.entry.producer_batch))
@@ -307,10 +333,11 @@ def _cas_totals(producers: list[tuple[ManifestProducer, int]]) -> tuple[int, int
             sum(p.stats.conflicts for p, _ in producers))
 
 
-async def run_cluster(spec: ClusterSpec) -> ClusterRun:
-    """Run one modeled cluster and check that every acked batch was drained exactly once."""
+async def run_cluster(spec: ClusterSpec, trace: Trace | None = None) -> ClusterRun:
+    """Run one modeled cluster and check that every acked batch was drained exactly once;
+    with ``trace``, record every flush's stages and every request (``_scale_trace``)."""
     model = S3Model(seed=spec.seed, lost_answer=spec.lost_answer, lost_race=spec.lost_race)
-    producers, consumer = build_cluster(model, spec)
+    producers, consumer = build_cluster(model, spec, trace)
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.3  # the collector creates the manifest first
     payload = random.Random(spec.seed).randbytes(spec.batch_bytes)
@@ -318,9 +345,10 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
                    payload, crc32c(payload))
     rng = random.Random(spec.seed + 1)
     publishing_done = asyncio.Event()
-    collector = asyncio.create_task(_collector(consumer, spec, tally, publishing_done))
-    ingestors = [asyncio.create_task(_ingestor(p, shard, spec, tally, rng))
-                 for p, shard in producers]
+    collector = asyncio.create_task(_collector(consumer, spec, tally, publishing_done,
+                                               trace))
+    ingestors = [asyncio.create_task(_ingestor(p, shard, spec, tally, rng, trace, i))
+                 for i, (p, shard) in enumerate(producers)]
 
     await asyncio.sleep(max(0.0, tally.window[0] - loop.time()))
     cas0, conflicts0 = _cas_totals(producers)
@@ -354,6 +382,8 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
             else:
                 run.latencies.append(done - sealed)
     _check_exactly_once(run, tally)
+    if trace is not None:
+        trace.window = tally.window
     return run
 
 
@@ -562,6 +592,22 @@ def specs(quick: bool, seed: int) -> list[ClusterSpec]:
     return rows
 
 
+def trace_row(ingestors: int, shards: int, quick: bool, seed: int) -> None:
+    """One modeled row with every flush's stages and every request recorded."""
+    duration, warmup = (3.0, 0.7) if quick else (8.0, 1.5)
+    spec = ClusterSpec(ingestors, shards=shards, duration_s=duration, warmup_s=warmup,
+                       seed=seed)
+    trace = Trace()
+    run = asyncio.run(run_cluster(spec, trace))
+    print_run_notes(run)
+    print(f"  ack p50 {run.percentile(0.5) * 1000:.0f} ms, p99 "
+          f"{run.percentile(0.99) * 1000:.0f} ms; entries/s {run.rate(run.acked_in_window):.1f}"
+          f" of {run.offered_per_s:.1f} offered; collector drain "
+          f"{run.rate(run.drained_in_window):.1f}/s")
+    for line in summarize(trace, trace.window):
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -576,7 +622,13 @@ def main() -> None:
                         help="the N of the real-processes N-shard row (default 4)")
     parser.add_argument("--no-model", action="store_true",
                         help="skip the modeled cluster and the cost model")
+    parser.add_argument("--trace", type=int, metavar="INGESTORS",
+                        help="only trace one modeled row (INGESTORS on --shards shards, "
+                             "--quick's window): where its acks' time goes, by stage")
     args = parser.parse_args()
+    if args.trace:
+        trace_row(args.trace, args.shards, args.quick, args.seed)
+        return
     processes: list[Result] = []
     if args.processes:
         with spark_lock():
