@@ -19,9 +19,11 @@ Reported per size: entries/s and bytes/s against what the ingestors offered (rat
 ack p50/p99 (seal → manifest append durable), CAS writes/s, conflicts/s, the collector's
 drain rate, and the exactly-once check (every acked batch drained once).
 
-**Shards.** ``--shards N`` adds the N-shard rows beside the single-manifest baseline.
-Producers and consumers are made in one place, :func:`build_cluster`; until the manifest
-has a shard API, N > 1 is reported as not yet available (never faked).
+**Shards.** The N-shard rows run beside the single-manifest baseline: by default one
+shard per ingestor (the sizing the ack p99 target needs at 10 flushes/s per ingestor, see
+bench/README.md), or a fixed ``--shards N``. Producers and consumers are made in one
+place, :func:`build_cluster`. ``--trace INGESTORS`` runs one row and splits its acks and
+the collector's runs by stage (:mod:`_scale_trace`).
 
 **Cost model.** S3 requests per GB ingested at 5 MB/s per ingestor with the default
 flush settings, counted from the modeled runs and computed by formula, priced at S3
@@ -35,6 +37,7 @@ a time, so this is a shape check of the model on the real code path. It takes th
 Spark lock (/tmp/icefloe-spark.lock) itself: do not wrap the bench in ``flock``.
 
 Usage: python bench/scale_bench.py [--quick] [--json PATH] [--shards N] [--seed S]
+                                   [--trace INGESTORS]
                                    [--processes [--process-shards N] [--no-model]]
 """
 
@@ -613,8 +616,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
     parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
-    parser.add_argument("--shards", type=int, default=8,
-                        help="the N of the N-shard rows (default 8)")
+    parser.add_argument("--shards", type=int, default=0,
+                        help="the N of the N-shard rows (default 0: one per ingestor)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--processes", action="store_true",
                         help="also run the real-processes rows (8 ingestors, moto, Spark)")
@@ -627,7 +630,7 @@ def main() -> None:
                              "--quick's window): where its acks' time goes, by stage")
     args = parser.parse_args()
     if args.trace:
-        trace_row(args.trace, args.shards, args.quick, args.seed)
+        trace_row(args.trace, args.shards or args.trace, args.quick, args.seed)
         return
     processes: list[Result] = []
     if args.processes:
@@ -651,7 +654,7 @@ def main() -> None:
     results: list[Result] = []
     baseline_runs: list[ClusterRun] = []
     for spec in specs(args.quick, args.seed):
-        for shards in (1, args.shards):
+        for shards in (1, args.shards or spec.ingestors):
             one = ClusterSpec(**{**spec.__dict__, "shards": shards})
             run = asyncio.run(run_cluster(one))
             print_run_notes(run)

@@ -45,6 +45,8 @@ def validate(config: Config, where: str) -> None:
     for key in ("min_flush_interval_ms", "early_flush_requests"):
         if getattr(ing, key) < 0:
             raise ConfigError(f"{where}: ingestor.{key} must be >= 0")
+    if ing.shard_index < -1:
+        raise ConfigError(f"{where}: ingestor.shard_index must be >= 0 (or -1: hashed)")
     _validate_http_limits(ing, where)
     if ing.buffer_max_bytes < ing.max_body_bytes:
         raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "

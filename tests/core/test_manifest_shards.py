@@ -177,6 +177,26 @@ async def test_should_spread_producers_and_keep_each_producers_order(store):
         assert seqs == list(range(len(seqs)))
 
 
+async def test_should_spread_indexed_producers_exactly_and_follow_a_grow(local):
+    """``index`` spreads exactly (hashing is even only on average: one shard per ingestor
+    leaves some shards 3-5 writers) and is re-applied when the count grows."""
+    await grow_shards(local, KEY, 4, backoff=FAST)
+    clock = ManualClock(start=time.time())
+    producers = [ShardedProducer(local, config(4), instance="same-name", index=i,
+                                 recheck_s=10, clock=clock) for i in range(8)]
+    for i, producer in enumerate(producers):
+        await producer.append(ref(f"a{i}"))
+    assert [p.shard for p in producers] == [0, 1, 2, 3, 0, 1, 2, 3]
+    await grow_shards(local, KEY, 8, backoff=FAST)
+    clock.advance(11)
+    for i, producer in enumerate(producers):
+        await producer.append(ref(f"b{i}"))
+    assert [p.shard for p in producers] == list(range(8))
+    consumer = ShardedConsumer(local, config(8))
+    await consumer.initialize()
+    assert_producer_order(await consumer.read())
+
+
 def assert_producer_order(read: list[ShardEntry]) -> None:
     """Within a producer id, batch numbers appear in order and without gaps."""
     numbers: dict[str, list[int]] = defaultdict(list)
