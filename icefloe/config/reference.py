@@ -63,7 +63,7 @@ MEANING: dict[str, str] = {
     "ingestor.flush_events": "seal a batch file at this many events",
     "ingestor.min_flush_interval_ms": "lower bound between flush starts: under load, fewer "
                                       "and larger batches (bounds PUTs/s on S3, and fsyncs "
-                                      "and CPU per event locally)",
+                                      "and CPU per event locally); ≤ `flush_age_ms`",
     "ingestor.early_flush_requests": "a flush may start before the minimum interval once "
                                      "this many requests wait (0: never)",
     "ingestor.buffer_max_bytes": "unacknowledged bytes per process; beyond it: 429",
