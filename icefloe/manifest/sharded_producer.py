@@ -9,7 +9,9 @@ choice of shard and the move when the count grows:
   :func:`~icefloe.manifest.shards.pick_shard` of that name and the store's count — or,
   given the process's ``index`` among its peers, ``index % count``: hashing spreads
   evenly only on average (one shard per ingestor leaves some shards with 3-5 writers,
-  whose acks then wait through lost CAS races), an index spreads exactly. Its producer
+  whose acks then wait through lost CAS races), an index spreads exactly (a grow then
+  moves most processes, not only those a new shard takes: each move costs a new producer
+  id and a wait for the appends in flight, nothing else). Its producer
   (a fresh id) appends only there. Order within a producer is the shard's order.
 * **Growing online.** The count is re-read every ``recheck_s`` (injected clock) before an
   append. When the pick changes, appends pause, the old producer's appends in flight
