@@ -199,6 +199,7 @@ def test_trace_splits_every_ack_into_stages_that_add_up(bench: ModuleType) -> No
     for s in done:
         assert s.total == pytest.approx(s.slot + s.put + s.behind + s.cas)
         assert s.cas_puts >= 1  # every ack needed at least its own manifest write
-    assert trace.runs and sum(r[5] for r in trace.runs) == run.drained_total
+    assert trace.runs
+    assert sum(r[5] for r in trace.runs) == run.drained_total
     lines = summarize(trace, trace.window)
     assert any("slowest 1 %" in line for line in lines)
