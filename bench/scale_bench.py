@@ -19,9 +19,11 @@ Reported per size: entries/s and bytes/s against what the ingestors offered (rat
 ack p50/p99 (seal → manifest append durable), CAS writes/s, conflicts/s, the collector's
 drain rate, and the exactly-once check (every acked batch drained once).
 
-**Shards.** ``--shards N`` adds the N-shard rows beside the single-manifest baseline.
-Producers and consumers are made in one place, :func:`build_cluster`; until the manifest
-has a shard API, N > 1 is reported as not yet available (never faked).
+**Shards.** The N-shard rows run beside the single-manifest baseline: by default one
+shard per ingestor (the sizing the ack p99 target needs at 10 flushes/s per ingestor, see
+bench/README.md), or a fixed ``--shards N``. Producers and consumers are made in one
+place, :func:`build_cluster`. ``--trace INGESTORS`` runs one row and splits its acks and
+the collector's runs by stage (:mod:`_scale_trace`).
 
 **Cost model.** S3 requests per GB ingested at 5 MB/s per ingestor with the default
 flush settings, counted from the modeled runs and computed by formula, priced at S3
@@ -35,6 +37,7 @@ a time, so this is a shape check of the model on the real code path. It takes th
 Spark lock (/tmp/icefloe-spark.lock) itself: do not wrap the bench in ``flock``.
 
 Usage: python bench/scale_bench.py [--quick] [--json PATH] [--shards N] [--seed S]
+                                   [--trace INGESTORS]
                                    [--processes [--process-shards N] [--no-model]]
 """
 
@@ -56,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Result, bench_parser, print_table, write_json
 from _grpc_load import EVENT as LOAD_EVENT
 from _scale_processes import ProcessRun, ProcessSpec, run_processes, spark_lock
+from _scale_trace import FlushTrace, TimedProducer, Trace, TracingStore, summarize
 
 from collector.gc import collect_garbage
 from icefloe.checksum import crc32c
@@ -161,7 +165,7 @@ class ClusterRun:
         return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def build_cluster(model: S3Model, spec: ClusterSpec
+def build_cluster(model: S3Model, spec: ClusterSpec, trace: Trace | None = None
                   ) -> tuple[list[tuple[ManifestProducer, int]], ShardedConsumer]:
     """One manifest producer per ingestor (with its shard) and the collector's consumer.
 
@@ -169,15 +173,25 @@ def build_cluster(model: S3Model, spec: ClusterSpec
     ``i`` appends to shard ``i % shards`` (an even spread; real processes pick theirs by
     rendezvous hashing, even only on average). The collector reads every shard through the
     real :class:`ShardedConsumer`, as ``icefloe collector`` does. Each client gets its own
-    connection to the bucket behind the real retry layer, as a process would.
+    connection to the bucket behind the real retry layer, as a process would. With
+    ``trace``, every connection records its requests below the retry layer.
     """
-    producers = [(ManifestProducer(RetryingAsyncStore(model.view(f"ingestor-{i}"),
-                                                      RetryPolicy()),
+    def connection(host: str, role: str, index: int | None) -> RetryingAsyncStore:
+        view = model.view(host, role)
+        if trace is None:
+            return RetryingAsyncStore(view, RetryPolicy())
+        traced = TracingStore(view)
+        if index is None:
+            trace.collector = traced
+        else:
+            trace.stores[index] = traced
+        return RetryingAsyncStore(traced, RetryPolicy())
+
+    producers = [(ManifestProducer(connection(f"ingestor-{i}", "ingestor", i),
                                    shard_config(MANIFEST, i % spec.shards)), i % spec.shards)
                  for i in range(spec.ingestors)]
     # started with `[manifest] shards = N`, it grows the store's shard count first
-    consumer = ShardedConsumer(RetryingAsyncStore(model.view("collector", "collector"),
-                                                  RetryPolicy()),
+    consumer = ShardedConsumer(connection("collector", "collector", None),
                                dataclasses.replace(MANIFEST, shards=spec.shards))
     return producers, consumer
 
@@ -205,7 +219,8 @@ class _Tally:
 
 
 async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
-                    tally: _Tally, rng: random.Random) -> None:
+                    tally: _Tally, rng: random.Random, trace: Trace | None = None,
+                    number: int = 0) -> None:
     """Seal a batch every ``flush_s``; at most ``max_inflight`` flushes at once (the rest
     wait, as sealed batches do in the batcher). At the end of the window, batches still
     waiting for a slot are dropped (never written: not acked); flushes started finish."""
@@ -215,14 +230,21 @@ async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
     started: set[asyncio.Task[None]] = set()
 
     async def flush(index: int) -> None:
+        timed = None if trace is None else FlushTrace(number, tally.sealed_at[index])
         async with slots:
             task = asyncio.current_task()
             assert task is not None
             waiting.discard(task)
             started.add(task)
+            if timed is not None:
+                assert trace is not None
+                timed.slot = loop.time()
+                trace.flushes.append(timed)
             try:
                 sequence = await publish_batch(
-                    producer.store, producer, tally.payload,
+                    producer.store,
+                    producer if timed is None else TimedProducer(producer, timed),  # type: ignore[arg-type]
+                    tally.payload,
                     record_count=max(1, spec.batch_bytes // 200), streams=("events",),
                     checksum=tally.checksum)
             except Exception:  # not acknowledged (may be appended once: counted apart)
@@ -230,6 +252,8 @@ async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
                 return
         now = loop.time()
         tally.done_at[index] = now
+        if timed is not None:
+            timed.done = now
         tally.acked.append(None if sequence is None else shard << POSITION_BITS | sequence)
         tally.acked_bytes += spec.batch_bytes
         if tally.in_window(now):
@@ -253,7 +277,7 @@ async def _ingestor(producer: ManifestProducer, shard: int, spec: ClusterSpec,
 
 
 async def _collector(consumer: ShardedConsumer, spec: ClusterSpec, tally: _Tally,
-                     publishing_done: asyncio.Event) -> None:
+                     publishing_done: asyncio.Event, trace: Trace | None = None) -> None:
     """Read every shard, GET the batch files, stand in for Spark + commits, ack each shard
     through what the run took; until all is drained."""
     loop = asyncio.get_running_loop()
@@ -275,14 +299,19 @@ async def _collector(consumer: ShardedConsumer, spec: ClusterSpec, tally: _Tally
             run.append(tagged)
             size += tagged.entry.size
         if run:
+            read_at = loop.time()
             await asyncio.gather(*(fetch(t.entry.location) for t in run))
+            fetched_at = loop.time()
             await asyncio.sleep(spec.commit_s)
+            committed_at = loop.time()
             through: dict[int, int] = {}
             for tagged in run:
                 through[tagged.shard] = max(through.get(tagged.shard, -1),
                                             tagged.entry.sequence)
             await consumer.ack(through)
             now = loop.time()
+            if trace is not None:
+                trace.runs.append((began, read_at, fetched_at, committed_at, now, len(run)))
             for tagged in run:
                 tally.drained.append((tagged.shard << POSITION_BITS | tagged.entry.sequence,
                                       tagged.entry.producer_id, tagged.entry.producer_batch))
@@ -306,10 +335,11 @@ def _cas_totals(producers: list[tuple[ManifestProducer, int]]) -> tuple[int, int
             sum(p.stats.conflicts for p, _ in producers))
 
 
-async def run_cluster(spec: ClusterSpec) -> ClusterRun:
-    """Run one modeled cluster and check that every acked batch was drained exactly once."""
+async def run_cluster(spec: ClusterSpec, trace: Trace | None = None) -> ClusterRun:
+    """Run one modeled cluster and check that every acked batch was drained exactly once;
+    with ``trace``, record every flush's stages and every request (``_scale_trace``)."""
     model = S3Model(seed=spec.seed, lost_answer=spec.lost_answer, lost_race=spec.lost_race)
-    producers, consumer = build_cluster(model, spec)
+    producers, consumer = build_cluster(model, spec, trace)
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.3  # the collector creates the manifest first
     payload = random.Random(spec.seed).randbytes(spec.batch_bytes)
@@ -317,9 +347,10 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
                    payload, crc32c(payload))
     rng = random.Random(spec.seed + 1)
     publishing_done = asyncio.Event()
-    collector = asyncio.create_task(_collector(consumer, spec, tally, publishing_done))
-    ingestors = [asyncio.create_task(_ingestor(p, shard, spec, tally, rng))
-                 for p, shard in producers]
+    collector = asyncio.create_task(_collector(consumer, spec, tally, publishing_done,
+                                               trace))
+    ingestors = [asyncio.create_task(_ingestor(p, shard, spec, tally, rng, trace, i))
+                 for i, (p, shard) in enumerate(producers)]
 
     await asyncio.sleep(max(0.0, tally.window[0] - loop.time()))
     cas0, conflicts0 = _cas_totals(producers)
@@ -353,6 +384,8 @@ async def run_cluster(spec: ClusterSpec) -> ClusterRun:
             else:
                 run.latencies.append(done - sealed)
     _check_exactly_once(run, tally)
+    if trace is not None:
+        trace.window = tally.window
     return run
 
 
@@ -561,10 +594,26 @@ def specs(quick: bool, seed: int) -> list[ClusterSpec]:
     return rows
 
 
+def trace_row(ingestors: int, shards: int, quick: bool, seed: int) -> None:
+    """One modeled row with every flush's stages and every request recorded."""
+    duration, warmup = (3.0, 0.7) if quick else (8.0, 1.5)
+    spec = ClusterSpec(ingestors, shards=shards, duration_s=duration, warmup_s=warmup,
+                       seed=seed)
+    trace = Trace()
+    run = asyncio.run(run_cluster(spec, trace))
+    print_run_notes(run)
+    print(f"  ack p50 {run.percentile(0.5) * 1000:.0f} ms, p99 "
+          f"{run.percentile(0.99) * 1000:.0f} ms; entries/s {run.rate(run.acked_in_window):.1f}"
+          f" of {run.offered_per_s:.1f} offered; collector drain "
+          f"{run.rate(run.drained_in_window):.1f}/s")
+    for line in summarize(trace, trace.window):
+        print(line)
+
+
 def main() -> None:
     parser = bench_parser(__doc__, "short run (under a minute)")
-    parser.add_argument("--shards", type=int, default=8,
-                        help="the N of the N-shard rows (default 8)")
+    parser.add_argument("--shards", type=int, default=0,
+                        help="the N of the N-shard rows (default 0: one per ingestor)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--processes", action="store_true",
                         help="also run the real-processes rows (8 ingestors, moto, Spark)")
@@ -572,7 +621,13 @@ def main() -> None:
                         help="the N of the real-processes N-shard row (default 4)")
     parser.add_argument("--no-model", action="store_true",
                         help="skip the modeled cluster and the cost model")
+    parser.add_argument("--trace", type=int, metavar="INGESTORS",
+                        help="only trace one modeled row (INGESTORS on --shards shards, "
+                             "--quick's window): where its acks' time goes, by stage")
     args = parser.parse_args()
+    if args.trace:
+        trace_row(args.trace, args.shards or args.trace, args.quick, args.seed)
+        return
     processes: list[Result] = []
     if args.processes:
         with spark_lock():
@@ -595,7 +650,7 @@ def main() -> None:
     results: list[Result] = []
     baseline_runs: list[ClusterRun] = []
     for spec in specs(args.quick, args.seed):
-        for shards in (1, args.shards):
+        for shards in (1, args.shards or spec.ingestors):
             one = ClusterSpec(**{**spec.__dict__, "shards": shards})
             run = asyncio.run(run_cluster(one))
             print_run_notes(run)

@@ -80,8 +80,9 @@ class IngestorRuntime:
             if opened:
                 await store.close()
             raise
-        publisher: Publisher = HelperPublisher.for_store(store, manifest) or \
-            StorePublisher(store, ShardedProducer(store, manifest, clock=clock))
+        index = config.ingestor.shard_index if config.ingestor.shard_index >= 0 else None
+        publisher: Publisher = HelperPublisher.for_store(store, manifest, index) or \
+            StorePublisher(store, ShardedProducer(store, manifest, index=index, clock=clock))
         metrics = IngestMetrics()
         metrics.watch_producer(publisher.stats)
         metrics.watch_shard(lambda: publisher.shard)

@@ -139,6 +139,11 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
     a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends
     every request through the ASGI app (for comparison or as a fallback)."""
+    shard_index: int = -1
+    """This ingestor's index among its peers (0, 1, 2, ...): it appends to manifest shard
+    ``shard_index % shards``, an exact spread. -1: the shard is picked by hashing a
+    per-process name, even only on average (with one shard per ingestor, some shards get
+    3-5 ingestors and others none, and a shard's ack latency grows with its writers)."""
     store_helper: bool = True
     """Do a ``file://`` store's I/O in a helper process rather than in worker threads: a
     flush's dozen syscalls then never wait for the GIL of a busy event loop (a batch put

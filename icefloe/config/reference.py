@@ -63,7 +63,7 @@ MEANING: dict[str, str] = {
     "ingestor.flush_events": "seal a batch file at this many events",
     "ingestor.min_flush_interval_ms": "lower bound between flush starts: under load, fewer "
                                       "and larger batches (bounds PUTs/s on S3, and fsyncs "
-                                      "and CPU per event locally)",
+                                      "and CPU per event locally); ≤ `flush_age_ms`",
     "ingestor.early_flush_requests": "a flush may start before the minimum interval once "
                                      "this many requests wait (0: never)",
     "ingestor.buffer_max_bytes": "unacknowledged bytes per process; beyond it: 429",
@@ -123,6 +123,10 @@ MEANING: dict[str, str] = {
     "ingestor.http_fast_lane": "answer plain ingest POSTs (HTTP/1.1 keep-alive, "
                                "Content-Length, uncompressed) from a callback instead of "
                                "an ASGI task: same answers, less CPU (off: all via ASGI)",
+    "ingestor.shard_index": "this ingestor's index among its peers (0, 1, 2…): it appends "
+                           "to manifest shard `shard_index % shards`, an exact spread "
+                           "(e.g. a StatefulSet ordinal); -1: by hashing a per-process "
+                           "name, even only on average",
     "ingestor.store_helper": "flush through a helper process on a `file://` store: it "
                              "compresses, writes the batch and appends it to the manifest "
                              "(off the event loop, never waiting for its GIL); no effect "

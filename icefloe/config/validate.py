@@ -45,6 +45,8 @@ def validate(config: Config, where: str) -> None:
     for key in ("min_flush_interval_ms", "early_flush_requests"):
         if getattr(ing, key) < 0:
             raise ConfigError(f"{where}: ingestor.{key} must be >= 0")
+    if ing.shard_index < -1:
+        raise ConfigError(f"{where}: ingestor.shard_index must be >= 0 (or -1: hashed)")
     _validate_http_limits(ing, where)
     if ing.buffer_max_bytes < ing.max_body_bytes:
         raise ConfigError(f"{where}: ingestor.buffer_max_bytes ({ing.buffer_max_bytes}) must "
@@ -123,12 +125,28 @@ def _validate_pairs(config: Config, where: str) -> None:
             "may reach the manifest that late, and their entries must still find the "
             "deleted sink to be routed")
     _validate_control_url(config.store, where)
+    _validate_flush_timing(ing, where)
     if col.dedup_window_s > 0 and col.snapshot_max_age_s < col.dedup_window_s:
         raise ConfigError(
             f"{where}: collector.snapshot_max_age_s ({col.snapshot_max_age_s:g}) must be at "
             f"least collector.dedup_window_s ({col.dedup_window_s:g}): a restarted "
             "collector rebuilds the dedup window from the snapshots committed within it, "
             "and snapshot expiry would drop them")
+
+
+def _validate_flush_timing(ing: IngestorSection, where: str) -> None:
+    """The age limit seals a batch; the minimum interval spaces flush *starts*. With an age
+    below the interval, a batch sealed at its age waits for the interval anyway, and each
+    sealed batch gets a flush of its own: one age's worth of events per interval, so under
+    steady load the flushes fall behind by interval/age and the buffer fills with 429s
+    (unless ``early_flush_requests`` happen to rescue each batch). At or above the
+    interval, the open batch keeps absorbing arrivals until its flush can start."""
+    if ing.flush_age_ms < ing.min_flush_interval_ms:
+        raise ConfigError(
+            f"{where}: ingestor.flush_age_ms ({ing.flush_age_ms:g}) must be at least "
+            f"ingestor.min_flush_interval_ms ({ing.min_flush_interval_ms:g}): a batch "
+            "sealed at its age would wait out the interval anyway, one flush per interval "
+            "for one age's worth of events, and the flushes would fall behind the load")
 
 
 def _validate_control_url(store: StoreSection, where: str) -> None:

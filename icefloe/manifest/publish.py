@@ -179,6 +179,8 @@ class PublishJob:
     registry_version: int
     manifest: ManifestConfig
     retry: RetryPolicy
+    index: int | None = None
+    """The ingestor's ``shard_index`` (None: the shard is hashed)."""
 
     async def run(self, store: ObjectStore, state: dict[str, Any]) -> PublishOutcome:
         from icefloe.store.adapters import InlineAsyncStore
@@ -186,7 +188,8 @@ class PublishJob:
         producer: ShardedProducer | None = state.get("producer")
         if producer is None:  # the job loop runs nothing else: no thread hop per call
             retrying = RetryingAsyncStore(InlineAsyncStore(store), self.retry)
-            producer = state["producer"] = ShardedProducer(retrying, self.manifest)
+            producer = state["producer"] = ShardedProducer(retrying, self.manifest,
+                                                           index=self.index)
         try:
             sequence, size = await publish_block(
                 producer.store, producer, self.block, streams=self.streams,
@@ -210,10 +213,11 @@ class HelperPublisher:
     """
 
     def __init__(self, helper: ProcessAsyncStore, manifest: ManifestConfig,
-                 retry: RetryPolicy) -> None:
+                 retry: RetryPolicy, index: int | None = None) -> None:
         self.helper = helper
         self.manifest = manifest
         self.retry = retry
+        self.index = index
         self.stats = ProducerStats()
         self._earlier = ProducerStats()  # the counters of helpers that are gone
         self._current = ProducerStats()
@@ -222,15 +226,15 @@ class HelperPublisher:
         self._shard: int | None = None
 
     @classmethod
-    def for_store(cls, store: AsyncObjectStore, manifest: ManifestConfig
-                  ) -> HelperPublisher | None:
+    def for_store(cls, store: AsyncObjectStore, manifest: ManifestConfig,
+                  index: int | None = None) -> HelperPublisher | None:
         """One for a retrying store straight over a helper process, else None (another
         store, or one wrapped for fault injection: its faults must see every write)."""
         from icefloe.store.process import ProcessAsyncStore
 
         if isinstance(store, RetryingAsyncStore) and isinstance(store.inner,
                                                                 ProcessAsyncStore):
-            return cls(store.inner, manifest, store.policy)
+            return cls(store.inner, manifest, store.policy, index)
         return None
 
     @property
@@ -245,7 +249,7 @@ class HelperPublisher:
     def dispatch(self, block: BatchBlock, *, streams: Iterable[str],
                  registry_version: int = 0) -> Awaitable[tuple[int | None, int]]:
         job = PublishJob(new_batch_key(), block, tuple(sorted(set(streams))),
-                         registry_version, self.manifest, self.retry)
+                         registry_version, self.manifest, self.retry, self.index)
         sent = self.helper.submit_job(job)  # on its way now, if a helper is running
         return self._answer(sent if sent is not None else self.helper.run_job(job))
 

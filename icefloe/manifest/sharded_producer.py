@@ -6,8 +6,13 @@ correct (group commit, idempotence, deadline, bounds). What sharding adds is onl
 choice of shard and the move when the count grows:
 
 * **One shard per producer id.** A process has a stable instance name; its shard is
-  :func:`~icefloe.manifest.shards.pick_shard` of that name and the store's count, and its
-  producer (a fresh id) appends only there. Order within a producer is the shard's order.
+  :func:`~icefloe.manifest.shards.pick_shard` of that name and the store's count — or,
+  given the process's ``index`` among its peers, ``index % count``: hashing spreads
+  evenly only on average (one shard per ingestor leaves some shards with 3-5 writers,
+  whose acks then wait through lost CAS races), an index spreads exactly (a grow then
+  moves most processes, not only those a new shard takes: each move costs a new producer
+  id and a wait for the appends in flight, nothing else). Its producer
+  (a fresh id) appends only there. Order within a producer is the shard's order.
 * **Growing online.** The count is re-read every ``recheck_s`` (injected clock) before an
   append. When the pick changes, appends pause, the old producer's appends in flight
   finish (so every batch of this process appended before the move precedes, in time,
@@ -43,11 +48,13 @@ class ShardedProducer:
     """Appends to the shard its instance picks; see the module docstring.
 
     ``shard`` pins the shard (benchmarks, tests): the count is then never read.
+    ``index`` (>= 0) picks shard ``index % count`` instead of hashing ``instance``.
     """
 
     def __init__(self, store: AsyncObjectStore, config: ManifestConfig | None = None, *,
                  instance: str | None = None, shard: int | None = None,
-                 recheck_s: float = DEFAULT_RECHECK_S, clock: Clock = SYSTEM) -> None:
+                 index: int | None = None, recheck_s: float = DEFAULT_RECHECK_S,
+                 clock: Clock = SYSTEM) -> None:
         self.store = store
         self.config = config or ManifestConfig()
         self.instance = instance or str(ULID())
@@ -59,6 +66,7 @@ class ShardedProducer:
         self.moves = 0
         """How often this process moved to another shard (the count grew)."""
         self._pinned = shard
+        self._index = index
         self._current: ManifestProducer | None = None
         self._shard: int | None = None
         self._next_check = 0.0
@@ -104,7 +112,8 @@ class ShardedProducer:
         else:
             self.shard_count = await read_shard_count(self.store, self.config.key,
                                                       clock=self.clock)
-            target = pick_shard(self.instance, self.shard_count)
+            target = pick_shard(self.instance, self.shard_count) if self._index is None \
+                else self._index % self.shard_count
         if self._current is None or target != self._shard:
             if self._current is not None:
                 # the old id's appends land before the new id's; appends arriving

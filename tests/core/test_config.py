@@ -123,6 +123,9 @@ PAIRS = [
     ("[collector]\nsnapshot_max_age_s = 300\ndedup_window_s = 600\n",
      r"collector\.snapshot_max_age_s \(300\) must be at least collector\.dedup_window_s "
      r"\(600\)"),
+    ("[ingestor]\nflush_age_ms = 100\nmin_flush_interval_ms = 300\n",
+     r"ingestor\.flush_age_ms \(100\) must be at least ingestor\.min_flush_interval_ms "
+     r"\(300\)"),
 ]
 
 
@@ -148,6 +151,7 @@ def test_should_exit_2_naming_both_keys_for_a_broken_pair(tmp_path, capsys, extr
     "[admin]\ntombstone_grace_s = 452\n",
     "[collector]\nsnapshot_max_age_s = 600\ndedup_window_s = 600\n",
     "[collector]\nsnapshot_max_age_s = 60\ndedup_window_s = 0\n",  # dedup off: no need
+    "[ingestor]\nflush_age_ms = 300\nmin_flush_interval_ms = 300\n",
 ])
 def test_should_accept_pairs_on_the_safe_side_of_their_bound(tmp_path, extra):
     load_config(write(tmp_path, MINIMAL + extra), env={})

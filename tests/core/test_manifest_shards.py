@@ -177,6 +177,26 @@ async def test_should_spread_producers_and_keep_each_producers_order(store):
         assert seqs == list(range(len(seqs)))
 
 
+async def test_should_spread_indexed_producers_exactly_and_follow_a_grow(local):
+    """``index`` spreads exactly (hashing is even only on average: one shard per ingestor
+    leaves some shards 3-5 writers) and is re-applied when the count grows."""
+    await grow_shards(local, KEY, 4, backoff=FAST)
+    clock = ManualClock(start=time.time())
+    producers = [ShardedProducer(local, config(4), instance="same-name", index=i,
+                                 recheck_s=10, clock=clock) for i in range(8)]
+    for i, producer in enumerate(producers):
+        await producer.append(ref(f"a{i}"))
+    assert [p.shard for p in producers] == [0, 1, 2, 3, 0, 1, 2, 3]
+    await grow_shards(local, KEY, 8, backoff=FAST)
+    clock.advance(11)
+    for i, producer in enumerate(producers):
+        await producer.append(ref(f"b{i}"))
+    assert [p.shard for p in producers] == list(range(8))
+    consumer = ShardedConsumer(local, config(8))
+    await consumer.initialize()
+    assert_producer_order(await consumer.read())
+
+
 def assert_producer_order(read: list[ShardEntry]) -> None:
     """Within a producer id, batch numbers appear in order and without gaps."""
     numbers: dict[str, list[int]] = defaultdict(list)
@@ -272,11 +292,13 @@ async def filled(store: AsyncObjectStore, count: int) -> ShardedConsumer:
 @pytest.mark.parametrize("fault", ["fail", "lose_response"])
 async def test_should_fence_every_shard_when_a_takeover_crashes_between_fences(
         store, fault):
-    """The new consumer claims shard 0, fences shard 1, and dies on shard 2. The old
-    consumer must then be refused on every shard — shards 2 and 3 still show its epoch."""
+    """The new consumer claims shard 0, fences shard 1, and dies on shards 2 and 3 (the
+    fences run at once). The old consumer must then be refused on every shard — shard 3,
+    and shard 2 unless its answer was lost, still show its epoch."""
     old = await filled(store, 4)
-    faulty = FaultyAsyncStore(store, [FaultRule(fault, ops=frozenset({"put"}),
-                                                key_prefix=shard_key(KEY, 2))])
+    faulty = FaultyAsyncStore(store, [
+        FaultRule(fault, ops=frozenset({"put"}), key_prefix=shard_key(KEY, 2)),
+        FaultRule("fail", ops=frozenset({"put"}), key_prefix=shard_key(KEY, 3))])
     new = ShardedConsumer(faulty, config(4), holder="new")
     with pytest.raises(TransientStoreError, match="injected"):
         await new.initialize()
@@ -305,6 +327,45 @@ async def test_should_fence_every_shard_when_a_takeover_crashes_between_fences(
     assert len(await retried.read()) == 8
     assert await retried.ack({n: 1 for n in range(4)}, dequeue=True) == {n: 2 for n in
                                                                           range(4)}
+
+
+class Recording(AsyncObjectStore):
+    """Passes every request on, noting ``(op, key)`` as it starts."""
+
+    def __init__(self, inner: AsyncObjectStore) -> None:
+        self.inner, self.url, self.started = inner, inner.url, []
+
+    async def get(self, key):
+        self.started.append(("get", key))
+        return await self.inner.get(key)
+
+    async def put(self, key, data, *, if_match=None, if_none_match=None):
+        self.started.append(("put", key))
+        return await self.inner.put(key, data, if_match=if_match, if_none_match=if_none_match)
+
+    async def delete(self, key):
+        return await self.inner.delete(key)
+
+    async def list(self, prefix=""):
+        return await self.inner.list(prefix)
+
+    async def head(self, key):
+        return await self.inner.head(key)
+
+
+async def test_should_fence_the_other_shards_at_once_on_takeover(local):
+    """A takeover fences shards 1..N-1 concurrently, not one CAS after the other: every
+    fence has read its shard before the first one writes. (One after the other, a takeover
+    at 64 shards whose producers contend took seconds with nothing drained.)"""
+    await filled(local, 4)
+    recording = Recording(local)
+    new = ShardedConsumer(recording, config(4), holder="new")
+    assert await new.initialize() == 2
+    others = {shard_key(KEY, n) for n in (1, 2, 3)}
+    fencing = [(op, key) for op, key in recording.started if key in others]
+    first_put = next(i for i, (op, _) in enumerate(fencing) if op == "put")
+    assert {key for op, key in fencing[:first_put] if op == "get"} == others
+    assert await epochs(local, 4) == [2, 2, 2, 2]
 
 
 async def test_should_refuse_a_stale_consumer_on_an_unfenced_shard_it_reaches_directly(

@@ -8,6 +8,7 @@ import pytest
 from ingest_support import make_config, running
 from prometheus_client import generate_latest
 
+from icefloe.config import load_config
 from icefloe.errors import ConfigError
 from icefloe.manifest import load, read_shard_count, shard_key
 from icefloe.store import open_async_store
@@ -49,3 +50,29 @@ async def test_should_refuse_to_start_with_fewer_shards_than_the_store(tmp_path)
     with pytest.raises(ConfigError, match=r"manifest\.shards = 2 is below the store's "
                                           r"shard count 4"):
         await IngestorRuntime.start(sharded(tmp_path, 2, store_helper=False))
+
+
+@pytest.mark.parametrize("helper", [True, False])
+async def test_should_append_to_the_shard_its_index_names(tmp_path, helper):
+    """``ingestor.shard_index`` picks shard ``index % shards`` (exact spread), with and
+    without the store helper; read from the environment like any key."""
+    config = load_config(None, env={
+        "ICEFLOE_STORE_URL": (tmp_path / "store").as_uri(),
+        "ICEFLOE_INGESTOR_SHARD_INDEX": "6", "ICEFLOE_MANIFEST_SHARDS": "4"})
+    assert config.ingestor.shard_index == 6
+    config = msgspec.structs.replace(config, streams=make_config(tmp_path).streams,
+                                     ingestor=msgspec.structs.replace(
+                                         make_config(tmp_path).ingestor, shard_index=6,
+                                         store_helper=helper),
+                                     store=make_config(tmp_path / "store").store)
+    async with running(config) as runtime:
+        stream = runtime.service.stream("pageviews")
+        assert await runtime.service.ingest(stream, stream.from_json(b'[{"user_id":"a"}]')) \
+            == 1
+        assert runtime.publisher.shard == 2
+
+
+def test_should_refuse_a_negative_shard_index_other_than_minus_one(tmp_path):
+    with pytest.raises(ConfigError, match=r"ingestor\.shard_index must be >= 0"):
+        load_config(None, env={"ICEFLOE_STORE_URL": (tmp_path / "s").as_uri(),
+                               "ICEFLOE_INGESTOR_SHARD_INDEX": "-2"})

@@ -182,3 +182,24 @@ def test_delay_rule_in_front_of_moto_logs_every_request_by_method(
     counted = sp._requests(_Cluster())  # type: ignore[arg-type]
     assert counted["GET"] == 1
     assert counted["PUT"] == 2  # the bucket's creation, then the object
+
+
+def test_trace_splits_every_ack_into_stages_that_add_up(bench: ModuleType) -> None:
+    """``--trace``: each ack's stages (slot, batch PUT, behind the CAS in flight, own
+    CAS) sum to its total, and the collector's runs are recorded."""
+    from _scale_trace import Trace, split, summarize
+
+    spec = bench.ClusterSpec(4, batch_bytes=50_000, shards=2, duration_s=1.0,
+                             warmup_s=0.3, seed=3)
+    trace = Trace()
+    run = asyncio.run(bench.run_cluster(spec, trace))
+    splits = [split(f, trace.stores[f.ingestor].requests) for f in trace.flushes]
+    done = [s for s in splits if s is not None]
+    assert len(done) == run.acked_total
+    for s in done:
+        assert s.total == pytest.approx(s.slot + s.put + s.behind + s.cas)
+        assert s.cas_puts >= 1  # every ack needed at least its own manifest write
+    assert trace.runs
+    assert sum(r[5] for r in trace.runs) == run.drained_total
+    lines = summarize(trace, trace.window)
+    assert any("slowest 1 %" in line for line in lines)
