@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import errno
 import json
+import os
 import signal
 import socket
 import sys
@@ -82,9 +83,10 @@ class IngestorGroup:
     """Start, watch, restart and stop ``count`` ingestor processes."""
 
     def __init__(self, count: int, argv: Sequence[str], *, start_timeout_s: float = 60.0,
-                 stop_timeout_s: float = 30.0) -> None:
+                 stop_timeout_s: float = 30.0, shard_base: int | None = None) -> None:
         self.count = count
         self.argv = list(argv)
+        self.shard_base = shard_base
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.children: list[_Child] = []
@@ -109,9 +111,18 @@ class IngestorGroup:
             raise
         self._watchers = [asyncio.create_task(self._supervise(i)) for i in range(self.count)]
 
+    def _env(self, index: int) -> dict[str, str] | None:
+        """Child ``index``'s environment: with ``shard_base``, its own
+        ``ingestor.shard_index`` (base + index), so the children of one ``icefloe up``
+        spread over the manifest shards exactly instead of by hashed names."""
+        if self.shard_base is None:
+            return None
+        return {**os.environ, "ICEFLOE_INGESTOR_SHARD_INDEX": str(self.shard_base + index)}
+
     async def _spawn(self, index: int) -> _Child:
         process = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *self.argv, env=self._env(index), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         child = _Child(index, process)

@@ -133,7 +133,7 @@ class _Up:
         group = self.group = IngestorGroup(
             self.ingestors, [*self.argv, "--http-port", str(http_port),
                              "--grpc-port", str(grpc_port)],
-            stop_timeout_s=ing.shutdown_timeout_s + 10)
+            stop_timeout_s=ing.shutdown_timeout_s + 10, shard_base=max(ing.shard_index, 0))
 
         def notice() -> None:
             print("\nicefloe up: stopping (Ctrl-C again to exit at once)", file=sys.stderr,

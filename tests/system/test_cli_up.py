@@ -524,3 +524,20 @@ async def test_should_count_a_child_stopped_while_still_starting_as_clean():
     ready.children = [await ready._spawn(0)]
     ready.children[0].ready.set_result({"event": "ready"})
     assert await ready.stop() == [-signal.SIGTERM]
+
+
+async def test_should_give_each_child_its_own_shard_index():
+    """`up --ingestors N` spreads its children over the manifest shards exactly: child i
+    gets ``ingestor.shard_index`` = base + i through the environment (hashed picks put
+    several children on one shard)."""
+    from icefloe_app.cli.ingestor_group import IngestorGroup
+
+    child = [sys.executable, "-c",
+             "import json, os, sys, time; print(json.dumps({'event': 'ready', 'index': "
+             "os.environ.get('ICEFLOE_INGESTOR_SHARD_INDEX')}), flush=True); time.sleep(60)"]
+    group = IngestorGroup(3, child, stop_timeout_s=10, shard_base=2)
+    await group.start()
+    try:
+        assert sorted(c.ready.result()["index"] for c in group.children) == ["2", "3", "4"]
+    finally:
+        await group.stop()
