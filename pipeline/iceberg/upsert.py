@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -57,7 +57,7 @@ from pipeline.iceberg.data_files import delete_files
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.manifest import DataFile
-    from pyiceberg.table import Table
+    from pyiceberg.table import FileScanTask, Table
 
 log = logging.getLogger("icefloe.upsert")
 
@@ -154,12 +154,7 @@ class CopyOnWrite:
         replaced or deleted), rows copied into their replacements (the copy-on-write cost)."""
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
-        latest = latest_per_key(rows, self.key)
-        keys = latest.select(list(self.key))
-        write = latest
-        if self.tombstone is not None and self.tombstone in latest.column_names:
-            deleted = pc.fill_null(latest.column(self.tombstone), False)
-            write = latest.filter(pc.invert(deleted))
+        keys, write = survivors(rows, self.key, self.tombstone)
         written: list[DataFile] = []
         try:
             replaced, removed, copied = self._rewrite(table, keys, written)
@@ -185,22 +180,13 @@ class CopyOnWrite:
             return [], 0, 0
         from pyiceberg.io.pyarrow import ArrowScan
 
-        schema = table.schema()
-        key_scan = ArrowScan(table.metadata, table.io, schema.select(*self.key), AlwaysTrue())
-        full_scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
+        full_scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
         write_uuid, counter = uuid.uuid4(), itertools.count(0)
         replaced: list[DataFile] = []
         removed = copied = 0
-        # the planned tasks carry the files' delete files (other engines' position deletes),
-        # so a rewrite never brings back a row someone deleted
-        for task in table.scan(row_filter=key_filter(keys)).plan_files():
-            present = key_scan.to_table([task])
-            wanted = _aligned(keys, present.schema)
-            if not _any_match(present, wanted, self.key):
-                continue  # its bounds overlap, its keys do not: left alone
+        for task, wanted in affected_files(table, keys, self.key):
             rows = full_scan.to_table([task])
-            kept = rows.join(wanted, keys=list(self.key), join_type="left anti",
-                             use_threads=False)
+            kept = without_keys(rows, wanted, self.key)
             replaced.append(task.file)
             removed += rows.num_rows - kept.num_rows
             copied += kept.num_rows
@@ -245,6 +231,49 @@ def upsert_hook(stream: StreamConfig) -> CopyOnWrite | None:
     if not stream.primary_key:
         return None
     return CopyOnWrite(stream.primary_key, stream.tombstone_field)
+
+
+def survivors(rows: pa.Table, key: Sequence[str], tombstone: str | None
+              ) -> tuple[pa.Table, pa.Table]:
+    """``(keys, write)`` of a run's rows still to commit: the key columns of each key's
+    latest row (every key the run replaces or deletes) and the latest rows that are not
+    tombstones (what the table gains). Both output paths decide here, so they agree."""
+    latest = latest_per_key(rows, key)
+    write = latest
+    if tombstone is not None and tombstone in latest.column_names:
+        deleted = pc.fill_null(latest.column(tombstone), False)
+        write = latest.filter(pc.invert(deleted))
+    return latest.select(list(key)), write
+
+
+def affected_files(table: Table, keys: pa.Table, key: Sequence[str]
+                   ) -> Iterator[tuple[FileScanTask, pa.Table]]:
+    """The scan tasks of the current snapshot whose files hold one of ``keys``, each with
+    the keys it holds (in the scan's Arrow types).
+
+    Reads only the key columns of the files the keys' bounds cannot rule out. The tasks
+    carry the files' delete files (other engines' position deletes), so a rewrite of a
+    task never brings back a row someone deleted."""
+    if table.current_snapshot() is None or keys.num_rows == 0:
+        return
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    key_scan = ArrowScan(table.metadata, table.io, table.schema().select(*key), AlwaysTrue())
+    for task in table.scan(row_filter=key_filter(keys)).plan_files():
+        present = key_scan.to_table([task])
+        wanted = _aligned(keys, present.schema)
+        if not _any_match(present, wanted, key):
+            continue  # its bounds overlap, its keys do not: left alone
+        yield task, wanted.join(present.select(list(key)), keys=list(key),
+                                join_type="left semi", use_threads=False)
+
+
+def without_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:
+    """``rows`` without those whose key is one of ``keys`` (a file's rewrite)."""
+    if rows.num_rows == 0 or keys.num_rows == 0:
+        return rows
+    return rows.join(_aligned(keys, rows.schema), keys=list(key), join_type="left anti",
+                     use_threads=False)
 
 
 def key_filter(keys: pa.Table) -> BooleanExpression:
