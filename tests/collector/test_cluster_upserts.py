@@ -145,3 +145,36 @@ async def test_a_row_without_its_key_is_a_dead_letter_on_the_cluster_path(tmp_pa
         ("users", "missing_key:user_id", "ev1")]
     assert msgspec.json.decode(dead[0]["raw"])["name"] == "nobody"
     assert dead[0]["location"]  # the batch file of its entry
+
+
+async def test_a_staged_keyed_sink_stages_on_the_executors_and_imports_as_upserts(
+        tmp_path, spark) -> None:
+    """A sink with import conditions and a key: the executors stage the runs (without
+    the row that has no key value, a dead letter), and the import commits the latest row
+    per key across the staged entries."""
+    from collector.routing import Routes
+    from icefloe.registry import Conditions, RegistryStore, ops
+    from tests.collector_support import CLICKS, click, open_store_of, publish
+
+    config = collector_config(tmp_path, (CLICKS,), output="cluster", dequeue_every=1)
+    store = open_store_of(config)
+    sink = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns,
+                        primary_key=("user_id",),
+                        conditions=Conditions(max_age_s=3600, max_events=25))
+    await RegistryStore(store, config.admin.registry_key).update(
+        lambda r: ops.create_source(r, ops.SourceSpec(id="clicks", sinks=(sink,))))
+    collector = await start(config, SparkClusterEngine(spark, 2))
+    collector.routes = Routes(await RegistryStore(store, config.admin.registry_key).read())
+    nokey = ("clicks", "nokey", BASE_MS, msgspec.json.encode({"url": "/x", "n": 1}))
+    for prefix in ("a", "b", "c"):  # 10 events each over keys u0..u6; staged until 30
+        events = [click(i, prefix) for i in range(10)] + ([nokey] if prefix == "a" else [])
+        await publish(store, [events], registry_version=1)
+        await collector.run_once()
+    assert not collector.metrics.embedded_runs.collect()[0].samples
+    rows = read_table(config, "web.clicks").to_pylist()
+    assert sorted((r["user_id"], r["_event_id"]) for r in rows) == sorted(
+        (f"u{i % 7}", f"c{i}") for i in range(3, 10))
+    dead = read_table(config, "icefloe.dead_letters").to_pylist()
+    assert [(d["event_id"], d["reason"]) for d in dead] == [("nokey", "missing_key:user_id")]
+    await store.close()
+    await collector.store.close()
