@@ -30,11 +30,10 @@ large table touch most of them on every commit (``bench/upsert_bench.py``).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -52,7 +51,13 @@ from pyiceberg.expressions import (
 
 from icefloe.streams.model import StreamConfig
 from pipeline.columns import TIMESTAMP, dead_letter_arrow_schema
-from pipeline.iceberg.data_files import delete_files
+from pipeline.iceberg.data_files import (
+    DataFileRef,
+    TableFiles,
+    TableTarget,
+    delete_files,
+    replace_files,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -155,14 +160,15 @@ class CopyOnWrite:
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
         keys, write = survivors(rows, self.key, self.tombstone)
-        written: list[DataFile] = []
+        written: list[DataFileRef] = []
+        attempt = uuid.uuid4().hex
         try:
-            replaced, removed, copied = self._rewrite(table, keys, written)
+            replaced, removed, copied = self._rewrite(table, keys, written, attempt)
             if write.num_rows:
-                written += _write(table, write, uuid.uuid4())
-            self._commit(table, replaced, written, props)
+                written += _write(table, write, attempt, "new")
+            replace_files(table, replaced, written, props)
         except (CommitFailedException, ValidationException):
-            self.refused += [f.file_path for f in written]
+            self.refused += [f.path for f in written]
             raise
         except BaseException:
             # Outcome unknown (or failed before the commit): the maintenance orphan sweep
@@ -171,8 +177,8 @@ class CopyOnWrite:
         self.files_rewritten, self.rows_removed = len(replaced), removed
         self.rows_copied = copied
 
-    def _rewrite(self, table: Table, keys: pa.Table, written: list[DataFile]
-                 ) -> tuple[list[DataFile], int, int]:
+    def _rewrite(self, table: Table, keys: pa.Table, written: list[DataFileRef],
+                 attempt: str) -> tuple[list[DataFile], int, int]:
         """Rewrite every file holding one of ``keys`` without those rows; returns the
         replaced files, the rows removed and the rows copied. New files join ``written``
         as soon as they exist."""
@@ -181,33 +187,17 @@ class CopyOnWrite:
         from pyiceberg.io.pyarrow import ArrowScan
 
         full_scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
-        write_uuid, counter = uuid.uuid4(), itertools.count(0)
         replaced: list[DataFile] = []
         removed = copied = 0
-        for task, wanted in affected_files(table, keys, self.key):
+        for n, (task, wanted) in enumerate(affected_files(table, keys, self.key)):
             rows = full_scan.to_table([task])
             kept = without_keys(rows, wanted, self.key)
             replaced.append(task.file)
             removed += rows.num_rows - kept.num_rows
             copied += kept.num_rows
             if kept.num_rows:
-                written += _write(table, kept, write_uuid, counter)
+                written += _write(table, kept, attempt, f"rewrite{n}")
         return replaced, removed, copied
-
-    @staticmethod
-    def _commit(table: Table, replaced: list[DataFile], written: list[DataFile],
-                props: dict[str, str]) -> None:
-        """One snapshot: an overwrite when files are replaced, else a fast append (also
-        when nothing is written: the snapshot still records the run's sequence)."""
-        txn = table.transaction()
-        update = txn.update_snapshot(snapshot_properties=props)
-        producer: Any = update.overwrite() if replaced else update.fast_append()
-        with producer as snapshot:
-            for data_file in replaced:
-                snapshot.delete_data_file(data_file)
-            for data_file in written:
-                snapshot.append_data_file(data_file)
-        txn.commit_transaction()
 
     def cleanup(self, catalog: Catalog, identifier: str, *, sequence: int, epoch: int) -> int:
         """Delete the files of attempts the catalog refused (``sequence``/``epoch``: the
@@ -314,12 +304,20 @@ def _any_match(present: pa.Table, keys: pa.Table, key: Sequence[str]) -> bool:
                         use_threads=False).num_rows > 0
 
 
-def _write(table: Table, rows: pa.Table, write_uuid: uuid.UUID,
-           counter: itertools.count[int] | None = None) -> list[DataFile]:
-    """Data files of ``rows`` with the table's settings, partitions and field ids."""
-    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+def _write(table: Table, rows: pa.Table, attempt: str, task: str) -> list[DataFileRef]:
+    """Data files of ``rows`` with the table's settings, partitions, field ids and sort
+    order: the append path's writer (:class:`~pipeline.iceberg.data_files.TableFiles`), so
+    a keyed sink's ``sort_by`` holds in the files its upserts write, as in its appends."""
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
 
     _check_pyarrow_schema_compatible(table.schema(), rows.schema,
                                      format_version=table.metadata.format_version)
-    return list(_dataframe_to_data_files(table.metadata, rows, table.io,
-                                         write_uuid=write_uuid, counter=counter))
+    names = [f.name for f in table.schema().fields]
+    columns = [(n if n in rows.column_names else "", n) for n in names]
+    files = TableFiles(TableTarget.of("upsert", table, columns), attempt, task)
+    try:
+        files.add(rows)
+        return files.close()
+    except BaseException:
+        files.discard()
+        raise
