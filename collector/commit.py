@@ -15,9 +15,15 @@ module takes the run's output from there to the tables:
 * **staged** (sinks with import conditions): rows go to the staging area (written by the
   driver on the embedded path, by the executors on the cluster path) and are committed,
   in chunks, oldest first, when a condition holds (:meth:`RunCommits.commit_due_staged`);
-* **upserts** (sinks with a ``primary_key``, embedded path only): rows missing a key value
+* **upserts** (sinks with a ``primary_key``, both paths): rows missing a key value
   become dead letters, the rest commit by copy-on-write (:mod:`pipeline.iceberg.upsert`),
-  staged or not;
+  staged or not. On the cluster path the driver gets only the key (and tombstone)
+  columns with the keys, picks each key's latest row by the embedded rule and finds the
+  files holding the keys; the executors write the surviving rows and rewrite those files
+  in the run's write job, and one overwrite replaces them
+  (:func:`~pipeline.load.executors.plan_upsert`,
+  :class:`~pipeline.iceberg.data_files.ReplaceFiles`). A staged upsert sink is imported
+  as on the embedded path (the import reads its staged rows);
 * **dead letters**: always the embedded way, after the tables.
 
 Every path commits through :func:`pipeline.iceberg.commit.commit_rows`, which carries
@@ -55,7 +61,7 @@ from icefloe.staging import StagedFile, StagingState, merge_through
 from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows, not_committed
-from pipeline.iceberg.data_files import AddFiles, FileSet
+from pipeline.iceberg.data_files import AddFiles, FileSet, ReplaceFiles
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.upsert import (
     CopyOnWrite,
@@ -63,10 +69,18 @@ from pipeline.iceberg.upsert import (
     split_missing_keys,
     upsert_hook,
 )
-from pipeline.load.executors import ClusterRunOutput, WritePlan, plan_write
+from pipeline.load.executors import (
+    ROW,
+    ClusterRunOutput,
+    UpsertPlan,
+    WritePlan,
+    plan_upsert,
+    plan_write,
+)
 from pipeline.load.run import RunOutput
 
-__all__ = ["MAX_STAGED_FILES", "RunCommits", "RunResult", "chunk_of", "versions_of"]
+__all__ = ["MAX_STAGED_FILES", "RunCommits", "RunResult", "chunk_of", "upsert_columns",
+           "versions_of"]
 
 log = logging.getLogger("icefloe.collector")
 
@@ -127,7 +141,8 @@ class RunCommits:
             for (stream, column), count in output.sql_errors.items():
                 self.metrics.sql_errors.labels(stream, column).inc(count)
         if isinstance(output, ClusterRunOutput):
-            self._commit_cluster(output, result, versions)
+            self._commit_cluster(output, result, versions,
+                                 {entry.sequence: entry.location for entry in entries})
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
@@ -205,7 +220,8 @@ class RunCommits:
             self.hook(f"after_commit:{DEAD_LETTER_TABLE}")
 
     def _commit_cluster(self, output: ClusterRunOutput, result: RunResult,
-                        versions: dict[str, dict[int, int]]) -> None:
+                        versions: dict[str, dict[int, int]], locations: dict[int, str]
+                        ) -> None:
         """The cluster output path: dedup on the keys, executors write, add_files per table.
 
         Per target table (a source with several sinks has several; a sink that missed part
@@ -226,26 +242,41 @@ class RunCommits:
         routed = self._cluster_targets(output, versions)
         pending: dict[str, FileSet] = {}
         staged_files: dict[str, tuple[StagedFile, ...]] = {}
+        dead = [output.dead]
         try:
             fresh_keys: dict[str, pa.Table] = {}
             skipped: dict[str, int] = {}
+            upserts: dict[str, UpsertPlan | None] = {}
             plans: list[WritePlan] = []
             for table, (target, keys, allowed) in routed.items():
                 source = target.source.id
                 columns = tuple((c.name, c.type) for c in target.sink.columns)
+                good, bad = keys, pa.array([], pa.int64())
+                if target.sink.primary_key:  # rows missing a key value: dead letters
+                    good, bad = self._cluster_keyed(output, target, keys, columns,
+                                                    locations, dead)
                 if self.is_staged(target):
-                    plan = self._plan_stage(target, keys, columns, allowed)
-                    skipped[table] = keys.num_rows - plan.expected
+                    plan = self._plan_stage(target, good, columns, allowed, drop=bad)
+                    skipped[table] = good.num_rows - plan.expected
                     plans.append(plan)
                     continue
-                fresh, dropped = self.windows[table].filter(keys, source)
+                fresh, dropped = self.windows[table].filter(good, source)
                 result.duplicates += dropped
                 if dropped:
                     self.metrics.duplicates.labels(source).inc(dropped)
                 fresh_keys[table] = fresh
-                planned = plan_write(self.catalog, table, source, keys, fresh,
-                                     sequences=sequences, epoch=self.epoch, key=table,
-                                     columns=columns, entries=allowed)
+                if target.sink.primary_key:
+                    upsert = plan_upsert(
+                        self.catalog, table, source, keys, fresh,
+                        key=target.sink.primary_key, tombstone=target.sink.tombstone_field,
+                        sequences=sequences, epoch=self.epoch, target=table,
+                        columns=columns, entries=allowed)
+                    upserts[table] = upsert
+                    planned = upsert.write if upsert is not None else None
+                else:
+                    planned = plan_write(self.catalog, table, source, keys, fresh,
+                                         sequences=sequences, epoch=self.epoch, key=table,
+                                         columns=columns, entries=allowed)
                 if planned is not None:
                     plans.append(planned)
             written = output.write_all(plans)
@@ -257,7 +288,9 @@ class RunCommits:
                     self._record_staged(target, files, result, skipped[table])
                     continue
                 source, fresh = target.source.id, fresh_keys[table]
-                add = AddFiles(pending.pop(table, FileSet()))
+                files, upsert = pending.pop(table, FileSet()), upserts.get(table)
+                add = AddFiles(files) if upsert is None else ReplaceFiles(
+                    files, upsert.replaced, upsert.snapshot_id, upsert.rows)
                 try:
                     outcome = self._commit(table, fresh, sequence, append=add,
                                            nbytes=add.files.size,
@@ -278,7 +311,28 @@ class RunCommits:
                     with contextlib.suppress(Exception):
                         self.block_on(self.staging.store.delete(staged.key))
             output.release()
-        self._commit_dead(output.dead, sequence, result)
+        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else dead[0], sequence,
+                          result)
+
+    @staticmethod
+    def _cluster_keyed(output: ClusterRunOutput, target: Target, keys: pa.Table,
+                       columns: tuple[tuple[str, str], ...], locations: dict[int, str],
+                       dead: list[pa.Table]) -> tuple[pa.Table, pa.Array]:
+        """:meth:`_keyed_rows` for the cluster path: ``keys`` (with the sink's key columns,
+        absent where the source does not decode one) without the rows missing a key value,
+        and those rows' ``_row`` ids (never written). Their dead letters, which need the
+        rows themselves, are read from the executors (few rows) and join ``dead``."""
+        key = target.sink.primary_key
+        for name in key:
+            if name not in keys.column_names:  # not decoded: no row has a value
+                keys = keys.append_column(name, pa.nulls(keys.num_rows))
+        good, bad = split_missing_keys(keys, key)
+        if bad.num_rows == 0:
+            return good, pa.array([], pa.int64())
+        ids = bad.column(ROW).combine_chunks()
+        rows = output.collect_rows(target.source.id, ids, columns)
+        dead.append(missing_key_dead_letters(rows, key, target.source.id, locations))
+        return good, ids
 
     def _cluster_targets(self, output: ClusterRunOutput, versions: dict[str, dict[int, int]]
                          ) -> dict[str, tuple[Target, pa.Table, tuple[int, ...] | None]]:
@@ -293,12 +347,6 @@ class RunCommits:
         for name, keys in output.keys.items():
             seen = versions.get(name, {})
             for target in self.routes.takers(name, seen):
-                if target.sink.primary_key:
-                    output.release()
-                    raise RoutingUnsupportedError(
-                        f"sink {target.sink.name!r} of source {name!r} has a primary_key: "
-                        "the cluster output path does not do upserts; set [collector] "
-                        "output = \"embedded\" for sinks with a primary_key")
                 allowed = tuple(sorted(s for s, v in seen.items() if target.receives_at(v)))
                 part, chosen = keys, None
                 if len(allowed) < len(seen):  # a sink that misses part of the run
@@ -314,15 +362,17 @@ class RunCommits:
         return out
 
     def _plan_stage(self, target: Target, keys: pa.Table, columns: tuple[tuple[str, str], ...],
-                    allowed: tuple[int, ...] | None) -> WritePlan:
+                    allowed: tuple[int, ...] | None, drop: pa.Array | None = None) -> WritePlan:
         """What the executors stage for ``target``: its rows above the staging floor
-        (staged or committed already: a replay stages nothing twice). Not deduplicated:
-        staged rows are, when they are imported (as on the embedded path)."""
+        (staged or committed already: a replay stages nothing twice) but ``drop`` (rows
+        missing a primary-key value, dead letters). Not deduplicated: staged rows are,
+        when they are imported (as on the embedded path)."""
         table = target.table
         committed = self.table_sequences.get(table, {})
         _, floor = self.block_on(self.staging.floor(table, committed))
         fresh = not_committed(keys, "_sequence", floor) if floor else keys
-        return WritePlan(target.source.id, None, floor, pa.array([], pa.int64()),
+        no = pa.array([], pa.int64())
+        return WritePlan(target.source.id, None, floor, no if drop is None else drop,
                          fresh.num_rows, key=table, columns=columns, sequences=allowed,
                          stage=table)
 
@@ -500,3 +550,21 @@ def chunk_of(files: tuple[StagedFile, ...], limit: int) -> tuple[StagedFile, ...
         last = max(last, staged.last_sequence)
     return files[:count]
 
+
+
+def upsert_columns(routes: Routes) -> dict[str, tuple[str, ...]]:
+    """Per source, the primary-key and tombstone columns of its upsert sinks: what the
+    cluster output path collects to the driver with each row's keys (the embedded path,
+    which has the rows, ignores it)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for source, targets in routes.targets.items():
+        names: list[str] = []
+        for target in targets:
+            sink = target.sink
+            if not sink.primary_key:
+                continue
+            extra = (sink.tombstone_field,) if sink.tombstone_field else ()
+            names += [n for n in (*sink.primary_key, *extra) if n not in names]
+        if names:
+            out[source] = tuple(names)
+    return out

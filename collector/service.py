@@ -38,7 +38,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from ulid import ULID
 
-from collector.commit import Hook, RunCommits, RunResult, versions_of
+from collector.commit import Hook, RunCommits, RunResult, upsert_columns, versions_of
 from collector.dedup import DedupWindow
 from collector.hops import BlockOn, Offload, sleep_or_stop
 from collector.metrics import CollectorMetrics
@@ -66,7 +66,7 @@ from pipeline.iceberg.fence import fence_all
 from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
 from pipeline.load.executors import ClusterRunOutput
 from pipeline.load.run import RunOutput
-from pipeline.load.spec import RunSpec, run_spec, with_sql_cases
+from pipeline.load.spec import RunSpec, run_spec, with_key_columns, with_sql_cases
 
 __all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult"]
 
@@ -392,6 +392,7 @@ class Collector(RunCommits):
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
         spec = with_sql_cases(spec, self.routes.sql_cases(versions_of(entries)))
+        spec = with_key_columns(spec, upsert_columns(self.routes))
         output = await self.offload(run, spec)
         try:
             self.hook("after_job")

@@ -150,7 +150,8 @@ MEANING: dict[str, str] = {
                             "(strings, numbers, booleans); the ones icefloe owns are "
                             "refused; file only",
     "collector.output": "`embedded` (rows appended on the driver) or `cluster` (executors "
-                        "write Parquet, also staged rows, the driver commits `add_files`; "
+                        "write Parquet, also staged rows and upserts' rewritten files, the driver "
+                        "commits `add_files` or one overwrite; "
                         "runs where two sources write one table go the embedded way)",
     "collector.dequeue_every": "runs between bulk dequeues of acknowledged entries",
     "collector.gc_interval_s": "how often unreferenced batch files are collected",

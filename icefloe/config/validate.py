@@ -70,11 +70,6 @@ def validate(config: Config, where: str) -> None:
                               "the cluster output path does not evolve tables yet")
         names.add(stream.name)
         tables.add(stream.table)
-        if stream.primary_key and config.collector.output == "cluster":
-            raise ConfigError(f"{where}: streams[{index}].primary_key: upserts (primary_key) "
-                              "work on the embedded output path only (until #28); "
-                              "collector.output = \"cluster\" refuses them: set "
-                              "collector.output = \"embedded\" or remove the key")
         if stream.where is not None and config.collector.output == "cluster":
             raise ConfigError(f"{where}: streams[{index}].where: sink {stream.name!r} routes "
                               "by content, which collector.output = \"cluster\" does not "

@@ -191,15 +191,8 @@ class AdminApi:
         """Validate ``change`` against the current registry without writing it."""
         after = change(await self.current())
         source = after.source(source_id) if source_id and self.cluster_output else None
-        if source is not None:  # (several sinks and import conditions: both paths, #28)
+        if source is not None:  # (several sinks, import conditions, upserts: both paths, #28)
             sinks = source.live_sinks()
-            if any(s.primary_key for s in sinks):
-                raise RegistryError(409, "cluster_output", "the collector uses "
-                                    "[collector] output = \"cluster\", which does not do "
-                                    "upserts (primary_key): they need output = "
-                                    "\"embedded\"",
-                                    [{"field": "primary_key", "reason": "needs output = "
-                                      "embedded"}])
             if any(s.unknown_fields == "evolve" for s in sinks):
                 raise RegistryError(409, "cluster_output", "the collector uses "
                                     "[collector] output = \"cluster\", which does not evolve "

@@ -439,6 +439,65 @@ class AddFiles:
         return deleted
 
 
+class ReplaceFiles(AddFiles):
+    """The ``append`` hook of the cluster path's upserts: in one snapshot, remove the
+    existing files that held a replaced or deleted key and add the files the executors
+    wrote (the run's latest rows and those files' rewrites).
+
+    The plan was made on snapshot ``snapshot_id`` for ``rows`` rows still to commit; if
+    the table moved on, or ``commit_rows`` finds another number of rows to commit, the
+    plan is stale (:class:`StaleFilesError`): never committed, the run is retried and
+    plans again. Cleanup is :meth:`AddFiles.cleanup`'s (the snapshot log settles an
+    unknown outcome by the files ours added).
+    """
+
+    def __init__(self, files: FileSet, replaced: Sequence[Any], snapshot_id: int | None,
+                 rows: int) -> None:
+        super().__init__(files)
+        self.replaced = list(replaced)
+        self.snapshot_id = snapshot_id
+        self.rows = rows
+
+    def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
+        current = table.current_snapshot()
+        if (current.snapshot_id if current else None) != self.snapshot_id:
+            raise StaleFilesError("the table changed after the upsert was planned")
+        if rows.num_rows != self.rows:
+            raise StaleFilesError(f"{rows.num_rows} rows to commit but the upsert was "
+                                  f"planned for {self.rows}")
+        spec_id = table.spec().spec_id
+        if any(ref.spec_id != spec_id for ref in self.files.files):
+            raise StaleFilesError("the files were written for another partition spec")
+        self.attempted = True
+        try:
+            replace_files(table, self.replaced, self.files.files, props)
+        except CommitFailedException:
+            raise
+        except Exception:
+            self.uncertain = True
+            raise
+        self.landed = True
+
+
+def replace_files(table: Table, replaced: Sequence[Any], refs: Sequence[DataFileRef],
+                  props: dict[str, str]) -> None:
+    """One snapshot: an overwrite deleting ``replaced`` when there are any, else a fast
+    append (also with no files: the snapshot still records the run's sequence)."""
+    from pyiceberg.table import TableProperties
+
+    with table.transaction() as tx:
+        if refs and tx.table_metadata.name_mapping() is None:
+            tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
+                                 tx.table_metadata.schema().name_mapping.model_dump_json()})
+        update = tx.update_snapshot(snapshot_properties=props)
+        producer: Any = update.overwrite() if replaced else update.fast_append()
+        with producer as snapshot:
+            for data_file in replaced:
+                snapshot.delete_data_file(data_file)
+            for ref in refs:
+                snapshot.append_data_file(_data_file(table, ref))
+
+
 def append_files(table: Table, refs: Sequence[DataFileRef], props: dict[str, str]) -> None:
     """Commit ``refs`` in one append, each with the partition it was written for.
 

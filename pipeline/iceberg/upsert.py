@@ -30,11 +30,10 @@ large table touch most of them on every commit (``bench/upsert_bench.py``).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -52,12 +51,18 @@ from pyiceberg.expressions import (
 
 from icefloe.streams.model import StreamConfig
 from pipeline.columns import TIMESTAMP, dead_letter_arrow_schema
-from pipeline.iceberg.data_files import delete_files
+from pipeline.iceberg.data_files import (
+    DataFileRef,
+    TableFiles,
+    TableTarget,
+    delete_files,
+    replace_files,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.manifest import DataFile
-    from pyiceberg.table import Table
+    from pyiceberg.table import FileScanTask, Table
 
 log = logging.getLogger("icefloe.upsert")
 
@@ -154,20 +159,16 @@ class CopyOnWrite:
         replaced or deleted), rows copied into their replacements (the copy-on-write cost)."""
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
-        latest = latest_per_key(rows, self.key)
-        keys = latest.select(list(self.key))
-        write = latest
-        if self.tombstone is not None and self.tombstone in latest.column_names:
-            deleted = pc.fill_null(latest.column(self.tombstone), False)
-            write = latest.filter(pc.invert(deleted))
-        written: list[DataFile] = []
+        keys, write = survivors(rows, self.key, self.tombstone)
+        written: list[DataFileRef] = []
+        attempt = uuid.uuid4().hex
         try:
-            replaced, removed, copied = self._rewrite(table, keys, written)
+            replaced, removed, copied = self._rewrite(table, keys, written, attempt)
             if write.num_rows:
-                written += _write(table, write, uuid.uuid4())
-            self._commit(table, replaced, written, props)
+                written += _write(table, write, attempt, "new")
+            replace_files(table, replaced, written, props)
         except (CommitFailedException, ValidationException):
-            self.refused += [f.file_path for f in written]
+            self.refused += [f.path for f in written]
             raise
         except BaseException:
             # Outcome unknown (or failed before the commit): the maintenance orphan sweep
@@ -176,8 +177,8 @@ class CopyOnWrite:
         self.files_rewritten, self.rows_removed = len(replaced), removed
         self.rows_copied = copied
 
-    def _rewrite(self, table: Table, keys: pa.Table, written: list[DataFile]
-                 ) -> tuple[list[DataFile], int, int]:
+    def _rewrite(self, table: Table, keys: pa.Table, written: list[DataFileRef],
+                 attempt: str) -> tuple[list[DataFile], int, int]:
         """Rewrite every file holding one of ``keys`` without those rows; returns the
         replaced files, the rows removed and the rows copied. New files join ``written``
         as soon as they exist."""
@@ -185,43 +186,18 @@ class CopyOnWrite:
             return [], 0, 0
         from pyiceberg.io.pyarrow import ArrowScan
 
-        schema = table.schema()
-        key_scan = ArrowScan(table.metadata, table.io, schema.select(*self.key), AlwaysTrue())
-        full_scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
-        write_uuid, counter = uuid.uuid4(), itertools.count(0)
+        full_scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
         replaced: list[DataFile] = []
         removed = copied = 0
-        # the planned tasks carry the files' delete files (other engines' position deletes),
-        # so a rewrite never brings back a row someone deleted
-        for task in table.scan(row_filter=key_filter(keys)).plan_files():
-            present = key_scan.to_table([task])
-            wanted = _aligned(keys, present.schema)
-            if not _any_match(present, wanted, self.key):
-                continue  # its bounds overlap, its keys do not: left alone
+        for n, (task, wanted) in enumerate(affected_files(table, keys, self.key)):
             rows = full_scan.to_table([task])
-            kept = rows.join(wanted, keys=list(self.key), join_type="left anti",
-                             use_threads=False)
+            kept = without_keys(rows, wanted, self.key)
             replaced.append(task.file)
             removed += rows.num_rows - kept.num_rows
             copied += kept.num_rows
             if kept.num_rows:
-                written += _write(table, kept, write_uuid, counter)
+                written += _write(table, kept, attempt, f"rewrite{n}")
         return replaced, removed, copied
-
-    @staticmethod
-    def _commit(table: Table, replaced: list[DataFile], written: list[DataFile],
-                props: dict[str, str]) -> None:
-        """One snapshot: an overwrite when files are replaced, else a fast append (also
-        when nothing is written: the snapshot still records the run's sequence)."""
-        txn = table.transaction()
-        update = txn.update_snapshot(snapshot_properties=props)
-        producer: Any = update.overwrite() if replaced else update.fast_append()
-        with producer as snapshot:
-            for data_file in replaced:
-                snapshot.delete_data_file(data_file)
-            for data_file in written:
-                snapshot.append_data_file(data_file)
-        txn.commit_transaction()
 
     def cleanup(self, catalog: Catalog, identifier: str, *, sequence: int, epoch: int) -> int:
         """Delete the files of attempts the catalog refused (``sequence``/``epoch``: the
@@ -245,6 +221,49 @@ def upsert_hook(stream: StreamConfig) -> CopyOnWrite | None:
     if not stream.primary_key:
         return None
     return CopyOnWrite(stream.primary_key, stream.tombstone_field)
+
+
+def survivors(rows: pa.Table, key: Sequence[str], tombstone: str | None
+              ) -> tuple[pa.Table, pa.Table]:
+    """``(keys, write)`` of a run's rows still to commit: the key columns of each key's
+    latest row (every key the run replaces or deletes) and the latest rows that are not
+    tombstones (what the table gains). Both output paths decide here, so they agree."""
+    latest = latest_per_key(rows, key)
+    write = latest
+    if tombstone is not None and tombstone in latest.column_names:
+        deleted = pc.fill_null(latest.column(tombstone), False)
+        write = latest.filter(pc.invert(deleted))
+    return latest.select(list(key)), write
+
+
+def affected_files(table: Table, keys: pa.Table, key: Sequence[str]
+                   ) -> Iterator[tuple[FileScanTask, pa.Table]]:
+    """The scan tasks of the current snapshot whose files hold one of ``keys``, each with
+    the keys it holds (in the scan's Arrow types).
+
+    Reads only the key columns of the files the keys' bounds cannot rule out. The tasks
+    carry the files' delete files (other engines' position deletes), so a rewrite of a
+    task never brings back a row someone deleted."""
+    if table.current_snapshot() is None or keys.num_rows == 0:
+        return
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    key_scan = ArrowScan(table.metadata, table.io, table.schema().select(*key), AlwaysTrue())
+    for task in table.scan(row_filter=key_filter(keys)).plan_files():
+        present = key_scan.to_table([task])
+        wanted = _aligned(keys, present.schema)
+        if not _any_match(present, wanted, key):
+            continue  # its bounds overlap, its keys do not: left alone
+        yield task, wanted.join(present.select(list(key)), keys=list(key),
+                                join_type="left semi", use_threads=False)
+
+
+def without_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:
+    """``rows`` without those whose key is one of ``keys`` (a file's rewrite)."""
+    if rows.num_rows == 0 or keys.num_rows == 0:
+        return rows
+    return rows.join(_aligned(keys, rows.schema), keys=list(key), join_type="left anti",
+                     use_threads=False)
 
 
 def key_filter(keys: pa.Table) -> BooleanExpression:
@@ -285,12 +304,20 @@ def _any_match(present: pa.Table, keys: pa.Table, key: Sequence[str]) -> bool:
                         use_threads=False).num_rows > 0
 
 
-def _write(table: Table, rows: pa.Table, write_uuid: uuid.UUID,
-           counter: itertools.count[int] | None = None) -> list[DataFile]:
-    """Data files of ``rows`` with the table's settings, partitions and field ids."""
-    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+def _write(table: Table, rows: pa.Table, attempt: str, task: str) -> list[DataFileRef]:
+    """Data files of ``rows`` with the table's settings, partitions, field ids and sort
+    order: the append path's writer (:class:`~pipeline.iceberg.data_files.TableFiles`), so
+    a keyed sink's ``sort_by`` holds in the files its upserts write, as in its appends."""
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
 
     _check_pyarrow_schema_compatible(table.schema(), rows.schema,
                                      format_version=table.metadata.format_version)
-    return list(_dataframe_to_data_files(table.metadata, rows, table.io,
-                                         write_uuid=write_uuid, counter=counter))
+    names = [f.name for f in table.schema().fields]
+    columns = [(n if n in rows.column_names else "", n) for n in names]
+    files = TableFiles(TableTarget.of("upsert", table, columns), attempt, task)
+    try:
+        files.add(rows)
+        return files.close()
+    except BaseException:
+        files.discard()
+        raise

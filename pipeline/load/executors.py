@@ -4,7 +4,8 @@ Why: the embedded path (:func:`pipeline.load.run.run_spark`) collects every row 
 ``toArrow`` and appends it there — simple and fast on one machine, but on a Spark cluster the
 driver becomes the bottleneck (all bytes cross the network to it, and it must hold a whole
 run in memory). Here a run works in three steps, and the driver only ever holds the small
-*keys* table (``_row``, ``_event_id``, ``_received_at``, ``_sequence``) plus dead letters:
+*keys* table (``_row``, ``_event_id``, ``_received_at``, ``_sequence``, and an upsert
+sink's primary-key and tombstone columns) plus dead letters:
 
 1. :func:`run_cluster` reads the run through the ``icefloe`` data source, tags each row with
    a stable ``_row`` id, persists the frame on the executors and collects the keys;
@@ -27,6 +28,14 @@ repeated ids within a run, so it must be able to name one row among equals.
 ``monotonically_increasing_id`` is (partition index, position) and the data source is
 deterministic, so the id is stable even if a persisted block is recomputed — and its order
 is exactly the order ``toArrow`` gives the embedded path, so both paths keep the same rows.
+
+Upserts (a sink with a ``primary_key``): the driver picks each key's latest row from the
+keys and reads the key columns of the table's files to find those holding a replaced or
+deleted key (:func:`plan_upsert`); the same write job then also rewrites each such file
+without those keys — one row per file, unioned into the job, read by the executor as the
+table's scan would — and the commit is one overwrite
+(:class:`~pipeline.iceberg.data_files.ReplaceFiles`). Neither the new rows nor the
+rewritten ones pass through the driver.
 
 Files that never make it into a table are deleted: a failing task deletes its own, a failed
 job's ``abort()`` deletes the successful tasks' files, and
@@ -62,7 +71,7 @@ from ulid import ULID
 
 from icefloe.staging import StagedFile, data_key
 from icefloe.store.base import ObjectStore
-from pipeline.columns import ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
+from pipeline.columns import ARROW_TYPES, ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
 from pipeline.iceberg.commit import (
     SHARD_BITS,
     check_epoch,
@@ -94,6 +103,18 @@ TARGET = "_target"
 SOURCE = "_source"
 """The source of a staged row: what :mod:`collector.dedup` keys staged rows by."""
 _INLINE_DROPS = 10_000
+REWRITE_TASK = "__icefloe_rewrite_task"
+REWRITE_KEYS = "__icefloe_rewrite_keys"
+"""Columns of the rows of an upsert's rewrite part of a write job: one row per existing
+file to rewrite (its pickled scan task, and the keys it holds as Arrow IPC)."""
+_REWRITE_TASKS = 64
+"""At most this many tasks rewrite an upsert's files (one file per task below it)."""
+
+
+def rewrite_target(target: str) -> str:
+    """The name the rewritten files of ``target``'s table travel under in a write job."""
+    return f"{target}#rewrite"
+
 
 log = logging.getLogger("icefloe.cluster")
 
@@ -131,6 +152,20 @@ class StoreRef(msgspec.Struct, frozen=True):
     region: str | None = None
 
 
+class RewriteTarget(msgspec.Struct, frozen=True):
+    """What an executor needs to rewrite files of one upsert table without some keys.
+
+    The table's metadata (as Iceberg JSON) lets the executor read an older file exactly
+    as a scan of the table does — projected to the current schema by field ids, minus the
+    rows other engines' position deletes removed; ``key`` names the primary-key columns.
+    The rewritten rows are written through the :class:`TableTarget` of the same name.
+    """
+
+    target: str
+    metadata_json: str
+    key: tuple[str, ...]
+
+
 class SinkJob(msgspec.Struct, frozen=True):
     """The ``job`` option of one write: a unique attempt id, targets, and the receipt path.
 
@@ -144,6 +179,7 @@ class SinkJob(msgspec.Struct, frozen=True):
     targets: tuple[TableTarget, ...]
     staged: tuple[StageTarget, ...] = ()
     store: StoreRef | None = None
+    rewrites: tuple[RewriteTarget, ...] = ()
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -178,11 +214,16 @@ class ParquetSinkWriter(DataSourceArrowWriter):
         staged = {t.table: StagedRows(t, f"{self.job.attempt}-{task}")
                   for t in self.job.staged}
         written: list[tuple[str, StagedFile]] = []
+        rewrites = {r.target: r for r in self.job.rewrites}
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
                 rows = pa.Table.from_batches([batch])
+                if rewrites and REWRITE_TASK in rows.column_names:
+                    rows = _rewrite_files(rows, rewrites, tables)
+                    if rows.num_rows == 0:
+                        continue
                 keys = rows.column(TARGET)
                 single = len(tables) + len(staged) == 1
                 for name, sink in [*tables.items(), *staged.items()]:
@@ -222,6 +263,35 @@ class ParquetSinkWriter(DataSourceArrowWriter):
         done = [m for m in messages if isinstance(m, WrittenFiles)]
         _delete_refs(self.job, [ref for m in done for ref in m.files])
         _delete_staged(self.job, [f for m in done for _, f in m.staged])
+
+
+def _rewrite_files(rows: pa.Table, rewrites: Mapping[str, RewriteTarget],
+                   tables: Mapping[str, TableFiles]) -> pa.Table:
+    """Rewrite the existing files named by ``rows``' rewrite rows (each: read the file as
+    the table's scan would, drop the rows whose key the upsert replaces or deletes, write
+    the rest through the table's writer); returns the other rows, the run's own."""
+    todo = pc.is_valid(rows.column(REWRITE_TASK))
+    if not pc.any(todo).as_py():
+        return rows
+    import pickle
+
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    from pipeline.iceberg.upsert import without_keys
+
+    for item in rows.filter(todo).select([TARGET, REWRITE_TASK, REWRITE_KEYS]).to_pylist():
+        target = rewrites[item[TARGET]]
+        files = tables[item[TARGET]]
+        metadata = TableMetadataUtil.parse_raw(target.metadata_json)
+        task = pickle.loads(item[REWRITE_TASK])  # written by this job's driver
+        keys = pa.ipc.open_stream(item[REWRITE_KEYS]).read_all()
+        scan = ArrowScan(metadata, files.io, metadata.schema(), AlwaysTrue())
+        kept = without_keys(scan.to_table([task]), keys, target.key)
+        if kept.num_rows:  # a file left empty is only removed
+            files.add(kept)
+    return rows.filter(pc.invert(todo))
 
 
 class StagedRows:
@@ -359,6 +429,10 @@ class WritePlan:
     columns: tuple[tuple[str, str], ...] | None = None
     sequences: tuple[int, ...] | None = None
     stage: str | None = None
+    rewrites: tuple[tuple[bytes, bytes], ...] = ()
+    """Upserts: existing files to rewrite without the keys the run replaces or deletes,
+    as (pickled scan task, the file's keys as Arrow IPC); ``upsert_key`` names the key."""
+    upsert_key: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -402,7 +476,7 @@ class ClusterRunOutput:
         job fails, every file it wrote is deleted (tasks clean up after themselves,
         ``abort`` after the successful ones).
         """
-        plans = [p for p in plans if p.expected > 0]
+        plans = [p for p in plans if p.expected > 0 or p.rewrites]
         if not plans:
             return Written()
         from pyspark.sql import functions as F
@@ -413,6 +487,7 @@ class ClusterRunOutput:
         index = {s.name: i for i, s in enumerate(self.spec.streams)}
         targets: list[TableTarget] = []
         staged: list[StageTarget] = []
+        rewrites: list[RewriteTarget] = []
         wanted = [TARGET]
         terms = []
         inline = sum(len(p.drop) for p in plans) <= _INLINE_DROPS
@@ -434,6 +509,8 @@ class ClusterRunOutput:
                 if SHARD_COLUMN[0] in plan.table.schema().column_names:
                     columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))
                 targets.append(TableTarget.of(plan.target, plan.table, columns))
+                if plan.rewrites:  # an upsert: its affected files, rewritten
+                    rewrites.append(_rewrite_of(plan, targets))
             wanted += [src for src, _ in columns if src and src not in wanted]
             term = (F.col(STREAM) == plan.stream) & _past(plan.after)
             if plan.sequences is not None:
@@ -465,11 +542,14 @@ class ClusterRunOutput:
         spec = self.spec
         store = StoreRef(spec.store_url, spec.endpoint_url, spec.region) if staged else None
         job = SinkJob(attempt=str(ULID()), receipt=receipt, targets=tuple(targets),
-                      staged=tuple(staged), store=store)
+                      staged=tuple(staged), store=store, rewrites=tuple(rewrites))
         _activate(self.spark)
         started = time.monotonic()
         try:
-            frame.select(*wanted).write.format(SINK_FORMAT).option("job", job.encode()) \
+            frame = frame.select(*wanted)
+            if rewrites:
+                frame = frame.unionByName(self._rewrite_rows(plans), allowMissingColumns=True)
+            frame.write.format(SINK_FORMAT).option("job", job.encode()) \
                 .mode("append").save()
             refs, stage_refs = _read_receipt(receipt)
         except BaseException:
@@ -488,20 +568,60 @@ class ClusterRunOutput:
                                                                   stage_refs),
                   time.monotonic() - started)
         out = Written(
-            {p.target: FileSet(tuple(r for r in refs if r.stream == p.target))
+            {p.target: FileSet(tuple(r for r in refs
+                                     if r.stream in (p.target, rewrite_target(p.target))))
              for p in plans if p.stage is None},
             {p.target: tuple(sorted((f for t, f in stage_refs if t == p.stage),
                                     key=lambda f: (f.last_sequence, f.first_sequence)))
              for p in plans if p.stage is not None})
         for plan in plans:
             got = (sum(f.rows for f in out.staged[plan.target]) if plan.stage is not None
-                   else out.files[plan.target].rows)
+                   else sum(f.rows for f in out.files[plan.target].files
+                            if f.stream == plan.target))
             if got != plan.expected:
                 _delete_refs(job, refs)
                 _delete_staged(job, [f for _, f in stage_refs])
                 raise RuntimeError(f"cluster write of {plan.target} produced {got} rows, "
                                    f"expected {plan.expected}")
         return out
+
+    def _rewrite_rows(self, plans: Sequence[WritePlan]) -> DataFrame:
+        """The rewrite part of a write job: one row per existing file an upsert rewrites,
+        spread over up to :data:`_REWRITE_TASKS` tasks."""
+        names: list[str] = []
+        tasks: list[bytes] = []
+        held: list[bytes] = []
+        for plan in plans:
+            for task, keys in plan.rewrites:
+                names.append(rewrite_target(plan.target))
+                tasks.append(task)
+                held.append(keys)
+        assert self.spark is not None
+        rows = pa.table({TARGET: pa.array(names, pa.string()),
+                         REWRITE_TASK: pa.array(tasks, pa.binary()),
+                         REWRITE_KEYS: pa.array(held, pa.binary())})
+        return self.spark.createDataFrame(rows).repartition(min(len(names), _REWRITE_TASKS))
+
+    def collect_rows(self, stream: str, rows: pa.Array,
+                     columns: Sequence[tuple[str, str]]) -> pa.Table:
+        """A few rows of ``stream`` (by ``_row``, in run order) with the sink ``columns``
+        (nulls for those the stream does not decode) and the envelope: what a dead letter
+        of the cluster path needs, which the driver's keys do not hold."""
+        from pyspark.sql import functions as F
+
+        assert self.frame is not None
+        assert self.spec is not None
+        i = next(n for n, s in enumerate(self.spec.streams) if s.name == stream)
+        decoded = {name for name, _ in self.spec.streams[i].columns}
+        picked = [F.col(f"{struct_column(i)}__{name}").alias(name)
+                  for name, _ in columns if name in decoded]
+        got = self.frame.where(F.col(ROW).isin(rows.to_pylist())) \
+            .select(*picked, *(F.col(name) for name, _ in ENVELOPE), F.col(ROW)).toArrow()
+        got = got.sort_by([("_sequence", "ascending"), (ROW, "ascending")]).drop_columns([ROW])
+        for name, kind in columns:
+            if name not in decoded:
+                got = got.append_column(name, pa.nulls(got.num_rows, ARROW_TYPES[kind]))
+        return got.select([name for name, _ in columns] + [name for name, _ in ENVELOPE])
 
     def release(self) -> None:
         """Drop the persisted run from the executors."""
@@ -513,6 +633,17 @@ class ClusterRunOutput:
 _LOCAL = (1 << SHARD_BITS) - 1
 _LOCAL_COLUMN = "__icefloe_local_sequence"
 """The wide frame's column of a row's own shard sequence (``_sequence`` & ``_LOCAL``)."""
+
+
+def _rewrite_of(plan: WritePlan, targets: list[TableTarget]) -> RewriteTarget:
+    """The rewrite target of an upsert ``plan``; adds the writer's :class:`TableTarget` of
+    its rewritten files to ``targets`` (the table's own columns, by name: those rows come
+    from the table's files, not from the run's frame)."""
+    assert plan.table is not None
+    name = rewrite_target(plan.target)
+    columns = [(f.name, f.name) for f in plan.table.schema().fields]
+    targets.append(TableTarget.of(name, plan.table, columns))
+    return RewriteTarget(name, plan.table.metadata.model_dump_json(), plan.upsert_key)
 
 
 def _past(after: dict[int, int]) -> Any:
@@ -571,8 +702,9 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
     frame = frame.withColumn(ROW, F.monotonically_increasing_id())
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     out = ClusterRunOutput(spark, frame, spec)
+    extra = _key_columns(spec)
     try:
-        keys = frame.select(STREAM, *KEY_COLUMNS, DEAD).toArrow()
+        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD).toArrow()
     except BaseException:
         out.release()
         raise
@@ -580,13 +712,28 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
     # Sequence order first (see DedupWindow.filter_in_sequence_order), row id within it.
     keys = keys.sort_by([("_sequence", "ascending"), (ROW, "ascending")])
     streams = keys.column(STREAM)
-    for stream in spec.streams:
+    for i, stream in enumerate(spec.streams):
         rows = keys.filter(pc.equal(streams, stream.name))
         if rows.num_rows:
-            out.keys[stream.name] = rows.select(list(KEY_COLUMNS)).combine_chunks()
+            part = rows.select(list(KEY_COLUMNS))
+            for name in stream.keys:  # an upsert sink's key and tombstone columns
+                wide = f"{struct_column(i)}__{name}"
+                if wide in extra and name not in part.column_names:
+                    part = part.append_column(name, rows.column(wide))
+            out.keys[stream.name] = part.combine_chunks()
     dead = keys.filter(pc.is_null(streams))
     if dead.num_rows:
         out.dead = DeadLetters.decode_rows(dead.column(DEAD).to_pylist()).to_arrow()
+    return out
+
+
+def _key_columns(spec: RunSpec) -> list[str]:
+    """The wide-frame columns of every stream's :attr:`~pipeline.load.spec.StreamSpec.keys`
+    that the stream decodes (one it does not decode is absent from its keys: no value)."""
+    out: list[str] = []
+    for i, stream in enumerate(spec.streams):
+        decoded = {name for name, _ in stream.columns}
+        out += [f"{struct_column(i)}__{name}" for name in stream.keys if name in decoded]
     return out
 
 
@@ -603,12 +750,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     positions), ``fresh`` those the dedup window kept; ``sequences`` the run's last
     sequence per shard; ``key`` and ``columns``: see :class:`WritePlan`.
     """
-    from icefloe.errors import CatalogError
-
-    try:
-        table = catalog.load_table(identifier)
-    except Exception as exc:
-        raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
+    table = _load(catalog, identifier)
     state = committed_state(table)
     check_epoch(identifier, state, epoch)
     done = state.sequences
@@ -617,10 +759,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     survivors = not_committed(fresh, "_sequence", done) if done else fresh
     if survivors.num_rows == 0:
         return None
-    if SHARD_COLUMN[0] not in table.schema().column_names and \
-            pc.any(pc.greater(survivors.column("_sequence"), _LOCAL)).as_py():
-        raise CatalogError(f"table {identifier} has no {SHARD_COLUMN[0]} column for rows of "
-                           "manifest shards above 0: it was not evolved")
+    _check_shards(table, identifier, survivors)
     # Rows the dedup window dropped; replayed ones are excluded by `_sequence > after`.
     drop = pa.array([], pa.int64())
     if fresh.num_rows < keys.num_rows:
@@ -629,3 +768,92 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     return WritePlan(stream, table, done, drop, survivors.num_rows, key=key,
                      columns=columns, sequences=entries)
 
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertPlan:
+    """What the executors write for an upsert table, and what its commit replaces.
+
+    ``write`` writes the run's surviving rows and rewrites ``replaced`` (the existing files
+    holding a key the run replaces or deletes); the commit
+    (:class:`~pipeline.iceberg.data_files.ReplaceFiles`) is valid only on snapshot
+    ``snapshot_id`` and for ``rows`` rows still to commit.
+    """
+
+    write: WritePlan
+    replaced: tuple[Any, ...]
+    snapshot_id: int | None
+    rows: int
+
+
+def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
+                fresh: pa.Table, *, key: Sequence[str], tombstone: str | None,
+                sequences: Mapping[int, int], epoch: int, target: str = "",
+                columns: tuple[tuple[str, str], ...] | None = None,
+                entries: tuple[int, ...] | None = None) -> UpsertPlan | None:
+    """:func:`plan_write` for a table with a primary key, or None when nothing is new.
+
+    ``keys`` (every row of the run for this table) and ``fresh`` (those the dedup window
+    kept, each with a value in every ``key`` column) carry the key and ``tombstone``
+    columns. The rows past the committed sequences are reduced to the latest per key by
+    the embedded path's rule (:func:`~pipeline.iceberg.upsert.survivors`); the executors
+    write those that are not tombstones (every other row of ``keys`` is dropped by
+    ``_row``) and rewrite each existing file that holds one of the keys without it. Only
+    key columns reach the driver: the rows themselves stay on the executors.
+    """
+    import pickle
+
+    from pyiceberg.table import FileScanTask
+
+    from pipeline.iceberg.upsert import affected_files, survivors
+
+    table = _load(catalog, identifier)
+    state = committed_state(table)
+    check_epoch(identifier, state, epoch)
+    done = state.sequences
+    if covers(done, sequences) or fresh.num_rows == 0:
+        return None
+    pending = not_committed(fresh, "_sequence", done) if done else fresh
+    if pending.num_rows == 0:
+        return None
+    _check_shards(table, identifier, pending)
+    replaced_keys, write = survivors(pending, key, tombstone)
+    kept = pc.is_in(keys.column(ROW), value_set=write.column(ROW).combine_chunks())
+    drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
+    rewrites: list[tuple[bytes, bytes]] = []
+    replaced = []
+    for task, held in affected_files(table, replaced_keys, key):
+        replaced.append(task.file)
+        rewrites.append((pickle.dumps(FileScanTask(task.file, task.delete_files)),
+                         _ipc(held)))
+    current = table.current_snapshot()
+    plan = WritePlan(stream, table, done, drop, write.num_rows, key=target, columns=columns,
+                     sequences=entries, rewrites=tuple(rewrites), upsert_key=tuple(key))
+    return UpsertPlan(plan, tuple(replaced), current.snapshot_id if current else None,
+                      pending.num_rows)
+
+
+def _ipc(rows: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_table(rows)
+    return sink.getvalue().to_pybytes()
+
+
+def _load(catalog: Catalog, identifier: str) -> Table:
+    from icefloe.errors import CatalogError
+
+    try:
+        return catalog.load_table(identifier)
+    except Exception as exc:
+        raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
+
+
+def _check_shards(table: Table, identifier: str, rows: pa.Table) -> None:
+    """Refuse rows of manifest shards above 0 for a table without the shard column."""
+    from icefloe.errors import CatalogError
+
+    if SHARD_COLUMN[0] not in table.schema().column_names and \
+            pc.any(pc.greater(rows.column("_sequence"), _LOCAL)).as_py():
+        raise CatalogError(f"table {identifier} has no {SHARD_COLUMN[0]} column for rows of "
+                           "manifest shards above 0: it was not evolved")

@@ -11,7 +11,7 @@ part of that plain data; :mod:`pipeline.load.mapped` evaluates them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -92,6 +92,9 @@ class StreamSpec(msgspec.Struct, frozen=True):
     name: str
     columns: tuple[tuple[str, str], ...]  # (name, icefloe type)
     derived: tuple[Derived, ...] = ()
+    keys: tuple[str, ...] = ()
+    """Columns the cluster output path collects to the driver with each row's keys: the
+    primary-key and tombstone columns of the stream's upsert sinks (:func:`with_key_columns`)."""
 
     def payload_schema(self) -> pa.Schema:
         skip = {d.column for d in self.derived}
@@ -137,6 +140,14 @@ def run_spec(config: Config, entries: Sequence[Entry], partitions: int = 4) -> R
         region=config.store.region, streams=stream_specs(config.streams),
         batches=tuple((e.sequence, e.location, e.size, e.crc32c) for e in entries),
         partitions=partitions)
+
+
+def with_key_columns(spec: RunSpec, keys: Mapping[str, tuple[str, ...]]) -> RunSpec:
+    """``spec`` with each stream's :attr:`StreamSpec.keys` set from ``keys`` (by stream)."""
+    if not keys:
+        return spec
+    streams = tuple(msgspec.structs.replace(s, keys=keys.get(s.name, ())) for s in spec.streams)
+    return msgspec.structs.replace(spec, streams=streams)
 
 
 def with_sql_cases(spec: RunSpec,

@@ -60,11 +60,12 @@ def test_should_refuse_a_bad_key_naming_stream_and_column(tmp_path, extra, messa
         load(tmp_path, extra)
 
 
-def test_should_refuse_upserts_on_the_cluster_output_path(tmp_path):
-    with pytest.raises(ConfigError, match=r"streams\[0\]\.primary_key: upserts .*"
-                       r"collector\.output = \"cluster\""):
-        load(tmp_path, 'primary_key = ["user_id"]\n',
-             before='[collector]\noutput = "cluster"\n')
+def test_should_accept_upserts_on_the_cluster_output_path(tmp_path):
+    """#28: the cluster output path does upserts too (tests/collector/test_cluster_upserts.py)."""
+    config = load(tmp_path, 'primary_key = ["user_id"]\n',
+                  before='[collector]\noutput = "cluster"\n')
+    assert config.collector.output == "cluster"
+    assert config.streams[0].primary_key == ("user_id",)
 
 
 SINK = ops.SinkSpec(name="users", table="app.users", columns=(
@@ -95,7 +96,7 @@ def test_admin_should_refuse_a_key_on_a_nullable_column():
     assert info.value.status == 400
 
 
-def test_admin_should_refuse_a_keyed_sink_on_the_cluster_output_path(tmp_path):
+def test_admin_should_accept_a_keyed_sink_on_the_cluster_output_path(tmp_path):
     from icefloe.registry import RegistryStore
     from icefloe.store import open_async_store
     from icefloe_app.api.app import AdminApi
@@ -106,9 +107,8 @@ def test_admin_should_refuse_a_keyed_sink_on_the_cluster_output_path(tmp_path):
         store = open_async_store((tmp_path / "store").as_uri())
         api = AdminApi(RegistryStore(store), Tasks(lambda stream: None), AdminAuth(()),
                        pending=lambda source: asyncio.sleep(0, 0), cluster_output=True)
-        with pytest.raises(RegistryError, match=r"upserts \(primary_key\)") as info:
-            await api.check(lambda r: ops.create_source(r, ops.SourceSpec(
-                id="users", sinks=(SINK,))), "users")
-        assert info.value.status == 409
+        after = await api.check(lambda r: ops.create_source(r, ops.SourceSpec(
+            id="users", sinks=(SINK,))), "users")
+        assert after.source("users").sink("users").primary_key == ("user_id",)
         await store.close()
     asyncio.run(go())

@@ -165,3 +165,28 @@ def test_files_of_a_refused_upsert_are_deleted(catalog, tmp_path):
     assert hook.cleanup(catalog, "app.users", sequence=3, epoch=1) == 2
     assert data_files(tmp_path) == kept
     assert state(catalog) == {"u0": "v1", "u1": "v1", "u2": "v1"}
+
+
+def test_upserts_write_their_files_in_the_sink_s_sort_order(tmp_path):
+    """A keyed sink with ``sort_by``: the files an upsert writes (new rows and rewrites)
+    are sorted and say so, as the append path's are."""
+    import msgspec
+    import pyarrow.parquet as pq
+
+    sorted_users = msgspec.structs.replace(USERS, sort_by=("name",))
+    catalog = open_catalog(collector_config(tmp_path, streams=(sorted_users,)).catalog)
+    ensure_stream_table(catalog, sorted_users)
+    names = ["m", "c", "x", "a", "q", "b", "z", "k"]
+    upsert(catalog, users([(f"u{i}", name, None) for i, name in enumerate(names)], 1), 1)
+    upsert(catalog, users([("u0", "d", None), ("u9", "e", None), ("u8", "aa", None)], 2), 2)
+    table = catalog.load_table("app.users")
+    order = table.sort_order().order_id
+    assert order != 0
+    files = [task.file for task in table.scan().plan_files()]
+    assert files
+    for data_file in files:
+        assert data_file.sort_order_id == order
+        with table.io.new_input(data_file.file_path).open() as stream:
+            got = pq.read_table(stream).column("name").to_pylist()
+        assert got == sorted(got)
+    assert state(catalog)["u0"] == "d"
