@@ -10,7 +10,10 @@ shared :mod:`pipeline.iceberg.evolution` *before* the rows that need them. A cra
 the two is harmless: the re-run finds the columns and plans nothing. A schema commit that
 loses a race (``commit.retry.num-retries=0``) is re-planned on the reloaded table. Events
 the rules refuse become dead letters with the reason; the rest keep their new values as
-Arrow columns of the table's types.
+Arrow columns of the table's types. A run's undeclared fields are read once
+(:func:`_decode`): Arrow parses the table's flat evolved columns and names the other fields,
+and only those reach Python objects, so the Python work of a run grows with what is new,
+not with how many columns the data has already added.
 
 A ``json`` column is a string in Iceberg; its field ``doc`` (:data:`JSON_DOC`) says it holds
 JSON text, so a later run keeps taking any value there instead of only strings.
@@ -138,7 +141,8 @@ def _decode(texts: list[str | None], evolved: Mapping[str, str]
 
     When the columnar read fails (a value misfits its column, or a new field's shape
     varies between rows) nothing is taken columnar: every field of every row goes through
-    the rules, which name the misfit. A run that brings no new field decodes no dicts."""
+    the rules, which name the misfit. A run whose fields are all flat columns the table
+    has builds no dicts at all."""
     read = _read_columnar(texts, {n: k for n, k in evolved.items() if k in _AS_IS})
     if read is None:
         return pa.table({}), parse_extras(texts)
