@@ -10,7 +10,10 @@ shared :mod:`pipeline.iceberg.evolution` *before* the rows that need them. A cra
 the two is harmless: the re-run finds the columns and plans nothing. A schema commit that
 loses a race (``commit.retry.num-retries=0``) is re-planned on the reloaded table. Events
 the rules refuse become dead letters with the reason; the rest keep their new values as
-Arrow columns of the table's types.
+Arrow columns of the table's types. A run's undeclared fields are read once
+(:func:`_decode`): Arrow parses the table's flat evolved columns and names the other fields,
+and only those reach Python objects, so the Python work of a run grows with what is new,
+not with how many columns the data has already added.
 
 A ``json`` column is a string in Iceberg; its field ``doc`` (:data:`JSON_DOC`) says it holds
 JSON text, so a later run keeps taking any value there instead of only strings.
@@ -70,19 +73,19 @@ def evolve_rows(catalog: Catalog, identifier: str, stream: StreamConfig, rows: p
     if EXTRA_FIELD not in rows.column_names:
         return rows, None
     texts = rows.column(EXTRA_FIELD).to_pylist()
-    extras = parse_extras(texts)
     declared = {c.name for c in stream.columns} | RESERVED
-    plan, parsed = _evolve_schema(catalog, identifier, declared, extras, texts, limits, hook)
+    plan, parsed, extras = _evolve_schema(catalog, identifier, declared, texts, limits, hook)
     keep = [i for i in range(rows.num_rows) if i not in plan.refused]
     dead = _dead_letters(rows, plan, texts, locations, stream.name) if plan.refused else None
     kept = rows.drop_columns([EXTRA_FIELD])
     if len(keep) < rows.num_rows:
         kept = kept.take(pa.array(keep, pa.int64()))
-        parsed = parsed.take(pa.array(keep, pa.int64())) if parsed is not None else None
+        if parsed.num_columns:
+            parsed = parsed.take(pa.array(keep, pa.int64()))
     at = kept.column_names.index("_event_id")
     kept_extras = [extras[i] or _EMPTY for i in keep]
     for name, kind in plan.columns.items():
-        if parsed is not None and name in parsed.column_names:
+        if name in parsed.column_names:
             kept = kept.add_column(at, name, parsed.column(name))
             at += 1
             continue
@@ -96,11 +99,12 @@ def evolve_rows(catalog: Catalog, identifier: str, stream: StreamConfig, rows: p
 
 
 def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
-                   extras: list[dict | None], texts: list[str | None], limits: EvolveLimits,
-                   hook: Callable[[str], None] | None) -> tuple[RunPlan, pa.Table | None]:
+                   texts: list[str | None], limits: EvolveLimits,
+                   hook: Callable[[str], None] | None
+                   ) -> tuple[RunPlan, pa.Table, list[dict | None]]:
     """Plan against the table's current schema and commit the changes; re-plan after a
-    lost race. Returns the plan the table now matches, and the table's existing evolved
-    columns already parsed (:func:`_parse_existing`), or None."""
+    lost race. Returns the plan the table now matches and the run's fields as
+    :func:`_decode` split them (columns already parsed, the rest per row)."""
     for _ in range(_ATTEMPTS):
         try:
             table = catalog.load_table(identifier)
@@ -108,13 +112,10 @@ def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
             raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
         columns, fixed = table_columns(table.schema().fields, declared)
         evolved = {n: t for n, t in columns.items() if n not in fixed}
-        parsed = _parse_existing(texts, evolved)
-        if parsed is not None and evolved:  # only the fields the table lacks need a look
-            extras = [{k: v for k, v in e.items() if k not in evolved} if e else None
-                      for e in extras]
+        parsed, extras = _decode(texts, evolved)
         plan = plan_run(extras, columns, fixed, limits, table=identifier)
         if not plan.changes:
-            return plan, parsed
+            return plan, parsed, extras
         changes = [_change(c) for c in plan.changes]
         try:
             with table.transaction() as txn:
@@ -127,22 +128,42 @@ def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
         if hook is not None:
             hook(f"after_evolve:{identifier}")
         # The commit asserted the schema it planned against, so the plan holds as is.
-        return plan, parsed
+        return plan, parsed, extras
     raise CatalogError(f"schema evolution of {identifier} lost {_ATTEMPTS} races in a row; "
                        "the collector will retry the run")
 
 
-def _parse_existing(texts: list[str | None], evolved: Mapping[str, str]) -> pa.Table | None:
-    """The table's evolved columns of every row, parsed columnar, when they are all flat
-    (long, double, string, boolean) and every value fits; None otherwise (then each value
-    is checked in Python, which names the misfit). Arrow's JSON reader refuses a string in
-    a number column, a fraction in a long column, a number in a boolean one, so a parse
-    that succeeds is the same verdict, ~20 times cheaper than a look at each value."""
-    if not evolved:
-        return pa.table({})
-    if any(kind not in _AS_IS for kind in evolved.values()):
-        return None
-    schema = pa.schema([(name, ARROW_TYPES[kind]) for name, kind in evolved.items()])
+def _decode(texts: list[str | None], evolved: Mapping[str, str]
+            ) -> tuple[pa.Table, list[dict | None]]:
+    """A run's undeclared fields, read once: the table's flat evolved columns (long,
+    double, string, boolean) parsed columnar, and per row a dict of only the other
+    fields (new ones, and evolved columns of other types), for the rules to check.
+
+    When the columnar read fails (a value misfits its column, or a new field's shape
+    varies between rows) nothing is taken columnar: every field of every row goes through
+    the rules, which name the misfit. A run whose fields are all flat columns the table
+    has builds no dicts at all."""
+    read = _read_columnar(texts, {n: k for n, k in evolved.items() if k in _AS_IS})
+    if read is None:
+        return pa.table({}), parse_extras(texts)
+    parsed, others = read
+    if not others:
+        return parsed, [None] * len(texts)
+    return parsed, parse_extras(texts, only=others)
+
+
+def _read_columnar(texts: list[str | None], flat: Mapping[str, str]
+                   ) -> tuple[pa.Table, list[str]] | None:
+    """``flat`` columns of every row, parsed by Arrow's strict JSON reader, and the names
+    of the fields outside them (any row's); None if the reader refuses the run.
+
+    Arrow's reader refuses a string in a number column, a fraction or an integer beyond
+    the long range in a long column, a number in a boolean one, so a parse that succeeds
+    is the rules' verdict on those columns, ~20 times cheaper than a look at each value.
+    Fields outside ``flat`` are inferred only to learn their names (Arrow's inference
+    would guess timestamps and turn big integers into doubles, so their values are taken
+    from msgspec instead)."""
+    schema = pa.schema([(name, ARROW_TYPES[kind]) for name, kind in flat.items()])
     ndjson = "\n".join(text or "{}" for text in texts).encode() + b"\n"
     try:
         parsed = pajson.read_json(
@@ -150,12 +171,13 @@ def _parse_existing(texts: list[str | None], evolved: Mapping[str, str]) -> pa.T
             read_options=pajson.ReadOptions(use_threads=False,
                                             block_size=max(len(ndjson), 1 << 16)),
             parse_options=pajson.ParseOptions(explicit_schema=schema,
-                                              unexpected_field_behavior="ignore"))
+                                              unexpected_field_behavior="infer"))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
     if parsed.num_rows != len(texts):
         return None
-    return parsed.select(schema.names).combine_chunks()
+    others = [name for name in parsed.column_names if name not in flat]
+    return parsed.select(schema.names).combine_chunks(), others
 
 
 def table_columns(fields: tuple[NestedField, ...], declared: set[str]

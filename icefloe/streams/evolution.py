@@ -95,11 +95,23 @@ class RunPlan:
     refused: dict[int, str] = field(default_factory=dict)
 
 
-def parse_extras(texts: Sequence[str | None]) -> list[dict[str, Any] | None]:
+def parse_extras(texts: Sequence[str | None], only: Sequence[str] | None = None
+                 ) -> list[dict[str, Any] | None]:
     """The :data:`EXTRA_FIELD` texts of a run's rows as dicts (None where a row had none),
-    in one decode. Big integers stay ints (msgspec), so the long range is checked here."""
+    in one decode. Big integers stay ints (msgspec), so the long range is checked here.
+
+    ``only``: keep just these members (a member present with ``null`` is kept, an absent
+    one left out, as in the full dicts). Why: when a columnar reader has already taken the
+    table's own columns, only the rest need Python objects; msgspec skips the others
+    without building them, several times cheaper than whole dicts on wide rows."""
     joined = "[" + ",".join(text or "null" for text in texts) + "]"
-    return msgspec.json.decode(joined, type=list[dict[str, Any] | None])
+    if only is None:
+        return msgspec.json.decode(joined, type=list[dict[str, Any] | None])
+    attrs = [f"m{i}" for i in range(len(only))]
+    members = msgspec.defstruct("Members", [(a, Any, msgspec.UNSET) for a in attrs],
+                                rename=dict(zip(attrs, only, strict=True)))
+    # to_builtins leaves UNSET members out: absent stays absent, null stays null
+    return msgspec.to_builtins(msgspec.json.decode(joined, type=list[members | None]))
 
 
 def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[str, str],
@@ -120,11 +132,13 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
     seen: dict[str, str | None] = {}
     widenable = {n for n, t in evolved.items() if t in ("int", "float")}
     for index, extra in enumerate(extras):
-        reason = _check_names(extra or {}, lowered, fixed_names, seen, limits, table)
+        if not extra:
+            continue  # nothing undeclared (or only the columns a reader already took)
+        reason = _check_names(extra, lowered, fixed_names, seen, limits, table)
         if reason is not None:
             plan.refused[index] = reason
             continue
-        for name, value in (extra or {}).items():
+        for name, value in extra.items():
             if value is None:
                 continue
             if name in evolved:
