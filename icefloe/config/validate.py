@@ -73,10 +73,6 @@ def validate(config: Config, where: str) -> None:
                               "work on the embedded output path only (until #28); "
                               "collector.output = \"cluster\" refuses them: set "
                               "collector.output = \"embedded\" or remove the key")
-        if stream.where is not None and config.collector.output == "cluster":
-            raise ConfigError(f"{where}: streams[{index}].where: sink {stream.name!r} routes "
-                              "by content, which collector.output = \"cluster\" does not "
-                              "support yet (issue #28); use output = \"embedded\"")
     validate_security(config, where)
 
 
