@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -286,8 +287,6 @@ class StagedRows:
 
 def _last_per_shard(positions: pa.ChunkedArray) -> dict[int, int]:
     """Per shard, the last sequence among run ``positions`` (a staged file's ``through``)."""
-    import numpy as np
-
     pos = positions.combine_chunks().to_numpy(zero_copy_only=False)
     shards = pos >> SHARD_BITS
     return {int(shard): int((pos[shards == shard] & _LOCAL).max())
@@ -587,19 +586,31 @@ def where_flags(spec: RunSpec, batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def _where_mask(where: WhereSpec, rows: pa.Table, index: int, stream: StreamSpec
                 ) -> pa.Array:
+    """:func:`where_flag` over the wide batch ``rows``: FALSE on other streams' rows."""
+    names = {n for case in where.cases if case.sql is not None
+             for n in referenced(case.sql, where.columns)}
+    flag = where_flag(where, _predicate_rows(rows, index, stream, tuple(sorted(names))))
+    mine = pc.fill_null(pc.equal(rows.column(STREAM), where.stream), False)
+    return pc.and_(mine.combine_chunks() if isinstance(mine, pa.ChunkedArray) else mine,
+                   flag)
+
+
+def where_flag(where: WhereSpec, rows: pa.Table) -> pa.Array:
+    """Which of ``rows`` (one stream's decoded rows: its columns by name in their declared
+    types, and the envelope) the sink of ``where`` takes: a row of an entry in one of its
+    cases that the case's predicate takes (None: every row). No nulls."""
     sequences = rows.column("_sequence")
     columns = tuple(Column(name, kind) for name, kind in where.columns)
     taken: Any = None
     for case in where.cases:
         chosen = pc.is_in(sequences, pa.array(case.sequences(), pa.int64()))
         if case.sql is not None:
-            values = _predicate_rows(rows, index, stream,
-                                     referenced(case.sql, where.columns))
-            chosen = pc.and_kleene(chosen, accepts(case.sql, columns, values))
+            chosen = pc.and_kleene(chosen, accepts(case.sql, columns, rows))
         taken = chosen if taken is None else pc.or_kleene(taken, chosen)
-    mine = pc.and_kleene(pc.equal(rows.column(STREAM), where.stream), taken)
-    mine = mine.combine_chunks() if isinstance(mine, pa.ChunkedArray) else mine
-    return pc.fill_null(mine, False)
+    if taken is None:
+        return pa.array(np.zeros(rows.num_rows, dtype=bool))
+    taken = taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
+    return pc.fill_null(taken, False)
 
 
 def _predicate_rows(rows: pa.Table, index: int, stream: StreamSpec,

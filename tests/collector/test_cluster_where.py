@@ -30,6 +30,7 @@ from collector_support import (
 from collector.routing import Routes
 from icefloe.config import Column, Config
 from icefloe.registry import RegistryStore, ops
+from icefloe.registry.model import Conditions
 from pipeline.load.run import SparkClusterEngine, SparkEngine
 from tests.collector.test_cluster_routing import Spy, change, cluster_only, collector_for, queue
 
@@ -197,3 +198,26 @@ async def test_a_where_change_applies_from_its_version_on_and_replays_exactly(
     assert_exact(config, "web.all", ids("a", list(range(8))) | ids("b", list(range(8))))
     cluster_only(restarted)
     await restarted.store.close()
+
+
+async def test_a_staged_sink_stages_only_the_rows_its_where_takes(tmp_path: Path,
+                                                                  spark: Any) -> None:
+    """Import conditions and a ``where``: the executors stage only the sink's rows, and
+    the import commits them once the count is reached."""
+    config = collector_config(tmp_path, (CLICKS,), output="cluster", dequeue_every=1)
+    staged = msgspec.structs.replace(BIG, conditions=Conditions(max_age_s=3600,
+                                                                max_events=4))
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(staged, ALL))))
+    await queue(config, version, [event(k, "a") for k in range(8)])
+    spy = Spy(SparkClusterEngine(spark, 2))
+    collector = await collector_for(config, spy)
+    assert (await collector.run_once()).staged == {"web.big": 3}  # 5, 6, 7: not due
+    assert read_table(config, "web.big").num_rows == 0
+    await queue(config, version, [event(k, "b") for k in range(8)])
+    assert (await collector.run_once()).staged == {"web.big": 3}  # 6 staged: imported
+    assert_exact(config, "web.big", ids("a", [5, 6, 7]) | ids("b", [5, 6, 7]))
+    assert_exact(config, "web.all", ids("a", list(range(8))) | ids("b", list(range(8))))
+    assert unrouted(collector) == 0  # ALL takes every event
+    cluster_only(collector)
+    await collector.store.close()
