@@ -40,6 +40,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
@@ -70,6 +71,7 @@ from pipeline.iceberg.upsert import (
     upsert_hook,
 )
 from pipeline.load.executors import (
+    KEY_COLUMNS,
     ROW,
     ClusterRunOutput,
     UpsertPlan,
@@ -86,6 +88,9 @@ log = logging.getLogger("icefloe.collector")
 
 Hook = Callable[[str], None]
 """Crash-injection point: called with a stage name; tests raise from it."""
+
+ClusterTarget = tuple[Target, pa.Table, tuple[int, ...] | None, str | None]
+"""One table of a cluster-path run: target, keys it takes, entries, ``where`` column."""
 
 
 @dataclass(slots=True)
@@ -141,8 +146,7 @@ class RunCommits:
             for (stream, column), count in output.sql_errors.items():
                 self.metrics.sql_errors.labels(stream, column).inc(count)
         if isinstance(output, ClusterRunOutput):
-            self._commit_cluster(output, result, versions,
-                                 {entry.sequence: entry.location for entry in entries})
+            self._commit_cluster(output, result, versions, entries)
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
@@ -194,13 +198,16 @@ class RunCommits:
         return rows
 
     def _unrouted(self, unrouted: dict[str, pa.Table], versions: dict[str, dict[int, int]],
-                  entries: list[Entry], dead: pa.Table) -> pa.Table:
-        """Count each source's unrouted events and add those its ``unrouted`` (at their
-        entry's version) sends to the dead letters to ``dead``."""
+                  entries: list[Entry], dead: pa.Table, *, counted: bool = False
+                  ) -> pa.Table:
+        """Count each source's unrouted events (unless ``counted`` already) and add those
+        its ``unrouted`` (at their entry's version) sends to the dead letters to
+        ``dead``."""
         locations = {e.sequence: e.location for e in entries}
         parts = [dead]
         for source, rows in unrouted.items():
-            self.metrics.unrouted.labels(source).inc(rows.num_rows)
+            if not counted:
+                self.metrics.unrouted.labels(source).inc(rows.num_rows)
             seen = versions.get(source, {})
             keep = [s for s, v in seen.items()
                     if self.routes.unrouted_mode(source, v) == "dead_letter"]
@@ -220,8 +227,7 @@ class RunCommits:
             self.hook(f"after_commit:{DEAD_LETTER_TABLE}")
 
     def _commit_cluster(self, output: ClusterRunOutput, result: RunResult,
-                        versions: dict[str, dict[int, int]], locations: dict[int, str]
-                        ) -> None:
+                        versions: dict[str, dict[int, int]], entries: list[Entry]) -> None:
         """The cluster output path: dedup on the keys, executors write, add_files per table.
 
         Per target table (a source with several sinks has several; a sink that missed part
@@ -235,20 +241,25 @@ class RunCommits:
         nothing committed). Files of a table whose commit is refused or never attempted
         (an earlier table failed) are deleted here; a crash leaves them to the maintenance
         orphan sweep (staged ones to :meth:`~collector.staging.StagingArea.sweep`). Dead
-        letters are few and go the embedded way.
+        letters are few and go the embedded way; so do unrouted events (no sink's
+        ``where`` took them: the executors marked each sink's rows), counted as there and,
+        where their source says ``dead_letter``, fetched from the executors to become the
+        same dead letters.
         """
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
-        routed = self._cluster_targets(output, versions)
+        routed, unrouted = self._cluster_targets(output, versions)
         pending: dict[str, FileSet] = {}
         staged_files: dict[str, tuple[StagedFile, ...]] = {}
-        dead = [output.dead]
+        locations = {entry.sequence: entry.location for entry in entries}
+        dead: list[pa.Table] = []
         try:
+            dead.append(self._cluster_unrouted(output, unrouted, versions, entries))
             fresh_keys: dict[str, pa.Table] = {}
             skipped: dict[str, int] = {}
             upserts: dict[str, UpsertPlan | None] = {}
             plans: list[WritePlan] = []
-            for table, (target, keys, allowed) in routed.items():
+            for table, (target, keys, allowed, where) in routed.items():
                 source = target.source.id
                 columns = tuple((c.name, c.type) for c in target.sink.columns)
                 good, bad = keys, pa.array([], pa.int64())
@@ -256,7 +267,7 @@ class RunCommits:
                     good, bad = self._cluster_keyed(output, target, keys, columns,
                                                     locations, dead)
                 if self.is_staged(target):
-                    plan = self._plan_stage(target, good, columns, allowed, drop=bad)
+                    plan = self._plan_stage(target, good, columns, allowed, where, drop=bad)
                     skipped[table] = good.num_rows - plan.expected
                     plans.append(plan)
                     continue
@@ -270,19 +281,19 @@ class RunCommits:
                         self.catalog, table, source, keys, fresh,
                         key=target.sink.primary_key, tombstone=target.sink.tombstone_field,
                         sequences=sequences, epoch=self.epoch, target=table,
-                        columns=columns, entries=allowed)
+                        columns=columns, entries=allowed, where=where)
                     upserts[table] = upsert
                     planned = upsert.write if upsert is not None else None
                 else:
                     planned = plan_write(self.catalog, table, source, keys, fresh,
                                          sequences=sequences, epoch=self.epoch, key=table,
-                                         columns=columns, entries=allowed)
+                                         columns=columns, entries=allowed, where=where)
                 if planned is not None:
                     plans.append(planned)
             written = output.write_all(plans)
             pending, staged_files = written.files, written.staged
             self.hook("after_write")
-            for table, (target, _, _) in routed.items():
+            for table, (target, *_) in routed.items():
                 if table in skipped:
                     files = staged_files.pop(table, ())
                     self._record_staged(target, files, result, skipped[table])
@@ -335,34 +346,69 @@ class RunCommits:
         return good, ids
 
     def _cluster_targets(self, output: ClusterRunOutput, versions: dict[str, dict[int, int]]
-                         ) -> dict[str, tuple[Target, pa.Table, tuple[int, ...] | None]]:
+                         ) -> tuple[dict[str, ClusterTarget], dict[str, pa.Table]]:
         """Per table of the run, in routing order: its target, the keys of the rows it
-        takes, and the entries they come from (None: all of the source's entries).
+        takes, the entries they come from (None: all of the source's entries) and the
+        run's column of its ``where`` (None: no predicate); and per source, the keys of
+        its unrouted rows — rows of entries some target receives that no target's
+        ``where`` took (as :meth:`collector.routing.Routes.route` finds them).
 
         Raises:
             RoutingUnsupportedError: two sources write one table in this run (the collector
                 hands such runs to the embedded path before they run).
         """
-        out: dict[str, tuple[Target, pa.Table, tuple[int, ...] | None]] = {}
+        out: dict[str, ClusterTarget] = {}
+        unrouted: dict[str, pa.Table] = {}
         for name, keys in output.keys.items():
             seen = versions.get(name, {})
+            receivable = taken = pa.array(np.zeros(keys.num_rows, dtype=bool))
+            filtered = False
             for target in self.routes.takers(name, seen):
                 allowed = tuple(sorted(s for s, v in seen.items() if target.receives_at(v)))
-                part, chosen = keys, None
-                if len(allowed) < len(seen):  # a sink that misses part of the run
-                    chosen = allowed
-                    part = keys.filter(pc.is_in(keys.column("_sequence"),
-                                                pa.array(allowed, pa.int64())))
+                chosen = allowed if len(allowed) < len(seen) else None  # misses part of it
+                mask = pc.is_in(keys.column("_sequence"), pa.array(allowed, pa.int64()))
+                receivable = pc.or_(receivable, mask)
+                where = output.wheres.get((name, target.table))
+                if where is not None:
+                    filtered = True
+                    mask = pc.and_(mask, keys.column(where))
+                taken = pc.or_(taken, mask)
+                part = keys if chosen is None and where is None else keys.filter(mask)
                 if target.table in out:
                     output.release()
                     raise RoutingUnsupportedError(
                         f"table {target.table!r} is written by two sinks in this run: the "
                         "cluster output path commits each table from one sink per run")
-                out[target.table] = (target, part, chosen)
-        return out
+                flags = [c for c in output.wheres.values() if c in part.column_names]
+                out[target.table] = (target, part.drop_columns(flags), chosen, where)
+            if filtered:
+                left = keys.filter(pc.and_(receivable, pc.invert(taken)))
+                if left.num_rows:
+                    unrouted[name] = left.select(list(KEY_COLUMNS))
+        return out, unrouted
+
+    def _cluster_unrouted(self, output: ClusterRunOutput, unrouted: dict[str, pa.Table],
+                          versions: dict[str, dict[int, int]], entries: list[Entry]
+                          ) -> pa.Table:
+        """The run's dead letters: the decode's, then each source's unrouted events its
+        ``unrouted`` (at their entry's version) dead-letters — their rows fetched from the
+        executors, so they are the embedded path's rows (:meth:`_unrouted`)."""
+        rows: dict[str, pa.Table] = {}
+        for source, keys in unrouted.items():
+            seen = versions.get(source, {})
+            keep = [s for s, v in seen.items()
+                    if self.routes.unrouted_mode(source, v) == "dead_letter"]
+            chosen = keys.filter(pc.is_in(keys.column("_sequence"),
+                                          pa.array(keep, pa.int64()))) if keep else None
+            if chosen is not None and chosen.num_rows:
+                fetched = output.rows_of(source, chosen.column(ROW))
+                rows[source] = fetched.sort_by([("_sequence", "ascending")])
+            self.metrics.unrouted.labels(source).inc(keys.num_rows)
+        return self._unrouted(rows, versions, entries, output.dead, counted=True)
 
     def _plan_stage(self, target: Target, keys: pa.Table, columns: tuple[tuple[str, str], ...],
-                    allowed: tuple[int, ...] | None, drop: pa.Array | None = None) -> WritePlan:
+                    allowed: tuple[int, ...] | None, where: str | None,
+                    drop: pa.Array | None = None) -> WritePlan:
         """What the executors stage for ``target``: its rows above the staging floor
         (staged or committed already: a replay stages nothing twice) but ``drop`` (rows
         missing a primary-key value, dead letters). Not deduplicated: staged rows are,
@@ -374,7 +420,7 @@ class RunCommits:
         no = pa.array([], pa.int64())
         return WritePlan(target.source.id, None, floor, no if drop is None else drop,
                          fresh.num_rows, key=table, columns=columns, sequences=allowed,
-                         stage=table)
+                         stage=table, where=where)
 
     def _record_staged(self, target: Target, files: tuple[StagedFile, ...],
                        result: RunResult, skipped: int) -> None:

@@ -23,14 +23,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.dedup import with_source
-from collector.where import accepts
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
 from icefloe.streams.evolution import EXTRA_FIELD
 from pipeline.load.mapped import sequence_ranges
-from pipeline.load.spec import SqlCase
+from pipeline.load.spec import SqlCase, WhereCase, WhereSpec
+from pipeline.where import accepts
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 
@@ -196,6 +196,27 @@ class Routes:
                            for name, exprs in found.items()}
         return out
 
+    def where_specs(self, versions: Mapping[str, Mapping[int, int]]
+                    ) -> tuple[WhereSpec, ...]:
+        """Per source and target table of a run: the predicates that decide which rows the
+        target takes, each with the entries whose version declares it — what
+        :func:`where_mask` applies on the driver, as plain data for the executors (the
+        cluster output path). Targets that route by no predicate at these versions are
+        left out (they take every row of the entries they receive)."""
+        out: list[WhereSpec] = []
+        for source, seen in versions.items():
+            for target in self.takers(source, seen):
+                groups: dict[str | None, list[int]] = {}
+                for sequence, version in seen.items():
+                    if target.receives_at(version):
+                        groups.setdefault(target.sink.where_at(version), []).append(sequence)
+                if list(groups) == [None]:
+                    continue
+                columns = tuple((c.name, c.type) for c in target.sink.columns)
+                out.append(WhereSpec(source, target.table, columns, tuple(
+                    WhereCase(sql, sequence_ranges(seqs)) for sql, seqs in groups.items())))
+        return tuple(out)
+
     def takers(self, source: str, versions: Mapping[int, int]) -> list[Target]:
         """The targets that take any of ``source``'s rows of a run."""
         return [t for t in self.targets.get(source, [])
@@ -312,13 +333,11 @@ def cut_by_routing(routes: Routes, entries: Sequence[Entry]) -> list[Entry]:
 def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     """Why the cluster output path cannot write this run in one shot (None: it can).
 
-    ``where``: a sink routes by content (refused with cluster output at start and by the
-    admin API; a registry written otherwise still routes exactly); ``shared-table``: two
-    sources (or two sinks) write one table in this run, which the cluster path would
-    commit as two appends of one run. Such a run takes the embedded path on the same Spark
-    session. Fan-out (several sinks, a sink that misses part of the run) and staged sinks
-    are written by the cluster path itself
-    (:meth:`collector.commit.RunCommits._commit_cluster`).
+    ``shared-table``: two sources (or two sinks) write one table in this run, which the
+    cluster path would commit as two appends of one run. Such a run takes the embedded
+    path on the same Spark session. Fan-out (several sinks, a sink that misses part of the
+    run), routing by content (``where``, evaluated on the executors) and staged sinks are
+    written by the cluster path itself (:meth:`collector.commit.RunCommits._commit_cluster`).
     """
     versions: dict[str, dict[int, int]] = {}
     for entry in entries:
@@ -326,10 +345,7 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
             versions.setdefault(source, {})[entry.sequence] = entry.registry_version
     owners: set[str] = set()
     for source, seen in versions.items():
-        takers = routes.takers(source, seen)
-        if any(t.sink.where_at(v) is not None for t in takers for v in seen.values()):
-            return "where"
-        for target in takers:
+        for target in routes.takers(source, seen):
             if target.table in owners:
                 return "shared-table"
             owners.add(target.table)

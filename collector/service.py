@@ -66,7 +66,7 @@ from pipeline.iceberg.fence import fence_all
 from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
 from pipeline.load.executors import ClusterRunOutput
 from pipeline.load.run import RunOutput
-from pipeline.load.spec import RunSpec, run_spec, with_key_columns, with_sql_cases
+from pipeline.load.spec import RunSpec, run_spec, with_key_columns, with_sql_cases, with_wheres
 
 __all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult"]
 
@@ -391,7 +391,9 @@ class Collector(RunCommits):
         entries, run = self._route_run(entries)
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
-        spec = with_sql_cases(spec, self.routes.sql_cases(versions_of(entries)))
+        versions = versions_of(entries)
+        spec = with_sql_cases(spec, self.routes.sql_cases(versions))
+        spec = with_wheres(spec, self.routes.where_specs(versions))
         spec = with_key_columns(spec, upsert_columns(self.routes))
         output = await self.offload(run, spec)
         try:
@@ -419,9 +421,9 @@ class Collector(RunCommits):
 
         On the cluster output path a run ends where its routing changes (a sink disabled,
         enabled, re-created, a table passing to another source), so each table has one
-        sink per run; the cluster path writes fan-out and staged sinks itself. A run that
-        still cannot be written in one shot there (two sources writing one table, a sink
-        routing by content) takes the embedded path on the same session. Both shapes
+        sink per run; the cluster path writes fan-out, routing by content and staged sinks
+        itself. A run that still cannot be written in one shot there (two sources writing
+        one table) takes the embedded path on the same session. Both shapes
         commit through the same ``commit_rows``, dedup windows and staging, so switching per
         run keeps exactly-once (see :func:`collector.routing.cut_by_routing`). No registry
         the admin API accepts can wedge the queue.

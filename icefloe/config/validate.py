@@ -70,10 +70,6 @@ def validate(config: Config, where: str) -> None:
                               "the cluster output path does not evolve tables yet")
         names.add(stream.name)
         tables.add(stream.table)
-        if stream.where is not None and config.collector.output == "cluster":
-            raise ConfigError(f"{where}: streams[{index}].where: sink {stream.name!r} routes "
-                              "by content, which collector.output = \"cluster\" does not "
-                              "support yet (issue #28); use output = \"embedded\"")
     validate_security(config, where)
 
 

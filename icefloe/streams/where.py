@@ -5,7 +5,7 @@ every row of a run to decide where the row *goes*; a predicate that throws, read
 or depends on other rows would make routing differ between a run and its replay. So a
 ``where`` is parsed with sqlglot (Spark dialect) when the config loads and when the admin
 API receives a sink, and accepted only if every part of it is one the collector evaluates
-exactly, column-wise in Arrow (:mod:`collector.where`): column references (the sink's
+exactly, column-wise in Arrow (:mod:`pipeline.where`): column references (the sink's
 declared columns and ``_event_id``/``_received_at``), literals, ``AND``/``OR``/``NOT``,
 comparisons, ``IN`` (a list), ``BETWEEN``, ``IS [NOT] NULL``, ``LIKE``/``ILIKE``,
 ``+ - * /`` and the functions in :data:`WHERE_FUNCTIONS` (a subset of the ``sql`` mapping
@@ -33,7 +33,7 @@ WHERE_COLUMNS = ("_event_id", "_received_at")
 """Envelope columns a predicate may read besides the declared ones."""
 
 WHERE_FUNCTIONS = frozenset({"lower", "upper", "length", "coalesce", "abs"})
-"""Functions a ``where`` may call (Spark names): what :mod:`collector.where` evaluates."""
+"""Functions a ``where`` may call (Spark names): what :mod:`pipeline.where` evaluates."""
 
 UNROUTED = ("drop", "dead_letter")
 """What happens to a source's event that no sink's ``where`` takes (always counted)."""

@@ -200,13 +200,6 @@ class AdminApi:
                                     "from the data) needs output = \"embedded\"",
                                     [{"field": "unknown_fields",
                                       "reason": "needs output = embedded"}])
-            routed = next((s for s in sinks if s.where is not None), None)
-            if routed is not None:
-                raise RegistryError(409, "cluster_output", "the collector uses [collector] "
-                                    "output = \"cluster\", which does not support routing "
-                                    f"by content yet (issue #28): sink {routed.name!r} has "
-                                    "a where; use output = \"embedded\"",
-                                    [{"field": "where", "reason": "needs output = embedded"}])
         return after
 
     @staticmethod

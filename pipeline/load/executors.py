@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -71,6 +72,7 @@ from ulid import ULID
 
 from icefloe.staging import StagedFile, data_key
 from icefloe.store.base import ObjectStore
+from icefloe.streams.model import Column
 from pipeline.columns import ARROW_TYPES, ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
 from pipeline.iceberg.commit import (
     SHARD_BITS,
@@ -88,7 +90,8 @@ from pipeline.iceberg.data_files import (
 )
 from pipeline.load.decode import DeadLetters
 from pipeline.load.frame import DEAD, STREAM, struct_column
-from pipeline.load.spec import RunSpec
+from pipeline.load.spec import RunSpec, StreamSpec, WhereSpec
+from pipeline.where import accepts, referenced
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -102,6 +105,9 @@ TARGET = "_target"
 """The target (table) a row of the write job goes to."""
 SOURCE = "_source"
 """The source of a staged row: what :mod:`collector.dedup` keys staged rows by."""
+WHERE = "__icefloe_where_"
+"""Prefix of the persisted run's boolean columns, one per ``where`` of the run's spec
+(:func:`where_column`): whether that sink's predicate takes the row."""
 _INLINE_DROPS = 10_000
 REWRITE_TASK = "__icefloe_rewrite_task"
 REWRITE_KEYS = "__icefloe_rewrite_keys"
@@ -351,8 +357,6 @@ class StagedRows:
 
 def _last_per_shard(positions: pa.ChunkedArray) -> dict[int, int]:
     """Per shard, the last sequence among run ``positions`` (a staged file's ``through``)."""
-    import numpy as np
-
     pos = positions.combine_chunks().to_numpy(zero_copy_only=False)
     shards = pos >> SHARD_BITS
     return {int(shard): int((pos[shards == shard] & _LOCAL).max())
@@ -433,6 +437,9 @@ class WritePlan:
     """Upserts: existing files to rewrite without the keys the run replaces or deletes,
     as (pickled scan task, the file's keys as Arrow IPC); ``upsert_key`` names the key."""
     upsert_key: tuple[str, ...] = ()
+    where: str | None = None
+    """The persisted run's boolean column of the sink's ``where`` (None: no predicate):
+    only rows it marks are written."""
 
     @property
     def target(self) -> str:
@@ -451,7 +458,9 @@ class Written:
 class ClusterRunOutput:
     """One run, kept on the executors: per-stream keys and dead letters on the driver.
 
-    ``keys[stream]`` has :data:`KEY_COLUMNS` in row order; call :meth:`release` when done.
+    ``keys[stream]`` has :data:`KEY_COLUMNS` in row order, then the stream's ``where``
+    columns (``wheres[(stream, table)]`` names the one of the sink writing ``table``: true
+    where its predicate takes the row); call :meth:`release` when done.
     """
 
     spark: SparkSession | None = None
@@ -459,6 +468,7 @@ class ClusterRunOutput:
     spec: RunSpec | None = None
     keys: dict[str, pa.Table] = field(default_factory=dict)
     dead: pa.Table = field(default_factory=lambda: dead_letter_arrow_schema().empty_table())
+    wheres: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -515,6 +525,8 @@ class ClusterRunOutput:
             term = (F.col(STREAM) == plan.stream) & _past(plan.after)
             if plan.sequences is not None:
                 term = term & F.col("_sequence").isin(list(plan.sequences))
+            if plan.where is not None:
+                term = term & F.col(plan.where)
             if inline and len(plan.drop):  # a literal list: no extra job
                 term = term & ~F.col(ROW).isin(plan.drop.to_pylist())
             terms.append(F.when(term, F.lit(plan.target)))
@@ -623,6 +635,29 @@ class ClusterRunOutput:
                 got = got.append_column(name, pa.nulls(got.num_rows, ARROW_TYPES[kind]))
         return got.select([name for name, _ in columns] + [name for name, _ in ENVELOPE])
 
+    def rows_of(self, stream: str, ids: pa.Array) -> pa.Table:
+        """``stream``'s rows ``ids`` (``_row`` values) on the driver, as the embedded path
+        holds a stream's rows: its decoded columns in their declared types, then the
+        envelope. For the few rows whose fields the driver needs (unrouted events
+        dead-lettered): a literal list of ids, or a broadcast join when there are many."""
+        from pyspark.sql import functions as F
+
+        assert self.spark is not None
+        assert self.frame is not None
+        assert self.spec is not None
+        index = next(i for i, s in enumerate(self.spec.streams) if s.name == stream)
+        declared = self.spec.streams[index]
+        rows = self.frame.where(F.col(STREAM) == stream)
+        if len(ids) <= _INLINE_DROPS:
+            rows = rows.where(F.col(ROW).isin(ids.to_pylist()))
+        else:
+            wanted = self.spark.createDataFrame(pa.table({ROW: ids}))
+            rows = rows.join(F.broadcast(wanted), on=ROW, how="left_semi")
+        got = rows.select(*[F.col(f"{struct_column(index)}__{name}").alias(name)
+                            for name, _ in declared.columns],
+                          *[F.col(name) for name, _ in ENVELOPE]).toArrow()
+        return _declared_rows(got, declared)
+
     def release(self) -> None:
         """Drop the persisted run from the executors."""
         if self.frame is not None:
@@ -644,6 +679,102 @@ def _rewrite_of(plan: WritePlan, targets: list[TableTarget]) -> RewriteTarget:
     columns = [(f.name, f.name) for f in plan.table.schema().fields]
     targets.append(TableTarget.of(name, plan.table, columns))
     return RewriteTarget(name, plan.table.metadata.model_dump_json(), plan.upsert_key)
+
+
+def where_column(index: int) -> str:
+    """The persisted run's boolean column of the spec's ``index``-th ``where``."""
+    return f"{WHERE}{index}"
+
+
+def _declared(column: pa.Array | pa.ChunkedArray, kind: pa.DataType
+              ) -> pa.Array | pa.ChunkedArray:
+    """A column as Spark hands it back (no uuid, times in nanoseconds, maybe large
+    strings) in its declared Arrow type."""
+    return column if column.type == kind else column.cast(kind)
+
+
+def _declared_rows(rows: pa.Table, stream: StreamSpec) -> pa.Table:
+    kinds = [ARROW_TYPES[kind] for _, kind in stream.columns] + [k for _, k in ENVELOPE]
+    return pa.Table.from_arrays([_declared(rows.column(i), kind)
+                                 for i, kind in enumerate(kinds)], names=rows.column_names)
+
+
+def where_flags(spec: RunSpec, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` of the wide run with one boolean column per ``where`` of ``spec``
+    (:func:`where_column`): TRUE where the sink takes the row — a row of its stream, of an
+    entry whose version it receives, that the predicate of that version takes (FALSE and
+    NULL do not). Runs on the executors; the embedded path applies the same evaluator to
+    the same decoded values on the driver (:func:`collector.routing.where_mask`)."""
+    rows = pa.Table.from_batches([batch])
+    arrays, names = list(batch.columns), list(batch.schema.names)
+    index = {s.name: i for i, s in enumerate(spec.streams)}
+    for j, where in enumerate(spec.wheres):
+        i = index[where.stream]
+        arrays.append(_where_mask(where, rows, i, spec.streams[i]))
+        names.append(where_column(j))
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _where_mask(where: WhereSpec, rows: pa.Table, index: int, stream: StreamSpec
+                ) -> pa.Array:
+    """:func:`where_flag` over the wide batch ``rows``: FALSE on other streams' rows."""
+    names = {n for case in where.cases if case.sql is not None
+             for n in referenced(case.sql, where.columns)}
+    flag = where_flag(where, _predicate_rows(rows, index, stream, tuple(sorted(names))))
+    mine = pc.fill_null(pc.equal(rows.column(STREAM), where.stream), False)
+    return pc.and_(mine.combine_chunks() if isinstance(mine, pa.ChunkedArray) else mine,
+                   flag)
+
+
+def where_flag(where: WhereSpec, rows: pa.Table) -> pa.Array:
+    """Which of ``rows`` (one stream's decoded rows: its columns by name in their declared
+    types, and the envelope) the sink of ``where`` takes: a row of an entry in one of its
+    cases that the case's predicate takes (None: every row). No nulls."""
+    sequences = rows.column("_sequence")
+    columns = tuple(Column(name, kind) for name, kind in where.columns)
+    taken: Any = None
+    for case in where.cases:
+        chosen = pc.is_in(sequences, pa.array(case.sequences(), pa.int64()))
+        if case.sql is not None:
+            chosen = pc.and_kleene(chosen, accepts(case.sql, columns, rows))
+        taken = chosen if taken is None else pc.or_kleene(taken, chosen)
+    if taken is None:
+        return pa.array(np.zeros(rows.num_rows, dtype=bool))
+    taken = taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
+    return pc.fill_null(taken, False)
+
+
+def _predicate_rows(rows: pa.Table, index: int, stream: StreamSpec,
+                    names: tuple[str, ...]) -> pa.Table:
+    """The decoded values a predicate reads (``names``), as the embedded path holds them:
+    the stream's columns under their own names in their declared types, and the envelope;
+    a name the stream does not decode is left out (the evaluator reads it as NULL)."""
+    kinds = dict(stream.columns)
+    arrays, out = [], []
+    for name, kind in ENVELOPE:
+        arrays.append(_declared(rows.column(name), kind))
+        out.append(name)
+    for name in names:
+        if name in kinds:
+            arrays.append(_declared(rows.column(f"{struct_column(index)}__{name}"),
+                                    ARROW_TYPES[kinds[name]]))
+            out.append(name)
+    return pa.Table.from_arrays(arrays, names=out)
+
+
+def _with_wheres(frame: DataFrame, spec: RunSpec) -> DataFrame:
+    """``frame`` with :func:`where_flags`' columns, computed on the executors."""
+    from pyspark.sql.types import BooleanType, StructField
+
+    schema = StructType([*frame.schema.fields, *[
+        StructField(where_column(j), BooleanType(), nullable=False)
+        for j in range(len(spec.wheres))]])
+
+    def flags(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield where_flags(spec, batch)
+
+    return frame.mapInArrow(flags, schema)
 
 
 def _past(after: dict[int, int]) -> Any:
@@ -700,11 +831,14 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
 
     started = time.monotonic()
     frame = frame.withColumn(ROW, F.monotonically_increasing_id())
+    if spec.wheres:  # routing by content: each sink's predicate, on the executors
+        frame = _with_wheres(frame, spec)
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     out = ClusterRunOutput(spark, frame, spec)
     extra = _key_columns(spec)
+    flags = [where_column(j) for j in range(len(spec.wheres))]
     try:
-        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD).toArrow()
+        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD, *flags).toArrow()
     except BaseException:
         out.release()
         raise
@@ -715,12 +849,14 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
     for i, stream in enumerate(spec.streams):
         rows = keys.filter(pc.equal(streams, stream.name))
         if rows.num_rows:
-            part = rows.select(list(KEY_COLUMNS))
+            mine = [flags[j] for j, w in enumerate(spec.wheres) if w.stream == stream.name]
+            part = rows.select([*KEY_COLUMNS, *mine])
             for name in stream.keys:  # an upsert sink's key and tombstone columns
                 wide = f"{struct_column(i)}__{name}"
                 if wide in extra and name not in part.column_names:
                     part = part.append_column(name, rows.column(wide))
             out.keys[stream.name] = part.combine_chunks()
+    out.wheres = {(w.stream, w.table): flags[j] for j, w in enumerate(spec.wheres)}
     dead = keys.filter(pc.is_null(streams))
     if dead.num_rows:
         out.dead = DeadLetters.decode_rows(dead.column(DEAD).to_pylist()).to_arrow()
@@ -740,7 +876,8 @@ def _key_columns(spec: RunSpec) -> list[str]:
 def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                fresh: pa.Table, *, sequences: Mapping[int, int], epoch: int, key: str = "",
                columns: tuple[tuple[str, str], ...] | None = None,
-               entries: tuple[int, ...] | None = None) -> WritePlan | None:
+               entries: tuple[int, ...] | None = None,
+               where: str | None = None) -> WritePlan | None:
     """What to write for one table, or None when nothing is new.
 
     Reads the table's committed sequences and epoch first: a fenced collector stops before
@@ -748,7 +885,8 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     are never rewritten. ``keys`` are the stream's rows of the run that go to this table
     (of the entries in ``entries``, run positions, if given; ``_sequence``: run
     positions), ``fresh`` those the dedup window kept; ``sequences`` the run's last
-    sequence per shard; ``key`` and ``columns``: see :class:`WritePlan`.
+    sequence per shard; ``key``, ``columns`` and
+    ``where``: see :class:`WritePlan`.
     """
     table = _load(catalog, identifier)
     state = committed_state(table)
@@ -766,7 +904,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
         kept = pc.is_in(keys.column(ROW), value_set=fresh.column(ROW).combine_chunks())
         drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
     return WritePlan(stream, table, done, drop, survivors.num_rows, key=key,
-                     columns=columns, sequences=entries)
+                     columns=columns, sequences=entries, where=where)
 
 
 
@@ -790,7 +928,8 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                 fresh: pa.Table, *, key: Sequence[str], tombstone: str | None,
                 sequences: Mapping[int, int], epoch: int, target: str = "",
                 columns: tuple[tuple[str, str], ...] | None = None,
-                entries: tuple[int, ...] | None = None) -> UpsertPlan | None:
+                entries: tuple[int, ...] | None = None,
+                where: str | None = None) -> UpsertPlan | None:
     """:func:`plan_write` for a table with a primary key, or None when nothing is new.
 
     ``keys`` (every row of the run for this table) and ``fresh`` (those the dedup window
@@ -828,7 +967,8 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                          _ipc(held)))
     current = table.current_snapshot()
     plan = WritePlan(stream, table, done, drop, write.num_rows, key=target, columns=columns,
-                     sequences=entries, rewrites=tuple(rewrites), upsert_key=tuple(key))
+                     sequences=entries, rewrites=tuple(rewrites), upsert_key=tuple(key),
+                     where=where)
     return UpsertPlan(plan, tuple(replaced), current.snapshot_id if current else None,
                       pending.num_rows)
 

@@ -109,6 +109,31 @@ class StreamSpec(msgspec.Struct, frozen=True):
                           tuple(name for name, _ in self.columns))
 
 
+class WhereCase(msgspec.Struct, frozen=True):
+    """One predicate of a sink (None: every row) and the ``_sequence`` ranges (inclusive)
+    of the entries whose registry version declares it."""
+
+    sql: str | None
+    ranges: tuple[tuple[int, int], ...]
+
+    def sequences(self) -> list[int]:
+        return [s for first, last in self.ranges for s in range(first, last + 1)]
+
+
+class WhereSpec(msgspec.Struct, frozen=True):
+    """Which of ``stream``'s rows of a run the sink writing ``table`` takes by content.
+
+    ``columns`` are the sink's (name, icefloe type), what its predicate is checked against;
+    a row of an entry in no case is not taken (its sink does not receive that entry). The
+    cluster output path evaluates it on the executors (:mod:`pipeline.load.executors`),
+    with the embedded path's evaluator (:mod:`pipeline.where`)."""
+
+    stream: str
+    table: str
+    columns: tuple[tuple[str, str], ...]
+    cases: tuple[WhereCase, ...]
+
+
 class RunSpec(msgspec.Struct, frozen=True):
     store_url: str
     endpoint_url: str | None
@@ -116,6 +141,7 @@ class RunSpec(msgspec.Struct, frozen=True):
     streams: tuple[StreamSpec, ...]
     batches: tuple[tuple[int, str, int, int], ...]  # (sequence, location, size, crc32c)
     partitions: int = 4
+    wheres: tuple[WhereSpec, ...] = ()
 
     def refs(self) -> list[EntryFile]:
         return [EntryFile(*batch) for batch in self.batches]
@@ -163,6 +189,11 @@ def with_sql_cases(spec: RunSpec,
                         if d.kind == "sql" else d for d in stream.derived)
         streams.append(msgspec.structs.replace(stream, derived=derived))
     return msgspec.structs.replace(spec, streams=tuple(streams))
+
+
+def with_wheres(spec: RunSpec, wheres: tuple[WhereSpec, ...]) -> RunSpec:
+    """``spec`` with the ``where`` predicates its sinks route by (see :class:`WhereSpec`)."""
+    return msgspec.structs.replace(spec, wheres=wheres)
 
 
 def group_refs(refs: Sequence[EntryFile], partitions: int) -> list[list[EntryFile]]:

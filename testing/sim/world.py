@@ -69,6 +69,8 @@ from pipeline.load.executors import (
     StageTarget,
     WritePlan,
     Written,
+    where_column,
+    where_flag,
 )
 from pipeline.load.fetch import decode_refs
 from pipeline.load.run import RunOutput
@@ -160,13 +162,19 @@ class LocalClusterOutput(ClusterRunOutput):
         super().__init__(spec=spec, dead=embedded.dead)
         self.store = store
         self.full: dict[str, pa.Table] = {}
+        self.wheres = {(w.stream, w.table): where_column(j) for j, w in enumerate(spec.wheres)}
         offset = 0
         for name, rows in embedded.tables.items():
             ids = pa.array(range(offset, offset + rows.num_rows), pa.int64())
             offset += rows.num_rows
             rows = rows.append_column(ROW, ids)
+            flags = []  # each sink's where, as the executors mark it
+            for j, where in enumerate(spec.wheres):
+                if where.stream == name:
+                    rows = rows.append_column(where_column(j), where_flag(where, rows))
+                    flags.append(where_column(j))
             self.full[name] = rows
-            keys = rows.select(list(KEY_COLUMNS)).sort_by(
+            keys = rows.select([*KEY_COLUMNS, *flags]).sort_by(
                 [("_sequence", "ascending"), (ROW, "ascending")])
             self.keys[name] = keys
 
@@ -183,6 +191,8 @@ class LocalClusterOutput(ClusterRunOutput):
             if plan.sequences is not None:
                 keep = pc.and_(keep, pc.is_in(rows.column("_sequence"), value_set=pa.array(
                     plan.sequences, pa.int64())))
+            if plan.where is not None:
+                keep = pc.and_(keep, rows.column(plan.where))
             rows = rows.filter(keep)
             sink = plan.columns or tuple(streams[plan.stream].columns)
             have = set(rows.column_names)
@@ -209,6 +219,14 @@ class LocalClusterOutput(ClusterRunOutput):
                 raise RuntimeError(f"sim cluster write of {plan.target}: {got} rows, "
                                    f"expected {plan.expected}")
         return out
+
+    def rows_of(self, stream: str, ids: pa.Array) -> pa.Table:
+        """The decoded rows ``ids`` of ``stream`` (what the executors send back)."""
+        assert self.spec is not None
+        rows = self.full[stream]
+        names = [n for s in self.spec.streams if s.name == stream for n, _ in s.columns]
+        return rows.filter(pc.is_in(rows.column(ROW), value_set=ids)).select(
+            [*names, *(n for n, _ in ENVELOPE)])
 
     def release(self) -> None:
         self.full.clear()

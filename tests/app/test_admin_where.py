@@ -1,6 +1,6 @@
 """The admin API checks a sink's ``where`` when the request arrives: 400 naming the field
-and the problem, 409 naming the feature when the collector writes through the cluster
-output path; a good one is stored, versioned, and settable through ``/settings``."""
+and the problem, whichever output path the collector writes through; a good one is
+stored, versioned, and settable through ``/settings``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from icefloe.errors import RegistryError
@@ -63,7 +64,9 @@ def test_should_store_a_where_and_version_its_changes(api: Admin) -> None:
     assert source["unrouted"] == "dead_letter"
 
 
-def test_should_answer_409_for_a_where_with_the_cluster_output_path(tmp_path: Path) -> None:
+def test_should_accept_a_where_with_the_cluster_output_path(tmp_path: Path) -> None:
+    """The cluster output path routes by content too (#28): a sink with a ``where`` is
+    checked like any other and stored."""
     from icefloe.registry import RegistryStore, ops
     from icefloe_app.api.app import AdminApi
     from icefloe_app.api.auth import AdminAuth
@@ -75,9 +78,14 @@ def test_should_answer_409_for_a_where_with_the_cluster_output_path(tmp_path: Pa
                        pending=lambda source: asyncio.sleep(0, 0), cluster_output=True)
         routed = ops.SinkSpec(name="a", table="web.a", columns=CLICKS.columns,
                               where="n > 1")
-        with pytest.raises(RegistryError, match=r"routing by content.*#28.*'a'") as info:
+        after = await api.check(lambda r: ops.create_source(r, ops.SourceSpec(
+            id="s", sinks=(routed,), unrouted="dead_letter")), "s")
+        source = after.source("s")
+        assert source is not None
+        assert [s.where for s in source.live_sinks()] == ["n > 1"]
+        with pytest.raises(RegistryError) as info:  # a bad one is still refused, with 400
             await api.check(lambda r: ops.create_source(r, ops.SourceSpec(
-                id="s", sinks=(routed,))), "s")
-        assert info.value.status == 409
+                id="t", sinks=(msgspec.structs.replace(routed, where="n >"),))), "t")
+        assert info.value.status == 400
         await store.close()
     asyncio.run(go())
