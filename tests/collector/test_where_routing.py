@@ -14,7 +14,7 @@ import pytest
 
 from icefloe.config import Column, Config
 from icefloe.registry import ops
-from tests.collector.test_registry_routing import change, collector_for
+from tests.collector.test_registry_routing import collector_for
 from tests.collector_support import (
     BASE_MS,
     CLICKS,
@@ -28,6 +28,7 @@ from tests.collector_support import (
     read_table,
     start,
 )
+from tests.collector_support import change_registry as change
 
 BIG = ops.SinkSpec(name="big", table="web.big", columns=CLICKS.columns, where="n >= 5")
 SMALL = ops.SinkSpec(name="small", table="web.small",
