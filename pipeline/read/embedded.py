@@ -5,7 +5,9 @@ most questions ("how many rows today?") touch a few megabytes. This engine answe
 about a second. It runs *after* :func:`pipeline.read.query.plan`, so names, snapshots and
 time travel are resolved exactly once, the same way for both engines:
 
-* **Reading.** pyiceberg plans the files of each pinned snapshot. When they are all local
+* **Reading.** The files of each pinned snapshot are planned from the table's metadata
+  and manifests directly for a plain local table (:mod:`pipeline.read.local_table`: no
+  pyiceberg import), else by pyiceberg. When they are all local
   Parquet files without delete files, every one maps its columns by Iceberg field id, and
   every column is of a plain type (:data:`DUCKDB_TYPES`), DuckDB reads them itself
   (``read_parquet`` with a field-id ``schema`` map: renamed columns keep their data, added
