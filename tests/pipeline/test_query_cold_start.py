@@ -205,7 +205,7 @@ def history(lake: dict[str, Any]) -> dict[str, Any]:
     """h.log: appends, a delete (rewritten files: DELETED and EXISTING manifest entries),
     an overwrite, a rename and an added column, appends after them; h.nested: a struct
     column (pyiceberg reads it); h.zstd: manifests in a codec the light reader refuses;
-    h.empty: never written."""
+    h.empty: never written; h.raw: uncompressed manifests."""
     from pyiceberg.types import IntegerType, NestedField, StructType
 
     config = lake["config"]
@@ -234,6 +234,9 @@ def history(lake: dict[str, Any]) -> dict[str, Any]:
     zstd.append(_rows_of(0))
     zstd.append(_rows_of(3))
     catalog.create_table("h.empty", pa.schema([("k", pa.int64())]))
+    raw = catalog.create_table("h.raw", pa.schema([("k", pa.int64()), ("s", pa.string())]),
+                               properties={"write.avro.compression-codec": "null"})
+    raw.append(_rows_of(0))
     return {"config": config, "catalog": catalog}
 
 
@@ -332,11 +335,13 @@ def test_current_and_as_of_time_answers_equal_the_pyiceberg_path(history, monkey
     ("h.nested", "SELECT k FROM h.nested", [{"k": 1}]),
     ("h.zstd", "SELECT count(*) AS c, sum(k) AS s FROM h.zstd", [{"c": 6, "s": 15}]),
     ("h.empty", "SELECT count(*) AS c FROM h.empty", [{"c": 0}]),
+    ("h.raw", "SELECT sum(k) AS s FROM h.raw", [{"s": 3}]),
 ])
 def test_unusual_tables_are_read_by_pyiceberg_with_the_same_answer(history, monkeypatch,
                                                                   table, sql, expected):
     """A nested column (refused at load) and zstd manifests (refused when planning) go to
-    pyiceberg, from the same metadata file; an empty table reads empty on both paths."""
+    pyiceberg, from the same metadata file; an empty table reads empty on both paths, and
+    uncompressed manifests are read without pyiceberg."""
     from pipeline.read.local_table import LocalTable, Unusual
     from pipeline.read.tables import load_table_to_query
 
@@ -352,6 +357,8 @@ def test_unusual_tables_are_read_by_pyiceberg_with_the_same_answer(history, monk
         assert light[2] == "Table"
         with pytest.raises(Unusual, match="codec"):
             loaded.plan_files(loaded.current_snapshot().snapshot_id)
+    elif table == "h.raw":  # uncompressed manifests: read here
+        assert light[2] == "LocalTable"
     else:
         assert isinstance(loaded, LocalTable)
         assert loaded.current_snapshot() is None
