@@ -266,6 +266,7 @@ def plan_files(config: Config, pinned: Plan) -> dict[str, Pinned]:
 
 
 def _plan_with_pyiceberg(view: str, table: Table, snapshot: int | None) -> Pinned:
+    """``snapshot``'s schema and files as pyiceberg's scan plans them."""
     scan = table.scan(snapshot_id=snapshot)
     tasks = tuple(scan.plan_files()) if snapshot is not None else ()
     return Pinned(view, table, scan.projection(), tasks, snapshot)
