@@ -11,8 +11,8 @@ neighbours' load, the CPU time much less. The Spark engine is the baseline of ea
 The CPU rows have no Spark baseline: the JVM's CPU is not the CLI process's. Two more rows
 say where the embedded engine's time goes: the same answer inside an already-warm process
 (plan, choose, read, DuckDB; imports paid), and the import floor of a cold DuckDB answer:
-the libraries it cannot skip (:data:`FLOOR`: pyiceberg's table and manifest reader, sqlglot's
-two dialects, duckdb), imported and nothing else.
+the modules it cannot skip (:data:`FLOOR`: icefloe's config, sqlglot's two dialects, duckdb;
+a plain local table is read without pyiceberg), imported and nothing else.
 
 Usage: python bench/query_bench.py [--quick] [--json PATH]
 """
@@ -130,7 +130,7 @@ def warm(config_path: Path, sql: str, runs: int) -> float:
     return statistics.median(samples[1:])
 
 
-FLOOR = ("pyiceberg.table", "pyiceberg.serializers", "pyiceberg.manifest", "duckdb",
+FLOOR = ("icefloe.config", "duckdb",
          "sqlglot.dialects.spark", "sqlglot.dialects.duckdb")
 
 
@@ -168,9 +168,9 @@ def main() -> None:
             results.append(Result(f"{name}, {rows // 1000}k rows: duckdb in a warm process",
                                   warm(config, sql, duck_runs), "ms"))
         floor_wall, floor_cpu = import_floor(duck_runs)
-        results.append(Result("import floor: pyiceberg table + sqlglot + duckdb (wall)",
+        results.append(Result("import floor: icefloe config + sqlglot + duckdb (wall)",
                               floor_wall, "ms"))
-        results.append(Result("import floor: pyiceberg table + sqlglot + duckdb (CPU)",
+        results.append(Result("import floor: icefloe config + sqlglot + duckdb (CPU)",
                               floor_cpu, "ms"))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,20 +1,31 @@
-"""The fenced manifest queue: producers append batch files, one consumer reads in order."""
+"""The fenced manifest queue: producers append batch files, one consumer reads in order.
 
-from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
-from icefloe.manifest.config import SAFETY_MARGIN_S, ManifestConfig
-from icefloe.manifest.consumer import ManifestConsumer
-from icefloe.manifest.model import ConsumerState, Entry, Manifest, ProducerState
-from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
-from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
-from icefloe.manifest.sharded_producer import ShardedProducer
-from icefloe.manifest.shards import (
-    ShardSet,
-    ensure_shards,
-    grow_shards,
-    read_shard_count,
-    shard_key,
-    shard_set_key,
-)
+The names below load on first use (PEP 562), not when the package loads: every process
+imports :mod:`icefloe.manifest.config` through the config, and a one-second
+``icefloe query`` cannot pay for the queue's producer, consumer and store code it never
+runs (issue #28). ``from icefloe.manifest import X`` works as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
+    from icefloe.manifest.config import SAFETY_MARGIN_S, ManifestConfig
+    from icefloe.manifest.consumer import ManifestConsumer
+    from icefloe.manifest.model import ConsumerState, Entry, Manifest, ProducerState
+    from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
+    from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
+    from icefloe.manifest.sharded_producer import ShardedProducer
+    from icefloe.manifest.shards import (
+        ShardSet,
+        ensure_shards,
+        grow_shards,
+        read_shard_count,
+        shard_key,
+        shard_set_key,
+    )
 
 __all__ = [
     "SAFETY_MARGIN_S",
@@ -41,3 +52,40 @@ __all__ = [
     "shard_key",
     "shard_set_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodules behind the package's names on first use (all at once, as the
+    eager package did), then answer from them."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
+    from icefloe.manifest.config import SAFETY_MARGIN_S, ManifestConfig
+    from icefloe.manifest.consumer import ManifestConsumer
+    from icefloe.manifest.model import ConsumerState, Entry, Manifest, ProducerState
+    from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
+    from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
+    from icefloe.manifest.sharded_producer import ShardedProducer
+    from icefloe.manifest.shards import (
+        ShardSet,
+        ensure_shards,
+        grow_shards,
+        read_shard_count,
+        shard_key,
+        shard_set_key,
+    )
+
+    names = {
+        "SAFETY_MARGIN_S": SAFETY_MARGIN_S, "BatchRef": BatchRef, "CasStats": CasStats,
+        "ConsumerState": ConsumerState, "Entry": Entry, "Loaded": Loaded,
+        "Manifest": Manifest, "ManifestConfig": ManifestConfig,
+        "ManifestConsumer": ManifestConsumer, "ManifestProducer": ManifestProducer,
+        "ProducerState": ProducerState, "ProducerStats": ProducerStats,
+        "ShardEntry": ShardEntry, "ShardSet": ShardSet, "ShardedConsumer": ShardedConsumer,
+        "ShardedProducer": ShardedProducer, "cas_update": cas_update,
+        "ensure_shards": ensure_shards, "grow_shards": grow_shards, "load": load,
+        "read_shard_count": read_shard_count, "shard_key": shard_key,
+        "shard_set_key": shard_set_key,
+    }
+    globals().update(names)
+    return names[name]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from icefloe.backoff import RetryPolicy
 from icefloe.errors import ConfigError
-from icefloe.store.retry import RetryPolicy
 
 SAFETY_MARGIN_S = 300.0
 """Minimum slack between the append deadline and GC grace / producer TTL (seconds)."""

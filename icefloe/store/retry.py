@@ -14,11 +14,10 @@ layer re-reads and finds its own write (idempotent producer table), so nothing d
 
 from __future__ import annotations
 
-import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
+from icefloe.backoff import RetryPolicy
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import TransientStoreError
 from icefloe.store.base import (
@@ -33,34 +32,10 @@ from icefloe.store.base import (
     PutResult,
 )
 
+__all__ = ["NO_RETRY", "RetryPolicy", "RetryingAsyncStore", "RetryingStore",
+           "call_with_retry", "call_with_retry_async"]
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Full-jitter exponential backoff bounded by attempts *and* elapsed time.
-
-    ``max_attempts`` counts the first try; ``budget_s`` caps the time spent sleeping plus
-    trying, so callers with deadlines (acks, leases) stay predictable.
-    """
-
-    max_attempts: int = 8
-    base_delay_s: float = 0.05
-    max_delay_s: float = 2.0
-    budget_s: float = 20.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be >= 1")
-        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
-            raise ValueError("RetryPolicy needs 0 <= base_delay_s <= max_delay_s")
-        if self.budget_s <= 0:
-            raise ValueError("RetryPolicy.budget_s must be > 0")
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Sleep before retry number ``attempt`` (1-based): uniform in [0, base·2^(n-1)]."""
-        cap = min(self.max_delay_s, self.base_delay_s * (2 ** (attempt - 1)))
-        return (rng or random).uniform(0, cap)
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)

@@ -5,7 +5,9 @@ most questions ("how many rows today?") touch a few megabytes. This engine answe
 about a second. It runs *after* :func:`pipeline.read.query.plan`, so names, snapshots and
 time travel are resolved exactly once, the same way for both engines:
 
-* **Reading.** pyiceberg plans the files of each pinned snapshot. When they are all local
+* **Reading.** The files of each pinned snapshot are planned from the table's metadata
+  and manifests directly for a plain local table (:mod:`pipeline.read.local_table`: no
+  pyiceberg import), else by pyiceberg. When they are all local
   Parquet files without delete files, every one maps its columns by Iceberg field id, and
   every column is of a plain type (:data:`DUCKDB_TYPES`), DuckDB reads them itself
   (``read_parquet`` with a field-id ``schema`` map: renamed columns keep their data, added
@@ -41,6 +43,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from icefloe.config import Config
+from pipeline.read.local_table import DECIMAL as _DECIMAL
+from pipeline.read.local_table import DUCKDB_TYPES
 from pipeline.read.query import Plan, QueryError
 
 if TYPE_CHECKING:
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask, Table
     from sqlglot import exp
+
+    from pipeline.read import local_table
 
 ENGINES = ("auto", "duckdb", "spark")
 
@@ -58,11 +64,6 @@ FUNCTIONS = frozenset({"COUNT", "SUM", "MIN", "MAX", "AVG", "COALESCE", "LOWER",
 _ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|\+00:?00)?)?")
 _NUMBER_TYPES = ("int", "long", "float", "double", "decimal")
 _TIME_TYPES = ("date", "timestamp", "timestamptz")
-DUCKDB_TYPES = {"boolean": "BOOLEAN", "int": "INTEGER", "long": "BIGINT", "float": "FLOAT",
-                "double": "DOUBLE", "date": "DATE", "timestamp": "TIMESTAMP",
-                "timestamptz": "TIMESTAMPTZ", "string": "VARCHAR", "binary": "BLOB"}
-"""Iceberg types DuckDB reads from Parquet as pyarrow hands them to it (plus ``decimal``)."""
-_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
 
 
 class Untranslatable(QueryError):
@@ -210,12 +211,15 @@ def translate(spark_sql: str, columns: Mapping[str, str] | None = None) -> str:
 
 @dataclass(frozen=True)
 class Pinned:
-    """One pinned table reference, planned: what it reads and how big it is."""
+    """One pinned table reference, planned: what it reads and how big it is. A plain
+    local table is planned without pyiceberg (:mod:`pipeline.read.local_table`: its own
+    table, schema and task types, with the fields read here)."""
 
     view: str
-    table: Table
-    schema: Schema
-    tasks: tuple[FileScanTask, ...]
+    table: Table | local_table.LocalTable
+    schema: Schema | local_table.Schema
+    tasks: tuple[FileScanTask | local_table.Task, ...]
+    snapshot_id: int | None = None
 
     @property
     def bytes(self) -> int:
@@ -239,20 +243,33 @@ def referenced_columns(spark_sql: str) -> set[str]:
 
 def plan_files(config: Config, pinned: Plan) -> dict[str, Pinned]:
     """Per plan key: the pinned snapshot's schema and files (nothing read yet)."""
-    from pipeline.read.tables import load_table_to_read
+    from pipeline.read.local_table import LocalTable, Unusual
+    from pipeline.read.tables import as_pyiceberg, load_table_to_query
 
     out: dict[str, Pinned] = {}
-    tables: dict[str, Table] = dict(pinned.loaded)
+    tables: dict[str, Table | LocalTable] = dict(pinned.loaded)
     for key, view in pinned.tables.items():
         identifier = pinned.identifiers.get(key, key)
         if identifier not in tables:
-            tables[identifier] = load_table_to_read(config.catalog, identifier)
+            tables[identifier] = load_table_to_query(config.catalog, identifier)
         table = tables[identifier]
         snapshot = pinned.snapshots[key]
-        scan = table.scan(snapshot_id=snapshot)
-        tasks = tuple(scan.plan_files()) if snapshot is not None else ()
-        out[key] = Pinned(view, table, scan.projection(), tasks)
+        if isinstance(table, LocalTable):
+            try:
+                tasks = table.plan_files(snapshot) if snapshot is not None else ()
+                out[key] = Pinned(view, table, table.schema_at(snapshot), tasks, snapshot)
+                continue
+            except Unusual:  # deletes, a codec, ...: pyiceberg plans it, same metadata file
+                table = tables[identifier] = as_pyiceberg(table)
+        out[key] = _plan_with_pyiceberg(view, table, snapshot)
     return out
+
+
+def _plan_with_pyiceberg(view: str, table: Table, snapshot: int | None) -> Pinned:
+    """``snapshot``'s schema and files as pyiceberg's scan plans them."""
+    scan = table.scan(snapshot_id=snapshot)
+    tasks = tuple(scan.plan_files()) if snapshot is not None else ()
+    return Pinned(view, table, scan.projection(), tasks, snapshot)
 
 
 def column_types(pinned: Iterable[Pinned]) -> dict[str, str]:
@@ -270,6 +287,12 @@ def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     """The pinned files as one Arrow table, projected to ``columns`` (at least one)."""
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, schema_to_pyarrow
+
+    from pipeline.read.local_table import LocalTable
+    from pipeline.read.tables import as_pyiceberg
+
+    if isinstance(entry.table, LocalTable):  # pyiceberg reads: plan it with pyiceberg
+        entry = _plan_with_pyiceberg(entry.view, as_pyiceberg(entry.table), entry.snapshot_id)
     _refuse_equality_deletes([entry])
     names = [f.name for f in entry.schema.fields]
     if "*" not in columns:
@@ -278,6 +301,7 @@ def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     schema = entry.schema.select(*names)
     if not entry.tasks:
         return schema_to_pyarrow(schema, include_field_ids=False).empty_table()
+    assert not isinstance(entry.table, LocalTable)
     io = entry.table.io
     if not isinstance(io, PyArrowFileIO):  # the light local IO of a query's table
         io = PyArrowFileIO(io.properties)
@@ -289,9 +313,7 @@ def parquet_source(entry: Pinned) -> tuple[str, str] | None:
     """The pinned files as a DuckDB list literal, and a ``read_parquet(...)`` that reads
     them as pyiceberg would; None when DuckDB cannot read them alone (see the module
     docstring; field ids are checked apart, by :func:`_all_have_field_ids`)."""
-    from pyiceberg.manifest import FileFormat
-
-    from pipeline.read.local_io import local_path
+    from pipeline.read.paths import local_path
 
     if not entry.tasks:
         return None
@@ -305,7 +327,8 @@ def parquet_source(entry: Pinned) -> tuple[str, str] | None:
     paths = []
     for task in entry.tasks:
         path = local_path(task.file.file_path)
-        if task.delete_files or task.file.file_format != FileFormat.PARQUET or path is None:
+        # pyiceberg's FileFormat is a str enum: equal to its upper-case name
+        if task.delete_files or task.file.file_format != "PARQUET" or path is None:
             return None
         paths.append(_literal(path))
     files = f"[{', '.join(paths)}]"
@@ -511,13 +534,15 @@ def choose(config: Config, pinned: Plan, requested: str) -> Choice:
 
 def _refuse_equality_deletes(planned: Iterable[Pinned]) -> None:
     """pyiceberg applies positional deletes but not equality deletes: refuse those."""
-    from pyiceberg.manifest import DataFileContent
-
     for entry in planned:
         for task in entry.tasks:
-            if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
+            # pyiceberg's DataFileContent is an int enum, EQUALITY_DELETES = 2
+            if any(d.content == EQUALITY_DELETES for d in task.delete_files):
                 raise Untranslatable("equality deletes", f"{entry.table.name()} has "
                                      "equality delete files, which pyiceberg cannot apply")
+
+
+EQUALITY_DELETES = 2  # pyiceberg's DataFileContent.EQUALITY_DELETES
 
 
 def _mib(size: int) -> str:

@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import os
 from typing import IO
-from urllib.parse import urlsplit
 
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
+from pipeline.read.paths import local_path
 
-def local_path(location: str) -> str | None:
-    """The local path of ``location`` (a bare path or ``file:`` URI), else None."""
-    if "://" not in location and not location.startswith("file:"):
-        return os.path.abspath(location)
-    parts = urlsplit(location)
-    if parts.scheme != "file":
-        return None
-    return f"{parts.netloc}{parts.path}"
+__all__ = ["LocalInputFile", "LocalReadFileIO", "local_path"]
 
 
 class LocalInputFile(InputFile):

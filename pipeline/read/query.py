@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from sqlglot import exp
 
+    from pipeline.read.local_table import LocalTable
+
 DEAD_LETTERS = "icefloe.dead_letters"
 
 
@@ -77,9 +79,10 @@ class Plan:
     # Keys of ``tables`` that are not plain identifiers (a reference with its own
     # ``FOR VERSION/TIMESTAMP AS OF``: ``web.t@<snapshot>``) -> the identifier they read.
     identifiers: dict[str, str] = field(default_factory=dict)
-    # The tables as loaded to pin them (identifier -> table), so the embedded engine plans
-    # their files without loading them again; Spark loads its own.
-    loaded: dict[str, Table] = field(default_factory=dict, compare=False, repr=False)
+    # The tables as loaded to pin them (identifier -> table; a plain local one without
+    # pyiceberg, see pipeline.read.local_table), so the embedded engine plans their files
+    # without loading them again; Spark loads its own.
+    loaded: dict[str, Table | LocalTable] = field(default_factory=dict, compare=False, repr=False)
 
 
 def parse(sql: str) -> exp.Expression:
@@ -129,7 +132,7 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
     """Parse, resolve and pin every table; the rewritten SQL reads only temp views."""
     from sqlglot import exp
 
-    from pipeline.read.tables import load_table_to_read
+    from pipeline.read.tables import load_table_to_query
 
     tree = parse(sql)
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
@@ -142,12 +145,12 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
     views: dict[str, str] = {}
     snapshots: dict[str, int | None] = {}
     identifiers: dict[str, str] = {}
-    loaded: dict[str, Table] = {}
+    loaded: dict[str, Table | LocalTable] = {}
     for ref in references:
         identifier = resolve_name(ref, config)
         clause = time_travel(ref)
         if identifier not in loaded:
-            loaded[identifier] = load_table_to_read(config.catalog, identifier)
+            loaded[identifier] = load_table_to_query(config.catalog, identifier)
         key = identifier
         if clause is not None:
             key = f"{identifier}@{pin(loaded[identifier], identifier, clause)}"
@@ -308,9 +311,10 @@ def _travel_to(kind: str, value: exp.Expression, where: str) -> AsOf:
                          "'2026-11-23T17:00:00Z')") from None
 
 
-def pin(table: Table, identifier: str, as_of: AsOf | None) -> int | None:
+def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None) -> int | None:
     """The snapshot to read: current, the given id or version, or the one current at the
-    given time."""
+    given time (``table``: pyiceberg's, or a :class:`LocalTable`, which answers the same
+    questions the same way)."""
     from pipeline.read.tables import resolve_snapshot
     from pipeline.read.versions import resolve_version
 

@@ -18,6 +18,8 @@ from icefloe.errors import CatalogError
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
+    from pipeline.read.local_table import LocalTable
+
 
 def load_table(catalog: CatalogSection, identifier: str) -> Table:
     """Open the catalog and load ``identifier``; a missing table names what does exist."""
@@ -59,10 +61,19 @@ def load_table_to_read(catalog: CatalogSection, identifier: str) -> Table:
 
 def _load_from_sqlite(catalog: CatalogSection, identifier: str) -> Table | None:
     """The table read straight from a local SQLite catalog, or None (see the caller)."""
+    location = _metadata_location(catalog, identifier)
+    if location is None:
+        return None
+    return table_at(catalog, identifier, location)
+
+
+def table_at(catalog: CatalogSection, identifier: str, location: str) -> Table | None:
+    """pyiceberg's table as of the local metadata file ``location``, read through
+    :class:`~pipeline.read.local_io.LocalReadFileIO`; None where that IO cannot serve it
+    (not local, a ``py-io-impl`` setting)."""
     from pipeline.read.local_io import LocalReadFileIO, local_path
 
-    location = _metadata_location(catalog, identifier)
-    if location is None or local_path(location) is None:
+    if local_path(location) is None:
         return None
     properties = {**catalog.properties, "uri": catalog.uri, "warehouse": catalog.warehouse}
     if "py-io-impl" in properties:
@@ -79,6 +90,35 @@ def _load_from_sqlite(catalog: CatalogSection, identifier: str) -> Table | None:
     return Table(identifier=(*namespace.split("."), name), metadata=metadata,
                  metadata_location=location, io=LocalReadFileIO(properties),
                  catalog=NoopCatalog(catalog.name))
+
+
+def load_table_to_query(catalog: CatalogSection, identifier: str) -> Table | LocalTable:
+    """:func:`load_table_to_read` for ``icefloe query``: a plain local table comes back as
+    a :class:`~pipeline.read.local_table.LocalTable`, read without importing pyiceberg
+    (its table layer is most of a cold query's time); any other as pyiceberg's table."""
+    from pipeline.read.local_table import LocalTable, Unusual
+
+    location = _metadata_location(catalog, identifier)
+    if location is not None:
+        try:
+            return LocalTable.read(catalog, identifier, location)
+        except Unusual:
+            pass
+    return load_table_to_read(catalog, identifier)
+
+
+def as_pyiceberg(table: Table | LocalTable) -> Table:
+    """pyiceberg's table for ``table``: itself, or for a :class:`LocalTable` the table
+    pyiceberg reads from the same metadata file (so the same snapshots)."""
+    from pipeline.read.local_table import LocalTable
+
+    if not isinstance(table, LocalTable):
+        return table
+    full = table_at(table.catalog, table.identifier, table.metadata_location)
+    if full is None:  # LocalTable.read refused what table_at refuses: not reached
+        raise CatalogError(f"table {table.identifier!r}: {table.metadata_location} is not "
+                           "readable here")
+    return full
 
 
 def _metadata_location(catalog: CatalogSection, identifier: str) -> str | None:

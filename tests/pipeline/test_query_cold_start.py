@@ -9,6 +9,7 @@ module. Timing stays in ``bench/query_bench.py``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -165,3 +166,199 @@ def test_the_light_sqlite_load_is_the_catalogs_table(lake):
                                                          for s in full.snapshots()]
     with pytest.raises(CatalogError, match=r"tables in namespace 'web': web\.clicks"):
         load_table_to_read(config.catalog, "web.nope")
+
+
+# ------------------------------------------------ the table read without pyiceberg (#28)
+
+LIGHT_FREE = ("pyiceberg", "pydantic", "pyarrow", "asyncio", "icefloe.store")
+
+
+def test_a_cold_query_imports_no_pyiceberg_no_store_and_no_queue(lake):
+    """Fails on the code before the cut: the query loaded the table with pyiceberg (its
+    pydantic models), and the config pulled the manifest queue's package and the store."""
+    probe = ("import json, sys\n"
+             "from icefloe_app.cli import main\n"
+             f"code = main(['query', '--config', {str(lake['file'])!r}, '--engine', "
+             "'duckdb', '--format', 'json', 'SELECT count(*) AS c FROM web.clicks "
+             "FOR VERSION AS OF 1'])\n"
+             "print(json.dumps([code, sorted(sys.modules)]))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    answer, last = done.stdout.strip().splitlines()
+    code, modules = json.loads(last)
+    assert (code, json.loads(answer)) == (0, [{"c": 30}])
+    assert [m for m in modules if m.split(".")[0] in LIGHT_FREE or
+            m.startswith(LIGHT_FREE[-1])] == []
+    assert [m for m in modules if m.startswith("icefloe.manifest")] == [
+        "icefloe.manifest", "icefloe.manifest.config"]
+    assert "pipeline.read.local_table" in modules
+
+
+def _rows_of(n: int) -> pa.Table:
+    return pa.table({"k": pa.array(range(n, n + 3), pa.int64()),
+                     "s": [f"s{i}" for i in range(n, n + 3)]})
+
+
+@pytest.fixture(scope="module")
+def history(lake: dict[str, Any]) -> dict[str, Any]:
+    """h.log: appends, a delete (rewritten files: DELETED and EXISTING manifest entries),
+    an overwrite, a rename and an added column, appends after them; h.nested: a struct
+    column (pyiceberg reads it); h.zstd: manifests in a codec the light reader refuses;
+    h.empty: never written; h.raw: uncompressed manifests."""
+    from pyiceberg.types import IntegerType, NestedField, StructType
+
+    config = lake["config"]
+    catalog = open_catalog(config.catalog)
+    catalog.create_namespace_if_not_exists("h")
+    log = catalog.create_table("h.log", pa.schema([("k", pa.int64()), ("s", pa.string())]))
+    log.append(_rows_of(0))
+    log.append(_rows_of(3))
+    log.delete("k = 1")
+    log.append(_rows_of(6))
+    log.overwrite(_rows_of(20))
+    with log.update_schema() as update:
+        update.rename_column("s", "name")
+        update.add_column("extra", LongType())
+    log.append(pa.table({"k": pa.array([30], pa.int64()), "name": ["x"],
+                         "extra": pa.array([7], pa.int64())}))
+    log.delete("k = 21")
+    nested = catalog.create_table("h.nested", pa.schema([("k", pa.int64())]))
+    with nested.update_schema() as update:
+        update.add_column("pt", StructType(NestedField(10, "x", IntegerType(),
+                                                        required=False)))
+    nested.append(pa.table({"k": pa.array([1], pa.int64()),
+                            "pt": pa.array([{"x": 5}], pa.struct([("x", pa.int32())]))}))
+    zstd = catalog.create_table("h.zstd", pa.schema([("k", pa.int64()), ("s", pa.string())]),
+                                properties={"write.avro.compression-codec": "zstd"})
+    zstd.append(_rows_of(0))
+    zstd.append(_rows_of(3))
+    catalog.create_table("h.empty", pa.schema([("k", pa.int64())]))
+    raw = catalog.create_table("h.raw", pa.schema([("k", pa.int64()), ("s", pa.string())]),
+                               properties={"write.avro.compression-codec": "null"})
+    raw.append(_rows_of(0))
+    return {"config": config, "catalog": catalog}
+
+
+def _answers(config: Config, sql: str) -> tuple[Any, dict[str, int | None], str]:
+    """The embedded answer, the pinned snapshots and which kind of table planned it."""
+    pinned = plan(sql, config)
+    choice = choose(config, pinned, "duckdb")
+    assert choice.duck_sql is not None
+    assert choice.planned is not None
+    result, _ = run_embedded(config, pinned, choice.duck_sql, choice.planned)
+    kinds = {type(p.table).__name__ for p in choice.planned.values()}
+    return result.to_pylist(), pinned.snapshots, ",".join(sorted(kinds))
+
+
+def _both_paths(config: Config, sql: str, monkeypatch: pytest.MonkeyPatch
+                ) -> tuple[tuple[Any, Any, str], tuple[Any, Any, str]]:
+    """The same query on the light path and with pyiceberg loading every table."""
+    from pipeline.read import tables
+
+    light = _answers(config, sql)
+    with monkeypatch.context() as patch:
+        patch.setattr(tables, "load_table_to_query", tables.load_table_to_read)
+        heavy = _answers(config, sql)
+    return light, heavy
+
+
+def test_the_light_table_answers_what_pyiceberg_answers(history):
+    """Snapshots, current snapshot, time travel by the log, each snapshot's schema and
+    live files (same order), compared with pyiceberg on a table with deletes, an
+    overwrite and a schema change."""
+    from pipeline.read.local_table import LocalTable
+    from pipeline.read.tables import load_table_to_query
+    from pipeline.read.versions import snapshot_versions
+
+    config = history["config"]
+    light = load_table_to_query(config.catalog, "h.log")
+    full = load_table(config.catalog, "h.log")
+    assert isinstance(light, LocalTable)
+    assert [(s.snapshot_id, s.sequence_number, s.timestamp_ms) for s in light.snapshots()] \
+        == [(s.snapshot_id, s.sequence_number, s.timestamp_ms) for s in full.snapshots()]
+    assert len(full.snapshots()) >= 7
+    assert light.current_snapshot().snapshot_id == full.current_snapshot().snapshot_id
+    assert {n: s.snapshot_id for n, s in snapshot_versions(light).items()} == \
+        {n: s.snapshot_id for n, s in snapshot_versions(full).items()}
+    for entry in full.history():
+        for ms in (entry.timestamp_ms - 1, entry.timestamp_ms, entry.timestamp_ms + 1):
+            mine, theirs = light.snapshot_as_of_timestamp(ms), full.snapshot_as_of_timestamp(ms)
+            assert (mine and mine.snapshot_id) == (theirs and theirs.snapshot_id)
+    for snapshot in full.snapshots():
+        scan = full.scan(snapshot_id=snapshot.snapshot_id)
+        expected = [(f.field_id, f.name, str(f.field_type)) for f in scan.projection().fields]
+        got = [(f.field_id, f.name, f.field_type) for f in
+               light.schema_at(snapshot.snapshot_id).fields]
+        assert got == expected
+        files = [(t.file.file_path, t.file.file_size_in_bytes, t.file.record_count,
+                  str(t.file.file_format.value)) for t in scan.plan_files()]
+        assert [(t.file.file_path, t.file.file_size_in_bytes, t.file.record_count,
+                 t.file.file_format) for t in light.plan_files(snapshot.snapshot_id)] == files
+
+
+@pytest.mark.parametrize("travel", ["FOR VERSION AS OF {n}", "AT (VERSION => {n})",
+                                    "FOR VERSION AS OF {id}"])
+def test_time_travel_answers_equal_the_pyiceberg_path(history, monkeypatch, travel):
+    from pipeline.read.versions import snapshot_versions
+
+    config = history["config"]
+    versions = snapshot_versions(load_table(config.catalog, "h.log"))
+    for n, snapshot in versions.items():
+        clause = travel.format(n=n, id=snapshot.snapshot_id)
+        for sql in (f"SELECT * FROM h.log {clause} ORDER BY k",
+                    f"SELECT count(*) AS c, sum(k) AS s FROM h.log {clause}"):
+            light, heavy = _both_paths(config, sql, monkeypatch)
+            assert light[:2] == heavy[:2], sql
+            assert (light[2], heavy[2]) == ("LocalTable", "Table")
+
+
+def test_current_and_as_of_time_answers_equal_the_pyiceberg_path(history, monkeypatch):
+    config = history["config"]
+    full = load_table(config.catalog, "h.log")
+    first = full.snapshots()[1].timestamp_ms
+    when = dt.datetime.fromtimestamp(first / 1000, dt.UTC).isoformat()
+    before_last = max(s.sequence_number for s in full.snapshots()) - 1
+    for sql in ("SELECT * FROM h.log ORDER BY k",
+                "SELECT name, count(*) AS c FROM h.log GROUP BY name ORDER BY name",
+                f"SELECT count(*) AS c FROM h.log FOR TIMESTAMP AS OF '{when}'",
+                "SELECT a.k, b.name FROM h.log AS a JOIN h.log FOR VERSION AS OF "
+                f"{before_last} AS b ON a.k = b.k ORDER BY a.k"):
+        light, heavy = _both_paths(config, sql, monkeypatch)
+        assert light[:2] == heavy[:2], sql
+        assert len(set(light[1].values())) == len(light[1])  # one snapshot per reference
+    # overwritten to 20-22, 30 appended after the rename, 21 deleted last
+    assert light[0] == [{"k": 20, "name": "s20"}, {"k": 22, "name": "s22"}, {"k": 30, "name": "x"}]
+
+
+@pytest.mark.parametrize(("table", "sql", "expected"), [
+    ("h.nested", "SELECT k FROM h.nested", [{"k": 1}]),
+    ("h.zstd", "SELECT count(*) AS c, sum(k) AS s FROM h.zstd", [{"c": 6, "s": 15}]),
+    ("h.empty", "SELECT count(*) AS c FROM h.empty", [{"c": 0}]),
+    ("h.raw", "SELECT sum(k) AS s FROM h.raw", [{"s": 3}]),
+])
+def test_unusual_tables_are_read_by_pyiceberg_with_the_same_answer(history, monkeypatch,
+                                                                  table, sql, expected):
+    """A nested column (refused at load) and zstd manifests (refused when planning) go to
+    pyiceberg, from the same metadata file; an empty table reads empty on both paths, and
+    uncompressed manifests are read without pyiceberg."""
+    from pipeline.read.local_table import LocalTable, Unusual
+    from pipeline.read.tables import load_table_to_query
+
+    config = history["config"]
+    light, heavy = _both_paths(config, sql, monkeypatch)
+    assert light[:2] == heavy[:2]
+    assert light[0] == expected
+    loaded = load_table_to_query(config.catalog, table)
+    if table == "h.nested":
+        assert not isinstance(loaded, LocalTable)
+    elif table == "h.zstd":
+        assert isinstance(loaded, LocalTable)
+        assert light[2] == "Table"
+        with pytest.raises(Unusual, match="codec"):
+            loaded.plan_files(loaded.current_snapshot().snapshot_id)
+    elif table == "h.raw":  # uncompressed manifests: read here
+        assert light[2] == "LocalTable"
+    else:
+        assert isinstance(loaded, LocalTable)
+        assert loaded.current_snapshot() is None
