@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
 from collector.dedup import DedupWindow, sources_props, without_source
-from collector.evolve import evolve_rows
+from collector.evolve import evolve_rows, plan_from_summaries, refused_dead_letters
 from collector.hops import BlockOn
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
@@ -127,7 +127,7 @@ class RunCommits:
             for (stream, column), count in output.sql_errors.items():
                 self.metrics.sql_errors.labels(stream, column).inc(count)
         if isinstance(output, ClusterRunOutput):
-            self._commit_cluster(output, result, versions)
+            self._commit_cluster(output, result, versions, entries)
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
@@ -205,7 +205,7 @@ class RunCommits:
             self.hook(f"after_commit:{DEAD_LETTER_TABLE}")
 
     def _commit_cluster(self, output: ClusterRunOutput, result: RunResult,
-                        versions: dict[str, dict[int, int]]) -> None:
+                        versions: dict[str, dict[int, int]], entries: list[Entry]) -> None:
         """The cluster output path: dedup on the keys, executors write, add_files per table.
 
         Per target table (a source with several sinks has several; a sink that missed part
@@ -220,10 +220,18 @@ class RunCommits:
         (an earlier table failed) are deleted here; a crash leaves them to the maintenance
         orphan sweep (staged ones to :meth:`~collector.staging.StagingArea.sweep`). Dead
         letters are few and go the embedded way.
+
+        An evolving sink's table (``unknown_fields = "evolve"``) is evolved first, from the
+        executors' summaries of the rows' undeclared fields, and committed before any file
+        is written (``after_evolve:<table>``); the rows the plan refuses are collected as
+        dead letters and left out of the dedup window and the write, and the executors
+        make the evolved columns as they write (:meth:`_evolve_cluster`).
         """
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
         routed = self._cluster_targets(output, versions)
+        locations = {entry.sequence: entry.location for entry in entries}
+        dead = [output.dead]
         pending: dict[str, FileSet] = {}
         staged_files: dict[str, tuple[StagedFile, ...]] = {}
         try:
@@ -233,19 +241,25 @@ class RunCommits:
             for table, (target, keys, allowed) in routed.items():
                 source = target.source.id
                 columns = tuple((c.name, c.type) for c in target.sink.columns)
+                evolve: tuple[tuple[str, str], ...] = ()
+                taken = keys  # without the rows evolution refuses
+                if _evolves(output, target):
+                    evolve, taken = self._evolve_cluster(output, target, keys, allowed,
+                                                         locations, dead)
                 if self.is_staged(target):
-                    plan = self._plan_stage(target, keys, columns, allowed)
-                    skipped[table] = keys.num_rows - plan.expected
+                    plan = self._plan_stage(target, taken, columns, allowed, evolve=evolve,
+                                            drop=_left_out(keys, taken))
+                    skipped[table] = taken.num_rows - plan.expected
                     plans.append(plan)
                     continue
-                fresh, dropped = self.windows[table].filter(keys, source)
+                fresh, dropped = self.windows[table].filter(taken, source)
                 result.duplicates += dropped
                 if dropped:
                     self.metrics.duplicates.labels(source).inc(dropped)
                 fresh_keys[table] = fresh
                 planned = plan_write(self.catalog, table, source, keys, fresh,
                                      sequences=sequences, epoch=self.epoch, key=table,
-                                     columns=columns, entries=allowed)
+                                     columns=columns, entries=allowed, evolve=evolve)
                 if planned is not None:
                     plans.append(planned)
             written = output.write_all(plans)
@@ -278,7 +292,29 @@ class RunCommits:
                     with contextlib.suppress(Exception):
                         self.block_on(self.staging.store.delete(staged.key))
             output.release()
-        self._commit_dead(output.dead, sequence, result)
+        self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else dead[0], sequence,
+                          result)
+
+    def _evolve_cluster(self, output: ClusterRunOutput, target: Target, keys: pa.Table,
+                        allowed: tuple[int, ...] | None, locations: dict[int, str],
+                        dead: list[pa.Table]) -> tuple[tuple[tuple[str, str], ...], pa.Table]:
+        """Evolve ``target``'s table for the run's rows the executors hold (the embedded
+        path's :func:`~collector.evolve.evolve_rows`, split where the rows are): the
+        executors summarise the undeclared fields, the plan and its schema commit are
+        made here, the executors name the rows the plan refuses, which join ``dead``.
+        Returns the table's evolved columns (name, type) and ``keys`` without the refused
+        rows."""
+        source, table = target.source.id, target.table
+        plan = plan_from_summaries(
+            self.catalog, table, target.stream,
+            lambda existing, depth: output.observe_extras(source, allowed, existing, depth),
+            self.evolve_limits, hook=self.hook)
+        refused = output.refused_extras(source, allowed, plan, self.evolve_limits, table)
+        if refused.num_rows:
+            dead.append(refused_dead_letters(keys, refused, locations, target.stream.name))
+            keys = keys.filter(pc.invert(pc.is_in(keys.column("_row"),
+                                                  refused.column("row").combine_chunks())))
+        return tuple(plan.columns.items()), keys
 
     def _cluster_targets(self, output: ClusterRunOutput, versions: dict[str, dict[int, int]]
                          ) -> dict[str, tuple[Target, pa.Table, tuple[int, ...] | None]]:
@@ -314,17 +350,21 @@ class RunCommits:
         return out
 
     def _plan_stage(self, target: Target, keys: pa.Table, columns: tuple[tuple[str, str], ...],
-                    allowed: tuple[int, ...] | None) -> WritePlan:
+                    allowed: tuple[int, ...] | None, *,
+                    evolve: tuple[tuple[str, str], ...] = (),
+                    drop: pa.Array | None = None) -> WritePlan:
         """What the executors stage for ``target``: its rows above the staging floor
         (staged or committed already: a replay stages nothing twice). Not deduplicated:
-        staged rows are, when they are imported (as on the embedded path)."""
+        staged rows are, when they are imported (as on the embedded path). ``drop``: rows
+        (``_row``) not in ``keys`` that must not be staged (refused by evolution)."""
         table = target.table
         committed = self.table_sequences.get(table, {})
         _, floor = self.block_on(self.staging.floor(table, committed))
         fresh = not_committed(keys, "_sequence", floor) if floor else keys
-        return WritePlan(target.source.id, None, floor, pa.array([], pa.int64()),
+        return WritePlan(target.source.id, None, floor,
+                         pa.array([], pa.int64()) if drop is None else drop,
                          fresh.num_rows, key=table, columns=columns, sequences=allowed,
-                         stage=table)
+                         stage=table, evolve=evolve)
 
     def _record_staged(self, target: Target, files: tuple[StagedFile, ...],
                        result: RunResult, skipped: int) -> None:
@@ -473,6 +513,23 @@ class RunCommits:
         self.metrics.staged_bytes.labels(table).set(state.bytes)
         oldest = state.oldest_ms
         self.metrics.staged_oldest.labels(table).set(0 if oldest is None else oldest / 1000)
+
+
+def _evolves(output: ClusterRunOutput, target: Target) -> bool:
+    """Whether ``target``'s rows evolve its table: an evolving sink of a source decoded
+    with its undeclared fields (as :func:`collector.routing.project` decides)."""
+    if target.sink.unknown_fields != "evolve" or output.spec is None:
+        return False
+    return any(s.name == target.source.id and any(n == EXTRA_FIELD for n, _ in s.columns)
+               for s in output.spec.streams)
+
+
+def _left_out(keys: pa.Table, taken: pa.Table) -> pa.Array:
+    """``_row`` of the rows of ``keys`` not in ``taken``."""
+    if taken.num_rows == keys.num_rows:
+        return pa.array([], pa.int64())
+    kept = pc.is_in(keys.column("_row"), value_set=taken.column("_row").combine_chunks())
+    return keys.filter(pc.invert(kept)).column("_row").combine_chunks()
 
 
 def versions_of(entries: list[Entry]) -> dict[str, dict[int, int]]:

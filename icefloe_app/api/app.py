@@ -107,8 +107,8 @@ class AdminApi:
                  pending: PendingCounter, metrics: AdminMetrics | None = None,
                  cluster_output: bool = False) -> None:
         self.cluster_output = cluster_output
-        """The collector writes through the cluster output path, which does not evolve
-        tables yet: refuse what it could not deliver."""
+        """The collector writes through the cluster output path: refuse what it could not
+        deliver."""
         self.registry = registry
         self.clock = registry.clock
         """Stamps every change made through the API (the registry store's clock: injected,
@@ -191,7 +191,7 @@ class AdminApi:
         """Validate ``change`` against the current registry without writing it."""
         after = change(await self.current())
         source = after.source(source_id) if source_id and self.cluster_output else None
-        if source is not None:  # (several sinks and import conditions: both paths, #28)
+        if source is not None:  # (several sinks, import conditions, evolve: both paths, #28)
             sinks = source.live_sinks()
             if any(s.primary_key for s in sinks):
                 raise RegistryError(409, "cluster_output", "the collector uses "
@@ -200,13 +200,6 @@ class AdminApi:
                                     "\"embedded\"",
                                     [{"field": "primary_key", "reason": "needs output = "
                                       "embedded"}])
-            if any(s.unknown_fields == "evolve" for s in sinks):
-                raise RegistryError(409, "cluster_output", "the collector uses "
-                                    "[collector] output = \"cluster\", which does not evolve "
-                                    "tables yet: unknown_fields = \"evolve\" (schema evolution "
-                                    "from the data) needs output = \"embedded\"",
-                                    [{"field": "unknown_fields",
-                                      "reason": "needs output = embedded"}])
             routed = next((s for s in sinks if s.where is not None), None)
             if routed is not None:
                 raise RegistryError(409, "cluster_output", "the collector uses [collector] "
