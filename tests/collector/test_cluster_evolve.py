@@ -149,3 +149,32 @@ async def test_a_crash_after_the_schema_commit_then_a_re_run(tmp_path, engine) -
     await collect(reference, LocalEngine())
     assert table_of(config) == table_of(reference)
     assert [d[:6] for d in dead_of(config)] == [d[:6] for d in dead_of(reference)]
+
+
+async def test_a_staged_evolving_sink_on_the_cluster_path(tmp_path, engine) -> None:
+    """Import conditions: the executors stage the rows with their evolved columns, the
+    import commits them; the table equals the embedded path's without staging."""
+    from icefloe.registry import ops
+    from icefloe.registry.model import Conditions
+    from tests.collector.test_cluster_routing import change, collector_for, drain_all
+
+    config = collector_config(tmp_path, streams=(PAGES,), output="cluster")
+    sink = ops.SinkSpec(name="pages", table="web.pages", columns=PAGES.columns,
+                        unknown_fields="evolve",
+                        conditions=Conditions(max_age_s=3600, max_events=4))
+    version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="pages", sinks=(sink,))))
+    publish_sync(config, FIRST, registry_version=version)
+    collector = await collector_for(config, engine)
+    try:
+        await drain_all(collector)
+        assert not collector.metrics.embedded_runs.collect()[0].samples
+        assert not collector.staging.states["web.pages"].files  # 6 rows: imported
+    finally:
+        await collector.store.close()
+    (tmp_path / "ref").mkdir()
+    reference = collector_config(tmp_path / "ref", streams=(PAGES,))
+    publish_sync(reference, FIRST)
+    await collect(reference, LocalEngine())
+    assert table_of(config) == table_of(reference)
+    assert [d[:6] for d in dead_of(config)] == [d[:6] for d in dead_of(reference)]
