@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
 from collector.dedup import DedupWindow, sources_props, without_source
-from collector.evolve import evolve_rows
+from collector.evolve import evolve_rows, plan_from_summaries, refused_dead_letters
 from collector.hops import BlockOn
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
@@ -245,6 +245,12 @@ class RunCommits:
         ``where`` took them: the executors marked each sink's rows), counted as there and,
         where their source says ``dead_letter``, fetched from the executors to become the
         same dead letters.
+
+        An evolving sink's table (``unknown_fields = "evolve"``) is evolved first, from the
+        executors' summaries of the rows' undeclared fields, and committed before any file
+        is written (``after_evolve:<table>``); the rows the plan refuses are collected as
+        dead letters and left out of the dedup window and the write, and the executors
+        make the evolved columns as they write (:meth:`_evolve_cluster`).
         """
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
@@ -262,12 +268,18 @@ class RunCommits:
             for table, (target, keys, allowed, where) in routed.items():
                 source = target.source.id
                 columns = tuple((c.name, c.type) for c in target.sink.columns)
-                good, bad = keys, pa.array([], pa.int64())
-                if target.sink.primary_key:  # rows missing a key value: dead letters
-                    good, bad = self._cluster_keyed(output, target, keys, columns,
-                                                    locations, dead)
+                evolve: tuple[tuple[str, str], ...] = ()
+                taken = keys  # without the rows evolution refuses
+                if _evolves(output, target):
+                    evolve, taken = self._evolve_cluster(output, target, keys, allowed,
+                                                         locations, dead)
+                good = taken  # and without the rows missing a primary-key value
+                if target.sink.primary_key:  # those are dead letters
+                    good, _ = self._cluster_keyed(output, target, taken, columns,
+                                                  locations, dead)
                 if self.is_staged(target):
-                    plan = self._plan_stage(target, good, columns, allowed, where, drop=bad)
+                    plan = self._plan_stage(target, good, columns, allowed, where,
+                                            evolve=evolve, drop=_left_out(keys, good))
                     skipped[table] = good.num_rows - plan.expected
                     plans.append(plan)
                     continue
@@ -281,13 +293,14 @@ class RunCommits:
                         self.catalog, table, source, keys, fresh,
                         key=target.sink.primary_key, tombstone=target.sink.tombstone_field,
                         sequences=sequences, epoch=self.epoch, target=table,
-                        columns=columns, entries=allowed, where=where)
+                        columns=columns, entries=allowed, where=where, evolve=evolve)
                     upserts[table] = upsert
                     planned = upsert.write if upsert is not None else None
                 else:
                     planned = plan_write(self.catalog, table, source, keys, fresh,
                                          sequences=sequences, epoch=self.epoch, key=table,
-                                         columns=columns, entries=allowed, where=where)
+                                         columns=columns, entries=allowed, where=where,
+                                         evolve=evolve)
                 if planned is not None:
                     plans.append(planned)
             written = output.write_all(plans)
@@ -344,6 +357,27 @@ class RunCommits:
         rows = output.collect_rows(target.source.id, ids, columns)
         dead.append(missing_key_dead_letters(rows, key, target.source.id, locations))
         return good, ids
+
+    def _evolve_cluster(self, output: ClusterRunOutput, target: Target, keys: pa.Table,
+                        allowed: tuple[int, ...] | None, locations: dict[int, str],
+                        dead: list[pa.Table]) -> tuple[tuple[tuple[str, str], ...], pa.Table]:
+        """Evolve ``target``'s table for the run's rows the executors hold (the embedded
+        path's :func:`~collector.evolve.evolve_rows`, split where the rows are): the
+        executors summarise the undeclared fields, the plan and its schema commit are
+        made here, the executors name the rows the plan refuses, which join ``dead``.
+        Returns the table's evolved columns (name, type) and ``keys`` without the refused
+        rows."""
+        source, table = target.source.id, target.table
+        plan = plan_from_summaries(
+            self.catalog, table, target.stream,
+            lambda existing, depth: output.observe_extras(source, allowed, existing, depth),
+            self.evolve_limits, hook=self.hook)
+        refused = output.refused_extras(source, allowed, plan, self.evolve_limits, table)
+        if refused.num_rows:
+            dead.append(refused_dead_letters(keys, refused, locations, target.stream.name))
+            keys = keys.filter(pc.invert(pc.is_in(keys.column("_row"),
+                                                  refused.column("row").combine_chunks())))
+        return tuple(plan.columns.items()), keys
 
     def _cluster_targets(self, output: ClusterRunOutput, versions: dict[str, dict[int, int]]
                          ) -> tuple[dict[str, ClusterTarget], dict[str, pa.Table]]:
@@ -407,20 +441,22 @@ class RunCommits:
         return self._unrouted(rows, versions, entries, output.dead, counted=True)
 
     def _plan_stage(self, target: Target, keys: pa.Table, columns: tuple[tuple[str, str], ...],
-                    allowed: tuple[int, ...] | None, where: str | None,
+                    allowed: tuple[int, ...] | None, where: str | None = None, *,
+                    evolve: tuple[tuple[str, str], ...] = (),
                     drop: pa.Array | None = None) -> WritePlan:
         """What the executors stage for ``target``: its rows above the staging floor
-        (staged or committed already: a replay stages nothing twice) but ``drop`` (rows
-        missing a primary-key value, dead letters). Not deduplicated: staged rows are,
-        when they are imported (as on the embedded path)."""
+        (staged or committed already: a replay stages nothing twice). Not deduplicated:
+        staged rows are, when they are imported (as on the embedded path). ``drop``: rows
+        (``_row``) not in ``keys`` that must not be staged (refused by evolution, missing
+        a primary-key value: dead letters)."""
         table = target.table
         committed = self.table_sequences.get(table, {})
         _, floor = self.block_on(self.staging.floor(table, committed))
         fresh = not_committed(keys, "_sequence", floor) if floor else keys
-        no = pa.array([], pa.int64())
-        return WritePlan(target.source.id, None, floor, no if drop is None else drop,
+        return WritePlan(target.source.id, None, floor,
+                         pa.array([], pa.int64()) if drop is None else drop,
                          fresh.num_rows, key=table, columns=columns, sequences=allowed,
-                         stage=table, where=where)
+                         stage=table, where=where, evolve=evolve)
 
     def _record_staged(self, target: Target, files: tuple[StagedFile, ...],
                        result: RunResult, skipped: int) -> None:
@@ -569,6 +605,23 @@ class RunCommits:
         self.metrics.staged_bytes.labels(table).set(state.bytes)
         oldest = state.oldest_ms
         self.metrics.staged_oldest.labels(table).set(0 if oldest is None else oldest / 1000)
+
+
+def _evolves(output: ClusterRunOutput, target: Target) -> bool:
+    """Whether ``target``'s rows evolve its table: an evolving sink of a source decoded
+    with its undeclared fields (as :func:`collector.routing.project` decides)."""
+    if target.sink.unknown_fields != "evolve" or output.spec is None:
+        return False
+    return any(s.name == target.source.id and any(n == EXTRA_FIELD for n, _ in s.columns)
+               for s in output.spec.streams)
+
+
+def _left_out(keys: pa.Table, taken: pa.Table) -> pa.Array:
+    """``_row`` of the rows of ``keys`` not in ``taken``."""
+    if taken.num_rows == keys.num_rows:
+        return pa.array([], pa.int64())
+    kept = pc.is_in(keys.column("_row"), value_set=taken.column("_row").combine_chunks())
+    return keys.filter(pc.invert(kept)).column("_row").combine_chunks()
 
 
 def versions_of(entries: list[Entry]) -> dict[str, dict[int, int]]:

@@ -39,9 +39,10 @@ from icefloe.streams.evolution import (
     RESERVED,
     ColumnChange,
     EvolveLimits,
+    Observation,
     RunPlan,
-    column_value,
     parse_extras,
+    plan_observed,
     plan_run,
 )
 from icefloe.streams.typespec import TypeSpec, parse_type
@@ -49,6 +50,7 @@ from pipeline.columns import ARROW_TYPES
 from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape
 from pipeline.iceberg.tables import iceberg_type
 from pipeline.load.decode import DeadLetters
+from pipeline.load.extras import AS_IS, column_of
 from pipeline.load.spec import EntryFile
 
 log = logging.getLogger("icefloe.evolve")
@@ -57,8 +59,7 @@ JSON_DOC = "icefloe: JSON text (added from the data)"
 ADDED_DOC = "icefloe: added from the data"
 DEAD_REASON = "schema_evolution"
 _ATTEMPTS = 5
-_AS_IS = frozenset({"long", "double", "string", "boolean"})
-"""Flat types whose fitting Python values Arrow takes as they are (ints into double too)."""
+_AS_IS = AS_IS
 _EMPTY: dict[str, object] = {}
 
 
@@ -89,11 +90,7 @@ def evolve_rows(catalog: Catalog, identifier: str, stream: StreamConfig, rows: p
             kept = kept.add_column(at, name, parsed.column(name))
             at += 1
             continue
-        spec = parse_type(kind)
-        values = [extra.get(name) for extra in kept_extras]
-        if kind not in _AS_IS:  # json text, nested values: converted one by one
-            values = [column_value(value, spec) for value in values]
-        kept = kept.add_column(at, name, pa.array(values, type=ARROW_TYPES[kind]))
+        kept = kept.add_column(at, name, column_of(kept_extras, name, kind))
         at += 1
     return kept, dead
 
@@ -105,17 +102,35 @@ def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
     """Plan against the table's current schema and commit the changes; re-plan after a
     lost race. Returns the plan the table now matches and the run's fields as
     :func:`_decode` split them (columns already parsed, the rest per row)."""
+    decoded: list[tuple[pa.Table, list[dict | None]]] = []
+
+    def make_plan(columns: dict[str, str], fixed: set[str]) -> RunPlan:
+        evolved = {n: t for n, t in columns.items() if n not in fixed}
+        decoded[:] = [_decode(texts, evolved)]
+        return plan_run(decoded[0][1], columns, fixed, limits, table=identifier)
+
+    plan = commit_plan(catalog, identifier, declared, make_plan, hook)
+    parsed, extras = decoded[0]
+    return plan, parsed, extras
+
+
+def commit_plan(catalog: Catalog, identifier: str, declared: set[str],
+                make_plan: Callable[[dict[str, str], set[str]], RunPlan],
+                hook: Callable[[str], None] | None = None) -> RunPlan:
+    """Plan against the table's current schema — ``make_plan(columns, fixed)``, see
+    :func:`table_columns` — and commit the plan's changes; re-plan after a lost race.
+    Returns the plan the table now matches. Both output paths evolve through this: the
+    embedded one plans from the rows it holds, the cluster one from its executors'
+    summaries (:func:`plan_from_summaries`)."""
     for _ in range(_ATTEMPTS):
         try:
             table = catalog.load_table(identifier)
         except Exception as exc:  # catalog down: the collector retries the run
             raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
         columns, fixed = table_columns(table.schema().fields, declared)
-        evolved = {n: t for n, t in columns.items() if n not in fixed}
-        parsed, extras = _decode(texts, evolved)
-        plan = plan_run(extras, columns, fixed, limits, table=identifier)
+        plan = make_plan(columns, fixed)
         if not plan.changes:
-            return plan, parsed, extras
+            return plan
         changes = [_change(c) for c in plan.changes]
         try:
             with table.transaction() as txn:
@@ -128,7 +143,7 @@ def _evolve_schema(catalog: Catalog, identifier: str, declared: set[str],
         if hook is not None:
             hook(f"after_evolve:{identifier}")
         # The commit asserted the schema it planned against, so the plan holds as is.
-        return plan, parsed, extras
+        return plan
     raise CatalogError(f"schema evolution of {identifier} lost {_ATTEMPTS} races in a row; "
                        "the collector will retry the run")
 
@@ -246,3 +261,42 @@ def _dead_letters(rows: pa.Table, plan: RunPlan, texts: list[str | None],
                  message=reason, stream=source_ids[index], event_id=ids[index],
                  raw=text.encode() if text else None, received_at_ms=received[index])
     return dead.to_arrow()
+
+
+# --------------------------------------------------------------------------- cluster path
+
+
+def plan_from_summaries(catalog: Catalog, identifier: str, stream: StreamConfig,
+                        observations: Callable[[dict[str, str], int], list[Observation]],
+                        limits: EvolveLimits, *, hook: Callable[[str], None] | None = None
+                        ) -> RunPlan:
+    """The cluster output path's :func:`evolve_rows`, schema half: plan from the run's
+    distinct observations — ``observations(existing evolved columns, max depth)``, which
+    has the executors summarise the rows they hold — and commit the changes before any
+    data is written. The same rules and the same commit as the embedded path (a lost race
+    re-reads the schema and summarises again), so a crash after this commit is as
+    harmless: the re-run finds the columns and plans nothing."""
+    declared = {c.name for c in stream.columns} | RESERVED
+
+    def make_plan(columns: dict[str, str], fixed: set[str]) -> RunPlan:
+        existing = {n: t for n, t in columns.items() if n not in fixed}
+        return plan_observed(observations(existing, limits.max_depth), columns, fixed,
+                             limits, table=identifier)
+
+    return commit_plan(catalog, identifier, declared, make_plan, hook)
+
+
+def refused_dead_letters(keys: pa.Table, refused: pa.Table, locations: Mapping[int, str],
+                         source: str) -> pa.Table:
+    """The cluster path's refused rows as the embedded path dead-letters them: ``keys``
+    (``_row``, ``_event_id``, ``_received_at``, ``_sequence`` of the run's rows) joined
+    with ``refused`` (``row``, ``message``, ``raw``: what the executors found), in row
+    order."""
+    refused = refused.sort_by([("row", "ascending")])
+    index = {row: i for i, row in enumerate(keys.column("_row").to_pylist())}
+    rows = keys.take(pa.array([index[r] for r in refused.column("row").to_pylist()],
+                              pa.int64()))
+    plan = RunPlan(refused=dict(enumerate(refused.column("message").to_pylist())))
+    texts = [raw.decode() if raw is not None else None
+             for raw in refused.column("raw").to_pylist()]
+    return _dead_letters(rows, plan, texts, locations, source)

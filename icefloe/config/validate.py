@@ -64,10 +64,6 @@ def validate(config: Config, where: str) -> None:
         if stream.table in tables:
             raise ConfigError(f"{where}: streams[{index}].table: table {stream.table!r} is "
                               "already fed by another stream")
-        if stream.unknown_fields == "evolve" and config.collector.output == "cluster":
-            raise ConfigError(f"{where}: streams[{index}].unknown_fields = \"evolve\" (schema "
-                              "evolution from the data) needs collector.output = \"embedded\"; "
-                              "the cluster output path does not evolve tables yet")
         names.add(stream.name)
         tables.add(stream.table)
     validate_security(config, where)

@@ -93,6 +93,26 @@ class RunPlan:
     changes: list[ColumnChange] = field(default_factory=list)
     columns: dict[str, str] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)
+    existing: dict[str, str] = field(default_factory=dict)
+    """The evolved columns the plan was made against (what :func:`observe` was given)."""
+    verdicts: dict[Observation, str] = field(default_factory=dict)
+    """Why each refused :class:`Observation` is refused by its names, depth or an integer
+    beyond the long range: a row with one of these is refused whatever its other values."""
+    over: frozenset[str] = frozenset()
+    """New fields that found no room under :attr:`EvolveLimits.max_columns`."""
+
+    def refusal(self, extra: Mapping[str, Any] | None, limits: EvolveLimits, *,
+                table: str = "the table") -> str | None:
+        """Why this plan refuses a row with undeclared fields ``extra``, or None: the
+        verdict :func:`plan_run` gives the row, for a row read on another machine (the
+        cluster output path's executors) from the plan alone."""
+        if not extra:
+            return None
+        reason = self.verdicts.get(observe(extra, self.existing, limits.max_depth))
+        if reason is not None:
+            return reason
+        specs = {n: parse_type(t) for n, t in self.columns.items()}
+        return _row_conflict(extra, specs, self.over, limits, table)
 
 
 def parse_extras(texts: Sequence[str | None], only: Sequence[str] | None = None
@@ -114,6 +134,46 @@ def parse_extras(texts: Sequence[str | None], only: Sequence[str] | None = None
     return msgspec.to_builtins(msgspec.json.decode(joined, type=list[members | None]))
 
 
+Observation = tuple[tuple[str, int, Any], ...]
+"""What the planning rules need of one row's undeclared fields, without the values:
+per field (in the row's order) its name, its nesting depth when beyond the limit (else
+0), and a tag — None for a null, ``("have", wider)`` for a column the table has (``wider``
+the type an ``int``/``float`` column must widen to, or None), ``("new", shape)`` for a new
+field, ``("beyond", value)`` for an integer beyond the long range.
+
+Why: rows with equal observations get equal verdicts and change nothing the second time
+(shapes only ever merge upwards), so a run plans over its *distinct* observations in
+first-seen order. That is what lets the cluster output path plan on the driver from the
+executors' small per-partition summaries and get the plan one machine gets from every row."""
+
+
+def observe(extra: Mapping[str, Any], existing: Mapping[str, str], max_depth: int
+            ) -> Observation:
+    """One row's :data:`Observation`; ``existing``: the table's evolved columns (name →
+    type), as the plan sees them."""
+    out = []
+    for name, value in extra.items():
+        depth = 0
+        if value.__class__ in (dict, list):
+            depth = _depth(value)
+            depth = depth if depth > max_depth else 0
+        if value is None:
+            tag: Any = None
+        elif name in existing:
+            kind = existing[name]
+            tag = ("have", _widening(kind, value) if kind in ("int", "float") else None)
+        else:
+            inferred = _infer(value)
+            tag = ("beyond", value) if inferred is _CONFLICT else ("new", inferred)
+        out.append((name, depth, tag))
+    return tuple(out)
+
+
+def distinct(observations: Iterable[Observation | None]) -> list[Observation]:
+    """The distinct non-empty observations, in first-seen order (what a plan needs)."""
+    return list(dict.fromkeys(o for o in observations if o))
+
+
 def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[str, str],
              fixed: Iterable[str], limits: EvolveLimits = EvolveLimits(), *,
              table: str = "the table") -> RunPlan:
@@ -124,34 +184,59 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
     the order given (the run's order), so the same run always gives the same plan.
     """
     fixed_names = set(fixed)
+    existing = {n: t for n, t in table_columns.items() if n not in fixed_names}
+    observations = [observe(e, existing, limits.max_depth) if e else None for e in extras]
+    plan = plan_observed(observations, table_columns, fixed_names, limits, table=table)
+    for index, seen in enumerate(observations):
+        if seen is not None and seen in plan.verdicts:
+            plan.refused[index] = plan.verdicts[seen]
+    specs = {n: parse_type(t) for n, t in plan.columns.items()}
+    for index, extra in enumerate(extras):
+        if index in plan.refused or not extra:
+            continue
+        reason = _row_conflict(extra, specs, plan.over, limits, table)
+        if reason is not None:
+            plan.refused[index] = reason
+    return plan
+
+
+def plan_observed(observations: Sequence[Observation | None],
+                  table_columns: Mapping[str, str], fixed: Iterable[str],
+                  limits: EvolveLimits = EvolveLimits(), *, table: str = "the table"
+                  ) -> RunPlan:
+    """The plan's changes, columns and :attr:`RunPlan.verdicts` from a run's observations
+    in run order (repeats allowed: each distinct one is judged once, at its first sight).
+    Rows refused by a conflict with the planned columns are not in it: see
+    :meth:`RunPlan.refusal` and :func:`plan_run`."""
+    fixed_names = set(fixed)
     evolved = {n: t for n, t in table_columns.items() if n not in fixed_names}
     lowered = {n.lower(): n for n in table_columns}
-    plan = RunPlan()
+    plan = RunPlan(existing=evolved)
     shapes: dict[str, Shape] = {}
     widen: dict[str, str] = {}
     seen: dict[str, str | None] = {}
-    widenable = {n for n, t in evolved.items() if t in ("int", "float")}
-    for index, extra in enumerate(extras):
-        if not extra:
-            continue  # nothing undeclared (or only the columns a reader already took)
-        reason = _check_names(extra, lowered, fixed_names, seen, limits, table)
-        if reason is not None:
-            plan.refused[index] = reason
+    judged: set[Observation] = set()
+    for observation in observations:
+        if not observation or observation in judged:
             continue
-        for name, value in extra.items():
-            if value is None:
+        judged.add(observation)
+        reason = _check_names(observation, lowered, fixed_names, seen, limits, table)
+        if reason is not None:
+            plan.verdicts[observation] = reason
+            continue
+        for name, _, tag in observation:
+            if tag is None:
                 continue
-            if name in evolved:
-                if name in widenable:
-                    wider = _widening(evolved[name], value)
-                    if wider is not None:
-                        widen[name] = wider
+            what, value = tag
+            if what == "have":
+                if value is not None:
+                    widen[name] = value
                 continue
-            inferred = _infer(value)
-            if inferred is _CONFLICT:
-                plan.refused[index] = f"field {name!r}: integer {value} is beyond the long range"
+            if what == "beyond":
+                plan.verdicts[observation] = (f"field {name!r}: integer {value} is beyond "
+                                              "the long range")
                 break
-            merged = _merge(shapes.get(name), inferred)
+            merged = _merge(shapes.get(name), value)
             shapes[name] = shapes.get(name) if merged is _CONFLICT else merged
             lowered.setdefault(name.lower(), name)
     plan.columns = {n: widen.get(n, t) for n, t in evolved.items()}
@@ -168,30 +253,24 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
         plan.columns[name] = kind
         plan.changes.append(ColumnChange("add", name, kind))
         room -= 1
-    specs = {n: parse_type(t) for n, t in plan.columns.items()}
-    for index, extra in enumerate(extras):
-        if index in plan.refused or not extra:
-            continue
-        reason = _row_conflict(extra, specs, over, limits, table)
-        if reason is not None:
-            plan.refused[index] = reason
+    plan.over = frozenset(over)
     return plan
 
 
-def _check_names(extra: Mapping[str, Any], lowered: Mapping[str, str], fixed: set[str],
+def _check_names(observation: Observation, lowered: Mapping[str, str], fixed: set[str],
                  seen: dict[str, str | None], limits: EvolveLimits, table: str
                  ) -> str | None:
     """Why a row's new fields cannot become columns, or None. ``seen`` caches each name's
     verdict for the run (a name's verdict never changes within one)."""
-    for name, value in extra.items():
+    for name, depth, _ in observation:
         if name in seen:
             reason = seen[name]
         else:
             reason = seen[name] = _name_reason(name, lowered, fixed, limits, table)
         if reason is not None:
             return reason
-        if value.__class__ in (dict, list) and _depth(value) > limits.max_depth:
-            return (f"field {name!r}: the value nests {_depth(value)} levels, the limit is "
+        if depth:
+            return (f"field {name!r}: the value nests {depth} levels, the limit is "
                     f"{limits.max_depth} (collector.evolve_max_depth)")
     return None
 

@@ -107,8 +107,9 @@ class AdminApi:
                  pending: PendingCounter, metrics: AdminMetrics | None = None,
                  cluster_output: bool = False) -> None:
         self.cluster_output = cluster_output
-        """The collector writes through the cluster output path, which does not evolve
-        tables yet: refuse what it could not deliver."""
+        """The collector writes through the cluster output path. Nothing is refused for it
+        any more (both output paths accept every registry, #28); kept so a caller can say
+        which path serves the registry."""
         self.registry = registry
         self.clock = registry.clock
         """Stamps every change made through the API (the registry store's clock: injected,
@@ -188,19 +189,10 @@ class AdminApi:
 
     async def check(self, change: Callable[[Registry], Registry],
                     source_id: str | None = None) -> Registry:
-        """Validate ``change`` against the current registry without writing it."""
-        after = change(await self.current())
-        source = after.source(source_id) if source_id and self.cluster_output else None
-        if source is not None:  # (several sinks, import conditions, upserts: both paths, #28)
-            sinks = source.live_sinks()
-            if any(s.unknown_fields == "evolve" for s in sinks):
-                raise RegistryError(409, "cluster_output", "the collector uses "
-                                    "[collector] output = \"cluster\", which does not evolve "
-                                    "tables yet: unknown_fields = \"evolve\" (schema evolution "
-                                    "from the data) needs output = \"embedded\"",
-                                    [{"field": "unknown_fields",
-                                      "reason": "needs output = embedded"}])
-        return after
+        """Validate ``change`` against the current registry without writing it (both
+        output paths accept every registry this API accepts, #28: nothing depends on
+        ``[collector] output`` here)."""
+        return change(await self.current())
 
     @staticmethod
     def _source(registry: Registry, source_id: str) -> Source:

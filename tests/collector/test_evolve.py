@@ -18,7 +18,6 @@ from collector_support import Crash, collector_config, crash_at, drain, read_tab
 from ingest_support import grpc_serving, http_serving, running
 
 from icefloe.config import Column, StreamConfig
-from icefloe.errors import ConfigError, RegistryError
 from icefloe.registry import Registry, RegistryStore
 from icefloe.registry import ops as registry_ops
 from icefloe.registry.streams import source_streams
@@ -163,14 +162,11 @@ async def test_the_ingestor_keeps_unknown_fields_only_when_evolving(tmp_path):
     assert msgspec.json.decode(payload) == {"user_id": "u"}
 
 
-def test_the_cluster_output_path_refuses_evolve_naming_both_keys(tmp_path):
+def test_the_cluster_output_path_accepts_evolve(tmp_path):
     from icefloe.config.validate import validate
 
     config = collector_config(tmp_path, streams=(PAGES,), output="cluster")
-    with pytest.raises(ConfigError) as error:
-        validate(config, "t")
-    assert "streams[0].unknown_fields" in str(error.value)
-    assert "collector.output" in str(error.value)
+    validate(config, "t")  # both outputs evolve (tests/collector/test_cluster_evolve.py)
 
 
 async def test_evolved_columns_read_back_through_spark(tmp_path, spark):
@@ -219,7 +215,7 @@ def test_the_admin_api_creates_and_patches_evolving_sinks(tmp_path):
     assert stream.unknown_fields == "evolve"  # ingestors keep what the sinks add
 
 
-def test_the_admin_api_refuses_evolve_on_the_cluster_output_path(tmp_path):
+def test_the_admin_api_accepts_evolve_on_the_cluster_output_path(tmp_path):
     async def go() -> None:
         store = open_async_store((tmp_path / "store").as_uri())
         api = AdminApi(RegistryStore(store), Tasks(lambda stream: None), AdminAuth(()),
@@ -227,10 +223,13 @@ def test_the_admin_api_refuses_evolve_on_the_cluster_output_path(tmp_path):
         sink = registry_ops.SinkSpec(name="a", table="web.a", columns=PAGES.columns,
                                      unknown_fields="evolve")
         try:
-            with pytest.raises(RegistryError, match="schema evolution") as info:
-                await api.check(lambda r: registry_ops.create_source(
-                    r, registry_ops.SourceSpec(id="s", sinks=(sink,))), "s")
-            assert (info.value.status, info.value.code) == (409, "cluster_output")
+            after = await api.check(lambda r: registry_ops.create_source(
+                r, registry_ops.SourceSpec(id="s", sinks=(sink,))), "s")
+            assert after.source("s").live_sinks()[0].unknown_fields == "evolve"
+            patched = await api.check(lambda r: registry_ops.create_sink(
+                registry_ops.create_source(r, registry_ops.SourceSpec(id="s")), "s",
+                sink), "s")
+            assert [k.unknown_fields for k in patched.source("s").live_sinks()] == ["evolve"]
         finally:
             await store.close()
     asyncio.run(go())
