@@ -109,7 +109,8 @@ class CollectorMetrics:
                                       registry=r)
         self.embedded_runs = Counter("icefloe_collector_embedded_fallback_runs",
                                      "Runs of output = cluster that took the embedded path, "
-                                     "by reason (fan-out, staging, shared-table, columns)",
+                                     "by reason (shared-table: two sources write one table "
+                                     "in one run)",
                                      ["reason"], registry=r)
         self.sql_errors = Counter("icefloe_collector_sql_errors",
                                   "Rows whose sql mapping value is null because its "
