@@ -984,16 +984,10 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     :class:`WritePlan` (rows of ``keys`` not in ``fresh`` are not written: duplicates,
     and rows evolution refused).
     """
-    table = _load(catalog, identifier)
-    state = committed_state(table)
-    check_epoch(identifier, state, epoch)
-    done = state.sequences
-    if covers(done, sequences) or fresh.num_rows == 0:
+    found = _pending(catalog, identifier, fresh, sequences, epoch)
+    if found is None:
         return None
-    survivors = not_committed(fresh, "_sequence", done) if done else fresh
-    if survivors.num_rows == 0:
-        return None
-    _check_shards(table, identifier, survivors)
+    table, done, survivors = found
     # Rows the dedup window dropped; replayed ones are excluded by `_sequence > after`.
     drop = pa.array([], pa.int64())
     if fresh.num_rows < keys.num_rows:
@@ -1043,16 +1037,10 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
 
     from pipeline.iceberg.upsert import affected_files, survivors
 
-    table = _load(catalog, identifier)
-    state = committed_state(table)
-    check_epoch(identifier, state, epoch)
-    done = state.sequences
-    if covers(done, sequences) or fresh.num_rows == 0:
+    found = _pending(catalog, identifier, fresh, sequences, epoch)
+    if found is None:
         return None
-    pending = not_committed(fresh, "_sequence", done) if done else fresh
-    if pending.num_rows == 0:
-        return None
-    _check_shards(table, identifier, pending)
+    table, done, pending = found
     replaced_keys, write = survivors(pending, key, tombstone)
     kept = pc.is_in(keys.column(ROW), value_set=write.column(ROW).combine_chunks())
     drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
@@ -1069,6 +1057,24 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     return UpsertPlan(plan, tuple(replaced), current.snapshot_id if current else None,
                       pending.num_rows)
 
+
+
+def _pending(catalog: Catalog, identifier: str, fresh: pa.Table, sequences: Mapping[int, int],
+             epoch: int) -> tuple[Table, dict[int, int], pa.Table] | None:
+    """The table (epoch checked), its committed sequence per shard and the rows of
+    ``fresh`` past it — or None when the run is committed already or nothing is new: the
+    replay check :func:`plan_write` and :func:`plan_upsert` share."""
+    table = _load(catalog, identifier)
+    state = committed_state(table)
+    check_epoch(identifier, state, epoch)
+    done = state.sequences
+    if covers(done, sequences) or fresh.num_rows == 0:
+        return None
+    pending = not_committed(fresh, "_sequence", done) if done else fresh
+    if pending.num_rows == 0:
+        return None
+    _check_shards(table, identifier, pending)
+    return table, done, pending
 
 def _ipc(rows: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
