@@ -647,20 +647,12 @@ class ClusterRunOutput:
 
     def collect_rows(self, stream: str, rows: pa.Array,
                      columns: Sequence[tuple[str, str]]) -> pa.Table:
-        """A few rows of ``stream`` (by ``_row``, in run order) with the sink ``columns``
-        (nulls for those the stream does not decode) and the envelope: what a dead letter
-        of the cluster path needs, which the driver's keys do not hold."""
-        from pyspark.sql import functions as F
-
-        assert self.frame is not None
-        assert self.spec is not None
-        i = next(n for n, s in enumerate(self.spec.streams) if s.name == stream)
-        decoded = {name for name, _ in self.spec.streams[i].columns}
-        picked = [F.col(f"{struct_column(i)}__{name}").alias(name)
-                  for name, _ in columns if name in decoded]
-        got = self.frame.where(F.col(ROW).isin(rows.to_pylist())) \
-            .select(*picked, *(F.col(name) for name, _ in ENVELOPE), F.col(ROW)).toArrow()
-        got = got.sort_by([("_sequence", "ascending"), (ROW, "ascending")]).drop_columns([ROW])
+        """A few rows of ``stream`` (by ``_row``) with the sink ``columns`` (nulls for
+        those the stream does not decode) and the envelope: what a dead letter of the
+        cluster path needs, which the driver's keys do not hold."""
+        _, picked = self._picked(stream)
+        decoded = dict(picked)
+        got = self._fetch(stream, rows, [(decoded[n], n) for n, _ in columns if n in decoded])
         for name, kind in columns:
             if name not in decoded:
                 got = got.append_column(name, pa.nulls(got.num_rows, ARROW_TYPES[kind]))
@@ -669,25 +661,38 @@ class ClusterRunOutput:
     def rows_of(self, stream: str, ids: pa.Array) -> pa.Table:
         """``stream``'s rows ``ids`` (``_row`` values) on the driver, as the embedded path
         holds a stream's rows: its decoded columns in their declared types, then the
-        envelope. For the few rows whose fields the driver needs (unrouted events
-        dead-lettered): a literal list of ids, or a broadcast join when there are many."""
+        envelope (the unrouted events a source dead-letters)."""
+        index, picked = self._picked(stream)
+        got = self._fetch(stream, ids, [(wide, name) for name, wide in picked])
+        assert self.spec is not None
+        return _declared_rows(got, self.spec.streams[index])
+
+    def _picked(self, stream: str) -> tuple[int, list[tuple[str, str]]]:
+        """``stream``'s index in the spec and its decoded columns as (name, wide column)."""
+        assert self.spec is not None
+        index = next(i for i, s in enumerate(self.spec.streams) if s.name == stream)
+        return index, [(name, f"{struct_column(index)}__{name}")
+                       for name, _ in self.spec.streams[index].columns]
+
+    def _fetch(self, stream: str, ids: pa.Array, columns: list[tuple[str, str]]
+               ) -> pa.Table:
+        """The rows ``ids`` (``_row`` values) of ``stream`` from the executors, in run order
+        (``_sequence``, then ``_row``): the wide ``columns`` as (wide, name), then the
+        envelope. A literal id list, or a broadcast join when there are many ids."""
         from pyspark.sql import functions as F
 
         assert self.spark is not None
         assert self.frame is not None
-        assert self.spec is not None
-        index = next(i for i, s in enumerate(self.spec.streams) if s.name == stream)
-        declared = self.spec.streams[index]
         rows = self.frame.where(F.col(STREAM) == stream)
         if len(ids) <= _INLINE_DROPS:
             rows = rows.where(F.col(ROW).isin(ids.to_pylist()))
         else:
             wanted = self.spark.createDataFrame(pa.table({ROW: ids}))
             rows = rows.join(F.broadcast(wanted), on=ROW, how="left_semi")
-        got = rows.select(*[F.col(f"{struct_column(index)}__{name}").alias(name)
-                            for name, _ in declared.columns],
-                          *[F.col(name) for name, _ in ENVELOPE]).toArrow()
-        return _declared_rows(got, declared)
+        got = rows.select(*[F.col(wide).alias(name) for wide, name in columns],
+                          *[F.col(name) for name, _ in ENVELOPE], F.col(ROW)).toArrow()
+        return got.sort_by([("_sequence", "ascending"), (ROW, "ascending")]) \
+            .drop_columns([ROW])
 
     # -- schema evolution from the data: small answers about rows the executors hold ----
 
