@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
+from collector.bulkhead import Bulkheads, is_shared_failure, parked_dead_letters
 from collector.dedup import DedupWindow, sources_props, without_source
 from collector.evolve import evolve_rows, plan_from_summaries, refused_dead_letters
 from collector.hops import BlockOn
@@ -137,6 +138,7 @@ class RunCommits:
     table_sequences: dict[str, dict[int, int]]
     epoch: int | None
     evolve_limits: EvolveLimits
+    bulkheads: Bulkheads
 
     def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
                    entries: list[Entry]) -> None:
@@ -148,40 +150,64 @@ class RunCommits:
         if isinstance(output, ClusterRunOutput):
             self._commit_cluster(output, result, versions, entries)
             return
-        sequence, sequences = result.last_sequence, result.sequences
+        sequence = result.last_sequence
         assert self.epoch is not None
         routed, unrouted = self.routes.route_run(output.tables, versions)
         dead = [self._unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
         for table, (target, rows) in routed.items():
-            if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
-                # (by the rows, not the owner: a table's rows may come from an evolving
-                # sink's version while its newest sink does not evolve)
-                rows, refused = evolve_rows(self.catalog, table, target.stream, rows,
-                                            locations, self.evolve_limits, hook=self.hook)
-                if refused is not None:
-                    dead.append(refused)
-            rows = self._keyed_rows(target, rows, locations, dead)
-            if self.is_staged(target):
-                self._stage(target, rows, result)
-                continue
-            window = self.windows[table]
-            fresh, dropped = window.filter_in_sequence_order(rows)
-            result.duplicates += dropped
-            if dropped:
-                self.metrics.duplicates.labels(target.source.id).inc(dropped)
-            append = upsert_hook(target.stream) or WriteThenAdd(target.source.id)
-            try:
-                outcome = self._commit(table, without_source(fresh), sequence, append=append,
-                                       props=sources_props(fresh), sequences=sequences)
-            finally:
-                append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
-            window.remember(fresh)
-            result.rows[table] = outcome.rows
-            result.replayed += outcome.replayed
-            self.hook(f"after_commit:{table}")
+            with self._guard(table):
+                self._commit_routed(target, rows, result, locations, dead)
         self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else dead[0],
                           sequence, result)
+
+    def _commit_routed(self, target: Target, rows: pa.Table, result: RunResult,
+                       locations: dict[int, str], dead: list[pa.Table]) -> None:
+        """One table's rows of an embedded-path run: evolve its schema, split off rows
+        without a key, then stage them or deduplicate and commit them."""
+        table, sequence, sequences = target.table, result.last_sequence, result.sequences
+        if self.bulkheads.is_parked(table) and self._park_full(table):
+            dead.append(parked_dead_letters(rows, table, target.source.id, locations,
+                                            self.bulkheads.parked[table].reason))
+            return
+        if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
+            # (by the rows, not the owner: a table's rows may come from an evolving
+            # sink's version while its newest sink does not evolve)
+            rows, refused = evolve_rows(self.catalog, table, target.stream, rows,
+                                        locations, self.evolve_limits, hook=self.hook)
+            if refused is not None:
+                dead.append(refused)
+        rows = self._keyed_rows(target, rows, locations, dead)
+        if self.is_staged(target):
+            self._stage(target, rows, result)
+            return
+        window = self.windows[table]
+        fresh, dropped = window.filter_in_sequence_order(rows)
+        result.duplicates += dropped
+        if dropped:
+            self.metrics.duplicates.labels(target.source.id).inc(dropped)
+        append = upsert_hook(target.stream) or WriteThenAdd(target.source.id)
+        try:
+            outcome = self._commit(table, without_source(fresh), sequence, append=append,
+                                   props=sources_props(fresh), sequences=sequences)
+        finally:
+            append.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
+        window.remember(fresh)
+        result.rows[table] = outcome.rows
+        result.replayed += outcome.replayed
+        self.hook(f"after_commit:{table}")
+
+    @contextlib.contextmanager
+    def _guard(self, table: str) -> Iterator[None]:
+        """One table's own step: a failure counts against it (and may park it)."""
+        with self.bulkheads.guard(table):
+            yield
+        self.bulkheads.succeeded(table)
+
+    def _park_full(self, table: str) -> bool:
+        """Whether a parked table's staging area holds ``park_max_bytes`` already."""
+        state = self.staging.states.get(table)
+        return state is not None and state.bytes >= self.bulkheads.max_bytes
 
     @staticmethod
     def _keyed_rows(target: Target, rows: pa.Table, locations: dict[int, str],
@@ -266,43 +292,44 @@ class RunCommits:
             upserts: dict[str, UpsertPlan | None] = {}
             plans: list[WritePlan] = []
             for table, (target, keys, allowed, where) in routed.items():
-                source = target.source.id
-                columns = tuple((c.name, c.type) for c in target.sink.columns)
-                evolve: tuple[tuple[str, str], ...] = ()
-                taken = keys  # without the rows evolution refuses
-                if _evolves(output, target):
-                    evolve, taken = self._evolve_cluster(output, target, keys, allowed,
-                                                         locations, dead)
-                good = taken  # and without the rows missing a primary-key value
-                if target.sink.primary_key:  # those are dead letters
-                    good, _ = self._cluster_keyed(output, target, taken, columns,
-                                                  locations, dead)
-                if self.is_staged(target):
-                    plan = self._plan_stage(target, good, columns, allowed, where,
-                                            evolve=evolve, drop=_left_out(keys, good))
-                    skipped[table] = good.num_rows - plan.expected
-                    plans.append(plan)
-                    continue
-                fresh, dropped = self.windows[table].filter(good, source)
-                result.duplicates += dropped
-                if dropped:
-                    self.metrics.duplicates.labels(source).inc(dropped)
-                fresh_keys[table] = fresh
-                if target.sink.primary_key:
-                    upsert = plan_upsert(
-                        self.catalog, table, source, keys, fresh,
-                        key=target.sink.primary_key, tombstone=target.sink.tombstone_field,
-                        sequences=sequences, epoch=self.epoch, target=table,
-                        columns=columns, entries=allowed, where=where, evolve=evolve)
-                    upserts[table] = upsert
-                    planned = upsert.write if upsert is not None else None
-                else:
-                    planned = plan_write(self.catalog, table, source, keys, fresh,
-                                         sequences=sequences, epoch=self.epoch, key=table,
-                                         columns=columns, entries=allowed, where=where,
-                                         evolve=evolve)
-                if planned is not None:
-                    plans.append(planned)
+                with self._guard(table):
+                    source = target.source.id
+                    columns = tuple((c.name, c.type) for c in target.sink.columns)
+                    evolve: tuple[tuple[str, str], ...] = ()
+                    taken = keys  # without the rows evolution refuses
+                    if _evolves(output, target):
+                        evolve, taken = self._evolve_cluster(output, target, keys, allowed,
+                                                             locations, dead)
+                    good = taken  # and without the rows missing a primary-key value
+                    if target.sink.primary_key:  # those are dead letters
+                        good, _ = self._cluster_keyed(output, target, taken, columns,
+                                                      locations, dead)
+                    if self.is_staged(target):
+                        plan = self._plan_stage(target, good, columns, allowed, where,
+                                                evolve=evolve, drop=_left_out(keys, good))
+                        skipped[table] = good.num_rows - plan.expected
+                        plans.append(plan)
+                        continue
+                    fresh, dropped = self.windows[table].filter(good, source)
+                    result.duplicates += dropped
+                    if dropped:
+                        self.metrics.duplicates.labels(source).inc(dropped)
+                    fresh_keys[table] = fresh
+                    if target.sink.primary_key:
+                        upsert = plan_upsert(
+                            self.catalog, table, source, keys, fresh,
+                            key=target.sink.primary_key, tombstone=target.sink.tombstone_field,
+                            sequences=sequences, epoch=self.epoch, target=table,
+                            columns=columns, entries=allowed, where=where, evolve=evolve)
+                        upserts[table] = upsert
+                        planned = upsert.write if upsert is not None else None
+                    else:
+                        planned = plan_write(self.catalog, table, source, keys, fresh,
+                                             sequences=sequences, epoch=self.epoch, key=table,
+                                             columns=columns, entries=allowed, where=where,
+                                             evolve=evolve)
+                    if planned is not None:
+                        plans.append(planned)
             written = output.write_all(plans)
             pending, staged_files = written.files, written.staged
             self.hook("after_write")
@@ -315,13 +342,15 @@ class RunCommits:
                 files, upsert = pending.pop(table, FileSet()), upserts.get(table)
                 add = AddFiles(files) if upsert is None else ReplaceFiles(
                     files, upsert.replaced, upsert.snapshot_id, upsert.rows)
-                try:
-                    outcome = self._commit(table, fresh, sequence, append=add,
-                                           nbytes=add.files.size,
-                                           props=sources_props(fresh, source),
-                                           sequences=sequences)
-                finally:
-                    add.cleanup(self.catalog, table, sequence=sequence, epoch=self.epoch)
+                with self._guard(table):
+                    try:
+                        outcome = self._commit(table, fresh, sequence, append=add,
+                                               nbytes=add.files.size,
+                                               props=sources_props(fresh, source),
+                                               sequences=sequences)
+                    finally:
+                        add.cleanup(self.catalog, table, sequence=sequence,
+                                    epoch=self.epoch)
                 self.windows[table].remember(fresh, source)
                 result.rows[table] = outcome.rows
                 result.replayed += outcome.replayed
@@ -512,9 +541,11 @@ class RunCommits:
 
     def is_staged(self, target: Target) -> bool:
         """Sinks with their own import conditions go through staging (and so does one with
-        rows still staged, so that nothing overtakes them); default sinks commit per run."""
+        rows still staged, so that nothing overtakes them, and a parked table:
+        :mod:`collector.bulkhead`); default sinks commit per run."""
         state = self.staging.states.get(target.table)
-        return target.sink.conditions != Conditions() or bool(state and state.files)
+        return (target.sink.conditions != Conditions() or bool(state and state.files)
+                or self.bulkheads.is_parked(target.table))
 
     def _stage(self, target: Target, rows: pa.Table, result: RunResult) -> None:
         assert self.epoch is not None
@@ -533,9 +564,10 @@ class RunCommits:
         result.replayed += staged.skipped
         self.observe_staged(table, staged.state)
         self.hook(f"after_stage:{table}")
-        committed = self._commit_staged_if_due(table, target.sink.conditions if
-                                               target.sink.live and target.source.live
-                                               else None)
+        if self.bulkheads.is_parked(table):
+            return  # retried on its own schedule (commit_due_staged)
+        committed = self._import_guarded(table, target.sink.conditions if
+                                         target.sink.live and target.source.live else None)
         if committed is not None:
             result.rows[table] = committed  # models reading this table see the commit
         elif len(staged.state.files) > MAX_STAGED_FILES:
@@ -552,11 +584,38 @@ class RunCommits:
                     conditions[target.table] = target.sink.conditions if live else None
         done: dict[str, int] = {}
         for table, state in list(self.staging.states.items()):
-            if state.files:
-                rows = self._commit_staged_if_due(table, conditions.get(table))
-                if rows is not None:
-                    done[table] = rows
+            if not state.files:
+                self.bulkheads.unpark(table)  # parked with nothing staged: nothing to hold
+                continue
+            if self.bulkheads.is_parked(table):
+                rows = self._retry_parked(table)
+            else:
+                rows = self._import_guarded(table, conditions.get(table))
+            if rows is not None:
+                done[table] = rows
         return done
+
+    def _import_guarded(self, table: str, conditions: Conditions | None) -> int | None:
+        """Import ``table``'s staged rows if due; a failure of its own counts against it
+        (and may park it: then its imports wait for their retries, and runs go on)."""
+        with self._guard(table):
+            return self._commit_staged_if_due(table, conditions)
+
+    def _retry_parked(self, table: str) -> int | None:
+        """A parked table's staged rows, once its retry is due: committed, it is
+        unparked; failed again, retried later (a shared failure is raised)."""
+        if not self.bulkheads.due(table):
+            return None
+        try:
+            rows = self._commit_staged_if_due(table, None)
+        except Exception as exc:
+            if is_shared_failure(exc):
+                raise
+            self.bulkheads.retry_failed(table, exc)
+            self.metrics.table_failures.labels(table, type(exc).__name__).inc()
+            return None
+        self.bulkheads.unpark(table)
+        return rows
 
     def _commit_staged_if_due(self, table: str, conditions: Conditions | None) -> int | None:
         """``conditions`` None: the sink is gone or back to defaults — commit at once."""

@@ -20,6 +20,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -31,6 +32,10 @@ HANDSHAKE_TIMEOUT_S = 10.0
 """A TLS handshake, and then each read of a request, must finish within this."""
 FAILING_AFTER = 3
 """Consecutive failed runs after which ``/readyz`` reports the collector as not ready."""
+STALL_INTERVALS = 5
+"""Commit intervals without a finished run, while entries wait, after which the collector
+reports itself stalled (``/readyz`` 503, ``icefloe_collector_stalled``): a run that hangs
+(a Spark job out of memory, say) fails no run, so ``FAILING_AFTER`` alone never fires."""
 
 
 @dataclass
@@ -41,16 +46,44 @@ class Health:
     failures: int = 0
     last_error: str = ""
     since: float = field(default_factory=time.time)
+    parked: dict[str, str] = field(default_factory=dict)
+    """Parked tables → why (:mod:`collector.bulkhead`): reported, not a reason to be
+    unready, since every other table keeps committing."""
+    monotonic: Callable[[], float] = time.monotonic
+    """The collector's clock (the runner sets it), for the stall check."""
+    stall_after_s: float = 5.0
+    progress_at: float | None = None
+    """When a run last finished, or the queue was last seen empty (``None``: not active)."""
+    waiting: bool = False
+    """Whether entries were waiting at the last look (a run in flight counts)."""
 
     def set_role(self, role: str) -> None:
         self.role, self.since = role, time.time()
 
+    def run_started(self) -> None:
+        if self.progress_at is None:
+            self.progress_at = self.monotonic()
+
     def run_failed(self, reason: str) -> None:
         self.failures += 1
         self.last_error = reason
+        self.waiting = True
 
-    def run_ok(self) -> None:
+    def run_ok(self, entries: int = 0) -> None:
+        """A run finished (``entries`` 0: the queue was empty)."""
         self.failures, self.last_error = 0, ""
+        self.progress_at, self.waiting = self.monotonic(), entries > 0
+
+    def run_begins(self, entries: int) -> None:
+        """A run with ``entries`` is under way: entries wait until it finishes."""
+        if entries:
+            self.waiting = True
+
+    def stalled(self) -> bool:
+        """Entries wait and no run finished for ``stall_after_s``."""
+        if self.role != "active" or self.progress_at is None or not self.waiting:
+            return False
+        return self.monotonic() - self.progress_at > self.stall_after_s
 
     def ready(self) -> tuple[bool, str]:
         if self.role == "starting":
@@ -59,12 +92,18 @@ class Health:
             return False, "stopping"
         if self.failures >= FAILING_AFTER:
             return False, f"{self.failures} runs failed in a row; last: {self.last_error}"
+        if self.stalled():
+            assert self.progress_at is not None
+            return False, (f"stalled: no run finished for "
+                           f"{self.monotonic() - self.progress_at:.0f} s while entries wait "
+                           "(a run hangs: see the collector's log and Spark's)")
         return True, self.role
 
     def body(self) -> dict[str, object]:
         ready, reason = self.ready()
         return {"role": self.role, "ready": ready, "reason": reason,
-                "failed_runs_in_a_row": self.failures, "role_since": self.since}
+                "failed_runs_in_a_row": self.failures, "role_since": self.since,
+                "parked": dict(self.parked)}
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -119,6 +119,18 @@ class CollectorMetrics:
         self.registry_version = Gauge("icefloe_collector_registry_version",
                                       "Stream-registry version the collector routes by "
                                       "(0: config streams)", registry=r)
+        self.table_parked = Gauge("icefloe_collector_table_parked",
+                                  "1 while a table is parked (its own steps kept failing: "
+                                  "its rows are staged, the other tables go on)", ["table"],
+                                  registry=r)
+        self.table_failures = Counter("icefloe_collector_table_failures",
+                                      "Failed attempts of one table's own steps (evolve, "
+                                      "write, commit), by exception kind",
+                                      ["table", "kind"], registry=r)
+        self.stalled = Gauge("icefloe_collector_stalled",
+                             "1 while entries wait and no run finished for 5 commit "
+                             "intervals (a run hangs or keeps failing)", registry=r)
+        self.stalled.set_function(lambda: 1.0 if self.health.stalled() else 0.0)
         self.epoch = Gauge("icefloe_collector_epoch", "This collector's manifest epoch",
                            registry=r)
         self.active = Gauge("icefloe_collector_active",

@@ -266,9 +266,10 @@ class Runner:
             started = self.clock.monotonic()
             try:
                 await self._follow_registry()
+                collector.metrics.health.run_started()
                 result = await collector.run_once()
                 failures = 0
-                collector.metrics.health.run_ok()
+                collector.metrics.health.run_ok(result.entries)
             except Fenced as exc:
                 self.fenced = str(exc)
                 break

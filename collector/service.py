@@ -38,9 +38,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from ulid import ULID
 
+from collector.bulkhead import Bulkheads, Parked
 from collector.commit import Hook, RunCommits, RunResult, upsert_columns, versions_of
 from collector.dedup import DedupWindow
 from collector.hops import BlockOn, Offload, sleep_or_stop
+from collector.http import STALL_INTERVALS
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, cut_by_routing, embedded_reason
 from collector.staging import StagingArea
@@ -117,6 +119,13 @@ class Collector(RunCommits):
         col = config.collector
         self.evolve_limits = EvolveLimits(col.evolve_max_columns, col.evolve_max_name_length,
                                           col.evolve_max_depth)
+        self.bulkheads = Bulkheads(col.park_after_failures, col.park_retry_s,
+                                   col.park_max_bytes, clock.monotonic,
+                                   on_change=self._parked_changed,
+                                   on_failure=self._table_failed)
+        health = self.metrics.health
+        health.monotonic, health.stall_after_s = clock.monotonic, \
+            STALL_INTERVALS * col.commit_interval_s
         self._hold_s: float | None = None
         self.windows: dict[str, DedupWindow] = {}
         """Dedup windows by table: ids committed to that table within the window, by
@@ -311,6 +320,13 @@ class Collector(RunCommits):
                                "with asyncio.to_thread")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def _parked_changed(self, table: str, parked: Parked | None) -> None:
+        self.metrics.table_parked.labels(table).set(0 if parked is None else 1)
+        self.metrics.health.parked = self.bulkheads.reasons()
+
+    def _table_failed(self, table: str, kind: str) -> None:
+        self.metrics.table_failures.labels(table, kind).inc()
+
     def apply_registry(self, registry: Registry) -> None:
         """Route by ``registry`` from now on; tables of new sinks are made ready first, and
         a sink whose columns changed has its table evolved (blocking: call in a thread)."""
@@ -322,6 +338,7 @@ class Collector(RunCommits):
             elif old.get(name) != stream:
                 self.confirm_table(ensure_stream_table(self.catalog, stream))
         self.routes = routes
+        self.bulkheads.retry_all_now()  # a change may be the fix a parked table waits for
         self.metrics.registry_version.set(registry.version)
         log.info("registry version %d: %d tables", registry.version, len(self.windows),
                  extra={"registry_version": registry.version})
@@ -384,6 +401,7 @@ class Collector(RunCommits):
         for window in self.windows.values():
             window.hold_s = self._hold_s
         entries = self._take(pending)
+        self.metrics.health.run_begins(len(entries))
         if not entries:
             return RunResult()
         assert self.epoch is not None

@@ -141,6 +141,11 @@ class CatalogError(IcefloeError):
     """The Iceberg catalog cannot be reached or refused an operation; the message says which."""
 
 
+class TableMismatchError(CatalogError):
+    """A table's schema no longer takes the rows (changed outside icefloe): a failure of
+    that table alone, never retried blindly (the collector parks the table)."""
+
+
 class SchemaConflictError(ConfigError):
     """A stream's configured columns cannot be applied to its existing Iceberg table."""
 

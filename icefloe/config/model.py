@@ -192,6 +192,13 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compact_target_bytes: int = 128 * 1024 * 1024
     orphan_age_s: float = 3600.0
     retry_max_delay_s: float = 30.0
+    park_after_failures: int = 3
+    """Failed attempts of one table's own steps (evolve, write, commit) after which it is
+    parked: its rows are staged and every other table goes on (:mod:`collector.bulkhead`)."""
+    park_retry_s: float = 60.0
+    """First retry of a parked table's staged rows (doubling, up to ten times this)."""
+    park_max_bytes: int = 10 * 1024**3
+    """Staged bytes of a parked table beyond which its rows become dead letters."""
     models: tuple[str, ...] = ()
     models_dir: str = "models"
     models_interval_s: float = 0.0

@@ -163,6 +163,12 @@ MEANING: dict[str, str] = {
     "collector.compact_target_bytes": "target size of compacted files",
     "collector.orphan_age_s": "unreferenced table files are deleted only when older than this",
     "collector.retry_max_delay_s": "backoff cap between retries of a failed run",
+    "collector.park_after_failures": "failed attempts of one table's own steps before it is "
+                                     "parked: its rows are staged, the other tables go on",
+    "collector.park_retry_s": "first retry of a parked table's staged rows (doubling, up to "
+                              "ten times; and at once after a registry change)",
+    "collector.park_max_bytes": "staged bytes of a parked table beyond which its rows become "
+                                "dead letters (`parked:<table>`)",
     "admin.host": "admin API address (this machine only by default)",
     "admin.port": "admin API port (`icefloe admin`)",
     "admin.tokens": "hashes (`icefloe token hash`) of the bearer tokens the admin API accepts",

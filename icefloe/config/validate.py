@@ -174,7 +174,8 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     for key in ("commit_interval_s", "poll_interval_s", "max_run_entries", "max_run_bytes",
                 "dedup_max_ids", "spark_partitions", "dequeue_every", "gc_interval_s",
                 "maintenance_interval_s", "snapshot_keep_last", "compact_min_files",
-                "compact_target_bytes", "orphan_age_s", "retry_max_delay_s"):
+                "compact_target_bytes", "orphan_age_s", "retry_max_delay_s",
+                "park_after_failures", "park_retry_s", "park_max_bytes"):
         if getattr(col, key) <= 0:
             raise ConfigError(f"{where}: collector.{key} must be > 0")
     if col.output not in OUTPUT_PATHS:

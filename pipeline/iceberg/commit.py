@@ -31,7 +31,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.errors import CatalogError, OffsetLostError, TableFencedError
+from icefloe.errors import CatalogError, OffsetLostError, TableFencedError, TableMismatchError
 from pipeline.iceberg.confirm import confirmed
 
 SEQUENCE_PROP = "icefloe.sequence"
@@ -235,6 +235,7 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
     write = append or _append
     seq_column = "_sequence" if "_sequence" in rows.column_names else "sequence"
     through = dict(sequences) if sequences is not None else {0: sequence}
+    last_error: Exception | None = None
     for attempt in range(1, max_attempts + 1):
         try:
             table = catalog.load_table(identifier)
@@ -251,6 +252,7 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
         if fresh.num_rows == 0:  # nothing new: leave the offset, a replay filters again
             return CommitResult(identifier, 0, rows.num_rows, state.sequence,
                                 clock.monotonic() - started, attempt, state.shards)
+        check_required(identifier, table, fresh)
         merged = {shard: max(done.get(shard, NO_SEQUENCE), through.get(shard, NO_SEQUENCE))
                   for shard in {*done, *through}}
         try:
@@ -273,6 +275,7 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             # Timeouts and catalog 5xx surface as assorted exceptions: same treatment.
             log.warning("commit to %s failed with an unknown outcome (attempt %d): %r",
                         identifier, attempt, exc)
+            last_error = exc
             clock.sleep_sync(min(2.0, 0.1 * 2 ** attempt))
             continue
     # Out of attempts: one last look decides between "landed" and "failed".
@@ -285,8 +288,28 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
     if covers(state.sequences, through) and state.epoch == epoch:
         return CommitResult(identifier, rows.num_rows, 0, state.sequence,
                             clock.monotonic() - started, max_attempts, state.shards)
-    raise CatalogError(f"commit to {identifier} failed after {max_attempts} attempts; "
-                       "the collector will retry the batch run")
+    last = "" if last_error is None else \
+        f" (last: {type(last_error).__name__}: {str(last_error).strip()[:300]})"
+    raise CatalogError(f"commit to {identifier} failed after {max_attempts} attempts{last}; "
+                       "the collector will retry the batch run") from last_error
+
+
+def check_required(identifier: str, table: Table, rows: pa.Table) -> None:
+    """Refuse rows that leave a required column of the table empty: another engine may
+    have added one, and a data file without it would break the table's own schema for
+    every reader. Raised before any write, and not retried (no retry can fix it)."""
+    for field in table.schema().fields:
+        if not field.required:
+            continue
+        if field.name not in rows.column_names:
+            raise TableMismatchError(
+                f"table {identifier} requires column {field.name!r}, which its rows do not "
+                "carry (added outside icefloe?): declare it in the stream or make it "
+                "optional in the table")
+        if rows.column(field.name).null_count:
+            raise TableMismatchError(
+                f"table {identifier} requires column {field.name!r}, but "
+                f"{rows.column(field.name).null_count} of the rows leave it empty")
 
 
 def covers(done: Mapping[int, int], through: Mapping[int, int]) -> bool:

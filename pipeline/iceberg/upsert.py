@@ -115,28 +115,34 @@ def split_missing_keys(rows: pa.Table, key: Sequence[str]) -> tuple[pa.Table, pa
 def missing_key_dead_letters(bad: pa.Table, key: Sequence[str], stream: str,
                              locations: Mapping[int, str]) -> pa.Table:
     """Dead-letter rows for ``bad`` (rows missing a key value): the reason names the first
-    empty key column, ``raw`` holds the row as decoded (JSON), ``location`` the batch file
-    of its entry (``locations``: run position → location)."""
-    records = bad.to_pylist()
+    empty key column (:func:`rows_as_dead_letters`)."""
+    empty = [next(name for name in key if record.get(name) is None)
+             for record in bad.select(list(key)).to_pylist()]
+    return rows_as_dead_letters(bad, stream, locations,
+                                [f"{MISSING_KEY}:{name}" for name in empty],
+                                [f"primary key column {name!r} has no value" for name in empty])
+
+
+def rows_as_dead_letters(rows: pa.Table, stream: str, locations: Mapping[int, str],
+                         reasons: Sequence[str], messages: Sequence[str]) -> pa.Table:
+    """Dead-letter rows for decoded ``rows`` (one reason and message each): ``raw`` holds
+    the row as decoded (JSON, without icefloe's ``_`` columns), ``location`` the batch
+    file of its entry (``locations``: run position → location), ``stream`` its source."""
+    records = rows.to_pylist()
     sources = [r.pop("_source", None) or stream for r in records]
-    reasons, raws = [], []
-    for record in records:
-        empty = next(name for name in key if record.get(name) is None)
-        reasons.append(f"{MISSING_KEY}:{empty}")
-        raws.append(msgspec.json.encode({k: v for k, v in record.items()
-                                         if not k.startswith("_")}, enc_hook=str))
-    sequences = bad.column("_sequence").to_pylist()
+    raws = [msgspec.json.encode({k: v for k, v in record.items() if not k.startswith("_")},
+                                enc_hook=str) for record in records]
+    sequences = rows.column("_sequence").to_pylist()
     return pa.table({
         "stream": pa.array(sources, pa.string()),
         "sequence": pa.array(sequences, pa.int64()),
         "location": pa.array([locations.get(s, "") for s in sequences], pa.string()),
-        "record_index": pa.array([None] * bad.num_rows, pa.int64()),
-        "event_id": bad.column("_event_id").cast(pa.string()),
+        "record_index": pa.array([None] * rows.num_rows, pa.int64()),
+        "event_id": rows.column("_event_id").cast(pa.string()),
         "reason": pa.array(reasons, pa.string()),
-        "message": pa.array([f"primary key column {r.split(':', 1)[1]!r} has no value"
-                             for r in reasons], pa.string()),
+        "message": pa.array(messages, pa.string()),
         "raw": pa.array(raws, pa.binary()),
-        "received_at": bad.column("_received_at").cast(TIMESTAMP),
+        "received_at": rows.column("_received_at").cast(TIMESTAMP),
     }, schema=dead_letter_arrow_schema())
 
 
@@ -262,8 +268,15 @@ def without_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table
     """``rows`` without those whose key is one of ``keys`` (a file's rewrite)."""
     if rows.num_rows == 0 or keys.num_rows == 0:
         return rows
-    return rows.join(_aligned(keys, rows.schema), keys=list(key), join_type="left anti",
-                     use_threads=False)
+    # Only the key columns and a row index go through the hash join: Arrow's join refuses
+    # nested types (struct, list, map) in its non-key columns, and a keyed table may have
+    # them. The surviving indexes then take the whole rows.
+    index = rows.select(list(key)).append_column(_RANK, pa.array(np.arange(rows.num_rows)))
+    kept = index.join(_aligned(keys, rows.schema), keys=list(key), join_type="left anti",
+                      use_threads=False)
+    if kept.num_rows == rows.num_rows:
+        return rows
+    return rows.take(pa.array(np.sort(kept.column(_RANK).to_numpy())))
 
 
 def key_filter(keys: pa.Table) -> BooleanExpression:

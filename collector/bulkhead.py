@@ -1,0 +1,194 @@
+"""Bulkheads: a table whose own commits keep failing is parked, so the others go on.
+
+Why: every run commits all of its tables, and a failed run is retried, never skipped (the
+entries stay unacknowledged). Without bulkheads a failure that belongs to ONE table — its
+type or schema changed by another engine, its commit refused, an upsert its rows cannot
+take — fails every run, and every other table's events wait in the shared queue until the
+ingestors refuse with ``queue_full``.
+
+The rule: a failure is counted against the table whose step raised it (evolving, writing,
+committing). Failures of what all tables share — the object store, the catalog's
+connection, being fenced — are not counted: they stop the run, which is retried, as before.
+After ``collector.park_after_failures`` failed attempts in a row a table is **parked**:
+from the next attempt on, its rows go to its staging area in the object store (the same
+Parquet files and compare-and-swap state as a sink with import conditions,
+:mod:`collector.staging`), so the run commits every other table, is acknowledged, and the
+manifest moves on. Exactly once holds as for any staged sink: the staging state records how
+far each shard is staged, and the import commits with the staged sequences.
+
+A parked table is retried by itself: its staged rows are imported after
+``collector.park_retry_s``, then at doubling intervals (capped at ten times that), and at
+once after the stream registry changes (a fix through the admin API). An import that
+commits unparks it; its staged rows are then in the table exactly once, and new rows take
+the normal path again once nothing is staged. A restart retries too (the parked state is
+not stored: the staged files are, and rows keep going behind them until they import).
+
+Staged rows of a parked table are bounded by ``collector.park_max_bytes``: beyond it, a
+run's rows for that table become dead letters (reason ``parked:<table>``, the row as JSON,
+committed in the run's dead-letter commit) instead of growing the area without limit;
+``icefloe redrive`` sends them again once the table is fixed.
+
+Users see it: ``icefloe_collector_table_parked{table}`` (1 while parked),
+``icefloe_collector_table_failures_total{table,kind}``, the alert ``IcefloeTableParked``,
+and ``/readyz``'s ``parked`` object (table → reason); the collector stays ready, since it
+keeps committing every other table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from icefloe.errors import FencedError, TableFencedError, TransientStoreError
+from pipeline.iceberg.upsert import rows_as_dead_letters
+
+log = logging.getLogger("icefloe.collector")
+
+RETRY_GROWTH_CAP = 10
+"""A parked table's retry interval doubles up to this many times ``park_retry_s``."""
+
+
+def is_shared_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure of what every table shares (the store, the catalog's
+    connection, a fence), which stops the run instead of counting against one table. The
+    causes count too: a commit that gave up wraps what made it fail."""
+    shared: tuple[type[BaseException], ...] = (
+        FencedError, TableFencedError, TransientStoreError, ConnectionError, TimeoutError)
+    try:  # the SQL catalog's database unreachable or locked
+        from sqlalchemy.exc import InterfaceError, OperationalError
+        shared += (OperationalError, InterfaceError)
+    except ImportError:  # pragma: no cover - sqlalchemy comes with the SQL catalog
+        pass
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; never loop on a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, shared):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@dataclass
+class Parked:
+    """One parked table: why, since when, and when its staged rows are retried next."""
+
+    reason: str
+    since: float
+    next_retry: float
+    interval: float
+    retries: int = 0
+
+
+@dataclass
+class Bulkheads:
+    """Failure counts and parked tables of one collector (its runs and imports run one at
+    a time, in its worker thread: no lock needed; the HTTP threads only read ``parked``)."""
+
+    park_after: int
+    retry_s: float
+    max_bytes: int
+    monotonic: Callable[[], float]
+    on_change: Callable[[str, Parked | None], None] = lambda table, parked: None
+    """Called when a table is parked (with its :class:`Parked`) or unparked (``None``)."""
+    on_failure: Callable[[str, str], None] = lambda table, kind: None
+    """Called with the table and the exception's kind at each failure of its own."""
+    failures: dict[str, int] = field(default_factory=dict)
+    parked: dict[str, Parked] = field(default_factory=dict)
+
+    def is_parked(self, table: str) -> bool:
+        return table in self.parked
+
+    @contextmanager
+    def guard(self, table: str) -> Iterator[None]:
+        """Run one table's step: a failure of its own is counted (and may park it), then
+        re-raised, so the run stops and is retried (parked, the table is staged then)."""
+        try:
+            yield
+        except Exception as exc:
+            if not is_shared_failure(exc):
+                self.failed(table, exc)
+            raise
+
+    def failed(self, table: str, exc: BaseException) -> bool:
+        """Count a failure of ``table``'s own; returns whether it is parked now."""
+        count = self.failures.get(table, 0) + 1
+        self.failures[table] = count
+        reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        self.on_failure(table, type(exc).__name__)
+        if table in self.parked:
+            return True
+        if count < self.park_after:
+            log.warning("table %s failed (%d of %d before it is parked): %s", table, count,
+                        self.park_after, reason, extra={"table": table})
+            return False
+        now = self.monotonic()
+        parked = Parked(reason=reason, since=now, next_retry=now + self.retry_s,
+                        interval=self.retry_s)
+        self.parked[table] = parked
+        log.error("table %s parked after %d failed attempts: %s; its rows are staged until "
+                  "it commits again (retried in %.0f s, and after a registry change)", table,
+                  count, reason, self.retry_s, extra={"table": table, "reason": reason})
+        self.on_change(table, parked)
+        return True
+
+    def succeeded(self, table: str) -> None:
+        """A step of ``table`` went through: its failures are forgotten."""
+        self.failures.pop(table, None)
+
+    def due(self, table: str) -> bool:
+        """Whether a parked table's staged rows should be tried now."""
+        parked = self.parked.get(table)
+        return parked is not None and self.monotonic() >= parked.next_retry
+
+    def retry_failed(self, table: str, exc: BaseException) -> None:
+        """A parked table's import failed again: try later (doubling, capped)."""
+        parked = self.parked[table]
+        parked.retries += 1
+        parked.reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        parked.interval = min(parked.interval * 2, self.retry_s * RETRY_GROWTH_CAP)
+        parked.next_retry = self.monotonic() + parked.interval
+        log.warning("parked table %s still fails (retry %d; next in %.0f s): %s", table,
+                    parked.retries, parked.interval, parked.reason, extra={"table": table})
+
+    def unpark(self, table: str) -> None:
+        """``table``'s staged rows committed: it takes part in runs again."""
+        self.failures.pop(table, None)
+        if self.parked.pop(table, None) is not None:
+            log.info("table %s unparked: its staged rows are committed", table,
+                     extra={"table": table})
+            self.on_change(table, None)
+
+    def retry_all_now(self) -> None:
+        """Try every parked table at the next chance (the registry changed: maybe a fix)."""
+        now = self.monotonic()
+        for parked in self.parked.values():
+            parked.next_retry = now
+
+    def reasons(self) -> dict[str, str]:
+        """Table → why it is parked (for ``/readyz``)."""
+        return {table: parked.reason for table, parked in sorted(self.parked.items())}
+
+
+PARKED = "parked"
+"""Dead-letter reason of a parked table's rows beyond ``park_max_bytes``
+(``parked:<table>``)."""
+
+
+def parked_dead_letters(rows: pa.Table, table: str, stream: str,
+                        locations: Mapping[int, str], reason: str) -> pa.Table:
+    """A run's rows for a parked table whose staging area is full, as dead letters (the
+    row as JSON; ``icefloe redrive`` sends them again once the table is fixed)."""
+    message = (f"table {table} is parked ({reason}) and its staged rows reached "
+               "collector.park_max_bytes")
+    return rows_as_dead_letters(rows, stream, locations, [f"{PARKED}:{table}"] * rows.num_rows,
+                                [message] * rows.num_rows)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

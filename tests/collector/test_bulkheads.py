@@ -1,0 +1,330 @@
+"""Bulkheads (design invariant 7): a failure that belongs to one table parks that table
+after ``park_after_failures`` attempts; the other tables keep committing, the parked
+table's rows wait in its staging area (so the queue is acknowledged and moves on), and once
+the table is fixed they land exactly once. Real Spark, a real SQLite catalog, a local store;
+each failure class is injected into one of three streams."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from collector_support import (
+    BASE_MS,
+    BUYS,
+    CLICKS,
+    assert_exact,
+    buy,
+    click,
+    collector_config,
+    ids,
+    publish_sync,
+    read_table,
+    start,
+)
+from pyiceberg.types import IntegerType, StringType
+
+from collector.http import HttpServer
+from collector.service import Collector
+from icefloe.config import Column, StreamConfig
+from pipeline.iceberg.catalog import open_catalog
+from pipeline.load.run import SparkEngine
+
+VIEWS = StreamConfig(name="views", table="web.views", columns=(
+    Column("page", "string", required=True), Column("ms", "long")))
+
+
+def view(i: int, prefix: str = "v") -> tuple[str, str, int, bytes]:
+    return ("views", f"{prefix}{i}", BASE_MS + i,
+            msgspec.json.encode({"page": f"/p{i}", "ms": i}))
+
+
+def batch(prefix: str, count: int) -> list[tuple[str, str, int, bytes]]:
+    """``count`` events of each of the three streams (ids ``<c|b|v><prefix><i>``)."""
+    return ([click(i, f"c{prefix}") for i in range(count)]
+            + [buy(i, f"b{prefix}") for i in range(count)]
+            + [view(i, f"v{prefix}") for i in range(count)])
+
+
+def all_ids(letter: str, *prefixes: str, count: int = 5) -> set[str]:
+    return set().union(*(ids(f"{letter}{p}", count) for p in prefixes))
+
+
+@pytest.fixture
+def config(tmp_path: Path):
+    return collector_config(tmp_path, streams=(CLICKS, BUYS, VIEWS), dequeue_every=1,
+                            park_after_failures=2, park_retry_s=3600)
+
+
+@pytest.fixture
+def engine(spark):
+    return SparkEngine(spark, 2)
+
+
+def metadata_location(config: Any, table: str, location: str | None = None) -> str:
+    """Read (and with ``location``, overwrite) a table's pointer in the SQLite catalog: what
+    a broken or restored metadata file looks like to the collector."""
+    namespace, name = table.split(".")
+    db = sqlite3.connect(config.catalog.uri.removeprefix("sqlite:///"))
+    try:
+        if location is not None:
+            db.execute("UPDATE iceberg_tables SET metadata_location = ? WHERE "
+                       "table_namespace = ? AND table_name = ?", (location, namespace, name))
+            db.commit()
+        row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE "
+                         "table_namespace = ? AND table_name = ?", (namespace, name)).fetchone()
+        return str(row[0])
+    finally:
+        db.close()
+
+
+async def run_until_parked(collector: Collector, table: str, attempts: int) -> None:
+    """``attempts`` runs fail (the table's own failure), the last one parks the table."""
+    for _attempt in range(attempts):
+        assert not collector.bulkheads.is_parked(table)
+        with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the table fails with
+            await collector.run_once()
+    assert collector.bulkheads.is_parked(table)
+
+
+def parked_metric(collector: Collector, table: str) -> float | None:
+    return collector.metrics.registry.get_sample_value(
+        "icefloe_collector_table_parked", {"table": table})
+
+
+async def test_a_table_whose_metadata_is_lost_is_parked_and_lands_once_fixed(config, engine):
+    """The commit class: a table's metadata file is gone (another tool, a bad restore)."""
+    publish_sync(config, [batch("1", 5)])
+    collector = await start(config, engine)
+    try:
+        assert (await collector.run_once()).entries == 1
+        good = metadata_location(config, "shop.buys")
+        metadata_location(config, "shop.buys", good.replace(".metadata.json", "-lost.json"))
+        publish_sync(config, [batch("2", 5)])
+        await run_until_parked(collector, "shop.buys", 2)
+        assert parked_metric(collector, "shop.buys") == 1
+        assert "shop.buys" in collector.metrics.health.body()["parked"]  # type: ignore[operator]
+        assert collector.metrics.health.ready()[0]  # the others commit: still ready
+
+        result = await collector.run_once()  # parked: staged; the others commit; acked
+        assert result.entries == 1
+        assert result.staged == {"shop.buys": 5}
+        publish_sync(config, [batch("3", 5)])
+        assert (await collector.run_once()).entries == 1
+        assert (await collector.run_once()).entries == 0  # the queue moved on
+        assert_exact(config, "web.clicks", all_ids("c", "1", "2", "3"))
+        assert_exact(config, "web.views", all_ids("v", "1", "2", "3"))
+        assert collector.staging.states["shop.buys"].rows == 10
+
+        collector.bulkheads.retry_all_now()  # still broken: stays parked, nothing lost
+        assert await asyncio.to_thread(collector.commit_due_staged) == {}
+        assert collector.bulkheads.is_parked("shop.buys")
+
+        metadata_location(config, "shop.buys", good)  # the operator restores it
+        collector.bulkheads.retry_all_now()
+        assert await asyncio.to_thread(collector.commit_due_staged) == {"shop.buys": 10}
+        assert not collector.bulkheads.is_parked("shop.buys")
+        assert parked_metric(collector, "shop.buys") == 0
+        assert_exact(config, "shop.buys", all_ids("b", "1", "2", "3"))
+
+        publish_sync(config, [batch("4", 5)])  # back on the normal path
+        result = await collector.run_once()
+        assert result.rows["shop.buys"] == 5
+        assert not result.staged
+        assert_exact(config, "shop.buys", all_ids("b", "1", "2", "3", "4"))
+    finally:
+        await collector.store.close()
+
+
+async def test_a_restart_while_parked_keeps_the_staged_rows_and_commits_them_once(
+        config, engine):
+    """Parked rows are in the object store, not in memory: a new collector finds them,
+    keeps new rows behind them, and imports them once the table is fixed."""
+    publish_sync(config, [batch("1", 5)])
+    first = await start(config, engine)
+    await first.run_once()
+    good = metadata_location(config, "web.views")
+    metadata_location(config, "web.views", good.replace(".metadata.json", "-lost.json"))
+    publish_sync(config, [batch("2", 5)])
+    await run_until_parked(first, "web.views", 2)
+    await first.run_once()
+    await first.store.close()
+
+    metadata_location(config, "web.views", good)
+    publish_sync(config, [batch("3", 5)])
+    second = await start(config, engine)  # takes over; the table is readable again
+    try:
+        result = await second.run_once()
+        assert result.entries == 1
+        assert_exact(config, "web.views", all_ids("v", "1", "2", "3"))
+        assert_exact(config, "web.clicks", all_ids("c", "1", "2", "3"))
+        assert second.staging.states["web.views"].rows == 0
+    finally:
+        await second.store.close()
+
+
+async def test_a_column_retyped_by_another_engine_parks_only_its_table(config, engine):
+    """The type class: another engine replaced a column's type; the stream still sends the
+    declared one. Only that table waits."""
+    publish_sync(config, [batch("1", 5)])
+    collector = await start(config, engine)
+    try:
+        await collector.run_once()
+        table = open_catalog(config.catalog).load_table("shop.buys")
+        with table.update_schema(allow_incompatible_changes=True) as update:
+            update.delete_column("amount")
+        table = open_catalog(config.catalog).load_table("shop.buys")
+        with table.update_schema() as update:
+            update.add_column("amount", IntegerType())  # the stream sends 1.5, 3.0, ...
+        publish_sync(config, [batch("2", 5)])
+        await run_until_parked(collector, "shop.buys", 2)
+        reason = collector.bulkheads.parked["shop.buys"].reason
+        assert "truncated" in reason, reason
+        assert (await collector.run_once()).staged == {"shop.buys": 5}
+        assert_exact(config, "web.clicks", all_ids("c", "1", "2"))
+        assert_exact(config, "web.views", all_ids("v", "1", "2"))
+        assert_exact(config, "shop.buys", all_ids("b", "1"))
+        failures = collector.metrics.registry.get_sample_value(
+            "icefloe_collector_table_failures_total",
+            {"table": "shop.buys", "kind": "CatalogError"})
+        assert failures == 2
+    finally:
+        await collector.store.close()
+
+
+async def test_a_required_column_added_elsewhere_parks_only_its_table(config, engine):
+    """The schema class: another engine added a required column the stream never sends."""
+    publish_sync(config, [batch("1", 5)])
+    collector = await start(config, engine)
+    try:
+        await collector.run_once()
+        table = open_catalog(config.catalog).load_table("web.clicks")
+        with table.update_schema(allow_incompatible_changes=True) as update:
+            update.add_column("region", StringType(), required=True)
+        publish_sync(config, [batch("2", 5)])
+        await run_until_parked(collector, "web.clicks", 2)
+        assert (await collector.run_once()).staged == {"web.clicks": 5}
+        assert_exact(config, "shop.buys", all_ids("b", "1", "2"))
+        assert_exact(config, "web.views", all_ids("v", "1", "2"))
+        # (pyiceberg itself cannot read that table now: its older files lack the column)
+        assert collector.table_sequences["web.clicks"] == {0: 0}
+        assert collector.staging.states["web.clicks"].rows == 5
+    finally:
+        await collector.store.close()
+
+
+async def test_a_parked_table_past_its_bound_sends_its_rows_to_the_dead_letters(
+        tmp_path, engine):
+    """``park_max_bytes`` bounds the area: beyond it a run's rows for the parked table
+    become dead letters with the reason (and the run still acknowledges)."""
+    config = collector_config(tmp_path, streams=(CLICKS, BUYS, VIEWS), dequeue_every=1,
+                              park_after_failures=1, park_retry_s=3600, park_max_bytes=1)
+    publish_sync(config, [batch("1", 3)])
+    collector = await start(config, engine)
+    try:
+        await collector.run_once()
+        good = metadata_location(config, "shop.buys")
+        metadata_location(config, "shop.buys", good.replace(".metadata.json", "-lost.json"))
+        publish_sync(config, [batch("2", 3), batch("3", 3)])
+        await run_until_parked(collector, "shop.buys", 1)
+        assert (await collector.run_once()).staged == {"shop.buys": 6}  # both entries
+        publish_sync(config, [batch("4", 3)])
+        result = await collector.run_once()  # the area is over its bound now
+        assert result.dead_letters == 3
+        assert not result.staged
+        dead = read_table(config, "icefloe.dead_letters").to_pylist()
+        assert sorted(d["event_id"] for d in dead) == sorted(ids("b4", 3))
+        assert {d["reason"] for d in dead} == {"parked:shop.buys"}
+        assert {msgspec.json.decode(d["raw"])["order_id"] for d in dead} == {"o0", "o1", "o2"}
+        assert_exact(config, "web.clicks", all_ids("c", "1", "2", "3", "4", count=3))
+    finally:
+        await collector.store.close()
+
+
+NESTED = StreamConfig(name="profiles", table="app.profiles", columns=(
+    Column("user_id", "string", required=True), Column("tags", "list<string>"),
+    Column("address", "struct<city: string, zip: string>")), primary_key=("user_id",))
+
+
+async def test_an_upsert_of_a_key_with_nested_columns_replaces_it(tmp_path, engine):
+    """Before: the first update of an existing key failed in Arrow's join (nested non-key
+    columns), and the run was retried forever."""
+    config = collector_config(tmp_path, streams=(NESTED, CLICKS), dequeue_every=1)
+
+    def profile(i: int, uid: str, city: str, tags: list[str] | None):
+        body = {"user_id": uid, "tags": tags, "address": {"city": city, "zip": "1"}}
+        return ("profiles", f"p{i}", BASE_MS + i, msgspec.json.encode(body))
+
+    publish_sync(config, [[profile(0, "u1", "Oslo", ["a"]), profile(1, "u2", "Rome", None)]])
+    collector = await start(config, engine)
+    try:
+        await collector.run_once()
+        publish_sync(config, [[profile(2, "u1", "Bergen", ["b", "c"]), click(1)]])
+        result = await collector.run_once()
+        assert result.rows == {"app.profiles": 1, "web.clicks": 1}
+        rows = {r["user_id"]: r for r in read_table(config, "app.profiles").to_pylist()}
+        assert set(rows) == {"u1", "u2"}
+        assert rows["u1"]["address"]["city"] == "Bergen"
+        assert rows["u1"]["tags"] == ["b", "c"]
+        assert rows["u2"]["tags"] is None
+        assert rows["u2"]["address"]["city"] == "Rome"
+    finally:
+        await collector.store.close()
+
+
+async def test_a_run_that_hangs_makes_the_collector_stalled_and_unready(config, engine):
+    """The memory class as the audit saw it: the driver runs out of memory inside a job
+    and the run never finishes. No run fails, so only the stall check can say so:
+    ``/readyz`` 503 naming it, and ``icefloe_collector_stalled`` 1."""
+    release = threading.Event()
+
+    def hang(stage: str) -> None:
+        if stage == "after_job":
+            release.wait(30)
+
+    publish_sync(config, [batch("1", 2)])
+    collector = await start(config, engine)
+    collector.hook = hang
+    collector.metrics.health.set_role("active")
+    collector.metrics.health.stall_after_s = 0.5
+    server = HttpServer("127.0.0.1", 0, collector.metrics.registry, collector.metrics.health)
+    try:
+        collector.metrics.health.run_started()
+        run = asyncio.create_task(collector.run_once())
+        url = f"http://127.0.0.1:{server.port}"
+        body: dict[str, Any] = {}
+        for _ in range(200):  # until the stall shows (the job itself takes a while)
+            status, body = await asyncio.to_thread(_get, f"{url}/readyz")
+            if status == 503:
+                break
+            await asyncio.sleep(0.1)
+        assert status == 503, body
+        assert body["reason"].startswith("stalled:"), body
+        _, text = await asyncio.to_thread(_get, f"{url}/metrics", raw=True)
+        assert "icefloe_collector_stalled 1.0" in text
+        release.set()
+        result = await run
+        collector.metrics.health.run_ok(result.entries)
+        status, body = await asyncio.to_thread(_get, f"{url}/readyz")
+        assert status == 200
+        assert body["ready"] is True
+    finally:
+        release.set()
+        server.shutdown()
+        await collector.store.close()
+
+
+def _get(url: str, raw: bool = False) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            data = response.read()
+            return response.status, data.decode() if raw else msgspec.json.decode(data)
+    except urllib.error.HTTPError as exc:
+        data = exc.read()
+        return exc.code, data.decode() if raw else msgspec.json.decode(data)
