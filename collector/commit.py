@@ -52,7 +52,7 @@ from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, Staged, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
-from collector.where import unrouted_dead_letters
+from collector.where import unrouted_dead_letters, where_error_dead_letters
 from icefloe.clock import Clock
 from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
@@ -150,9 +150,10 @@ class RunCommits:
             return
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
-        routed, unrouted = self.routes.route_run(output.tables, versions)
+        routed, unrouted, failed = self.routes.route_run(output.tables, versions)
         dead = [self._unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
+        dead += self._where_errors(failed, locations)
         for table, (target, rows) in routed.items():
             if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
                 # (by the rows, not the owner: a table's rows may come from an evolving
@@ -216,6 +217,17 @@ class RunCommits:
                                               pa.array(keep, pa.int64())))
                 parts.append(unrouted_dead_letters(source, chosen, locations))
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+    def _where_errors(self, failed: dict[str, pa.Table], locations: dict[int, str]
+                      ) -> list[pa.Table]:
+        """Count and dead-letter each source's events a ``where`` raised an error on
+        (reason ``where_error``): a mapping error of the event, whatever the source's
+        ``unrouted`` says, never a routing decision."""
+        out = []
+        for source, rows in failed.items():
+            self.metrics.where_errors.labels(source).inc(rows.num_rows)
+            out.append(where_error_dead_letters(source, rows, locations))
+        return out
 
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:

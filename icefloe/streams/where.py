@@ -202,6 +202,8 @@ def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
                              f"sink's declared columns and {', '.join(WHERE_COLUMNS)})")
         return kinds[node.name]
     if isinstance(node, exp.Literal):
+        if not node.is_string:
+            _check_number(node.this)
         return "string" if node.is_string else "number"
     if isinstance(node, exp.Boolean):
         return "boolean"
@@ -239,6 +241,11 @@ def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
     if isinstance(node, ARITHMETIC):
         for side in (node.this, node.expression):
             _expect(side, kinds, "number", node)
+        divisor = node.expression.unnest()
+        if isinstance(node, exp.Div) and isinstance(divisor, exp.Literal) and \
+                not divisor.is_string and float(divisor.this) == 0:
+            raise ValueError(f"{node.sql('spark')[:60]!r} divides by zero (an error for "
+                             "every row, as in Spark SQL's ANSI mode)")
         return "number"
     if isinstance(node, exp.Neg):
         _expect(node.this, kinds, "number", node)
@@ -247,6 +254,20 @@ def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
         return _check_function(node, kinds)
     raise ValueError(f"{node.sql('spark')[:60]!r} is not supported in a where predicate "
                      "(see README, Routing by content)")
+
+
+def _check_number(text: str) -> None:
+    """A numeric literal the evaluator can type as Spark does: an integer within
+    ``bigint`` (Spark would read a larger one as a decimal), or a finite double."""
+    try:
+        value = int(text)
+    except ValueError:
+        if float(text) in (float("inf"), float("-inf")):
+            raise ValueError(f"the number {text[:40]} is out of range of a double") from None
+        return
+    if not -(2 ** 63) <= value < 2 ** 63:
+        raise ValueError(f"the integer {text[:40]} is out of range of bigint (a where "
+                         "compares with integers within 64 bits)")
 
 
 def _check_function(node: exp.Func, kinds: dict[str, str]) -> str:
