@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.dedup import with_source
-from collector.where import WHERE_ERROR, where_error_messages
+from collector.where import WHERE_ERROR
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
@@ -31,7 +31,7 @@ from icefloe.registry.streams import routing_streams
 from icefloe.streams.evolution import EXTRA_FIELD
 from pipeline.load.mapped import sequence_ranges
 from pipeline.load.spec import SqlCase, WhereCase, WhereSpec
-from pipeline.where import judge
+from pipeline.where import judge, where_error_messages
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 
@@ -240,7 +240,8 @@ class Routes:
                     continue
                 columns = tuple((c.name, c.type) for c in target.sink.columns)
                 out.append(WhereSpec(source, target.table, columns, tuple(
-                    WhereCase(sql, sequence_ranges(seqs)) for sql, seqs in groups.items())))
+                    WhereCase(sql, sequence_ranges(seqs)) for sql, seqs in groups.items()),
+                    sink=target.sink.name))
         return tuple(out)
 
     def takers(self, source: str, versions: Mapping[int, int]) -> list[Target]:

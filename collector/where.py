@@ -19,15 +19,6 @@ WHERE_ERROR = "__icefloe_where_error"
 """The column of a source's rows that carries the first ``where`` error of each row."""
 
 
-def where_error_messages(sink: str, table: str, sql: str, errors: pa.Array) -> pa.Array:
-    """``errors`` (per row: what the predicate raised, or null) as dead-letter messages
-    naming the sink, its table and its ``where``."""
-    import pyarrow.compute as pc
-
-    prefix = f"where {sql[:200]!r} of sink {sink!r} (table {table!r}): "
-    return pc.binary_join_element_wise(pa.scalar(prefix), errors, "")
-
-
 def unrouted_dead_letters(source: str, rows: pa.Table, locations: dict[int, str]
                           ) -> pa.Table:
     """Dead-letter rows for ``source``'s events no sink took: reason ``unrouted``, the

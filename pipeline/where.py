@@ -61,6 +61,13 @@ class Verdict:
     errors: Errors
 
 
+def where_error_messages(sink: str, table: str, sql: str, errors: pa.Array) -> pa.Array:
+    """``errors`` (per row: what the predicate raised, or null) as dead-letter messages
+    naming the sink, its table and its ``where``: one text for both output paths."""
+    prefix = f"where {sql[:200]!r} of sink {sink!r} (table {table!r}): "
+    return pc.binary_join_element_wise(pa.scalar(prefix), errors, "")
+
+
 @lru_cache(maxsize=256)
 def compiled(sql: str, columns: tuple[tuple[str, str], ...]) -> exp.Expression:
     """The checked tree of ``sql`` over ``(name, type)`` columns (parsed once per
