@@ -53,7 +53,7 @@ from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, Staged, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
-from collector.where import unrouted_dead_letters
+from collector.where import WHERE_ERROR, unrouted_dead_letters, where_error_dead_letters
 from icefloe.clock import Clock
 from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
@@ -152,9 +152,10 @@ class RunCommits:
             return
         sequence = result.last_sequence
         assert self.epoch is not None
-        routed, unrouted = self.routes.route_run(output.tables, versions)
+        routed, unrouted, failed = self.routes.route_run(output.tables, versions)
         dead = [self._unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
+        dead += self._where_errors(failed, locations)
         for table, (target, rows) in routed.items():
             with self._guard(table):
                 self._commit_routed(target, rows, result, locations, dead)
@@ -243,6 +244,17 @@ class RunCommits:
                 parts.append(unrouted_dead_letters(source, chosen, locations))
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
+    def _where_errors(self, failed: dict[str, pa.Table], locations: dict[int, str]
+                      ) -> list[pa.Table]:
+        """Count and dead-letter each source's events a ``where`` raised an error on
+        (reason ``where_error``): a mapping error of the event, whatever the source's
+        ``unrouted`` says, never a routing decision."""
+        out = []
+        for source, rows in failed.items():
+            self.metrics.where_errors.labels(source).inc(rows.num_rows)
+            out.append(where_error_dead_letters(source, rows, locations))
+        return out
+
     def _commit_dead(self, dead: pa.Table, sequence: int, result: RunResult) -> None:
         if dead.num_rows:
             outcome = self._commit(DEAD_LETTER_TABLE, dead, sequence,
@@ -287,6 +299,7 @@ class RunCommits:
         dead: list[pa.Table] = []
         try:
             dead.append(self._cluster_unrouted(output, unrouted, versions, entries))
+            dead += self._cluster_where_errors(output, locations)
             fresh_keys: dict[str, pa.Table] = {}
             skipped: dict[str, int] = {}
             upserts: dict[str, UpsertPlan | None] = {}
@@ -442,10 +455,15 @@ class RunCommits:
                     raise RoutingUnsupportedError(
                         f"table {target.table!r} is written by two sinks in this run: the "
                         "cluster output path commits each table from one sink per run")
-                flags = [c for c in output.wheres.values() if c in part.column_names]
+                flags = [c for c in (*output.wheres.values(), *output.where_errors.values())
+                         if c in part.column_names]
                 out[target.table] = (target, part.drop_columns(flags), chosen, where)
             if filtered:
-                left = keys.filter(pc.and_(receivable, pc.invert(taken)))
+                left = pc.and_(receivable, pc.invert(taken))
+                for column in output.where_errors.values():  # errors are not unrouted
+                    if column in keys.column_names:
+                        left = pc.and_(left, pc.is_null(keys.column(column)))
+                left = keys.filter(left)
                 if left.num_rows:
                     unrouted[name] = left.select(list(KEY_COLUMNS))
         return out, unrouted
@@ -468,6 +486,28 @@ class RunCommits:
                 rows[source] = fetched.sort_by([("_sequence", "ascending")])
             self.metrics.unrouted.labels(source).inc(keys.num_rows)
         return self._unrouted(rows, versions, entries, output.dead, counted=True)
+
+    def _cluster_where_errors(self, output: ClusterRunOutput, locations: dict[int, str]
+                              ) -> list[pa.Table]:
+        """:meth:`_where_errors` for the cluster path: the executors marked each row a
+        sink's ``where`` erred on (its message in the keys); those rows are fetched (few)
+        and become the embedded path's dead letters, the first error of a row winning in
+        sink order as there."""
+        failed: dict[str, pa.Table] = {}
+        for name, keys in output.keys.items():
+            columns = [c for (stream, _), c in output.where_errors.items()
+                       if stream == name and c in keys.column_names]
+            if not columns:
+                continue
+            errors = pc.coalesce(*[keys.column(c) for c in columns]) if len(columns) > 1 \
+                else keys.column(columns[0])
+            erred = pc.is_valid(errors)
+            if not pc.any(erred).as_py():
+                continue
+            ids = keys.filter(erred).column(ROW).combine_chunks()
+            rows = output.rows_of(name, ids)  # in run order (_sequence, _row): the keys'
+            failed[name] = rows.append_column(WHERE_ERROR, errors.filter(erred))
+        return self._where_errors(failed, locations)
 
     def _plan_stage(self, target: Target, keys: pa.Table, columns: tuple[tuple[str, str], ...],
                     allowed: tuple[int, ...] | None, where: str | None = None, *,

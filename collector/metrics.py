@@ -57,6 +57,10 @@ class CollectorMetrics:
                                 "Events that no sink's where took, per source (dropped, "
                                 "or dead-lettered when the source's unrouted says so)",
                                 ["source"], registry=r)
+        self.where_errors = Counter("icefloe_collector_where_errors",
+                                    "Events a sink's where raised an error on (integer "
+                                    "overflow, division by zero), dead-lettered with reason "
+                                    "where_error, per source", ["source"], registry=r)
         self.duplicates = Counter("icefloe_collector_duplicates_dropped",
                                   "Rows dropped by event-id deduplication", ["stream"],
                                   registry=r)

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.dedup import with_source
+from collector.where import WHERE_ERROR
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
@@ -30,7 +31,7 @@ from icefloe.registry.streams import routing_streams
 from icefloe.streams.evolution import EXTRA_FIELD
 from pipeline.load.mapped import sequence_ranges
 from pipeline.load.spec import SqlCase, WhereCase, WhereSpec
-from pipeline.where import accepts
+from pipeline.where import judge, where_error_messages
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 
@@ -103,10 +104,21 @@ class Routes:
         ``where`` of *that entry's* version (:meth:`Sink.where_at`) — is TRUE; NULL and
         FALSE are not taken. A pure function of the rows and their versions, so a replay
         routes the same way."""
+        routed, unrouted, _ = self.route_all(source, rows, versions)
+        return routed, unrouted
+
+    def route_all(self, source: str, rows: pa.Table, versions: Mapping[int, int]
+                  ) -> tuple[list[tuple[Target, pa.Table]], pa.Table | None,
+                             pa.Table | None]:
+        """:meth:`route`, and the rows on which a target's ``where`` raised an error
+        (integer overflow, division by zero: :func:`pipeline.where.judge`), with the
+        first such error per row in :data:`WHERE_ERROR` (None when there are none). Such
+        a row is not taken by that target and is not unrouted: it is a mapping error."""
         out: list[tuple[Target, pa.Table]] = []
         sequences = rows.column("_sequence")
         receivable: pa.Array | None = None  # rows some target receives, by version
         taken: pa.Array | None = None  # rows some target takes
+        errors: pa.Array | None = None  # per row, the first where error
         filtered = False
         for target in self.targets.get(source, []):
             allowed = [s for s, v in versions.items() if target.receives_at(v)]
@@ -115,17 +127,26 @@ class Routes:
             mask = None if len(allowed) == len(versions) else pc.is_in(
                 sequences, pa.array(allowed, pa.int64()))
             receivable = _union(receivable, mask, rows.num_rows)
-            chosen = where_mask(target, rows, {s: versions[s] for s in allowed})
+            chosen, failed = where_verdict(target, rows, {s: versions[s] for s in allowed})
+            errors = errors if failed is None else failed if errors is None else \
+                pc.coalesce(errors, failed)
             filtered = filtered or chosen is not None
             mask = chosen if mask is None else mask if chosen is None else pc.and_(mask,
                                                                                    chosen)
             taken = _union(taken, mask, rows.num_rows)
             part = rows if mask is None else rows.filter(mask)
             out.append((target, project(part, target)))
+        failed_rows = None
+        if errors is not None:
+            failed_rows = rows.filter(pc.is_valid(errors)).append_column(
+                WHERE_ERROR, errors.filter(pc.is_valid(errors)))
         if not filtered or receivable is None or taken is None:
-            return out, None
-        unrouted = rows.filter(pc.and_(pc.invert(taken), receivable))
-        return out, unrouted if unrouted.num_rows else None
+            return out, None, failed_rows
+        left = pc.and_(pc.invert(taken), receivable)
+        if errors is not None:
+            left = pc.and_(left, pc.is_null(errors))
+        unrouted = rows.filter(left)
+        return out, unrouted if unrouted.num_rows else None, failed_rows
 
     def unrouted_mode(self, source: str, version: int) -> str:
         """``drop`` or ``dead_letter``: the ``unrouted`` of the source record that took
@@ -153,15 +174,20 @@ class Routes:
 
     def route_run(self, tables: Mapping[str, pa.Table],
                   versions: Mapping[str, Mapping[int, int]]
-                  ) -> tuple[dict[str, tuple[Target, pa.Table]], dict[str, pa.Table]]:
-        """:meth:`per_table`, and each source's unrouted rows (see :meth:`route`)."""
+                  ) -> tuple[dict[str, tuple[Target, pa.Table]], dict[str, pa.Table],
+                             dict[str, pa.Table]]:
+        """:meth:`per_table`, each source's unrouted rows (see :meth:`route`) and each
+        source's rows a ``where`` erred on (see :meth:`route_all`)."""
         parts: dict[str, list[pa.Table]] = {}
         owner: dict[str, Target] = {}
         unrouted: dict[str, pa.Table] = {}
+        failed: dict[str, pa.Table] = {}
         for source, rows in tables.items():
-            routed, left = self.route(source, rows, versions.get(source, {}))
+            routed, left, erred = self.route_all(source, rows, versions.get(source, {}))
             if left is not None:
                 unrouted[source] = left
+            if erred is not None:
+                failed[source] = erred
             for target, part in routed:
                 parts.setdefault(target.table, []).append(with_source(part, source))
                 current = owner.get(target.table)
@@ -169,7 +195,7 @@ class Routes:
                     owner[target.table] = target
         return {table: (owner[table], chunks[0] if len(chunks) == 1 else
                         pa.concat_tables(chunks, promote_options="permissive"))
-                for table, chunks in parts.items()}, unrouted
+                for table, chunks in parts.items()}, unrouted, failed
 
     def sql_cases(self, versions: Mapping[str, Mapping[int, int]]
                   ) -> dict[str, dict[str, tuple[SqlCase, ...]]]:
@@ -214,7 +240,8 @@ class Routes:
                     continue
                 columns = tuple((c.name, c.type) for c in target.sink.columns)
                 out.append(WhereSpec(source, target.table, columns, tuple(
-                    WhereCase(sql, sequence_ranges(seqs)) for sql, seqs in groups.items())))
+                    WhereCase(sql, sequence_ranges(seqs)) for sql, seqs in groups.items()),
+                    sink=target.sink.name))
         return tuple(out)
 
     def takers(self, source: str, versions: Mapping[int, int]) -> list[Target]:
@@ -236,21 +263,39 @@ def where_mask(target: Target, rows: pa.Table, versions: Mapping[int, int]
     """Which of ``rows`` (of the entries in ``versions``, which ``target`` receives) its
     ``where`` takes, each entry judged by the predicate of its own registry version; None
     when no predicate applies (every row is taken)."""
+    return where_verdict(target, rows, versions)[0]
+
+
+def where_verdict(target: Target, rows: pa.Table, versions: Mapping[int, int]
+                  ) -> tuple[pa.Array | None, pa.Array | None]:
+    """:func:`where_mask`, and per row the error the predicate raised on it, named with
+    the sink, its table and its ``where`` (None: no row erred)."""
     groups: dict[str | None, list[int]] = {}
     for sequence, version in versions.items():
         groups.setdefault(target.sink.where_at(version), []).append(sequence)
     if list(groups) == [None]:
-        return None
+        return None, None
     sequences = rows.column("_sequence")
     columns = target.sink.columns
     out: pa.Array | None = None
+    errors: pa.Array | None = None
     for sql, seqs in groups.items():
-        chosen = pa.array(np.ones(rows.num_rows, dtype=bool)) if sql is None else \
-            accepts(sql, columns, rows)
-        if len(groups) > 1:
-            chosen = pc.and_(chosen, pc.is_in(sequences, pa.array(seqs, pa.int64())))
+        mine = pc.is_in(sequences, pa.array(seqs, pa.int64())) if len(groups) > 1 else None
+        if sql is None:
+            chosen = pa.array(np.ones(rows.num_rows, dtype=bool))
+        else:
+            verdict = judge(sql, columns, rows)
+            chosen = verdict.taken
+            if verdict.errors is not None:
+                failed = where_error_messages(target.sink.name, target.table, sql,
+                                              verdict.errors)
+                if mine is not None:
+                    failed = pc.if_else(mine, failed, pa.scalar(None, pa.string()))
+                errors = failed if errors is None else pc.coalesce(errors, failed)
+        if mine is not None:
+            chosen = pc.and_(chosen, mine)
         out = chosen if out is None else pc.or_(out, chosen)
-    return out
+    return out, errors
 
 
 def _union(mask: pa.Array | None, more: pa.Array | None, rows: int) -> pa.Array:

@@ -14,7 +14,7 @@ from icefloe.streams.layout import check_layout
 from icefloe.streams.mappings import check_mappings
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
 from icefloe.streams.typespec import BadType, is_native, parse_type
-from icefloe.streams.where import parse_where
+from icefloe.streams.where import check_where
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _RESERVED_COLUMNS = ("_event_id", "_received_at", "_sequence", "_stream")
@@ -53,7 +53,7 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
     _check_key(stream, at)
     if stream.where is not None:
         try:
-            parse_where(stream.where, stream.columns)
+            check_where(stream.where, stream.columns)
         except ValueError as exc:
             raise ConfigError(f"{at}.where: sink {stream.name!r} (table {stream.table!r}): "
                               f"where {stream.where[:80]!r}: {exc}") from None

@@ -34,7 +34,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from icefloe.errors import ConfigError
-from icefloe.streams.sql_functions import check_functions
+from icefloe.streams.sql_functions import check_functions, check_sizes
 from icefloe.streams.types import convert_value
 
 if TYPE_CHECKING:
@@ -158,7 +158,9 @@ def sql_expression(column: Column) -> exp.Expression:
                                           exp.Select), "a subquery")
         raise ValueError(f"{what} ({bad.sql(column.dialect)[:60]}) is not allowed: a "
                          "mapping computes one value per event")
-    check_functions(_as_spark(tree))
+    spark = _as_spark(tree)
+    check_functions(spark)
+    check_sizes(spark)
     return tree
 
 

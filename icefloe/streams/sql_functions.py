@@ -19,6 +19,13 @@ casts, JSON reads, hashing, and scalar array/map/struct access. Left out on purp
 * functions that allocate in proportion to an argument (``repeat``, ``space``,
   ``array_repeat``, ``sequence``): one row could exhaust the collector's memory.
 
+Functions whose output size an argument sets but that users need (``lpad``/``rpad`` to a
+width, ``printf``/``format_string`` with a width or precision, #36) are allowed only with
+that size as a literal of at most :data:`MAX_SIZE_ARGUMENT` (:func:`check_sizes`): a
+``printf('%999999999d', x)`` asked the driver for hundreds of megabytes per row.
+``regexp_replace``/``replace`` over such a function need a literal replacement and stay
+within the same bound. ``overlay`` is bounded by its inputs (it never pads).
+
 The check runs on the expression as transpiled to Spark SQL (what Spark will run), when
 config is loaded, when the admin API receives a sink, and again when the collector builds a
 run (a registry written by an older icefloe is not trusted). An allow-listed function can
@@ -86,6 +93,14 @@ ALLOWED_FUNCTIONS: frozenset[str] = frozenset(
 ZERO_ARG_REFUSED = frozenset({"unix_timestamp"})
 """Allowed only with arguments: without, they read the clock (non-deterministic)."""
 
+MAX_SIZE_ARGUMENT = 65_536
+"""The largest literal width (``lpad``/``rpad``) or total width and precision
+(``printf``/``format_string``) a ``sql`` mapping may ask for, in characters."""
+_PADS = ("lpad", "rpad")
+_FORMATS = ("printf", "format_string")
+_REPLACES = ("regexp_replace", "replace")
+_SPEC = re.compile(r"%(?:\d+\$)?[-#+ 0,(<]*(\d+)?(?:\.(\d+))?[a-zA-Z%]")
+
 _CALL = re.compile(r"`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\(")
 
 
@@ -127,3 +142,58 @@ def check_functions(tree: exp.Expression) -> None:
         raise ValueError(f"function {name} is not allowed in a sql mapping (allowed: see "
                          "README, Column mappings; the list is "
                          "icefloe.streams.sql_functions.ALLOWED_FUNCTIONS)")
+
+
+def check_sizes(tree: exp.Expression) -> None:
+    """Raise ``ValueError`` naming a function whose output size an argument sets when that
+    size is not a literal within :data:`MAX_SIZE_ARGUMENT` (see the module doc)."""
+    for node in tree.find_all(exp.Func):
+        name = function_name(node) if not isinstance(node, exp.Connector) else ""
+        if name in _PADS or name in _FORMATS:
+            _bound(node, name)
+        elif name in _REPLACES:
+            args = list(node.iter_expressions())
+            padded = max((_bound(inner, function_name(inner)) for inner in
+                          args[0].find_all(exp.Func) if function_name(inner) in
+                          (*_PADS, *_FORMATS)), default=None) if args else None
+            if padded is None:
+                continue
+            replacement = args[2] if len(args) > 2 else None
+            if replacement is not None and not (isinstance(replacement, exp.Literal) and
+                                                replacement.is_string):
+                raise ValueError(f"function {name} over {_shown(args[0])} needs a literal "
+                                 "replacement in a sql mapping (its output size must be "
+                                 "bounded)")
+            grown = padded * (len(replacement.this) + 1 if replacement is not None else 1)
+            if grown > MAX_SIZE_ARGUMENT:
+                raise ValueError(f"function {name} over {_shown(args[0])} can give "
+                                 f"{grown} characters per row; a sql mapping may ask for "
+                                 f"at most {MAX_SIZE_ARGUMENT}")
+
+
+def _bound(node: exp.Expression, name: str) -> int:
+    """The most characters a padding or formatting call can add (raising if unbounded)."""
+    args = list(node.iter_expressions())
+    if name in _PADS:
+        width = args[1] if len(args) > 1 else None
+        if not (isinstance(width, exp.Literal) and not width.is_string and
+                width.this.lstrip("-").isdigit()):
+            raise ValueError(f"function {name} needs a literal width in a sql mapping "
+                             f"(got {_shown(width)}): its output size must be bounded")
+        size = int(width.this)
+    else:
+        fmt = args[0] if args else None
+        if not (isinstance(fmt, exp.Literal) and fmt.is_string):
+            raise ValueError(f"function {name} needs a literal format in a sql mapping "
+                             f"(got {_shown(fmt)}): widths in it set its output size")
+        size = len(fmt.this) + sum(int(w or 0) + int(p or 0)
+                                   for w, p in _SPEC.findall(fmt.this))
+    if size > MAX_SIZE_ARGUMENT:
+        raise ValueError(f"function {name} asks for {size} characters per row "
+                         f"({_shown(node)}); a sql mapping may ask for at most "
+                         f"{MAX_SIZE_ARGUMENT}")
+    return max(size, 0)
+
+
+def _shown(node: exp.Expression | None) -> str:
+    return "nothing" if node is None else repr(node.sql(dialect="spark")[:60])

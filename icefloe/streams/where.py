@@ -15,11 +15,19 @@ three-valued logic holds: a row whose predicate is NULL is not taken.
 Types are checked here as well, on the declared column types, so a comparison Arrow could
 not evaluate (a string column against a number) is refused up front instead of failing a
 run.
+
+Why size limits (:data:`MAX_WHERE_CHARS`, :data:`MAX_WHERE_DEPTH`, :data:`MAX_IN_ITEMS`):
+the parser and the checks are recursive and cost time in proportion to the text, and the
+admin API validates while it serves. A predicate nested deeper than the limit would end in
+Python's ``RecursionError`` (an HTTP 500), and a 50,000-item ``IN`` list took about a
+second to parse; both are refused by name before they cost that, the depth and length
+before anything is parsed.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 
 import sqlglot
 from sqlglot import exp
@@ -34,6 +42,14 @@ WHERE_COLUMNS = ("_event_id", "_received_at")
 
 WHERE_FUNCTIONS = frozenset({"lower", "upper", "length", "coalesce", "abs"})
 """Functions a ``where`` may call (Spark names): what :mod:`pipeline.where` evaluates."""
+
+MAX_WHERE_CHARS = 16 * 1024
+"""The longest ``where`` text accepted (characters)."""
+MAX_WHERE_DEPTH = 32
+"""How deep a ``where`` may nest: each parenthesis, function call, ``NOT``, comparison and
+arithmetic operator is one level; a chain of ``AND`` (or of ``OR``) is one level."""
+MAX_IN_ITEMS = 1000
+"""The most values one ``IN (...)`` list may hold."""
 
 UNROUTED = ("drop", "dead_letter")
 """What happens to a source's event that no sink's ``where`` takes (always counted)."""
@@ -77,14 +93,84 @@ def column_kinds(columns: tuple[Column, ...]) -> dict[str, str]:
     return kinds
 
 
-def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expression:
-    """The checked predicate tree; ``ValueError`` says what is wrong (see module doc)."""
+def check_where(sql: str, columns: tuple[Column, ...]) -> None:
+    """:func:`parse_where`, remembered per predicate and column set: the admin API checks
+    a change before it writes it and again inside the write, which then costs nothing."""
+    _checked(sql, tuple((c.name, c.type) for c in columns))
+
+
+@lru_cache(maxsize=512)
+def _checked(sql: str, columns: tuple[tuple[str, str], ...]) -> None:
+    parse_where(sql, tuple(Column(name, type_) for name, type_ in columns))
+
+
+def _too_deep() -> ValueError:
+    return ValueError(f"nests deeper than {MAX_WHERE_DEPTH} levels (the limit of a where: "
+                      "each parenthesis, function call, NOT, comparison and operator is a "
+                      "level; a chain of AND or of OR is one)")
+
+
+def _paren_depth(sql: str) -> int:
+    """The deepest parenthesis nesting of ``sql`` outside quotes (a linear scan, before
+    the recursive parser sees the text)."""
+    depth = deepest = 0
+    quote: str | None = None
+    escaped = False
+    for char in sql:
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = None
+        elif char in "'\"`":
+            quote = char
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+    return deepest
+
+
+def tree_depth(tree: exp.Expression) -> int:
+    """``tree``'s nesting as :data:`MAX_WHERE_DEPTH` counts it, without recursion: a child
+    of the same ``AND``/``OR`` kind as its parent adds no level."""
+    deepest = 0
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, exp.Column | exp.Literal):
+            continue  # a leaf: its identifier parts are not nesting
+        for child in node.iter_expressions():
+            same = isinstance(node, exp.Connector) and type(child) is type(node)
+            stack.append((child, depth if same else depth + 1))
+    return deepest
+
+
+def _parse(sql: str) -> list[exp.Expression | None]:
+    """``sql`` parsed, once it is known to be short and shallow enough to parse."""
+    if len(sql) > MAX_WHERE_CHARS:
+        raise ValueError(f"is {len(sql)} characters long; a where is at most "
+                         f"{MAX_WHERE_CHARS} (use fewer IN values, or route on a coarser "
+                         "column)")
+    if _paren_depth(sql) > MAX_WHERE_DEPTH:
+        raise _too_deep()
     try:
-        parsed = sqlglot.parse(sql, read="spark")
+        return sqlglot.parse(sql, read="spark")
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         raise ValueError(f"does not parse as Spark SQL: {first.get('description', exc)}"
                          ) from None
+    except RecursionError:  # NOT NOT NOT ...: deep without parentheses
+        raise _too_deep() from None
+
+
+def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expression:
+    """The checked predicate tree; ``ValueError`` says what is wrong (see module doc)."""
+    parsed = _parse(sql)
     if len(parsed) != 1 or parsed[0] is None:
         raise ValueError("give exactly one SQL boolean expression (no ';')")
     tree = parsed[0]
@@ -94,6 +180,12 @@ def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expression:
     if tree.find(exp.AggFunc, exp.Window) is not None:
         raise ValueError("an aggregate or window function is not allowed: a predicate reads "
                          "one event")
+    if tree_depth(tree) > MAX_WHERE_DEPTH:
+        raise _too_deep()
+    for listed in tree.find_all(exp.In):
+        if len(listed.expressions) > MAX_IN_ITEMS:
+            raise ValueError(f"an IN list holds {len(listed.expressions)} values; a where "
+                             f"allows at most {MAX_IN_ITEMS} per list")
     kind = _check(tree, column_kinds(columns))
     if kind not in ("boolean", "null"):
         raise ValueError(f"is not a boolean expression (it gives a {kind})")
@@ -110,13 +202,15 @@ def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
                              f"sink's declared columns and {', '.join(WHERE_COLUMNS)})")
         return kinds[node.name]
     if isinstance(node, exp.Literal):
+        if not node.is_string:
+            _check_number(node.this)
         return "string" if node.is_string else "number"
     if isinstance(node, exp.Boolean):
         return "boolean"
     if isinstance(node, exp.Null):
         return "null"
     if isinstance(node, exp.And | exp.Or):
-        for side in (node.this, node.expression):
+        for side in node.flatten():  # a long chain without deep recursion
             _expect(side, kinds, "boolean", node)
         return "boolean"
     if isinstance(node, exp.Not):
@@ -147,6 +241,11 @@ def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
     if isinstance(node, ARITHMETIC):
         for side in (node.this, node.expression):
             _expect(side, kinds, "number", node)
+        divisor = node.expression.unnest()
+        if isinstance(node, exp.Div) and isinstance(divisor, exp.Literal) and \
+                not divisor.is_string and float(divisor.this) == 0:
+            raise ValueError(f"{node.sql('spark')[:60]!r} divides by zero (an error for "
+                             "every row, as in Spark SQL's ANSI mode)")
         return "number"
     if isinstance(node, exp.Neg):
         _expect(node.this, kinds, "number", node)
@@ -155,6 +254,20 @@ def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
         return _check_function(node, kinds)
     raise ValueError(f"{node.sql('spark')[:60]!r} is not supported in a where predicate "
                      "(see README, Routing by content)")
+
+
+def _check_number(text: str) -> None:
+    """A numeric literal the evaluator can type as Spark does: an integer within
+    ``bigint`` (Spark would read a larger one as a decimal), or a finite double."""
+    try:
+        value = int(text)
+    except ValueError:
+        if float(text) in (float("inf"), float("-inf")):
+            raise ValueError(f"the number {text[:40]} is out of range of a double") from None
+        return
+    if not -(2 ** 63) <= value < 2 ** 63:
+        raise ValueError(f"the integer {text[:40]} is out of range of bigint (a where "
+                         "compares with integers within 64 bits)")
 
 
 def _check_function(node: exp.Func, kinds: dict[str, str]) -> str:

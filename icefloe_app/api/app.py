@@ -10,6 +10,7 @@ compare-and-swap before the answer. Errors share the ingest API's body:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -191,8 +192,15 @@ class AdminApi:
                     source_id: str | None = None) -> Registry:
         """Validate ``change`` against the current registry without writing it (both
         output paths accept every registry this API accepts, #28: nothing depends on
-        ``[collector] output`` here)."""
-        return change(await self.current())
+        ``[collector] output`` here).
+
+        Why in a worker thread: checking a sink parses its ``where`` and ``sql`` mappings,
+        which takes milliseconds per sink and grows with the text; on the event loop it
+        would stall every other request meanwhile. The checks are remembered
+        (:func:`icefloe.streams.where.check_where`), so the write that follows, which runs
+        ``change`` again on the loop, costs little."""
+        registry = await self.current()
+        return await asyncio.to_thread(change, registry)
 
     @staticmethod
     def _source(registry: Registry, source_id: str) -> Source:

@@ -93,7 +93,7 @@ from pipeline.load.decode import DeadLetters
 from pipeline.load.extras import EVOLVED_PREFIX, with_evolved
 from pipeline.load.frame import DEAD, STREAM, struct_column
 from pipeline.load.spec import RunSpec, StreamSpec, WhereSpec
-from pipeline.where import accepts, referenced
+from pipeline.where import judge, referenced, where_error_messages
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -110,6 +110,9 @@ SOURCE = "_source"
 WHERE = "__icefloe_where_"
 """Prefix of the persisted run's boolean columns, one per ``where`` of the run's spec
 (:func:`where_column`): whether that sink's predicate takes the row."""
+WHERE_ERROR = "__icefloe_where_error_"
+"""Prefix of the persisted run's string columns, one per ``where``: the error its predicate
+raised on the row (Spark SQL's ANSI arithmetic), null where none."""
 _INLINE_DROPS = 10_000
 REWRITE_TASK = "__icefloe_rewrite_task"
 REWRITE_KEYS = "__icefloe_rewrite_keys"
@@ -491,6 +494,9 @@ class ClusterRunOutput:
     keys: dict[str, pa.Table] = field(default_factory=dict)
     dead: pa.Table = field(default_factory=lambda: dead_letter_arrow_schema().empty_table())
     wheres: dict[tuple[str, str], str] = field(default_factory=dict)
+    where_errors: dict[tuple[str, str], str] = field(default_factory=dict)
+    """Per (stream, table), the keys' column of the message of the error that sink's
+    ``where`` raised on a row (null: none; :func:`where_error_column`)."""
 
     @property
     def rows(self) -> int:
@@ -777,6 +783,11 @@ def where_column(index: int) -> str:
     return f"{WHERE}{index}"
 
 
+def where_error_column(index: int) -> str:
+    """The persisted run's column of the errors of the spec's ``index``-th ``where``."""
+    return f"{WHERE_ERROR}{index}"
+
+
 def _declared(column: pa.Array | pa.ChunkedArray, kind: pa.DataType
               ) -> pa.Array | pa.ChunkedArray:
     """A column as Spark hands it back (no uuid, times in nanoseconds, maybe large
@@ -798,41 +809,64 @@ def where_flags(spec: RunSpec, batch: pa.RecordBatch) -> pa.RecordBatch:
     the same decoded values on the driver (:func:`collector.routing.where_mask`)."""
     rows = pa.Table.from_batches([batch])
     arrays, names = list(batch.columns), list(batch.schema.names)
+    errors, error_names = [], []
     index = {s.name: i for i, s in enumerate(spec.streams)}
     for j, where in enumerate(spec.wheres):
         i = index[where.stream]
-        arrays.append(_where_mask(where, rows, i, spec.streams[i]))
+        flag, failed = _where_mask(where, rows, i, spec.streams[i])
+        arrays.append(flag)
         names.append(where_column(j))
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+        errors.append(failed)
+        error_names.append(where_error_column(j))
+    return pa.RecordBatch.from_arrays(arrays + errors, names=names + error_names)
 
 
 def _where_mask(where: WhereSpec, rows: pa.Table, index: int, stream: StreamSpec
-                ) -> pa.Array:
-    """:func:`where_flag` over the wide batch ``rows``: FALSE on other streams' rows."""
+                ) -> tuple[pa.Array, pa.Array]:
+    """:func:`where_verdict` over the wide batch ``rows``: FALSE (no error) on other
+    streams' rows."""
     names = {n for case in where.cases if case.sql is not None
              for n in referenced(case.sql, where.columns)}
-    flag = where_flag(where, _predicate_rows(rows, index, stream, tuple(sorted(names))))
+    flag, failed = where_verdict(where, _predicate_rows(rows, index, stream,
+                                                        tuple(sorted(names))))
     mine = pc.fill_null(pc.equal(rows.column(STREAM), where.stream), False)
-    return pc.and_(mine.combine_chunks() if isinstance(mine, pa.ChunkedArray) else mine,
-                   flag)
+    mine = mine.combine_chunks() if isinstance(mine, pa.ChunkedArray) else mine
+    failed = pc.if_else(mine, failed, pa.scalar(None, pa.string()))
+    return pc.and_(mine, flag), (failed.combine_chunks()
+                                 if isinstance(failed, pa.ChunkedArray) else failed)
 
 
 def where_flag(where: WhereSpec, rows: pa.Table) -> pa.Array:
     """Which of ``rows`` (one stream's decoded rows: its columns by name in their declared
     types, and the envelope) the sink of ``where`` takes: a row of an entry in one of its
     cases that the case's predicate takes (None: every row). No nulls."""
+    return where_verdict(where, rows)[0]
+
+
+def where_verdict(where: WhereSpec, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+    """:func:`where_flag`, and per row the message of the error the predicate raised on
+    it (null: none), named as the embedded path names it
+    (:func:`collector.routing.where_verdict`, through the same
+    :func:`pipeline.where.judge`)."""
     sequences = rows.column("_sequence")
     columns = tuple(Column(name, kind) for name, kind in where.columns)
     taken: Any = None
+    errors: Any = pa.nulls(rows.num_rows, pa.string())
     for case in where.cases:
         chosen = pc.is_in(sequences, pa.array(case.sequences(), pa.int64()))
         if case.sql is not None:
-            chosen = pc.and_kleene(chosen, accepts(case.sql, columns, rows))
+            verdict = judge(case.sql, columns, rows)
+            if verdict.errors is not None:
+                failed = where_error_messages(where.sink, where.table, case.sql,
+                                              verdict.errors)
+                errors = pc.coalesce(errors, pc.if_else(chosen, failed, pa.scalar(
+                    None, pa.string())))
+            chosen = pc.and_kleene(chosen, verdict.taken)
         taken = chosen if taken is None else pc.or_kleene(taken, chosen)
     if taken is None:
-        return pa.array(np.zeros(rows.num_rows, dtype=bool))
+        return pa.array(np.zeros(rows.num_rows, dtype=bool)), errors
     taken = taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
-    return pc.fill_null(taken, False)
+    return pc.fill_null(taken, False), errors
 
 
 def _predicate_rows(rows: pa.Table, index: int, stream: StreamSpec,
@@ -855,10 +889,12 @@ def _predicate_rows(rows: pa.Table, index: int, stream: StreamSpec,
 
 def _with_wheres(frame: DataFrame, spec: RunSpec) -> DataFrame:
     """``frame`` with :func:`where_flags`' columns, computed on the executors."""
-    from pyspark.sql.types import BooleanType, StructField
+    from pyspark.sql.types import BooleanType, StringType, StructField
 
     schema = StructType([*frame.schema.fields, *[
         StructField(where_column(j), BooleanType(), nullable=False)
+        for j in range(len(spec.wheres))], *[
+        StructField(where_error_column(j), StringType(), nullable=True)
         for j in range(len(spec.wheres))]])
 
     def flags(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -936,8 +972,9 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
     out = ClusterRunOutput(spark, frame, spec)
     extra = _key_columns(spec)
     flags = [where_column(j) for j in range(len(spec.wheres))]
+    failed = [where_error_column(j) for j in range(len(spec.wheres))]
     try:
-        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD, *flags).toArrow()
+        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD, *flags, *failed).toArrow()
     except BaseException:
         out.release()
         raise
@@ -949,6 +986,7 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
         rows = keys.filter(pc.equal(streams, stream.name))
         if rows.num_rows:
             mine = [flags[j] for j, w in enumerate(spec.wheres) if w.stream == stream.name]
+            mine += [failed[j] for j, w in enumerate(spec.wheres) if w.stream == stream.name]
             part = rows.select([*KEY_COLUMNS, *mine])
             for name in stream.keys:  # an upsert sink's key and tombstone columns
                 wide = f"{struct_column(i)}__{name}"
@@ -956,6 +994,7 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
                     part = part.append_column(name, rows.column(wide))
             out.keys[stream.name] = part.combine_chunks()
     out.wheres = {(w.stream, w.table): flags[j] for j, w in enumerate(spec.wheres)}
+    out.where_errors = {(w.stream, w.table): failed[j] for j, w in enumerate(spec.wheres)}
     dead = keys.filter(pc.is_null(streams))
     if dead.num_rows:
         out.dead = DeadLetters.decode_rows(dead.column(DEAD).to_pylist()).to_arrow()

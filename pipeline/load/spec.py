@@ -132,6 +132,8 @@ class WhereSpec(msgspec.Struct, frozen=True):
     table: str
     columns: tuple[tuple[str, str], ...]
     cases: tuple[WhereCase, ...]
+    sink: str = ""
+    """The sink's name (what a ``where_error`` dead letter names)."""
 
 
 class RunSpec(msgspec.Struct, frozen=True):

@@ -89,3 +89,54 @@ def test_should_accept_a_where_with_the_cluster_output_path(tmp_path: Path) -> N
         assert info.value.status == 400
         await store.close()
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(("where", "problem"), [
+    ("(" * 60 + "n > 1" + ")" * 60, "nests deeper than 32 levels"),
+    ("abs(" * 60 + "n" + ")" * 60 + " > 1", "nests deeper than 32 levels"),
+    ("NOT " * 2000 + "n > 1", "nests deeper than 32 levels"),
+    ("n IN (" + ", ".join(str(i) for i in range(1001)) + ")",
+     "an IN list holds 1001 values; a where allows at most 1000"),
+    ("n IN (" + ", ".join(str(i) for i in range(50_000)) + ")",
+     "a where is at most 16384"),
+])
+def test_should_refuse_a_where_beyond_its_documented_limits_with_400(
+        api: Admin, where: str, problem: str) -> None:
+    """#36: a predicate nested ~60 levels answered 500 (RecursionError), a 50,000-item IN
+    list was parsed for about a second on the event loop: each is refused, by its limit."""
+    answer = post(api, where)
+    assert answer.status_code == 400, answer.text
+    detail = answer.json()["details"][0]
+    assert detail["field"] == "sink.where"
+    assert problem in detail["reason"]
+
+
+def test_should_accept_a_where_at_its_limits(api: Admin) -> None:
+    deep = "(" * 29 + "n > 1" + ")" * 29  # AND, 29 parentheses, >, n: 32 levels
+    listed = "n IN (" + ", ".join(str(i) for i in range(1000)) + ")"
+    assert api.task(post(api, f"{deep} AND {listed}"))["state"] == "succeeded"
+
+
+def test_should_check_a_where_off_the_event_loop(tmp_path: Path) -> None:
+    """The admin API validates a change in a worker thread: a slow check never holds the
+    loop that serves every other request (timing-free: the thread is observed)."""
+    from icefloe.registry import Registry, RegistryStore
+    from icefloe_app.api.app import AdminApi
+    from icefloe_app.api.auth import AdminAuth
+    from icefloe_app.api.tasks import Tasks
+
+    async def go() -> None:
+        store = open_async_store((tmp_path / "store").as_uri())
+        api = AdminApi(RegistryStore(store), Tasks(lambda stream: None), AdminAuth(()),
+                       pending=lambda source: asyncio.sleep(0, 0))
+        loop_thread = threading.get_ident()
+        seen: list[int] = []
+
+        def change(registry: Registry) -> Registry:
+            seen.append(threading.get_ident())
+            return registry
+        await api.check(change)
+        assert len(seen) == 1
+        assert seen[0] != loop_thread
+        await store.close()
+    asyncio.run(go())

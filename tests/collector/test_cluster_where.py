@@ -133,6 +133,51 @@ async def test_where_sinks_write_what_the_embedded_path_writes(tmp_path: Path,
     assert {(r["user_id"], r["n"]) for r in raw} == {("u3", 3), ("u4", 4)}
 
 
+async def test_where_errors_are_dead_lettered_as_on_the_embedded_path(
+        tmp_path: Path, spark: Any) -> None:
+    """#36: on the executors too, an integer overflow or a division by zero in a
+    ``where`` is an error for that event (dead-lettered ``where_error``, counted), not a
+    routing decision; both paths write the same tables and dead letters."""
+    from tests.collector.test_where_routing import (
+        GUARDED,
+        SHARE,
+        TIMES,
+        overflowing,
+        where_error_count,
+    )
+
+    results = {}
+    for output in ("cluster", "embedded"):
+        (tmp_path / output).mkdir()
+        config = collector_config(tmp_path / output, (CLICKS,), output=output,
+                                  dequeue_every=1)
+        version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+            id="clicks", sinks=(TIMES, SHARE, GUARDED), unrouted="dead_letter")))
+        await queue(config, version, overflowing("o"))
+        engine = Spy(SparkClusterEngine(spark, 2)) if output == "cluster" else \
+            SparkEngine(spark, 2)
+        collector = await drained(config, engine)
+        results[output] = (config, collector)
+        await collector.store.close()
+    cluster, embedded = results["cluster"], results["embedded"]
+    cluster_only(cluster[1])
+    for table in ("web.times", "web.share", "web.guarded"):
+        assert rows_of(cluster[0], table) == rows_of(embedded[0], table), table
+    assert_exact(cluster[0], "web.times", ids("o", [6, 7]))
+    assert_exact(cluster[0], "web.share", ids("o", [1, 2, 3]))
+    assert dead_of(cluster[0]) == dead_of(embedded[0])
+    dead = read_table(cluster[0], "icefloe.dead_letters")
+    errors = {e: m for e, r, m in zip(dead.column("event_id").to_pylist(),
+                                      dead.column("reason").to_pylist(),
+                                      dead.column("message").to_pylist(), strict=True)
+              if r == "where_error"}
+    assert sorted(errors) == ["o0", "o8"]
+    assert "division by zero in '100 / n'" in errors["o0"]
+    assert "integer overflow in 'n * 4'" in errors["o8"]
+    assert where_error_count(cluster[1], "clicks") == 2
+    assert unrouted(cluster[1]) == unrouted(embedded[1]) == 3
+
+
 @pytest.mark.parametrize("mode", ["drop", "dead_letter"])
 async def test_unrouted_events_are_counted_and_dropped_or_dead_lettered(
         tmp_path: Path, spark: Any, mode: str) -> None:

@@ -105,6 +105,56 @@ def test_common_pure_expressions_are_accepted(tmp_path: Path, sql: str) -> None:
     load_config(path)
 
 
+SIZED = [  # #36: accepted before, though the docs said such functions were refused
+    ("printf('%999999999d', n)", "function printf asks for 1000000010 characters per row"),
+    ("format_string('%.70000f', n)", "function format_string asks for 70008 characters"),
+    ("lpad(url, 999999999, '0')", "function lpad asks for 999999999 characters per row"),
+    ("rpad(url, n, ' ')", "function rpad needs a literal width"),
+    ("printf(url, n)", "function printf needs a literal format"),
+    ("regexp_replace(lpad(url, 60000, 'x'), 'x', 'yy')",
+     "function regexp_replace over \"LPAD(url, 60000, 'x')\" can give 180000 characters"),
+]
+
+
+def write_mapping(tmp_path: Path, sql: str) -> Path:
+    path = tmp_path / "icefloe.toml"
+    path.write_text('[[streams]]\nname = "s"\ntable = "a.b"\ncolumns = [\n'
+                    '  { name = "url", type = "string" }, { name = "n", type = "long" },\n'
+                    f'  {{ name = "x", type = "string", sql = {toml_string(sql)} }},\n]\n')
+    return path
+
+
+@pytest.mark.parametrize(("sql", "expected"), SIZED)
+def test_a_size_argument_beyond_the_limit_or_not_literal_is_refused_at_load(
+        tmp_path: Path, sql: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write_mapping(tmp_path, sql))
+    assert "streams[0].columns[2] (x): " in str(info.value)
+    assert expected in str(info.value)
+    assert "at most 65536" in str(info.value) or "literal" in str(info.value)
+
+
+@pytest.mark.parametrize("sql", ["lpad(url, 8, '0')", "rpad(url, 65536)",
+                                 "printf('%05d-%s', n, url)", "format_string('%.2f', n)",
+                                 "regexp_replace(lpad(url, 8, '0'), '0', '-')",
+                                 "overlay(url placing 'x' from 2)"])
+def test_a_literal_size_within_the_limit_is_accepted(tmp_path: Path, sql: str) -> None:
+    load_config(write_mapping(tmp_path, sql))
+
+
+@pytest.mark.parametrize(("sql", "expected"), SIZED[:3])
+def test_the_admin_api_refuses_a_padded_printf_with_json_naming_it(
+        admin: Admin, sql: str, expected: str) -> None:  # noqa: F811
+    reply = admin.client.post("/v1/sources/clicks/sinks", json={
+        "name": "x", "table": "a.x", "columns": [
+            {"name": "url", "type": "string"}, {"name": "n", "type": "long"},
+            {"name": "bad", "type": "string", "sql": sql}]})
+    assert reply.status_code == 400, reply.text
+    [detail] = reply.json()["details"]
+    assert detail["field"] == "sink.columns[2] (bad)"
+    assert expected in detail["reason"]
+
+
 def test_other_dialects_are_checked_as_spark_runs_them(tmp_path: Path) -> None:
     path = tmp_path / "icefloe.toml"
     path.write_text('[[streams]]\nname = "s"\ntable = "a.b"\ncolumns = [\n'

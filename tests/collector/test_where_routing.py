@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
+import pyarrow.compute as pc
 import pytest
 
 from icefloe.config import Column, Config
@@ -120,6 +121,68 @@ async def test_should_apply_a_where_change_from_its_version_on_and_replay_exactl
     assert_exact(config, "web.big", expected)
     assert_exact(config, "web.all", ids("a", list(range(8))) | ids("b", list(range(8))))
     await restarted.store.close()
+
+
+HUGE = 2 ** 62  # times 4 leaves bigint
+TIMES = ops.SinkSpec(name="times", table="web.times", columns=CLICKS.columns,
+                     where="n * 4 > 20")
+SHARE = ops.SinkSpec(name="share", table="web.share", columns=CLICKS.columns,
+                     where="100 / n > 30")
+GUARDED = ops.SinkSpec(name="guarded", table="web.guarded", columns=CLICKS.columns,
+                       where="n <> 0 AND 100 / n > 40")
+
+
+def where_error_count(collector: object, source: str) -> float:
+    metric = collector.metrics.where_errors.labels(source)  # type: ignore[attr-defined]
+    return metric._value.get()
+
+
+def overflowing(prefix: str) -> list[tuple[str, str, int, bytes]]:
+    """n = 0..7 (0 divides by zero in SHARE), one n = 2**62 (overflows in TIMES) and one
+    without n (NULL: no error, no sink)."""
+    return [*(event(k, prefix, k) for k in range(8)), event(HUGE, prefix, 8),
+            event(None, prefix, 9)]
+
+
+async def test_should_dead_letter_an_event_whose_where_overflows_or_divides_by_zero(
+        config: Config) -> None:
+    """#36: Spark SQL's ANSI arithmetic. ``n * 4`` wrapped around (2**62 * 4 = 0) and
+    ``100 / 0`` gave +infinity, so those events were routed by the wrong value; each is
+    an error for that event: dead-lettered with reason ``where_error`` and a message
+    naming the sink, its where and the error, counted, never unrouted. The other events
+    route normally, and a guarded division (``n <> 0 AND ...``) raises nothing."""
+    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(TIMES, SHARE, GUARDED), unrouted="dead_letter")))
+    store = open_store_of(config)
+    await publish(store, [overflowing("o")], registry_version=1)
+    await store.close()
+    collector = await collector_for(config)
+    await drain(collector)
+    assert_exact(config, "web.times", ids("o", [6, 7]))  # 24, 28 > 20
+    assert_exact(config, "web.share", ids("o", [1, 2, 3]))  # 100, 50, 33.3 > 30
+    assert_exact(config, "web.guarded", ids("o", [1, 2]))  # n = 0 skipped, no error
+    dead = read_table(config, "icefloe.dead_letters")
+    reasons = {e: (r, m) for e, r, m in zip(dead.column("event_id").to_pylist(),
+                                             dead.column("reason").to_pylist(),
+                                             dead.column("message").to_pylist(), strict=True)}
+    assert sorted(reasons) == sorted(ids("o", [0, 4, 5, 8, 9]))
+    assert {e for e, (r, _) in reasons.items() if r == "unrouted"} == ids("o", [4, 5, 9])
+    reason, message = reasons["o0"]
+    assert reason == "where_error"
+    assert "sink 'share'" in message
+    assert "division by zero in '100 / n'" in message
+    reason, message = reasons["o8"]
+    assert reason == "where_error"
+    assert "sink 'times'" in message
+    assert "integer overflow in 'n * 4'" in message
+    assert where_error_count(collector, "clicks") == 2
+    assert unrouted_count(collector, "clicks") == 3
+    dead_metric = collector.metrics.dead_letters.labels("where_error")._value.get()
+    assert dead_metric == 2
+    raw = msgspec.json.decode(dead.filter(pc.equal(
+        dead.column("event_id"), "o8")).column("raw")[0].as_py())
+    assert raw["n"] == HUGE  # the decoded event, for a redrive once the where is fixed
+    await collector.store.close()
 
 
 def _engine() -> object:

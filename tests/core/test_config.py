@@ -175,3 +175,19 @@ def test_should_refuse_snapshots_expiring_before_the_dedup_window(tmp_path):
     path = write(tmp_path, MINIMAL + "[collector]\ndedup_window_s = 900\n"
                  "snapshot_max_age_s = 900\n")
     assert load_config(path, env={}).collector.snapshot_max_age_s == 900
+
+
+@pytest.mark.parametrize(("where", "problem"), [
+    ("(" * 60 + "duration_ms > 1" + ")" * 60, "nests deeper than 32 levels"),
+    ("duration_ms IN (" + ", ".join(str(i) for i in range(1001)) + ")",
+     "an IN list holds 1001 values; a where allows at most 1000"),
+])
+def test_should_refuse_a_where_beyond_its_limits_at_load(tmp_path, where, problem):
+    """#36: the where limits hold for icefloe.toml too, named with the key and the sink
+    (a deep one was a RecursionError before)."""
+    text = MINIMAL.replace('name = "pageviews"\n', f'name = "pageviews"\nwhere = "{where}"\n',
+                           1)
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert "streams[0].where" in str(info.value)
+    assert problem in str(info.value)
