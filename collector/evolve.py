@@ -32,6 +32,8 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 
 import msgspec
 import pyarrow as pa
@@ -39,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, NestedField, StructType
 
 from icefloe.clock import SYSTEM, Clock
@@ -393,3 +396,119 @@ def refused_dead_letters(keys: pa.Table, refused: pa.Table, locations: Mapping[i
     texts = [raw.decode() if raw is not None else None
              for raw in refused.column("raw").to_pylist()]
     return _dead_letters(rows, plan, texts, locations, source)
+
+
+# --------------------------------------------------------------------------- overflow redrive
+
+
+@dataclass
+class OverflowRedrive:
+    """What :func:`redrive_overflow` did to one table (or, ``dry_run``, would do)."""
+
+    table: str
+    dry_run: bool = False
+    rows: int = 0
+    """Rows that held overflow fields."""
+    added: list[str] = dc_field(default_factory=list)
+    """Columns the redrive added."""
+    moved: int = 0
+    """Rows whose overflow fields all moved into columns."""
+    left: int = 0
+    """Rows that still hold overflow fields (no room yet, or a value that does not fit)."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"table": self.table, "dry_run": self.dry_run, "rows": self.rows,
+                "added": self.added, "moved": self.moved, "left": self.left}
+
+
+def redrive_overflow(catalog: Catalog, identifier: str, stream: StreamConfig,
+                     limits: EvolveLimits, *, dry_run: bool = False,
+                     hook: Callable[[str], None] | None = None) -> OverflowRedrive:
+    """Move the fields kept in ``identifier``'s :data:`OVERFLOW` column into columns, now
+    that a limit moved (``evolve_max_columns`` raised, a quota raised or its hour past).
+
+    The same rules as a run (names, depth, types, ``evolve_max_columns``); the per-client
+    quotas do not apply: the operator runs this on purpose. The columns are committed
+    first (as a run does); then every row holding overflow is rewritten in one
+    copy-on-write commit (rows whose ``_overflow`` is not null: deleted and appended
+    again, with the fields moved and ``_overflow`` left with what still has no room, null
+    when nothing). Retries are off: a commit that loses a race to the collector re-reads
+    and starts again. Rerunning is harmless: a row whose overflow is gone is not read.
+    """
+    from pyiceberg.expressions import NotNull
+
+    report = OverflowRedrive(identifier, dry_run)
+    declared = {c.name for c in stream.columns} | RESERVED
+    for _ in range(_ATTEMPTS):
+        table = catalog.load_table(identifier)
+        if OVERFLOW not in {f.name for f in table.schema().fields}:
+            return report
+        scanned = table.current_snapshot()
+        rows = table.scan(row_filter=NotNull(OVERFLOW)).to_arrow()
+        report.rows = rows.num_rows
+        if not rows.num_rows:
+            return report
+        extras = parse_extras(rows.column(OVERFLOW).to_pylist())
+
+        def make_plan(columns: dict[str, str], fixed: set[str], _: Mapping[str, str],
+                      extras: list[dict | None] = extras) -> RunPlan:
+            return plan_run(extras, columns, fixed, limits, table=identifier, overflow=True)
+
+        if dry_run:
+            columns, fixed = table_columns(table.schema().fields, declared)
+            plan = make_plan(columns, fixed, {})
+            report.added = [c.name for c in plan.changes if c.action == "add"]
+            _count(report, extras, plan)
+            return report
+        plan = commit_plan(catalog, identifier, declared, make_plan, hook)
+        report.added = report.added or [c.name for c in plan.changes if c.action == "add"]
+        table = catalog.load_table(identifier)
+        now = table.current_snapshot()
+        if (now and now.snapshot_id) != (scanned and scanned.snapshot_id):
+            continue  # a run committed since the scan: its rows must be read too
+        rewritten = _moved(table.schema(), rows, extras, plan)
+        try:
+            with table.transaction() as txn:
+                txn.overwrite(rewritten, overwrite_filter=NotNull(OVERFLOW),
+                              snapshot_properties={"icefloe.redrive": "overflow"})
+        except CommitFailedException:
+            continue
+        _count(report, extras, plan)
+        log.info("table %s: moved overflow fields of %d rows into columns (%s added)",
+                 identifier, report.moved, ", ".join(report.added) or "none")
+        return report
+    raise CatalogError(f"redrive of {identifier}'s overflow lost {_ATTEMPTS} races in a row; "
+                       "it is safe to run again")
+
+
+def _count(report: OverflowRedrive, extras: list[dict | None], plan: RunPlan) -> None:
+    left = sum(1 for i, e in enumerate(extras)
+               if i in plan.refused or overflow_part(e, plan.over))
+    report.left = left
+    report.moved = len(extras) - left
+
+
+def _moved(iceberg_schema: Schema, rows: pa.Table, extras: list[dict | None], plan: RunPlan
+           ) -> pa.Table:
+    """``rows`` (scanned before the schema commit, no data committed since) in the table's
+    current schema, with the overflow fields the plan takes moved into their columns."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    schema = schema_to_pyarrow(iceberg_schema, include_field_ids=False)
+    taken = [None if i in plan.refused else e for i, e in enumerate(extras)]
+    out = []
+    for column in schema:
+        name = column.name
+        old = rows.column(name) if name in rows.column_names \
+            else pa.nulls(rows.num_rows, column.type)
+        if name == OVERFLOW:
+            cells = [e if e is None else (overflow_part(e, plan.over) if i not in plan.refused
+                                          else e) for i, e in enumerate(extras)]
+            old = pa.array([None if c is None else msgspec.json.encode(c).decode()
+                            for c in cells], pa.string())
+        elif name in plan.columns and any(e and name in e for e in taken):
+            new = column_of([{name: e[name]} if e and name in e else None for e in taken],
+                            name, plan.columns[name]).cast(column.type)
+            old = pc.if_else(pc.is_valid(new), new, old.cast(column.type))
+        out.append(old.cast(column.type) if old.type != column.type else old)
+    return pa.Table.from_arrays(out, schema=schema)
