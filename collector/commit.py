@@ -175,7 +175,8 @@ class RunCommits:
             # (by the rows, not the owner: a table's rows may come from an evolving
             # sink's version while its newest sink does not evolve)
             rows, refused = evolve_rows(self.catalog, table, target.stream, rows,
-                                        locations, self.evolve_limits, hook=self.hook)
+                                        locations, self.evolve_limits, hook=self.hook,
+                                        clock=self.clock)
             if refused is not None:
                 dead.append(refused)
         rows = self._keyed_rows(target, rows, locations, dead)

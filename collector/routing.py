@@ -28,7 +28,7 @@ from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
-from icefloe.streams.evolution import EXTRA_FIELD
+from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
 from pipeline.load.mapped import sequence_ranges
 from pipeline.load.spec import SqlCase, WhereCase, WhereSpec
 from pipeline.where import judge, where_error_messages
@@ -319,8 +319,10 @@ def project(rows: pa.Table, target: Target) -> pa.Table:
             arrays.append(pa.nulls(rows.num_rows, ARROW_TYPES[column.type]))
         names.append(column.name)
     if target.sink.unknown_fields == "evolve" and EXTRA_FIELD in rows.column_names:
-        arrays.append(rows.column(EXTRA_FIELD))  # turned into columns before the commit
-        names.append(EXTRA_FIELD)
+        for name in (EXTRA_FIELD, CLIENT_FIELD):  # turned into columns before the commit
+            if name in rows.column_names:
+                arrays.append(rows.column(name))
+                names.append(name)
     for name in ENVELOPE_COLUMNS:
         arrays.append(rows.column(name))
         names.append(name)
@@ -330,11 +332,13 @@ def project(rows: pa.Table, target: Target) -> pa.Table:
 def with_extra(stream: StreamConfig) -> StreamConfig:
     """An evolving stream as the collector decodes it: its undeclared fields (kept by the
     ingestor in :data:`~icefloe.streams.evolution.EXTRA_FIELD`) read as one more ``json``
-    column, which :mod:`collector.evolve` turns into table columns."""
+    column, which :mod:`collector.evolve` turns into table columns, and the client that
+    sent them (:data:`~icefloe.streams.evolution.CLIENT_FIELD`, for the quotas)."""
     if stream.unknown_fields != "evolve":
         return stream
     extra = Column(name=EXTRA_FIELD, type="json")
-    return msgspec.structs.replace(stream, columns=(*stream.columns, extra))
+    client = Column(name=CLIENT_FIELD, type="string")
+    return msgspec.structs.replace(stream, columns=(*stream.columns, extra, client))
 
 
 RouteKey = tuple[tuple[int, str, int, str], ...]

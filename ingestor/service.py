@@ -32,7 +32,7 @@ from ingestor.errors import (
 from ingestor.metrics import IngestMetrics
 from ingestor.ratelimit import RateLimiter
 from ingestor.ulids import UlidSource
-from ingestor.validate import Canonical, CompiledStream, InvalidEvents
+from ingestor.validate import Canonical, CompiledStream, InvalidEvents, with_client
 
 READY_CACHE_S = 1.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -191,6 +191,8 @@ class IngestService:
             raise BadRequest("the request holds no events", code="empty_body")
         if max(map(len, payloads)) > self.max_event_bytes:
             self._too_large(payloads)
+        if stream.keeps_unknown and caller is not None and caller.token:
+            payloads = with_client(payloads, caller.token)  # evolution quotas' client
         received_at_ms = int(self._clock.time() * 1000)
         stem, ids = self._event_ids(len(payloads), canonical.body_ids, event_ids,
                                     idempotency_key, received_at_ms)

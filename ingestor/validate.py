@@ -28,7 +28,7 @@ import msgspec
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
 from icefloe.formats.speedups import compiled as _speedups
-from icefloe.streams.evolution import EXTRA_FIELD
+from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
 from icefloe.streams.mappings import parse_path
 from icefloe.streams.model import Column, StreamConfig
 from icefloe.streams.native import Normalizer, field_type, normalizer
@@ -141,6 +141,11 @@ class CompiledStream:
             str(parse_path(c.path)[0]) for c in config.columns if c.path is not None)
         """Top-level fields the stream reads: an evolving stream keeps every other one."""
         self._members = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
+
+    @property
+    def keeps_unknown(self) -> bool:
+        """Whether this stream keeps undeclared fields (``unknown_fields = "evolve"``)."""
+        return self._evolve
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -599,3 +604,20 @@ def _malformed(exc: msgspec.DecodeError) -> InvalidEvents:
                              "one JSON array or NDJSON (Kafka Connect's HTTP sink: set "
                              "batch.json.as.array=true)")
     return InvalidEvents("invalid_json", f"malformed JSON: {exc}")
+
+
+_EXTRA_MEMBER = b'"' + EXTRA_FIELD.encode() + b'":"'
+
+
+def with_client(payloads: list[bytes], token_name: str) -> list[bytes]:
+    """Evolving payloads that kept undeclared fields, with the write token's config name
+    in :data:`~icefloe.streams.evolution.CLIENT_FIELD` (the others unchanged).
+
+    Why: the collector charges the columns such an event adds to the client that sent it
+    (evolution quotas); only it sees the table. The member rides in the payload, not the
+    envelope, so the envelope format does not change, older collectors ignore it (their
+    decode ignores unknown members) and older batches read as "no token". The extra member
+    is always a JSON string (``"_icefloe_extra":"``) added last; a field value can never
+    hold those bytes unescaped, so finding them finds the member."""
+    member = b',"' + CLIENT_FIELD.encode() + b'":' + msgspec.json.encode(token_name) + b"}"
+    return [p[:-1] + member if _EXTRA_MEMBER in p else p for p in payloads]

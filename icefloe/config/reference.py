@@ -190,7 +190,8 @@ MEANING: dict[str, str] = {
     "collector.models_interval_s": "at least this long between two model runs (0: after "
                                    "every commit that adds rows they read)",
     "collector.evolve_max_columns": "schema evolution from the data: a table never grows "
-                                    "past this many columns (beyond: dead letter)",
+                                    "past this many columns (beyond: the field goes to "
+                                    "`_overflow`)",
     "collector.evolve_max_name_length": "schema evolution: longest name a new column may "
                                         "take (beyond: dead letter)",
     "collector.evolve_max_depth": "schema evolution: deepest nesting of a new field's value "

@@ -18,6 +18,7 @@ import msgspec
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, StreamConfig
+from icefloe.streams.model import EvolveQuota
 
 FORMAT = 1
 MAX_SINKS = 20
@@ -96,6 +97,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     where: str | None = None
     wheres: tuple[Change, ...] = ()
     """Every value ``where`` had, by version (empty while it never changed)."""
+    evolve_quota: EvolveQuota | None = None
+    """New columns per client (``unknown_fields = "evolve"``); None: the defaults."""
 
     @property
     def live(self) -> bool:
@@ -127,7 +130,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                             partition=self.partition, partition_by=self.partition_by,
                             sort_by=self.sort_by, table_properties=self.table_properties,
                             primary_key=self.primary_key,
-                            tombstone_field=self.tombstone_field, where=self.where)
+                            tombstone_field=self.tombstone_field, where=self.where,
+                            evolve_quota=self.evolve_quota)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -32,6 +32,7 @@ from icefloe.registry.model import (
     Toggle,
     with_change,
 )
+from icefloe.streams.model import EvolveQuota
 from icefloe.streams.where import UNROUTED
 
 UNSET: Any = msgspec.UNSET
@@ -56,6 +57,7 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     primary_key: tuple[str, ...] = ()
     tombstone_field: str | None = None
     where: str | None = None
+    evolve_quota: EvolveQuota | None = None
 
 
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -76,6 +78,7 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     primary_key: tuple[str, ...] = UNSET
     tombstone_field: str | None = UNSET
     where: str | None = UNSET
+    evolve_quota: EvolveQuota | None = UNSET
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -222,7 +225,8 @@ def _new_sink(spec: SinkSpec, version: int) -> Sink:
                 table_properties=spec.table_properties,
                 primary_key=spec.primary_key, tombstone_field=spec.tombstone_field,
                 created_version=version, updated_version=version,
-                toggles=() if spec.enabled else (Toggle(version, False),), where=spec.where)
+                toggles=() if spec.enabled else (Toggle(version, False),), where=spec.where,
+                evolve_quota=spec.evolve_quota)
 
 
 def _replace_source(registry: Registry, source: Source) -> tuple[Source, ...]:
@@ -483,4 +487,5 @@ def seed_specs(streams: Any) -> list[SourceSpec]:
                  unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
                  partition=s.partition, partition_by=s.partition_by, sort_by=s.sort_by,
                  table_properties=s.table_properties, primary_key=s.primary_key,
-                 tombstone_field=s.tombstone_field, where=s.where),)) for s in streams]
+                 tombstone_field=s.tombstone_field, where=s.where,
+                 evolve_quota=s.evolve_quota),)) for s in streams]

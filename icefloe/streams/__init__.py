@@ -11,8 +11,15 @@ validator (:mod:`ingestor.validate`) and the pipeline's decode read it.
 """
 
 from icefloe.streams.check import validate_stream
-from icefloe.streams.model import COLUMN_TYPES, PARTITIONS, Column, RateLimit, StreamConfig
+from icefloe.streams.model import (
+    COLUMN_TYPES,
+    PARTITIONS,
+    Column,
+    EvolveQuota,
+    RateLimit,
+    StreamConfig,
+)
 from icefloe.streams.types import convert_value
 
-__all__ = ["COLUMN_TYPES", "PARTITIONS", "Column", "RateLimit", "StreamConfig",
+__all__ = ["COLUMN_TYPES", "PARTITIONS", "Column", "EvolveQuota", "RateLimit", "StreamConfig",
            "convert_value", "validate_stream"]

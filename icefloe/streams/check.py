@@ -62,6 +62,22 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
                           f"one of {', '.join(PARTITIONS)}; it partitions the table by "
                           "_received_at)")
     check_layout(stream, at)
+    _check_quota(stream, at)
+
+
+_QUOTA_MAX = 100_000
+
+
+def _check_quota(stream: StreamConfig, at: str) -> None:
+    """``evolve_quota`` bounds are whole numbers 0 (no bound) to 100,000."""
+    if stream.evolve_quota is None:
+        return
+    for key in stream.evolve_quota.__struct_fields__:
+        value = getattr(stream.evolve_quota, key)
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 0 <= value <= _QUOTA_MAX:
+            raise ConfigError(f"{at}.evolve_quota.{key}: {value!r:.24} must be a whole "
+                              f"number of columns, 0 (no bound) to {_QUOTA_MAX:,}")
 
 
 KEY_TYPES = ("string", "long", "int", "boolean", "timestamp", "date", "uuid", "time")

@@ -28,8 +28,15 @@ the widenings Iceberg allows happen: an ``int`` column meeting a larger integer 
 An event is refused (dead-lettered), never half-kept, when one of its new fields breaks a
 rule: a name that is not an identifier, longer than :attr:`EvolveLimits.max_name_length`,
 reserved, or equal to another column's name but for case (Spark ignores case); a value
-nested deeper than :attr:`EvolveLimits.max_depth`; a column that would take the table past
-:attr:`EvolveLimits.max_columns`.
+nested deeper than :attr:`EvolveLimits.max_depth`.
+
+A new field that finds no room — a column that would take the table past
+:attr:`EvolveLimits.max_columns`, or one its client's evolution quota does not allow (the
+``admit`` callback of :func:`plan_observed`, see :mod:`icefloe.streams.evolve_quota`) — does
+not refuse the event when the caller keeps an overflow (``plan_run(..., overflow=True)``):
+the event lands with its declared and already-evolved columns, and such fields go to the
+table's :data:`OVERFLOW` json column. Why: one client filling the table must never cost
+another client its declared columns.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +56,16 @@ EXTRA_FIELD = "_icefloe_extra"
 """The payload member in which an ingestor keeps an evolving stream's undeclared fields:
 a JSON string holding one JSON object (``"{\\"plan\\":\\"pro\\"}"``). The collector reads it
 as a ``json`` column, so the decode needs no change; it never reaches a table."""
-RESERVED = frozenset({EXTRA_FIELD, "_event_id", "_received_at", "_sequence", "_shard",
-                      "_source"})
+CLIENT_FIELD = "_icefloe_client"
+"""The payload member in which an ingestor names the write token (its config name, never
+the token) of an event it kept undeclared fields of; absent without a token. The collector
+charges the columns such an event adds to that client (:mod:`icefloe.streams.evolve_quota`)."""
+OVERFLOW = "_overflow"
+"""The ``json`` column an evolving table gets when a run has new fields with no room (over
+``evolve_max_columns`` or a client's quota): per row the JSON object of those fields, null
+when none. ``icefloe deadletters redrive --overflow`` moves them into columns later."""
+RESERVED = frozenset({EXTRA_FIELD, CLIENT_FIELD, OVERFLOW, "_event_id", "_received_at",
+                      "_sequence", "_shard", "_source"})
 """Names a new column may not take (compared without case): icefloe's own columns."""
 _RESERVED_LOWER = frozenset(name.lower() for name in RESERVED)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -99,7 +114,13 @@ class RunPlan:
     """Why each refused :class:`Observation` is refused by its names, depth or an integer
     beyond the long range: a row with one of these is refused whatever its other values."""
     over: frozenset[str] = frozenset()
-    """New fields that found no room under :attr:`EvolveLimits.max_columns`."""
+    """New fields that found no room under :attr:`EvolveLimits.max_columns` or a quota."""
+    over_reasons: dict[str, str] = field(default_factory=dict)
+    """Why each field of :attr:`over` found no room."""
+    properties: dict[str, str] = field(default_factory=dict)
+    """Table properties to commit with :attr:`changes` (the quota ledger)."""
+    overflow_column: bool = False
+    """Whether the table has its :data:`OVERFLOW` column already."""
 
     def refusal(self, extra: Mapping[str, Any] | None, limits: EvolveLimits, *,
                 table: str = "the table") -> str | None:
@@ -176,17 +197,21 @@ def distinct(observations: Iterable[Observation | None]) -> list[Observation]:
 
 def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[str, str],
              fixed: Iterable[str], limits: EvolveLimits = EvolveLimits(), *,
-             table: str = "the table") -> RunPlan:
+             table: str = "the table", admit: Admit | None = None,
+             overflow: bool = False) -> RunPlan:
     """The plan for one run of one table (see the module doc).
 
     ``table_columns``: every column of the table now (name → icefloe type string); ``fixed``:
     the names evolution must not touch (declared columns, icefloe's own). Rows are read in
     the order given (the run's order), so the same run always gives the same plan.
+    ``admit``: see :func:`plan_observed`; ``overflow``: fields with no room do not refuse
+    their rows (the caller keeps them in :data:`OVERFLOW`).
     """
     fixed_names = set(fixed)
     existing = {n: t for n, t in table_columns.items() if n not in fixed_names}
     observations = [observe(e, existing, limits.max_depth) if e else None for e in extras]
-    plan = plan_observed(observations, table_columns, fixed_names, limits, table=table)
+    plan = plan_observed(observations, table_columns, fixed_names, limits, table=table,
+                         admit=admit)
     for index, seen in enumerate(observations):
         if seen is not None and seen in plan.verdicts:
             plan.refused[index] = plan.verdicts[seen]
@@ -194,20 +219,38 @@ def plan_run(extras: Sequence[Mapping[str, Any] | None], table_columns: Mapping[
     for index, extra in enumerate(extras):
         if index in plan.refused or not extra:
             continue
-        reason = _row_conflict(extra, specs, plan.over, limits, table)
+        reason = _row_conflict(extra, specs, frozenset() if overflow else plan.over, limits,
+                               table)
         if reason is not None:
             plan.refused[index] = reason
     return plan
 
 
+Admit = Callable[[str], "str | None"]
+"""Asked once per new field that has room under ``max_columns``, in run order: None to add
+its column (the callee counts it), or why its clients may not add it."""
+
+
+def overflow_part(extra: Mapping[str, Any] | None, over: frozenset[str]
+                  ) -> dict[str, Any] | None:
+    """The non-null fields of one row's undeclared ``extra`` that found no room (None:
+    none): what its :data:`OVERFLOW` cell holds."""
+    if not extra or not over:
+        return None
+    part = {k: v for k, v in extra.items() if k in over and v is not None}
+    return part or None
+
+
 def plan_observed(observations: Sequence[Observation | None],
                   table_columns: Mapping[str, str], fixed: Iterable[str],
-                  limits: EvolveLimits = EvolveLimits(), *, table: str = "the table"
-                  ) -> RunPlan:
+                  limits: EvolveLimits = EvolveLimits(), *, table: str = "the table",
+                  admit: Admit | None = None) -> RunPlan:
     """The plan's changes, columns and :attr:`RunPlan.verdicts` from a run's observations
     in run order (repeats allowed: each distinct one is judged once, at its first sight).
     Rows refused by a conflict with the planned columns are not in it: see
-    :meth:`RunPlan.refusal` and :func:`plan_run`."""
+    :meth:`RunPlan.refusal` and :func:`plan_run`. ``admit`` (the quotas) is asked about
+    each new field that has room under ``max_columns``; a field it turns down joins
+    :attr:`RunPlan.over`, with the reason it gives."""
     fixed_names = set(fixed)
     evolved = {n: t for n, t in table_columns.items() if n not in fixed_names}
     lowered = {n.lower(): n for n in table_columns}
@@ -242,18 +285,24 @@ def plan_observed(observations: Sequence[Observation | None],
     plan.columns = {n: widen.get(n, t) for n, t in evolved.items()}
     plan.changes = [ColumnChange("widen", n, t) for n, t in widen.items()]
     room = limits.max_columns - len(table_columns)
-    over: set[str] = set()
+    over: dict[str, str] = {}
     for name, shape in shapes.items():
         if shape is None:
             continue  # only nulls so far: no column until a value says what it is
         if room <= 0:
-            over.add(name)
+            over[name] = (f"a new column would take {table} past {limits.max_columns} "
+                          "columns (collector.evolve_max_columns)")
+            continue
+        why = admit(name) if admit is not None else None
+        if why is not None:
+            over[name] = why
             continue
         kind = render(shape)
         plan.columns[name] = kind
         plan.changes.append(ColumnChange("add", name, kind))
         room -= 1
     plan.over = frozenset(over)
+    plan.over_reasons = over
     return plan
 
 

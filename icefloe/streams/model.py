@@ -69,6 +69,23 @@ class RateLimit(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     burst_s: float = 1.0
 
 
+class EvolveQuota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How many new columns one client may add to a table by schema evolution from the data
+    (``unknown_fields = "evolve"``); 0 means no bound but ``collector.evolve_max_columns``.
+
+    Why per client: on a shared stream, one token's events could otherwise fill the table
+    to its column limit and leave no room for anybody else's fields. A *client* is the
+    write token an event came with (its config name), or the source itself for events sent
+    without one; the source bounds are over all its clients. Hours are clock hours (UTC).
+    Fields over a bound are kept in the table's ``_overflow`` json column, never dropped
+    (see :mod:`icefloe.streams.evolve_quota`)."""
+
+    token_columns_per_hour: int = 100
+    token_columns_total: int = 500
+    source_columns_per_hour: int = 0
+    source_columns_total: int = 0
+
+
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A stream: an ingest endpoint whose events land in one Iceberg table.
 
@@ -107,6 +124,9 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reach this table (see :mod:`icefloe.streams.where`)."""
     unrouted: Literal["drop", "dead_letter"] = "drop"
     """An event no sink's ``where`` takes: counted and dropped, or also dead-lettered."""
+    evolve_quota: EvolveQuota | None = None
+    """Bounds on the columns each client may add (``unknown_fields = "evolve"``); None:
+    the defaults of :class:`EvolveQuota`."""
 
     @property
     def namespace(self) -> str:

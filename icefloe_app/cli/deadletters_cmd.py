@@ -19,6 +19,9 @@ from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 EPILOG = """\
 Only payload_mismatch and unknown_stream rows can be redriven (they keep the payload);
 bad_envelope and corrupt_batch rows cannot (see the quarantined batch file instead).
+redrive --overflow moves the fields an evolving table kept in its _overflow column (no room
+under collector.evolve_max_columns or a client's evolve_quota) into columns, once the limit
+allows it.
 Exit codes: 0 ok; 1 catalog unreachable or a commit kept conflicting (safe to rerun);
 2 bad arguments or config.
 """
@@ -47,6 +50,8 @@ def register(commands: Any) -> None:
         if name == "redrive":
             p.add_argument("--dry-run", action="store_true",
                            help="decode and count, but write nothing")
+            p.add_argument("--overflow", action="store_true",
+                           help="instead: move evolving tables' _overflow fields into columns")
         p.set_defaults(run=run)
 
 
@@ -72,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     filters = _filters(args)
     _, config = config_from_args(args, example=True)
     catalog = open_catalog(config.catalog)
+    if args.action == "redrive" and args.overflow:
+        return _redrive_overflow(args, config, catalog)
     if args.action == "redrive":
         report = redrive(config, catalog, filters, dry_run=args.dry_run)
         if args.json:
@@ -111,6 +118,32 @@ def run(args: argparse.Namespace) -> int:
         print(table(["STREAM", "REASON", "STATE", "ROWS"], [
             [x["stream"], x["reason"], "redriven" if x["redriven"] else "pending",
              f"{x['rows']:,}"] for x in summary]))
+    return 0
+
+
+def _redrive_overflow(args: argparse.Namespace, config: Any, catalog: Any) -> int:
+    """``redrive --overflow``: each evolving stream's table (``--stream``: that one)."""
+    from collector.evolve import redrive_overflow
+    from icefloe.streams.evolution import EvolveLimits
+
+    col = config.collector
+    limits = EvolveLimits(col.evolve_max_columns, col.evolve_max_name_length,
+                          col.evolve_max_depth)
+    streams = [s for s in config.streams if s.unknown_fields == "evolve"
+               and (args.stream is None or s.name == args.stream)]
+    if args.stream is not None and not streams:
+        raise ConfigError(f"--stream {args.stream!r}: no evolving stream of that name "
+                          "(unknown_fields = \"evolve\")")
+    reports = [redrive_overflow(catalog, s.table, s, limits, dry_run=args.dry_run)
+               for s in streams]
+    if args.json:
+        print_json([r.as_dict() for r in reports])
+        return 0
+    verb = "would move" if args.dry_run else "moved"
+    for r in reports:
+        added = ", ".join(r.added) or "no new column"
+        print(f"{r.table}: {r.rows:,} rows with overflow; {verb} all fields of {r.moved:,} "
+              f"({added}); {r.left:,} still hold fields with no room or that do not fit")
     return 0
 
 

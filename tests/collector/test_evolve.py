@@ -135,7 +135,7 @@ async def test_a_crash_between_the_schema_change_and_the_data_is_harmless(tmp_pa
     assert sorted(rows.column("n").to_pylist()) == [5, 6]
 
 
-async def test_limits_dead_letter_the_events_beyond_them(tmp_path):
+async def test_limits_dead_letter_bad_names_and_depth_and_overflow_past_the_width(tmp_path):
     config = collector_config(tmp_path, streams=(PAGES,), evolve_max_columns=6,
                               evolve_max_name_length=8, evolve_max_depth=2)
     await ingest_http(config, [{"user_id": "u1", "a": 1}, {"user_id": "u2", "b": 1},
@@ -143,9 +143,12 @@ async def test_limits_dead_letter_the_events_beyond_them(tmp_path):
                                {"user_id": "u4", "a": 2, "d": None},
                                {"user_id": "u5", "a": 3, "deep": [[[1]]]}])
     await collect(config)
-    assert {r["user_id"] for r in read_table(config, "web.pages").to_pylist()} == {"u1", "u4"}
+    rows = {r["user_id"]: r for r in read_table(config, "web.pages").to_pylist()}
+    assert set(rows) == {"u1", "u2", "u4"}  # past evolve_max_columns: kept, in _overflow
+    assert msgspec.json.decode(rows["u2"]["_overflow"]) == {"b": 1}
+    assert rows["u1"]["_overflow"] is None
     messages = " ".join(d["message"] for d in dead_letters(config))
-    assert "evolve_max_columns" in messages
+    assert "evolve_max_columns" not in messages
     assert "evolve_max_name_length" in messages
     assert "evolve_max_depth" in messages
 
@@ -264,7 +267,8 @@ def test_only_evolving_sinks_of_a_source_receive_its_undeclared_fields():
     routes = Routes(Registry(version=1, sources=(source,)))
     [decode] = routes.decode_streams
     assert decode.unknown_fields == "evolve"
-    assert decode.columns[-1].name == "_icefloe_extra"  # read as one json column
+    # read as one json column, and the client (write token name) that sent them
+    assert [c.name for c in decode.columns[-2:]] == ["_icefloe_extra", "_icefloe_client"]
     rows = pa.table({"user_id": ["u"], "_icefloe_extra": ['{"x":1}'], "_event_id": ["e"],
                      "_received_at": pa.array([0], pa.timestamp("us", tz="UTC")),
                      "_sequence": [1]})
