@@ -7,8 +7,10 @@ take — fails every run, and every other table's events wait in the shared queu
 ingestors refuse with ``queue_full``.
 
 The rule: a failure is counted against the table whose step raised it (evolving, writing,
-committing). Failures of what all tables share — the object store, the catalog's
-connection, being fenced — are not counted: they stop the run, which is retried, as before.
+committing), and the run goes on with its other tables before it fails (their commits
+record the run's sequence, so its retry skips them: they never wait for the failing one).
+Failures of what all tables share — the object store, the catalog's connection, being
+fenced — are not counted: they stop the run at once, which is retried, as before.
 After ``collector.park_after_failures`` failed attempts in a row a table is **parked**:
 from the next attempt on, its rows go to its staging area in the object store (the same
 Parquet files and compare-and-swap state as a sink with import conditions,
@@ -52,6 +54,23 @@ RETRY_GROWTH_CAP = 10
 """A parked table's retry interval doubles up to this many times ``park_retry_s``."""
 
 
+INJECTED = "icefloe_injected_crash"
+"""Attribute set on an exception a crash-injection hook raised (:func:`crash_marking`)."""
+
+
+def crash_marking(hook: Callable[[str], None]) -> Callable[[str], None]:
+    """``hook`` (tests' and the simulator's crash injection) whose exceptions are marked:
+    a crash stops the run at once, never counted against a table nor deferred."""
+    def call(stage: str) -> None:
+        try:
+            hook(stage)
+        except Exception as exc:
+            setattr(exc, INJECTED, True)
+            raise
+    call.__wrapped__ = hook  # type: ignore[attr-defined]
+    return call
+
+
 def is_shared_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is a failure of what every table shares (the store, the catalog's
     connection, a fence), which stops the run instead of counting against one table. The
@@ -63,6 +82,8 @@ def is_shared_failure(exc: BaseException) -> bool:
         shared += (OperationalError, InterfaceError)
     except ImportError:  # pragma: no cover - sqlalchemy comes with the SQL catalog
         pass
+    if getattr(exc, INJECTED, False):
+        return True  # an injected crash: the process "dies" here
     seen: BaseException | None = exc
     for _ in range(8):  # a cause chain is short; never loop on a cycle
         if seen is None:
@@ -71,6 +92,28 @@ def is_shared_failure(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+@dataclass
+class TableFailures:
+    """The tables of one run that failed on their own: the run goes on with the others
+    (their commits are recorded by sequence, so the retry replays only what failed) and
+    fails at its end with the first failure, so its entries are retried, not acked."""
+
+    tables: dict[str, Exception] = field(default_factory=dict)
+
+    @contextmanager
+    def of(self, table: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            if is_shared_failure(exc):
+                raise
+            self.tables.setdefault(table, exc)
+
+    def raise_first(self) -> None:
+        for exc in self.tables.values():
+            raise exc
 
 
 @dataclass

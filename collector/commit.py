@@ -45,7 +45,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
-from collector.bulkhead import Bulkheads, is_shared_failure, parked_dead_letters
+from collector.bulkhead import (
+    Bulkheads,
+    TableFailures,
+    is_shared_failure,
+    parked_dead_letters,
+)
 from collector.dedup import DedupWindow, sources_props, without_source
 from collector.evolve import evolve_rows, plan_from_summaries, refused_dead_letters
 from collector.hops import BlockOn
@@ -156,11 +161,13 @@ class RunCommits:
         dead = [self._unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
         dead += self._where_errors(failed, locations)
+        failures = TableFailures()
         for table, (target, rows) in routed.items():
-            with self._guard(table):
+            with failures.of(table), self._guard(table):
                 self._commit_routed(target, rows, result, locations, dead)
         self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else dead[0],
                           sequence, result)
+        failures.raise_first()
 
     def _commit_routed(self, target: Target, rows: pa.Table, result: RunResult,
                        locations: dict[int, str], dead: list[pa.Table]) -> None:
@@ -305,8 +312,9 @@ class RunCommits:
             skipped: dict[str, int] = {}
             upserts: dict[str, UpsertPlan | None] = {}
             plans: list[WritePlan] = []
+            failures = TableFailures()
             for table, (target, keys, allowed, where) in routed.items():
-                with self._guard(table):
+                with failures.of(table), self._guard(table):
                     source = target.source.id
                     columns = tuple((c.name, c.type) for c in target.sink.columns)
                     evolve: tuple[tuple[str, str], ...] = ()
@@ -348,6 +356,8 @@ class RunCommits:
             pending, staged_files = written.files, written.staged
             self.hook("after_write")
             for table, (target, *_) in routed.items():
+                if table in failures.tables:
+                    continue
                 if table in skipped:
                     files = staged_files.pop(table, ())
                     self._record_staged(target, files, result, skipped[table])
@@ -356,7 +366,7 @@ class RunCommits:
                 files, upsert = pending.pop(table, FileSet()), upserts.get(table)
                 add = AddFiles(files) if upsert is None else ReplaceFiles(
                     files, upsert.replaced, upsert.snapshot_id, upsert.rows)
-                with self._guard(table):
+                with failures.of(table), self._guard(table):
                     try:
                         outcome = self._commit(table, fresh, sequence, append=add,
                                                nbytes=add.files.size,
@@ -365,10 +375,10 @@ class RunCommits:
                     finally:
                         add.cleanup(self.catalog, table, sequence=sequence,
                                     epoch=self.epoch)
-                self.windows[table].remember(fresh, source)
-                result.rows[table] = outcome.rows
-                result.replayed += outcome.replayed
-                self.hook(f"after_commit:{table}")
+                    self.windows[table].remember(fresh, source)
+                    result.rows[table] = outcome.rows
+                    result.replayed += outcome.replayed
+                    self.hook(f"after_commit:{table}")
         finally:
             for table, files in pending.items():  # never offered to add_files: not in a table
                 AddFiles(files).cleanup(self.catalog, table, sequence=sequence,
@@ -380,6 +390,7 @@ class RunCommits:
             output.release()
         self._commit_dead(pa.concat_tables(dead) if len(dead) > 1 else dead[0], sequence,
                           result)
+        failures.raise_first()
 
     @staticmethod
     def _cluster_keyed(output: ClusterRunOutput, target: Target, keys: pa.Table,

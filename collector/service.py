@@ -38,7 +38,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from ulid import ULID
 
-from collector.bulkhead import Bulkheads, Parked
+from collector.bulkhead import Bulkheads, Parked, crash_marking
 from collector.commit import Hook, RunCommits, RunResult, upsert_columns, versions_of
 from collector.dedup import DedupWindow
 from collector.hops import BlockOn, Offload, sleep_or_stop
@@ -110,7 +110,7 @@ class Collector(RunCommits):
         self.catalog = catalog
         self.engine = engine
         self.metrics = metrics or CollectorMetrics()
-        self.hook = hook or (lambda stage: None)
+        self.hook = hook or (lambda stage: None)  # marked: see crash_marking
         self.consumer = ShardedConsumer(store, config.manifest.build(),
                                         holder=holder or f"collector-{ULID()}", clock=clock)
         self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
@@ -319,6 +319,14 @@ class Collector(RunCommits):
             raise RuntimeError("blocking collector step called on the event loop: run it "
                                "with asyncio.to_thread")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property  # type: ignore[override]
+    def hook(self) -> Hook:
+        return self._hook
+
+    @hook.setter
+    def hook(self, hook: Hook) -> None:
+        self._hook = crash_marking(hook)
 
     def _parked_changed(self, table: str, parked: Parked | None) -> None:
         self.metrics.table_parked.labels(table).set(0 if parked is None else 1)
