@@ -331,3 +331,73 @@ def _get(url: str, raw: bool = False) -> tuple[int, Any]:
     except urllib.error.HTTPError as exc:
         data = exc.read()
         return exc.code, data.decode() if raw else msgspec.json.decode(data)
+
+
+async def test_a_table_parked_longer_than_the_queue_holds_loses_nothing(config, engine):
+    """``manifest.max_entries`` is 3; while a table is parked, ten more entries are
+    accepted one by one (each would be refused with queue_full if the parked table held
+    the queue), the others commit each run, and the parked table gets all of them once."""
+    from collector_support import open_store_of, publish
+
+    from icefloe.manifest import ManifestProducer
+    from icefloe.manifest.config import ManifestConfig
+
+    publish_sync(config, [batch("0", 2)])
+    collector = await start(config, engine)
+    store = open_store_of(config)
+    producer = ManifestProducer(store, ManifestConfig(max_entries=3))
+    try:
+        await collector.run_once()
+        good = metadata_location(config, "web.views")
+        metadata_location(config, "web.views", good.replace(".metadata.json", "-lost.json"))
+        await publish(store, [batch("1", 2)], producer=producer)
+        await run_until_parked(collector, "web.views", 2)
+        await collector.run_once()
+        await collector.dequeue()
+        prefixes = ["0", "1"]
+        for n in range(2, 12):
+            await publish(store, [batch(str(n), 2)], producer=producer)  # never queue_full
+            prefixes.append(str(n))
+            assert (await collector.run_once()).entries == 1
+            await collector.dequeue()
+            assert_exact(config, "web.clicks", all_ids("c", *prefixes, count=2))
+        assert collector.staging.states["web.views"].rows == 2 * 11
+        metadata_location(config, "web.views", good)
+        collector.bulkheads.retry_all_now()
+        await asyncio.to_thread(collector.commit_due_staged)
+        assert_exact(config, "web.views", all_ids("v", *prefixes, count=2))
+        assert_exact(config, "shop.buys", all_ids("b", *prefixes, count=2))
+    finally:
+        await producer.close()
+        await store.close()
+        await collector.store.close()
+
+
+async def test_bad_payloads_and_throwing_mappings_of_one_stream_hold_no_other(tmp_path,
+                                                                              engine):
+    """The decode and mapping classes, each in one of three streams: undecodable events are
+    dead letters, a sql value that throws is null (counted); every table commits in the
+    same run and the queue moves on."""
+    clicks = StreamConfig(name="clicks", table="web.clicks", columns=(
+        *CLICKS.columns, Column("rx", "string", sql="regexp_extract(url, url, 0)")))
+    config = collector_config(tmp_path, streams=(clicks, BUYS, VIEWS), dequeue_every=1)
+    bad_views = [("views", f"vx{i}", BASE_MS + i, msgspec.json.encode({"page": "/", "ms": "x"}))
+                 for i in range(3)]
+    bad_click = ("clicks", "cx", BASE_MS, msgspec.json.encode(
+        {"user_id": "u", "url": "(", "n": 1, "ts": "2026-11-23T10:00:00Z"}))
+    publish_sync(config, [batch("1", 4) + bad_views + [bad_click]])
+    collector = await start(config, engine)
+    try:
+        result = await collector.run_once()
+        assert result.dead_letters == 3
+        assert (await collector.run_once()).entries == 0
+        assert_exact(config, "web.views", all_ids("v", "1", count=4))
+        assert_exact(config, "shop.buys", all_ids("b", "1", count=4))
+        assert_exact(config, "web.clicks", all_ids("c", "1", count=4) | {"cx"})
+        rx = {r["_event_id"]: r["rx"] for r in read_table(config, "web.clicks").to_pylist()}
+        assert rx["cx"] is None
+        assert rx["c11"] == "/p/1"
+        dead = read_table(config, "icefloe.dead_letters").to_pylist()
+        assert {d["event_id"] for d in dead} == {"vx0", "vx1", "vx2"}
+    finally:
+        await collector.store.close()
