@@ -200,8 +200,8 @@ class Bulkheads:
 
     def unpark(self, table: str) -> None:
         """``table``'s staged rows committed: it takes part in runs again."""
-        self.failures.pop(table, None)
         if self.parked.pop(table, None) is not None:
+            self.failures.pop(table, None)
             log.info("table %s unparked: its staged rows are committed", table,
                      extra={"table": table})
             self.on_change(table, None)

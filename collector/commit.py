@@ -636,8 +636,7 @@ class RunCommits:
                     conditions[target.table] = target.sink.conditions if live else None
         done: dict[str, int] = {}
         for table, state in list(self.staging.states.items()):
-            if not state.files:
-                self.bulkheads.unpark(table)  # parked with nothing staged: nothing to hold
+            if not state.files:  # (a table parked a moment ago has none yet: stays parked)
                 continue
             if self.bulkheads.is_parked(table):
                 rows = self._retry_parked(table)

@@ -401,3 +401,44 @@ async def test_bad_payloads_and_throwing_mappings_of_one_stream_hold_no_other(tm
         assert {d["event_id"] for d in dead} == {"vx0", "vx1", "vx2"}
     finally:
         await collector.store.close()
+
+
+async def test_the_collector_loop_parks_a_table_and_unparks_it_after_the_fix(tmp_path,
+                                                                              engine):
+    """The real loop (``Runner``: retries with backoff, staged imports between runs): the
+    broken table is parked while the others drain, and once its metadata is back the loop
+    itself retries the staged rows (``park_retry_s``) and unparks it, exactly once."""
+    from collector.runner import Runner
+
+    config = collector_config(tmp_path, streams=(CLICKS, BUYS, VIEWS), dequeue_every=1,
+                              park_after_failures=3, park_retry_s=0.5,
+                              retry_max_delay_s=0.5, commit_interval_s=0.2)
+    publish_sync(config, [batch("1", 3)])
+    collector = await start(config, engine)
+    stop = asyncio.Event()
+    task = asyncio.create_task(Runner(collector, stop).run())
+    try:
+        await until(lambda: collector.table_sequences.get("web.views") == {0: 0})
+        good = metadata_location(config, "web.views")
+        metadata_location(config, "web.views", good.replace(".metadata.json", "-lost.json"))
+        publish_sync(config, [batch("2", 3), batch("3", 3)])
+        await until(lambda: collector.table_sequences.get("web.clicks") == {0: 2})
+        await until(lambda: collector.bulkheads.is_parked("web.views"))
+        assert_exact(config, "shop.buys", all_ids("b", "1", "2", "3", count=3))
+        await until(lambda: collector.staging.states["web.views"].rows == 6)
+        metadata_location(config, "web.views", good)
+        await until(lambda: not collector.bulkheads.is_parked("web.views"))
+        assert_exact(config, "web.views", all_ids("v", "1", "2", "3", count=3))
+        assert collector.staging.states["web.views"].rows == 0
+    finally:
+        stop.set()
+        await task
+        await collector.store.close()
+
+
+async def until(condition: Any, timeout_s: float = 120.0) -> None:
+    """Wait for ``condition()`` (polling: the loop runs in this event loop's threads)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
