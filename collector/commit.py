@@ -54,7 +54,7 @@ from collector.dedup import (
 )
 from collector.evolve import evolve_rows, plan_from_summaries, refused_dead_letters
 from collector.hops import BlockOn
-from collector.journal import DedupJournal, Record, ids_by_source
+from collector.journal import DedupJournal, id_rows
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, Staged, StagingArea, due
@@ -502,9 +502,8 @@ class RunCommits:
         if window is None or window.window_s <= 0 or uuid is None or fresh.num_rows == 0:
             return
         now = self.consumer.store_clock.time()
-        record = Record(int(now * 1000), dict(through),
-                        ids_by_source(fresh, SOURCE_COLUMN, source))
-        self.block_on(self.journal.record(table, uuid, record))
+        self.block_on(self.journal.record(table, uuid, int(now * 1000), dict(through),
+                                          id_rows(fresh, SOURCE_COLUMN, source)))
         self.hook(f"after_journal:{table}")
         count = self.journal_writes[table] = self.journal_writes.get(table, 0) + 1
         if count % JOURNAL_SWEEP_EVERY == 0:

@@ -23,6 +23,7 @@ commits only, never by scanning the whole table (:meth:`DedupWindow.rebuild`).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -471,13 +472,13 @@ class DedupWindow:
         if known_ms <= cutoff_ms:
             return
         self.cut_ms = max(self.cut_ms or known_ms, known_ms)
-        log.warning("dedup window of %s: its snapshot log ends at a commit of %d ms and its "
-                    "dedup journal began at %d ms, after the window's start (%d ms): older "
+        log.warning("dedup window of %s: its snapshot log ends at a commit of %s and its "
+                    "dedup journal began at %s, after the window's start (%s): older "
                     "snapshots were expired outside icefloe, so a retry of a request "
-                    "committed before then is committed again. The journal covers the "
-                    "whole window from %d ms on", self.name or table.name(),
-                    known_ms, journal_ms, cutoff_ms,
-                    journal_ms + int(self.window_s * 1000),
+                    "committed before %s is committed again. Nothing to do but wait: the "
+                    "journal covers the whole window from %s on", self.name or table.name(),
+                    _utc(known_ms), _utc(journal_ms), _utc(cutoff_ms), _utc(known_ms),
+                    _utc(journal_ms + int(self.window_s * 1000)),
                     extra={"table": self.name, "known_ms": known_ms})
 
     def _marks(self, table: Table, cutoff_ms: int
@@ -510,6 +511,11 @@ class DedupWindow:
             snapshot = _parent(table, snapshot)
         marks.reverse()
         return marks, floor, capped_ms
+
+
+def _utc(ms: int) -> str:
+    """A store time (ms) as an operator reads it."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
 
 
 def _oldest(table: Table) -> Snapshot | None:

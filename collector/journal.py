@@ -27,15 +27,16 @@ as before (:meth:`collector.dedup.DedupWindow.rebuild`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from icefloe.errors import NotFound, PreconditionFailed
 from icefloe.store.base import AsyncObjectStore
-from icefloe.zstd_contexts import compressor, decompressor
 
 log = logging.getLogger("icefloe.collector")
 
@@ -43,18 +44,21 @@ PREFIX = "dedup"
 """Top-level key prefix of every table's journal."""
 FORMAT = 1
 MARKER = "start.json"
-SUFFIX = ".ids.zst"
+SUFFIX = ".ids.arrow"
+_META = b"icefloe.journal"
+READ_AHEAD = 32
+"""Journal objects read (or deleted) at once: a window holds one per commit."""
 
 
-class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    """One commit's accepted ids, by source."""
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One commit's accepted ids, by source (as read back)."""
 
     committed_ms: int
     through: dict[int, int]
     """The run's last sequence per manifest shard: the record counts once the table's
     committed sequence covers it."""
     ids: dict[str, list[str]]
-    format: int = FORMAT
 
 
 class Marker(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -104,16 +108,41 @@ def _time_of(key: str) -> int | None:
         return None
 
 
-def ids_by_source(rows: pa.Table, source_column: str, default: str) -> dict[str, list[str]]:
-    """The ``_event_id`` of ``rows`` grouped by their source (``source_column``, else
-    ``default`` for every row)."""
-    ids = rows.column("_event_id").to_pylist()
-    if source_column not in rows.column_names:
-        return {default: ids} if ids else {}
-    out: dict[str, list[str]] = {}
-    for source, event_id in zip(rows.column(source_column).to_pylist(), ids, strict=True):
-        out.setdefault(source or default, []).append(event_id)
-    return out
+def id_rows(rows: pa.Table, source_column: str, default: str) -> pa.Table:
+    """``(source, event_id)`` of ``rows``: their source (``source_column``, else
+    ``default``) and ``_event_id`` — what a record holds, without a Python object per id."""
+    event_ids = rows.column("_event_id").cast(pa.string())
+    if source_column in rows.column_names:
+        sources = pc.fill_null(rows.column(source_column).cast(pa.string()), default)
+    else:
+        sources = pa.repeat(pa.scalar(default, pa.string()), rows.num_rows)
+    return pa.table({"source": sources, "event_id": event_ids})
+
+
+def encode_record(committed_ms: int, through: dict[int, int], ids: pa.Table) -> bytes:
+    """One record: an Arrow IPC stream of ``ids`` (zstd), its time and sequences in the
+    schema's metadata (a million ids encode in milliseconds)."""
+    meta = msgspec.json.encode({"format": FORMAT, "committed_ms": committed_ms,
+                                "through": through})
+    table = ids.replace_schema_metadata({_META: meta})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema,
+                           options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_record(data: bytes) -> Record:
+    table = pa.ipc.open_stream(data).read_all()
+    meta = msgspec.json.decode((table.schema.metadata or {})[_META])
+    ids: dict[str, list[str]] = {}
+    sources = table.column("source")
+    for source in pc.unique(sources).to_pylist():
+        chosen = table.filter(pc.equal(sources, source)) if len(ids) or \
+            pc.count_distinct(sources).as_py() > 1 else table
+        ids[source] = chosen.column("event_id").to_pylist()
+    return Record(int(meta["committed_ms"]),
+                  {int(k): int(v) for k, v in meta["through"].items()}, ids)
 
 
 def covered(done: dict[int, int], through: dict[int, int]) -> bool:
@@ -127,11 +156,12 @@ class DedupJournal:
     def __init__(self, store: AsyncObjectStore) -> None:
         self.store = store
 
-    async def record(self, table: str, uuid: str, record: Record) -> str:
-        """Write one commit's record before the commit (a new key: never overwrites)."""
-        key = record_key(table, uuid, record.committed_ms, record.through)
-        body = compressor(3).compress(msgspec.json.encode(record))
-        await self.store.put(key, body)
+    async def record(self, table: str, uuid: str, committed_ms: int,
+                     through: dict[int, int], ids: pa.Table) -> str:
+        """Write one commit's record (``ids``: :func:`id_rows`) before the commit, under
+        a new key (never overwrites)."""
+        key = record_key(table, uuid, committed_ms, through)
+        await self.store.put(key, encode_record(committed_ms, through, ids))
         return key
 
     async def begin(self, table: str, uuid: str, before: dict[int, int], now_ms: int
@@ -162,28 +192,36 @@ class DedupJournal:
         records: list[Record] = []
         found = 0
         capped: int | None = None
-        for at, key in keys:
-            if found >= max_ids:
-                capped = at
-                break
-            try:
-                data = (await self.store.get(key)).data
-            except NotFound:  # swept meanwhile
-                continue
-            record = msgspec.json.decode(decompressor().decompress(data), type=Record)
-            if covered(committed, record.through):
+        for start in range(0, len(keys), READ_AHEAD):  # a window of commits: many objects
+            chunk = keys[start:start + READ_AHEAD]
+            read = await asyncio.gather(*(self._read(key) for _, key in chunk))
+            for (at, _), record in zip(chunk, read, strict=True):
+                if record is None or not covered(committed, record.through):
+                    continue
+                if found >= max_ids:
+                    capped = at
+                    break
                 records.append(record)
                 found += sum(len(ids) for ids in record.ids.values())
+            if capped is not None:
+                break
         records.reverse()
         return JournalView(marker, records, capped)
+
+    async def _read(self, key: str) -> Record | None:
+        try:
+            data = (await self.store.get(key)).data
+        except NotFound:  # swept meanwhile
+            return None
+        return decode_record(data)
 
     async def sweep(self, table: str, uuid: str, before_ms: int) -> int:
         """Delete records older than ``before_ms`` (never the marker); returns how many."""
         listed = await self.store.list(table_prefix(table, uuid))
         old = [o.key for o in listed.objects
                if (at := _time_of(o.key)) is not None and at < before_ms]
-        for key in old:
-            await self.store.delete(key)
+        for start in range(0, len(old), READ_AHEAD):
+            await asyncio.gather(*(self.store.delete(k) for k in old[start:start + READ_AHEAD]))
         if old:
             log.info("dedup journal of %s: %d records older than the window deleted",
                      table, len(old))

@@ -173,13 +173,13 @@ def _journal_no_tombstones() -> contextlib.AbstractContextManager[None]:
 
     import collector.commit as commit
 
-    original = commit.ids_by_source
+    original = commit.id_rows
 
-    def ids_by_source(rows: Any, source_column: str, default: str) -> dict[str, list[str]]:
+    def id_rows(rows: Any, source_column: str, default: str) -> Any:
         if "gone" in rows.column_names:
             rows = rows.filter(pc.invert(pc.fill_null(rows.column("gone"), False)))
         return original(rows, source_column, default)
-    return _patch(commit, "ids_by_source", ids_by_source)
+    return _patch(commit, "id_rows", id_rows)
 
 
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {

@@ -143,7 +143,7 @@ async def test_a_record_of_a_commit_that_never_landed_does_not_count(tmp_path: P
     rows as copies (that would lose them); they land once."""
     from collector_support import Crash, crash_at
 
-    from collector.journal import PREFIX
+    from collector.journal import PREFIX, SUFFIX
 
     config = collector_config(tmp_path, streams=(CLICKS,), dequeue_every=1)
     publish_sync(config, [[click(i, "a") for i in range(5)]])
@@ -151,7 +151,7 @@ async def test_a_record_of_a_commit_that_never_landed_does_not_count(tmp_path: P
     with pytest.raises(Crash):
         await drain(crashing)
     listed = await crashing.store.list(PREFIX + "/web.clicks/")
-    assert [o.key for o in listed.objects if o.key.endswith(".ids.zst")]
+    assert [o.key for o in listed.objects if o.key.endswith(SUFFIX)]
     restarted = await restart(config, engine, crashing)
     assert restarted.windows["web.clicks"].ids("clicks") == set()
     await drain(restarted)
