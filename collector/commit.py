@@ -51,9 +51,16 @@ from collector.bulkhead import (
     is_shared_failure,
     parked_dead_letters,
 )
-from collector.dedup import DedupWindow, sources_props, without_source
+from collector.dedup import (
+    ANY_SOURCE,
+    SOURCE_COLUMN,
+    DedupWindow,
+    sources_props,
+    without_source,
+)
 from collector.evolve import evolve_rows, plan_from_summaries, refused_dead_letters
 from collector.hops import BlockOn
+from collector.journal import DedupJournal, id_rows
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, Staged, StagingArea, due
@@ -91,6 +98,9 @@ __all__ = ["MAX_STAGED_FILES", "RunCommits", "RunResult", "chunk_of", "upsert_co
            "versions_of"]
 
 log = logging.getLogger("icefloe.collector")
+
+JOURNAL_SWEEP_EVERY = 256
+"""Records a table's journal gets between two sweeps of its old ones."""
 
 Hook = Callable[[str], None]
 """Crash-injection point: called with a stage name; tests raise from it."""
@@ -140,6 +150,9 @@ class RunCommits:
     routes: Routes
     staging: StagingArea
     windows: dict[str, DedupWindow]
+    journal: DedupJournal
+    journal_uuids: dict[str, str]
+    journal_writes: dict[str, int]
     table_sequences: dict[str, dict[int, int]]
     epoch: int | None
     evolve_limits: EvolveLimits
@@ -196,6 +209,7 @@ class RunCommits:
         if dropped:
             self.metrics.duplicates.labels(target.source.id).inc(dropped)
         append = upsert_hook(target.stream) or WriteThenAdd(target.source.id)
+        self.record_ids(table, fresh, sequences)
         try:
             outcome = self._commit(table, without_source(fresh), sequence, append=append,
                                    props=sources_props(fresh), sequences=sequences)
@@ -367,6 +381,7 @@ class RunCommits:
                 add = AddFiles(files) if upsert is None else ReplaceFiles(
                     files, upsert.replaced, upsert.snapshot_id, upsert.rows)
                 with failures.of(table), self._guard(table):
+                    self.record_ids(table, fresh, sequences, source)
                     try:
                         outcome = self._commit(table, fresh, sequence, append=add,
                                                nbytes=add.files.size,
@@ -552,6 +567,31 @@ class RunCommits:
             staged = Staged(0, skipped, state)
         self._after_stage(target, staged, result)
 
+    def record_ids(self, table: str, fresh: pa.Table, through: dict[int, int],
+                   source: str = ANY_SOURCE) -> None:
+        """Write the ids of ``fresh`` (the rows about to be committed: new events,
+        tombstones included) to ``table``'s dedup journal, before the commit.
+
+        Why before: a crash after the commit must not lose them (a restart would not find
+        them in the table: a tombstone writes no row, a replaced row is gone). A record
+        counts only once the table's committed sequence covers ``through``
+        (:mod:`collector.journal`), so one written for a commit that never lands is
+        harmless. Every :data:`JOURNAL_SWEEP_EVERY` records, those older than twice the
+        window are deleted."""
+        window = self.windows.get(table)
+        uuid = self.journal_uuids.get(table)
+        if window is None or window.window_s <= 0 or uuid is None or fresh.num_rows == 0:
+            return
+        now = self.consumer.store_clock.time()
+        self.block_on(self.journal.record(table, uuid, int(now * 1000), dict(through),
+                                          id_rows(fresh, SOURCE_COLUMN, source)))
+        self.hook(f"after_journal:{table}")
+        count = self.journal_writes[table] = self.journal_writes.get(table, 0) + 1
+        if count % JOURNAL_SWEEP_EVERY == 0:
+            before = window.cutoff_ms(now) - int(window.window_s * 1000)
+            with contextlib.suppress(Exception):  # the next sweep (or start) does it
+                self.block_on(self.journal.sweep(table, uuid, before))
+
     def _commit(self, table: str, rows: pa.Table, sequence: int, *,
                 append: AddFiles | WriteThenAdd | CopyOnWrite | None = None,
                 nbytes: int | None = None,
@@ -691,6 +731,7 @@ class RunCommits:
                 self.metrics.duplicates.labels(table).inc(dropped)
             stream = self.routes.tables().get(table)
             upsert = upsert_hook(stream) if stream is not None else None
+            self.record_ids(table, fresh, through)
             try:
                 outcome = self._commit(table, without_source(fresh), through.get(0, -1),
                                        append=upsert, props=sources_props(fresh),

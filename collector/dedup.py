@@ -23,6 +23,7 @@ commits only, never by scanning the whole table (:meth:`DedupWindow.rebuild`).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
+from collector.journal import JournalView
 from icefloe.clock import SYSTEM, Clock
 from pipeline.iceberg.commit import (
     NO_SEQUENCE,
@@ -49,6 +51,7 @@ from pipeline.iceberg.commit import (
     decode_sequences,
     decode_sources,
     encode_sources,
+    history_cut,
     position,
 )
 
@@ -359,8 +362,46 @@ class DedupWindow:
         late the collector commits them)."""
         return now if self.hold_s is None else min(now, self.hold_s)
 
-    def rebuild(self, table: Table, now_s: float | None = None) -> None:
-        """Refill the window from a table after a restart, by *commit* time.
+    def cutoff_ms(self, now_s: float | None = None) -> int:
+        """Store time (ms) the window reaches back to: ``window_s`` before :meth:`edge_s`."""
+        now = self.clock.time() if now_s is None else now_s
+        return int((self.edge_s(now) - self.window_s) * 1000)
+
+    def rebuild(self, table: Table, now_s: float | None = None,
+                journal: JournalView | None = None) -> None:
+        """Refill the window after a restart, by *commit* time: from the dedup journal
+        (:mod:`collector.journal`) where it reaches back far enough, else (commits made
+        before the journal began) from the table's snapshot log.
+
+        Why the journal first: it holds exactly the ids each commit accepted (tombstones
+        too, never the rows a copy-on-write commit copied), whatever expiry, compaction
+        or another engine did to the snapshots since. Where the window reaches back before
+        the journal began, those older commits are read as :meth:`_rebuild_from_log`
+        does; if the snapshot log no longer reaches the window's start either, the window
+        cannot be known there and that is said (a warning, and the effective-window
+        metric shows where it ends) rather than assumed.
+        """
+        if self.window_s <= 0:
+            return
+        now = self.clock.time() if now_s is None else now_s
+        cutoff = self.cutoff_ms(now)
+        if journal is None or not journal.covers(cutoff):
+            before = None if journal is None else journal.marker.since_ms
+            self._rebuild_from_log(table, now, before_ms=before)
+        if journal is not None:
+            for record in journal.records:  # oldest first, each committed
+                if record.committed_ms < cutoff:
+                    continue
+                for source, ids in record.ids.items():
+                    if ids:
+                        self._append(source, ids, record.committed_ms)
+            if journal.capped_ms is not None:  # max_ids reached: older records left out
+                self.cut_ms = max(self.cut_ms or journal.capped_ms, journal.capped_ms)
+        self.expire(now)
+
+    def _rebuild_from_log(self, table: Table, now: float, before_ms: int | None = None
+                          ) -> None:
+        """Refill the window from a table's snapshot log, by *commit* time.
 
         Why the snapshot log and not ``_received_at``: the window promises "committed within
         the last window_s"; after a backlog, rows received long ago may have been committed
@@ -371,12 +412,14 @@ class DedupWindow:
         and grouped into chunks per commit and source. So neither snapshot expiry nor a
         large table makes the rebuild scan the whole table. Commits of older versions (no
         source runs) are read as before, their ids counted for every source.
+
+        ``before_ms`` (the journal's start): only commits before it are added (the journal
+        holds the rest); and a log that expiry cut short inside the window is reported.
         """
-        if self.window_s <= 0:
-            return
-        now = self.clock.time() if now_s is None else now_s
-        marks, floor, capped_ms = self._marks(
-            table, int((self.edge_s(now) - self.window_s) * 1000))
+        cutoff = self.cutoff_ms(now)
+        marks, floor, capped_ms = self._marks(table, cutoff)
+        if before_ms is not None:
+            self._report_cut_log(table, marks, floor, cutoff, before_ms)
         if not marks:
             return
         previous = dict(floor)  # per shard: the sequence below the replayed commits
@@ -404,17 +447,39 @@ class DedupWindow:
                 runs = mark.runs or [(ANY_SOURCE, start, end)]
                 for source, first, last in runs:
                     part = between(max(first, start), min(last, end))
-                    if part:
+                    if part and (before_ms is None or mark.committed_ms < before_ms):
                         self._append(source, part, mark.committed_ms)
                 previous[shard] = max(previous.get(shard, NO_SEQUENCE), through)
         rest = [i for p, i in zip(positions.tolist(), ids, strict=True)
                 if p >> SHARD_BITS in shards
                 and (p & _LOCAL) > previous.get(p >> SHARD_BITS, NO_SEQUENCE)]
-        if rest:  # rows beyond the last mark (should not happen): keep them
+        if rest and before_ms is None:  # rows beyond the last mark (should not happen)
             self._append(ANY_SOURCE, rest, int(now * 1000))
         if capped_ms is not None:
             self.cut_ms = max(self.cut_ms or capped_ms, capped_ms)
-        self.expire(now)
+
+    def _report_cut_log(self, table: Table, marks: list[_Mark], floor: dict[int, int],
+                        cutoff_ms: int, journal_ms: int) -> None:
+        """Say so when the snapshot log ends inside the window before the journal began:
+        snapshots there were expired (by another tool), and the ids of their commits are
+        not known. The effective window then ends at the oldest commit still known."""
+        if floor:
+            return  # the log reaches a commit older than the window
+        oldest = _oldest(table)
+        if oldest is None or not history_cut(oldest):
+            return  # the table's first commit is in the window: nothing before it
+        known_ms = min(marks[0].committed_ms, journal_ms) if marks else journal_ms
+        if known_ms <= cutoff_ms:
+            return
+        self.cut_ms = max(self.cut_ms or known_ms, known_ms)
+        log.warning("dedup window of %s: its snapshot log ends at a commit of %s and its "
+                    "dedup journal began at %s, after the window's start (%s): older "
+                    "snapshots were expired outside icefloe, so a retry of a request "
+                    "committed before %s is committed again. Nothing to do but wait: the "
+                    "journal covers the whole window from %s on", self.name or table.name(),
+                    _utc(known_ms), _utc(journal_ms), _utc(cutoff_ms), _utc(known_ms),
+                    _utc(journal_ms + int(self.window_s * 1000)),
+                    extra={"table": self.name, "known_ms": known_ms})
 
     def _marks(self, table: Table, cutoff_ms: int
                ) -> tuple[list[_Mark], dict[int, int], int | None]:
@@ -446,6 +511,22 @@ class DedupWindow:
             snapshot = _parent(table, snapshot)
         marks.reverse()
         return marks, floor, capped_ms
+
+
+def _utc(ms: int) -> str:
+    """A store time (ms) as an operator reads it."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+def _oldest(table: Table) -> Snapshot | None:
+    """The oldest snapshot of the log (the end of the walk from the current one)."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        parent = _parent(table, snapshot)
+        if parent is None:
+            return snapshot
+        snapshot = parent
+    return None
 
 
 def _is_append(snapshot: Snapshot) -> bool:

@@ -43,6 +43,7 @@ from collector.commit import Hook, RunCommits, RunResult, upsert_columns, versio
 from collector.dedup import DedupWindow
 from collector.hops import BlockOn, Offload, sleep_or_stop
 from collector.http import STALL_INTERVALS
+from collector.journal import DedupJournal, JournalView
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, cut_by_routing, embedded_reason
 from collector.staging import StagingArea
@@ -138,6 +139,10 @@ class Collector(RunCommits):
         self.offload = offload
         self.block_on: BlockOn = block_on or self._run_on_loop
         self.staging = StagingArea(store, confirm=self.confirm_epoch)
+        self.journal = DedupJournal(store)
+        self.journal_uuids: dict[str, str] = {}
+        """Table uuid (the journal's key) of each table with a dedup window."""
+        self.journal_writes: dict[str, int] = {}
         self.model_tables: list[str] = []
         """Model targets the collector keeps fresh: fenced on takeover like its own."""
         self._fenced_epoch: int | None = None
@@ -276,7 +281,8 @@ class Collector(RunCommits):
                              clock=self.consumer.store_clock,
                              on_effective=self._window_observer(name))
         window.hold_s = self._hold_s
-        window.rebuild(table)
+        window.rebuild(table, journal=self._journal_view(name, table, state.sequences,
+                                                         window))
         if len(window):
             log.info("dedup window of %s rebuilt with %d ids", name, len(window))
         assert self.epoch is not None
@@ -287,6 +293,23 @@ class Collector(RunCommits):
         if staged.files:
             log.info("table %s: %d rows staged through sequences %s", name, staged.rows,
                      staged.last_sequences)
+
+    def _journal_view(self, name: str, table: Table, committed: dict[int, int],
+                      window: DedupWindow) -> JournalView | None:
+        """The dedup journal of ``table`` as far back as ``window`` reaches (begun now if
+        it has none: :mod:`collector.journal`); records older than twice the window are
+        swept first. None with dedup off."""
+        if window.window_s <= 0:
+            return None
+        uuid = str(table.metadata.table_uuid)
+        now = self.consumer.store_clock.time()
+        marker = self._await(self.journal.begin(name, uuid, committed, int(now * 1000)))
+        cutoff = window.cutoff_ms(now)
+        self._await(self.journal.sweep(name, uuid, cutoff - int(window.window_s * 1000)))
+        view = self._await(self.journal.load(name, uuid, marker, committed, cutoff,
+                                             window.max_ids))
+        self.journal_uuids[name] = uuid
+        return view
 
     def _window_observer(self, table: str) -> Callable[[float, int], None]:
         effective = self.metrics.dedup_effective_window.labels(table)

@@ -135,13 +135,13 @@ def committed_state(table: Table) -> CommittedState:
                                   tuple(sorted(shards.items())))
         parent = snapshot.parent_snapshot_id
         older = table.snapshot_by_id(parent) if parent is not None else None
-        if older is None and _history_cut(snapshot):
+        if older is None and history_cut(snapshot):
             raise OffsetLostError(".".join(table.name()))
         snapshot = older
     return CommittedState(epoch=epoch)
 
 
-def _history_cut(oldest: Snapshot) -> bool:
+def history_cut(oldest: Snapshot) -> bool:
     """Whether snapshots older than ``oldest`` (the end of the walk) were expired: its
     parent is gone, or (pyiceberg's expiry clears the pointer) its data sequence number
     says commits came before it. In a format-v1 table nothing tells: not judged."""

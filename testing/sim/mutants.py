@@ -132,8 +132,9 @@ def _standby_no_reread() -> contextlib.AbstractContextManager[None]:
     def state(table: Any) -> Any:
         return original_state(early.get(".".join(table.name()), table))
 
-    def rebuild(self: DedupWindow, table: Any, now_s: float | None = None) -> None:
-        original_rebuild(self, early.get(self.name, table), now_s)
+    def rebuild(self: DedupWindow, table: Any, now_s: float | None = None,
+                journal: Any = None) -> None:
+        original_rebuild(self, early.get(self.name, table), now_s, journal)
 
     stack = contextlib.ExitStack()
     stack.enter_context(_patch(Collector, "acquire", acquire))
@@ -150,6 +151,37 @@ def _cluster_unrouted() -> contextlib.AbstractContextManager[None]:
     return _patch(Collector, "_route_run", lambda self, entries: (entries, self.engine.run))
 
 
+def _window_from_log() -> contextlib.AbstractContextManager[None]:
+    """#36 undone: a restarted collector rebuilds its dedup windows from the tables'
+    snapshot logs only (the journal beside each table is written but never read): a
+    tombstone leaves no id there, copied rows count against ``dedup_max_ids``, and
+    snapshots expired by another tool take their commits' ids with them."""
+    from collector.dedup import DedupWindow
+
+    original = DedupWindow.rebuild
+
+    def rebuild(self: DedupWindow, table: Any, now_s: float | None = None,
+                journal: Any = None) -> None:
+        original(self, table, now_s)
+    return _patch(DedupWindow, "rebuild", rebuild)
+
+
+def _journal_no_tombstones() -> contextlib.AbstractContextManager[None]:
+    """#36's tombstone case undone: the journal keeps the ids of the rows a commit writes,
+    not those of its tombstones (a tombstone writes no row)."""
+    import pyarrow.compute as pc
+
+    import collector.commit as commit
+
+    original = commit.id_rows
+
+    def id_rows(rows: Any, source_column: str, default: str) -> Any:
+        if "gone" in rows.column_names:
+            rows = rows.filter(pc.invert(pc.fill_null(rows.column("gone"), False)))
+        return original(rows, source_column, default)
+    return _patch(commit, "id_rows", id_rows)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -158,6 +190,8 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "no-staging-claim": _no_staging_claim,
     "cluster-unrouted": _cluster_unrouted,
     "standby-no-reread": _standby_no_reread,
+    "window-from-log": _window_from_log,
+    "journal-no-tombstones": _journal_no_tombstones,
 }
 
 

@@ -64,6 +64,18 @@ class Scenario:
     other seeds, drawn by the world)."""
     outage_s: float = 0.0
     """``outage``: how long no collector runs."""
+    upsert: bool = False
+    """``upsert-restart``: the seeded sinks keep the latest row per ``key`` (a
+    ``primary_key``, and ``gone`` as the tombstone field); clients send versions of keys."""
+    dedup_max_ids: int = 5_000_000
+    """``collector.dedup_max_ids`` (the default, except in ``upsert-restart``)."""
+    stale_resend: float = 0.0
+    """``upsert-restart``: chance that a client, instead of a new version, resends an older
+    acknowledged version of one of its keys (10 s or more after it was acknowledged, well
+    inside the dedup window)."""
+    expire_at: float | None = None
+    """``external-expiry``: when (fraction of the traffic) another tool expires every
+    snapshot of every table but the newest one with an offset (and those after it)."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -113,7 +125,36 @@ class Scenario:
             scenario.shards = 2
         scenario.evolve = rng.random() < 0.5 and scenario.output == "embedded"  # drawn last
         scenario.aim(random.Random(seed * 7 + 104723))
+        scenario.aim_36(random.Random(seed * 7 + 38026))
         return scenario
+
+    def aim_36(self, rng: random.Random) -> None:
+        """#36's families, drawn from a generator of their own among ``mixed`` seeds only,
+        so every seed pinned before them (and every aimed family) keeps its story."""
+        if self.family != "mixed":
+            return
+        draw = rng.random()
+        if draw < 0.2:
+            # keyed sinks; every table's window must survive restarts whatever its
+            # copy-on-write commits copied, and a stale retried version (a tombstone
+            # too) must never win over a newer one
+            self.family, self.upsert = "upsert-restart", True
+            self.output, self.shards, self.evolve = "embedded", 1, False
+            self.clients, self.admin_changes, self.quiet_gap_s = 2, 0, 0.0
+            self.conditions_age_s = None
+            self.collector_crashes = rng.randint(2, 3)
+            self.forced_takeovers, self.collector_stalls = 0, 0
+            self.duration_s = min(max(self.duration_s, 60.0), 90.0)
+            self.dedup_max_ids = 100  # holds every event of a table; not its copies
+            self.stale_resend = 0.3
+        elif draw < 0.4:
+            # another tool expires snapshots, the collector restarts, and clients retry
+            # requests committed tens of seconds before
+            self.family = "external-expiry"
+            self.expire_at = rng.uniform(0.4, 0.7)
+            self.quiet_gap_s, self.conditions_age_s = 0.0, None
+            self.forced_takeovers, self.collector_stalls, self.collector_crashes = 0, 0, 0
+            self.duration_s = max(self.duration_s, 60.0)
 
     def aim(self, rng: random.Random) -> None:
         """Pick the seed's family (from its own generator, so a ``mixed`` seed keeps every
@@ -154,7 +195,8 @@ class Scenario:
                 "conditions_age_s", "admin_changes", "collector_crashes",
                 "forced_takeovers", "collector_stalls", "ingestor_crashes",
                 "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve",
-                "family", "standby", "outage_s")
+                "family", "standby", "outage_s", "upsert", "dedup_max_ids",
+                "stale_resend", "expire_at")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
@@ -163,3 +205,5 @@ class Scenario:
 
 FAMILIES = {"mixed": 0.55, "late-staging": 0.15, "outage": 0.15, "failover": 0.15}
 """How often each family of stories is drawn (:meth:`Scenario.aim`)."""
+LATER_FAMILIES = {"upsert-restart": 0.2, "external-expiry": 0.2}
+"""#36's families: the share of ``mixed`` seeds each takes (:meth:`Scenario.aim_36`)."""

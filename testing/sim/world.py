@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.exceptions import NoSuchTableError
 
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes
@@ -59,7 +60,7 @@ from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
 from pipeline.columns import ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
-from pipeline.iceberg.commit import not_committed, with_shard_column
+from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column
 from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
 from pipeline.load.executors import (
     KEY_COLUMNS,
@@ -91,6 +92,12 @@ T = TypeVar("T")
 HOST: contextvars.ContextVar[str] = contextvars.ContextVar("sim_host", default="world")
 START = 1_790_000_000.0
 COLUMNS = (Column("uid", "string", required=True), Column("n", "long"))
+KEYED_COLUMNS = (*COLUMNS, Column("key", "string", required=True), Column("gone", "boolean"))
+"""``upsert-restart``'s sinks: the latest row per ``key``; ``gone`` deletes the key."""
+KEYED_KEYS = 10
+"""Keys per client (``upsert-restart``): few, so copy-on-write commits copy rows."""
+KEYED_EVENTS = 70
+"""New versions per client at most (``upsert-restart``): below ``dedup_max_ids``."""
 log = logging.getLogger("icefloe.sim")
 
 
@@ -261,6 +268,32 @@ class Copy:
 
 
 @dataclass
+class Version:
+    """One version of a key (``upsert-restart``), as its client sent it: a new row, or a
+    tombstone (``gone``). ``acked_at``: when the client was told it is durable (None: not
+    told: it may or may not have landed)."""
+
+    uid: str
+    key: str
+    gone: bool
+    event_id: str
+    payload: bytes
+    acked_at: float | None = None
+
+
+@dataclass
+class Request:
+    """A request a client was told is durable, kept for late retries
+    (``external-expiry``)."""
+
+    acked_at: float
+    source: str
+    ids: list[str]
+    payloads: list[bytes]
+    uids: list[str]
+
+
+@dataclass
 class Ledger:
     """Everything clients sent and what they were told."""
 
@@ -271,6 +304,9 @@ class Ledger:
     requests: int = 0
     acked: int = 0
     refused: int = 0
+    versions: dict[str, list[Version]] = field(default_factory=dict)
+    """``upsert-restart``: each key's versions, in the order its one client sent them."""
+    requests_acked: list[Request] = field(default_factory=list)
 
 
 class Ingestor:
@@ -341,6 +377,9 @@ class Client:
 
     async def run(self, until: float) -> None:
         world = self.world
+        if world.scenario.upsert:
+            await self.run_keyed(until)
+            return
         while world.sim.now < until:
             await asyncio.sleep(self.rng.uniform(0.05, 0.6))
             sources = world.open_sources()
@@ -362,6 +401,49 @@ class Client:
             if acked and self.rng.random() < world.scenario.retry_after_success:
                 await asyncio.sleep(self.rng.uniform(0.1, 5.0))
                 await self.send(source, ids, payloads, uids)
+
+    async def run_keyed(self, until: float) -> None:
+        """``upsert-restart``: versions of this client's own keys in one source (its
+        keys' order is its send order), a quarter of them tombstones; sometimes, instead,
+        an older acknowledged version is sent again (a retry of a request whose answer was
+        lost, arriving after newer versions): it must never win. At most
+        :data:`KEYED_EVENTS` events, so a table's window holds every event."""
+        world = self.world
+        index = int("".join(c for c in self.name if c.isdigit()) or 0)
+        sent = 0
+        keys = [f"{self.name}-k{j}" for j in range(KEYED_KEYS)]
+        while world.sim.now < until:
+            await asyncio.sleep(self.rng.uniform(0.5, 2.0))
+            sources = world.open_sources()
+            if not sources:
+                continue
+            source = sources[index % len(sources)]
+            stale = self._stale_version(keys)
+            if stale is not None and self.rng.random() < world.scenario.stale_resend:
+                world.checker.note(f"{self.name} resends {stale.uid} of {stale.key} "
+                                   f"(acknowledged {world.sim.now - (stale.acked_at or 0):.0f}"
+                                   " s ago, newer versions since)")
+                await self.send(source, [stale.event_id], [stale.payload], [stale.uid])
+                continue
+            if sent >= KEYED_EVENTS:
+                continue
+            sent += 1
+            key = self.rng.choice(keys)
+            n = world.next_id(source)
+            uid, gone = f"{source}/{n}", self.rng.random() < 0.25
+            payload = msgspec.json.encode({"uid": uid, "n": n, "key": key, "gone": gone})
+            version = Version(uid, key, gone, f"e{n}", payload)
+            world.ledger.versions.setdefault(key, []).append(version)
+            if await self.send(source, [version.event_id], [payload], [uid]):
+                version.acked_at = world.sim.now
+
+    def _stale_version(self, keys: list[str]) -> Version | None:
+        """An acknowledged version of one of ``keys`` with a newer version sent since,
+        acknowledged 10 s or more ago and within half the dedup window."""
+        now, window = self.world.sim.now, self.world.scenario.dedup_window_s
+        old = [v for key in keys for v in self.world.ledger.versions.get(key, [])[:-1]
+               if v.acked_at is not None and now - window / 2 < v.acked_at < now - 10]
+        return self.rng.choice(old) if old else None
 
     async def send(self, source: str, ids: list[str], payloads: list[bytes],
                    uids: list[str]) -> bool:
@@ -385,6 +467,8 @@ class Client:
                 await asyncio.sleep(self.rng.uniform(0.2, 2.0))
                 continue
             world.ledger.acked += 1
+            world.ledger.requests_acked.append(Request(world.sim.now, source, ids, payloads,
+                                                       uids))
             world.ledger.copies.extend(Copy(u, source, accepted, True) for u in uids)
             return True
         return False
@@ -518,6 +602,7 @@ class World:
                           "maintenance_interval_s": s.maintenance_interval_s,
                           "orphan_age_s": 600.0, "retry_max_delay_s": 5.0,
                           "max_run_entries": 50, "output": s.output,
+                          "dedup_max_ids": s.dedup_max_ids,
                           "snapshot_keep_last": s.snapshot_keep_last},
         }
         return load_config(path, overrides=overrides)
@@ -643,9 +728,13 @@ class World:
         for i in range(self.scenario.sources):
             conditions = Conditions(max_age_s=age) if age is not None and i == 0 \
                 else Conditions()
+            keyed = {"primary_key": ("key",), "tombstone_field": "gone"} \
+                if self.scenario.upsert else {}
             specs.append(ops.SourceSpec(id=f"s{i}", sinks=(ops.SinkSpec(
-                name="main", table=f"sim.s{i}", columns=COLUMNS, conditions=conditions,
-                unknown_fields="evolve" if self.scenario.evolve else "ignore"),)))
+                name="main", table=f"sim.s{i}",
+                columns=KEYED_COLUMNS if self.scenario.upsert else COLUMNS,
+                conditions=conditions,
+                unknown_fields="evolve" if self.scenario.evolve else "ignore", **keyed),)))
         return specs
 
     # -- the run ----------------------------------------------------------------------------
@@ -740,6 +829,8 @@ class World:
             self.takeover_armed = True
         elif s.family == "outage":
             events.append((self.sim.now + rng.uniform(0.3, 0.7) * span, "outage"))
+        elif s.family == "external-expiry" and s.expire_at is not None:
+            events.append((self.sim.now + s.expire_at * span, "expire"))
         for at, kind in sorted(events):
             await asyncio.sleep(max(0.0, at - self.sim.now))
             if kind == "admin":
@@ -757,6 +848,8 @@ class World:
                     self._start_collector(takeover=False)
             elif kind == "outage":
                 await self._outage(s.outage_s)
+            elif kind == "expire":
+                await self._external_expiry()
             elif kind == "takeover":
                 self.checker.note("forced takeover")
                 self._start_collector(takeover=True)  # the old one runs on: stale
@@ -793,6 +886,31 @@ class World:
         await asyncio.sleep(seconds)
         self._start_collector(takeover=False)
 
+    async def _external_expiry(self) -> None:
+        """``external-expiry``: another tool expires every table's snapshots but the
+        newest one holding an offset (and any after it), the active collector restarts,
+        and clients retry requests acknowledged 10 s or more before (well inside the dedup
+        window): the restarted collector must drop them, whatever the snapshot log lost."""
+        expired = expire_all_but_current(self.checker.catalog, self.checker.tables())
+        self.checker.note(f"another tool expires {expired} snapshots")
+        victim = self.active()
+        if victim is not None:
+            self.checker.note(f"crash {victim.name} (restart after the expiry)")
+            self.kill(victim.name)
+            victim.outcome = "crashed"
+            await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+            self._start_collector(takeover=False)
+        now, window = self.sim.now, self.scenario.dedup_window_s
+        old = [r for r in self.ledger.requests_acked
+               if now - window / 2 < r.acked_at < now - 10]
+        picked = self.rng.sample(old, min(len(old), 20))
+        self.checker.note(f"clients retry {len(picked)} requests acknowledged before the "
+                          "expiry")
+        retrier = Client(self, "client-late", random.Random(self.scenario.seed * 53 + 36))
+        for request in picked:
+            await asyncio.sleep(self.rng.uniform(0.05, 0.5))
+            await retrier.send(request.source, request.ids, request.payloads, request.uids)
+
     async def _drain(self) -> None:
         """Faults stop; the queue and staging must empty within a bounded simulated time."""
         self.store.faults_on = False
@@ -824,6 +942,33 @@ class World:
             if obj is not None:
                 out[shard] = Manifest.decode(obj.data)
         return out
+
+
+def expire_all_but_current(catalog: Any, names: Sequence[str]) -> int:
+    """What another engine's snapshot expiry does, keeping each table's current state:
+    every snapshot but the newest one holding an offset (``icefloe.sequence``) and those
+    after it (branch heads too) is expired. Returns how many."""
+    expired = 0
+    for name in names:
+        try:
+            table = catalog.load_table(name)
+            state = committed_state(table)
+        except (NoSuchTableError, IcefloeError):
+            continue
+        keep = {ref.snapshot_id for ref in table.metadata.refs.values()}
+        snapshot = table.current_snapshot()
+        while snapshot is not None:
+            keep.add(snapshot.snapshot_id)
+            if state.snapshot_id is None or snapshot.snapshot_id == state.snapshot_id:
+                break
+            parent = snapshot.parent_snapshot_id
+            snapshot = table.snapshot_by_id(parent) if parent is not None else None
+        victims = [s.snapshot_id for s in table.metadata.snapshots
+                   if s.snapshot_id not in keep]
+        if victims:
+            table.maintenance.expire_snapshots().by_ids(victims).commit()
+            expired += len(victims)
+    return expired
 
 
 def spread_name(name: str, shards: int) -> str:

@@ -23,21 +23,34 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXED_SEEDS = [2, 3, 4, 7, 8, 13, 14, 15, 17, 18, 24, 25, 29]
 """Run by ``make test``: cluster and embedded output, with and without store faults,
 staging, takeovers, crashes, stalls, registry changes and hour-long quiet gaps."""
+UPSERT_SEED = 30
+"""An ``upsert-restart`` seed (#36 item 3): keyed sinks, stale resends, restarts."""
+EXPIRY_SEED = 10
+"""An ``external-expiry`` seed (#36 item 4): another tool expires snapshots, a restart."""
+TOMBSTONE_SEED = 56
+"""An ``upsert-restart`` seed where a stale tombstone retried after a restart meets its
+key re-created since (#36 item 3)."""
 
-MUTANT_SEEDS = {
-    "no-dedup": 3,
-    "dedup-per-table": 35,
-    "no-fence": 2,
-    "cluster-unrouted": 4,
-    "no-staging-claim": 58,
-    "dedup-from-now": 14,
-    "standby-no-reread": 29,
+
+MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
+    "no-dedup": (3,),
+    "dedup-per-table": (35,),
+    "no-fence": (2,),
+    "cluster-unrouted": (4,),
+    "no-staging-claim": (58,),
+    "dedup-from-now": (14,),
+    "standby-no-reread": (29,),
+    "window-from-log": (UPSERT_SEED, EXPIRY_SEED),
+    "journal-no-tombstones": (TOMBSTONE_SEED,),
 }
-"""A seed each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
+"""Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
 ``no-staging-claim`` is found by a ``late-staging`` seed (#22 case 5), ``dedup-from-now``
-by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm standby);
-docs/simulator.md lists the mutants and the seeds that find them."""
+by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm standby),
+``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
+``journal-no-tombstones`` by an ``upsert-restart`` seed (#36); docs/simulator.md lists the
+mutants and the seeds that find them."""
+CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
 
 def sim(*args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
@@ -64,9 +77,9 @@ def test_a_seed_replays_exactly() -> None:
     assert "acked=" in lines[0]
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANT_SEEDS))
-def test_the_simulator_finds_each_known_bug(mutant: str) -> None:
-    done = sim("--seed", str(MUTANT_SEEDS[mutant]), "--mutant", mutant)
+@pytest.mark.parametrize(("mutant", "seed"), CASES)
+def test_the_simulator_finds_each_known_bug(mutant: str, seed: int) -> None:
+    done = sim("--seed", str(seed), "--mutant", mutant)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL" in done.stdout
     assert "reproduce with:" in done.stdout
@@ -74,7 +87,7 @@ def test_the_simulator_finds_each_known_bug(mutant: str) -> None:
 
 def test_the_real_code_passes_each_mutant_seed() -> None:
     """Each mutant's seed fails because of the mutant, not because the seed itself does."""
-    pinned = sorted(set(MUTANT_SEEDS.values()) - set(FIXED_SEEDS))
+    pinned = sorted({seed for _, seed in CASES} - set(FIXED_SEEDS))
     done = sim(*[a for seed in pinned for a in ("--seed", str(seed))], "--jobs", "2")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert f"{len(pinned)} seeds, 0 failed" in done.stdout
@@ -84,17 +97,36 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
     """The aimed stories (a staged table after a takeover, an outage longer than the dedup
     window, a warm standby's failover) each come up in seeds 1-40, and a ``mixed`` seed
     keeps the knobs it had before families existed (its family is drawn apart)."""
-    from testing.sim.scenario import FAMILIES, Scenario
+    from testing.sim.scenario import FAMILIES, LATER_FAMILIES, Scenario
 
     drawn = {Scenario.draw(seed).family for seed in range(1, 41)}
-    assert drawn == set(FAMILIES)
-    late = Scenario.draw(MUTANT_SEEDS["no-staging-claim"])
+    assert drawn == set(FAMILIES) | set(LATER_FAMILIES)
+    late = Scenario.draw(58)
     assert (late.family, late.dedup_window_s, late.output) == ("late-staging", 0.0, "embedded")
     assert late.conditions_age_s is not None
-    outage = Scenario.draw(MUTANT_SEEDS["dedup-from-now"])
+    outage = Scenario.draw(14)
     assert outage.family == "outage"
     assert outage.outage_s > outage.dedup_window_s
-    assert Scenario.draw(MUTANT_SEEDS["standby-no-reread"]).standby
+    assert Scenario.draw(29).standby
+    upsert = Scenario.draw(UPSERT_SEED)
+    assert (upsert.family, upsert.upsert, upsert.shards) == ("upsert-restart", True, 1)
+    assert upsert.collector_crashes >= 2
+    assert upsert.stale_resend > 0
+    expiry = Scenario.draw(EXPIRY_SEED)
+    assert expiry.family == "external-expiry"
+    assert expiry.expire_at is not None
+
+
+def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
+    """#36's families are drawn among ``mixed`` seeds by a generator of their own, and
+    none of the seeds pinned before them changes its story."""
+    from testing.sim.scenario import Scenario
+
+    before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
+    before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED}
+    for seed in sorted(before):
+        scenario = Scenario.draw(seed)
+        assert (scenario.upsert, scenario.expire_at) == (False, None), seed
 
 
 def test_an_unknown_mutant_is_refused() -> None:
