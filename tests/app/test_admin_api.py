@@ -251,6 +251,8 @@ def test_a_create_sink_task_refused_at_its_registry_change_drops_the_table_it_ma
     down = threading.Event()
     for admin in serving(tmp_path, lambda url: GatedStore(open_async_store(url), down, gates),
                          down):
+        assert "mart.b" not in tables(admin.config)  # (creates the catalog's own tables
+        # first: two first openers of one SQLite catalog race to create them)
         if existing:  # the table is there before the sink (made by hand, say)
             ensure_stream_table(open_catalog(admin.config.catalog), StreamConfig(
                 name="b", table="mart.b", columns=(Column("score", "string"),)))
