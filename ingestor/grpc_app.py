@@ -539,6 +539,18 @@ async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    bound = await bind_port(server, host, port, tls)
+    await server.start()
+    return GrpcServer(server, bound, health_servicer)
+
+
+async def bind_port(server: grpc.aio.Server, host: str, port: int,
+                    tls: CertificateReloader | None) -> int:
+    """Add ``host:port`` (TLS when ``tls``) to ``server``; the port bound.
+
+    Raises:
+        ConfigError: the port cannot be bound (``server`` is stopped).
+    """
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") \
         else f"{host}:{port}"
     try:
@@ -549,8 +561,7 @@ async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
     if not bound:
         await server.stop(None)
         raise _bind_error(host, port)
-    await server.start()
-    return GrpcServer(server, bound, health_servicer)
+    return int(bound)
 
 
 def _ms(seconds: float) -> int:

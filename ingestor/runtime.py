@@ -8,6 +8,7 @@ shutdown must drain that buffer exactly once, after both servers stopped accepti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -61,29 +62,39 @@ class IngestorRuntime:
 
     @classmethod
     async def start(cls, config: Config, store: AsyncObjectStore | None = None,
-                    probe: bool = True, *, clock: Clock = SYSTEM) -> IngestorRuntime:
+                    probe: bool = True, *, clock: Clock = SYSTEM,
+                    metrics: IngestMetrics | None = None) -> IngestorRuntime:
         """Open the store, refuse it unless it enforces CAS, start the flusher.
 
         ``clock`` goes to the flusher, the manifest producer, the registry watch, the store's
         retry layer and the ingest service (receive times, token budget, rate limits); the
-        store helper's producer, in another process, reads the system clock."""
+        store helper's producer, in another process, reads the system clock. ``metrics``:
+        the process's, when its HTTP front serves them before the runtime stands."""
         opened = store is None
         options = dataclasses.replace(store_options(config), clock=clock)
         store = store or open_async_store(config.store.url, options,
                                           control_url=config.store.control_url)
+        try:
+            return await cls._assemble(config, store, probe, clock,
+                                       metrics or IngestMetrics())
+        except BaseException:
+            # a failed start is retried (ingestor.starting): leak no client session
+            if opened:
+                with contextlib.suppress(Exception):
+                    await store.close()
+            raise
+
+    @classmethod
+    async def _assemble(cls, config: Config, store: AsyncObjectStore, probe: bool,
+                        clock: Clock, metrics: IngestMetrics) -> IngestorRuntime:
         if probe:
             await probe_conditional_writes(store)
         manifest = config.manifest.build()
-        try:  # grows the store to [manifest] shards, or refuses a config asking for fewer
-            await ensure_shards(store, manifest, clock=clock)
-        except Exception:
-            if opened:
-                await store.close()
-            raise
+        # grows the store to [manifest] shards (a config asking for fewer uses the store's)
+        await ensure_shards(store, manifest, clock=clock)
         index = config.ingestor.shard_index if config.ingestor.shard_index >= 0 else None
         publisher: Publisher = HelperPublisher.for_store(store, manifest, index) or \
             StorePublisher(store, ShardedProducer(store, manifest, index=index, clock=clock))
-        metrics = IngestMetrics()
         metrics.watch_producer(publisher.stats)
         metrics.watch_shard(lambda: publisher.shard)
         batcher = Batcher(publisher, flush_settings(config), metrics, clock=clock)
@@ -93,7 +104,14 @@ class IngestorRuntime:
                               poll_s=config.admin.registry_poll_s,
                               on_error=lambda exc: metrics.registry_errors.inc(),
                               config_streams=config.streams, clock=clock)
-        await watch.check()  # a registry, if there is one, applies before the first request
+        try:
+            await watch.check()  # a registry, if there is one, applies before the first request
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await batcher.close(1.0)  # nothing was accepted: nothing to drain
+            with contextlib.suppress(Exception):
+                await publisher.close()
+            raise
         log.info("ingestor ready: store=%s producer=%s streams=%s registry=%d",
                  mask_uri(store.url), publisher.producer_id or "(in the store helper)",
                  ",".join(service.streams) or "-",

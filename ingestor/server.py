@@ -26,15 +26,19 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.errors import ConfigError
 from icefloe.formats import speedups
 from icefloe.redact import mask_uri
 from ingestor.grpc_app import start_grpc_server
 from ingestor.http.app import HttpApp
+from ingestor.http.fast import FastLane
 from ingestor.http.server import http_config, slow_client_guard
+from ingestor.metrics import IngestMetrics
 from ingestor.runtime import IngestorRuntime
-from ingestor.tls import RELOAD_CHECK_S, server_tls
+from ingestor.starting import HttpFront, LateLane, Starting, StartingGrpc, start_waiting
+from ingestor.tls import RELOAD_CHECK_S, CertificateReloader, server_tls
 
 log = logging.getLogger("icefloe.ingestor")
 
@@ -52,11 +56,11 @@ def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socke
     """Bind the HTTP socket ourselves so "port in use" is a clear error, not an exit.
 
     ``reuse_port`` lets several ingestor processes listen on one port (``SO_REUSEPORT``).
-    The socket is bound, not listening: :func:`serve` calls ``listen()`` only once the
-    runtime has started. A listening socket queues connections in the kernel's backlog, so
-    a restarting ingestor whose start-up waits on a slow store (its probe, the registry)
-    would hold requests unanswered until their clients time out; a bound socket that does
-    not listen refuses them at once, and the client tries another ingestor.
+    The socket is bound, not listening: :func:`serve` listens only with a server behind
+    it — the stand-in fronts of :mod:`ingestor.starting` first, which answer every request
+    at once (``/healthz`` alive, the rest 503 with the reason while the start waits on a
+    slow store), then the real front. Connections never wait unanswered in the backlog
+    until their clients time out.
     """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,11 +82,16 @@ def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socke
 async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None = None,
                 stop: asyncio.Event | None = None,
                 on_runtime: Callable[[IngestorRuntime], None] | None = None,
-                tls_reload_s: float = RELOAD_CHECK_S) -> bool:
+                tls_reload_s: float = RELOAD_CHECK_S,
+                on_starting: Callable[[BoundPorts, Starting], None] | None = None,
+                clock: Clock = SYSTEM) -> bool:
     """Run until SIGTERM/SIGINT (or ``stop``); return True if every buffered event drained.
 
     ``on_runtime`` sees the running ingestor (e.g. to report its metrics' totals);
-    ``tls_reload_s`` is how often the TLS files are checked for a new certificate.
+    ``tls_reload_s`` is how often the TLS files are checked for a new certificate;
+    ``on_starting`` sees the ports and the start-up state as soon as the unready fronts
+    answer (:mod:`ingestor.starting`: the start waits out an unreachable store);
+    ``clock`` times that wait and runs the ingestor.
 
     Raises:
         ConfigError: the transport policy refuses the bind address, TLS files cannot be
@@ -91,27 +100,50 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     ing = config.ingestor
     tls = server_tls(config, tls_reload_s)
     http_socket = bind_http(ing.host, ing.http_port, reuse_port=ing.reuse_port)
-    try:
-        runtime = await IngestorRuntime.start(config)
-    except BaseException:
-        http_socket.close()
-        raise
-    http_socket.listen(LISTEN_BACKLOG)  # only now: see bind_http
-    grpc_server, grpc_port, health = await start_grpc_server(
-        runtime, ing.host, ing.grpc_port, reuse_port=ing.reuse_port, tls=tls)
-    guard = slow_client_guard(ing)
-    http = uvicorn.Server(http_config(HttpApp(runtime, guard), ing, guard, tls))
-    if tls is not None:
-        tls.start()
-    http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    while not http.started and not http_task.done():
-        await asyncio.sleep(0.01)
+    state = Starting()
+    metrics = IngestMetrics()
+    guard = slow_client_guard(ing)
+    front = HttpFront(state, ing.retry_after_s, metrics.registry)
+    lane = LateLane() if ing.http_fast_lane else None
+    http = uvicorn.Server(http_config(front, ing, guard, tls, lane=lane,
+                                      refused=metrics.http_refused))
+    http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    standin = StartingGrpc(config, state, tls)
+    http_task: asyncio.Task[None] | None = None
+    try:
+        http_socket.listen(LISTEN_BACKLOG)
+        if tls is not None:
+            tls.start()
+        http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
+        while not http.started and not http_task.done():
+            await asyncio.sleep(0.01)
+        await standin.start()  # /healthz alive, the rest 503 until the runtime stands
+        if on_starting is not None:
+            on_starting(BoundPorts(http_socket.getsockname()[1], standin.port), state)
+        runtime = await start_waiting(
+            lambda: IngestorRuntime.start(config, clock=clock, metrics=metrics),
+            state, stop, clock=clock)
+        await standin.stop()  # the real gRPC server takes its port
+    except BaseException:
+        await _stop_unready(http, http_task, http_socket, standin, tls)
+        guard.close()
+        raise
+    if runtime is None:  # stopped while waiting for the store: nothing was accepted
+        await _stop_unready(http, http_task, http_socket, standin, tls)
+        guard.close()
+        log.info("ingestor stopped before it was ready")
+        return True
+    grpc_server, grpc_port, health = await start_grpc_server(
+        runtime, ing.host, standin.port, reuse_port=ing.reuse_port, tls=tls, clock=clock)
+    app = HttpApp(runtime, guard)
+    if lane is not None:
+        lane.target = FastLane(app)
+    front.target = app  # the same server, its connections and limits: nothing dropped
     ports = BoundPorts(http_socket.getsockname()[1], grpc_port)
     log.info("ingestor listening", extra={"http_port": ports.http, "grpc_port": ports.grpc,
                                           "store": mask_uri(runtime.store.url),
@@ -134,6 +166,18 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     drained = await runtime.close(ing.shutdown_timeout_s)
     log.info("ingestor stopped", extra={"drained": drained})
     return drained
+
+
+async def _stop_unready(http: uvicorn.Server, http_task: asyncio.Task[None] | None,
+                        http_socket: socket.socket, standin: StartingGrpc,
+                        tls: CertificateReloader | None) -> None:
+    """Stop what a start that never became ready had serving, and close its socket."""
+    http.should_exit = True
+    await asyncio.gather(standin.stop(), *([http_task] if http_task else []),
+                         return_exceptions=True)
+    http_socket.close()  # uvicorn closed it if it served it; closing twice is harmless
+    if tls is not None:
+        await tls.stop()
 
 
 def tune_gc() -> None:

@@ -43,6 +43,10 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.memory": "2g",
     "spark.python.worker.reuse": "true",
+    # Spark 4.1+ has a TIME type but keeps it behind this (internal) flag: without it a
+    # `time` column passes a plain read yet fails any count, aggregate or time function
+    # with UNSUPPORTED_TIME_TYPE -- the collector's warm-up counted, and exited (#36).
+    "spark.sql.timeType.enabled": "true",
 }
 
 

@@ -50,7 +50,8 @@ MEANING: dict[str, str] = {
     "manifest.lease_s": "collector lease; a standby takes over this long after the active one "
                         "stops renewing",
     "manifest.shards": "manifest shards (1 to 256): ingestors spread appends over them; the "
-                       "count on the store only grows (a lower value is refused at start)",
+                       "count on the store only grows (a lower value starts with the store's "
+                       "count and a warning)",
     "ingestor.host": "bind address (`--host`)",
     "ingestor.http_port": "HTTP port (`--http-port`); also serves /healthz, /readyz, /metrics",
     "ingestor.grpc_port": "gRPC port (`--grpc-port`)",

@@ -222,6 +222,9 @@ SPARK_FIXED: dict[str, tuple[str, str]] = {
         "client", "the driver is the collector process itself"),
     "spark.pyspark.driver.python": (
         "", "the driver is the interpreter running the collector"),
+    "spark.sql.timeType.enabled": (
+        "true", "`time` columns pass through Spark as its TIME type, which the pinned "
+        "Spark keeps behind this flag"),
 }
 """``spark_conf`` keys icefloe owns (:mod:`pipeline.spark` sets them and depends on them):
 the only value accepted and why. ``spark.master`` and ``spark.driver.memory`` have keys of

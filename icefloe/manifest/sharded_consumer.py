@@ -93,8 +93,8 @@ class ShardedConsumer:
     """The single fenced reader of all shards; see the module docstring for the contract.
 
     ``clock`` (:mod:`icefloe.clock`) times CAS backoff; leases are judged on the store's
-    clock. ``config.shards`` is brought onto the store at :meth:`initialize` (a grow, or a
-    ``ConfigError`` naming both counts if it asks for fewer than the store has).
+    clock. ``config.shards`` is brought onto the store at :meth:`initialize` (a grow; a config
+    asking for fewer than the store has reads the store's count, with a warning).
     """
 
     def __init__(self, store: AsyncObjectStore, config: ManifestConfig | None = None,

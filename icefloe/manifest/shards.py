@@ -15,7 +15,7 @@ Layout:
   whatever its own config says. A missing record means one shard. It is a small JSON
   document updated by compare-and-swap: growing 1 -> N online is one CAS; shrinking is
   refused (entries queued on a dropped shard would be stranded), with an error naming
-  both counts.
+  both counts; a process whose config says fewer uses the store's count (a warning).
 
 Why a separate record and not a field of shard 0's header: old ingestors rewrite shard 0
 on every append and would drop a header field they do not know.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 
 import msgspec
 
@@ -40,6 +41,7 @@ from icefloe.store.cas import Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy
 
 SHARD_SET_VERSION = 1
+log = logging.getLogger("icefloe.manifest")
 
 
 def shard_key(key: str, shard: int) -> str:
@@ -131,14 +133,24 @@ async def grow_shards(store: AsyncObjectStore, key: str, shards: int, *,
 
 async def ensure_shards(store: AsyncObjectStore, config: ManifestConfig, *,
                         clock: Clock = SYSTEM) -> int:
-    """Bring the store to ``config.shards`` at start: grow if the config asks for more,
-    refuse (``ConfigError`` naming both counts) if it asks for fewer; return the count.
+    """Bring the store to ``config.shards`` at start: grow if the config asks for more;
+    return the count the process must use.
 
-    A config of 1 on a store that never recorded shards reads only (no write), so a
-    single-manifest deployment stays exactly as it was.
+    A config asking for fewer than the store holds is a config written before the shards
+    were grown online (a replacement collector or ingestor from the old manifest): the
+    store's count wins, with a warning naming both, and nothing is written — the count
+    never shrinks (entries on a dropped shard would never be consumed), and refusing to
+    start would leave those shards without a consumer. A config of 1 on a store that never
+    recorded shards reads only (no write), so a single-manifest deployment stays as it was.
     """
     current = await read_shard_count(store, config.key, clock=clock)
     if config.shards == current:
+        return current
+    if config.shards < current:
+        log.warning("manifest.shards = %d is below the store's shard count %d (%r): using "
+                    "%d (the count only grows); set manifest.shards = %d to silence this",
+                    config.shards, current, shard_set_key(config.key), current, current,
+                    extra={"config_shards": config.shards, "store_shards": current})
         return current
     return await grow_shards(store, config.key, config.shards,
                              backoff=config.conflict_backoff, clock=clock)

@@ -120,6 +120,11 @@ class AdminApi:
         self.pending = pending
         self.metrics = metrics or AdminMetrics()
         tasks.on_finish = lambda task: self.metrics.tasks.labels(task.kind, task.state).inc()
+        tasks.unowned = self._unowned
+
+    async def _unowned(self, table: str) -> bool:
+        """No live sink of the current registry writes ``table``."""
+        return (await self.current()).owner_of(table) is None
 
     # -- plumbing -------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -32,7 +33,7 @@ from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from icefloe_app.api.app import AdminApi, PendingCounter, build_app
 from icefloe_app.api.auth import AdminAuth
-from icefloe_app.api.tasks import TableMaker, Tasks
+from icefloe_app.api.tasks import TableDropper, TableMaker, Tasks
 
 log = logging.getLogger("icefloe.admin")
 
@@ -50,18 +51,30 @@ class AdminReady:
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
 
-def catalog_table_maker(config: Config) -> TableMaker:
-    """Creates or evolves a sink's table in the configured catalog (opened on first use)."""
+def catalog_table_maker(config: Config) -> tuple[TableMaker, TableDropper]:
+    """Creates or evolves a sink's table in the configured catalog (opened on first use),
+    and drops an empty one again (a task that created it and then failed)."""
     opened: list[object] = []
 
-    def make(stream: StreamConfig) -> None:
+    def catalog() -> Any:
         from pipeline.iceberg.catalog import open_catalog
-        from pipeline.iceberg.tables import ensure_stream_table
 
         if not opened:
             opened.append(open_catalog(config.catalog))
-        ensure_stream_table(opened[0], stream)  # type: ignore[arg-type]
-    return make
+        return opened[0]
+
+    def make(stream: StreamConfig) -> bool:
+        from pipeline.iceberg.tables import ensure_stream_table
+
+        created: list[str] = []
+        ensure_stream_table(catalog(), stream, created=created)
+        return bool(created)
+
+    def drop(table: str) -> bool:
+        from pipeline.iceberg.tables import drop_if_empty
+
+        return drop_if_empty(catalog(), table)
+    return make, drop
 
 
 PRUNE_EVERY_S = 60.0
@@ -146,7 +159,10 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
         refuse_conflicts(seeded, config.streams, config.source or "config")
         for note in drift(seeded, config.streams):
             log.warning("config and registry differ: %s", note)
-        api = AdminApi(registry, Tasks(make_table or catalog_table_maker(config), clock=clock),
+        maker, dropper = catalog_table_maker(config)
+        tasks = Tasks(make_table or maker, drop_table=None if make_table else dropper,
+                      clock=clock)
+        api = AdminApi(registry, tasks,
                        AdminAuth(admin.tokens, clock=clock),
                        pending=pending_counter(store, config.manifest.key),
                        cluster_output=config.collector.output == "cluster")

@@ -10,6 +10,10 @@ reports its state, progress, result or error.
 Tasks live in the admin process's memory (the last ``MAX_TASKS``): a restart forgets them,
 but never half-applies one — the registry change is the last, atomic step, and creating a
 table that exists already is a no-op, so the client can simply retry.
+
+A task whose registry change is refused at that last step (a racing change declared a
+column differently: ``column_conflict``) drops the tables it created itself, if they hold
+no rows and no live sink names them: an orphan would be fenced by every collector start.
 """
 
 from __future__ import annotations
@@ -30,8 +34,16 @@ from icefloe.errors import IcefloeError, RegistryError
 log = logging.getLogger("icefloe.admin")
 
 MAX_TASKS = 1000
-TableMaker = Callable[[StreamConfig], None]
-"""Creates or evolves one sink's table (``pipeline.iceberg.tables.ensure_stream_table``)."""
+TableMaker = Callable[[StreamConfig], bool | None]
+"""Creates or evolves one sink's table (``pipeline.iceberg.tables.ensure_stream_table``);
+True when this call created it."""
+TableDropper = Callable[[str], bool]
+"""Drops a table if it holds no rows (``pipeline.iceberg.tables.drop_if_empty``); True if
+dropped."""
+
+
+async def _unowned(table: str) -> bool:
+    return True
 
 
 @dataclass
@@ -55,11 +67,16 @@ class Task:
 class Tasks:
     """Runs and remembers tasks; one instance per admin process (one event loop)."""
 
-    def __init__(self, make_table: TableMaker, *, clock: Clock = SYSTEM) -> None:
+    def __init__(self, make_table: TableMaker, *, drop_table: TableDropper | None = None,
+                 clock: Clock = SYSTEM) -> None:
         self.make_table = make_table
+        self.drop_table = drop_table
         self.clock = clock
         """Stamps the tasks' ``created_at``/``finished_at``."""
         self.on_finish: Callable[[Task], None] = lambda task: None
+        self.unowned: Callable[[str], Awaitable[bool]] = _unowned
+        """Whether no live sink of the current registry writes a table (the admin API
+        sets it): a failed task never drops a table another change has claimed since."""
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._running: set[asyncio.Task[None]] = set()
 
@@ -80,33 +97,65 @@ class Tasks:
 
     async def _run(self, task: Task, tables: list[StreamConfig],
                    commit: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        """Make the tables, then the registry change. A failed task shows ``failed`` only
+        once the tables it created are dropped again (a client that sees the end sees the
+        catalog as it stays)."""
         task.state = "running"
+        created: list[str] = []
+        outcome = ("succeeded", "done")
         try:
             for i, stream in enumerate(tables, 1):
                 task.progress = f"table {i}/{len(tables)}: {stream.table}"
-                await asyncio.to_thread(self.make_table, stream)
+                if await asyncio.to_thread(self.make_table, stream):
+                    created.append(stream.table)
             task.progress = "updating the registry"
             task.result = await commit()
-            task.state, task.progress = "succeeded", "done"
         except RegistryError as exc:
-            task.state, task.progress = "failed", "refused"
+            outcome = ("failed", "refused")
             task.error = {"error": exc.code, "message": str(exc), "details": exc.details}
         except IcefloeError as exc:
-            task.state, task.progress = "failed", "refused"
+            outcome = ("failed", "refused")
             task.error = {"error": "table", "message": str(exc).splitlines()[0],
                           "details": []}
         except Exception as exc:  # the catalog or store failed: retrying the call is safe
-            task.state, task.progress = "failed", "error"
+            outcome = ("failed", "error")
             task.error = {"error": "internal",
                           "message": f"{type(exc).__name__}: {str(exc).strip()[:300]}; "
                                      "nothing was changed in the registry, retry the call",
                           "details": []}
             log.warning("task %s (%s %s) failed: %s", task.id, task.kind, task.target, exc)
         finally:
+            if outcome[0] == "failed" and created:
+                task.progress = "dropping the tables this task created"
+                await self._drop_created(task, created)
             task.finished_at = self.clock.time()
+            task.state, task.progress = outcome
             self.on_finish(task)
         log.info("task %s %s %s: %s", task.id, task.kind, task.target, task.state,
                  extra={"task": task.id, "state": task.state})
+
+    async def _drop_created(self, task: Task, created: list[str]) -> None:
+        """Undo the tables this failed task created (empty, unclaimed ones); the task's
+        error says which went and which stayed."""
+        dropped: list[str] = []
+        for table in created:
+            try:
+                if self.drop_table is not None and await self.unowned(table) and \
+                        await asyncio.to_thread(self.drop_table, table):
+                    dropped.append(table)
+            except Exception as exc:  # the refusal stands; the table stays (and says so)
+                log.warning("task %s: cannot drop table %s it created: %s", task.id, table,
+                            exc)
+        if task.error is not None:
+            task.error["dropped_tables"] = dropped
+            kept = [t for t in created if t not in dropped]
+            if dropped:
+                task.error["message"] += f" (table{'s' if len(dropped) > 1 else ''} " \
+                    f"{', '.join(dropped)}, created by this task, dropped again)"
+            if kept:
+                task.error["message"] += f" (table{'s' if len(kept) > 1 else ''} " \
+                    f"{', '.join(kept)}, created by this task, kept: it holds rows or a " \
+                    "sink writes it)"
 
     async def wait_all(self) -> None:
         """Let running tasks finish (a clean shutdown, and tests)."""

@@ -365,10 +365,17 @@ def slow_client_guard(ing: IngestorSection) -> SlowClientGuard:
 
 def http_config(app: Any, ing: IngestorSection, guard: SlowClientGuard,
                 tls: CertificateReloader | None = None, *,
-                loop: str = "none") -> uvicorn.Config:
-    """uvicorn settings of the HTTP front; serve with ``Server.serve(sockets=[...])``."""
-    lane = FastLane(app) if isinstance(app, HttpApp) and ing.http_fast_lane else None
-    limits = HttpLimits.of(ing, app.metrics.http_refused if isinstance(app, HttpApp) else None)
+                loop: str = "none", lane: Any = None,
+                refused: Counter | None = None) -> uvicorn.Config:
+    """uvicorn settings of the HTTP front; serve with ``Server.serve(sockets=[...])``.
+
+    ``lane`` and ``refused`` stand in for the fast lane and the refusal counter of an app
+    that is not an :class:`HttpApp` yet (the front of a starting ingestor,
+    :mod:`ingestor.starting`)."""
+    if isinstance(app, HttpApp):
+        lane = FastLane(app) if ing.http_fast_lane else None
+        refused = app.metrics.http_refused
+    limits = HttpLimits.of(ing, refused)
     config = uvicorn.Config(
         app, loop=loop, http=guarded_protocol(guard, lane, limits), lifespan="off",
         access_log=False,

@@ -190,12 +190,36 @@ def stream_layout(stream: StreamConfig) -> Layout:
                   dict(stream.table_properties))
 
 
-def ensure_stream_table(catalog: Catalog, stream: StreamConfig) -> Table:
+def ensure_stream_table(catalog: Catalog, stream: StreamConfig, *,
+                        created: list[str] | None = None) -> Table:
     """The stream's table, created with its layout or evolved to match it (columns,
-    partition spec, sort order, passed properties)."""
+    partition spec, sort order, passed properties). When this call created the table, its
+    name is appended to ``created`` (an admin task that fails later drops only what it
+    created: :func:`drop_if_empty`)."""
     configured = {c.name: c.type for c in stream.columns}
     return _ensure(catalog, stream.table, table_iceberg_schema(stream), stream_layout(stream),
-                   configured)
+                   configured, created)
+
+
+def drop_if_empty(catalog: Catalog, identifier: str) -> bool:
+    """Drop ``identifier`` if no snapshot of it ever added a row; True if dropped.
+
+    Why: an admin task creates a sink's table before the registry change, and a change
+    refused at that last step (a racing sink declared a column differently) would leave an
+    orphan that every collector start fences. Only an empty table goes: a fence snapshot
+    adds nothing, a commit of rows keeps the table whatever happens to the sink.
+    """
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        return False
+    for snapshot in table.snapshots():
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if int(props.get("added-records", 0)) or int(props.get("total-records", 0)):
+            return False
+    catalog.drop_table(identifier)
+    log.info("dropped table %s (empty, created by a refused change)", identifier)
+    return True
 
 
 def ensure_dead_letter_table(catalog: Catalog) -> Table:
@@ -205,10 +229,10 @@ def ensure_dead_letter_table(catalog: Catalog) -> Table:
 
 
 def _ensure(catalog: Catalog, identifier: str, schema: Schema, layout: Layout,
-            configured: Mapping[str, str]) -> Table:
+            configured: Mapping[str, str], created: list[str] | None = None) -> Table:
     """Load-or-create, then evolve; catalog failures become :class:`CatalogError`."""
     try:
-        table = _load_or_create(catalog, identifier, schema, layout)
+        table = _load_or_create(catalog, identifier, schema, layout, created)
         table = _evolve(catalog, identifier, table, schema, configured)
         return _evolve_layout(catalog, identifier, table, layout)
     except IcefloeError:
@@ -218,8 +242,8 @@ def _ensure(catalog: Catalog, identifier: str, schema: Schema, layout: Layout,
                            f"{catalog.name!r}: {' '.join(str(exc).split())[:400]}") from exc
 
 
-def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: Layout
-                    ) -> Table:
+def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: Layout,
+                    created: list[str] | None = None) -> Table:
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
@@ -244,6 +268,8 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: L
                                      sort_order=_sort_order(schema, layout.sort),
                                      properties=properties)
         log.info("created table %s partitioned by %s", identifier, _describe(spec, schema))
+        if created is not None:
+            created.append(identifier)
         return table
     except TableAlreadyExistsError:
         return catalog.load_table(identifier)

@@ -68,14 +68,17 @@ class MotoServer:
     """A running server: ``endpoint`` to connect to, ``stop()`` when done."""
 
     def __init__(self, intercept: Intercept | None = None,
-                 drop_after: DropAfter | None = None) -> None:
+                 drop_after: DropAfter | None = None, *, port: int = 0) -> None:
+        """``port`` 0: a free one; a fixed port lets a test start the store after a client
+        was pointed at it (moto's state is per process: every server here serves the same
+        buckets)."""
         from moto.server import DomainDispatcherApplication, create_backend_app
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         app = SerializedApp(DomainDispatcherApplication(create_backend_app), intercept,
                             drop_after)
-        self._server = make_server("127.0.0.1", 0, app, threaded=True)
+        self._server = make_server("127.0.0.1", port, app, threaded=True)
         self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
                                         name="moto-s3")

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from icefloe.clock import SYSTEM, Clock, ManualClock
-from icefloe.config import Config, StreamConfig
+from icefloe.config import Column, Config, StreamConfig
 from icefloe.errors import ConfigError, TransientStoreError
 from icefloe.registry import RegistryStore
 from icefloe.registry.model import Conditions
@@ -218,6 +218,65 @@ def test_should_create_a_sink_and_its_table_through_a_task(admin: Admin) -> None
                               json={"conditions": {"max_age_s": 5}})
     assert cond.status_code == 200, cond.text
     assert cond.json()["sink"]["conditions"]["max_age_s"] == 5
+
+
+class GatedStore(FlakyStore):
+    """Holds each PUT whose body contains a pattern until that pattern's gate opens (a
+    slow registry write, at the object-store boundary): two admin tasks reach their
+    registry change together, in the order the test opens the gates."""
+
+    def __init__(self, inner: AsyncObjectStore, down: threading.Event,
+                 gates: dict[bytes, threading.Event]) -> None:
+        super().__init__(inner, down)
+        self.gates = gates
+
+    async def put(self, key: str, data: bytes, **kw: Any) -> Any:
+        for pattern, gate in self.gates.items():
+            while pattern in data and not gate.is_set():
+                await asyncio.sleep(0.01)
+        return await super().put(key, data, **kw)
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["created", "existing"])
+def test_a_create_sink_task_refused_at_its_registry_change_drops_the_table_it_made(
+        tmp_path: Path, existing: bool) -> None:
+    """Two sinks of one source race with different types for ``score``: both pass the
+    check at POST, both tasks make their tables, the second's registry change is refused
+    (``column_conflict``). Its table, which it created, must not stay in the catalog: every
+    collector start would fence the orphan (#36). A table that existed before stays."""
+    from pipeline.iceberg.catalog import open_catalog
+    from pipeline.iceberg.tables import ensure_stream_table
+
+    gates = {b"mart.a": threading.Event(), b"mart.b": threading.Event()}
+    down = threading.Event()
+    for admin in serving(tmp_path, lambda url: GatedStore(open_async_store(url), down, gates),
+                         down):
+        assert "mart.b" not in tables(admin.config)  # (creates the catalog's own tables
+        # first: two first openers of one SQLite catalog race to create them)
+        if existing:  # the table is there before the sink (made by hand, say)
+            ensure_stream_table(open_catalog(admin.config.catalog), StreamConfig(
+                name="b", table="mart.b", columns=(Column("score", "string"),)))
+        score = [*COLUMNS[:1], {"name": "score", "type": "long"}]
+        first = admin.client.post("/v1/sources/clicks/sinks", json={
+            "name": "a", "table": "mart.a", "columns": score})
+        second = admin.client.post("/v1/sources/clicks/sinks", json={
+            "name": "b", "table": "mart.b",
+            "columns": [*COLUMNS[:1], {"name": "score", "type": "string"}]})
+        assert (first.status_code, second.status_code) == (202, 202), second.text
+        deadline = time.monotonic() + 30
+        while not {"mart.a", "mart.b"} <= tables(admin.config):  # both at their change
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        gates[b"mart.a"].set()
+        assert admin.task(first)["state"] == "succeeded"
+        gates[b"mart.b"].set()
+        failed = admin.task(second)
+        assert (failed["state"], failed["error"]["error"]) == ("failed", "column_conflict")
+        assert failed["error"].get("dropped_tables", []) == ([] if existing else ["mart.b"])
+        assert ("mart.b" in tables(admin.config)) is existing
+        assert "mart.a" in tables(admin.config)
+        sinks = admin.client.get("/v1/sources/clicks/sinks").json()["sinks"]
+        assert [s["name"] for s in sinks] == ["clicks", "a"]
 
 
 def test_should_refuse_bad_sinks_with_the_field_and_reason(admin: Admin) -> None:

@@ -325,3 +325,26 @@ async def test_the_cluster_output_path_commits_every_shard_exactly_once(tmp_path
     table = open_catalog(config.catalog).load_table("web.clicks")
     props = table.current_snapshot().summary.additional_properties
     assert props[SEQUENCES_PROP] == "0:1,1:1,2:1"
+
+
+async def test_a_replacement_collector_with_the_old_shard_count_takes_the_stores(
+        config, engine, caplog):
+    """Shards grown online (3 -> 4) while the collector ran; its replacement still has
+    ``manifest.shards = 3``: it used to refuse to start (#36). The store's count wins,
+    the warning names both numbers, and shard 3's entries are committed."""
+    await publish_on(config, 0, [clicks("a", 3)])
+    await publish_on(config, 3, [clicks("d", 4)])  # grows the store to 4 shards
+    with caplog.at_level("WARNING", logger="icefloe.manifest"):
+        collector = await start(config, engine)
+    try:
+        assert collector.consumer.shard_count == 4
+        await drain(collector)
+        acked = {n: m.consumer.acked_through
+                 for n, m in (await collector.consumer.snapshot()).items()}
+    finally:
+        await collector.store.close()
+    assert "manifest.shards = 3 is below the store's shard count 4" in caplog.text
+    assert acked[3] == 0
+    assert_exact(config, "web.clicks", {f"a{i}" for i in range(3)} | {f"d{i}" for i in
+                                        range(4)})
+    assert shard_of(config, "web.clicks")["d1"] == (3, 0)

@@ -182,3 +182,39 @@ def test_nested_values_follow_the_streams_rules_at_every_depth():
         [violation] = info.value.violations
         assert violation.field == field
         assert reason in violation.reason
+
+
+TIMED = msgspec.structs.replace(NESTED, columns=(
+    *NESTED.columns, Column("slots", "list<struct<at: time, n: int>>"),
+    Column("opens", "map<string,time>"), Column("at_hour", "int", sql="hour(at_time)"),
+    Column("late", "boolean", sql="at_time > '12:00:00'")))
+"""Spark functions over a `time` column: only with Spark's TIME type turned on (#36)."""
+
+
+@pytest.mark.parametrize("output", ["embedded", "cluster"])
+async def test_a_time_column_passes_the_collectors_spark_warm_up_and_its_sql(
+        tmp_path, spark, output):
+    """The collector's start-up (sql compile check, then the warm-up count) ran into
+    ``UNSUPPORTED_TIME_TYPE`` on the pinned Spark and exited: no stream committed (#36)."""
+    from pipeline.load.mapped import check_on_spark
+    from pipeline.load.run import SparkEngine
+    from pipeline.load.spec import run_spec
+
+    config = collector_config(tmp_path, streams=(TIMED,), output=output)
+    spec = run_spec(config, [])
+    SparkEngine(spark, 2).warm_up(spec)  # what default_engine does before the first run
+    check_on_spark(spark, spec.streams)  # and its check that every sql column compiles
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        ok = await client.post("/v1/streams/orders/events", json=[
+            order(1, slots=[{"at": "08:30:00", "n": 1}, None], opens={"mon": "09:00:00.5"}),
+            {"order_id": "o2"}, order(3)])
+        assert ok.status_code == 202, ok.text
+    await collect_all(config, output_engine(spark, output))
+    rows = {r["order_id"]: r for r in read_table(config, "shop.native_orders").to_pylist()}
+    assert sorted(rows) == ["o1", "o2", "o3"]
+    assert rows["o1"]["at_time"] == dt.time(13, 45, 1, 250000)
+    assert rows["o1"]["slots"] == [{"at": dt.time(8, 30), "n": 1}, None]  # nested time
+    assert dict(rows["o1"]["opens"]) == {"mon": dt.time(9, 0, 0, 500000)}
+    assert (rows["o1"]["at_hour"], rows["o1"]["late"]) == (13, True)
+    assert (rows["o2"]["at_time"], rows["o2"]["at_hour"]) == (None, None)

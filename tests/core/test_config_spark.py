@@ -39,6 +39,7 @@ def test_should_pass_spark_settings_through(tmp_path):
     ('"spark.ui.showConsoleProgress" = true', ["'spark.ui.showConsoleProgress'"]),
     ('"spark.python.worker.reuse" = false', ["'spark.python.worker.reuse'"]),
     ('"spark.submit.deployMode" = "cluster"', ["'spark.submit.deployMode'"]),
+    ('"spark.sql.timeType.enabled" = false', ["'spark.sql.timeType.enabled'", "TIME"]),
     ('"spark.pyspark.driver.python" = "/usr/bin/python3"',
      ["'spark.pyspark.driver.python'"]),
     ('"spark.driver.host" = "10.0.0.9"', ["'spark.driver.host'", "local[2]"]),

@@ -96,15 +96,20 @@ def test_should_default_to_one_shard_under_the_manifest_key():
     assert shard_set_key(KEY) == f"{KEY}.shards"
 
 
-async def test_should_grow_the_recorded_count_and_refuse_to_shrink_it(store):
+async def test_should_grow_the_recorded_count_and_refuse_to_shrink_it(store, caplog):
     assert await read_shard_count(store, KEY) == 1  # never recorded: one shard
     assert await grow_shards(store, KEY, 4, backoff=FAST) == 4
     assert await grow_shards(store, KEY, 4, backoff=FAST) == 4  # no write, same answer
     with pytest.raises(ConfigError, match=r"manifest\.shards = 2 is below the store's "
                                           r"shard count 4"):
         await grow_shards(store, KEY, 2, backoff=FAST)
-    with pytest.raises(ConfigError, match=r"manifest\.shards = 3 is below .* count 4"):
-        await ShardedConsumer(store, config(3)).initialize()  # a process's config, at start
+    # a process started with an older config (shards grown online since): the store's
+    # count wins, with a warning naming both (it used to refuse to start, #36)
+    consumer = ShardedConsumer(store, config(3))
+    with caplog.at_level("WARNING", logger="icefloe.manifest"):
+        await consumer.initialize()
+    assert consumer.shard_count == 4
+    assert "manifest.shards = 3 is below the store's shard count 4" in caplog.text
     assert await read_shard_count(store, KEY) == 4
 
 

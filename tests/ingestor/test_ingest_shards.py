@@ -1,5 +1,6 @@
 """An ingestor on a sharded manifest: grows the store at start, appends to its shard,
-exports it, and refuses a config asking for fewer shards than the store has."""
+exports it, and starts with the store's count (and a warning) when its config asks for
+fewer shards than the store has."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from icefloe.config import load_config
 from icefloe.errors import ConfigError
 from icefloe.manifest import load, read_shard_count, shard_key
 from icefloe.store import open_async_store
-from ingestor.runtime import IngestorRuntime
 
 
 def sharded(tmp_path, shards: int, **ingestor):
@@ -44,12 +44,28 @@ async def test_should_grow_the_store_and_append_to_its_shard(tmp_path, helper):
         await store.close()
 
 
-async def test_should_refuse_to_start_with_fewer_shards_than_the_store(tmp_path):
+async def test_should_start_with_the_stores_count_when_its_config_says_fewer(tmp_path,
+                                                                            caplog):
+    """Shards grown online, then an ingestor replaced with the old config: the store's
+    count wins (it used to refuse to start, #36), the warning names both numbers, and
+    nothing shrinks."""
     async with running(sharded(tmp_path, 4, store_helper=False)):
         pass
-    with pytest.raises(ConfigError, match=r"manifest\.shards = 2 is below the store's "
-                                          r"shard count 4"):
-        await IngestorRuntime.start(sharded(tmp_path, 2, store_helper=False))
+    old = sharded(tmp_path, 2, store_helper=False, shard_index=3)
+    with caplog.at_level("WARNING", logger="icefloe.manifest"):
+        async with running(old) as runtime:
+            stream = runtime.service.stream("pageviews")
+            assert await runtime.service.ingest(
+                stream, stream.from_json(b'[{"user_id":"a"}]')) == 1
+            assert runtime.publisher.shard == 3  # index 3 % the store's 4, not % 2
+    [warning] = [r.getMessage() for r in caplog.records if "manifest.shards" in
+                 r.getMessage()]
+    assert "manifest.shards = 2 is below the store's shard count 4" in warning
+    store = open_async_store((tmp_path / "store").as_uri())
+    try:
+        assert await read_shard_count(store, old.manifest.key) == 4
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("helper", [True, False])

@@ -188,11 +188,14 @@ def test_should_refuse_a_bad_config_with_file_key_and_reason(tmp_path):
     assert "streams[0].columns[1].type: unknown type 'number'" in result.stderr
 
 
-async def test_should_refuse_connections_while_starting_not_queue_them(tmp_path, monkeypatch):
-    """A restarting ingestor whose start-up waits on a slow store must refuse connections
-    (the client tries another ingestor at once), not accept them into the kernel's backlog
-    and leave their requests unanswered until the client times out: the chaos run's "no
-    request hung" failure (seed 1, an ingestor restarted during a store stall)."""
+async def test_should_answer_at_once_while_starting_never_leave_requests_hanging(
+        tmp_path, monkeypatch):
+    """A restarting ingestor whose start-up waits on a slow store must answer at once —
+    ``/healthz`` 200, ingest and ``/readyz`` 503 ``not_ready`` with ``Retry-After`` (the
+    client tries another ingestor) — never accept connections and leave their requests
+    unanswered until the client times out: the chaos run's "no request hung" failure (seed
+    1, an ingestor restarted during a store stall). It refused connections until #36 asked
+    for an unready ingestor that serves its health endpoints while it waits."""
     from icefloe.config import load_config
     from icefloe.store.failpoints import FAULTS_ENV
     from ingestor.server import serve
@@ -208,24 +211,26 @@ async def test_should_refuse_connections_while_starting_not_queue_them(tmp_path,
     ready: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     stop = asyncio.Event()
     task = asyncio.create_task(serve(config, stop=stop, on_ready=ready.set_result))
-    tries: list[str] = []
+    answers: list[int | str] = []
     try:
-        while not ready.done() and not task.done():
-            try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection("127.0.0.1", port), 1)
-            except ConnectionRefusedError:
-                tries.append("refused")
-            else:
-                tries.append("accepted")
-                writer.close()
-            await asyncio.sleep(0.05)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            while not ready.done() and not task.done():
+                try:
+                    answer = await client.post("/v1/streams/clicks/events",
+                                               json={"id": "early", "n": 1}, timeout=1)
+                except httpx.ConnectError:
+                    answers.append("refused")  # before the stand-in listens
+                except httpx.TimeoutException:
+                    answers.append("hung")
+                else:
+                    answers.append(answer.status_code)
+                    if answer.status_code == 503:
+                        assert answer.json()["error"] == "not_ready"
+                        assert answer.headers["retry-after"]
+                await asyncio.sleep(0.05)
         await ready
-        # refused while the runtime started (the probe waits 1.5 s); accepted only in the
-        # last moments before "ready", once it listens and the servers are coming up
-        refused = tries.count("refused")
-        assert refused > 5, tries
-        assert tries[:refused] == ["refused"] * refused, f"queued while starting: {tries}"
+        assert "hung" not in answers, str(answers)
+        assert answers.count(503) > 5, answers  # the probe waits 1.5 s: all answered
         faults.write_text("{}")
         async with httpx.AsyncClient() as client:
             answer = await client.post(f"http://127.0.0.1:{port}/v1/streams/clicks/events",
