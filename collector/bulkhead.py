@@ -25,10 +25,13 @@ commits unparks it; its staged rows are then in the table exactly once, and new 
 the normal path again once nothing is staged. A restart retries too (the parked state is
 not stored: the staged files are, and rows keep going behind them until they import).
 
-Staged rows of a parked table are bounded by ``collector.park_max_bytes``: beyond it, a
-run's rows for that table become dead letters (reason ``parked:<table>``, the row as JSON,
-committed in the run's dead-letter commit) instead of growing the area without limit;
-``icefloe redrive`` sends them again once the table is fixed.
+Staged rows of a parked table are bounded by ``collector.park_max_bytes``: beyond it, its
+rows are not staged any more and the run fails at its end (the other tables still commit,
+their rows never wait), so its entries wait in the queue, whose own bound then applies.
+Why not dead letters past the bound: a replay after a crash may find the table fixed and
+commit the same rows to it, and the dead letters could not take them back. An evolving
+sink's rows are staged as they came (undeclared fields kept) and the import evolves the
+table first; rows that evolution would refuse stop the import, naming them.
 
 Users see it: ``icefloe_collector_table_parked{table}`` (1 while parked),
 ``icefloe_collector_table_failures_total{table,kind}``, the alert ``IcefloeTableParked``,
@@ -39,14 +42,11 @@ keeps committing every other table.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
-from icefloe.errors import FencedError, TableFencedError, TransientStoreError
-from pipeline.iceberg.upsert import rows_as_dead_letters
+from icefloe.errors import FencedError, IcefloeError, TableFencedError, TransientStoreError
 
 log = logging.getLogger("icefloe.collector")
 
@@ -179,6 +179,23 @@ class Bulkheads:
         self.on_change(table, parked)
         return True
 
+    def park_now(self, table: str, exc: BaseException) -> None:
+        """Park ``table`` at once: it cannot even be loaded (at start, or when a new sink
+        needs it), so it is prepared — fenced, its offsets and dedup window read — only
+        once its staged rows are retried."""
+        self.on_failure(table, type(exc).__name__)
+        if table in self.parked:
+            return
+        reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        now = self.monotonic()
+        self.parked[table] = parked = Parked(reason=reason, since=now,
+                                             next_retry=now + self.retry_s,
+                                             interval=self.retry_s)
+        log.error("table %s parked: it cannot be loaded (%s); its rows are staged until it "
+                  "can (retried in %.0f s, and after a registry change)", table, reason,
+                  self.retry_s, extra={"table": table, "reason": reason})
+        self.on_change(table, parked)
+
     def succeeded(self, table: str) -> None:
         """A step of ``table`` went through: its failures are forgotten."""
         self.failures.pop(table, None)
@@ -217,19 +234,15 @@ class Bulkheads:
         return {table: parked.reason for table, parked in sorted(self.parked.items())}
 
 
-PARKED = "parked"
-"""Dead-letter reason of a parked table's rows beyond ``park_max_bytes``
-(``parked:<table>``)."""
+class ParkFullError(IcefloeError):
+    """A parked table's staging area holds ``collector.park_max_bytes``: its rows are
+    not staged any more, so the run fails (the other tables still commit) and its
+    entries wait in the queue, as before bulkheads."""
 
 
-def parked_dead_letters(rows: pa.Table, table: str, stream: str,
-                        locations: Mapping[int, str], reason: str) -> pa.Table:
-    """A run's rows for a parked table whose staging area is full, as dead letters (the
-    row as JSON; ``icefloe redrive`` sends them again once the table is fixed)."""
-    message = (f"table {table} is parked ({reason}) and its staged rows reached "
-               "collector.park_max_bytes")
-    return rows_as_dead_letters(rows, stream, locations, [f"{PARKED}:{table}"] * rows.num_rows,
-                                [message] * rows.num_rows)
+class ImportRefusedError(IcefloeError):
+    """Staged rows of a parked table cannot be committed as they are (their schema
+    evolution refuses some): the table stays parked, the rows staged."""
 
 
 def _first_line(exc: BaseException) -> str:

@@ -47,9 +47,10 @@ from pyiceberg.catalog import Catalog
 
 from collector.bulkhead import (
     Bulkheads,
+    ImportRefusedError,
+    ParkFullError,
     TableFailures,
     is_shared_failure,
-    parked_dead_letters,
 )
 from collector.dedup import (
     ANY_SOURCE,
@@ -72,7 +73,7 @@ from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState, merge_through
-from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits
+from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD, OVERFLOW, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows, not_committed
 from pipeline.iceberg.data_files import AddFiles, FileSet, ReplaceFiles
@@ -157,6 +158,7 @@ class RunCommits:
     epoch: int | None
     evolve_limits: EvolveLimits
     bulkheads: Bulkheads
+    prepare_parked: Callable[[str], bool]
 
     def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
                    entries: list[Entry]) -> None:
@@ -187,9 +189,11 @@ class RunCommits:
         """One table's rows of an embedded-path run: evolve its schema, split off rows
         without a key, then stage them or deduplicate and commit them."""
         table, sequence, sequences = target.table, result.last_sequence, result.sequences
-        if self.bulkheads.is_parked(table) and self._park_full(table):
-            dead.append(parked_dead_letters(rows, table, target.source.id, locations,
-                                            self.bulkheads.parked[table].reason))
+        if self.bulkheads.is_parked(table):
+            self._check_park_room(table)
+            # staged as they came: an evolving sink's undeclared fields too; the import
+            # evolves the table first (the table may not even load now)
+            self._stage(target, self._keyed_rows(target, rows, locations, dead), result)
             return
         if EXTRA_FIELD in rows.column_names:  # an evolving sink's rows: columns first
             # (by the rows, not the owner: a table's rows may come from an evolving
@@ -227,10 +231,15 @@ class RunCommits:
             yield
         self.bulkheads.succeeded(table)
 
-    def _park_full(self, table: str) -> bool:
-        """Whether a parked table's staging area holds ``park_max_bytes`` already."""
+    def _check_park_room(self, table: str) -> None:
+        """Refuse to stage more for a parked table whose area holds ``park_max_bytes``."""
         state = self.staging.states.get(table)
-        return state is not None and state.bytes >= self.bulkheads.max_bytes
+        if (self.bulkheads.is_parked(table) and state is not None
+                and state.bytes >= self.bulkheads.max_bytes):
+            raise ParkFullError(
+                f"table {table} is parked ({self.bulkheads.parked[table].reason}) and its "
+                f"staged rows reached collector.park_max_bytes ({self.bulkheads.max_bytes}):"
+                " its entries wait in the queue now")
 
     @staticmethod
     def _keyed_rows(target: Target, rows: pa.Table, locations: dict[int, str],
@@ -329,6 +338,7 @@ class RunCommits:
             failures = TableFailures()
             for table, (target, keys, allowed, where) in routed.items():
                 with failures.of(table), self._guard(table):
+                    self._check_park_room(table)
                     source = target.source.id
                     columns = tuple((c.name, c.type) for c in target.sink.columns)
                     evolve: tuple[tuple[str, str], ...] = ()
@@ -698,6 +708,8 @@ class RunCommits:
         if not self.bulkheads.due(table):
             return None
         try:
+            if not self.prepare_parked(table):
+                return None  # no sink routes there any more: it keeps its staged rows
             rows = self._commit_staged_if_due(table, None)
         except Exception as exc:
             if is_shared_failure(exc):
@@ -725,6 +737,7 @@ class RunCommits:
             rows = self.block_on(self.staging.read(state, chunk))
             assert rows is not None
             through = merge_through(f.through for f in chunk)  # a prefix: per shard
+            rows = self._evolve_staged(table, rows)
             window = self.windows[table]
             fresh, dropped = window.filter_in_sequence_order(rows)
             if dropped:
@@ -750,6 +763,42 @@ class RunCommits:
                                                    "rows": outcome.rows})
         self.metrics.staged_commits.labels(table, reason).inc()
         return committed
+
+    def _evolve_staged(self, table: str, rows: pa.Table) -> pa.Table:
+        """Staged rows of a table parked while its sink evolves keep their undeclared
+        fields: evolve the table for them now. Rows the evolution would refuse cannot
+        become dead letters this late (the dead letters' offsets are past them), so the
+        import stops, naming them, and the table stays parked with its rows staged."""
+        if EXTRA_FIELD not in rows.column_names:
+            return rows
+        raw = pc.is_valid(rows.column(EXTRA_FIELD))
+        if not pc.any(raw).as_py():  # staged evolved before: nothing left to evolve
+            return rows.drop_columns([n for n in (EXTRA_FIELD, CLIENT_FIELD)
+                                      if n in rows.column_names])
+        stream = self.routes.tables().get(table)
+        if stream is None:
+            raise ImportRefusedError(f"staged rows of {table} carry undeclared fields, but "
+                                     "no sink routes to it any more to evolve it")
+        # rows staged before the table was parked were evolved then (one run's rows are
+        # one file, so each sequence's rows stay together and in order)
+        done = rows.filter(pc.invert(raw)).drop_columns(
+            [n for n in (EXTRA_FIELD, CLIENT_FIELD) if n in rows.column_names])
+        declared = {c.name for c in stream.columns}
+        sent = rows.filter(raw)
+        sent = sent.select([n for n in sent.column_names if n != OVERFLOW and (
+            n in declared or n.startswith("_"))])
+        sent, refused = evolve_rows(self.catalog, table, stream, sent, {},
+                                    self.evolve_limits, hook=self.hook, clock=self.clock)
+        rows = sent if done.num_rows == 0 else pa.concat_tables(
+            [done, sent], promote_options="permissive")
+        if refused is not None and refused.num_rows:
+            reasons = sorted(set(refused.column("reason").to_pylist()))[:3]
+            raise ImportRefusedError(
+                f"{refused.num_rows} staged rows of {table} cannot be evolved into it "
+                f"({', '.join(reasons)}; e.g. event {refused.column('event_id')[0]}): they "
+                "stay staged and the table parked; change the sink's columns (admin API) "
+                "so they fit, and they import at the next retry")
+        return rows
 
     def observe_staged(self, table: str, state: StagingState) -> None:
         self.metrics.staged_rows.labels(table).set(state.rows)

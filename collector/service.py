@@ -38,7 +38,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from ulid import ULID
 
-from collector.bulkhead import Bulkheads, Parked, crash_marking
+from collector.bulkhead import Bulkheads, Parked, crash_marking, is_shared_failure
 from collector.commit import Hook, RunCommits, RunResult, upsert_columns, versions_of
 from collector.dedup import DedupWindow
 from collector.hops import BlockOn, Offload, sleep_or_stop
@@ -53,6 +53,7 @@ from icefloe.errors import (
     FencedError,
     LeaseHeldError,
     ManifestMismatchError,
+    OffsetLostError,
     RegistryBehindError,
     TableFencedError,
 )
@@ -65,7 +66,7 @@ from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.evolution import EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import committed_state, position
-from pipeline.iceberg.fence import fence_all
+from pipeline.iceberg.fence import fence_all, fence_table
 from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
 from pipeline.load.executors import ClusterRunOutput
 from pipeline.load.run import RunOutput
@@ -120,6 +121,8 @@ class Collector(RunCommits):
         col = config.collector
         self.evolve_limits = EvolveLimits(col.evolve_max_columns, col.evolve_max_name_length,
                                           col.evolve_max_depth)
+        self.unprepared: set[str] = set()
+        """Tables parked before they could be prepared (not loadable at start)."""
         self.bulkheads = Bulkheads(col.park_after_failures, col.park_retry_s,
                                    col.park_max_bytes, clock.monotonic,
                                    on_change=self._parked_changed,
@@ -216,10 +219,47 @@ class Collector(RunCommits):
                   if (waiting := m.entries_from(m.consumer.acked_through + 1))]
         self._hold_s = self._oldest_waiting_s(min(oldest, default=None))
         for name, stream in self.routes.tables().items():
-            self._prepare_table(name, stream)
+            if name not in self.unprepared:
+                self._prepare_or_park(name, stream)
         dead = ensure_dead_letter_table(self.catalog)
         self.confirm_table(dead)
         self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequences
+
+    def _unloadable(self, name: str, exc: Exception) -> bool:
+        """A table that fails to load or fence for a reason of its own (its metadata
+        missing or unreadable) is parked instead of stopping the collector: every other
+        table starts. Fences, lost offsets and shared outages still stop the start."""
+        if (name == DEAD_LETTER_TABLE or is_shared_failure(exc)
+                or isinstance(exc, (OffsetLostError, TableFencedError))):
+            return False
+        self.unprepared.add(name)
+        self.bulkheads.park_now(name, exc)
+        return True
+
+    def _prepare_or_park(self, name: str, stream: StreamConfig) -> None:
+        try:
+            self._prepare_table(name, stream)
+        except Exception as exc:
+            if not self._unloadable(name, exc):
+                raise
+
+    def prepare_parked(self, name: str) -> bool:
+        """Before a table parked at start imports its staged rows: fence it, read its
+        offsets and rebuild its dedup window (raises while it still cannot be loaded).
+        Returns whether it is prepared (False: no sink routes to it any more)."""
+        if name not in self.unprepared:
+            return True
+        stream = self.routes.tables().get(name)
+        if stream is None:
+            return False
+        assert self.epoch is not None
+        fenced = fence_table(self.catalog, name, self.epoch, offsets=True)
+        self.confirm_epoch_sync()
+        if fenced is not None:
+            self._confirmed.add(fenced.uuid)
+        self._prepare_table(name, stream)
+        self.unprepared.discard(name)
+        return True
 
     def _oldest_waiting_s(self, oldest_entry_s: float | None) -> float | None:
         """Store time of the oldest event not yet in its tables: the first unacknowledged
@@ -245,7 +285,7 @@ class Collector(RunCommits):
             return
         consumed = [*self.routes.tables(), DEAD_LETTER_TABLE]
         fenced = fence_all(self.catalog, self.epoch, consumed=consumed,
-                           known=self.model_tables)
+                           known=self.model_tables, skip=self._unloadable)
         self.block_on(self.staging.claim_existing(self.epoch))
         self.confirm_epoch_sync()
         self._confirmed.update(f.uuid for f in fenced)
@@ -364,10 +404,16 @@ class Collector(RunCommits):
         routes = Routes(registry)
         old = self.routes.tables()
         for name, stream in routes.tables().items():
+            if name in self.unprepared:
+                continue  # parked: prepared when its staged rows are retried
             if name not in self.windows:
-                self._prepare_table(name, stream)
+                self._prepare_or_park(name, stream)
             elif old.get(name) != stream:
-                self.confirm_table(ensure_stream_table(self.catalog, stream))
+                try:
+                    self.confirm_table(ensure_stream_table(self.catalog, stream))
+                except Exception as exc:
+                    if not self._unloadable(name, exc):
+                        raise
         self.routes = routes
         self.bulkheads.retry_all_now()  # a change may be the fix a parked table waits for
         self.metrics.registry_version.set(registry.version)

@@ -23,7 +23,7 @@ marked it confirms the manifest epoch before its first commit to it and stops (s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
@@ -149,17 +149,29 @@ def catalog_tables(catalog: Catalog) -> list[str]:
 
 
 def fence_all(catalog: Catalog, epoch: int, *, consumed: Iterable[str],
-              known: Iterable[str] = ()) -> list[FencedTable]:
+              known: Iterable[str] = (),
+              skip: Callable[[str, Exception], bool] | None = None) -> list[FencedTable]:
     """Fence the tables the collector consumes into (``consumed``: routed tables and dead
     letters), the ``known`` icefloe tables (model targets), and every other table of the
-    catalog that :func:`is_icefloe_table`. Blocking; raises like :func:`fence_table`."""
+    catalog that :func:`is_icefloe_table`. Blocking; raises like :func:`fence_table`,
+    unless ``skip(identifier, error)`` says to leave that table alone (the collector
+    parks a table nobody can load, and fences it before its first use)."""
     consumed = set(consumed)
     named = consumed | set(known)
     fenced: list[FencedTable] = []
-    for identifier in sorted(named):
-        done = fence_table(catalog, identifier, epoch, offsets=identifier in consumed)
+
+    def one(identifier: str, offsets: bool) -> None:
+        try:
+            done = fence_table(catalog, identifier, epoch, offsets=offsets)
+        except Exception as exc:
+            if skip is None or not skip(identifier, exc):
+                raise
+            return
         if done is not None:
             fenced.append(done)
+
+    for identifier in sorted(named):
+        one(identifier, identifier in consumed)
     try:
         listed = catalog_tables(catalog)
     except Exception as exc:  # drivers raise their own trees; the start is retried
@@ -172,9 +184,11 @@ def fence_all(catalog: Catalog, epoch: int, *, consumed: Iterable[str],
             table = catalog.load_table(identifier)
         except NoSuchTableError:
             continue
+        except Exception as exc:
+            if skip is None or not skip(identifier, exc):
+                raise
+            continue
         if is_icefloe_table(table):
-            done = fence_table(catalog, identifier, epoch, offsets=False)
-            if done is not None:
-                fenced.append(done)
+            one(identifier, False)
     return fenced
 

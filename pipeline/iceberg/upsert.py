@@ -30,6 +30,7 @@ large table touch most of them on every commit (``bench/upsert_bench.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,6 +50,7 @@ from pyiceberg.expressions import (
     LessThanOrEqual,
 )
 
+from icefloe.streams.evolution import EXTRA_FIELD
 from icefloe.streams.model import StreamConfig
 from pipeline.columns import TIMESTAMP, dead_letter_arrow_schema
 from pipeline.iceberg.data_files import (
@@ -130,8 +132,7 @@ def rows_as_dead_letters(rows: pa.Table, stream: str, locations: Mapping[int, st
     file of its entry (``locations``: run position → location), ``stream`` its source."""
     records = rows.to_pylist()
     sources = [r.pop("_source", None) or stream for r in records]
-    raws = [msgspec.json.encode({k: v for k, v in record.items() if not k.startswith("_")},
-                                enc_hook=str) for record in records]
+    raws = [msgspec.json.encode(_as_sent(record), enc_hook=str) for record in records]
     sequences = rows.column("_sequence").to_pylist()
     return pa.table({
         "stream": pa.array(sources, pa.string()),
@@ -144,6 +145,20 @@ def rows_as_dead_letters(rows: pa.Table, stream: str, locations: Mapping[int, st
         "raw": pa.array(raws, pa.binary()),
         "received_at": rows.column("_received_at").cast(TIMESTAMP),
     }, schema=dead_letter_arrow_schema())
+
+
+def _as_sent(record: dict[str, object]) -> dict[str, object]:
+    """A decoded row as its producer sent it: its columns, and the undeclared fields an
+    evolving stream keeps as JSON text (so a redrive gets them back), without icefloe's
+    own ``_`` columns."""
+    out = {k: v for k, v in record.items() if not k.startswith("_")}
+    extra = record.get(EXTRA_FIELD)
+    if isinstance(extra, str):
+        with contextlib.suppress(msgspec.DecodeError):
+            fields = msgspec.json.decode(extra)
+            if isinstance(fields, dict):
+                out = {**fields, **out}
+    return out
 
 
 class CopyOnWrite:

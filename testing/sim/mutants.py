@@ -46,6 +46,21 @@ def _no_dedup() -> contextlib.AbstractContextManager[None]:
     return _patch(DedupWindow, "_keep", lambda self, ids, sources: None)
 
 
+def _park_drops_rows() -> contextlib.AbstractContextManager[None]:
+    """#36 bulkheads undone the careless way: a parked table's rows are acknowledged with
+    the run but never staged (the other tables go on, the parked table loses them)."""
+    from collector.commit import RunCommits
+
+    original = RunCommits._commit_routed
+
+    def commit_routed(self: RunCommits, target: Any, rows: Any, result: Any,
+                      locations: Any, dead: Any) -> None:
+        if self.bulkheads.is_parked(target.table):
+            return
+        original(self, target, rows, result, locations, dead)
+    return _patch(RunCommits, "_commit_routed", commit_routed)
+
+
 def _no_fence() -> contextlib.AbstractContextManager[None]:
     """Case 6 undone: a takeover does not fence the tables."""
     from collector.service import Collector
@@ -192,6 +207,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "standby-no-reread": _standby_no_reread,
     "window-from-log": _window_from_log,
     "journal-no-tombstones": _journal_no_tombstones,
+    "park-drops-rows": _park_drops_rows,
 }
 
 

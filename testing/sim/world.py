@@ -23,6 +23,7 @@ import contextvars
 import itertools
 import logging
 import random
+import sqlite3
 import tempfile
 import weakref
 from collections import Counter
@@ -58,7 +59,7 @@ from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from icefloe.streams.evolution import EXTRA_FIELD
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
-from pipeline.columns import ENVELOPE, SHARD_COLUMN
+from pipeline.columns import DEAD_LETTER_TABLE, ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column
 from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
@@ -579,6 +580,8 @@ class World:
         """Sources clients leave alone until this simulated time (``late-staging``)."""
         self.takeover_armed = False
         """``late-staging``: take over when the active collector's next job starts."""
+        self.broken: tuple[str, str] | None = None
+        """``parked-table``: the broken table and its good metadata pointer."""
 
     # -- configuration --------------------------------------------------------------------
 
@@ -831,6 +834,10 @@ class World:
             events.append((self.sim.now + rng.uniform(0.3, 0.7) * span, "outage"))
         elif s.family == "external-expiry" and s.expire_at is not None:
             events.append((self.sim.now + s.expire_at * span, "expire"))
+        elif s.family == "parked-table" and s.break_at is not None:
+            assert s.restore_at is not None
+            events.append((self.sim.now + s.break_at * span, "break"))
+            events.append((self.sim.now + s.restore_at * span, "restore"))
         for at, kind in sorted(events):
             await asyncio.sleep(max(0.0, at - self.sim.now))
             if kind == "admin":
@@ -850,6 +857,10 @@ class World:
                 await self._outage(s.outage_s)
             elif kind == "expire":
                 await self._external_expiry()
+            elif kind == "break":
+                self._break_table()
+            elif kind == "restore":
+                self._restore_table()
             elif kind == "takeover":
                 self.checker.note("forced takeover")
                 self._start_collector(takeover=True)  # the old one runs on: stale
@@ -911,6 +922,32 @@ class World:
             await asyncio.sleep(self.rng.uniform(0.05, 0.5))
             await retrier.send(request.source, request.ids, request.payloads, request.uids)
 
+    def _break_table(self) -> None:
+        """``parked-table``: point one seeded table at a metadata file that is not there
+        (a bad restore, another tool's mistake): its loads and commits fail from now on."""
+        names = [n for n in self.checker.tables() if n != DEAD_LETTER_TABLE]
+        if not names:
+            return
+        name = self.rng.choice(names)
+        good = _pointer(self.root / "catalog.db", name)
+        if good is None:
+            return
+        self.broken = (name, good)
+        _pointer(self.root / "catalog.db", name, good.replace(".metadata.json", "-lost.json"))
+        self.checker.note(f"table {name} broken (its metadata file is missing)")
+
+    def _restore_table(self) -> None:
+        """The operator restores the pointer: the parked table must unpark by itself."""
+        if self.broken is None:
+            return
+        name, good = self.broken
+        _pointer(self.root / "catalog.db", name, good)
+        self.broken = None
+        parked = any(c.collector is not None and c.collector.bulkheads.is_parked(name)
+                     for c in self.collectors if c.outcome == "running")
+        self.checker.note(f"table {name} restored ({'parked' if parked else 'not parked'} "
+                          "at that moment)")
+
     async def _drain(self) -> None:
         """Faults stop; the queue and staging must empty within a bounded simulated time."""
         self.store.faults_on = False
@@ -942,6 +979,22 @@ class World:
             if obj is not None:
                 out[shard] = Manifest.decode(obj.data)
         return out
+
+
+def _pointer(db_path: Path, name: str, location: str | None = None) -> str | None:
+    """A table's metadata pointer in the SQLite catalog (set it to ``location``)."""
+    namespace, table = name.rsplit(".", 1)
+    db = sqlite3.connect(db_path)
+    try:
+        if location is not None:
+            db.execute("UPDATE iceberg_tables SET metadata_location = ? WHERE "
+                       "table_namespace = ? AND table_name = ?", (location, namespace, table))
+            db.commit()
+        row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE "
+                         "table_namespace = ? AND table_name = ?", (namespace, table)).fetchone()
+        return None if row is None else str(row[0])
+    finally:
+        db.close()
 
 
 def expire_all_but_current(catalog: Any, names: Sequence[str]) -> int:

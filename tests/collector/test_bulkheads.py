@@ -222,10 +222,13 @@ async def test_a_required_column_added_elsewhere_parks_only_its_table(config, en
         await collector.store.close()
 
 
-async def test_a_parked_table_past_its_bound_sends_its_rows_to_the_dead_letters(
+async def test_a_parked_table_past_its_bound_holds_its_entries_not_the_other_tables(
         tmp_path, engine):
-    """``park_max_bytes`` bounds the area: beyond it a run's rows for the parked table
-    become dead letters with the reason (and the run still acknowledges)."""
+    """``park_max_bytes`` bounds the area: beyond it the parked table's rows are not
+    staged, the run fails at its end naming the bound, its entries stay queued — and the
+    other tables still commit every attempt."""
+    from collector.bulkhead import ParkFullError
+
     config = collector_config(tmp_path, streams=(CLICKS, BUYS, VIEWS), dequeue_every=1,
                               park_after_failures=1, park_retry_s=3600, park_max_bytes=1)
     publish_sync(config, [batch("1", 3)])
@@ -238,14 +241,16 @@ async def test_a_parked_table_past_its_bound_sends_its_rows_to_the_dead_letters(
         await run_until_parked(collector, "shop.buys", 1)
         assert (await collector.run_once()).staged == {"shop.buys": 6}  # both entries
         publish_sync(config, [batch("4", 3)])
-        result = await collector.run_once()  # the area is over its bound now
-        assert result.dead_letters == 3
-        assert not result.staged
-        dead = read_table(config, "icefloe.dead_letters").to_pylist()
-        assert sorted(d["event_id"] for d in dead) == sorted(ids("b4", 3))
-        assert {d["reason"] for d in dead} == {"parked:shop.buys"}
-        assert {msgspec.json.decode(d["raw"])["order_id"] for d in dead} == {"o0", "o1", "o2"}
+        with pytest.raises(ParkFullError, match="park_max_bytes"):
+            await collector.run_once()  # the area is over its bound now
         assert_exact(config, "web.clicks", all_ids("c", "1", "2", "3", "4", count=3))
+        assert len(await collector.consumer.read(max_entries=10)) == 1  # still queued
+        metadata_location(config, "shop.buys", good)
+        collector.bulkheads.retry_all_now()
+        await asyncio.to_thread(collector.commit_due_staged)
+        assert (await collector.run_once()).rows["shop.buys"] == 3
+        assert_exact(config, "shop.buys", all_ids("b", "1", "2", "3", "4", count=3))
+        assert read_table(config, "icefloe.dead_letters").num_rows == 0
     finally:
         await collector.store.close()
 
@@ -442,3 +447,44 @@ async def until(condition: Any, timeout_s: float = 120.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.05)
+
+
+PAGES = StreamConfig(name="pages", table="web.pages", unknown_fields="evolve",
+                     columns=(Column("user_id", "string", required=True),))
+
+
+def page(i: int, **extra: Any) -> tuple[str, str, int, bytes]:
+    """An evolving stream's event as an ingestor stores it (undeclared fields kept)."""
+    body: dict[str, Any] = {"user_id": f"u{i}"}
+    if extra:
+        body["_icefloe_extra"] = msgspec.json.encode(extra).decode()
+    return ("pages", f"p{i}", BASE_MS + i, msgspec.json.encode(body))
+
+
+async def test_an_evolving_table_parked_keeps_its_new_fields_and_evolves_at_import(
+        tmp_path, engine):
+    """A parked evolving sink cannot evolve a table nobody can load: its rows are staged
+    as they came (undeclared fields kept), and the import evolves the table first."""
+    config = collector_config(tmp_path, streams=(PAGES, CLICKS), dequeue_every=1,
+                              park_after_failures=2, park_retry_s=3600)
+    publish_sync(config, [[page(0, plan="pro"), click(0)]])
+    collector = await start(config, engine)
+    try:
+        await collector.run_once()
+        good = metadata_location(config, "web.pages")
+        metadata_location(config, "web.pages", good.replace(".metadata.json", "-lost.json"))
+        publish_sync(config, [[page(1, plan="free", tier=2), page(2), click(1)]])
+        await run_until_parked(collector, "web.pages", 2)
+        assert (await collector.run_once()).staged == {"web.pages": 2}
+        assert_exact(config, "web.clicks", {"c0", "c1"})
+        metadata_location(config, "web.pages", good)
+        collector.bulkheads.retry_all_now()
+        assert await asyncio.to_thread(collector.commit_due_staged) == {"web.pages": 2}
+        rows = {r["user_id"]: r for r in read_table(config, "web.pages").to_pylist()}
+        assert rows["u1"]["plan"] == "free"
+        assert rows["u1"]["tier"] == 2
+        assert rows["u2"]["tier"] is None
+        assert rows["u0"]["plan"] == "pro"
+        assert read_table(config, "icefloe.dead_letters").num_rows == 0
+    finally:
+        await collector.store.close()

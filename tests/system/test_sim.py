@@ -27,6 +27,10 @@ UPSERT_SEED = 30
 """An ``upsert-restart`` seed (#36 item 3): keyed sinks, stale resends, restarts."""
 EXPIRY_SEED = 10
 """An ``external-expiry`` seed (#36 item 4): another tool expires snapshots, a restart."""
+PARKED_SEED = 55
+"""A ``parked-table`` seed (#36 bulkheads): one table's metadata goes missing mid-run, the
+collector parks it (at start, after a crash), stages its rows, and imports them once it
+is restored."""
 TOMBSTONE_SEED = 56
 """An ``upsert-restart`` seed where a stale tombstone retried after a restart meets its
 key re-created since (#36 item 3)."""
@@ -42,6 +46,7 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "standby-no-reread": (29,),
     "window-from-log": (UPSERT_SEED, EXPIRY_SEED),
     "journal-no-tombstones": (TOMBSTONE_SEED,),
+    "park-drops-rows": (PARKED_SEED,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -115,6 +120,11 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
     expiry = Scenario.draw(EXPIRY_SEED)
     assert expiry.family == "external-expiry"
     assert expiry.expire_at is not None
+    parked = Scenario.draw(PARKED_SEED)
+    assert parked.family == "parked-table"
+    assert parked.break_at is not None
+    assert parked.restore_at is not None
+    assert parked.break_at < parked.restore_at
 
 
 def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
@@ -123,10 +133,11 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
     from testing.sim.scenario import Scenario
 
     before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
-    before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED}
+    before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED}
     for seed in sorted(before):
         scenario = Scenario.draw(seed)
-        assert (scenario.upsert, scenario.expire_at) == (False, None), seed
+        assert (scenario.upsert, scenario.expire_at, scenario.break_at) == (False, None,
+                                                                             None), seed
 
 
 def test_an_unknown_mutant_is_refused() -> None:
