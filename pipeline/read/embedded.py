@@ -62,6 +62,7 @@ FUNCTIONS = frozenset({"COUNT", "SUM", "MIN", "MAX", "AVG", "COALESCE", "LOWER",
 """Functions whose results agree on both engines for icefloe's column types."""
 
 _ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|\+00:?00)?)?")
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NUMBER_TYPES = ("int", "long", "float", "double", "decimal")
 _TIME_TYPES = ("date", "timestamp", "timestamptz")
 
@@ -162,6 +163,8 @@ def _kind(node: exp.Expression, columns: Mapping[str, str]) -> str | None:
             return "time"
         if iceberg == "boolean":
             return "boolean"
+        if iceberg == "uuid":  # text on both engines (pipeline.read.query)
+            return "uuid"
         return "?"
     return None
 
@@ -176,6 +179,12 @@ def _check_comparison(left: exp.Expression, right: exp.Expression,
     if len(kinds) <= 1:
         return
     text = f"{left.sql(dialect='spark')} vs {right.sql(dialect='spark')}"
+    if kinds == {"uuid", "string"}:
+        literal = right if isinstance(right, exp.Literal) else left
+        if isinstance(literal, exp.Literal) and _CANONICAL_UUID.fullmatch(literal.this):
+            return  # a uuid literal, made canonical by the plan: equal text, equal UUID
+        raise Untranslatable(text, "a uuid compared with a string that is not a uuid "
+                             "literal (Spark compares text, DuckDB casts to UUID)")
     if kinds == {"time", "string"}:
         literal = right if isinstance(right, exp.Literal) else left
         if isinstance(literal, exp.Literal) and _ISO_TIME.fullmatch(literal.this.strip()):
@@ -288,9 +297,11 @@ def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, schema_to_pyarrow
 
+    from pipeline.iceberg.pyiceberg_fixes import install
     from pipeline.read.local_table import LocalTable
     from pipeline.read.tables import as_pyiceberg
 
+    install()  # a null list of structs stays NULL (pyiceberg's projection makes it [])
     if isinstance(entry.table, LocalTable):  # pyiceberg reads: plan it with pyiceberg
         entry = _plan_with_pyiceberg(entry.view, as_pyiceberg(entry.table), entry.snapshot_id)
     _refuse_equality_deletes([entry])
@@ -306,7 +317,34 @@ def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     if not isinstance(io, PyArrowFileIO):  # the light local IO of a query's table
         io = PyArrowFileIO(io.properties)
     scan = ArrowScan(entry.table.metadata, io, schema, AlwaysTrue())
-    return scan.to_table(entry.tasks)
+    return nested_uuids_as_bytes(scan.to_table(entry.tasks))
+
+
+def nested_uuids_as_bytes(table: pa.Table) -> pa.Table:
+    """Top-level uuid columns stay ``arrow.uuid`` (DuckDB's ``UUID``, shown as text as
+    Spark's view shows them); a uuid inside a struct, list or map becomes its 16 bytes, as
+    Spark's reader hands it over, so both engines answer with the same values."""
+    import pyarrow as pa
+
+    def plain(kind: pa.DataType) -> pa.DataType:
+        if isinstance(kind, pa.BaseExtensionType):
+            return plain(kind.storage_type)
+        if pa.types.is_struct(kind):
+            return pa.struct([kind.field(i).with_type(plain(kind.field(i).type))
+                              for i in range(kind.num_fields)])
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            element = kind.value_field
+            wrap = pa.large_list if pa.types.is_large_list(kind) else pa.list_
+            return wrap(element.with_type(plain(element.type)))
+        if pa.types.is_map(kind):
+            return pa.map_(kind.key_field.with_type(plain(kind.key_field.type)),
+                           kind.item_field.with_type(plain(kind.item_field.type)))
+        return kind
+
+    fields = [f if isinstance(f.type, pa.BaseExtensionType) else f.with_type(plain(f.type))
+              for f in table.schema]
+    target = pa.schema(fields, metadata=table.schema.metadata)
+    return table if target.equals(table.schema) else table.cast(target)
 
 
 def parquet_source(entry: Pinned) -> tuple[str, str] | None:
