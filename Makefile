@@ -11,6 +11,13 @@ PYTEST_ARGS ?=
 # boto3/botocore/packaging in .venv. tests/system/test_deploy.py runs it from there.
 CHECKOV_VENV  := $(VENV)/tools/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+# DuckDB's own Iceberg extension (tests/pipeline/test_other_readers.py reads icefloe's tables
+# with it) also lives apart: the extension wheels pin duckdb to their own version (1.5.5),
+# which would downgrade the embedded query engine's duckdb in .venv.
+DUCKDB_ICEBERG_VENV  := $(VENV)/tools/duckdb-iceberg
+DUCKDB_ICEBERG_STAMP := $(DUCKDB_ICEBERG_VENV)/.installed
+DUCKDB_ICEBERG_PINS  := duckdb==1.5.5 duckdb-extensions==1.5.5 duckdb-extension-iceberg==1.5.5 \
+                        duckdb-extension-avro==1.5.5
 
 .PHONY: up test test-slow lint bench chaos sim clean java venv
 
@@ -36,6 +43,11 @@ $(CHECKOV_STAMP):
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet 'checkov>=3.2,<4'
 	@touch $(CHECKOV_STAMP)
 
+$(DUCKDB_ICEBERG_STAMP): Makefile
+	@test -x $(DUCKDB_ICEBERG_VENV)/bin/python || $(PYTHON) -m venv $(DUCKDB_ICEBERG_VENV)
+	$(DUCKDB_ICEBERG_VENV)/bin/python -m pip install --quiet $(DUCKDB_ICEBERG_PINS)
+	@touch $(DUCKDB_ICEBERG_STAMP)
+
 java:
 	@bash scripts/ensure-java.sh
 
@@ -44,7 +56,7 @@ up: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/icefloe up
 
 ## make test: the fast suite (what CI runs); slow soak/chaos tests are marked `slow`
-test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP)
+test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP)
 	$(BIN)/ruff check .
 	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \

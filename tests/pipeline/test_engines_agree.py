@@ -76,7 +76,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Config:
 def embedded(config: Config, sql: str) -> list[dict[str, Any]]:
     pinned = plan(sql, config)
     choice = choose(config, pinned, "duckdb")
-    assert choice.duck_sql is not None and choice.planned is not None
+    assert choice.duck_sql is not None
+    assert choice.planned is not None
     return run_embedded(config, pinned, choice.duck_sql, choice.planned)[0].to_pylist()
 
 

@@ -62,7 +62,8 @@ def bounds(table) -> list[tuple[str, bool, bool, bool]]:
     out = []
     for task in table.scan().plan_files():
         f = task.file
-        assert n in f.lower_bounds and n in f.upper_bounds  # other columns keep theirs
+        assert n in f.lower_bounds
+        assert n in f.upper_bounds
         out.append((f.file_path.rsplit("/", 1)[-1], uid in f.lower_bounds,
                     uid in f.upper_bounds, uid in f.value_counts))
     assert out
