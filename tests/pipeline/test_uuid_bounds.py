@@ -5,8 +5,10 @@ writers compute; Java Iceberg up to 1.10 compares them signed, so Spark with Ice
 runtime skips the file holding ``WHERE uid = '8…'`` and answers 0. ``icefloe.uuid-bounds``
 (``omit``, the default, or ``write``) becomes Iceberg's own per-column metrics mode
 ``write.metadata.metrics.column.<uuid column> = counts``, which every writer honours: the
-embedded append, the cluster path's ``add_files``, a plain pyiceberg append, compaction and
-upsert rewrites. Real SQLite catalog and files; the bounds are read back from the manifests.
+embedded append, the cluster path's executor files, compaction and upsert rewrites; and
+the files themselves carry no uuid row-group statistics nor dictionary (Java prunes by
+those as well). Real SQLite catalog and files; the bounds are read back from the
+manifests and the Parquet footers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import datetime as dt
 import uuid
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from icefloe.config import CatalogSection, Column, StreamConfig
@@ -24,6 +28,7 @@ from icefloe.streams.layout import check_properties
 from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import commit_rows
+from pipeline.iceberg.data_files import AddFiles, FileSet, TableFiles, TableTarget
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
 from pipeline.iceberg.tables import ensure_stream_table
@@ -70,14 +75,24 @@ def bounds(table) -> list[tuple[str, bool, bool, bool]]:
     return out
 
 
+def executor_files(table, stream: StreamConfig, data: pa.Table) -> AddFiles:
+    """What the cluster path does: an executor writes the files from plain data
+    (:class:`TableTarget` as JSON), the driver adds them."""
+    target = TableTarget.of(stream.name, table, [(n, n) for n in data.column_names])
+    files = TableFiles(msgspec.json.decode(msgspec.json.encode(target), type=TableTarget),
+                       "attempt", "task-0")
+    files.add(data)
+    return AddFiles(FileSet(tuple(files.close())))
+
+
 def write_every_way(catalog, stream: StreamConfig):
-    """Each writer once: the embedded append (``add_files`` of icefloe's own files, as the
-    cluster path commits its executors' files), pyiceberg's append, an upsert's rewrite,
-    then compaction of it all."""
+    """Each writer once: the embedded append (``add_files`` of icefloe's own files), the
+    cluster path's executor files, an upsert's rewrite, then compaction of it all."""
     table = ensure_stream_table(catalog, stream)
     commit_rows(catalog, stream.table, rows(stream, [1, 2], 1), sequence=1, epoch=1,
                 append=WriteThenAdd(stream.name))
-    commit_rows(catalog, stream.table, rows(stream, [3, 4], 2), sequence=2, epoch=1)
+    commit_rows(catalog, stream.table, rows(stream, [3, 4], 2), sequence=2, epoch=1,
+                append=executor_files(table, stream, rows(stream, [3, 4], 2)))
     commit_rows(catalog, stream.table, rows(stream, [2, 5], 3), sequence=3, epoch=1,
                 append=CopyOnWrite(("n",)))
     table = catalog.load_table(stream.table)
@@ -86,12 +101,29 @@ def write_every_way(catalog, stream: StreamConfig):
     return catalog.load_table(stream.table)
 
 
+def footers(table) -> set[tuple[bool, bool]]:
+    """Per data file ever written (also those compaction replaced): whether the uid
+    column has Parquet row-group statistics, and a dictionary page."""
+    out = set()
+    for path in Path(table.location().removeprefix("file://"), "data").rglob("*.parquet"):
+        footer = pq.read_metadata(path)
+        for g in range(footer.num_row_groups):
+            column = footer.row_group(g).column(0)
+            assert column.path_in_schema == "uid"
+            out.add((column.is_stats_set, column.has_dictionary_page))
+            assert footer.row_group(g).column(1).is_stats_set  # n keeps its statistics
+    return out
+
+
 def test_uuid_bounds_are_omitted_by_every_writer(catalog):
+    """Neither the manifests nor the files carry uuid min/max (Java 1.10 prunes by the
+    Parquet row groups' min/max and dictionary too, each compared wrongly)."""
     table = ensure_stream_table(catalog, orders())
     assert table.properties["write.metadata.metrics.column.uid"] == "counts"
     table = write_every_way(catalog, orders())
     assert {(lower, upper, counts) for _, lower, upper, counts in bounds(table)} == {
         (False, False, True)}
+    assert footers(table) == {(False, False)}
     assert sorted(r["n"] for r in table.scan().to_arrow().to_pylist()) == [1, 2, 3, 4, 5]
 
 
@@ -100,6 +132,7 @@ def test_write_keeps_the_bounds_and_switching_back_omits_them_again(catalog):
     assert "write.metadata.metrics.column.uid" not in table.properties
     table = write_every_way(catalog, orders(**{"icefloe.uuid-bounds": "write"}))
     assert {(lower, upper) for _, lower, upper, _ in bounds(table)} == {(True, True)}
+    assert footers(table) == {(True, True)}
     table = ensure_stream_table(catalog, orders())  # the key dropped from the config
     assert table.properties["write.metadata.metrics.column.uid"] == "counts"
     assert "icefloe.uuid-bounds" not in table.properties
@@ -111,8 +144,8 @@ def test_an_existing_table_gets_the_property_at_the_next_start(catalog):
     table = ensure_stream_table(catalog, orders())
     with table.transaction() as tx:  # as today's main left it
         tx.remove_properties("write.metadata.metrics.column.uid")
-    commit_rows(catalog, "shop.orders", rows(orders(), [1], 1), sequence=1, epoch=1,
-                append=WriteThenAdd("orders"))
+    # a file as main wrote it: pyiceberg's writer keeps Parquet statistics, so bounds
+    commit_rows(catalog, "shop.orders", rows(orders(), [1], 1), sequence=1, epoch=1)
     table = ensure_stream_table(catalog, orders())
     commit_rows(catalog, "shop.orders", rows(orders(), [2], 2), sequence=2, epoch=1,
                 append=WriteThenAdd("orders"))
