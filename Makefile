@@ -11,8 +11,15 @@ PYTEST_ARGS ?=
 # boto3/botocore/packaging in .venv. tests/system/test_deploy.py runs it from there.
 CHECKOV_VENV  := $(VENV)/tools/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+# DuckDB's own Iceberg extension (tests/pipeline/test_other_readers.py reads icefloe's tables
+# with it) also lives apart: the extension wheels pin duckdb to their own version (1.5.5),
+# which would downgrade the embedded query engine's duckdb in .venv.
+DUCKDB_ICEBERG_VENV  := $(VENV)/tools/duckdb-iceberg
+DUCKDB_ICEBERG_STAMP := $(DUCKDB_ICEBERG_VENV)/.installed
+DUCKDB_ICEBERG_PINS  := duckdb==1.5.5 duckdb-extensions==1.5.5 duckdb-extension-iceberg==1.5.5 \
+                        duckdb-extension-avro==1.5.5
 
-.PHONY: up test test-slow lint bench chaos sim clean java venv
+.PHONY: up test test-slow lint bench chaos sim clean java venv iceberg-java
 
 # every role and command ([all]) plus the test and build tools, at the versions the image
 # installs (constraints.txt; scripts/constraints.py rewrites it after an upgrade)
@@ -36,6 +43,25 @@ $(CHECKOV_STAMP):
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet 'checkov>=3.2,<4'
 	@touch $(CHECKOV_STAMP)
 
+$(DUCKDB_ICEBERG_STAMP): Makefile
+	@test -x $(DUCKDB_ICEBERG_VENV)/bin/python || $(PYTHON) -m venv $(DUCKDB_ICEBERG_VENV)
+	$(DUCKDB_ICEBERG_VENV)/bin/python -m pip install --quiet $(DUCKDB_ICEBERG_PINS)
+	@touch $(DUCKDB_ICEBERG_STAMP)
+
+# Java Iceberg's own reader for the slow suite (tests/java_iceberg_support.py): PySpark 3.5
+# and the wheel that carries iceberg-spark-runtime-3.5_2.12-1.10.2.jar, in their own venv
+# (the project's venv has PySpark 4).
+ICEBERG_JAVA_VENV  := $(VENV)/tools/iceberg-java
+ICEBERG_JAVA_STAMP := $(ICEBERG_JAVA_VENV)/.installed
+ICEBERG_JAVA_PINS  := pyspark==3.5.7 snowpark-connect-deps-iceberg==1.0.3
+
+$(ICEBERG_JAVA_STAMP): Makefile
+	@test -x $(ICEBERG_JAVA_VENV)/bin/python || $(PYTHON) -m venv $(ICEBERG_JAVA_VENV)
+	$(ICEBERG_JAVA_VENV)/bin/python -m pip install --quiet $(ICEBERG_JAVA_PINS)
+	@touch $(ICEBERG_JAVA_STAMP)
+
+iceberg-java: $(ICEBERG_JAVA_STAMP) java
+
 java:
 	@bash scripts/ensure-java.sh
 
@@ -44,13 +70,13 @@ up: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/icefloe up
 
 ## make test: the fast suite (what CI runs); slow soak/chaos tests are marked `slow`
-test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP)
+test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP)
 	$(BIN)/ruff check .
 	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	  exit $$status
 
-test-slow: $(STAMP) $(SPEEDUPS) java
+test-slow: $(STAMP) $(SPEEDUPS) java $(DUCKDB_ICEBERG_STAMP) $(ICEBERG_JAVA_STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 ## make chaos DURATION=30m STORE=s3 SEED=7: a chaos run (kills, takeovers, store faults),

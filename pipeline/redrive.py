@@ -39,6 +39,8 @@ from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
 from pipeline.columns import DEAD_LETTER_TABLE, table_arrow_schema
+from pipeline.iceberg.data_files import delete_files
+from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.tables import TABLE_PROPERTIES, ensure_stream_table
 from pipeline.load.decode import decode_payload_rows
 from pipeline.load.mapped import add_derived
@@ -231,10 +233,15 @@ def _append_missing(catalog: Catalog, identifier: str, rows: pa.Table) -> tuple[
         fresh = rows.filter(pa.array(keep, pa.bool_()))
         if not fresh.num_rows:
             return 0, rows.num_rows
+        # icefloe's own writer (as the collector's appends: no uuid statistics unless the
+        # table asks for them, see pipeline.iceberg.data_files.uuid_statistics)
+        add = WriteThenAdd(identifier)
         try:
-            table.append(fresh, snapshot_properties={"icefloe.redrive": "true"})
+            add(table, fresh, {"icefloe.redrive": "true"})
             return fresh.num_rows, rows.num_rows - fresh.num_rows
         except CommitFailedException as exc:  # the collector committed meanwhile: re-check
+            for attempt_files in add.attempts:  # refused: certainly not in the table
+                delete_files(table.io, attempt_files.files.paths)
             log.warning("redrive into %s conflicted (attempt %d): %s", identifier, attempt,
                         exc)
             time.sleep(0.2 * attempt)

@@ -42,7 +42,15 @@ _FITS: dict[str, frozenset[str]] = {
 SORTABLE = _FITS["identity"]
 
 OWNED_PROPERTIES = ("format-version", "commit.retry.num-retries")
-"""Table properties icefloe sets itself; ``icefloe.*`` keys are icefloe's too."""
+"""Table properties icefloe sets itself; ``icefloe.*`` keys are icefloe's too (but for
+:data:`UUID_BOUNDS_PROP`, which a stream may set)."""
+UUID_BOUNDS_PROP = "icefloe.uuid-bounds"
+"""``omit`` (default) or ``write``: whether the data files icefloe writes carry min/max
+bounds for the table's ``uuid`` columns. Why omit: the Iceberg spec orders uuids as unsigned
+bytes (icefloe writes them so), Java Iceberg up to 1.10 compares them signed, so Spark or
+Trino with Iceberg's runtime skip a file holding ``WHERE uid = '...'`` and answer nothing.
+Without bounds every reader reads the file (``pipeline.iceberg.tables``)."""
+UUID_BOUNDS = ("omit", "write")
 CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -193,6 +201,11 @@ def _check_fit(field: PartField, kinds: dict[str, str], at: str) -> None:
 def check_properties(properties: dict[str, str], at: str) -> None:
     """Refuse the keys icefloe owns, and values the writer would choke on later."""
     for key, value in properties.items():
+        if key == UUID_BOUNDS_PROP:
+            if value not in UUID_BOUNDS:
+                raise ConfigError(f"{at}: {key!r} must be one of {', '.join(UUID_BOUNDS)}, "
+                                  f"not {value!r}")
+            continue
         if key in OWNED_PROPERTIES or key.startswith("icefloe."):
             raise ConfigError(f"{at}: {key!r} is set by icefloe itself and cannot be "
                               "configured")

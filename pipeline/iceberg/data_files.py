@@ -23,7 +23,7 @@ import contextlib
 import decimal
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -174,6 +174,7 @@ class TableFiles:
         self.kwargs = _get_parquet_writer_kwargs(target.properties)
         full = schema_to_pyarrow(self.schema)  # carries PARQUET:field_id per column
         self.file_schema = pa.schema([_small(full.field(name)) for _, name in target.columns])
+        self.kwargs.update(uuid_statistics(self.file_schema, target.properties))
         self.sort_order_id, self.sort_keys = sort_keys_of(target.sort_json, self.schema)
         target_size = target.properties.get("write.target-file-size-bytes")
         self.target_bytes = int(target_size) if target_size else None
@@ -317,6 +318,44 @@ def single_partition(spec: Any, schema: Any, rows: pa.Table) -> Any:
             return None
         values.append(PartitionFieldValue(field=part, value=low))
     return PartitionKey(field_values=values, partition_spec=spec, schema=schema)
+
+
+def uuid_statistics(schema: pa.Schema, properties: Mapping[str, str]) -> dict[str, Any]:
+    """``ParquetWriter`` arguments that leave the row-group statistics and the dictionary
+    encoding of every uuid column (at any depth) out of the file, unless the table's
+    ``icefloe.uuid-bounds`` is ``write``.
+
+    Why, beside the manifests' bounds (``pipeline.iceberg.tables.uuid_metrics_plan``): Java
+    Iceberg 1.10 also prunes *row groups*, by their Parquet min/max (the same signed uuid
+    comparison) and by their dictionary pages (which miss a uuid that is there), so Spark's
+    ``WHERE uid = '…'`` still skipped the row with either one in the file
+    (``tests/pipeline/test_other_readers.py``, slow). The other columns keep both (the
+    writer takes the column paths to keep them for, read from the Parquet schema)."""
+    from icefloe.streams.layout import UUID_BOUNDS_PROP
+
+    if properties.get(UUID_BOUNDS_PROP) == "write" or not any(
+            _has_uuid(field.type) for field in schema):
+        return {}
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_batches([], schema=schema), sink)
+    parquet = pq.read_metadata(pa.BufferReader(sink.getvalue())).schema
+    keep = [parquet.column(i).path for i in range(len(parquet))
+            if parquet.column(i).logical_type.type != "UUID"]
+    return {"write_statistics": keep, "use_dictionary": keep}
+
+
+def _has_uuid(kind: pa.DataType) -> bool:
+    if isinstance(kind, pa.BaseExtensionType):
+        return kind.extension_name == "arrow.uuid"
+    if pa.types.is_struct(kind):
+        return any(_has_uuid(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _has_uuid(kind.value_type)
+    if pa.types.is_map(kind):
+        return _has_uuid(kind.key_type) or _has_uuid(kind.item_type)
+    return False
 
 
 def _small(field: pa.Field) -> pa.Field:
@@ -495,7 +534,7 @@ def replace_files(table: Table, replaced: Sequence[Any], refs: Sequence[DataFile
             for data_file in replaced:
                 snapshot.delete_data_file(data_file)
             for ref in refs:
-                snapshot.append_data_file(_data_file(table, ref))
+                snapshot.append_data_file(data_file_entry(table, ref))
 
 
 def append_files(table: Table, refs: Sequence[DataFileRef], props: dict[str, str]) -> None:
@@ -513,12 +552,18 @@ def append_files(table: Table, refs: Sequence[DataFileRef], props: dict[str, str
                                  tx.table_metadata.schema().name_mapping.model_dump_json()})
         with tx._append_snapshot_producer(props) as append:
             for ref in refs:
-                append.append_data_file(_data_file(table, ref))
+                append.append_data_file(data_file_entry(table, ref))
 
 
-def _data_file(table: Table, ref: DataFileRef) -> Any:
+def data_file_entry(table: Table, ref: DataFileRef) -> Any:
+    """The manifest entry (pyiceberg ``DataFile``) of a file written for ``table``, its
+    statistics read from the file's footer as ``add_files`` does."""
+    import dataclasses
+
     import pyarrow.parquet as pq
     from pyiceberg.io.pyarrow import (
+        MetricModeTypes,
+        MetricsMode,
         compute_statistics_plan,
         data_file_statistics_from_parquet_metadata,
         parquet_path_to_id_mapping,
@@ -530,10 +575,24 @@ def _data_file(table: Table, ref: DataFileRef) -> Any:
     input_file = table.io.new_input(ref.path)
     with input_file.open() as stream:
         footer = pq.read_metadata(stream)
+    mapping = parquet_path_to_id_mapping(schema)
+    plan = compute_statistics_plan(schema, table.metadata.properties)
+    # Columns written without statistics (uuids, see uuid_statistics): value counts from
+    # the footer here, rather than pyiceberg's warning per file and column.
+    unset = {mapping[c.path_in_schema]: c.path_in_schema for c in
+             (footer.row_group(0).column(i) for i in range(footer.num_columns))
+             if not c.is_stats_set} if footer.num_row_groups else {}
+    none = MetricsMode(MetricModeTypes.NONE)
+    unset = {k: v for k, v in unset.items() if k in plan and plan[k].mode != none}
+    for field_id in unset:
+        plan[field_id] = dataclasses.replace(plan[field_id], mode=none)
     stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=footer,
-        stats_columns=compute_statistics_plan(schema, table.metadata.properties),
-        parquet_column_mapping=parquet_path_to_id_mapping(schema))
+        parquet_metadata=footer, stats_columns=plan, parquet_column_mapping=mapping)
+    for field_id, path in unset.items():
+        stats.value_counts[field_id] = sum(
+            footer.row_group(g).column(i).num_values for g in range(footer.num_row_groups)
+            for i in range(footer.num_columns)
+            if footer.row_group(g).column(i).path_in_schema == path)
     return DataFile.from_args(
         content=DataFileContent.DATA, file_path=ref.path, file_format=FileFormat.PARQUET,
         partition=Record(*decode_partition(ref.partition)), file_size_in_bytes=ref.size,

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+import msgspec
 import pyarrow.fs as pafs
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue
@@ -47,7 +48,6 @@ from pyiceberg.io.pyarrow import (
     ArrowScan,
     PyArrowFileIO,
     _check_pyarrow_schema_compatible,
-    _dataframe_to_data_files,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import FileScanTask, Table, TableProperties
@@ -62,7 +62,7 @@ from pipeline.iceberg.commit import (
     summary_props,
 )
 from pipeline.iceberg.confirm import confirm_in_place
-from pipeline.iceberg.data_files import sort_keys_of, sort_rows
+from pipeline.iceberg.data_files import TableFiles, TableTarget, data_file_entry, delete_files
 
 MiB = 1024 * 1024
 
@@ -251,11 +251,6 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
     if not groups:
         return CompactionResult(seconds=clock.monotonic() - started)
 
-    metadata = table.metadata
-    # One output file per group: the group is already sized by its on-disk bytes, and
-    # pyiceberg's writer would otherwise split by *in-memory* Arrow bytes (3-10x larger).
-    write_metadata = metadata.model_copy(update={"properties": {
-        **metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(2**62)}})
     written: list[DataFile] = []
     commit_outcome_unknown = False
     try:
@@ -263,7 +258,7 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
         counter = itertools.count(0)
         rows = 0
         for group in groups:
-            rows += _rewrite_group(table, write_metadata, group, write_uuid, counter, written)
+            rows += _rewrite_group(table, group, write_uuid, counter, written)
         txn = table.transaction()
         props = summary_props(state.sequence, state.epoch, int(clock.time() * 1000),
                           state.sequences) \
@@ -296,12 +291,14 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
     return result
 
 
-def _rewrite_group(table: Table, write_metadata: TableMetadata, group: list[DataFile],
-                   write_uuid: uuid.UUID, counter: itertools.count[int],
-                   written: list[DataFile],
-                   ) -> int:
+def _rewrite_group(table: Table, group: list[DataFile], write_uuid: uuid.UUID,
+                   counter: itertools.count[int], written: list[DataFile]) -> int:
     """Read one group through pyiceberg's scan and write it back; return the row count.
 
+    The writer is the output paths' own (:class:`~pipeline.iceberg.data_files.TableFiles`:
+    the table's field ids, writer settings, sort order, and no uuid statistics unless
+    ``icefloe.uuid-bounds = write``), one file per group: the group is already sized by
+    its on-disk bytes (a target size would split by *in-memory* Arrow bytes, 3-10x larger).
     New files are appended to ``written`` as soon as they exist, so the caller can delete
     them if anything later fails.
     """
@@ -313,14 +310,25 @@ def _rewrite_group(table: Table, write_metadata: TableMetadata, group: list[Data
                          f"{_table_name(table)}, the manifests say {expected}: aborted")
     _check_pyarrow_schema_compatible(table.schema(), arrow.schema,
                                      format_version=table.metadata.format_version)
-    # The group is one partition (plan_compaction); its output follows the sort order.
-    _, keys = sort_keys_of(table.sort_order().model_dump_json(), table.schema())
-    arrow = sort_rows(arrow, keys)
-    out_rows = 0
-    for data_file in _dataframe_to_data_files(write_metadata, arrow, table.io,
-                                              write_uuid=write_uuid, counter=counter):
-        written.append(data_file)
-        out_rows += data_file.record_count
+    # The group is one partition (plan_compaction); TableFiles sorts by the sort order.
+    target = TableTarget.of("compaction", table, [(n, n) for n in arrow.column_names])
+    target = msgspec.structs.replace(target, properties={
+        k: v for k, v in target.properties.items()
+        if k != TableProperties.WRITE_TARGET_FILE_SIZE_BYTES})
+    files = TableFiles(target, write_uuid.hex, f"compact{next(counter)}")
+    try:
+        files.add(arrow)
+        refs = files.close()
+    except BaseException:
+        files.discard()
+        raise
+    try:
+        for ref in refs:
+            written.append(data_file_entry(table, ref))
+    except BaseException:
+        delete_files(table.io, [ref.path for ref in refs[len(written):]])
+        raise
+    out_rows = sum(ref.rows for ref in refs)
     if out_rows != expected:
         raise ValueError(f"compaction wrote {out_rows} rows for {expected} read: aborted")
     return expected

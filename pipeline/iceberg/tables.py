@@ -78,7 +78,14 @@ from pyiceberg.types import (
 
 from icefloe.config import StreamConfig
 from icefloe.errors import CatalogError, IcefloeError, SchemaConflictError
-from icefloe.streams.layout import PartField, SortKey, partition_fields, sort_keys
+from icefloe.streams.layout import (
+    UUID_BOUNDS,
+    UUID_BOUNDS_PROP,
+    PartField,
+    SortKey,
+    partition_fields,
+    sort_keys,
+)
 from icefloe.streams.typespec import TypeSpec, parse_type
 from pipeline.columns import (
     DEAD_LETTER_COLUMNS,
@@ -100,6 +107,11 @@ TABLE_PROPERTIES: dict[str, str] = {RETRIES_PROP: "0", "format-version": "2",
 PASSED_PROP = "icefloe.passed-properties"
 """The keys of ``table_properties`` icefloe last set, so a key dropped from the config is
 removed from the table again (and keys set by other tools are left alone)."""
+METRICS_COLUMN_PREFIX = "write.metadata.metrics.column."
+"""Iceberg's per-column metrics mode (``none``, ``counts``, ``truncate(n)``, ``full``), which
+pyiceberg's writers (every icefloe writer computes statistics through pyiceberg's
+``compute_statistics_plan``) and Java's honour alike."""
+_NO_BOUNDS = ("counts", "none")
 _TIME_TRANSFORMS: dict[str, Transform[object, int]] = {
     "year": YearTransform(), "day": DayTransform(), "hour": HourTransform(),
     "month": MonthTransform(),
@@ -263,6 +275,7 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: L
     properties = {**layout.properties, **TABLE_PROPERTIES}
     if layout.properties:
         properties[PASSED_PROP] = ",".join(sorted(layout.properties))
+    properties.update(uuid_metrics_plan(identifier, schema, properties, layout.properties)[0])
     try:
         table = catalog.create_table(identifier, schema, partition_spec=spec,
                                      sort_order=_sort_order(schema, layout.sort),
@@ -341,6 +354,11 @@ def _evolve_layout(catalog: Catalog, identifier: str, table: Table, layout: Layo
         wanted_order = _sort_order(schema, layout.sort)
         sort_changes = _sort_shape(table.sort_order()) != _sort_shape(wanted_order)
         set_props, drop_props = _property_plan(table.properties, layout.properties)
+        after = {k: v for k, v in {**table.properties, **set_props}.items()
+                 if k not in drop_props}
+        set_uuid, drop_uuid = uuid_metrics_plan(identifier, schema, after, layout.properties)
+        set_props.update(set_uuid)
+        drop_props = [k for k in drop_props if k not in set_uuid] + drop_uuid
         if not (spec_changes or sort_changes or set_props or drop_props):
             return table
         try:
@@ -416,6 +434,42 @@ def _property_plan(have: Mapping[str, str], want: Mapping[str, str]
             updates[PASSED_PROP] = keys
         else:
             drop.append(PASSED_PROP)
+    return updates, drop
+
+
+def uuid_metrics_plan(identifier: str, schema: Schema, have: Mapping[str, str],
+                      passed: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(properties to set, keys to remove) so the table's top-level ``uuid`` columns get
+    the metrics mode :data:`~icefloe.streams.layout.UUID_BOUNDS_PROP` asks for.
+
+    ``omit`` (the default): ``write.metadata.metrics.column.<name> = counts`` (value and
+    null counts, no min/max), unless already ``counts`` or ``none``. Why: Java Iceberg up to
+    1.10 compares uuid bounds signed while the spec (and icefloe's writer) orders them
+    unsigned, so Spark with Iceberg's runtime prunes the file holding ``uid = '...'``.
+    pyiceberg already keeps nested fields (a uuid in a struct or list) to counts.
+    ``write``: a ``counts`` found on a uuid column is removed, so the default (bounds)
+    applies. A metrics key the stream's ``table_properties`` sets itself is left to it.
+    ``have``: the table's properties as they will be (``passed``: the configured ones).
+    """
+    mode = have.get(UUID_BOUNDS_PROP, "omit")
+    if mode not in UUID_BOUNDS:
+        log.warning("table %s: %s = %r is not one of %s; uuid bounds are omitted",
+                    identifier, UUID_BOUNDS_PROP, mode, ", ".join(UUID_BOUNDS))
+        mode = "omit"
+    updates: dict[str, str] = {}
+    drop: list[str] = []
+    for field in schema.fields:
+        key = METRICS_COLUMN_PREFIX + field.name
+        if not isinstance(field.field_type, UUIDType) or key in passed:
+            continue
+        if mode == "omit" and have.get(key) not in _NO_BOUNDS:
+            updates[key] = "counts"
+        elif mode == "write" and have.get(key) == "counts":
+            drop.append(key)
+    if updates or drop:
+        log.info("table %s: uuid columns %s written %s min/max bounds (%s = %s)", identifier,
+                 ", ".join(k.removeprefix(METRICS_COLUMN_PREFIX) for k in [*updates, *drop]),
+                 "without" if mode == "omit" else "with", UUID_BOUNDS_PROP, mode)
     return updates, drop
 
 

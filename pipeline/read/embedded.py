@@ -37,6 +37,7 @@ time travel are resolved exactly once, the same way for both engines:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -162,6 +163,8 @@ def _kind(node: exp.Expression, columns: Mapping[str, str]) -> str | None:
             return "time"
         if iceberg == "boolean":
             return "boolean"
+        if iceberg == "uuid":  # text on both engines (pipeline.read.query)
+            return "string"
         return "?"
     return None
 
@@ -285,12 +288,15 @@ def column_types(pinned: Iterable[Pinned]) -> dict[str, str]:
 
 def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     """The pinned files as one Arrow table, projected to ``columns`` (at least one)."""
+    import pyarrow as pa
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, schema_to_pyarrow
 
+    from pipeline.iceberg.pyiceberg_fixes import install
     from pipeline.read.local_table import LocalTable
     from pipeline.read.tables import as_pyiceberg
 
+    install()  # a null list of structs stays NULL (pyiceberg's projection makes it [])
     if isinstance(entry.table, LocalTable):  # pyiceberg reads: plan it with pyiceberg
         entry = _plan_with_pyiceberg(entry.view, as_pyiceberg(entry.table), entry.snapshot_id)
     _refuse_equality_deletes([entry])
@@ -300,13 +306,85 @@ def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
         names = wanted or names[:1]  # count(*): one column carries the row count
     schema = entry.schema.select(*names)
     if not entry.tasks:
-        return schema_to_pyarrow(schema, include_field_ids=False).empty_table()
+        return uuids_as_spark_reads_them(pa.Table.from_batches(
+            [], schema=schema_to_pyarrow(schema, include_field_ids=False)))
     assert not isinstance(entry.table, LocalTable)
     io = entry.table.io
     if not isinstance(io, PyArrowFileIO):  # the light local IO of a query's table
         io = PyArrowFileIO(io.properties)
     scan = ArrowScan(entry.table.metadata, io, schema, AlwaysTrue())
-    return scan.to_table(entry.tasks)
+    return uuids_as_spark_reads_them(scan.to_table(entry.tasks))
+
+
+def uuids_as_spark_reads_them(table: pa.Table) -> pa.Table:
+    """A top-level uuid column as its canonical text (``VARCHAR`` in DuckDB), as the Spark
+    engine's view shows it (:mod:`pipeline.read.query`), so comparisons, ``LIKE`` and
+    string functions mean the same on both engines (DuckDB's ``UUID`` has no string
+    functions); a uuid inside a struct, list or map as its 16 bytes, as Spark's reader
+    hands it over."""
+    import pyarrow as pa
+
+    def plain(kind: pa.DataType) -> pa.DataType:
+        if isinstance(kind, pa.BaseExtensionType):
+            return plain(kind.storage_type)
+        if pa.types.is_struct(kind):
+            return pa.struct([kind.field(i).with_type(plain(kind.field(i).type))
+                              for i in range(kind.num_fields)])
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            element = kind.value_field
+            wrap = pa.large_list if pa.types.is_large_list(kind) else pa.list_
+            return wrap(element.with_type(plain(element.type)))
+        if pa.types.is_map(kind):
+            return pa.map_(kind.key_field.with_type(plain(kind.key_field.type)),
+                           kind.item_field.with_type(plain(kind.item_field.type)))
+        return kind
+
+    columns, fields = [], []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if isinstance(field.type, pa.BaseExtensionType) and \
+                field.type.extension_name == "arrow.uuid":
+            column = uuid_text(column)
+        elif plain(field.type) != field.type:
+            column = column.cast(plain(field.type))
+        columns.append(column)
+        fields.append(field.with_type(column.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields,
+                                                          metadata=table.schema.metadata))
+
+
+@functools.cache
+def _hex_digits() -> Any:
+    """Each byte value's two lower-case hex digits (ASCII), as a 256 x 2 uint8 array."""
+    import numpy as np
+
+    return np.array([list(f"{i:02x}".encode()) for i in range(256)], np.uint8)
+
+
+def uuid_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """16-byte uuids (``arrow.uuid``) as canonical lower-case 8-4-4-4-12 text, vectorised:
+    ~1 µs a value in Python would be seconds on the byte limit's worth of rows."""
+    import numpy as np
+    import pyarrow as pa
+
+    chunks = []
+    for chunk in column.chunks:
+        storage = chunk.storage if isinstance(chunk, pa.ExtensionArray) else chunk
+        count = len(storage)
+        raw = np.frombuffer(storage.buffers()[1], np.uint8, 16 * count,
+                            16 * storage.offset).reshape(count, 16)
+        hexed = _hex_digits()[raw].reshape(count, 32)
+        text = np.full((count, 36), ord("-"), np.uint8)
+        for start, end, at in ((0, 8, 0), (8, 12, 9), (12, 16, 14), (16, 20, 19),
+                               (20, 32, 24)):
+            text[:, at:at + end - start] = hexed[:, start:end]
+        offsets = np.arange(0, 36 * (count + 1), 36, dtype=np.int32)
+        validity = storage.buffers()[0] if storage.null_count else None
+        if validity is not None and storage.offset:
+            validity = pa.array(storage.is_valid()).buffers()[1]
+        chunks.append(pa.Array.from_buffers(
+            pa.string(), count, [validity, pa.py_buffer(offsets), pa.py_buffer(text.tobytes())],
+            storage.null_count))
+    return pa.chunked_array(chunks, pa.string())
 
 
 def parquet_source(entry: Pinned) -> tuple[str, str] | None:

@@ -15,13 +15,22 @@ The same table may then be read at two snapshots in one query (a before/after co
 Only read-only queries run (``SELECT``, set operations, ``WITH``); anything else is refused
 before Spark starts, and so is any clause or construct the rewrite would drop or change
 (:func:`check_clauses`, :func:`spark_sql`): an error naming it beats a wrong answer.
+
+``uuid`` columns read as their canonical text (``8f0c…-…``, lower case) on every engine:
+Spark's reader hands them over as 16 bytes, which a ``WHERE uid = '…'`` would compare with
+the string's UTF-8 bytes and never match, while DuckDB reads them as its ``UUID``. A string
+literal compared with a uuid column is rewritten to the canonical form first
+(:func:`normalize_uuid_literals`: any case, with or without dashes or braces, as ingest
+accepts them), and one that is no uuid is an error naming it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from icefloe.config import Config
 from icefloe.errors import CatalogError, IcefloeError
@@ -83,6 +92,9 @@ class Plan:
     # pyiceberg, see pipeline.read.local_table), so the embedded engine plans their files
     # without loading them again; Spark loads its own.
     loaded: dict[str, Table | LocalTable] = field(default_factory=dict, compare=False, repr=False)
+    # Keys of ``tables`` -> their top-level ``uuid`` columns at the pinned snapshot (each
+    # engine shows them as text, see the module docstring).
+    uuids: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def parse(sql: str) -> exp.Expression:
@@ -159,7 +171,69 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
             snapshots[key] = pin(loaded[identifier], identifier, clause or as_of)
             views[key] = f"__icefloe_{len(views)}_{identifier.replace('.', '_')}"
         point_at(ref, views[key])
-    return Plan(spark_sql(tree), views, snapshots, identifiers, loaded)
+    types = {key: column_types_at(loaded[identifiers.get(key, key)], snapshots[key])
+             for key in views}
+    uuids = {key: frozenset(n for n, kind in columns.items() if kind == "uuid")
+             for key, columns in types.items()}
+    normalize_uuid_literals(tree, types.values())
+    return Plan(spark_sql(tree), views, snapshots, identifiers, loaded,
+                {key: names for key, names in uuids.items() if names})
+
+
+def column_types_at(table: Table | LocalTable, snapshot_id: int | None) -> dict[str, str]:
+    """Top-level column name -> Iceberg type name (``uuid``, ``long``, ``list<...>``) in
+    the schema a scan of ``snapshot_id`` projects."""
+    from pipeline.read.local_table import LocalTable, Unusual
+    from pipeline.read.tables import as_pyiceberg
+
+    if isinstance(table, LocalTable):
+        try:
+            return {f.name: f.field_type for f in table.schema_at(snapshot_id).fields}
+        except Unusual:
+            table = as_pyiceberg(table)
+    schema = table.scan(snapshot_id=snapshot_id).projection()
+    return {f.name: str(f.field_type) for f in schema.fields}
+
+
+def normalize_uuid_literals(tree: exp.Expression,
+                            tables: Iterable[Mapping[str, str]]) -> None:
+    """Write every string literal compared with a uuid column (``=``, ``<>``, ``<``...,
+    ``IN``, ``BETWEEN``) in the canonical form both engines read a uuid as.
+
+    A column counts as uuid when every table of the query that has a column of that name
+    (case-insensitive) has it as uuid; a literal that is no uuid is a :class:`QueryError`.
+    """
+    from sqlglot import exp
+
+    kinds: dict[str, set[str]] = {}
+    for columns in tables:
+        for name, kind in columns.items():
+            kinds.setdefault(name.lower(), set()).add(kind)
+    uuid_names = {name for name, found in kinds.items() if found == {"uuid"}}
+    if not uuid_names:
+        return
+    for node in list(tree.walk()):
+        if isinstance(node, exp.EQ | exp.NEQ | exp.NullSafeEQ | exp.NullSafeNEQ | exp.GT
+                      | exp.GTE | exp.LT | exp.LTE):
+            pairs = [(node.this, node.expression), (node.expression, node.this)]
+        elif isinstance(node, exp.In):
+            pairs = [(node.this, value) for value in node.expressions]
+        elif isinstance(node, exp.Between):
+            pairs = [(node.this, node.args["low"]), (node.this, node.args["high"])]
+        else:
+            continue
+        for column, value in pairs:
+            if isinstance(column, exp.Column) and column.name.lower() in uuid_names and \
+                    isinstance(value, exp.Literal) and value.is_string:
+                value.replace(exp.Literal.string(_canonical_uuid(value.this, column.name)))
+
+
+def _canonical_uuid(text: str, column: str) -> str:
+    try:
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise QueryError(f"{text!r} is not a uuid (column {column!r} is of type uuid; "
+                         "write it as 8-4-4-4-12 hex digits)") from None
 
 
 def point_at(ref: exp.Table, view: str) -> None:
@@ -350,8 +424,12 @@ def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | No
 
     pinned = pinned or plan(sql, config, as_of)
     for key, view in pinned.tables.items():
-        read_table(spark, config.catalog, pinned.identifiers.get(key, key),
-                   snapshot_id=pinned.snapshots[key]).createOrReplaceTempView(view)
+        frame = read_table(spark, config.catalog, pinned.identifiers.get(key, key),
+                           snapshot_id=pinned.snapshots[key])
+        uuids = pinned.uuids.get(key)
+        if uuids:  # 16 bytes -> the canonical text (see the module docstring)
+            frame = frame.withColumns({name: uuid_text(frame[name]) for name in uuids})
+        frame.createOrReplaceTempView(view)
     try:
         frame = spark.sql(pinned.sql)
         if limit is not None:
@@ -361,6 +439,14 @@ def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | No
         raise QueryError(spark_error(exc, pinned.tables)) from exc
     truncated = limit is not None and result.num_rows > limit
     return (result.slice(0, limit) if truncated else result), truncated, pinned
+
+
+def uuid_text(column: Any) -> Any:
+    """A Spark column of 16-byte uuids as canonical text (lower-case 8-4-4-4-12 hex)."""
+    from pyspark.sql import functions as F
+
+    return F.lower(F.regexp_replace(F.hex(column), "^(.{8})(.{4})(.{4})(.{4})(.{12})$",
+                                    "$1-$2-$3-$4-$5"))
 
 
 def spark_error(exc: BaseException, views: dict[str, str]) -> str:
