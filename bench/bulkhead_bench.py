@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from icefloe.manifest.publish import build_batch, publish_batch
 from icefloe.store import open_async_store
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import SparkEngine
+from testing.catalog_pointer import lost, metadata_pointer
 
 STREAMS = (
     StreamConfig(name="clicks", table="web.clicks", columns=(
@@ -88,18 +88,9 @@ def publish_for(store_url: str, seconds: float, per_stream: int) -> dict[int, fl
 
 def pointer(config: Any, table: str, location: str | None = None) -> str:
     """A table's metadata pointer in the SQLite catalog (set it with ``location``)."""
-    namespace, name = table.split(".")
-    db = sqlite3.connect(config.catalog.uri.removeprefix("sqlite:///"))
-    try:
-        if location is not None:
-            db.execute("UPDATE iceberg_tables SET metadata_location = ? WHERE "
-                       "table_namespace = ? AND table_name = ?", (location, namespace, name))
-            db.commit()
-        return str(db.execute("SELECT metadata_location FROM iceberg_tables WHERE "
-                              "table_namespace = ? AND table_name = ?",
-                              (namespace, name)).fetchone()[0])
-    finally:
-        db.close()
+    found = metadata_pointer(config.catalog.uri, table, location)
+    assert found is not None, table
+    return found
 
 
 async def one_run(root: Path, spark: Any, seconds: float, per_stream: int, *,
@@ -127,7 +118,7 @@ async def one_run(root: Path, spark: Any, seconds: float, per_stream: int, *,
         if fault:
             await asyncio.sleep(seconds / 3)
             good = pointer(config, BROKEN)  # what it points at now, to restore later
-            pointer(config, BROKEN, good.replace(".metadata.json", "-lost.json"))
+            pointer(config, BROKEN, lost(good))
         published: dict[int, float] = await asyncio.to_thread(pending.get)
     last = max(published)
     deadline = time.monotonic() + 60

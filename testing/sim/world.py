@@ -23,7 +23,6 @@ import contextvars
 import itertools
 import logging
 import random
-import sqlite3
 import tempfile
 import weakref
 from collections import Counter
@@ -77,6 +76,7 @@ from pipeline.load.executors import (
 from pipeline.load.fetch import decode_refs
 from pipeline.load.run import RunOutput
 from pipeline.load.spec import RunSpec
+from testing.catalog_pointer import lost, metadata_pointer
 from testing.sim.checks import Checker
 from testing.sim.loop import (
     HostClock,
@@ -929,11 +929,11 @@ class World:
         if not names:
             return
         name = self.rng.choice(names)
-        good = _pointer(self.root / "catalog.db", name)
+        good = metadata_pointer(self.root / "catalog.db", name)
         if good is None:
             return
         self.broken = (name, good)
-        _pointer(self.root / "catalog.db", name, good.replace(".metadata.json", "-lost.json"))
+        metadata_pointer(self.root / "catalog.db", name, lost(good))
         self.checker.note(f"table {name} broken (its metadata file is missing)")
 
     def _restore_table(self) -> None:
@@ -941,7 +941,7 @@ class World:
         if self.broken is None:
             return
         name, good = self.broken
-        _pointer(self.root / "catalog.db", name, good)
+        metadata_pointer(self.root / "catalog.db", name, good)
         self.broken = None
         parked = any(c.collector is not None and c.collector.bulkheads.is_parked(name)
                      for c in self.collectors if c.outcome == "running")
@@ -979,22 +979,6 @@ class World:
             if obj is not None:
                 out[shard] = Manifest.decode(obj.data)
         return out
-
-
-def _pointer(db_path: Path, name: str, location: str | None = None) -> str | None:
-    """A table's metadata pointer in the SQLite catalog (set it to ``location``)."""
-    namespace, table = name.rsplit(".", 1)
-    db = sqlite3.connect(db_path)
-    try:
-        if location is not None:
-            db.execute("UPDATE iceberg_tables SET metadata_location = ? WHERE "
-                       "table_namespace = ? AND table_name = ?", (location, namespace, table))
-            db.commit()
-        row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE "
-                         "table_namespace = ? AND table_name = ?", (namespace, table)).fetchone()
-        return None if row is None else str(row[0])
-    finally:
-        db.close()
 
 
 def expire_all_but_current(catalog: Any, names: Sequence[str]) -> int:

@@ -7,7 +7,6 @@ each failure class is injected into one of three streams."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import urllib.request
 from pathlib import Path
@@ -35,6 +34,7 @@ from collector.service import Collector
 from icefloe.config import Column, StreamConfig
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import SparkEngine
+from testing.catalog_pointer import lost, metadata_pointer
 
 VIEWS = StreamConfig(name="views", table="web.views", columns=(
     Column("page", "string", required=True), Column("ms", "long")))
@@ -70,18 +70,9 @@ def engine(spark):
 def metadata_location(config: Any, table: str, location: str | None = None) -> str:
     """Read (and with ``location``, overwrite) a table's pointer in the SQLite catalog: what
     a broken or restored metadata file looks like to the collector."""
-    namespace, name = table.split(".")
-    db = sqlite3.connect(config.catalog.uri.removeprefix("sqlite:///"))
-    try:
-        if location is not None:
-            db.execute("UPDATE iceberg_tables SET metadata_location = ? WHERE "
-                       "table_namespace = ? AND table_name = ?", (location, namespace, name))
-            db.commit()
-        row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE "
-                         "table_namespace = ? AND table_name = ?", (namespace, name)).fetchone()
-        return str(row[0])
-    finally:
-        db.close()
+    found = metadata_pointer(config.catalog.uri, table, location)
+    assert found is not None, table
+    return found
 
 
 async def run_until_parked(collector: Collector, table: str, attempts: int) -> None:
@@ -105,7 +96,7 @@ async def test_a_table_whose_metadata_is_lost_is_parked_and_lands_once_fixed(con
     try:
         assert (await collector.run_once()).entries == 1
         good = metadata_location(config, "shop.buys")
-        metadata_location(config, "shop.buys", good.replace(".metadata.json", "-lost.json"))
+        metadata_location(config, "shop.buys", lost(good))
         publish_sync(config, [batch("2", 5)])
         await run_until_parked(collector, "shop.buys", 2)
         # the failed attempts committed the other tables already (the retry replays them)
@@ -153,7 +144,7 @@ async def test_a_restart_while_parked_keeps_the_staged_rows_and_commits_them_onc
     first = await start(config, engine)
     await first.run_once()
     good = metadata_location(config, "web.views")
-    metadata_location(config, "web.views", good.replace(".metadata.json", "-lost.json"))
+    metadata_location(config, "web.views", lost(good))
     publish_sync(config, [batch("2", 5)])
     await run_until_parked(first, "web.views", 2)
     await first.run_once()
@@ -236,7 +227,7 @@ async def test_a_parked_table_past_its_bound_holds_its_entries_not_the_other_tab
     try:
         await collector.run_once()
         good = metadata_location(config, "shop.buys")
-        metadata_location(config, "shop.buys", good.replace(".metadata.json", "-lost.json"))
+        metadata_location(config, "shop.buys", lost(good))
         publish_sync(config, [batch("2", 3), batch("3", 3)])
         await run_until_parked(collector, "shop.buys", 1)
         assert (await collector.run_once()).staged == {"shop.buys": 6}  # both entries
@@ -354,7 +345,7 @@ async def test_a_table_parked_longer_than_the_queue_holds_loses_nothing(config, 
     try:
         await collector.run_once()
         good = metadata_location(config, "web.views")
-        metadata_location(config, "web.views", good.replace(".metadata.json", "-lost.json"))
+        metadata_location(config, "web.views", lost(good))
         await publish(store, [batch("1", 2)], producer=producer)
         await run_until_parked(collector, "web.views", 2)
         await collector.run_once()
@@ -425,7 +416,7 @@ async def test_the_collector_loop_parks_a_table_and_unparks_it_after_the_fix(tmp
     try:
         await until(lambda: collector.table_sequences.get("web.views") == {0: 0})
         good = metadata_location(config, "web.views")
-        metadata_location(config, "web.views", good.replace(".metadata.json", "-lost.json"))
+        metadata_location(config, "web.views", lost(good))
         publish_sync(config, [batch("2", 3), batch("3", 3)])
         await until(lambda: collector.table_sequences.get("web.clicks") == {0: 2})
         await until(lambda: collector.bulkheads.is_parked("web.views"))
@@ -472,7 +463,7 @@ async def test_an_evolving_table_parked_keeps_its_new_fields_and_evolves_at_impo
     try:
         await collector.run_once()
         good = metadata_location(config, "web.pages")
-        metadata_location(config, "web.pages", good.replace(".metadata.json", "-lost.json"))
+        metadata_location(config, "web.pages", lost(good))
         publish_sync(config, [[page(1, plan="free", tier=2), page(2), click(1)]])
         await run_until_parked(collector, "web.pages", 2)
         assert (await collector.run_once()).staged == {"web.pages": 2}
