@@ -115,35 +115,51 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     standin = StartingGrpc(config, state, tls)
     http_task: asyncio.Task[None] | None = None
-    try:
+    # A port shared with other ingestor processes (SO_REUSEPORT, as `icefloe up
+    # --ingestors N` runs them): the kernel spreads connections over every LISTENING
+    # socket, so an unready process must not listen, or it would answer 503 to requests
+    # the ready ones would take. It waits for its store unseen and listens once ready.
+    shared = ing.reuse_port
+
+    async def serve_http() -> asyncio.Task[None]:
         http_socket.listen(LISTEN_BACKLOG)
         if tls is not None:
             tls.start()
-        http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
-        while not http.started and not http_task.done():
+        task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
+        while not http.started and not task.done():
             await asyncio.sleep(0.01)
-        await standin.start()  # /healthz alive, the rest 503 until the runtime stands
-        if on_starting is not None:
-            on_starting(BoundPorts(http_socket.getsockname()[1], standin.port), state)
+        return task
+
+    try:
+        if not shared:
+            http_task = await serve_http()
+            await standin.start()  # /healthz alive, the rest 503 until the runtime stands
+            if on_starting is not None:
+                on_starting(BoundPorts(http_socket.getsockname()[1], standin.port), state)
         runtime = await start_waiting(
             lambda: IngestorRuntime.start(config, clock=clock, metrics=metrics),
             state, stop, clock=clock)
         await standin.stop()  # the real gRPC server takes its port
     except BaseException:
-        await _stop_unready(http, http_task, http_socket, standin, tls)
+        await _stop_unready(http, http_task, http_socket, standin,
+                            tls if http_task is not None else None)
         guard.close()
         raise
     if runtime is None:  # stopped while waiting for the store: nothing was accepted
-        await _stop_unready(http, http_task, http_socket, standin, tls)
+        await _stop_unready(http, http_task, http_socket, standin,
+                            tls if http_task is not None else None)
         guard.close()
         log.info("ingestor stopped before it was ready")
         return True
     grpc_server, grpc_port, health = await start_grpc_server(
-        runtime, ing.host, standin.port, reuse_port=ing.reuse_port, tls=tls, clock=clock)
+        runtime, ing.host, ing.grpc_port if shared else standin.port,
+        reuse_port=ing.reuse_port, tls=tls, clock=clock)
     app = HttpApp(runtime, guard)
     if lane is not None:
         lane.target = FastLane(app)
     front.target = app  # the same server, its connections and limits: nothing dropped
+    if shared:  # ready: now this process may take connections on the shared port
+        http_task = await serve_http()
     ports = BoundPorts(http_socket.getsockname()[1], grpc_port)
     log.info("ingestor listening", extra={"http_port": ports.http, "grpc_port": ports.grpc,
                                           "store": mask_uri(runtime.store.url),
