@@ -430,12 +430,14 @@ def redrive_overflow(catalog: Catalog, identifier: str, stream: StreamConfig,
     The same rules as a run (names, depth, types, ``evolve_max_columns``); the per-client
     quotas do not apply: the operator runs this on purpose. The columns are committed
     first (as a run does); then every row holding overflow is rewritten in one
-    copy-on-write commit (rows whose ``_overflow`` is not null: deleted and appended
-    again, with the fields moved and ``_overflow`` left with what still has no room, null
+    copy-on-write commit, one snapshot (rows whose ``_overflow`` is not null: replaced,
+    with the fields moved and ``_overflow`` left with what still has no room, null
     when nothing). Retries are off: a commit that loses a race to the collector re-reads
     and starts again. Rerunning is harmless: a row whose overflow is gone is not read.
     """
     from pyiceberg.expressions import NotNull
+
+    from pipeline.iceberg.replace import replace_rows
 
     report = OverflowRedrive(identifier, dry_run)
     declared = {c.name for c in stream.columns} | RESERVED
@@ -468,9 +470,8 @@ def redrive_overflow(catalog: Catalog, identifier: str, stream: StreamConfig,
             continue  # a run committed since the scan: its rows must be read too
         rewritten = _moved(table.schema(), rows, extras, plan)
         try:
-            with table.transaction() as txn:
-                txn.overwrite(rewritten, overwrite_filter=NotNull(OVERFLOW),
-                              snapshot_properties={"icefloe.redrive": "overflow"})
+            with table.transaction() as txn:  # one snapshot: no version shows the middle
+                replace_rows(txn, rewritten, NotNull(OVERFLOW), {"icefloe.redrive": "overflow"})
         except CommitFailedException:
             continue
         _count(report, extras, plan)

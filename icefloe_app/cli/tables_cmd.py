@@ -322,6 +322,9 @@ def run_history(args: argparse.Namespace) -> int:
     _print_model_commits(rows)
     print("* current snapshot. VERSION: what `AT (VERSION => n)` in icefloe query and models "
           "reads. SEQUENCE, EPOCH: the manifest sequence and collector epoch it recorded")
+    if any(r["version"] is None for r in rows):
+        print("VERSION -: the middle of one commit an older icefloe wrote as several "
+              "snapshots, a state no reader saw (time travel never lands there)")
     return 0
 
 
@@ -362,7 +365,8 @@ def _model_commit(props: dict[str, str]) -> dict[str, Any] | None:
 
 def _print_model_commits(rows: list[dict[str, Any]]) -> None:
     """One line per shown snapshot a model run committed: its commit metadata."""
-    models = [(r["version"], r["model"]) for r in rows if r["model"] is not None]
+    models = [(r["version"], r["model"]) for r in rows
+              if r["model"] is not None and r["version"] is not None]
     if not models:
         return
     print("\nmodel commits (VERSION: model, kind, run id, rows, duration, SQL sha256, "

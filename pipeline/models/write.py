@@ -6,9 +6,12 @@ like every icefloe table, so a run that lost a race (another run committed the t
 this one read its state) is refused instead of silently rebased, which could double count.
 
 Modes: ``overwrite`` replaces every row (``table``, and ``--full-refresh``); ``append`` adds
-rows; ``merge`` upserts by the unique key (pyiceberg's ``upsert``: matched rows whose values
-changed are rewritten, new keys inserted). An upsert that changes nothing writes no snapshot
-of its own, so an empty append then carries the run's state: the watermark still advances.
+rows; ``merge`` upserts by the unique key (as pyiceberg's ``upsert`` decides: matched rows
+whose values changed are rewritten, new keys inserted). Each is ONE snapshot
+(:mod:`pipeline.iceberg.replace`): pyiceberg's own ``overwrite``/``upsert`` commit a delete
+and an append (or more) as separate snapshots, and time travel to the one in the middle read
+a table no reader ever saw. A merge that changes nothing still commits an empty append,
+which carries the run's state: the watermark still advances.
 
 From the collector, a write is fenced like every icefloe commit (``fence``): the snapshot
 records ``icefloe.epoch``, a target whose log records a newer epoch refuses it, and the
@@ -41,12 +44,14 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
+from pyiceberg.expressions import AlwaysFalse, AlwaysTrue
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from icefloe.errors import TableFencedError
 from pipeline.iceberg.commit import EPOCH_PROP
 from pipeline.iceberg.evolution import apply_changes, plan_changes
+from pipeline.iceberg.replace import merge_rows, replace_rows
 from pipeline.iceberg.tables import MANAGED_PROP, TABLE_PROPERTIES
 from pipeline.models.spec import ModelError
 from pipeline.models.state import COLUMNS, compact_json
@@ -119,15 +124,11 @@ def write_result(catalog: Catalog, identifier: str, result: pa.Table, *, mode: s
     try:
         with table.transaction() as tx:
             apply_changes(tx, changes)
-            if mode == "overwrite" and now is not None:
-                tx.overwrite(result, snapshot_properties=properties)
-            elif mode in ("append", "overwrite"):  # nothing to replace yet
-                tx.append(result, snapshot_properties=properties)
+            if mode == "merge":
+                merge_rows(tx, result, unique_key, properties)
             else:
-                outcome = tx.upsert(result, join_cols=list(unique_key),
-                                    snapshot_properties=properties)
-                if outcome.rows_updated + outcome.rows_inserted == 0:
-                    tx.append(result.slice(0, 0), snapshot_properties=properties)
+                replace_rows(tx, result, AlwaysTrue() if mode == "overwrite"
+                             else AlwaysFalse(), properties)
     except CommitFailedException as exc:
         raise ModelError(f"{identifier} changed while the model ran (another run "
                          f"committed first); run it again: {exc}") from exc

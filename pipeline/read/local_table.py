@@ -51,6 +51,15 @@ class Unusual(Exception):
 
 
 @dataclass(frozen=True)
+class Summary:
+    """A snapshot's summary as pyiceberg names it: the operation and the other entries
+    (what :mod:`pipeline.read.versions` reads to tell a commit's end from its middle)."""
+
+    operation: str
+    additional_properties: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The fields of a snapshot the pinning code reads, named as pyiceberg names them."""
 
@@ -59,6 +68,8 @@ class Snapshot:
     timestamp_ms: int
     manifest_list: str
     schema_id: int | None
+    parent_snapshot_id: int | None = None
+    summary: Summary | None = None
 
 
 @dataclass(frozen=True)
@@ -206,9 +217,15 @@ class LocalTable:
 
 def _snapshot(raw: dict[str, Any]) -> Snapshot:
     schema_id = raw.get("schema-id")
+    parent = raw.get("parent-snapshot-id")
+    summary = raw.get("summary")
+    if summary is not None:
+        props = {str(k): str(v) for k, v in summary.items() if k != "operation"}
+        summary = Summary(str(summary["operation"]), props)
     return Snapshot(int(raw["snapshot-id"]), int(raw.get("sequence-number") or 0),
                     int(raw["timestamp-ms"]), str(raw["manifest-list"]),
-                    None if schema_id is None else int(schema_id))
+                    None if schema_id is None else int(schema_id),
+                    None if parent is None else int(parent), summary)
 
 
 def _schema(raw: dict[str, Any]) -> Schema:

@@ -390,17 +390,26 @@ def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None) -> int |
     given time (``table``: pyiceberg's, or a :class:`LocalTable`, which answers the same
     questions the same way)."""
     from pipeline.read.tables import resolve_snapshot
-    from pipeline.read.versions import resolve_version
+    from pipeline.read.versions import complete_snapshot, refuse_intermediate, resolve_version
 
     if as_of is not None and as_of.version is not None:
         try:
             return resolve_version(table, identifier, as_of.version)
         except CatalogError as exc:
             raise QueryError(str(exc)) from None
-    if as_of is None or as_of.snapshot_id is not None:
-        return resolve_snapshot(table, identifier, as_of.snapshot_id if as_of else None)
+    if as_of is None:
+        return resolve_snapshot(table, identifier, None)
+    if as_of.snapshot_id is not None:
+        snapshot_id = resolve_snapshot(table, identifier, as_of.snapshot_id)
+        try:
+            refuse_intermediate(table, identifier, as_of.snapshot_id,
+                                f"snapshot {as_of.snapshot_id}")
+        except CatalogError as exc:
+            raise QueryError(str(exc)) from None
+        return snapshot_id
     assert as_of.timestamp_ms is not None
-    snapshot = table.snapshot_as_of_timestamp(as_of.timestamp_ms)
+    # At a moment inside an older icefloe's multi-snapshot commit: the state before it.
+    snapshot = complete_snapshot(table, table.snapshot_as_of_timestamp(as_of.timestamp_ms))
     if snapshot is None:
         first = min((s.timestamp_ms for s in table.snapshots()), default=None)
         when = _iso(as_of.timestamp_ms)

@@ -158,8 +158,12 @@ async def test_past_the_column_limit_declared_columns_land_and_redrive_moves_the
                            dry_run=True)
     assert (dry.moved, dry.added) == (2, ["y1", "y2"])
     assert "y1" not in table(config).schema().column_names
+    before = len(table(config).snapshots())
     done = redrive_overflow(catalog, "web.pages", stream, EvolveLimits(max_columns=20))
     assert (done.rows, done.moved, done.left, sorted(done.added)) == (2, 2, 0, ["y1", "y2"])
+    after = table(config).snapshots()  # one snapshot: no version shows the rows gone (#37)
+    assert (len(after) - before, table(config).current_snapshot().summary.operation.value
+            ) == (1, "overwrite")
     got = rows(config)
     assert len(got) == 3  # rewritten, not duplicated
     assert got["b1"]["y1"] == {"k": "v"}
