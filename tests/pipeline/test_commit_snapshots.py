@@ -213,6 +213,14 @@ def test_an_older_table_travels_only_to_whole_commits(
     assert_only_whole_commits(lake, OLD, whole, capsys)
     rows = history(lake, OLD, capsys)
     assert [r["version"] is None for r in rows].count(False) == 3
+    from icefloe_app.cli import main
+
+    data_dir = Path(lake.catalog.uri.split(":///", 1)[1]).parent
+    assert main(["tables", "history", OLD, "--config", str(EXAMPLE_CONFIG),
+                 "--data-dir", str(data_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "VERSION -: the middle of one commit an older icefloe wrote" in text
+    assert text.count("traffic  -  run r3") == 1  # one model-commit line per commit
     # both readers (pyiceberg's table, the query's own LocalTable) agree
     local = load_table_to_query(lake.catalog, OLD)
     for snapshot in table.snapshots():
