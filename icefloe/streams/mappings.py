@@ -34,6 +34,8 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from icefloe.errors import ConfigError
+from icefloe.streams.dialects import DIALECTS
+from icefloe.streams.divergent import refuse_divergent
 from icefloe.streams.sql_functions import check_functions, check_sizes
 from icefloe.streams.types import convert_value
 
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 
 MAPPING_FROM = ("ip", "body", "datetime", "id", "headers")
 """Values of ``from``: request or envelope data rather than event fields."""
-SQL_DIALECTS = ("spark", "duckdb", "postgres")
+SQL_DIALECTS = DIALECTS
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 """Envelope columns a ``sql`` mapping may read besides the stream's columns."""
 META_IP = "ip"
@@ -158,6 +160,7 @@ def sql_expression(column: Column) -> exp.Expression:
                                           exp.Select), "a subquery")
         raise ValueError(f"{what} ({bad.sql(column.dialect)[:60]}) is not allowed: a "
                          "mapping computes one value per event")
+    refuse_divergent(tree, column.dialect)  # Spark evaluates it: same rules, or refused
     spark = _as_spark(tree)
     check_functions(spark)
     check_sizes(spark)

@@ -29,7 +29,8 @@ COMMANDS: tuple[Command, ...] = (
             "run the collector (manifest queue -> Spark -> Iceberg)"),
     Command("run", "run_cmd", "commit what is queued, then run the SQL models once"),
     Command("query", "query_cmd",
-            "run a read-only Spark SQL query over the Iceberg tables (alias: sql)", ("sql",)),
+            "run a read-only SQL query over the Iceberg tables (query: Spark SQL; sql: "
+            "DuckDB's dialect)", ("sql",)),
     Command("models", "models_cmd", "list, show and run SQL models"),
     Command("streams", "streams_cmd",
             "the streams the config defines (columns, table, policies)"),

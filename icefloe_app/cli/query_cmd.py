@@ -1,7 +1,10 @@
 """``icefloe query "SQL"``: ask the Iceberg tables a question from the shell.
 
-Two engines read the same pinned snapshots. Spark SQL is the language (the one the
-collector and the SQL models speak), and Spark the reference engine; but its ~10 s JVM
+Two engines read the same pinned snapshots. ``icefloe query`` reads Spark SQL (the language
+the collector and the SQL models speak), ``icefloe sql`` DuckDB's (what OndatraSQL and DuckLake
+users type); ``--dialect`` names another. The dialect decides what the query means, whichever
+engine answers: a construct the answering engine would answer by other rules is refused by
+name (:mod:`icefloe.streams.divergent`). Spark is the reference engine; but its ~10 s JVM
 start per call is too slow for a one-row answer, so ``--engine auto`` hands queries over
 small enough data (``query.embedded_max_bytes``) that sqlglot translates exactly to an
 embedded DuckDB (:mod:`pipeline.read.embedded`), and says on stderr which engine answered
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from icefloe.streams.dialects import DIALECTS
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
@@ -31,9 +35,11 @@ if TYPE_CHECKING:
     from pipeline.read.query import Plan
 
 DESCRIPTION = """\
-Run one read-only Spark SQL query over the Iceberg tables. Name tables as namespace.table
-(web.pageviews), or by stream name (pageviews). Every table is read at one snapshot: the
-current one, or with --as-of the given snapshot id or the snapshot current at a time.
+Run one read-only SQL query over the Iceberg tables: Spark SQL for `icefloe query`, DuckDB's
+dialect for `icefloe sql` (--dialect spark|duckdb|postgres says otherwise). Name tables as
+namespace.table (web.pageviews), or by stream name (pageviews). Every table is read at one
+snapshot: the current one, or with --as-of the given snapshot id or the snapshot current at
+a time.
 
 examples:
   icefloe query "SELECT count(*) FROM web.pageviews"
@@ -43,23 +49,30 @@ examples:
   icefloe query "SELECT count(*) FROM web.pageviews AT (VERSION => 3)"
   icefloe query "SELECT reason, count(*) FROM icefloe.dead_letters GROUP BY reason"
   icefloe query --engine spark "SELECT url, count(*) FROM pageviews GROUP BY url"
+  icefloe sql "SELECT substring(url, 1, 4) AS head, count(*) FROM pageviews GROUP BY 1"
 """
 
 EPILOG = """\
 engines: auto (default) answers with the embedded DuckDB engine (about a second) when the
 pinned data files total at most query.embedded_max_bytes and the statement translates
-exactly, else with Spark (~10 s start per call); --engine duckdb fails, naming the
-construct, when it cannot translate exactly; --engine spark always starts Spark.
+exactly (a DuckDB-dialect statement runs there as written), else with Spark (~10 s start
+per call); --engine duckdb fails, naming the construct, when it cannot translate exactly;
+--engine spark always starts Spark, and fails, naming the construct, when Spark would
+answer a non-Spark dialect's statement by its own rules (such as substring(s, 0, 2)).
 
-exit codes: 0 ok; 1 the query failed (the engine's message, in one line), --engine duckdb
-cannot run it exactly, Java missing, catalog unreachable; 2 bad configuration.
+exit codes: 0 ok; 1 the query failed (the engine's message, in one line), an engine cannot
+run it exactly, unknown --dialect, Java missing, catalog unreachable; 2 bad configuration.
 """
+
+
+HELP = ("run a read-only SQL query over the Iceberg tables (query: Spark SQL; "
+        "sql: DuckDB's dialect)")
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "query", aliases=["sql"],
-        help="run a read-only Spark SQL query over the Iceberg tables (alias: sql)",
+        help=HELP,
         description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sql", metavar="SQL", help="one SELECT / WITH / UNION query")
@@ -74,6 +87,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--engine", choices=["auto", "duckdb", "spark"], default="auto",
                         help="who answers: auto (default: DuckDB when small and exactly "
                              "translatable, else Spark), duckdb or spark")
+    parser.add_argument("--dialect", metavar="|".join(DIALECTS),
+                        help="the SQL dialect the query is written in: spark (the default of "
+                             "`icefloe query`), duckdb (the default of `icefloe sql`) or "
+                             "postgres; transpiled by sqlglot for the engine that answers")
     parser.add_argument("--spark-master", default="local[2]", metavar="URL",
                         help="Spark master (default local[2])")
     parser.set_defaults(run=run)
@@ -85,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     _, config = config_from_args(args, example=True)
     as_of = AsOf.parse(args.as_of)
-    pinned = plan(args.sql, config, as_of)  # names, tables, snapshots: fail before any engine
+    # names, tables, snapshots, dialect: fail before any engine starts
+    pinned = plan(args.sql, config, as_of, dialect_of(args))
     limit = args.limit if args.limit > 0 else None
     choice = choose(config, pinned, args.engine)
     if choice.engine == "duckdb":
@@ -106,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"({note}{'; read ' + read_at if read_at else ''}; engine {choice.engine})",
           file=sys.stderr, flush=True)
     return 0
+
+
+def dialect_of(args: argparse.Namespace) -> str:
+    """``--dialect``, else the command's own: DuckDB's for ``sql``, Spark's for ``query``."""
+    if args.dialect is not None:
+        return str(args.dialect)
+    return "duckdb" if getattr(args, "command", None) == "sql" else "spark"
 
 
 def _run_spark(args: argparse.Namespace, config: Config, pinned: Plan, limit: int | None

@@ -31,6 +31,11 @@ time travel are resolved exactly once, the same way for both engines:
   ``int64``, as Spark's ``sum`` of a ``long`` does (an overflow is an error on both).
   Unaliased expressions are named by DuckDB (``count_star()``), not as Spark names them
   (``count(1)``): alias them when the column name matters.
+* **DuckDB's dialect.** A query written in DuckDB's dialect (``icefloe sql``, or
+  ``--dialect duckdb``) is run here as written, with no allow-list: DuckDB's rules are the
+  ones it was written for. Spark answers it only when it is too big for this engine (or
+  ``--engine spark``), transpiled, and never when it holds a construct Spark would answer
+  differently (:mod:`icefloe.streams.divergent`): that is refused naming the construct.
 
 ``duckdb`` is imported only when this engine runs.
 """
@@ -231,12 +236,12 @@ class Pinned:
                    for t in self.tasks)
 
 
-def referenced_columns(spark_sql: str) -> set[str]:
+def referenced_columns(sql: str, dialect: str = "spark") -> set[str]:
     """Lower-case names of every column the statement names; ``{"*"}`` if it has a star."""
     import sqlglot
     from sqlglot import exp
 
-    tree = sqlglot.parse_one(spark_sql, read="spark")
+    tree = sqlglot.parse_one(sql, read=dialect)
     names = {c.name.lower() for c in tree.find_all(exp.Column)}
     if any(True for _ in tree.find_all(exp.Star)) and not all(
             isinstance(s.parent, exp.Count) for s in tree.find_all(exp.Star)):
@@ -466,7 +471,8 @@ def _run(config: Config, pinned: Plan, duck_sql: str, planned: Mapping[str, Pinn
          limit: int | None, *, plain: bool) -> tuple[pa.Table | Rows, bool]:
     import duckdb
 
-    columns = referenced_columns(pinned.sql)
+    columns = referenced_columns(pinned.native or pinned.sql,
+                                 "duckdb" if pinned.native else "spark")
     connection = duckdb.connect(config=_duckdb_settings())
     try:
         connection.execute("SET TimeZone = 'UTC'")  # needs ICU, loaded after connect
@@ -590,6 +596,8 @@ class Choice:
 def choose(config: Config, pinned: Plan, requested: str) -> Choice:
     """``spark`` as asked; ``duckdb`` or an :class:`Untranslatable`; ``auto`` by size and
     exactness (see the module docstring and ``query.embedded_max_bytes``)."""
+    if pinned.native is not None:
+        return _choose_for_duckdb_sql(config, pinned, requested)
     if requested == "spark":
         return Choice("spark", "--engine spark")
     limit = config.query.embedded_max_bytes
@@ -608,6 +616,40 @@ def choose(config: Config, pinned: Plan, requested: str) -> Choice:
             raise QueryError(f"--engine duckdb cannot run this query exactly: {exc}") from None
         return Choice("spark", f"not run embedded: {exc}")
     return Choice("duckdb", f"{_mib(size)} of data files", duck_sql, planned)
+
+
+def _choose_for_duckdb_sql(config: Config, pinned: Plan, requested: str) -> Choice:
+    """:func:`choose` for a query written in DuckDB's dialect: DuckDB runs it as written
+    unless it is too big for ``auto`` or Spark is asked for; Spark only when it would
+    answer by the same rules (:meth:`Plan.spark` raises otherwise)."""
+    assert pinned.native is not None
+    limit = config.query.embedded_max_bytes
+    if requested == "spark":
+        pinned.spark()
+        return Choice("spark", "--engine spark")
+    if requested == "auto" and limit == 0:
+        return _spark_for_duckdb_sql(pinned, "query.embedded_max_bytes = 0")
+    planned = plan_files(config, pinned)
+    size = sum(p.bytes for p in planned.values())
+    if requested == "auto" and size > limit:
+        return _spark_for_duckdb_sql(pinned, f"{_mib(size)} of data files > "
+                                             f"query.embedded_max_bytes ({_mib(limit)})")
+    try:
+        _refuse_equality_deletes(planned.values())
+    except Untranslatable as exc:
+        if requested == "duckdb":
+            raise QueryError(f"--engine duckdb cannot run this query: {exc}") from None
+        return _spark_for_duckdb_sql(pinned, f"not run embedded: {exc}")
+    return Choice("duckdb", f"{_mib(size)} of data files, DuckDB SQL as written",
+                  pinned.native, planned)
+
+
+def _spark_for_duckdb_sql(pinned: Plan, reason: str) -> Choice:
+    """Spark for a DuckDB-dialect query, or the one-line reason it would answer otherwise."""
+    if pinned.spark_refusal is not None:
+        raise QueryError(f"Spark would answer this query ({reason}), but "
+                         f"{pinned.spark_refusal}")
+    return Choice("spark", reason)
 
 
 def _refuse_equality_deletes(planned: Iterable[Pinned]) -> None:

@@ -16,6 +16,13 @@ Only read-only queries run (``SELECT``, set operations, ``WITH``); anything else
 before Spark starts, and so is any clause or construct the rewrite would drop or change
 (:func:`check_clauses`, :func:`spark_sql`): an error naming it beats a wrong answer.
 
+The query is read in a declared dialect (``spark`` by default, ``duckdb`` for ``icefloe sql``,
+or ``postgres``: :data:`icefloe.streams.dialects.DIALECTS`). Spark runs it transpiled by
+sqlglot; a construct Spark would answer by its own rules (``substring(s, 0, 2)``, ...:
+:mod:`icefloe.streams.divergent`) keeps Spark from answering it. A DuckDB-dialect query
+is also kept as DuckDB SQL (:attr:`Plan.native`), which the embedded engine runs as
+written.
+
 ``uuid`` columns read as their canonical text (``8f0c…-…``, lower case) on every engine:
 Spark's reader hands them over as 16 bytes, which a ``WHERE uid = '…'`` would compare with
 the string's UTF-8 bytes and never match, while DuckDB reads them as its ``UUID``. A string
@@ -95,21 +102,44 @@ class Plan:
     # Keys of ``tables`` -> their top-level ``uuid`` columns at the pinned snapshot (each
     # engine shows them as text, see the module docstring).
     uuids: dict[str, frozenset[str]] = field(default_factory=dict)
+    # The dialect the query was written in; for ``duckdb``, the statement as DuckDB SQL
+    # over the same views (what the embedded engine runs), and, when Spark would answer it
+    # by other rules, why (then ``sql`` is empty and :meth:`spark` raises it).
+    dialect: str = "spark"
+    native: str | None = None
+    spark_refusal: str | None = None
+
+    def spark(self) -> str:
+        """The Spark SQL to run, or a :class:`QueryError` naming what Spark would answer
+        differently from the query's dialect."""
+        if self.spark_refusal is not None:
+            raise QueryError(self.spark_refusal)
+        return self.sql
 
 
-def parse(sql: str) -> exp.Expression:
-    """One read-only statement, or a one-line :class:`QueryError`."""
+def check_dialect(dialect: str) -> str:
+    """The dialect, lower-cased, or a :class:`QueryError` listing the ones icefloe reads."""
+    from icefloe.streams.dialects import check_dialect as known
+
+    try:
+        return known(dialect)
+    except ValueError as exc:
+        raise QueryError(str(exc)) from None
+
+
+def parse(sql: str, dialect: str = "spark") -> exp.Expression:
+    """One read-only statement in ``dialect``, or a one-line :class:`QueryError`."""
     import sqlglot
     from sqlglot import exp
     from sqlglot.errors import ParseError
 
     try:
-        statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         where = f" (line {first.get('line')}, column {first.get('col')})" if first else ""
         reason = str(first.get("description") or exc).splitlines()[0]
-        raise QueryError(f"SQL does not parse{where}: {reason}") from None
+        raise QueryError(f"SQL does not parse as {dialect}{where}: {reason}") from None
     if len(statements) != 1:
         raise QueryError(f"give exactly one SQL statement (got {len(statements)})")
     tree = statements[0]
@@ -140,20 +170,23 @@ def resolve_name(table: exp.Table, config: Config) -> str:
                      f"(known tables: {', '.join(known)})")
 
 
-def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
-    """Parse, resolve and pin every table; the rewritten SQL reads only temp views."""
+def plan(sql: str, config: Config, as_of: AsOf | None = None, dialect: str = "spark"
+         ) -> Plan:
+    """Parse ``sql`` (in ``dialect``), resolve and pin every table; the rewritten SQL reads
+    only temp views."""
     from sqlglot import exp
 
     from pipeline.read.tables import load_table_to_query
 
-    tree = parse(sql)
+    dialect = check_dialect(dialect)
+    tree = parse(sql, dialect)
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
     named = [t for t in tree.find_all(exp.Table) if t.name]
     for ref in named:
         check_clauses(ref, ctes)
     references = [t for t in named if not (not t.db and t.name in ctes)]
     if not references:
-        return Plan(spark_sql(tree), {}, {})
+        return _finish(tree, dialect, {}, Plan("", {}, {}))
     views: dict[str, str] = {}
     snapshots: dict[str, int | None] = {}
     identifiers: dict[str, str] = {}
@@ -176,8 +209,32 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None) -> Plan:
     uuids = {key: frozenset(n for n, kind in columns.items() if kind == "uuid")
              for key, columns in types.items()}
     normalize_uuid_literals(tree, types.values())
-    return Plan(spark_sql(tree), views, snapshots, identifiers, loaded,
-                {key: names for key, names in uuids.items() if names})
+    from icefloe.streams.dialects import sql_types
+
+    schema = {views[key]: sql_types(columns) for key, columns in types.items()}
+    return _finish(tree, dialect, schema, Plan(
+        "", views, snapshots, identifiers, loaded,
+        {key: names for key, names in uuids.items() if names}))
+
+
+def _finish(tree: exp.Expression, dialect: str, schema: Mapping[str, Mapping[str, str]],
+            partial: Plan) -> Plan:
+    """``partial`` with the rewritten statement as Spark SQL, and for a DuckDB-dialect
+    query also as DuckDB SQL: there a construct Spark would answer differently is kept as
+    the reason Spark may not answer (the embedded engine still runs it as written); in any
+    other dialect it is refused now."""
+    import dataclasses
+
+    if dialect != "duckdb":
+        return dataclasses.replace(partial, sql=spark_sql(tree, dialect, schema),
+                                   dialect=dialect)
+    try:
+        text, refusal = spark_sql(tree, dialect, schema), None
+    except QueryError as exc:
+        text, refusal = "", f"{exc} (run it with --engine duckdb, which answers by " \
+                            "DuckDB's rules)"
+    return dataclasses.replace(partial, sql=text, dialect=dialect, spark_refusal=refusal,
+                               native=tree.sql(dialect="duckdb"))
 
 
 def column_types_at(table: Table | LocalTable, snapshot_id: int | None) -> dict[str, str]:
@@ -248,12 +305,22 @@ def point_at(ref: exp.Table, view: str) -> None:
     ref.set("catalog", None)
 
 
-def spark_sql(tree: exp.Expression, dialect: str = "spark") -> str:
-    """The tree as Spark SQL; a construct Spark's dialect cannot express is an error naming
-    it, never silently left out (sqlglot would warn and drop it)."""
+def spark_sql(tree: exp.Expression, dialect: str = "spark",
+              schema: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """The tree (parsed in ``dialect``) as Spark SQL; a construct Spark's dialect cannot
+    express, or would answer by other rules than ``dialect``'s
+    (:func:`icefloe.streams.divergent.refuse_divergent`; ``schema``: view -> column -> SQL
+    type, to tell integers from fractions), is an error naming it, never silently left out
+    or changed (sqlglot would warn and drop it, or keep text that means something else)."""
     from sqlglot.errors import ErrorLevel, UnsupportedError
 
+    from icefloe.streams.divergent import Divergent, refuse_divergent
+
     refuse_lost_meaning(tree, dialect)
+    try:
+        refuse_divergent(tree, dialect, schema)
+    except Divergent as exc:
+        raise QueryError(f"cannot run this {dialect} SQL on Spark exactly: {exc}") from None
     try:
         return tree.sql(dialect="spark", unsupported_level=ErrorLevel.RAISE)
     except UnsupportedError as exc:
@@ -423,15 +490,16 @@ def _iso(ms: int) -> str:
 
 
 def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | None = None,
-              limit: int | None = None, pinned: Plan | None = None
+              limit: int | None = None, pinned: Plan | None = None, dialect: str = "spark"
               ) -> tuple[pa.Table, bool, Plan]:
     """Run ``sql``; the result (at most ``limit`` rows), whether more rows were cut off,
     and the plan (which snapshot each table was read at). ``pinned``: a plan of ``sql``
     made earlier (the CLI plans once, then picks the engine), so both read the same
-    snapshots."""
+    snapshots. ``dialect``: the one ``sql`` is written in (see the module docstring)."""
     from pipeline.read.iceberg_source import read_table
 
-    pinned = pinned or plan(sql, config, as_of)
+    pinned = pinned or plan(sql, config, as_of, dialect)
+    spark_text = pinned.spark()  # refused before any table is read
     for key, view in pinned.tables.items():
         frame = read_table(spark, config.catalog, pinned.identifiers.get(key, key),
                            snapshot_id=pinned.snapshots[key])
@@ -440,7 +508,7 @@ def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | No
             frame = frame.withColumns({name: uuid_text(frame[name]) for name in uuids})
         frame.createOrReplaceTempView(view)
     try:
-        frame = spark.sql(pinned.sql)
+        frame = spark.sql(spark_text)
         if limit is not None:
             frame = frame.limit(limit + 1)
         result = frame.toArrow()
