@@ -47,6 +47,11 @@ DEFAULT_CONF: dict[str, str] = {
     # `time` column passes a plain read yet fails any count, aggregate or time function
     # with UNSUPPORTED_TIME_TYPE -- the collector's warm-up counted, and exited (#36).
     "spark.sql.timeType.enabled": "true",
+    # An OutOfMemoryError in a task (one row's `sql` value asking for gigabytes) otherwise
+    # makes the JVM exit -- in local mode the collector's own driver, so every table stops
+    # and a restart replays the same run into the same death (#36). With depth 0 it fails
+    # that task's job like any error, and the row path isolates the row (pipeline.load.mapped).
+    "spark.executor.killOnFatalError.depth": "0",
 }
 
 

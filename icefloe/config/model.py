@@ -199,6 +199,12 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """First retry of a parked table's staged rows (doubling, up to ten times this)."""
     park_max_bytes: int = 10 * 1024**3
     """Staged bytes of a parked table beyond which its rows become dead letters."""
+    sql_max_value_bytes: int = 16 * 1024 * 1024
+    """Largest value one ``sql`` mapping may compute for one row (strings and binaries, in
+    bytes): a larger one costs that row its value (null, counted), never the run."""
+    sql_max_run_s: float = 60.0
+    """Evaluation time the ``sql`` mappings of one run may take; past it the run's Spark
+    job is cancelled and the values still missing are null (counted), never the run."""
     models: tuple[str, ...] = ()
     models_dir: str = "models"
     models_interval_s: float = 0.0

@@ -170,6 +170,11 @@ MEANING: dict[str, str] = {
                               "ten times; and at once after a registry change)",
     "collector.park_max_bytes": "staged bytes of a parked table beyond which its rows become "
                                 "dead letters (`parked:<table>`)",
+    "collector.sql_max_value_bytes": "largest value a `sql` mapping may compute for one row; "
+                                     "a larger one becomes null (counted in "
+                                     "`icefloe_collector_sql_errors_total`)",
+    "collector.sql_max_run_s": "evaluation time the `sql` mappings of one run may take; past "
+                               "it the values still missing become null (counted)",
     "admin.host": "admin API address (this machine only by default)",
     "admin.port": "admin API port (`icefloe admin`)",
     "admin.tokens": "hashes (`icefloe token hash`) of the bearer tokens the admin API accepts",

@@ -175,7 +175,8 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
                 "dedup_max_ids", "spark_partitions", "dequeue_every", "gc_interval_s",
                 "maintenance_interval_s", "snapshot_keep_last", "compact_min_files",
                 "compact_target_bytes", "orphan_age_s", "retry_max_delay_s",
-                "park_after_failures", "park_retry_s", "park_max_bytes"):
+                "park_after_failures", "park_retry_s", "park_max_bytes",
+                "sql_max_value_bytes", "sql_max_run_s"):
         if getattr(col, key) <= 0:
             raise ConfigError(f"{where}: collector.{key} must be > 0")
     if col.output not in OUTPUT_PATHS:
@@ -225,6 +226,9 @@ SPARK_FIXED: dict[str, tuple[str, str]] = {
     "spark.sql.timeType.enabled": (
         "true", "`time` columns pass through Spark as its TIME type, which the pinned "
         "Spark keeps behind this flag"),
+    "spark.executor.killOnFatalError.depth": (
+        "0", "a task running out of memory (one row's sql value) must fail its job, not end "
+        "the collector's JVM and with it every table"),
 }
 """``spark_conf`` keys icefloe owns (:mod:`pipeline.spark` sets them and depends on them):
 the only value accepted and why. ``spark.master`` and ``spark.driver.memory`` have keys of

@@ -37,6 +37,7 @@ from icefloe.errors import ConfigError
 from icefloe.streams.dialects import DIALECTS
 from icefloe.streams.divergent import refuse_divergent
 from icefloe.streams.sql_functions import check_functions, check_sizes
+from icefloe.streams.sql_size import check_value_bound
 from icefloe.streams.types import convert_value
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ def sql_expression(column: Column) -> exp.Expression:
     spark = _as_spark(tree)
     check_functions(spark)
     check_sizes(spark)
+    check_value_bound(spark)
     return tree
 
 

@@ -30,13 +30,28 @@ routes them to a sink declaring that column with that expression (``Derived.case
 by the collector from the entries' versions). A deleted sink's expression never runs on
 events accepted after the deletion, and a re-created sink's new expression never runs on
 events accepted before it.
+
+Resource limits (#36), so that one mapping's appetite costs its own values, never the run or
+the other tables: a string value larger than ``collector.sql_max_value_bytes`` is an error of
+its row (checked by Spark in a second projection, so the expression is computed once); a run
+whose ``sql`` mappings take longer than ``collector.sql_max_run_s`` has its Spark job
+cancelled (:func:`time_limit`), and the per-column evaluation gets the same budget again,
+past which the values still missing are null (counted). A task that runs out of memory fails
+its job instead of ending the JVM (``spark.executor.killOnFatalError.depth`` = 0, see
+:mod:`pipeline.spark`), so it takes the same path. What no limit here can stop: a single
+row whose evaluation the JVM cannot interrupt (a catastrophic regular expression) keeps its
+task slot busy after the cancel until it ends.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Sequence
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -193,21 +208,67 @@ def sql_expressions(index: int, stream: str, columns: Sequence[str],
     return out
 
 
-def project_sql(frame: DataFrame, expressions: dict[str, str]) -> DataFrame:
+def project_sql(frame: DataFrame, expressions: dict[str, str], *,
+                max_value_bytes: int | None = None) -> DataFrame:
     """Replace the wide frame's ``sql`` columns with their Spark expressions (ANSI off
-    while they are parsed: a failing cast gives null instead of failing the run)."""
+    while they are parsed: a failing cast gives null instead of failing the run); with
+    ``max_value_bytes``, a larger string value raises on its row (see the module doc)."""
     if not expressions:
         return frame
     from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StringType
 
     spark = frame.sparkSession
     key = "spark.sql.ansi.enabled"
     previous = spark.conf.get(key)
     spark.conf.set(key, "false")
     try:
-        return frame.withColumns({name: F.expr(sql) for name, sql in expressions.items()})
+        out = frame.withColumns({name: F.expr(sql) for name, sql in expressions.items()})
+        if max_value_bytes is None:
+            return out
+        # A second projection: Spark does not merge it into the first (that would compute
+        # each expression twice), so the size check reads the value already computed.
+        types = {f.name: f.dataType for f in out.schema.fields}
+        return out.withColumns({
+            name: F.expr(f"CASE WHEN octet_length(`{name}`) > {max_value_bytes} THEN "
+                         f"raise_error('sql value of {name} is larger than {max_value_bytes} "
+                         f"bytes (collector.sql_max_value_bytes)') ELSE `{name}` END")
+            for name in expressions if isinstance(types[name], (StringType, BinaryType))})
     finally:
         spark.conf.set(key, previous)
+
+
+@contextmanager
+def time_limit(spark: SparkSession, seconds: float) -> Iterator[None]:
+    """Cancel the Spark jobs this thread starts inside the block once ``seconds`` pass
+    (they then raise in the caller). Why a job group: the cancel must reach only this run's
+    jobs, and the local property is inherited by the thread that serves ``toArrow``. Why
+    cancel again and again: a cancel reaches only the jobs already submitted, and the block
+    may submit its job later than the deadline (planning, the first Python worker)."""
+    context = spark.sparkContext
+    group = f"icefloe-sql-{uuid.uuid4().hex}"
+    context.setJobGroup(group, "icefloe sql mappings", interruptOnCancel=True)
+    done = threading.Event()
+
+    def cancel() -> None:
+        if done.wait(max(seconds, 0.0)):
+            return
+        while not done.is_set():
+            context.cancelJobGroup(group)
+            done.wait(_CANCEL_EVERY_S)
+
+    canceller = threading.Thread(target=cancel, name="icefloe-sql-time-limit", daemon=True)
+    canceller.start()
+    try:
+        yield
+    finally:
+        done.set()
+        canceller.join()
+        for prop in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            context.setLocalProperty(prop, None)  # type: ignore[arg-type]
+
+
+_CANCEL_EVERY_S = 0.2
 
 
 SqlErrors = dict[str, int]
@@ -215,25 +276,55 @@ SqlErrors = dict[str, int]
 
 
 def fill_sql_safely(spark: SparkSession, base: pa.Table, expressions: dict[str, str],
-                    *, max_probes: int = MAX_PROBES) -> tuple[pa.Table, SqlErrors]:
+                    *, max_probes: int = MAX_PROBES, max_value_bytes: int | None = None,
+                    max_seconds: float = float("inf"),
+                    clock: Callable[[], float] = time.monotonic,
+                    owners: dict[str, str] | None = None) -> tuple[pa.Table, SqlErrors]:
     """``base`` (the wide rows, ``sql`` columns still null) with each ``sql`` column computed
-    on its own; rows where it fails get null and are counted (see the module doc)."""
+    on its own; rows where it fails, or that ``max_seconds`` (all columns together) leaves
+    uncomputed, get null and are counted (see the module doc). ``owners`` names each
+    column's stream: only its rows are counted (the others' values are null anyway)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     rows = base.append_column(ROW_ID, pa.array(range(base.num_rows), pa.int64()))
     schema = from_arrow_schema(rows.schema, prefer_timestamp_ntz=False)
     errors: SqlErrors = {}
+    budget = _Budget(clock, max_seconds)
     for name, sql in expressions.items():
-        values, failed = _evaluate_column(spark, rows, schema, name, sql, max_probes)
+        values, missed = _evaluate_column(spark, rows, schema, name, sql, max_probes,
+                                          max_value_bytes, budget)
+        owner = (owners or {}).get(name)
+        if owner is not None and STREAM in base.column_names:
+            missed = pc.and_(missed, pc.fill_null(pc.equal(base.column(STREAM), owner), False))
+        failed = pc.sum(missed.cast(pa.int64())).as_py() or 0
         if failed:
             errors[name] = failed
             log.warning("sql column %s failed on %d rows of this run: they get null", name,
                         failed, extra={"column": name, "rows": failed})
         base = base.set_column(base.schema.get_field_index(name), name,
                                values.cast(base.schema.field(name).type))
+    if budget.spent:
+        log.warning("the sql mappings of this run passed collector.sql_max_run_s (%.1f s): "
+                    "the values not computed by then are null", max_seconds,
+                    extra={"seconds": max_seconds})
     if errors:
         _check_session(spark)
     return base, errors
+
+
+class _Budget:
+    """The evaluation time left to a run's per-column ``sql`` evaluation."""
+
+    def __init__(self, clock: Callable[[], float], seconds: float) -> None:
+        self.clock = clock
+        self.deadline = clock() + seconds
+        self.spent = False
+
+    def left(self) -> float:
+        left = self.deadline - self.clock()
+        if left <= 0:
+            self.spent = True
+        return left
 
 
 def _check_session(spark: SparkSession) -> None:
@@ -246,27 +337,28 @@ def _check_session(spark: SparkSession) -> None:
 
 
 def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: object, name: str,
-                     sql: str, max_probes: int) -> tuple[pa.Array, int]:
-    """The column's values over ``rows`` (null where evaluation fails) and how many rows
-    failed: evaluate a range, and split a failing one in halves while probes remain."""
+                     sql: str, max_probes: int, max_value_bytes: int | None,
+                     budget: _Budget) -> tuple[pa.Array, pa.Array]:
+    """The column's values over ``rows`` (null where evaluation fails) and which rows
+    failed: evaluate a range, and split a failing one in halves while probes and time
+    remain."""
     values: list[pa.Table] = []
-    failed = 0
     pending = [(0, rows.num_rows)]
     probes = 0
     while pending:
         start, stop = pending.pop()
         part = rows.slice(start, stop - start)
-        if probes >= max_probes:
-            failed += stop - start
+        left = budget.left()
+        if probes >= max_probes or left <= 0:
             continue
         probes += 1
         try:
             frame = spark.createDataFrame(part, schema=schema)  # type: ignore[arg-type]
-            got = project_sql(frame, {name: sql}).select(ROW_ID, name).toArrow()
-        except Exception:  # the expression threw on some row of this range
-            if stop - start == 1:
-                failed += 1
-            else:
+            with time_limit(spark, left) if left != float("inf") else nullcontext():
+                got = project_sql(frame, {name: sql}, max_value_bytes=max_value_bytes
+                                  ).select(ROW_ID, name).toArrow()
+        except Exception:  # the expression threw on some row of this range, or timed out
+            if stop - start > 1:
                 middle = (start + stop) // 2
                 pending += [(middle, stop), (start, middle)]
             continue
@@ -275,14 +367,14 @@ def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: object, name: 
     done = pa.concat_tables([v.cast(pa.schema([pa.field(ROW_ID, pa.int64()), field]))
                              for v in values]) if values else None
     out = pa.nulls(rows.num_rows, field.type)
+    filled = np.full(rows.num_rows, -1, dtype=np.int64)
     if done is not None and done.num_rows:
         positions = done.column(ROW_ID).to_numpy()
-        filled = np.full(rows.num_rows, -1, dtype=np.int64)
         filled[positions] = np.arange(done.num_rows)
         taken = done.column(name).combine_chunks().take(
             pa.array(np.where(filled >= 0, filled, 0)))
         out = pc.if_else(pa.array(filled >= 0), taken, out)
-    return out, failed
+    return out, pa.array(filled < 0)
 
 
 def check_on_spark(spark: SparkSession, streams: Sequence[StreamSpec]) -> None:

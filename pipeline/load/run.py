@@ -12,6 +12,7 @@ executors, which write Parquet files the collector commits (see :mod:`pipeline.l
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ from pipeline.columns import ARROW_TYPES, ENVELOPE, dead_letter_arrow_schema
 from pipeline.load.decode import DeadLetters
 from pipeline.load.fetch import decode_refs, open_run_store
 from pipeline.load.frame import DEAD, FORMAT, STREAM, struct_column
-from pipeline.load.mapped import fill_sql_safely, project_sql, sql_expressions
+from pipeline.load.mapped import fill_sql_safely, project_sql, sql_expressions, time_limit
 from pipeline.load.packed import needs_rows, packed_partitions, unpack
 from pipeline.load.spec import RunSpec
 
@@ -53,7 +54,8 @@ def read_frame(spark: SparkSession, spec: RunSpec, *, sql: bool = True) -> DataF
     the ``sql`` mapping columns computed by Spark (:mod:`pipeline.load.mapped`), or left null
     (``sql=False``)."""
     frame = spark.read.format(FORMAT).option("spec", spec.encode()).load()
-    return project_sql(frame, run_expressions(spec)) if sql else frame
+    return project_sql(frame, run_expressions(spec), max_value_bytes=spec.sql_max_value_bytes
+                       ) if sql else frame
 
 
 def run_expressions(spec: RunSpec) -> dict[str, str]:
@@ -71,24 +73,29 @@ def read_rows_safely(spark: SparkSession, spec: RunSpec, *,
     cluster path) and the run has ``sql`` columns, the rows again without them, then each
     ``sql`` column on its own, a row whose expression throws losing only its value (see
     :mod:`pipeline.load.mapped`). A failure without the ``sql`` columns is not theirs: the first
-    error is raised (the run is retried)."""
+    error is raised (the run is retried). The first job and the per-column evaluation each
+    get ``spec.sql_max_run_s``."""
     first = failed
+    expressions = run_expressions(spec)
     if first is None:
         try:
-            return split_wide(read_frame(spark, spec).toArrow(), spec)
+            with time_limit(spark, spec.sql_max_run_s) if expressions else nullcontext():
+                return split_wide(read_frame(spark, spec).toArrow(), spec)
         except Exception as exc:
             first = exc
-    expressions = run_expressions(spec)
     if not expressions:
         raise first
     try:
         base = read_frame(spark, spec, sql=False).toArrow()
     except Exception:
         raise first from None
-    wide, errors = fill_sql_safely(spark, base, expressions)
-    out = split_wide(wide, spec)
     names = {f"{struct_column(i)}__{name}": (stream.name, name)
              for i, stream in enumerate(spec.streams) for name, _ in stream.columns}
+    wide, errors = fill_sql_safely(spark, base, expressions,
+                                   max_value_bytes=spec.sql_max_value_bytes,
+                                   max_seconds=spec.sql_max_run_s,
+                                   owners={c: names[c][0] for c in expressions})
+    out = split_wide(wide, spec)
     out.sql_errors = {names[column]: count for column, count in errors.items()}
     return out
 
@@ -238,7 +245,9 @@ class SparkClusterEngine:
         if not spec.batches:
             return ClusterRunOutput()
         try:
-            return run_cluster(self.spark, spec, read_frame(self.spark, spec))
+            with time_limit(self.spark, spec.sql_max_run_s) if run_expressions(spec) \
+                    else nullcontext():
+                return run_cluster(self.spark, spec, read_frame(self.spark, spec))
         except Exception as exc:
             if not run_expressions(spec):
                 raise

@@ -144,6 +144,10 @@ class RunSpec(msgspec.Struct, frozen=True):
     batches: tuple[tuple[int, str, int, int], ...]  # (sequence, location, size, crc32c)
     partitions: int = 4
     wheres: tuple[WhereSpec, ...] = ()
+    sql_max_value_bytes: int = 16 * 1024 * 1024
+    """Per row: a larger ``sql`` value is an error of that row (see :mod:`pipeline.load.mapped`)."""
+    sql_max_run_s: float = 60.0
+    """Per run: the evaluation time the ``sql`` mappings may take (driver side)."""
 
     def refs(self) -> list[EntryFile]:
         return [EntryFile(*batch) for batch in self.batches]
@@ -167,7 +171,8 @@ def run_spec(config: Config, entries: Sequence[Entry], partitions: int = 4) -> R
         store_url=config.store.url, endpoint_url=config.store.endpoint_url,
         region=config.store.region, streams=stream_specs(config.streams),
         batches=tuple((e.sequence, e.location, e.size, e.crc32c) for e in entries),
-        partitions=partitions)
+        partitions=partitions, sql_max_value_bytes=config.collector.sql_max_value_bytes,
+        sql_max_run_s=config.collector.sql_max_run_s)
 
 
 def with_key_columns(spec: RunSpec, keys: Mapping[str, tuple[str, ...]]) -> RunSpec:

@@ -479,3 +479,69 @@ async def test_an_evolving_table_parked_keeps_its_new_fields_and_evolves_at_impo
         assert read_table(config, "icefloe.dead_letters").num_rows == 0
     finally:
         await collector.store.close()
+
+
+def long_click(i: int, url: str) -> tuple[str, str, int, bytes]:
+    return ("clicks", f"cl{i}", BASE_MS + i, msgspec.json.encode(
+        {"user_id": "u", "url": url, "n": i, "ts": "2026-11-23T10:00:00Z"}))
+
+
+def sql_errors(collector: Collector, column: str) -> float:
+    return collector.metrics.registry.get_sample_value(
+        "icefloe_collector_sql_errors_total", {"stream": "clicks", "column": column}) or 0.0
+
+
+async def test_a_sql_value_past_its_byte_limit_costs_its_row_value_not_the_run(tmp_path,
+                                                                                 engine):
+    """The memory class: a mapping whose value for one row outgrows
+    ``collector.sql_max_value_bytes`` (a JVM asked for gigabytes would have ended the
+    collector, #36) loses that row's value (null, counted); its other rows keep theirs and
+    the three tables commit in the same run."""
+    clicks = StreamConfig(name="clicks", table="web.clicks", columns=(
+        *CLICKS.columns, Column("big", "string", sql="regexp_replace(url, '.', '0123456789')")))
+    config = collector_config(tmp_path, streams=(clicks, BUYS, VIEWS), dequeue_every=1,
+                              sql_max_value_bytes=4096)
+    publish_sync(config, [[*batch("1", 4), long_click(0, "/" + "x" * 999)]])
+    collector = await start(config, engine)
+    try:
+        result = await collector.run_once()
+        assert sum(result.rows.values()) == 13
+        assert_exact(config, "web.clicks", all_ids("c", "1", count=4) | {"cl0"})
+        assert_exact(config, "shop.buys", all_ids("b", "1", count=4))
+        assert_exact(config, "web.views", all_ids("v", "1", count=4))
+        big = {r["_event_id"]: r["big"] for r in read_table(config, "web.clicks").to_pylist()}
+        assert big["cl0"] is None
+        assert big["c11"] == "0123456789" * 4
+        assert sql_errors(collector, "big") == 1
+    finally:
+        await collector.store.close()
+
+
+async def test_sql_mappings_past_the_run_time_limit_cost_their_values_not_the_run(tmp_path,
+                                                                                  engine):
+    """The evaluation-time class: mappings slower than ``collector.sql_max_run_s`` per run
+    have their Spark job cancelled; the run still commits every row of the three streams
+    (the slow column null, counted) instead of holding the queue."""
+    clicks = StreamConfig(name="clicks", table="web.clicks", columns=(
+        *CLICKS.columns, Column("d", "long", sql="levenshtein(url, reverse(url))")))
+    config = collector_config(tmp_path, streams=(clicks, BUYS, VIEWS), dequeue_every=1,
+                              sql_max_run_s=1.0)
+    slow = [long_click(i, "ab" * 2500 + str(i)) for i in range(24)]
+    publish_sync(config, [batch("1", 2) + slow])
+    collector = await start(config, engine)
+    try:
+        started = asyncio.get_running_loop().time()
+        result = await collector.run_once()
+        took = asyncio.get_running_loop().time() - started
+        assert sum(result.rows.values()) == 6 + 24
+        assert_exact(config, "web.clicks", all_ids("c", "1", count=2) |
+                     {f"cl{i}" for i in range(24)})
+        assert_exact(config, "shop.buys", all_ids("b", "1", count=2))
+        assert_exact(config, "web.views", all_ids("v", "1", count=2))
+        rows = read_table(config, "web.clicks").to_pylist()
+        missing = sum(r["d"] is None for r in rows)
+        assert missing > 0
+        assert sql_errors(collector, "d") == missing
+        assert took < 30, took  # two budgets of 1 s, plus Spark's own work
+    finally:
+        await collector.store.close()

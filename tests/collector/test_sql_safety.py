@@ -310,3 +310,47 @@ def test_a_column_failing_on_every_row_is_bounded_and_null(tmp_path: Path, spark
     assert errors["s0__rx"] >= 63
     assert out.column("s0__rx").null_count >= 63
     assert out.column("s0__url").to_pylist() == base.column("s0__url").to_pylist()
+
+
+AMPLIFIED = [  # #36: each multiplies its input; nested or per element they asked for GBs
+    ("regexp_replace(regexp_replace(url, 'x', '0123456789012345678901234567890123456789'),"
+     " 'x', '0123456789012345678901234567890123456789')", "function regexp_replace"),
+    ("aggregate(split(url, ''), url, (acc, x) -> concat(acc, acc))",
+     "uses its accumulator acc more than once per element"),
+    ("transform(split(url, ''), x -> url)", "function transform"),
+    ("concat_ws(url, split(url, ''))", "function concat_ws"),
+    ("array_insert(array(1), 2000000000, 1)", "function array_insert"),
+    ("array_insert(array(1), n, 1)", "function array_insert needs a literal position"),
+    ("format_number(n, 2000000000)", "function format_number"),
+    ("format_number(n, n)", "function format_number needs literal decimal places"),
+]
+
+
+@pytest.mark.parametrize(("sql", "expected"), AMPLIFIED)
+def test_a_mapping_whose_value_can_outgrow_its_input_is_refused_at_load(
+        tmp_path: Path, sql: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write_mapping(tmp_path, sql))
+    assert expected in str(info.value)
+    assert "bounded" in str(info.value) or "literal" in str(info.value)
+
+
+@pytest.mark.parametrize("sql", [
+    "regexp_replace(url, 'a', 'bb')", "concat(url, url, url, url)",
+    "array_join(split(url, ','), ';')", "transform(split(url, ','), x -> concat(x, '-x'))",
+    "aggregate(split(url, ','), '', (acc, x) -> concat(acc, x))", "format_number(n, 2)",
+    "to_json(named_struct('a', url, 'b', n))", "concat_ws(',', url, 'a', 'b')"])
+def test_a_mapping_bounded_by_its_input_is_accepted(tmp_path: Path, sql: str) -> None:
+    load_config(write_mapping(tmp_path, sql))
+
+
+def test_the_admin_api_refuses_an_amplifying_mapping_with_json_naming_it(
+        admin: Admin) -> None:  # noqa: F811
+    sql, expected = AMPLIFIED[0]
+    reply = admin.client.post("/v1/sources/clicks/sinks", json={
+        "name": "x", "table": "a.x", "columns": [
+            {"name": "url", "type": "string"}, {"name": "bad", "type": "string", "sql": sql}]})
+    assert reply.status_code == 400, reply.text
+    [detail] = reply.json()["details"]
+    assert detail["field"] == "sink.columns[1] (bad)"
+    assert expected in detail["reason"]
