@@ -188,8 +188,13 @@ def _snippet(content: str, first: int, last: int) -> str:
             f"[T(i) for i in std.range({first}, {last})]")
 
 
+_OFFSET = _PRELUDE.count("\n") + 1
+"""Lines before the template's first in the evaluated snippet (errors name its own lines)."""
+
+
 def _error_text(exc: BaseException) -> str:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"template:(\d+):", lambda m: f"line {int(m.group(1)) - _OFFSET}:", text)
     return text.removeprefix("RUNTIME ERROR: ").removeprefix("STATIC ERROR: ")[:500]
 
 

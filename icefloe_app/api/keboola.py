@@ -32,7 +32,7 @@ from icefloe.errors import RegistryError
 from icefloe.registry import ops
 from icefloe.registry.model import Conditions, Registry, Sink, Source
 from icefloe.streams.model import Column
-from icefloe.streams.templates import body_path
+from icefloe.streams.templates import body_path, check_template
 
 Handler = Callable[[Request], Awaitable[Response]]
 BRANCH = "default"
@@ -181,6 +181,10 @@ def column_of(col: KColumn, at: str) -> Column:
     if col.template.language != "jsonnet":
         raise invalid(f"{at}.template.language", f"{col.template.language!r}: only "
                       "\"jsonnet\" is supported")
+    try:
+        check_template(col.template.content)
+    except ValueError as exc:
+        raise invalid(f"{at}.template.content", str(exc)) from None
     return Column(col.name, "string", template=col.template.content)
 
 
