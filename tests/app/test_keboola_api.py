@@ -70,7 +70,8 @@ def stack(tmp_path: Path, s3_bucket: Any) -> Iterator[tuple[httpx.Client, Any]]:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    assert ready.wait(30) and "error" not in state, state.get("error")
+    assert ready.wait(30)
+    assert "error" not in state, state.get("error")
     with httpx.Client(base_url=f"http://127.0.0.1:{state['port']}", timeout=30,
                       headers={"X-StorageApi-Token": TOKEN}) as client:
         yield client, config
@@ -112,7 +113,8 @@ def test_keboola_source_sink_template_and_conditions_end_to_end(
     assert created["outputs"]["sourceId"] == "github-issues"
     assert client.get(f"{BASE}/github-issues").json()["sourceId"] == "github-issues"
     task = finished(client, client.post(f"{BASE}/github-issues/sinks", json=SINK))
-    assert task["type"] == "sink.create" and task["outputs"]["sinkId"] == "events"
+    assert task["type"] == "sink.create"
+    assert task["outputs"]["sinkId"] == "events"
 
     sink = client.get(f"{BASE}/github-issues/sinks/events").json()
     assert sink["table"]["mapping"]["columns"] == SINK["table"]["mapping"]["columns"]
@@ -145,7 +147,9 @@ def test_keboola_source_sink_template_and_conditions_end_to_end(
     assert row["template"] == '"#7: Fix it"'  # the template's JSON value, as Keboola stores
     assert msgspec.json.decode(row["body"])["issue"]["id"] == 7
     assert msgspec.json.decode(row["headers"])["x-github-event"] == "issues"
-    assert row["ip"] == "127.0.0.1" and row["id"] and row["datetime"] is not None
+    assert row["ip"] == "127.0.0.1"
+    assert row["id"]
+    assert row["datetime"] is not None
     dead = read_table(config, "icefloe.dead_letters").to_pylist()
     assert [(d["reason"], d["stream"]) for d in dead] == [
         ("template_error", "github-issues")], dead
