@@ -12,7 +12,10 @@ one run, plain as the baseline:
 * the whole Spark pipeline (``local[2]``, the collector's embedded path): batch files in
   the store → rows on the driver, rows/s — this is where ``sql`` columns are computed.
 
-Usage: python bench/mappings_bench.py [--quick] [--json PATH]
+A last pair of rows sets one ``template`` column (Keboola's Jsonnet, ``Body('user.id')``)
+beside the same value read by a ``path`` column, decode only (the executors' work, one core).
+
+Usage: python bench/mappings_bench.py [--quick] [--json PATH] [--templates-only]
 """
 
 from __future__ import annotations
@@ -104,6 +107,12 @@ def ingest_rates(seconds: float) -> tuple[float, float]:
         results.append(rate(one, seconds))
     return results[0], results[1]
 
+PATH_ONE = StreamConfig(name="path_one", table="bench.path_one", columns=(
+    Column("user_id", "string", path="$.user.id"),))
+TEMPLATE_ONE = StreamConfig(name="template_one", table="bench.template_one", columns=(
+    Column("user_id", "string", template="Body('user.id')"),))
+"""The same value as a ``path`` column and as a Keboola ``template`` (Jsonnet) column."""
+
 
 def batch_file(stream: StreamConfig, make: Callable[[int], dict[str, object]], start: int,
                events: int) -> tuple[bytes, int]:
@@ -132,6 +141,25 @@ def decode_rates(seconds: float, events: int) -> tuple[float, float]:
             rows = decode_batch_file(data, ref, plans).tables[name].num_rows
             assert rows == count
             return rows
+        results.append(rate(one, seconds))
+    return results[0], results[1]
+
+
+def template_rates(seconds: float, events: int) -> tuple[float, float]:
+    """Decode (one executor core's work) of one column read by ``path`` (the baseline) and
+    by a ``template``, whose Jsonnet runs in the decode."""
+    results = []
+    for stream in (PATH_ONE, TEMPLATE_ONE):
+        data, count = batch_file(stream, mapped_event, 0, events)
+        plans = {s.name: s.plan() for s in stream_specs([stream])}
+        ref = EntryFile(0, "bench", len(data), 0)
+
+        def one(data=data, plans=plans, ref=ref, count=count, name=stream.name) -> int:
+            decoded = decode_batch_file(data, ref, plans)
+            assert not len(decoded.dead), decoded.dead.message[:1]
+            table = decoded.tables[name]
+            assert table.num_rows == count
+            return count
         results.append(rate(one, seconds))
     return results[0], results[1]
 
@@ -171,6 +199,8 @@ def spark_rates(root: Path, files: int, per_file: int, rows: bool) -> tuple[floa
 
 def main() -> None:
     parser = bench_parser(__doc__, "small sizes, done in < 1 min")
+    parser.add_argument("--templates-only", action="store_true",
+                        help="only the template-vs-path decode rows")
     args = parser.parse_args()
     seconds = 1.5 if args.quick else 6.0
     files, per_file = (8, 10_000) if args.quick else (20, 25_000)
@@ -182,6 +212,14 @@ def main() -> None:
     plain, mapped = decode_rates(seconds, per_file)
     results += [Result("decode, plain columns", plain, "rows/s"),
                 Result("decode, mapped (+ip, header, datetime, id)", mapped, "rows/s", plain)]
+    path_rate, template_rate = template_rates(seconds, per_file)
+    results += [Result("decode, one path column ($.user.id)", path_rate, "rows/s"),
+                Result("decode, the same as a template (Body('user.id'))", template_rate,
+                       "rows/s", path_rate)]
+    if args.templates_only:
+        print_table("template vs path column (decode, one core)", results[-2:])
+        write_json(args.json, results[-2:])
+        return
     for rows, path in ((False, "as collected"), (True, "both as rows")):
         with tempfile.TemporaryDirectory(prefix="icefloe-mappings-bench-") as tmp:
             plain, mapped = spark_rates(Path(tmp), files, per_file, rows)

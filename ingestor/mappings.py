@@ -142,7 +142,9 @@ class EventMappings:
                         self.violations.setdefault(".".join([root, *map(str, rest[:cut])]),
                                                    (column.name, column.path or ""))
         self.bodies = [(c, b"," + encode(c.name) + b":") for c in stream.columns
-                       if c.source == "body"]
+                       if c.source == "body" or c.template is not None]
+        """``body`` columns, and ``template`` ones: the collector evaluates a template
+        over the event's JSON text, which waits in the column's own field."""
         self.event_id: str | None = None
         """After :meth:`extract`: the event id column's value when a path maps it."""
         self._id_column = stream.event_id_field
@@ -151,7 +153,8 @@ class EventMappings:
 
     @property
     def needs_raw(self) -> bool:
-        """True when a ``from = "body"`` column needs each event's own JSON text."""
+        """True when a ``from = "body"`` or ``template`` column needs each event's own JSON
+        text."""
         return bool(self.bodies)
 
     def extract(self, event: Any, raw: bytes | None) -> bytes:
@@ -307,8 +310,9 @@ def request_meta(stream: StreamConfig, client: str | None,
     header raises :class:`MappingViolation`; a missing optional one takes its default or is
     left out (the column is null).
     """
-    wants_ip = any(c.source == "ip" for c in stream.columns)
-    wants_all = any(c.source == "headers" for c in stream.columns)
+    templates = any(c.template is not None for c in stream.columns)
+    wants_ip = templates or any(c.source == "ip" for c in stream.columns)
+    wants_all = templates or any(c.source == "headers" for c in stream.columns)
     headers = header_columns(stream)
     if not wants_ip and not headers and not wants_all:
         return None

@@ -110,15 +110,16 @@ class CompiledStream:
                                None))
         self._mappings: EventMappings | None = None
         self._root_attrs: list[str] = []
-        if any(c.path is not None or c.source == "body" for c in config.columns):
+        if any(c.path is not None or c.source == "body" or c.template is not None
+               for c in config.columns):
             # One field per JSON-path root (unless a plain json column already is that field).
             self._mappings = EventMappings(config, {c.name for c in plain if c.type == "json"},
                                            _leaf_type, convert_value)
             fields += self._mappings.fields
             self._root_attrs = self._mappings.root_attrs
         self.meta_headers = [c for c in config.columns if c.header is not None]
-        self.wants_meta = bool(self.meta_headers) or any(c.source in ("ip", "headers")
-                                                         for c in config.columns)
+        self.wants_meta = bool(self.meta_headers) or any(
+            c.source in ("ip", "headers") or c.template is not None for c in config.columns)
         struct_name = "Event_" + re.sub(r"\W", "_", config.name)
         self._struct = msgspec.defstruct(
             struct_name, fields, omit_defaults=True, gc=False, kw_only=True,

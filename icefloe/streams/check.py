@@ -86,6 +86,17 @@ exactly. ``float``/``double`` (rounding), ``json`` (text of a free-form value), 
 and nested types are refused."""
 
 
+def always_present(column: Column) -> bool:
+    """A column that has a value for every event without being declared required: an
+    envelope value (``from`` = id, datetime, body, headers), a ``template`` (an event whose
+    template fails is dead-lettered, never stored without it) or a ``path`` with a
+    ``default``. A null such a column still gives (a JSON null at the path) is
+    dead-lettered by the upsert, as for any key."""
+    return (column.source in ("id", "datetime", "body", "headers")
+            or column.template is not None
+            or (column.path is not None and column.default is not None))
+
+
 def _check_key(stream: StreamConfig, at: str) -> None:
     """``primary_key`` names declared, required columns of exact types, once each, not the
     event id field; ``tombstone_field`` is a declared boolean column and needs a key.
@@ -109,7 +120,7 @@ def _check_key(stream: StreamConfig, at: str) -> None:
             raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} of stream "
                               f"{stream.name!r} has type {column.type!r}, which cannot be a "
                               f"key (use one of {', '.join(KEY_TYPES)} or decimal)")
-        if not column.required:
+        if not column.required and not always_present(column):
             raise ConfigError(f"{at}.primary_key[{i}]: column {name!r} of stream "
                               f"{stream.name!r} must be declared required = true (a key "
                               "cannot be null)")

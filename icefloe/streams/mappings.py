@@ -9,7 +9,10 @@ A column is *plain* (the event's top-level field of the same name) or *mapped*:
   event JSON, the receive time, the event id, all request headers as one JSON object
   (secrets left out: :data:`NEVER_STORED_HEADERS`);
 * ``sql = "lower(url)"``: a SQL expression over the stream's other columns, in ``dialect``
-  (spark, duckdb or postgres; transpiled to Spark SQL by sqlglot).
+  (spark, duckdb or postgres; transpiled to Spark SQL by sqlglot);
+* ``template = "Body('a.b') + '-' + Ip()"``: a Jsonnet template with Keboola's globals,
+  evaluated by the collector (:mod:`icefloe.streams.templates`; the ingestor keeps the
+  event's JSON text in the column's field for it).
 
 Why the work is split by where the data is: ``path`` and ``body`` read the event, which the
 ingestor parses anyway, so they are extracted and type-checked there and a bad value is a
@@ -38,6 +41,7 @@ from icefloe.streams.dialects import DIALECTS
 from icefloe.streams.divergent import refuse_divergent
 from icefloe.streams.sql_functions import check_functions, check_sizes
 from icefloe.streams.sql_size import check_value_bound
+from icefloe.streams.templates import check_template
 from icefloe.streams.types import convert_value
 
 if TYPE_CHECKING:
@@ -216,7 +220,8 @@ def _check_default(column: Column) -> None:
 
 def _check_one(column: Column, columns: dict[str, Column]) -> None:
     kinds = [k for k, v in (("path", column.path), ("header", column.header),
-                            ("from", column.source), ("sql", column.sql)) if v is not None]
+                            ("from", column.source), ("sql", column.sql),
+                            ("template", column.template)) if v is not None]
     if len(kinds) > 1:
         raise ValueError(f"a column takes at most one mapping, this one has {' and '.join(kinds)}")
     if column.raw and (column.path is None or column.type != "string"):
@@ -241,6 +246,15 @@ def _check_one(column: Column, columns: dict[str, Column]) -> None:
                              f"{column.type}")
         if column.required and column.source != "ip":
             raise ValueError(f"from = {column.source!r} is always present; drop 'required'")
+    elif column.template is not None:
+        if column.type not in ("string", "json"):
+            raise ValueError(f"a template gives JSON text: use type = \"string\" or "
+                             f"\"json\", not {column.type}")
+        if column.required:
+            raise ValueError("a template column cannot be required (its value is computed "
+                             "after the event was accepted; a failing one dead-letters the "
+                             "event)")
+        check_template(column.template)
     elif column.sql is not None:
         if column.dialect not in SQL_DIALECTS:
             raise ValueError(f"unknown dialect {column.dialect!r} (expected one of "

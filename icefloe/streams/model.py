@@ -27,7 +27,8 @@ PARTITIONS = ("day", "hour", "month", "none")
 
 class Column(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A declared column of a stream: JSON field ``name`` of type ``type``, unless a mapping
-    says where its value comes from (at most one of ``path``, ``header``, ``from``, ``sql``;
+    says where its value comes from (at most one of ``path``, ``header``, ``from``, ``sql``,
+    ``template``;
     see :mod:`icefloe.streams.mappings`). ``default`` fills a missing ``path``/``header`` value;
     ``raw`` lets a ``path`` string column take any JSON value as its JSON text; ``dialect``
     is the SQL dialect of ``sql`` (spark, duckdb or postgres)."""
@@ -43,16 +44,22 @@ class Column(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dialect: str = "spark"
     default: Any = None
     raw: bool = False
+    template: str | None = None
+    """A Jsonnet template with Keboola's globals (``Body('a.b')``, ``Header()``, ``Now()``
+    ...), evaluated per event by the collector (:mod:`icefloe.streams.templates`)."""
 
     @property
     def mapping(self) -> str | None:
-        """``path``, ``header``, ``sql``, the ``from`` value, or None for a plain field."""
+        """``path``, ``header``, ``sql``, ``template``, the ``from`` value, or None for a
+        plain field."""
         if self.path is not None:
             return "path"
         if self.header is not None:
             return "header"
         if self.sql is not None:
             return "sql"
+        if self.template is not None:
+            return "template"
         return self.source
 
 

@@ -35,6 +35,7 @@ from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.tokens import new_token
 from icefloe_app.api.auth import AdminAuth, Throttled
+from icefloe_app.api.keboola import keboola_routes
 from icefloe_app.api.openapi import openapi_document
 from icefloe_app.api.tasks import Tasks
 
@@ -138,6 +139,9 @@ class AdminApi:
 
         async def checked(request: Request) -> Response:
             header = request.headers.get("authorization", "")
+            keboola = request.headers.get("x-storageapi-token", "")
+            if not header and keboola:  # Keboola's clients send the token this way
+                header = f"Bearer {keboola}"
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 return error(401, "unauthenticated", "send 'Authorization: Bearer <admin "
@@ -285,7 +289,7 @@ class AdminApi:
                               "source": source_json(self._source(reg, source_id))})
 
     async def delete_source(self, request: Request) -> Response:
-        source_id = request.path_params["id"]
+        source_id = request.path_params.get("id") or request.path_params["sourceId"]
         force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
         self._source(await self.current(), source_id)
         pending = await self.pending(source_id)
@@ -326,9 +330,16 @@ class AdminApi:
         return json_response({"version": reg.version,
                               "sinks": [sink_json(source, s) for s in source.live_sinks()]})
 
+    json = staticmethod(json_response)
+
     async def create_sink(self, request: Request) -> Response:
         source_id = request.path_params["id"]
         spec: ops.SinkSpec = ops.named_sink(await self.body(request, ops.SinkSpec))
+        return self._accepted(await self.start_sink(source_id, spec))
+
+    async def start_sink(self, source_id: str, spec: ops.SinkSpec) -> Any:
+        """Check a new sink now (400/404/409 at once), then a task that makes its table and
+        adds it (also the Keboola paths' sink create)."""
         checked = await self.check(
             lambda r: ops.create_sink(r, source_id, spec, clock=self.clock), source_id)
         _, sink = self._sink(checked, source_id, spec.name)
@@ -345,9 +356,8 @@ class AdminApi:
                     raise
             source, made = self._sink(reg, source_id, spec.name)
             return {"version": reg.version, "sink": sink_json(source, made)}
-        task = self.tasks.start("create_sink", f"{source_id}/{spec.name}",
+        return self.tasks.start("create_sink", f"{source_id}/{spec.name}",
                                 [sink.stream(source_id)], commit)
-        return self._accepted(task)
 
     async def get_sink(self, request: Request) -> Response:
         reg = await self.current()
@@ -375,6 +385,21 @@ class AdminApi:
                                     [new.stream(source_id)], commit)
             return self._accepted(task)
         return json_response(await commit())
+
+    async def start_sink_update(self, source_id: str, name: str, patch: ops.SinkPatch) -> Any:
+        """A sink change as a task that evolves the table first (the Keboola paths' sink
+        update; checked at once like ``PATCH .../sinks/{sink}``)."""
+        checked = await self.check(
+            lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock), source_id)
+        _, new = self._sink(checked, source_id, name)
+
+        async def commit() -> dict[str, Any]:
+            reg = await self.registry.update(
+                lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock))
+            source, sink = self._sink(reg, source_id, name)
+            return {"version": reg.version, "sink": sink_json(source, sink)}
+        return self.tasks.start("update_sink", f"{source_id}/{name}",
+                                [new.stream(source_id)], commit)
 
     async def toggle_sink(self, request: Request, enabled: bool) -> Response:
         source_id, name = request.path_params["id"], request.path_params["sink"]
@@ -493,5 +518,6 @@ def build_app(api: AdminApi) -> Starlette:
         Route("/v1/sources/{id}", g(api.patch_source), methods=["PATCH"]),
         Route("/v1/sources/{id}", g(api.delete_source), methods=["DELETE"]),
         Route("/v1/tasks/{task}", g(api.get_task), methods=["GET"]),
+        *keboola_routes(api, g),
     ]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})

@@ -83,6 +83,13 @@ class Tasks:
     def get(self, task_id: str) -> Task | None:
         return self._tasks.get(task_id)
 
+    def remember(self, task: Task) -> None:
+        """Keep a task finished at once (a change that needed no table), so that its id
+        can be looked up like the others'."""
+        self._tasks[task.id] = task
+        while len(self._tasks) > MAX_TASKS:
+            self._tasks.popitem(last=False)
+
     def start(self, kind: str, target: str, tables: list[StreamConfig],
               commit: Callable[[], Awaitable[dict[str, Any]]]) -> Task:
         """Make ``tables`` ready, then ``commit`` (the registry change); returns at once."""

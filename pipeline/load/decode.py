@@ -29,7 +29,7 @@ from icefloe.errors import BatchFormatError
 from icefloe.formats.batch import decode_block
 from icefloe.formats.envelope import StreamColumns, split_by_stream
 from pipeline.columns import ENVELOPE, TIMESTAMP, dead_letter_arrow_schema
-from pipeline.load.mapped import add_derived
+from pipeline.load.mapped import add_derived, apply_templates
 from pipeline.load.native_arrow import read_type, restore
 from pipeline.load.spec import EntryFile, StreamPlan
 from pipeline.load.split import ColumnarStream, split_columnar
@@ -229,9 +229,39 @@ def _parse_planned(cols: StreamColumns | ColumnarStream, plan: StreamPlan, ref: 
         metas = None if lists.metas is None else [lists.metas[i] for i in rows]
     payload = table.drop_columns([name for name, _ in ENVELOPE])
     full = add_derived(payload, plan, ids, received, metas)
+    full, failed = apply_templates(full, plan, received, metas)
+    if failed:
+        full, table = _drop_failed(full, table, failed, cols, rows, ref, dead)
     return pa.Table.from_arrays(
         full.columns + [table.column(name) for name, _ in ENVELOPE],
         names=full.column_names + [name for name, _ in ENVELOPE])
+
+
+def _drop_failed(full: pa.Table, table: pa.Table, failed: dict[int, tuple[str, str]],
+                 cols: StreamColumns | ColumnarStream, rows: list[int], ref: EntryFile,
+                 dead: DeadLetters) -> tuple[pa.Table, pa.Table]:
+    """Rows whose ``template`` failed become dead letters (reason ``template_error``, the
+    column and Keboola's message, the event's JSON text as ``raw``); the rest is kept."""
+    lists = _as_lists(cols)
+    ids = table.column("_event_id").to_pylist()
+    received = pc.cast(table.column("_received_at"), pa.int64()).to_pylist()
+    for row, (column, reason) in sorted(failed.items()):
+        source = rows[row] if len(rows) == table.num_rows and rows else row
+        index = lists.record_indexes[source] if source < len(lists.record_indexes) else None
+        body = payload_text(table, column, row)
+        dead.add(ref, reason="template_error",
+                 message=f"column {column!r} of stream {cols.stream!r}: {reason}",
+                 stream=cols.stream, index=index, event_id=ids[row],
+                 raw=None if body is None else body.encode(),
+                 received_at_ms=received[row] // 1000 if received[row] is not None else None)
+    keep = pa.array([i not in failed for i in range(full.num_rows)])
+    return full.filter(keep), table.filter(keep)
+
+
+def payload_text(table: pa.Table, column: str, row: int) -> str | None:
+    """The event's JSON text a template column held before evaluation."""
+    value = table.column(column)[row].as_py()
+    return value if isinstance(value, str) else None
 
 
 def decode_batch_file(data: bytes, ref: EntryFile, schemas: Mapping[str, Plan]) -> Decoded:

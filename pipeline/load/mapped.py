@@ -68,6 +68,8 @@ from icefloe.streams.mappings import (
     META_IP,
     spark_sql,
 )
+from icefloe.streams.templates import TemplateRows
+from icefloe.streams.templates import evaluate as evaluate_template
 from pipeline.columns import ARROW_TYPES, TIMESTAMP
 from pipeline.load.frame import STREAM, struct_column, wide_arrow_schema
 from pipeline.load.spec import Derived, SqlCase, StreamPlan, StreamSpec
@@ -89,7 +91,7 @@ _SPARK_TYPES = {"string": "STRING", "long": "BIGINT", "int": "INT", "float": "FL
 def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
     headers = sorted({d.arg for d in derived if d.kind == "header"})
     fields = [pa.field(META_IP, pa.string())]
-    if any(d.kind == "headers" for d in derived):
+    if any(d.kind in ("headers", "template") for d in derived):
         fields.append(pa.field(META_ALL_HEADERS, pa.string()))
     if headers:
         fields.append(pa.field(META_HEADERS, pa.struct([pa.field(h, pa.string())
@@ -100,7 +102,7 @@ def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
 def _meta_table(metas: Sequence[bytes] | pa.Array | None, rows: int,
                 derived: Sequence[Derived]) -> pa.Table | None:
     """The metas parsed in one columnar pass (records without meta give nulls)."""
-    if not any(d.kind in ("ip", "header", "headers") for d in derived):
+    if not any(d.kind in ("ip", "header", "headers", "template") for d in derived):
         return None
     schema = _meta_schema(derived)
     if metas is None:
@@ -144,11 +146,40 @@ def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | 
         elif d.kind == "datetime":
             value = received if d.type == "long" else \
                 pc.multiply(received, 1000).cast(TIMESTAMP).cast(kind)
+        elif d.kind == "template":
+            continue  # the event's JSON text, until apply_templates replaces it
         else:
             value = pa.nulls(rows, kind)
         columns[d.column] = value
     return pa.table({name: columns[name] for name in plan.order})
 
+
+
+def apply_templates(table: pa.Table, plan: StreamPlan, received_ms: Sequence[int] | np.ndarray,
+                    metas: Sequence[bytes] | pa.Array | None
+                    ) -> tuple[pa.Table, dict[int, tuple[str, str]]]:
+    """``table`` with each ``template`` column's value computed from the event's JSON text
+    (in that column) and request data, and ``{row: (column, reason)}`` for the rows whose
+    template failed (their values are left as they were; the caller dead-letters them)."""
+    templates = [d for d in plan.derived if d.kind == "template"]
+    if not templates or table.num_rows == 0:
+        return table, {}
+    meta = _meta_table(metas, table.num_rows, plan.derived)
+    ips = meta.column(META_IP).to_pylist() if meta is not None else [None] * table.num_rows
+    headers = meta.column(META_ALL_HEADERS).to_pylist() if meta is not None else \
+        [None] * table.num_rows
+    received = list(received_ms.tolist() if isinstance(received_ms, np.ndarray)
+                    else received_ms)
+    failed: dict[int, tuple[str, str]] = {}
+    for d in templates:
+        position = table.column_names.index(d.column)
+        rows = TemplateRows(table.column(position).to_pylist(), ips, headers, received)
+        values, errors = evaluate_template(d.arg, rows)
+        for row, reason in errors.items():
+            failed.setdefault(row, (d.column, reason))
+        table = table.set_column(position, table.schema.field(position),
+                                 pa.array(values, ARROW_TYPES[d.type]))
+    return table, failed
 
 
 def sequence_ranges(sequences: Sequence[int]) -> tuple[tuple[int, int], ...]:

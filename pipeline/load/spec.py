@@ -21,7 +21,10 @@ from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from pipeline.columns import ARROW_TYPES
 
-DERIVED_KINDS = ("ip", "header", "headers", "datetime", "id", "sql")
+DERIVED_KINDS = ("ip", "header", "headers", "datetime", "id", "sql", "template")
+PAYLOAD_KINDS = ("template",)
+"""Derived kinds whose column is also read from the payload: a ``template`` column's field
+holds the event's JSON text, which the decode replaces with the template's value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,8 @@ class SqlCase(msgspec.Struct, frozen=True):
 class Derived(msgspec.Struct, frozen=True):
     """A column the pipeline fills (not read from the payload): its mapping, as plain data.
 
-    ``arg`` is the lower-case header name of a ``header`` mapping, the SQL of a ``sql``.
+    ``arg`` is the lower-case header name of a ``header`` mapping, the SQL of a ``sql``,
+    the Jsonnet of a ``template``.
     ``cases`` (``sql`` only): None computes ``arg`` on every row of the stream; otherwise
     each case's expression on the rows of its sequences, and null elsewhere (see the module
     doc).
@@ -70,7 +74,8 @@ def derived_columns(stream: StreamConfig) -> tuple[Derived, ...]:
         kind = column.mapping
         if kind not in DERIVED_KINDS:
             continue
-        arg = (column.header or "").lower() if kind == "header" else column.sql or ""
+        arg = (column.header or "").lower() if kind == "header" else \
+            column.template or "" if kind == "template" else column.sql or ""
         out.append(Derived(column.name, column.type, kind, arg, column.dialect))
     return tuple(out)
 
@@ -97,7 +102,7 @@ class StreamSpec(msgspec.Struct, frozen=True):
     primary-key and tombstone columns of the stream's upsert sinks (:func:`with_key_columns`)."""
 
     def payload_schema(self) -> pa.Schema:
-        skip = {d.column for d in self.derived}
+        skip = {d.column for d in self.derived if d.kind not in PAYLOAD_KINDS}
         return pa.schema([pa.field(name, ARROW_TYPES[kind]) for name, kind in self.columns
                           if name not in skip])
 

@@ -1,0 +1,178 @@
+"""Keboola Data Streams, typed as its users type it (issue #37): the Stream API's paths and
+JSON (``/v1/branches/default/sources``, ``sinkId``, ``table.mapping.columns``, ``primaryKey``,
+``path`` in dot syntax with ``rawString`` and ``defaultValue``, a Jsonnet ``template``), the
+``X-StorageApi-Token`` header, tasks, and the ``storage.level.target.import.trigger.*``
+settings with Keboola's ranges and defaults. Real admin API and ingestor over HTTP, the real
+collector, on the moto S3 server and a SQLite catalog; every request body below is Keboola's
+documented example (docs/coming-from/keboola.md lists each row this file checks)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from collector_support import collect_all, collector_config, read_table
+from ingest_support import http_serving, running
+
+from icefloe.tokens import hash_token
+from pipeline.load.run import LocalEngine
+
+TOKEN = "ifl_keboola-test-token"
+BASE = "/v1/branches/default/sources"
+TEMPLATE = "'#' + Body('issue.id') + ': ' + Body('issue.body', 'n/a')"
+SINK = {  # Keboola's tutorial columns (its second "id" column renamed: names are unique)
+    "sinkId": "events", "type": "table", "name": "Events",
+    "table": {"type": "keboola", "tableId": "in.c-github.issues", "mapping": {"columns": [
+        {"primaryKey": True, "type": "id", "name": "id"},
+        {"type": "datetime", "name": "datetime"},
+        {"type": "ip", "name": "ip"},
+        {"type": "body", "name": "body"},
+        {"type": "headers", "name": "headers"},
+        {"type": "path", "name": "issue_id", "path": "issue.id",
+         "defaultValue": "undefined", "rawString": True},
+        {"type": "path", "name": "labels", "path": "issue.labels[0]"},
+        {"type": "template", "name": "template",
+         "template": {"language": "jsonnet", "content": TEMPLATE}}]}}}
+
+
+@pytest.fixture
+def stack(tmp_path: Path, s3_bucket: Any) -> Iterator[tuple[httpx.Client, Any]]:
+    """The admin API (icefloe's and Keboola's paths) on the moto S3 store, as a client that
+    authenticates the Keboola way."""
+    from icefloe_app.api.server import serve_admin
+
+    base = collector_config(tmp_path, (), store={"url": s3_bucket.url,
+                                                 "endpoint_url": s3_bucket.endpoint_url})
+    config = msgspec.structs.replace(base, admin=msgspec.structs.replace(
+        base.admin, port=0, tokens=(hash_token(TOKEN, log2_n=10),), registry_poll_s=0.2))
+    state: dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        state["stop"], state["loop"] = stop, asyncio.get_running_loop()
+        await serve_admin(config, stop=stop, on_ready=lambda info: (
+            state.update(port=info.port), ready.set()))
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            state["error"] = exc
+            ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    assert "error" not in state, state.get("error")
+    with httpx.Client(base_url=f"http://127.0.0.1:{state['port']}", timeout=30,
+                      headers={"X-StorageApi-Token": TOKEN}) as client:
+        yield client, config
+    state["loop"].call_soon_threadsafe(state["stop"].set)
+    thread.join(30)
+
+
+def finished(client: httpx.Client, reply: httpx.Response) -> dict[str, Any]:
+    """Poll a Keboola task's ``url`` until ``isFinished`` (as the tutorial says)."""
+    assert reply.status_code == 202, reply.text
+    task = reply.json()
+    deadline = time.monotonic() + 60
+    while not task["isFinished"]:
+        assert time.monotonic() < deadline, task
+        time.sleep(0.1)
+        task = client.get(task["url"]).json()
+    assert task["status"] == "success", task
+    return task
+
+
+def settings(reply: httpx.Response) -> dict[str, Any]:
+    assert reply.status_code == 200, reply.text
+    return {s["key"]: s["value"] for s in reply.json()["settings"]}
+
+
+async def ingest(config: Any, events: list[dict[str, Any]]) -> None:
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        reply = await client.post("/v1/streams/github-issues/events", json=events,
+                                  headers={"X-GitHub-Event": "issues"})
+        assert reply.status_code == 202, reply.text
+
+
+def test_keboola_source_sink_template_and_conditions_end_to_end(
+        stack: tuple[httpx.Client, Any]) -> None:
+    client, config = stack
+    created = finished(client, client.post(BASE, json={"type": "http",
+                                                       "name": "Github Issues"}))
+    assert created["outputs"]["sourceId"] == "github-issues"
+    assert client.get(f"{BASE}/github-issues").json()["sourceId"] == "github-issues"
+    task = finished(client, client.post(f"{BASE}/github-issues/sinks", json=SINK))
+    assert task["type"] == "sink.create"
+    assert task["outputs"]["sinkId"] == "events"
+
+    sink = client.get(f"{BASE}/github-issues/sinks/events").json()
+    assert sink["table"]["mapping"]["columns"] == SINK["table"]["mapping"]["columns"]
+    url = f"{BASE}/github-issues/sinks/events/settings"
+    assert settings(client.get(url)) == {  # Keboola's defaults for a new sink
+        "storage.level.target.import.trigger.count": 50_000,
+        "storage.level.target.import.trigger.interval": "1m0s",
+        "storage.level.target.import.trigger.size": "50MB"}
+    for key, value in (("interval", "29s"), ("interval", "25h"), ("size", "99B"),
+                       ("size", "501MB"), ("count", 0), ("count", 10_000_001)):
+        refused = client.patch(url, json={"settings": [
+            {"key": f"storage.level.target.import.trigger.{key}", "value": value}]})
+        assert refused.status_code == 400, (key, value, refused.text)
+        assert refused.json()["details"][0]["field"] == \
+            f"storage.level.target.import.trigger.{key}"
+    assert settings(client.patch(url, json={"settings": [
+        {"key": "storage.level.target.import.trigger.count", "value": 1}]}))[
+        "storage.level.target.import.trigger.count"] == 1
+
+    asyncio.run(ingest(config, [
+        {"action": "opened", "issue": {"id": 7, "body": "Fix it", "labels": ["bug"]}},
+        {"action": "opened", "issue": {"body": "no id"}}]))
+    asyncio.run(collect_all(config, LocalEngine()))
+
+    rows = read_table(config, "in_c_github.issues").to_pylist()
+    assert len(rows) == 1, rows
+    row = rows[0]
+    assert row["issue_id"] == "7"  # rawString: the value's text
+    assert row["labels"] == '"bug"'  # no rawString: JSON text, quotes kept
+    assert row["template"] == '"#7: Fix it"'  # the template's JSON value, as Keboola stores
+    assert msgspec.json.decode(row["body"])["issue"]["id"] == 7
+    assert msgspec.json.decode(row["headers"])["x-github-event"] == "issues"
+    assert row["ip"] == "127.0.0.1"
+    assert row["id"]
+    assert row["datetime"] is not None
+    dead = read_table(config, "icefloe.dead_letters").to_pylist()
+    assert [(d["reason"], d["stream"]) for d in dead] == [
+        ("template_error", "github-issues")], dead
+    assert 'path "issue.id" not found in the body' in dead[0]["message"]
+    assert msgspec.json.decode(dead[0]["raw"])["issue"] == {"body": "no id"}
+
+
+def test_keboola_refusals_name_the_field(stack: tuple[httpx.Client, Any]) -> None:
+    client, _ = stack
+    assert client.get("/v1/branches/123/sources").status_code == 404
+    finished(client, client.post(BASE, json={"sourceId": "s", "type": "http", "name": "S"}))
+    cases = [
+        ({"type": "nope", "name": "a"}, "table.mapping.columns[0].type"),
+        ({"type": "template", "name": "t", "template": {"language": "jsonnet",
+                                                        "content": "Body("}},
+         "table.mapping.columns[0]"),
+        ({"type": "template", "name": "t", "template": {"language": "lua", "content": "1"}},
+         "table.mapping.columns[0].template.language"),
+        ({"type": "path", "name": "p", "path": "a..b"}, "table.mapping.columns[0].path")]
+    for column, field in cases:
+        body = {"type": "table", "name": "x", "table": {
+            "type": "keboola", "tableId": "in.c-b.t", "mapping": {"columns": [column]}}}
+        reply = client.post(f"{BASE}/s/sinks", json=body)
+        assert reply.status_code == 400, (column, reply.text)
+        assert reply.json()["details"][0]["field"].startswith(field), reply.json()
+    assert client.get(f"{BASE}/s", headers={"X-StorageApi-Token": "wrong"}).status_code == 403
