@@ -421,6 +421,14 @@ def set_sink_enabled(registry: Registry, source_id: str, name: str, enabled: boo
     return update_sink(registry, source_id, name, SinkPatch(enabled=enabled), clock=clock)
 
 
+def nudge(registry: Registry, *, clock: Clock = SYSTEM) -> Registry:
+    """The same registry one version later: nothing routes differently, but every collector
+    that reads the version retries its parked tables' staged rows at once (an operator's
+    "I fixed it outside icefloe": a restored metadata file, a dropped column put back)."""
+    return msgspec.structs.replace(registry, version=registry.version + 1,
+                                   updated_at=clock.time())
+
+
 def delete_sink(registry: Registry, source_id: str, name: str, *,
                 clock: Clock = SYSTEM) -> Registry:
     source = _live_source(registry, source_id)

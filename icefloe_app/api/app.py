@@ -422,6 +422,16 @@ class AdminApi:
             lambda r: ops.delete_sink(r, source_id, name, clock=self.clock))
         return json_response({"version": reg.version, "deleted": f"{source_id}/{name}"})
 
+    async def retry_parked(self, request: Request) -> Response:
+        """Collectors retry every parked table's staged rows as soon as they read the new
+        registry version (``registry_poll_s``), instead of at their next ``park_retry_s``."""
+        reg = await self.registry.update(lambda r: ops.nudge(r, clock=self.clock))
+        log.info("registry version %d: collectors retry their parked tables now",
+                 reg.version)
+        return json_response({"version": reg.version,
+                              "retry": "every collector retries its parked tables' staged "
+                                       "rows when it reads this registry version"})
+
     # -- settings: flat key/value views of the same fields ---------------------------------
 
     async def get_source_settings(self, request: Request) -> Response:
@@ -518,6 +528,7 @@ def build_app(api: AdminApi) -> Starlette:
         Route("/v1/sources/{id}", g(api.patch_source), methods=["PATCH"]),
         Route("/v1/sources/{id}", g(api.delete_source), methods=["DELETE"]),
         Route("/v1/tasks/{task}", g(api.get_task), methods=["GET"]),
+        Route("/v1/parked:retry", g(api.retry_parked), methods=["POST"]),
         *keboola_routes(api, g),
     ]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})

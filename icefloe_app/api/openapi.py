@@ -162,5 +162,9 @@ def openapi_document() -> dict[str, Any]:
                 "resume delivering to a sink", toggle, 404, params=snk)},
             "/v1/tasks/{task}": {"get": _op("a task", {"200": {"description": "the task", **_json(
                 _obj(task=_ref("Task")))}}, 404, params=_path("task"))},
+            "/v1/parked:retry": {"post": _op(
+                "collectors retry their parked tables' staged rows now", {"200": {
+                    "description": "the registry version that asks for it", **_json(
+                        _obj(version={"type": "integer"}, retry={"type": "string"}))}})},
         },
     }

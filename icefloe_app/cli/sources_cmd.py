@@ -50,6 +50,7 @@ examples:
   icefloe sinks create clicks --file sink.toml
   icefloe sinks update clicks clicks_raw --max-age-s 300
   icefloe sinks disable clicks clicks_raw
+  icefloe sinks retry-parked                  # after fixing a parked table outside icefloe
 """
 
 
@@ -106,6 +107,8 @@ def register(commands: Any) -> None:
         one = _cmd(what, verb, f"{verb} a sink", run_sink_verb)
         one.add_argument("source")
         one.add_argument("sink")
+    _cmd(what, "retry-parked", "make collectors retry their parked tables now (after a "
+         "fix made outside icefloe)", run_retry_parked)
 
 
 def _cmd(what: Any, name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
@@ -305,6 +308,12 @@ def run_sink_update(args: argparse.Namespace) -> int:
     data = call(args, "PATCH", f"/v1/sources/{args.source}/sinks/{args.sink}", body)
     return _print(args, data, f"updated sink {args.source}/{args.sink} (registry version "
                   f"{data['version']})")
+
+
+def run_retry_parked(args: argparse.Namespace) -> int:
+    data = call(args, "POST", "/v1/parked:retry")
+    return _print(args, data, f"collectors retry their parked tables at registry version "
+                  f"{data['version']}")
 
 
 def run_sink_verb(args: argparse.Namespace) -> int:

@@ -366,6 +366,21 @@ def test_should_count_undelivered_events_of_every_manifest_shard(admin: Admin) -
     assert "1 manifest entry" in refused.json()["message"]
 
 
+def test_retry_parked_is_a_new_registry_version_that_changes_no_route(admin: Admin) -> None:
+    """An operator who fixed a parked table outside icefloe asks every collector to retry
+    now: the registry moves one version on (what collectors react to), nothing else."""
+    before = admin.client.get("/v1/sources").json()
+    reply = admin.client.post("/v1/parked:retry")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["version"] == before["version"] + 1
+    after = admin.client.get("/v1/sources").json()
+    assert after["version"] == before["version"] + 1
+    assert after["sources"] == before["sources"]
+    anonymous = httpx.post(admin.url + "/v1/parked:retry")
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"] == "unauthenticated"
+
+
 def test_should_rotate_write_tokens(admin: Admin) -> None:
     first = admin.client.post("/v1/sources/clicks/tokens")
     assert first.status_code == 201
@@ -437,6 +452,10 @@ def test_should_drive_the_api_from_the_command_line(admin: Admin, tmp_path: Path
     assert [s["id"] for s in msgspec.json.decode(out)["sources"]] == ["clicks"]
     code, out, _ = cli("sources", "rotate-token", "clicks")
     assert out.startswith("ifl_")
+    before = admin.client.get("/v1/registry").json()["version"]
+    code, out, _ = cli("sinks", "retry-parked")
+    assert code == 0
+    assert f"retry their parked tables at registry version {before + 1}" in out
 
 
 def test_should_conform_to_its_openapi_document(admin: Admin) -> None:

@@ -20,6 +20,7 @@ from collector_support import (
     CLICKS,
     assert_exact,
     buy,
+    change_registry,
     click,
     collector_config,
     ids,
@@ -32,6 +33,8 @@ from pyiceberg.types import IntegerType, StringType
 from collector.http import HttpServer
 from collector.service import Collector
 from icefloe.config import Column, StreamConfig
+from icefloe.registry import ops
+from icefloe.registry.streams import config_registry
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import SparkEngine
 from testing.catalog_pointer import lost, metadata_pointer
@@ -120,8 +123,13 @@ async def test_a_table_whose_metadata_is_lost_is_parked_and_lands_once_fixed(con
         assert await asyncio.to_thread(collector.commit_due_staged) == {}
         assert collector.bulkheads.is_parked("shop.buys")
 
-        metadata_location(config, "shop.buys", good)  # the operator restores it
-        collector.bulkheads.retry_all_now()
+        metadata_location(config, "shop.buys", good)  # the operator restores it, and
+        # asks for a retry now (`icefloe sinks retry-parked`: a registry version, no change)
+        collector.bulkheads.parked["shop.buys"].next_retry = float("inf")
+        assert await asyncio.to_thread(collector.commit_due_staged) == {}
+        nudged = await change_registry(
+            config, lambda r: ops.nudge(config_registry(config.streams)))  # as seeded
+        await asyncio.to_thread(collector.apply_registry, nudged)
         assert await asyncio.to_thread(collector.commit_due_staged) == {"shop.buys": 10}
         assert not collector.bulkheads.is_parked("shop.buys")
         assert parked_metric(collector, "shop.buys") == 0
