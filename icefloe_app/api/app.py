@@ -373,12 +373,7 @@ class AdminApi:
             lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock),
                                    source_id)
         _, new = self._sink(checked, source_id, name)
-
-        async def commit() -> dict[str, Any]:
-            reg = await self.registry.update(
-                lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock))
-            source, sink = self._sink(reg, source_id, name)
-            return {"version": reg.version, "sink": sink_json(source, sink)}
+        commit = self._sink_commit(source_id, name, patch)
         shape = ("columns", "partition_by", "sort_by", "table_properties")
         if any(getattr(new, k) != getattr(old, k) for k in shape):  # the table evolves first
             task = self.tasks.start("update_sink", f"{source_id}/{name}",
@@ -392,14 +387,20 @@ class AdminApi:
         checked = await self.check(
             lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock), source_id)
         _, new = self._sink(checked, source_id, name)
+        return self.tasks.start("update_sink", f"{source_id}/{name}",
+                                [new.stream(source_id)],
+                                self._sink_commit(source_id, name, patch))
 
+    def _sink_commit(self, source_id: str, name: str, patch: ops.SinkPatch
+                     ) -> Callable[[], Awaitable[dict[str, Any]]]:
+        """The registry write of a sink change (run at once, or by its task once the
+        table has evolved)."""
         async def commit() -> dict[str, Any]:
             reg = await self.registry.update(
                 lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock))
             source, sink = self._sink(reg, source_id, name)
             return {"version": reg.version, "sink": sink_json(source, sink)}
-        return self.tasks.start("update_sink", f"{source_id}/{name}",
-                                [new.stream(source_id)], commit)
+        return commit
 
     async def toggle_sink(self, request: Request, enabled: bool) -> Response:
         source_id, name = request.path_params["id"], request.path_params["sink"]
