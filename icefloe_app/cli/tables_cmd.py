@@ -294,9 +294,10 @@ def run_history(args: argparse.Namespace) -> int:
                                                           or 0), reverse=True)
     shown = snapshots if args.limit <= 0 else snapshots[: args.limit]
     current = loaded.current_snapshot()
-    from pipeline.read.versions import snapshot_versions
+    from pipeline.read.versions import introduced_versions, snapshot_versions
 
-    numbers = {s.snapshot_id: n for n, s in snapshot_versions(loaded).items()}
+    numbers = introduced_versions(loaded)
+    whole = {s.snapshot_id for s in snapshot_versions(loaded).values()}
     rows = [{"version": numbers.get(s.snapshot_id), **_history_entry(s, current)}
             for s in shown]
     if args.json:
@@ -320,9 +321,16 @@ def run_history(args: argparse.Namespace) -> int:
     if len(snapshots) > len(shown):
         print(f"... {len(snapshots) - len(shown)} older (use --limit 0 to show all)")
     _print_model_commits(rows)
-    print("* current snapshot. VERSION: what `AT (VERSION => n)` in icefloe query and models "
-          "reads. SEQUENCE, EPOCH: the manifest sequence and collector epoch it recorded")
-    if any(r["version"] is None for r in rows):
+    print("* current snapshot. VERSION: the catalog version of the run that committed it "
+          "(`AT (VERSION => n)` reads each table's newest state at or before n); "
+          "`FOR VERSION AS OF <snapshot>` reads one snapshot. SEQUENCE, EPOCH: the manifest "
+          "sequence and collector epoch it recorded")
+    if any(r["version"] is None and r["snapshot_id"] in whole for r in rows):
+        print("VERSION -: no version of its own: it carries the one before it (a fence on "
+              "takeover or a compaction changes no rows), or it records none (written by "
+              "another engine or an older icefloe: a table without any version is read "
+              "at version n by commit time)")
+    if any(r["snapshot_id"] not in whole for r in rows):
         print("VERSION -: the middle of one commit an older icefloe wrote as several "
               "snapshots, a state no reader saw (time travel never lands there)")
     return 0

@@ -46,16 +46,20 @@ DAY = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
 
 
 def lake_config(root: Path) -> Config:
-    """The example config's streams on a SQLite catalog under ``root``."""
+    """The example config's streams on a SQLite catalog and a store under ``root`` (where
+    ``--data-dir root`` puts them)."""
     example = load_config(EXAMPLE_CONFIG)
     return msgspec.structs.replace(example, catalog=msgspec.structs.replace(
         example.catalog, uri=f"sqlite:///{root / 'catalog.db'}",
-        warehouse=(root / "warehouse").as_uri()))
+        warehouse=(root / "warehouse").as_uri()),
+        store=msgspec.structs.replace(example.store, url=(root / "store").as_uri()))
 
 
 def pageviews(config: Config, views: list[tuple[int, int, str, int]],
-              properties: dict[str, str] | None = None) -> None:
-    """Append one commit of page views: ``(sequence, day offset, url, session)`` each."""
+              properties: dict[str, str] | None = None, *, versioned: bool = True) -> None:
+    """Append one commit of page views: ``(sequence, day offset, url, session)`` each; as
+    a collector run does, it claims the next catalog version and records it (unless not
+    ``versioned``: a commit by another engine)."""
     stream = config.stream("pageviews")
     assert stream is not None
     table = ensure_stream_table(open_catalog(config.catalog), stream)
@@ -64,8 +68,14 @@ def pageviews(config: Config, views: list[tuple[int, int, str, int]],
              "_event_id": f"e{sequence}-{index}", "_received_at": DAY,
              "_sequence": sequence}
             for index, (sequence, day, url, session) in enumerate(views)]
+    props = dict(properties or {})
+    if versioned:
+        from icefloe.catalog_version import VERSION_PROP, claim_version_sync
+        from icefloe.store import open_store
+
+        props[VERSION_PROP] = str(claim_version_sync(open_store(config.store.url), epoch=None))
     table.append(pa.Table.from_pylist(rows, schema=table_arrow_schema(stream)),
-                 snapshot_properties=properties or {})
+                 snapshot_properties=props)
 
 
 def write_model(folder: Path, name: str, text: str) -> Path:
