@@ -31,9 +31,10 @@ increase, with gaps.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
-from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import (
     CatalogError,
     FencedError,
@@ -41,9 +42,13 @@ from icefloe.errors import (
     PreconditionFailed,
     TransientStoreError,
 )
-from icefloe.store.base import AsyncObjectStore, ObjectStore
-from icefloe.store.cas import Versioned, cas_document
-from icefloe.store.retry import RetryPolicy
+
+if TYPE_CHECKING:  # the store and the clock are imported where used: a cold `icefloe
+    # query` reads VERSION_PROP from here and must import neither (tests/pipeline/
+    # test_query_cold_start.py)
+    from icefloe.clock import Clock
+    from icefloe.store.base import AsyncObjectStore, ObjectStore
+    from icefloe.store.cas import Versioned
 
 VERSION_KEY = "catalog/version.json"
 """The counter's object (a control key: :mod:`icefloe.store.split`)."""
@@ -84,8 +89,13 @@ def next_version(current: CatalogVersion, epoch: int | None, now_ms: int) -> Cat
 
 
 async def claim_version(store: AsyncObjectStore, *, epoch: int | None,
-                        clock: Clock = SYSTEM) -> int:
+                        clock: Clock | None = None) -> int:
     """Claim the next catalog version (asyncio store: the collector)."""
+    from icefloe.clock import SYSTEM
+    from icefloe.store.cas import cas_document
+    from icefloe.store.retry import RetryPolicy
+
+    clock = clock or SYSTEM
     def mutate(loaded: Versioned[CatalogVersion]) -> CatalogVersion:
         return next_version(loaded.value, epoch, int(clock.time() * 1000))
 
@@ -96,8 +106,14 @@ async def claim_version(store: AsyncObjectStore, *, epoch: int | None,
     return written.version
 
 
-async def stamp_epoch(store: AsyncObjectStore, epoch: int, *, clock: Clock = SYSTEM) -> None:
+async def stamp_epoch(store: AsyncObjectStore, epoch: int, *,
+                      clock: Clock | None = None) -> None:
     """Record ``epoch`` as the newest (on takeover), so an older collector's claims fail."""
+    from icefloe.clock import SYSTEM
+    from icefloe.store.cas import cas_document
+    from icefloe.store.retry import RetryPolicy
+
+    clock = clock or SYSTEM
     def mutate(loaded: Versioned[CatalogVersion]) -> CatalogVersion | None:
         current = loaded.value
         if current.epoch > epoch:
@@ -112,9 +128,12 @@ async def stamp_epoch(store: AsyncObjectStore, epoch: int, *, clock: Clock = SYS
 
 
 def claim_version_sync(store: ObjectStore, *, epoch: int | None,
-                       clock: Clock = SYSTEM) -> int:
+                       clock: Clock | None = None) -> int:
     """:func:`claim_version` on a synchronous store (model runs, which may run on a thread
     that has an event loop, or none)."""
+    from icefloe.clock import SYSTEM
+
+    clock = clock or SYSTEM
     for attempt in range(1, _ATTEMPTS + 1):
         try:
             got = store.get(VERSION_KEY)

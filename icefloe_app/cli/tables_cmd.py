@@ -320,7 +320,7 @@ def run_history(args: argparse.Namespace) -> int:
                   _count(r["total_files"])] for r in rows]))
     if len(snapshots) > len(shown):
         print(f"... {len(snapshots) - len(shown)} older (use --limit 0 to show all)")
-    _print_model_commits(rows)
+    _print_model_commits(rows, whole)
     print("* current snapshot. VERSION: the catalog version of the run that committed it "
           "(`AT (VERSION => n)` reads each table's newest state at or before n); "
           "`FOR VERSION AS OF <snapshot>` reads one snapshot. SEQUENCE, EPOCH: the manifest "
@@ -371,10 +371,11 @@ def _model_commit(props: dict[str, str]) -> dict[str, Any] | None:
             "sql_sha256": state.sql_sha256 or None, "columns": list(state.columns)}
 
 
-def _print_model_commits(rows: list[dict[str, Any]]) -> None:
-    """One line per shown snapshot a model run committed: its commit metadata."""
+def _print_model_commits(rows: list[dict[str, Any]], whole: set[int]) -> None:
+    """One line per shown commit (``whole``: the snapshot ids that end one) a model run
+    made: its commit metadata."""
     models = [(r["version"], r["model"]) for r in rows
-              if r["model"] is not None and r["version"] is not None]
+              if r["model"] is not None and r["snapshot_id"] in whole]
     if not models:
         return
     print("\nmodel commits (VERSION: model, kind, run id, rows, duration, SQL sha256, "

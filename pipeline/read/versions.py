@@ -49,7 +49,7 @@ from icefloe.catalog_version import VERSION_PROP
 from icefloe.errors import CatalogError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
@@ -205,10 +205,14 @@ def effective_versions(chain: list[Snapshot]) -> list[int | None]:
 
 def introduced_versions(table: Table) -> dict[int, int]:
     """``{snapshot id: catalog version}`` of the snapshots that introduced a version (a run's
-    commit), leaving out those that only carry one forward (fencing, maintenance)."""
+    commit), leaving out those that only carry one forward (fencing, maintenance) and the
+    middle of an old multi-snapshot commit."""
     numbers: dict[int, int] = {}
     previous: int | None = None
+    middle = intermediate_snapshots(table)
     for snapshot in lineage(table):
+        if snapshot.snapshot_id in middle:
+            continue
         own = run_version(snapshot)
         if own is not None and own != previous:
             numbers[snapshot.snapshot_id] = own
@@ -220,15 +224,29 @@ class CatalogVersions:
     """What one query knows about catalog versions: the newest one, and when each was
     reached, from its own tables (and the counter, when it can be read)."""
 
-    def __init__(self, tables: Iterable[Table], claimed: int | None = None) -> None:
+    def __init__(self, tables: Iterable[Table],
+                 claimed: Callable[[], int | None] | None = None) -> None:
+        """``claimed`` reads the counter; asked only for a version above every one the
+        tables record (a cold query then touches no store)."""
         self._commits: list[tuple[int, int]] = []  # (version, commit time ms)
         for table in tables:
             for snapshot in lineage(table):
                 own = run_version(snapshot)
                 if own is not None:
                     self._commits.append((own, snapshot.timestamp_ms))
-        seen = max((v for v, _ in self._commits), default=0)
-        self.newest = max(seen, claimed or 0)
+        self.seen = max((v for v, _ in self._commits), default=0)
+        self._claimed = claimed
+
+    def exists(self, version: int) -> bool:
+        """Whether catalog version ``version`` has been claimed (by the tables, else the
+        counter)."""
+        if version <= self.seen:
+            return True
+        claimed = self._claimed() if self._claimed is not None else None
+        if claimed is not None:
+            self.seen = max(self.seen, claimed)
+        self._claimed = None
+        return version <= self.seen
 
     def moment(self, version: int) -> int | None:
         """Commit time (ms) of the newest snapshot numbered at most ``version`` among the
@@ -236,22 +254,24 @@ class CatalogVersions:
         return max((at for v, at in self._commits if v <= version), default=None)
 
 
-def claimed_version(config: Config) -> int | None:
-    """The newest catalog version claimed so far, from the counter (None: unreadable: the
-    query's tables then say which versions exist)."""
-    from icefloe.catalog_version import read_version
-    from icefloe.store import open_store, options_for
+def claimed_version(config: Config) -> Callable[[], int | None]:
+    """A function reading the newest catalog version claimed so far from the counter (None:
+    unreadable; the query's tables then say which versions exist)."""
+    def read() -> int | None:
+        from icefloe.catalog_version import read_version
+        from icefloe.store import open_store, options_for
 
-    section = config.store
-    try:
-        store = open_store(section.control_url or section.url,
-                           options_for(section.endpoint_url, section.region))
+        section = config.store
         try:
-            return read_version(store)
-        finally:
-            store.close()
-    except Exception:  # no store here (a reader with catalog access only)
-        return None
+            store = open_store(section.control_url or section.url,
+                               options_for(section.endpoint_url, section.region))
+            try:
+                return read_version(store)
+            finally:
+                store.close()
+        except Exception:  # no store here (a reader with catalog access only)
+            return None
+    return read
 
 
 def at_version(table: Table, identifier: str, version: int,
@@ -259,13 +279,13 @@ def at_version(table: Table, identifier: str, version: int,
     """The snapshot id ``table`` had at catalog version ``version`` (module docstring), or
     a :class:`CatalogError` naming what is wrong, and the right spelling when the number
     is a snapshot id."""
-    if table.snapshot_by_id(version) is not None and version > versions.newest:
-        raise CatalogError(
-            f"AT (VERSION => {version}) reads catalog version {version}, and {version} is a "
-            f"snapshot id of table {identifier!r}: to read that snapshot of that table, write "
-            f"{identifier} FOR VERSION AS OF {version}")
-    if version > versions.newest:
-        newest = f"the newest is {versions.newest}" if versions.newest else \
+    if not versions.exists(version):
+        if table.snapshot_by_id(version) is not None:
+            raise CatalogError(
+                f"AT (VERSION => {version}) reads catalog version {version}, and {version} "
+                f"is a snapshot id of table {identifier!r}: to read that snapshot of that "
+                f"table, write {identifier} FOR VERSION AS OF {version}")
+        newest = f"the newest is {versions.seen}" if versions.seen else \
             "no icefloe run has committed one yet"
         raise CatalogError(f"AT (VERSION => {version}): there is no catalog version {version} "
                            f"yet; {newest} (see `icefloe tables history`)")
