@@ -41,7 +41,8 @@ def ask(config: Config, sql: str) -> list[dict[str, Any]]:
 
     pinned = plan(sql, config)
     choice = choose(config, pinned, "duckdb")
-    assert choice.duck_sql is not None and choice.planned is not None
+    assert choice.duck_sql is not None
+    assert choice.planned is not None
     result, _ = run_embedded(config, pinned, choice.duck_sql, choice.planned)
     return result.to_pylist()
 

@@ -426,9 +426,13 @@ def test_should_travel_in_time_in_models_and_queries(spark: Any, lake: Config,
 
 def test_should_refuse_time_travel_to_nowhere(lake: Config) -> None:
     with pytest.raises(QueryError, match="a version is a number"):
+        plan("SELECT * FROM web.pageviews AT (VERSION => 'x')", lake)
+    with pytest.raises(QueryError, match="FOR VERSION AS OF takes a snapshot id"):
         plan("SELECT * FROM web.pageviews FOR VERSION AS OF 'x'", lake)
-    with pytest.raises(QueryError, match="has no version 42: its only version is 1"):
+    with pytest.raises(QueryError, match="has no snapshot 42; for catalog version 42 write"):
         plan("SELECT * FROM web.pageviews FOR VERSION AS OF 42", lake)
+    with pytest.raises(QueryError, match="no catalog version 42 yet; the newest is 1"):
+        plan("SELECT * FROM web.pageviews AT (VERSION => 42)", lake)
     with pytest.raises(QueryError, match="had no snapshot at 2000"):
         plan("SELECT * FROM pageviews FOR TIMESTAMP AS OF '2000-01-01T00:00:00Z'", lake,
              AsOf(snapshot_id=None))
@@ -563,7 +567,7 @@ def test_should_refuse_subfolder_clashes(tmp_path: Path, files: dict[str, str], 
     ("SELECT * FROM web.pageviews WITH (NOLOCK)", "table hint WITH (NOLOCK)"),
     ("SELECT * FROM web.pageviews AT (OFFSET => -1)", "AT (OFFSET => -1)"),
     ("SELECT * FROM web.pageviews AT (VERSION => 9)",
-     "table 'web.pageviews' has no version 9: its only version is 1"),
+     "there is no catalog version 9 yet; the newest is 1"),
     ("SELECT * FROM web.pageviews AT (TIMESTAMP => '2000-01-01')", "had no snapshot at 2000"),
     ("SELECT array_agg(url ORDER BY ts) AS a FROM web.pageviews", "Spark cannot order"),
     ("SELECT url FROM web.pageviews FOR UPDATE", "FOR UPDATE/SHARE"),
@@ -609,7 +613,7 @@ def test_should_fail_models_run_in_one_line_before_spark(lake: Config, tmp_path:
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert err.count("\n") == 0
-    assert "model mart.old: table 'web.pageviews' has no version 9" in err
+    assert "model mart.old: AT (VERSION => 9): there is no catalog version 9 yet" in err
     assert "starting Spark" not in err
 
 
