@@ -205,3 +205,36 @@ async def test_the_store_counter_outlives_a_restart(config: Config) -> None:
         assert b'"version":2' in (await store.get("catalog/version.json")).data
     finally:
         await store.close()
+
+
+async def test_a_run_over_several_shards_is_one_version(tmp_path: Path) -> None:
+    """Entries of manifest shards 0 and 2 in one run: every table it writes records the
+    same version (not one per shard or per commit)."""
+    import msgspec
+
+    from icefloe.manifest import ShardedProducer, grow_shards
+    from tests.collector_support import publish
+
+    base = collector_config(tmp_path, dedup_window_s=0, dequeue_every=1)
+    config = msgspec.structs.replace(base, manifest=msgspec.structs.replace(
+        base.manifest, shards=3))
+    store = open_store_of(config)
+    try:
+        await grow_shards(store, config.manifest.key, 3,
+                          backoff=config.manifest.build().conflict_backoff)
+        for shard, events in ((0, [click(0), click(1)]), (2, [buy(0), click(2)])):
+            producer = ShardedProducer(store, config.manifest.build(), shard=shard)
+            try:
+                await publish(store, [events], producer)  # type: ignore[arg-type]
+            finally:
+                await producer.close()
+    finally:
+        await store.close()
+    collector = await start_collector(config, LocalEngine())
+    try:
+        assert await run_all(collector) == 1
+    finally:
+        await collector.store.close()
+    assert recorded(config, "web.clicks") == ["1"]
+    assert recorded(config, "shop.buys") == ["1"]
+    assert counts_at(config, 1) == {"clicks": 3, "other": 1}

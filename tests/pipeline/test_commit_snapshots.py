@@ -274,3 +274,31 @@ def test_separate_commits_with_the_same_properties_stay_separate_versions(
     assert [rows_at(lake, OLD, s) for s in ends] == [
         [{"url": "/a", "views": 1}], [{"url": "/a", "views": 1}, {"url": "/b", "views": 1}],
         [{"url": "/a", "views": 2}], [{"url": "/a", "views": 3}]]
+
+
+def test_one_model_pass_is_one_catalog_version_across_its_targets(
+        spark: Any, lake: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both targets of a pass record the pass's version; the source's next commit (a
+    collector run) takes the next one, and the pass after it the one after (#37)."""
+    folder = tmp_path / "models"
+    write_model(folder, "per_url", PER_URL)
+    write_model(folder, "total", "-- materialized: table\nSELECT count(*) AS n FROM "
+                "web.pageviews")
+    project = prepare(folder, lake)
+    catalog = open_catalog(lake.catalog)
+
+    def versions(identifier: str) -> list[int]:
+        return sorted(introduced_versions(catalog.load_table(identifier)).values())
+
+    assert versions("web.pageviews") == [1]  # the fixture's commit
+    run_models(spark, project, lake)
+    pageviews(lake, [(2, 0, "/b", 1)])
+    run_models(spark, project, lake)
+    assert versions("models.per_url") == versions("models.total") == [2, 4]
+    assert versions("web.pageviews") == [1, 3]
+    for version, expected in ((2, {"total": 4, "source": 4}), (3, {"total": 4, "source": 5}),
+                              (4, {"total": 5, "source": 5})):
+        got = query_cli(lake, f"SELECT t.n AS total, p.n AS source FROM models.total "
+                        f"AT (VERSION => {version}) t CROSS JOIN (SELECT count(*) AS n FROM "
+                        f"web.pageviews AT (VERSION => {version})) p", capsys)
+        assert got == [expected], version
