@@ -296,9 +296,12 @@ def at_version(table: Table, identifier: str, version: int,
                   if n is not None and n <= version]
         if not picked:
             first = min(n for n in effective if n is not None)
+            cut = getattr(chain[0], "parent_snapshot_id", None) is not None
+            oldest = f"its snapshots before version {first} were expired" if cut else \
+                f"its first is version {first}"
             raise CatalogError(f"table {identifier!r} had no state at catalog version "
-                               f"{version}: its first is version {first} (see `icefloe "
-                               f"tables history {identifier}`)")
+                               f"{version}: {oldest} (see `icefloe tables history "
+                               f"{identifier}`)")
         return picked[-1].snapshot_id
     return _by_commit_time(table, identifier, version, versions)
 
