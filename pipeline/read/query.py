@@ -233,7 +233,7 @@ def catalog_versions(config: Config, tables: Iterable[Table | LocalTable],
         return None
     from pipeline.read.versions import CatalogVersions, claimed_version
 
-    return CatalogVersions(list(tables), claimed_version(config))  # type: ignore[arg-type]
+    return CatalogVersions(list(tables), claimed_version(config))
 
 
 def _finish(tree: exp.Expression, dialect: str, schema: Mapping[str, Mapping[str, str]],
@@ -497,8 +497,8 @@ def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None,
 
     if as_of is not None and as_of.version is not None:
         try:
-            return at_version(table, identifier, as_of.version,  # type: ignore[arg-type]
-                              versions or CatalogVersions([table]))  # type: ignore[list-item]
+            return at_version(table, identifier, as_of.version,
+                              versions or CatalogVersions([table]))
         except CatalogError as exc:
             raise QueryError(str(exc)) from None
     if as_of is None:
