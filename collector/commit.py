@@ -67,12 +67,14 @@ from collector.routing import Routes, Target
 from collector.staging import COMMIT_CHUNK_BYTES, Staged, StagingArea, due
 from collector.staging import MAX_FILES as MAX_STAGED_FILES
 from collector.where import WHERE_ERROR, unrouted_dead_letters, where_error_dead_letters
+from icefloe.catalog_version import claim_version
 from icefloe.clock import Clock
 from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState, merge_through
+from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD, OVERFLOW, EvolveLimits
 from pipeline.columns import DEAD_LETTER_TABLE
 from pipeline.iceberg.commit import CommitResult, commit_rows, not_committed
@@ -143,6 +145,7 @@ class RunCommits:
     """
 
     catalog: Catalog
+    store: AsyncObjectStore
     consumer: ShardedConsumer
     metrics: CollectorMetrics
     clock: Clock
@@ -159,10 +162,24 @@ class RunCommits:
     evolve_limits: EvolveLimits
     bulkheads: Bulkheads
     prepare_parked: Callable[[str], bool]
+    run_version: int | None
+    """The catalog version of the run (or staged import) committing now, once claimed."""
+
+    def claim_run_version(self) -> int:
+        """The run's catalog version (:mod:`icefloe.catalog_version`), claimed at its first
+        commit: every snapshot the run commits, to any table or from any shard, records
+        the same one, and a run that commits nothing claims none."""
+        if self.run_version is None:
+            assert self.epoch is not None
+            self.run_version = self.block_on(claim_version(
+                self.store, epoch=self.epoch, clock=self.consumer.store_clock))
+        return self.run_version
 
     def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
                    entries: list[Entry]) -> None:
-        """Commit each affected table once (dedup first), then the dead letters."""
+        """Commit each affected table once (dedup first), then the dead letters; all of
+        them as one catalog version."""
+        self.run_version = None
         versions = versions_of(entries)
         if isinstance(output, RunOutput):
             for (stream, column), count in output.sql_errors.items():
@@ -611,7 +628,7 @@ class RunCommits:
         assert self.epoch is not None
         outcome = commit_rows(self.catalog, table, rows, sequence=sequence, epoch=self.epoch,
                               append=append, props=props, clock=self.consumer.store_clock,
-                              sequences=sequences)
+                              sequences=sequences, version=self.claim_run_version)
         if outcome.attempts > 1:
             self.metrics.commit_failed.labels(table).inc(outcome.attempts - 1)
         self.metrics.commit_seconds.labels(table).observe(outcome.seconds)
@@ -677,7 +694,9 @@ class RunCommits:
 
     def commit_due_staged(self) -> dict[str, int]:
         """Commit every staged table whose conditions hold (blocking: call in a thread);
-        returns rows committed per table."""
+        returns rows committed per table. The imports of one call are one catalog
+        version, like a run's commits."""
+        self.run_version = None
         conditions: dict[str, Conditions | None] = {}
         for targets in self.routes.targets.values():
             for target in targets:

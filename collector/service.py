@@ -47,6 +47,7 @@ from collector.journal import DedupJournal, JournalView
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, cut_by_routing, embedded_reason
 from collector.staging import StagingArea
+from icefloe.catalog_version import stamp_epoch
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config, StreamConfig
 from icefloe.errors import (
@@ -135,6 +136,7 @@ class Collector(RunCommits):
         """Dedup windows by table: ids committed to that table within the window, by
         source."""
         self.epoch: int | None = None
+        self.run_version: int | None = None
         self.table_sequences: dict[str, dict[int, int]] = {}
         """Committed sequence per table, per manifest shard (absent: none)."""
         self._runs_since_dequeue = 0
@@ -287,6 +289,8 @@ class Collector(RunCommits):
         fenced = fence_all(self.catalog, self.epoch, consumed=consumed,
                            known=self.model_tables, skip=self._unloadable)
         self.block_on(self.staging.claim_existing(self.epoch))
+        # the catalog version counter too: an older collector can claim no more versions
+        self.block_on(stamp_epoch(self.store, self.epoch, clock=self.consumer.store_clock))
         self.confirm_epoch_sync()
         self._confirmed.update(f.uuid for f in fenced)
         self._fenced_epoch = self.epoch

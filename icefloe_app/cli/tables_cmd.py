@@ -294,9 +294,10 @@ def run_history(args: argparse.Namespace) -> int:
                                                           or 0), reverse=True)
     shown = snapshots if args.limit <= 0 else snapshots[: args.limit]
     current = loaded.current_snapshot()
-    from pipeline.read.versions import snapshot_versions
+    from pipeline.read.versions import introduced_versions, snapshot_versions
 
-    numbers = {s.snapshot_id: n for n, s in snapshot_versions(loaded).items()}
+    numbers = introduced_versions(loaded)
+    whole = {s.snapshot_id for s in snapshot_versions(loaded).values()}
     rows = [{"version": numbers.get(s.snapshot_id), **_history_entry(s, current)}
             for s in shown]
     if args.json:
@@ -319,10 +320,17 @@ def run_history(args: argparse.Namespace) -> int:
                   _count(r["total_files"])] for r in rows]))
     if len(snapshots) > len(shown):
         print(f"... {len(snapshots) - len(shown)} older (use --limit 0 to show all)")
-    _print_model_commits(rows)
-    print("* current snapshot. VERSION: what `AT (VERSION => n)` in icefloe query and models "
-          "reads. SEQUENCE, EPOCH: the manifest sequence and collector epoch it recorded")
-    if any(r["version"] is None for r in rows):
+    _print_model_commits(rows, whole)
+    print("* current snapshot. VERSION: the catalog version of the run that committed it "
+          "(`AT (VERSION => n)` reads each table's newest state at or before n); "
+          "`FOR VERSION AS OF <snapshot>` reads one snapshot. SEQUENCE, EPOCH: the manifest "
+          "sequence and collector epoch it recorded")
+    if any(r["version"] is None and r["snapshot_id"] in whole for r in rows):
+        print("VERSION -: no version of its own: it carries the one before it (a fence on "
+              "takeover or a compaction changes no rows), or it records none (written by "
+              "another engine or an older icefloe: a table without any version is read "
+              "at version n by commit time)")
+    if any(r["snapshot_id"] not in whole for r in rows):
         print("VERSION -: the middle of one commit an older icefloe wrote as several "
               "snapshots, a state no reader saw (time travel never lands there)")
     return 0
@@ -363,10 +371,11 @@ def _model_commit(props: dict[str, str]) -> dict[str, Any] | None:
             "sql_sha256": state.sql_sha256 or None, "columns": list(state.columns)}
 
 
-def _print_model_commits(rows: list[dict[str, Any]]) -> None:
-    """One line per shown snapshot a model run committed: its commit metadata."""
+def _print_model_commits(rows: list[dict[str, Any]], whole: set[int]) -> None:
+    """One line per shown commit (``whole``: the snapshot ids that end one) a model run
+    made: its commit metadata."""
     models = [(r["version"], r["model"]) for r in rows
-              if r["model"] is not None and r["version"] is not None]
+              if r["model"] is not None and r["snapshot_id"] in whole]
     if not models:
         return
     print("\nmodel commits (VERSION: model, kind, run id, rows, duration, SQL sha256, "

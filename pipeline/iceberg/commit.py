@@ -30,6 +30,7 @@ from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownExcept
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from icefloe.catalog_version import VERSION_PROP
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import CatalogError, OffsetLostError, TableFencedError, TableMismatchError
 from pipeline.iceberg.confirm import confirmed
@@ -149,15 +150,45 @@ def history_cut(oldest: Snapshot) -> bool:
 
 
 def summary_props(sequence: int, epoch: int, committed_ms: int | None = None,
-                  sequences: Mapping[int, int] | None = None) -> dict[str, str]:
+                  sequences: Mapping[int, int] | None = None,
+                  version: int | None = None) -> dict[str, str]:
     """Offset and epoch of a commit; ``sequences`` (per shard) adds
-    :data:`SEQUENCES_PROP` when it names a shard other than 0."""
+    :data:`SEQUENCES_PROP` when it names a shard other than 0; ``version`` is the catalog
+    version of the run (:mod:`icefloe.catalog_version`)."""
     props = {SEQUENCE_PROP: str(sequence), EPOCH_PROP: str(epoch)}
+    if version is not None:
+        props[VERSION_PROP] = str(version)
     if sequences and any(shard for shard in sequences):
         props[SEQUENCES_PROP] = encode_sequences(sequences)
     if committed_ms is not None:
         props[COMMITTED_AT_PROP] = str(committed_ms)
     return props
+
+
+def carried_version(table: Table) -> int | None:
+    """The catalog version of the table's current state: the newest
+    :data:`~icefloe.catalog_version.VERSION_PROP` walking back from the current snapshot
+    (None: no icefloe run recorded one). A commit that changes no rows (a fence, a
+    compaction) records it again, so it takes no version of its own and expiring the
+    snapshot that first held it loses nothing."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if VERSION_PROP in props:
+            try:
+                return int(props[VERSION_PROP])
+            except ValueError:
+                return None
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return None
+
+
+def version_props(table: Table) -> dict[str, str]:
+    """``{icefloe.version: ...}`` to carry forward on a commit that changes no rows
+    (:func:`carried_version`), or nothing."""
+    version = carried_version(table)
+    return {} if version is None else {VERSION_PROP: str(version)}
 
 
 def committed_at_ms(snapshot: Snapshot) -> int:
@@ -216,7 +247,8 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
                 epoch: int, max_attempts: int = 5,
                 append: Callable[[Table, pa.Table, dict[str, str]], None] | None = None,
                 props: Mapping[str, str] | None = None, clock: Clock = SYSTEM,
-                sequences: Mapping[int, int] | None = None) -> CommitResult:
+                sequences: Mapping[int, int] | None = None,
+                version: int | Callable[[], int] | None = None) -> CommitResult:
     """Append ``rows`` (with a ``_sequence``/``sequence`` column) exactly once.
 
     ``sequence`` is the highest manifest sequence of the run the rows come from; the
@@ -229,7 +261,9 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
     passes one that adds already-written Parquet files instead. ``props`` are extra summary
     properties (the dedup window's :data:`SOURCES_PROP`); ``clock`` is the store's clock
     (:class:`~icefloe.clock.StoreClock`): stamped as :data:`COMMITTED_AT_PROP`, and it
-    times the commit and the backoff after an unknown outcome.
+    times the commit and the backoff after an unknown outcome. ``version``: the run's
+    catalog version (:mod:`icefloe.catalog_version`), or a function that claims it, called
+    only when a snapshot is about to be committed (a run that commits nothing claims none).
     """
     started = clock.monotonic()
     write = append or _append
@@ -259,7 +293,8 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             # A refusal is confirmed against the table first (pipeline.iceberg.confirm): a retried
             # commit whose first try landed must not read as "not committed".
             stamped = summary_props(merged.get(0, NO_SEQUENCE), epoch,
-                                    int(clock.time() * 1000), merged)
+                                    int(clock.time() * 1000), merged,
+                                    version() if callable(version) else version)
             write(confirmed(table), with_shard_column(table, fresh, seq_column),
                   {**(props or {}), **stamped})
             return CommitResult(identifier, fresh.num_rows, rows.num_rows - fresh.num_rows,

@@ -42,6 +42,7 @@ from pipeline.iceberg.commit import (
     committed_state,
     offset_props,
     summary_props,
+    version_props,
 )
 from pipeline.iceberg.tables import MANAGED_PROP
 
@@ -111,7 +112,8 @@ def fence_table(catalog: Catalog, identifier: str, epoch: int, *, offsets: bool
         managed = table.properties.get(MANAGED_PROP) == "true"
         if recorded == epoch and managed:
             return FencedTable(identifier, str(table.metadata.table_uuid))  # fenced already
-        props = {EPOCH_PROP: str(epoch), **carried}
+        # an empty snapshot: the state's catalog version carried, no number of its own
+        props = {EPOCH_PROP: str(epoch), **carried, **version_props(table)}
         try:
             with table.transaction() as tx:
                 if not managed:

@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING
 from icefloe.config import Config
 from pipeline.models.dag import Project, Resolver, references
 from pipeline.models.spec import Model, ModelError
-from pipeline.read.query import AsOf, QueryError, pin, point_at, spark_sql, time_travel
+from pipeline.read.query import (
+    AsOf,
+    QueryError,
+    catalog_versions,
+    pin,
+    point_at,
+    spark_sql,
+    time_travel,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -154,7 +162,8 @@ class Binder:
         if identifier not in self._tables:
             self._tables[identifier] = load_table(self.config.catalog, identifier)
         table = self._tables[identifier]
-        snapshot = pin(table, identifier, clause)
+        snapshot = pin(table, identifier, clause,
+                       catalog_versions(self.config, self._tables.values(), [clause]))
         key = identifier if clause is None else f"{identifier}@{snapshot}"
         if key in self.pins:
             return self.pins[key]

@@ -24,6 +24,7 @@ from pipeline.models.spec import Model, ModelError
 from pipeline.read.query import (
     DEAD_LETTERS,
     QueryError,
+    catalog_versions,
     check_clauses,
     pin,
     refuse_lost_meaning,
@@ -190,6 +191,7 @@ def check_tables(project: Project, config: Config) -> None:
             if clause is None or ref.name not in loaded:
                 continue  # a stored model's table is checked when the run reads it
             try:
-                pin(loaded[ref.name], ref.name, clause)
+                pin(loaded[ref.name], ref.name, clause,
+                    catalog_versions(config, loaded.values(), [clause]))
             except (QueryError, CatalogError) as exc:
                 raise ModelError(f"model {model.name}: {exc}") from None

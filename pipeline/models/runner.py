@@ -66,6 +66,31 @@ Writer = Callable[..., None]
 inject a crash between computing a result and committing it."""
 
 
+class RunVersion:
+    """One model run's catalog version (:mod:`icefloe.catalog_version`), claimed at its
+    first commit: every target the pass writes records the same one, a pass that commits
+    nothing claims none. Inside a collector the claim is fenced by its epoch."""
+
+    def __init__(self, config: Config, fence: WriteFence | None) -> None:
+        self.config = config
+        self.epoch = fence.epoch if fence is not None else None
+        self.version: int | None = None
+
+    def __call__(self) -> int:
+        if self.version is None:
+            from icefloe.catalog_version import claim_version_sync
+            from icefloe.store import open_store, options_for
+
+            section = self.config.store
+            store = open_store(section.control_url or section.url,
+                               options_for(section.endpoint_url, section.region))
+            try:
+                self.version = claim_version_sync(store, epoch=self.epoch)
+            finally:
+                store.close()
+        return self.version
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What happened to one model: ``state`` is ran, up to date, view, failed or skipped;
@@ -124,6 +149,7 @@ def run_models(spark: SparkSession, project: Project, config: Config,
     run_id = run_id or uuid.uuid4().hex[:16]
     failed: set[str] = set()
     outcomes: list[Outcome] = []
+    version = RunVersion(config, fence)
     for model in project.select(names):
         started = clock.monotonic()
         broken = [u for u in project.upstream(model.name) if u in failed]
@@ -135,7 +161,8 @@ def run_models(spark: SparkSession, project: Project, config: Config,
         try:
             state, rows, reason = _run_one(spark, project, config, catalog, model,
                                            full_refresh=full_refresh, run_id=run_id,
-                                           write=write, fence=fence, clock=clock)
+                                           write=write, fence=fence, clock=clock,
+                                           version=version)
         except IcefloeError as exc:
             failed.add(model.name)
             state, rows, reason = "failed", None, str(exc).splitlines()[0]
@@ -148,9 +175,10 @@ def run_models(spark: SparkSession, project: Project, config: Config,
 
 def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Catalog,
              model: Model, *, full_refresh: bool, run_id: str, write: Writer,
-             fence: WriteFence | None = None, clock: Clock = SYSTEM
-             ) -> tuple[str, int | None, str]:
-    """Run one model: ``(state, rows, note)``."""
+             fence: WriteFence | None = None, clock: Clock = SYSTEM,
+             version: Callable[[], int] | None = None) -> tuple[str, int | None, str]:
+    """Run one model: ``(state, rows, note)``; ``version`` claims the pass's catalog
+    version (recorded on the commit)."""
     started = clock.monotonic()
     if not model.stored:
         binding = bind_model(spark, project, config, model, None)
@@ -181,6 +209,10 @@ def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Cat
                           marks or {}, kind=model.materialized, sql_sha256=model.sql_sha256,
                           duration_ms=round((clock.monotonic() - started) * 1000),
                           select=select).properties()
+    if version is not None:
+        from icefloe.catalog_version import VERSION_PROP
+
+        properties[VERSION_PROP] = str(version())
     try:
         write(catalog, model.target, result, mode=mode, unique_key=model.unique_key,
               properties=properties,

@@ -8,10 +8,12 @@ reads that same snapshot, so a self-join or a ``count(*)`` next to a ``sum`` agr
 
 Names resolve in this order: ``namespace.table`` as written; a bare name that is a stream
 (``pageviews`` → its table); a bare name that is the table part of exactly one stream's
-table. ``AT (VERSION => n)`` / ``AT (TIMESTAMP => t)`` (DuckLake's spelling) or
-``FOR VERSION|TIMESTAMP AS OF`` (Spark's) after a reference pins that one reference (it wins
-over ``--as-of``); ``n`` is a table version (:mod:`pipeline.read.versions`) or a snapshot id.
-The same table may then be read at two snapshots in one query (a before/after comparison).
+table. A time-travel clause after a reference pins that one reference (it wins over
+``--as-of``): DuckLake's ``AT (VERSION => n)`` reads catalog version ``n``, one moment of
+every table (:mod:`pipeline.read.versions`); Spark's ``FOR VERSION AS OF id`` reads snapshot
+``id`` of that table; ``AT (TIMESTAMP => t)`` and ``FOR TIMESTAMP AS OF t`` the state at
+``t``. The same table may then be read at two snapshots in one query (a before/after
+comparison).
 Only read-only queries run (``SELECT``, set operations, ``WITH``); anything else is refused
 before Spark starts, and so is any clause or construct the rewrite would drop or change
 (:func:`check_clauses`, :func:`spark_sql`): an error naming it beats a wrong answer.
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from sqlglot import exp
 
     from pipeline.read.local_table import LocalTable
+    from pipeline.read.versions import CatalogVersions
 
 DEAD_LETTERS = "icefloe.dead_letters"
 
@@ -59,13 +62,14 @@ class QueryError(IcefloeError):
 
 @dataclass(frozen=True)
 class AsOf:
-    """Where to read a table: a snapshot id (``--as-of``), a version (a reference's own
-    ``AT (VERSION => n)``: the table's snapshot sequence number or a snapshot id), or a
-    point in time (ms since the epoch)."""
+    """Where to read a table: a snapshot id (``--as-of``, ``FOR VERSION AS OF``), a catalog
+    version (``AT (VERSION => n)``, :mod:`pipeline.read.versions`), or a point in time (ms
+    since the epoch). ``spelled``: the clause as written, for errors."""
 
     snapshot_id: int | None = None
     timestamp_ms: int | None = None
     version: int | None = None
+    spelled: str | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> AsOf | None:
@@ -191,17 +195,21 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None, dialect: str = "sp
     snapshots: dict[str, int | None] = {}
     identifiers: dict[str, str] = {}
     loaded: dict[str, Table | LocalTable] = {}
+    travels: list[tuple[exp.Table, str, AsOf | None]] = []
     for ref in references:
         identifier = resolve_name(ref, config)
-        clause = time_travel(ref)
+        travels.append((ref, identifier, time_travel(ref)))
         if identifier not in loaded:
             loaded[identifier] = load_table_to_query(config.catalog, identifier)
+    versions = catalog_versions(config, loaded.values(), [c for _, _, c in travels]
+                                + [as_of])
+    for ref, identifier, clause in travels:
         key = identifier
         if clause is not None:
-            key = f"{identifier}@{pin(loaded[identifier], identifier, clause)}"
+            key = f"{identifier}@{pin(loaded[identifier], identifier, clause, versions)}"
             identifiers[key] = identifier
         if key not in views:
-            snapshots[key] = pin(loaded[identifier], identifier, clause or as_of)
+            snapshots[key] = pin(loaded[identifier], identifier, clause or as_of, versions)
             views[key] = f"__icefloe_{len(views)}_{identifier.replace('.', '_')}"
         point_at(ref, views[key])
     types = {key: column_types_at(loaded[identifiers.get(key, key)], snapshots[key])
@@ -215,6 +223,17 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None, dialect: str = "sp
     return _finish(tree, dialect, schema, Plan(
         "", views, snapshots, identifiers, loaded,
         {key: names for key, names in uuids.items() if names}))
+
+
+def catalog_versions(config: Config, tables: Iterable[Table | LocalTable],
+                     clauses: Iterable[AsOf | None]) -> CatalogVersions | None:
+    """What the query's tables (and the version counter) say about catalog versions, when
+    a clause reads one (None otherwise: nothing to read)."""
+    if not any(c is not None and c.version is not None for c in clauses):
+        return None
+    from pipeline.read.versions import CatalogVersions, claimed_version
+
+    return CatalogVersions(list(tables), claimed_version(config))
 
 
 def _finish(tree: exp.Expression, dialect: str, schema: Mapping[str, Mapping[str, str]],
@@ -395,10 +414,10 @@ def time_travel(ref: exp.Table) -> AsOf | None:
     """The reference's time-travel clause as an :class:`AsOf`, removed from the tree (Spark
     reads a temp view, which has no versions of its own).
 
-    Two spellings mean the same: DuckLake's ``AT (VERSION => n)`` / ``AT (TIMESTAMP => t)``
-    and Spark's ``FOR VERSION AS OF n`` / ``FOR TIMESTAMP AS OF t``. ``n`` is the table's
-    version (its snapshot sequence number, as ``icefloe tables history`` shows) or a
-    snapshot id; ``t`` a quoted ISO 8601 time, UTC unless it says otherwise.
+    DuckLake's ``AT (VERSION => n)`` reads catalog version ``n`` (as ``icefloe tables
+    history`` shows it); Spark's ``FOR VERSION AS OF id`` reads snapshot ``id`` of this
+    table, as Spark reads an Iceberg table; ``AT (TIMESTAMP => t)`` and ``FOR TIMESTAMP AS
+    OF t`` mean the same: ``t`` is a quoted ISO 8601 time, UTC unless it says otherwise.
     """
     from sqlglot import exp
 
@@ -422,11 +441,16 @@ def time_travel(ref: exp.Table) -> AsOf | None:
                                                                              exp.Literal):
         raise QueryError(f"{where}: write FOR VERSION AS OF <version> or FOR TIMESTAMP "
                          "AS OF '<ISO 8601 time>'")
-    return _travel_to(kind, value, f"{where} {value.sql(dialect='spark')}")
+    where = f"{where} {value.sql(dialect='spark')}"
+    travel = _travel_to(kind, value, where, spark=True)
+    if travel.version is not None:  # Spark's (and Iceberg's) FOR VERSION AS OF: a snapshot id
+        return AsOf(snapshot_id=travel.version, spelled=where)
+    return travel
 
 
-def _travel_to(kind: str, value: exp.Expression, where: str) -> AsOf:
-    """``VERSION``/``TIMESTAMP`` and its value as an :class:`AsOf`; ``where`` names the clause."""
+def _travel_to(kind: str, value: exp.Expression, where: str, spark: bool = False) -> AsOf:
+    """``VERSION``/``TIMESTAMP`` and its value as an :class:`AsOf`; ``where`` names the
+    clause, ``spark``: Spark's ``FOR ... AS OF`` (its version is a snapshot id)."""
     from sqlglot import exp
 
     if isinstance(value, exp.Cast) and kind == "TIMESTAMP" and value.to.is_type(
@@ -434,13 +458,18 @@ def _travel_to(kind: str, value: exp.Expression, where: str) -> AsOf:
         value = value.this  # TIMESTAMP '2026-11-23 17:00:00'
     if not isinstance(value, exp.Literal):
         raise QueryError(f"{where}: give a literal {kind.lower()}, such as "
-                         + ("3 (see `icefloe tables history`)" if kind == "VERSION" else
+                         + ("a snapshot id (see `icefloe tables history`)" if spark
+                            and kind == "VERSION" else
+                            "3 (see `icefloe tables history`)" if kind == "VERSION" else
                             "'2026-11-23T17:00:00Z'"))
     text = value.this.strip()
     if kind == "VERSION":
         if value.is_string or not text.isdigit():
-            raise QueryError(f"{where}: a version is a number: the table's version (1, 2, "
-                             "3 ...) or a snapshot id, see `icefloe tables history`")
+            raise QueryError(f"{where}: " + (
+                "Spark's FOR VERSION AS OF takes a snapshot id (digits); for a catalog "
+                "version write AT (VERSION => n)" if spark else
+                "a version is a number: the catalog version (1, 2, 3 ...), see `icefloe "
+                "tables history`; for a snapshot id write FOR VERSION AS OF <id>"))
         return AsOf(version=int(text))
     if not value.is_string:
         raise QueryError(f"{where}: a timestamp is quoted ISO 8601, such as "
@@ -452,21 +481,36 @@ def _travel_to(kind: str, value: exp.Expression, where: str) -> AsOf:
                          "'2026-11-23T17:00:00Z')") from None
 
 
-def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None) -> int | None:
-    """The snapshot to read: current, the given id or version, or the one current at the
-    given time (``table``: pyiceberg's, or a :class:`LocalTable`, which answers the same
-    questions the same way)."""
+def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None,
+        versions: CatalogVersions | None = None) -> int | None:
+    """The snapshot to read: current, the given snapshot id, the state at a catalog version,
+    or the one current at the given time (``table``: pyiceberg's, or a :class:`LocalTable`,
+    which answers the same questions the same way). ``versions``: what the query's tables
+    say about catalog versions (default: this table alone)."""
     from pipeline.read.tables import resolve_snapshot
-    from pipeline.read.versions import complete_snapshot, refuse_intermediate, resolve_version
+    from pipeline.read.versions import (
+        CatalogVersions,
+        at_version,
+        complete_snapshot,
+        refuse_intermediate,
+    )
 
     if as_of is not None and as_of.version is not None:
         try:
-            return resolve_version(table, identifier, as_of.version)
+            return at_version(table, identifier, as_of.version,
+                              versions or CatalogVersions([table]))
         except CatalogError as exc:
             raise QueryError(str(exc)) from None
     if as_of is None:
         return resolve_snapshot(table, identifier, None)
     if as_of.snapshot_id is not None:
+        if as_of.spelled is not None and table.snapshot_by_id(as_of.snapshot_id) is None:
+            raise QueryError(
+                f"{as_of.spelled}: Spark's FOR VERSION AS OF takes a snapshot id of the table "
+                f"(as Spark reads Iceberg), and {identifier!r} has no snapshot "
+                f"{as_of.snapshot_id}; for catalog version {as_of.snapshot_id} write "
+                f"AT (VERSION => {as_of.snapshot_id}) (see `icefloe tables history "
+                f"{identifier}`)")
         snapshot_id = resolve_snapshot(table, identifier, as_of.snapshot_id)
         try:
             refuse_intermediate(table, identifier, as_of.snapshot_id,

@@ -1,36 +1,60 @@
-"""Table versions: a table's snapshots numbered 1, 2, 3 ... in commit order.
+"""Versions: what ``AT (VERSION => n)`` reads, and which snapshots are whole commits.
 
-Why a number besides the snapshot id: ids are 19-digit random numbers nobody types; DuckLake
-users write ``AT (VERSION => 3)``. The number is the snapshot's Iceberg sequence number,
-which the table assigns once per commit: it never changes when old snapshots expire
-(version 1 then simply no longer exists), so a version written down today means the same
-snapshot tomorrow. ``icefloe tables history`` shows it, ``icefloe query`` and the models read
-it. No Spark here: the CLI's history imports this without starting a JVM.
+**Catalog versions.** ``n`` is a catalog version (:mod:`icefloe.catalog_version`): each
+collector run and model run claims one and records it as ``icefloe.version`` in every
+snapshot it commits, so one number names one moment of every table, as in DuckLake: ``a AT
+(VERSION => 3) JOIN b AT (VERSION => 3)`` reads both as they were after run 3. A table at
+version ``n`` is its newest snapshot (along the current snapshot's ancestry) whose
+*effective* version is at most ``n`` (:func:`effective_versions`):
 
-Only the end of a commit is a version. icefloe commits one snapshot per change, but before
-issue #37 a ``table`` model's rerun, a ``merge`` model's commit and an overflow redrive went
-through pyiceberg's ``overwrite``/``upsert``, which leave a ``delete`` (and maybe an
-``overwrite``) snapshot, then one or two ``append`` snapshots, all in one catalog commit. No
-reader ever saw the ones in the middle (the catalog swapped them in together), and time
-travel must not show them either: they get no version, ``AT (VERSION => n)`` refuses their
-number and their snapshot id, and ``AT (TIMESTAMP => t)`` at a moment between them reads the
-state before the commit. They are recognized by what those commits left: a snapshot whose
-child carries the same ``icefloe.*`` summary properties (pyiceberg put the commit's
-properties on every snapshot it made) and continues the pattern (``delete`` then
-``overwrite`` or ``append``, ``overwrite`` then ``append``, and a model merge's two appends,
-which its run id tells apart from two runs). Tables written by other engines have no
-``icefloe.*`` properties: every snapshot of theirs is a version.
+* a snapshot that records a version has it; fencing and maintenance snapshots record the
+  version they carry forward (they change no rows), so they never take a number of their
+  own and a takeover shifts nothing;
+* a snapshot without one in a table that has versions (another engine's commit, a redrive,
+  a commit of an older icefloe) counts from the next run's version on, the first moment
+  icefloe's numbering can place it after; one after the table's last run counts from none
+  yet. Numbers along a table's history never decrease (a run that committed to it after a
+  newer-numbered one counts as that one), so what a version reads never changes later;
+* a table with no version anywhere (written only by other engines or an older icefloe)
+  resolves by commit time: the moment of version ``n`` is the newest commit time of a
+  snapshot numbered at most ``n`` in the query's other tables (:class:`CatalogVersions`); a
+  query that has no such table cannot place ``n`` in time and is refused.
+
+The per-table forms stay: Spark's ``FOR VERSION AS OF <snapshot id>`` and ``--as-of``
+take a snapshot id, ``AT (TIMESTAMP => t)`` a time. A number given in the other form
+(a snapshot id to ``AT (VERSION => ...)``, a small version to ``FOR VERSION AS OF``) is
+refused with the right spelling, never read as the other.
+
+**Whole commits.** Only the end of a commit is a state time travel reads. icefloe commits
+one snapshot per change, but before issue #37 a ``table`` model's rerun, a ``merge`` model's
+commit and an overflow redrive went through pyiceberg's ``overwrite``/``upsert``, which
+leave a ``delete`` (and maybe an ``overwrite``) snapshot, then one or two ``append``
+snapshots, all in one catalog commit. No reader ever saw the ones in the middle (the catalog
+swapped them in together), and time travel must not show them either: ``FOR VERSION AS OF``
+refuses their snapshot id, and ``AT (TIMESTAMP => t)`` at a moment between them reads the
+state before the commit (they record no catalog version, so ``AT (VERSION => n)`` never
+lands there either). They are recognized by what those commits left: a snapshot whose child
+carries the same ``icefloe.*`` summary properties (pyiceberg put the commit's properties on
+every snapshot it made) and continues the pattern (``delete`` then ``overwrite`` or
+``append``, ``overwrite`` then ``append``, and a model merge's two appends, which its run id
+tells apart from two runs). Tables written by other engines have no ``icefloe.*``
+properties: every snapshot of theirs is a whole commit.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from icefloe.catalog_version import VERSION_PROP
 from icefloe.errors import CatalogError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
+
+    from icefloe.config import Config
 
 
 PREFIX = "icefloe."
@@ -49,7 +73,8 @@ def _numbered(table: Table) -> dict[int, Snapshot]:
 
 
 def snapshot_versions(table: Table) -> dict[int, Snapshot]:
-    """``{version: snapshot}``: the snapshots that end a commit (module docstring). A
+    """``{sequence number: snapshot}``: the snapshots that end a commit (module docstring;
+    the numbers are the table's own, not catalog versions). A
     format-version 1 table has no sequence numbers; its snapshots are numbered by commit
     time instead."""
     middle = intermediate_snapshots(table)
@@ -109,9 +134,9 @@ def refuse_intermediate(table: Table, identifier: str, snapshot_id: int,
     commit; ``asked`` is how the caller named it (``version 4``, ``snapshot 123``)."""
     if snapshot_id not in intermediate_snapshots(table):
         return
-    ends = {s.snapshot_id: n for n, s in snapshot_versions(table).items()}
+    ends = {s.snapshot_id: s.snapshot_id for s in snapshot_versions(table).values()}
     end = _end_of(table, snapshot_id, ends)
-    then = f"; the commit is version {end}" if end is not None else ""
+    then = f"; the commit ends at snapshot {end}" if end is not None else ""
     raise CatalogError(f"table {identifier!r}: {asked} is the middle of one commit (an older "
                        f"icefloe wrote it as several snapshots), a state no reader ever saw"
                        f"{then} (see `icefloe tables history {identifier}`)")
@@ -131,36 +156,172 @@ def _end_of(table: Table, snapshot_id: int, ends: dict[int, int]) -> int | None:
     return None
 
 
-def version_of(table: Table, snapshot_id: int) -> int | None:
-    """The version of snapshot ``snapshot_id`` (None: no such snapshot)."""
-    return next((n for n, s in snapshot_versions(table).items()
-                 if s.snapshot_id == snapshot_id), None)
+# -- catalog versions ------------------------------------------------------------------
 
 
-def resolve_version(table: Table, identifier: str, version: int) -> int:
-    """The snapshot id of ``version``, or ``version`` itself when it is a snapshot id of
-    the table; otherwise a :class:`CatalogError` saying which versions exist."""
-    versions = snapshot_versions(table)
-    if version in versions:
-        return versions[version].snapshot_id
-    numbered = _numbered(table)
-    if version in numbered:  # the number of a snapshot in the middle of an old commit
-        refuse_intermediate(table, identifier, numbered[version].snapshot_id,
-                            f"version {version}")
-    if table.snapshot_by_id(version) is not None:
-        refuse_intermediate(table, identifier, version, f"snapshot {version}")
-        return version
-    raise CatalogError(f"table {identifier!r} has no version {version}: "
-                       f"{_describe(sorted(versions))} (see `icefloe tables history "
-                       f"{identifier}`)")
+def run_version(snapshot: Snapshot) -> int | None:
+    """The catalog version ``snapshot`` records (None: none, or unreadable)."""
+    summary = snapshot.summary
+    text = summary.additional_properties.get(VERSION_PROP) if summary is not None else None
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
-def _describe(numbers: list[int]) -> str:
-    if not numbers:
-        return "it has no commits yet"
-    if len(numbers) == 1:
-        return f"its only version is {numbers[0]}"
-    if numbers == list(range(numbers[0], numbers[-1] + 1)):
-        return f"its versions are {numbers[0]} to {numbers[-1]}"
-    shown = ", ".join(map(str, numbers[-10:]))
-    return f"its versions are {'..., ' if len(numbers) > 10 else ''}{shown}"
+def lineage(table: Table) -> list[Snapshot]:
+    """The current snapshot and its ancestors, oldest first: the states the table had (a
+    rolled-back snapshot is not one of them)."""
+    chain: list[Snapshot] = []
+    snapshot = table.current_snapshot()
+    seen: set[int] = set()
+    while snapshot is not None and snapshot.snapshot_id not in seen:
+        seen.add(snapshot.snapshot_id)
+        chain.append(snapshot)
+        parent = getattr(snapshot, "parent_snapshot_id", None)
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    chain.reverse()
+    return chain
+
+
+def effective_versions(chain: list[Snapshot]) -> list[int | None]:
+    """Per snapshot of :func:`lineage`, the first catalog version that reads it or a later
+    state (module docstring); None: no version reads it yet."""
+    filled: list[int | None] = []
+    following: int | None = None
+    for snapshot in reversed(chain):
+        own = run_version(snapshot)
+        following = own if own is not None else following
+        filled.append(following)
+    filled.reverse()
+    effective: list[int | None] = []
+    highest: int | None = None
+    for number in filled:
+        if number is not None:
+            highest = number if highest is None else max(highest, number)
+        effective.append(highest if number is not None else None)
+    return effective
+
+
+def introduced_versions(table: Table) -> dict[int, int]:
+    """``{snapshot id: catalog version}`` of the snapshots that introduced a version (a run's
+    commit), leaving out those that only carry one forward (fencing, maintenance) and the
+    middle of an old multi-snapshot commit."""
+    numbers: dict[int, int] = {}
+    previous: int | None = None
+    middle = intermediate_snapshots(table)
+    for snapshot in lineage(table):
+        if snapshot.snapshot_id in middle:
+            continue
+        own = run_version(snapshot)
+        if own is not None and own != previous:
+            numbers[snapshot.snapshot_id] = own
+        previous = own if own is not None else previous
+    return numbers
+
+
+class CatalogVersions:
+    """What one query knows about catalog versions: the newest one, and when each was
+    reached, from its own tables (and the counter, when it can be read)."""
+
+    def __init__(self, tables: Iterable[Table],
+                 claimed: Callable[[], int | None] | None = None) -> None:
+        """``claimed`` reads the counter; asked only for a version above every one the
+        tables record (a cold query then touches no store)."""
+        self._commits: list[tuple[int, int]] = []  # (version, commit time ms)
+        for table in tables:
+            for snapshot in lineage(table):
+                own = run_version(snapshot)
+                if own is not None:
+                    self._commits.append((own, snapshot.timestamp_ms))
+        self.seen = max((v for v, _ in self._commits), default=0)
+        self._claimed = claimed
+
+    def exists(self, version: int) -> bool:
+        """Whether catalog version ``version`` has been claimed (by the tables, else the
+        counter)."""
+        if version <= self.seen:
+            return True
+        claimed = self._claimed() if self._claimed is not None else None
+        if claimed is not None:
+            self.seen = max(self.seen, claimed)
+        self._claimed = None
+        return version <= self.seen
+
+    def moment(self, version: int) -> int | None:
+        """Commit time (ms) of the newest snapshot numbered at most ``version`` among the
+        query's tables (None: none)."""
+        return max((at for v, at in self._commits if v <= version), default=None)
+
+
+def claimed_version(config: Config) -> Callable[[], int | None]:
+    """A function reading the newest catalog version claimed so far from the counter (None:
+    unreadable; the query's tables then say which versions exist)."""
+    def read() -> int | None:
+        from icefloe.catalog_version import read_version
+        from icefloe.store import open_store, options_for
+
+        section = config.store
+        try:
+            store = open_store(section.control_url or section.url,
+                               options_for(section.endpoint_url, section.region))
+            try:
+                return read_version(store)
+            finally:
+                store.close()
+        except Exception:  # no store here (a reader with catalog access only)
+            return None
+    return read
+
+
+def at_version(table: Table, identifier: str, version: int,
+               versions: CatalogVersions) -> int:
+    """The snapshot id ``table`` had at catalog version ``version`` (module docstring), or
+    a :class:`CatalogError` naming what is wrong, and the right spelling when the number
+    is a snapshot id."""
+    if not versions.exists(version):
+        if table.snapshot_by_id(version) is not None:
+            raise CatalogError(
+                f"AT (VERSION => {version}) reads catalog version {version}, and {version} "
+                f"is a snapshot id of table {identifier!r}: to read that snapshot of that "
+                f"table, write {identifier} FOR VERSION AS OF {version}")
+        newest = f"the newest is {versions.seen}" if versions.seen else \
+            "no icefloe run has committed one yet"
+        raise CatalogError(f"AT (VERSION => {version}): there is no catalog version {version} "
+                           f"yet; {newest} (see `icefloe tables history`)")
+    chain = lineage(table)
+    effective = effective_versions(chain)
+    if any(number is not None for number in effective):
+        picked = [s for s, n in zip(chain, effective, strict=True)
+                  if n is not None and n <= version]
+        if not picked:
+            first = min(n for n in effective if n is not None)
+            cut = getattr(chain[0], "parent_snapshot_id", None) is not None
+            oldest = f"its snapshots before version {first} were expired" if cut else \
+                f"its first is version {first}"
+            raise CatalogError(f"table {identifier!r} had no state at catalog version "
+                               f"{version}: {oldest} (see `icefloe tables history "
+                               f"{identifier}`)")
+        return picked[-1].snapshot_id
+    return _by_commit_time(table, identifier, version, versions)
+
+
+def _by_commit_time(table: Table, identifier: str, version: int,
+                    versions: CatalogVersions) -> int:
+    """A table that records no catalog version: its snapshot current at the moment of
+    ``version``."""
+    import datetime as dt
+
+    moment = versions.moment(version)
+    if moment is None:
+        raise CatalogError(
+            f"table {identifier!r} records no catalog versions (written by another engine or "
+            f"an older icefloe), and no other table of this query places version {version} "
+            "in time: read it AT (TIMESTAMP => '<ISO 8601 time>') or FOR VERSION AS OF "
+            "<snapshot id>, or join it with an icefloe table at the same version")
+    snapshot = complete_snapshot(table, table.snapshot_as_of_timestamp(moment))
+    if snapshot is None:
+        when = dt.datetime.fromtimestamp(moment / 1000, dt.UTC).isoformat(timespec="seconds")
+        raise CatalogError(f"table {identifier!r} had no commit yet at catalog version "
+                           f"{version} ({when}, by commit time: it records no versions)")
+    return snapshot.snapshot_id

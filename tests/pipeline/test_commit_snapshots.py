@@ -27,7 +27,7 @@ from pipeline.models import prepare, run_models
 from pipeline.models.state import NAME, RUN_ID
 from pipeline.read.query import AsOf, QueryError, pin, plan, run_query
 from pipeline.read.tables import load_table_to_query
-from pipeline.read.versions import snapshot_versions
+from pipeline.read.versions import introduced_versions, snapshot_versions
 from tests.pipeline.test_models import (
     DAY,
     EXAMPLE_CONFIG,
@@ -72,9 +72,10 @@ def pinned(config: Config, sql: str) -> int | None:
 def assert_only_whole_commits(config: Config, identifier: str,
                               whole: list[list[dict[str, Any]]],
                               capsys: pytest.CaptureFixture[str]) -> None:
-    """Every version ``tables history`` lists, every number up to the last, every snapshot
-    id, and every moment around each snapshot reads one of the ``whole`` states (or is
-    refused), and every whole state is some version."""
+    """Every catalog version ``tables history`` lists, every number up to the last, every
+    snapshot id (``FOR VERSION AS OF``), and every moment around each snapshot reads one of
+    the ``whole`` states (or is refused), and every whole state is some commit's end (and
+    some version's, when the table records versions)."""
     table = open_catalog(config.catalog).load_table(identifier)
     snapshots = list(table.snapshots())
     listed = [r["version"] for r in history(config, identifier, capsys)
@@ -84,15 +85,21 @@ def assert_only_whole_commits(config: Config, identifier: str,
         at = pinned(config, f"SELECT * FROM {identifier} AT (VERSION => {version})")
         seen.append(rows_at(config, identifier, at))
         assert seen[-1] in whole, f"version {version} reads a state no reader saw"
-    assert sorted(map(str, seen)) == sorted(map(str, whole))
-    top = max(s.sequence_number for s in snapshots)
-    asked = [*range(1, top + 1), *(s.snapshot_id for s in snapshots)]
-    for version in asked:
+    if listed:
+        assert sorted(map(str, seen)) == sorted(map(str, whole))
+    ends = [s.snapshot_id for s in snapshot_versions(table).values()]
+    assert sorted(map(str, (rows_at(config, identifier, pinned(
+        config, f"SELECT * FROM {identifier} FOR VERSION AS OF {end}")) for end in ends))) == \
+        sorted(map(str, whole))
+    top = max([*listed, *(s.sequence_number for s in snapshots)])
+    asked = [f"AT (VERSION => {n})" for n in range(1, top + 1)] + \
+        [f"FOR VERSION AS OF {s.snapshot_id}" for s in snapshots]
+    for clause in asked:
         try:
-            at = pinned(config, f"SELECT * FROM {identifier} AT (VERSION => {version})")
+            at = pinned(config, f"SELECT * FROM {identifier} {clause}")
         except QueryError:
             continue  # refused by name: never a wrong answer
-        assert rows_at(config, identifier, at) in whole, f"AT (VERSION => {version})"
+        assert rows_at(config, identifier, at) in whole, clause
     for snapshot in snapshots:
         for ms in (snapshot.timestamp_ms - 1, snapshot.timestamp_ms,
                    snapshot.timestamp_ms + 1):
@@ -136,7 +143,8 @@ def test_a_table_model_rerun_is_one_snapshot_and_every_version_is_whole(
     assert len(table.snapshots()) == 2  # one per commit
     assert [s.summary.operation.value for s in table.snapshots()] == ["append", "overwrite"]
     # Spark and the CLI read the same whole states at every version
-    for version, rows in zip(sorted(snapshot_versions(table)), (first, second), strict=True):
+    for version, rows in zip(sorted(introduced_versions(table).values()), (first, second),
+                             strict=True):
         result, _, _ = run_query(spark, lake, f"SELECT url, n FROM {target} "
                                  f"AT (VERSION => {version}) ORDER BY url")
         assert result.to_pylist() == sorted(rows, key=lambda r: r["url"])
@@ -212,7 +220,7 @@ def test_an_older_table_travels_only_to_whole_commits(
     assert len(snapshot_versions(table)) == 3
     assert_only_whole_commits(lake, OLD, whole, capsys)
     rows = history(lake, OLD, capsys)
-    assert [r["version"] is None for r in rows].count(False) == 3
+    assert [r["version"] for r in rows] == [None] * len(rows)  # no catalog versions
     from icefloe_app.cli import main
 
     data_dir = Path(lake.catalog.uri.split(":///", 1)[1]).parent
@@ -238,11 +246,9 @@ def test_a_version_in_the_middle_of_an_older_commit_is_refused_by_name(lake: Con
     versions = snapshot_versions(table)
     middle = next(s for s in table.snapshots()
                   if s.snapshot_id not in {v.snapshot_id for v in versions.values()})
-    end = min(n for n in versions if n > middle.sequence_number)
-    with pytest.raises(QueryError, match=rf"version {middle.sequence_number} is the middle "
-                       rf"of one commit .* the commit is version {end}"):
-        plan(f"SELECT * FROM {OLD} AT (VERSION => {middle.sequence_number})", lake)
-    with pytest.raises(QueryError, match=rf"snapshot {middle.snapshot_id} is the middle"):
+    end = versions[min(n for n in versions if n > middle.sequence_number)].snapshot_id
+    with pytest.raises(QueryError, match=rf"snapshot {middle.snapshot_id} is the middle "
+                       rf"of one commit .* the commit ends at snapshot {end}"):
         plan(f"SELECT * FROM {OLD} FOR VERSION AS OF {middle.snapshot_id}", lake)
     with pytest.raises(QueryError, match=rf"snapshot {middle.snapshot_id} is the middle"):
         plan(f"SELECT * FROM {OLD}", lake, AsOf(snapshot_id=middle.snapshot_id))
@@ -268,3 +274,31 @@ def test_separate_commits_with_the_same_properties_stay_separate_versions(
     assert [rows_at(lake, OLD, s) for s in ends] == [
         [{"url": "/a", "views": 1}], [{"url": "/a", "views": 1}, {"url": "/b", "views": 1}],
         [{"url": "/a", "views": 2}], [{"url": "/a", "views": 3}]]
+
+
+def test_one_model_pass_is_one_catalog_version_across_its_targets(
+        spark: Any, lake: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both targets of a pass record the pass's version; the source's next commit (a
+    collector run) takes the next one, and the pass after it the one after (#37)."""
+    folder = tmp_path / "models"
+    write_model(folder, "per_url", PER_URL)
+    write_model(folder, "total", "-- materialized: table\nSELECT count(*) AS n FROM "
+                "web.pageviews")
+    project = prepare(folder, lake)
+    catalog = open_catalog(lake.catalog)
+
+    def versions(identifier: str) -> list[int]:
+        return sorted(introduced_versions(catalog.load_table(identifier)).values())
+
+    assert versions("web.pageviews") == [1]  # the fixture's commit
+    run_models(spark, project, lake)
+    pageviews(lake, [(2, 0, "/b", 1)])
+    run_models(spark, project, lake)
+    assert versions("models.per_url") == versions("models.total") == [2, 4]
+    assert versions("web.pageviews") == [1, 3]
+    for version, expected in ((2, {"total": 4, "source": 4}), (3, {"total": 4, "source": 5}),
+                              (4, {"total": 5, "source": 5})):
+        got = query_cli(lake, f"SELECT t.n AS total, p.n AS source FROM models.total "
+                        f"AT (VERSION => {version}) t CROSS JOIN (SELECT count(*) AS n FROM "
+                        f"web.pageviews AT (VERSION => {version})) p", capsys)
+        assert got == [expected], version

@@ -46,16 +46,20 @@ DAY = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
 
 
 def lake_config(root: Path) -> Config:
-    """The example config's streams on a SQLite catalog under ``root``."""
+    """The example config's streams on a SQLite catalog and a store under ``root`` (where
+    ``--data-dir root`` puts them)."""
     example = load_config(EXAMPLE_CONFIG)
     return msgspec.structs.replace(example, catalog=msgspec.structs.replace(
         example.catalog, uri=f"sqlite:///{root / 'catalog.db'}",
-        warehouse=(root / "warehouse").as_uri()))
+        warehouse=(root / "warehouse").as_uri()),
+        store=msgspec.structs.replace(example.store, url=(root / "store").as_uri()))
 
 
 def pageviews(config: Config, views: list[tuple[int, int, str, int]],
-              properties: dict[str, str] | None = None) -> None:
-    """Append one commit of page views: ``(sequence, day offset, url, session)`` each."""
+              properties: dict[str, str] | None = None, *, versioned: bool = True) -> None:
+    """Append one commit of page views: ``(sequence, day offset, url, session)`` each; as
+    a collector run does, it claims the next catalog version and records it (unless not
+    ``versioned``: a commit by another engine)."""
     stream = config.stream("pageviews")
     assert stream is not None
     table = ensure_stream_table(open_catalog(config.catalog), stream)
@@ -64,8 +68,14 @@ def pageviews(config: Config, views: list[tuple[int, int, str, int]],
              "_event_id": f"e{sequence}-{index}", "_received_at": DAY,
              "_sequence": sequence}
             for index, (sequence, day, url, session) in enumerate(views)]
+    props = dict(properties or {})
+    if versioned:
+        from icefloe.catalog_version import VERSION_PROP, claim_version_sync
+        from icefloe.store import open_store
+
+        props[VERSION_PROP] = str(claim_version_sync(open_store(config.store.url), epoch=None))
     table.append(pa.Table.from_pylist(rows, schema=table_arrow_schema(stream)),
-                 snapshot_properties=properties or {})
+                 snapshot_properties=props)
 
 
 def write_model(folder: Path, name: str, text: str) -> Path:
@@ -416,9 +426,13 @@ def test_should_travel_in_time_in_models_and_queries(spark: Any, lake: Config,
 
 def test_should_refuse_time_travel_to_nowhere(lake: Config) -> None:
     with pytest.raises(QueryError, match="a version is a number"):
+        plan("SELECT * FROM web.pageviews AT (VERSION => 'x')", lake)
+    with pytest.raises(QueryError, match="FOR VERSION AS OF takes a snapshot id"):
         plan("SELECT * FROM web.pageviews FOR VERSION AS OF 'x'", lake)
-    with pytest.raises(QueryError, match="has no version 42: its only version is 1"):
+    with pytest.raises(QueryError, match="has no snapshot 42; for catalog version 42 write"):
         plan("SELECT * FROM web.pageviews FOR VERSION AS OF 42", lake)
+    with pytest.raises(QueryError, match="no catalog version 42 yet; the newest is 1"):
+        plan("SELECT * FROM web.pageviews AT (VERSION => 42)", lake)
     with pytest.raises(QueryError, match="had no snapshot at 2000"):
         plan("SELECT * FROM pageviews FOR TIMESTAMP AS OF '2000-01-01T00:00:00Z'", lake,
              AsOf(snapshot_id=None))
@@ -553,7 +567,7 @@ def test_should_refuse_subfolder_clashes(tmp_path: Path, files: dict[str, str], 
     ("SELECT * FROM web.pageviews WITH (NOLOCK)", "table hint WITH (NOLOCK)"),
     ("SELECT * FROM web.pageviews AT (OFFSET => -1)", "AT (OFFSET => -1)"),
     ("SELECT * FROM web.pageviews AT (VERSION => 9)",
-     "table 'web.pageviews' has no version 9: its only version is 1"),
+     "there is no catalog version 9 yet; the newest is 1"),
     ("SELECT * FROM web.pageviews AT (TIMESTAMP => '2000-01-01')", "had no snapshot at 2000"),
     ("SELECT array_agg(url ORDER BY ts) AS a FROM web.pageviews", "Spark cannot order"),
     ("SELECT url FROM web.pageviews FOR UPDATE", "FOR UPDATE/SHARE"),
@@ -599,7 +613,7 @@ def test_should_fail_models_run_in_one_line_before_spark(lake: Config, tmp_path:
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert err.count("\n") == 0
-    assert "model mart.old: table 'web.pageviews' has no version 9" in err
+    assert "model mart.old: AT (VERSION => 9): there is no catalog version 9 yet" in err
     assert "starting Spark" not in err
 
 

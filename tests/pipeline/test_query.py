@@ -3,7 +3,8 @@ names, and a table clause the rewrite cannot honour is refused by name, never dr
 
 Planning needs only the catalog (no Spark); one test runs Spark to see the rows themselves.
 The table is the example config's ``web.pageviews`` in a fresh SQLite catalog, written with
-pyiceberg directly: three commits of 4, 1 and 1 rows, i.e. versions 1, 2 and 3.
+pyiceberg directly, each commit claiming a catalog version as a collector run does: three
+commits of 4, 1 and 1 rows, i.e. catalog versions 1, 2 and 3.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def test_should_read_the_version_at_names(lake: Config) -> None:
     first, second, third = (s.snapshot_id for s in snapshots(lake))
     assert pinned(lake, f"SELECT * FROM {TABLE} AT (VERSION => 1)") == [first]
     assert pinned(lake, "SELECT * FROM pageviews AT (VERSION => 2) AS p") == [second]
-    assert pinned(lake, f"SELECT * FROM {TABLE} AT (VERSION => {first})") == [first]
+    assert pinned(lake, f"SELECT * FROM {TABLE} FOR VERSION AS OF {first}") == [first]
     assert pinned(lake, f"SELECT * FROM {TABLE}") == [third]
 
 
@@ -67,10 +68,11 @@ def test_should_number_versions_as_tables_history_does(
     assert [r["version"] for r in history] == [3, 2, 1]
 
 
-def test_should_agree_with_for_version_as_of(lake: Config) -> None:
+def test_should_read_a_snapshot_id_with_for_version_as_of(lake: Config) -> None:
     _, second, _ = (s.snapshot_id for s in snapshots(lake))
-    assert pinned(lake, f"SELECT * FROM {TABLE} FOR VERSION AS OF 2") == [second]
+    assert pinned(lake, f"SELECT * FROM {TABLE} FOR VERSION AS OF {second}") == [second]
     assert pinned(lake, f"SELECT * FROM {TABLE} VERSION AS OF {second}") == [second]
+    assert pinned(lake, f"SELECT * FROM {TABLE} AT (VERSION => 2)") == [second]
 
 
 def test_should_read_the_snapshot_current_at_a_timestamp(lake: Config) -> None:
@@ -91,9 +93,10 @@ def test_should_read_the_snapshot_current_at_a_timestamp(lake: Config) -> None:
 
 @pytest.mark.parametrize(("sql", "message"), [
     (f"SELECT * FROM {TABLE} AT (VERSION => 9)",
-     r"table 'web.pageviews' has no version 9: its versions are 1 to 3"),
+     r"there is no catalog version 9 yet; the newest is 3"),
     (f"SELECT * FROM {TABLE} FOR VERSION AS OF 9",
-     r"table 'web.pageviews' has no version 9: its versions are 1 to 3"),
+     r"FOR VERSION AS OF 9: Spark's FOR VERSION AS OF takes a snapshot id .* write "
+     r"AT \(VERSION => 9\)"),
     (f"SELECT * FROM {TABLE} AT (TIMESTAMP => '2000-01-01T00:00:00Z')",
      r"table 'web.pageviews' had no snapshot at 2000-01-01T00:00:00\+00:00; its first"),
     (f"SELECT * FROM {TABLE} AT (VERSION => 'x')", r"AT \(VERSION => 'x'\).*a version is"),
@@ -135,7 +138,7 @@ def test_should_keep_what_the_table_reference_says_besides_its_name(lake: Config
 def test_should_return_the_rows_of_the_version(spark: Any, lake: Config) -> None:
     sql = (f"SELECT v1.n AS v1, v2.n AS v2, now.n AS now FROM "
            f"(SELECT count(*) AS n FROM {TABLE} AT (VERSION => 1)) v1 CROSS JOIN "
-           f"(SELECT count(*) AS n FROM pageviews FOR VERSION AS OF 2) v2 CROSS JOIN "
+           f"(SELECT count(*) AS n FROM pageviews AT (VERSION => 2)) v2 CROSS JOIN "
            f"(SELECT count(*) AS n FROM {TABLE}) now")
     result, _, _ = run_query(spark, lake, sql)
     assert result.to_pylist() == [{"v1": 4, "v2": 5, "now": 6}]
@@ -167,4 +170,4 @@ def test_should_fail_the_command_in_one_line(lake: Config, tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert err.count("\n") == 0
-    assert "has no version 7: its versions are 1 to 3" in err
+    assert "there is no catalog version 7 yet; the newest is 3" in err
