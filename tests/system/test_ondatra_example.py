@@ -151,6 +151,7 @@ def test_ondatrasql_example_verbatim(spark: Any, tmp_path: Path,
         answers = [curl("-X", "POST", url.replace(":8080", f":{port}"), "-d", body)
                    for url, body in UPSTREAM_CURL]
         assert answers == ['{"accepted":1}', '{"accepted":2}']
+        assert '"ok"' in curl(f"localhost:{port}/health")  # OndatraSQL's health check
     finally:
         assert ingestor.stop() == 0
 
