@@ -64,6 +64,8 @@ class FlushSettings:
     timeout_s: float = 30.0
     zstd_level: int = 3
     retry_after_s: float = 1.0
+    compression: Compression = Compression.ZSTD
+    """The batch files' block codec (``[ingestor] batch_compression``)."""
 
 
 @dataclass
@@ -119,7 +121,7 @@ class Batcher:
             self._loop_task = asyncio.create_task(self._run(), name="ingest-flusher")
 
     def enqueue(self, framed: bytes, count: int, stream: str,
-                registry_version: int = 0) -> asyncio.Future[None]:
+                registry_version: int = 0, also: tuple[str, ...] = ()) -> asyncio.Future[None]:
         """Buffer one request's framed records; the future resolves once they are durable
         (or fails with the :class:`Unavailable` that says why they are not). A client that
         hangs up cancels only its own future: the flush is its own task, and it skips
@@ -127,7 +129,8 @@ class Batcher:
 
         ``registry_version`` is the stream-registry version the events were accepted under;
         a batch holds one version only (a change seals the open batch), because the manifest
-        entry records it and the collector routes the whole entry by it.
+        entry records it and the collector routes the whole entry by it. ``also``: other
+        envelope stream names in ``framed`` (dead-lettered invalid events).
 
         Raises :class:`Overloaded` (buffer full), :class:`Unavailable` (flush failed, or
         shutting down). In both cases none of the request's events were acknowledged.
@@ -160,6 +163,8 @@ class Batcher:
                                             opened_at=self._monotonic())
         batch.builder.add_framed(framed, count)
         batch.streams.add(stream)
+        if also:
+            batch.streams.update(also)
         batch.size += size
         self._held_bytes += size
         waiters = batch.waiters
@@ -276,7 +281,7 @@ class Batcher:
         # this loop
         try:
             pending = self.publisher.dispatch(
-                batch.builder.to_block(Compression.ZSTD, self.settings.zstd_level),
+                batch.builder.to_block(self.settings.compression, self.settings.zstd_level),
                 streams=batch.streams, registry_version=batch.registry_version)
         except Exception as exc:  # answered by the flush task like any failed flush
             pending = _raise(exc)

@@ -32,7 +32,8 @@ from ingestor.service import Caller
 from ingestor.validate import InvalidEvents
 
 Entry = Mapping[str, Any] | bytes | str
-"""One event: a mapping (encoded as JSON), or the JSON text of one object."""
+"""One event: a mapping (encoded as JSON), or the JSON text of one object; for a
+``payload = "bytes"`` stream, the entry's bytes, kept as they are."""
 
 
 class Durable:
@@ -41,9 +42,11 @@ class Durable:
     error (503/429 kinds: :class:`ingestor.errors.IngestError`) from the ``await``."""
 
     def __init__(self, future: asyncio.Future[None], count: int,
-                 on_durable: Any) -> None:
+                 on_durable: Any, dead_lettered: int = 0) -> None:
         self._future = future
         self.count = count
+        self.dead_lettered = dead_lettered
+        """Invalid entries kept as dead letters (``on_invalid = "dead_letter"``)."""
         self._on_durable = on_durable
         self._counted = False
 
@@ -94,10 +97,18 @@ class Ingestor:
         as the ``Idempotency-Key`` header does, so a retried call is deduplicated.
         """
         compiled = self.service.stream(self._stream_name(stream))
-        payloads = [_encoded(entry) for entry in entries]
+        entries = list(entries)
+        opaque = compiled.config.payload == "bytes"
+        payloads = entries if opaque else [_encoded(entry) for entry in entries]
         try:
-            canonical = compiled.from_events(payloads)
+            canonical = compiled.from_entries(entries) if opaque else \
+                compiled.from_events(payloads)
         except InvalidEvents as exc:
+            if compiled.config.on_invalid == "dead_letter" and payloads and not opaque:
+                future, count, dead = self.service.admit_valid(
+                    compiled, payloads, idempotency_key=idempotency_key, caller=Caller())
+                return Durable(future, count,
+                               lambda n: self.service.accepted(compiled.name, n), dead)
             error: BadRequest = self.service.bad_request(exc)
             self.service.reject(compiled.name, error, len(payloads))
             raise error from None

@@ -259,13 +259,14 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         except BadRequest as refused:
             self._refused(None, refused)
             return _failed(context, error_status(refused))
-        accepted, error = await self._attempt(
+        accepted, dead, error = await self._attempt(
             request, token, client_address(context, self.service.proxies), metadata)
         if error is not None:
             return _failed(context, error_status(
                 error, retry_after_s=self.retry_after_s,
                 max_details_bytes=MAX_TRAILER_DETAILS_BYTES))
-        return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
+        return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id,
+                                          dead_lettered=dead)
 
     async def PublishStream(self, request_iterator: AsyncIterable[ingest_pb2.PublishRequest],
                             context: grpc.aio.ServicerContext
@@ -370,9 +371,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             error = _malformed_error(request)
             self._refused(None, error)
             return ingest_pb2.PublishResponse(error=error_status(error))
-        accepted, error = await self._attempt(request, token, client, metadata)
+        accepted, dead, error = await self._attempt(request, token, client, metadata)
         if error is None:
-            return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id)
+            return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id,
+                                              dead_lettered=dead)
         return ingest_pb2.PublishResponse(
             request_id=request.request_id,
             error=error_status(error, retry_after_s=self.retry_after_s))
@@ -381,20 +383,23 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
 
     async def _attempt(self, request: ingest_pb2.PublishRequest, token: str | None,
                        client: str | None, metadata: Metadata = None
-                       ) -> tuple[int, IngestError | None]:
-        """Ingest one request: (accepted, None) once durable, or (0, why it was refused)."""
+                       ) -> tuple[int, int, IngestError | None]:
+        """Ingest one request: (accepted, dead-lettered, None) once durable, or (0, 0, why
+        it was refused)."""
         started = time.perf_counter()
         try:
             try:
-                durable, stream, count = self._admit(request, token, client, metadata, None)
+                durable, stream, count, dead = self._admit(request, token, client, metadata,
+                                                           None)
             except NeedsVerification:  # a first-time token: verify it (may take a while)
                 stream = self.service.stream(request.stream)
                 caller = await self.service.authorize(stream, token, client)
-                durable, stream, count = self._admit(request, token, client, metadata, caller)
+                durable, stream, count, dead = self._admit(request, token, client, metadata,
+                                                           caller)
             await durable
         except IngestError as error:
             self._refused(request, error)
-            return 0, error
+            return 0, 0, error
         except Exception as exc:  # a bug must not leave the client without an answer
             log.exception("gRPC publish to stream %r failed unexpectedly", request.stream,
                           exc_info=exc)
@@ -402,21 +407,22 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             error = IngestError("internal error; the ingestor logged it; nothing was "
                                 "acknowledged")
             self._refused(request, error)
-            return 0, error
+            return 0, 0, error
         self._ack.observe(time.perf_counter() - started)
         ok = self._ok.get(stream.name)
         if ok is None:
             ok = self._ok[stream.name] = self.metrics.requests.labels(
                 "grpc", stream.name, grpc.StatusCode.OK.name)
         ok.inc()
-        return self.service.accepted(stream.name, count), None
+        return self.service.accepted(stream.name, count), dead, None
 
     def _admit(self, request: ingest_pb2.PublishRequest, token: str | None,
                client: str | None, metadata: Metadata, caller: Caller | None
-               ) -> tuple[asyncio.Future[None], CompiledStream, int]:
+               ) -> tuple[asyncio.Future[None], CompiledStream, int, int]:
         """Check, frame and buffer one request without awaiting: the future resolves once
-        its events are durable. ``caller`` None: authorize from cached token outcomes
-        (raises :class:`NeedsVerification` for a first-time token)."""
+        its events are durable; with it, the accepted and dead-lettered counts.
+        ``caller`` None: authorize from cached token outcomes (raises
+        :class:`NeedsVerification` for a first-time token)."""
         service = self.service
         stream = service.stream(request.stream)
         if caller is None:
@@ -426,14 +432,24 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             meta = stream.request_meta(client, lambda key: metadata_value(metadata, key),
                                        lambda: [(k, v) for k, v in metadata or ()
                                                 if isinstance(v, str)])
-            canonical = stream.from_events([event.json for event in events])
         except InvalidEvents as exc:
             raise service.bad_request(exc) from None
+        try:
+            canonical = stream.from_events([event.json for event in events])
+        except InvalidEvents as exc:
+            if stream.config.on_invalid != "dead_letter" or not events:
+                raise service.bad_request(exc) from None
+            canonical = None
         ids = [event.event_id for event in events]
+        if canonical is None:  # on_invalid = "dead_letter": keep the valid ones
+            durable, count, dead = service.admit_valid(
+                stream, [event.json for event in events], event_ids=ids if any(ids) else None,
+                idempotency_key=request.request_id or None, caller=caller, meta=meta)
+            return durable, stream, count, dead
         durable = service.admit(stream, canonical, event_ids=ids if any(ids) else None,
                                 idempotency_key=request.request_id or None, caller=caller,
                                 meta=meta)
-        return durable, stream, len(events)
+        return durable, stream, len(events), 0
 
     def _refused(self, request: ingest_pb2.PublishRequest | None, error: IngestError) -> None:
         """Count a refusal (``request`` None: refused before it could be read)."""

@@ -31,6 +31,10 @@ class IngestMetrics:
         self.events_rejected = Counter("icefloe_ingest_events_rejected",
                                        "Events refused, by reason", ["stream", "reason"],
                                        registry=r)
+        self.events_dead_lettered = Counter(
+            "icefloe_ingest_events_dead_lettered", "Invalid events of on_invalid = "
+            "\"dead_letter\" streams buffered as dead letters instead of refusing the "
+            "request", ["stream"], registry=r)
         self.client_errors = Counter(
             "icefloe_ingest_client_errors", "Requests refused because of the client (4xx but "
             "429), by error code (ingestor.client_errors)", ["code"], registry=r)

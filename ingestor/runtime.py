@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
+from icefloe.formats.batch import Compression
 from icefloe.manifest import ShardedProducer, ensure_shards
 from icefloe.manifest.publish import HelperPublisher, Publisher, StorePublisher
 from icefloe.redact import mask_uri
@@ -43,7 +44,8 @@ def flush_settings(config: Config) -> FlushSettings:
         max_batch_events=ing.flush_events, min_interval_s=ing.min_flush_interval_ms / 1000,
         early_requests=ing.early_flush_requests,
         max_bytes=ing.buffer_max_bytes, timeout_s=ing.flush_timeout_s,
-        zstd_level=ing.zstd_level, retry_after_s=ing.retry_after_s)
+        zstd_level=ing.zstd_level, retry_after_s=ing.retry_after_s,
+        compression=Compression.NONE if ing.batch_compression == "none" else Compression.ZSTD)
 
 
 @dataclass

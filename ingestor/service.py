@@ -19,6 +19,7 @@ from icefloe.errors import NotFound, StoreError
 from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded
 from icefloe.registry.model import Registry
 from icefloe.store.base import AsyncObjectStore
+from icefloe.streams.invalid import invalid_payload, invalid_stream
 from ingestor.auth import Credential, TokenAuthority
 from ingestor.buffer import Batcher
 from ingestor.client_address import TrustedProxies
@@ -204,6 +205,56 @@ class IngestService:
                                stem=stem)
         return self.batcher.enqueue(framed, len(payloads), stream.name,
                                     stream.registry_version)
+
+    def admit_valid(self, stream: CompiledStream, events: Sequence[bytes], *,
+                    event_ids: Sequence[str] | None = None,
+                    idempotency_key: str | None = None, caller: Caller | None = None,
+                    meta: bytes = b"") -> tuple[asyncio.Future[None], int, int]:
+        """``on_invalid = "dead_letter"``, after a request failed validation: buffer its
+        valid events for the stream and its invalid ones as dead letters, in one enqueue
+        (one batch, so one durability outcome for both); returns the future and the
+        counts ``(accepted, dead_lettered)``.
+
+        Why ids by the event's place in the request: a retried request (same idempotency
+        key or ids) gives every event, valid or not, the id it had the first time, so the
+        valid ones are deduplicated as always and each dead letter keeps one identity.
+        Every other refusal (rate limits, sizes, ids, a full buffer) still refuses the
+        whole request, as without the setting.
+        """
+        kept, canonical, bad = stream.split_invalid(events)
+        count = len(events)
+        payloads = canonical.payloads
+        if payloads and max(map(len, payloads)) > self.max_event_bytes:
+            self._too_large(payloads)
+        if stream.keeps_unknown and caller is not None and caller.token and payloads:
+            payloads = with_client(payloads, caller.token)
+        received_at_ms = int(self._clock.time() * 1000)
+        body_ids: list[str | None] | None = None
+        if canonical.body_ids:
+            body_ids = [None] * count
+            for index, event_id in zip(kept, canonical.body_ids, strict=True):
+                body_ids[index] = event_id
+        stem, raw_ids = self._event_ids(count, body_ids, event_ids, idempotency_key,
+                                        received_at_ms)
+        ids = [stem + raw_ids[i] for i in range(count)]
+        if self.limits.enabled:
+            self.limits.admit(stream.name, caller.token if caller else None,
+                              caller.client if caller else None, count,
+                              sum(map(len, payloads)) + sum(len(events[i]) for i, _ in bad))
+        framed = b""
+        if payloads:
+            framed = frame_encoded(stream.name, received_at_ms, [ids[i] for i in kept],
+                                   payloads, meta=meta)
+        dead = [invalid_payload(why.code, why.field, why.reason, events[index])
+                for index, why in bad]
+        if dead:
+            framed += frame_encoded(invalid_stream(stream.name), received_at_ms,
+                                    [ids[index] for index, _ in bad], dead)
+        future = self.batcher.enqueue(framed, count, stream.name, stream.registry_version,
+                                      also=(invalid_stream(stream.name),) if dead else ())
+        if dead:
+            self.metrics.events_dead_lettered.labels(stream.name).inc(len(dead))
+        return future, len(payloads), len(dead)
 
     def _too_large(self, payloads: Sequence[bytes]) -> NoReturn:
         index = next(i for i, p in enumerate(payloads) if len(p) > self.max_event_bytes)

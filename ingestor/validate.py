@@ -28,6 +28,7 @@ import msgspec
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
 from icefloe.formats.speedups import compiled as _speedups
+from icefloe.streams.entries import entry_payload
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
 from icefloe.streams.mappings import parse_path
 from icefloe.streams.model import Column, StreamConfig
@@ -217,6 +218,45 @@ class CompiledStream:
                 if self._evolve else canonical
         except RecursionError:
             raise _too_deep() from None
+
+    def from_entries(self, entries: Sequence[bytes | bytearray | memoryview]) -> Canonical:
+        """Opaque byte entries of a ``payload = "bytes"`` stream, each kept whole in the
+        stream's binary column (:mod:`icefloe.streams.entries`)."""
+        if self.config.payload != "bytes":
+            raise InvalidEvents("not_a_bytes_stream", f"stream {self.name!r} takes JSON "
+                                "events; opaque byte entries go to a stream declared with "
+                                'payload = "bytes"')
+        if not entries:
+            raise InvalidEvents("empty_body", "the request holds no entries")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, bytes | bytearray | memoryview):
+                raise InvalidEvents("invalid_entry", f"entry {index} is a "
+                                    f"{type(entry).__name__}; a bytes stream takes bytes",
+                                    [Violation(index, None, "not bytes", "invalid_entry")])
+        return Canonical([entry_payload(self.config, entry) for entry in entries], None)
+
+    def split_invalid(self, events: Sequence[bytes]
+                      ) -> tuple[list[int], Canonical, list[tuple[int, Violation]]]:
+        """For ``on_invalid = "dead_letter"``: each event alone, as :meth:`from_events`
+        would take it. Returns the indexes of the valid ones, their canonical form (in
+        order) and ``(index, why)`` for every invalid one (no cap: each becomes a dead
+        letter). Only called after the request as a whole failed, so it may be slow."""
+        kept: list[int] = []
+        payloads: list[bytes] = []
+        ids: list[str | None] = []
+        bad: list[tuple[int, Violation]] = []
+        for index, event in enumerate(events):
+            try:
+                one = self.from_events([event])
+            except InvalidEvents as exc:
+                why = exc.violations[0] if exc.violations else Violation(0, None, str(exc),
+                                                                         exc.code)
+                bad.append((index, Violation(index, why.field, why.reason, exc.code)))
+                continue
+            kept.append(index)
+            payloads.extend(one.payloads)
+            ids.append(one.body_ids[0] if one.body_ids else None)
+        return kept, Canonical(payloads, ids if any(ids) else None), bad
 
     def _from_events(self, events: Sequence[bytes], utf8_checked: bool = True) -> Canonical:
         joined = b"[" + b",".join(events) + b"]"

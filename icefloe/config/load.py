@@ -2,7 +2,8 @@
 resolve relative paths, validate.
 
 Environment names are ``ICEFLOE_<SECTION>_<KEY>`` (e.g. ``ICEFLOE_INGESTOR_HTTP_PORT``,
-``ICEFLOE_STORE_URL``). Relative ``file:`` paths, SQLite paths and TLS files resolve against
+``ICEFLOE_STORE_URL``); OndatraSQL's ``COLLECT_PORT`` / ``COLLECT_ADMIN_PORT`` are read too
+(:func:`_apply_collect_env`). Relative ``file:`` paths, SQLite paths and TLS files resolve against
 the config file's folder. Every failure is a :class:`ConfigError` naming the file and the
 key, never a stack trace from deep inside a server.
 """
@@ -64,6 +65,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
             raise ConfigError(f"{source}: cannot read config file: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    _apply_collect_env(raw, env)
     _apply_env(raw, env, where)
     for section, values in (overrides or {}).items():
         raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
@@ -108,6 +110,38 @@ _HASH_START = re.compile(r",(?=\s*(?:scrypt|pbkdf2-sha256)\$)")
 
 def _split_list(field: str, value: str) -> list[str]:
     return _HASH_START.split(value) if field == "tokens" else value.split(",")
+
+
+COLLECT_PORT = "COLLECT_PORT"
+COLLECT_ADMIN_PORT = "COLLECT_ADMIN_PORT"
+
+
+def _port_from(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) > 65535:
+        raise ConfigError(f"{name}: {value!r} is not a port number (0..65535)")
+    return int(value)
+
+
+def _apply_collect_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    """OndatraSQL's daemon ports: ``COLLECT_PORT`` is the ingestor's HTTP port and
+    ``COLLECT_ADMIN_PORT`` the admin API's; without the latter, ``COLLECT_PORT + 1`` is the
+    admin port unless the file names one (OndatraSQL's own default).
+
+    Why here, below the ``ICEFLOE_*`` names: an OndatraSQL user's environment keeps
+    working unchanged (it beats the file, as any environment does), while the
+    ``ICEFLOE_INGESTOR_HTTP_PORT`` / ``ICEFLOE_ADMIN_PORT`` a deployment sets on purpose,
+    and the flags, still win."""
+    public = _port_from(env, COLLECT_PORT)
+    admin = _port_from(env, COLLECT_ADMIN_PORT)
+    if public is not None:
+        raw.setdefault("ingestor", {})["http_port"] = public
+        if admin is None and "port" not in raw.get("admin", {}):
+            raw.setdefault("admin", {})["port"] = public + 1 if public else 0
+    if admin is not None:
+        raw.setdefault("admin", {})["port"] = admin
 
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:

@@ -90,6 +90,9 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     retry_after_s: int = 1
     cors_origins: tuple[str, ...] = ()
     zstd_level: int = 3
+    batch_compression: Literal["zstd", "none"] = "zstd"
+    """The batch files' block codec (the footer's compression byte: 1 zstd, 0 none). The
+    readers take both, so a change applies to new files only and needs no migration."""
     tls_cert_file: str | None = None
     """PEM certificate chain for HTTP and gRPC; re-read when it changes (no restart)."""
     tls_key_file: str | None = None

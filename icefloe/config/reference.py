@@ -76,6 +76,8 @@ MEANING: dict[str, str] = {
                              "typeless bodies, which skip the preflight (env: "
                              "comma-separated)",
     "ingestor.zstd_level": "batch file compression level",
+    "ingestor.batch_compression": "batch files' block codec: `zstd` or `none` (the footer's "
+                                  "compression byte; readers take both)",
     "ingestor.tls_cert_file": "PEM certificate chain for HTTP and gRPC (relative: to the config "
                               "folder); re-read within seconds when it changes, no restart",
     "ingestor.tls_key_file": "PEM private key of `tls_cert_file` (unencrypted; keep it 0600)",

@@ -150,6 +150,10 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     unrouted: str = "drop"
     unrouteds: tuple[Change, ...] = ()
     """Every value ``unrouted`` had, by version (empty while it never changed)."""
+    payload: str = "json"
+    """``json`` events, or opaque ``bytes`` entries (see ``StreamConfig.payload``)."""
+    on_invalid: str = "reject"
+    """Invalid events of a request: ``reject`` it whole, or ``dead_letter`` them."""
 
     @property
     def live(self) -> bool:

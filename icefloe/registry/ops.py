@@ -92,6 +92,8 @@ class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     rate_limit: RateLimit | None = None
     sinks: tuple[SinkSpec, ...] = ()
     unrouted: str = "drop"
+    payload: str = "json"
+    on_invalid: str = "reject"
 
 
 class SourcePatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -162,6 +164,11 @@ def _check_source_fields(source: Source, at: str) -> None:
     if source.unrouted not in UNROUTED:
         raise invalid(f"{at}unrouted", f"{source.unrouted!r} must be one of "
                       f"{', '.join(UNROUTED)}")
+    for key, allowed in (("payload", ("json", "bytes")),
+                         ("on_invalid", ("reject", "dead_letter"))):
+        if getattr(source, key) not in allowed:
+            raise invalid(f"{at}{key}", f"{getattr(source, key)!r} must be one of "
+                          f"{', '.join(allowed)}")
     if not _ID.fullmatch(source.id):
         raise invalid(f"{at}id", f"{source.id!r} must be 1-128 letters, digits, '_', '-' or '.'")
     try:
@@ -303,7 +310,8 @@ def create_source(registry: Registry, spec: SourceSpec, *, clock: Clock = SYSTEM
     sinks = tuple(_new_sink(s, version) for s in spec.sinks)
     source = Source(id=spec.id, sinks=sinks, tokens=spec.tokens, rate_limit=spec.rate_limit,
                     description=spec.description, created_version=version,
-                    updated_version=version, unrouted=spec.unrouted)
+                    updated_version=version, unrouted=spec.unrouted, payload=spec.payload,
+                    on_invalid=spec.on_invalid)
     _check_source_fields(source, "")
     _check_count(source, "sinks")
     _check_union(registry, source)
@@ -490,7 +498,8 @@ def seed_specs(streams: Any) -> list[SourceSpec]:
     """One source per configured stream, with one sink (named after the stream) that has
     the stream's table and columns: what ``icefloe.toml`` puts into an empty registry."""
     return [SourceSpec(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
-                       unrouted=s.unrouted, sinks=(
+                       unrouted=s.unrouted, payload=s.payload, on_invalid=s.on_invalid,
+                       sinks=(
         SinkSpec(name=s.name, table=s.table, columns=s.columns,
                  unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
                  partition=s.partition, partition_by=s.partition_by, sort_by=s.sort_by,

@@ -66,7 +66,10 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
     return StreamConfig(name=source.id, table=table, columns=tuple(columns.values()),
                         unknown_fields="evolve" if evolve else "reject" if reject
                         else "ignore", tokens=source.tokens, event_id_field=id_field,
-                        rate_limit=source.rate_limit)
+                        rate_limit=source.rate_limit,
+                        payload="bytes" if source.payload == "bytes" else "json",
+                        on_invalid="dead_letter" if source.on_invalid == "dead_letter"
+                        else "reject")
 
 
 def _shape(column: Column) -> tuple[object, ...]:
@@ -104,7 +107,8 @@ def routing_streams(registry: Registry) -> list[StreamConfig]:
 def config_registry(streams: Iterable[StreamConfig]) -> Registry:
     """The registry equivalent of config-only streams (version 0, everything since 0)."""
     sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
-                           unrouted=s.unrouted, sinks=(
+                           unrouted=s.unrouted, payload=s.payload, on_invalid=s.on_invalid,
+                           sinks=(
         Sink(name=s.name, table=s.table, columns=s.columns, unknown_fields=s.unknown_fields,
              event_id_field=s.event_id_field, partition=s.partition, partition_by=s.partition_by,
              sort_by=s.sort_by, table_properties=s.table_properties,

@@ -63,6 +63,26 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
                           "_received_at)")
     check_layout(stream, at)
     _check_quota(stream, at)
+    _check_bytes_payload(stream, at)
+
+
+def _check_bytes_payload(stream: StreamConfig, at: str) -> None:
+    """``payload = "bytes"``: one plain ``binary`` column holds each entry; nothing may
+    read inside an entry (no id field, key, route or mapping), since it is opaque."""
+    if stream.payload != "bytes":
+        return
+    columns = stream.columns
+    if len(columns) != 1 or columns[0].type != "binary" or columns[0].mapping is not None:
+        raise ConfigError(f"{at}.columns: a payload = \"bytes\" stream has exactly one plain "
+                          "column of type binary (it holds each entry's bytes), e.g. "
+                          "columns = [{ name = \"entry\", type = \"binary\" }]")
+    for key in ("event_id_field", "tombstone_field", "where"):
+        if getattr(stream, key) is not None:
+            raise ConfigError(f"{at}.{key}: a payload = \"bytes\" stream's entries are "
+                              "opaque; nothing can be read from inside one")
+    if stream.primary_key:
+        raise ConfigError(f"{at}.primary_key: a payload = \"bytes\" stream's entries are "
+                          "opaque; nothing can be read from inside one")
 
 
 _QUOTA_MAX = 100_000

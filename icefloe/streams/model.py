@@ -134,6 +134,13 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     evolve_quota: EvolveQuota | None = None
     """Bounds on the columns each client may add (``unknown_fields = "evolve"``); None:
     the defaults of :class:`EvolveQuota`."""
+    payload: Literal["json", "bytes"] = "json"
+    """What an event is: a JSON object, or one opaque byte entry (opendata's ingest
+    buffer) kept whole in the stream's single ``binary`` column (:mod:`icefloe.streams.entries`)."""
+    on_invalid: Literal["reject", "dead_letter"] = "reject"
+    """A request holding events that fail validation: refused whole (400, nothing kept), or
+    its valid events accepted and the invalid ones written to ``icefloe.dead_letters`` with
+    their reason (Moose's dead-letter queue; an explicit, opt-in exception)."""
 
     @property
     def namespace(self) -> str:

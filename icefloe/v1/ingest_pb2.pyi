@@ -26,11 +26,13 @@ class PublishRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
-    __slots__ = ("accepted", "request_id", "error")
+    __slots__ = ("accepted", "request_id", "error", "dead_lettered")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     request_id: str
     error: _status_pb2.Status
-    def __init__(self, accepted: _Optional[int] = ..., request_id: _Optional[str] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+    dead_lettered: int
+    def __init__(self, accepted: _Optional[int] = ..., request_id: _Optional[str] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., dead_lettered: _Optional[int] = ...) -> None: ...

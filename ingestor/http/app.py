@@ -61,6 +61,7 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ingestor.errors import (
+    BadRequest,
     IngestError,
     MethodNotAllowed,
     NotFoundRoute,
@@ -78,6 +79,7 @@ from ingestor.http.steps import (
     Target,
     error_body,
     ingest_target,
+    request_events,
 )
 from ingestor.runtime import IngestorRuntime
 
@@ -185,21 +187,38 @@ class HttpApp(IngestSteps):
             await self._error(send, err, cors, request.stream)
             return
         self.ack_seconds.observe(time.perf_counter() - started)
-        await self._respond(send, 202, b'{"accepted":%d}' % accepted, [JSON_CONTENT_TYPE, *cors],
-                            request.stream)
+        count, dead = accepted
+        answer = b'{"accepted":%d}' % count if dead is None else \
+            b'{"accepted":%d,"dead_lettered":%d}' % (count, dead)
+        await self._respond(send, 202, answer, [JSON_CONTENT_TYPE, *cors], request.stream)
 
     async def _accept(self, scope: Scope, request: Request, receive: Receive,
-                      target: Target) -> int:
-        """Check everything that needs no body, read it within limits, validate, ingest."""
+                      target: Target) -> tuple[int, int | None]:
+        """Check everything that needs no body, read it within limits, validate, ingest.
+        Returns the accepted count and, for an ``on_invalid = "dead_letter"`` stream, the
+        dead-lettered count (None otherwise: the answer stays ``{"accepted": n}``)."""
         stream = self.stream_of(target, request)
         caller = await self.service.authorize(stream, request.token(),
                                               self.client_address(scope.get("client"), request))
         decode, inflater, key = self.pre_body_checks(target[0], request, stream)
         body = await self._read_body(receive, inflater)
-        canonical, meta = self.decoded(stream, decode, body, caller, scope["headers"])
+        dead_letters = stream.config.on_invalid == "dead_letter"
+        try:
+            canonical, meta = self.decoded(stream, decode, body, caller, scope["headers"])
+        except BadRequest:
+            events = request_events(decode, body) if dead_letters else None
+            if events is None:
+                raise
+            meta = self.decoded_meta(stream, caller, scope["headers"])
+            request.count = len(events)
+            durable, count, dead = self.service.admit_valid(
+                stream, events, idempotency_key=key, caller=caller, meta=meta)
+            await durable
+            return self.service.accepted(stream.name, count), dead
         request.count = len(canonical.payloads)
-        return await self.service.ingest(stream, canonical, idempotency_key=key,
-                                         caller=caller, meta=meta)
+        count = await self.service.ingest(stream, canonical, idempotency_key=key,
+                                          caller=caller, meta=meta)
+        return count, 0 if dead_letters else None
 
     async def _read_body(self, receive: Receive, inflater: Inflater | None) -> bytes:
         """Read ``http.request`` messages, refusing as soon as a limit is passed.

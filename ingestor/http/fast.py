@@ -146,6 +146,9 @@ class FastLane:
         app = self.app
         try:
             stream = app.stream_of(target, request)
+            if stream.config.on_invalid == "dead_letter":  # its answer has another shape
+                connection.cycle = None
+                return None
             client = app.client_address(connection.client, request)
             caller = self.service.authorize_known(stream, request.token(), client)
             decode, _, key = app.pre_body_checks(target[0], request, stream)

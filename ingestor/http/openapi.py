@@ -31,7 +31,12 @@ EVENT: dict[str, Any] = {
 ACCEPTED: dict[str, Any] = {
     "type": "object", "required": ["accepted"],
     "properties": {"accepted": {"type": "integer", "minimum": 0,
-                                "description": "events now durable (all of the request's)"}}}
+                                "description": "events now durable (all of the request's, "
+                                               "but those dead-lettered)"},
+                   "dead_lettered": {"type": "integer", "minimum": 0,
+                                     "description": "on_invalid = \"dead_letter\" streams "
+                                                    "only: invalid events written to "
+                                                    "icefloe.dead_letters instead"}}}
 
 _ERRORS = {
     400: "malformed JSON, a failed validation (every bad event in details), a bad header; "

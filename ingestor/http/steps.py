@@ -71,6 +71,7 @@ an ingestor and a proxy in front of it may pick differently (400 ``duplicate_hea
 _MEDIA_TYPES: Final = {
     b"": "json", b"application/json": "json", b"text/plain": "json",
     b"application/x-ndjson": "ndjson", b"application/ndjson": "ndjson",
+    b"application/octet-stream": "bytes",
 }
 _FORM: Final = b"application/x-www-form-urlencoded"
 """curl's type with ``-d``: read as JSON where the stream's ``form_body`` says so."""
@@ -110,12 +111,41 @@ def _array(stream: CompiledStream, body: bytes) -> Canonical:
     return stream.from_json(body)
 
 
+def _from_bytes(stream: CompiledStream, body: bytes) -> Canonical:
+    """``application/octet-stream``: the body is one opaque entry of a bytes stream."""
+    return stream.from_entries([body])
+
+
+_RAW_LIST: Final = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def request_events(decode: Decode, body: bytes) -> list[bytes] | None:
+    """The body's events, each as its own JSON text, for a request that is split into
+    valid events and dead letters; None when the body is not a list of events at all
+    (malformed JSON, an empty body, bytes entries): then it is refused whole."""
+    if decode is _from_ndjson:
+        return [line for line in body.split(b"\n") if line.strip()] or None
+    if decode is _from_bytes:
+        return None
+    start = body.lstrip()[:1]
+    if start == b"{" and decode is not _array:
+        return [body.strip()]
+    if start == b"[" and decode is not _one_object:
+        try:
+            return [bytes(raw) for raw in _RAW_LIST.decode(body)] or None
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+    return None
+
+
 _DECODERS: Final[dict[tuple[str, str], Decode]] = {
+    (EVENTS, "bytes"): _from_bytes,
     (EVENTS, "json"): _from_json, (EVENTS, "ndjson"): _from_ndjson,
     (ONE, "json"): _one_object, (BATCH, "json"): _array,
 }
 _ACCEPTED_TYPES: Final = {
-    EVENTS: "application/json, text/plain (as JSON) or application/x-ndjson",
+    EVENTS: "application/json, text/plain (as JSON), application/x-ndjson, or "
+            "application/octet-stream (one entry of a payload = \"bytes\" stream)",
     ONE: "application/json or text/plain (as JSON)",
     BATCH: "application/json or text/plain (as JSON)",
 }
@@ -286,6 +316,16 @@ class IngestSteps:
             raise PayloadTooLarge(f"Content-Length {declared} exceeds the {limit}-byte limit "
                                   "(ingestor.max_body_bytes); split it into smaller requests")
         return decode, inflater, key
+
+    def decoded_meta(self, stream: CompiledStream, caller: Caller, headers: Headers) -> bytes:
+        """The request's envelope metadata alone (for a request split into valid events
+        and dead letters)."""
+        try:
+            return stream.request_meta(caller.client, _header_lookup(headers),
+                                       lambda: _header_pairs(headers)) \
+                if stream.wants_meta else b""
+        except InvalidEvents as exc:
+            raise self.service.bad_request(exc) from None
 
     def decoded(self, stream: CompiledStream, decode: Decode, body: bytes, caller: Caller,
                 headers: Headers) -> tuple[Canonical, bytes]:

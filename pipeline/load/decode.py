@@ -28,6 +28,7 @@ import pyarrow.json as pajson
 from icefloe.errors import BatchFormatError
 from icefloe.formats.batch import decode_block
 from icefloe.formats.envelope import StreamColumns, split_by_stream
+from icefloe.streams.invalid import INVALID_REASON, parse_invalid, stream_of_invalid
 from pipeline.columns import ENVELOPE, TIMESTAMP, dead_letter_arrow_schema
 from pipeline.load.mapped import add_derived, apply_templates
 from pipeline.load.native_arrow import read_type, restore
@@ -279,6 +280,10 @@ def decode_batch_file(data: bytes, ref: EntryFile, schemas: Mapping[str, Plan]) 
         out.dead.add(ref, reason=f"bad_envelope:{bad.reason}", message=bad.message,
                      index=bad.index, raw=bad.data)
     for stream, cols in split.items():
+        origin = stream_of_invalid(stream)
+        if origin is not None:  # refused at ingest, kept by on_invalid = "dead_letter"
+            _add_invalid(out.dead, ref, origin, _as_lists(cols))
+            continue
         schema = schemas.get(stream)
         if schema is None:
             cols = _as_lists(cols)
@@ -292,6 +297,20 @@ def decode_batch_file(data: bytes, ref: EntryFile, schemas: Mapping[str, Plan]) 
             continue
         out.tables[stream] = parse_stream(cols, schema, ref, out.dead)
     return out
+
+
+def _add_invalid(dead: DeadLetters, ref: EntryFile, stream: str, cols: StreamColumns) -> None:
+    """Each invalid event an ingestor kept: a dead letter with its reason and the event's
+    bytes as sent (``icefloe.streams.invalid``), committed with the entry like any row."""
+    for line, event_id, at_ms, index in zip(
+            cols.ndjson.split(b"\n"), cols.event_ids, cols.received_at_ms,
+            cols.record_indexes, strict=False):
+        try:
+            message, raw = parse_invalid(line)
+        except (msgspec.DecodeError, ValueError) as exc:
+            message, raw = f"unreadable invalid-event record: {exc}", line
+        dead.add(ref, reason=INVALID_REASON, message=message, stream=stream, index=index,
+                 event_id=event_id, raw=raw, received_at_ms=at_ms)
 
 
 def decode_payload_rows(lines: Sequence[bytes], event_ids: Sequence[str],

@@ -1,11 +1,11 @@
-"""README's "Coming from …" rows, typed as their users would (issue #37).
+"""The "Coming from …" pages' rows, typed as their users would (issue #37).
 
 Moose's ``Key`` orders a table and, with a replacing engine, the newest row per key wins: a
 record re-sent with the same key and new content *replaces* the old one. The README mapped it
 to ``event_id_field`` first, which acknowledges that re-send and drops it inside the dedup
-window. The test reads the row's first setting from the README itself, so the page and the
-behaviour cannot drift apart; the real ingestor (HTTP) and collector (local engine) run on a
-real SQLite catalog.
+window. The test reads the row's first setting from ``docs/coming-from/moose.md``, so the
+page and the behaviour cannot drift apart; the real ingestor (HTTP) and collector (local
+engine) run on a real SQLite catalog.
 """
 
 from __future__ import annotations
@@ -24,17 +24,15 @@ from pipeline.load.run import LocalEngine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def readme_row(section: str, first_cell: str) -> str:
-    """The right-hand cell of the row starting with ``first_cell`` in ``section``'s table."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"### {section}")
-    for line in text[start:].splitlines()[1:]:
-        if line.startswith("#"):
-            break
+def page_row(page: str, first_cell: str) -> str:
+    """The icefloe cell of the row starting with ``first_cell`` in ``docs/coming-from/PAGE``'s
+    mapping table."""
+    text = (ROOT / "docs" / "coming-from" / page).read_text()
+    for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and cells[0] == first_cell:
-            return " | ".join(cells[1:])
-    raise AssertionError(f"no row {first_cell!r} under {section!r}")
+        if line.startswith("|") and cells[0] == first_cell:
+            return cells[1]
+    raise AssertionError(f"no row {first_cell!r} in {page}")
 
 
 def users(setting: str) -> StreamConfig:
@@ -63,7 +61,7 @@ async def resend(tmp_path: Path, stream: StreamConfig) -> list[dict[str, Any]]:
 
 
 async def test_moose_key_maps_to_primary_key_and_the_new_content_wins(tmp_path: Path) -> None:
-    row = readme_row("Moose ingest pipelines", "`Key` on a model field")
+    row = page_row("moose.md", "`Key` on a model field")
     first = re.search(r"`(\w+)", row)
     assert first is not None
     assert first.group(1) == "primary_key", row
@@ -75,7 +73,7 @@ async def test_event_id_field_is_for_retries_of_the_same_event(tmp_path: Path) -
     """What the row says ``event_id_field`` is for: a re-send with the same id is a retry,
     acknowledged and dropped inside the dedup window, so new content under an old id is
     lost: never the mapping of a key whose rows change."""
-    row = readme_row("Moose ingest pipelines", "`Key` on a model field")
+    row = page_row("moose.md", "`Key` on a model field")
     assert "event_id_field" in row
     assert "same event" in row
     assert await resend(tmp_path, users("event_id_field")) == [{"id": "u1", "name": "Ada"}]

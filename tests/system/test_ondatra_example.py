@@ -1,11 +1,20 @@
-"""OndatraSQL's Full Example, as its users type it, against icefloe (issue #26, item 2).
+"""OndatraSQL's event collection example, as its users type it, against icefloe (#26, #37).
 
-``examples/ondatra/`` holds the same files and directives: ``models/raw/events.sql``
-(``-- @kind: events``) declares the stream and table ``raw.events``, ``staging/sessions``
-is a view and ``mart/daily_traffic`` a merge by day. A real ``icefloe ingestor`` process
-takes curl's POSTs (form content type, as ``curl -d`` sends), ``icefloe run`` commits the
-queue and runs the models (refusing while another collector holds the lease), and
-``icefloe sql`` reads the mart. Spark: the session of the test run, reused in-process.
+``examples/ondatra/`` holds the example's own file and nothing else: ``models/raw/events.sql``
+exactly as OndatraSQL documents it (the code block of "Collect Events" / "Event
+Collection", https://ondatra.sh/guides/collect-events/ and
+https://ondatra.sh/concepts/events, the same text as ``docs/guides/collect-events.md`` in
+github.com/ondatra-labs/ondatrasql before commit 9916d24 removed the feature; the first line
+is the block's file-name comment, which users copy along). Its steps are run as written,
+in the project folder, with no icefloe config file: ``COLLECT_PORT=… ondatrasql daemon``
+becomes ``COLLECT_PORT=… icefloe ingestor`` (the daemon's port variables, read by
+``cmd/ondatrasql/daemon_cmd.go`` before v0.9.0), the two documented curl lines (the port
+is a free one instead of 8080: the only change), ``ondatrasql run`` is ``icefloe run``
+and the table is read with ``icefloe sql``.
+
+A second test adds transformation models of our own (a view and a merge by day, written
+here, not part of the example) to check the DAG, the lease refusal and ``--takeover``.
+Spark: the session of the test run, reused in-process.
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from process_support import Child
+from ingest_support import TOKEN_HASH
+from process_support import Child, child_env, free_port
 
 from icefloe.config import Config
 from icefloe.config.load import load_config
@@ -29,6 +39,50 @@ from icefloe_app.cli import main
 from icefloe_app.cli.config_args import data_dir_defaults
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ondatra"
+UPSTREAM_EVENTS_SQL = """\
+-- models/raw/events.sql
+-- @kind: events
+
+event_name VARCHAR NOT NULL,
+page_url VARCHAR,
+user_id VARCHAR,
+received_at TIMESTAMPTZ
+"""
+"""OndatraSQL's schema file, character for character as its docs show it."""
+UPSTREAM_CURL = [
+    ("localhost:8080/collect/raw/events",
+     '{"event_name":"pageview","page_url":"/home","user_id":"u42"}'),
+    ("localhost:8080/collect/raw/events/batch",
+     '[{"event_name":"pageview"},{"event_name":"click"}]'),
+]
+"""The documented ``curl -X POST URL -d BODY`` lines (single event, then the batch)."""
+
+STAGING_SESSIONS = """\
+-- @kind: view
+-- One row per visitor and day: when the visit started and ended, what it did.
+SELECT
+  user_id,
+  CAST(received_at AS DATE) AS day,
+  min(received_at) AS session_start,
+  max(received_at) AS session_end,
+  count(*) AS events,
+  sum(CASE WHEN event_name = 'pageview' THEN 1 ELSE 0 END) AS pageviews
+FROM raw.events
+WHERE user_id IS NOT NULL
+GROUP BY user_id, CAST(received_at AS DATE)
+"""
+MART_DAILY_TRAFFIC = """\
+-- @kind: merge
+-- @unique_key: day
+-- Visitors, page views and events per day; each run upserts the days new events touched.
+SELECT
+  day,
+  count(*) AS visitors,
+  sum(pageviews) AS pageviews,
+  sum(events) AS events
+FROM staging.sessions
+GROUP BY day
+"""
 ONE = [  # POST /collect/raw/events, one object each
     '{"event_name":"pageview","page_url":"/","user_id":"u1",'
     '"received_at":"2026-03-01T10:00:00Z"}',
@@ -41,15 +95,15 @@ BATCH = ('[{"event_name":"pageview","user_id":"u3","received_at":"2026-03-02T08:
          '{"event_name":"pageview","user_id":"u3","received_at":"2026-03-02T08:01:00Z"}]')
 
 
-def curl_post(url: str, body: str) -> str:
-    """``curl -X POST URL -d BODY``: curl's own defaults, form content type included."""
-    done = subprocess.run(["curl", "-sS", "-X", "POST", url, "-d", body, "-w", " %{http_code}"],
-                          capture_output=True, text=True, timeout=30, check=True)
+def curl(*args: str) -> str:
+    done = subprocess.run(["curl", "-sS", *args], capture_output=True, text=True, timeout=30,
+                          check=True)
     return done.stdout
 
 
-def config_of(path: Path, data: Path) -> Config:
-    return load_config(path, overrides=data_dir_defaults(path, data, {}))
+def curl_post(url: str, body: str) -> str:
+    """``curl -X POST URL -d BODY``: curl's own defaults, form content type included."""
+    return curl("-X", "POST", url, "-d", body, "-w", " %{http_code}")
 
 
 def hold_lease(config: Config, holder: str) -> None:
@@ -63,14 +117,83 @@ def hold_lease(config: Config, holder: str) -> None:
     asyncio.run(take())
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
-def test_ondatrasql_full_example(spark: Any, tmp_path: Path,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
-    project, data = tmp_path / "project", tmp_path / "data"
+def project_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the example, as the working folder (no config file: OndatraSQL has none)."""
+    project = tmp_path / "project"
     shutil.copytree(EXAMPLE, project)
-    conf = project / "icefloe.toml"
-    where = ["--config", str(conf), "--data-dir", str(data)]
-    ingestor = Child(["ingestor", *where, "--http-port", "0", "--grpc-port", "0"], tmp_path,
+    monkeypatch.chdir(project)
+    for name in ("ICEFLOE_CONFIG", "COLLECT_PORT", "COLLECT_ADMIN_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    return project
+
+
+def test_example_folder_is_ondatrasqls_own() -> None:
+    """Nothing added, nothing changed: the folder is the documented file."""
+    files = sorted(p.relative_to(EXAMPLE).as_posix() for p in EXAMPLE.rglob("*")
+                   if p.is_file())
+    assert files == ["models/raw/events.sql"]
+    assert (EXAMPLE / "models" / "raw" / "events.sql").read_text() == UPSTREAM_EVENTS_SQL
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_ondatrasql_example_verbatim(spark: Any, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    project = project_of(tmp_path, monkeypatch)
+    port = free_port()
+    env = {**child_env(), "COLLECT_PORT": str(port),
+           # plaintext is served on this machine only (0.0.0.0 needs TLS), and 50051 may
+           # be taken on a shared machine
+           "ICEFLOE_INGESTOR_HOST": "127.0.0.1", "ICEFLOE_INGESTOR_GRPC_PORT": "0"}
+    ingestor = Child(["ingestor"], project, tmp_path / "ingestor.log", env=env)
+    try:
+        assert ingestor.ready()["http_port"] == port
+        answers = [curl("-X", "POST", url.replace(":8080", f":{port}"), "-d", body)
+                   for url, body in UPSTREAM_CURL]
+        assert answers == ['{"accepted":1}', '{"accepted":2}']
+        assert '"ok"' in curl(f"localhost:{port}/health")  # OndatraSQL's health check
+    finally:
+        assert ingestor.stop() == 0
+
+    assert main(["run"]) == 0
+    capsys.readouterr()
+    assert main(["sql", "--format", "json",
+                 "SELECT event_name, page_url, user_id, received_at IS NOT NULL AS stamped "
+                 "FROM raw.events ORDER BY event_name, page_url NULLS FIRST"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == [
+        {"event_name": "click", "page_url": None, "user_id": None, "stamped": True},
+        {"event_name": "pageview", "page_url": None, "user_id": None, "stamped": True},
+        {"event_name": "pageview", "page_url": "/home", "user_id": "u42", "stamped": True},
+    ]
+
+
+def test_collect_admin_port_moves_the_admin_api(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``COLLECT_PORT`` alone: the admin API takes the next port, as OndatraSQL's does."""
+    project = project_of(tmp_path, monkeypatch)
+    port = free_port()
+    admin = Child(["admin"], project, tmp_path / "admin.log",
+                  env={**child_env(), "COLLECT_PORT": str(port - 1),
+                       "ICEFLOE_ADMIN_TOKENS": TOKEN_HASH})
+    try:
+        assert admin.ready()["port"] == port
+        assert '"ok"' in curl(f"http://127.0.0.1:{port}/healthz")
+    finally:
+        assert admin.stop() == 0
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_ondatrasql_example_with_marts(spark: Any, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    project = project_of(tmp_path, monkeypatch)
+    (project / "models" / "staging").mkdir()
+    (project / "models" / "staging" / "sessions.sql").write_text(STAGING_SESSIONS)
+    (project / "models" / "mart").mkdir()
+    (project / "models" / "mart" / "daily_traffic.sql").write_text(MART_DAILY_TRAFFIC)
+    ingestor = Child(["ingestor", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"],
+                     project,
                      tmp_path / "ingestor.log")
     try:
         url = f"http://127.0.0.1:{ingestor.ready()['http_port']}/collect/raw/events"
@@ -80,16 +203,18 @@ def test_ondatrasql_full_example(spark: Any, tmp_path: Path,
     finally:
         assert ingestor.stop() == 0
 
-    hold_lease(config_of(conf, data), "collector-on-another-host")
-    assert main(["run", *where]) == 3
+    data = project / "icefloe-data"  # what every command uses without --data-dir
+    hold_lease(load_config(None, env={}, overrides=data_dir_defaults(None, data, {})),
+               "collector-on-another-host")
+    assert main(["run"]) == 3
     assert "collector-on-another-host holds the queue's lease" in capsys.readouterr().err
 
-    assert main(["run", *where, "--takeover"]) == 0
+    assert main(["run", "--takeover"]) == 0
     outcomes = capsys.readouterr().out
     assert "staging.sessions" in outcomes
     assert "mart.daily_traffic" in outcomes
 
-    assert main(["sql", *where, "--format", "json",
+    assert main(["sql", "--format", "json",
                  "SELECT * FROM mart.daily_traffic ORDER BY day"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows == sorted([
