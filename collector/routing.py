@@ -30,7 +30,7 @@ from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
 from pipeline.load.mapped import sequence_ranges
-from pipeline.load.spec import SqlCase, WhereCase, WhereSpec
+from pipeline.load.spec import SqlCase, TemplateCase, WhereCase, WhereSpec
 from pipeline.where import judge, where_error_messages
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
@@ -220,6 +220,30 @@ class Routes:
             out[source] = {name: tuple(SqlCase(sql, dialect, sequence_ranges(seqs))
                                        for (sql, dialect), seqs in exprs.items())
                            for name, exprs in found.items()}
+        return out
+
+    def template_cases(self, versions: Mapping[str, Mapping[int, int]]
+                       ) -> dict[str, dict[str, tuple[TemplateCase, ...]]]:
+        """Per source and ``template`` column: each Jsonnet the sinks routed at the run's
+        entry versions declared *at those versions* (:meth:`Sink.template_at`), with the
+        sequences of the entries it applies to. Why: the collector evaluates templates
+        after the events were accepted; an event must get the template of the version it
+        carries, so a sink PATCH, or a deleted and re-created sink, changes the values of
+        the events accepted afterwards only (a replay computes the same values)."""
+        out: dict[str, dict[str, tuple[TemplateCase, ...]]] = {}
+        for source, seen in versions.items():
+            found: dict[str, dict[str, list[int]]] = {}
+            for sequence, version in seen.items():
+                for target in self.targets.get(source, []):
+                    if not target.receives_at(version):
+                        continue
+                    for name in target.sink.template_columns():
+                        text = target.sink.template_at(name, version)
+                        if text is not None:
+                            found.setdefault(name, {}).setdefault(text, []).append(sequence)
+            out[source] = {name: tuple(TemplateCase(text, sequence_ranges(seqs))
+                                       for text, seqs in texts.items())
+                           for name, texts in found.items()}
         return out
 
     def where_specs(self, versions: Mapping[str, Mapping[int, int]]

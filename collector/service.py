@@ -71,7 +71,14 @@ from pipeline.iceberg.fence import fence_all, fence_table
 from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
 from pipeline.load.executors import ClusterRunOutput
 from pipeline.load.run import RunOutput
-from pipeline.load.spec import RunSpec, run_spec, with_key_columns, with_sql_cases, with_wheres
+from pipeline.load.spec import (
+    RunSpec,
+    run_spec,
+    with_key_columns,
+    with_sql_cases,
+    with_template_cases,
+    with_wheres,
+)
 
 __all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult"]
 
@@ -492,6 +499,7 @@ class Collector(RunCommits):
                         partitions=self.engine.partitions)
         versions = versions_of(entries)
         spec = with_sql_cases(spec, self.routes.sql_cases(versions))
+        spec = with_template_cases(spec, self.routes.template_cases(versions))
         spec = with_wheres(spec, self.routes.where_specs(versions))
         spec = with_key_columns(spec, upsert_columns(self.routes))
         output = await self.offload(run, spec)

@@ -73,6 +73,35 @@ def with_change(changes: tuple[Change, ...], old: str | None, new: str | None,
     return (*base, Change(version, new))
 
 
+class TemplateChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """From registry ``version`` on, the sink's ``column`` is computed by the Jsonnet
+    ``value`` (None: the column has no template then). Why versioned: the collector
+    evaluates a template long after the event was accepted, and a change must reach only
+    the events accepted from then on, as a ``where`` change does."""
+
+    version: int
+    column: str
+    value: str | None
+
+
+def template_changes(changes: tuple[TemplateChange, ...], old: tuple[Column, ...],
+                     new: tuple[Column, ...], created: int, version: int
+                     ) -> tuple[TemplateChange, ...]:
+    """``changes`` after the sink's columns went from ``old`` to ``new`` at ``version``:
+    one change per column whose template was added, changed or removed."""
+    before = {c.name: c.template for c in old}
+    after = {c.name: c.template for c in new}
+    out = list(changes)
+    for name in sorted(set(before) | set(after)):
+        was, now = before.get(name), after.get(name)
+        if was == now:
+            continue
+        if not any(c.column == name for c in out):
+            out.append(TemplateChange(created, name, was))
+        out.append(TemplateChange(version, name, now))
+    return tuple(out)
+
+
 class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One target table of a source, with its own columns and import conditions."""
 
@@ -99,10 +128,25 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Every value ``where`` had, by version (empty while it never changed)."""
     evolve_quota: EvolveQuota | None = None
     """New columns per client (``unknown_fields = "evolve"``); None: the defaults."""
+    templates: tuple[TemplateChange, ...] = ()
+    """Every template a column had, by version (empty while none changed)."""
 
     @property
     def live(self) -> bool:
         return self.deleted_version is None
+
+    def template_columns(self) -> list[str]:
+        """The columns that have (or had, at some version) a template."""
+        names = [c.name for c in self.columns if c.template is not None]
+        return names + sorted({c.column for c in self.templates} - set(names))
+
+    def template_at(self, column: str, version: int) -> str | None:
+        """The template of ``column`` for events accepted at registry ``version`` (None:
+        the column had none then)."""
+        history = tuple(Change(c.version, c.value) for c in self.templates
+                        if c.column == column)
+        current = next((c.template for c in self.columns if c.name == column), None)
+        return value_at(history, current, version)
 
     def where_at(self, version: int) -> str | None:
         """The predicate that applies to events accepted at registry ``version``."""

@@ -30,6 +30,7 @@ from icefloe.registry.model import (
     Sink,
     Source,
     Toggle,
+    template_changes,
     with_change,
 )
 from icefloe.streams.model import EvolveQuota
@@ -210,7 +211,7 @@ def _check_union(registry: Registry, source: Source) -> None:
     current = source.live_sinks()
     if history and current:
         try:
-            union_stream(source, [*history, *current])
+            union_stream(source, [*history, *current], template_texts=False)
         except RegistryError as exc:
             raise RegistryError(409, "column_conflict", f"{exc} (a deleted sink of source "
                                 f"{source.id!r} declared it: its events may still be queued "
@@ -415,6 +416,10 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
     if "where" in changes and changes["where"] != sink.where:
         changes["wheres"] = with_change(sink.wheres, sink.where, changes["where"],
                                         sink.created_version, version)
+    if "columns" in changes and changes["columns"] != sink.columns:
+        changes["templates"] = template_changes(sink.templates, sink.columns,
+                                                changes["columns"], sink.created_version,
+                                                version)
     updated = msgspec.structs.replace(sink, updated_version=version, toggles=toggles,
                                       **changes)
     check_sink(source_id, updated, "sink")

@@ -24,13 +24,16 @@ from icefloe.errors import RegistryError
 from icefloe.registry.model import Registry, Sink, Source
 
 
-def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
-                 ) -> StreamConfig:
+def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False,
+                 template_texts: bool = True) -> StreamConfig:
     """The stream an ingestor validates ``source``'s events against (see module doc).
 
     Raises :class:`RegistryError` (409 ``column_conflict``) when two sinks declare a
     column differently, naming both sinks — unless ``lenient``, where the later sink's
     declaration wins (the collector's decode over deleted and live sinks alike).
+    Without ``template_texts``, two ``template`` columns of one name agree whatever their
+    Jsonnet (sinks of different versions: each event takes its own version's template);
+    live sinks must agree on it, since one event gets one value per column.
     """
     columns: dict[str, Column] = {}
     owner: dict[str, str] = {}
@@ -41,10 +44,11 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
             if seen is None:
                 columns[column.name], owner[column.name] = column, sink.name
                 continue
-            if _shape(seen) != _shape(column) and lenient:
+            differ = _shape(seen, template_texts) != _shape(column, template_texts)
+            if differ and lenient:
                 columns[column.name], owner[column.name] = column, sink.name
                 continue
-            if _shape(seen) != _shape(column):
+            if differ:
                 raise RegistryError(409, "column_conflict", f"column {column.name!r} is "
                                     f"declared differently by sinks {owner[column.name]!r} and "
                                     f"{sink.name!r} of source {source.id!r}; a source's sinks "
@@ -72,9 +76,10 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
                         else "reject")
 
 
-def _shape(column: Column) -> tuple[object, ...]:
+def _shape(column: Column, template_texts: bool = True) -> tuple[object, ...]:
+    template = column.template if template_texts else column.template is not None
     return (column.type, column.path, column.header, column.source, column.sql,
-            column.dialect, column.default, column.raw)
+            column.dialect, column.default, column.raw, template)
 
 
 def source_streams(registry: Registry) -> list[StreamConfig]:
@@ -100,7 +105,8 @@ def routing_streams(registry: Registry) -> list[StreamConfig]:
         sinks = sorted((sink for source in group for sink in source.sinks),
                        key=lambda s: (s.live, s.created_version))
         if sinks:
-            streams.append(union_stream(group[-1], sinks, lenient=True))
+            streams.append(union_stream(group[-1], sinks, lenient=True,
+                                        template_texts=False))
     return streams
 
 

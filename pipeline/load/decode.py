@@ -230,7 +230,7 @@ def _parse_planned(cols: StreamColumns | ColumnarStream, plan: StreamPlan, ref: 
         metas = None if lists.metas is None else [lists.metas[i] for i in rows]
     payload = table.drop_columns([name for name, _ in ENVELOPE])
     full = add_derived(payload, plan, ids, received, metas)
-    full, failed = apply_templates(full, plan, received, metas)
+    full, failed = apply_templates(full, plan, received, metas, ref.sequence)
     if failed:
         full, table = _drop_failed(full, table, failed, cols, rows, ref, dead)
     return pa.Table.from_arrays(

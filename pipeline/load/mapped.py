@@ -156,11 +156,14 @@ def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | 
 
 
 def apply_templates(table: pa.Table, plan: StreamPlan, received_ms: Sequence[int] | np.ndarray,
-                    metas: Sequence[bytes] | pa.Array | None
+                    metas: Sequence[bytes] | pa.Array | None, sequence: int
                     ) -> tuple[pa.Table, dict[int, tuple[str, str]]]:
-    """``table`` with each ``template`` column's value computed from the event's JSON text
-    (in that column) and request data, and ``{row: (column, reason)}`` for the rows whose
-    template failed (their values are left as they were; the caller dead-letters them)."""
+    """``table`` (the rows of entry ``sequence``) with each ``template`` column's value
+    computed from the event's JSON text (in that column) and request data, with the
+    Jsonnet of the registry version the entry was accepted under
+    (:meth:`Derived.template_for`; null when that version declares none), and
+    ``{row: (column, reason)}`` for the rows whose template failed (their values are left
+    as they were; the caller dead-letters them)."""
     templates = [d for d in plan.derived if d.kind == "template"]
     if not templates or table.num_rows == 0:
         return table, {}
@@ -173,10 +176,14 @@ def apply_templates(table: pa.Table, plan: StreamPlan, received_ms: Sequence[int
     failed: dict[int, tuple[str, str]] = {}
     for d in templates:
         position = table.column_names.index(d.column)
-        rows = TemplateRows(table.column(position).to_pylist(), ips, headers, received)
-        values, errors = evaluate_template(d.arg, rows)
-        for row, reason in errors.items():
-            failed.setdefault(row, (d.column, reason))
+        content = d.template_for(sequence)
+        if content is None:
+            values: list[str | None] = [None] * table.num_rows
+        else:
+            rows = TemplateRows(table.column(position).to_pylist(), ips, headers, received)
+            values, errors = evaluate_template(content, rows)
+            for row, reason in errors.items():
+                failed.setdefault(row, (d.column, reason))
         table = table.set_column(position, table.schema.field(position),
                                  pa.array(values, ARROW_TYPES[d.type]))
     return table, failed

@@ -50,6 +50,17 @@ class SqlCase(msgspec.Struct, frozen=True):
     ranges: tuple[tuple[int, int], ...]
 
 
+class TemplateCase(msgspec.Struct, frozen=True):
+    """One Jsonnet of a ``template`` column and the ``_sequence`` ranges (inclusive) of the
+    entries it applies to: those accepted under a registry version that declares it."""
+
+    template: str
+    ranges: tuple[tuple[int, int], ...]
+
+    def covers(self, sequence: int) -> bool:
+        return any(first <= sequence <= last for first, last in self.ranges)
+
+
 class Derived(msgspec.Struct, frozen=True):
     """A column the pipeline fills (not read from the payload): its mapping, as plain data.
 
@@ -66,6 +77,15 @@ class Derived(msgspec.Struct, frozen=True):
     arg: str = ""
     dialect: str = "spark"
     cases: tuple[SqlCase, ...] | None = None
+    templates: tuple[TemplateCase, ...] | None = None
+    """(``template`` only) None evaluates ``arg`` on every row; otherwise each row takes
+    the template of the case covering its entry's sequence, and is null in none."""
+
+    def template_for(self, sequence: int) -> str | None:
+        """The Jsonnet the rows of entry ``sequence`` are evaluated with (None: null)."""
+        if self.templates is None:
+            return self.arg
+        return next((c.template for c in self.templates if c.covers(sequence)), None)
 
 
 def derived_columns(stream: StreamConfig) -> tuple[Derived, ...]:
@@ -199,6 +219,21 @@ def with_sql_cases(spec: RunSpec,
         mine = cases.get(stream.name, {})
         derived = tuple(msgspec.structs.replace(d, cases=mine.get(d.column, ()))
                         if d.kind == "sql" else d for d in stream.derived)
+        streams.append(msgspec.structs.replace(stream, derived=derived))
+    return msgspec.structs.replace(spec, streams=tuple(streams))
+
+
+def with_template_cases(spec: RunSpec,
+                        cases: dict[str, dict[str, tuple[TemplateCase, ...]]]) -> RunSpec:
+    """``spec`` with each ``template`` column evaluated, per entry, with the Jsonnet of the
+    registry version that entry was accepted under (``cases``: by stream, then column; a
+    column absent there is null on every row), never with the sink's content of the
+    moment: changing a template must not change the values of events already queued."""
+    streams = []
+    for stream in spec.streams:
+        mine = cases.get(stream.name, {})
+        derived = tuple(msgspec.structs.replace(d, templates=mine.get(d.column, ()))
+                        if d.kind == "template" else d for d in stream.derived)
         streams.append(msgspec.structs.replace(stream, derived=derived))
     return msgspec.structs.replace(spec, streams=tuple(streams))
 

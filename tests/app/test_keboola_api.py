@@ -176,3 +176,52 @@ def test_keboola_refusals_name_the_field(stack: tuple[httpx.Client, Any]) -> Non
         assert reply.status_code == 400, (column, reply.text)
         assert reply.json()["details"][0]["field"].startswith(field), reply.json()
     assert client.get(f"{BASE}/s", headers={"X-StorageApi-Token": "wrong"}).status_code == 403
+
+
+def sink_with(template: str) -> dict[str, Any]:
+    """A small Keboola sink whose ``template`` column holds ``template``."""
+    return {"sinkId": "t", "type": "table", "name": "T", "table": {
+        "type": "keboola", "tableId": "in.c-github.templated", "mapping": {"columns": [
+            {"primaryKey": True, "type": "id", "name": "id"},
+            {"type": "path", "name": "n", "path": "n"},
+            {"type": "template", "name": "v",
+             "template": {"language": "jsonnet", "content": template}}]}}}
+
+
+def commit_each_event(client: httpx.Client, sink: str) -> None:
+    """Import conditions of one event (Keboola's defaults would hold rows for a minute)."""
+    settings(client.patch(f"{sink}/settings", json={"settings": [
+        {"key": "storage.level.target.import.trigger.count", "value": 1}]}))
+
+
+def test_a_changed_template_applies_only_to_events_accepted_after_it(
+        stack: tuple[httpx.Client, Any]) -> None:
+    """Events wait in the queue while the template is changed (a Keboola sink PATCH), then
+    while the sink is deleted and re-created with a third one: each event gets the template
+    of the registry version it was accepted under, never the sink's content of the moment
+    the collector runs (the way ``sql`` columns and ``where`` are versioned)."""
+    client, config = stack
+    finished(client, client.post(BASE, json={"type": "http", "name": "Github Issues"}))
+    sinks = f"{BASE}/github-issues/sinks"
+    finished(client, client.post(sinks, json=sink_with("'old-' + Body('n')")))
+    commit_each_event(client, f"{sinks}/t")
+
+    def current_is(template: str) -> None:  # each ingest starts an ingestor afresh
+        assert client.get(f"{sinks}/t").json()["table"]["mapping"]["columns"][2][
+            "template"]["content"] == template
+
+    asyncio.run(ingest(config, [{"n": "a"}, {"n": "b"}]))
+    finished(client, client.patch(f"{sinks}/t", json={
+        "table": sink_with("'new-' + Body('n')")["table"]}))
+    current_is("'new-' + Body('n')")
+    asyncio.run(ingest(config, [{"n": "c"}]))
+    finished(client, client.delete(f"{sinks}/t"))
+    finished(client, client.post(sinks, json=sink_with("'third-' + Body('n')")))
+    commit_each_event(client, f"{sinks}/t")
+    current_is("'third-' + Body('n')")
+    asyncio.run(ingest(config, [{"n": "d"}]))
+    asyncio.run(collect_all(config, LocalEngine()))
+
+    rows = read_table(config, "in_c_github.templated").to_pylist()
+    assert sorted((r["n"], r["v"]) for r in rows) == [
+        ('"a"', '"old-a"'), ('"b"', '"old-b"'), ('"c"', '"new-c"'), ('"d"', '"third-d"')]
