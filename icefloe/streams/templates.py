@@ -46,8 +46,10 @@ MAX_PROBES = 64
 DEFAULT_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _UNDEFINED = "<<~~icefloe-undefined~~>>"
 _PRELUDE = (
-    f'local Body(path="", default="{_UNDEFINED}") = std.native("_body")(_i, path, default);\n'
-    f'local Header(name="", default="{_UNDEFINED}") = std.native("_header")(_i, name, default);\n'
+    f'local Body(path="", default="{_UNDEFINED}") = local r = std.native("_body")(_i, path, '
+    f'default == "{_UNDEFINED}"); if std.length(r) > 0 then r[0] else default;\n'
+    f'local Header(name="", default="{_UNDEFINED}") = local r = std.native("_header")(_i, '
+    f'name, default == "{_UNDEFINED}"); if std.length(r) > 0 then r[0] else default;\n'
     'local BodyStr() = std.native("_bodyStr")(_i);\n'
     'local HeaderStr() = std.native("_headerStr")(_i);\n'
     'local Ip() = std.native("_ip")(_i);\n'
@@ -129,35 +131,36 @@ class TemplateRows:
     # -- the natives (argument names differ from the Jsonnet wrappers': the library refuses
     # a native whose parameter names repeat the calling function's) ------------------------
 
-    def n_body(self, a: float, b: str, c: Any) -> Any:
+    # ``_body``/``_header`` answer ``[value]``, or ``[]`` when nothing is there (the Jsonnet
+    # wrapper then takes its default, which may be any value: a native only takes
+    # primitives). ``c`` is True when no default was given: the event fails.
+
+    def n_body(self, a: float, b: str, c: bool) -> list[Any]:
         i = int(a)
         value = self.body(i)
         if b == "":
-            return value
+            return [value]
         for step in body_path(b):
             found = (isinstance(value, list) and step < len(value)) if isinstance(step, int) \
                 else (isinstance(value, dict) and step in value)
-            if found:
-                value = value[step]
-            else:
-                if c == _UNDEFINED:
+            if not found:
+                if c:
                     self.fail(i, f'path "{b}" not found in the body')
-                    return None
-                return c
-        return value
+                return []
+            value = value[step]
+        return [value]
 
-    def n_header(self, a: float, b: str, c: Any) -> Any:
+    def n_header(self, a: float, b: str, c: bool) -> list[Any]:
         i = int(a)
         headers = self.header_map(i)
         if b == "":
-            return {canonical_header(k): v for k, v in headers.items()}
+            return [{canonical_header(k): v for k, v in headers.items()}]
         value = headers.get(b.lower())
         if value is None:
-            if c == _UNDEFINED:
+            if c:
                 self.fail(i, f'header "{canonical_header(b)}" not found')
-                return None
-            return c
-        return value
+            return []
+        return [value]
 
     def n_body_str(self, a: float) -> str:
         return self.bodies[int(a)] or ""
