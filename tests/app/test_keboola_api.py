@@ -225,3 +225,125 @@ def test_a_changed_template_applies_only_to_events_accepted_after_it(
     rows = read_table(config, "in_c_github.templated").to_pylist()
     assert sorted((r["n"], r["v"]) for r in rows) == [
         ('"a"', '"old-a"'), ('"b"', '"old-b"'), ('"c"', '"new-c"'), ('"d"', '"third-d"')]
+
+
+def test_keboola_lists_patches_deletes_and_source_settings(
+        stack: tuple[httpx.Client, Any]) -> None:
+    """The paths the end-to-end test does not type: list sources and sinks, PATCH a
+    source, a sink id made from its name, ``uuid`` and ``primaryKey`` as icefloe sees them,
+    source settings applied to every sink, a sink PATCH that would move its table (fixed
+    here: a 400 naming ``table.tableId``), the 20-sink limit, DELETE sink and source."""
+    client, _ = stack
+    finished(client, client.post(BASE, json={"type": "http", "name": "Web Events (EU)"}))
+    source = f"{BASE}/web-events-eu"
+    assert client.get(source).json()["http"]["url"] == "/v1/streams/web-events-eu/events"
+    assert [s["sourceId"] for s in client.get(BASE).json()["sources"]] == ["web-events-eu"]
+    patched = client.patch(source, json={"name": "Web events"})
+    assert patched.status_code == 200, patched.text
+    assert client.get(source).json()["name"] == "Web events"
+
+    columns = [{"type": "uuid", "name": "event", "primaryKey": True},
+               {"type": "path", "name": "page", "path": "page.url"}]
+    sink = {"type": "table", "name": "Page Views", "table": {
+        "type": "keboola", "tableId": "in.c-web.views", "mapping": {"columns": columns}}}
+    task = finished(client, client.post(f"{source}/sinks", json=sink))
+    assert task["outputs"]["sinkId"] == "page-views"  # made from the name
+    second = {**sink, "name": "Clicks", "table": {**sink["table"],
+                                                  "tableId": "in.c-web.clicks"}}
+    finished(client, client.post(f"{source}/sinks", json=second))
+    assert [s["sinkId"] for s in client.get(f"{source}/sinks").json()["sinks"]] == [
+        "page-views", "clicks"]
+    own = client.get("/v1/sources/web-events-eu/sinks/page-views").json()["sink"]
+    assert own["primary_key"] == ["event"]
+    assert own["table"] == "in_c_web.views"
+    assert own["columns"][0]["from"] == "id"
+
+    settings_url = f"{source}/settings"
+    assert settings(client.get(settings_url))[
+        "storage.level.target.import.trigger.interval"] == "1m0s"
+    assert settings(client.patch(settings_url, json={"settings": [
+        {"key": "storage.level.target.import.trigger.interval", "value": "30s"}]}))[
+        "storage.level.target.import.trigger.interval"] == "30s"
+    for name in ("page-views", "clicks"):  # a source PATCH reaches every sink
+        assert settings(client.get(f"{source}/sinks/{name}/settings"))[
+            "storage.level.target.import.trigger.interval"] == "30s"
+
+    moved = client.patch(f"{source}/sinks/clicks", json={"table": {
+        **second["table"], "tableId": "in.c-web.elsewhere"}})
+    assert moved.status_code == 400, moved.text
+    assert moved.json()["details"][0]["field"] == "table.tableId"
+
+    for i in range(18):  # 20 sinks per source, as Keboola
+        finished(client, client.post(f"{source}/sinks", json={
+            **sink, "name": f"s{i}", "table": {**sink["table"], "tableId": f"in.c-web.t{i}"}}))
+    refused = client.post(f"{source}/sinks", json={
+        **sink, "name": "s21", "table": {**sink["table"], "tableId": "in.c-web.t21"}})
+    assert refused.status_code == 409, refused.text  # checked before any task starts
+    assert refused.json()["error"] == "too_many_sinks", refused.json()
+    assert client.get(f"{source}/sinks/s21").status_code == 404
+
+    deleted = client.delete(f"{source}/sinks/clicks")
+    assert deleted.status_code == 202, deleted.text
+    assert deleted.json()["type"] == "sink.delete"
+    assert client.get(f"{source}/sinks/clicks").status_code == 404
+    deleted = client.delete(source)
+    assert deleted.status_code == 202, deleted.text
+    assert deleted.json()["type"] == "source.delete"
+    assert client.get(source).status_code == 404
+    assert client.get(BASE).json()["sources"] == []
+
+
+ROWS = {  # the first cell of each row of docs/coming-from/keboola.md → the tests typing it
+    "`POST/GET /v1/branches/{branchId}/sources`, `GET/PATCH/DELETE …/sources/{sourceId}`": (
+        test_keboola_lists_patches_deletes_and_source_settings,
+        test_keboola_refusals_name_the_field),
+    "`POST/GET …/sources/{sourceId}/sinks`, `GET/PATCH/DELETE …/sinks/{sinkId}`": (
+        test_keboola_lists_patches_deletes_and_source_settings,
+        test_a_changed_template_applies_only_to_events_accepted_after_it),
+    "`table.tableId` `in.c-github.issues`": (
+        test_keboola_source_sink_template_and_conditions_end_to_end,),
+    "a create or update answers a task; `GET …/sources/{sourceId}/tasks/{taskId}` until "
+    "`isFinished`": (test_keboola_source_sink_template_and_conditions_end_to_end,),
+    "column `primaryKey: true`": (test_keboola_lists_patches_deletes_and_source_settings,),
+    "column `id` (and `uuid`)": (test_keboola_source_sink_template_and_conditions_end_to_end,
+                                 test_keboola_lists_patches_deletes_and_source_settings),
+    "column `datetime`": (test_keboola_source_sink_template_and_conditions_end_to_end,),
+    "column `ip`, `body`, `headers`": (
+        test_keboola_source_sink_template_and_conditions_end_to_end,),
+    "column `path` with `\"path\": \"issue.id\"` (dot syntax, `[n]` indexes)": (
+        test_keboola_source_sink_template_and_conditions_end_to_end,),
+    "column `template` with `{\"language\": \"jsonnet\", \"content\": \"…\"}`": (
+        test_keboola_source_sink_template_and_conditions_end_to_end,
+        test_keboola_refusals_name_the_field,
+        test_a_changed_template_applies_only_to_events_accepted_after_it),
+    "Jsonnet globals `Body()`, `Body(path)`, `Body(path, default)`, `BodyStr()`, `Header()`, "
+    "`Header(name[, default])`, `HeaderStr()`, `Ip()`, `Now([format])`": (
+        "tests/core/test_templates.py", "tests/collector/test_templates_spark.py"),
+    "a failing `Body(path)` or `Header(name)`: \"the record will not be saved\"": (
+        test_keboola_source_sink_template_and_conditions_end_to_end,
+        "tests/pipeline/test_templates_decode.py"),
+    "import conditions `storage.level.target.import.trigger.interval` / `.size` / `.count` at "
+    "`GET/PATCH …/sinks/{sinkId}/settings`": (
+        test_keboola_source_sink_template_and_conditions_end_to_end,),
+    "`GET/PATCH …/sources/{sourceId}/settings`": (
+        test_keboola_lists_patches_deletes_and_source_settings,),
+    "the source's secret URL": (test_keboola_source_sink_template_and_conditions_end_to_end,
+                                test_keboola_lists_patches_deletes_and_source_settings),
+}
+
+
+def test_every_row_of_the_keboola_page_has_a_test() -> None:
+    """The page's mapping table, row by row: each first cell is in :data:`ROWS` (a row
+    added to the page without a test fails here), and each test named exists."""
+    page = (Path(__file__).resolve().parents[2] / "docs/coming-from/keboola.md").read_text()
+    start = page.index("| Keboola Data Streams | icefloe |")
+    rows = []
+    for line in page[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.strip("|").split(" | ")[0].strip())
+    assert rows == list(ROWS)
+    root = Path(__file__).resolve().parents[2]
+    for tests in ROWS.values():
+        for test in tests:
+            assert callable(test) or (root / test).is_file(), test
