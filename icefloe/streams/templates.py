@@ -45,11 +45,19 @@ MAX_PROBES = 64
 """Evaluations a failing block may cost while its failing events are isolated."""
 DEFAULT_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _UNDEFINED = "<<~~icefloe-undefined~~>>"
+_MISSING = "<<~~icefloe-missing~~>>"
 _PRELUDE = (
-    f'local Body(path="", default="{_UNDEFINED}") = local r = std.native("_body")(_i, path, '
-    f'default == "{_UNDEFINED}"); if std.length(r) > 0 then r[0] else default;\n'
-    f'local Header(name="", default="{_UNDEFINED}") = local r = std.native("_header")(_i, '
-    f'name, default == "{_UNDEFINED}"); if std.length(r) > 0 then r[0] else default;\n'
+    # A native only takes primitives: any default other than a string (an object, a
+    # number) waits in Jsonnet while the native is asked with the _MISSING marker. Why
+    # primitiveEquals on the type: `==` and std.isString are Jsonnet code and cost the
+    # common call (no default) half its speed; these two are built in.
+    f'local Body(path="", default="{_UNDEFINED}") = if std.primitiveEquals(std.type(default), '
+    '"string") then std.native("_body")(_i, path, default) else local v = std.native('
+    f'"_body")(_i, path, "{_MISSING}"); if v == "{_MISSING}" then default else v;\n'
+    f'local Header(name="", default="{_UNDEFINED}") = if std.primitiveEquals(std.type('
+    'default), "string") then std.native("_header")(_i, name, default) else local v = '
+    f'std.native("_header")(_i, name, "{_MISSING}"); if v == "{_MISSING}" then default '
+    'else v;\n'
     'local BodyStr() = std.native("_bodyStr")(_i);\n'
     'local HeaderStr() = std.native("_headerStr")(_i);\n'
     'local Ip() = std.native("_ip")(_i);\n'
@@ -131,36 +139,34 @@ class TemplateRows:
     # -- the natives (argument names differ from the Jsonnet wrappers': the library refuses
     # a native whose parameter names repeat the calling function's) ------------------------
 
-    # ``_body``/``_header`` answer ``[value]``, or ``[]`` when nothing is there (the Jsonnet
-    # wrapper then takes its default, which may be any value: a native only takes
-    # primitives). ``c`` is True when no default was given: the event fails.
-
-    def n_body(self, a: float, b: str, c: bool) -> list[Any]:
+    def n_body(self, a: float, b: str, c: Any) -> Any:
         i = int(a)
         value = self.body(i)
         if b == "":
-            return [value]
+            return value
         for step in body_path(b):
             found = (isinstance(value, list) and step < len(value)) if isinstance(step, int) \
                 else (isinstance(value, dict) and step in value)
             if not found:
-                if c:
+                if c == _UNDEFINED:
                     self.fail(i, f'path "{b}" not found in the body')
-                return []
+                    return None
+                return c
             value = value[step]
-        return [value]
+        return value
 
-    def n_header(self, a: float, b: str, c: bool) -> list[Any]:
+    def n_header(self, a: float, b: str, c: Any) -> Any:
         i = int(a)
         headers = self.header_map(i)
         if b == "":
-            return [{canonical_header(k): v for k, v in headers.items()}]
+            return {canonical_header(k): v for k, v in headers.items()}
         value = headers.get(b.lower())
         if value is None:
-            if c:
+            if c == _UNDEFINED:
                 self.fail(i, f'header "{canonical_header(b)}" not found')
-            return []
-        return [value]
+                return None
+            return c
+        return value
 
     def n_body_str(self, a: float) -> str:
         return self.bodies[int(a)] or ""
