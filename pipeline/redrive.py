@@ -205,13 +205,20 @@ def _shards(dead: pa.Table) -> list[int]:
 
 def _with_derived(decoded: pa.Table, plan: StreamPlan) -> pa.Table:
     """Mapped columns of redriven rows: ``id`` and ``datetime`` come back from the dead
-    letter; ``ip`` and header values were not kept with it, and ``sql`` columns need Spark,
-    so those are null."""
+    letter; ``ip`` and header values were not kept with it, ``sql`` columns need Spark,
+    and a ``template`` needs both the request data and its registry version's Jsonnet, so
+    those are null (a template column's payload field holds the event's JSON text, the
+    template's input: never stored as its value)."""
     meta = ["_event_id", "_received_at", "_sequence"]
     received = decoded.column("_received_at").cast(pa.timestamp("ms", tz="UTC")) \
         .cast(pa.int64()).to_numpy(zero_copy_only=False)
     full = add_derived(decoded.drop_columns(meta), plan,
                        decoded.column("_event_id").combine_chunks(), received, None)
+    for d in plan.derived:
+        if d.kind == "template":
+            position = full.column_names.index(d.column)
+            full = full.set_column(position, full.schema.field(position),
+                                   pa.nulls(full.num_rows, full.schema.field(position).type))
     return pa.Table.from_arrays(full.columns + [decoded.column(name) for name in meta],
                                 names=full.column_names + meta)
 

@@ -76,3 +76,19 @@ def test_each_entry_takes_the_template_of_its_own_version() -> None:
     table, dead = decode(data, 4, spec)  # no version of entry 4 declares one: null
     assert table.column("v").to_pylist() == [None]
     assert dead.reason == []
+
+
+def test_a_redriven_dead_letter_never_stores_the_body_text_as_the_template_value() -> None:
+    """A redrive re-decodes a dead letter's canonical payload, where a template column's
+    field holds the event's JSON text (the template's input, not its value): the column
+    must be null there (the request data and the version's template are not kept with a
+    dead letter), never that text."""
+    from pipeline.load.decode import decode_payload_rows
+    from pipeline.redrive import _with_derived
+
+    plan = stream_specs([ISSUES])[0].plan()
+    line = msgspec.json.encode({"n": "a", "v": '{"n":"a","issue":{"id":"7"}}'})
+    decoded, bad = decode_payload_rows([line], ["e0"], [RECEIVED_MS], [3], plan.payload)
+    assert bad == []
+    rows = _with_derived(decoded, plan).to_pylist()
+    assert [(r["n"], r["v"]) for r in rows] == [("a", None)]
