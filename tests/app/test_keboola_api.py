@@ -4,7 +4,7 @@ JSON (``/v1/branches/default/sources``, ``sinkId``, ``table.mapping.columns``, `
 ``X-StorageApi-Token`` header, tasks, and the ``storage.level.target.import.trigger.*``
 settings with Keboola's ranges and defaults. Real admin API and ingestor over HTTP, the real
 collector, on the moto S3 server and a SQLite catalog; every request body below is Keboola's
-documented example (docs/coming-from/keboola.md lists each row this file checks)."""
+documented example (docs/coming-from/keboola.md names, row by row, the tests that check it)."""
 
 from __future__ import annotations
 
@@ -292,58 +292,3 @@ def test_keboola_lists_patches_deletes_and_source_settings(
     assert client.get(source).status_code == 404
     assert client.get(BASE).json()["sources"] == []
 
-
-ROWS = {  # the first cell of each row of docs/coming-from/keboola.md → the tests typing it
-    "`POST/GET /v1/branches/{branchId}/sources`, `GET/PATCH/DELETE …/sources/{sourceId}`": (
-        test_keboola_lists_patches_deletes_and_source_settings,
-        test_keboola_refusals_name_the_field),
-    "`POST/GET …/sources/{sourceId}/sinks`, `GET/PATCH/DELETE …/sinks/{sinkId}`": (
-        test_keboola_lists_patches_deletes_and_source_settings,
-        test_a_changed_template_applies_only_to_events_accepted_after_it),
-    "`table.tableId` `in.c-github.issues`": (
-        test_keboola_source_sink_template_and_conditions_end_to_end,),
-    "a create or update answers a task; `GET …/sources/{sourceId}/tasks/{taskId}` until "
-    "`isFinished`": (test_keboola_source_sink_template_and_conditions_end_to_end,),
-    "column `primaryKey: true`": (test_keboola_lists_patches_deletes_and_source_settings,),
-    "column `id` (and `uuid`)": (test_keboola_source_sink_template_and_conditions_end_to_end,
-                                 test_keboola_lists_patches_deletes_and_source_settings),
-    "column `datetime`": (test_keboola_source_sink_template_and_conditions_end_to_end,),
-    "column `ip`, `body`, `headers`": (
-        test_keboola_source_sink_template_and_conditions_end_to_end,),
-    "column `path` with `\"path\": \"issue.id\"` (dot syntax, `[n]` indexes)": (
-        test_keboola_source_sink_template_and_conditions_end_to_end,),
-    "column `template` with `{\"language\": \"jsonnet\", \"content\": \"…\"}`": (
-        test_keboola_source_sink_template_and_conditions_end_to_end,
-        test_keboola_refusals_name_the_field,
-        test_a_changed_template_applies_only_to_events_accepted_after_it),
-    "Jsonnet globals `Body()`, `Body(path)`, `Body(path, default)`, `BodyStr()`, `Header()`, "
-    "`Header(name[, default])`, `HeaderStr()`, `Ip()`, `Now([format])`": (
-        "tests/core/test_templates.py", "tests/collector/test_templates_spark.py"),
-    "a failing `Body(path)` or `Header(name)`: \"the record will not be saved\"": (
-        test_keboola_source_sink_template_and_conditions_end_to_end,
-        "tests/pipeline/test_templates_decode.py"),
-    "import conditions `storage.level.target.import.trigger.interval` / `.size` / `.count` at "
-    "`GET/PATCH …/sinks/{sinkId}/settings`": (
-        test_keboola_source_sink_template_and_conditions_end_to_end,),
-    "`GET/PATCH …/sources/{sourceId}/settings`": (
-        test_keboola_lists_patches_deletes_and_source_settings,),
-    "the source's secret URL": (test_keboola_source_sink_template_and_conditions_end_to_end,
-                                test_keboola_lists_patches_deletes_and_source_settings),
-}
-
-
-def test_every_row_of_the_keboola_page_has_a_test() -> None:
-    """The page's mapping table, row by row: each first cell is in :data:`ROWS` (a row
-    added to the page without a test fails here), and each test named exists."""
-    page = (Path(__file__).resolve().parents[2] / "docs/coming-from/keboola.md").read_text()
-    start = page.index("| Keboola Data Streams | icefloe |")
-    rows = []
-    for line in page[start:].splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        rows.append(line.strip("|").split(" | ")[0].strip())
-    assert rows == list(ROWS)
-    root = Path(__file__).resolve().parents[2]
-    for tests in ROWS.values():
-        for test in tests:
-            assert callable(test) or (root / test).is_file(), test

@@ -2,9 +2,6 @@
 type, and every row names the tests that check it. Those tests must exist, so a row cannot
 quietly lose its proof (a renamed or deleted test fails here), and each page's table is
 read the way a user reads it: the first cell is what they typed, the second what it is here.
-
-Keboola's page has its own (``docs/coming-from/keboola.md``, another change); this module
-checks the pages listed in :data:`PAGES`.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ("ondatra.md", "moose.md", "opendata.md")
+PAGES = ("ondatra.md", "moose.md", "opendata.md", "keboola.md")
 _REF = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 
 
