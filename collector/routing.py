@@ -200,50 +200,50 @@ class Routes:
     def sql_cases(self, versions: Mapping[str, Mapping[int, int]]
                   ) -> dict[str, dict[str, tuple[SqlCase, ...]]]:
         """Per source and ``sql`` column: each expression the sinks routed at the run's
-        entry versions declare, with the sequences of the entries it applies to.
+        entry versions declared *at those versions*, with the sequences of the entries it
+        applies to (see :meth:`expression_cases`)."""
+        return {source: {name: tuple(SqlCase(text, dialect, ranges)
+                                     for (text, dialect), ranges in exprs.items())
+                         for name, exprs in columns.items()}
+                for source, columns in self.expression_cases(versions, "sql").items()}
 
-        Why: the decode computes a source's union of columns, tombstones included; an entry
-        must be projected with the mappings of the version it carries, so a deleted sink's
-        expression never runs on events accepted after the deletion (and a re-created
-        sink's on events before it)."""
-        out: dict[str, dict[str, tuple[SqlCase, ...]]] = {}
+    def template_cases(self, versions: Mapping[str, Mapping[int, int]]
+                       ) -> dict[str, dict[str, tuple[TemplateCase, ...]]]:
+        """Per source and ``template`` column: each Jsonnet the sinks routed at the run's
+        entry versions declared *at those versions*, with the sequences of the entries it
+        applies to (see :meth:`expression_cases`)."""
+        return {source: {name: tuple(TemplateCase(text, ranges)
+                                     for (text, _), ranges in exprs.items())
+                         for name, exprs in columns.items()}
+                for source, columns in self.expression_cases(versions, "template").items()}
+
+    def expression_cases(self, versions: Mapping[str, Mapping[int, int]], kind: str
+                         ) -> dict[str, dict[str, dict[tuple[str, str],
+                                                       tuple[tuple[int, int], ...]]]]:
+        """Per source and column: each ``kind`` expression (``sql``, ``template``) the sinks
+        routed at the run's entry versions declared at those versions
+        (:meth:`Sink.expression_at`), as ``(text, dialect)``, with the ``_sequence`` ranges
+        of the entries it applies to.
+
+        Why by version: the collector computes these columns after the events were
+        accepted, and the decode holds a source's union of columns (tombstones included);
+        each entry must be projected with the mappings of the version it carries, so a sink
+        PATCH, or a sink deleted (and re-created), changes the values of the events
+        accepted afterwards only — and a replay computes the same values."""
+        out: dict[str, dict[str, dict[tuple[str, str], tuple[tuple[int, int], ...]]]] = {}
         for source, seen in versions.items():
             found: dict[str, dict[tuple[str, str], list[int]]] = {}
             for sequence, version in seen.items():
                 for target in self.targets.get(source, []):
                     if not target.receives_at(version):
                         continue
-                    for column in target.sink.columns:
-                        if column.sql is not None:
-                            found.setdefault(column.name, {}).setdefault(
-                                (column.sql, column.dialect), []).append(sequence)
-            out[source] = {name: tuple(SqlCase(sql, dialect, sequence_ranges(seqs))
-                                       for (sql, dialect), seqs in exprs.items())
+                    for name in target.sink.expression_columns():
+                        value = target.sink.expression_at(name, version)
+                        if value is not None and value.kind == kind:
+                            found.setdefault(name, {}).setdefault(
+                                (value.text, value.dialect), []).append(sequence)
+            out[source] = {name: {key: sequence_ranges(seqs) for key, seqs in exprs.items()}
                            for name, exprs in found.items()}
-        return out
-
-    def template_cases(self, versions: Mapping[str, Mapping[int, int]]
-                       ) -> dict[str, dict[str, tuple[TemplateCase, ...]]]:
-        """Per source and ``template`` column: each Jsonnet the sinks routed at the run's
-        entry versions declared *at those versions* (:meth:`Sink.template_at`), with the
-        sequences of the entries it applies to. Why: the collector evaluates templates
-        after the events were accepted; an event must get the template of the version it
-        carries, so a sink PATCH, or a deleted and re-created sink, changes the values of
-        the events accepted afterwards only (a replay computes the same values)."""
-        out: dict[str, dict[str, tuple[TemplateCase, ...]]] = {}
-        for source, seen in versions.items():
-            found: dict[str, dict[str, list[int]]] = {}
-            for sequence, version in seen.items():
-                for target in self.targets.get(source, []):
-                    if not target.receives_at(version):
-                        continue
-                    for name in target.sink.template_columns():
-                        text = target.sink.template_at(name, version)
-                        if text is not None:
-                            found.setdefault(name, {}).setdefault(text, []).append(sequence)
-            out[source] = {name: tuple(TemplateCase(text, sequence_ranges(seqs))
-                                       for text, seqs in texts.items())
-                           for name, texts in found.items()}
         return out
 
     def where_specs(self, versions: Mapping[str, Mapping[int, int]]

@@ -14,6 +14,9 @@ never silently drops what a newer one wrote.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
 import msgspec
 
 from icefloe.clock import SYSTEM, Clock
@@ -22,6 +25,9 @@ from icefloe.streams.model import EvolveQuota
 
 FORMAT = 1
 MAX_SINKS = 20
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 AGE_RANGE_S = (1.0, 86_400.0)
 BYTES_RANGE = (100, 500 * 1000 * 1000)
@@ -54,7 +60,16 @@ class Change(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     value: str | None
 
 
-def value_at(changes: tuple[Change, ...], current: str | None, version: int) -> str | None:
+class _Versioned(Protocol[T_co]):
+    """A change of a versioned setting (:class:`Change`, :class:`MappingChange`)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def value(self) -> T_co: ...
+
+
+def value_at(changes: Sequence[_Versioned[T]], current: T, version: int) -> T:
     """The setting's value at ``version``: the last change at or before it; ``current``
     when there is no history (a record written before the setting was versioned)."""
     if not changes:
@@ -73,32 +88,79 @@ def with_change(changes: tuple[Change, ...], old: str | None, new: str | None,
     return (*base, Change(version, new))
 
 
-class TemplateChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """From registry ``version`` on, the sink's ``column`` is computed by the Jsonnet
-    ``value`` (None: the column has no template then). Why versioned: the collector
-    evaluates a template long after the event was accepted, and a change must reach only
-    the events accepted from then on, as a ``where`` change does."""
+EXPRESSION_KINDS = ("sql", "template")
+"""Mappings the collector evaluates from an expression long after the event was accepted,
+so a sink keeps every expression they had by version (:class:`MappingChange`)."""
+
+
+class Expression(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A column's ``sql`` (with its ``dialect``) or ``template`` (:data:`EXPRESSION_KINDS`)."""
+
+    kind: str
+    text: str
+    dialect: str = "spark"
+
+
+def expression(column: Column) -> Expression | None:
+    """The expression ``column`` is computed by (None: it is read or taken, not computed)."""
+    if column.template is not None:
+        return Expression("template", column.template)
+    if column.sql is not None:
+        return Expression("sql", column.sql, column.dialect)
+    return None
+
+
+COLLECTOR_SOURCES = ("ip", "id", "datetime", "headers")
+"""``from`` values the collector takes from the envelope (``body`` is read at acceptance)."""
+
+
+def computed_later(column: Column) -> bool:
+    """Whether the collector computes ``column``'s value from the queued event (an
+    expression, a ``header``, a ``from`` of :data:`COLLECTOR_SOURCES`) rather than reading
+    what the ingestor stored when it accepted the event (a field, a ``path``, the body)."""
+    return (expression(column) is not None or column.header is not None
+            or column.source in COLLECTOR_SOURCES)
+
+
+def unversioned_change(old: Column, new: Column) -> bool:
+    """Whether changing ``old`` into ``new`` would reach queued events and cannot be
+    versioned: the mapping changes, the collector computes either, and it is not an
+    expression changed within its kind (those are kept by version: :class:`MappingChange`)."""
+    def mapping(c: Column) -> tuple[object, ...]:
+        return (c.path, c.header, c.source, c.sql, c.dialect, c.template, c.default, c.raw)
+
+    if mapping(old) == mapping(new) or not (computed_later(old) or computed_later(new)):
+        return False
+    was, now = expression(old), expression(new)
+    return was is None or now is None or was.kind != now.kind
+
+
+class MappingChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """From registry ``version`` on, the sink's ``column`` is computed by the expression
+    ``value`` (None: by none then). Why versioned: the collector evaluates ``sql`` and
+    ``template`` columns long after the event was accepted, and a change (a sink PATCH)
+    must reach only the events accepted from then on, as a ``where`` change does."""
 
     version: int
     column: str
-    value: str | None
+    value: Expression | None
 
 
-def template_changes(changes: tuple[TemplateChange, ...], old: tuple[Column, ...],
-                     new: tuple[Column, ...], created: int, version: int
-                     ) -> tuple[TemplateChange, ...]:
+def mapping_changes(changes: tuple[MappingChange, ...], old: tuple[Column, ...],
+                    new: tuple[Column, ...], created: int, version: int
+                    ) -> tuple[MappingChange, ...]:
     """``changes`` after the sink's columns went from ``old`` to ``new`` at ``version``:
-    one change per column whose template was added, changed or removed."""
-    before = {c.name: c.template for c in old}
-    after = {c.name: c.template for c in new}
+    one change per column whose expression was added, changed or removed."""
+    before = {c.name: expression(c) for c in old}
+    after = {c.name: expression(c) for c in new}
     out = list(changes)
     for name in sorted(set(before) | set(after)):
         was, now = before.get(name), after.get(name)
         if was == now:
             continue
         if not any(c.column == name for c in out):
-            out.append(TemplateChange(created, name, was))
-        out.append(TemplateChange(version, name, now))
+            out.append(MappingChange(created, name, was))
+        out.append(MappingChange(version, name, now))
     return tuple(out)
 
 
@@ -128,24 +190,24 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Every value ``where`` had, by version (empty while it never changed)."""
     evolve_quota: EvolveQuota | None = None
     """New columns per client (``unknown_fields = "evolve"``); None: the defaults."""
-    templates: tuple[TemplateChange, ...] = ()
-    """Every template a column had, by version (empty while none changed)."""
+    mappings: tuple[MappingChange, ...] = ()
+    """Every expression (``sql``, ``template``) a column had, by version (empty while none
+    changed)."""
 
     @property
     def live(self) -> bool:
         return self.deleted_version is None
 
-    def template_columns(self) -> list[str]:
-        """The columns that have (or had, at some version) a template."""
-        names = [c.name for c in self.columns if c.template is not None]
-        return names + sorted({c.column for c in self.templates} - set(names))
+    def expression_columns(self) -> list[str]:
+        """The columns that have (or had, at some version) an expression."""
+        names = [c.name for c in self.columns if expression(c) is not None]
+        return names + sorted({c.column for c in self.mappings} - set(names))
 
-    def template_at(self, column: str, version: int) -> str | None:
-        """The template of ``column`` for events accepted at registry ``version`` (None:
+    def expression_at(self, column: str, version: int) -> Expression | None:
+        """The expression of ``column`` for events accepted at registry ``version`` (None:
         the column had none then)."""
-        history = tuple(Change(c.version, c.value) for c in self.templates
-                        if c.column == column)
-        current = next((c.template for c in self.columns if c.name == column), None)
+        history = tuple(c for c in self.mappings if c.column == column)
+        current = next((expression(c) for c in self.columns if c.name == column), None)
         return value_at(history, current, version)
 
     def where_at(self, version: int) -> str | None:

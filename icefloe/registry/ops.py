@@ -30,7 +30,8 @@ from icefloe.registry.model import (
     Sink,
     Source,
     Toggle,
-    template_changes,
+    mapping_changes,
+    unversioned_change,
     with_change,
 )
 from icefloe.streams.model import EvolveQuota
@@ -211,7 +212,7 @@ def _check_union(registry: Registry, source: Source) -> None:
     current = source.live_sinks()
     if history and current:
         try:
-            union_stream(source, [*history, *current], template_texts=False)
+            union_stream(source, [*history, *current], expression_texts=False)
         except RegistryError as exc:
             raise RegistryError(409, "column_conflict", f"{exc} (a deleted sink of source "
                                 f"{source.id!r} declared it: its events may still be queued "
@@ -417,9 +418,10 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
         changes["wheres"] = with_change(sink.wheres, sink.where, changes["where"],
                                         sink.created_version, version)
     if "columns" in changes and changes["columns"] != sink.columns:
-        changes["templates"] = template_changes(sink.templates, sink.columns,
-                                                changes["columns"], sink.created_version,
-                                                version)
+        _check_mappings(sink, changes["columns"])
+        changes["mappings"] = mapping_changes(sink.mappings, sink.columns,
+                                              changes["columns"], sink.created_version,
+                                              version)
     updated = msgspec.structs.replace(sink, updated_version=version, toggles=toggles,
                                       **changes)
     check_sink(source_id, updated, "sink")
@@ -427,6 +429,26 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
     changed = msgspec.structs.replace(source, sinks=sinks, updated_version=version)
     _check_union(registry, changed)
     return registry.next(_replace_source(registry, changed), clock=clock)
+
+
+def _check_mappings(sink: Sink, columns: tuple[Column, ...]) -> None:
+    """Refuse a PATCH that changes how the collector computes a column in a way the sink
+    cannot keep by version (:func:`unversioned_change`): the events already queued would
+    silently get the new mapping's value (another ``from``, another header, an expression
+    turned into a field)."""
+    old = {c.name: c for c in sink.columns}
+    for column in columns:
+        before = old.get(column.name)
+        if before is not None and unversioned_change(before, column):
+            raise RegistryError(409, "mapping_fixed", f"sink.columns.{column.name}: its "
+                                f"mapping ({before.mapping or 'field'}) cannot become "
+                                f"{column.mapping or 'a field'}: the collector computes it "
+                                "from events already queued, which were accepted under the "
+                                "old mapping; only a sql or template expression can change "
+                                "(each event keeps its version's); add a column with "
+                                "another name instead",
+                                [{"field": f"columns.{column.name}",
+                                  "reason": "mapping cannot change"}])
 
 
 def set_sink_enabled(registry: Registry, source_id: str, name: str, enabled: bool, *,

@@ -21,19 +21,20 @@ import msgspec
 
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.errors import RegistryError
-from icefloe.registry.model import Registry, Sink, Source
+from icefloe.registry.model import Registry, Sink, Source, expression
 
 
 def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False,
-                 template_texts: bool = True) -> StreamConfig:
+                 expression_texts: bool = True) -> StreamConfig:
     """The stream an ingestor validates ``source``'s events against (see module doc).
 
     Raises :class:`RegistryError` (409 ``column_conflict``) when two sinks declare a
     column differently, naming both sinks — unless ``lenient``, where the later sink's
     declaration wins (the collector's decode over deleted and live sinks alike).
-    Without ``template_texts``, two ``template`` columns of one name agree whatever their
-    Jsonnet (sinks of different versions: each event takes its own version's template);
-    live sinks must agree on it, since one event gets one value per column.
+    Without ``expression_texts``, two ``sql`` or two ``template`` columns of one name agree
+    whatever their expression (sinks of different versions: each event takes its own
+    version's, :meth:`Sink.expression_at`); live sinks must agree on it, since one event
+    gets one value per column.
     """
     columns: dict[str, Column] = {}
     owner: dict[str, str] = {}
@@ -44,7 +45,7 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
             if seen is None:
                 columns[column.name], owner[column.name] = column, sink.name
                 continue
-            differ = _shape(seen, template_texts) != _shape(column, template_texts)
+            differ = _shape(seen, expression_texts) != _shape(column, expression_texts)
             if differ and lenient:
                 columns[column.name], owner[column.name] = column, sink.name
                 continue
@@ -76,10 +77,11 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
                         else "reject")
 
 
-def _shape(column: Column, template_texts: bool = True) -> tuple[object, ...]:
-    template = column.template if template_texts else column.template is not None
-    return (column.type, column.path, column.header, column.source, column.sql,
-            column.dialect, column.default, column.raw, template)
+def _shape(column: Column, expression_texts: bool = True) -> tuple[object, ...]:
+    computed = expression(column)
+    kind = computed if expression_texts or computed is None else computed.kind
+    return (column.type, column.path, column.header, column.source, column.default,
+            column.raw, kind)
 
 
 def source_streams(registry: Registry) -> list[StreamConfig]:
@@ -106,7 +108,7 @@ def routing_streams(registry: Registry) -> list[StreamConfig]:
                        key=lambda s: (s.live, s.created_version))
         if sinks:
             streams.append(union_stream(group[-1], sinks, lenient=True,
-                                        template_texts=False))
+                                        expression_texts=False))
     return streams
 
 

@@ -220,6 +220,31 @@ def test_should_create_a_sink_and_its_table_through_a_task(admin: Admin) -> None
     assert cond.json()["sink"]["conditions"]["max_age_s"] == 5
 
 
+def test_should_refuse_a_patch_that_changes_how_queued_events_are_computed(
+        admin: Admin) -> None:
+    """A ``from`` or ``header`` the collector computes from queued events cannot change
+    (those events were accepted under the old mapping: they would silently get the new
+    one's value); an expression changes by version, so a changed ``sql`` is accepted."""
+    mapped = [*COLUMNS, {"name": "who", "type": "string", "from": "ip"},
+              {"name": "u", "type": "string", "sql": "upper(user_id)"}]
+    created = admin.client.post("/v1/sources/clicks/sinks", json={
+        "name": "mapped", "table": "mart.mapped_clicks", "columns": mapped})
+    assert admin.task(created)["state"] == "succeeded"
+    version = admin.client.get("/v1/registry").json()["version"]
+    for who in ({"from": "id"}, {"header": "X-Forwarded-For"}, {}, {"sql": "user_id"}):
+        changed = [*mapped[:2], {"name": "who", "type": "string", **who}, mapped[3]]
+        refused = admin.client.patch("/v1/sources/clicks/sinks/mapped",
+                                     json={"columns": changed})
+        assert (refused.status_code, refused.json()["error"]) == (409, "mapping_fixed"), who
+        assert "columns.who" in refused.json()["message"]
+    assert admin.client.get("/v1/registry").json()["version"] == version
+    lower = [*mapped[:3], {"name": "u", "type": "string", "sql": "lower(user_id)"}]
+    patched = admin.client.patch("/v1/sources/clicks/sinks/mapped", json={"columns": lower})
+    assert admin.task(patched)["state"] == "succeeded"
+    sink = admin.client.get("/v1/sources/clicks/sinks/mapped").json()["sink"]
+    assert sink["columns"][3]["sql"] == "lower(user_id)"
+
+
 class GatedStore(FlakyStore):
     """Holds each PUT whose body contains a pattern until that pattern's gate opens (a
     slow registry write, at the object-store boundary): two admin tasks reach their
