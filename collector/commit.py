@@ -9,9 +9,11 @@ module takes the run's output from there to the tables:
 * **cluster** (:class:`~pipeline.load.executors.ClusterRunOutput`: the rows stay on the
   executors): dedup on the event keys alone, per target table (a source with several sinks
   has several); one job has the executors write every table's fresh rows and every staged
-  sink's files, then each table gets one ``add_files`` commit or its staged files are
-  recorded; a run this path cannot write in one shot (two sources writing one table) was
-  handed to the embedded path before it ran (:meth:`collector.service.Collector._route_run`);
+  sink's files (if that job fails, a job per table: one table's failure is its own),
+  then each table gets one ``add_files`` commit or its staged files are recorded; a run
+  this path does not write itself (two sources writing one table, a sink that evolves
+  its table from the data) was handed to the embedded path before it ran
+  (:meth:`collector.service.Collector._route_run`);
 * **staged** (sinks with import conditions): rows go to the staging area (written by the
   driver on the embedded path, by the executors on the cluster path) and are committed,
   in chunks, oldest first, when a condition holds (:meth:`RunCommits.commit_due_staged`);
@@ -59,7 +61,7 @@ from collector.dedup import (
     sources_props,
     without_source,
 )
-from collector.evolve import evolve_rows, plan_from_summaries, refused_dead_letters
+from collector.evolve import evolve_rows
 from collector.hops import BlockOn
 from collector.journal import DedupJournal, id_rows
 from collector.metrics import CollectorMetrics
@@ -92,6 +94,7 @@ from pipeline.load.executors import (
     ClusterRunOutput,
     UpsertPlan,
     WritePlan,
+    Written,
     plan_upsert,
     plan_write,
 )
@@ -324,19 +327,23 @@ class RunCommits:
         ``add_files`` (``after_commit:<table>``) or its staged files are recorded in its
         staging state (``after_stage:<table>``, then the import if a condition holds) —
         the embedded path's order and crash points, plus ``after_write`` (files written,
-        nothing committed). Files of a table whose commit is refused or never attempted
-        (an earlier table failed) are deleted here; a crash leaves them to the maintenance
-        orphan sweep (staged ones to :meth:`~collector.staging.StagingArea.sweep`). Dead
+        nothing committed). If the shared write job fails, each plan is written by a job
+        of its own (:meth:`_write_cluster`): a table whose write fails is one failed
+        attempt of that table (it parks after ``park_after_failures``), and the others are
+        committed. Files of a table whose commit is refused or never attempted are deleted
+        here; a crash leaves them to the maintenance orphan sweep (staged ones to
+        :meth:`~collector.staging.StagingArea.sweep`). Dead
         letters are few and go the embedded way; so do unrouted events (no sink's
         ``where`` took them: the executors marked each sink's rows), counted as there and,
         where their source says ``dead_letter``, fetched from the executors to become the
         same dead letters.
 
-        An evolving sink's table (``unknown_fields = "evolve"``) is evolved first, from the
-        executors' summaries of the rows' undeclared fields, and committed before any file
-        is written (``after_evolve:<table>``); the rows the plan refuses are collected as
-        dead letters and left out of the dedup window and the write, and the executors
-        make the evolved columns as they write (:meth:`_evolve_cluster`).
+        A sink that evolves its table from the data never comes here: its runs take the
+        embedded path (:func:`collector.routing.embedded_reason`), where the quotas, the
+        ``_overflow`` column and a parked table's raw staging live.
+
+        A table's planning counts a failure against it but does not clear its earlier ones
+        (only its commit or staging does), so a table whose write keeps failing parks.
         """
         sequence, sequences = result.last_sequence, result.sequences
         assert self.epoch is not None
@@ -354,22 +361,17 @@ class RunCommits:
             plans: list[WritePlan] = []
             failures = TableFailures()
             for table, (target, keys, allowed, where) in routed.items():
-                with failures.of(table), self._guard(table):
+                with failures.of(table), self.bulkheads.guard(table):
                     self._check_park_room(table)
                     source = target.source.id
                     columns = tuple((c.name, c.type) for c in target.sink.columns)
-                    evolve: tuple[tuple[str, str], ...] = ()
-                    taken = keys  # without the rows evolution refuses
-                    if _evolves(output, target):
-                        evolve, taken = self._evolve_cluster(output, target, keys, allowed,
-                                                             locations, dead)
-                    good = taken  # and without the rows missing a primary-key value
+                    good = keys  # without the rows missing a primary-key value
                     if target.sink.primary_key:  # those are dead letters
-                        good, _ = self._cluster_keyed(output, target, taken, columns,
+                        good, _ = self._cluster_keyed(output, target, keys, columns,
                                                       locations, dead)
                     if self.is_staged(target):
                         plan = self._plan_stage(target, good, columns, allowed, where,
-                                                evolve=evolve, drop=_left_out(keys, good))
+                                                drop=_left_out(keys, good))
                         skipped[table] = good.num_rows - plan.expected
                         plans.append(plan)
                         continue
@@ -383,18 +385,16 @@ class RunCommits:
                             self.catalog, table, source, keys, fresh,
                             key=target.sink.primary_key, tombstone=target.sink.tombstone_field,
                             sequences=sequences, epoch=self.epoch, target=table,
-                            columns=columns, entries=allowed, where=where, evolve=evolve)
+                            columns=columns, entries=allowed, where=where)
                         upserts[table] = upsert
                         planned = upsert.write if upsert is not None else None
                     else:
                         planned = plan_write(self.catalog, table, source, keys, fresh,
                                              sequences=sequences, epoch=self.epoch, key=table,
-                                             columns=columns, entries=allowed, where=where,
-                                             evolve=evolve)
+                                             columns=columns, entries=allowed, where=where)
                     if planned is not None:
                         plans.append(planned)
-            written = output.write_all(plans)
-            pending, staged_files = written.files, written.staged
+            self._write_cluster(output, plans, failures, pending, staged_files)
             self.hook("after_write")
             for table, (target, *_) in routed.items():
                 if table in failures.tables:
@@ -434,6 +434,55 @@ class RunCommits:
                           result)
         failures.raise_first()
 
+    def _write_cluster(self, output: ClusterRunOutput, plans: list[WritePlan],
+                       failures: TableFailures, files: dict[str, FileSet],
+                       staged: dict[str, tuple[StagedFile, ...]]) -> None:
+        """Have the executors write ``plans`` (into ``files`` and ``staged``, by table).
+
+        One job for every table; if it fails (for a reason all tables do not share: the
+        store, a fence), one job per table, so a table whose write fails — its data
+        location, its files, its rows — fails alone: counted against it through
+        ``failures`` (it parks after ``park_after_failures`` attempts), and every other
+        table's files are written and committed in this run. Why the one job first: a run
+        pays one Spark job, not one per table, while nothing fails.
+
+        If every table's write fails, the session may be what is broken (its Python
+        workers, its memory), not the tables: a one-row job tells, and if it fails too
+        the first error is raised uncounted, as a failure of what every table shares.
+        Files already written are in ``files``/``staged`` as each job returns, so the
+        caller deletes whatever is not committed, whatever happens here."""
+        try:
+            written = output.write_all(plans)
+        except Exception as exc:
+            if is_shared_failure(exc):
+                raise
+            first = exc
+        else:
+            files.update(written.files)
+            staged.update(written.staged)
+            return
+        todo = [p for p in plans if p.expected > 0 or p.rewrites]
+        errors: dict[str, Exception] = {}
+        if len(todo) == 1:  # the job that failed was this table's alone
+            errors[todo[0].target] = first
+        for plan in todo if len(todo) > 1 else ():
+            try:
+                part: Written = output.write_all([plan])
+            except Exception as exc:
+                if is_shared_failure(exc):
+                    raise
+                errors[plan.target] = exc
+                continue
+            files.update(part.files)
+            staged.update(part.staged)
+        if len(errors) == len(todo) and not output.session_works():
+            raise first
+        for table, exc in errors.items():
+            log.warning("cluster write of %s failed on its own (the other tables of the "
+                        "run go on): %s", table, exc, extra={"table": table})
+            with failures.of(table), self.bulkheads.guard(table):
+                raise exc
+
     @staticmethod
     def _cluster_keyed(output: ClusterRunOutput, target: Target, keys: pa.Table,
                        columns: tuple[tuple[str, str], ...], locations: dict[int, str],
@@ -454,27 +503,6 @@ class RunCommits:
         dead.append(missing_key_dead_letters(rows, key, target.source.id, locations))
         return good, ids
 
-    def _evolve_cluster(self, output: ClusterRunOutput, target: Target, keys: pa.Table,
-                        allowed: tuple[int, ...] | None, locations: dict[int, str],
-                        dead: list[pa.Table]) -> tuple[tuple[tuple[str, str], ...], pa.Table]:
-        """Evolve ``target``'s table for the run's rows the executors hold (the embedded
-        path's :func:`~collector.evolve.evolve_rows`, split where the rows are): the
-        executors summarise the undeclared fields, the plan and its schema commit are
-        made here, the executors name the rows the plan refuses, which join ``dead``.
-        Returns the table's evolved columns (name, type) and ``keys`` without the refused
-        rows."""
-        source, table = target.source.id, target.table
-        plan = plan_from_summaries(
-            self.catalog, table, target.stream,
-            lambda existing, depth: output.observe_extras(source, allowed, existing, depth),
-            self.evolve_limits, hook=self.hook)
-        refused = output.refused_extras(source, allowed, plan, self.evolve_limits, table)
-        if refused.num_rows:
-            dead.append(refused_dead_letters(keys, refused, locations, target.stream.name))
-            keys = keys.filter(pc.invert(pc.is_in(keys.column("_row"),
-                                                  refused.column("row").combine_chunks())))
-        return tuple(plan.columns.items()), keys
-
     def _cluster_targets(self, output: ClusterRunOutput, versions: dict[str, dict[int, int]]
                          ) -> tuple[dict[str, ClusterTarget], dict[str, pa.Table]]:
         """Per table of the run, in routing order: its target, the keys of the rows it
@@ -484,8 +512,9 @@ class RunCommits:
         ``where`` took (as :meth:`collector.routing.Routes.route` finds them).
 
         Raises:
-            RoutingUnsupportedError: two sources write one table in this run (the collector
-                hands such runs to the embedded path before they run).
+            RoutingUnsupportedError: two sources write one table in this run, or a sink
+                evolves its table (the collector hands such runs to the embedded path
+                before they run).
         """
         out: dict[str, ClusterTarget] = {}
         unrouted: dict[str, pa.Table] = {}
@@ -509,6 +538,12 @@ class RunCommits:
                     raise RoutingUnsupportedError(
                         f"table {target.table!r} is written by two sinks in this run: the "
                         "cluster output path commits each table from one sink per run")
+                if target.sink.unknown_fields == "evolve":
+                    output.release()
+                    raise RoutingUnsupportedError(
+                        f"sink {target.sink.name!r} evolves table {target.table!r} from the "
+                        "data: its runs take the embedded path (the cluster output path "
+                        "does not evolve tables)")
                 flags = [c for c in (*output.wheres.values(), *output.where_errors.values())
                          if c in part.column_names]
                 out[target.table] = (target, part.drop_columns(flags), chosen, where)
@@ -565,13 +600,12 @@ class RunCommits:
 
     def _plan_stage(self, target: Target, keys: pa.Table, columns: tuple[tuple[str, str], ...],
                     allowed: tuple[int, ...] | None, where: str | None = None, *,
-                    evolve: tuple[tuple[str, str], ...] = (),
                     drop: pa.Array | None = None) -> WritePlan:
         """What the executors stage for ``target``: its rows above the staging floor
         (staged or committed already: a replay stages nothing twice). Not deduplicated:
         staged rows are, when they are imported (as on the embedded path). ``drop``: rows
-        (``_row``) not in ``keys`` that must not be staged (refused by evolution, missing
-        a primary-key value: dead letters)."""
+        (``_row``) not in ``keys`` that must not be staged (missing a primary-key value:
+        dead letters)."""
         table = target.table
         committed = self.table_sequences.get(table, {})
         _, floor = self.block_on(self.staging.floor(table, committed))
@@ -579,7 +613,7 @@ class RunCommits:
         return WritePlan(target.source.id, None, floor,
                          pa.array([], pa.int64()) if drop is None else drop,
                          fresh.num_rows, key=table, columns=columns, sequences=allowed,
-                         stage=table, where=where, evolve=evolve)
+                         stage=table, where=where)
 
     def _record_staged(self, target: Target, files: tuple[StagedFile, ...],
                        result: RunResult, skipped: int) -> None:
@@ -824,15 +858,6 @@ class RunCommits:
         self.metrics.staged_bytes.labels(table).set(state.bytes)
         oldest = state.oldest_ms
         self.metrics.staged_oldest.labels(table).set(0 if oldest is None else oldest / 1000)
-
-
-def _evolves(output: ClusterRunOutput, target: Target) -> bool:
-    """Whether ``target``'s rows evolve its table: an evolving sink of a source decoded
-    with its undeclared fields (as :func:`collector.routing.project` decides)."""
-    if target.sink.unknown_fields != "evolve" or output.spec is None:
-        return False
-    return any(s.name == target.source.id and any(n == EXTRA_FIELD for n, _ in s.columns)
-               for s in output.spec.streams)
 
 
 def _left_out(keys: pa.Table, taken: pa.Table) -> pa.Array:

@@ -55,11 +55,9 @@ from icefloe.streams.evolution import (
     RESERVED,
     ColumnChange,
     EvolveLimits,
-    Observation,
     RunPlan,
     overflow_part,
     parse_extras,
-    plan_observed,
     plan_run,
 )
 from icefloe.streams.typespec import TypeSpec, parse_type
@@ -213,9 +211,8 @@ def commit_plan(catalog: Catalog, identifier: str, declared: set[str],
     """Plan against the table's current schema — ``make_plan(columns, fixed, properties)``,
     see :func:`table_columns` — and commit the plan's changes, with its
     :attr:`~icefloe.streams.evolution.RunPlan.properties` in the same metadata commit;
-    re-plan after a lost race. Returns the plan the table now matches. Both output paths
-    evolve through this: the embedded one plans from the rows it holds, the cluster one
-    from its executors' summaries (:func:`plan_from_summaries`)."""
+    re-plan after a lost race. Returns the plan the table now matches (runs, and the
+    overflow redrive, evolve through this)."""
     for _ in range(_ATTEMPTS):
         try:
             table = catalog.load_table(identifier)
@@ -357,45 +354,6 @@ def _dead_letters(rows: pa.Table, plan: RunPlan, texts: list[str | None],
                  message=reason, stream=source_ids[index], event_id=ids[index],
                  raw=text.encode() if text else None, received_at_ms=received[index])
     return dead.to_arrow()
-
-
-# --------------------------------------------------------------------------- cluster path
-
-
-def plan_from_summaries(catalog: Catalog, identifier: str, stream: StreamConfig,
-                        observations: Callable[[dict[str, str], int], list[Observation]],
-                        limits: EvolveLimits, *, hook: Callable[[str], None] | None = None
-                        ) -> RunPlan:
-    """The cluster output path's :func:`evolve_rows`, schema half: plan from the run's
-    distinct observations — ``observations(existing evolved columns, max depth)``, which
-    has the executors summarise the rows they hold — and commit the changes before any
-    data is written. The same rules and the same commit as the embedded path (a lost race
-    re-reads the schema and summarises again), so a crash after this commit is as
-    harmless: the re-run finds the columns and plans nothing."""
-    declared = {c.name for c in stream.columns} | RESERVED
-
-    def make_plan(columns: dict[str, str], fixed: set[str], _: Mapping[str, str]) -> RunPlan:
-        existing = {n: t for n, t in columns.items() if n not in fixed}
-        return plan_observed(observations(existing, limits.max_depth), columns, fixed,
-                             limits, table=identifier)
-
-    return commit_plan(catalog, identifier, declared, make_plan, hook)
-
-
-def refused_dead_letters(keys: pa.Table, refused: pa.Table, locations: Mapping[int, str],
-                         source: str) -> pa.Table:
-    """The cluster path's refused rows as the embedded path dead-letters them: ``keys``
-    (``_row``, ``_event_id``, ``_received_at``, ``_sequence`` of the run's rows) joined
-    with ``refused`` (``row``, ``message``, ``raw``: what the executors found), in row
-    order."""
-    refused = refused.sort_by([("row", "ascending")])
-    index = {row: i for i, row in enumerate(keys.column("_row").to_pylist())}
-    rows = keys.take(pa.array([index[r] for r in refused.column("row").to_pylist()],
-                              pa.int64()))
-    plan = RunPlan(refused=dict(enumerate(refused.column("message").to_pylist())))
-    texts = [raw.decode() if raw is not None else None
-             for raw in refused.column("raw").to_pylist()]
-    return _dead_letters(rows, plan, texts, locations, source)
 
 
 # --------------------------------------------------------------------------- overflow redrive

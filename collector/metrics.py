@@ -114,7 +114,8 @@ class CollectorMetrics:
         self.embedded_runs = Counter("icefloe_collector_embedded_fallback_runs",
                                      "Runs of output = cluster that took the embedded path, "
                                      "by reason (shared-table: two sources write one table "
-                                     "in one run)",
+                                     "in one run; evolve: a sink of the run evolves its "
+                                     "table from the data, unknown_fields = evolve)",
                                      ["reason"], registry=r)
         self.sql_errors = Counter("icefloe_collector_sql_errors",
                                   "Rows whose sql mapping value is null because its "

@@ -404,22 +404,31 @@ def cut_by_routing(routes: Routes, entries: Sequence[Entry]) -> list[Entry]:
 
 
 def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
-    """Why the cluster output path cannot write this run in one shot (None: it can).
+    """Why the cluster output path does not write this run itself (None: it does).
 
     ``shared-table``: two sources (or two sinks) write one table in this run, which the
-    cluster path would commit as two appends of one run. Such a run takes the embedded
-    path on the same Spark session. Fan-out (several sinks, a sink that misses part of the
-    run), routing by content (``where``, evaluated on the executors) and staged sinks are
-    written by the cluster path itself (:meth:`collector.commit.RunCommits._commit_cluster`).
+    cluster path would commit as two appends of one run. ``evolve``: a sink that takes
+    part of the run evolves its table from the data (``unknown_fields = "evolve"``).
+    Why the embedded shape for those: evolution needs the rows' undeclared fields on the
+    driver — the evolution quotas charge each new column to a client in run order and an
+    over-quota field goes to the table's ``_overflow`` column, never the whole event to
+    the dead letters; a parked table's rows are staged as they came, its table evolved
+    only when it imports (:meth:`collector.commit.RunCommits._commit_routed`). One code
+    path for all of it, on the same Spark session. Such a run takes the embedded path
+    there; fan-out (several sinks, a sink that misses part of the run), routing by content
+    (``where``, evaluated on the executors), upserts and staged sinks are written by the
+    cluster path itself (:meth:`collector.commit.RunCommits._commit_cluster`).
     """
     versions: dict[str, dict[int, int]] = {}
     for entry in entries:
         for source in entry.streams:
             versions.setdefault(source, {})[entry.sequence] = entry.registry_version
     owners: set[str] = set()
+    evolves = False
     for source, seen in versions.items():
         for target in routes.takers(source, seen):
             if target.table in owners:
                 return "shared-table"
             owners.add(target.table)
-    return None
+            evolves = evolves or target.sink.unknown_fields == "evolve"
+    return "evolve" if evolves else None

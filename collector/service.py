@@ -529,8 +529,9 @@ class Collector(RunCommits):
         On the cluster output path a run ends where its routing changes (a sink disabled,
         enabled, re-created, a table passing to another source), so each table has one
         sink per run; the cluster path writes fan-out, routing by content and staged sinks
-        itself. A run that still cannot be written in one shot there (two sources writing
-        one table) takes the embedded path on the same session. Both shapes
+        itself. A run it does not write itself (two sources writing one table, a sink that
+        evolves its table from the data: :func:`collector.routing.embedded_reason`) takes
+        the embedded path on the same session. Both shapes
         commit through the same ``commit_rows``, dedup windows and staging, so switching per
         run keeps exactly-once (see :func:`collector.routing.cut_by_routing`). No registry
         the admin API accepts can wedge the queue.
@@ -547,8 +548,7 @@ class Collector(RunCommits):
         if reason is None:
             return taken, self.engine.run
         self.metrics.embedded_runs.labels(reason).inc()
-        log.info("run sequences %d..%d takes the embedded path (%s): the cluster output "
-                 "path writes each table from one sink per run", taken[0].sequence,
+        log.info("run sequences %d..%d takes the embedded path (%s)", taken[0].sequence,
                  taken[-1].sequence, reason, extra={"reason": reason})
         return taken, embedded
 

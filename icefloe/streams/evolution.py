@@ -108,8 +108,6 @@ class RunPlan:
     changes: list[ColumnChange] = field(default_factory=list)
     columns: dict[str, str] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)
-    existing: dict[str, str] = field(default_factory=dict)
-    """The evolved columns the plan was made against (what :func:`observe` was given)."""
     verdicts: dict[Observation, str] = field(default_factory=dict)
     """Why each refused :class:`Observation` is refused by its names, depth or an integer
     beyond the long range: a row with one of these is refused whatever its other values."""
@@ -121,19 +119,6 @@ class RunPlan:
     """Table properties to commit with :attr:`changes` (the quota ledger)."""
     overflow_column: bool = False
     """Whether the table has its :data:`OVERFLOW` column already."""
-
-    def refusal(self, extra: Mapping[str, Any] | None, limits: EvolveLimits, *,
-                table: str = "the table") -> str | None:
-        """Why this plan refuses a row with undeclared fields ``extra``, or None: the
-        verdict :func:`plan_run` gives the row, for a row read on another machine (the
-        cluster output path's executors) from the plan alone."""
-        if not extra:
-            return None
-        reason = self.verdicts.get(observe(extra, self.existing, limits.max_depth))
-        if reason is not None:
-            return reason
-        specs = {n: parse_type(t) for n, t in self.columns.items()}
-        return _row_conflict(extra, specs, self.over, limits, table)
 
 
 def parse_extras(texts: Sequence[str | None], only: Sequence[str] | None = None
@@ -164,8 +149,7 @@ field, ``("beyond", value)`` for an integer beyond the long range.
 
 Why: rows with equal observations get equal verdicts and change nothing the second time
 (shapes only ever merge upwards), so a run plans over its *distinct* observations in
-first-seen order. That is what lets the cluster output path plan on the driver from the
-executors' small per-partition summaries and get the plan one machine gets from every row."""
+first-seen order, and a run of many alike rows costs one judgement per distinct shape."""
 
 
 def observe(extra: Mapping[str, Any], existing: Mapping[str, str], max_depth: int
@@ -248,13 +232,13 @@ def plan_observed(observations: Sequence[Observation | None],
     """The plan's changes, columns and :attr:`RunPlan.verdicts` from a run's observations
     in run order (repeats allowed: each distinct one is judged once, at its first sight).
     Rows refused by a conflict with the planned columns are not in it: see
-    :meth:`RunPlan.refusal` and :func:`plan_run`. ``admit`` (the quotas) is asked about
+    :func:`plan_run`. ``admit`` (the quotas) is asked about
     each new field that has room under ``max_columns``; a field it turns down joins
     :attr:`RunPlan.over`, with the reason it gives."""
     fixed_names = set(fixed)
     evolved = {n: t for n, t in table_columns.items() if n not in fixed_names}
     lowered = {n.lower(): n for n in table_columns}
-    plan = RunPlan(existing=evolved)
+    plan = RunPlan()
     shapes: dict[str, Shape] = {}
     widen: dict[str, str] = {}
     seen: dict[str, str | None] = {}

@@ -72,7 +72,6 @@ from ulid import ULID
 
 from icefloe.staging import StagedFile, data_key
 from icefloe.store.base import ObjectStore
-from icefloe.streams.evolution import EXTRA_FIELD, EvolveLimits, Observation, RunPlan
 from icefloe.streams.model import Column
 from pipeline.columns import ARROW_TYPES, ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
 from pipeline.iceberg.commit import (
@@ -90,7 +89,6 @@ from pipeline.iceberg.data_files import (
     delete_files,
 )
 from pipeline.load.decode import DeadLetters
-from pipeline.load.extras import EVOLVED_PREFIX, with_evolved
 from pipeline.load.frame import DEAD, STREAM, struct_column
 from pipeline.load.spec import RunSpec, StreamSpec, WhereSpec
 from pipeline.where import judge, referenced, where_error_messages
@@ -177,17 +175,6 @@ class RewriteTarget(msgspec.Struct, frozen=True):
     key: tuple[str, ...]
 
 
-class EvolveTarget(msgspec.Struct, frozen=True):
-    """Schema evolution from the data on the executors: the rows of ``target`` (a table
-    or staged table) get the evolved ``columns`` (name, type) from their undeclared
-    fields in wide-frame column ``extra``
-    (:func:`pipeline.load.extras.with_evolved`)."""
-
-    target: str
-    extra: str
-    columns: tuple[tuple[str, str], ...]
-
-
 class SinkJob(msgspec.Struct, frozen=True):
     """The ``job`` option of one write: a unique attempt id, targets, and the receipt path.
 
@@ -202,7 +189,6 @@ class SinkJob(msgspec.Struct, frozen=True):
     staged: tuple[StageTarget, ...] = ()
     store: StoreRef | None = None
     rewrites: tuple[RewriteTarget, ...] = ()
-    evolve: tuple[EvolveTarget, ...] = ()
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -238,7 +224,6 @@ class ParquetSinkWriter(DataSourceArrowWriter):
                   for t in self.job.staged}
         written: list[tuple[str, StagedFile]] = []
         rewrites = {r.target: r for r in self.job.rewrites}
-        evolve = {e.target: e for e in self.job.evolve}
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
@@ -253,9 +238,6 @@ class ParquetSinkWriter(DataSourceArrowWriter):
                 for name, sink in [*tables.items(), *staged.items()]:
                     part = rows if single else rows.filter(pc.equal(keys, name))
                     if part.num_rows:
-                        evolving = evolve.get(name)
-                        if evolving is not None:
-                            part = with_evolved(part, evolving.extra, evolving.columns)
                         sink.add(part)
             if staged:
                 store = _open_store(self.job)
@@ -443,9 +425,6 @@ class WritePlan:
     ``key`` names the target in the result (the table, for the collector; the stream by
     default). ``columns`` are the sink's (name, declared type): a source with several
     sinks writes each its own projection; None writes the stream's decoded columns.
-    ``evolve``: the table's evolved columns (name, type), made from the rows' undeclared
-    fields on the executors (schema evolution from the data: the rows the plan refuses
-    are in ``drop``).
     """
 
     stream: str
@@ -464,7 +443,6 @@ class WritePlan:
     where: str | None = None
     """The persisted run's boolean column of the sink's ``where`` (None: no predicate):
     only rows it marks are written."""
-    evolve: tuple[tuple[str, str], ...] = ()
 
     @property
     def target(self) -> str:
@@ -526,7 +504,6 @@ class ClusterRunOutput:
         targets: list[TableTarget] = []
         staged: list[StageTarget] = []
         rewrites: list[RewriteTarget] = []
-        evolve: list[EvolveTarget] = []
         wanted = [TARGET]
         terms = []
         inline = sum(len(p.drop) for p in plans) <= _INLINE_DROPS
@@ -536,19 +513,13 @@ class ClusterRunOutput:
             sink = plan.columns or tuple(self.spec.streams[i].columns)
             source = {name: f"{struct_column(i)}__{name}" for name in decoded}
             envelope = [(name, name) for name, _ in ENVELOPE]
-            evolved = [(EVOLVED_PREFIX + name, name) for name, _ in plan.evolve]
-            if plan.evolve:  # the executors add them from the undeclared fields
-                evolve.append(EvolveTarget(plan.target, source[EXTRA_FIELD], plan.evolve))
-                if source[EXTRA_FIELD] not in wanted:
-                    wanted.append(source[EXTRA_FIELD])
             if plan.stage is not None:  # staged rows keep run positions in `_sequence`
                 staged.append(StageTarget(plan.stage, plan.stream, tuple(
-                    (source.get(name, ""), name, kind) for name, kind in sink) + tuple(
-                    (EVOLVED_PREFIX + name, name, kind) for name, kind in plan.evolve)))
+                    (source.get(name, ""), name, kind) for name, kind in sink)))
                 columns = [(source[n], n) for n, _ in sink if n in source] + envelope
             else:  # table rows get the shard and the shard's own sequence
                 assert plan.table is not None
-                columns = [(source.get(name, ""), name) for name, _ in sink] + evolved + [
+                columns = [(source.get(name, ""), name) for name, _ in sink] + [
                     (_LOCAL_COLUMN if name == "_sequence" else name, name)
                     for name, _ in ENVELOPE]
                 if SHARD_COLUMN[0] in plan.table.schema().column_names:
@@ -556,8 +527,7 @@ class ClusterRunOutput:
                 targets.append(TableTarget.of(plan.target, plan.table, columns))
                 if plan.rewrites:  # an upsert: its affected files, rewritten
                     rewrites.append(_rewrite_of(plan, targets))
-            wanted += [src for src, _ in columns if src and src not in wanted
-                       and not src.startswith(EVOLVED_PREFIX)]  # made by the writer
+            wanted += [src for src, _ in columns if src and src not in wanted]
             term = (F.col(STREAM) == plan.stream) & _past(plan.after)
             if plan.sequences is not None:
                 term = term & F.col("_sequence").isin(list(plan.sequences))
@@ -590,8 +560,7 @@ class ClusterRunOutput:
         spec = self.spec
         store = StoreRef(spec.store_url, spec.endpoint_url, spec.region) if staged else None
         job = SinkJob(attempt=str(ULID()), receipt=receipt, targets=tuple(targets),
-                      staged=tuple(staged), store=store, rewrites=tuple(rewrites),
-                      evolve=tuple(evolve))
+                      staged=tuple(staged), store=store, rewrites=tuple(rewrites))
         _activate(self.spark)
         started = time.monotonic()
         try:
@@ -700,66 +669,31 @@ class ClusterRunOutput:
         return got.sort_by([("_sequence", "ascending"), (ROW, "ascending")]) \
             .drop_columns([ROW])
 
-    # -- schema evolution from the data: small answers about rows the executors hold ----
+    def session_works(self) -> bool:
+        """Whether the session still runs a Python task (a one-row job, no storage).
 
-    def _extras(self, stream: str, sequences: tuple[int, ...] | None) -> tuple[Any, str]:
-        """``stream``'s rows (of run positions ``sequences``, if given) with undeclared
-        fields: their ``_row`` and wide-frame extra column, and that column's name."""
-        from pyspark.sql import functions as F
-
-        assert self.frame is not None
-        assert self.spec is not None
-        index = next(i for i, s in enumerate(self.spec.streams) if s.name == stream)
-        extra = f"{struct_column(index)}__{EXTRA_FIELD}"
-        term = (F.col(STREAM) == stream) & F.col(extra).isNotNull()
-        if sequences is not None:
-            term = term & F.col("_sequence").isin(list(sequences))
-        return self.frame.where(term).select(ROW, extra), extra
-
-    def observe_extras(self, stream: str, sequences: tuple[int, ...] | None,
-                       existing: dict[str, str], max_depth: int) -> list[Observation]:
-        """The distinct observations of ``stream``'s undeclared fields, in run order
-        (:func:`pipeline.load.extras.merge_summaries`): each task summarises its rows, the
-        driver gets one small row per distinct observation and task."""
-        from pipeline.load.extras import SUMMARY_SCHEMA, batches_of, merge_summaries
-
-        frame, extra = self._extras(stream, sequences)
-
-        def summarise_all(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            from pipeline.load.extras import summarise
-
-            for rows, texts in batches_of(batches, ROW, extra):
-                yield summarise(rows, texts, existing, max_depth)
-
-        assert self.spark is not None
-        started = time.monotonic()
-        summary = frame.mapInArrow(summarise_all, _ddl(SUMMARY_SCHEMA)).toArrow()
-        observed = merge_summaries(summary)
-        log.debug("cluster evolve summary of %s: %d distinct of %d in %.3fs", stream,
-                  len(observed), summary.num_rows, time.monotonic() - started)
-        return observed
-
-    def refused_extras(self, stream: str, sequences: tuple[int, ...] | None, plan: RunPlan,
-                       limits: EvolveLimits, table: str) -> pa.Table:
-        """The rows of ``stream`` (of ``sequences``) that ``plan`` refuses (``row``,
-        ``message``, ``raw``): judged on the executors, collected (they are few)."""
-        from pipeline.load.extras import REFUSAL_SCHEMA, batches_of
-
-        frame, extra = self._extras(stream, sequences)
-
-        def refuse_all(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            from pipeline.load.extras import refusals
-
-            for rows, texts in batches_of(batches, ROW, extra):
-                yield refusals(rows, texts, plan, limits, table)
-
-        return frame.mapInArrow(refuse_all, _ddl(REFUSAL_SCHEMA)).toArrow()
+        Why: when every table's write of a run fails, this tells a failure of the tables
+        (their data locations, their files) from one of the session they share (its
+        Python workers, its JVM), which must not be counted against each table."""
+        if self.spark is None:
+            return True
+        try:
+            probe = self.spark.range(1).mapInArrow(_same_batches, "id long")
+            return probe.count() == 1
+        except Exception as exc:  # the session is what fails
+            log.warning("the Spark session fails a one-row job: %s", exc)
+            return False
 
     def release(self) -> None:
         """Drop the persisted run from the executors."""
         if self.frame is not None:
             self.frame.unpersist(blocking=False)
             self.frame = None
+
+
+def _same_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The probe of :meth:`ClusterRunOutput.session_works`: its batches, unchanged."""
+    yield from batches
 
 
 _LOCAL = (1 << SHARD_BITS) - 1
@@ -1015,8 +949,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                fresh: pa.Table, *, sequences: Mapping[int, int], epoch: int, key: str = "",
                columns: tuple[tuple[str, str], ...] | None = None,
                entries: tuple[int, ...] | None = None,
-               where: str | None = None,
-               evolve: tuple[tuple[str, str], ...] = ()) -> WritePlan | None:
+               where: str | None = None) -> WritePlan | None:
     """What to write for one table, or None when nothing is new.
 
     Reads the table's committed sequences and epoch first: a fenced collector stops before
@@ -1024,9 +957,8 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     are never rewritten. ``keys`` are the stream's rows of the run that go to this table
     (of the entries in ``entries``, run positions, if given; ``_sequence``: run
     positions), ``fresh`` those the dedup window kept; ``sequences`` the run's last
-    sequence per shard; ``key``, ``columns``, ``where`` and ``evolve``: see
-    :class:`WritePlan` (rows of ``keys`` not in ``fresh`` are not written: duplicates,
-    and rows evolution refused).
+    sequence per shard; ``key``, ``columns`` and ``where``: see :class:`WritePlan` (rows
+    of ``keys`` not in ``fresh`` are not written: duplicates, rows missing a key value).
     """
     found = _pending(catalog, identifier, fresh, sequences, epoch)
     if found is None:
@@ -1038,7 +970,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
         kept = pc.is_in(keys.column(ROW), value_set=fresh.column(ROW).combine_chunks())
         drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
     return WritePlan(stream, table, done, drop, survivors.num_rows, key=key,
-                     columns=columns, sequences=entries, where=where, evolve=evolve)
+                     columns=columns, sequences=entries, where=where)
 
 
 
@@ -1063,8 +995,7 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                 sequences: Mapping[int, int], epoch: int, target: str = "",
                 columns: tuple[tuple[str, str], ...] | None = None,
                 entries: tuple[int, ...] | None = None,
-                where: str | None = None,
-                evolve: tuple[tuple[str, str], ...] = ()) -> UpsertPlan | None:
+                where: str | None = None) -> UpsertPlan | None:
     """:func:`plan_write` for a table with a primary key, or None when nothing is new.
 
     ``keys`` (every row of the run for this table) and ``fresh`` (those the dedup window
@@ -1097,7 +1028,7 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     current = table.current_snapshot()
     plan = WritePlan(stream, table, done, drop, write.num_rows, key=target, columns=columns,
                      sequences=entries, rewrites=tuple(rewrites), upsert_key=tuple(key),
-                     where=where, evolve=evolve)
+                     where=where)
     return UpsertPlan(plan, tuple(replaced), current.snapshot_id if current else None,
                       pending.num_rows)
 

@@ -3,9 +3,10 @@ accept the same configurations"): a primary key with a tombstone, schema evoluti
 the data and a ``where`` — the cluster output path must build the embedded path's table.
 
 Each feature has its own equality test (test_cluster_upserts, test_cluster_evolve,
-test_cluster_where); this one holds their interplay on the cluster path, where the three
-meet in one plan: evolution refuses rows before the key check, the ``where`` flag filters
-the upsert's write, and the upsert writes the evolved columns.
+test_cluster_where); this one holds their interplay. With evolution, the cluster engine
+hands the runs to the embedded shape (#36: quotas and ``_overflow`` need the rows on the
+driver); without it, keys and ``where`` meet in one cluster plan: the ``where`` flag
+filters the upsert's write.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ async def test_keys_evolution_and_where_together_give_the_embedded_table(tmp_pat
     cluster = config_for(tmp_path / "cluster", "cluster")
     await apply(embedded, SparkEngine(spark, 2))
     collector = await apply(cluster, SparkClusterEngine(spark, 2))
-    assert not collector.metrics.embedded_runs.collect()[0].samples  # all on the cluster path
+    handed = collector.metrics.embedded_runs.labels("evolve")._value.get()
+    assert handed == len(ROUNDS)  # each run holds the evolving sink: the embedded shape
     schema, rows = table_of(cluster)
     assert (schema, rows) == table_of(embedded)
     assert {"age:long", "city:string", "score:double"} <= set(schema)
@@ -94,3 +96,28 @@ async def test_keys_evolution_and_where_together_give_the_embedded_table(tmp_pat
     assert by_key["u4"]["score"] == 1.5
     assert dead_of(cluster) == dead_of(embedded)
     assert [event for event, _ in dead_of(cluster)] == ["ev13", "ev14"]
+
+
+async def test_keys_and_where_together_on_the_cluster_path_give_the_embedded_table(
+        tmp_path, spark) -> None:
+    """The same sink without evolution: every run stays on the cluster path."""
+    fixed = msgspec.structs.replace(USERS, unknown_fields="ignore")
+    configs = []
+    for output, engine in (("embedded", SparkEngine(spark, 2)),
+                           ("cluster", SparkClusterEngine(spark, 2))):
+        (tmp_path / output).mkdir()
+        config = collector_config(tmp_path / output, streams=(fixed,), dequeue_every=1,
+                                  output=output)
+        collector = await apply(config, engine)
+        assert not collector.metrics.embedded_runs.collect()[0].samples
+        configs.append(config)
+    embedded, cluster = configs
+    schema, rows = table_of(cluster)
+    assert (schema, rows) == table_of(embedded)
+    assert not {"age:long", "city:string"} & set(schema)  # undeclared fields ignored
+    by_key = {r["user_id"]: r for r in rows}
+    assert sorted(by_key) == ["u0", "u1", "u2", "u3", "u4", "u5", "u9"]
+    assert (by_key["u0"]["name"], by_key["u3"]["name"]) == ("v3", "v2")
+    assert by_key["u1"]["name"] == by_key["u5"]["name"] == "v1"  # 'skip': not routed
+    assert by_key["u2"]["name"] == "back"
+    assert dead_of(cluster) == dead_of(embedded) == [("ev13", "missing_key")]

@@ -1,12 +1,14 @@
-"""Schema evolution from the data on the cluster output path (#28 item 3, #27 item 1).
+"""Schema evolution from the data with ``output = "cluster"`` (#28 item 3, #27 item 1).
 
-The same batches go through the embedded path and through ``output = "cluster"`` (real
-Spark in local mode: executors are real Python workers that summarise the undeclared
-fields, judge refusals and make the evolved columns); the tables must come out the same —
-schema, rows and dead letters — including the cases where the order of the rows decides
-(a type conflict followed by a widening value in another partition, case twins across
-partitions), widenings of an ``int``/``float`` column an older config left, and a crash
-between the schema commit and the data. Real local store, real SQLite catalog.
+Since #36 a run with an evolving sink takes the embedded shape on the cluster engine's
+session (``embedded_fallback_runs{reason="evolve"}``: the quotas and ``_overflow`` need
+the rows on the driver; ``test_cluster_bulkheads.py`` has the quota cases), while runs of
+streams that do not evolve stay on the cluster path. The same batches go through the
+embedded path and through ``output = "cluster"`` (real Spark in local mode); the tables
+must come out the same — schema, rows and dead letters — including the cases where the
+order of the rows decides (a type conflict followed by a widening value, case twins),
+widenings of an ``int``/``float`` column an older config left, and a crash between the
+schema commit and the data. Real local store, real SQLite catalog.
 """
 
 from __future__ import annotations
@@ -70,12 +72,24 @@ def dead_of(config: Config) -> list[tuple[Any, ...]]:
 
 
 async def collect(config: Config, engine: Any, hook: Any = None) -> None:
+    """Drain the queue; on the cluster engine, every run of an evolving stream takes the
+    embedded shape and every other run the cluster path."""
     collector = await start(config, engine, hook=hook)
     try:
-        await drain(collector)
-        assert not collector.metrics.embedded_runs.collect()[0].samples
+        runs = await drain(collector)
+        evolving = config.streams[0].unknown_fields == "evolve"
+        if isinstance(engine, SparkClusterEngine) and evolving:
+            assert embedded_runs(collector) == {"evolve": runs}
+        else:
+            assert embedded_runs(collector) == {}
     finally:
         await collector.store.close()
+
+
+def embedded_runs(collector: Any) -> dict[str, float]:
+    """Runs the cluster engine handed to the embedded shape, by reason."""
+    return {s.labels["reason"]: s.value for m in collector.metrics.embedded_runs.collect()
+            for s in m.samples if s.name.endswith("_total")}
 
 
 async def run_both(root: Path, engine: Any) -> tuple[Config, Config]:
@@ -152,8 +166,9 @@ async def test_a_crash_after_the_schema_commit_then_a_re_run(tmp_path, engine) -
 
 
 async def test_a_staged_evolving_sink_on_the_cluster_path(tmp_path, engine) -> None:
-    """Import conditions: the executors stage the rows with their evolved columns, the
-    import commits them; the table equals the embedded path's without staging."""
+    """Import conditions: the rows are staged with their evolved columns (the embedded
+    shape), the import commits them; the table equals the embedded path's without
+    staging."""
     from icefloe.registry import ops
     from icefloe.registry.model import Conditions
     from tests.collector.test_cluster_routing import change, collector_for, drain_all
@@ -168,7 +183,7 @@ async def test_a_staged_evolving_sink_on_the_cluster_path(tmp_path, engine) -> N
     collector = await collector_for(config, engine)
     try:
         await drain_all(collector)
-        assert not collector.metrics.embedded_runs.collect()[0].samples
+        assert set(embedded_runs(collector)) == {"evolve"}
         assert not collector.staging.states["web.pages"].files  # 6 rows: imported
     finally:
         await collector.store.close()
