@@ -14,7 +14,7 @@ from collections.abc import Sequence
 # against pyproject's extras, so a new dependency cannot slip past it)
 INGESTOR_MODULES = frozenset({
     "zstandard", "ulid", "google_crc32c", "boto3", "botocore", "aiobotocore",
-    "prometheus_client", "uvicorn", "grpc_health", "grpc_reflection", "sqlglot",
+    "prometheus_client", "uvicorn", "grpc_health", "grpc_reflection", "sqlglot", "_jsonnet",
 })
 COLLECTOR_MODULES = frozenset({
     "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg", "duckdb",

@@ -49,7 +49,6 @@ import io
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
@@ -278,21 +277,26 @@ def project_sql(frame: DataFrame, expressions: dict[str, str], *,
 
 @contextmanager
 def time_limit(spark: SparkSession, seconds: float) -> Iterator[None]:
-    """Cancel the Spark jobs this thread starts inside the block once ``seconds`` pass
-    (they then raise in the caller). Why a job group: the cancel must reach only this run's
-    jobs, and the local property is inherited by the thread that serves ``toArrow``. Why
-    cancel again and again: a cancel reaches only the jobs already submitted, and the block
-    may submit its job later than the deadline (planning, the first Python worker)."""
+    """Cancel the Spark jobs started while the block runs once ``seconds`` pass (they then
+    raise in the caller). Why by job id and not a job group: a group is a thread-local
+    property of the JVM thread that serves the call, which is not reliably the one that
+    runs the job (measured: in a long-lived session the job ran without the group and the
+    cancel found nothing). Jobs already running when the block starts are never touched;
+    the collector runs one Spark step at a time, so the jobs started meanwhile are its own.
+    Why cancel again and again: a cancel reaches only jobs already submitted, and the block
+    may submit its job after the deadline (planning, the first Python worker)."""
     context = spark.sparkContext
-    group = f"icefloe-sql-{uuid.uuid4().hex}"
-    context.setJobGroup(group, "icefloe sql mappings", interruptOnCancel=True)
+    tracker = context.statusTracker()
+    before = set(tracker.getActiveJobsIds())
     done = threading.Event()
 
     def cancel() -> None:
         if done.wait(max(seconds, 0.0)):
             return
         while not done.is_set():
-            context.cancelJobGroup(group)
+            for job in tracker.getActiveJobsIds():
+                if job not in before:
+                    context._jsc.sc().cancelJob(job)  # type: ignore[union-attr]
             done.wait(_CANCEL_EVERY_S)
 
     canceller = threading.Thread(target=cancel, name="icefloe-sql-time-limit", daemon=True)
@@ -302,11 +306,9 @@ def time_limit(spark: SparkSession, seconds: float) -> Iterator[None]:
     finally:
         done.set()
         canceller.join()
-        for prop in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
-            context.setLocalProperty(prop, None)  # type: ignore[arg-type]
 
 
-_CANCEL_EVERY_S = 0.2
+_CANCEL_EVERY_S = 0.05
 
 
 SqlErrors = dict[str, int]

@@ -85,18 +85,22 @@ async def test_should_refuse_to_fence_a_live_reader_unless_taking_over(config: C
     await second.close()
 
 
-def test_should_run_the_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+def test_should_run_the_documented_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The in-process example of docs/coming-from/opendata.md, run as printed there."""
+    readme = (Path(__file__).parents[2] / "docs" / "coming-from" / "opendata.md").read_text()
     start = readme.index("```python\nimport asyncio\n\nfrom icefloe.config import load_config")
     code = readme[start + len("```python\n"):readme.index("```", start + 9)]
     (tmp_path / "icefloe.toml").write_text(
-        '[store]\nurl = "file://store"\n[[streams]]\nname = "pageviews"\n'
-        'table = "web.pageviews"\ncolumns = [{ name = "user_id", type = "string" }, '
-        '{ name = "url", type = "string" }]\n')
+        '[store]\nurl = "file://store"\n[[streams]]\nname = "entries"\n'
+        'table = "raw.entries"\npayload = "bytes"\n'
+        'columns = [{ name = "entry", type = "binary" }]\n')
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    assert capsys.readouterr().out == "[b'{\"user_id\":\"u1\",\"url\":\"/\"}']\n"
+    written: list[tuple[list[bytes], object]] = []
+    exec(compile(code, "opendata.md", "exec"), {
+        "__name__": "readme", "load_positions": dict,
+        "write_downstream": lambda payloads, positions: written.append((payloads, positions))})
+    assert [p for payloads, _ in written for p in payloads] == [b"\x00\x01", b"any bytes\n"]
 
 
 async def test_should_keep_its_lease_while_it_reads_and_lose_it_when_it_stops(

@@ -68,7 +68,7 @@ def test_should_catch_a_breaking_change_against_the_baseline(buf_env, tmp_path):
     proto = root / "proto" / "icefloe" / "v1" / "ingest.proto"
     text = proto.read_text()
     proto.write_text(text.replace("uint32 accepted = 1;", "uint64 accepted = 1;")
-                     .replace("string request_id = 2;", "string request_id = 4;"))
+                     .replace("string request_id = 2;", "string request_id = 5;"))
     result = run(["breaking"], buf_env, root)
     assert result.returncode == 1, result.stderr
     assert 'changed type from "uint32" to "uint64"' in result.stderr
