@@ -525,6 +525,9 @@ async def test_a_sql_value_past_its_byte_limit_costs_its_row_value_not_the_run(t
         await collector.store.close()
 
 
+SLOW_ROWS = 4000
+
+
 async def test_sql_mappings_past_the_run_time_limit_cost_their_values_not_the_run(tmp_path,
                                                                                   engine):
     """The evaluation-time class: mappings slower than ``collector.sql_max_run_s`` per run
@@ -534,16 +537,18 @@ async def test_sql_mappings_past_the_run_time_limit_cost_their_values_not_the_ru
         *CLICKS.columns, Column("d", "long", sql="levenshtein(url, reverse(url))")))
     config = collector_config(tmp_path, streams=(clicks, BUYS, VIEWS), dequeue_every=1,
                               sql_max_run_s=0.05)  # less than any Spark job takes
-    slow = [long_click(i, "ab" * 2500 + str(i)) for i in range(24)]
+    # many rows of ~1 ms each: longer than the budget however warm the JVM is, and
+    # cancelled at a row boundary (one slow row would hold its task past the cancel)
+    slow = [long_click(i, "ab" * 500 + str(i)) for i in range(SLOW_ROWS)]
     publish_sync(config, [batch("1", 2) + slow])
     collector = await start(config, engine)
     try:
         started = asyncio.get_running_loop().time()
         result = await collector.run_once()
         took = asyncio.get_running_loop().time() - started
-        assert sum(result.rows.values()) == 6 + 24
+        assert sum(result.rows.values()) == 6 + SLOW_ROWS
         assert_exact(config, "web.clicks", all_ids("c", "1", count=2) |
-                     {f"cl{i}" for i in range(24)})
+                     {f"cl{i}" for i in range(SLOW_ROWS)})
         assert_exact(config, "shop.buys", all_ids("b", "1", count=2))
         assert_exact(config, "web.views", all_ids("v", "1", count=2))
         rows = read_table(config, "web.clicks").to_pylist()
