@@ -92,10 +92,17 @@ chaos: $(STAMP) $(SPEEDUPS) java
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-bench: $(STAMP) $(SPEEDUPS)
-	$(BIN)/python bench/queue_bench.py --quick
-	$(BIN)/python bench/collector_bench.py --quick
-	$(BIN)/python bench/conditions_bench.py --quick
+# every benchmark once (QUICK=--quick by default; `make bench QUICK=` for the full runs), each
+# writing bench/results/NAME.json, then the docs' figure tables regenerated from those files
+QUICK ?= --quick
+BENCHES := queue ingest collector mappings types evolve upsert models query conditions \
+           security bulkhead scale
+bench: $(STAMP) $(SPEEDUPS) java
+	@for b in $(BENCHES); do \
+	  echo "== bench/$${b}_bench.py $(QUICK)"; \
+	  $(BIN)/python bench/$${b}_bench.py $(QUICK) --json bench/results/$$b.json || exit 1; \
+	done
+	$(BIN)/python scripts/gen_docs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -18,10 +18,12 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,12 +81,39 @@ def print_table(title: str, results: list[Result]) -> None:
                         for i, (c, w) in enumerate(zip(row, widths, strict=True))))
 
 
+CODE = ("icefloe", "icefloe_app", "ingestor", "collector", "pipeline", "testing", "bench",
+        ":!bench/results", "pyproject.toml", "constraints.txt")
+"""What a figure depends on: a change elsewhere (docs, tests) does not make a run dirty."""
+
+
+def provenance() -> dict[str, object]:
+    """When, how and from which commit a result file was measured: the docs render these
+    beside every figure (scripts/gen_docs.py), so a reader can rerun the exact command.
+    ``commit`` ends in ``+dirty`` when tracked files differed from it; ``load_1m`` is the
+    1-minute load average when the run ended (other work on the machine moves figures)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *CODE],
+                               cwd=root, check=False, timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "unknown", False
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(root) if script.is_relative_to(root) else script
+    return {"date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": " ".join([".venv/bin/python", str(shown), *sys.argv[1:]]),
+            "commit": commit + ("+dirty" if dirty else ""),
+            "load_1m": round(os.getloadavg()[0], 2)}
+
+
 def write_json(path: str | None, results: list[Result]) -> None:
     if not path:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"hardware": hardware(),
-                                      "results": [asdict(r) for r in results]}, indent=2))
+    Path(path).write_text(json.dumps({**provenance(), "hardware": hardware(),
+                                      "results": [asdict(r) for r in results]}, indent=2)
+                          + "\n")
     print(f"\nwrote {path}")
 
 
