@@ -81,8 +81,8 @@ def print_table(title: str, results: list[Result]) -> None:
                         for i, (c, w) in enumerate(zip(row, widths, strict=True))))
 
 
-CODE = ("icefloe", "icefloe_app", "ingestor", "collector", "pipeline", "testing", "bench",
-        ":!bench/results", "pyproject.toml", "constraints.txt")
+CODE = ("icefloe", "icefloe_app", "ingestor", "collector", "pipeline", "testing",
+        ":(glob)bench/*.py", "pyproject.toml", "constraints.txt")
 """What a figure depends on: a change elsewhere (docs, tests) does not make a run dirty."""
 
 

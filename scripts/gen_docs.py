@@ -1,0 +1,264 @@
+"""Fill the generated parts of icefloe's docs: benchmark figures, the command table and the
+metric lists.
+
+Why generated: a figure typed by hand is right on the day it is typed; a list kept by hand is
+right until the next command or metric. Each part below is written only by this script,
+between markers in any Markdown file of the repository (README.md, docs/, bench/README.md):
+
+    <!-- figures:start NAME [TEXT] -->   the results of bench/results/NAME.json (only the rows
+    ...                                  whose name holds TEXT, when given), with the date,
+    <!-- figures:end -->                 machine, command and commit they were measured at,
+                                         and the targets of bench/targets.toml beside them
+    <!-- commands:start -->              every `icefloe` command and sub-command, its usage
+    ...                                  and help line, read from the argparse parsers
+    <!-- commands:end -->
+    <!-- metrics:start ROLE -->          the Prometheus metrics of ROLE (ingestor, collector,
+    ...                                  admin): name, type, labels, help, read from the
+    <!-- metrics:end -->                 classes that register them
+
+tests/system/test_generated_docs.py runs ``--check`` and fails when a marked part is stale,
+when a figure table holds a number outside a marker, or when a result file lacks its
+provenance.
+
+Usage: python scripts/gen_docs.py           # rewrite every marked part
+       python scripts/gen_docs.py --check   # exit 1 naming the stale parts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+TARGETS = ROOT / "bench" / "targets.toml"
+MARKER = re.compile(r"(<!-- (?P<kind>figures|commands|metrics):start(?P<args>[^>]*?)-->\n)"
+                    r"(?P<body>.*?)"
+                    r"(<!-- (?P=kind):end -->)", re.S)
+SKIP = {".venv", "node_modules", "site", ".git", "build", "dist"}
+
+
+class DocsError(ValueError):
+    """A marker names something that does not exist (a result file, a role)."""
+
+
+def markdown_files() -> Iterator[Path]:
+    """Every Markdown file of the repository that is not a dependency or a build output."""
+    for path in sorted(ROOT.rglob("*.md")):
+        if not SKIP.intersection(path.relative_to(ROOT).parts):
+            yield path
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+def number(value: float | None) -> str:
+    """``1921522.5`` → ``1.92 M``; ``95248.6`` → ``95.2 k``; ``0.7663`` → ``0.766``."""
+    if value is None:
+        return ""
+    size = abs(value)
+    if size >= 1e6:
+        return f"{value / 1e6:.3g} M"
+    if size >= 1e4:
+        return f"{value / 1e3:.3g} k"
+    if size >= 100 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def load_result(name: str) -> dict[str, Any]:
+    path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        raise DocsError(f"figures marker names {name!r}, but {path.relative_to(ROOT)} does not "
+                        f"exist: run `make bench` (or that benchmark with --json {path})")
+    return json.loads(path.read_text())
+
+
+def load_targets() -> dict[str, dict[str, str]]:
+    """``bench/targets.toml``: per result file, figure name → ``"ratio >= 0.75"``."""
+    return tomllib.loads(TARGETS.read_text()) if TARGETS.is_file() else {}
+
+
+TARGET = re.compile(r"^(value|ratio)\s*(>=|<=)\s*([0-9.]+)$")
+
+
+def verdict(row: dict[str, Any], target: str) -> str:
+    """``"ratio >= 0.75"`` against the row: ``≥ 0.75 (ratio): met``."""
+    found = TARGET.match(target.strip())
+    if found is None:
+        raise DocsError(f"target {target!r} is not `value|ratio >=|<= NUMBER`")
+    field, op, bound = found.group(1), found.group(2), float(found.group(3))
+    measured = row.get(field)
+    if measured is None:
+        return f"{op} {bound:g} ({field}): no {field} measured"
+    met = measured >= bound if op == ">=" else measured <= bound
+    shown = "≥" if op == ">=" else "≤"
+    return f"{shown} {bound:g} ({field}): {'met' if met else 'not met'}"
+
+
+def provenance_line(result: dict[str, Any]) -> str:
+    hw = result.get("hardware", {})
+    commit = str(result.get("commit", "unknown"))
+    return (f"Measured {result.get('date', 'at an unknown date')} at commit `{commit[:12]}"
+            f"{'+dirty' if commit.endswith('+dirty') else ''}` on {hw.get('cpu') or 'a CPU'}"
+            f" ({hw.get('cores')} cores, {hw.get('memory_gib')} GiB, Python "
+            f"{hw.get('python')}; 1-minute load {result.get('load_1m', '?')}) by "
+            f"`{result.get('command', '?')}`.")
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def figures(args: str) -> str:
+    name, _, only = args.strip().partition(" ")
+    result = load_result(name)
+    targets = load_targets().get(name, {})
+    rows = [r for r in result["results"] if only.strip() in r["name"]]
+    if not rows:
+        raise DocsError(f"no row of bench/results/{name}.json holds {only.strip()!r}")
+    lines = [provenance_line(result), "",
+             "| figure | value | unit | baseline (same run) | ratio | target |",
+             "|---|---:|---|---:|---:|---|"]
+    for row in rows:
+        target = targets.get(row["name"])
+        lines.append(f"| {cell(row['name'])} | {number(row['value'])} | {cell(row['unit'])} | "
+                     f"{number(row.get('baseline'))} | {number(row.get('ratio'))} | "
+                     f"{verdict(row, target) if target else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse keeps sub-commands only here
+        if isinstance(action, argparse._SubParsersAction):
+            seen: dict[int, str] = {}
+            for word, sub in action.choices.items():
+                seen.setdefault(id(sub), word)
+            return {word: sub for word, sub in action.choices.items() if seen[id(sub)] == word}
+    return {}
+
+
+def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return {choice.dest: choice.help or "" for choice in action._choices_actions}
+    return {}
+
+
+def _usage(parser: argparse.ArgumentParser) -> str:
+    text = " ".join(parser.format_usage().split())
+    return text.removeprefix("usage: ")
+
+
+def commands(args: str) -> str:
+    os.environ["COLUMNS"] = "10000"  # one line per usage
+    sys.path.insert(0, str(ROOT))
+    from icefloe_app.cli import build_parser  # lazy: imports every command module
+
+    lines = ["| command | what it does |", "|---|---|"]
+
+    def walk(parser: argparse.ArgumentParser, aliases: dict[str, list[str]]) -> None:
+        helps = _helps(parser)
+        for word, sub in _subparsers(parser).items():
+            nested = _subparsers(sub)
+            if nested:
+                walk(sub, aliases)
+                continue
+            also = f" (alias {', '.join(f'`{a}`' for a in aliases.get(word, []))})" \
+                if aliases.get(word) else ""
+            lines.append(f"| `{cell(_usage(sub))}`{also} | {cell(helps.get(word, ''))} |")
+
+    from icefloe_app.cli.commands import COMMANDS  # lazy: as above
+
+    walk(build_parser(), {c.name: list(c.aliases) for c in COMMANDS})
+    return "\n".join(lines) + "\n"
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def _role_registry(role: str) -> Any:
+    sys.path.insert(0, str(ROOT))
+    match role:
+        case "ingestor":
+            from ingestor.metrics import IngestMetrics  # lazy: per role
+
+            return IngestMetrics().registry
+        case "collector":
+            from collector.metrics import CollectorMetrics  # lazy: per role
+
+            return CollectorMetrics().registry
+        case "admin":
+            from icefloe_app.api.app import AdminMetrics  # lazy: per role
+
+            return AdminMetrics().registry
+    raise DocsError(f"metrics marker names role {role!r}: one of ingestor, collector, admin")
+
+
+def metrics(args: str) -> str:
+    registry = _role_registry(args.strip())
+    lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    rows = []
+    # the registered metric objects carry their label names even before a first sample
+    for metric in list(registry._collector_to_names):
+        for family in metric.describe() if hasattr(metric, "describe") else metric.collect():
+            shown = f"{family.name}_total" if family.type == "counter" else family.name
+            labels = getattr(metric, "_labelnames", ())
+            rows.append(f"| `{shown}` | {family.type} | "
+                        f"{', '.join(f'`{x}`' for x in labels)} | "
+                        f"{cell(' '.join(family.documentation.split()))} |")
+    return "\n".join([*lines, *sorted(rows)]) + "\n"
+
+
+# -- filling ----------------------------------------------------------------------------------
+
+
+RENDER: dict[str, Callable[[str], str]] = {"figures": figures, "commands": commands,
+                                           "metrics": metrics}
+
+
+def filled(text: str) -> str:
+    """``text`` with every marked part rendered again."""
+    return MARKER.sub(lambda m: m.group(1) + RENDER[m.group("kind")](m.group("args"))
+                      + m.group(5), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 naming every stale file")
+    args = parser.parse_args(argv)
+    stale = []
+    try:
+        for path in markdown_files():
+            text = path.read_text()
+            if not MARKER.search(text):
+                continue
+            new = filled(text)
+            if new != text:
+                stale.append(path.relative_to(ROOT))
+                if not args.check:
+                    path.write_text(new)
+    except DocsError as exc:
+        print(f"gen_docs: {exc}", file=sys.stderr)
+        return 2
+    for path in stale:
+        print(f"{'stale' if args.check else 'rewrote'}: {path}")
+    if args.check and stale:
+        print("run `.venv/bin/python scripts/gen_docs.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
