@@ -65,12 +65,16 @@ def number(value: float | None) -> str:
         return ""
     size = abs(value)
     if size >= 1e6:
-        return f"{value / 1e6:.3g} M"
+        return f"{value / 1e6:.2f} M"
     if size >= 1e4:
-        return f"{value / 1e3:.3g} k"
+        return f"{value / 1e3:.1f} k"
     if size >= 100 or value == int(value):
         return f"{value:,.0f}"
     return f"{value:.3g}"
+
+
+def ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
 
 
 def load_result(name: str) -> dict[str, Any]:
@@ -97,10 +101,10 @@ def verdict(row: dict[str, Any], target: str) -> str:
     field, op, bound = found.group(1), found.group(2), float(found.group(3))
     measured = row.get(field)
     if measured is None:
-        return f"{op} {bound:g} ({field}): no {field} measured"
+        return f"{op} {number(bound)} ({field}): no {field} measured"
     met = measured >= bound if op == ">=" else measured <= bound
     shown = "≥" if op == ">=" else "≤"
-    return f"{shown} {bound:g} ({field}): {'met' if met else 'not met'}"
+    return f"{shown} {number(bound)} ({field}): {'met' if met else 'not met'}"
 
 
 def provenance_line(result: dict[str, Any]) -> str:
@@ -130,7 +134,7 @@ def figures(args: str) -> str:
     for row in rows:
         target = targets.get(row["name"])
         lines.append(f"| {cell(row['name'])} | {number(row['value'])} | {cell(row['unit'])} | "
-                     f"{number(row.get('baseline'))} | {number(row.get('ratio'))} | "
+                     f"{number(row.get('baseline'))} | {ratio(row.get('ratio'))} | "
                      f"{verdict(row, target) if target else ''} |")
     return "\n".join(lines) + "\n"
 
