@@ -12,6 +12,7 @@ site has no copy of it.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import re
 from pathlib import Path
@@ -28,7 +29,7 @@ def _outside(page_src: str, target: str, docs_dir: Path) -> Path | None:
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(page_src), target))
     if not joined.startswith("../"):
         return None
-    return (docs_dir / joined).resolve()
+    return Path(os.path.normpath(docs_dir / joined))  # no resolve: keep symlinked paths
 
 
 def github_anchors(path: Path) -> set[str]:

@@ -44,5 +44,5 @@ def test_should_list_every_stream_key_in_the_configuration_page():
     rows = text[start:text.index("\n\n", text.index("| key |", start))]
     listed = {line.split("`")[1] for line in rows.splitlines() if line.startswith("| `")}
     keys = {f.encode_name for f in msgspec.structs.fields(StreamConfig)}
-    assert keys - listed == set(), "stream keys missing from the Stream keys table of docs/configuration.md"
+    assert keys - listed == set(), "stream keys missing from docs/configuration.md's table"
     assert listed - keys == set(), "rows for stream keys that do not exist"

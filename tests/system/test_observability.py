@@ -4,8 +4,8 @@ Why these checks: an alert or a panel that names a metric no process exports nev
 and never draws, and nothing else would say so. So every PromQL expression is read (a small
 tokenizer, :mod:`tests.promql_names`) and each metric and label it names must be exported
 by the ingestor's, the collector's or the admin API's own registry. The alert rules are
-regenerated from the alert table (docs/operations.md) and must equal the committed files. The kustomize
-components are built with ``kubectl kustomize`` when kubectl is installed and checked
+regenerated from the alert table (docs/operations.md) and must equal the committed files.
+The kustomize components are built with ``kubectl kustomize`` when kubectl is installed and checked
 object by object against the base they extend either way.
 """
 
