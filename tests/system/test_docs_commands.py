@@ -274,6 +274,7 @@ def test_contributing_page_developer_loop(session: Session) -> None:
             assert (session.clone / "build" / "site" / "index.html").is_file(), output
 
 
+@pytest.mark.slow  # ~35 s: make test runs these seeds through tests/system/test_sim.py
 def test_simulator_page_one_seed_and_one_mutant(session: Session) -> None:
     """``make sim SEED=17`` tells the seed's story and passes; the mutant line finds its
     known bug (exit 1, the broken invariant named)."""
