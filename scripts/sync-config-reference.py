@@ -1,4 +1,5 @@
-"""Paste the generated configuration reference into README.md (between its markers)."""
+"""Paste the generated configuration reference into docs/configuration.md (between its
+markers)."""
 
 from pathlib import Path
 
@@ -7,7 +8,7 @@ from icefloe.config.reference import markdown
 START = "<!-- config-reference:start"
 END = "<!-- config-reference:end -->"
 
-readme = Path(__file__).resolve().parents[1] / "README.md"
+readme = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 text = readme.read_text()
 begin, end = text.index(START), text.index(END) + len(END)
 readme.write_text(text[:begin] + markdown().strip() + text[end:])

@@ -1,8 +1,8 @@
 """The configuration reference: every key, its environment variable, default and meaning.
 
-Why generated: the README's table is produced from the config structs themselves (run
-``python -m icefloe.config.reference``), and a test fails when a setting has no entry here
-or the README's copy is stale — so the reference can never silently miss a key.
+Why generated: the table in docs/configuration.md is produced from the config structs
+themselves (run ``python scripts/sync-config-reference.py``), and a test fails when a setting
+has no entry here or the page's copy is stale — so the reference can never silently miss a key.
 """
 
 from __future__ import annotations

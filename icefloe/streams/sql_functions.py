@@ -126,7 +126,7 @@ def check_functions(tree: exp.Expression) -> None:
         if isinstance(dot.expression, exp.Func):
             raise ValueError(f"function {dot.sql(dialect='spark').split('(', 1)[0]} is not "
                              "allowed in a sql mapping: only built-in functions, called "
-                             "by their plain name (allowed: see README, Column mappings)")
+                             "by their plain name (allowed: see docs/streams.md, Column mappings)")
     for node in tree.find_all(exp.Func):
         if isinstance(node, exp.Connector):
             continue  # AND, OR, XOR: operators, though sqlglot models them as functions
@@ -140,7 +140,7 @@ def check_functions(tree: exp.Expression) -> None:
                              "mapping: it reads the clock, so a replay would compute "
                              "another value (use _received_at)")
         raise ValueError(f"function {name} is not allowed in a sql mapping (allowed: see "
-                         "README, Column mappings; the list is "
+                         "docs/streams.md, Column mappings; the list is "
                          "icefloe.streams.sql_functions.ALLOWED_FUNCTIONS)")
 
 

@@ -253,7 +253,7 @@ def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
     if isinstance(node, exp.Func):
         return _check_function(node, kinds)
     raise ValueError(f"{node.sql('spark')[:60]!r} is not supported in a where predicate "
-                     "(see README, Routing by content)")
+                     "(see docs/streams.md, Routing by content)")
 
 
 def _check_number(text: str) -> None:

@@ -2,7 +2,7 @@
 
 The schedule is drawn from the seed before anything starts, so a seed names a run: the
 same kills, takeovers and store-fault bursts at the same offsets (process timing itself is
-not deterministic, but every fault is). See ``docs``/README "Chaos" for what is checked.
+not deterministic, but every fault is). See docs/chaos.md for what is checked.
 """
 
 from __future__ import annotations

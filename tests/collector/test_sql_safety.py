@@ -85,7 +85,7 @@ def test_a_sql_mapping_outside_the_allow_list_is_refused_at_load_by_name(
     message = str(info.value)
     assert "streams[0].columns[1] (x): " in message, message
     assert expected in message, message
-    assert "allowed: see README" in message or "without arguments" in message, message
+    assert "allowed: see docs/streams.md" in message or "without arguments" in message, message
 
 
 @pytest.mark.parametrize("sql", [

@@ -4,8 +4,8 @@ Why these checks: an alert or a panel that names a metric no process exports nev
 and never draws, and nothing else would say so. So every PromQL expression is read (a small
 tokenizer, :mod:`tests.promql_names`) and each metric and label it names must be exported
 by the ingestor's, the collector's or the admin API's own registry. The alert rules are
-regenerated from the README table and must equal the committed files. The kustomize
-components are built with ``kubectl kustomize`` when kubectl is installed and checked
+regenerated from the alert table (docs/operations.md) and must equal the committed files.
+The kustomize components are built with ``kubectl kustomize`` when kubectl is installed and checked
 object by object against the base they extend either way.
 """
 
@@ -104,14 +104,14 @@ def test_should_report_names_no_process_exports(catalog):
 
 # --- alert rules ----------------------------------------------------------------------------
 
-def test_should_have_committed_the_rules_the_readme_table_generates():
+def test_should_have_committed_the_rules_the_alert_table_generates():
     module = gen_alerts()
     files = module.rendered(module.README.read_text())
     assert set(files) == {ROOT / "deploy" / "observability" / "alerts.yaml",
                           MONITORING / "prometheusrule.yaml"}
     stale = [str(path.relative_to(ROOT)) for path, text in files.items()
              if not path.is_file() or path.read_text() != text]
-    assert stale == [], f"{stale} differ from the README alert table: run " \
+    assert stale == [], f"{stale} differ from the alert table in docs/operations.md: run " \
                         "`python scripts/gen_alerts.py` and commit the result"
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_alerts.py"),
                              "--check"], capture_output=True, text=True, timeout=60,

@@ -1,5 +1,10 @@
-"""Every command of the README's first screen and of deploy/README.md, run from a fresh clone
-where it can run here, and the others listed with the reason they cannot.
+"""Every command of the README, of every docs/ page and of deploy/README.md, run from a fresh
+clone where it can run here, and the others listed with the reason they cannot.
+
+The README's and deploy/README.md's commands run below; a docs/ page's run in the test
+``PAGES`` names for it (``tests/system/test_docs_commands.py`` reads each page's commands
+from the page and runs them in order), except those ``RUN`` maps to another test or
+``NOT_RUN`` explains.
 
 The clone is ``git clone`` of this checkout's HEAD (committed work only). Its ``.venv`` is a
 symlink to the suite's own virtualenv, so nothing is installed again; ``make`` is therefore
@@ -44,8 +49,26 @@ RUN = {
     "make .venv/tools/checkov/.installed": "test_should_run_the_deploy_checks_from_a_fresh_clone",
     ".venv/bin/python -m pytest tests/system/test_deploy.py -q":
         "test_should_run_the_deploy_checks_from_a_fresh_clone",
+    "make sim SEED=17": "test_docs_commands.py::test_simulator_page_one_seed_and_one_mutant",
 }
 """Commands run by the tests below (the value names the test)."""
+
+PAGES = {
+    "docs/ingesting.md": "test_docs_commands.py::test_ingesting_page",
+    "docs/security.md": "test_docs_commands.py::test_security_page_token_commands",
+    "docs/admin-api.md": "test_docs_commands.py::test_admin_api_page",
+    "docs/coming-from/keboola.md": "test_docs_commands.py::test_keboola_page",
+    "docs/coming-from/moose.md": "test_docs_commands.py::test_moose_page",
+    "docs/contributing.md": "test_docs_commands.py::test_contributing_page_developer_loop",
+    "docs/simulator.md": "test_docs_commands.py::test_simulator_page_one_seed_and_one_mutant",
+    "docs/querying.md": "test_docs_commands.py::test_spark_pages",
+    "docs/models.md": "test_docs_commands.py::test_spark_pages",
+    "docs/operations.md": "test_docs_commands.py::test_spark_pages",
+    "docs/coming-from/ondatra.md":
+        "test_ondatra_example.py::test_ondatrasql_example_verbatim (the page's steps as "
+        "written, in examples/ondatra, the port a free one)",
+}
+"""docs/ pages whose every command (but those in ``NOT_RUN``) runs in the named test."""
 
 NOT_RUN = {
     "make test": "runs this very suite (excepted by the issue)",
@@ -60,6 +83,13 @@ NOT_RUN = {
     "kubectl": "no Kubernetes cluster here",
     "cd deploy/terraform": "no Terraform binary or AWS account here",
     "terraform": "no Terraform binary or AWS account here",
+    "make sim SEEDS=": "200 seeds take ~30 min of both cores; make test runs the 13 fixed and "
+                       "the pinned mutant seeds (tests/system/test_sim.py), and make sim SEED=17 "
+                       "and a mutant seed run from docs/simulator.md",
+    ".venv/bin/python -m testing.sim --seeds": "50 seeds of 1,000 events take ~7 min of both "
+                                               "cores (as above)",
+    ".venv/bin/python bench/": "a benchmark: minutes of both cores per script, and its figures "
+                               "are the point (bench/results/*.json); not run by the suite",
 }
 """Prefixes of commands that cannot run here, with the reason (the deploy README's
 curl to the Compose gateway is matched by the first-screen curl run above only when
@@ -80,9 +110,13 @@ def commands(text: str) -> list[str]:
     return found
 
 
-def first_screen() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text[:text.index("\n## Status")]
+def documented() -> list[tuple[str, str]]:
+    """(file, text) of every page whose commands the rule covers."""
+    pages = [("README.md", (ROOT / "README.md").read_text()),
+             ("deploy/README.md", (ROOT / "deploy" / "README.md").read_text())]
+    pages += [(path.relative_to(ROOT).as_posix(), path.read_text())
+              for path in sorted((ROOT / "docs").rglob("*.md"))]
+    return pages
 
 
 def normal(command: str) -> str:
@@ -92,15 +126,24 @@ def normal(command: str) -> str:
 def test_should_run_or_explain_every_documented_command():
     runs = {normal(c) for c in RUN}
     unexplained = []
-    for source, text in (("README.md", first_screen()),
-                         ("deploy/README.md", (ROOT / "deploy" / "README.md").read_text())):
+    for source, text in documented():
         for command in commands(text):
             if normal(command) in runs or any(command.startswith(p) for p in NOT_RUN):
+                continue
+            if source in PAGES:
                 continue
             if source == "deploy/README.md" and command.startswith("curl "):
                 continue  # DOCKER_ONLY_CURL
             unexplained.append(f"{source}: {command}")
     assert unexplained == [], "documented commands neither run nor explained"
+
+
+def test_every_page_runner_exists() -> None:
+    """A page or command mapped to a test whose name is gone would vouch for nothing."""
+    for test in [*PAGES.values(), *RUN.values()]:
+        module, _, name = test.partition(" ")[0].rpartition("::")
+        source = (Path(__file__).parent / (module or Path(__file__).name)).read_text()
+        assert re.search(rf"^def {name}\(", source, re.M), test
 
 
 # --- the fresh clone --------------------------------------------------------------------------
