@@ -1,0 +1,116 @@
+"""The docs' generated parts are current, and no benchmark figure is typed by hand.
+
+scripts/gen_docs.py fills the marked parts (figures from bench/results/*.json, the command
+table from the parsers, the metric lists from the metric classes). These tests fail when a
+marked part is stale, when a result file cannot say where it came from, and when a figure
+sits outside a marker, where nothing would keep it true.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gen_docs  # noqa: E402  (a script, not a package)
+
+BENCH_PAGES = ("docs/benchmarks.md", "bench/README.md")
+"""Pages about measurements: every table there is generated, and no rate is typed in their
+prose either (a setup parameter is written "per second", a measured rate comes from a
+marker)."""
+
+RATE = re.compile(r"\d[\d,.]*\s*(?:[kMG]\s*)?(?:events|rows|records|requests|req|spans|entries|"
+                  r"CAS|conflicts|MB|GB|msgs)(?:/s|/CPU-s)\b")
+FIGURE_HEADERS = re.compile(r"\b(ratio|baseline|measured|p50|p99|throughput)\b", re.I)
+
+
+def outside_markers(text: str) -> str:
+    """``text`` without its generated parts, fenced code and inline code."""
+    text = gen_docs.MARKER.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def tables(text: str) -> list[list[str]]:
+    """The Markdown tables of ``text``, each as its lines."""
+    found: list[list[str]] = []
+    current: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.lstrip().startswith("|"):
+            current.append(line)
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def test_every_generated_part_is_current() -> None:
+    assert gen_docs.main(["--check"]) == 0, "run `.venv/bin/python scripts/gen_docs.py`"
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in gen_docs.RESULTS.glob("*.json")
+                                         if (ROOT / "bench" / f"{p.stem}_bench.py").is_file()))
+def test_every_result_file_says_where_it_came_from(path: str) -> None:
+    result = json.loads((gen_docs.RESULTS / path).read_text())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", result["date"])
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", result["commit"]), result["commit"]
+    assert result["command"].startswith(".venv/bin/python bench/"), result["command"]
+    assert {"cpu", "cores", "memory_gib", "python"} <= set(result["hardware"])
+    assert result["results"], "a result file without results"
+    for row in result["results"]:
+        assert set(row) == {"name", "value", "unit", "baseline", "ratio"}, row
+
+
+def test_every_target_names_a_measured_figure() -> None:
+    targets = tomllib.loads(gen_docs.TARGETS.read_text())
+    for name, figures in targets.items():
+        measured = {r["name"] for r in gen_docs.load_result(name)["results"]}
+        assert set(figures) - measured == set(), f"targets of {name} name no figure"
+        for target in figures.values():
+            gen_docs.verdict({"value": 1.0, "ratio": 1.0}, target)  # parses
+
+
+def test_no_figure_table_outside_a_marker() -> None:
+    """A table that holds measurements (a ratio or baseline column, or a rate like
+    ``12 k events/s``) must be generated; on the benchmark pages any figure at all."""
+    typed = []
+    for path in gen_docs.markdown_files():
+        name = str(path.relative_to(ROOT))
+        text = outside_markers(path.read_text())
+        if name in BENCH_PAGES:
+            typed += [f"{name}: {m.group(0)!r}" for m in RATE.finditer(text)]
+            typed += [f"{name}: table {t[0]!r}" for t in tables(text)
+                      if not t[0].startswith("| script |")]
+            continue
+        for table in tables(text):
+            if FIGURE_HEADERS.search(table[0]) or any(RATE.search(row) for row in table):
+                typed.append(f"{name}: table {table[0]!r}")
+    assert typed == [], "figures typed by hand: put them in bench/results/*.json and a marker"
+
+
+def test_the_command_table_and_the_metric_lists_are_generated() -> None:
+    kinds: dict[str, set[str]] = {"commands": set(), "metrics": set()}
+    for path in gen_docs.markdown_files():
+        for marker in gen_docs.MARKER.finditer(path.read_text()):
+            if marker.group("kind") in kinds:
+                kinds[marker.group("kind")].add(marker.group("args").strip())
+    assert kinds["commands"] == {""}, "one generated command table"
+    assert kinds["metrics"] == {"ingestor", "collector", "admin"}
+
+
+def test_a_stale_part_is_refilled_and_a_typed_figure_is_found(tmp_path: Path) -> None:
+    stale = ("<!-- commands:start -->\n| `icefloe nothing` | typed |\n<!-- commands:end -->\n")
+    fresh = gen_docs.filled(stale)
+    assert "icefloe nothing" not in fresh
+    assert "| `icefloe up " in fresh
+    assert gen_docs.filled(fresh) == fresh
+    page = "| figure | ratio |\n|---|---|\n| HTTP | 0.73 |\n"
+    assert FIGURE_HEADERS.search(tables(outside_markers(page))[0][0])
+    assert RATE.search("| ingest | 12.3 k events/s |")
