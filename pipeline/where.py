@@ -69,7 +69,7 @@ def where_error_messages(sink: str, table: str, sql: str, errors: pa.Array) -> p
 
 
 @lru_cache(maxsize=256)
-def compiled(sql: str, columns: tuple[tuple[str, str], ...]) -> exp.Expression:
+def compiled(sql: str, columns: tuple[tuple[str, str], ...]) -> exp.Expr:
     """The checked tree of ``sql`` over ``(name, type)`` columns (parsed once per
     predicate and column set)."""
     return parse_where(sql, tuple(Column(name, type_) for name, type_ in columns))
@@ -109,7 +109,7 @@ class _Eval:
         self.rows = rows
         self.n = rows.num_rows
 
-    def eval(self, node: exp.Expression) -> tuple[Value, Errors]:
+    def eval(self, node: exp.Expr) -> tuple[Value, Errors]:
         kind = type(node)
         if isinstance(node, exp.Paren):
             return self.eval(node.this)
@@ -190,7 +190,7 @@ class _Eval:
         assert out is not None
         return out, errors
 
-    def _arithmetic(self, node: exp.Expression) -> tuple[Value, Errors]:
+    def _arithmetic(self, node: exp.Expr) -> tuple[Value, Errors]:
         (left, e1), (right, e2) = self.eval(node.this), self.eval(node.expression)
         errors = _first(e1, e2)
         if isinstance(node, exp.Div):  # Spark's '/' is always fractional
@@ -216,7 +216,7 @@ class _Eval:
             bad, f"integer overflow in {_shown(node)} (past the range of "
             f"{_spark_type(value.type)})"))
 
-    def _unary(self, node: exp.Expression, value: Value, errors: Errors, unchecked: Any,
+    def _unary(self, node: exp.Expr, value: Value, errors: Errors, unchecked: Any,
                checked: Any) -> tuple[Value, Errors]:
         """``-x`` or ``abs(x)``: an error where x is its integer type's minimum."""
         if not _is_integer(value):
@@ -231,7 +231,7 @@ class _Eval:
             bad, f"integer overflow in {_shown(node)} (past the range of "
             f"{_spark_type(value.type)})"))
 
-    def _function(self, node: exp.Expression) -> tuple[Value, Errors]:
+    def _function(self, node: exp.Expr) -> tuple[Value, Errors]:
         if isinstance(node, exp.Coalesce):  # Spark stops at the first non-NULL value
             out: Value | None = None
             errors: Errors = None
@@ -345,7 +345,7 @@ def _spark_type(kind: pa.DataType) -> str:
     return "int" if kind == pa.int32() else "bigint"
 
 
-def _shown(node: exp.Expression) -> str:
+def _shown(node: exp.Expr) -> str:
     return repr(node.sql("spark")[:80])
 
 

@@ -486,7 +486,8 @@ def frame_encoded(stream: str, received_at_ms: int, raw_ids: Sequence[bytes],
             raise ValueError(f"meta is {len(meta)} bytes; at most {_U32_MAX} fit")
         tail = _U32.pack(len(meta)) + meta
     if _speedups is not None and type(payloads) is list:
-        return _speedups.frame(prefix, stem, raw_ids, payloads, tail)
+        framed: bytes = _speedups.frame(prefix, stem, raw_ids, payloads, tail)
+        return framed
     return _frame_py(prefix, stem, raw_ids, payloads, tail)
 
 

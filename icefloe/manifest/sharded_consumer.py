@@ -216,9 +216,10 @@ class ShardedConsumer:
         elif positions:
             await self.shard(0).confirm()
         others = [n for n in sorted(positions) if n != 0]
-        done = await asyncio.gather(*(
-            self._on_shard(n, lambda c, n=n: c.ack(positions[n], dequeue=dequeue))
-            for n in others))
+        def acker(n: int) -> Callable[[ManifestConsumer], Awaitable[int]]:
+            return lambda c: c.ack(positions[n], dequeue=dequeue)
+
+        done = await asyncio.gather(*(self._on_shard(n, acker(n)) for n in others))
         removed.update(zip(others, done, strict=True))
         return removed
 

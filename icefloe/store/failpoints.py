@@ -76,7 +76,7 @@ class WatchedSpec:
         if mtime == self._mtime:
             return None
         try:
-            spec = json.loads(self.path.read_text() or "{}")
+            spec: dict[str, Any] = json.loads(self.path.read_text() or "{}")
         except (OSError, ValueError):
             return None
         self._mtime = mtime

@@ -48,7 +48,7 @@ class Divergent(ValueError):
         self.reason = reason
 
 
-def refuse_divergent(tree: exp.Expression, dialect: str,
+def refuse_divergent(tree: exp.Expr, dialect: str,
                      schema: Mapping[str, Mapping[str, str]] | None = None) -> None:
     """Raise :class:`Divergent` naming the first construct of ``tree`` (parsed in
     ``dialect``) that Spark would answer by other rules (see the module docstring).
@@ -68,15 +68,16 @@ def refuse_divergent(tree: exp.Expression, dialect: str,
             raise Divergent(_shown(node, dialect), reason)
 
 
-def _annotated(tree: exp.Expression, dialect: str,
-               schema: Mapping[str, Mapping[str, str]]) -> exp.Expression:
+def _annotated(tree: exp.Expr, dialect: str,
+               schema: Mapping[str, Mapping[str, str]]) -> exp.Expr:
     """A copy of ``tree`` with inferred types (columns qualified first, so they resolve)."""
     from sqlglot.errors import SqlglotError
     from sqlglot.optimizer.annotate_types import annotate_types
     from sqlglot.optimizer.qualify import qualify
 
     copy = tree.copy()
-    plain = {table: dict(columns) for table, columns in schema.items()}
+    # (qualify and annotate_types take any nested mapping: dict[str, object] in their hints)
+    plain: dict[str, object] = {table: dict(columns) for table, columns in schema.items()}
     try:
         if isinstance(copy, exp.Query):
             copy = qualify(copy, schema=plain or None, dialect=dialect, identify=False,
@@ -87,7 +88,7 @@ def _annotated(tree: exp.Expression, dialect: str,
         return tree.copy()
 
 
-def _shown(node: exp.Expression, dialect: str) -> str:
+def _shown(node: exp.Expr, dialect: str) -> str:
     """The construct as its user wrote it (without the qualifiers added for typing)."""
     shown = node.copy()
     for column in shown.find_all(exp.Column):
@@ -98,7 +99,7 @@ def _shown(node: exp.Expression, dialect: str) -> str:
 _INTEGERS = tuple(exp.DataType.INTEGER_TYPES)
 
 
-def _divergence(node: exp.Expression, dialect: str) -> str | None:
+def _divergence(node: exp.Expr, dialect: str) -> str | None:
     """Why Spark would answer ``node`` differently, or None when it would not."""
     if isinstance(node, exp.Substring):
         return _substring(node, dialect)
@@ -123,7 +124,7 @@ def _divergence(node: exp.Expression, dialect: str) -> str | None:
     return None
 
 
-def _typed_divergence(node: exp.Expression, dialect: str) -> str | None:
+def _typed_divergence(node: exp.Expr, dialect: str) -> str | None:
     """:func:`_divergence` for the constructs that depend on their operands' types."""
     if isinstance(node, exp.Cast | exp.TryCast) and node.to.is_type(*_INTEGERS):
         return _integer_cast(node, dialect)
@@ -133,7 +134,7 @@ def _typed_divergence(node: exp.Expression, dialect: str) -> str | None:
     return None
 
 
-def _int(node: exp.Expression | None, minimum: int | None = None) -> int | None:
+def _int(node: exp.Expr | None, minimum: int | None = None) -> int | None:
     """The integer a literal (or a negated one) holds, if at least ``minimum``."""
     value: int | None = None
     if isinstance(node, exp.Literal) and not node.is_string and node.this.lstrip("-").isdigit():

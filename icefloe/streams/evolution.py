@@ -45,6 +45,7 @@ import math
 import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,7 +138,10 @@ def parse_extras(texts: Sequence[str | None], only: Sequence[str] | None = None
     members = msgspec.defstruct("Members", [(a, Any, msgspec.UNSET) for a in attrs],
                                 rename=dict(zip(attrs, only, strict=True)))
     # to_builtins leaves UNSET members out: absent stays absent, null stays null
-    return msgspec.to_builtins(msgspec.json.decode(joined, type=list[members | None]))
+    decoded = msgspec.json.decode(joined, type=list[members | None])  # type: ignore[valid-type]
+    # (members is a class built at run time: mypy cannot check a type made of it)
+    rows: list[dict[str, Any] | None] = msgspec.to_builtins(decoded)
+    return rows
 
 
 Observation = tuple[tuple[str, int, Any], ...]
@@ -325,8 +329,8 @@ def _name_reason(name: str, lowered: Mapping[str, str], fixed: set[str],
     return None
 
 
-def _row_conflict(extra: Mapping[str, Any], specs: Mapping[str, TypeSpec], over: set[str],
-                  limits: EvolveLimits, table: str) -> str | None:
+def _row_conflict(extra: Mapping[str, Any], specs: Mapping[str, TypeSpec],
+                  over: AbstractSet[str], limits: EvolveLimits, table: str) -> str | None:
     for name, value in extra.items():
         if value is None:
             continue
@@ -447,7 +451,7 @@ def _widening(kind: str, value: Any) -> str | None:
 
 def _fits_float32(value: float) -> bool:
     try:
-        return struct.unpack("<f", struct.pack("<f", value))[0] == value
+        return bool(struct.unpack("<f", struct.pack("<f", value))[0] == value)
     except OverflowError:
         return False
 
@@ -498,7 +502,8 @@ def _kind(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "number"
-    return {str: "string", dict: "object", list: "array"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {str: "string", dict: "object", list: "array"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _short(value: Any) -> str:

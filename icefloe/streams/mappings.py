@@ -143,7 +143,7 @@ def place_value(event: dict[str, Any], column: Column, value: Any) -> None:
     node[last] = value
 
 
-def sql_expression(column: Column) -> exp.Expression:
+def sql_expression(column: Column) -> exp.Expr:
     """The parsed ``sql`` of ``column`` in its dialect (one per-row scalar expression)."""
     assert column.sql is not None
     try:
@@ -173,7 +173,7 @@ def sql_expression(column: Column) -> exp.Expression:
     return tree
 
 
-def _as_spark(tree: exp.Expression) -> exp.Expression:
+def _as_spark(tree: exp.Expr) -> exp.Expr:
     """``tree`` as Spark will run it: transpiled, then read back as Spark SQL (the function
     allow-list is checked on what Spark resolves, whatever dialect the mapping is in)."""
     try:
@@ -182,7 +182,7 @@ def _as_spark(tree: exp.Expression) -> exp.Expression:
         raise ValueError(f"the expression does not transpile to Spark SQL: {exc}") from None
 
 
-def sql_references(tree: exp.Expression) -> list[str]:
+def sql_references(tree: exp.Expr) -> list[str]:
     """The column names an expression reads (unqualified; a qualified one is an error)."""
     names: list[str] = []
     for col in tree.find_all(exp.Column):

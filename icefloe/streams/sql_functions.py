@@ -119,7 +119,7 @@ def function_name(node: exp.Func) -> str:
     return (match.group(1) if match else node.sql_name()).lower()
 
 
-def check_functions(tree: exp.Expression) -> None:
+def check_functions(tree: exp.Expr) -> None:
     """Raise ``ValueError`` naming the first function of ``tree`` (a Spark SQL expression)
     that is not allow-listed, or a qualified call (``db.fn(x)``: not a built-in)."""
     for dot in tree.find_all(exp.Dot):
@@ -144,7 +144,7 @@ def check_functions(tree: exp.Expression) -> None:
                          "icefloe.streams.sql_functions.ALLOWED_FUNCTIONS)")
 
 
-def check_sizes(tree: exp.Expression) -> None:
+def check_sizes(tree: exp.Expr) -> None:
     """Raise ``ValueError`` naming a function whose output size an argument sets when that
     size is not a literal within :data:`MAX_SIZE_ARGUMENT` (see the module doc)."""
     for node in tree.find_all(exp.Func):
@@ -171,7 +171,7 @@ def check_sizes(tree: exp.Expression) -> None:
                                  f"at most {MAX_SIZE_ARGUMENT}")
 
 
-def _bound(node: exp.Expression, name: str) -> int:
+def _bound(node: exp.Expr, name: str) -> int:
     """The most characters a padding or formatting call can add (raising if unbounded)."""
     args = list(node.iter_expressions())
     if name in _PADS:
@@ -195,5 +195,5 @@ def _bound(node: exp.Expression, name: str) -> int:
     return max(size, 0)
 
 
-def _shown(node: exp.Expression | None) -> str:
+def _shown(node: exp.Expr | None) -> str:
     return "nothing" if node is None else repr(node.sql(dialect="spark")[:60])

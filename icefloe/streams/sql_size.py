@@ -45,13 +45,13 @@ class _TooLarge(ValueError):
     pass
 
 
-def check_value_bound(tree: exp.Expression) -> None:
+def check_value_bound(tree: exp.Expr) -> None:
     """Raise ``ValueError`` naming the innermost call of ``tree`` (Spark SQL) whose value can
     exceed :data:`MAX_VALUE_BOUND` bytes over inputs of :data:`INPUT_BYTES` each."""
     _size(tree, {})
 
 
-def _size(node: exp.Expression, env: Mapping[str, int]) -> int:
+def _size(node: exp.Expr, env: Mapping[str, int]) -> int:
     size = _node_size(node, env)
     if size > MAX_VALUE_BOUND:
         raise _TooLarge(
@@ -61,7 +61,7 @@ def _size(node: exp.Expression, env: Mapping[str, int]) -> int:
     return size
 
 
-def _node_size(node: exp.Expression, env: Mapping[str, int]) -> int:
+def _node_size(node: exp.Expr, env: Mapping[str, int]) -> int:
     if isinstance(node, exp.Literal):
         return len(str(node.this))
     if isinstance(node, exp.Null | exp.Boolean):
@@ -89,7 +89,8 @@ def _node_size(node: exp.Expression, env: Mapping[str, int]) -> int:
     if name in _PADS:
         width = args[1] if len(args) > 1 else None
         literal = isinstance(width, exp.Literal) and not width.is_string
-        return (abs(int(width.this)) if literal else INPUT_BYTES) * 4 + total
+        return (abs(int(width.this)) if literal and width is not None else INPUT_BYTES) * 4 \
+            + total
     if name in _FORMATS or name in _PATTERNED:
         return total * 4 + 64 + _literal_count(args[1:] if name == "format_number" else [])
     if isinstance(node, exp.ArrayInsert):
@@ -99,7 +100,7 @@ def _node_size(node: exp.Expression, env: Mapping[str, int]) -> int:
     return total * _FACTORS.get(name, 1)
 
 
-def _literal_count(args: Sequence[exp.Expression]) -> int:
+def _literal_count(args: Sequence[exp.Expr]) -> int:
     """``format_number``'s decimal places (a literal; checked by the allow-list's caller)."""
     first = args[0] if args else None
     if isinstance(first, exp.Literal) and not first.is_string and first.this.isdigit():
@@ -110,7 +111,7 @@ def _literal_count(args: Sequence[exp.Expression]) -> int:
                     f"(got {first.sql(dialect='spark')[:60]!r}): they set its output size")
 
 
-def _position(position: exp.Expression | None) -> int:
+def _position(position: exp.Expr | None) -> int:
     """``array_insert``'s position: past the end it pads with nulls up to it."""
     if isinstance(position, exp.Neg):
         position = position.this
@@ -122,7 +123,7 @@ def _position(position: exp.Expression | None) -> int:
                     "past the end it pads with nulls up to it")
 
 
-def _with_lambdas(node: exp.Expression, others: Sequence[exp.Expression],
+def _with_lambdas(node: exp.Expr, others: Sequence[exp.Expr],
                   lambdas: Sequence[exp.Lambda], env: Mapping[str, int]) -> int:
     """A higher-order call: its arrays, plus per element what each lambda adds beyond the
     element. An accumulator (``aggregate``'s) used more than once grows geometrically."""
@@ -144,7 +145,7 @@ def _with_lambdas(node: exp.Expression, others: Sequence[exp.Expression],
     return total
 
 
-def _named(node: exp.Expression) -> str:
+def _named(node: exp.Expr) -> str:
     name = function_name(node) if isinstance(node, exp.Func) and \
         not isinstance(node, exp.Connector) else type(node).__name__.lower()
     return f"function {name} ({node.sql(dialect='spark')[:60]!r})"

@@ -242,7 +242,7 @@ def evaluate(content: str, rows: TemplateRows) -> tuple[list[str | None], dict[i
     def run(first: int, last: int) -> list[Any]:
         text = _jsonnet.evaluate_snippet("template", _snippet(content, first, last),
                                          native_callbacks=natives, max_stack=200)
-        return msgspec.json.decode(text)
+        return msgspec.json.decode(text, type=list[Any])
 
     for start in range(0, count, BLOCK):
         pending = [(start, min(start + BLOCK, count) - 1)]

@@ -134,7 +134,7 @@ def _paren_depth(sql: str) -> int:
     return deepest
 
 
-def tree_depth(tree: exp.Expression) -> int:
+def tree_depth(tree: exp.Expr) -> int:
     """``tree``'s nesting as :data:`MAX_WHERE_DEPTH` counts it, without recursion: a child
     of the same ``AND``/``OR`` kind as its parent adds no level."""
     deepest = 0
@@ -150,7 +150,7 @@ def tree_depth(tree: exp.Expression) -> int:
     return deepest
 
 
-def _parse(sql: str) -> list[exp.Expression | None]:
+def _parse(sql: str) -> list[exp.Expr | None]:
     """``sql`` parsed, once it is known to be short and shallow enough to parse."""
     if len(sql) > MAX_WHERE_CHARS:
         raise ValueError(f"is {len(sql)} characters long; a where is at most "
@@ -168,7 +168,7 @@ def _parse(sql: str) -> list[exp.Expression | None]:
         raise _too_deep() from None
 
 
-def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expression:
+def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expr:
     """The checked predicate tree; ``ValueError`` says what is wrong (see module doc)."""
     parsed = _parse(sql)
     if len(parsed) != 1 or parsed[0] is None:
@@ -192,7 +192,7 @@ def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expression:
     return tree
 
 
-def _check(node: exp.Expression, kinds: dict[str, str]) -> str:
+def _check(node: exp.Expr, kinds: dict[str, str]) -> str:
     """The class of ``node``'s value, raising for anything outside the subset."""
     if isinstance(node, exp.Paren):
         return _check(node.this, kinds)
@@ -293,15 +293,15 @@ def _check_function(node: exp.Func, kinds: dict[str, str]) -> str:
     return found.pop() if found else "null"
 
 
-def _expect(node: exp.Expression, kinds: dict[str, str], want: str,
-            parent: exp.Expression) -> None:
+def _expect(node: exp.Expr, kinds: dict[str, str], want: str,
+            parent: exp.Expr) -> None:
     got = _check(node, kinds)
     if got not in (want, "null"):
         raise ValueError(f"{parent.sql('spark')[:60]!r}: {node.sql('spark')[:40]!r} is a "
                          f"{got}, expected a {want}")
 
 
-def _comparable(node: exp.Expression, sides: list[exp.Expression],
+def _comparable(node: exp.Expr, sides: list[exp.Expr],
                 kinds: dict[str, str]) -> None:
     """Compared values must share a class; a string literal compares with a temporal
     column (read as a timestamp or date). ``other`` (lists, structs, binary) compares

@@ -68,7 +68,7 @@ class Project:
         return [m for n, m in self.models.items() if not names or n in names]
 
 
-def references(tree: exp.Expression) -> list[exp.Table]:
+def references(tree: exp.Expr) -> list[exp.Table]:
     """Table nodes that name a table (CTE names and table functions excluded)."""
     from sqlglot import exp
 

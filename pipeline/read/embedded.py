@@ -81,7 +81,7 @@ class Untranslatable(QueryError):
         self.reason = reason
 
 
-def _structural() -> tuple[type[exp.Expression], ...]:
+def _structural() -> tuple[type[exp.Expr], ...]:
     """Nodes that only shape the query (no values of their own to disagree on)."""
     from sqlglot import exp
 
@@ -94,7 +94,7 @@ def _structural() -> tuple[type[exp.Expression], ...]:
             exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Case, exp.If, exp.Filter)
 
 
-def check_exact(tree: exp.Expression, columns: Mapping[str, str]) -> None:
+def check_exact(tree: exp.Expr, columns: Mapping[str, str]) -> None:
     """Raise :class:`Untranslatable` naming the first construct not on the allow-list.
 
     ``columns``: lower-case column name -> Iceberg type name (``long``, ``string``, ...), or
@@ -125,7 +125,7 @@ def check_exact(tree: exp.Expression, columns: Mapping[str, str]) -> None:
             _check_comparison(node.this, node.args["high"], columns)
 
 
-def _check_function(node: exp.Expression) -> None:
+def _check_function(node: exp.Expr) -> None:
     """A node off the structural list passes only as a function of :data:`FUNCTIONS`."""
     from sqlglot import exp
 
@@ -146,7 +146,7 @@ def _check_function(node: exp.Expression) -> None:
                              "and Spark")
 
 
-def _kind(node: exp.Expression, columns: Mapping[str, str]) -> str | None:
+def _kind(node: exp.Expr, columns: Mapping[str, str]) -> str | None:
     """``string``, ``number``, ``time`` or ``boolean`` when known from the node, else None."""
     from sqlglot import exp
 
@@ -174,7 +174,7 @@ def _kind(node: exp.Expression, columns: Mapping[str, str]) -> str | None:
     return None
 
 
-def _check_comparison(left: exp.Expression, right: exp.Expression,
+def _check_comparison(left: exp.Expr, right: exp.Expr,
                       columns: Mapping[str, str]) -> None:
     """Refuse comparisons whose implicit cast differs (or may differ) between the engines."""
     from sqlglot import exp

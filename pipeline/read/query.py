@@ -131,7 +131,7 @@ def check_dialect(dialect: str) -> str:
         raise QueryError(str(exc)) from None
 
 
-def parse(sql: str, dialect: str = "spark") -> exp.Expression:
+def parse(sql: str, dialect: str = "spark") -> exp.Expr:
     """One read-only statement in ``dialect``, or a one-line :class:`QueryError`."""
     import sqlglot
     from sqlglot import exp
@@ -236,7 +236,7 @@ def catalog_versions(config: Config, tables: Iterable[Table | LocalTable],
     return CatalogVersions(list(tables), claimed_version(config))
 
 
-def _finish(tree: exp.Expression, dialect: str, schema: Mapping[str, Mapping[str, str]],
+def _finish(tree: exp.Expr, dialect: str, schema: Mapping[str, Mapping[str, str]],
             partial: Plan) -> Plan:
     """``partial`` with the rewritten statement as Spark SQL, and for a DuckDB-dialect
     query also as DuckDB SQL: there a construct Spark would answer differently is kept as
@@ -271,7 +271,7 @@ def column_types_at(table: Table | LocalTable, snapshot_id: int | None) -> dict[
     return {f.name: str(f.field_type) for f in schema.fields}
 
 
-def normalize_uuid_literals(tree: exp.Expression,
+def normalize_uuid_literals(tree: exp.Expr,
                             tables: Iterable[Mapping[str, str]]) -> None:
     """Write every string literal compared with a uuid column (``=``, ``<>``, ``<``...,
     ``IN``, ``BETWEEN``) in the canonical form both engines read a uuid as.
@@ -324,7 +324,7 @@ def point_at(ref: exp.Table, view: str) -> None:
     ref.set("catalog", None)
 
 
-def spark_sql(tree: exp.Expression, dialect: str = "spark",
+def spark_sql(tree: exp.Expr, dialect: str = "spark",
               schema: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """The tree (parsed in ``dialect``) as Spark SQL; a construct Spark's dialect cannot
     express, or would answer by other rules than ``dialect``'s
@@ -347,7 +347,7 @@ def spark_sql(tree: exp.Expression, dialect: str = "spark",
         raise QueryError(f"cannot run this on Spark: {reason}") from None
 
 
-def refuse_lost_meaning(tree: exp.Expression, dialect: str = "spark") -> None:
+def refuse_lost_meaning(tree: exp.Expr, dialect: str = "spark") -> None:
     """Constructs sqlglot turns into Spark SQL that means something else, without a warning:
     ``FETCH ... WITH TIES`` / ``PERCENT`` become a plain ``LIMIT``, and an ``ORDER BY`` inside
     an aggregate Spark cannot order (``array_agg(x ORDER BY y)``) is dropped."""
@@ -448,7 +448,7 @@ def time_travel(ref: exp.Table) -> AsOf | None:
     return travel
 
 
-def _travel_to(kind: str, value: exp.Expression, where: str, spark: bool = False) -> AsOf:
+def _travel_to(kind: str, value: exp.Expr, where: str, spark: bool = False) -> AsOf:
     """``VERSION``/``TIMESTAMP`` and its value as an :class:`AsOf`; ``where`` names the
     clause, ``spark``: Spark's ``FOR ... AS OF`` (its version is a snapshot id)."""
     from sqlglot import exp
