@@ -43,7 +43,7 @@ def drive(coro: Coroutine[Any, Any, T]) -> T:
                 raise RuntimeError("drive(): the coroutine awaited a future of the event "
                                    "loop; run it with the default thread hops")
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
 
 
 async def sleep_or_stop(clock: Clock, seconds: float, stop: asyncio.Event | None) -> None:

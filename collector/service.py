@@ -378,7 +378,7 @@ class Collector(RunCommits):
 
     def _await(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a store coroutine from a blocking step, through the ``block_on`` seam."""
-        return self.block_on(coro)  # type: ignore[no-any-return]
+        return self.block_on(coro)
 
     def _run_on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a store coroutine on the collector's loop from a worker thread (the commit
@@ -394,7 +394,7 @@ class Collector(RunCommits):
                                "with asyncio.to_thread")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    @property  # type: ignore[override]
+    @property
     def hook(self) -> Hook:
         return self._hook
 

@@ -112,7 +112,9 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     lane = LateLane() if ing.http_fast_lane else None
     http = uvicorn.Server(http_config(front, ing, guard, tls, lane=lane,
                                       refused=metrics.http_refused))
-    http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    # SIGTERM is `stop`'s (above): uvicorn must not take it over. (It used to clear
+    # `install_signal_handlers`, a hook uvicorn no longer has: mypy found the dead line.)
+    http.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     standin = StartingGrpc(config, state, tls)
     http_task: asyncio.Task[None] | None = None
     # A port shared with other ingestor processes (SO_REUSEPORT, as `icefloe up

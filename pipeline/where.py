@@ -28,7 +28,7 @@ import operator
 from dataclasses import dataclass
 from datetime import UTC
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -38,16 +38,19 @@ from sqlglot import exp
 from icefloe.streams.model import Column
 from icefloe.streams.where import parse_where, temporal_literal
 
-Value = pa.Array | pa.ChunkedArray | pa.Scalar
-Errors = pa.Array | None
+Value: TypeAlias = "pa.Array | pa.ChunkedArray | pa.Scalar"
+Errors: TypeAlias = "pa.Array | None"
 """Per row, the message of the first error the predicate raised for it (null: none);
 None when no row erred."""
 
-_COMPARE = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
-            exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
-_ARITHMETIC = {exp.Add: (pc.add, pc.add_checked, np.add),
-               exp.Sub: (pc.subtract, pc.subtract_checked, np.subtract),
-               exp.Mul: (pc.multiply, pc.multiply_checked, np.multiply)}
+# node class -> Arrow kernel(s); keyed by sqlglot class, looked up by type(node)
+_COMPARE: dict[type[exp.Expr], Any] = {
+    exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
+    exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
+_ARITHMETIC: dict[type[exp.Expr], tuple[Any, Any, Any]] = {
+    exp.Add: (pc.add, pc.add_checked, np.add),
+    exp.Sub: (pc.subtract, pc.subtract_checked, np.subtract),
+    exp.Mul: (pc.multiply, pc.multiply_checked, np.multiply)}
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 

@@ -62,38 +62,52 @@ def _command_module(module: str) -> ModuleType:
     (tests/system/test_layers.py) see every edge."""
     match module:
         case "up_cmd":
-            from icefloe_app.cli import up_cmd as found
+            from icefloe_app.cli import up_cmd
+            return up_cmd
         case "ingestor_cmd":
-            from icefloe_app.cli import ingestor_cmd as found
+            from icefloe_app.cli import ingestor_cmd
+            return ingestor_cmd
         case "collector_cmd":
-            from icefloe_app.cli import collector_cmd as found
+            from icefloe_app.cli import collector_cmd
+            return collector_cmd
         case "run_cmd":
-            from icefloe_app.cli import run_cmd as found
+            from icefloe_app.cli import run_cmd
+            return run_cmd
         case "query_cmd":
-            from icefloe_app.cli import query_cmd as found
+            from icefloe_app.cli import query_cmd
+            return query_cmd
         case "models_cmd":
-            from icefloe_app.cli import models_cmd as found
+            from icefloe_app.cli import models_cmd
+            return models_cmd
         case "streams_cmd":
-            from icefloe_app.cli import streams_cmd as found
+            from icefloe_app.cli import streams_cmd
+            return streams_cmd
         case "tables_cmd":
-            from icefloe_app.cli import tables_cmd as found
+            from icefloe_app.cli import tables_cmd
+            return tables_cmd
         case "deadletters_cmd":
-            from icefloe_app.cli import deadletters_cmd as found
+            from icefloe_app.cli import deadletters_cmd
+            return deadletters_cmd
         case "demo_cmd":
-            from icefloe_app.cli import demo_cmd as found
+            from icefloe_app.cli import demo_cmd
+            return demo_cmd
         case "token_cmd":
-            from icefloe_app.cli import token_cmd as found
+            from icefloe_app.cli import token_cmd
+            return token_cmd
         case "inspect_cmd":
-            from icefloe_app.cli import inspect_cmd as found
+            from icefloe_app.cli import inspect_cmd
+            return inspect_cmd
         case "probe_cmd":
-            from icefloe_app.cli import probe_cmd as found
+            from icefloe_app.cli import probe_cmd
+            return probe_cmd
         case "admin_cmd":
-            from icefloe_app.cli import admin_cmd as found
+            from icefloe_app.cli import admin_cmd
+            return admin_cmd
         case "sources_cmd":
-            from icefloe_app.cli import sources_cmd as found
+            from icefloe_app.cli import sources_cmd
+            return sources_cmd
         case _:
             raise KeyError(f"no command module {module!r}")
-    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -296,7 +296,7 @@ def time_limit(spark: SparkSession, seconds: float) -> Iterator[None]:
         while not done.is_set():
             for job in tracker.getActiveJobsIds():
                 if job not in before:
-                    context._jsc.sc().cancelJob(job)  # type: ignore[union-attr]
+                    context._jsc.sc().cancelJob(job)
             done.wait(_CANCEL_EVERY_S)
 
     canceller = threading.Thread(target=cancel, name="icefloe-sql-time-limit", daemon=True)
@@ -415,7 +415,7 @@ def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: object, name: 
             continue
         probes += 1
         try:
-            frame = spark.createDataFrame(part, schema=schema)  # type: ignore[arg-type]
+            frame = spark.createDataFrame(part, schema=schema)
             with time_limit(spark, left) if left != float("inf") else nullcontext():
                 got = project_sql(frame, {name: sql}, max_value_bytes=max_value_bytes
                                   ).select(ROW_ID, name).toArrow()

@@ -34,7 +34,7 @@ class LocalInputFile(InputFile):
 
     def open(self, seekable: bool = True) -> InputStream:
         handle: IO[bytes] = open(self._path, "rb")  # noqa: SIM115 - the caller closes it
-        return handle  # type: ignore[return-value]
+        return handle
 
 
 class LocalReadFileIO(FileIO):

@@ -56,6 +56,7 @@ class Ingestor:
             raise RuntimeError(f"ingestor did not start: {self.proc.stderr.read()}")  # type: ignore[union-attr]
         ready = json.loads(line)
         self.url = f"http://127.0.0.1:{ready['http_port']}"
+        self.http_port, self.grpc_port = ready["http_port"], ready["grpc_port"]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         self.proc.send_signal(sig)
@@ -162,6 +163,53 @@ def test_should_drain_on_sigterm_and_exit_zero(tmp_path):
     assert acked
     assert set(acked) <= stored
     assert all(status in (202, 503, 0) for _, status in outcomes)
+
+
+def grpc_health(port: int) -> int | None:
+    """The ingest service's gRPC health status; None when the server refuses the call
+    (it does once it is stopping)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="icefloe.v1.Ingest"), timeout=2).status
+        except grpc.RpcError:
+            return None
+
+
+def test_sigterm_reaches_the_ingestors_own_shutdown_while_a_request_is_in_flight(tmp_path):
+    """SIGTERM is the ingestor's, not uvicorn's: gRPC health leaves SERVING at once, while
+    an HTTP request is still arriving. uvicorn's ``Server.serve`` installs its own SIGTERM
+    handler unless told not to (``capture_signals``); the ingestor cleared
+    ``install_signal_handlers``, a hook uvicorn no longer has (found by mypy). The signal
+    still reached the ingestor (the event loop's wakeup fd delivers it to both), so this
+    passed before the fix too: it guards the order."""
+    from grpc_health.v1 import health_pb2
+
+    ingestor = Ingestor(write_config(tmp_path))
+    try:
+        assert grpc_health(ingestor.grpc_port) == health_pb2.HealthCheckResponse.SERVING
+        with socket.create_connection(("127.0.0.1", ingestor.http_port)) as slow:
+            slow.sendall(b"POST /v1/streams/clicks/events HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                         b'[{"id": "s')  # the rest of the body never comes
+            time.sleep(0.3)
+            ingestor.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            status = grpc_health(ingestor.grpc_port)
+            while status == health_pb2.HealthCheckResponse.SERVING and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+                status = grpc_health(ingestor.grpc_port)
+            assert status != health_pb2.HealthCheckResponse.SERVING, \
+                "still SERVING 5 s after SIGTERM: the signal did not reach the ingestor"
+        assert ingestor.proc.wait(30) == 0
+    finally:
+        if ingestor.proc.poll() is None:
+            ingestor.proc.kill()
+            ingestor.proc.wait()
 
 
 def test_should_refuse_a_port_in_use_in_one_line(tmp_path):
