@@ -48,6 +48,7 @@ from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
 from icefloe.errors import CatalogError
 from icefloe.streams import evolve_quota
+from icefloe.streams.model import EvolveQuota
 from icefloe.streams.evolution import (
     CLIENT_FIELD,
     EXTRA_FIELD,
@@ -132,7 +133,7 @@ class _Quota:
     """The quota side of one run's plan: who carries each new field, and the ledger the
     columns are charged to (re-read from the table on every planning attempt)."""
 
-    def __init__(self, clients: list[str], quota: evolve_quota.EvolveQuota,
+    def __init__(self, clients: list[str], quota: EvolveQuota,
                  clock: Clock) -> None:
         self.clients = clients
         self.quota = quota

@@ -35,7 +35,7 @@ import logging
 import socket
 import time
 import urllib.parse
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -131,7 +131,7 @@ def _pack(message: Any) -> any_pb2.Any:
     return packed
 
 
-def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+def bearer_token(metadata: Metadata) -> str | None:
     """The token of ``authorization: Bearer <token>`` metadata, else None.
 
     Raises:
@@ -187,8 +187,9 @@ def add_ingest_servicer(servicer: IngestServicer, server: grpc.aio.Server) -> No
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-Metadata = Sequence[tuple[str, str | bytes]] | None
-"""A call's invocation metadata (gRPC keys are lower case)."""
+Metadata = Collection[tuple[str, str | bytes]] | None
+"""A call's invocation metadata (gRPC keys are lower case): grpc.aio's ``Metadata``, or
+the tuples a test passes."""
 
 
 def metadata_value(metadata: Metadata, key: str) -> str | None:
@@ -368,9 +369,9 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                        token: str | None, client: str | None, metadata: Metadata
                        ) -> ingest_pb2.PublishResponse:
         if isinstance(request, Malformed):  # answered in order; the stream goes on
-            error = _malformed_error(request)
-            self._refused(None, error)
-            return ingest_pb2.PublishResponse(error=error_status(error))
+            malformed = _malformed_error(request)
+            self._refused(None, malformed)
+            return ingest_pb2.PublishResponse(error=error_status(malformed))
         accepted, dead, error = await self._attempt(request, token, client, metadata)
         if error is None:
             return ingest_pb2.PublishResponse(accepted=accepted, request_id=request.request_id,
@@ -404,10 +405,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             log.exception("gRPC publish to stream %r failed unexpectedly", request.stream,
                           exc_info=exc)
             # the exception's text stays in the log: it may say more than a client should see
-            error = IngestError("internal error; the ingestor logged it; nothing was "
-                                "acknowledged")
-            self._refused(request, error)
-            return 0, 0, error
+            internal = IngestError("internal error; the ingestor logged it; nothing was "
+                                   "acknowledged")
+            self._refused(request, internal)
+            return 0, 0, internal
         self._ack.observe(time.perf_counter() - started)
         ok = self._ok.get(stream.name)
         if ok is None:

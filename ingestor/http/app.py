@@ -182,9 +182,9 @@ class HttpApp(IngestSteps):
             return
         except Exception:
             log.exception("unexpected error in POST %s", scope["path"])
-            err = IngestError("internal error; the ingestor logged it")
-            self.service.reject(request.stream, err, request.count)
-            await self._error(send, err, cors, request.stream)
+            internal = IngestError("internal error; the ingestor logged it")
+            self.service.reject(request.stream, internal, request.count)
+            await self._error(send, internal, cors, request.stream)
             return
         self.ack_seconds.observe(time.perf_counter() - started)
         count, dead = accepted

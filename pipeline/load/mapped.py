@@ -272,7 +272,10 @@ def project_sql(frame: DataFrame, expressions: dict[str, str], *,
                          f"bytes (collector.sql_max_value_bytes)') ELSE `{name}` END")
             for name in expressions if isinstance(types[name], (StringType, BinaryType))})
     finally:
-        spark.conf.set(key, previous)
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
 
 
 @contextmanager

@@ -168,9 +168,9 @@ def run_local(spec: RunSpec) -> RunOutput:
     store = open_run_store(spec.store_url, spec.endpoint_url, spec.region)
     try:
         for _, decoded in decode_refs(store, spec.refs(), schemas):
-            for stream, table in decoded.tables.items():
+            for name, table in decoded.tables.items():
                 if table.num_rows:
-                    parts.setdefault(stream, []).append(table)
+                    parts.setdefault(name, []).append(table)
             if len(decoded.dead):
                 dead_parts.append(decoded.dead.to_arrow())
     finally:

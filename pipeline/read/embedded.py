@@ -46,7 +46,7 @@ import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from icefloe.config import Config
 from pipeline.read.local_table import DECIMAL as _DECIMAL
@@ -179,8 +179,7 @@ def _check_comparison(left: exp.Expr, right: exp.Expr,
     """Refuse comparisons whose implicit cast differs (or may differ) between the engines."""
     from sqlglot import exp
 
-    kinds = {_kind(left, columns), _kind(right, columns)}
-    kinds.discard(None)
+    kinds = {kind for kind in (_kind(left, columns), _kind(right, columns)) if kind is not None}
     if len(kinds) <= 1:
         return
     text = f"{left.sql(dialect='spark')} vs {right.sql(dialect='spark')}"
@@ -309,7 +308,8 @@ def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     if "*" not in columns:
         wanted = [n for n in names if n.lower() in columns]
         names = wanted or names[:1]  # count(*): one column carries the row count
-    schema = entry.schema.select(*names)
+    # planned by pyiceberg (above): its schema and file tasks
+    schema = cast("Schema", entry.schema).select(*names)
     if not entry.tasks:
         return uuids_as_spark_reads_them(pa.Table.from_batches(
             [], schema=schema_to_pyarrow(schema, include_field_ids=False)))
@@ -318,7 +318,8 @@ def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     if not isinstance(io, PyArrowFileIO):  # the light local IO of a query's table
         io = PyArrowFileIO(io.properties)
     scan = ArrowScan(entry.table.metadata, io, schema, AlwaysTrue())
-    return uuids_as_spark_reads_them(scan.to_table(entry.tasks))
+    return uuids_as_spark_reads_them(scan.to_table(cast("tuple[FileScanTask, ...]",
+                                                        entry.tasks)))
 
 
 def uuids_as_spark_reads_them(table: pa.Table) -> pa.Table:
@@ -488,8 +489,9 @@ def _run(config: Config, pinned: Plan, duck_sql: str, planned: Mapping[str, Pinn
             raise QueryError(_duckdb_error(exc, pinned.tables)) from exc
     finally:
         connection.close()
-    truncated = limit is not None and result.num_rows > limit
-    return (result.slice(0, limit) if truncated else result), truncated
+    if limit is not None and result.num_rows > limit:
+        return result.slice(0, limit), True
+    return result, False
 
 
 @dataclass(frozen=True)

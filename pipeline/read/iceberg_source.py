@@ -387,7 +387,7 @@ def to_iceberg_filter(spark_filter: SparkFilter) -> BooleanExpression | None:
     ``Not``, ``EqualNullSafe``, nested columns, and values pyiceberg has no literal for are
     not translated (``None``): the read is then just less pruned.
     """
-    attribute = getattr(spark_filter, "attribute", ())
+    attribute: tuple[str, ...] = getattr(spark_filter, "attribute", ())
     if len(attribute) != 1:
         return None
     name = attribute[0]

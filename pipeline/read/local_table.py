@@ -127,7 +127,7 @@ class LocalTable:
         self._schemas = [_schema(s) for s in metadata["schemas"]]
         self._current_schema_id = metadata["current-schema-id"]
         current = metadata.get("current-snapshot-id")
-        self._current_snapshot_id = None if current in (None, -1) else int(current)
+        self._current_snapshot_id = None if current is None or current == -1 else int(current)
         if not any(s.schema_id == self._current_schema_id for s in self._schemas):
             raise Unusual("the current schema is missing")
 

@@ -39,7 +39,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from icefloe.config import Config
 from icefloe.errors import CatalogError, IcefloeError
@@ -70,6 +70,18 @@ class AsOf:
     timestamp_ms: int | None = None
     version: int | None = None
     spelled: str | None = None
+
+    @overload
+    @classmethod
+    def parse(cls, text: str) -> AsOf: ...
+
+    @overload
+    @classmethod
+    def parse(cls, text: None) -> None: ...
+
+    @overload
+    @classmethod
+    def parse(cls, text: str | None) -> AsOf | None: ...
 
     @classmethod
     def parse(cls, text: str | None) -> AsOf | None:
@@ -434,6 +446,7 @@ def time_travel(ref: exp.Table) -> AsOf | None:
             raise QueryError(f"{where}: not supported; write AT (VERSION => n) or "
                              "AT (TIMESTAMP => '<ISO 8601 time>')")
         return _travel_to(kind, when.expression, where)
+    assert version is not None  # one of the two is set (checked above)
     kind = str(version.this).upper()
     value = version.expression
     where = f"{ref.sql(dialect='spark')} FOR {kind} {version.text('kind')}"

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from pipeline.read.local_table import LocalTable
+    from pipeline.read.versions import SnapshotHistory
 
 
 def load_table(catalog: CatalogSection, identifier: str) -> Table:
@@ -146,7 +147,8 @@ def _metadata_location(catalog: CatalogSection, identifier: str) -> str | None:
     return tables[0]["metadata_location"] or None
 
 
-def resolve_snapshot(table: Table, identifier: str, snapshot_id: int | None) -> int | None:
+def resolve_snapshot(table: SnapshotHistory, identifier: str, snapshot_id: int | None
+                     ) -> int | None:
     """The snapshot to read: the one asked for (which must exist) or the current one.
 
     ``None`` means the table has no snapshot yet (created, never written): it reads empty.

@@ -43,7 +43,8 @@ properties: every snapshot of theirs is a whole commit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from icefloe.catalog_version import VERSION_PROP
 from icefloe.errors import CatalogError
@@ -51,10 +52,49 @@ from icefloe.errors import CatalogError
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from pyiceberg.table import Table
-    from pyiceberg.table.snapshots import Snapshot
-
     from icefloe.config import Config
+
+
+class SnapshotSummary(Protocol):
+    """A snapshot's summary as this module reads it (pyiceberg's, or a LocalTable's)."""
+
+    @property
+    def operation(self) -> Any: ...  # pyiceberg: its Operation enum; LocalTable: the text
+
+    @property
+    def additional_properties(self) -> dict[str, str]: ...
+
+
+class SnapshotLike(Protocol):
+    """A snapshot: pyiceberg's ``Snapshot`` or :class:`pipeline.read.local_table.Snapshot`."""
+
+    @property
+    def snapshot_id(self) -> int: ...
+
+    @property
+    def parent_snapshot_id(self) -> int | None: ...
+
+    @property
+    def sequence_number(self) -> int | None: ...
+
+    @property
+    def timestamp_ms(self) -> int: ...
+
+    @property
+    def summary(self) -> SnapshotSummary | None: ...
+
+
+class SnapshotHistory(Protocol):
+    """What pinning reads of a table: pyiceberg's ``Table``, or a
+    :class:`pipeline.read.local_table.LocalTable`, which answers the same way."""
+
+    def snapshots(self) -> Sequence[SnapshotLike]: ...
+
+    def snapshot_by_id(self, snapshot_id: int, /) -> SnapshotLike | None: ...
+
+    def current_snapshot(self) -> SnapshotLike | None: ...
+
+    def snapshot_as_of_timestamp(self, timestamp_ms: int, /) -> SnapshotLike | None: ...
 
 
 PREFIX = "icefloe."
@@ -63,7 +103,7 @@ _CONTINUES = {"delete": ("overwrite", "append"), "overwrite": ("append",)}
 """Operation of a snapshot -> those of the next snapshot of the same old two-step commit."""
 
 
-def _numbered(table: Table) -> dict[int, Snapshot]:
+def _numbered(table: SnapshotHistory) -> dict[int, SnapshotLike]:
     """Every snapshot by number (sequence number; commit order on format version 1)."""
     snapshots = list(table.snapshots())
     if all(s.sequence_number for s in snapshots):
@@ -72,7 +112,7 @@ def _numbered(table: Table) -> dict[int, Snapshot]:
     return dict(enumerate(ordered, start=1))
 
 
-def snapshot_versions(table: Table) -> dict[int, Snapshot]:
+def snapshot_versions(table: SnapshotHistory) -> dict[int, SnapshotLike]:
     """``{sequence number: snapshot}``: the snapshots that end a commit (module docstring;
     the numbers are the table's own, not catalog versions). A
     format-version 1 table has no sequence numbers; its snapshots are numbered by commit
@@ -81,11 +121,11 @@ def snapshot_versions(table: Table) -> dict[int, Snapshot]:
     return {n: s for n, s in _numbered(table).items() if s.snapshot_id not in middle}
 
 
-def intermediate_snapshots(table: Table) -> set[int]:
+def intermediate_snapshots(table: SnapshotHistory) -> set[int]:
     """Ids of the snapshots an older icefloe left in the middle of one commit (module
     docstring); never the current snapshot, which readers did see."""
     snapshots = list(table.snapshots())
-    by_parent: dict[int, list[Snapshot]] = {}
+    by_parent: dict[int, list[SnapshotLike]] = {}
     for snapshot in snapshots:
         parent = getattr(snapshot, "parent_snapshot_id", None)
         if parent is not None:
@@ -96,7 +136,7 @@ def intermediate_snapshots(table: Table) -> set[int]:
             any(_same_commit(s, child) for child in by_parent.get(s.snapshot_id, ()))}
 
 
-def _same_commit(snapshot: Snapshot, child: Snapshot) -> bool:
+def _same_commit(snapshot: SnapshotLike, child: SnapshotLike) -> bool:
     """Whether ``child`` is the next step of the old multi-snapshot commit ``snapshot``
     began."""
     operation, props = _summary(snapshot)
@@ -108,7 +148,7 @@ def _same_commit(snapshot: Snapshot, child: Snapshot) -> bool:
     return child_operation in _CONTINUES.get(operation, ())
 
 
-def _summary(snapshot: Snapshot) -> tuple[str, dict[str, str]]:
+def _summary(snapshot: SnapshotLike) -> tuple[str, dict[str, str]]:
     """``(operation, icefloe.* properties)`` of a snapshot (pyiceberg's or a LocalTable's)."""
     summary = snapshot.summary
     if summary is None:
@@ -118,7 +158,7 @@ def _summary(snapshot: Snapshot) -> tuple[str, dict[str, str]]:
                             if k.startswith(PREFIX)}
 
 
-def complete_snapshot(table: Table, snapshot: Snapshot | None) -> Snapshot | None:
+def complete_snapshot(table: SnapshotHistory, snapshot: SnapshotLike | None) -> SnapshotLike | None:
     """``snapshot``, or when it is in the middle of an old commit the state before that
     commit (what readers saw until it landed); None when there was none."""
     middle = intermediate_snapshots(table)
@@ -128,7 +168,7 @@ def complete_snapshot(table: Table, snapshot: Snapshot | None) -> Snapshot | Non
     return snapshot
 
 
-def refuse_intermediate(table: Table, identifier: str, snapshot_id: int,
+def refuse_intermediate(table: SnapshotHistory, identifier: str, snapshot_id: int,
                         asked: str) -> None:
     """Raise a :class:`CatalogError` when ``snapshot_id`` is in the middle of an old
     commit; ``asked`` is how the caller named it (``version 4``, ``snapshot 123``)."""
@@ -142,7 +182,7 @@ def refuse_intermediate(table: Table, identifier: str, snapshot_id: int,
                        f"{then} (see `icefloe tables history {identifier}`)")
 
 
-def _end_of(table: Table, snapshot_id: int, ends: dict[int, int]) -> int | None:
+def _end_of(table: SnapshotHistory, snapshot_id: int, ends: dict[int, int]) -> int | None:
     """The version of the snapshot that ends the commit ``snapshot_id`` is in."""
     children = {getattr(s, "parent_snapshot_id", None): s for s in table.snapshots()}
     seen = snapshot_id
@@ -159,7 +199,7 @@ def _end_of(table: Table, snapshot_id: int, ends: dict[int, int]) -> int | None:
 # -- catalog versions ------------------------------------------------------------------
 
 
-def run_version(snapshot: Snapshot) -> int | None:
+def run_version(snapshot: SnapshotLike) -> int | None:
     """The catalog version ``snapshot`` records (None: none, or unreadable)."""
     summary = snapshot.summary
     text = summary.additional_properties.get(VERSION_PROP) if summary is not None else None
@@ -169,10 +209,10 @@ def run_version(snapshot: Snapshot) -> int | None:
         return None
 
 
-def lineage(table: Table) -> list[Snapshot]:
+def lineage(table: SnapshotHistory) -> list[SnapshotLike]:
     """The current snapshot and its ancestors, oldest first: the states the table had (a
     rolled-back snapshot is not one of them)."""
-    chain: list[Snapshot] = []
+    chain: list[SnapshotLike] = []
     snapshot = table.current_snapshot()
     seen: set[int] = set()
     while snapshot is not None and snapshot.snapshot_id not in seen:
@@ -184,7 +224,7 @@ def lineage(table: Table) -> list[Snapshot]:
     return chain
 
 
-def effective_versions(chain: list[Snapshot]) -> list[int | None]:
+def effective_versions(chain: list[SnapshotLike]) -> list[int | None]:
     """Per snapshot of :func:`lineage`, the first catalog version that reads it or a later
     state (module docstring); None: no version reads it yet."""
     filled: list[int | None] = []
@@ -203,7 +243,7 @@ def effective_versions(chain: list[Snapshot]) -> list[int | None]:
     return effective
 
 
-def introduced_versions(table: Table) -> dict[int, int]:
+def introduced_versions(table: SnapshotHistory) -> dict[int, int]:
     """``{snapshot id: catalog version}`` of the snapshots that introduced a version (a run's
     commit), leaving out those that only carry one forward (fencing, maintenance) and the
     middle of an old multi-snapshot commit."""
@@ -224,7 +264,7 @@ class CatalogVersions:
     """What one query knows about catalog versions: the newest one, and when each was
     reached, from its own tables (and the counter, when it can be read)."""
 
-    def __init__(self, tables: Iterable[Table],
+    def __init__(self, tables: Iterable[SnapshotHistory],
                  claimed: Callable[[], int | None] | None = None) -> None:
         """``claimed`` reads the counter; asked only for a version above every one the
         tables record (a cold query then touches no store)."""
@@ -274,7 +314,7 @@ def claimed_version(config: Config) -> Callable[[], int | None]:
     return read
 
 
-def at_version(table: Table, identifier: str, version: int,
+def at_version(table: SnapshotHistory, identifier: str, version: int,
                versions: CatalogVersions) -> int:
     """The snapshot id ``table`` had at catalog version ``version`` (module docstring), or
     a :class:`CatalogError` naming what is wrong, and the right spelling when the number
@@ -306,7 +346,7 @@ def at_version(table: Table, identifier: str, version: int,
     return _by_commit_time(table, identifier, version, versions)
 
 
-def _by_commit_time(table: Table, identifier: str, version: int,
+def _by_commit_time(table: SnapshotHistory, identifier: str, version: int,
                     versions: CatalogVersions) -> int:
     """A table that records no catalog version: its snapshot current at the moment of
     ``version``."""
