@@ -48,7 +48,6 @@ from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
 from icefloe.errors import CatalogError
 from icefloe.streams import evolve_quota
-from icefloe.streams.model import EvolveQuota
 from icefloe.streams.evolution import (
     CLIENT_FIELD,
     EXTRA_FIELD,
@@ -61,6 +60,7 @@ from icefloe.streams.evolution import (
     parse_extras,
     plan_run,
 )
+from icefloe.streams.model import EvolveQuota
 from icefloe.streams.typespec import TypeSpec, parse_type
 from pipeline.columns import ARROW_TYPES
 from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape

@@ -21,8 +21,9 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -114,7 +115,7 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
                                       refused=metrics.http_refused))
     # SIGTERM is `stop`'s (above): uvicorn must not take it over. (It used to clear
     # `install_signal_handlers`, a hook uvicorn no longer has: mypy found the dead line.)
-    http.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    http.capture_signals = contextlib.nullcontext  # type: ignore[assignment]
     standin = StartingGrpc(config, state, tls)
     http_task: asyncio.Task[None] | None = None
     # A port shared with other ingestor processes (SO_REUSEPORT, as `icefloe up
@@ -176,6 +177,7 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
     log.info("shutting down: no new requests; draining the buffer")
     await health.enter_graceful_shutdown()
     http.should_exit = True
+    assert http_task is not None  # serving since before the runtime (or since it, if shared)
     await asyncio.gather(grpc_server.stop(ing.shutdown_timeout_s), http_task,
                          return_exceptions=True)
     guard.close()
@@ -213,6 +215,7 @@ def run(config: Config, on_ready: Callable[[BoundPorts], None] | None = None,
         on_runtime: Callable[[IngestorRuntime], None] | None = None) -> int:
     """Blocking entry point with uvloop; exit code 0 when drained cleanly."""
     tune_gc()
+    runner: Callable[[Coroutine[Any, Any, bool]], bool]
     try:
         import uvloop
 

@@ -128,6 +128,7 @@ class HttpFront:
     async def _unready(self, scope: Any, send: Any) -> None:
         path, get = scope["path"], scope["method"] == "GET"
         kind = b"application/json"
+        extra: list[tuple[bytes, bytes]]
         if get and path in ("/healthz", "/health"):
             status, body, extra = 200, _HEALTHY, []
         elif get and path == "/metrics" and self.metrics is not None:

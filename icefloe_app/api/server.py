@@ -173,7 +173,7 @@ async def serve_admin(config: Config, *, stop: asyncio.Event,
                                                           tls.http_context)))
         # Stopping is the caller's `stop` (its own signal handlers): uvicorn must not take
         # SIGTERM over and re-raise it after shutting down, which would kill the process.
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        server.capture_signals = contextlib.nullcontext  # type: ignore[assignment]
         serving = asyncio.create_task(server.serve())
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)

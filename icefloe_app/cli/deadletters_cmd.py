@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         for stream, reason, loc, idx in zip(*(rows.column(c).to_pylist() for c in (
                 "stream", "reason", "location", "record_index")), strict=True):
             counts[(stream or "-", reason, (loc, idx) in done)] += 1
-    summary = [{"stream": s, "reason": r, "redriven": d, "rows": n}
+    summary: list[dict[str, Any]] = [{"stream": s, "reason": r, "redriven": d, "rows": n}
                for (s, r, d), n in sorted(counts.items())]
     if args.json:
         print_json(summary)

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 from icefloe.checksum import crc32c
 from icefloe.errors import BatchFormatError, NotFound
 from icefloe.formats.batch import decode_block, iter_records, read_footer
-from icefloe.formats.envelope import decode_envelope
+from icefloe.formats.envelope import Envelope, decode_envelope
 from icefloe.manifest import Loaded, Manifest, ManifestConfig, load
 from icefloe.manifest.shards import read_shard_count, shard_key, shard_set_key
 from icefloe.store import local_path, open_async_store, open_store
@@ -166,7 +166,8 @@ def run_batch(args: argparse.Namespace) -> int:
     data = _read_location(args)
     footer = read_footer(data)
     block, count = decode_block(data)
-    envelopes, bad = [], 0
+    envelopes: list[Envelope] = []
+    bad = 0
     streams: Counter[str] = Counter()
     for record in iter_records(block, count):
         try:

@@ -106,9 +106,10 @@ def run_list(args: argparse.Namespace) -> int:
 
     config, project = _project(args)
     states = last_runs(config, list(project.models.values()))
-    rows = [{"name": m.name, "materialized": m.materialized, "target": m.target,
-             "depends_on": _depends(project, m.name),
-             "last_run": _last(m.stored, states[m.name])} for m in project.models.values()]
+    rows: list[dict[str, Any]] = [
+        {"name": m.name, "materialized": m.materialized, "target": m.target,
+         "depends_on": _depends(project, m.name),
+         "last_run": _last(m.stored, states[m.name])} for m in project.models.values()]
     if args.json:
         print_json(rows)
         return 0

@@ -35,6 +35,8 @@ from icefloe_app.cli.ingestor_group import IngestorGroup, reserve_port
 from icefloe_app.cli.progress import Snapshot, show_progress
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
     from collector.metrics import CollectorMetrics
     from collector.runner import Ready
 
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "icefloe", "ingestor", "--config", str(path),
             "--data-dir", str(data_dir_of(args)), "--reuse-port", "--stats-interval", "1",
             "--log-level", "warning", "--log-format", "text"]
+    runner: Callable[[Coroutine[Any, Any, int]], int]
     try:
         import uvloop
 

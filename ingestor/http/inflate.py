@@ -119,7 +119,9 @@ class _Unzstd(Inflater):
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
         meter = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
-        self._meter = meter.stream_writer(_Meter(limit), closefd=False)
+        # (a sink needs only write(): zstandard's hint asks for a whole IO[bytes])
+        self._meter = meter.stream_writer(_Meter(limit),  # type: ignore[arg-type]
+                                          closefd=False)
         # A separate decompressor: the writer and the decompressobj must not share a context.
         self._dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
         self._z = self._dctx.decompressobj()

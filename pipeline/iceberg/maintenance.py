@@ -52,6 +52,7 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
 
 from icefloe.clock import SYSTEM, Clock
 from pipeline.iceberg.commit import (
@@ -193,7 +194,7 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
             if (data_file.content != DataFileContent.DATA or data_file.spec_id != spec_id
                     or data_file.file_size_in_bytes >= small_limit):
                 continue
-            key = tuple(data_file.partition) if data_file.partition is not None else ()
+            key = _partition_key(data_file.partition)
             order = entry.sequence_number if entry.sequence_number is not None else 0
             by_partition.setdefault(key, []).append((order, data_file.file_path, data_file))
 
@@ -286,7 +287,7 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
         files_removed=len(removed), files_added=len(written), rows=rows,
         bytes_removed=sum(f.file_size_in_bytes for f in removed),
         bytes_added=sum(f.file_size_in_bytes for f in written),
-        partitions=len({tuple(g[0].partition) if g[0].partition else () for g in groups}),
+        partitions=len({_partition_key(g[0].partition) for g in groups}),
         snapshot_id=snapshot_id, seconds=clock.monotonic() - started)
     log.info("compacted %s: %d files -> %d (%d rows) in %.2fs", name, result.files_removed,
              result.files_added, rows, result.seconds)
@@ -615,3 +616,11 @@ def run_maintenance(table: Table, *, epoch: int,
                                         clock=clock)
     return MaintenanceReport(_table_name(table), compaction, expired, deletion,
                              clock.monotonic() - started)
+
+
+def _partition_key(partition: Record | None) -> tuple[object, ...]:
+    """A data file's partition values as a hashable tuple (``()``: unpartitioned). A
+    pyiceberg ``Record`` iterates by index only, which the type checker does not follow."""
+    if partition is None:
+        return ()
+    return tuple(partition[i] for i in range(len(partition)))

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -288,7 +289,7 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: L
         return catalog.load_table(identifier)
 
 
-def iceberg_transform(part: PartField) -> Transform[object, object]:
+def iceberg_transform(part: PartField) -> Transform[Any, Any]:
     """The pyiceberg transform of a parsed partition field."""
     if part.transform == "identity":
         return IdentityTransform()
