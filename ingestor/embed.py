@@ -99,7 +99,7 @@ class Ingestor:
         compiled = self.service.stream(self._stream_name(stream))
         entries = list(entries)
         opaque = compiled.config.payload == "bytes"
-        payloads = entries if opaque else [_encoded(entry) for entry in entries]
+        payloads = [] if opaque else [_encoded(entry) for entry in entries]
         try:
             canonical = compiled.from_entries(entries) if opaque else \
                 compiled.from_events(payloads)
@@ -110,11 +110,11 @@ class Ingestor:
                 return Durable(future, count,
                                lambda n: self.service.accepted(compiled.name, n), dead)
             error: BadRequest = self.service.bad_request(exc)
-            self.service.reject(compiled.name, error, len(payloads))
+            self.service.reject(compiled.name, error, len(entries))
             raise error from None
         future = self.service.admit(compiled, canonical, idempotency_key=idempotency_key,
                                     caller=Caller())
-        return Durable(future, len(payloads),
+        return Durable(future, len(entries),
                        lambda count: self.service.accepted(compiled.name, count))
 
     def _stream_name(self, stream: str | None) -> str:

@@ -219,21 +219,24 @@ class CompiledStream:
         except RecursionError:
             raise _too_deep() from None
 
-    def from_entries(self, entries: Sequence[bytes | bytearray | memoryview]) -> Canonical:
+    def from_entries(self, entries: Sequence[object]) -> Canonical:
         """Opaque byte entries of a ``payload = "bytes"`` stream, each kept whole in the
-        stream's binary column (:mod:`icefloe.streams.entries`)."""
+        stream's binary column (:mod:`icefloe.streams.entries`); any other entry is
+        refused (``invalid_entry``)."""
         if self.config.payload != "bytes":
             raise InvalidEvents("not_a_bytes_stream", f"stream {self.name!r} takes JSON "
                                 "events; opaque byte entries go to a stream declared with "
                                 'payload = "bytes"')
         if not entries:
             raise InvalidEvents("empty_body", "the request holds no entries")
+        checked: list[bytes | bytearray | memoryview] = []
         for index, entry in enumerate(entries):
             if not isinstance(entry, bytes | bytearray | memoryview):
                 raise InvalidEvents("invalid_entry", f"entry {index} is a "
                                     f"{type(entry).__name__}; a bytes stream takes bytes",
                                     [Violation(index, None, "not bytes", "invalid_entry")])
-        return Canonical([entry_payload(self.config, entry) for entry in entries], None)
+            checked.append(entry)
+        return Canonical([entry_payload(self.config, entry) for entry in checked], None)
 
     def split_invalid(self, events: Sequence[bytes]
                       ) -> tuple[list[int], Canonical, list[tuple[int, Violation]]]:

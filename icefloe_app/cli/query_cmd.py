@@ -20,7 +20,7 @@ import datetime as dt
 import decimal
 import math
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -179,7 +179,8 @@ def _numeric(result: pa.Table | Rows) -> list[bool]:
     """Which columns hold numbers (right-aligned)."""
     if hasattr(result, "numeric"):  # Rows: known without importing pyarrow
         return list(result.numeric)
-    return [_is_number(result.schema.field(n).type) for n in result.column_names]
+    table = cast("pa.Table", result)  # (the checker does not narrow on hasattr's False)
+    return [_is_number(table.schema.field(n).type) for n in table.column_names]
 
 
 def _is_number(kind: pa.DataType) -> bool:

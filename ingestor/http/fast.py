@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("icefloe.ingestor.http")
 
 _UNKNOWN: Final = object()
+_UNCACHED: Final[Target] = ("", "", "")  # a path not looked up yet (compared by identity)
 MAX_CACHED_PATHS: Final = 1024
 _CLOSE_LINE: Final = b"connection: close\r\n"
 
@@ -132,8 +133,8 @@ class FastLane:
             return None
         query = url.find(b"?")
         path = url if query < 0 else url[:query]
-        target = self._targets.get(path, _UNKNOWN)
-        if target is _UNKNOWN:
+        target = self._targets.get(path, _UNCACHED)
+        if target is _UNCACHED:
             target = self._target(path)
         if target is None:
             return None

@@ -526,8 +526,8 @@ def replace_files(table: Table, replaced: Sequence[Any], refs: Sequence[DataFile
 
     with table.transaction() as tx:
         if refs and tx.table_metadata.name_mapping() is None:
-            tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
-                                 tx.table_metadata.schema().name_mapping.model_dump_json()})
+            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
+                               tx.table_metadata.schema().name_mapping.model_dump_json()})
         update = tx.update_snapshot(snapshot_properties=props)
         producer: Any = update.overwrite() if replaced else update.fast_append()
         with producer as snapshot:
@@ -548,8 +548,8 @@ def append_files(table: Table, refs: Sequence[DataFileRef], props: dict[str, str
 
     with table.transaction() as tx:
         if tx.table_metadata.name_mapping() is None:
-            tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
-                                 tx.table_metadata.schema().name_mapping.model_dump_json()})
+            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
+                               tx.table_metadata.schema().name_mapping.model_dump_json()})
         with tx._append_snapshot_producer(props) as append:
             for ref in refs:
                 append.append_data_file(data_file_entry(table, ref))

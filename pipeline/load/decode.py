@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import msgspec
 import numpy as np
@@ -171,7 +172,7 @@ def _as_lists(cols: StreamColumns | ColumnarStream) -> StreamColumns:
                          None if cols.metas is None else cols.metas.to_pylist())
 
 
-Plan = pa.Schema | StreamPlan
+Plan: TypeAlias = "pa.Schema | StreamPlan"
 """How to decode one stream: its payload schema, or a plan that also derives columns."""
 
 

@@ -75,6 +75,7 @@ from pipeline.load.spec import Derived, SqlCase, StreamPlan, StreamSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger("icefloe.pipeline")
 
@@ -401,7 +402,7 @@ def _check_session(spark: SparkSession) -> None:
         raise RuntimeError(f"Spark failed while isolating failing sql rows: {exc}") from exc
 
 
-def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: object, name: str,
+def _evaluate_column(spark: SparkSession, rows: pa.Table, schema: StructType, name: str,
                      sql: str, max_probes: int, max_value_bytes: int | None,
                      budget: _Budget) -> tuple[pa.Array, pa.Array]:
     """The column's values over ``rows`` (null where evaluation fails) and which rows

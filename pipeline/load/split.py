@@ -164,7 +164,7 @@ def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None
         except pa.ArrowInvalid:
             return None
         metas = None
-        if meta_at is not None and flags[rows].any():
+        if meta_at is not None and meta_len is not None and flags[rows].any():
             metas = _binary(padded, meta_at[rows], meta_len[rows])
         out[name] = ColumnarStream(name, ids, received[rows], rows, ndjson.tobytes(), metas)
     return out
