@@ -67,7 +67,7 @@ def crash_marking(hook: Callable[[str], None]) -> Callable[[str], None]:
         except Exception as exc:
             setattr(exc, INJECTED, True)
             raise
-    call.__wrapped__ = hook  # type: ignore[attr-defined]
+    call.__wrapped__ = hook  # type: ignore[attr-defined]  # functools' convention
     return call
 
 

@@ -47,7 +47,7 @@ class ClientErrorLog:
         self.window_s = window_s
         self._clock = clock
         self._windows: dict[str, list[float]] = {}  # code -> [start, lines, left out]
-        self._children: dict[str, object] = {}
+        self._children: dict[str, Counter] = {}
 
     def record(self, stream: str, error: IngestError) -> None:
         """Count one refusal of ``stream`` (a configured name or "-") and maybe log it."""
@@ -55,7 +55,7 @@ class ClientErrorLog:
         child = self._children.get(code)
         if child is None:
             child = self._children[code] = self._errors.labels(code)
-        child.inc()  # type: ignore[attr-defined]
+        child.inc()
         now = self._clock.monotonic()
         window = self._windows.get(code)
         if window is None or now - window[0] >= self.window_s:

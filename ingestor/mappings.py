@@ -323,7 +323,7 @@ def request_meta(stream: StreamConfig, client: str | None,
         meta[META_ALL_HEADERS] = all_headers_json(all_headers())
     values: dict[str, str] = {}
     for column in headers:
-        name = column.header.lower()  # type: ignore[union-attr]
+        name = column.header.lower()  # type: ignore[union-attr]  # header_columns: set
         value = header(name)
         if value is None:
             if column.default is not None:
@@ -341,4 +341,6 @@ def request_meta(stream: StreamConfig, client: str | None,
 
 def meta_header_names(streams: Sequence[StreamConfig]) -> set[bytes]:
     """Lower-case header names any stream maps (the HTTP front keeps only those)."""
-    return {c.header.lower().encode() for s in streams for c in header_columns(s)}  # type: ignore[union-attr]
+    # (header_columns keeps the columns whose header is set)
+    return {c.header.lower().encode() for s in streams  # type: ignore[union-attr]
+            for c in header_columns(s)}

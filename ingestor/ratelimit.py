@@ -188,6 +188,7 @@ class RateLimiter:
         if limit is None:
             if len(self.clients) >= MAX_CLIENTS:
                 self.clients.popitem(last=False)
+            # (called only with a client limit set: see the caller)
             limit = self.clients[client] = Limit(self.client_limit, now)  # type: ignore[arg-type]
         else:
             self.clients.move_to_end(client)

@@ -126,6 +126,7 @@ class CompiledStream:
             struct_name, fields, omit_defaults=True, gc=False, kw_only=True,
             forbid_unknown_fields=config.unknown_fields == "reject")
         self._one = msgspec.json.Decoder(self._struct)
+        # (a struct class made at run time: no static type to check)
         self._many = msgspec.json.Decoder(list[self._struct])  # type: ignore[name-defined]
         self._raw_list = msgspec.json.Decoder(list[msgspec.Raw])
         self._encoder = msgspec.json.Encoder()

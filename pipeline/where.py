@@ -25,6 +25,7 @@ done in double (Arrow refuses the widened decimal types Spark would use).
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
 from functools import lru_cache
@@ -374,7 +375,7 @@ def _boolean(value: Value) -> Value:
     return value.cast(pa.bool_()) if value.type == pa.null() else value
 
 
-def _compare(function: object, left: Value, right: Value) -> Value:
+def _compare(function: Callable[[Value, Value], Value], left: Value, right: Value) -> Value:
     """``function(left, right)`` with a literal read as the other side's type when they
     differ (``_received_at > '2026-01-01'``, ``x = NULL``): a NULL side gives NULL."""
     left, right = _aligned(left, right), _aligned(right, left)
@@ -382,7 +383,7 @@ def _compare(function: object, left: Value, right: Value) -> Value:
             pa.types.is_floating(right.type) and all(
                 _is_numeric(v) for v in (left, right)):
         left, right = _double(left), _double(right)  # Spark compares them as doubles
-    return function(left, right)  # type: ignore[operator]
+    return function(left, right)
 
 
 def _is_numeric(value: Value) -> bool:

@@ -18,6 +18,7 @@ def _load() -> ModuleType | None:
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     try:
+        # (compiled where a C compiler is, scripts/build_speedups.py: no source to check)
         from icefloe.formats import _speedups  # type: ignore[attr-defined]
     except ImportError:
         return None

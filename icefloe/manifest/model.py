@@ -256,7 +256,7 @@ class Manifest:
             other.lines, other.entry_count, other.producers, other.consumer, other.epoch,
             other.next_sequence, other.revision)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable: equal by mutable fields
 
     def __repr__(self) -> str:
         return (f"Manifest(epoch={self.epoch}, entries={self.first_sequence}.."

@@ -230,6 +230,7 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The sink as a stream config: what the existing validation, table creation and
         decode understand."""
         return StreamConfig(name=source, table=self.table, columns=self.columns,
+                            # (the `in` test below narrows it: the checker does not follow)
                             unknown_fields=self.unknown_fields  # type: ignore[arg-type]
                             if self.unknown_fields in ("reject", "evolve") else "ignore",
                             event_id_field=self.event_id_field,

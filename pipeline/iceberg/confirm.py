@@ -115,5 +115,5 @@ def confirm_in_place(table: Table) -> Table:
     would leave them looking at the metadata from before.
     """
     if not isinstance(table.catalog, ConfirmingCatalog):
-        table.catalog = ConfirmingCatalog(table.catalog)  # type: ignore[assignment]
+        table.catalog = ConfirmingCatalog(table.catalog)  # type: ignore[assignment]  # duck
     return table

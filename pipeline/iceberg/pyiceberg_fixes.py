@@ -44,6 +44,7 @@ def install() -> None:
                                         mask=list_array.is_null())
 
     setattr(list_keeping_nulls, _MARK, True)
+    # (a patch of pyiceberg's method, marked with what it wraps: see the module doc)
     list_keeping_nulls.wrapped = original  # type: ignore[attr-defined]
     ArrowProjectionVisitor.list = list_keeping_nulls  # type: ignore[method-assign]
 
@@ -80,5 +81,5 @@ class _FixAfterImport(importlib.abc.MetaPathFinder):
             run(module)
             install()
 
-        loader.exec_module = exec_then_install  # type: ignore[method-assign]
+        loader.exec_module = exec_then_install  # type: ignore[method-assign]  # the patch
         return spec

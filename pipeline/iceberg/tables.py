@@ -407,13 +407,13 @@ def _clear_sort_order(tx: Transaction) -> None:
         default_sort_order_id=metadata.default_sort_order_id),))
 
 
-def _update_spec(tx: object, current: PartitionSpec, schema: Schema,
+def _update_spec(tx: Transaction, current: PartitionSpec, schema: Schema,
                  wanted: Sequence[PartField]) -> None:
     """Remove the fields no longer wanted, add the new ones (pyiceberg's ``update_spec``)."""
     want = {(schema.find_field(p.column).field_id, str(iceberg_transform(p))): p
             for p in wanted}
     have = {(f.source_id, str(f.transform)): f for f in current.fields}
-    with tx.update_spec() as update:  # type: ignore[attr-defined]
+    with tx.update_spec() as update:
         for key, existing in have.items():
             if key not in want:
                 update.remove_field(existing.name)

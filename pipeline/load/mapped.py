@@ -134,6 +134,7 @@ def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | 
     columns = dict(zip(payload.column_names, payload.columns, strict=True))
     for d in plan.derived:
         kind = ARROW_TYPES[d.type]
+        # (meta: _meta_table gives a table whenever a column reads the request's meta)
         if d.kind == "ip":
             value = meta.column(META_IP)  # type: ignore[union-attr]
         elif d.kind == "headers":

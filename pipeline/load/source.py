@@ -91,7 +91,8 @@ class IcefloeReader(DataSourceReader):
         schemas = {s.name: s.plan() for s in spec.streams}
         store = open_run_store(spec.store_url, spec.endpoint_url, spec.region)
         try:
-            files = decode_refs(store, partition.refs, schemas)  # type: ignore[attr-defined]
+            assert isinstance(partition, _Partition)  # ours, back from the driver (pickled)
+            files = decode_refs(store, partition.refs, schemas)
             if self.packed:
                 yield from pack(decoded for _, decoded in files)
                 return
