@@ -72,6 +72,7 @@ up: $(STAMP) $(SPEEDUPS) java
 ## make test: the fast suite (what CI runs); slow soak/chaos tests are marked `slow`
 test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site  # the docs site (mkdocs.yml): a broken link fails
 	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
@@ -92,6 +93,7 @@ chaos: $(STAMP) $(SPEEDUPS) java
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # every benchmark once (QUICK=--quick by default; `make bench QUICK=` for the full runs), each
 # writing bench/results/NAME.json, then the docs' figure tables regenerated from those files
@@ -106,7 +108,7 @@ bench: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/python scripts/gen_docs.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 ## make sim SEED=N: replay one seed of the deterministic simulator (its whole story);
 ## make sim SEEDS=N: run seeds 1..N in parallel processes; JSON in bench/results/sim.json
