@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ulid import ULID
 
 from icefloe.checksum import crc32c
+from icefloe.config.manifest import ManifestConfig
 from icefloe.formats.batch import BatchBlock, BatchBuilder, Compression
 from icefloe.formats.envelope import frame_events
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
 from icefloe.manifest.sharded_producer import ShardedProducer
 from icefloe.store.base import AsyncObjectStore, ObjectStore

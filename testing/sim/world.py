@@ -41,9 +41,9 @@ from collector.routing import Routes
 from collector.runner import Runner, StandbyWarmth
 from collector.service import Collector
 from icefloe.config import Column, Config, load_config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFencedError
 from icefloe.formats.envelope import frame_events
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Manifest
 from icefloe.manifest.producer import ManifestProducer
 from icefloe.manifest.publish import StorePublisher

@@ -20,10 +20,10 @@ import pytest
 from ingest_support import make_config, read_manifest, running
 
 from icefloe.config import ManifestSection, load_config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import NotFound, TransientStoreError
 from icefloe.formats.batch import BatchBuilder
 from icefloe.formats.envelope import frame_events
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.publish import HelperPublisher, PublishJob, StorePublisher, new_batch_key
 from icefloe.store import StoreOptions, open_async_store
 from icefloe.store.adapters import ThreadedAsyncStore
