@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
 from icefloe.formats.batch import BatchBuilder, Compression
-from icefloe.manifest.publish import Publisher
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
+from ingestor.publish import Publisher
 
 log = logging.getLogger("icefloe.ingestor.buffer")
 

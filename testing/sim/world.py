@@ -46,7 +46,6 @@ from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFenced
 from icefloe.formats.envelope import frame_events
 from icefloe.manifest.model import Manifest
 from icefloe.manifest.producer import ManifestProducer
-from icefloe.manifest.publish import StorePublisher
 from icefloe.manifest.sharded_producer import ShardedProducer
 from icefloe.manifest.shards import ensure_shards, pick_shard, shard_key
 from icefloe.registry import ops
@@ -58,6 +57,7 @@ from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from icefloe.streams.evolution import EXTRA_FIELD
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
+from ingestor.publish import StorePublisher
 from pipeline.columns import DEAD_LETTER_TABLE, ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column
