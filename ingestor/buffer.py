@@ -135,25 +135,11 @@ class Batcher:
         Raises :class:`Overloaded` (buffer full), :class:`Unavailable` (flush failed, or
         shutting down). In both cases none of the request's events were acknowledged.
         """
-        if self._closing:
-            raise Unavailable("this ingestor is shutting down; retry against another one",
-                              code="shutting_down", retry_after_s=self.settings.retry_after_s)
-        if self._loop_task is not None and self._loop_task.done():
-            # never let a request wait on a flusher that is gone: it would hang forever
-            raise Unavailable("this ingestor's flusher stopped; it needs a restart (see its "
-                              "log)", code="flusher_stopped",
-                              retry_after_s=self.settings.retry_after_s)
         size = len(framed)
-        if size > self.settings.max_bytes:  # could never fit: retrying cannot help
-            raise PayloadTooLarge(
-                f"the request needs {size} bytes of buffer, more than this ingestor's whole "
-                f"buffer ({self.settings.max_bytes} bytes, ingestor.buffer_max_bytes); "
-                "split it into smaller requests", code="payload_too_large")
-        if self._held_bytes + size > self.settings.max_bytes:
-            raise Overloaded(
-                f"ingest buffer full ({self._held_bytes} of {self.settings.max_bytes} bytes "
-                "waiting for the object store); retry after the indicated delay",
-                code="buffer_full", retry_after_s=self.settings.retry_after_s)
+        task = self._loop_task
+        if self._closing or (task is not None and task.done()) \
+                or self._held_bytes + size > self.settings.max_bytes:
+            raise self._refusal(size)
         batch = self._open
         if batch is not None and batch.registry_version != registry_version:
             self._seal()
@@ -173,12 +159,39 @@ class Batcher:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         waiters.append(future)
+        self._schedule(batch, len(waiters))
+        return future
+
+    def _refusal(self, size: int) -> IngestError:
+        """Why a request of ``size`` bytes cannot be buffered (called only when one of the
+        checks in :meth:`enqueue` says so; the first that applies, in this order)."""
+        retry_after_s, max_bytes = self.settings.retry_after_s, self.settings.max_bytes
+        if self._closing:
+            return Unavailable("this ingestor is shutting down; retry against another one",
+                               code="shutting_down", retry_after_s=retry_after_s)
+        if self._loop_task is not None and self._loop_task.done():
+            # never let a request wait on a flusher that is gone: it would hang forever
+            return Unavailable("this ingestor's flusher stopped; it needs a restart (see "
+                               "its log)", code="flusher_stopped", retry_after_s=retry_after_s)
+        if size > max_bytes:  # could never fit: retrying cannot help
+            return PayloadTooLarge(
+                f"the request needs {size} bytes of buffer, more than this ingestor's whole "
+                f"buffer ({max_bytes} bytes, ingestor.buffer_max_bytes); "
+                "split it into smaller requests", code="payload_too_large")
+        return Overloaded(
+            f"ingest buffer full ({self._held_bytes} of {max_bytes} bytes "
+            "waiting for the object store); retry after the indicated delay",
+            code="buffer_full", retry_after_s=retry_after_s)
+
+    def _schedule(self, batch: _OpenBatch, waiting: int) -> None:
+        """After a request joined ``batch`` (now ``waiting`` requests): seal it when full,
+        start its flush at once when nothing is in flight, or wake the flusher."""
         if (batch.builder.block_size >= self.settings.max_batch_bytes
                 or batch.builder.record_count >= self.settings.max_batch_events):
             self._seal()
             self._wake.set()
         elif self._inflight == 0 and not self._sealed:
-            if self._may_start(len(waiters), self._monotonic()):
+            if self._may_start(waiting, self._monotonic()):
                 # at once means in this call, not at the end of the event-loop turn: when
                 # many connections' requests are ready together, the ones read after this
                 # ride the next flush while this one is being written, instead of every
@@ -187,11 +200,10 @@ class Batcher:
                 self._start_flush(self._sealed.popleft())
             else:  # the flusher seals it when the minimum interval is over
                 self._wake.set()
-        elif len(waiters) == 1:
+        elif waiting == 1:
             # the flusher must learn the batch's age deadline; requests joining a batch
             # that waits for a flush in flight change nothing
             self._wake.set()
-        return future
 
     # -- flush scheduling ------------------------------------------------------------------
 
