@@ -96,12 +96,10 @@ def open_existing_catalog(section: CatalogSection) -> Catalog | None:
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
     """The table, or None when the catalog has no such table (or namespace)."""
-    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+    from pipeline.iceberg.errors import load_table_or_none  # lazy: pyiceberg
 
     try:
-        return catalog.load_table(identifier)
-    except (NoSuchTableError, NoSuchNamespaceError):
-        return None
+        return load_table_or_none(catalog, identifier)
     except Exception as exc:  # drivers raise their own trees: one line, cause chained
         text = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise CatalogError(f"cannot load table {identifier} from catalog {catalog.name!r}: "
