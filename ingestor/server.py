@@ -272,7 +272,7 @@ def run(config: Config, on_ready: Callable[[BoundPorts], None] | None = None,
     """Blocking entry point with uvloop; exit code 0 when drained cleanly."""
     tune_gc()
     try:
-        import uvloop
+        import uvloop  # optional dep
 
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]

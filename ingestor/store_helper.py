@@ -63,6 +63,7 @@ from icefloe.store.base import (
     PutResult,
     encode_for_put,
 )
+from icefloe.store.local import LocalStore
 
 log = logging.getLogger("icefloe.store")
 
@@ -185,8 +186,6 @@ class ProcessAsyncStore(AsyncObjectStore):
     """A :class:`~icefloe.store.local.LocalStore` on ``root``, served by a helper process."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        from icefloe.store.local import LocalStore
-
         local = LocalStore(root)  # creates the directory, and fails now if it cannot
         self.url, self.root = local.url, str(local.root)
         self._channel: _Channel | None = None
@@ -301,8 +300,6 @@ class ProcessAsyncStore(AsyncObjectStore):
 
 def serve(fd: int, root: str) -> None:
     """Answer requests on socket ``fd`` with a LocalStore on ``root`` until it closes."""
-    from icefloe.store.local import LocalStore
-
     with contextlib.suppress(OSError):  # a sandbox may forbid it: run at normal priority
         os.nice(HELPER_NICE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop

@@ -26,6 +26,7 @@ from icefloe.store.base import (
 from icefloe.store.failpoints import wrap_if_configured
 from icefloe.store.local import LocalStore
 from icefloe.store.retry import RetryingAsyncStore, RetryingStore, RetryPolicy
+from icefloe.store.split import SplitAsyncStore
 
 if TYPE_CHECKING:  # boto3/aiobotocore import slowly: load them only for s3:// URLs
     from icefloe.store.s3 import S3Options
@@ -64,7 +65,7 @@ def options_for(endpoint_url: str | None, region: str | None) -> StoreOptions:
     """Options for a ``[store]`` section's S3 settings (they only matter for ``s3://``)."""
     if endpoint_url is None and region is None:
         return StoreOptions()
-    from icefloe.store.s3 import S3Options
+    from icefloe.store.s3 import S3Options  # lazy: aiobotocore
 
     return StoreOptions(s3=S3Options(endpoint_url=endpoint_url, region=region))
 
@@ -94,7 +95,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ObjectStore:
     if _scheme(url) == "file":
         inner: ObjectStore = LocalStore(local_path(url))
     else:
-        from icefloe.store.s3 import S3Options, S3Store
+        from icefloe.store.s3 import S3Options, S3Store  # lazy: aiobotocore
 
         inner = S3Store(url, options.s3 or S3Options())
     return RetryingStore(inner, options.retry, clock=options.clock)
@@ -109,8 +110,6 @@ def open_async_store(url: str, options: StoreOptions | None = None, *,
     (:mod:`icefloe.store.split` says why)."""
     options = options or StoreOptions()
     if control_url and control_url.rstrip("/") != url.rstrip("/"):
-        from icefloe.store.split import SplitAsyncStore
-
         return SplitAsyncStore(open_async_store(url, options),
                                open_async_store(control_url, options))
     scheme = _scheme(url)

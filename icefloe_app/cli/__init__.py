@@ -62,35 +62,35 @@ def _command_module(module: str) -> ModuleType:
     (tests/system/test_layers.py) see every edge."""
     match module:
         case "up_cmd":
-            from icefloe_app.cli import up_cmd as found
+            from icefloe_app.cli import up_cmd as found  # startup time
         case "ingestor_cmd":
-            from icefloe_app.cli import ingestor_cmd as found
+            from icefloe_app.cli import ingestor_cmd as found  # startup time
         case "collector_cmd":
-            from icefloe_app.cli import collector_cmd as found
+            from icefloe_app.cli import collector_cmd as found  # startup time
         case "run_cmd":
-            from icefloe_app.cli import run_cmd as found
+            from icefloe_app.cli import run_cmd as found  # startup time
         case "query_cmd":
-            from icefloe_app.cli import query_cmd as found
+            from icefloe_app.cli import query_cmd as found  # startup time
         case "models_cmd":
-            from icefloe_app.cli import models_cmd as found
+            from icefloe_app.cli import models_cmd as found  # startup time
         case "streams_cmd":
-            from icefloe_app.cli import streams_cmd as found
+            from icefloe_app.cli import streams_cmd as found  # startup time
         case "tables_cmd":
-            from icefloe_app.cli import tables_cmd as found
+            from icefloe_app.cli import tables_cmd as found  # startup time
         case "deadletters_cmd":
-            from icefloe_app.cli import deadletters_cmd as found
+            from icefloe_app.cli import deadletters_cmd as found  # startup time
         case "demo_cmd":
-            from icefloe_app.cli import demo_cmd as found
+            from icefloe_app.cli import demo_cmd as found  # startup time
         case "token_cmd":
-            from icefloe_app.cli import token_cmd as found
+            from icefloe_app.cli import token_cmd as found  # startup time
         case "inspect_cmd":
-            from icefloe_app.cli import inspect_cmd as found
+            from icefloe_app.cli import inspect_cmd as found  # startup time
         case "probe_cmd":
-            from icefloe_app.cli import probe_cmd as found
+            from icefloe_app.cli import probe_cmd as found  # startup time
         case "admin_cmd":
-            from icefloe_app.cli import admin_cmd as found
+            from icefloe_app.cli import admin_cmd as found  # startup time
         case "sources_cmd":
-            from icefloe_app.cli import sources_cmd as found
+            from icefloe_app.cli import sources_cmd as found  # startup time
         case _:
             raise KeyError(f"no command module {module!r}")
     return found
