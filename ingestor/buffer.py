@@ -159,7 +159,24 @@ class Batcher:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         waiters.append(future)
-        self._schedule(batch, len(waiters))
+        if (batch.builder.block_size >= self.settings.max_batch_bytes
+                or batch.builder.record_count >= self.settings.max_batch_events):
+            self._seal()
+            self._wake.set()
+        elif self._inflight == 0 and not self._sealed:
+            if self._may_start(len(waiters), self._monotonic()):
+                # at once means in this call, not at the end of the event-loop turn: when
+                # many connections' requests are ready together, the ones read after this
+                # ride the next flush while this one is being written, instead of every
+                # connection waiting for one flush of all of them (see the docstring)
+                self._seal()
+                self._start_flush(self._sealed.popleft())
+            else:  # the flusher seals it when the minimum interval is over
+                self._wake.set()
+        elif len(waiters) == 1:
+            # the flusher must learn the batch's age deadline; requests joining a batch
+            # that waits for a flush in flight change nothing
+            self._wake.set()
         return future
 
     def _refusal(self, size: int) -> IngestError:
@@ -182,28 +199,6 @@ class Batcher:
             f"ingest buffer full ({self._held_bytes} of {max_bytes} bytes "
             "waiting for the object store); retry after the indicated delay",
             code="buffer_full", retry_after_s=retry_after_s)
-
-    def _schedule(self, batch: _OpenBatch, waiting: int) -> None:
-        """After a request joined ``batch`` (now ``waiting`` requests): seal it when full,
-        start its flush at once when nothing is in flight, or wake the flusher."""
-        if (batch.builder.block_size >= self.settings.max_batch_bytes
-                or batch.builder.record_count >= self.settings.max_batch_events):
-            self._seal()
-            self._wake.set()
-        elif self._inflight == 0 and not self._sealed:
-            if self._may_start(waiting, self._monotonic()):
-                # at once means in this call, not at the end of the event-loop turn: when
-                # many connections' requests are ready together, the ones read after this
-                # ride the next flush while this one is being written, instead of every
-                # connection waiting for one flush of all of them (see the docstring)
-                self._seal()
-                self._start_flush(self._sealed.popleft())
-            else:  # the flusher seals it when the minimum interval is over
-                self._wake.set()
-        elif waiting == 1:
-            # the flusher must learn the batch's age deadline; requests joining a batch
-            # that waits for a flush in flight change nothing
-            self._wake.set()
 
     # -- flush scheduling ------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, Protocol
 
 from icefloe.clock import Clock
@@ -50,11 +50,10 @@ def store_options(config: Config) -> StoreOptions:
     return dataclasses.replace(options, local_store=ProcessAsyncStore)
 
 
-def publishes_in_helper(config: Config, environ: dict[str, str] | None = None) -> bool:
+def publishes_in_helper(config: Config, environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the store helper also appends to the manifest (see the module docstring):
     ``[ingestor] store_helper`` on a ``file://`` store, the manifest in that same store,
     and no store faults injected."""
-    environ = dict(os.environ) if environ is None else environ
     url, control = config.store.url, config.store.control_url
     return (config.ingestor.store_helper and url.startswith("file:")
             and (not control or control.rstrip("/") == url.rstrip("/"))
