@@ -131,10 +131,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     slow_guard: ClassVar[SlowClientGuard]
     fast_lane: ClassVar[FastLane | None] = None
     http_limits: ClassVar[HttpLimits] = HttpLimits()
-    # the two limits checked per read and per header field, read without a hop through
-    # http_limits (the per-request cost of the limits is measured: bench/security_bench.py)
-    max_header_bytes: ClassVar[int] = HttpLimits.max_header_bytes
-    max_headers: ClassVar[int] = HttpLimits.max_headers
+    # the two limits checked per read and per header field, copied to the connection when
+    # it opens: an instance attribute is read faster than a class one (CPython 3.11), and
+    # these are read several times per request (bench/security_bench.py measures it)
+    max_header_bytes: int = HttpLimits.max_header_bytes
+    max_headers: int = HttpLimits.max_headers
 
     # the guard's clocks (see SlowClientGuard): waiting for headers since / idle since
     headers_since: float | None = None
@@ -161,6 +162,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             transport.close()
             return
         self.cork = ResponseCork(transport, self.loop)
+        self.max_header_bytes, self.max_headers = limits.max_header_bytes, limits.max_headers
         self.slow_guard.watch(self)
         self.headers_since = self.slow_guard.now()
 
@@ -254,7 +256,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """The version and transfer codings (:func:`~ingestor.http.limits.framing_refusal`);
         raises :class:`_Refused` with ``refusal`` set."""
         version = self.http_version = self.parser.get_http_version()
-        refusal = framing_refusal(version, self.transfer_encoding)
+        codings = self.transfer_encoding
+        if codings is None and (version == "1.1" or version == "1.0"):
+            return  # nothing to refuse: no call on the common path
+        refusal = framing_refusal(version, codings)
         if refusal is not None:
             self.refusal = refusal
             raise _Refused
@@ -336,9 +341,7 @@ def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
     """The :class:`GuardedHttpToolsProtocol` of one server: its ``guard``, ``lane`` and
     ``limits`` as class attributes (uvicorn builds each connection's protocol from the
     class)."""
-    limits = limits or HttpLimits()
-    settings = {"slow_guard": guard, "fast_lane": lane, "http_limits": limits,
-                "max_header_bytes": limits.max_header_bytes, "max_headers": limits.max_headers}
+    settings = {"slow_guard": guard, "fast_lane": lane, "http_limits": limits or HttpLimits()}
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), settings)
 
 
