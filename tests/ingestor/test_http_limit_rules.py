@@ -32,7 +32,8 @@ def test_should_refuse_a_head_one_byte_over_max_header_bytes():
     assert refusal is not None
     assert (refusal.status, refusal.reason, refusal.code) == (431, "header_bytes",
                                                               "header_too_large")
-    assert "100 bytes" in refusal.message and "ingestor.max_header_bytes" in refusal.message
+    assert "100 bytes" in refusal.message
+    assert "ingestor.max_header_bytes" in refusal.message
 
 
 def test_should_refuse_the_header_field_after_max_headers():
@@ -83,7 +84,8 @@ def test_should_write_a_whole_json_refusal_that_closes():
     answer = refusal_response(431, "header_too_large", "too big")
     head, body = answer.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 431 ")
-    assert b"connection: close" in head and b"content-length: %d" % len(body) in head
+    assert b"connection: close" in head
+    assert b"content-length: %d" % len(body) in head
     assert body == b'{"error":"header_too_large","message":"too big","details":[]}'
 
 
@@ -102,5 +104,6 @@ def test_should_bind_the_module_level_protocol_to_one_servers_settings():
     assert issubclass(bound, GuardedHttpToolsProtocol)
     assert (bound.slow_guard, bound.fast_lane, bound.http_limits) == (guard, None, LIMITS)
     other = guarded_protocol(guard)
-    assert other.http_limits == HttpLimits() and bound.http_limits is LIMITS
+    assert other.http_limits == HttpLimits()
+    assert bound.http_limits is LIMITS
     assert isinstance(LIMITS.head_refusal(10**6), Refusal)
