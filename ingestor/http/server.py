@@ -186,7 +186,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._parse_error(data, exc)
             return
         if self.head_pending and self.head_bytes > self.max_header_bytes:
-            self.refuse(*self.http_limits.head_refusal(self.head_bytes))  # type: ignore[misc]
+            refusal = self.http_limits.head_refusal(self.head_bytes)
+            if refusal is not None:
+                self.refuse(*refusal)
 
     def _parse_error(self, data: bytes, exc: Exception) -> None:
         """A refusal noted while parsing (raised as :class:`_Refused` from a callback), or
