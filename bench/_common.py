@@ -177,8 +177,8 @@ async def publish_files(store_url: str, files: Iterable[BatchFile]) -> None:
 
 async def manifest_entries(store_url: str) -> list[Entry]:
     """The manifest's entries as they stand (for a run spec without a collector)."""
+    from icefloe.config.manifest import ManifestConfig
     from icefloe.manifest import load
-    from icefloe.manifest.config import ManifestConfig
     from icefloe.store import open_async_store
 
     store = open_async_store(store_url)

@@ -65,8 +65,8 @@ def sinks(age_s: float, events: int, size: int) -> tuple[ops.SinkSpec, ...]:
 
 async def produce(config: Config, rate: int, seconds: float, stop: asyncio.Event) -> int:
     """``rate`` events/s in batches of 100 for ``seconds``; returns how many were sent."""
+    from icefloe.config.manifest import ManifestConfig
     from icefloe.manifest import ManifestProducer
-    from icefloe.manifest.config import ManifestConfig
     from icefloe.manifest.publish import build_batch, publish_batch
     from icefloe.store import open_async_store
 

@@ -40,13 +40,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, NestedField, StructType
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
-from icefloe.errors import CatalogError
+from icefloe.errors import CatalogError, CommitConflictError
 from icefloe.streams import evolve_quota
 from icefloe.streams.evolution import (
     CLIENT_FIELD,
@@ -63,6 +62,7 @@ from icefloe.streams.evolution import (
 from icefloe.streams.model import EvolveQuota
 from icefloe.streams.typespec import TypeSpec, parse_type
 from pipeline.columns import ARROW_TYPES
+from pipeline.iceberg.errors import iceberg_errors
 from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape
 from pipeline.iceberg.tables import iceberg_type
 from pipeline.load.decode import DeadLetters
@@ -225,11 +225,11 @@ def commit_plan(catalog: Catalog, identifier: str, declared: set[str],
             return plan
         changes = [_change(c) for c in plan.changes]
         try:
-            with table.transaction() as txn:
+            with iceberg_errors(CommitConflictError), table.transaction() as txn:
                 apply_changes(txn, changes)
                 if plan.properties:  # the quota ledger: charged with the columns, or not
                     txn.set_properties(plan.properties)
-        except CommitFailedException:
+        except CommitConflictError:
             continue  # someone committed in between: re-read the schema and plan again
         for change in changes:
             log.info("table %s: %s (schema evolution from the data)", identifier,
@@ -429,9 +429,10 @@ def redrive_overflow(catalog: Catalog, identifier: str, stream: StreamConfig,
             continue  # a run committed since the scan: its rows must be read too
         rewritten = _moved(table.schema(), rows, extras, plan)
         try:
-            with table.transaction() as txn:  # one snapshot: no version shows the middle
+            with iceberg_errors(CommitConflictError), \
+                    table.transaction() as txn:  # one snapshot: no version shows the middle
                 replace_rows(txn, rewritten, NotNull(OVERFLOW), {"icefloe.redrive": "overflow"})
-        except CommitFailedException:
+        except CommitConflictError:
             continue
         _count(report, extras, plan)
         log.info("table %s: moved overflow fields of %d rows into columns (%s added)",

@@ -9,7 +9,7 @@ Why it is safe (the argument the tests pin down):
 2. **Only old files, on the store's clock.** What remains are files appended *after* the
    manifest read, or never. A producer never appends a batch older than
    ``append_deadline_s`` (store clock), and ``gc_grace_s`` exceeds that deadline plus a
-   safety margin (:mod:`icefloe.manifest.config`). So an unreferenced file older than the
+   safety margin (:mod:`icefloe.config.manifest`). So an unreferenced file older than the
    grace period at listing time can never be appended again: deleting it loses nothing.
    Ages are ``ListResult.store_time - ObjectInfo.last_modified``: both come from the store
    (S3's ``Date`` and ``Last-Modified`` headers; the file system clock and mtimes for

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.exceptions import NoSuchTableError
-
 from collector.gc import collect_garbage
 from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
@@ -36,6 +34,7 @@ from icefloe.server_tls import section_tls
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from pipeline.iceberg.catalog import open_catalog
+from pipeline.iceberg.errors import load_table_or_none
 from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
 from pipeline.load.spec import run_spec
 from pipeline.models.spec import ModelError
@@ -171,11 +170,8 @@ class StandbyWarmth:
                 run_spec(self.config, []))
         found = 0
         for stream in self.config.streams:
-            try:
-                self.catalog.load_table(stream.table)
+            if load_table_or_none(self.catalog, stream.table) is not None:
                 found += 1
-            except NoSuchTableError:
-                pass
         return found
 
 

@@ -91,9 +91,9 @@ def next_version(current: CatalogVersion, epoch: int | None, now_ms: int) -> Cat
 async def claim_version(store: AsyncObjectStore, *, epoch: int | None,
                         clock: Clock | None = None) -> int:
     """Claim the next catalog version (asyncio store: the collector)."""
-    from icefloe.clock import SYSTEM
-    from icefloe.store.cas import cas_document
-    from icefloe.store.retry import RetryPolicy
+    from icefloe.clock import SYSTEM  # startup time: cold query
+    from icefloe.store.cas import cas_document  # startup time: cold query
+    from icefloe.store.retry import RetryPolicy  # startup time: cold query
 
     clock = clock or SYSTEM
     def mutate(loaded: Versioned[CatalogVersion]) -> CatalogVersion:
@@ -109,9 +109,9 @@ async def claim_version(store: AsyncObjectStore, *, epoch: int | None,
 async def stamp_epoch(store: AsyncObjectStore, epoch: int, *,
                       clock: Clock | None = None) -> None:
     """Record ``epoch`` as the newest (on takeover), so an older collector's claims fail."""
-    from icefloe.clock import SYSTEM
-    from icefloe.store.cas import cas_document
-    from icefloe.store.retry import RetryPolicy
+    from icefloe.clock import SYSTEM  # startup time: cold query
+    from icefloe.store.cas import cas_document  # startup time: cold query
+    from icefloe.store.retry import RetryPolicy  # startup time: cold query
 
     clock = clock or SYSTEM
     def mutate(loaded: Versioned[CatalogVersion]) -> CatalogVersion | None:
@@ -131,7 +131,7 @@ def claim_version_sync(store: ObjectStore, *, epoch: int | None,
                        clock: Clock | None = None) -> int:
     """:func:`claim_version` on a synchronous store (model runs, which may run on a thread
     that has an event loop, or none)."""
-    from icefloe.clock import SYSTEM
+    from icefloe.clock import SYSTEM  # startup time: cold query
 
     clock = clock or SYSTEM
     for attempt in range(1, _ATTEMPTS + 1):

@@ -141,6 +141,36 @@ class CatalogError(IcefloeError):
     """The Iceberg catalog cannot be reached or refused an operation; the message says which."""
 
 
+class TableNotFoundError(CatalogError):
+    """The catalog has no such table (pyiceberg's ``NoSuchTableError``, translated at
+    :mod:`pipeline.iceberg.errors`)."""
+
+
+class NamespaceNotFoundError(CatalogError):
+    """The catalog has no such namespace (pyiceberg's ``NoSuchNamespaceError``)."""
+
+
+class AlreadyExistsError(CatalogError):
+    """A table or namespace being created exists already: someone else created it first
+    (pyiceberg's ``TableAlreadyExistsError``/``NamespaceAlreadyExistsError``)."""
+
+
+class CommitConflictError(CatalogError):
+    """An Iceberg commit lost a race: someone else committed first, so re-read and plan
+    again (pyiceberg's ``CommitFailedException``; icefloe's tables never retry it blindly,
+    ``commit.retry.num-retries=0``)."""
+
+
+class CommitUnknownError(CatalogError):
+    """The catalog could not say whether an Iceberg commit landed (pyiceberg's
+    ``CommitStateUnknownException``): read the table to settle it."""
+
+
+class IcebergValidationError(CatalogError):
+    """A commit's checks failed against the table as it is now, e.g. the files an
+    overwrite meant to replace are gone (pyiceberg's ``ValidationException``)."""
+
+
 class TableMismatchError(CatalogError):
     """A table's schema no longer takes the rows (changed outside icefloe): a failure of
     that table alone, never retried blindly (the collector parks the table)."""

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
 from icefloe.formats.batch import BatchBuilder, Compression
-from icefloe.manifest.publish import Publisher
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
+from ingestor.publish import Publisher
 
 log = logging.getLogger("icefloe.ingestor.buffer")
 
@@ -135,25 +135,11 @@ class Batcher:
         Raises :class:`Overloaded` (buffer full), :class:`Unavailable` (flush failed, or
         shutting down). In both cases none of the request's events were acknowledged.
         """
-        if self._closing:
-            raise Unavailable("this ingestor is shutting down; retry against another one",
-                              code="shutting_down", retry_after_s=self.settings.retry_after_s)
-        if self._loop_task is not None and self._loop_task.done():
-            # never let a request wait on a flusher that is gone: it would hang forever
-            raise Unavailable("this ingestor's flusher stopped; it needs a restart (see its "
-                              "log)", code="flusher_stopped",
-                              retry_after_s=self.settings.retry_after_s)
         size = len(framed)
-        if size > self.settings.max_bytes:  # could never fit: retrying cannot help
-            raise PayloadTooLarge(
-                f"the request needs {size} bytes of buffer, more than this ingestor's whole "
-                f"buffer ({self.settings.max_bytes} bytes, ingestor.buffer_max_bytes); "
-                "split it into smaller requests", code="payload_too_large")
-        if self._held_bytes + size > self.settings.max_bytes:
-            raise Overloaded(
-                f"ingest buffer full ({self._held_bytes} of {self.settings.max_bytes} bytes "
-                "waiting for the object store); retry after the indicated delay",
-                code="buffer_full", retry_after_s=self.settings.retry_after_s)
+        task = self._loop_task
+        if self._closing or (task is not None and task.done()) \
+                or self._held_bytes + size > self.settings.max_bytes:
+            raise self._refusal(size)
         batch = self._open
         if batch is not None and batch.registry_version != registry_version:
             self._seal()
@@ -192,6 +178,27 @@ class Batcher:
             # that waits for a flush in flight change nothing
             self._wake.set()
         return future
+
+    def _refusal(self, size: int) -> IngestError:
+        """Why a request of ``size`` bytes cannot be buffered (called only when one of the
+        checks in :meth:`enqueue` says so; the first that applies, in this order)."""
+        retry_after_s, max_bytes = self.settings.retry_after_s, self.settings.max_bytes
+        if self._closing:
+            return Unavailable("this ingestor is shutting down; retry against another one",
+                               code="shutting_down", retry_after_s=retry_after_s)
+        if self._loop_task is not None and self._loop_task.done():
+            # never let a request wait on a flusher that is gone: it would hang forever
+            return Unavailable("this ingestor's flusher stopped; it needs a restart (see "
+                               "its log)", code="flusher_stopped", retry_after_s=retry_after_s)
+        if size > max_bytes:  # could never fit: retrying cannot help
+            return PayloadTooLarge(
+                f"the request needs {size} bytes of buffer, more than this ingestor's whole "
+                f"buffer ({max_bytes} bytes, ingestor.buffer_max_bytes); "
+                "split it into smaller requests", code="payload_too_large")
+        return Overloaded(
+            f"ingest buffer full ({self._held_bytes} of {max_bytes} bytes "
+            "waiting for the object store); retry after the indicated delay",
+            code="buffer_full", retry_after_s=retry_after_s)
 
     # -- flush scheduling ------------------------------------------------------------------
 

@@ -16,25 +16,23 @@ from dataclasses import dataclass
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.formats.batch import Compression
-from icefloe.manifest import ShardedProducer, ensure_shards
-from icefloe.manifest.publish import HelperPublisher, Publisher, StorePublisher
+from icefloe.manifest import ensure_shards
 from icefloe.redact import mask_uri
 from icefloe.registry.watch import RegistryWatch
-from icefloe.store import StoreOptions, open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.probe import probe_conditional_writes
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
+from ingestor.publish import (
+    Publisher,
+    Publishing,
+    open_publishing,
+    publisher_for,
+    store_options,
+)
 from ingestor.service import IngestService
 
 log = logging.getLogger("icefloe.ingestor")
-
-
-def store_options(config: Config) -> StoreOptions:
-    """Store options from ``[store]`` (S3 settings only matter for ``s3://`` URLs), plus
-    ``[ingestor] store_helper`` for a ``file://`` store."""
-    options = options_for(config.store.endpoint_url, config.store.region)
-    return dataclasses.replace(options, local_helper=config.ingestor.store_helper)
 
 
 def flush_settings(config: Config) -> FlushSettings:
@@ -71,13 +69,15 @@ class IngestorRuntime:
         ``clock`` goes to the flusher, the manifest producer, the registry watch, the store's
         retry layer and the ingest service (receive times, token budget, rate limits); the
         store helper's producer, in another process, reads the system clock. ``metrics``:
-        the process's, when its HTTP front serves them before the runtime stands."""
+        the process's, when its HTTP front serves them before the runtime stands. A given
+        ``store`` is published to from this process."""
         opened = store is None
         options = dataclasses.replace(store_options(config), clock=clock)
-        store = store or open_async_store(config.store.url, options,
-                                          control_url=config.store.control_url)
+        publishing = open_publishing(config, options) if store is None else \
+            Publishing(store, None, options.retry)
+        store = publishing.store
         try:
-            return await cls._assemble(config, store, probe, clock,
+            return await cls._assemble(config, publishing, probe, clock,
                                        metrics or IngestMetrics())
         except BaseException:
             # a failed start is retried (ingestor.starting): leak no client session
@@ -87,16 +87,16 @@ class IngestorRuntime:
             raise
 
     @classmethod
-    async def _assemble(cls, config: Config, store: AsyncObjectStore, probe: bool,
+    async def _assemble(cls, config: Config, publishing: Publishing, probe: bool,
                         clock: Clock, metrics: IngestMetrics) -> IngestorRuntime:
+        store = publishing.store
         if probe:
             await probe_conditional_writes(store)
         manifest = config.manifest.build()
         # grows the store to [manifest] shards (a config asking for fewer uses the store's)
         await ensure_shards(store, manifest, clock=clock)
         index = config.ingestor.shard_index if config.ingestor.shard_index >= 0 else None
-        publisher: Publisher = HelperPublisher.for_store(store, manifest, index) or \
-            StorePublisher(store, ShardedProducer(store, manifest, index=index, clock=clock))
+        publisher = publisher_for(publishing, manifest, index, clock=clock)
         metrics.watch_producer(publisher.stats)
         metrics.watch_shard(lambda: publisher.shard)
         batcher = Batcher(publisher, flush_settings(config), metrics, clock=clock)

@@ -32,10 +32,11 @@ from icefloe.config import Config
 from icefloe.errors import ConfigError
 from icefloe.formats import speedups
 from icefloe.redact import mask_uri
-from ingestor.grpc_app import start_grpc_server
+from ingestor.grpc_app import GrpcServer, start_grpc_server
 from ingestor.http.app import HttpApp
 from ingestor.http.fast import FastLane
 from ingestor.http.server import http_config, slow_client_guard
+from ingestor.http.slow_clients import SlowClientGuard
 from ingestor.metrics import IngestMetrics
 from ingestor.runtime import IngestorRuntime
 from ingestor.starting import HttpFront, LateLane, Starting, StartingGrpc, start_waiting
@@ -80,6 +81,136 @@ def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socke
     return sock
 
 
+@dataclass
+class _Fronts:
+    """What one ingestor serves before and after its runtime stands: the HTTP server (its
+    app is the starting front, then the real one), the stand-in gRPC server, and what they
+    share (TLS, slow-client guard, fast lane, metrics)."""
+
+    config: Config
+    tls: CertificateReloader | None
+    http_socket: socket.socket
+    state: Starting
+    metrics: IngestMetrics
+    guard: SlowClientGuard
+    front: HttpFront
+    lane: LateLane | None
+    http: uvicorn.Server
+    standin: StartingGrpc
+    http_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def open(cls, config: Config, tls_reload_s: float) -> _Fronts:
+        """Apply the transport policy, bind the HTTP port and build the servers (nothing
+        listens yet)."""
+        ing = config.ingestor
+        tls = server_tls(config, tls_reload_s)
+        http_socket = bind_http(ing.host, ing.http_port, reuse_port=ing.reuse_port)
+        state, metrics, guard = Starting(), IngestMetrics(), slow_client_guard(ing)
+        front = HttpFront(state, ing.retry_after_s, metrics.registry)
+        lane = LateLane() if ing.http_fast_lane else None
+        http = uvicorn.Server(http_config(front, ing, guard, tls, lane=lane,
+                                          refused=metrics.http_refused))
+        # SIGTERM is `stop`'s: uvicorn must not take it over. (It used to clear
+        # `install_signal_handlers`, a hook uvicorn no longer has: mypy found the dead line.)
+        http.capture_signals = contextlib.nullcontext  # type: ignore[assignment]
+        return cls(config, tls, http_socket, state, metrics, guard, front, lane, http,
+                   StartingGrpc(config, state, tls))
+
+    @property
+    def shared(self) -> bool:
+        """A port shared with other ingestor processes (SO_REUSEPORT, as ``icefloe up
+        --ingestors N`` runs them): the kernel spreads connections over every LISTENING
+        socket, so an unready process must not listen, or it would answer 503 to requests
+        the ready ones would take. It waits for its store unseen and listens once ready."""
+        return self.config.ingestor.reuse_port
+
+    async def serve_http(self) -> None:
+        """Listen, and serve HTTP until told to stop."""
+        self.http_socket.listen(LISTEN_BACKLOG)
+        if self.tls is not None:
+            self.tls.start()
+        task = asyncio.create_task(self.http.serve(sockets=[self.http_socket]), name="http")
+        while not self.http.started and not task.done():
+            await asyncio.sleep(0.01)
+        self.http_task = task
+
+    async def start_runtime(self, stop: asyncio.Event, clock: Clock,
+                            on_starting: Callable[[BoundPorts, Starting], None] | None
+                            ) -> IngestorRuntime | None:
+        """Serve the unready fronts (unless the port is shared) while the runtime starts;
+        None when ``stop`` came first. On failure, what was serving stops."""
+        try:
+            if not self.shared:
+                await self.serve_http()
+                await self.standin.start()  # /healthz alive, the rest 503 until ready
+                if on_starting is not None:
+                    on_starting(BoundPorts(self.http_socket.getsockname()[1],
+                                           self.standin.port), self.state)
+            runtime = await start_waiting(
+                lambda: IngestorRuntime.start(self.config, clock=clock,
+                                              metrics=self.metrics),
+                self.state, stop, clock=clock)
+            await self.standin.stop()  # the real gRPC server takes its port
+        except BaseException:
+            await self.stop_unready()
+            raise
+        if runtime is None:  # stopped while waiting for the store: nothing was accepted
+            await self.stop_unready()
+        return runtime
+
+    async def stop_unready(self) -> None:
+        await _stop_unready(self.http, self.http_task, self.http_socket, self.standin,
+                            self.tls if self.http_task is not None else None)
+        self.guard.close()
+
+    async def go_live(self, runtime: IngestorRuntime, clock: Clock) -> _Live:
+        """The real servers over ``runtime``: gRPC on the stand-in's port, the HTTP front's
+        target swapped (the same server, its connections and limits: nothing dropped)."""
+        ing = self.config.ingestor
+        grpc = await start_grpc_server(
+            runtime, ing.host, ing.grpc_port if self.shared else self.standin.port,
+            reuse_port=ing.reuse_port, tls=self.tls, clock=clock)
+        app = HttpApp(runtime, self.guard)
+        if self.lane is not None:
+            self.lane.target = FastLane(app)
+        self.front.target = app
+        if self.shared:  # ready: now this process may take connections on the shared port
+            await self.serve_http()
+        ports = BoundPorts(self.http_socket.getsockname()[1], grpc.port)
+        tls = self.tls
+        log.info("ingestor listening", extra={
+            "http_port": ports.http, "grpc_port": ports.grpc,
+            "store": mask_uri(runtime.store.url),
+            "tls": "none" if tls is None else "mutual" if tls.mutual else "server",
+            "speedups": speedups.compiled is not None})
+        return _Live(grpc, ports)
+
+    async def shut_down(self, runtime: IngestorRuntime, live: _Live) -> bool:
+        """Stop accepting, finish requests in flight, then drain the buffer."""
+        ing = self.config.ingestor
+        log.info("shutting down: no new requests; draining the buffer")
+        await live.grpc.health.enter_graceful_shutdown()
+        self.http.should_exit = True
+        await asyncio.gather(live.grpc.server.stop(ing.shutdown_timeout_s),
+                             *([self.http_task] if self.http_task else []),
+                             return_exceptions=True)
+        self.guard.close()
+        if self.tls is not None:
+            await self.tls.stop()
+        drained = await runtime.close(ing.shutdown_timeout_s)
+        log.info("ingestor stopped", extra={"drained": drained})
+        return drained
+
+
+@dataclass(frozen=True)
+class _Live:
+    """The ready ingestor's gRPC server (with its health service) and the ports served."""
+
+    grpc: GrpcServer
+    ports: BoundPorts
+
+
 async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None = None,
                 stop: asyncio.Event | None = None,
                 on_runtime: Callable[[IngestorRuntime], None] | None = None,
@@ -98,94 +229,23 @@ async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None
         ConfigError: the transport policy refuses the bind address, TLS files cannot be
             loaded, or a port is taken.
     """
-    ing = config.ingestor
-    tls = server_tls(config, tls_reload_s)
-    http_socket = bind_http(ing.host, ing.http_port, reuse_port=ing.reuse_port)
+    fronts = _Fronts.open(config, tls_reload_s)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    state = Starting()
-    metrics = IngestMetrics()
-    guard = slow_client_guard(ing)
-    front = HttpFront(state, ing.retry_after_s, metrics.registry)
-    lane = LateLane() if ing.http_fast_lane else None
-    http = uvicorn.Server(http_config(front, ing, guard, tls, lane=lane,
-                                      refused=metrics.http_refused))
-    # SIGTERM is `stop`'s (above): uvicorn must not take it over. (It used to clear
-    # `install_signal_handlers`, a hook uvicorn no longer has: mypy found the dead line.)
-    http.capture_signals = contextlib.nullcontext  # type: ignore[assignment]
-    standin = StartingGrpc(config, state, tls)
-    http_task: asyncio.Task[None] | None = None
-    # A port shared with other ingestor processes (SO_REUSEPORT, as `icefloe up
-    # --ingestors N` runs them): the kernel spreads connections over every LISTENING
-    # socket, so an unready process must not listen, or it would answer 503 to requests
-    # the ready ones would take. It waits for its store unseen and listens once ready.
-    shared = ing.reuse_port
-
-    async def serve_http() -> asyncio.Task[None]:
-        http_socket.listen(LISTEN_BACKLOG)
-        if tls is not None:
-            tls.start()
-        task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
-        while not http.started and not task.done():
-            await asyncio.sleep(0.01)
-        return task
-
-    try:
-        if not shared:
-            http_task = await serve_http()
-            await standin.start()  # /healthz alive, the rest 503 until the runtime stands
-            if on_starting is not None:
-                on_starting(BoundPorts(http_socket.getsockname()[1], standin.port), state)
-        runtime = await start_waiting(
-            lambda: IngestorRuntime.start(config, clock=clock, metrics=metrics),
-            state, stop, clock=clock)
-        await standin.stop()  # the real gRPC server takes its port
-    except BaseException:
-        await _stop_unready(http, http_task, http_socket, standin,
-                            tls if http_task is not None else None)
-        guard.close()
-        raise
-    if runtime is None:  # stopped while waiting for the store: nothing was accepted
-        await _stop_unready(http, http_task, http_socket, standin,
-                            tls if http_task is not None else None)
-        guard.close()
+    runtime = await fronts.start_runtime(stop, clock, on_starting)
+    if runtime is None:
         log.info("ingestor stopped before it was ready")
         return True
-    grpc_server, grpc_port, health = await start_grpc_server(
-        runtime, ing.host, ing.grpc_port if shared else standin.port,
-        reuse_port=ing.reuse_port, tls=tls, clock=clock)
-    app = HttpApp(runtime, guard)
-    if lane is not None:
-        lane.target = FastLane(app)
-    front.target = app  # the same server, its connections and limits: nothing dropped
-    if shared:  # ready: now this process may take connections on the shared port
-        http_task = await serve_http()
-    ports = BoundPorts(http_socket.getsockname()[1], grpc_port)
-    log.info("ingestor listening", extra={"http_port": ports.http, "grpc_port": ports.grpc,
-                                          "store": mask_uri(runtime.store.url),
-                                          "tls": "none" if tls is None else
-                                          "mutual" if tls.mutual else "server",
-                                          "speedups": speedups.compiled is not None})
+    live = await fronts.go_live(runtime, clock)
     if on_runtime is not None:
         on_runtime(runtime)
     if on_ready is not None:
-        on_ready(ports)
+        on_ready(live.ports)
     await stop.wait()
-    log.info("shutting down: no new requests; draining the buffer")
-    await health.enter_graceful_shutdown()
-    http.should_exit = True
-    assert http_task is not None  # serving since before the runtime (or since it, if shared)
-    await asyncio.gather(grpc_server.stop(ing.shutdown_timeout_s), http_task,
-                         return_exceptions=True)
-    guard.close()
-    if tls is not None:
-        await tls.stop()
-    drained = await runtime.close(ing.shutdown_timeout_s)
-    log.info("ingestor stopped", extra={"drained": drained})
-    return drained
+    return await fronts.shut_down(runtime, live)
 
 
 async def _stop_unready(http: uvicorn.Server, http_task: asyncio.Task[None] | None,
@@ -217,7 +277,7 @@ def run(config: Config, on_ready: Callable[[BoundPorts], None] | None = None,
     tune_gc()
     runner: Callable[[Coroutine[Any, Any, bool]], bool]
     try:
-        import uvloop
+        import uvloop  # optional dep
 
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]

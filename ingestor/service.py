@@ -18,6 +18,7 @@ from icefloe.config import Config
 from icefloe.errors import NotFound, StoreError
 from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded
 from icefloe.registry.model import Registry
+from icefloe.registry.streams import effective_config
 from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.invalid import invalid_payload, invalid_stream
 from ingestor.auth import Credential, TokenAuthority
@@ -89,8 +90,6 @@ class IngestService:
     def apply_registry(self, registry: Registry) -> None:
         """Switch to a new registry version: its live sources become the streams, their
         tokens and rate limits apply at once (a rotated-out token is refused from now on)."""
-        from icefloe.registry.streams import effective_config
-
         tables = {sink.table: source.id for source in registry.live_sources()
                   for sink in source.live_sinks()}
         self._use(effective_config(self.config, registry), registry.version, tables)

@@ -31,15 +31,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
 from icefloe.config import Config
-from icefloe.errors import IcefloeError
+from icefloe.errors import CommitConflictError, IcefloeError
 from pipeline.columns import DEAD_LETTER_TABLE, table_arrow_schema
 from pipeline.iceberg.data_files import delete_files
+from pipeline.iceberg.errors import iceberg_errors, load_table_or_none
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.tables import TABLE_PROPERTIES, ensure_stream_table
 from pipeline.load.decode import decode_payload_rows
@@ -93,9 +93,8 @@ class RedriveReport:
 
 def read_dead_letters(catalog: Catalog, filters: Filters) -> pa.Table:
     """The dead letters matching ``filters`` (all of them, redriven or not)."""
-    try:
-        table = catalog.load_table(DEAD_LETTER_TABLE)
-    except NoSuchTableError:
+    table = load_table_or_none(catalog, DEAD_LETTER_TABLE)
+    if table is None:
         return pa.table({})
     expression: Any = None
     for part in (
@@ -112,11 +111,10 @@ def read_dead_letters(catalog: Catalog, filters: Filters) -> pa.Table:
 
 def redriven_keys(catalog: Catalog) -> set[tuple[str, int]]:
     """``(location, record_index)`` of every dead letter already redriven."""
-    try:
-        ledger = catalog.load_table(LEDGER_TABLE).scan(
-            selected_fields=("location", "record_index")).to_arrow()
-    except NoSuchTableError:
+    table = load_table_or_none(catalog, LEDGER_TABLE)
+    if table is None:
         return set()
+    ledger = table.scan(selected_fields=("location", "record_index")).to_arrow()
     return set(zip(ledger.column("location").to_pylist(),
                    ledger.column("record_index").to_pylist(), strict=True))
 
@@ -244,9 +242,10 @@ def _append_missing(catalog: Catalog, identifier: str, rows: pa.Table) -> tuple[
         # table asks for them, see pipeline.iceberg.data_files.uuid_statistics)
         add = WriteThenAdd(identifier)
         try:
-            add(table, fresh, {"icefloe.redrive": "true"})
+            with iceberg_errors(CommitConflictError):
+                add(table, fresh, {"icefloe.redrive": "true"})
             return fresh.num_rows, rows.num_rows - fresh.num_rows
-        except CommitFailedException as exc:  # the collector committed meanwhile: re-check
+        except CommitConflictError as exc:  # the collector committed meanwhile: re-check
             for attempt_files in add.attempts:  # refused: certainly not in the table
                 delete_files(table.io, attempt_files.files.paths)
             log.warning("redrive into %s conflicted (attempt %d): %s", identifier, attempt,
@@ -257,10 +256,10 @@ def _append_missing(catalog: Catalog, identifier: str, rows: pa.Table) -> tuple[
 
 
 def _ledger(catalog: Catalog) -> Any:
-    try:
-        return catalog.load_table(LEDGER_TABLE)
-    except NoSuchTableError:
+    table = load_table_or_none(catalog, LEDGER_TABLE)
+    if table is None:
         return catalog.create_table(LEDGER_TABLE, _LEDGER_SCHEMA, properties=TABLE_PROPERTIES)
+    return table
 
 
 def _record(catalog: Catalog, dead: pa.Table, stream: Any, redrive_id: str) -> None:
@@ -277,9 +276,10 @@ def _record(catalog: Catalog, dead: pa.Table, stream: Any, redrive_id: str) -> N
     })
     for attempt in range(1, _ATTEMPTS + 1):
         try:
-            _ledger(catalog).append(entries)
+            with iceberg_errors(CommitConflictError):
+                _ledger(catalog).append(entries)
             return
-        except CommitFailedException:
+        except CommitConflictError:
             time.sleep(0.2 * attempt)
     raise IcefloeError("could not record the redrive in icefloe.redriven; the rows landed "
                        "and a second redrive will only record them")

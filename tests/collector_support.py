@@ -14,8 +14,8 @@ import msgspec
 import pyarrow as pa
 
 from icefloe.config import Column, Config, StreamConfig, load_config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.manifest import ManifestProducer
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.publish import build_batch, publish_batch
 from icefloe.registry import Registry, RegistryStore
 from icefloe.store import open_async_store, options_for

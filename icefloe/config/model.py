@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from icefloe.manifest.config import ManifestConfig
+from icefloe.config.manifest import ManifestConfig
 from icefloe.streams.model import RateLimit, StreamConfig
 
 

@@ -8,6 +8,7 @@ validate_stream`, the security settings by :mod:`icefloe.config.security`.
 
 from __future__ import annotations
 
+from icefloe.config.manifest import SAFETY_MARGIN_S
 from icefloe.config.model import (
     OUTPUT_PATHS,
     AdminSection,
@@ -18,7 +19,6 @@ from icefloe.config.model import (
 )
 from icefloe.config.security import check_hash, validate_security
 from icefloe.errors import ConfigError
-from icefloe.manifest.config import SAFETY_MARGIN_S
 from icefloe.streams.check import validate_stream
 
 

@@ -171,13 +171,78 @@ def decode_envelope(data: bytes | bytearray | memoryview) -> Envelope:
 
     Why strict: the collector trusts these fields for routing and deduplication, so any
     deviation from the layout (including non-canonical encodings) is rejected with a
-    message that names the field, its offset and the sizes involved.
+    message that names the field, its offset and the sizes involved. The checks here are
+    the layout's, in one pass; a record that fails one is handed to :func:`_explained`,
+    which walks it field by field to say what is wrong (so the message costs nothing
+    when there is none to write).
 
     Raises ``BatchFormatError`` (``unknown_envelope_version``, ``bad_envelope``).
     """
     if type(data) is not bytes:
         data = bytes(memoryview(data).cast("B"))
     size = len(data)
+    if size < _MIN_SIZE:
+        raise _explained(data)
+    version, flags, received_at_ms, stream_len = _HEAD.unpack_from(data)
+    stream_end = HEADER_SIZE + stream_len
+    if version != ENVELOPE_VERSION or flags & ~_KNOWN_FLAGS or not stream_len \
+            or stream_end >= size:
+        raise _explained(data)
+    id_start = stream_end + 1
+    id_end = pos = id_start + data[stream_end]
+    if pos == id_start or pos > size:
+        raise _explained(data)
+    meta = b""
+    if flags & FLAG_META:
+        meta_len = _U32.unpack_from(data, pos)[0] if pos + 4 <= size else 0
+        meta, pos = data[pos + 4:pos + 4 + meta_len], pos + 4 + meta_len
+        if not meta_len:
+            raise _explained(data)
+    payload = data[pos:]
+    if pos >= size or b"\n" in payload or b"\r" in payload:
+        raise _explained(data)
+    try:
+        stream, event_id = data[HEADER_SIZE:stream_end].decode(), data[id_start:id_end].decode()
+    except UnicodeDecodeError:
+        raise _explained(data) from None
+    return Envelope(stream, event_id, received_at_ms, payload, meta)
+
+
+def _explained(data: bytes) -> BatchFormatError:
+    """What is wrong with an envelope :func:`decode_envelope` refused: the first field that
+    breaks the layout, with its offset and the sizes involved."""
+    try:
+        _decode_checked(data)
+    except BatchFormatError as exc:
+        return exc
+    return _bad(f"envelope of {len(data)} bytes breaks the layout")  # never: both agree
+
+
+def _decode_checked(data: bytes) -> Envelope:
+    """:func:`decode_envelope` field by field, each check with its own message (slow)."""
+    size = len(data)
+    flags, received_at_ms, stream_len = _decode_header(data, size)
+    pos = HEADER_SIZE
+    if pos + stream_len > size:
+        raise _bad(
+            f"stream name of {stream_len} bytes at offset {pos} runs past the end of the "
+            f"{size}-byte envelope"
+        )
+    stream = _utf8("stream name", data[pos:pos + stream_len], pos)
+    pos += stream_len
+    event_id, pos = _decode_event_id(data, pos, size)
+    meta = b""
+    if flags & FLAG_META:
+        meta, pos = _decode_meta(data, pos, size)
+    if pos >= size:
+        raise _bad(f"payload is empty: the envelope ends at offset {size} after the header")
+    payload = data[pos:]
+    _check_one_line(payload, pos)
+    return Envelope(stream, event_id, received_at_ms, payload, meta)
+
+
+def _decode_header(data: bytes, size: int) -> tuple[int, int, int]:
+    """The fixed header's flags, receive time and stream name length, each checked."""
     if size == 0:
         raise _bad(f"envelope is 0 bytes; it needs at least the {HEADER_SIZE}-byte header")
     if data[0] != ENVELOPE_VERSION:
@@ -196,14 +261,11 @@ def decode_envelope(data: bytes | bytearray | memoryview) -> Envelope:
         )
     if stream_len == 0:
         raise _bad(f"stream name length is 0 at offset {HEADER_SIZE - 1}; it must be 1..255")
-    pos = HEADER_SIZE
-    if pos + stream_len > size:
-        raise _bad(
-            f"stream name of {stream_len} bytes at offset {pos} runs past the end of the "
-            f"{size}-byte envelope"
-        )
-    stream = _utf8("stream name", data[pos:pos + stream_len], pos)
-    pos += stream_len
+    return flags, received_at_ms, stream_len
+
+
+def _decode_event_id(data: bytes, pos: int, size: int) -> tuple[str, int]:
+    """The event id at ``pos`` (its length byte first), and the offset after it."""
     if pos >= size:
         raise _bad(f"envelope ends at offset {size} before the event id length byte")
     event_len = data[pos]
@@ -215,29 +277,30 @@ def decode_envelope(data: bytes | bytearray | memoryview) -> Envelope:
             f"event id of {event_len} bytes at offset {pos} runs past the end of the "
             f"{size}-byte envelope"
         )
-    event_id = _utf8("event id", data[pos:pos + event_len], pos)
-    pos += event_len
-    meta = b""
-    if flags & FLAG_META:
-        if pos + 4 > size:
-            raise _bad(
-                f"meta flag is set but only {size - pos} bytes remain at offset {pos} for the "
-                "4-byte meta length"
-            )
-        (meta_len,) = _U32.unpack_from(data, pos)
-        if meta_len == 0:
-            raise _bad(f"meta flag is set but meta length at offset {pos} is 0")
-        pos += 4
-        if pos + meta_len > size:
-            raise _bad(
-                f"meta of {meta_len} bytes at offset {pos} runs past the end of the "
-                f"{size}-byte envelope"
-            )
-        meta = data[pos:pos + meta_len]
-        pos += meta_len
-    if pos >= size:
-        raise _bad(f"payload is empty: the envelope ends at offset {size} after the header")
-    payload = data[pos:]
+    return _utf8("event id", data[pos:pos + event_len], pos), pos + event_len
+
+
+def _decode_meta(data: bytes, pos: int, size: int) -> tuple[bytes, int]:
+    """The meta at ``pos`` (its 4-byte length first), and the offset after it."""
+    if pos + 4 > size:
+        raise _bad(
+            f"meta flag is set but only {size - pos} bytes remain at offset {pos} for the "
+            "4-byte meta length"
+        )
+    (meta_len,) = _U32.unpack_from(data, pos)
+    if meta_len == 0:
+        raise _bad(f"meta flag is set but meta length at offset {pos} is 0")
+    pos += 4
+    if pos + meta_len > size:
+        raise _bad(
+            f"meta of {meta_len} bytes at offset {pos} runs past the end of the "
+            f"{size}-byte envelope"
+        )
+    return data[pos:pos + meta_len], pos + meta_len
+
+
+def _check_one_line(payload: bytes, pos: int) -> None:
+    """A payload (at offset ``pos``) is canonical JSON on one line: no raw LF or CR."""
     for name, byte in (("LF", b"\n"), ("CR", b"\r")):
         at = payload.find(byte)
         if at >= 0:
@@ -245,7 +308,6 @@ def decode_envelope(data: bytes | bytearray | memoryview) -> Envelope:
                 f"payload (offset {pos}, {len(payload)} bytes) has a raw {name} byte at "
                 f"payload offset {at}; canonical JSON is one line"
             )
-    return Envelope(stream, event_id, received_at_ms, payload, meta)
 
 
 # --- the collector's fast path ---------------------------------------------------------------
@@ -319,11 +381,20 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
     """
     if type(block) is not bytes:
         block = bytes(memoryview(block).cast("B"))
+    rejected: list[int] = []
+    groups = _group_records(block, record_count, rejected)
+    return _columns(block, record_count, groups, rejected)
+
+
+def _group_records(block: bytes, record_count: int, rejected: list[int]
+                   ) -> dict[bytes, _Group]:
+    """The one pass over the records (the hot loop): each well-formed record's fields go
+    to its stream's :class:`_Group`, each malformed one's index to ``rejected``; a framing
+    error raises for the whole batch."""
     unpack_len = _U32.unpack_from
     unpack_head = _HEAD.unpack_from
     size = len(block)
     groups: dict[bytes, _Group] = {}
-    rejected: list[int] = []
     pos = 0
     for index in range(record_count):
         if size - pos < 4:
@@ -383,7 +454,13 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
         if meta:
             group.has_meta = True
     check_block_end(block, pos, record_count)
+    return groups
 
+
+def _columns(block: bytes, record_count: int, groups: dict[bytes, _Group],
+             rejected: list[int]) -> StreamSplit:
+    """Each group as :class:`StreamColumns` (its payloads joined as NDJSON; a record with
+    a raw line break found here joins ``rejected``), and the rejected as bad records."""
     result = StreamSplit()
     for group in groups.values():
         payloads = group.payloads

@@ -1,9 +1,10 @@
 """The fenced manifest queue: producers append batch files, one consumer reads in order.
 
-The names below load on first use (PEP 562), not when the package loads: every process
-imports :mod:`icefloe.manifest.config` through the config, and a one-second
+The names below load on first use (PEP 562), not when the package loads: a one-second
 ``icefloe query`` cannot pay for the queue's producer, consumer and store code it never
-runs (issue #28). ``from icefloe.manifest import X`` works as before.
+runs (issue #28). ``from icefloe.manifest import X`` works as before. The queue's
+settings (:class:`ManifestConfig`) live with the rest of the configuration, in
+:mod:`icefloe.config.manifest`, and are re-exported here.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from icefloe.config.manifest import SAFETY_MARGIN_S, ManifestConfig
     from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
-    from icefloe.manifest.config import SAFETY_MARGIN_S, ManifestConfig
     from icefloe.manifest.consumer import ManifestConsumer
     from icefloe.manifest.model import ConsumerState, Entry, Manifest, ProducerState
     from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
@@ -59,13 +60,13 @@ def __getattr__(name: str) -> Any:
     eager package did), then answer from them."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
-    from icefloe.manifest.config import SAFETY_MARGIN_S, ManifestConfig
-    from icefloe.manifest.consumer import ManifestConsumer
-    from icefloe.manifest.model import ConsumerState, Entry, Manifest, ProducerState
-    from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
-    from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
-    from icefloe.manifest.sharded_producer import ShardedProducer
+    from icefloe.config.manifest import SAFETY_MARGIN_S, ManifestConfig  # startup time: PEP 562
+    from icefloe.manifest.cas import CasStats, Loaded, cas_update, load  # startup time: PEP 562
+    from icefloe.manifest.consumer import ManifestConsumer  # startup time: PEP 562
+    from icefloe.manifest.model import ConsumerState, Entry, Manifest, ProducerState  # startup time
+    from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats  # startup time
+    from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry  # startup time
+    from icefloe.manifest.sharded_producer import ShardedProducer  # startup time: PEP 562
     from icefloe.manifest.shards import (
         ShardSet,
         ensure_shards,
@@ -73,7 +74,7 @@ def __getattr__(name: str) -> Any:
         read_shard_count,
         shard_key,
         shard_set_key,
-    )
+    )  # startup time: PEP 562
 
     names = {
         "SAFETY_MARGIN_S": SAFETY_MARGIN_S, "BatchRef": BatchRef, "CasStats": CasStats,

@@ -20,9 +20,9 @@ import msgspec
 from ulid import ULID
 
 from icefloe.clock import SYSTEM, Clock, StoreClock
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import FencedError, LeaseHeldError
 from icefloe.manifest.cas import CasStats, Loaded, cas_update, load
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Entry, Manifest
 from icefloe.store.base import AsyncObjectStore
 

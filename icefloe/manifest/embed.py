@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.formats.batch import decode_block, iter_records
 from icefloe.formats.envelope import Envelope, decode_envelope
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.reader import fetch_batch
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
 from icefloe.store import open_async_store, options_for

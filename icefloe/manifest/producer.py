@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from ulid import ULID
 
 from icefloe.clock import SYSTEM, Clock
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import DeadlineExceededError, QueueFullError
 from icefloe.manifest.cas import CasStats, LastWritten, Loaded, cas_update
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Entry, Manifest, ProducerState
 from icefloe.store.base import AsyncObjectStore
 

@@ -60,9 +60,9 @@ from typing import TypeVar
 from ulid import ULID
 
 from icefloe.clock import SYSTEM, Clock, StoreClock
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import FencedError
 from icefloe.manifest.cas import CasStats
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.consumer import ManifestConsumer
 from icefloe.manifest.model import Entry, Manifest
 from icefloe.manifest.shards import ensure_shards, read_shard_count, shard_config

@@ -35,7 +35,7 @@ import asyncio
 from ulid import ULID
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.manifest.config import ManifestConfig
+from icefloe.config.manifest import ManifestConfig
 from icefloe.manifest.producer import BatchRef, ManifestProducer, ProducerStats
 from icefloe.manifest.shards import pick_shard, read_shard_count, shard_config
 from icefloe.store.base import AsyncObjectStore

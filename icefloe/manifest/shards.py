@@ -34,8 +34,8 @@ import logging
 import msgspec
 
 from icefloe.clock import SYSTEM, Clock
+from icefloe.config.manifest import MAX_SHARDS, ManifestConfig
 from icefloe.errors import ConfigError, ManifestCorruptError
-from icefloe.manifest.config import MAX_SHARDS, ManifestConfig
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.cas import Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy

@@ -34,6 +34,7 @@ from icefloe.registry.model import (
     unversioned_change,
     with_change,
 )
+from icefloe.registry.streams import union_stream
 from icefloe.streams.model import EvolveQuota
 from icefloe.streams.where import UNROUTED
 
@@ -202,8 +203,6 @@ def _check_union(registry: Registry, source: Source) -> None:
     and so must every sink this source id ever had: queued events of a deleted sink (or
     of an earlier source with this id) are decoded with the same column types as the new
     ones, so a column name keeps its type and mapping for the life of the source id."""
-    from icefloe.registry.streams import union_stream
-
     if source.live_sinks():
         union_stream(source, source.live_sinks())
     history = [s for record in registry.sources if record.id == source.id

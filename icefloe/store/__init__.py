@@ -7,6 +7,7 @@ ever see a transient error once its retry budget is spent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -22,8 +23,10 @@ from icefloe.store.base import (
     ObjectStore,
     PutResult,
 )
+from icefloe.store.failpoints import wrap_if_configured
 from icefloe.store.local import LocalStore
 from icefloe.store.retry import RetryingAsyncStore, RetryingStore, RetryPolicy
+from icefloe.store.split import SplitAsyncStore
 
 if TYPE_CHECKING:  # boto3/aiobotocore import slowly: load them only for s3:// URLs
     from icefloe.store.s3 import S3Options
@@ -40,6 +43,7 @@ __all__ = [
     "open_async_store",
     "open_store",
     "options_for",
+    "wrap_async",
 ]
 
 
@@ -49,9 +53,10 @@ class StoreOptions:
 
     s3: S3Options | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    local_helper: bool = False
-    """Serve a ``file://`` store's I/O from a helper process (:mod:`icefloe.store.process`)
-    instead of worker threads: the ingestor's flushes then never wait for the GIL."""
+    local_store: Callable[[str], AsyncObjectStore] | None = None
+    """What serves a ``file://`` store's directory in :func:`open_async_store` (None: a
+    :class:`~icefloe.store.local.LocalStore` in worker threads). The ingestor passes its
+    store helper process here (``[ingestor] store_helper``)."""
     clock: Clock = SYSTEM
     """What the retry layer's backoff and budget are measured on (a test's manual clock)."""
 
@@ -60,7 +65,7 @@ def options_for(endpoint_url: str | None, region: str | None) -> StoreOptions:
     """Options for a ``[store]`` section's S3 settings (they only matter for ``s3://``)."""
     if endpoint_url is None and region is None:
         return StoreOptions()
-    from icefloe.store.s3 import S3Options
+    from icefloe.store.s3 import S3Options  # lazy: aiobotocore
 
     return StoreOptions(s3=S3Options(endpoint_url=endpoint_url, region=region))
 
@@ -90,7 +95,7 @@ def open_store(url: str, options: StoreOptions | None = None) -> ObjectStore:
     if _scheme(url) == "file":
         inner: ObjectStore = LocalStore(local_path(url))
     else:
-        from icefloe.store.s3 import S3Options, S3Store
+        from icefloe.store.s3 import S3Options, S3Store  # lazy: aiobotocore
 
         inner = S3Store(url, options.s3 or S3Options())
     return RetryingStore(inner, options.retry, clock=options.clock)
@@ -105,22 +110,22 @@ def open_async_store(url: str, options: StoreOptions | None = None, *,
     (:mod:`icefloe.store.split` says why)."""
     options = options or StoreOptions()
     if control_url and control_url.rstrip("/") != url.rstrip("/"):
-        from icefloe.store.split import SplitAsyncStore
-
         return SplitAsyncStore(open_async_store(url, options),
                                open_async_store(control_url, options))
     scheme = _scheme(url)
-    if scheme == "file" and options.local_helper:
-        from icefloe.store.process import ProcessAsyncStore
-
-        inner: AsyncObjectStore = ProcessAsyncStore(local_path(url))
+    if scheme == "file" and options.local_store is not None:
+        inner: AsyncObjectStore = options.local_store(local_path(url))
     elif scheme == "file":
         inner = ThreadedAsyncStore(LocalStore(local_path(url)))
     else:
-        from icefloe.store.s3 import AsyncS3Store, S3Options
+        from icefloe.store.s3 import AsyncS3Store, S3Options  # startup time: aiobotocore
 
         inner = AsyncS3Store(url, options.s3 or S3Options())
-    from icefloe.store.failpoints import wrap_if_configured
+    return wrap_async(inner, options)
 
+
+def wrap_async(inner: AsyncObjectStore, options: StoreOptions) -> AsyncObjectStore:
+    """``inner`` as every caller gets it: behind the faults ``ICEFLOE_STORE_FAULTS`` injects
+    (if set) and the retry layer."""
     return RetryingAsyncStore(wrap_if_configured(inner), options.retry,
                               clock=options.clock)

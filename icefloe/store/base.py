@@ -66,8 +66,9 @@ class Encodable(Protocol):
     """A body whose stored bytes are computed by the store, where that is cheapest.
 
     Why: compressing a batch is the largest single piece of an ingestor's flush. A store
-    with a helper process (:mod:`icefloe.store.process`) encodes there, off the event loop
-    and without competing for its GIL; every other store encodes in place. Must pickle.
+    with a helper process (the ingestor's ``ingestor.store_helper``) encodes there, off the
+    event loop and without competing for its GIL; every other store encodes in place. Must
+    pickle.
     """
 
     def __len__(self) -> int:

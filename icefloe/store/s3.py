@@ -459,8 +459,8 @@ class AsyncS3Store(_S3Base, AsyncObjectStore):
             return self._client
         async with self._client_lock:
             if self._client is None:
-                from aiobotocore.config import AioConfig
-                from aiobotocore.session import get_session
+                from aiobotocore.config import AioConfig  # lazy: aiobotocore
+                from aiobotocore.session import get_session  # lazy: aiobotocore
 
                 stack = AsyncExitStack()
                 try:

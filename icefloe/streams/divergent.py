@@ -71,9 +71,9 @@ def refuse_divergent(tree: exp.Expr, dialect: str,
 def _annotated(tree: exp.Expr, dialect: str,
                schema: Mapping[str, Mapping[str, str]]) -> exp.Expr:
     """A copy of ``tree`` with inferred types (columns qualified first, so they resolve)."""
-    from sqlglot.errors import SqlglotError
-    from sqlglot.optimizer.annotate_types import annotate_types
-    from sqlglot.optimizer.qualify import qualify
+    from sqlglot.errors import SqlglotError  # lazy: sqlglot
+    from sqlglot.optimizer.annotate_types import annotate_types  # lazy: sqlglot
+    from sqlglot.optimizer.qualify import qualify  # lazy: sqlglot
 
     copy = tree.copy()
     # (qualify and annotate_types take any nested mapping: dict[str, object] in their hints)

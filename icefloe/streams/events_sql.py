@@ -131,9 +131,9 @@ def parse_events_file(text: str, schema: str, name: str, path: Path,
 
 def parse_column_list(body: str, label: str) -> tuple[Column, ...]:
     """``name TYPE [NOT NULL], ...`` as icefloe columns (see the module docstring)."""
-    import sqlglot
-    from sqlglot import exp
-    from sqlglot.errors import ParseError
+    import sqlglot  # lazy: sqlglot
+    from sqlglot import exp  # lazy: sqlglot
+    from sqlglot.errors import ParseError  # lazy: sqlglot
 
     text = body.strip().rstrip(";").strip()
     if not text:
@@ -162,7 +162,7 @@ def parse_column_list(body: str, label: str) -> tuple[Column, ...]:
 
 
 def _column(item: object, label: str) -> Column:
-    from sqlglot import exp
+    from sqlglot import exp  # lazy: sqlglot
 
     assert isinstance(item, exp.ColumnDef)
     name = item.name

@@ -231,7 +231,7 @@ def check_template(content: str) -> None:
 def evaluate(content: str, rows: TemplateRows) -> tuple[list[str | None], dict[int, str]]:
     """Each event's value (compact JSON text) and ``{event: reason}`` for the events that
     failed (their value is None)."""
-    import _jsonnet
+    import _jsonnet  # optional dep
 
     count = len(rows.received_ms)
     values: list[str | None] = [None] * count

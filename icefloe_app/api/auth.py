@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.tokens import TokenHash, parse_hash
+from icefloe.tokens import TokenHash, hash_token, parse_hash
 
 MAX_CACHED = 256
 FAILED_BURST = 10
@@ -74,8 +74,6 @@ class AdminAuth:
 
     async def hash_in_pool(self, token: str) -> str:
         """Hash a new token off the event loop (scrypt is slow on purpose)."""
-        from icefloe.tokens import hash_token
-
         return await asyncio.get_running_loop().run_in_executor(self._pool, hash_token, token)
 
     def _verify(self, token: str) -> bool:

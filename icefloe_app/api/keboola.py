@@ -27,12 +27,14 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from ulid import ULID
 
 from icefloe.errors import RegistryError
 from icefloe.registry import ops
 from icefloe.registry.model import Conditions, Registry, Sink, Source
 from icefloe.streams.model import Column
 from icefloe.streams.templates import body_path, check_template
+from icefloe_app.api.tasks import Task
 
 Handler = Callable[[Request], Awaitable[Response]]
 BRANCH = "default"
@@ -398,8 +400,6 @@ class KeboolaApi:
 
     def _done(self, kind: str, source_id: str, sink_id: str | None = None) -> Response:
         """A change applied at once, answered as Keboola's finished task."""
-        from icefloe_app.api.tasks import Task
-
         now = self.api.clock.time()
         task = Task(id=self._tasks_id(), kind=kind, target=source_id, state="succeeded",
                     created_at=now, finished_at=now)
@@ -408,8 +408,6 @@ class KeboolaApi:
 
     @staticmethod
     def _tasks_id() -> str:
-        from ulid import ULID
-
         return str(ULID())
 
     async def create_source(self, request: Request) -> Response:

@@ -88,83 +88,125 @@ def _flag(name: str, doc: str) -> dict[str, Any]:
 
 
 def openapi_document() -> dict[str, Any]:
+    """The whole document: the request structs' schemas and every path of the admin API."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "icefloe admin API", "version": "1",
+                 "description": "Sources (ingest endpoints), their sinks (Iceberg tables "
+                                "with columns and import conditions), tokens and tasks."},
+        "components": {"schemas": _components(), "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": {**_source_paths(), **_sink_paths(), **_other_paths()},
+    }
+
+
+def _components() -> dict[str, Any]:
+    """The schemas: the request structs' (from msgspec) and the answers' own."""
     (_, components) = msgspec.json.schema_components(
         [ops.SourceSpec, ops.SourcePatch, ops.SinkSpec, ops.SinkPatch,
          settings.SettingsPatch],
         ref_template=_REF)
     components.update({"Error": ERROR, "Task": TASK, "Sink": SINK, "Source": SOURCE,
                        "Setting": SETTING})
-    version = {"version": {"type": "integer"}}
-    one_source = {"200": {"description": "the source", **_json(_obj(
-        **version, source=_ref("Source")))}}
-    one_sink = {"200": {"description": "the sink", **_json(_obj(**version, sink=_ref("Sink")))}}
-    accepted = {"202": {"description": "a task creates or evolves the table(s), then applies "
-                        "the change; poll Location", **_json(_obj(task=_ref("Task")))}}
+    return components
+
+
+# -- the answers several paths share (built per document: nothing shared is mutable) ------
+
+def _versioned(**props: dict[str, Any]) -> dict[str, Any]:
+    """An answer that carries the registry ``version`` it was made at, and ``props``."""
+    return _obj(version={"type": "integer"}, **props)
+
+
+def _one_source() -> dict[str, Any]:
+    return {"200": {"description": "the source", **_json(_versioned(source=_ref("Source")))}}
+
+
+def _one_sink() -> dict[str, Any]:
+    return {"200": {"description": "the sink", **_json(_versioned(sink=_ref("Sink")))}}
+
+
+def _accepted() -> dict[str, Any]:
+    return {"202": {"description": "a task creates or evolves the table(s), then applies "
+                    "the change; poll Location", **_json(_obj(task=_ref("Task")))}}
+
+
+def _deleted() -> dict[str, Any]:
+    return {"200": {"description": "deleted", **_json(
+        _versioned(deleted={"type": "string"}))}}
+
+
+def _settings_listed() -> dict[str, Any]:
+    return {"200": {"description": "the settings (key, type, value, default, overwritten)",
+                    **_json(_versioned(settings={"type": "array",
+                                                 "items": _ref("Setting")}))}}
+
+
+# -- the paths ------------------------------------------------------------------------------
+
+def _source_paths() -> dict[str, Any]:
     src = _path("id")
-    snk = _path("id", "sink")
-    toggle = {"200": one_sink["200"]}
-    listed = {"200": {"description": "the settings (key, type, value, default, overwritten)",
-                      **_json(_obj(**version, settings={"type": "array",
-                                                        "items": _ref("Setting")}))}}
     return {
-        "openapi": "3.1.0",
-        "info": {"title": "icefloe admin API", "version": "1",
-                 "description": "Sources (ingest endpoints), their sinks (Iceberg tables "
-                                "with columns and import conditions), tokens and tasks."},
-        "components": {"schemas": components, "securitySchemes": {
-            "bearer": {"type": "http", "scheme": "bearer"}}},
-        "paths": {
-            "/v1/registry": {"get": _op("registry version", {"200": {
-                "description": "version", **_json(_obj(**version))}})},
-            "/v1/sources": {
-                "get": _op("list sources", {"200": {"description": "sources", **_json(_obj(
-                    **version, sources={"type": "array", "items": _ref("Source")}))}}),
-                "post": _op("create a source", {"201": {"description": "created", **_json(
-                    _obj(**version, source=_ref("Source")))}, **accepted}, 400, 409, 413,
-                    body="SourceSpec")},
-            "/v1/sources/{id}": {
-                "get": _op("one source", one_source, 404, params=src),
-                "patch": _op("change a source", one_source, 400, 404, 413, body="SourcePatch",
-                             params=src),
-                "delete": _op("delete a source", {"200": {"description": "deleted", **_json(
-                    _obj(**version, deleted={"type": "string"}))}}, 404, 409, params=[
-                    *src, _flag("force", "delete even with undelivered events (they are "
-                                "still delivered)")])},
-            "/v1/sources/{id}/tokens": {"post": _op(
-                "rotate the write tokens (the new token is shown once)", {"201": {
-                    "description": "new token", **_json(_obj(
-                        **version, token={"type": "string"}, tokens={"type": "integer"}))}},
-                404, params=[*src, _flag("keep_previous", "keep the old tokens valid")])},
-            "/v1/sources/{id}/sinks": {
-                "get": _op("list sinks", {"200": {"description": "sinks", **_json(_obj(
-                    **version, sinks={"type": "array", "items": _ref("Sink")}))}}, 404,
-                    params=src),
-                "post": _op("create a sink", accepted, 400, 404, 409, 413, body="SinkSpec",
-                            params=src)},
-            "/v1/sources/{id}/sinks/{sink}": {
-                "get": _op("one sink", one_sink, 404, params=snk),
-                "patch": _op("change a sink", {**one_sink, **accepted}, 400, 404, 413,
-                             body="SinkPatch", params=snk),
-                "delete": _op("delete a sink", {"200": {"description": "deleted", **_json(
-                    _obj(**version, deleted={"type": "string"}))}}, 404, params=snk)},
-            "/v1/sources/{id}/settings": {
-                "get": _op("a source's settings", listed, 404, params=src),
-                "patch": _op("change a source's settings (value null: the default)", listed,
-                             400, 404, 413, body="SettingsPatch", params=src)},
-            "/v1/sources/{id}/sinks/{sink}/settings": {
-                "get": _op("a sink's settings, import conditions included", listed, 404,
-                           params=snk),
-                "patch": _op("change a sink's settings (value null: the default)", listed,
-                             400, 404, 409, 413, body="SettingsPatch", params=snk)},
-            "/v1/sources/{id}/sinks/{sink}:disable": {"post": _op(
-                "stop delivering to a sink", toggle, 404, params=snk)},
-            "/v1/sources/{id}/sinks/{sink}:enable": {"post": _op(
-                "resume delivering to a sink", toggle, 404, params=snk)},
-            "/v1/tasks/{task}": {"get": _op("a task", {"200": {"description": "the task", **_json(
-                _obj(task=_ref("Task")))}}, 404, params=_path("task"))},
-            "/v1/parked:retry": {"post": _op(
-                "collectors retry their parked tables' staged rows now", {"200": {
-                    "description": "the registry version that asks for it", **_json(
-                        _obj(version={"type": "integer"}, retry={"type": "string"}))}})},
-        },
+        "/v1/registry": {"get": _op("registry version", {"200": {
+            "description": "version", **_json(_versioned())}})},
+        "/v1/sources": {
+            "get": _op("list sources", {"200": {"description": "sources", **_json(_versioned(
+                sources={"type": "array", "items": _ref("Source")}))}}),
+            "post": _op("create a source", {"201": {"description": "created", **_json(
+                _versioned(source=_ref("Source")))}, **_accepted()}, 400, 409, 413,
+                body="SourceSpec")},
+        "/v1/sources/{id}": {
+            "get": _op("one source", _one_source(), 404, params=src),
+            "patch": _op("change a source", _one_source(), 400, 404, 413, body="SourcePatch",
+                         params=src),
+            "delete": _op("delete a source", _deleted(), 404, 409, params=[
+                *src, _flag("force", "delete even with undelivered events (they are "
+                            "still delivered)")])},
+        "/v1/sources/{id}/tokens": {"post": _op(
+            "rotate the write tokens (the new token is shown once)", {"201": {
+                "description": "new token", **_json(_versioned(
+                    token={"type": "string"}, tokens={"type": "integer"}))}},
+            404, params=[*src, _flag("keep_previous", "keep the old tokens valid")])},
+    }
+
+
+def _sink_paths() -> dict[str, Any]:
+    src, snk = _path("id"), _path("id", "sink")
+    return {
+        "/v1/sources/{id}/sinks": {
+            "get": _op("list sinks", {"200": {"description": "sinks", **_json(_versioned(
+                sinks={"type": "array", "items": _ref("Sink")}))}}, 404, params=src),
+            "post": _op("create a sink", _accepted(), 400, 404, 409, 413, body="SinkSpec",
+                        params=src)},
+        "/v1/sources/{id}/sinks/{sink}": {
+            "get": _op("one sink", _one_sink(), 404, params=snk),
+            "patch": _op("change a sink", {**_one_sink(), **_accepted()}, 400, 404, 413,
+                         body="SinkPatch", params=snk),
+            "delete": _op("delete a sink", _deleted(), 404, params=snk)},
+        "/v1/sources/{id}/settings": {
+            "get": _op("a source's settings", _settings_listed(), 404, params=_path("id")),
+            "patch": _op("change a source's settings (value null: the default)",
+                         _settings_listed(), 400, 404, 413, body="SettingsPatch",
+                         params=_path("id"))},
+        "/v1/sources/{id}/sinks/{sink}/settings": {
+            "get": _op("a sink's settings, import conditions included", _settings_listed(),
+                       404, params=snk),
+            "patch": _op("change a sink's settings (value null: the default)",
+                         _settings_listed(), 400, 404, 409, 413, body="SettingsPatch",
+                         params=snk)},
+        "/v1/sources/{id}/sinks/{sink}:disable": {"post": _op(
+            "stop delivering to a sink", _one_sink(), 404, params=snk)},
+        "/v1/sources/{id}/sinks/{sink}:enable": {"post": _op(
+            "resume delivering to a sink", _one_sink(), 404, params=snk)},
+    }
+
+
+def _other_paths() -> dict[str, Any]:
+    return {
+        "/v1/tasks/{task}": {"get": _op("a task", {"200": {"description": "the task", **_json(
+            _obj(task=_ref("Task")))}}, 404, params=_path("task"))},
+        "/v1/parked:retry": {"post": _op(
+            "collectors retry their parked tables' staged rows now", {"200": {
+                "description": "the registry version that asks for it", **_json(
+                    _obj(version={"type": "integer"}, retry={"type": "string"}))}})},
     }

@@ -57,21 +57,21 @@ def catalog_table_maker(config: Config) -> tuple[TableMaker, TableDropper]:
     opened: list[object] = []
 
     def catalog() -> Any:
-        from pipeline.iceberg.catalog import open_catalog
+        from pipeline.iceberg.catalog import open_catalog  # lazy: pyiceberg
 
         if not opened:
             opened.append(open_catalog(config.catalog))
         return opened[0]
 
     def make(stream: StreamConfig) -> bool:
-        from pipeline.iceberg.tables import ensure_stream_table
+        from pipeline.iceberg.tables import ensure_stream_table  # lazy: pyiceberg
 
         created: list[str] = []
         ensure_stream_table(catalog(), stream, created=created)
         return bool(created)
 
     def drop(table: str) -> bool:
-        from pipeline.iceberg.tables import drop_if_empty
+        from pipeline.iceberg.tables import drop_if_empty  # lazy: pyiceberg
 
         return drop_if_empty(catalog(), table)
     return make, drop

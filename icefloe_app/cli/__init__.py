@@ -62,49 +62,49 @@ def _command_module(module: str) -> ModuleType:
     (tests/system/test_layers.py) see every edge."""
     match module:
         case "up_cmd":
-            from icefloe_app.cli import up_cmd
+            from icefloe_app.cli import up_cmd  # startup time
             return up_cmd
         case "ingestor_cmd":
-            from icefloe_app.cli import ingestor_cmd
+            from icefloe_app.cli import ingestor_cmd  # startup time
             return ingestor_cmd
         case "collector_cmd":
-            from icefloe_app.cli import collector_cmd
+            from icefloe_app.cli import collector_cmd  # startup time
             return collector_cmd
         case "run_cmd":
-            from icefloe_app.cli import run_cmd
+            from icefloe_app.cli import run_cmd  # startup time
             return run_cmd
         case "query_cmd":
-            from icefloe_app.cli import query_cmd
+            from icefloe_app.cli import query_cmd  # startup time
             return query_cmd
         case "models_cmd":
-            from icefloe_app.cli import models_cmd
+            from icefloe_app.cli import models_cmd  # startup time
             return models_cmd
         case "streams_cmd":
-            from icefloe_app.cli import streams_cmd
+            from icefloe_app.cli import streams_cmd  # startup time
             return streams_cmd
         case "tables_cmd":
-            from icefloe_app.cli import tables_cmd
+            from icefloe_app.cli import tables_cmd  # startup time
             return tables_cmd
         case "deadletters_cmd":
-            from icefloe_app.cli import deadletters_cmd
+            from icefloe_app.cli import deadletters_cmd  # startup time
             return deadletters_cmd
         case "demo_cmd":
-            from icefloe_app.cli import demo_cmd
+            from icefloe_app.cli import demo_cmd  # startup time
             return demo_cmd
         case "token_cmd":
-            from icefloe_app.cli import token_cmd
+            from icefloe_app.cli import token_cmd  # startup time
             return token_cmd
         case "inspect_cmd":
-            from icefloe_app.cli import inspect_cmd
+            from icefloe_app.cli import inspect_cmd  # startup time
             return inspect_cmd
         case "probe_cmd":
-            from icefloe_app.cli import probe_cmd
+            from icefloe_app.cli import probe_cmd  # startup time
             return probe_cmd
         case "admin_cmd":
-            from icefloe_app.cli import admin_cmd
+            from icefloe_app.cli import admin_cmd  # startup time
             return admin_cmd
         case "sources_cmd":
-            from icefloe_app.cli import sources_cmd
+            from icefloe_app.cli import sources_cmd  # startup time
             return sources_cmd
         case _:
             raise KeyError(f"no command module {module!r}")

@@ -53,8 +53,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from icefloe_app.api.server import AdminReady, serve_admin
-    from icefloe_app.cli.collector_cmd import install_stop_signals
+    from icefloe_app.api.server import AdminReady, serve_admin  # startup time
+    from icefloe_app.cli.collector_cmd import install_stop_signals  # startup time
 
     _, config = config_from_args(args, {"admin": {"host": args.host, "port": args.port}})
     setup_logging(args.log_level, args.log_format)

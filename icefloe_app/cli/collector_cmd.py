@@ -111,7 +111,7 @@ def serve_collector(config: Config, *, takeover: bool = False, engine: Engine | 
 
     ``engine`` replaces Spark (tests use :class:`pipeline.load.run.LocalEngine`).
     """
-    from collector.runner import run_collector
+    from collector.runner import run_collector  # lazy: pyspark
 
     epoch: list[int] = []
 

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from icefloe.store import StoreOptions, options_for
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,8 +20,6 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
                         help="object store: file:///path or s3://bucket/prefix (default: "
                              "[store] url of the config, else DATA_DIR/store)")
     add_s3_arguments(parser)
-    from icefloe_app.cli.config_args import add_config_arguments
-
     add_config_arguments(parser, example=True)
 
 
@@ -40,8 +39,6 @@ def resolve_store(args: argparse.Namespace) -> None:
     so ``icefloe inspect manifest`` next to ``icefloe up`` needs no flags."""
     if getattr(args, "store", None):
         return
-    from icefloe_app.cli.config_args import config_from_args
-
     _, config = config_from_args(args, example=True)
     args.store = config.store.url
     args.control_store = config.store.control_url  # manifest and registry, if apart

@@ -56,7 +56,7 @@ def register(commands: Any) -> None:
 
 
 def _filters(args: argparse.Namespace) -> Any:
-    from pipeline.redrive import Filters
+    from pipeline.redrive import Filters  # startup time
 
     since = None
     if args.since:
@@ -71,8 +71,8 @@ def _filters(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.iceberg.catalog import open_catalog
-    from pipeline.redrive import pending, read_dead_letters, redrive, redriven_keys
+    from pipeline.iceberg.catalog import open_catalog  # lazy: pyiceberg
+    from pipeline.redrive import pending, read_dead_letters, redrive, redriven_keys  # startup
 
     filters = _filters(args)
     _, config = config_from_args(args, example=True)
@@ -123,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _redrive_overflow(args: argparse.Namespace, config: Any, catalog: Any) -> int:
     """``redrive --overflow``: each evolving stream's table (``--stream``: that one)."""
-    from collector.evolve import redrive_overflow
-    from icefloe.streams.evolution import EvolveLimits
+    from collector.evolve import redrive_overflow  # lazy: pyspark
+    from icefloe.streams.evolution import EvolveLimits  # startup time
 
     col = config.collector
     limits = EvolveLimits(col.evolve_max_columns, col.evolve_max_name_length,

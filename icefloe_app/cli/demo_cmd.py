@@ -338,7 +338,7 @@ class Demo:
         return duration is not None and duration > 0 and loop.time() - self.started >= duration
 
     async def _send(self, lane: Lane, events: list[dict[str, Any]], key: str) -> None:
-        from icefloe.client import IngestRejected
+        from icefloe.client import IngestRejected  # startup time
 
         try:
             # Not ``lane.accepted += await ...``: that reads the counter before the await
@@ -469,7 +469,7 @@ async def check_ingestor(url: str) -> None:
     Without it the client would retry the first request with backoff for many seconds
     before saying the same thing.
     """
-    import httpx
+    import httpx  # startup time
 
     try:
         async with httpx.AsyncClient(timeout=5) as http:
@@ -513,7 +513,7 @@ def select_streams(config: Config, names: str | None, where: str) -> list[Stream
 
 def build_demo(args: argparse.Namespace, config: Config, path: Path | None) -> Demo:
     """Plan, lanes (one seeded generator and client per stream) and the table watch."""
-    from icefloe.client import AsyncHttpClient
+    from icefloe.client import AsyncHttpClient  # startup time
 
     streams = select_streams(config, args.streams, describe_source(path))
     token = os.environ.get(TOKEN_ENV) or None

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
         "reuse_port": args.reuse_port}})
     setup_logging(args.log_level, args.log_format)
-    from ingestor.server import run as serve
+    from ingestor.server import run as serve  # startup time
 
     def announce(ports: BoundPorts) -> None:
         print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc}),

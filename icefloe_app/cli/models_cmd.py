@@ -81,8 +81,8 @@ def models_folder(args: argparse.Namespace) -> Path:
 
 
 def _project(args: argparse.Namespace) -> tuple[Config, Project]:
-    from pipeline.models import plan_project
-    from pipeline.models.spec import load_models
+    from pipeline.models import plan_project  # startup time
+    from pipeline.models.spec import load_models  # startup time
 
     _, config = config_from_args(args, example=True)
     return config, plan_project(load_models(models_folder(args)), config)
@@ -102,7 +102,7 @@ def _last(model_stored: bool, state: RunState | None) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from pipeline.models import last_runs
+    from pipeline.models import last_runs  # startup time
 
     config, project = _project(args)
     states = last_runs(config, list(project.models.values()))
@@ -120,7 +120,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from pipeline.models import last_runs, model_hash
+    from pipeline.models import last_runs, model_hash  # startup time
 
     config, project = _project(args)
     model = project.select([args.name])[0]
@@ -167,14 +167,14 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from pipeline.models import prepare
-    from pipeline.models import run_models as run
+    from pipeline.models import prepare  # startup time
+    from pipeline.models import run_models as run  # startup time
 
     _, config = config_from_args(args, example=True)
     project = prepare(models_folder(args), config)
     project.select(args.names)  # unknown names fail before Spark starts
     print("icefloe models: starting Spark ...", file=sys.stderr, flush=True)
-    from pipeline.spark import get_spark
+    from pipeline.spark import get_spark  # lazy: pyspark
 
     spark = get_spark(args.spark_master, "icefloe-models")
     outcomes = run(spark, project, config, args.names, full_refresh=args.full_refresh)

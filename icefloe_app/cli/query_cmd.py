@@ -97,8 +97,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.read.embedded import choose, run_embedded_plain
-    from pipeline.read.query import AsOf, plan
+    from pipeline.read.embedded import choose, run_embedded_plain  # startup time
+    from pipeline.read.query import AsOf, plan  # startup time
 
     _, config = config_from_args(args, example=True)
     as_of = AsOf.parse(args.as_of)
@@ -135,8 +135,8 @@ def dialect_of(args: argparse.Namespace) -> str:
 
 def _run_spark(args: argparse.Namespace, config: Config, pinned: Plan, limit: int | None
                ) -> tuple[pa.Table, bool]:
-    from pipeline.read.query import run_query
-    from pipeline.spark import get_spark
+    from pipeline.read.query import run_query  # startup time
+    from pipeline.spark import get_spark  # lazy: pyspark
 
     spark = get_spark(args.spark_master, "icefloe-query")
     result, truncated, _ = run_query(spark, config, args.sql, limit=limit, pinned=pinned)
@@ -184,7 +184,7 @@ def _numeric(result: pa.Table | Rows) -> list[bool]:
 
 
 def _is_number(kind: pa.DataType) -> bool:
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow
 
     return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind)
                 or pa.types.is_decimal(kind))

@@ -62,8 +62,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.models import plan_project
-    from pipeline.models.spec import load_models
+    from pipeline.models import plan_project  # startup time
+    from pipeline.models.spec import load_models  # startup time
 
     _, config = config_from_args(args)
     setup_logging(args.log_level, args.log_format)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 def commit_queue(config: Config, *, takeover: bool = False) -> int:
     """Drain the queue as the active collector; 3 (and a line naming the holder) while
     another collector holds the lease."""
-    from collector.runner import run_collector
+    from collector.runner import run_collector  # lazy: pyspark
 
     async def main() -> int:
         if not takeover:  # refuse before Spark starts; acquire() re-checks inside its CAS
@@ -108,8 +108,8 @@ def commit_queue(config: Config, *, takeover: bool = False) -> int:
 
 async def live_lease(config: Config) -> tuple[str, float] | None:
     """``(holder, seconds left)`` of a live collector lease on the queue, else None."""
-    from icefloe.manifest import ManifestConsumer
-    from icefloe.store import open_async_store, options_for
+    from icefloe.manifest import ManifestConsumer  # startup time
+    from icefloe.store import open_async_store, options_for  # startup time
 
     store = open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
@@ -123,9 +123,9 @@ async def live_lease(config: Config) -> tuple[str, float] | None:
 def run_models_once(config: Config, folder: Path, *, full_refresh: bool = False,
                     as_json: bool = False) -> int:
     """Every model of ``folder``, once, in DAG order (as ``icefloe models run``)."""
-    from pipeline.models import prepare
-    from pipeline.models import run_models as run_all
-    from pipeline.spark import get_spark
+    from pipeline.models import prepare  # startup time
+    from pipeline.models import run_models as run_all  # startup time
+    from pipeline.spark import get_spark  # lazy: pyspark
 
     project = prepare(folder, config)  # after the commit: the tables the models read exist
     if not project.models:

@@ -141,7 +141,7 @@ def _client(args: argparse.Namespace) -> httpx.Client:
     cacert = args.cacert or os.environ.get(CACERT_ENV)
     verify: Any = True
     if cacert:
-        import ssl
+        import ssl  # startup time
 
         try:
             verify = ssl.create_default_context(cafile=cacert)

@@ -134,10 +134,10 @@ def _registry_note(config: Config) -> None:
 
 def registry_version(config: Config) -> int | None:
     """The registry's version if one exists in the store (0: none), None if unreadable."""
-    import asyncio
+    import asyncio  # startup time
 
-    from icefloe.registry import RegistryStore
-    from icefloe.store import open_async_store, options_for
+    from icefloe.registry import RegistryStore  # startup time
+    from icefloe.store import open_async_store, options_for  # startup time
 
     async def read() -> int:
         store = open_async_store(config.store.url, options_for(config.store.endpoint_url,

@@ -86,7 +86,7 @@ def open_existing_catalog(section: CatalogSection) -> Catalog | None:
     created yet" is the true answer there. Every other failure is open_catalog's one-line
     :class:`CatalogError`.
     """
-    from pipeline.iceberg.catalog import open_catalog
+    from pipeline.iceberg.catalog import open_catalog  # lazy: pyiceberg
 
     path = sqlite_path(section.uri)
     if section.type == "sql" and path is not None and not path.exists():
@@ -96,12 +96,10 @@ def open_existing_catalog(section: CatalogSection) -> Catalog | None:
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
     """The table, or None when the catalog has no such table (or namespace)."""
-    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+    from pipeline.iceberg.errors import load_table_or_none  # lazy: pyiceberg
 
     try:
-        return catalog.load_table(identifier)
-    except (NoSuchTableError, NoSuchNamespaceError):
-        return None
+        return load_table_or_none(catalog, identifier)
     except Exception as exc:  # drivers raise their own trees: one line, cause chained
         text = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise CatalogError(f"cannot load table {identifier} from catalog {catalog.name!r}: "
@@ -124,7 +122,7 @@ def _summary_int(snapshot: Snapshot | None, key: str) -> int | None:
 
 
 def _catalog_label(section: CatalogSection) -> str:
-    from pipeline.iceberg.catalog import catalog_label
+    from pipeline.iceberg.catalog import catalog_label  # lazy: pyiceberg
 
     return catalog_label(section)
 
@@ -153,7 +151,7 @@ class TableStatus:
 
 def table_status(catalog: Catalog | None, identifier: str, stream: str | None) -> TableStatus:
     """What the catalog says about one table."""
-    from pipeline.iceberg.commit import NO_SEQUENCE, committed_state
+    from pipeline.iceberg.commit import NO_SEQUENCE, committed_state  # lazy: pyiceberg
 
     loaded = load_table(catalog, identifier) if catalog is not None else None
     if loaded is None:
@@ -173,10 +171,10 @@ def table_status(catalog: Catalog | None, identifier: str, stream: str | None) -
 def read_registry(config: Config) -> Registry | None:
     """The stream registry in the store, or None when there is none or the store cannot be
     read within 3 s (the listing is about the catalog: it only loses the sink tables)."""
-    import asyncio
+    import asyncio  # startup time
 
-    from icefloe.registry import RegistryStore
-    from icefloe.store import open_async_store, options_for
+    from icefloe.registry import RegistryStore  # startup time
+    from icefloe.store import open_async_store, options_for  # startup time
 
     async def read() -> Registry:
         store = open_async_store(config.store.url, options_for(config.store.endpoint_url,
@@ -206,7 +204,7 @@ def list_statuses(config: Config, catalog: Catalog | None,
                   registry: Registry | None = None) -> list[TableStatus]:
     """Every configured stream's table, then the registry's sink tables not listed yet
     (sources and sinks made with the admin API), then the dead-letter table if it exists."""
-    from pipeline.columns import DEAD_LETTER_TABLE
+    from pipeline.columns import DEAD_LETTER_TABLE  # startup time
 
     statuses = [table_status(catalog, s.table, s.name) for s in config.streams]
     listed = {s.table for s in statuses}
@@ -294,7 +292,7 @@ def run_history(args: argparse.Namespace) -> int:
                                                           or 0), reverse=True)
     shown = snapshots if args.limit <= 0 else snapshots[: args.limit]
     current = loaded.current_snapshot()
-    from pipeline.read.versions import introduced_versions, snapshot_versions
+    from pipeline.read.versions import introduced_versions, snapshot_versions  # startup time
 
     numbers = introduced_versions(loaded)
     whole = {s.snapshot_id for s in snapshot_versions(loaded).values()}
@@ -337,7 +335,7 @@ def run_history(args: argparse.Namespace) -> int:
 
 
 def _history_entry(snapshot: Snapshot, current: Snapshot | None) -> dict[str, Any]:
-    from pipeline.iceberg.commit import EPOCH_PROP, SEQUENCE_PROP
+    from pipeline.iceberg.commit import EPOCH_PROP, SEQUENCE_PROP  # lazy: pyiceberg
 
     summary = snapshot.summary
     props = summary.additional_properties if summary is not None else {}
@@ -361,7 +359,7 @@ def _history_entry(snapshot: Snapshot, current: Snapshot | None) -> dict[str, An
 
 def _model_commit(props: dict[str, str]) -> dict[str, Any] | None:
     """What a model run recorded on this snapshot (None for other commits)."""
-    from pipeline.models.state import RunState, last_run_properties
+    from pipeline.models.state import RunState, last_run_properties  # startup time
 
     state: RunState | None = last_run_properties(props)
     if state is None:

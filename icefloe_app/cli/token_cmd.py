@@ -101,7 +101,7 @@ def run_hash(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from ingestor.auth import credentials
+    from ingestor.auth import credentials  # startup time
 
     _, config = config_from_args(args, example=True)
     token = read_token()

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ingestors < 1:
         raise ConfigError(f"--ingestors {args.ingestors}: at least one ingestor is needed")
     if not args.no_collector:
-        from pipeline.java import require_java
+        from pipeline.java import require_java  # startup time
 
         require_java()  # fail in a second, not after the ingestors started
     setup_logging("warning", "text")
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             "--log-level", "warning", "--log-format", "text"]
     runner: Callable[[Coroutine[Any, Any, int]], int]
     try:
-        import uvloop
+        import uvloop  # optional dep
 
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
@@ -174,7 +174,7 @@ class _Up:
 
     async def _admin(self, stop: asyncio.Event) -> None:
         """The admin API next to the cluster; if it cannot start, the cluster keeps running."""
-        from icefloe_app.api.server import AdminReady, serve_admin
+        from icefloe_app.api.server import AdminReady, serve_admin  # startup time
 
         def ready(info: AdminReady) -> None:
             print(f"  admin    {info.url}/v1/sources  (registry version "
@@ -186,8 +186,8 @@ class _Up:
             print(f"icefloe up: admin API not started: {exc}", file=sys.stderr, flush=True)
 
     async def _collect(self, stop: asyncio.Event) -> int:
-        from collector.metrics import CollectorMetrics
-        from collector.runner import run_collector
+        from collector.metrics import CollectorMetrics  # lazy: pyspark
+        from collector.runner import run_collector  # lazy: pyspark
 
         self.metrics = CollectorMetrics()
         epoch: list[int] = []
@@ -225,7 +225,7 @@ class _Up:
             lag_s=metric_total(m.lag_seconds) if active and m else None)
 
     def _print_endpoints(self, http_port: int, grpc_port: int) -> None:
-        from pipeline.iceberg.catalog import catalog_label
+        from pipeline.iceberg.catalog import catalog_label  # lazy: pyiceberg
 
         config = self.config
         host = _host(config.ingestor.host)

@@ -3,7 +3,8 @@
 Why here and not in ``server.py``: the production server and the tests must run the very
 same HTTP stack (protocol class, TLS context, timeouts), so it is built in one function.
 
-:func:`guarded_protocol` subclasses uvicorn's httptools protocol:
+:class:`GuardedHttpToolsProtocol` subclasses uvicorn's httptools protocol
+(:func:`guarded_protocol` binds it to one server's guard, fast lane and limits):
 
 * plain ingest POSTs are handed to the fast lane (:mod:`ingestor.http.fast`), which stands
   in for uvicorn's request cycle and answers from the durability future's callback; every
@@ -18,7 +19,8 @@ same HTTP stack (protocol class, TLS context, timeouts), so it is built in one f
   closed — else a client could hold the connection for ever by trickling a body nobody
   reads;
 * each ASGI response is written with one ``send()`` (:class:`ResponseCork`);
-* the front's own limits (:class:`HttpLimits`, issue #29), checked before any route sees a
+* the front's own limits (:class:`~ingestor.http.limits.HttpLimits`, issue #29; the
+  decisions are plain functions in :mod:`ingestor.http.limits`), checked before any route sees a
   request: request head bytes (counted per read as they arrive, so a 64 MiB header is
   refused after ``max_header_bytes`` plus one read, never buffered whole by httptools) and
   header count (431); HTTP versions other than 1.0/1.1 (505, an HTTP/2 preface included);
@@ -35,18 +37,23 @@ same HTTP stack (protocol class, TLS context, timeouts), so it is built in one f
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import httptools
-import msgspec
 import uvicorn
 from prometheus_client import Counter
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from icefloe.config import IngestorSection
 from ingestor.http.app import HttpApp
 from ingestor.http.fast import FastIngest, FastLane
+from ingestor.http.limits import (
+    HttpLimits,
+    Refusal,
+    framing_refusal,
+    parse_error_refusal,
+    refusal_response,
+)
 from ingestor.http.slow_clients import SlowClientGuard
 from ingestor.tls import CertificateReloader
 
@@ -56,33 +63,9 @@ _TIMEOUT_BODY = (b'{"error":"request_timeout","message":"the request headers did
                  b'in time","details":[]}')
 LINGER_S: Final = 2.0
 """How long a refused connection keeps reading (and dropping) what its client still sends."""
-_HTTP2_PREFACE: Final = b"PRI * HTTP/2.0\r\n"
 
-
-def refusal_response(status: int, code: str, message: str) -> bytes:
-    """A whole HTTP/1.1 response: the JSON error body every refusal carries, and a close."""
-    body = msgspec.json.encode({"error": code, "message": message, "details": []})
-    return b"%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close" \
-        b"\r\n\r\n%s" % (STATUS_LINE[status], len(body), body)
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """The HTTP front's own limits (``[ingestor]`` keys of the same names) and the counter
-    of what they refused (``icefloe_ingest_http_refused_total{reason}``)."""
-
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    max_connections: int = 10_000
-    refused: Counter | None = None
-
-    @classmethod
-    def of(cls, ing: IngestorSection, refused: Counter | None = None) -> HttpLimits:
-        return cls(ing.max_header_bytes, ing.max_headers, ing.max_connections, refused)
-
-    def count(self, reason: str) -> None:
-        if self.refused is not None:
-            self.refused.labels(reason).inc()
+__all__ = ["LINGER_S", "GuardedHttpToolsProtocol", "HttpLimits", "ResponseCork",
+           "guarded_protocol", "http_config", "refusal_response", "slow_client_guard"]
 
 
 class _Refused(Exception):
@@ -135,227 +118,233 @@ class ResponseCork:
         return getattr(self._transport, name)
 
 
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with header deadlines enforced by ``slow_guard``, each
+    response written in one syscall (:class:`ResponseCork`), the front's ``http_limits``
+    (decided in :mod:`ingestor.http.limits`), and — given ``fast_lane`` — plain ingest
+    POSTs answered by the fast lane (:mod:`ingestor.http.fast`) instead of an ASGI task.
+
+    uvicorn makes a protocol per connection from the class alone, so the guard, the lane
+    and the limits are class attributes: :func:`guarded_protocol` makes the subclass that
+    carries them."""
+
+    slow_guard: ClassVar[SlowClientGuard]
+    fast_lane: ClassVar[FastLane | None] = None
+    http_limits: ClassVar[HttpLimits] = HttpLimits()
+    # the two limits checked per read and per header field, copied to the connection when
+    # it opens: an instance attribute is read faster than a class one (CPython 3.11), and
+    # these are read several times per request (bench/security_bench.py measures it)
+    max_header_bytes: int = HttpLimits.max_header_bytes
+    max_headers: int = HttpLimits.max_headers
+
+    # the guard's clocks (see SlowClientGuard): waiting for headers since / idle since
+    headers_since: float | None = None
+    idle_since: float | None = None
+    # the limits' state: bytes read of the request head being parsed (counted while
+    # head_pending: between requests and inside a head), its HTTP version (read once
+    # here, also for the fast lane), its Transfer-Encoding values, why it is refused
+    head_pending = True
+    head_bytes = 0
+    http_version = "1.1"
+    transfer_encoding: list[bytes] | None = None
+    refusal: Refusal | None = None
+    lingering = False  # refused: what arrives is dropped until the close
+    eof_seen = False  # the client half-closed: answer, then close
+
+    # -- the connection ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.http_limits
+        if limits.too_many_connections(len(self.connections)):
+            limits.count("max_connections")
+            self.lingering = self.head_pending = True
+            transport.close()
+            return
+        self.cork = ResponseCork(transport, self.loop)
+        self.max_header_bytes, self.max_headers = limits.max_header_bytes, limits.max_headers
+        self.slow_guard.watch(self)
+        self.headers_since = self.slow_guard.now()
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, plus the head-size limit: bytes are counted per read while a head
+        is pending, and checked once the parser has taken them (a read that completes
+        the head resets the count, so a body in the same read never counts)."""
+        if self.head_pending:
+            if self.lingering:
+                return
+            self.head_bytes += len(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError as exc:
+            self._parse_error(data, exc)
+            return
+        if self.head_pending and self.head_bytes > self.max_header_bytes:
+            refusal = self.http_limits.head_refusal(self.head_bytes)
+            if refusal is not None:
+                self.refuse(*refusal)
+
+    def _parse_error(self, data: bytes, exc: Exception) -> None:
+        """A refusal noted while parsing (raised as :class:`_Refused` from a callback), or
+        what :func:`~ingestor.http.limits.parse_error_refusal` makes of the parser's error."""
+        self.refuse(*(self.refusal or parse_error_refusal(data, exc)))
+
+    def refuse(self, status: int, reason: str, code: str, message: str) -> None:
+        """Answer ``status`` with a JSON error, shut the write side and linger (see
+        the module docstring); counted by ``reason``."""
+        self.http_limits.count(reason)
+        self.lingering = self.head_pending = True  # head_pending: data_received looks
+        self.headers_since = self.idle_since = None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            transport.close()  # an earlier request is still being answered
+            return
+        transport.write(refusal_response(status, code, message))
+        if transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
+
+    def eof_received(self) -> bool | None:
+        """Half-closed after a whole request: keep the connection to answer it. With
+        nothing to answer, or mid-body (that request can never complete: the client
+        has gone, 499), it closes; so it does on TLS, which cannot half-close."""
+        cycle = self.cycle
+        if self.lingering or self.scheme == "https" or cycle is None \
+                or cycle.response_complete or cycle.more_body:
+            return None
+        self.eof_seen = True
+        return True
+
+    # -- the parser's callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        # uvicorn's also builds the ASGI scope, which the fast lane never needs: that
+        # is left to _asgi_scope, for requests that take the ASGI path
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.transfer_encoding = None
+        self.idle_since = None
+        if self.headers_since is None:  # kept when it already waits (see below)
+            self.headers_since = self.slow_guard.now()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        headers = self.headers
+        if len(headers) >= self.max_headers:
+            self.refusal = self.http_limits.header_count_refusal(len(headers))
+            raise _Refused
+        name = name.lower()  # as uvicorn's, plus Transfer-Encoding noted
+        if name == b"expect":
+            if value.lower() == b"100-continue":
+                self.expect_100_continue = True
+        elif name == b"transfer-encoding":
+            if self.transfer_encoding is None:
+                self.transfer_encoding = []
+            self.transfer_encoding.append(value)
+        headers.append((name, value))
+
+    def _check_framing(self) -> None:
+        """The version and transfer codings (:func:`~ingestor.http.limits.framing_refusal`);
+        raises :class:`_Refused` with ``refusal`` set."""
+        version = self.http_version = self.parser.get_http_version()
+        codings = self.transfer_encoding
+        if codings is None and (version == "1.1" or version == "1.0"):
+            return  # nothing to refuse: no call on the common path
+        refusal = framing_refusal(version, codings)
+        if refusal is not None:
+            self.refusal = refusal
+            raise _Refused
+
+    def _asgi_scope(self) -> None:
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()  # the scope, as uvicorn builds it
+        self.url, self.expect_100_continue = url, expect
+        self.headers = self.scope["headers"] = headers
+
+    def on_headers_complete(self) -> None:
+        self.headers_since = None
+        self.head_pending = False
+        self.head_bytes = 0
+        self._check_framing()
+        cycle, lane = self.cycle, self.fast_lane
+        if lane is not None and (cycle is None or cycle.response_complete) \
+                and lane.begin(self, self.server_state.default_headers) is not None:
+            return  # the lane set self.cycle to its FastIngest
+        self._asgi_scope()
+        super().on_headers_complete()
+        self.cycle.transport = self.cork  # type: ignore[assignment]
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is FastIngest:
+            cycle.body(body)
+        else:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self.head_pending = True  # what follows is the next request's head
+        self.head_bytes = 0
+        cycle = self.cycle
+        if type(cycle) is FastIngest:
+            cycle.complete()
+        else:
+            super().on_message_complete()
+
+    # -- after the answer -------------------------------------------------------------------
+
+    def on_response_complete(self) -> None:
+        if self.pipeline or self.transport.is_closing():
+            super().on_response_complete()  # starts the next pipelined request
+            return
+        if self.eof_seen:  # half-closed: nothing more can come
+            self.transport.close()
+            return
+        # as uvicorn's, but idle connections are the guard's: no timer per request
+        self.server_state.total_requests += 1
+        self.flow.resume_reading()
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body:  # answered; its body is still coming
+            if self.headers_since is None:
+                self.headers_since = self.slow_guard.now()
+        else:
+            self.idle_since = self.slow_guard.now()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.slow_guard.forget(self)
+        cycle = self.cycle
+        if type(cycle) is FastIngest and not cycle.response_complete:
+            cycle.lost()
+        super().connection_lost(exc)
+
+    def idle_timeout(self) -> None:
+        """Idle for ``keep_alive_s``: close, as uvicorn's keep-alive timer would."""
+        self.timeout_keep_alive_handler()
+
+    def header_timeout(self) -> None:
+        """Too slow: say so (408) and close, like nginx's ``client_header_timeout``."""
+        if not self.transport.is_closing():
+            self.transport.write(_TIMEOUT_408 % (len(_TIMEOUT_BODY), _TIMEOUT_BODY))
+            self.transport.close()
+
+
 def guarded_protocol(guard: SlowClientGuard, lane: FastLane | None = None,
-                     limits: HttpLimits | None = None) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol, with header deadlines enforced by ``guard``, each
-    response written in one syscall (:class:`ResponseCork`), the front's ``limits``, and —
-    given ``lane`` — plain ingest POSTs answered by the fast lane
-    (:mod:`ingestor.http.fast`) instead of an ASGI task."""
-    limits = limits or HttpLimits()
-    max_head, max_headers = limits.max_header_bytes, limits.max_headers
-
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        # the guard's clocks (see SlowClientGuard): waiting for headers since / idle since
-        headers_since: float | None = None
-        idle_since: float | None = None
-        # the limits' state: bytes read of the request head being parsed (counted while
-        # head_pending: between requests and inside a head), its HTTP version (read once
-        # here, also for the fast lane), its Transfer-Encoding values, why it is refused
-        head_pending = True
-        head_bytes = 0
-        http_version = "1.1"
-        transfer_encoding: list[bytes] | None = None
-        refusal: tuple[int, str, str, str] | None = None
-        lingering = False  # refused: what arrives is dropped until the close
-        eof_seen = False  # the client half-closed: answer, then close
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > limits.max_connections:
-                limits.count("max_connections")
-                self.lingering = self.head_pending = True
-                transport.close()
-                return
-            self.cork = ResponseCork(transport, self.loop)
-            guard.watch(self)
-            self.headers_since = guard.now()
-
-        def data_received(self, data: bytes) -> None:
-            """uvicorn's, plus the head-size limit: bytes are counted per read while a head
-            is pending, and checked once the parser has taken them (a read that completes
-            the head resets the count, so a body in the same read never counts)."""
-            if self.head_pending:
-                if self.lingering:
-                    return
-                self.head_bytes += len(data)
-            self._unset_keepalive_if_required()
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserUpgrade:
-                if self._should_upgrade():
-                    self.handle_websocket_upgrade()
-                else:
-                    self._unsupported_upgrade_warning()
-            except httptools.HttpParserError as exc:
-                self._parse_error(data, exc)
-                return
-            if self.head_pending and self.head_bytes > max_head:
-                self.refuse(431, "header_bytes", "header_too_large",
-                            f"the request line and headers exceed {max_head} bytes "
-                            "(ingestor.max_header_bytes)")
-
-        def _parse_error(self, data: bytes, exc: Exception) -> None:
-            """A refusal noted while parsing, HTTP/2 on this port, or else a request that
-            is not HTTP/1: 400 JSON ``malformed_request`` naming what the parser found
-            (counted, not logged: a client's mistake must not flood the log)."""
-            if self.refusal is not None:
-                self.refuse(*self.refusal)
-            elif data.startswith(_HTTP2_PREFACE):
-                self.refuse(*_VERSION_REFUSAL)
-            else:
-                found = str(exc).strip() or type(exc).__name__
-                self.refuse(400, "malformed_request", "malformed_request",
-                            f"the request is not valid HTTP/1.1 ({found[:120]})")
-
-        def refuse(self, status: int, reason: str, code: str, message: str) -> None:
-            """Answer ``status`` with a JSON error, shut the write side and linger (see
-            the module docstring); counted by ``reason``."""
-            limits.count(reason)
-            self.lingering = self.head_pending = True  # head_pending: data_received looks
-            self.headers_since = self.idle_since = None
-            transport = self.transport
-            if transport.is_closing():
-                return
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                transport.close()  # an earlier request is still being answered
-                return
-            transport.write(refusal_response(status, code, message))
-            if transport.can_write_eof():
-                transport.write_eof()
-                self.loop.call_later(LINGER_S, transport.close)
-            else:
-                transport.close()
-
-        def eof_received(self) -> bool | None:
-            """Half-closed after a whole request: keep the connection to answer it. With
-            nothing to answer, or mid-body (that request can never complete: the client
-            has gone, 499), it closes; so it does on TLS, which cannot half-close."""
-            cycle = self.cycle
-            if self.lingering or self.scheme == "https" or cycle is None \
-                    or cycle.response_complete or cycle.more_body:
-                return None
-            self.eof_seen = True
-            return True
-
-        def on_message_begin(self) -> None:
-            # uvicorn's also builds the ASGI scope, which the fast lane never needs: that
-            # is left to _asgi_scope, for requests that take the ASGI path
-            self.url = b""
-            self.expect_100_continue = False
-            self.headers = []
-            self.transfer_encoding = None
-            self.idle_since = None
-            if self.headers_since is None:  # kept when it already waits (see below)
-                self.headers_since = guard.now()
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            headers = self.headers
-            if len(headers) >= max_headers:
-                self.refusal = (431, "header_count", "too_many_headers",
-                                f"the request has more than {max_headers} header fields "
-                                "(ingestor.max_headers)")
-                raise _Refused
-            name = name.lower()  # as uvicorn's, plus Transfer-Encoding noted
-            if name == b"expect":
-                if value.lower() == b"100-continue":
-                    self.expect_100_continue = True
-            elif name == b"transfer-encoding":
-                if self.transfer_encoding is None:
-                    self.transfer_encoding = []
-                self.transfer_encoding.append(value)
-            headers.append((name, value))
-
-        def _check_framing(self) -> None:
-            """505 for an HTTP version other than 1.0/1.1; 501 for a transfer coding other
-            than plain ``chunked`` (raises :class:`_Refused`, ``refusal`` set)."""
-            version = self.http_version = self.parser.get_http_version()
-            if version != "1.1" and version != "1.0":
-                self.refusal = _VERSION_REFUSAL
-                raise _Refused
-            codings = self.transfer_encoding
-            if codings is not None and [c.strip().lower() for c in b",".join(codings)
-                                        .split(b",")] != [b"chunked"]:
-                self.refusal = (501, "transfer_encoding", "unsupported_transfer_encoding",
-                                "only Transfer-Encoding: chunked is supported; send "
-                                "compressed bodies with Content-Encoding")
-                raise _Refused
-
-        def _asgi_scope(self) -> None:
-            url, headers, expect = self.url, self.headers, self.expect_100_continue
-            super().on_message_begin()  # the scope, as uvicorn builds it
-            self.url, self.expect_100_continue = url, expect
-            self.headers = self.scope["headers"] = headers
-
-        def on_headers_complete(self) -> None:
-            self.headers_since = None
-            self.head_pending = False
-            self.head_bytes = 0
-            self._check_framing()
-            cycle = self.cycle
-            if lane is not None and (cycle is None or cycle.response_complete) \
-                    and lane.begin(self, self.server_state.default_headers) is not None:
-                return  # the lane set self.cycle to its FastIngest
-            self._asgi_scope()
-            super().on_headers_complete()
-            self.cycle.transport = self.cork  # type: ignore[assignment]
-
-        def on_body(self, body: bytes) -> None:
-            cycle = self.cycle
-            if type(cycle) is FastIngest:
-                cycle.body(body)
-            else:
-                super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            self.head_pending = True  # what follows is the next request's head
-            self.head_bytes = 0
-            cycle = self.cycle
-            if type(cycle) is FastIngest:
-                cycle.complete()
-            else:
-                super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            if self.pipeline or self.transport.is_closing():
-                super().on_response_complete()  # starts the next pipelined request
-                return
-            if self.eof_seen:  # half-closed: nothing more can come
-                self.transport.close()
-                return
-            # as uvicorn's, but idle connections are the guard's: no timer per request
-            self.server_state.total_requests += 1
-            self.flow.resume_reading()
-            cycle = self.cycle
-            if cycle is not None and cycle.more_body:  # answered; its body is still coming
-                if self.headers_since is None:
-                    self.headers_since = guard.now()
-            else:
-                self.idle_since = guard.now()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            guard.forget(self)
-            cycle = self.cycle
-            if type(cycle) is FastIngest and not cycle.response_complete:
-                cycle.lost()
-            super().connection_lost(exc)
-
-        def idle_timeout(self) -> None:
-            """Idle for ``keep_alive_s``: close, as uvicorn's keep-alive timer would."""
-            self.timeout_keep_alive_handler()
-
-        def header_timeout(self) -> None:
-            """Too slow: say so (408) and close, like nginx's ``client_header_timeout``."""
-            if not self.transport.is_closing():
-                self.transport.write(_TIMEOUT_408 % (len(_TIMEOUT_BODY), _TIMEOUT_BODY))
-                self.transport.close()
-
-    return GuardedHttpToolsProtocol
-
-
-_VERSION_REFUSAL: Final = (505, "http_version", "http_version_not_supported",
-                           "this port speaks HTTP/1.1 (and 1.0); HTTP/2 is served on the "
-                           "gRPC port only")
+                     limits: HttpLimits | None = None) -> type[GuardedHttpToolsProtocol]:
+    """The :class:`GuardedHttpToolsProtocol` of one server: its ``guard``, ``lane`` and
+    ``limits`` as class attributes (uvicorn builds each connection's protocol from the
+    class)."""
+    settings = {"slow_guard": guard, "fast_lane": lane, "http_limits": limits or HttpLimits()}
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), settings)
 
 
 def slow_client_guard(ing: IngestorSection) -> SlowClientGuard:

@@ -38,18 +38,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import (
-    CommitFailedException,
-    NamespaceAlreadyExistsError,
-    NoSuchTableError,
-    TableAlreadyExistsError,
-)
 from pyiceberg.expressions import AlwaysFalse, AlwaysTrue
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from icefloe.errors import TableFencedError
+from icefloe.errors import AlreadyExistsError, CommitConflictError, TableFencedError
 from pipeline.iceberg.commit import EPOCH_PROP
+from pipeline.iceberg.errors import iceberg_errors, load_table_or_none
 from pipeline.iceberg.evolution import apply_changes, plan_changes
 from pipeline.iceberg.replace import merge_rows, replace_rows
 from pipeline.iceberg.tables import MANAGED_PROP, TABLE_PROPERTIES
@@ -71,10 +66,7 @@ class WriteFence:
 
 def load_target(catalog: Catalog, identifier: str) -> Table | None:
     """The target table, or None before the model's first run."""
-    try:
-        return catalog.load_table(identifier)
-    except NoSuchTableError:
-        return None
+    return load_table_or_none(catalog, identifier)
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:
@@ -122,14 +114,14 @@ def write_result(catalog: Catalog, identifier: str, result: pa.Table, *, mode: s
     changes = plan_changes(table.schema(), target, renames or {}, table=identifier)
     properties = {**properties, COLUMNS: compact_json(column_definitions(target))}
     try:
-        with table.transaction() as tx:
+        with iceberg_errors(CommitConflictError), table.transaction() as tx:
             apply_changes(tx, changes)
             if mode == "merge":
                 merge_rows(tx, result, unique_key, properties)
             else:
                 replace_rows(tx, result, AlwaysTrue() if mode == "overwrite"
                              else AlwaysFalse(), properties)
-    except CommitFailedException as exc:
+    except CommitConflictError as exc:
         raise ModelError(f"{identifier} changed while the model ran (another run "
                          f"committed first); run it again: {exc}") from exc
     except ValueError as exc:  # pyiceberg: duplicate keys, incompatible schema
@@ -168,11 +160,12 @@ def _ensure_target(catalog: Catalog, identifier: str, schema: pa.Schema) -> Tabl
     table = load_target(catalog, identifier)
     if table is None:
         namespace = identifier.split(".", 1)[0]
-        with contextlib.suppress(NamespaceAlreadyExistsError):
+        with contextlib.suppress(AlreadyExistsError), iceberg_errors(AlreadyExistsError):
             catalog.create_namespace(namespace)
         try:
-            return catalog.create_table(identifier, schema, properties=TABLE_PROPERTIES)
-        except TableAlreadyExistsError:
+            with iceberg_errors(AlreadyExistsError):
+                return catalog.create_table(identifier, schema, properties=TABLE_PROPERTIES)
+        except AlreadyExistsError:
             table = catalog.load_table(identifier)
     if table.properties.get(MANAGED_PROP) != "true":  # a target made by an older icefloe
         table.transaction().set_properties({MANAGED_PROP: "true"}).commit_transaction()

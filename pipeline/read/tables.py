@@ -24,19 +24,20 @@ if TYPE_CHECKING:
 
 def load_table(catalog: CatalogSection, identifier: str) -> Table:
     """Open the catalog and load ``identifier``; a missing table names what does exist."""
-    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-
-    from pipeline.iceberg.catalog import catalog_label, open_catalog
+    from icefloe.errors import NamespaceNotFoundError
+    from pipeline.iceberg.catalog import catalog_label, open_catalog  # lazy: pyiceberg
+    from pipeline.iceberg.errors import iceberg_errors, load_table_or_none  # lazy: pyiceberg
 
     opened = open_catalog(catalog)
-    try:
-        return opened.load_table(identifier)
-    except NoSuchTableError:
-        pass
+    table = load_table_or_none(opened, identifier)
+    if table is not None:
+        return table
     namespace = identifier.rsplit(".", 1)[0] if "." in identifier else ""
     try:
-        existing = sorted(".".join(t) for t in opened.list_tables(namespace)) if namespace else []
-    except NoSuchNamespaceError:
+        with iceberg_errors(NamespaceNotFoundError):
+            existing = sorted(".".join(t) for t in opened.list_tables(namespace)) \
+                if namespace else []
+    except NamespaceNotFoundError:
         existing = []
     hint = (f"tables in namespace {namespace!r}: {', '.join(existing)}" if existing
             else f"namespace {namespace!r} has no tables" if namespace

@@ -41,12 +41,11 @@ from collector.routing import Routes
 from collector.runner import Runner, StandbyWarmth
 from collector.service import Collector
 from icefloe.config import Column, Config, load_config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFencedError
 from icefloe.formats.envelope import frame_events
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.model import Manifest
 from icefloe.manifest.producer import ManifestProducer
-from icefloe.manifest.publish import StorePublisher
 from icefloe.manifest.sharded_producer import ShardedProducer
 from icefloe.manifest.shards import ensure_shards, pick_shard, shard_key
 from icefloe.registry import ops
@@ -58,6 +57,7 @@ from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from icefloe.streams.evolution import EXTRA_FIELD
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
+from ingestor.publish import StorePublisher
 from pipeline.columns import DEAD_LETTER_TABLE, ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column

@@ -37,9 +37,9 @@ from process_support import (
 )
 
 from icefloe.config import CatalogSection, Config, load_config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import ConfigError
 from icefloe.manifest import ManifestConsumer
-from icefloe.manifest.config import ManifestConfig
 from icefloe.store import open_async_store
 from icefloe_app.cli import main
 from icefloe_app.cli.collector_cmd import build_config, serve_collector

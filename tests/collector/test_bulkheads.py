@@ -343,8 +343,8 @@ async def test_a_table_parked_longer_than_the_queue_holds_loses_nothing(config, 
     the queue), the others commit each run, and the parked table gets all of them once."""
     from collector_support import open_store_of, publish
 
+    from icefloe.config.manifest import ManifestConfig
     from icefloe.manifest import ManifestProducer
-    from icefloe.manifest.config import ManifestConfig
 
     publish_sync(config, [batch("0", 2)])
     collector = await start(config, engine)

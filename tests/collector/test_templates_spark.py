@@ -33,10 +33,10 @@ from collector_support import (
 
 from collector.routing import Routes
 from icefloe.config import Column, Config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.formats.batch import BatchBuilder, Compression
 from icefloe.formats.envelope import frame_events
 from icefloe.manifest import ManifestProducer
-from icefloe.manifest.config import ManifestConfig
 from icefloe.manifest.publish import publish_batch
 from icefloe.registry import Registry, RegistryStore, ops
 from icefloe.registry.streams import source_streams

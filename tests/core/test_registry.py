@@ -301,8 +301,8 @@ async def test_should_prune_from_what_the_store_says(tmp_path: Path) -> None:
     kept = await prune_tombstones(store, registry, "manifest/queue", grace_s=0)
     assert kept.version == 2                                # the queued entry needs it
     assert [s.id for s in kept.sources] == ["clicks"]
+    from icefloe.config.manifest import ManifestConfig
     from icefloe.manifest import ManifestConsumer
-    from icefloe.manifest.config import ManifestConfig
 
     consumer = ManifestConsumer(store, ManifestConfig(), holder="t")
     await consumer.initialize()

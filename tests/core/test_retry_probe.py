@@ -15,8 +15,8 @@ from icefloe.store.base import IfNoneMatch, PutResult
 from icefloe.store.faults import FaultRule, FaultyAsyncStore
 from icefloe.store.local import LocalStore
 from icefloe.store.probe import PROBE_PREFIX, probe_conditional_writes
-from icefloe.store.process import ProcessAsyncStore
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy, call_with_retry
+from ingestor.store_helper import ProcessAsyncStore
 
 FAST = RetryPolicy(max_attempts=4, base_delay_s=0.001, max_delay_s=0.002, budget_s=5)
 

@@ -40,8 +40,8 @@ from icefloe.formats.batch import BatchBuilder, Compression, decode_batch
 from icefloe.store.adapters import InlineAsyncStore, ThreadedAsyncStore
 from icefloe.store.base import AsyncObjectStore, ObjectStore
 from icefloe.store.local import LocalStore
-from icefloe.store.process import ProcessAsyncStore
 from icefloe.store.s3 import AsyncS3Store, S3Options, S3Store, parse_s3_url, translate_error
+from ingestor.store_helper import ProcessAsyncStore
 
 T = TypeVar("T")
 Scenario = Callable[[AsyncObjectStore], Awaitable[T]]

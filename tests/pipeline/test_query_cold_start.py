@@ -191,8 +191,7 @@ def test_a_cold_query_imports_no_pyiceberg_no_store_and_no_queue(lake):
     assert (code, json.loads(answer)) == (0, [{"c": 30}])
     assert [m for m in modules if m.split(".")[0] in LIGHT_FREE or
             m.startswith(LIGHT_FREE[-1])] == []
-    assert [m for m in modules if m.startswith("icefloe.manifest")] == [
-        "icefloe.manifest", "icefloe.manifest.config"]
+    assert [m for m in modules if m.startswith("icefloe.manifest")] == []
     assert "pipeline.read.local_table" in modules
 
 

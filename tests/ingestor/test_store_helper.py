@@ -20,19 +20,26 @@ import pytest
 from ingest_support import make_config, read_manifest, running
 
 from icefloe.config import ManifestSection, load_config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import NotFound, TransientStoreError
 from icefloe.formats.batch import BatchBuilder
 from icefloe.formats.envelope import frame_events
-from icefloe.manifest.config import ManifestConfig
-from icefloe.manifest.publish import HelperPublisher, PublishJob, StorePublisher, new_batch_key
+from icefloe.manifest.publish import new_batch_key
 from icefloe.store import StoreOptions, open_async_store
 from icefloe.store.adapters import ThreadedAsyncStore
 from icefloe.store.failpoints import FAULTS_ENV
 from icefloe.store.local import LocalStore
-from icefloe.store.process import HELPER_NICE, ProcessAsyncStore
 from icefloe.store.retry import RetryPolicy
 from ingestor.errors import Overloaded, Unavailable
-from ingestor.runtime import IngestorRuntime, store_options
+from ingestor.publish import (
+    HelperPublisher,
+    PublishJob,
+    StorePublisher,
+    publishes_in_helper,
+    store_options,
+)
+from ingestor.runtime import IngestorRuntime
+from ingestor.store_helper import HELPER_NICE, ProcessAsyncStore
 
 WAIT_S = 30.0
 
@@ -121,7 +128,7 @@ def test_should_run_at_a_lower_priority_than_its_parent(tmp_path):
 def test_should_exit_when_its_parent_is_killed(tmp_path):
     script = (
         "import asyncio, sys\n"
-        "from icefloe.store.process import ProcessAsyncStore\n"
+        "from ingestor.store_helper import ProcessAsyncStore\n"
         "async def main():\n"
         "    store = ProcessAsyncStore(sys.argv[1])\n"
         "    await store.put('k', b'v')\n"
@@ -150,14 +157,33 @@ def test_should_be_the_ingestors_default_and_nobody_elses(tmp_path):
     config_file = tmp_path / "icefloe.toml"
     config_file.write_text(f'[store]\nurl = "{url}"\n')
     options = store_options(load_config(config_file))
-    assert options.local_helper
+    assert options.local_store is ProcessAsyncStore
     assert isinstance(open_async_store(url, options).inner, ProcessAsyncStore)  # type: ignore[attr-defined]
     config_file.write_text(f'[store]\nurl = "{url}"\n[ingestor]\nstore_helper = false\n')
-    assert not store_options(load_config(config_file)).local_helper
+    assert store_options(load_config(config_file)).local_store is None
     assert isinstance(open_async_store(url, StoreOptions()).inner, ThreadedAsyncStore)  # type: ignore[attr-defined]
 
 
 # -- publishing in the helper (the ingestor's flushes) -------------------------------------
+
+
+def test_should_choose_the_helpers_publisher_from_the_config_alone(tmp_path):
+    """The helper appends to the manifest only on a plain ``file://`` store with the helper
+    on: not with a control store elsewhere, not while faults are injected, not on S3."""
+    config = make_config(tmp_path / "store")
+    assert publishes_in_helper(config, {})
+    assert not publishes_in_helper(make_config(tmp_path / "store", store_helper=False), {})
+    assert not publishes_in_helper(config, {FAULTS_ENV: str(tmp_path / "faults.json")})
+    split = msgspec.structs.replace(config, store=msgspec.structs.replace(
+        config.store, control_url=(tmp_path / "control").as_uri()))
+    assert not publishes_in_helper(split, {})
+    same = msgspec.structs.replace(config, store=msgspec.structs.replace(
+        config.store, control_url=config.store.url + "/"))
+    assert publishes_in_helper(same, {})
+    s3 = msgspec.structs.replace(config, store=msgspec.structs.replace(
+        config.store, url="s3://bucket/prefix"))
+    assert not publishes_in_helper(s3, {})
+
 
 
 async def _ingest(runtime: IngestorRuntime, n: int) -> int:
@@ -289,7 +315,7 @@ def test_should_send_a_submitted_job_before_the_loop_turn_ends(tmp_path):
 def test_should_send_a_batch_block_out_of_band_to_the_helper():
     """The records go from the builder's buffer to the socket without being copied into
     the pickle, and arrive intact (as a view of the request frame)."""
-    from icefloe.store.process import _framed, _unframed
+    from ingestor.store_helper import _framed, _unframed
 
     builder = BatchBuilder()
     for i in range(200):
@@ -312,7 +338,7 @@ def test_should_send_a_batch_block_out_of_band_to_the_helper():
 def test_should_let_a_job_in_flight_finish_before_the_helper_exits(tmp_path):
     """The job loop's thread is a daemon: without the wait, an append in flight when the
     parent goes away would be cut off at exit."""
-    from icefloe.store.process import _JobLoop
+    from ingestor.store_helper import _JobLoop
 
     class SlowWrite:
         async def run(self, store: LocalStore, state: dict[str, Any]) -> None:
@@ -338,7 +364,7 @@ def test_should_give_up_on_a_stuck_job_at_exit_within_its_budget(tmp_path):
     """A job that never finishes must not hold the helper (and the ingestor's shutdown,
     which waits for it) forever: the helper exits after its budget, saying how many it
     left, before its parent would have to kill it."""
-    from icefloe.store.process import _JobLoop
+    from ingestor.store_helper import _JobLoop
 
     class Stuck:
         async def run(self, store: LocalStore, state: dict[str, Any]) -> None:

@@ -1,5 +1,9 @@
 """Run the local store's file I/O in a helper process instead of worker threads.
 
+An ingestor's business (``[ingestor] store_helper``, on by default for a ``file://`` store):
+the ingestor's runtime chooses it from its config (:mod:`ingestor.publish`), and no other
+process runs one.
+
 Why: a local put is a dozen syscalls (open, write, fsync, flock, rename, fsync of the
 directory). In a worker thread each one gives up the GIL and must win it back from an event
 loop that is busy decoding requests; under load a 0.6 ms put took 4 ms of wall time, and
@@ -59,6 +63,7 @@ from icefloe.store.base import (
     PutResult,
     encode_for_put,
 )
+from icefloe.store.local import LocalStore
 
 log = logging.getLogger("icefloe.store")
 
@@ -159,11 +164,9 @@ def _unframed(frame: memoryview) -> Any:
 
 
 def _child_environment() -> dict[str, str]:
-    """This environment, with the directory icefloe was imported from first on the path
+    """This environment, with the directory this code was imported from first on the path
     (so the helper runs this very code even when it is not installed)."""
-    import icefloe
-
-    home = str(Path(icefloe.__file__).resolve().parent.parent)
+    home = str(Path(__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH")
     return os.environ | {"PYTHONPATH": home + (os.pathsep + path if path else "")}
 
@@ -183,8 +186,6 @@ class ProcessAsyncStore(AsyncObjectStore):
     """A :class:`~icefloe.store.local.LocalStore` on ``root``, served by a helper process."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        from icefloe.store.local import LocalStore
-
         local = LocalStore(root)  # creates the directory, and fails now if it cannot
         self.url, self.root = local.url, str(local.root)
         self._channel: _Channel | None = None
@@ -210,7 +211,7 @@ class ProcessAsyncStore(AsyncObjectStore):
             ours, theirs = socket.socketpair()
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", "icefloe.store.process", str(theirs.fileno()),
+                    [sys.executable, "-m", "ingestor.store_helper", str(theirs.fileno()),
                      self.root], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,  # never holds the ingestor's stdout open
                     env=_child_environment())
@@ -299,8 +300,6 @@ class ProcessAsyncStore(AsyncObjectStore):
 
 def serve(fd: int, root: str) -> None:
     """Answer requests on socket ``fd`` with a LocalStore on ``root`` until it closes."""
-    from icefloe.store.local import LocalStore
-
     with contextlib.suppress(OSError):  # a sandbox may forbid it: run at normal priority
         os.nice(HELPER_NICE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
