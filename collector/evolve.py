@@ -61,12 +61,16 @@ from icefloe.streams.evolution import (
     plan_run,
 )
 from icefloe.streams.typespec import TypeSpec, parse_type
-from pipeline.columns import ARROW_TYPES
-from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape
-from pipeline.iceberg.tables import iceberg_type
-from pipeline.load.decode import DeadLetters
-from pipeline.load.extras import AS_IS, column_of
-from pipeline.load.spec import EntryFile
+from pipeline.iceberg import (
+    ARROW_TYPES,
+    AddColumn,
+    PromoteColumn,
+    apply_changes,
+    describe,
+    iceberg_type,
+    shape,
+)
+from pipeline.load import AS_IS, DeadLetters, EntryFile, column_of
 
 log = logging.getLogger("icefloe.evolve")
 
@@ -395,7 +399,7 @@ def redrive_overflow(catalog: Catalog, identifier: str, stream: StreamConfig,
     """
     from pyiceberg.expressions import NotNull
 
-    from pipeline.iceberg.replace import replace_rows
+    from pipeline.iceberg import replace_rows
 
     report = OverflowRedrive(identifier, dry_run)
     declared = {c.name for c in stream.columns} | RESERVED

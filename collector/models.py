@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icefloe.config import Config
-from pipeline.models.spec import ModelError
+from pipeline.models import ModelError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from collector.metrics import CollectorMetrics
-    from pipeline.models import Outcome, Project
-    from pipeline.models.write import WriteFence
+    from pipeline.models import Outcome, Project, WriteFence
 
 log = logging.getLogger("icefloe.collector")
 
@@ -105,7 +104,7 @@ class ModelRefresh:
 
     def check_tables(self) -> None:
         """Every table the models read exists (after the collector created its own)."""
-        from pipeline.models.dag import check_tables
+        from pipeline.models import check_tables
 
         check_tables(self.project, self.config)
 

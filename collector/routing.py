@@ -29,9 +29,15 @@ from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
-from pipeline.load.mapped import sequence_ranges
-from pipeline.load.spec import SqlCase, TemplateCase, WhereCase, WhereSpec
-from pipeline.where import judge, where_error_messages
+from pipeline.load import (
+    SqlCase,
+    TemplateCase,
+    WhereCase,
+    WhereSpec,
+    judge,
+    sequence_ranges,
+    where_error_messages,
+)
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 
@@ -333,7 +339,7 @@ def _union(mask: pa.Array | None, more: pa.Array | None, rows: int) -> pa.Array:
 def project(rows: pa.Table, target: Target) -> pa.Table:
     """The sink's columns (and the envelope) out of a source's decoded rows; a column the
     decode did not produce (a sink of an older version) is all nulls, never an error."""
-    from pipeline.columns import ARROW_TYPES
+    from pipeline.iceberg import ARROW_TYPES
 
     arrays, names = [], []
     for column in target.sink.columns:

@@ -35,11 +35,9 @@ from icefloe.registry.watch import RegistryWatch
 from icefloe.server_tls import section_tls
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
-from pipeline.iceberg.catalog import open_catalog
-from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
-from pipeline.load.spec import run_spec
-from pipeline.models.spec import ModelError
-from pipeline.models.write import WriteFence
+from pipeline.iceberg import MaintenanceSettings, open_catalog, run_maintenance
+from pipeline.load import run_spec
+from pipeline.models import ModelError, WriteFence
 
 log = logging.getLogger("icefloe.collector")
 
@@ -69,9 +67,7 @@ def spark_settings(config: Config) -> dict[str, Any]:
 
 def default_engine(config: Config) -> Engine:
     """Spark with the configured output path: ``embedded`` (default) or ``cluster``."""
-    from pipeline.load.mapped import check_on_spark
-    from pipeline.load.run import SparkClusterEngine, SparkEngine
-    from pipeline.spark import get_spark
+    from pipeline.load import SparkClusterEngine, SparkEngine, check_on_spark, get_spark
 
     cfg = config.collector
     spark = get_spark(cfg.spark_master, "icefloe-collector", spark_settings(config))
@@ -92,7 +88,7 @@ def _spark_of(engine: Engine, config: Config) -> Callable[[], Any]:
         return lambda: session
 
     def start() -> Any:
-        from pipeline.spark import get_spark
+        from pipeline.load import get_spark
 
         return get_spark(config.collector.spark_master, "icefloe-collector",
                          spark_settings(config))
@@ -165,7 +161,7 @@ class StandbyWarmth:
         """One warming pass (blocking); returns how many configured tables exist."""
         spark = getattr(self.engine, "spark", None)
         if spark is not None:
-            from pipeline.load.run import SparkEngine
+            from pipeline.load import SparkEngine
 
             SparkEngine(spark, self.config.collector.spark_partitions).warm_up(
                 run_spec(self.config, []))

@@ -66,7 +66,7 @@ from icefloe.staging import (
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy
-from pipeline.iceberg.commit import SHARD_BITS
+from pipeline.iceberg import SHARD_BITS
 
 log = logging.getLogger("icefloe.collector")
 

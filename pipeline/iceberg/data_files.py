@@ -2,7 +2,7 @@
 them with ``add_files``, delete them when they never land.
 
 Why one module: both writers of Parquet files use it — the cluster output path, whose
-executors write each run's rows (:mod:`pipeline.load.executors`), and the embedded path's
+executors write each run's rows (:mod:`pipeline.load.cluster`), and the embedded path's
 :class:`~pipeline.iceberg.file_append.WriteThenAdd`, which writes on the driver. Either way
 the files get the table's field ids, partition layout, writer settings and location
 provider (:class:`TableFiles`), and are committed by :class:`AddFiles` *through*

@@ -36,7 +36,8 @@ from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import EPOCH_PROP, SEQUENCE_PROP, commit_rows, committed_state
 from pipeline.iceberg.data_files import AddFiles
 from pipeline.iceberg.maintenance import delete_unreachable_files
-from pipeline.load.executors import ClusterRunOutput, plan_write
+from pipeline.load.cluster import ClusterRunOutput
+from pipeline.load.plans import plan_write
 from pipeline.load.run import LocalEngine, SparkClusterEngine, SparkEngine
 from pipeline.load.spec import run_spec
 
