@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import NotNull
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, NestedField, StructType
 
@@ -68,6 +69,7 @@ from pipeline.iceberg import (
     apply_changes,
     describe,
     iceberg_type,
+    replace_rows,
     shape,
 )
 from pipeline.load import AS_IS, DeadLetters, EntryFile, column_of
@@ -397,10 +399,6 @@ def redrive_overflow(catalog: Catalog, identifier: str, stream: StreamConfig,
     when nothing). Retries are off: a commit that loses a race to the collector re-reads
     and starts again. Rerunning is harmless: a row whose overflow is gone is not read.
     """
-    from pyiceberg.expressions import NotNull
-
-    from pipeline.iceberg import replace_rows
-
     report = OverflowRedrive(identifier, dry_run)
     declared = {c.name for c in stream.columns} | RESERVED
     for _ in range(_ATTEMPTS):
@@ -455,7 +453,7 @@ def _moved(iceberg_schema: Schema, rows: pa.Table, extras: list[dict | None], pl
            ) -> pa.Table:
     """``rows`` (scanned before the schema commit, no data committed since) in the table's
     current schema, with the overflow fields the plan takes moved into their columns."""
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.io.pyarrow import schema_to_pyarrow  # lazy: pandas
 
     schema = schema_to_pyarrow(iceberg_schema, include_field_ids=False)
     taken = [None if i in plan.refused else e for i, e in enumerate(extras)]

@@ -29,6 +29,7 @@ from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
+from pipeline.iceberg import ARROW_TYPES
 from pipeline.load import (
     SqlCase,
     TemplateCase,
@@ -339,8 +340,6 @@ def _union(mask: pa.Array | None, more: pa.Array | None, rows: int) -> pa.Array:
 def project(rows: pa.Table, target: Target) -> pa.Table:
     """The sink's columns (and the envelope) out of a source's decoded rows; a column the
     decode did not produce (a sink of an older version) is all nulls, never an error."""
-    from pipeline.iceberg import ARROW_TYPES
-
     arrays, names = [], []
     for column in target.sink.columns:
         if column.name in rows.column_names:

@@ -65,13 +65,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import StructType
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession as PySparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 from ulid import ULID
 
 from icefloe.staging import StagedFile
 from pipeline.columns import ARROW_TYPES, ENVELOPE, SHARD_COLUMN, dead_letter_arrow_schema
 from pipeline.iceberg.commit import SHARD_BITS
-from pipeline.iceberg.data_files import FileSet, TableTarget
+from pipeline.iceberg.data_files import DataFileRef, FileSet, TableTarget
 from pipeline.load.decode import DeadLetters
 from pipeline.load.frame import DEAD, KEY_COLUMNS, ROW, STREAM, struct_column
 from pipeline.load.plans import INLINE_DROPS, WritePlan
@@ -149,47 +152,37 @@ class ClusterRunOutput:
         plans = [p for p in plans if p.expected > 0 or p.rewrites]
         if not plans:
             return Written()
-        from pyspark.sql import functions as F
-
         assert self.spark is not None
-        assert self.frame is not None
         assert self.spec is not None
-        index = {s.name: i for i, s in enumerate(self.spec.streams)}
-        targets: list[TableTarget] = []
-        staged: list[StageTarget] = []
-        rewrites: list[RewriteTarget] = []
-        wanted = [TARGET]
-        terms = []
         inline = sum(len(p.drop) for p in plans) <= INLINE_DROPS
-        for plan in plans:
-            i = index[plan.stream]
-            decoded = [name for name, _ in self.spec.streams[i].columns]
-            sink = plan.columns or tuple(self.spec.streams[i].columns)
-            source = {name: f"{struct_column(i)}__{name}" for name in decoded}
-            envelope = [(name, name) for name, _ in ENVELOPE]
-            if plan.stage is not None:  # staged rows keep run positions in `_sequence`
-                staged.append(StageTarget(plan.stage, plan.stream, tuple(
-                    (source.get(name, ""), name, kind) for name, kind in sink)))
-                columns = [(source[n], n) for n, _ in sink if n in source] + envelope
-            else:  # table rows get the shard and the shard's own sequence
-                assert plan.table is not None
-                columns = [(source.get(name, ""), name) for name, _ in sink] + [
-                    (_LOCAL_COLUMN if name == "_sequence" else name, name)
-                    for name, _ in ENVELOPE]
-                if SHARD_COLUMN[0] in plan.table.schema().column_names:
-                    columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))
-                targets.append(TableTarget.of(plan.target, plan.table, columns))
-                if plan.rewrites:  # an upsert: its affected files, rewritten
-                    rewrites.append(_rewrite_of(plan, targets))
-            wanted += [src for src, _ in columns if src and src not in wanted]
-            term = (F.col(STREAM) == plan.stream) & _past(plan.after)
-            if plan.sequences is not None:
-                term = term & F.col("_sequence").isin(list(plan.sequences))
-            if plan.where is not None:
-                term = term & F.col(plan.where)
-            if inline and len(plan.drop):  # a literal list: no extra job
-                term = term & ~F.col(ROW).isin(plan.drop.to_pylist())
-            terms.append(F.when(term, F.lit(plan.target)))
+        parts = _job_parts(self.spec, plans, inline)
+        frame = self._tagged(plans, parts, inline)
+        fd, receipt = tempfile.mkstemp(prefix="icefloe-receipt-", suffix=".json")
+        os.close(fd)
+        os.unlink(receipt)
+        spec = self.spec
+        store = StoreRef(spec.store_url, spec.endpoint_url, spec.region) \
+            if parts.staged else None
+        job = SinkJob(attempt=str(ULID()), receipt=receipt, targets=tuple(parts.targets),
+                      staged=tuple(parts.staged), store=store, rewrites=tuple(parts.rewrites))
+        _activate(self.spark)
+        started = time.monotonic()
+        frame = frame.select(*parts.wanted)
+        if parts.rewrites:
+            frame = frame.unionByName(self._rewrite_rows(plans), allowMissingColumns=True)
+        refs, stage_refs = _save(frame, job)
+        log.debug("cluster write: %d files, %d staged, %d rows in %.3fs", len(refs),
+                  len(stage_refs), sum(r.rows for r in refs) + sum(f.rows for _, f in
+                                                                  stage_refs),
+                  time.monotonic() - started)
+        return _written(plans, job, refs, stage_refs)
+
+    def _tagged(self, plans: Sequence[WritePlan], parts: JobParts, inline: bool
+                ) -> DataFrame:
+        """The run's frame with each row's target(s) in :data:`TARGET` (a row once per
+        sink that takes it), its shard and shard-local sequence, the dropped rows gone."""
+        assert self.frame is not None
+        assert self.spark is not None
         # `_sequence` holds run positions (shard << SHARD_BITS | sequence): table rows get
         # the shard and the shard's own sequence, as commit_rows gives the embedded path's;
         # staged rows keep the positions, as the embedded path stages them.
@@ -197,6 +190,8 @@ class ClusterRunOutput:
         frame = self.frame \
             .withColumn(SHARD_COLUMN[0], F.shiftright(position, SHARD_BITS).cast("int")) \
             .withColumn(_LOCAL_COLUMN, position.bitwiseAND(F.lit(_LOCAL)))
+        terms = [F.when(term, F.lit(plan.target))
+                 for plan, term in zip(plans, parts.terms, strict=True)]
         if len({p.stream for p in plans}) == len(plans):  # a row has one target at most
             frame = frame.withColumn(TARGET, F.coalesce(*terms)).where(
                 F.col(TARGET).isNotNull())
@@ -208,54 +203,7 @@ class ClusterRunOutput:
                 ROW: p.drop, TARGET: pa.array([p.target] * len(p.drop), pa.string())})
                 for p in plans]))
             frame = frame.join(F.broadcast(dropped), on=[ROW, TARGET], how="left_anti")
-        fd, receipt = tempfile.mkstemp(prefix="icefloe-receipt-", suffix=".json")
-        os.close(fd)
-        os.unlink(receipt)
-        spec = self.spec
-        store = StoreRef(spec.store_url, spec.endpoint_url, spec.region) if staged else None
-        job = SinkJob(attempt=str(ULID()), receipt=receipt, targets=tuple(targets),
-                      staged=tuple(staged), store=store, rewrites=tuple(rewrites))
-        _activate(self.spark)
-        started = time.monotonic()
-        try:
-            frame = frame.select(*wanted)
-            if rewrites:
-                frame = frame.unionByName(self._rewrite_rows(plans), allowMissingColumns=True)
-            frame.write.format(SINK_FORMAT).option("job", job.encode()) \
-                .mode("append").save()
-            refs, stage_refs = read_receipt(receipt)
-        except BaseException:
-            if os.path.exists(receipt):  # committed, yet the call failed: nobody owns them
-                with contextlib.suppress(Exception):
-                    refs, stage_refs = read_receipt(receipt)
-                    delete_refs(job, refs)
-                    delete_staged(job, [f for _, f in stage_refs])
-            raise
-        finally:
-            for path in (receipt, f"{receipt}.tmp"):
-                if os.path.exists(path):
-                    os.unlink(path)
-        log.debug("cluster write: %d files, %d staged, %d rows in %.3fs", len(refs),
-                  len(stage_refs), sum(r.rows for r in refs) + sum(f.rows for _, f in
-                                                                  stage_refs),
-                  time.monotonic() - started)
-        out = Written(
-            {p.target: FileSet(tuple(r for r in refs
-                                     if r.stream in (p.target, rewrite_target(p.target))))
-             for p in plans if p.stage is None},
-            {p.target: tuple(sorted((f for t, f in stage_refs if t == p.stage),
-                                    key=lambda f: (f.last_sequence, f.first_sequence)))
-             for p in plans if p.stage is not None})
-        for plan in plans:
-            got = (sum(f.rows for f in out.staged[plan.target]) if plan.stage is not None
-                   else sum(f.rows for f in out.files[plan.target].files
-                            if f.stream == plan.target))
-            if got != plan.expected:
-                delete_refs(job, refs)
-                delete_staged(job, [f for _, f in stage_refs])
-                raise RuntimeError(f"cluster write of {plan.target} produced {got} rows, "
-                                   f"expected {plan.expected}")
-        return out
+        return frame
 
     def _rewrite_rows(self, plans: Sequence[WritePlan]) -> DataFrame:
         """The rewrite part of a write job: one row per existing file an upsert rewrites,
@@ -308,8 +256,6 @@ class ClusterRunOutput:
         """The rows ``ids`` (``_row`` values) of ``stream`` from the executors, in run order
         (``_sequence``, then ``_row``): the wide ``columns`` as (wide, name), then the
         envelope. A literal id list, or a broadcast join when there are many ids."""
-        from pyspark.sql import functions as F
-
         assert self.spark is not None
         assert self.frame is not None
         rows = self.frame.where(F.col(STREAM) == stream)
@@ -366,10 +312,103 @@ def _rewrite_of(plan: WritePlan, targets: list[TableTarget]) -> RewriteTarget:
     return RewriteTarget(name, plan.table.metadata.model_dump_json(), plan.upsert_key)
 
 
+@dataclass(slots=True)
+class JobParts:
+    """What a write job's plans become: the table, staged and rewrite targets of the
+    :class:`~pipeline.load.sink.SinkJob`, the frame's columns it reads, and per plan the
+    condition a row must meet to go to the plan's target."""
+
+    targets: list[TableTarget] = field(default_factory=list)
+    staged: list[StageTarget] = field(default_factory=list)
+    rewrites: list[RewriteTarget] = field(default_factory=list)
+    wanted: list[str] = field(default_factory=lambda: [TARGET])
+    terms: list[Any] = field(default_factory=list)
+
+
+def _job_parts(spec: RunSpec, plans: Sequence[WritePlan], inline: bool) -> JobParts:
+    """Each plan's target (its sink's projection of its stream's wide columns) and row
+    condition (its stream, the entries it takes, its ``where``, its dropped rows)."""
+    parts = JobParts()
+    index = {s.name: i for i, s in enumerate(spec.streams)}
+    envelope = [(name, name) for name, _ in ENVELOPE]
+    for plan in plans:
+        i = index[plan.stream]
+        decoded = [name for name, _ in spec.streams[i].columns]
+        sink = plan.columns or tuple(spec.streams[i].columns)
+        source = {name: f"{struct_column(i)}__{name}" for name in decoded}
+        if plan.stage is not None:  # staged rows keep run positions in `_sequence`
+            parts.staged.append(StageTarget(plan.stage, plan.stream, tuple(
+                (source.get(name, ""), name, kind) for name, kind in sink)))
+            columns = [(source[n], n) for n, _ in sink if n in source] + envelope
+        else:  # table rows get the shard and the shard's own sequence
+            assert plan.table is not None
+            columns = [(source.get(name, ""), name) for name, _ in sink] + [
+                (_LOCAL_COLUMN if name == "_sequence" else name, name)
+                for name, _ in ENVELOPE]
+            if SHARD_COLUMN[0] in plan.table.schema().column_names:
+                columns.append((SHARD_COLUMN[0], SHARD_COLUMN[0]))
+            parts.targets.append(TableTarget.of(plan.target, plan.table, columns))
+            if plan.rewrites:  # an upsert: its affected files, rewritten
+                parts.rewrites.append(_rewrite_of(plan, parts.targets))
+        parts.wanted += [src for src, _ in columns if src and src not in parts.wanted]
+        term = (F.col(STREAM) == plan.stream) & _past(plan.after)
+        if plan.sequences is not None:
+            term = term & F.col("_sequence").isin(list(plan.sequences))
+        if plan.where is not None:
+            term = term & F.col(plan.where)
+        if inline and len(plan.drop):  # a literal list: no extra job
+            term = term & ~F.col(ROW).isin(plan.drop.to_pylist())
+        parts.terms.append(term)
+    return parts
+
+
+def _save(frame: DataFrame, job: SinkJob
+          ) -> tuple[list[DataFileRef], list[tuple[str, StagedFile]]]:
+    """Run the write job; the files it wrote (from the receipt its driver-side
+    ``commit()`` left). Files of a job that committed but whose call failed are deleted:
+    nobody else owns them."""
+    receipt = job.receipt
+    try:
+        frame.write.format(SINK_FORMAT).option("job", job.encode()).mode("append").save()
+        return read_receipt(receipt)
+    except BaseException:
+        if os.path.exists(receipt):  # committed, yet the call failed: nobody owns them
+            with contextlib.suppress(Exception):
+                refs, stage_refs = read_receipt(receipt)
+                delete_refs(job, refs)
+                delete_staged(job, [f for _, f in stage_refs])
+        raise
+    finally:
+        for path in (receipt, f"{receipt}.tmp"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _written(plans: Sequence[WritePlan], job: SinkJob, refs: list[DataFileRef],
+             stage_refs: list[tuple[str, StagedFile]]) -> Written:
+    """The job's files by plan target, each target's row count checked against its plan
+    (a mismatch deletes every file of the job and raises)."""
+    out = Written(
+        {p.target: FileSet(tuple(r for r in refs
+                                 if r.stream in (p.target, rewrite_target(p.target))))
+         for p in plans if p.stage is None},
+        {p.target: tuple(sorted((f for t, f in stage_refs if t == p.stage),
+                                key=lambda f: (f.last_sequence, f.first_sequence)))
+         for p in plans if p.stage is not None})
+    for plan in plans:
+        got = (sum(f.rows for f in out.staged[plan.target]) if plan.stage is not None
+               else sum(f.rows for f in out.files[plan.target].files
+                        if f.stream == plan.target))
+        if got != plan.expected:
+            delete_refs(job, refs)
+            delete_staged(job, [f for _, f in stage_refs])
+            raise RuntimeError(f"cluster write of {plan.target} produced {got} rows, "
+                               f"expected {plan.expected}")
+    return out
+
+
 def _with_wheres(frame: DataFrame, spec: RunSpec) -> DataFrame:
     """``frame`` with :func:`where_flags`' columns, computed on the executors."""
-    from pyspark.sql.types import BooleanType, StringType, StructField
-
     schema = StructType([*frame.schema.fields, *[
         StructField(where_column(j), BooleanType(), nullable=False)
         for j in range(len(spec.wheres))], *[
@@ -393,8 +432,6 @@ def _ddl(schema: pa.Schema) -> str:
 
 def _past(after: dict[int, int]) -> Any:
     """A Spark condition: the row's position is past its shard's sequence in ``after``."""
-    from pyspark.sql import functions as F
-
     position = F.col("_sequence")
     condition = F.lit(True)
     for shard, sequence in after.items():
@@ -411,8 +448,6 @@ def _activate(spark: SparkSession) -> None:
     whose JVM thread has none, so ``icefloe-parquet`` would not be found. PySpark does the
     same in ``createDataFrame``.
     """
-    from pyspark.sql import SparkSession as PySparkSession
-
     jvm = spark._jvm  # type: ignore[attr-defined]
     PySparkSession._get_j_spark_session_class(jvm).setActiveSession(
         spark._jsparkSession)  # type: ignore[attr-defined]
@@ -430,9 +465,6 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
     (:func:`pipeline.load.run.read_frame`): the run module reads it, and builds this path
     on top of the one it shares with the embedded path, so this module needs nothing of it.
     """
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
     started = time.monotonic()
     frame = frame.withColumn(ROW, F.monotonically_increasing_id())
     if spec.wheres:  # routing by content: each sink's predicate, on the executors

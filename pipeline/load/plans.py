@@ -10,13 +10,16 @@ driver; the plans travel to the executors inside the write job.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.table import FileScanTask
 
+from icefloe.errors import CatalogError
 from pipeline.columns import SHARD_COLUMN
 from pipeline.iceberg.commit import (
     SHARD_BITS,
@@ -25,6 +28,7 @@ from pipeline.iceberg.commit import (
     covers,
     not_committed,
 )
+from pipeline.iceberg.upsert import affected_files, survivors
 from pipeline.load.frame import ROW
 
 if TYPE_CHECKING:
@@ -134,12 +138,6 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     ``_row``) and rewrite each existing file that holds one of the keys without it. Only
     key columns reach the driver: the rows themselves stay on the executors.
     """
-    import pickle
-
-    from pyiceberg.table import FileScanTask
-
-    from pipeline.iceberg.upsert import affected_files, survivors
-
     found = _pending(catalog, identifier, fresh, sequences, epoch)
     if found is None:
         return None
@@ -187,8 +185,6 @@ def _ipc(rows: pa.Table) -> bytes:
 
 
 def _load(catalog: Catalog, identifier: str) -> Table:
-    from icefloe.errors import CatalogError
-
     try:
         return catalog.load_table(identifier)
     except Exception as exc:
@@ -197,8 +193,6 @@ def _load(catalog: Catalog, identifier: str) -> Table:
 
 def _check_shards(table: Table, identifier: str, rows: pa.Table) -> None:
     """Refuse rows of manifest shards above 0 for a table without the shard column."""
-    from icefloe.errors import CatalogError
-
     if SHARD_COLUMN[0] not in table.schema().column_names and \
             pc.any(pc.greater(rows.column("_sequence"), _LOCAL)).as_py():
         raise CatalogError(f"table {identifier} has no {SHARD_COLUMN[0]} column for rows of "

@@ -229,7 +229,7 @@ class SparkClusterEngine:
     name = "spark-cluster"
 
     def __init__(self, spark: SparkSession, partitions: int = 4) -> None:
-        from pipeline.load.cluster import register
+        from pipeline.load.cluster import register  # lazy: pyspark
 
         self.spark = spark
         self.partitions = partitions
@@ -240,7 +240,7 @@ class SparkClusterEngine:
         """The run kept on the executors; if its job fails and the run has ``sql``
         columns, the embedded shape instead, whose row path costs a throwing expression
         only the values it cannot compute (see :func:`read_rows_safely`)."""
-        from pipeline.load.cluster import ClusterRunOutput, run_cluster
+        from pipeline.load.cluster import ClusterRunOutput, run_cluster  # lazy: pyspark
 
         if not spec.batches:
             return ClusterRunOutput()

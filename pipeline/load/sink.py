@@ -13,8 +13,10 @@ delete every task's files of a failed job.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,10 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io import load_file_io
+from pyiceberg.table.metadata import TableMetadataUtil
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -33,7 +39,7 @@ from pyspark.sql.types import StructType
 
 from icefloe.staging import StagedFile, data_key
 from icefloe.store.base import ObjectStore
-from pipeline.columns import ENVELOPE
+from pipeline.columns import ARROW_TYPES, ENVELOPE
 from pipeline.iceberg.commit import SHARD_BITS
 from pipeline.iceberg.data_files import (
     DataFileRef,
@@ -41,6 +47,7 @@ from pipeline.iceberg.data_files import (
     TableTarget,
     delete_files,
 )
+from pipeline.iceberg.upsert import without_keys
 
 if TYPE_CHECKING:
     pass
@@ -151,8 +158,6 @@ class ParquetSinkWriter(DataSourceArrowWriter):
         self.job = job
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
-        from pyspark import TaskContext
-
         ctx = TaskContext.get()
         task = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}" if ctx else "00000-0"
         tables = {t.stream: TableFiles(t, self.job.attempt, task) for t in self.job.targets}
@@ -218,13 +223,8 @@ def _rewrite_files(rows: pa.Table, rewrites: Mapping[str, RewriteTarget],
     todo = pc.is_valid(rows.column(REWRITE_TASK))
     if not pc.any(todo).as_py():
         return rows
-    import pickle
 
-    from pyiceberg.expressions import AlwaysTrue
-    from pyiceberg.io.pyarrow import ArrowScan
-    from pyiceberg.table.metadata import TableMetadataUtil
-
-    from pipeline.iceberg.upsert import without_keys
+    from pyiceberg.io.pyarrow import ArrowScan  # lazy: pandas
 
     for item in rows.filter(todo).select([TARGET, REWRITE_TASK, REWRITE_KEYS]).to_pylist():
         target = rewrites[item[TARGET]]
@@ -248,8 +248,6 @@ class StagedRows:
     """
 
     def __init__(self, target: StageTarget, unique: str) -> None:
-        from pipeline.columns import ARROW_TYPES
-
         self.target = target
         self.unique = unique
         self.types = [ARROW_TYPES[kind] for _, _, kind in target.columns]
@@ -276,9 +274,8 @@ class StagedRows:
         """Write the staged file (None when this task had no rows for the sink)."""
         if not self.parts:
             return None
-        import io
 
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow.parquet
 
         rows = pa.concat_tables(self.parts)
         sequences = rows.column("_sequence")
@@ -303,7 +300,7 @@ def _last_per_shard(positions: pa.ChunkedArray) -> dict[int, int]:
 
 
 def _open_store(job: SinkJob) -> ObjectStore:
-    from pipeline.load.fetch import open_run_store
+    from pipeline.load.fetch import open_run_store  # lazy: pyarrow
 
     assert job.store is not None, "a job with staged targets names its store"
     return open_run_store(job.store.url, job.store.endpoint_url, job.store.region)
@@ -340,8 +337,6 @@ class ParquetSink(DataSource):
 
 
 def delete_refs(job: SinkJob, refs: Sequence[DataFileRef]) -> None:
-    from pyiceberg.io import load_file_io
-
     for target in job.targets:
         paths = [r.path for r in refs if r.stream == target.stream]
         if paths:
