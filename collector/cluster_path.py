@@ -174,8 +174,8 @@ class ClusterPath:
         """Commit one table's written files (or hand its staged files over)."""
         s, result = self.state, run.result
         if table in run.skipped:
-            files = run.staged_files.pop(table, ())
-            self.staged.commit(ToStage(target, files=files, skipped=run.skipped[table]),
+            staged = run.staged_files.pop(table, ())
+            self.staged.commit(ToStage(target, files=staged, skipped=run.skipped[table]),
                                result, run.entries)
             return
         source, fresh = target.source.id, run.fresh_keys[table]
@@ -199,8 +199,8 @@ class ClusterPath:
         sequence = run.result.last_sequence
         for table, files in run.pending.items():  # never offered to add_files
             AddFiles(files).cleanup(s.catalog, table, sequence=sequence, epoch=s.epoch)
-        for files in run.staged_files.values():  # never recorded: in no staging state
-            for staged in files:
+        for staged_files in run.staged_files.values():  # never recorded: in no staging state
+            for staged in staged_files:
                 with contextlib.suppress(Exception):
                     s.block_on(s.staging.store.delete(staged.key))
         run.output.release()
@@ -380,11 +380,11 @@ class ClusterPath:
             staged.update(part.staged)
         if len(errors) == len(todo) and not output.session_works():
             raise first
-        for table, exc in errors.items():
+        for table, error in errors.items():
             log.warning("cluster write of %s failed on its own (the other tables of the "
-                        "run go on): %s", table, exc, extra={"table": table})
+                        "run go on): %s", table, error, extra={"table": table})
             with failures.of(table), self.state.bulkheads.guard(table):
-                raise exc
+                raise error
 
 
 def _left_out(keys: pa.Table, taken: pa.Table) -> pa.Array:

@@ -418,11 +418,11 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     driver — the evolution quotas charge each new column to a client in run order and an
     over-quota field goes to the table's ``_overflow`` column, never the whole event to
     the dead letters; a parked table's rows are staged as they came, its table evolved
-    only when it imports (:meth:`collector.commit.RunCommits._commit_routed`). One code
+    only when it imports (:meth:`collector.embedded_path.EmbeddedPath.commit_routed`). One code
     path for all of it, on the same Spark session. Such a run takes the embedded path
     there; fan-out (several sinks, a sink that misses part of the run), routing by content
     (``where``, evaluated on the executors), upserts and staged sinks are written by the
-    cluster path itself (:meth:`collector.commit.RunCommits._commit_cluster`).
+    cluster path itself (:class:`collector.cluster_path.ClusterPath`).
     """
     versions: dict[str, dict[int, int]] = {}
     for entry in entries:

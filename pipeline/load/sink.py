@@ -244,7 +244,7 @@ class StagedRows:
 
     Why one file per task and not per run: the rows never meet on one machine. The files
     of one run overlap in sequences; the state records them together and the import never
-    splits overlapping files (:func:`collector.commit.chunk_of`).
+    splits overlapping files (:func:`collector.staged_path.chunk_of`).
     """
 
     def __init__(self, target: StageTarget, unique: str) -> None:
