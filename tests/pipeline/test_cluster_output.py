@@ -306,7 +306,7 @@ def test_output_path_is_configured_and_validated(tmp_path, spark, monkeypatch):
     assert collector_config(tmp_path).collector.output == "embedded"
     with pytest.raises(ConfigError, match=r"collector\.output"):
         collector_config(tmp_path, output="executors")
-    monkeypatch.setattr("pipeline.spark.get_spark", lambda *a, **k: spark)
+    monkeypatch.setattr(runner, "get_spark", lambda *a, **k: spark)
     engine = runner.default_engine(collector_config(tmp_path, output="cluster"))
     assert isinstance(engine, SparkClusterEngine)
 
