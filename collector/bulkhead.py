@@ -78,7 +78,7 @@ def is_shared_failure(exc: BaseException) -> bool:
     shared: tuple[type[BaseException], ...] = (
         FencedError, TableFencedError, TransientStoreError, ConnectionError, TimeoutError)
     try:  # the SQL catalog's database unreachable or locked
-        from sqlalchemy.exc import InterfaceError, OperationalError
+        from sqlalchemy.exc import InterfaceError, OperationalError  # optional dep
         shared += (OperationalError, InterfaceError)
     except ImportError:  # pragma: no cover - sqlalchemy comes with the SQL catalog
         pass

@@ -40,7 +40,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from collector.journal import JournalView
 from icefloe.clock import SYSTEM, Clock
-from pipeline.iceberg.commit import (
+from pipeline.iceberg import (
     NO_SEQUENCE,
     SEQUENCE_PROP,
     SEQUENCES_PROP,

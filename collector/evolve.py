@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import NotNull
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, NestedField, StructType
 
@@ -61,13 +62,18 @@ from icefloe.streams.evolution import (
 )
 from icefloe.streams.model import EvolveQuota
 from icefloe.streams.typespec import TypeSpec, parse_type
-from pipeline.columns import ARROW_TYPES
-from pipeline.iceberg.errors import iceberg_errors
-from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape
-from pipeline.iceberg.tables import iceberg_type
-from pipeline.load.decode import DeadLetters
-from pipeline.load.extras import AS_IS, column_of
-from pipeline.load.spec import EntryFile
+from pipeline.iceberg import (
+    ARROW_TYPES,
+    AddColumn,
+    PromoteColumn,
+    apply_changes,
+    describe,
+    iceberg_errors,
+    iceberg_type,
+    replace_rows,
+    shape,
+)
+from pipeline.load import AS_IS, DeadLetters, EntryFile, column_of
 
 log = logging.getLogger("icefloe.evolve")
 
@@ -394,10 +400,6 @@ def redrive_overflow(catalog: Catalog, identifier: str, stream: StreamConfig,
     when nothing). Retries are off: a commit that loses a race to the collector re-reads
     and starts again. Rerunning is harmless: a row whose overflow is gone is not read.
     """
-    from pyiceberg.expressions import NotNull
-
-    from pipeline.iceberg.replace import replace_rows
-
     report = OverflowRedrive(identifier, dry_run)
     declared = {c.name for c in stream.columns} | RESERVED
     for _ in range(_ATTEMPTS):
@@ -453,7 +455,7 @@ def _moved(iceberg_schema: Schema, rows: pa.Table, extras: list[dict | None], pl
            ) -> pa.Table:
     """``rows`` (scanned before the schema commit, no data committed since) in the table's
     current schema, with the overflow fields the plan takes moved into their columns."""
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.io.pyarrow import schema_to_pyarrow  # lazy: pandas
 
     schema = schema_to_pyarrow(iceberg_schema, include_field_ids=False)
     taken = [None if i in plan.refused else e for i, e in enumerate(extras)]

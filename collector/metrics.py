@@ -25,6 +25,16 @@ class CollectorMetrics:
         self.health = Health()
         """What ``/healthz`` and ``/readyz`` report (see :mod:`collector.http`)."""
         self.registry = r = CollectorRegistry()
+        self._queue(r)
+        self._commits(r)
+        self._rows(r)
+        self._failures(r)
+        self._models(r)
+        self._staging(r)
+        self._role(r)
+
+    def _queue(self, r: CollectorRegistry) -> None:
+        """The manifest queue and the runs reading it."""
         self.queue_length = Gauge("icefloe_collector_queue_entries",
                                   "Manifest entries not yet acknowledged", registry=r)
         self.queue_max_entries = Gauge("icefloe_collector_queue_max_entries",
@@ -33,6 +43,9 @@ class CollectorMetrics:
         self.lag_seconds = Gauge("icefloe_collector_lag_seconds",
                                  "Age of the oldest unconsumed manifest entry (store clock)",
                                  registry=r)
+
+    def _commits(self, r: CollectorRegistry) -> None:
+        """What the commits wrote, and how they went."""
         self.rows = Counter("icefloe_collector_rows_committed",
                             "Rows committed to Iceberg", ["table"], registry=r)
         self.bytes = Counter("icefloe_collector_bytes_committed",
@@ -50,6 +63,10 @@ class CollectorMetrics:
         self.committed_sequence = Gauge("icefloe_collector_committed_sequence",
                                         "Highest manifest sequence committed, per table",
                                         ["table"], registry=r)
+
+    def _rows(self, r: CollectorRegistry) -> None:
+        """Rows that did not reach their table as sent: dead letters, unrouted, duplicates,
+        replays."""
         self.dead_letters = Counter("icefloe_collector_dead_letter_rows",
                                     "Rows sent to icefloe.dead_letters", ["reason"],
                                     registry=r)
@@ -74,6 +91,9 @@ class CollectorMetrics:
         self.replayed = Counter("icefloe_collector_replayed_rows_skipped",
                                 "Rows skipped because their table already held their sequence",
                                 ["table"], registry=r)
+
+    def _failures(self, r: CollectorRegistry) -> None:
+        """Failed runs and commits, fencing, GC and table maintenance."""
         self.run_errors = Counter("icefloe_collector_run_errors",
                                   "Runs that failed and will be retried, by kind", ["kind"],
                                   registry=r)
@@ -87,6 +107,9 @@ class CollectorMetrics:
         self.maintenance = Counter("icefloe_collector_maintenance_runs",
                                    "Table maintenance runs by result", ["table", "result"],
                                    registry=r)
+
+    def _models(self, r: CollectorRegistry) -> None:
+        """SQL models the collector keeps fresh."""
         self.model_runs = Counter("icefloe_collector_model_runs",
                                   "SQL model runs by outcome (ran, up to date, view, failed, "
                                   "skipped)", ["model", "state"], registry=r)
@@ -98,6 +121,9 @@ class CollectorMetrics:
         self.model_last_run = Gauge("icefloe_collector_model_last_run_timestamp_seconds",
                                     "Unix time of the model's last run that wrote rows",
                                     ["model"], registry=r)
+
+    def _staging(self, r: CollectorRegistry) -> None:
+        """Staged sinks, parked tables, routing."""
         self.staged_rows = Gauge("icefloe_collector_staged_rows",
                                  "Rows staged for a sink with import conditions, not yet "
                                  "committed", ["table"], registry=r)
@@ -132,6 +158,9 @@ class CollectorMetrics:
                                       "Failed attempts of one table's own steps (evolve, "
                                       "write, commit), by exception kind",
                                       ["table", "kind"], registry=r)
+
+    def _role(self, r: CollectorRegistry) -> None:
+        """Liveness and role."""
         self.stalled = Gauge("icefloe_collector_stalled",
                              "1 while entries wait and no run finished for 5 commit "
                              "intervals (a run hangs or keeps failing)", registry=r)

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icefloe.config import Config
-from pipeline.models.spec import ModelError
+from pipeline.models import ModelError, check_tables, load_models, plan_project, run_models
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from collector.metrics import CollectorMetrics
-    from pipeline.models import Outcome, Project
-    from pipeline.models.write import WriteFence
+    from pipeline.models import Outcome, Project, WriteFence
 
 log = logging.getLogger("icefloe.collector")
 
@@ -47,7 +46,6 @@ def plan_refresh(config: Config) -> tuple[Project, list[str]] | None:
     names = list(config.collector.models)
     if not names:
         return None
-    from pipeline.models import load_models, plan_project
 
     folder = Path(config.collector.models_dir)
     if not folder.is_dir():
@@ -105,8 +103,6 @@ class ModelRefresh:
 
     def check_tables(self) -> None:
         """Every table the models read exists (after the collector created its own)."""
-        from pipeline.models.dag import check_tables
-
         check_tables(self.project, self.config)
 
     def note_commits(self, rows: dict[str, int]) -> None:
@@ -125,8 +121,6 @@ class ModelRefresh:
     def run(self) -> list[Outcome]:
         """Run the models once (blocking: call it in a thread). Never raises: a failure is
         logged and counted, and the next attempt backs off."""
-        from pipeline.models import run_models
-
         started = self.clock()
         self.stale = False
         try:

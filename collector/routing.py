@@ -29,9 +29,16 @@ from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
-from pipeline.load.mapped import sequence_ranges
-from pipeline.load.spec import SqlCase, TemplateCase, WhereCase, WhereSpec
-from pipeline.where import judge, where_error_messages
+from pipeline.iceberg import ARROW_TYPES
+from pipeline.load import (
+    SqlCase,
+    TemplateCase,
+    WhereCase,
+    WhereSpec,
+    judge,
+    sequence_ranges,
+    where_error_messages,
+)
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
 
@@ -333,8 +340,6 @@ def _union(mask: pa.Array | None, more: pa.Array | None, rows: int) -> pa.Array:
 def project(rows: pa.Table, target: Target) -> pa.Table:
     """The sink's columns (and the envelope) out of a source's decoded rows; a column the
     decode did not produce (a sink of an older version) is all nulls, never an error."""
-    from pipeline.columns import ARROW_TYPES
-
     arrays, names = [], []
     for column in target.sink.columns:
         if column.name in rows.column_names:
@@ -413,11 +418,11 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     driver — the evolution quotas charge each new column to a client in run order and an
     over-quota field goes to the table's ``_overflow`` column, never the whole event to
     the dead letters; a parked table's rows are staged as they came, its table evolved
-    only when it imports (:meth:`collector.commit.RunCommits._commit_routed`). One code
+    only when it imports (:meth:`collector.embedded_path.EmbeddedPath.commit_routed`). One code
     path for all of it, on the same Spark session. Such a run takes the embedded path
     there; fan-out (several sinks, a sink that misses part of the run), routing by content
     (``where``, evaluated on the executors), upserts and staged sinks are written by the
-    cluster path itself (:meth:`collector.commit.RunCommits._commit_cluster`).
+    cluster path itself (:class:`collector.cluster_path.ClusterPath`).
     """
     versions: dict[str, dict[int, int]] = {}
     for entry in entries:

@@ -33,12 +33,14 @@ from icefloe.registry.watch import RegistryWatch
 from icefloe.server_tls import section_tls
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
-from pipeline.iceberg.catalog import open_catalog
-from pipeline.iceberg.errors import load_table_or_none
-from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
-from pipeline.load.spec import run_spec
-from pipeline.models.spec import ModelError
-from pipeline.models.write import WriteFence
+from pipeline.iceberg import (
+    MaintenanceSettings,
+    load_table_or_none,
+    open_catalog,
+    run_maintenance,
+)
+from pipeline.load import SparkClusterEngine, SparkEngine, check_on_spark, get_spark, run_spec
+from pipeline.models import ModelError, WriteFence
 
 log = logging.getLogger("icefloe.collector")
 
@@ -68,10 +70,6 @@ def spark_settings(config: Config) -> dict[str, Any]:
 
 def default_engine(config: Config) -> Engine:
     """Spark with the configured output path: ``embedded`` (default) or ``cluster``."""
-    from pipeline.load.mapped import check_on_spark
-    from pipeline.load.run import SparkClusterEngine, SparkEngine
-    from pipeline.spark import get_spark
-
     cfg = config.collector
     spark = get_spark(cfg.spark_master, "icefloe-collector", spark_settings(config))
     spec = run_spec(config, [])
@@ -91,8 +89,6 @@ def _spark_of(engine: Engine, config: Config) -> Callable[[], Any]:
         return lambda: session
 
     def start() -> Any:
-        from pipeline.spark import get_spark
-
         return get_spark(config.collector.spark_master, "icefloe-collector",
                          spark_settings(config))
     return start
@@ -164,8 +160,6 @@ class StandbyWarmth:
         """One warming pass (blocking); returns how many configured tables exist."""
         spark = getattr(self.engine, "spark", None)
         if spark is not None:
-            from pipeline.load.run import SparkEngine
-
             SparkEngine(spark, self.config.collector.spark_partitions).warm_up(
                 run_spec(self.config, []))
         found = 0
@@ -367,6 +361,55 @@ class Runner:
                 log.warning("maintenance of %s failed (will retry): %s", name, exc)
 
 
+def _serve(config: Config, metrics: CollectorMetrics, tls: Any) -> HttpServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` from the start (TLS if configured)."""
+    server = HttpServer(config.collector.host, config.collector.metrics_port,
+                        metrics.registry, metrics.health,
+                        tls.http_context if tls is not None else None)
+    if tls is not None:
+        tls.start()
+    return server
+
+
+def _model_refresh(config: Config, refresh_plan: Any, engine: Engine,
+                   collector: Collector) -> ModelRefresh | None:
+    """The models the collector keeps fresh (None: none configured); their targets are
+    fenced on takeover like the collector's own tables."""
+    if refresh_plan is None:
+        return None
+    assert collector.epoch is not None
+    project, names = refresh_plan
+    models = ModelRefresh(config, project, names, spark=_spark_of(engine, config),
+                          metrics=collector.metrics, fence=WriteFence(
+                              collector.epoch, collector.confirm_epoch_sync))
+    collector.model_tables = models.targets()
+    return models
+
+
+async def _prepare(config: Config, runner: Runner, collector: Collector,
+                   watch: RegistryWatch, models: ModelRefresh | None) -> None:
+    """Once active: renew the lease from now on, route by the registry, prepare the
+    tables, verify the offsets and check the models' tables (the lease renewal stops if
+    any of it fails)."""
+    runner.start_renewal()
+    try:
+        registry = await watch.check()
+        if registry is not None:  # route by the registry from the first run on
+            collector.routes = Routes(registry)
+            collector.metrics.registry_version.set(registry.version)
+        await collector.offload(collector.prepare_tables)
+        await collector.verify_offsets()
+        if models is not None:
+            try:
+                await collector.offload(models.check_tables)
+            except ModelError as exc:
+                raise ConfigError(f"{config.source or 'config'}: collector.models: "
+                                  f"{exc}") from None
+    except BaseException:
+        await runner.stop_renewal()
+        raise
+
+
 async def run_collector(config: Config, *, takeover: bool = False,
                         stop: asyncio.Event | None = None,
                         store: AsyncObjectStore | None = None,
@@ -400,15 +443,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
     store = store or open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
     metrics = metrics or CollectorMetrics()
-    port: int | None = None
-    server = None
-    if serve_metrics:
-        server = HttpServer(config.collector.host, config.collector.metrics_port,
-                            metrics.registry, metrics.health,
-                            tls.http_context if tls is not None else None)
-        port = server.port
-        if tls is not None:
-            tls.start()
+    server = _serve(config, metrics, tls) if serve_metrics else None
+    port = server.port if server is not None else None
     try:
         catalog = await offload(open_catalog, config.catalog)
         engine = engine or await offload(default_engine, config)
@@ -424,34 +460,12 @@ async def run_collector(config: Config, *, takeover: bool = False,
             return EXIT_OK  # stopped while on standby
         finally:
             await warmth.stop()
-        models = None
-        if refresh_plan is not None:
-            assert collector.epoch is not None
-            models = ModelRefresh(config, *refresh_plan, spark=_spark_of(engine, config),
-                                  metrics=metrics, fence=WriteFence(
-                                      collector.epoch, collector.confirm_epoch_sync))
-            collector.model_tables = models.targets()
+        models = _model_refresh(config, refresh_plan, engine, collector)
         watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
                               poll_s=config.admin.registry_poll_s,
                               config_streams=config.streams)
         runner = Runner(collector, stop, models, watch, once=once)
-        runner.start_renewal()
-        try:
-            registry = await watch.check()
-            if registry is not None:  # route by the registry from the first run on
-                collector.routes = Routes(registry)
-                metrics.registry_version.set(registry.version)
-            await collector.offload(collector.prepare_tables)
-            await collector.verify_offsets()
-            if models is not None:
-                try:
-                    await collector.offload(models.check_tables)
-                except ModelError as exc:
-                    raise ConfigError(f"{config.source or 'config'}: collector.models: "
-                                      f"{exc}") from None
-        except BaseException:
-            await runner.stop_renewal()
-            raise
+        await _prepare(config, runner, collector, watch, models)
         if on_ready is not None:
             on_ready(Ready(collector.epoch or 0, port))
         return await runner.run()

@@ -19,8 +19,8 @@ manifest epoch; a table or staging state it creates later is confirmed the same 
 its first commit. So no commit by an older epoch lands anywhere after a takeover.
 
 This module is the run loop (lease, tables, read, run, ack, dequeue); how a run's rows become
-Iceberg commits on each output path is :mod:`collector.commit`, which :class:`Collector`
-inherits.
+Iceberg commits is the job of the output path objects the :class:`Collector` owns
+(:mod:`collector.commit`: ``embedded``, ``cluster`` and ``staged``).
 
 Thread hops (``offload``/``block_on``) and time (``clock``) are injected (see
 :mod:`collector.hops`), so a simulator can run a collector on one thread.
@@ -39,13 +39,16 @@ from pyiceberg.table import Table
 from ulid import ULID
 
 from collector.bulkhead import Bulkheads, Parked, crash_marking, is_shared_failure
-from collector.commit import Hook, RunCommits, RunResult, upsert_columns, versions_of
+from collector.cluster_path import ClusterPath
+from collector.commit import Hook, RunResult, TableCommits, upsert_columns, versions_of
 from collector.dedup import DedupWindow
+from collector.embedded_path import EmbeddedPath
 from collector.hops import BlockOn, Offload, sleep_or_stop
 from collector.http import STALL_INTERVALS
 from collector.journal import DedupJournal, JournalView
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, cut_by_routing, embedded_reason
+from collector.staged_path import StagedPath
 from collector.staging import StagingArea
 from icefloe.catalog_version import stamp_epoch
 from icefloe.clock import SYSTEM, Clock
@@ -65,13 +68,18 @@ from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
 from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.evolution import EvolveLimits
-from pipeline.columns import DEAD_LETTER_TABLE
-from pipeline.iceberg.commit import committed_state, position
-from pipeline.iceberg.fence import fence_all, fence_table
-from pipeline.iceberg.tables import ensure_dead_letter_table, ensure_stream_table
-from pipeline.load.executors import ClusterRunOutput
-from pipeline.load.run import RunOutput
-from pipeline.load.spec import (
+from pipeline.iceberg import (
+    DEAD_LETTER_TABLE,
+    committed_state,
+    ensure_dead_letter_table,
+    ensure_stream_table,
+    fence_all,
+    fence_table,
+    position,
+)
+from pipeline.load import (
+    ClusterRunOutput,
+    RunOutput,
     RunSpec,
     run_spec,
     with_key_columns,
@@ -103,8 +111,11 @@ class Fenced(Exception):
     """This collector was replaced; it must exit (the CLI exits non-zero)."""
 
 
-class Collector(RunCommits):
-    """Owns the consumer, the catalog tables and the dedup windows of one collector."""
+class Collector:
+    """Owns the consumer, the catalog tables and the dedup windows of one collector, and
+    the output paths a run's rows take to Iceberg (``embedded``, ``cluster``, ``staged``:
+    :mod:`collector.commit`), which read its state through
+    :class:`~collector.commit.CollectorState`."""
 
     def __init__(self, config: Config, store: AsyncObjectStore, catalog: Catalog,
                  engine: Engine, *, metrics: CollectorMetrics | None = None,
@@ -143,7 +154,6 @@ class Collector(RunCommits):
         """Dedup windows by table: ids committed to that table within the window, by
         source."""
         self.epoch: int | None = None
-        self.run_version: int | None = None
         self.table_sequences: dict[str, dict[int, int]] = {}
         """Committed sequence per table, per manifest shard (absent: none)."""
         self._runs_since_dequeue = 0
@@ -162,6 +172,10 @@ class Collector(RunCommits):
         """``table_uuid`` of tables known to be fenced against any newer collector: fenced
         by us, or created/loaded by us and followed by a manifest-epoch confirmation."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.commits = TableCommits(self)
+        self.staged = StagedPath(self, self.commits)
+        self.embedded = EmbeddedPath(self, self.commits, self.staged)
+        self.cluster = ClusterPath(self, self.commits, self.staged)
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
 
@@ -340,7 +354,7 @@ class Collector(RunCommits):
         staged = self._await(self.staging.claim(name, self.epoch,
                                                 create=self._has_conditions(name)))
         self.windows[name] = window  # last: a half-prepared table is prepared again
-        self.observe_staged(name, staged)
+        self.commits.observe_staged(name, staged)
         if staged.files:
             log.info("table %s: %d rows staged through sequences %s", name, staged.rows,
                      staged.last_sequences)
@@ -521,6 +535,29 @@ class Collector(RunCommits):
         result.seconds = self.clock.monotonic() - started
         self._observe(entries, result)
         return result
+
+    def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
+                   entries: list[Entry]) -> None:
+        """Commit a run's output through its output path (blocking: call in a thread):
+        each affected table once (dedup first), then the dead letters; all of them as one
+        catalog version."""
+        self.commits.begin()
+        if isinstance(output, ClusterRunOutput):
+            self.cluster.commit(output, result, entries)
+        else:
+            self.embedded.commit(output, result, entries)
+
+    def commit_due_staged(self) -> dict[str, int]:
+        """Import every staged table whose conditions hold (blocking: call in a thread);
+        rows committed per table (:meth:`collector.staged_path.StagedPath.commit_due`)."""
+        return self.staged.commit_due()
+
+    async def dequeue(self) -> int:
+        """Remove acknowledged entries from the manifest (bulk, idempotent)."""
+        self.hook("before_dequeue")
+        removed = await self.consumer.dequeue()
+        self._runs_since_dequeue = 0
+        return sum(removed.values())
 
     def _route_run(self, entries: list[Entry]
                    ) -> tuple[list[Entry], Callable[[RunSpec], RunOutput | ClusterRunOutput]]:

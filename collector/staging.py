@@ -66,7 +66,7 @@ from icefloe.staging import (
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy
-from pipeline.iceberg.commit import SHARD_BITS
+from pipeline.iceberg import SHARD_BITS
 
 log = logging.getLogger("icefloe.collector")
 
@@ -221,7 +221,7 @@ class StagingArea:
         leaves them unreferenced, and they are deleted here (else swept). Files of one run
         may overlap in sequences (the cluster path writes one per task); they are kept in
         order of their last sequence, and the import commits overlapping files together
-        (:func:`collector.commit.chunk_of`)."""
+        (:func:`collector.staged_path.chunk_of`)."""
         keys = {f.key for f in files}
         ordered = tuple(sorted(files, key=lambda f: (f.last_sequence, f.first_sequence)))
 

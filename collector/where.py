@@ -41,7 +41,7 @@ def where_error_dead_letters(source: str, rows: pa.Table, locations: dict[int, s
 
 def _dead_letters(source: str, rows: pa.Table, locations: dict[int, str], reason: str,
                   messages: pa.Array | pa.ChunkedArray) -> pa.Table:
-    from pipeline.columns import dead_letter_arrow_schema
+    from pipeline.iceberg import dead_letter_arrow_schema  # lazy: sqlglot
 
     schema = dead_letter_arrow_schema()
     fields = [n for n in rows.column_names if not n.startswith("_")]

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -61,7 +62,6 @@ def stderr_as_json(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    import sys
 
     sys.stderr.flush()
     read_fd, write_fd = os.pipe()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from icefloe.config.validate import spark_value
 from icefloe.logs import JsonFormatter
+from pipeline.java import require_java
 from pipeline.jvm_stderr import stderr_as_json
 
 if TYPE_CHECKING:
@@ -61,15 +62,13 @@ def get_spark(master: str = "local[2]", app_name: str = "icefloe",
     with _lock:
         global _java_checked
         if not _java_checked:
-            from pipeline.java import require_java
-
             require_java()
             _java_checked = True
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession  # lazy: pyspark
 
         builder = SparkSession.builder.master(master).appName(app_name)
         settings = {**DEFAULT_CONF, **{k: spark_value(v) for k, v in (conf or {}).items()}}
@@ -83,10 +82,12 @@ def get_spark(master: str = "local[2]", app_name: str = "icefloe",
         with stderr_as_json(_logs_json()):  # the JVM inherits a stderr of JSON lines
             spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
-        from pipeline.load.source import IcefloeDataSource
+        from pipeline.load.source import IcefloeDataSource  # lazy: pyspark
 
         spark.dataSource.register(IcefloeDataSource)
-        from pipeline.read.iceberg_source import register as register_iceberg_source
+        from pipeline.read.iceberg_source import (  # lazy: pyspark
+            register as register_iceberg_source,
+        )
 
         register_iceberg_source(spark)  # format "icefloe-iceberg"
         return spark

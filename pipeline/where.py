@@ -4,7 +4,7 @@ Why Arrow and not Spark SQL: one evaluator for both output paths, so a row goes 
 tables whichever path wrote it. The embedded path runs it on the driver, over the run's
 rows split per sink (:meth:`collector.routing.Routes.split`); the cluster path runs it on
 the executors, one boolean column per sink added to the persisted run
-(:func:`pipeline.load.executors.run_cluster`). The predicate was checked when it arrived
+(:func:`pipeline.load.cluster.run_cluster`). The predicate was checked when it arrived
 (:func:`icefloe.streams.where.parse_where`: only the node kinds handled here, with types
 that compare), and is checked again here, since a registry written by an older icefloe is
 not trusted. SQL's three-valued logic holds throughout (Kleene ``AND``/``OR``, comparisons

@@ -215,7 +215,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         else:
             transport.close()
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's contract
+        # (True keeps a half-closed transport open); uvicorn's signature says None
         """Half-closed after a whole request: keep the connection to answer it. With
         nothing to answer, or mid-body (that request can never complete: the client
         has gone, 499), it closes; so it does on TLS, which cannot half-close."""
@@ -279,7 +280,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._check_framing()
         cycle, lane = self.cycle, self.fast_lane
         if lane is not None and (cycle is None or cycle.response_complete) \
-                and lane.begin(self, self.server_state.default_headers) is not None:
+                and lane.begin(self,  # type: ignore[arg-type]  # the lane's own cycle
+                               self.server_state.default_headers) is not None:
             return  # the lane set self.cycle to its FastIngest
         self._asgi_scope()
         super().on_headers_complete()

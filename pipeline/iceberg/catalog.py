@@ -65,7 +65,7 @@ def open_catalog(section: CatalogSection) -> Catalog:
 
 
 def _open_sql(section: CatalogSection) -> Catalog:
-    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.catalog.sql import SqlCatalog  # lazy: sqlalchemy
 
     uri = section.uri
     if uri.startswith("sqlite:") and ":///" in uri:
@@ -80,7 +80,7 @@ def _open_sql(section: CatalogSection) -> Catalog:
 
 
 def _open_glue(section: CatalogSection) -> Catalog:
-    from pyiceberg.catalog.glue import GlueCatalog
+    from pyiceberg.catalog.glue import GlueCatalog  # lazy: boto3
 
     _prepare_warehouse(section.warehouse)
     props: dict[str, object] = {**section.properties, "warehouse": section.warehouse}
@@ -102,7 +102,7 @@ def _glue_max_retries(value: str) -> int:
 
 
 def _open_rest(section: CatalogSection) -> Catalog:
-    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.catalog.rest import RestCatalog  # lazy: requests
 
     return RestCatalog(section.name, **{**section.properties, "uri": section.uri,
                                         "warehouse": section.warehouse})

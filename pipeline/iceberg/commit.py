@@ -271,12 +271,7 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
     through = dict(sequences) if sequences is not None else {0: sequence}
     last_error: Exception | None = None
     for attempt in range(1, max_attempts + 1):
-        try:
-            table = catalog.load_table(identifier)
-        except Exception as exc:  # catalog down: the caller retries the whole cycle
-            raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
-        state = committed_state(table)
-        check_epoch(identifier, state, epoch)
+        table, state = _load_state(catalog, identifier, epoch)
         done = state.sequences
         if covers(done, through):
             # Everything up to `sequence` is already in: a replay after a crash before ack.
@@ -313,19 +308,33 @@ def commit_rows(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence: 
             last_error = exc
             clock.sleep_sync(min(2.0, 0.1 * 2 ** attempt))
             continue
-    # Out of attempts: one last look decides between "landed" and "failed".
+    return _last_look(catalog, identifier, rows, epoch, through, started, max_attempts,
+                      clock, last_error)
+
+
+def _load_state(catalog: Catalog, identifier: str, epoch: int
+                ) -> tuple[Table, CommittedState]:
+    """The table and its committed state, refused if a newer epoch has taken it."""
     try:
         table = catalog.load_table(identifier)
-    except Exception as exc:
+    except Exception as exc:  # catalog down: the caller retries the whole cycle
         raise CatalogError(f"cannot load table {identifier}: {exc}") from exc
     state = committed_state(table)
     check_epoch(identifier, state, epoch)
+    return table, state
+
+
+def _last_look(catalog: Catalog, identifier: str, rows: pa.Table, epoch: int,
+               through: Mapping[int, int], started: float, attempts: int, clock: Clock,
+               last_error: Exception | None) -> CommitResult:
+    """Out of attempts: one last look decides between "landed" and "failed"."""
+    _, state = _load_state(catalog, identifier, epoch)
     if covers(state.sequences, through) and state.epoch == epoch:
         return CommitResult(identifier, rows.num_rows, 0, state.sequence,
-                            clock.monotonic() - started, max_attempts, state.shards)
+                            clock.monotonic() - started, attempts, state.shards)
     last = "" if last_error is None else \
         f" (last: {type(last_error).__name__}: {str(last_error).strip()[:300]})"
-    raise CatalogError(f"commit to {identifier} failed after {max_attempts} attempts{last}; "
+    raise CatalogError(f"commit to {identifier} failed after {attempts} attempts{last}; "
                        "the collector will retry the batch run") from last_error
 
 

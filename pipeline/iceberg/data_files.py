@@ -2,7 +2,7 @@
 them with ``add_files``, delete them when they never land.
 
 Why one module: both writers of Parquet files use it — the cluster output path, whose
-executors write each run's rows (:mod:`pipeline.load.executors`), and the embedded path's
+executors write each run's rows (:mod:`pipeline.load.cluster`), and the embedded path's
 :class:`~pipeline.iceberg.file_append.WriteThenAdd`, which writes on the driver. Either way
 the files get the table's field ids, partition layout, writer settings and location
 provider (:class:`TableFiles`), and are committed by :class:`AddFiles` *through*
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import decimal
 import logging
 import uuid
@@ -31,6 +32,15 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.io import load_file_io
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionFieldValue, PartitionKey, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import TableProperties
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
 
 from pipeline.iceberg.commit import EPOCH_PROP, committed_state
 
@@ -159,11 +169,10 @@ class TableFiles:
     by the table's sort order when it has one."""
 
     def __init__(self, target: TableTarget, attempt: str, task: str) -> None:
-        from pyiceberg.io import load_file_io
-        from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, schema_to_pyarrow
-        from pyiceberg.partitioning import PartitionSpec
-        from pyiceberg.schema import Schema
-        from pyiceberg.table.locations import load_location_provider
+        from pyiceberg.io.pyarrow import (  # lazy: pandas
+            _get_parquet_writer_kwargs,
+            schema_to_pyarrow,
+        )
 
         self.target = target
         self.prefix = f"{attempt}-{task}"
@@ -198,7 +207,7 @@ class TableFiles:
         if key is not None:  # the usual case: a run's rows share one day (or hour)
             self._put(key, rows)
             return
-        from pyiceberg.io.pyarrow import _determine_partitions
+        from pyiceberg.io.pyarrow import _determine_partitions  # lazy: pandas
 
         for part in _determine_partitions(self.spec, self.schema, rows):
             self._put(part.partition_key, part.arrow_table_partition)
@@ -268,8 +277,6 @@ def sort_keys_of(sort_json: str, schema: Any) -> tuple[int | None, list[tuple[st
     identity fields up to the first other transform (icefloe sets identity ones only)."""
     if not sort_json:
         return None, []
-    from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
-    from pyiceberg.transforms import IdentityTransform
 
     order = SortOrder.model_validate_json(sort_json)
     keys: list[tuple[str, bool, bool]] = []
@@ -301,8 +308,6 @@ def single_partition(spec: Any, schema: Any, rows: pa.Table) -> Any:
     """The partition key shared by every row, or None when the rows span several values
     (or a null). Why: pyiceberg's general split filters and copies the whole table once
     per partition value — ~0.35 s for 1M rows even when there is only one value."""
-    from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
-
     values = []
     for part in spec.fields:
         source = schema.find_field(part.source_id)
@@ -331,12 +336,12 @@ def uuid_statistics(schema: pa.Schema, properties: Mapping[str, str]) -> dict[st
     ``WHERE uid = '…'`` still skipped the row with either one in the file
     (``tests/pipeline/test_other_readers.py``, slow). The other columns keep both (the
     writer takes the column paths to keep them for, read from the Parquet schema)."""
-    from icefloe.streams.layout import UUID_BOUNDS_PROP
+    from icefloe.streams.layout import UUID_BOUNDS_PROP  # lazy: sqlglot
 
     if properties.get(UUID_BOUNDS_PROP) == "write" or not any(
             _has_uuid(field.type) for field in schema):
         return {}
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow.parquet
 
     sink = pa.BufferOutputStream()
     pq.write_table(pa.Table.from_batches([], schema=schema), sink)
@@ -370,7 +375,7 @@ class _OpenFile:
 
     def __init__(self, path: str, io: FileIO, schema: pa.Schema, kwargs: dict[str, Any]
                  ) -> None:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow.parquet
 
         self.path = path
         self.rows = 0
@@ -522,8 +527,6 @@ def replace_files(table: Table, replaced: Sequence[Any], refs: Sequence[DataFile
                   props: dict[str, str]) -> None:
     """One snapshot: an overwrite deleting ``replaced`` when there are any, else a fast
     append (also with no files: the snapshot still records the run's sequence)."""
-    from pyiceberg.table import TableProperties
-
     with table.transaction() as tx:
         if refs and tx.table_metadata.name_mapping() is None:
             tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
@@ -544,8 +547,6 @@ def append_files(table: Table, refs: Sequence[DataFileRef], props: dict[str, str
     fast or merge append as the table says), minus the duplicate check (the paths are
     unique and fresh; the check scans the table) and with partition values that are known
     rather than guessed from column bounds (see :class:`DataFileRef`)."""
-    from pyiceberg.table import TableProperties
-
     with table.transaction() as tx:
         if tx.table_metadata.name_mapping() is None:
             tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
@@ -558,18 +559,14 @@ def append_files(table: Table, refs: Sequence[DataFileRef], props: dict[str, str
 def data_file_entry(table: Table, ref: DataFileRef) -> Any:
     """The manifest entry (pyiceberg ``DataFile``) of a file written for ``table``, its
     statistics read from the file's footer as ``add_files`` does."""
-    import dataclasses
-
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow.parquet
     from pyiceberg.io.pyarrow import (
         MetricModeTypes,
         MetricsMode,
         compute_statistics_plan,
         data_file_statistics_from_parquet_metadata,
         parquet_path_to_id_mapping,
-    )
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-    from pyiceberg.typedef import Record
+    )  # lazy: pandas
 
     schema = table.schema()
     input_file = table.io.new_input(ref.path)

@@ -451,9 +451,23 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
         for key, uri in _reachable(previous, None, io).items():
             if key not in reachable:
                 doomed[key] = (uri, 0)
-    current_version = _metadata_version(table.metadata_location)
     cutoff_ns = int(((clock.time() if now_s is None else now_s) - older_than_s) * 1e9)
+    kept_young = _doom_listed(table, reachable, doomed, cutoff_ns)
+    targets = list(doomed.values())
+    deleted_bytes, errors = _delete_all(io, targets)
+    result = DeletionResult(deleted=len(targets) - errors, bytes=deleted_bytes,
+                            kept_young=kept_young, errors=errors, reachable=len(reachable),
+                            seconds=clock.monotonic() - started)
+    log.info("deleted %d unreachable files (%d bytes) of %s; kept %d young, %d errors",
+             result.deleted, result.bytes, _table_name(table), kept_young, errors)
+    return result
 
+
+def _doom_listed(table: Table, reachable: dict[str, str],
+                 doomed: dict[str, tuple[str, int]], cutoff_ns: int) -> int:
+    """Add each listed file of the table that is unreachable and superseded or older than
+    ``cutoff_ns`` to ``doomed``; returns how many unreachable ones are kept as young."""
+    current_version = _metadata_version(table.metadata_location)
     kept_young = 0
     for uri, size, mtime_ns in _list_files(table):
         key = _normalize(uri)
@@ -467,10 +481,13 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
             doomed[key] = (uri, size)
         else:
             kept_young += 1
+    return kept_young
 
+
+def _delete_all(io: FileIO, targets: list[tuple[str, int]]) -> tuple[int, int]:
+    """Delete ``targets`` (uri, size) in parallel; bytes deleted and failed deletes."""
     errors = 0
     deleted_bytes = 0
-    targets = list(doomed.values())
     with ThreadPoolExecutor(_IO_THREADS) as pool:
         for (_uri, size), ok in zip(targets, pool.map(lambda d: _delete(io, d[0]), targets),
                                     strict=True):
@@ -478,12 +495,7 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
                 deleted_bytes += size
             else:
                 errors += 1
-    result = DeletionResult(deleted=len(targets) - errors, bytes=deleted_bytes,
-                            kept_young=kept_young, errors=errors, reachable=len(reachable),
-                            seconds=clock.monotonic() - started)
-    log.info("deleted %d unreachable files (%d bytes) of %s; kept %d young, %d errors",
-             result.deleted, result.bytes, _table_name(table), kept_young, errors)
-    return result
+    return deleted_bytes, errors
 
 
 def _reachable(metadata: TableMetadata, metadata_location: str | None, io: FileIO,

@@ -28,7 +28,7 @@ _TARGET = "pyiceberg.io.pyarrow"
 
 def install() -> None:
     """Wrap ``ArrowProjectionVisitor.list`` once per process."""
-    from pyiceberg.io.pyarrow import ArrowProjectionVisitor
+    from pyiceberg.io.pyarrow import ArrowProjectionVisitor  # lazy: pandas
 
     original = ArrowProjectionVisitor.list
     if getattr(original, _MARK, False):

@@ -41,7 +41,7 @@ def replace_rows(tx: Transaction, rows: pa.Table, where: BooleanExpression,
     Raises:
         ValueError: ``rows`` do not fit the table's schema (pyiceberg's check and words).
     """
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files  # lazy: pandas
 
     _check_fits(tx, rows)
     removed, kept = _affected(tx, where)
@@ -75,9 +75,9 @@ def merge_rows(tx: Transaction, rows: pa.Table, key: Sequence[str],
     Raises:
         ValueError: ``rows`` repeat a key, or do not fit the table's schema.
     """
-    from pyiceberg.table import upsert_util
+    from pyiceberg.table import upsert_util  # lazy: pyiceberg.table
 
-    from pipeline.iceberg.upsert import without_keys
+    from pipeline.iceberg.upsert import without_keys  # lazy: pyiceberg
 
     key = list(key)
     if upsert_util.has_duplicate_rows(rows, key):
@@ -98,7 +98,7 @@ def merge_rows(tx: Transaction, rows: pa.Table, key: Sequence[str],
 
 def _check_fits(tx: Transaction, rows: pa.Table) -> None:
     """pyiceberg's own check that ``rows`` can be written to the table's schema."""
-    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible  # lazy: pandas
 
     _check_pyarrow_schema_compatible(tx.table_metadata.schema(), provided_schema=rows.schema,
                                      format_version=tx.table_metadata.format_version)
@@ -106,7 +106,7 @@ def _check_fits(tx: Transaction, rows: pa.Table) -> None:
 
 def _scan(tx: Transaction, where: BooleanExpression) -> pa.Table:
     """The rows matching ``where`` in the transaction's current state."""
-    from pyiceberg.table import DataScan
+    from pyiceberg.table import DataScan  # lazy: pyiceberg.table
 
     return DataScan(table_metadata=tx.table_metadata, io=tx._table.io,
                     row_filter=where).to_arrow()
@@ -117,9 +117,9 @@ def _affected(tx: Transaction, where: BooleanExpression
     """``(files to remove, rows of theirs to keep)``: every live file holding a row that
     ``where`` matches, and each one's other rows (none read when ``where`` is always
     true)."""
-    from pyiceberg.expressions.visitors import bind
-    from pyiceberg.io.pyarrow import ArrowScan, _expression_to_complementary_pyarrow
-    from pyiceberg.table import DataScan
+    from pyiceberg.expressions.visitors import bind  # lazy: pyiceberg.expressions.visitors
+    from pyiceberg.io.pyarrow import ArrowScan, _expression_to_complementary_pyarrow  # lazy: pandas
+    from pyiceberg.table import DataScan  # lazy: pyiceberg.table
 
     metadata = tx.table_metadata
     if metadata.current_snapshot() is None or where == AlwaysFalse():

@@ -205,7 +205,7 @@ class CopyOnWrite:
         as soon as they exist."""
         if table.current_snapshot() is None:
             return [], 0, 0
-        from pyiceberg.io.pyarrow import ArrowScan
+        from pyiceberg.io.pyarrow import ArrowScan  # lazy: pandas
 
         full_scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
         replaced: list[DataFile] = []
@@ -267,7 +267,7 @@ def affected_files(table: Table, keys: pa.Table, key: Sequence[str]
     task never brings back a row someone deleted."""
     if table.current_snapshot() is None or keys.num_rows == 0:
         return
-    from pyiceberg.io.pyarrow import ArrowScan
+    from pyiceberg.io.pyarrow import ArrowScan  # lazy: pandas
 
     key_scan = ArrowScan(table.metadata, table.io, table.schema().select(*key), AlwaysTrue())
     for task in table.scan(row_filter=key_filter(keys)).plan_files():
@@ -336,7 +336,7 @@ def _write(table: Table, rows: pa.Table, attempt: str, task: str) -> list[DataFi
     """Data files of ``rows`` with the table's settings, partitions, field ids and sort
     order: the append path's writer (:class:`~pipeline.iceberg.data_files.TableFiles`), so
     a keyed sink's ``sort_by`` holds in the files its upserts write, as in its appends."""
-    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible  # lazy: pandas
 
     _check_pyarrow_schema_compatible(table.schema(), rows.schema,
                                      format_version=table.metadata.format_version)

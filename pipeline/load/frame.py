@@ -6,7 +6,7 @@ Each row carries ``_stream`` and the envelope columns, the payload of stream *i*
 column ``_dead`` (with ``_stream`` null) — rare rows should not cost nine null columns on
 every good row. The Spark data source (:mod:`pipeline.load.source`) yields it, the ``sql``
 mappings (:mod:`pipeline.load.mapped`) are written against it, and the driver splits it per
-stream (:mod:`pipeline.load.run`, :mod:`pipeline.load.executors`): all of them name its
+stream (:mod:`pipeline.load.run`, :mod:`pipeline.load.cluster`): all of them name its
 columns from here.
 """
 
@@ -21,6 +21,10 @@ FORMAT = "icefloe"
 """The data source's name: ``spark.read.format(FORMAT)``."""
 DEAD = "_dead"
 STREAM = "_stream"
+ROW = "_row"
+"""A row's stable id in a persisted cluster-path run (``monotonically_increasing_id``)."""
+KEY_COLUMNS = (ROW, "_event_id", "_received_at", "_sequence")
+"""The keys of a cluster-path run: what the driver collects of each row."""
 
 
 def struct_column(index: int) -> str:

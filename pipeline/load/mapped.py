@@ -72,6 +72,7 @@ from icefloe.streams.templates import evaluate as evaluate_template
 from pipeline.columns import ARROW_TYPES, TIMESTAMP
 from pipeline.load.frame import STREAM, struct_column, wide_arrow_schema
 from pipeline.load.spec import Derived, SqlCase, StreamPlan, StreamSpec
+from pipeline.read.query import spark_error
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -254,8 +255,8 @@ def project_sql(frame: DataFrame, expressions: dict[str, str], *,
     ``max_value_bytes``, a larger string value raises on its row (see the module doc)."""
     if not expressions:
         return frame
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType, StringType
+    from pyspark.sql import functions as F  # lazy: pyspark
+    from pyspark.sql.types import BinaryType, StringType  # lazy: pyspark
 
     spark = frame.sparkSession
     key = "spark.sql.ansi.enabled"
@@ -329,7 +330,7 @@ def fill_sql_safely(spark: SparkSession, base: pa.Table, expressions: dict[str, 
     on its own; rows where it fails, or that ``max_seconds`` (all columns together) leaves
     uncomputed, get null and are counted (see the module doc). ``owners`` names each
     column's stream: only its rows are counted (the others' values are null anyway)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema  # lazy: pyspark
 
     rows = base.append_column(ROW_ID, pa.array(range(base.num_rows), pa.int64()))
     schema = from_arrow_schema(rows.schema, prefer_timestamp_ntz=False)
@@ -448,9 +449,7 @@ def check_on_spark(spark: SparkSession, streams: Sequence[StreamSpec]) -> None:
     """Compile every ``sql`` mapping on Spark at start-up, one column at a time, so an
     unknown function or a type error names its stream and column instead of failing the
     first run (and every retry) later. Analysis only: no job runs."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from pipeline.read.query import spark_error
+    from pyspark.sql.pandas.types import from_arrow_schema  # lazy: pyspark
 
     schema = from_arrow_schema(wide_arrow_schema(tuple(streams)), prefer_timestamp_ntz=False)
     empty = spark.createDataFrame([], schema)

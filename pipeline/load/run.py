@@ -7,7 +7,7 @@ embedded output path, where the driver makes one append per table; packed
 :func:`run_local` does the same decode in this process without Spark: the benchmark's
 baseline and a tool for tests.
 :class:`SparkClusterEngine` is the cluster output path: its result keeps the rows on the
-executors, which write Parquet files the collector commits (see :mod:`pipeline.load.executors`).
+executors, which write Parquet files the collector commits (see :mod:`pipeline.load.cluster`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pipeline.load.spec import RunSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.load.executors import ClusterRunOutput
+    from pipeline.load.cluster import ClusterRunOutput
 
 
 @dataclass(slots=True)
@@ -221,15 +221,15 @@ class LocalEngine:
 class SparkClusterEngine:
     """Runs on Spark and keeps the rows on the executors (the cluster output path).
 
-    ``run`` returns a :class:`pipeline.load.executors.ClusterRunOutput`: only event ids, sequences
+    ``run`` returns a :class:`pipeline.load.cluster.ClusterRunOutput`: only event ids, sequences
     and dead letters reach the driver; the collector has the executors write Parquet files
-    and commits them with one ``add_files`` per table (see :mod:`pipeline.load.executors`).
+    and commits them with one ``add_files`` per table (see :mod:`pipeline.load.cluster`).
     """
 
     name = "spark-cluster"
 
     def __init__(self, spark: SparkSession, partitions: int = 4) -> None:
-        from pipeline.load.executors import register
+        from pipeline.load.cluster import register  # lazy: pyspark
 
         self.spark = spark
         self.partitions = partitions
@@ -240,7 +240,7 @@ class SparkClusterEngine:
         """The run kept on the executors; if its job fails and the run has ``sql``
         columns, the embedded shape instead, whose row path costs a throwing expression
         only the values it cannot compute (see :func:`read_rows_safely`)."""
-        from pipeline.load.executors import ClusterRunOutput, run_cluster
+        from pipeline.load.cluster import ClusterRunOutput, run_cluster  # lazy: pyspark
 
         if not spec.batches:
             return ClusterRunOutput()

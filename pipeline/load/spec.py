@@ -150,7 +150,7 @@ class WhereSpec(msgspec.Struct, frozen=True):
 
     ``columns`` are the sink's (name, icefloe type), what its predicate is checked against;
     a row of an entry in no case is not taken (its sink does not receive that entry). The
-    cluster output path evaluates it on the executors (:mod:`pipeline.load.executors`),
+    cluster output path evaluates it on the executors (:mod:`pipeline.load.wheres`),
     with the embedded path's evaluator (:mod:`pipeline.where`)."""
 
     stream: str

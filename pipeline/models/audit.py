@@ -17,6 +17,8 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from sqlglot import exp
+
 from pipeline.models.spec import THIS, Audit, Model, ModelError
 
 if TYPE_CHECKING:
@@ -45,8 +47,6 @@ def run_audits(spark: SparkSession, model: Model, result: pa.Table,
 def audit_sql(audit: Audit, view: str) -> str:
     """The audit as Spark SQL, reading ``view`` wherever it reads ``this`` (still callable
     ``this`` in column references: the view is aliased so when the audit gave no alias)."""
-    from sqlglot import exp
-
     tree = audit.tree.copy()
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):

@@ -155,7 +155,7 @@ class Binder:
         return self._views[key]
 
     def _pin(self, identifier: str, clause: AsOf | None) -> Pin:
-        from pipeline.read.iceberg_source import load_table, read_table
+        from pipeline.read.iceberg_source import load_table, read_table  # lazy: pyspark
 
         if clause is None and identifier in self.pins:
             return self.pins[identifier]

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sqlglot import exp
+
 from icefloe.config import Config
 from icefloe.errors import CatalogError
 from pipeline.models.spec import Model, ModelError
@@ -70,8 +72,6 @@ class Project:
 
 def references(tree: exp.Expr) -> list[exp.Table]:
     """Table nodes that name a table (CTE names and table functions excluded)."""
-    from sqlglot import exp
-
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
     return [t for t in tree.find_all(exp.Table)
             if t.name and not (not t.db and t.name in ctes)]
@@ -85,8 +85,6 @@ def travels(node: exp.Table) -> bool:
 def check_model_sql(model: Model) -> None:
     """Refuse, before anything runs, a clause or construct the rewrite cannot honour
     (see :func:`pipeline.read.query.check_clauses`), and a malformed time-travel clause."""
-    from sqlglot import exp
-
     tree = model.tree.copy()
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
     try:
@@ -172,7 +170,7 @@ def topological_order(upstream: dict[str, list[str]]) -> list[str]:
 def check_tables(project: Project, config: Config) -> None:
     """Every icefloe table a model reads exists in the catalog (model targets may not yet),
     and every version or time a reference travels to exists in its table."""
-    from pipeline.read.iceberg_source import load_table
+    from pipeline.read.iceberg_source import load_table  # lazy: pyspark
 
     loaded: dict[str, Table] = {}
     for name, refs in project.refs.items():

@@ -36,9 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from icefloe.catalog_version import VERSION_PROP, claim_version_sync
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
+from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.evolution import EvolutionError
 from pipeline.models.audit import run_audits
 from pipeline.models.bind import (
@@ -78,8 +80,7 @@ class RunVersion:
 
     def __call__(self) -> int:
         if self.version is None:
-            from icefloe.catalog_version import claim_version_sync
-            from icefloe.store import open_store, options_for
+            from icefloe.store import open_store, options_for  # lazy: icefloe.store
 
             section = self.config.store
             store = open_store(section.control_url or section.url,
@@ -123,8 +124,6 @@ def model_hash(project: Project, model: Model) -> str:
 
 def last_runs(config: Config, models: Sequence[Model]) -> dict[str, RunState | None]:
     """Each stored model's last committed run (None: never ran, or a view)."""
-    from pipeline.iceberg.catalog import open_catalog
-
     catalog = open_catalog(config.catalog)
     states: dict[str, RunState | None] = {}
     for model in models:
@@ -143,8 +142,6 @@ def run_models(spark: SparkSession, project: Project, config: Config,
     over (the outcome is ``failed`` with the reason). ``run_id``: recorded on every commit
     of this call (default: a fresh random one), so one pass's commits can be found
     together."""
-    from pipeline.iceberg.catalog import open_catalog
-
     catalog = open_catalog(config.catalog)
     run_id = run_id or uuid.uuid4().hex[:16]
     failed: set[str] = set()
@@ -210,8 +207,6 @@ def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Cat
                           duration_ms=round((clock.monotonic() - started) * 1000),
                           select=select).properties()
     if version is not None:
-        from icefloe.catalog_version import VERSION_PROP
-
         properties[VERSION_PROP] = str(version())
     try:
         write(catalog, model.target, result, mode=mode, unique_key=model.unique_key,
@@ -263,7 +258,7 @@ def _compute(spark: SparkSession, model: Model, binding: Binding, *, incremental
 def check_unique_key(model: Model, result: pa.Table) -> None:
     """A merge result has one row per key and no null key (an upsert cannot match null),
     checked on every run so the first full run cannot store what later upserts refuse."""
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # lazy: pyarrow.compute
 
     key = list(model.unique_key)
     for column in key:

@@ -37,6 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
 from icefloe.errors import IcefloeError
 from icefloe.streams.events_sql import is_events_file
 
@@ -104,8 +108,6 @@ class Model:
     def select_items(self) -> dict[str, str]:
         """Each named output column of the outermost SELECT → its expression as Spark SQL
         (``*`` items are left out): compared across runs to detect renames."""
-        from sqlglot import exp
-
         if not isinstance(self.tree, exp.Select):
             return {}
         items: dict[str, str] = {}
@@ -204,8 +206,6 @@ def parse_model(path: Path, schema: str | None = None) -> Model:
 
 def _audit(label: str, line: int, sql: str, dialect: str) -> Audit:
     """Parse one audit; it may read only ``this`` and its own CTEs."""
-    from sqlglot import exp
-
     where = f"{label} line {line}: audit"
     tree = parse_select(sql, dialect, where)
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
@@ -219,10 +219,6 @@ def _audit(label: str, line: int, sql: str, dialect: str) -> Audit:
 
 def parse_select(sql: str, dialect: str, label: str) -> exp.Query:
     """Exactly one read-only query in ``dialect``, else a one-line :class:`ModelError`."""
-    import sqlglot
-    from sqlglot import exp
-    from sqlglot.errors import ParseError
-
     try:
         statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
     except ParseError as exc:

@@ -46,6 +46,7 @@ from icefloe.errors import AlreadyExistsError, CommitConflictError, TableFencedE
 from pipeline.iceberg.commit import EPOCH_PROP
 from pipeline.iceberg.errors import iceberg_errors, load_table_or_none
 from pipeline.iceberg.evolution import apply_changes, plan_changes
+from pipeline.iceberg.fence import table_epoch
 from pipeline.iceberg.replace import merge_rows, replace_rows
 from pipeline.iceberg.tables import MANAGED_PROP, TABLE_PROPERTIES
 from pipeline.models.spec import ModelError
@@ -137,8 +138,6 @@ def _check_fence(identifier: str, table: Table, fence: WriteFence) -> None:
     """Refuse when the target records a newer epoch; then confirm the manifest epoch. The
     commit that follows requires the head read here, so a fence landing in between
     rejects it."""
-    from pipeline.iceberg.fence import table_epoch
-
     recorded = table_epoch(table)
     if recorded > fence.epoch:
         raise TableFencedError(identifier, fence.epoch, recorded)

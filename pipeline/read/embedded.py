@@ -48,10 +48,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ErrorLevel, SqlglotError
+
 from icefloe.config import Config
+from pipeline.iceberg.pyiceberg_fixes import install
 from pipeline.read.local_table import DECIMAL as _DECIMAL
-from pipeline.read.local_table import DUCKDB_TYPES
+from pipeline.read.local_table import DUCKDB_TYPES, LocalTable, Unusual
+from pipeline.read.paths import local_path
 from pipeline.read.query import Plan, QueryError
+from pipeline.read.tables import as_pyiceberg, load_table_to_query
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,8 +90,6 @@ class Untranslatable(QueryError):
 
 def _structural() -> tuple[type[exp.Expr], ...]:
     """Nodes that only shape the query (no values of their own to disagree on)."""
-    from sqlglot import exp
-
     return (exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order,
             exp.Ordered, exp.Limit, exp.Offset, exp.With, exp.CTE, exp.TableAlias,
             exp.Subquery, exp.Union, exp.Except, exp.Intersect, exp.Table, exp.Identifier,
@@ -100,8 +105,6 @@ def check_exact(tree: exp.Expr, columns: Mapping[str, str]) -> None:
     ``columns``: lower-case column name -> Iceberg type name (``long``, ``string``, ...), or
     ``"?"`` where tables disagree; used to refuse implicit casts between strings and numbers.
     """
-    from sqlglot import exp
-
     allowed = _structural()
     for node in tree.walk():
         if not isinstance(node, allowed):
@@ -127,8 +130,6 @@ def check_exact(tree: exp.Expr, columns: Mapping[str, str]) -> None:
 
 def _check_function(node: exp.Expr) -> None:
     """A node off the structural list passes only as a function of :data:`FUNCTIONS`."""
-    from sqlglot import exp
-
     names = {exp.Div: "/ (division)", exp.IntDiv: "DIV", exp.Mod: "% (modulo)",
              exp.Window: "OVER (window function)", exp.Cast: "CAST",
              exp.TryCast: "TRY_CAST", exp.Lateral: "LATERAL VIEW",
@@ -148,8 +149,6 @@ def _check_function(node: exp.Expr) -> None:
 
 def _kind(node: exp.Expr, columns: Mapping[str, str]) -> str | None:
     """``string``, ``number``, ``time`` or ``boolean`` when known from the node, else None."""
-    from sqlglot import exp
-
     if isinstance(node, exp.Paren):
         return _kind(node.this, columns)
     if isinstance(node, exp.Literal):
@@ -177,8 +176,6 @@ def _kind(node: exp.Expr, columns: Mapping[str, str]) -> str | None:
 def _check_comparison(left: exp.Expr, right: exp.Expr,
                       columns: Mapping[str, str]) -> None:
     """Refuse comparisons whose implicit cast differs (or may differ) between the engines."""
-    from sqlglot import exp
-
     kinds = {kind for kind in (_kind(left, columns), _kind(right, columns)) if kind is not None}
     if len(kinds) <= 1:
         return
@@ -195,9 +192,6 @@ def _check_comparison(left: exp.Expr, right: exp.Expr,
 
 def translate(spark_sql: str, columns: Mapping[str, str] | None = None) -> str:
     """The DuckDB SQL for ``spark_sql``, or :class:`Untranslatable` (see the module doc)."""
-    import sqlglot
-    from sqlglot.errors import ErrorLevel, SqlglotError
-
     tree = sqlglot.parse_one(spark_sql, read="spark")
     check_exact(tree, columns or {})
     try:
@@ -237,9 +231,6 @@ class Pinned:
 
 def referenced_columns(sql: str, dialect: str = "spark") -> set[str]:
     """Lower-case names of every column the statement names; ``{"*"}`` if it has a star."""
-    import sqlglot
-    from sqlglot import exp
-
     tree = sqlglot.parse_one(sql, read=dialect)
     names = {c.name.lower() for c in tree.find_all(exp.Column)}
     if any(True for _ in tree.find_all(exp.Star)) and not all(
@@ -250,9 +241,6 @@ def referenced_columns(sql: str, dialect: str = "spark") -> set[str]:
 
 def plan_files(config: Config, pinned: Plan) -> dict[str, Pinned]:
     """Per plan key: the pinned snapshot's schema and files (nothing read yet)."""
-    from pipeline.read.local_table import LocalTable, Unusual
-    from pipeline.read.tables import as_pyiceberg, load_table_to_query
-
     out: dict[str, Pinned] = {}
     tables: dict[str, Table | LocalTable] = dict(pinned.loaded)
     for key, view in pinned.tables.items():
@@ -292,13 +280,9 @@ def column_types(pinned: Iterable[Pinned]) -> dict[str, str]:
 
 def read_pinned(entry: Pinned, columns: set[str]) -> pa.Table:
     """The pinned files as one Arrow table, projected to ``columns`` (at least one)."""
-    import pyarrow as pa
-    from pyiceberg.expressions import AlwaysTrue
-    from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, schema_to_pyarrow
-
-    from pipeline.iceberg.pyiceberg_fixes import install
-    from pipeline.read.local_table import LocalTable
-    from pipeline.read.tables import as_pyiceberg
+    import pyarrow as pa  # lazy: pyarrow
+    from pyiceberg.expressions import AlwaysTrue  # lazy: pyiceberg
+    from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, schema_to_pyarrow  # lazy: pandas
 
     install()  # a null list of structs stays NULL (pyiceberg's projection makes it [])
     if isinstance(entry.table, LocalTable):  # pyiceberg reads: plan it with pyiceberg
@@ -328,7 +312,7 @@ def uuids_as_spark_reads_them(table: pa.Table) -> pa.Table:
     string functions mean the same on both engines (DuckDB's ``UUID`` has no string
     functions); a uuid inside a struct, list or map as its 16 bytes, as Spark's reader
     hands it over."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow
 
     def plain(kind: pa.DataType) -> pa.DataType:
         if isinstance(kind, pa.BaseExtensionType):
@@ -361,7 +345,7 @@ def uuids_as_spark_reads_them(table: pa.Table) -> pa.Table:
 @functools.cache
 def _hex_digits() -> Any:
     """Each byte value's two lower-case hex digits (ASCII), as a 256 x 2 uint8 array."""
-    import numpy as np
+    import numpy as np  # lazy: numpy
 
     return np.array([list(f"{i:02x}".encode()) for i in range(256)], np.uint8)
 
@@ -369,8 +353,8 @@ def _hex_digits() -> Any:
 def uuid_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """16-byte uuids (``arrow.uuid``) as canonical lower-case 8-4-4-4-12 text, vectorised:
     ~1 µs a value in Python would be seconds on the byte limit's worth of rows."""
-    import numpy as np
-    import pyarrow as pa
+    import numpy as np  # lazy: numpy
+    import pyarrow as pa  # lazy: pyarrow
 
     chunks = []
     for chunk in column.chunks:
@@ -397,8 +381,6 @@ def parquet_source(entry: Pinned) -> tuple[str, str] | None:
     """The pinned files as a DuckDB list literal, and a ``read_parquet(...)`` that reads
     them as pyiceberg would; None when DuckDB cannot read them alone (see the module
     docstring; field ids are checked apart, by :func:`_all_have_field_ids`)."""
-    from pipeline.read.paths import local_path
-
     if not entry.tasks:
         return None
     columns = []
@@ -470,7 +452,7 @@ def run_embedded_plain(config: Config, pinned: Plan, duck_sql: str,
 
 def _run(config: Config, pinned: Plan, duck_sql: str, planned: Mapping[str, Pinned],
          limit: int | None, *, plain: bool) -> tuple[pa.Table | Rows, bool]:
-    import duckdb
+    import duckdb  # lazy: duckdb
 
     columns = referenced_columns(pinned.native or pinned.sql,
                                  "duckdb" if pinned.native else "spark")
@@ -562,7 +544,7 @@ def _duckdb_settings() -> dict[str, Any]:
 
 def _spark_types(result: pa.Table) -> pa.Table:
     """DuckDB's ``HUGEINT`` (sum of integers) as ``int64``, the type Spark gives."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow
 
     fields = []
     for field in result.schema:

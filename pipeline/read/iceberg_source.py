@@ -80,7 +80,10 @@ from pyiceberg.expressions import (
     NotNull,
     StartsWith,
 )
+from pyiceberg.expressions.parser import parse
 from pyiceberg.expressions.visitors import bind
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.datasource import EqualTo as SparkEqualTo
@@ -181,8 +184,6 @@ def register_views(spark: SparkSession, catalog: CatalogSection, identifiers: It
 
 def check_filter(schema: Schema, identifier: str, row_filter: str) -> None:
     """Fail early, in one line, on a ``filter`` that does not parse or names no column."""
-    from pyiceberg.expressions.parser import parse
-
     try:
         bind(schema, parse(row_filter), case_sensitive=True)
     except Exception as exc:  # pyparsing and binding errors alike
@@ -193,8 +194,6 @@ def check_filter(schema: Schema, identifier: str, row_filter: str) -> None:
 
 def arrow_schema(schema: Schema) -> pa.Schema:
     """The Iceberg schema as Arrow, with extension types (``uuid``) reduced to storage."""
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
-
     arrow = schema_to_pyarrow(schema, include_field_ids=False)
     return pa.schema([_plain_field(f) for f in arrow])
 
@@ -349,10 +348,6 @@ class IcebergReader(DataSourceReader):
         return result
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pyiceberg.expressions.parser import parse
-        from pyiceberg.io import load_file_io
-        from pyiceberg.io.pyarrow import ArrowScan
-
         tasks: list[FileScanTask] = getattr(partition, "tasks", [])
         context: _ReadContext | None = getattr(partition, "context", None)
         if not tasks or context is None:

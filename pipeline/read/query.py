@@ -35,14 +35,31 @@ accepts them), and one that is no uuid is an error naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ErrorLevel, ParseError, UnsupportedError
+
 from icefloe.config import Config
 from icefloe.errors import CatalogError, IcefloeError
+from icefloe.streams.dialects import check_dialect as known
+from icefloe.streams.dialects import sql_types
+from icefloe.streams.divergent import Divergent, refuse_divergent
+from pipeline.read.local_table import LocalTable, Unusual
+from pipeline.read.tables import as_pyiceberg, load_table_to_query, resolve_snapshot
+from pipeline.read.versions import (
+    CatalogVersions,
+    at_version,
+    claimed_version,
+    complete_snapshot,
+    refuse_intermediate,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -135,8 +152,6 @@ class Plan:
 
 def check_dialect(dialect: str) -> str:
     """The dialect, lower-cased, or a :class:`QueryError` listing the ones icefloe reads."""
-    from icefloe.streams.dialects import check_dialect as known
-
     try:
         return known(dialect)
     except ValueError as exc:
@@ -145,10 +160,6 @@ def check_dialect(dialect: str) -> str:
 
 def parse(sql: str, dialect: str = "spark") -> exp.Expr:
     """One read-only statement in ``dialect``, or a one-line :class:`QueryError`."""
-    import sqlglot
-    from sqlglot import exp
-    from sqlglot.errors import ParseError
-
     try:
         statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
     except ParseError as exc:
@@ -190,10 +201,6 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None, dialect: str = "sp
          ) -> Plan:
     """Parse ``sql`` (in ``dialect``), resolve and pin every table; the rewritten SQL reads
     only temp views."""
-    from sqlglot import exp
-
-    from pipeline.read.tables import load_table_to_query
-
     dialect = check_dialect(dialect)
     tree = parse(sql, dialect)
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
@@ -229,7 +236,6 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None, dialect: str = "sp
     uuids = {key: frozenset(n for n, kind in columns.items() if kind == "uuid")
              for key, columns in types.items()}
     normalize_uuid_literals(tree, types.values())
-    from icefloe.streams.dialects import sql_types
 
     schema = {views[key]: sql_types(columns) for key, columns in types.items()}
     return _finish(tree, dialect, schema, Plan(
@@ -243,7 +249,6 @@ def catalog_versions(config: Config, tables: Iterable[Table | LocalTable],
     a clause reads one (None otherwise: nothing to read)."""
     if not any(c is not None and c.version is not None for c in clauses):
         return None
-    from pipeline.read.versions import CatalogVersions, claimed_version
 
     return CatalogVersions(list(tables), claimed_version(config))
 
@@ -254,8 +259,6 @@ def _finish(tree: exp.Expr, dialect: str, schema: Mapping[str, Mapping[str, str]
     query also as DuckDB SQL: there a construct Spark would answer differently is kept as
     the reason Spark may not answer (the embedded engine still runs it as written); in any
     other dialect it is refused now."""
-    import dataclasses
-
     if dialect != "duckdb":
         return dataclasses.replace(partial, sql=spark_sql(tree, dialect, schema),
                                    dialect=dialect)
@@ -271,9 +274,6 @@ def _finish(tree: exp.Expr, dialect: str, schema: Mapping[str, Mapping[str, str]
 def column_types_at(table: Table | LocalTable, snapshot_id: int | None) -> dict[str, str]:
     """Top-level column name -> Iceberg type name (``uuid``, ``long``, ``list<...>``) in
     the schema a scan of ``snapshot_id`` projects."""
-    from pipeline.read.local_table import LocalTable, Unusual
-    from pipeline.read.tables import as_pyiceberg
-
     if isinstance(table, LocalTable):
         try:
             return {f.name: f.field_type for f in table.schema_at(snapshot_id).fields}
@@ -291,8 +291,6 @@ def normalize_uuid_literals(tree: exp.Expr,
     A column counts as uuid when every table of the query that has a column of that name
     (case-insensitive) has it as uuid; a literal that is no uuid is a :class:`QueryError`.
     """
-    from sqlglot import exp
-
     kinds: dict[str, set[str]] = {}
     for columns in tables:
         for name, kind in columns.items():
@@ -327,8 +325,6 @@ def _canonical_uuid(text: str, column: str) -> str:
 def point_at(ref: exp.Table, view: str) -> None:
     """Make ``ref`` read ``view`` in place, keeping its alias (the table name when it had
     none, so ``orders.id`` still resolves), joins, sample and pivots as written."""
-    from sqlglot import exp
-
     if not ref.alias:
         ref.set("alias", exp.TableAlias(this=exp.to_identifier(ref.name)))
     ref.set("this", exp.to_identifier(view))
@@ -343,10 +339,6 @@ def spark_sql(tree: exp.Expr, dialect: str = "spark",
     (:func:`icefloe.streams.divergent.refuse_divergent`; ``schema``: view -> column -> SQL
     type, to tell integers from fractions), is an error naming it, never silently left out
     or changed (sqlglot would warn and drop it, or keep text that means something else)."""
-    from sqlglot.errors import ErrorLevel, UnsupportedError
-
-    from icefloe.streams.divergent import Divergent, refuse_divergent
-
     refuse_lost_meaning(tree, dialect)
     try:
         refuse_divergent(tree, dialect, schema)
@@ -363,8 +355,6 @@ def refuse_lost_meaning(tree: exp.Expr, dialect: str = "spark") -> None:
     """Constructs sqlglot turns into Spark SQL that means something else, without a warning:
     ``FETCH ... WITH TIES`` / ``PERCENT`` become a plain ``LIMIT``, and an ``ORDER BY`` inside
     an aggregate Spark cannot order (``array_agg(x ORDER BY y)``) is dropped."""
-    from sqlglot import exp
-
     for fetch in tree.find_all(exp.Fetch):
         options = fetch.args.get("limit_options")
         for flag, words in (("with_ties", "WITH TIES"), ("percent", "PERCENT")):
@@ -411,8 +401,6 @@ def check_clauses(ref: exp.Table, ctes: set[str] | frozenset[str] = frozenset())
 
 def _clause_text(key: str, value: object) -> str:
     """The clause as its dialect would write it, for the error message."""
-    from sqlglot import exp
-
     if isinstance(value, list):
         return " ".join(_clause_text(key, v) for v in value)
     if key == "hints" and isinstance(value, exp.Expression):
@@ -431,8 +419,6 @@ def time_travel(ref: exp.Table) -> AsOf | None:
     table, as Spark reads an Iceberg table; ``AT (TIMESTAMP => t)`` and ``FOR TIMESTAMP AS
     OF t`` mean the same: ``t`` is a quoted ISO 8601 time, UTC unless it says otherwise.
     """
-    from sqlglot import exp
-
     check_clauses(ref)
     version, when = ref.args.get("version"), ref.args.get("when")
     if version is None and when is None:
@@ -464,8 +450,6 @@ def time_travel(ref: exp.Table) -> AsOf | None:
 def _travel_to(kind: str, value: exp.Expr, where: str, spark: bool = False) -> AsOf:
     """``VERSION``/``TIMESTAMP`` and its value as an :class:`AsOf`; ``where`` names the
     clause, ``spark``: Spark's ``FOR ... AS OF`` (its version is a snapshot id)."""
-    from sqlglot import exp
-
     if isinstance(value, exp.Cast) and kind == "TIMESTAMP" and value.to.is_type(
             *exp.DataType.TEMPORAL_TYPES):
         value = value.this  # TIMESTAMP '2026-11-23 17:00:00'
@@ -500,14 +484,6 @@ def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None,
     or the one current at the given time (``table``: pyiceberg's, or a :class:`LocalTable`,
     which answers the same questions the same way). ``versions``: what the query's tables
     say about catalog versions (default: this table alone)."""
-    from pipeline.read.tables import resolve_snapshot
-    from pipeline.read.versions import (
-        CatalogVersions,
-        at_version,
-        complete_snapshot,
-        refuse_intermediate,
-    )
-
     if as_of is not None and as_of.version is not None:
         try:
             return at_version(table, identifier, as_of.version,
@@ -553,7 +529,7 @@ def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | No
     and the plan (which snapshot each table was read at). ``pinned``: a plan of ``sql``
     made earlier (the CLI plans once, then picks the engine), so both read the same
     snapshots. ``dialect``: the one ``sql`` is written in (see the module docstring)."""
-    from pipeline.read.iceberg_source import read_table
+    from pipeline.read.iceberg_source import read_table  # lazy: pyspark
 
     pinned = pinned or plan(sql, config, as_of, dialect)
     spark_text = pinned.spark()  # refused before any table is read
@@ -577,7 +553,7 @@ def run_query(spark: SparkSession, config: Config, sql: str, *, as_of: AsOf | No
 
 def uuid_text(column: Any) -> Any:
     """A Spark column of 16-byte uuids as canonical text (lower-case 8-4-4-4-12 hex)."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # lazy: pyspark
 
     return F.lower(F.regexp_replace(F.hex(column), "^(.{8})(.{4})(.{4})(.{4})(.{12})$",
                                     "$1-$2-$3-$4-$5"))

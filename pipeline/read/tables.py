@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icefloe.config import CatalogSection
-from icefloe.errors import CatalogError
+from icefloe.errors import CatalogError, NamespaceNotFoundError
+from pipeline.read.local_table import LocalTable, Unusual
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 
 def load_table(catalog: CatalogSection, identifier: str) -> Table:
     """Open the catalog and load ``identifier``; a missing table names what does exist."""
-    from icefloe.errors import NamespaceNotFoundError
     from pipeline.iceberg.catalog import catalog_label, open_catalog  # lazy: pyiceberg
     from pipeline.iceberg.errors import iceberg_errors, load_table_or_none  # lazy: pyiceberg
 
@@ -73,16 +73,16 @@ def table_at(catalog: CatalogSection, identifier: str, location: str) -> Table |
     """pyiceberg's table as of the local metadata file ``location``, read through
     :class:`~pipeline.read.local_io.LocalReadFileIO`; None where that IO cannot serve it
     (not local, a ``py-io-impl`` setting)."""
-    from pipeline.read.local_io import LocalReadFileIO, local_path
+    from pipeline.read.local_io import LocalReadFileIO, local_path  # lazy: pyiceberg
 
     if local_path(location) is None:
         return None
     properties = {**catalog.properties, "uri": catalog.uri, "warehouse": catalog.warehouse}
     if "py-io-impl" in properties:
         return None
-    from pyiceberg.catalog.noop import NoopCatalog
-    from pyiceberg.serializers import FromInputFile
-    from pyiceberg.table import Table
+    from pyiceberg.catalog.noop import NoopCatalog  # lazy: pyiceberg
+    from pyiceberg.serializers import FromInputFile  # lazy: pyiceberg
+    from pyiceberg.table import Table  # lazy: pyiceberg
 
     metadata = FromInputFile.table_metadata(LocalReadFileIO(properties).new_input(location))
     properties = {**properties, **metadata.properties}
@@ -98,8 +98,6 @@ def load_table_to_query(catalog: CatalogSection, identifier: str) -> Table | Loc
     """:func:`load_table_to_read` for ``icefloe query``: a plain local table comes back as
     a :class:`~pipeline.read.local_table.LocalTable`, read without importing pyiceberg
     (its table layer is most of a cold query's time); any other as pyiceberg's table."""
-    from pipeline.read.local_table import LocalTable, Unusual
-
     location = _metadata_location(catalog, identifier)
     if location is not None:
         try:
@@ -112,8 +110,6 @@ def load_table_to_query(catalog: CatalogSection, identifier: str) -> Table | Loc
 def as_pyiceberg(table: Table | LocalTable) -> Table:
     """pyiceberg's table for ``table``: itself, or for a :class:`LocalTable` the table
     pyiceberg reads from the same metadata file (so the same snapshots)."""
-    from pipeline.read.local_table import LocalTable
-
     if not isinstance(table, LocalTable):
         return table
     full = table_at(table.catalog, table.identifier, table.metadata_location)

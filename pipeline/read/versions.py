@@ -43,10 +43,11 @@ properties: every snapshot of theirs is a whole commit.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from icefloe.catalog_version import VERSION_PROP
+from icefloe.catalog_version import VERSION_PROP, read_version
 from icefloe.errors import CatalogError
 
 if TYPE_CHECKING:
@@ -298,8 +299,7 @@ def claimed_version(config: Config) -> Callable[[], int | None]:
     """A function reading the newest catalog version claimed so far from the counter (None:
     unreadable; the query's tables then say which versions exist)."""
     def read() -> int | None:
-        from icefloe.catalog_version import read_version
-        from icefloe.store import open_store, options_for
+        from icefloe.store import open_store, options_for  # lazy: icefloe.store
 
         section = config.store
         try:
@@ -350,8 +350,6 @@ def _by_commit_time(table: SnapshotHistory, identifier: str, version: int,
                     versions: CatalogVersions) -> int:
     """A table that records no catalog version: its snapshot current at the moment of
     ``version``."""
-    import datetime as dt
-
     moment = versions.moment(version)
     if moment is None:
         raise CatalogError(

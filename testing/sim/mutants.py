@@ -49,16 +49,16 @@ def _no_dedup() -> contextlib.AbstractContextManager[None]:
 def _park_drops_rows() -> contextlib.AbstractContextManager[None]:
     """#36 bulkheads undone the careless way: a parked table's rows are acknowledged with
     the run but never staged (the other tables go on, the parked table loses them)."""
-    from collector.commit import RunCommits
+    from collector.embedded_path import EmbeddedPath
 
-    original = RunCommits._commit_routed
+    original = EmbeddedPath.commit_routed
 
-    def commit_routed(self: RunCommits, target: Any, rows: Any, result: Any,
+    def commit_routed(self: EmbeddedPath, target: Any, rows: Any, result: Any,
                       locations: Any, dead: Any) -> None:
-        if self.bulkheads.is_parked(target.table):
+        if self.state.bulkheads.is_parked(target.table):
             return
         original(self, target, rows, result, locations, dead)
-    return _patch(RunCommits, "_commit_routed", commit_routed)
+    return _patch(EmbeddedPath, "commit_routed", commit_routed)
 
 
 def _no_fence() -> contextlib.AbstractContextManager[None]:

@@ -62,20 +62,14 @@ from pipeline.columns import DEAD_LETTER_TABLE, ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column
 from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
-from pipeline.load.executors import (
-    KEY_COLUMNS,
-    ROW,
-    ClusterRunOutput,
-    StagedRows,
-    StageTarget,
-    WritePlan,
-    Written,
-    where_column,
-    where_flag,
-)
+from pipeline.load.cluster import ClusterRunOutput, Written
 from pipeline.load.fetch import decode_refs
+from pipeline.load.frame import KEY_COLUMNS, ROW
+from pipeline.load.plans import WritePlan
 from pipeline.load.run import RunOutput
+from pipeline.load.sink import StagedRows, StageTarget
 from pipeline.load.spec import RunSpec
+from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
 from testing.sim.checks import Checker
 from testing.sim.loop import (

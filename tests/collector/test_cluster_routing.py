@@ -39,7 +39,7 @@ from icefloe.config import Column, Config
 from icefloe.manifest.model import Entry
 from icefloe.registry import Registry, RegistryStore, ops
 from icefloe.registry.model import Conditions
-from pipeline.load.executors import ClusterRunOutput
+from pipeline.load.cluster import ClusterRunOutput
 from pipeline.load.run import SparkClusterEngine
 
 CLICKS_SINK = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns)
@@ -401,7 +401,7 @@ def test_an_import_chunk_never_ends_between_overlapping_staged_files() -> None:
     """The executors stage one file per task, so one run's files overlap in sequences; a
     chunk committed through its highest sequence must take all of them, or the replay
     filter would drop the rest's rows."""
-    from collector.commit import chunk_of
+    from collector.staged_path import chunk_of
     from icefloe.staging import StagedFile
 
     def staged(first: int, last: int) -> StagedFile:

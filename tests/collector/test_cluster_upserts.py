@@ -3,7 +3,7 @@ once through crashes, and rows without a key value as dead letters.
 
 The driver gets only the keys (with the key and tombstone columns); the executors write the
 surviving rows and rewrite the files holding replaced keys, and one overwrite commits both
-(:func:`pipeline.load.executors.plan_upsert`). Real Spark (local mode: executors are real
+(:func:`pipeline.load.plans.plan_upsert`). Real Spark (local mode: executors are real
 Python workers), real local store, real SQLite catalog.
 """
 

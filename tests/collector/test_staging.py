@@ -373,13 +373,13 @@ async def test_should_merge_many_staged_files_and_commit_in_chunks(
         config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long age condition: staged files are merged once there are too many, and the
     commit goes in several appends of bounded size — every row once, in order."""
-    import collector.commit as commit
+    import collector.staged_path as staged_path
     import collector.staging as staging
 
     monkeypatch.setattr(staging, "MAX_FILES", 4)
     monkeypatch.setattr(staging, "MERGE_FILES", 3)
-    monkeypatch.setattr(commit, "MAX_STAGED_FILES", 4)
-    monkeypatch.setattr(commit, "COMMIT_CHUNK_BYTES", 1)  # one file per append
+    monkeypatch.setattr(staged_path, "MAX_STAGED_FILES", 4)
+    monkeypatch.setattr(staged_path, "COMMIT_CHUNK_BYTES", 1)  # one file per append
     await registry_with(config, msgspec.structs.replace(SLOW, max_events=60))
     collector = await collector_for(config)
     store = open_store_of(config)

@@ -36,7 +36,8 @@ from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import EPOCH_PROP, SEQUENCE_PROP, commit_rows, committed_state
 from pipeline.iceberg.data_files import AddFiles
 from pipeline.iceberg.maintenance import delete_unreachable_files
-from pipeline.load.executors import ClusterRunOutput, plan_write
+from pipeline.load.cluster import ClusterRunOutput
+from pipeline.load.plans import plan_write
 from pipeline.load.run import LocalEngine, SparkClusterEngine, SparkEngine
 from pipeline.load.spec import run_spec
 
@@ -305,7 +306,7 @@ def test_output_path_is_configured_and_validated(tmp_path, spark, monkeypatch):
     assert collector_config(tmp_path).collector.output == "embedded"
     with pytest.raises(ConfigError, match=r"collector\.output"):
         collector_config(tmp_path, output="executors")
-    monkeypatch.setattr("pipeline.spark.get_spark", lambda *a, **k: spark)
+    monkeypatch.setattr(runner, "get_spark", lambda *a, **k: spark)
     engine = runner.default_engine(collector_config(tmp_path, output="cluster"))
     assert isinstance(engine, SparkClusterEngine)
 

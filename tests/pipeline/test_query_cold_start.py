@@ -258,11 +258,12 @@ def _answers(config: Config, sql: str) -> tuple[Any, dict[str, int | None], str]
 def _both_paths(config: Config, sql: str, monkeypatch: pytest.MonkeyPatch
                 ) -> tuple[tuple[Any, Any, str], tuple[Any, Any, str]]:
     """The same query on the light path and with pyiceberg loading every table."""
-    from pipeline.read import tables
+    from pipeline.read import embedded, query, tables
 
     light = _answers(config, sql)
     with monkeypatch.context() as patch:
-        patch.setattr(tables, "load_table_to_query", tables.load_table_to_read)
+        for module in (tables, query, embedded):  # each binds the name at import
+            patch.setattr(module, "load_table_to_query", tables.load_table_to_read)
         heavy = _answers(config, sql)
     return light, heavy
 

@@ -342,3 +342,53 @@ def test_should_import_the_core_and_the_ingestor_without_heavy_modules():
                          text=True, check=True, timeout=120)
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+
+
+# --- the collector/pipeline boundary (issue #38 item 3) ------------------------------------
+
+PIPELINE_FACES = {"pipeline.load", "pipeline.iceberg", "pipeline.models"}
+"""What ``collector/`` may import of ``pipeline/``: its public faces (``__all__``)."""
+MAX_FACES = 4
+MAX_CROSSINGS = 4
+
+
+def collector_pipeline_imports() -> set[str]:
+    """Every distinct ``pipeline`` module imported anywhere in ``collector/`` (function-local
+    and ``TYPE_CHECKING`` imports included)."""
+    return {_nearest_module(resolved(imp)) for importer in MODULES if _in(importer, "collector")
+            for imp in imports_of(importer) if top(imp.target) == "pipeline"}
+
+
+def test_should_import_pipeline_only_through_its_faces():
+    used = collector_pipeline_imports()
+    assert len(used) <= MAX_FACES, sorted(used)
+    assert used <= PIPELINE_FACES, f"past the faces: {sorted(used - PIPELINE_FACES)}"
+
+
+def test_should_export_from_each_face_what_it_lists():
+    """Each face's ``__all__`` names resolve (loaded on first use), and every name
+    ``collector/`` imports from a face is in its ``__all__``."""
+    import importlib
+
+    for face in PIPELINE_FACES:
+        module = importlib.import_module(face)
+        for name in module.__all__:
+            assert getattr(module, name) is not None, (face, name)
+    for importer in MODULES:
+        if not _in(importer, "collector"):
+            continue
+        for imp in imports_of(importer):
+            if imp.target in PIPELINE_FACES and imp.name is not None:
+                assert imp.name in importlib.import_module(imp.target).__all__, (importer, imp)
+
+
+def test_one_embedded_run_crosses_the_collector_pipeline_line_at_most_4_times():
+    """``scripts/trace_boundary.py`` (its docstring defines a crossing) over one named test
+    that runs one embedded collector run: its commit calls into ``pipeline`` once per table
+    (plus the catalog-version callback), not once per step."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "trace_boundary.py")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["crossings"], "the traced test ran no commit_run"
+    assert max(report["crossings"]) <= MAX_CROSSINGS, report["path"]
