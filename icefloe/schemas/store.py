@@ -40,6 +40,13 @@ DEFAULT_KEY = "registry/schemas.json"
 MAX_CACHED = 512
 
 
+def schema_key(registry_key: str) -> str:
+    """The schema registry's object: ``schemas.json`` next to the stream registry's
+    (``[admin] registry_key``), so one setting places both."""
+    folder, _, _ = registry_key.rpartition("/")
+    return f"{folder}/schemas.json" if folder else "schemas.json"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A schema in a request: its type, text and references (as sent)."""
