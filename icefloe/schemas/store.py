@@ -316,8 +316,15 @@ class SchemaStore:
 
         def change(doc: SchemaDocument) -> SchemaDocument | None:
             result.clear()
-            entry, _ = self.version_of(doc, subject, version, deleted=permanent)
             found = self.subject_of(doc, subject, deleted=True)
+            number = parse_version(version)
+            if not permanent and number is not None:
+                gone = found.find(number)
+                if gone is not None and gone.deleted:
+                    raise SchemaRegistryError(404, 40406, f"Subject '{subject}' Version "
+                                              f"{number} was soft deleted.Set permanent=true "
+                                              "to delete permanently")
+            entry, _ = self.version_of(doc, subject, version, deleted=permanent)
             if permanent and not entry.deleted:
                 raise SchemaRegistryError(404, 40407, f"Subject '{subject}' Version "
                                           f"{entry.version} was not deleted first before "

@@ -359,6 +359,7 @@ def test_levels_and_deletes(server: Server) -> None:
     # soft delete hides a version; permanent only after soft
     refused(server.http.delete("/subjects/r/versions/3?permanent=true"), 404, 40407)
     assert server.http.delete("/subjects/r/versions/3").json() == 3
+    refused(server.http.delete("/subjects/r/versions/3"), 404, 40406)
     assert server.http.get("/subjects/r/versions").json() == [1, 2]
     assert server.http.get("/subjects/r/versions?deleted=true").json() == [1, 2, 3]
     assert server.http.get("/subjects/r/versions/latest").json()["version"] == 2
