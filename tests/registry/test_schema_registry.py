@@ -3,7 +3,7 @@ served by the real admin process on a free port and called by confluent-kafka's 
 registry client and serializers: register, look up, version, check compatibility, serialize
 and read back Avro, Protobuf (a generated message class, with an import resolved as a
 reference) and JSON Schema records; precise Confluent-shaped refusals; persistence across a
-restart; two admin processes racing on one moto S3 bucket."""
+restart; two admin processes racing on one moto S3 bucket; another vendor's client."""
 
 from __future__ import annotations
 
@@ -419,3 +419,27 @@ def test_two_admin_processes_race_on_one_s3_bucket(tmp_path: Path, s3_bucket: An
         for gen in (left, right):
             with pytest.raises(StopIteration):
                 next(gen)
+
+
+def test_another_vendors_client_and_serializer(server: Server) -> None:
+    """python-schema-registry-client (marcosschroh), an independent implementation of the
+    same API: register, look up, check, levels, and its Avro message serializer."""
+    registry = pytest.importorskip("schema_registry.client")
+    serializers = pytest.importorskip("schema_registry.serializers")
+
+    client = registry.SchemaRegistryClient(server.url, auth=httpx.BasicAuth("me", TOKEN))
+    schema_id = client.register("vendor-value", AVRO_V1)
+    assert client.register("vendor-value", AVRO_V1) == schema_id
+    assert client.get_by_id(schema_id).raw_schema["name"] == "User"
+    found = client.check_version("vendor-value", AVRO_V1)
+    assert (found.schema_id, found.version) == (schema_id, 1)
+    assert client.get_schema("vendor-value").version == 1
+    assert client.update_compatibility("FULL", "vendor-value")
+    assert client.get_compatibility("vendor-value") == "FULL"
+    widened = AVRO_V1.replace('"type": "int"', '"type": "long"')
+    assert client.test_compatibility("vendor-value", widened) is False  # FULL: long→int fails
+    serializer = serializers.AvroMessageSerializer(client)
+    data = serializer.encode_record_with_schema("vendor-value", registry.schema.AvroSchema(
+        AVRO_V1), {"name": "ada", "n": 1})
+    assert int.from_bytes(data[1:5], "big") == schema_id
+    assert serializer.decode_message(data) == {"name": "ada", "n": 1}
