@@ -181,11 +181,20 @@ class SchemaStore:
         return self._remember(key, formats.parse(candidate.schema_type, candidate.schema,
                                                  refs))
 
-    async def prepare(self, candidate: Candidate) -> Parsed:
+    async def prepare(self, candidate: Candidate, subject: str | None = None) -> Parsed:
         """Parse off the event loop (protoc runs as a child process), before the CAS, so
-        the change itself finds the parse cached."""
+        the change itself finds the parse cached; with ``subject``, its live versions too
+        (what a compatibility check reads)."""
         doc = await self.read()
-        return await asyncio.to_thread(self.candidate, doc, candidate)
+
+        def parse_all() -> Parsed:
+            found = None if subject is None else doc.subject(subject)
+            for entry in found.live() if found is not None else ():
+                record = doc.schema(entry.id)
+                if record is not None:
+                    self.parsed(doc, record)
+            return self.candidate(doc, candidate)
+        return await asyncio.to_thread(parse_all)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -243,7 +252,7 @@ class SchemaStore:
     async def register(self, subject: str, candidate: Candidate) -> tuple[int, int]:
         """Register under ``subject``: ``(id, version)``. The same schema registered again
         answers its existing id and version; an incompatible one is refused (409)."""
-        await self.prepare(candidate)
+        await self.prepare(candidate, subject)
         result: list[tuple[int, int]] = []
 
         def change(doc: SchemaDocument) -> SchemaDocument | None:

@@ -341,7 +341,7 @@ class SchemaRegistryApi:
     async def _compatibility(self, request: Request, version: str | None) -> Response:
         subject = request.path_params["subject"]
         candidate = await self._candidate(request)
-        parsed = await self.schemas.prepare(candidate)
+        parsed = await self.schemas.prepare(candidate, subject)
         doc = await self.schemas.read()
         level = doc.level(subject)
         if version is None:  # every version the level checks against

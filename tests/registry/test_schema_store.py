@@ -15,7 +15,7 @@ import pytest
 from icefloe.clock import ManualClock
 from icefloe.errors import SchemaRegistryError
 from icefloe.schemas import compat, formats
-from icefloe.schemas.model import SchemaRecord
+from icefloe.schemas.model import Reference, SchemaRecord
 from icefloe.schemas.store import Candidate, SchemaStore
 from icefloe.store import open_async_store, options_for
 
@@ -89,6 +89,28 @@ async def test_identity_is_canonical(tmp_path: Path) -> None:
     text = (Path(formats._well_known_dir()) / "google/protobuf/timestamp.proto").read_text()
     first = await schemas.register("ts", Candidate("PROTOBUF", encoded))
     assert await schemas.register("ts", Candidate("PROTOBUF", text)) == first
+
+
+async def test_avro_references_resolve_named_types_of_other_subjects(tmp_path: Path) -> None:
+    schemas = SchemaStore(open_async_store(tmp_path.as_uri()))
+    money = ('{"type":"record","name":"Money","namespace":"acme","fields":['
+             '{"name":"units","type":"long"}]}')
+    assert await schemas.register("money", Candidate("AVRO", money)) == (1, 1)
+    order = record('{"name":"total","type":"acme.Money"}', name="Order")
+    with pytest.raises(SchemaRegistryError, match=r"acme\.Money") as info:
+        await schemas.register("order", Candidate("AVRO", order))  # not named: unknown
+    assert info.value.error_code == 42201
+    ref = (Reference("acme.Money", "money", 1),)
+    assert await schemas.register("order", Candidate("AVRO", order, ref)) == (2, 1)
+    doc = await schemas.read()
+    parsed = schemas.parsed(doc, doc.schemas[1])
+    assert parsed.value.fields[0].type.fullname == "acme.Money"
+    with pytest.raises(SchemaRegistryError, match="no version 9"):
+        await schemas.register("x", Candidate("AVRO", order, (Reference("acme.Money", "money",
+                                                                         9),)))
+    with pytest.raises(SchemaRegistryError) as held:  # referenced: not deleted
+        await schemas.delete_subject("money", permanent=False)
+    assert held.value.error_code == 42206
 
 
 @pytest.mark.parametrize(("writer", "reader", "problem"), [
