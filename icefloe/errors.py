@@ -26,6 +26,7 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
     TableFencedError                 a table records a newer collector epoch: we were replaced
     OffsetLostError                  a table's snapshot log no longer says what icefloe committed
     RegistryError                    a refused change to the stream registry (``status``, ``code``)
+    SchemaRegistryError              a refused schema registry request (Confluent's ``error_code``)
     RegistryBehindError              an entry needs a registry version the store does not have
     RoutingUnsupportedError          the cluster output path cannot route this run (a shared table)
 """
@@ -225,6 +226,18 @@ class RegistryError(IcefloeError):
         self.status = status
         self.code = code
         self.details = details or []
+
+
+class SchemaRegistryError(IcefloeError):
+    """A schema registry request was refused, in the Confluent Schema Registry's terms:
+    ``status`` is the HTTP status, ``error_code`` Confluent's code (40401 subject not found,
+    42201 invalid schema, 409 incompatible, ...), so its clients branch on it as they do
+    against Confluent's server."""
+
+    def __init__(self, status: int, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_code = error_code
 
 
 class RegistryBehindError(IcefloeError):

@@ -33,10 +33,17 @@ from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
 from icefloe.registry import ops, settings
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
+from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.tokens import new_token
 from icefloe_app.api.auth import AdminAuth, Throttled
 from icefloe_app.api.keboola import keboola_routes
 from icefloe_app.api.openapi import openapi_document
+from icefloe_app.api.schema_registry import (
+    SchemaRegistryApi,
+    is_registry_path,
+    refuse,
+    schema_registry_routes,
+)
 from icefloe_app.api.tasks import Tasks
 
 log = logging.getLogger("icefloe.admin")
@@ -98,6 +105,9 @@ class AdminMetrics:
                                 ["operation", "status"], registry=r)
         self.tasks = Counter("icefloe_admin_tasks", "Finished tasks by kind and state",
                              ["kind", "state"], registry=r)
+        self.schema_requests = Counter("icefloe_schema_registry_requests",
+                                       "Schema registry (Confluent API) calls",
+                                       ["operation", "status"], registry=r)
         self.registry_version = Gauge("icefloe_admin_registry_version",
                                       "Registry version last read or written", registry=r)
 
@@ -107,7 +117,7 @@ class AdminApi:
 
     def __init__(self, registry: RegistryStore, tasks: Tasks, auth: AdminAuth, *,
                  pending: PendingCounter, metrics: AdminMetrics | None = None,
-                 cluster_output: bool = False) -> None:
+                 cluster_output: bool = False, schemas: SchemaStore | None = None) -> None:
         self.cluster_output = cluster_output
         """The collector writes through the cluster output path. Nothing is refused for it
         any more (both output paths accept every registry, #28); kept so a caller can say
@@ -121,6 +131,9 @@ class AdminApi:
         self.pending = pending
         self.metrics = metrics or AdminMetrics()
         tasks.on_finish = lambda task: self.metrics.tasks.labels(task.kind, task.state).inc()
+        self.schemas = schemas or SchemaStore(registry.store, schema_key(registry.key),
+                                              clock=registry.clock)
+        """The schema registry (Confluent's paths), next to the stream registry."""
         tasks.unowned = self._unowned
 
     async def _unowned(self, table: str) -> bool:
@@ -494,13 +507,17 @@ def build_app(api: AdminApi) -> Starlette:
         return Response(generate_latest(api.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def not_found(request: Request, exc: Exception) -> Response:
+        if is_registry_path(request.url.path):
+            return refuse(404, 404, f"no such endpoint: {request.method} {request.url.path} "
+                          "(icefloe's schema registry serves the Confluent API's subjects, "
+                          "schemas, config and compatibility paths only)")
         return error(404, "not_found", f"no such endpoint: {request.method} {request.url.path}")
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         allow = allowed_methods(routes, request)
-        response = error(405, "method_not_allowed",
-                         f"{request.method} is not allowed on {request.url.path}; allowed: "
-                         f"{allow}")
+        message = f"{request.method} is not allowed on {request.url.path}; allowed: {allow}"
+        response = refuse(405, 405, message) if is_registry_path(request.url.path) else \
+            error(405, "method_not_allowed", message)
         response.headers["allow"] = allow
         return response
 
@@ -531,5 +548,7 @@ def build_app(api: AdminApi) -> Starlette:
         Route("/v1/tasks/{task}", g(api.get_task), methods=["GET"]),
         Route("/v1/parked:retry", g(api.retry_parked), methods=["POST"]),
         *keboola_routes(api, g),
+        *schema_registry_routes(SchemaRegistryApi(api.schemas, api.auth,
+                                                  api.metrics.schema_requests)),
     ]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})

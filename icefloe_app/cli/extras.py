@@ -18,6 +18,7 @@ INGESTOR_MODULES = frozenset({
 })
 COLLECTOR_MODULES = frozenset({
     "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg", "duckdb",
+    "avro", "grpc_tools", "jsonschema",  # the schema registry (icefloe admin)
 })
 
 # the extra each command needs; commands not named here need the ingestor's core
