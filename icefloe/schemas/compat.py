@@ -63,7 +63,10 @@ def readable(reader: Parsed, writer: Parsed) -> list[str]:
 
 
 def _avro(reader: Parsed, writer: Parsed) -> list[str]:
-    from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+    from avro.compatibility import (  # optional dep: [collector]
+        ReaderWriterCompatibilityChecker,
+        SchemaCompatibilityType,
+    )
 
     # avro leaves the checker's __init__ unannotated
     checker = ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
@@ -93,7 +96,7 @@ def _messages(parsed: Parsed) -> dict[str, Any]:
 
 
 def _protobuf(reader: Parsed, writer: Parsed) -> list[str]:
-    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pb2  # startup time
 
     types = descriptor_pb2.FieldDescriptorProto.Type
     labels = descriptor_pb2.FieldDescriptorProto.Label

@@ -67,9 +67,9 @@ def parse(schema_type: str, text: str, refs: Mapping[str, Parsed], name: str = R
 
 
 def _avro(text: str, refs: Mapping[str, Parsed]) -> Parsed:
-    import avro.errors
-    import avro.name
-    import avro.schema
+    import avro.errors  # optional dep: [collector]
+    import avro.name  # optional dep
+    import avro.schema  # optional dep
 
     try:
         data = json.loads(text)
@@ -91,7 +91,7 @@ def _avro(text: str, refs: Mapping[str, Parsed]) -> Parsed:
 
 
 def _protobuf(text: str, refs: Mapping[str, Parsed], name: str) -> Parsed:
-    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pb2  # startup time
 
     deps: dict[str, Any] = {}
     for ref in refs.values():
@@ -112,8 +112,8 @@ def _protobuf(text: str, refs: Mapping[str, Parsed], name: str) -> Parsed:
 
 def _decoded(text: str) -> Any:
     """A base64 ``FileDescriptorProto`` (Confluent's serialized form), or None for text."""
-    from google.protobuf import descriptor_pb2
-    from google.protobuf.message import DecodeError
+    from google.protobuf import descriptor_pb2  # startup time
+    from google.protobuf.message import DecodeError  # startup time
 
     stripped = text.strip()
     if not stripped or any(c.isspace() for c in stripped) or ";" in stripped:
@@ -137,7 +137,7 @@ def _well_known_dir() -> Path:
 def _compiled(text: str, name: str, deps: Mapping[str, Any]) -> Any:
     """Compile ``.proto`` text with protoc (in a child process: protoc's messages go to its
     stderr, which becomes the 42201 message)."""
-    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pb2  # startup time
 
     with tempfile.TemporaryDirectory(prefix="icefloe-proto-") as tmp:
         root = Path(tmp)
@@ -202,7 +202,7 @@ def _check_links(main: Any, files: dict[str, Any]) -> None:
     """Build the file in a fresh descriptor pool: every import must be a reference or a
     well-known type, and every type name must resolve (protoc checked text already; a
     base64 descriptor is checked only here)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf import descriptor_pb2, descriptor_pool  # startup time
 
     _load_well_known()
     for dep in main.dependency:
@@ -232,8 +232,8 @@ def _check_links(main: Any, files: dict[str, Any]) -> None:
 
 
 def _json_schema(text: str) -> Parsed:
-    import jsonschema
-    import jsonschema.exceptions
+    import jsonschema  # optional dep: [collector]
+    import jsonschema.exceptions  # optional dep
 
     try:
         data = json.loads(text)
