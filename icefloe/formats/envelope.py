@@ -386,7 +386,8 @@ def split_by_stream(block: bytes | bytearray | memoryview, record_count: int) ->
     return _columns(block, record_count, groups, rejected)
 
 
-def _group_records(block: bytes, record_count: int, rejected: list[int]
+# the hot loop, inline on purpose: ruff's caps (noqa below)
+def _group_records(block: bytes, record_count: int, rejected: list[int]  # noqa: PLR0915
                    ) -> dict[bytes, _Group]:
     """The one pass over the records (the hot loop): each well-formed record's fields go
     to its stream's :class:`_Group`, each malformed one's index to ``rejected``; a framing

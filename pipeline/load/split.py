@@ -103,7 +103,8 @@ def _stream_codes(buf: np.ndarray, name_at: np.ndarray, name_len: np.ndarray
     return names, codes.reshape(-1).astype(np.int64)
 
 
-def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None:
+# the hot loop, inline on purpose: ruff's caps (noqa below)
+def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None:  # noqa: C901
     """Split a decoded block by stream, or None when the exact path must decide."""
     if count == 0:
         return {}
