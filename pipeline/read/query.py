@@ -472,6 +472,10 @@ def _travel_to(kind: str, value: exp.Expr, where: str, spark: bool = False) -> A
         raise QueryError(f"{where}: a timestamp is quoted ISO 8601, such as "
                          "'2026-11-23T17:00:00Z'")
     try:
+        # digits alone would be a snapshot id to --as-of; in a TIMESTAMP clause they are not
+        # a time, and reading them as an id would answer from another snapshot
+        if text.isdigit():
+            raise QueryError(text)
         return AsOf.parse(text)
     except QueryError:
         raise QueryError(f"{where}: not an ISO 8601 time (such as "

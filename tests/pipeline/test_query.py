@@ -101,6 +101,9 @@ def test_should_read_the_snapshot_current_at_a_timestamp(lake: Config) -> None:
      r"table 'web.pageviews' had no snapshot at 2000-01-01T00:00:00\+00:00; its first"),
     (f"SELECT * FROM {TABLE} AT (VERSION => 'x')", r"AT \(VERSION => 'x'\).*a version is"),
     (f"SELECT * FROM {TABLE} AT (TIMESTAMP => now())", r"AT \(TIMESTAMP => NOW\(\)\).*literal"),
+    # digits in a TIMESTAMP clause are not a time: they were read as a snapshot id
+    (f"SELECT * FROM {TABLE} FOR TIMESTAMP AS OF '123'", r"'123'.*not an ISO 8601 time"),
+    (f"SELECT * FROM {TABLE} AT (TIMESTAMP => '123')", r"not an ISO 8601 time"),
 ])
 def test_should_refuse_travel_to_nowhere(lake: Config, sql: str, message: str) -> None:
     with pytest.raises(QueryError, match=message):
