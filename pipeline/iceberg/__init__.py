@@ -13,9 +13,9 @@ name is loaded on first use.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from pipeline.faces import lazy_face
 from pipeline.iceberg.pyiceberg_fixes import install_when_imported as _install_fixes
 
 _install_fixes()  # null lists of structs survive pyiceberg's writes and scans (installed
@@ -140,14 +140,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_face(__name__, _HOME, __all__)
