@@ -26,6 +26,7 @@ from icefloe.registry.model import Conditions
 from icefloe.store import open_async_store
 from icefloe.store.base import AsyncObjectStore
 from icefloe.tokens import hash_token, parse_hash
+from tests.admin_support import admin_server
 from tests.collector_support import CLICKS, collector_config, publish_sync
 
 ADMIN_TOKEN = "ifl_admin-test-token"
@@ -95,43 +96,15 @@ def admin(tmp_path: Path) -> Iterator[Admin]:
 def serving(tmp_path: Path, make_store: Any, down: threading.Event,
             clock: Clock = SYSTEM) -> Iterator[Admin]:
     """The admin API on a free port in a background thread, over ``make_store(url)``."""
-    from icefloe_app.api.server import serve_admin
 
     base = collector_config(tmp_path, (CLICKS,))
     config = msgspec.structs.replace(base, admin=msgspec.structs.replace(
         base.admin, port=0, tokens=(hash_token(ADMIN_TOKEN, log2_n=10),)))
-    state: dict[str, Any] = {}
-    ready = threading.Event()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        state["stop"], state["loop"] = stop, asyncio.get_running_loop()
-        store = make_store(config.store.url)
-        try:
-            await serve_admin(config, stop=stop, store=store, clock=clock,
-                              on_ready=lambda info: (state.update(port=info.port),
-                                                     ready.set()))
-        finally:
-            await store.close()
-
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            state["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    assert "error" not in state, state.get("error")
-    url = f"http://127.0.0.1:{state['port']}"
-    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
-                      timeout=30) as client:
+    with admin_server(config, open_store=lambda: make_store(config.store.url),
+                      clock=clock) as url, httpx.Client(
+            base_url=url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=30) as client:
         yield Admin(url, config, client, down)
-    state["loop"].call_soon_threadsafe(state["stop"].set)
-    thread.join(30)
-    assert "error" not in state, state.get("error")
 
 
 def tables(config: Config) -> set[str]:

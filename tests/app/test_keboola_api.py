@@ -9,7 +9,6 @@ documented example (docs/coming-from/keboola.md names, row by row, the tests tha
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from ingest_support import http_serving, running
 
 from icefloe.tokens import hash_token
 from pipeline.load.run import LocalEngine
+from tests.admin_support import admin_server
 
 TOKEN = "ifl_keboola-test-token"
 BASE = "/v1/branches/default/sources"
@@ -46,37 +46,14 @@ SINK = {  # Keboola's tutorial columns (its second "id" column renamed: names ar
 def stack(tmp_path: Path, s3_bucket: Any) -> Iterator[tuple[httpx.Client, Any]]:
     """The admin API (icefloe's and Keboola's paths) on the moto S3 store, as a client that
     authenticates the Keboola way."""
-    from icefloe_app.api.server import serve_admin
 
     base = collector_config(tmp_path, (), store={"url": s3_bucket.url,
                                                  "endpoint_url": s3_bucket.endpoint_url})
     config = msgspec.structs.replace(base, admin=msgspec.structs.replace(
         base.admin, port=0, tokens=(hash_token(TOKEN, log2_n=10),), registry_poll_s=0.2))
-    state: dict[str, Any] = {}
-    ready = threading.Event()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        state["stop"], state["loop"] = stop, asyncio.get_running_loop()
-        await serve_admin(config, stop=stop, on_ready=lambda info: (
-            state.update(port=info.port), ready.set()))
-
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            state["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    assert "error" not in state, state.get("error")
-    with httpx.Client(base_url=f"http://127.0.0.1:{state['port']}", timeout=30,
-                      headers={"X-StorageApi-Token": TOKEN}) as client:
+    with admin_server(config) as url, httpx.Client(
+            base_url=url, timeout=30, headers={"X-StorageApi-Token": TOKEN}) as client:
         yield client, config
-    state["loop"].call_soon_threadsafe(state["stop"].set)
-    thread.join(30)
 
 
 def finished(client: httpx.Client, reply: httpx.Response) -> dict[str, Any]:

@@ -7,11 +7,9 @@ restart; two admin processes racing on one moto S3 bucket; another vendor's clie
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import importlib
 import sys
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ import pytest
 
 from icefloe.config import Config
 from icefloe.tokens import hash_token
+from tests.admin_support import admin_server
 from tests.collector_support import CLICKS, collector_config
 
 pytest.importorskip("confluent_kafka.schema_registry")
@@ -63,34 +62,9 @@ def config_for(root: Path, store: dict[str, Any] | None = None) -> Config:
 
 def serve(config: Config) -> Iterator[Server]:
     """The real admin process's server (``serve_admin``) on a free port in a thread."""
-    from icefloe_app.api.server import serve_admin
-
-    state: dict[str, Any] = {}
-    ready = threading.Event()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        state["stop"], state["loop"] = stop, asyncio.get_running_loop()
-        await serve_admin(config, stop=stop, on_ready=lambda info: (
-            state.update(port=info.port), ready.set()))
-
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            state["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    assert "error" not in state, state.get("error")
-    url = f"http://127.0.0.1:{state['port']}"
-    with httpx.Client(base_url=url, auth=("me", TOKEN), timeout=30) as http:
+    with admin_server(config) as url, \
+            httpx.Client(base_url=url, auth=("me", TOKEN), timeout=30) as http:
         yield Server(url, config, http)
-    state["loop"].call_soon_threadsafe(state["stop"].set)
-    thread.join(30)
-    assert "error" not in state, state.get("error")
 
 
 @pytest.fixture
