@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 from collector_support import click, publish_sync
 from process_support import table_rows, write_config
@@ -27,7 +28,11 @@ def test_once_commits_the_queue_and_returns(tmp_path):
 
 
 def test_once_refuses_a_live_lease_instead_of_waiting(tmp_path):
-    config = load_config(write_config(tmp_path))
+    # a lease that outlives a loaded machine: with the suite's 2 s it expired before the
+    # run opened its catalog in one CI run, and `run` rightly took over a dead lease
+    base = load_config(write_config(tmp_path))
+    config = msgspec.structs.replace(base, manifest=msgspec.structs.replace(
+        base.manifest, lease_s=120.0))
     publish_sync(config, [[click(1)]])
 
     async def other_then_once() -> int:
