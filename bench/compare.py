@@ -93,7 +93,7 @@ def main() -> None:
                         help="a benchmark to run (ingest, collector, ...; repeatable; "
                              "default: ingest and collector)")
     parser.add_argument("--quick", action="store_true",
-                        help="one pair of ingest only (a check that the script works)")
+                        help="one pair of queue_bench only (a check that the script works)")
     parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
     args = parser.parse_args()
     benches = args.bench or ["ingest", "collector"]
