@@ -74,7 +74,7 @@ test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site  # the docs site (mkdocs.yml): a broken link fails
-	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
+	@COLUMNS=120 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	  exit $$status
 

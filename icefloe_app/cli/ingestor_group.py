@@ -176,6 +176,8 @@ class IngestorGroup:
             self.children[index] = replacement = await self._spawn(index)
             with contextlib.suppress(IcefloeError, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(replacement.ready), self.start_timeout_s)
+                print(f"icefloe up: ingestor {index + 1} is serving again (pid "
+                      f"{replacement.process.pid})", file=sys.stderr, flush=True)
                 delay = 1.0
                 continue
             delay = min(delay * 2, 30.0)
