@@ -14,8 +14,14 @@ carries exactly that, and the canonical JSON payload follows untouched. Layout
     [flags bit 0: u32 meta_len (>= 1), then meta: a JSON object of request metadata]
     payload              the rest: canonical event JSON, non-empty, no raw LF/CR bytes
 
+Version 2 (#39) is version 1 plus, after the meta, ``u8 payload format`` (1 = Protobuf,
+2 = Avro; :mod:`icefloe.typed.codec`) and ``u32 schema id`` (the writer schema in the schema
+registry; 0 = the stream's own schema file); the payload is then the binary encoding,
+any bytes, non-empty. Writers write version 2 only for such a payload, so a JSON record is
+byte for byte what version 1 readers read (a rolling upgrade updates collectors first).
+
 Malformed envelopes raise :class:`~icefloe.errors.BatchFormatError` with reason
-``unknown_envelope_version`` (first byte is not 1) or ``bad_envelope`` (anything else: too
+``unknown_envelope_version`` (first byte is not 1 or 2) or ``bad_envelope`` (anything else: too
 short, unknown flag bits, a zero or overrunning length, invalid UTF-8, a meta flag with an
 empty meta, an empty payload, a raw newline in the payload). Every envelope has exactly one
 encoding, so ``encode(decode(x)) == x`` for every accepted ``x``.
@@ -43,19 +49,25 @@ __all__ = [
     "FLAG_META",
     "HEADER_SIZE",
     "MAX_ID_BYTES",
+    "TYPED_VERSION",
     "BadRecord",
     "Envelope",
     "StreamColumns",
     "StreamSplit",
+    "TypedRecords",
     "decode_envelope",
     "encode_envelope",
     "frame_encoded",
     "frame_events",
+    "frame_typed",
     "split_by_stream",
 ]
 
 ENVELOPE_VERSION: Final = 1
-"""The only envelope version this module reads and writes."""
+"""The envelope version of a JSON payload (the collector's columnar fast path)."""
+
+TYPED_VERSION: Final = 2
+"""The envelope version of a binary payload: a format byte and a schema id follow the meta."""
 
 FLAG_META: Final = 0x01
 """Flags bit 0: a ``u32`` meta length and the meta bytes follow the event id."""
@@ -69,6 +81,9 @@ MAX_ID_BYTES: Final = 255
 _HEAD: Final = struct.Struct("<BBqB")
 _HEAD_PREFIX: Final = struct.Struct("<BBq")
 _U32: Final = struct.Struct("<I")
+_TYPED: Final = struct.Struct("<BI")
+_FORMATS: Final = (1, 2)
+"""Payload formats a version 2 envelope may name (Protobuf, Avro)."""
 _BYTES: Final = tuple(bytes((i,)) for i in range(256))
 _I64_MIN: Final = -(1 << 63)
 _I64_MAX: Final = (1 << 63) - 1
@@ -89,6 +104,10 @@ class Envelope:
     received_at_ms: int
     payload: bytes
     meta: bytes = b""
+    format: int = 0
+    """0: canonical JSON (version 1); else the binary format (version 2)."""
+    schema_id: int = 0
+    """Version 2: the writer schema's registry id (0: the stream's own schema file)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -113,8 +132,10 @@ def _id_bytes(what: str, value: str) -> bytes:
 
 def encode_envelope(stream: str, event_id: str, received_at_ms: int,
                     payload: bytes | bytearray | memoryview,
-                    meta: bytes | bytearray | memoryview = b"") -> bytes:
-    """Build one record's bytes; ``meta`` is written only when non-empty.
+                    meta: bytes | bytearray | memoryview = b"", *, format: int = 0,
+                    schema_id: int = 0) -> bytes:
+    """Build one record's bytes; ``meta`` is written only when non-empty. A ``format``
+    (Protobuf 1, Avro 2) writes version 2 with ``schema_id``: the payload is then binary.
 
     Validates what the decoder would reject, so a writer can never produce a record the
     collector dead-letters: raises ``ValueError`` for a stream name or event id outside
@@ -131,6 +152,9 @@ def encode_envelope(stream: str, event_id: str, received_at_ms: int,
         payload = bytes(memoryview(payload).cast("B"))
     if not payload:
         raise ValueError("payload is empty; it must be canonical JSON")
+    if format:
+        return _encode_typed(stream_raw, event_raw, received_at_ms, payload, meta, format,
+                             schema_id)
     for name, byte in (("LF", b"\n"), ("CR", b"\r")):
         at = payload.find(byte)
         if at >= 0:
@@ -150,6 +174,24 @@ def encode_envelope(stream: str, event_id: str, received_at_ms: int,
         _HEAD.pack(ENVELOPE_VERSION, 0, received_at_ms, len(stream_raw)),
         stream_raw, bytes((len(event_raw),)), event_raw, payload,
     ))
+
+
+def _encode_typed(stream_raw: bytes, event_raw: bytes, received_at_ms: int, payload: bytes,
+                  meta: bytes | bytearray | memoryview, format: int, schema_id: int) -> bytes:
+    """A version 2 record (a binary payload of ``format``, its writer schema's id)."""
+    if format not in _FORMATS:
+        raise ValueError(f"payload format {format} is not one of {_FORMATS} (Protobuf, Avro)")
+    if not 0 <= schema_id <= _U32_MAX:
+        raise ValueError(f"schema id {schema_id} does not fit an unsigned 32-bit int")
+    meta_raw = bytes(memoryview(meta).cast("B")) if meta else b""
+    if len(meta_raw) > _U32_MAX:
+        raise ValueError(f"meta is {len(meta_raw)} bytes; at most {_U32_MAX} fit")
+    flags = FLAG_META if meta_raw else 0
+    return b"".join((
+        _HEAD.pack(TYPED_VERSION, flags, received_at_ms, len(stream_raw)), stream_raw,
+        bytes((len(event_raw),)), event_raw,
+        _U32.pack(len(meta_raw)) + meta_raw if meta_raw else b"",
+        _TYPED.pack(format, schema_id), payload))
 
 
 def _bad(message: str) -> BatchFormatError:
@@ -184,6 +226,8 @@ def decode_envelope(data: bytes | bytearray | memoryview) -> Envelope:
     if size < _MIN_SIZE:
         raise _explained(data)
     version, flags, received_at_ms, stream_len = _HEAD.unpack_from(data)
+    if version == TYPED_VERSION:  # binary payloads: rare enough for the checked walk
+        return _decode_checked(data)
     stream_end = HEADER_SIZE + stream_len
     if version != ENVELOPE_VERSION or flags & ~_KNOWN_FLAGS or not stream_len \
             or stream_end >= size:
@@ -234,6 +278,8 @@ def _decode_checked(data: bytes) -> Envelope:
     meta = b""
     if flags & FLAG_META:
         meta, pos = _decode_meta(data, pos, size)
+    if data[0] == TYPED_VERSION:
+        return _decode_typed(data, pos, Envelope(stream, event_id, received_at_ms, b"", meta))
     if pos >= size:
         raise _bad(f"payload is empty: the envelope ends at offset {size} after the header")
     payload = data[pos:]
@@ -241,15 +287,32 @@ def _decode_checked(data: bytes) -> Envelope:
     return Envelope(stream, event_id, received_at_ms, payload, meta)
 
 
+def _decode_typed(data: bytes, pos: int, head: Envelope) -> Envelope:
+    """Version 2's tail at ``pos``: format byte, schema id, then a non-empty binary payload."""
+    size = len(data)
+    if pos + _TYPED.size > size:
+        raise _bad(f"version 2 envelope ends at offset {size} before its 5-byte payload "
+                   f"format and schema id (at offset {pos})")
+    format, schema_id = _TYPED.unpack_from(data, pos)
+    if format not in _FORMATS:
+        raise _bad(f"payload format {format} at offset {pos} is unknown (1 = Protobuf, "
+                   "2 = Avro)")
+    pos += _TYPED.size
+    if pos >= size:
+        raise _bad(f"payload is empty: the envelope ends at offset {size} after the schema id")
+    return Envelope(head.stream, head.event_id, head.received_at_ms, data[pos:], head.meta,
+                    format, schema_id)
+
+
 def _decode_header(data: bytes, size: int) -> tuple[int, int, int]:
     """The fixed header's flags, receive time and stream name length, each checked."""
     if size == 0:
         raise _bad(f"envelope is 0 bytes; it needs at least the {HEADER_SIZE}-byte header")
-    if data[0] != ENVELOPE_VERSION:
+    if data[0] not in (ENVELOPE_VERSION, TYPED_VERSION):
         raise BatchFormatError(
             "unknown_envelope_version",
-            f"envelope version is {data[0]}; this reader understands version "
-            f"{ENVELOPE_VERSION}",
+            f"envelope version is {data[0]}; this reader understands versions "
+            f"{ENVELOPE_VERSION} and {TYPED_VERSION}",
         )
     if size < HEADER_SIZE:
         raise _bad(f"envelope is {size} bytes, shorter than the {HEADER_SIZE}-byte header")
@@ -343,19 +406,46 @@ class BadRecord:
     data: bytes
 
 
-class StreamSplit(dict[str, StreamColumns]):
-    """``stream name -> StreamColumns`` (in order of first appearance), plus ``bad``.
+@dataclass(slots=True)
+class TypedRecords:
+    """One stream's version 2 records of a batch (binary payloads), column-wise, in record
+    order: row ``i`` is ``payloads[i]`` of ``formats[i]`` written with ``schema_ids[i]``."""
 
-    Why a dict with an attribute: callers iterate the streams like any mapping, and the
+    stream: str
+    event_ids: list[str] = field(default_factory=list)
+    received_at_ms: list[int] = field(default_factory=list)
+    record_indexes: list[int] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+    formats: list[int] = field(default_factory=list)
+    schema_ids: list[int] = field(default_factory=list)
+    metas: list[bytes] = field(default_factory=list)
+
+    def add(self, index: int, envelope: Envelope) -> None:
+        self.event_ids.append(envelope.event_id)
+        self.received_at_ms.append(envelope.received_at_ms)
+        self.record_indexes.append(index)
+        self.payloads.append(envelope.payload)
+        self.formats.append(envelope.format)
+        self.schema_ids.append(envelope.schema_id)
+        self.metas.append(envelope.meta)
+
+
+class StreamSplit(dict[str, StreamColumns]):
+    """``stream name -> StreamColumns`` (in order of first appearance), plus ``bad`` and
+    ``typed``.
+
+    Why a dict with attributes: callers iterate the streams like any mapping, and the
     malformed records ride along in ``bad`` (sorted by record index) instead of aborting
-    the batch.
+    the batch; records with binary payloads (version 2) ride in ``typed`` by stream, since
+    no JSON-lines reader can take them.
     """
 
-    __slots__ = ("bad",)
+    __slots__ = ("bad", "typed")
 
     def __init__(self) -> None:
         super().__init__()
         self.bad: list[BadRecord] = []
+        self.typed: dict[str, TypedRecords] = {}
 
 
 @dataclass(slots=True)
@@ -476,7 +566,7 @@ def _columns(block: bytes, record_count: int, groups: dict[bytes, _Group],
             group.stream, group.event_ids, group.received, group.indexes, ndjson,
             group.metas if group.has_meta else None)
     if rejected:
-        result.bad.extend(_bad_records(block, record_count, sorted(rejected)))
+        _sort_rejected(result, block, record_count, sorted(rejected))
     return result
 
 
@@ -500,23 +590,30 @@ def _drop_line_breaks(group: _Group, rejected: list[int]) -> tuple[_Group, bytes
     return kept, ndjson
 
 
-def _bad_records(block: bytes, record_count: int, indexes: list[int]) -> list[BadRecord]:
-    """Describe rejected records with decode_envelope's reason and message (rare path)."""
+def _sort_rejected(result: StreamSplit, block: bytes, record_count: int,
+                   indexes: list[int]) -> None:
+    """The records the JSON loop passed over: version 2 ones go to ``result.typed`` by
+    stream, the malformed ones to ``result.bad`` with decode_envelope's reason and message."""
     offsets = record_offsets(block, record_count)
-    bad = []
     for index in indexes:
         start, end = offsets[index]
         data = block[start:end]
         try:
-            decode_envelope(data)
+            envelope = decode_envelope(data)
         except BatchFormatError as exc:
             message = str(exc).removeprefix(f"{exc.reason}: ")
-            bad.append(BadRecord(index, exc.reason, message, data))
+            result.bad.append(BadRecord(index, exc.reason, message, data))
+            continue
+        if envelope.format:
+            typed = result.typed.get(envelope.stream)
+            if typed is None:
+                typed = result.typed[envelope.stream] = TypedRecords(envelope.stream)
+            typed.add(index, envelope)
         else:  # the fast path and decode_envelope disagree: keep the record out, say so
-            bad.append(BadRecord(index, "bad_envelope",
-                                 "rejected by split_by_stream although decode_envelope "
-                                 "accepts it (please report this as a bug)", data))
-    return bad
+            result.bad.append(BadRecord(index, "bad_envelope",
+                                        "rejected by split_by_stream although "
+                                        "decode_envelope accepts it (please report this as "
+                                        "a bug)", data))
 
 
 def frame_events(stream: str, received_at_ms: int, event_ids: Sequence[str],
@@ -567,6 +664,42 @@ def frame_encoded(stream: str, received_at_ms: int, raw_ids: Sequence[bytes],
         framed: bytes = _speedups.frame(prefix, stem, raw_ids, payloads, tail)
         return framed
     return _frame_py(prefix, stem, raw_ids, payloads, tail)
+
+
+def frame_typed(stream: str, received_at_ms: int, raw_ids: Sequence[bytes],
+                payloads: Sequence[bytes], format: int, schema_ids: Sequence[int], *,
+                meta: bytes = b"", stem: bytes = b"") -> bytes:
+    """:func:`frame_encoded` for binary payloads: version 2 records of ``format``, event i
+    written with ``schema_ids[i]``. Each run of equal schema ids is framed in one call (the
+    format and id are the same tail bytes for the whole run)."""
+    if format not in _FORMATS:
+        raise ValueError(f"payload format {format} is not one of {_FORMATS} (Protobuf, Avro)")
+    if len(schema_ids) != len(payloads):
+        raise ValueError(f"{len(schema_ids)} schema ids for {len(payloads)} payloads")
+    if len(raw_ids) < len(payloads) or (not stem and len(raw_ids) != len(payloads)):
+        raise ValueError(f"{len(raw_ids)} event ids for {len(payloads)} payloads")
+    if not all(payloads):
+        raise ValueError("a binary payload is empty")
+    stream_raw = _stream_bytes(stream)
+    prefix = _HEAD.pack(TYPED_VERSION, FLAG_META if meta else 0, received_at_ms,
+                        len(stream_raw)) + stream_raw
+    head = _U32.pack(len(meta)) + meta if meta else b""
+    ids = [stem + raw for raw in raw_ids[:len(payloads)]] if stem else list(raw_ids)
+    parts: list[bytes] = []
+    start = 0
+    while start < len(payloads):
+        schema_id = schema_ids[start]
+        end = start + 1
+        while end < len(payloads) and schema_ids[end] == schema_id:
+            end += 1
+        tail = head + _TYPED.pack(format, schema_id)
+        run = list(payloads[start:end])
+        if _speedups is not None:
+            parts.append(_speedups.frame(prefix, b"", ids[start:end], run, tail))
+        else:
+            parts.append(_frame_py(prefix, b"", ids[start:end], run, tail))
+        start = end
+    return b"".join(parts)
 
 
 def _frame_py(prefix: bytes, stem: bytes, raw_ids: Sequence[bytes],

@@ -14,12 +14,14 @@ from icefloe.errors import BatchFormatError
 from icefloe.formats.batch import Compression, decode_block, encode_batch
 from icefloe.formats.envelope import (
     ENVELOPE_VERSION,
+    TYPED_VERSION,
     BadRecord,
     Envelope,
     StreamColumns,
     StreamSplit,
     decode_envelope,
     encode_envelope,
+    frame_typed,
     split_by_stream,
 )
 
@@ -130,7 +132,8 @@ def with_meta(meta_len: int, meta: bytes, payload: bytes = b"{}") -> bytes:
 
 @pytest.mark.parametrize(("data", "reason", "needles"), [
     (b"", "bad_envelope", ["0 bytes", "11-byte"]),
-    (b"\x02" + GOLDEN[1:], "unknown_envelope_version", ["version is 2", "version 1"]),
+    (b"\x03" + GOLDEN[1:], "unknown_envelope_version", ["version is 3", "versions 1 and 2"]),
+    (b"\x02" + GOLDEN[1:], "bad_envelope", ["payload format 123", "1 = Protobuf"]),
     (b"\x00", "unknown_envelope_version", ["version is 0"]),
     (GOLDEN[:10], "bad_envelope", ["10 bytes", "11-byte"]),
     (GOLDEN[:1] + b"\x06" + GOLDEN[2:], "bad_envelope", ["0x06", "unknown bits 0x06"]),
@@ -190,7 +193,7 @@ def test_split_returns_malformed_records_separately() -> None:
     good = [encode_envelope("a", f"e{i}", i, b'{"i":%d}' % i) for i in range(3)]
     records = [
         good[0],
-        b"\x02" + good[1][1:],       # unknown version
+        b"\x03" + good[1][1:],       # unknown version
         good[1],
         GOLDEN[:21] + b'{"x":\n1}',  # raw newline: would shift the JSON lines
         b"",                         # empty record
@@ -339,3 +342,71 @@ def test_frame_events_matches_per_record_encoding_and_validates():
         frame_events("pv", 1, ["a"], [b'{"a":\n1}'])
     with pytest.raises(ValueError, match="2 event ids for 1 payloads"):
         frame_events("pv", 1, ["a", "b"], [b"{}"])
+
+
+# -- version 2: binary payloads (#39) ---------------------------------------------------------
+
+
+def test_typed_envelope_round_trips_any_bytes() -> None:
+    """A binary payload may hold LF, CR and NUL: version 2 carries it with its format and
+    writer schema id, and re-encoding the decoded envelope gives the same bytes."""
+    payload = b"\x08\x96\x01\n\r\x00"
+    data = encode_envelope("orders", "e1", 1_700_000_000_000, payload, b'{"ip":"1"}',
+                           format=1, schema_id=42)
+    assert data[0] == TYPED_VERSION
+    env = decode_envelope(data)
+    assert (env.payload, env.format, env.schema_id, env.meta) == (
+        payload, 1, 42, b'{"ip":"1"}')
+    assert encode_envelope(env.stream, env.event_id, env.received_at_ms, env.payload,
+                           env.meta, format=env.format, schema_id=env.schema_id) == data
+
+
+@pytest.mark.parametrize(("tail", "needles"), [
+    (b"", ["before its 5-byte payload format"]),
+    (b"\x01\x00\x00", ["before its 5-byte payload format"]),
+    (b"\x09\x00\x00\x00\x00x", ["payload format 9"]),
+    (b"\x02\x07\x00\x00\x00", ["payload is empty", "after the schema id"]),
+])
+def test_typed_envelope_refuses_a_broken_tail(tail: bytes, needles: list[str]) -> None:
+    head = encode_envelope("s", "e", 1, b"x", format=2, schema_id=7)[:-6]
+    message = raises("bad_envelope", head + tail)
+    for needle in needles:
+        assert needle in message
+
+
+def test_typed_envelope_refuses_what_it_cannot_write() -> None:
+    with pytest.raises(ValueError, match="payload format 3"):
+        encode_envelope("s", "e", 1, b"x", format=3)
+    with pytest.raises(ValueError, match="schema id"):
+        encode_envelope("s", "e", 1, b"x", format=1, schema_id=1 << 32)
+
+
+def test_split_keeps_json_and_typed_records_of_one_stream_apart() -> None:
+    """A queue written during a rolling upgrade holds version 1 (JSON) and version 2
+    (binary) records of the same stream in one batch: each kind keeps its rows, in order,
+    with its ids, receive times and record indexes; nothing is a bad record."""
+    typed = frame_typed("s", 5, [b"a", b"b", b"c"], [b"\n1", b"2", b"3"], 2, [1, 1, 3],
+                        meta=b'{"m":1}')
+    records = [encode_envelope("s", "j0", 4, b'{"x":0}'), *split_framed(typed),
+               encode_envelope("s", "j1", 6, b'{"x":1}')]
+    split = split_by_stream(*block_of(records))
+    assert split.bad == []
+    assert split["s"].event_ids == ["j0", "j1"]
+    assert split["s"].record_indexes == [0, 4]
+    rows = split.typed["s"]
+    assert rows.event_ids == ["a", "b", "c"]
+    assert rows.payloads == [b"\n1", b"2", b"3"]
+    assert rows.schema_ids == [1, 1, 3]
+    assert rows.formats == [2, 2, 2]
+    assert rows.record_indexes == [1, 2, 3]
+    assert rows.metas == [b'{"m":1}'] * 3
+
+
+def split_framed(framed: bytes) -> list[bytes]:
+    """The records of ``frame_*`` output (each ``[u32 length][envelope]``)."""
+    out, pos = [], 0
+    while pos < len(framed):
+        size = int.from_bytes(framed[pos:pos + 4], "little")
+        out.append(framed[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    return out
