@@ -66,6 +66,7 @@ from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
 from icefloe.registry.model import Conditions, Registry
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
+from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.evolution import EvolveLimits
 from pipeline.iceberg import (
@@ -82,6 +83,7 @@ from pipeline.load import (
     RunOutput,
     RunSpec,
     run_spec,
+    with_avro_writers,
     with_key_columns,
     with_sql_cases,
     with_template_cases,
@@ -516,6 +518,7 @@ class Collector:
         spec = with_template_cases(spec, self.routes.template_cases(versions))
         spec = with_wheres(spec, self.routes.where_specs(versions))
         spec = with_key_columns(spec, upsert_columns(self.routes))
+        spec = with_avro_writers(spec, await self._avro_writers())
         output = await self.offload(run, spec)
         try:
             self.hook("after_job")
@@ -604,6 +607,15 @@ class Collector:
                 "another store; not routing these events until it is back")
         await self.offload(self.apply_registry, registry)
 
+
+    async def _avro_writers(self) -> dict[int, str]:
+        """The schema registry's Avro schemas by id, read after the run's entries (so they
+        hold every id an ingestor accepted a record of), when a stream is Avro."""
+        if not any(s.format == "avro" for s in self.config.streams):
+            return {}
+        doc = await SchemaStore(self.store, schema_key(self.config.admin.registry_key)).read()
+        return {r.id: r.canonical for r in doc.schemas
+                if r.schema_type == "AVRO" and not r.references}
 
     def _observe(self, entries: list[Entry], result: RunResult) -> None:
         self.metrics.run_seconds.observe(result.seconds)

@@ -56,7 +56,7 @@ from ingestor.errors import BadRequest, IngestError, Unavailable
 from ingestor.runtime import IngestorRuntime
 from ingestor.service import Caller
 from ingestor.tls import CertificateReloader
-from ingestor.validate import CompiledStream, InvalidEvents
+from ingestor.validate import Canonical, CompiledStream, InvalidEvents, Violation
 
 log = logging.getLogger("icefloe.ingestor.grpc")
 
@@ -436,10 +436,16 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         except InvalidEvents as exc:
             raise service.bad_request(exc) from None
         try:
-            canonical = stream.from_events([event.json for event in events])
+            canonical = stream.from_events([event.json for event in events]) \
+                if stream.typed is None else typed_events(stream, events)
         except InvalidEvents as exc:
+            error = exc
+            if stream.typed is None and any(event.data for event in events):
+                error = InvalidEvents("invalid_payload", f"stream {stream.name!r} takes JSON "
+                                      "events (Event.json); Event.data is for a format = "
+                                      '"protobuf" or "avro" stream')
             if stream.config.on_invalid != "dead_letter" or not events:
-                raise service.bad_request(exc) from None
+                raise service.bad_request(error) from None
             canonical = None
         ids = [event.event_id for event in events]
         if canonical is None:  # on_invalid = "dead_letter": keep the valid ones
@@ -458,6 +464,23 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             request.stream in self.service.streams else UNKNOWN_STREAM_LABEL
         self.service.reject(label, error, 1 if request is None else len(request.events))
         self.metrics.requests.labels("grpc", label, error.grpc_code.name).inc()
+
+
+def typed_events(stream: CompiledStream, events: Sequence[ingest_pb2.Event]) -> Canonical:
+    """A typed stream's events: each sets ``data`` (its binary message) or ``json`` (a
+    Protobuf stream's canonical JSON), never both; one request holds one kind."""
+    with_data = [event.data for event in events if event.data]
+    for index, event in enumerate(events):
+        if event.data and event.json:
+            raise InvalidEvents("invalid_payload", f"event {index} sets both json and data; "
+                                "set one", [Violation(index, "data", "both json and data set",
+                                                      "invalid_payload")])
+    if len(with_data) == len(events):
+        return stream.from_binary(with_data)
+    if with_data:
+        raise InvalidEvents("invalid_payload", "the request mixes events with data and with "
+                            "json; send one kind per request")
+    return stream.from_events([event.json for event in events])
 
 
 class _Activity:

@@ -108,6 +108,8 @@ class IngestorRuntime:
                               config_streams=config.streams, clock=clock)
         try:
             await watch.check()  # a registry, if there is one, applies before the first request
+            if any(s.format == "avro" for s in config.streams):  # Confluent-framed records'
+                await service.writer_schemas.refresh()  # ids: known before the first request
         except BaseException:
             with contextlib.suppress(Exception):
                 await batcher.close(1.0)  # nothing was accepted: nothing to drain

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, NoReturn
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.errors import NotFound, StoreError
-from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded
+from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded, frame_typed
 from icefloe.registry.model import Registry
 from icefloe.registry.streams import effective_config
 from icefloe.store.base import AsyncObjectStore
@@ -35,6 +35,7 @@ from ingestor.metrics import IngestMetrics
 from ingestor.ratelimit import RateLimiter
 from ingestor.ulids import UlidSource
 from ingestor.validate import Canonical, CompiledStream, InvalidEvents, with_client
+from ingestor.writer_schemas import WriterSchemas
 
 READY_CACHE_S = 1.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -73,12 +74,15 @@ class IngestService:
                                       config.ingestor.forwarded_header)
         self.registry_version = 0
         self._ulids = UlidSource()
+        self.writer_schemas = WriterSchemas(store, config.admin.registry_key)
+        """Avro writer schemas of the schema registry (Confluent-framed records)."""
         self._use(config, 0, {s.table: s.name for s in config.streams})
 
     def _use(self, config: Config, version: int, tables: dict[str, str]) -> None:
         """Serve ``config``'s streams from now on (built fully before being swapped in, so
         a request sees either the old or the new set, never a mix)."""
-        streams = {s.name: CompiledStream(s, version, clock=self._clock)
+        streams = {s.name: CompiledStream(s, version, clock=self._clock,
+                                          writers=self.writer_schemas)
                    for s in config.streams}
         by_table = {t: streams[name] for t, name in tables.items() if name in streams}
         auth = TokenAuthority(config, clock=self._clock)
@@ -200,8 +204,13 @@ class IngestService:
             self.limits.admit(stream.name, caller.token if caller else None,
                               caller.client if caller else None, len(payloads),
                               sum(map(len, payloads)))
-        framed = frame_encoded(stream.name, received_at_ms, ids, payloads, meta=meta,
-                               stem=stem)
+        if canonical.format:  # a typed stream's binary payloads: envelope version 2
+            framed = frame_typed(stream.name, received_at_ms, ids, payloads, canonical.format,
+                                 canonical.schema_ids or [0] * len(payloads), meta=meta,
+                                 stem=stem)
+        else:
+            framed = frame_encoded(stream.name, received_at_ms, ids, payloads, meta=meta,
+                                   stem=stem)
         return self.batcher.enqueue(framed, len(payloads), stream.name,
                                     stream.registry_version)
 

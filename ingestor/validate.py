@@ -42,7 +42,11 @@ from icefloe.streams.types import (
     convert_value,
     json_text,
 )
+from icefloe.typed.codec import TypedPayloadError
+from ingestor.errors import UnsupportedMediaType
 from ingestor.mappings import EventMappings, MappingViolation, request_meta
+from ingestor.typed import BadPayloads, TypedDoor, split_delimited
+from ingestor.writer_schemas import WriterSchemas
 
 RECEIVED_AT = "received_at"
 """An unmapped ``timestamp`` column of this name is filled with the receive time when an
@@ -85,6 +89,10 @@ class Canonical(NamedTuple):
 
     payloads: list[bytes]
     body_ids: list[str | None] | None
+    format: int = 0
+    """0: canonical JSON payloads; else a typed stream's binary ones (#39)."""
+    schema_ids: list[int] | None = None
+    """Binary payloads: each one's writer schema id (0: the stream's schema file)."""
 
 
 class CompiledStream:
@@ -93,7 +101,7 @@ class CompiledStream:
     MAX_VIOLATIONS = 100
 
     def __init__(self, config: StreamConfig, registry_version: int = 0, *,
-                 clock: Clock = SYSTEM) -> None:
+                 clock: Clock = SYSTEM, writers: WriterSchemas | None = None) -> None:
         self.config = config
         self._clock = clock
         self.name = config.name
@@ -144,6 +152,8 @@ class CompiledStream:
             str(parse_path(c.path)[0]) for c in config.columns if c.path is not None)
         """Top-level fields the stream reads: an evolving stream keeps every other one."""
         self._members = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
+        self.typed = TypedDoor(config, writers) if config.format != "json" else None
+        """A Protobuf or Avro stream's payload checks (None: a JSON stream)."""
 
     @property
     def keeps_unknown(self) -> bool:
@@ -152,8 +162,60 @@ class CompiledStream:
 
     # -- entry points ----------------------------------------------------------------------
 
+    def from_binary(self, payloads: Sequence[bytes]) -> Canonical:
+        """A typed stream's messages as sent (a gRPC ``Event.data`` each, an HTTP
+        ``application/x-protobuf`` body); refused whole when one does not parse."""
+        typed = self._typed_door("binary messages")
+        if not payloads:
+            raise InvalidEvents("empty_body", "the request holds no events")
+        try:
+            bodies, ids = typed.messages(payloads)
+        except BadPayloads as exc:
+            raise _bad_payloads(exc) from None
+        return Canonical(bodies, None, typed.code, ids)
+
+    def from_delimited(self, body: bytes) -> Canonical:
+        """Length-delimited Protobuf messages (varint length, then the message, repeated)."""
+        self._typed_door("length-delimited messages")
+        try:
+            messages = split_delimited(body)
+        except TypedPayloadError as exc:
+            raise InvalidEvents("invalid_payload", f"the length-delimited body is malformed: "
+                                f"{exc}") from None
+        return self.from_binary(messages)
+
+    def _typed_door(self, what: str) -> TypedDoor:
+        if self.typed is None:
+            raise UnsupportedMediaType(
+                f"stream {self.name!r} takes JSON events; {what} go to a stream declared "
+                'with format = "protobuf" or "avro"')
+        return self.typed
+
+    def _typed_json(self, objects: Sequence[bytes]) -> Canonical:
+        """A Protobuf stream's events in Protobuf's canonical JSON, made binary."""
+        assert self.typed is not None
+        try:
+            return self.from_binary(self.typed.from_json(objects))
+        except BadPayloads as exc:
+            raise _bad_payloads(exc) from None
+
+    def _typed_objects(self, body: bytes) -> list[bytes]:
+        start = body.lstrip()[:1]
+        if start == b"{":
+            return [body.strip()]
+        if start == b"[":
+            try:
+                return [bytes(raw) for raw in self._raw_list.decode(body)]
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise InvalidEvents("invalid_json", f"the body must be a JSON object or an "
+                                    f"array of objects: {exc}") from None
+        raise InvalidEvents("invalid_json", "the body must be a JSON object or an array of "
+                            f"objects, it starts with {start!r}")
+
     def from_json(self, body: bytes) -> Canonical:
         """A body holding one JSON object or a JSON array of objects."""
+        if self.typed is not None:
+            return self._typed_json(self._typed_objects(body))
         try:
             if not body.isascii():
                 _check_utf8(body)
@@ -202,6 +264,8 @@ class CompiledStream:
         lines = [line for line in body.split(b"\n") if line.strip()]
         if not lines:
             raise InvalidEvents("empty_body", "the NDJSON body holds no events")
+        if self.typed is not None:
+            return self._typed_json(lines)
         try:
             canonical = self._from_events(lines)
             return self._keep_unknown(canonical, b"[" + b",".join(lines) + b"]") \
@@ -213,6 +277,8 @@ class CompiledStream:
         """One JSON object per element (NDJSON lines, gRPC ``Event.json``)."""
         if not events:
             raise InvalidEvents("empty_body", "the request holds no events")
+        if self.typed is not None:
+            return self._typed_json(events)
         try:
             canonical = self._from_events(events, utf8_checked=False)
             return self._keep_unknown(canonical, b"[" + b",".join(events) + b"]") \
@@ -551,6 +617,12 @@ def _utc(name: str, value: dt.datetime | int | None) -> dt.datetime | None:
         return EPOCH + dt.timedelta(milliseconds=value)
     assert isinstance(value, dt.datetime)
     return value.astimezone(dt.UTC) if value.utcoffset() else value
+
+
+def _bad_payloads(exc: BadPayloads) -> InvalidEvents:
+    return InvalidEvents("invalid_payload", str(exc), [
+        Violation(index, error.field, str(error), "invalid_payload")
+        for index, error in exc.bad])
 
 
 def _check_utf8(body: bytes, index: int | None = None) -> None:

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -133,8 +134,17 @@ class _GrpcBase(Retrying):
                  ) -> ingest_pb2.PublishRequest:
         return ingest_pb2.PublishRequest(
             stream=stream, request_id=request_id or new_key(),
-            events=[event if isinstance(event, ingest_pb2.Event)
-                    else ingest_pb2.Event(json=event_json(event)) for event in events])
+            events=[_event(event) for event in events])
+
+
+def _event(event: EventLike) -> ingest_pb2.Event:
+    """One event as the wire has it: a Protobuf message of a typed stream travels as its
+    bytes (``Event.data``), anything else as JSON."""
+    if isinstance(event, ingest_pb2.Event):
+        return event
+    if isinstance(event, Message):
+        return ingest_pb2.Event(data=event.SerializeToString())
+    return ingest_pb2.Event(json=event_json(event))
 
 
 def _credentials(tls: ClientTls | None, credentials: grpc.ChannelCredentials | None

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+from google.protobuf.message import Message
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
@@ -65,8 +66,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-EventLike = Mapping[str, Any] | bytes | ingest_pb2.Event
-"""An event: a JSON-serializable mapping, one JSON object as bytes, or a gRPC ``Event``."""
+EventLike = Mapping[str, Any] | bytes | ingest_pb2.Event | Message
+"""An event: a JSON-serializable mapping, one JSON object as bytes, a gRPC ``Event``, or
+(gRPC, a ``format = "protobuf"`` stream) the stream's Protobuf message itself."""
 
 REFUSED_STREAM = "refused_stream"
 """``IngestRejected.code`` of a call the server reset with HTTP/2 REFUSED_STREAM."""

@@ -29,6 +29,7 @@ from icefloe.config.model import (
     QuerySection,
     StoreSection,
 )
+from icefloe.config.typed_streams import prepare_raw, with_typed_columns
 from icefloe.config.validate import validate
 from icefloe.errors import ConfigError
 from icefloe.streams.events_sql import with_events_files
@@ -69,6 +70,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
     _apply_env(raw, env, where)
     for section, values in (overrides or {}).items():
         raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    prepare_raw(raw, where)
     try:
         config = msgspec.convert(raw, Config, strict=False)
     except msgspec.ValidationError as exc:
@@ -77,6 +79,9 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
     config = _resolve_paths(config, base, str(source) if source else None)
     if config.collector.models_dir:  # streams declared as models/SCHEMA/NAME.sql files
         streams = with_events_files(config.streams, Path(config.collector.models_dir), where)
+        config = msgspec.structs.replace(config, streams=streams)
+    if any(s.format != "json" or s.schema is not None for s in config.streams):
+        streams = with_typed_columns(config.streams, base, where)
         config = msgspec.structs.replace(config, streams=streams)
     validate(config, where)
     return config

@@ -93,6 +93,23 @@ class EvolveQuota(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     source_columns_total: int = 0
 
 
+class TypedSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a ``format = "protobuf"`` or ``"avro"`` stream's type comes from (#39).
+
+    Protobuf: ``message`` (the full name, ``acme.orders.v1.OrderPlaced``) in a
+    ``descriptor_set`` file (``buf build -o``, ``protoc --include_imports
+    --descriptor_set_out``); ``enums`` as their value names (``string``) or numbers
+    (``int``). Avro: a ``schema_file`` (``.avsc``). ``text`` is what the loader read from
+    the file (base64 of the descriptor set, or the Avro schema's JSON), so every process
+    and every Spark executor derives the same type from the config alone."""
+
+    message: str | None = None
+    descriptor_set: str | None = None
+    schema_file: str | None = None
+    enums: Literal["string", "int"] = "string"
+    text: str = ""
+
+
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A stream: an ingest endpoint whose events land in one Iceberg table.
 
@@ -141,6 +158,11 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A request holding events that fail validation: refused whole (400, nothing kept), or
     its valid events accepted and the invalid ones written to ``icefloe.dead_letters`` with
     their reason (Moose's dead-letter queue; an explicit, opt-in exception)."""
+
+    format: Literal["json", "protobuf", "avro"] = "json"
+    """What an event is on the wire: a JSON object, a Protobuf message or an Avro datum
+    (#39); for the last two the columns come from the type ``schema`` names."""
+    schema: TypedSchema | None = None
 
     @property
     def namespace(self) -> str:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17icefloe/v1/ingest.proto\x12\nicefloe.v1\x1a\x17google/rpc/status.proto\"\'\n\x05\x45vent\x12\x0c\n\x04json\x18\x01 \x01(\x0c\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\"W\n\x0ePublishRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12!\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x11.icefloe.v1.Event\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"q\n\x0fPublishResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\x12\x15\n\rdead_lettered\x18\x04 \x01(\r2\x9a\x01\n\x06Ingest\x12\x42\n\x07Publish\x12\x1a.icefloe.v1.PublishRequest\x1a\x1b.icefloe.v1.PublishResponse\x12L\n\rPublishStream\x12\x1a.icefloe.v1.PublishRequest\x1a\x1b.icefloe.v1.PublishResponse(\x01\x30\x01\x42V\n\rio.icefloe.v1B\x0bIngestProtoP\x01Z6github.com/icefloe/icefloe/gen/go/icefloe/v1;icefloev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17icefloe/v1/ingest.proto\x12\nicefloe.v1\x1a\x17google/rpc/status.proto\"5\n\x05\x45vent\x12\x0c\n\x04json\x18\x01 \x01(\x0c\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"W\n\x0ePublishRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12!\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x11.icefloe.v1.Event\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"q\n\x0fPublishResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\x12\x15\n\rdead_lettered\x18\x04 \x01(\r2\x9a\x01\n\x06Ingest\x12\x42\n\x07Publish\x12\x1a.icefloe.v1.PublishRequest\x1a\x1b.icefloe.v1.PublishResponse\x12L\n\rPublishStream\x12\x1a.icefloe.v1.PublishRequest\x1a\x1b.icefloe.v1.PublishResponse(\x01\x30\x01\x42V\n\rio.icefloe.v1B\x0bIngestProtoP\x01Z6github.com/icefloe/icefloe/gen/go/icefloe/v1;icefloev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\rio.icefloe.v1B\013IngestProtoP\001Z6github.com/icefloe/icefloe/gen/go/icefloe/v1;icefloev1'
   _globals['_EVENT']._serialized_start=64
-  _globals['_EVENT']._serialized_end=103
-  _globals['_PUBLISHREQUEST']._serialized_start=105
-  _globals['_PUBLISHREQUEST']._serialized_end=192
-  _globals['_PUBLISHRESPONSE']._serialized_start=194
-  _globals['_PUBLISHRESPONSE']._serialized_end=307
-  _globals['_INGEST']._serialized_start=310
-  _globals['_INGEST']._serialized_end=464
+  _globals['_EVENT']._serialized_end=117
+  _globals['_PUBLISHREQUEST']._serialized_start=119
+  _globals['_PUBLISHREQUEST']._serialized_end=206
+  _globals['_PUBLISHRESPONSE']._serialized_start=208
+  _globals['_PUBLISHRESPONSE']._serialized_end=321
+  _globals['_INGEST']._serialized_start=324
+  _globals['_INGEST']._serialized_end=478
 # @@protoc_insertion_point(module_scope)

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Event(_message.Message):
-    __slots__ = ("json", "event_id")
+    __slots__ = ("json", "event_id", "data")
     JSON_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     json: bytes
     event_id: str
-    def __init__(self, json: _Optional[bytes] = ..., event_id: _Optional[str] = ...) -> None: ...
+    data: bytes
+    def __init__(self, json: _Optional[bytes] = ..., event_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("stream", "events", "request_id")

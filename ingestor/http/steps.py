@@ -72,7 +72,12 @@ _MEDIA_TYPES: Final = {
     b"": "json", b"application/json": "json", b"text/plain": "json",
     b"application/x-ndjson": "ndjson", b"application/ndjson": "ndjson",
     b"application/octet-stream": "bytes",
+    b"application/x-protobuf": "binary", b"application/protobuf": "binary",
+    b"application/vnd.google.protobuf": "binary",
+    b"application/vnd.apache.avro+binary": "binary", b"avro/binary": "binary",
 }
+_DELIMITED: Final = b"delimited=true"
+"""The Content-Type parameter of a length-delimited stream of Protobuf messages."""
 _FORM: Final = b"application/x-www-form-urlencoded"
 """curl's type with ``-d``: read as JSON where the stream's ``form_body`` says so."""
 _NO_PREFLIGHT: Final = frozenset({b"", b"text/plain", _FORM})
@@ -112,8 +117,21 @@ def _array(stream: CompiledStream, body: bytes) -> Canonical:
 
 
 def _from_bytes(stream: CompiledStream, body: bytes) -> Canonical:
-    """``application/octet-stream``: the body is one opaque entry of a bytes stream."""
+    """``application/octet-stream``: the body is one opaque entry of a bytes stream, or
+    one message of a typed stream."""
+    if stream.typed is not None:
+        return stream.from_binary([body])
     return stream.from_entries([body])
+
+
+def _from_binary(stream: CompiledStream, body: bytes) -> Canonical:
+    """``application/x-protobuf`` (or Avro's binary type): one message of a typed stream."""
+    return stream.from_binary([body])
+
+
+def _from_delimited(stream: CompiledStream, body: bytes) -> Canonical:
+    """``application/x-protobuf; delimited=true``: length-delimited messages."""
+    return stream.from_delimited(body)
 
 
 _RAW_LIST: Final = msgspec.json.Decoder(list[msgspec.Raw])
@@ -125,7 +143,7 @@ def request_events(decode: Decode, body: bytes) -> list[bytes] | None:
     (malformed JSON, an empty body, bytes entries): then it is refused whole."""
     if decode is _from_ndjson:
         return [line for line in body.split(b"\n") if line.strip()] or None
-    if decode is _from_bytes:
+    if decode in (_from_bytes, _from_binary, _from_delimited):
         return None
     start = body.lstrip()[:1]
     if start == b"{" and decode is not _array:
@@ -139,13 +157,17 @@ def request_events(decode: Decode, body: bytes) -> list[bytes] | None:
 
 
 _DECODERS: Final[dict[tuple[str, str], Decode]] = {
-    (EVENTS, "bytes"): _from_bytes,
+    (EVENTS, "bytes"): _from_bytes, (EVENTS, "binary"): _from_binary,
+    (EVENTS, "delimited"): _from_delimited,
     (EVENTS, "json"): _from_json, (EVENTS, "ndjson"): _from_ndjson,
     (ONE, "json"): _one_object, (BATCH, "json"): _array,
 }
 _ACCEPTED_TYPES: Final = {
     EVENTS: "application/json, text/plain (as JSON), application/x-ndjson, or "
-            "application/octet-stream (one entry of a payload = \"bytes\" stream)",
+            "application/octet-stream (one entry of a payload = \"bytes\" stream), or "
+            "for a format = \"protobuf\" or \"avro\" stream application/x-protobuf "
+            "(\"; delimited=true\": length-delimited messages) or "
+            "application/vnd.apache.avro+binary",
     ONE: "application/json or text/plain (as JSON)",
     BATCH: "application/json or text/plain (as JSON)",
 }
@@ -360,6 +382,8 @@ class IngestSteps:
             return known
         media = _media_type(content_type)
         parse = "json" if media == _FORM and form_as_json else _MEDIA_TYPES.get(media, "")
+        if parse == "binary" and _DELIMITED in (content_type or b"").lower().replace(b" ", b""):
+            parse = "delimited"
         decode = _DECODERS.get((kind, parse))
         if decode is None:
             accepted = _ACCEPTED_TYPES[kind]

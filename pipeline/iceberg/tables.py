@@ -96,6 +96,7 @@ from pipeline.columns import (
     TIMESTAMP,
 )
 from pipeline.iceberg.evolution import promotable, shape
+from pipeline.iceberg.field_numbers import remember_numbers, rename_by_numbers
 
 log = logging.getLogger("icefloe.tables")
 
@@ -210,8 +211,13 @@ def ensure_stream_table(catalog: Catalog, stream: StreamConfig, *,
     name is appended to ``created`` (an admin task that fails later drops only what it
     created: :func:`drop_if_empty`)."""
     configured = {c.name: c.type for c in stream.columns}
-    return _ensure(catalog, stream.table, table_iceberg_schema(stream), stream_layout(stream),
-                   configured, created)
+    rename_by_numbers(catalog, stream)  # a Protobuf stream's renamed fields, first
+    table = _ensure(catalog, stream.table, table_iceberg_schema(stream),
+                    stream_layout(stream), configured, created)
+    if stream.format == "protobuf":
+        remember_numbers(catalog, stream)
+        table = catalog.load_table(stream.table)
+    return table
 
 
 def drop_if_empty(catalog: Catalog, identifier: str) -> bool:

@@ -28,13 +28,14 @@ import pyarrow.json as pajson
 
 from icefloe.errors import BatchFormatError
 from icefloe.formats.batch import decode_block
-from icefloe.formats.envelope import StreamColumns, split_by_stream
+from icefloe.formats.envelope import StreamColumns, TypedRecords, split_by_stream
 from icefloe.streams.invalid import INVALID_REASON, parse_invalid, stream_of_invalid
 from pipeline.columns import ENVELOPE, TIMESTAMP, dead_letter_arrow_schema
 from pipeline.load.mapped import add_derived, apply_templates
 from pipeline.load.native_arrow import read_type, restore
-from pipeline.load.spec import EntryFile, StreamPlan
+from pipeline.load.spec import EntryFile, StreamPlan, TypedPlan
 from pipeline.load.split import ColumnarStream, split_columnar
+from pipeline.load.typed import decode_typed
 
 
 @dataclass(slots=True)
@@ -172,14 +173,18 @@ def _as_lists(cols: StreamColumns | ColumnarStream) -> StreamColumns:
                          None if cols.metas is None else cols.metas.to_pylist())
 
 
-Plan: TypeAlias = "pa.Schema | StreamPlan"
-"""How to decode one stream: its payload schema, or a plan that also derives columns."""
+Plan: TypeAlias = "pa.Schema | StreamPlan | TypedPlan"
+"""How to decode one stream: its payload schema, a plan that also derives columns, or a
+typed stream's type."""
 
 
 def parse_stream(cols: StreamColumns | ColumnarStream, plan: Plan, ref: EntryFile,
                  dead: DeadLetters, kept: list[int] | None = None) -> pa.Table:
     """A stream's rows of one batch; rows that do not parse go to ``dead``. When the slow
     path drops rows, the positions of the rows it kept are appended to ``kept``."""
+    if isinstance(plan, TypedPlan):
+        raise TypeError(f"stream {cols.stream!r} is typed: its records decode with "
+                        "decode_typed, not as JSON lines")
     if isinstance(plan, StreamPlan):
         return _parse_planned(cols, plan, ref, dead)
     schema = plan
@@ -280,6 +285,8 @@ def decode_batch_file(data: bytes, ref: EntryFile, schemas: Mapping[str, Plan]) 
     for bad in getattr(split, "bad", ()):
         out.dead.add(ref, reason=f"bad_envelope:{bad.reason}", message=bad.message,
                      index=bad.index, raw=bad.data)
+    for stream, rows in getattr(split, "typed", {}).items():
+        _add_typed(out, ref, rows, schemas.get(stream))
     for stream, cols in split.items():
         origin = stream_of_invalid(stream)
         if origin is not None:  # refused at ingest, kept by on_invalid = "dead_letter"
@@ -287,17 +294,50 @@ def decode_batch_file(data: bytes, ref: EntryFile, schemas: Mapping[str, Plan]) 
             continue
         schema = schemas.get(stream)
         if schema is None:
-            cols = _as_lists(cols)
-            for line, event_id, at_ms, index in zip(
-                    cols.ndjson.split(b"\n"), cols.event_ids, cols.received_at_ms,
-                    cols.record_indexes, strict=False):
-                out.dead.add(ref, reason="unknown_stream",
-                             message=f"stream {stream!r} is not configured",
-                             stream=stream, index=index, event_id=event_id, raw=line,
-                             received_at_ms=at_ms)
+            _dead_rows(out.dead, ref, _as_lists(cols), "unknown_stream",
+                       f"stream {stream!r} is not configured")
             continue
-        out.tables[stream] = parse_stream(cols, schema, ref, out.dead)
+        if isinstance(schema, TypedPlan):  # JSON records of a typed stream: never guessed
+            _dead_rows(out.dead, ref, _as_lists(cols), "payload_format",
+                       f"stream {stream!r} takes {schema.typed.format} payloads; this record "
+                       "holds JSON")
+            continue
+        table = parse_stream(cols, schema, ref, out.dead)
+        typed = out.tables.get(stream)
+        out.tables[stream] = table if typed is None else pa.concat_tables([typed, table])
     return out
+
+
+def _dead_rows(dead: DeadLetters, ref: EntryFile, cols: StreamColumns, reason: str,
+               message: str) -> None:
+    for line, event_id, at_ms, index in zip(
+            cols.ndjson.split(b"\n"), cols.event_ids, cols.received_at_ms,
+            cols.record_indexes, strict=False):
+        dead.add(ref, reason=reason, message=message, stream=cols.stream, index=index,
+                 event_id=event_id, raw=line, received_at_ms=at_ms)
+
+
+def _add_typed(out: Decoded, ref: EntryFile, rows: TypedRecords, plan: Plan | None) -> None:
+    """A stream's version 2 records: decoded into ``out.tables`` when the stream is typed;
+    otherwise (an unknown stream, a JSON stream) each becomes a dead letter saying why."""
+    stream = rows.stream
+    if not isinstance(plan, TypedPlan):
+        reason = "unknown_stream" if plan is None else "payload_format"
+        message = f"stream {stream!r} is not configured" if plan is None else \
+            f"stream {stream!r} takes JSON payloads; this record holds a binary one"
+        for i, index in enumerate(rows.record_indexes):
+            out.dead.add(ref, reason=reason, message=message, stream=stream, index=index,
+                         event_id=rows.event_ids[i], raw=rows.payloads[i],
+                         received_at_ms=rows.received_at_ms[i])
+        return
+    decoded = decode_typed(rows, plan)
+    for i, reason, message in decoded.bad:
+        out.dead.add(ref, reason=reason, message=message, stream=stream,
+                     index=rows.record_indexes[i], event_id=rows.event_ids[i],
+                     raw=rows.payloads[i], received_at_ms=rows.received_at_ms[i])
+    kept = decoded.kept
+    out.tables[stream] = _with_meta(decoded.table, [rows.event_ids[i] for i in kept],
+                                    [rows.received_at_ms[i] for i in kept], ref.sequence)
 
 
 def _add_invalid(dead: DeadLetters, ref: EntryFile, stream: str, cols: StreamColumns) -> None:

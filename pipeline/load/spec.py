@@ -100,6 +100,37 @@ def derived_columns(stream: StreamConfig) -> tuple[Derived, ...]:
     return tuple(out)
 
 
+class TypedSpec(msgspec.Struct, frozen=True):
+    """A ``format = "protobuf"`` or ``"avro"`` stream's type as plain data (#39): what the
+    executors decode its binary payloads with. ``text`` is the config's (base64 descriptor
+    set, or the Avro reader schema); ``writers`` the Avro writer schemas by the schema id
+    the envelope names (0: ``text`` itself)."""
+
+    format: str
+    text: str
+    message: str = ""
+    enums: str = "string"
+    writers: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TypedPlan:
+    """What the decode needs for a typed stream: the payload schema its type's columns
+    make, and the type."""
+
+    payload: pa.Schema
+    typed: TypedSpec
+
+
+def typed_spec(stream: StreamConfig) -> TypedSpec | None:
+    """The type of a typed stream (None for JSON streams)."""
+    schema = stream.schema
+    if stream.format == "json" or schema is None:
+        return None
+    writers = ((0, schema.text),) if stream.format == "avro" else ()
+    return TypedSpec(stream.format, schema.text, schema.message or "", schema.enums, writers)
+
+
 @dataclass(frozen=True, slots=True)
 class StreamPlan:
     """What the decode needs for one stream: the payload schema and the derived columns,
@@ -120,14 +151,19 @@ class StreamSpec(msgspec.Struct, frozen=True):
     keys: tuple[str, ...] = ()
     """Columns the cluster output path collects to the driver with each row's keys: the
     primary-key and tombstone columns of the stream's upsert sinks (:func:`with_key_columns`)."""
+    typed: TypedSpec | None = None
+    """A Protobuf or Avro stream's type (None: JSON payloads)."""
 
     def payload_schema(self) -> pa.Schema:
         skip = {d.column for d in self.derived if d.kind not in PAYLOAD_KINDS}
         return pa.schema([pa.field(name, ARROW_TYPES[kind]) for name, kind in self.columns
                           if name not in skip])
 
-    def plan(self) -> pa.Schema | StreamPlan:
-        """What the decode needs: the payload schema, or a plan with derived columns."""
+    def plan(self) -> pa.Schema | StreamPlan | TypedPlan:
+        """What the decode needs: the payload schema, a plan with derived columns, or a
+        typed stream's type."""
+        if self.typed is not None:
+            return TypedPlan(self.payload_schema(), self.typed)
         if not self.derived:
             return self.payload_schema()
         return StreamPlan(self.payload_schema(), self.derived,
@@ -187,7 +223,7 @@ class RunSpec(msgspec.Struct, frozen=True):
 
 def stream_specs(streams: Iterable[StreamConfig]) -> tuple[StreamSpec, ...]:
     return tuple(StreamSpec(s.name, tuple((c.name, c.type) for c in s.columns),
-                            derived_columns(s))
+                            derived_columns(s), typed=typed_spec(s))
                  for s in streams)
 
 
@@ -236,6 +272,22 @@ def with_template_cases(spec: RunSpec,
                         if d.kind == "template" else d for d in stream.derived)
         streams.append(msgspec.structs.replace(stream, derived=derived))
     return msgspec.structs.replace(spec, streams=tuple(streams))
+
+
+def with_avro_writers(spec: RunSpec, writers: Mapping[int, str]) -> RunSpec:
+    """``spec`` with every Avro stream able to read records written with any of
+    ``writers`` (the schema registry's Avro schemas by id, read after the run's entries:
+    an ingestor accepted a record only with an id it had read, so every id a run holds is
+    among them). Id 0 stays the stream's own schema."""
+    if not writers:
+        return spec
+    extra = tuple(sorted(writers.items()))
+    streams = tuple(
+        msgspec.structs.replace(s, typed=msgspec.structs.replace(
+            s.typed, writers=((0, s.typed.text), *extra)))
+        if s.typed is not None and s.typed.format == "avro" else s
+        for s in spec.streams)
+    return msgspec.structs.replace(spec, streams=streams)
 
 
 def with_wheres(spec: RunSpec, wheres: tuple[WhereSpec, ...]) -> RunSpec:

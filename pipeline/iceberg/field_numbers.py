@@ -1,0 +1,111 @@
+"""A Protobuf stream's table keeps each field's column by the field's *number* (#39).
+
+Why: Protobuf identifies a field by its number, so renaming ``amount_cents`` to
+``total_cents`` (same number) in the ``.proto`` is the same field, and its column must
+stay the same column — at every nesting level — or old rows would read as null under the
+new name and the old name would linger as a dead column. Iceberg identifies a column by
+its field id, which the catalog assigns (unique per table, nested fields included), so
+icefloe cannot make a field number *be* a field id. Instead the table remembers, in the
+property :data:`FIELDS_PROP`, which column path each field-number path (``"4.1"``: field 1
+of the message in field 4) was last written under. When the type changes, a number path
+whose column path changed is a rename: applied with Iceberg's rename, which keeps the
+field id, before any new column is added and before data of the new type is written.
+A number path that is gone keeps its column (nullable from then on); a new one adds a
+column through the ordinary evolution.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import IcebergType, ListType, MapType, StructType
+
+from icefloe.streams.model import StreamConfig
+from icefloe.typed.kinds import protobuf_kind
+
+FIELDS_PROP = "icefloe.protobuf.field-numbers"
+"""Table property: JSON object, field-number path → dotted column path."""
+
+log = logging.getLogger("icefloe.tables")
+
+
+def number_paths(stream: StreamConfig) -> dict[str, str] | None:
+    """A Protobuf stream's field-number paths and their column paths (None: not Protobuf)."""
+    if stream.format != "protobuf" or stream.schema is None:
+        return None
+    schema = stream.schema
+    return dict(protobuf_kind(schema.text, schema.message or "", schema.enums).number_paths())
+
+
+def rename_by_numbers(catalog: Catalog, stream: StreamConfig) -> None:
+    """Before the table evolves to ``stream``'s columns: rename the columns whose field
+    number the table already holds under another name (see the module doc)."""
+    now = number_paths(stream)
+    if now is None:
+        return
+    try:
+        table = catalog.load_table(stream.table)
+    except NoSuchTableError:
+        return
+    stored = _stored(table)
+    renames = {old: now[number] for number, old in stored.items()
+               if number in now and now[number] != old}
+    if not renames:
+        return
+    schema = table.schema()
+    with table.transaction() as tx:
+        with tx.update_schema() as update:
+            for old, new in sorted(renames.items()):
+                update.rename_column(iceberg_path(schema, old), new.rsplit(".", 1)[-1])
+        tx.set_properties({FIELDS_PROP: json.dumps(now, sort_keys=True)})
+    for old, new in sorted(renames.items()):
+        log.info("table %s: renamed column %s to %s (same Protobuf field number)",
+                 stream.table, old, new)
+
+
+def remember_numbers(catalog: Catalog, stream: StreamConfig) -> None:
+    """After the table evolved: record the field-number paths its columns now hold."""
+    now = number_paths(stream)
+    if now is None:
+        return
+    table = catalog.load_table(stream.table)
+    if _stored(table) != now:
+        table.transaction().set_properties(
+            {FIELDS_PROP: json.dumps(now, sort_keys=True)}).commit_transaction()
+
+
+def _stored(table: Table) -> Mapping[str, str]:
+    text = table.properties.get(FIELDS_PROP)
+    if not text:
+        return {}
+    value = json.loads(text)
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def iceberg_path(schema: Schema, dotted: str) -> tuple[str, ...]:
+    """A dotted column path (``items.sku``) as Iceberg names it, stepping into a list's
+    ``element`` and a map's ``value`` on the way (``items.element.sku``)."""
+    path: list[str] = []
+    kind: IcebergType = schema.as_struct()
+    for name in dotted.split("."):
+        while True:
+            if isinstance(kind, ListType):
+                path.append("element")
+                kind = kind.element_type
+            elif isinstance(kind, MapType):
+                path.append("value")
+                kind = kind.value_type
+            else:
+                break
+        found = kind.field_by_name(name) if isinstance(kind, StructType) else None
+        if found is None:
+            raise KeyError(f"the table has no column {dotted!r} (at {name!r})")
+        path.append(name)
+        kind = found.field_type
+    return tuple(path)
