@@ -124,7 +124,7 @@ def register(stream: StreamConfig, model: str, description: str, admin_url: str,
                               tuple(c.name for c in stream.columns))
         registered = msgspec.convert(sink["columns"], tuple[Column, ...])
         columns, added, kept = evolve_columns(model, registered, stream.columns)
-        patch = {"columns": msgspec.to_builtins(columns),
+        patch = {"columns": _builtin(columns),
                  **{k: _builtin(getattr(stream, k)) for k in _SINK_KEYS}}
         if all(sink.get(k) == v for k, v in patch.items()):
             return Registered("unchanged", int(current["version"]), kept=kept)
@@ -134,12 +134,13 @@ def register(stream: StreamConfig, model: str, description: str, admin_url: str,
 
 
 def _sink_body(stream: StreamConfig) -> dict[str, Any]:
-    return {"table": stream.table, "columns": msgspec.to_builtins(stream.columns),
+    return {"table": stream.table, "columns": _builtin(stream.columns),
             **{k: _builtin(getattr(stream, k)) for k in _SINK_KEYS}}
 
 
 def _builtin(value: Any) -> Any:
-    return msgspec.to_builtins(value)
+    """``value`` as its JSON reads back (tuples as lists), to compare with the server's."""
+    return msgspec.json.decode(msgspec.json.encode(value))
 
 
 class _Admin:
