@@ -22,7 +22,7 @@ __all__ = ["KEY", "Key", "ModelStream", "Precision", "define"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from icefloe import pymodels
+        from icefloe import pymodels  # lazy: only producers that define streams pay for it
 
         return getattr(pymodels, name)
     raise AttributeError(f"module 'icefloe' has no attribute {name!r}")
