@@ -210,6 +210,29 @@ def test_to_toml_is_a_streams_block_that_load_config_reads_back(tmp_path: Path) 
     assert loaded == stream.config
 
 
+@dataclass
+class WithSet:
+    tags: set[str]
+
+
+def test_the_cli_prints_the_block_or_refuses_naming_the_field(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from icefloe_app.cli import main
+
+    assert main(["define", "tests.typed.test_define:Everything", "--stream", "everything",
+                 "--table", "typed.everything"]) == 0
+    assert capsys.readouterr().out == icefloe.define(
+        Everything, stream="everything", table="typed.everything").to_toml()
+    assert main(["define", "tests.typed.test_define:WithSet", "--stream", "s",
+                 "--table", "typed.s"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("icefloe: error: WithSet.tags: set[str] is not supported"), err
+    assert len(err.splitlines()) == 1
+    assert main(["define", "tests.typed.test_define:Nope", "--stream", "s",
+                 "--table", "typed.s"]) == 2
+    assert "module 'tests.typed.test_define' has no class 'Nope'" in capsys.readouterr().err
+
+
 def test_instances_encode_to_the_canonical_json_of_their_columns() -> None:
     stream = icefloe.define(Everything, stream="everything", table="typed.everything")
     ref = uuid.UUID("12345678-1234-5678-1234-567812345678")
