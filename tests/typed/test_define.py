@@ -499,6 +499,23 @@ def test_a_dataclass_registers_fills_its_table_over_http_and_grpc_and_evolves(
         assert refused.value.code == "table"
         assert orders2.register(stack.admin_url, ADMIN_TOKEN).action == "unchanged"
 
+        # so is a changed key (the server's 409, surfaced as it answered)
+        @dataclass
+        class Rekeyed:
+            order_id: icefloe.Key[str]
+            amount: Money
+            placed_at: dt.datetime
+            lines: list[Line]
+            ref: icefloe.Key[uuid.UUID]
+            coupon: str | None = None
+            channel: str | None = None
+        with pytest.raises(RegistryError) as rekeyed:
+            icefloe.define(Rekeyed, stream="orders", table="shop.orders").register(
+                stack.admin_url, ADMIN_TOKEN)
+        assert (rekeyed.value.status, rekeyed.value.code) == (409, "primary_key_fixed")
+        assert "sink.primary_key: the upsert key of a live table cannot change" in str(
+            rekeyed.value)
+
         # a removed required field is refused here (the server would accept it)
         @dataclass
         class Shrunk:
