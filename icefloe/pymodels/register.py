@@ -103,6 +103,19 @@ def register(stream: StreamConfig, model: str, description: str, admin_url: str,
     by the server, or a task that failed) or :class:`ModelError` (an evolution refused
     here)."""
     verify: ssl.SSLContext | bool = True if tls is None else tls.ssl_context()
+    try:
+        return _register(stream, model, description, admin_url, token, timeout, verify,
+                         clock)
+    except httpx.TransportError as exc:
+        raise RegistryError(503, "unreachable", f"the admin API at {admin_url} did not "
+                            f"answer ({type(exc).__name__}: {exc}); is `icefloe admin` "
+                            "running? Nothing was changed unless a task had started: "
+                            "registering again is safe") from None
+
+
+def _register(stream: StreamConfig, model: str, description: str, admin_url: str,
+              token: str, timeout: float, verify: ssl.SSLContext | bool, clock: Clock
+              ) -> Registered:
     headers = {"authorization": f"Bearer {token}"}
     with httpx.Client(base_url=admin_url.rstrip("/"), headers=headers, timeout=timeout,
                       verify=verify) as http:

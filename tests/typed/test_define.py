@@ -36,6 +36,7 @@ from icefloe.tokens import hash_token
 from tests.admin_support import admin_server
 from tests.collector_support import collect_all, collector_config, read_table
 from tests.ingest_support import grpc_serving, http_serving
+from tests.process_support import free_port
 
 ADMIN_TOKEN = "ifl_typed-models-admin-token"
 UTC = dt.UTC
@@ -299,6 +300,15 @@ def test_evolution_rules_for_producers() -> None:
         evolve_columns("M", old, (*old, Column("c", "long", required=True)))
     with pytest.raises(ModelError, match=r"M\.a: an optional field cannot become required"):
         evolve_columns("M", old, (old[0], Column("a", "long", required=True), old[2]))
+
+
+def test_an_admin_api_that_does_not_answer_is_a_registry_error_saying_so() -> None:
+    port = free_port()
+    with pytest.raises(RegistryError) as refused:
+        icefloe.define(Line, stream="lines", table="typed.lines").register(
+            f"http://127.0.0.1:{port}", ADMIN_TOKEN, timeout=5)
+    assert (refused.value.status, refused.value.code) == (503, "unreachable")
+    assert f"the admin API at http://127.0.0.1:{port} did not answer" in str(refused.value)
 
 
 # -- end to end: admin API, ingestor (HTTP + gRPC), collector, the table --------------------
