@@ -140,12 +140,25 @@ def _declared(cls: type) -> list[tuple[str, Any, str]]:
     try:
         hints = typing.get_type_hints(cls, include_extras=True)
     except NameError as exc:
-        raise ModelError(f"{cls.__name__}: an annotation names something not defined at "
-                         f"module level ({exc}); define the classes it uses at module "
-                         "level") from None
+        raise ModelError(f"{cls.__name__}.{_unresolved(cls)}: the annotation names something "
+                         f"not defined at module level ({exc}); define the classes it uses "
+                         "at module level") from None
     docs = _attribute_docs(cls)
     return [(f.name, hints[f.name], str(f.metadata.get("doc") or docs.get(f.name, "")))
             for f in dataclasses.fields(cls)]
+
+
+def _unresolved(cls: type) -> str:
+    """The first field whose annotation (a string, under ``from __future__ import
+    annotations``) does not resolve in the class's module, as ``name`` (its text)."""
+    for name, text in inspect.get_annotations(cls).items():
+        probe = type("_Probe", (), {"__annotations__": {name: text},
+                                    "__module__": cls.__module__})
+        try:
+            typing.get_type_hints(probe)
+        except NameError:
+            return f"{name} ({text})"
+    return "?"
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:
@@ -429,4 +442,4 @@ def _name(annotation: Any) -> str:
     for prefix in ("typing.", "collections.abc.", "datetime.", "decimal.", "uuid.",
                    "builtins."):
         text = text.replace(prefix, "")
-    return text
+    return text.replace("NoneType", "None")

@@ -160,7 +160,7 @@ def _model(annotation: Any) -> type:
 
 @pytest.mark.parametrize(("annotation", "named"), [
     (int | str, "Bad.f: int | str is a union of several types"),
-    (Optional[int | str], "Bad.f: "),  # noqa: UP045
+    (Optional[int | str], "Bad.f: Union[int, str, None] is a union"),  # noqa: UP045
     (set[str], "Bad.f: set[str] is not supported: a set has no column type"),
     (frozenset[int], "Bad.f: frozenset[int] is not supported: a set"),
     (tuple[int, str], "Bad.f: tuple[int, str] is not supported: a tuple has no column type"),
@@ -182,6 +182,20 @@ def test_an_unsupported_annotation_is_refused_naming_the_field_and_type(
     with pytest.raises(ModelError) as refused:
         icefloe.define(_model(annotation), stream="bad", table="typed.bad")
     assert str(refused.value).startswith(named), str(refused.value)
+
+
+def test_an_annotation_that_does_not_resolve_is_refused_naming_the_field() -> None:
+    @dataclass
+    class Local:
+        name: str
+
+    @dataclass
+    class UsesLocal:
+        ok: int
+        inner: Local
+    with pytest.raises(ModelError, match=r"^UsesLocal\.inner \(Local\): the annotation names "
+                                         r"something not defined at module level"):
+        icefloe.define(UsesLocal, stream="u", table="typed.u")
 
 
 def test_the_stream_rules_of_the_config_apply_to_a_model() -> None:
