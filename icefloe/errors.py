@@ -29,6 +29,7 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
     SchemaRegistryError              a refused schema registry request (Confluent's ``error_code``)
     RegistryBehindError              an entry needs a registry version the store does not have
     RoutingUnsupportedError          the cluster output path cannot route this run (a shared table)
+    ModelError                       a Python model class (or its instance) that cannot be a stream
 """
 
 from __future__ import annotations
@@ -247,3 +248,10 @@ class RegistryBehindError(IcefloeError):
 
 class RoutingUnsupportedError(IcefloeError):
     """The collector's output path cannot deliver this run as the registry routes it."""
+
+
+class ModelError(IcefloeError, ValueError):
+    """A Python model class that cannot become a stream (an unsupported annotation, a bare
+    ``Decimal``, a recursive model), or an instance that cannot become an event (a naive
+    datetime, a decimal beyond its precision); the message names the field path
+    (``Order.items[2].price``) and the type or value (:mod:`icefloe.pymodels`)."""

@@ -106,6 +106,9 @@ def _command_module(module: str) -> ModuleType:  # noqa: C901, PLR0912  (one cas
         case "sources_cmd":
             from icefloe_app.cli import sources_cmd  # startup time
             return sources_cmd
+        case "define_cmd":
+            from icefloe_app.cli import define_cmd  # startup time
+            return define_cmd
         case _:
             raise KeyError(f"no command module {module!r}")
 

@@ -32,6 +32,8 @@ COMMANDS: tuple[Command, ...] = (
             "run a read-only SQL query over the Iceberg tables (query: Spark SQL; sql: "
             "DuckDB's dialect)", ("sql",)),
     Command("models", "models_cmd", "list, show and run SQL models"),
+    Command("define", "define_cmd",
+            "print the [[streams]] block of a Python model class (dataclass or pydantic)"),
     Command("streams", "streams_cmd",
             "the streams the config defines (columns, table, policies)"),
     Command("tables", "tables_cmd", "the Iceberg tables icefloe writes: rows, commits, history"),
