@@ -149,7 +149,7 @@ def _compiled(text: str, name: str, deps: Mapping[str, Any]) -> Any:
                 f"--descriptor_set_out={root / 'out.binpb'}"]
         if deps:
             given = descriptor_pb2.FileDescriptorSet()
-            given.file.extend(_ordered(deps))
+            given.file.extend(ordered_files(deps))
             (root / "in.binpb").write_bytes(given.SerializeToString())
             args.append(f"--descriptor_set_in={root / 'in.binpb'}")
         result = subprocess.run([*args, name], capture_output=True, text=True,
@@ -165,8 +165,9 @@ def _compiled(text: str, name: str, deps: Mapping[str, Any]) -> Any:
     raise invalid(f"protoc produced no descriptor for {name}")
 
 
-def _ordered(files: Mapping[str, Any]) -> list[Any]:
-    """Files with every dependency before its dependents (what a descriptor pool needs)."""
+def ordered_files(files: Mapping[str, Any]) -> list[Any]:
+    """Files (``FileDescriptorProto`` by import name) with every dependency before its
+    dependents: the order a descriptor pool accepts them in."""
     out: list[Any] = []
     seen: set[str] = set()
 
@@ -182,7 +183,7 @@ def _ordered(files: Mapping[str, Any]) -> list[Any]:
     return out
 
 
-def _load_well_known() -> None:
+def load_well_known() -> None:
     """Importing the well-known types' modules puts their files into the default pool."""
     from google.protobuf import (  # noqa: F401
         any_pb2,
@@ -198,30 +199,43 @@ def _load_well_known() -> None:
     )
 
 
+def well_known_file(name: str) -> Any:
+    """The ``FileDescriptorProto`` of a well-known type's file
+    (``google/protobuf/timestamp.proto``...), or None for any other name. Why here: a
+    producer's descriptor names these imports without shipping them (protoc's
+    ``--include_imports`` does, a registry schema's references do not)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool  # startup time
+
+    if not name.startswith("google/protobuf/"):
+        return None
+    load_well_known()
+    try:
+        found = descriptor_pool.Default().FindFileByName(name)
+    except KeyError:
+        return None
+    proto = descriptor_pb2.FileDescriptorProto()
+    found.CopyToProto(proto)
+    return proto
+
+
 def _check_links(main: Any, files: dict[str, Any]) -> None:
     """Build the file in a fresh descriptor pool: every import must be a reference or a
     well-known type, and every type name must resolve (protoc checked text already; a
     base64 descriptor is checked only here)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool  # startup time
+    from google.protobuf import descriptor_pool  # startup time
 
-    _load_well_known()
     for dep in main.dependency:
         if dep in files:
             continue
-        try:
-            found = descriptor_pool.Default().FindFileByName(dep)
-        except KeyError:
-            found = None
-        if found is None or not dep.startswith("google/protobuf/"):
+        proto = well_known_file(dep)
+        if proto is None:
             raise invalid(f"import {dep!r} is neither a reference of this schema nor a "
                           "well-known type; register it and name it in `references`")
-        proto = descriptor_pb2.FileDescriptorProto()
-        found.CopyToProto(proto)
         files[dep] = proto
         _check_links(proto, files)
     pool = descriptor_pool.DescriptorPool()
     try:
-        for file in _ordered(files):
+        for file in ordered_files(files):
             pool.Add(file)
         pool.FindFileByName(main.name)
     except Exception as exc:  # the pool's errors differ by implementation (upb, C++)
