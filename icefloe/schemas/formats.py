@@ -224,15 +224,17 @@ def _check_links(main: Any, files: dict[str, Any]) -> None:
     base64 descriptor is checked only here)."""
     from google.protobuf import descriptor_pool  # startup time
 
-    for dep in main.dependency:
-        if dep in files:
-            continue
-        proto = well_known_file(dep)
-        if proto is None:
-            raise invalid(f"import {dep!r} is neither a reference of this schema nor a "
-                          "well-known type; register it and name it in `references`")
-        files[dep] = proto
-        _check_links(proto, files)
+    pending = [main]
+    while pending:  # every import first (a pool built after each would miss the next)
+        for dep in pending.pop().dependency:
+            if dep in files:
+                continue
+            proto = well_known_file(dep)
+            if proto is None:
+                raise invalid(f"import {dep!r} is neither a reference of this schema nor "
+                              "a well-known type; register it and name it in `references`")
+            files[dep] = proto
+            pending.append(proto)
     pool = descriptor_pool.DescriptorPool()
     try:
         for file in ordered_files(files):

@@ -242,7 +242,7 @@ class ProtobufType:
         except DecodeError as exc:
             raise self._explain(payload, str(exc)) from None
         if not parsed.IsInitialized():
-            missing = ", ".join(parsed.FindInitializationErrors())
+            missing = _missing(parsed)
             raise TypedPayloadError(f"{self.full_name}: required field(s) missing: {missing}",
                                     field=missing.split(", ")[0])
         size = parsed.ByteSize()
@@ -274,7 +274,7 @@ class ProtobufType:
         try:
             return target.SerializeToString()
         except EncodeError:
-            missing = ", ".join(target.FindInitializationErrors())
+            missing = _missing(target)
             raise TypedPayloadError(f"{self.full_name}: required field(s) missing: {missing}",
                                     field=missing.split(", ")[0]) from None
 
@@ -327,6 +327,13 @@ class ProtobufType:
         if problems:
             raise TypeChangeError(f"{self.full_name} cannot replace its earlier version: "
                                   + "; ".join(problems))
+
+
+def _missing(message: Message) -> str:
+    """The required fields a message misses, as dotted paths (upb and C++ both have
+    ``FindInitializationErrors``; the stubs do not)."""
+    errors: list[str] = getattr(message, "FindInitializationErrors")()  # noqa: B009
+    return ", ".join(errors)
 
 
 def _rebuild(data: bytes, message: str, enums: EnumMode, origin: str) -> ProtobufType:
@@ -401,7 +408,7 @@ def _node(field: FieldDescriptor, enums: EnumMode, stack: tuple[str, ...], path:
             return None
         kind, proto, doc, children = leaf
         return _Node(field.name, field.number, f"map<string,{kind}>",
-                     f"map<{_proto_name(entry.fields_by_number[1], enums)}, {proto}>",
+                     f"map<{_proto_name(entry.fields_by_number[1])}, {proto}>",
                      "map", False, doc, children, ".2", ".value")
     leaf = _leaf(field, enums, stack, where + (".element." if field.is_repeated else "."),
                  depth + (1 if field.is_repeated else 0))
@@ -419,8 +426,7 @@ def _leaf(field: FieldDescriptor, enums: EnumMode, stack: tuple[str, ...], path:
           depth: int) -> tuple[str, str, str, tuple[_Node, ...]] | None:
     """(column type, .proto type, doc, children) of one value of ``field``."""
     if field.type == _F.TYPE_ENUM:
-        return ("string" if enums == "string" else "int",
-                f"enum {field.enum_type.full_name}", "", ())
+        return ("string" if enums == "string" else "int", _proto_name(field), "", ())
     message = field.message_type
     if message is None:
         proto, kind = _SCALARS[field.type]
@@ -449,8 +455,9 @@ def _check_depth(message: str, where: str, depth: int) -> None:
                               f"{MAX_TYPE_DEPTH} levels, the most a column type may")
 
 
-def _proto_name(field: FieldDescriptor, enums: EnumMode) -> str:
-    if field.type == _F.TYPE_ENUM:
+def _proto_name(field: FieldDescriptor) -> str:
+    """The field's value type as the .proto names it (``enum acme.Color`` for enums)."""
+    if field.enum_type is not None:
         return f"enum {field.enum_type.full_name}"
     if field.message_type is not None:
         return str(field.message_type.full_name)
@@ -541,6 +548,11 @@ _FIXED32: Final = {_F.TYPE_FIXED32, _F.TYPE_SFIXED32, _F.TYPE_FLOAT}
 _LENGTH: Final = {_F.TYPE_STRING, _F.TYPE_BYTES, _F.TYPE_MESSAGE}
 
 
+def _file_of(field: FieldDescriptor) -> str:
+    """The name of the file that declares ``field``'s message."""
+    return str(field.containing_type.file.name) if field.containing_type else ""
+
+
 class _Stop(Exception):
     def __init__(self, message: str, field: str | None) -> None:
         super().__init__(message)
@@ -614,7 +626,7 @@ class _WireCheck:
             want = _VARINT
         if wire == want or (wire == _LEN and field.is_repeated and want != _SGROUP):
             return  # a repeated scalar may come packed
-        raise _Stop(f"field {name} (number {field.number}) is {_proto_name(field, 'string')}"
+        raise _Stop(f"field {name} (number {field.number}) is {_proto_name(field)}"
                     f", encoded as {_WIRE_NAMES[want]}, but the payload has a "
                     f"{_WIRE_NAMES.get(wire, f'invalid ({wire})')} value", name)
 
@@ -645,9 +657,9 @@ class _WireCheck:
                 name: str | None) -> None:
         if field is None or name is None:
             return
-        if field.type == _F.TYPE_MESSAGE:
+        if field.type == _F.TYPE_MESSAGE and field.message_type is not None:
             self._message(start, end, field.message_type, f"{name}.", None)
-        elif field.type == _F.TYPE_STRING and field.file.name in self.checked_utf8:
+        elif field.type == _F.TYPE_STRING and _file_of(field) in self.checked_utf8:
             try:
                 self.data[start:end].decode("utf-8")
             except UnicodeDecodeError as exc:

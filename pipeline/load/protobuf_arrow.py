@@ -208,8 +208,10 @@ def _key_text(keys: pa.Array) -> pa.Array:
 
 
 def _json_text(array: pa.Array, type_name: str) -> pa.Array:
-    """Each value's bytes (a ``Struct``/``Value``/``ListValue``) as compact JSON text."""
+    """Each value's bytes (a ``Struct``/``Value``/``ListValue``) as compact JSON text, keys
+    sorted: a Struct is a map, whose order on the wire is the producer's accident."""
     parse = _JSON_CLASSES[type_name].FromString
     return pa.array([None if raw is None else json.dumps(
-        json_format.MessageToDict(parse(raw)), separators=(",", ":"), ensure_ascii=False)
+        json_format.MessageToDict(parse(raw)), separators=(",", ":"), ensure_ascii=False,
+        sort_keys=True)
         for raw in array.to_pylist()], pa.string())
