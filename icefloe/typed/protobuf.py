@@ -155,6 +155,7 @@ class ProtobufType:
         self._checked_utf8 = frozenset(f.name for f in self._files
                                        if f.syntax in ("proto3", "editions"))
         self._nodes = _fields(self.descriptor, enums, (self.full_name,), "", 0)
+        self._has_required = _has_required(self.descriptor, set())
 
     # -- construction --------------------------------------------------------------------
 
@@ -241,7 +242,7 @@ class ProtobufType:
             parsed.ParseFromString(payload)
         except DecodeError as exc:
             raise self._explain(payload, str(exc)) from None
-        if not parsed.IsInitialized():
+        if self._has_required and not parsed.IsInitialized():
             missing = _missing(parsed)
             raise TypedPayloadError(f"{self.full_name}: required field(s) missing: {missing}",
                                     field=missing.split(", ")[0])
@@ -446,6 +447,19 @@ def _leaf(field: FieldDescriptor, enums: EnumMode, stack: tuple[str, ...], path:
         return None
     inner = ", ".join(f"{c.name}: {c.type}" for c in children)
     return f"struct<{inner}>", name, "", children
+
+
+def _has_required(message: Descriptor, seen: set[str]) -> bool:
+    """Whether a proto2 ``required`` field is anywhere in the message (else a parsed
+    payload needs no initialization check)."""
+    seen.add(message.full_name)
+    for field in message.fields:
+        if field.is_required:
+            return True
+        inner = field.message_type
+        if inner is not None and inner.full_name not in seen and _has_required(inner, seen):
+            return True
+    return False
 
 
 def _check_depth(message: str, where: str, depth: int) -> None:

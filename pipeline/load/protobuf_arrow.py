@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, struct_pb2
@@ -58,9 +59,10 @@ class DecodedProtobuf:
     def kept(self, count: int) -> pa.Array:
         """Indices (int64) of the payloads the table's rows come from, of ``count``
         payloads: what to ``take`` the envelope's columns with."""
-        bad = {index for index, _ in self.errors}
-        return pa.array([i for i in range(count) if i not in bad], pa.int64()) if bad \
-            else pa.array(range(count), pa.int64())
+        rows = np.arange(count, dtype=np.int64)
+        if self.errors:
+            rows = np.delete(rows, [index for index, _ in self.errors])
+        return pa.array(rows)
 
 
 def decode_protobuf(kind: ProtobufType, payloads: Sequence[bytes] | pa.Array
@@ -103,14 +105,17 @@ class _Decoder:
         self.handler = handlers.get_for_message(pool.FindMessageTypeByName(kind.full_name))
 
     def decode(self, payloads: Sequence[bytes] | pa.Array) -> DecodedProtobuf:
-        array = payloads if isinstance(payloads, pa.Array) else pa.array(
-            payloads if isinstance(payloads, list) else list(payloads), pa.binary())
-        if array.type != pa.binary():
-            array = array.cast(pa.binary())
         try:
-            return DecodedProtobuf(self._conform(self.handler.array_to_record_batch(array)))
+            if isinstance(payloads, pa.Array):
+                batch = self.handler.array_to_record_batch(payloads.cast(pa.binary()))
+            else:  # ptars reads the bytes objects in place (no Arrow array to build)
+                batch = self.handler.list_to_record_batch(
+                    payloads if isinstance(payloads, list) else list(payloads))
+            return DecodedProtobuf(self._conform(batch))
         except ValueError:
             pass  # some payload does not decode: find which, keep the others
+        array = payloads.cast(pa.binary()) if isinstance(payloads, pa.Array) else pa.array(
+            payloads, pa.binary())
         good: list[pa.RecordBatch] = []
         errors: list[tuple[int, TypedPayloadError]] = []
         self._split(array, 0, good, errors)

@@ -187,11 +187,14 @@ def test_should_decode_every_mapping_into_arrow_values(all_set: bytes) -> None:
     assert full == FULL_EXPECTED
     # an empty message: proto3 scalars read as their defaults (as Protobuf reads them),
     # messages, wrappers, well-known types and unset oneof members as null
-    assert empty["i32"] == 0 and empty["s"] == "" and empty["color"] == "COLOR_UNSPECIFIED"
+    assert empty["i32"] == 0
+    assert empty["s"] == ""
+    assert empty["color"] == "COLOR_UNSPECIFIED"
     for name in ("inner", "ts", "du", "wi", "ws", "st", "va", "lv", "an", "opt", "oa",
                  "ob", "wu"):
         assert empty[name] is None, name
-    assert empty["nums"] == [] and empty["m"] == []
+    assert empty["nums"] == []
+    assert empty["m"] == []
     assert (chosen["oa"], chosen["ob"], chosen["i32"]) == ("chosen", None, 1)
 
 
@@ -228,7 +231,16 @@ def test_should_mark_only_proto2_required_fields_required(tmp_path: Path) -> Non
         ("id", True), ("n", False), ("t", False)]
     cls = classes(data)["old.Legacy"]
     kind.check(cls(id="x").SerializeToString())
-    with pytest.raises(TypedPayloadError, match="required field.*id") as caught:
+    nested = protoc(tmp_path, {"p2n.proto": """
+        syntax = "proto2";
+        package old;
+        message Part { required int32 id = 1; }
+        message Whole { optional Part part = 1; }
+    """}, out="nested.binpb")
+    with pytest.raises(TypedPayloadError, match=r"part\.id") as deep:
+        ProtobufType.from_descriptor_set(nested, "old.Whole").check(b"\x0a\x00")
+    assert deep.value.field == "part.id"
+    with pytest.raises(TypedPayloadError, match=r"required field.*: id") as caught:
         kind.check(cls(n=1).SerializePartialToString())
     assert caught.value.field == "id"
     row = decode_protobuf(kind, [cls(id="x").SerializeToString()]).table.to_pylist()[0]
@@ -303,8 +315,10 @@ def test_should_name_the_file_and_the_import_a_set_misses(tmp_path: Path) -> Non
         ProtobufType.from_descriptor_set(kept.SerializeToString(), "acme.Order",
                                          origin="orders.binpb")
     text = str(caught.value)
-    assert "orders.binpb" in text and "'acme/orders.proto'" in text
-    assert "'acme/common.proto'" in text and "--include_imports" in text
+    assert "orders.binpb" in text
+    assert "'acme/orders.proto'" in text
+    assert "'acme/common.proto'" in text
+    assert "--include_imports" in text
     # the timestamp import is a well-known type: not what it complains about
     assert "timestamp" not in text
 
@@ -313,13 +327,14 @@ def test_should_name_messages_that_exist_for_an_unknown_one(all_set: bytes) -> N
     with pytest.raises(DescriptorError) as caught:
         ProtobufType.from_descriptor_set(all_set, "acme.v1.Missing")
     assert "'acme.v1.Missing'" in str(caught.value)
-    assert "acme.v1.Inner" in str(caught.value) and "acme.v1.All" in str(caught.value)
+    assert "acme.v1.Inner" in str(caught.value)
+    assert "acme.v1.All" in str(caught.value)
     assert "MiEntry" not in str(caught.value)  # map entries are not messages to name
 
 
 def test_should_refuse_a_descriptor_set_that_does_not_parse(all_set: bytes) -> None:
-    with pytest.raises(DescriptorError, match="image.binpb does not parse as a "
-                                              "FileDescriptorSet"):
+    with pytest.raises(DescriptorError, match=r"image\.binpb does not parse as a "
+                                              r"FileDescriptorSet"):
         ProtobufType.from_descriptor_set(b"\x0a\xff\xff", "acme.v1.All", origin="image.binpb")
     with pytest.raises(DescriptorError, match="holds no file"):
         ProtobufType.from_descriptor_set(b"", "acme.v1.All")
@@ -336,7 +351,8 @@ def test_should_refuse_a_recursive_message_naming_the_field_path(tmp_path: Path)
     with pytest.raises(DescriptorError) as caught:
         ProtobufType.from_descriptor_set(data, "t.Root")
     assert "root.wrap.children.element" in str(caught.value)
-    assert "t.Node" in str(caught.value) and "contains itself" in str(caught.value)
+    assert "t.Node" in str(caught.value)
+    assert "contains itself" in str(caught.value)
 
 
 # -- payloads ------------------------------------------------------------------------------
@@ -389,14 +405,20 @@ def test_should_decode_the_good_rows_of_a_batch_and_name_the_bad(all_set: bytes)
     decoded = decode_protobuf(kind, payloads)
     assert [i for i, _ in decoded.errors] == [3, 17, 39]
     assert [e.field for _, e in decoded.errors] == ["s", "s", "inner.name"]
-    assert "UTF-8" in str(decoded.errors[0][1]) and "truncated" in str(decoded.errors[1][1])
+    assert "UTF-8" in str(decoded.errors[0][1])
+    assert "truncated" in str(decoded.errors[1][1])
     kept = decoded.kept(len(payloads)).to_pylist()
     assert kept == [i for i in range(40) if i not in (3, 17, 39)]
     assert decoded.table.column("i32").to_pylist() == kept
     assert decoded.table.column("s").to_pylist() == [f"row {i}" for i in kept]
     assert decoded.table.schema == protobuf_schema(kind)
+    nothing = decode_protobuf(kind, [])
+    assert nothing.table.num_rows == 0
+    assert nothing.errors == []
+    assert nothing.table.schema == protobuf_schema(kind)
     every_row_bad = decode_protobuf(kind, [b"\x08"])
-    assert every_row_bad.table.num_rows == 0 and len(every_row_bad.errors) == 1
+    assert every_row_bad.table.num_rows == 0
+    assert len(every_row_bad.errors) == 1
     assert every_row_bad.table.schema == protobuf_schema(kind)
 
 
@@ -435,7 +457,7 @@ def test_should_refuse_json_naming_the_field(all_set: bytes) -> None:
         with pytest.raises(TypedPayloadError) as caught:
             kind.from_json(body)
         assert caught.value.field == field, (body, str(caught.value))
-    with pytest.raises(TypedPayloadError, match="not JSON|Failed to load JSON"):
+    with pytest.raises(TypedPayloadError, match=r"not JSON|Failed to load JSON"):
         kind.from_json(b"{")
 
 
@@ -498,8 +520,9 @@ def test_should_refuse_a_field_number_reused_with_another_type(tmp_path: Path) -
     assert "was string (string), now int64 (long)" in by_field["field customer.address.zip"]
     assert "was int32 (int), now repeated int32 (list<int>)" in \
         by_field["field lines.element.qty"]
-    assert "sint64" in by_field["field delta"] and "wire" in by_field["field delta"]
-    with pytest.raises(TypeChangeError, match="customer.address.zip"):
+    assert "sint64" in by_field["field delta"]
+    assert "wire" in by_field["field delta"]
+    with pytest.raises(TypeChangeError, match=r"customer\.address\.zip"):
         new.require_compatible(old)
 
 
@@ -511,4 +534,5 @@ def test_should_let_a_table_follow_compatible_changes(tmp_path: Path) -> None:
     old, new = versions(tmp_path, v2)
     assert new.incompatibilities(old) == []
     assert new.renames(old) == []
-    assert "3.2.3" in new.number_paths() and "11" not in new.number_paths()
+    assert "3.2.3" in new.number_paths()
+    assert "11" not in new.number_paths()
