@@ -101,8 +101,9 @@ class _Decoder:
             list_value_name="element", list_nullable=True, map_nullable=True,
             list_value_nullable=True, map_value_nullable=True,
             enum_repr="string" if kind.enums == "string" else "int32")
-        handlers = ptars.HandlerPool([pool.FindFileByName(files[-1].name)], config=config)
-        self.handler = handlers.get_for_message(pool.FindMessageTypeByName(kind.full_name))
+        message = pool.FindMessageTypeByName(kind.full_name)
+        handlers = ptars.HandlerPool([message.file], config=config)
+        self.handler = handlers.get_for_message(message)
 
     def decode(self, payloads: Sequence[bytes] | pa.Array) -> DecodedProtobuf:
         try:
@@ -111,9 +112,10 @@ class _Decoder:
             else:  # ptars reads the bytes objects in place (no Arrow array to build)
                 batch = self.handler.list_to_record_batch(
                     payloads if isinstance(payloads, list) else list(payloads))
-            return DecodedProtobuf(self._conform(batch))
         except ValueError:
             pass  # some payload does not decode: find which, keep the others
+        else:
+            return DecodedProtobuf(self._conform(batch))
         array = payloads.cast(pa.binary()) if isinstance(payloads, pa.Array) else pa.array(
             payloads, pa.binary())
         good: list[pa.RecordBatch] = []

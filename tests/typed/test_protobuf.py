@@ -536,3 +536,14 @@ def test_should_let_a_table_follow_compatible_changes(tmp_path: Path) -> None:
     assert new.renames(old) == []
     assert "3.2.3" in new.number_paths()
     assert "11" not in new.number_paths()
+
+
+def test_should_decode_a_message_of_any_file_in_the_set(tmp_path: Path) -> None:
+    data = protoc(tmp_path, {
+        "a.proto": 'syntax = "proto3"; package a; message First { string id = 1; }',
+        "b.proto": 'syntax = "proto3"; package b; message Second { int64 n = 1; }'})
+    for name, message, row in (("a.First", {"id": "x"}, {"id": "x"}),
+                               ("b.Second", {"n": 5}, {"n": 5})):
+        kind = ProtobufType.from_descriptor_set(data, name)
+        payload = classes(data)[name](**message).SerializeToString()
+        assert decode_protobuf(kind, [payload]).table.to_pylist() == [row]
