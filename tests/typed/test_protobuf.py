@@ -547,3 +547,22 @@ def test_should_decode_a_message_of_any_file_in_the_set(tmp_path: Path) -> None:
         kind = ProtobufType.from_descriptor_set(data, name)
         payload = classes(data)[name](**message).SerializeToString()
         assert decode_protobuf(kind, [payload]).table.to_pylist() == [row]
+
+
+def test_should_give_no_column_to_a_message_without_fields(tmp_path: Path) -> None:
+    data = protoc(tmp_path, {"e.proto": """
+        syntax = "proto3";
+        package e;
+        import "google/protobuf/empty.proto";
+        message Nothing {}
+        message Sub { google.protobuf.Empty e = 1; int32 a = 2; Nothing n = 3; }
+        message E { google.protobuf.Empty e = 1; Sub sub = 2; repeated Sub subs = 3; }
+    """})
+    kind = ProtobufType.from_descriptor_set(data, "e.E")
+    assert [(c.name, c.type) for c in kind.columns()] == [
+        ("sub", "struct<a: int>"), ("subs", "list<struct<a: int>>")]
+    message = classes(data)["e.E"](sub={"a": 3}, subs=[{"a": 4}])
+    message.e.SetInParent()
+    decoded = decode_protobuf(kind, [message.SerializeToString()]).table
+    assert decoded.to_pylist() == [{"sub": {"a": 3}, "subs": [{"a": 4}]}]
+    assert decoded.schema == protobuf_schema(kind)
