@@ -33,7 +33,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    json_format,
+    message_factory,
+    unknown_fields,
+)
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, EncodeError, Message
 
@@ -248,10 +254,13 @@ class ProtobufType:
                                     field=missing.split(", ")[0])
         size = parsed.ByteSize()
         parsed.DiscardUnknownFields()
-        if parsed.ByteSize() != size:  # unknown fields: a newer producer's, or a wrong type
+        if parsed.ByteSize() == size:  # no unknown field at any depth: the common case
+            return
+        parsed = self._class.FromString(payload)  # a newer producer's fields, or ...
+        if _misplaced(parsed):  # ... a known number upb kept as unknown: a wrong wire type
             problem = _WireCheck(payload, self._checked_utf8).problem(self.descriptor)
-            if problem is not None:
-                raise problem
+            raise problem or TypedPayloadError(
+                f"{self.full_name}: a field has another wire type than its declared type")
 
     def parse(self, payload: bytes) -> Message:
         """The payload as a message (after :meth:`check`'s refusals)."""
@@ -328,6 +337,50 @@ class ProtobufType:
         if problems:
             raise TypeChangeError(f"{self.full_name} cannot replace its earlier version: "
                                   + "; ".join(problems))
+
+
+def _misplaced(message: Message) -> bool:
+    """Whether ``message`` (or one it holds) keeps an unknown field under a number its type
+    declares: how upb stores a value sent with another wire type. Unknown fields under
+    other numbers are a newer producer's, and fine. Why not walk the bytes: only the
+    message fields that are set are visited, through upb (a few microseconds a payload)."""
+    unknown = unknown_fields.UnknownFieldSet(message)
+    if len(unknown):
+        known = message.DESCRIPTOR.fields_by_number
+        if any(field.field_number in known for field in unknown):
+            return True
+    for name, shape in _message_fields(message.DESCRIPTOR):
+        if shape == _SINGULAR:
+            if message.HasField(name) and _misplaced(getattr(message, name)):
+                return True
+        else:
+            values = getattr(message, name)
+            if any(_misplaced(v) for v in (values.values() if shape == _MAP else values)):
+                return True
+    return False
+
+
+_SINGULAR, _REPEATED, _MAP = 0, 1, 2
+_PLANS: dict[Descriptor, tuple[tuple[str, int], ...]] = {}
+"""By descriptor object, not name: two versions of one message are two descriptors."""
+
+
+def _message_fields(message: Descriptor) -> tuple[tuple[str, int], ...]:
+    """The fields of ``message`` that hold messages, with their shape (cached by type)."""
+    plan = _PLANS.get(message)
+    if plan is None:
+        out: list[tuple[str, int]] = []
+        for field in message.fields:
+            inner = field.message_type
+            if inner is None:
+                continue
+            if inner.GetOptions().map_entry:
+                if inner.fields_by_number[2].message_type is not None:
+                    out.append((field.name, _MAP))
+            else:
+                out.append((field.name, _REPEATED if field.is_repeated else _SINGULAR))
+        plan = _PLANS[message] = tuple(out)
+    return plan
 
 
 def _missing(message: Message) -> str:

@@ -370,6 +370,8 @@ def test_should_check_payloads_naming_the_field(all_set: bytes) -> None:
         b"\x72\x02\xc3\x28": ("UTF-8", "s"),
         b"\x0d\x01\x00\x00\x00": ("32-bit", "i32"),           # wrong wire type, top level
         b"\x8a\x01\x05\x15\x01\x00\x00\x00": ("32-bit", "inner.n"),  # and nested
+        b"\x9a\x01\x05\x15\x01\x00\x00\x00": ("32-bit", "inners.n"),  # in a list
+        b"\xaa\x01\x09\x08\x01\x12\x05\x15\x01\x00\x00\x00": ("32-bit", "mi.value.n"),
         b"\x08": ("truncated", "i32"),
     }
     for payload, (words, field) in cases.items():
