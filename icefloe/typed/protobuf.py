@@ -345,11 +345,12 @@ def _misplaced(message: Message) -> bool:
     other numbers are a newer producer's, and fine. Why not walk the bytes: only the
     message fields that are set are visited, through upb (a few microseconds a payload)."""
     unknown = unknown_fields.UnknownFieldSet(message)
+    descriptor: Any = message.DESCRIPTOR  # the stubs: a union of the upb and Python types
     if len(unknown):
-        known = message.DESCRIPTOR.fields_by_number
-        if any(field.field_number in known for field in unknown):
+        known = descriptor.fields_by_number
+        if any(unknown[i].field_number in known for i in range(len(unknown))):
             return True
-    for name, shape in _message_fields(message.DESCRIPTOR):
+    for name, shape in _message_fields(descriptor):
         if shape == _SINGULAR:
             if message.HasField(name) and _misplaced(getattr(message, name)):
                 return True
