@@ -315,6 +315,16 @@ class ProtobufType:
                 out.append((old[0], path))
         return out
 
+    def renames_from(self, paths: Mapping[str, str]) -> list[tuple[str, str]]:
+        """:meth:`renames` against a stored :meth:`number_paths` map (a table property):
+        the table may have last seen any earlier version, not only the previous one."""
+        out: list[tuple[str, str]] = []
+        for number, path in self.number_paths().items():
+            old = paths.get(number)
+            if old is not None and old.rsplit(".", 1)[-1] != path.rsplit(".", 1)[-1]:
+                out.append((old, path))
+        return out
+
     def incompatibilities(self, earlier: ProtobufType) -> list[str]:
         """Why the table of ``earlier`` cannot follow this type, one message per field
         number reused with another type or cardinality, at any depth; empty when it can

@@ -7,6 +7,7 @@ renamed and retyped fields at every depth; the refusals, each naming what is wro
 from __future__ import annotations
 
 import datetime as dt
+import json
 import pickle
 import shutil
 import subprocess
@@ -505,6 +506,16 @@ def test_should_find_renames_by_number_path_at_every_depth(tmp_path: Path) -> No
     assert new.incompatibilities(old) == []
     new.require_compatible(old)
     assert old.renames(old) == []
+    # a table that stored v1's number paths, meeting v3 (renamed again): v1's paths -> v3's
+    v3 = protoc(tmp_path, {"shop.proto": v2.replace("string town = 1", "string place = 1")},
+                out="v3.binpb")
+    third = ProtobufType.from_descriptor_set(v3, "shop.Order")
+    stored = json.loads(json.dumps(old.number_paths()))  # as a table property holds it
+    assert third.renames_from(stored) == [
+        ("customer", "buyer"), ("customer.address.city", "buyer.address.place"),
+        ("lines.element.sku", "lines.element.product"),
+        ("labels.value.city", "labels.value.place"), ("count", "total")]
+    assert third.renames_from(third.number_paths()) == []
 
 
 def test_should_refuse_a_field_number_reused_with_another_type(tmp_path: Path) -> None:
