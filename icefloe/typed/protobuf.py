@@ -311,7 +311,7 @@ class ProtobufType:
         out: list[tuple[str, str]] = []
         for number, path, node in _walk(self._nodes, "", ""):
             old = before.get(number)
-            if old is not None and old[1].name != node.name and _same_shape(old[1], node):
+            if old is not None and old[1].name != node.name and _compatible(old[1], node):
                 out.append((old[0], path))
         return out
 
@@ -554,10 +554,6 @@ def _walk(nodes: Sequence[_Node], numbers: str, path: str
 
 
 # -- evolution -----------------------------------------------------------------------------
-
-
-def _same_shape(old: _Node, new: _Node) -> bool:
-    return _compatible(old, new)
 
 
 def _compatible(old: _Node, new: _Node) -> bool:

@@ -22,8 +22,9 @@ import pytest
 from google.protobuf import descriptor_pb2, message_factory
 
 from icefloe.schemas import formats
+from icefloe.streams.typespec import parse_type
 from icefloe.typed.codec import TypeChangeError, TypedPayloadError
-from icefloe.typed.protobuf import DescriptorError, ProtobufType
+from icefloe.typed.protobuf import DescriptorError, ProtobufType, message_names
 from pipeline.columns import arrow_type
 from pipeline.load.protobuf_arrow import decode_protobuf, protobuf_schema
 
@@ -331,6 +332,10 @@ def test_should_name_messages_that_exist_for_an_unknown_one(all_set: bytes) -> N
     assert "acme.v1.Inner" in str(caught.value)
     assert "acme.v1.All" in str(caught.value)
     assert "MiEntry" not in str(caught.value)  # map entries are not messages to name
+    files = {f.name: f for f in descriptor_pb2.FileDescriptorSet.FromString(all_set).file}
+    names = message_names(files)
+    assert {"acme.v1.Inner", "acme.v1.All", "google.protobuf.Timestamp"} <= set(names)
+    assert not any(n.endswith("Entry") for n in names)
 
 
 def test_should_refuse_a_descriptor_set_that_does_not_parse(all_set: bytes) -> None:
@@ -579,3 +584,18 @@ def test_should_give_no_column_to_a_message_without_fields(tmp_path: Path) -> No
     decoded = decode_protobuf(kind, [message.SerializeToString()]).table
     assert decoded.to_pylist() == [{"sub": {"a": 3}, "subs": [{"a": 4}]}]
     assert decoded.schema == protobuf_schema(kind)
+
+
+def test_should_refuse_messages_nested_deeper_than_a_column_type_may(tmp_path: Path) -> None:
+    def chain(levels: int) -> str:
+        body = "".join(f"message M{i} {{ M{i + 1} next = 1; }}\n" for i in range(levels))
+        return f'syntax = "proto3"; package d;\n{body}message M{levels} {{ int32 v = 1; }}\n'
+
+    fits = ProtobufType.from_descriptor_set(protoc(tmp_path, {"ok.proto": chain(16)},
+                                                   out="ok.binpb"), "d.M0")
+    assert fits.columns()[0].type.count("struct<") == 16
+    parse_type(fits.columns()[0].type)  # the deepest type a column may have
+    with pytest.raises(DescriptorError, match=r"nests deeper than 16") as caught:
+        ProtobufType.from_descriptor_set(protoc(tmp_path, {"deep.proto": chain(17)},
+                                                out="deep.binpb"), "d.M0")
+    assert "next.next" in str(caught.value)
