@@ -21,8 +21,10 @@ catalog when a column is added, so they cannot be the field numbers (a nested me
 field 1 and the top-level field 1 would clash). icefloe keeps a column for a field by the
 field's *number path* instead — ``"3"`` for top-level field 3, ``"3.2"`` for field 2 of
 the message in field 3 (a list is transparent, a map's value is its entry's field 2:
-``"5.2.1"``). :meth:`ProtobufType.number_paths` gives number path → column path; a table
-that stores it (a table property) finds a renamed field at any depth by its number path.
+``"5.2.1"``). Column paths are dotted field names (``customer.address``; a list's or a
+map's message fields: ``lines.sku``). :meth:`ProtobufType.number_paths` gives number
+path → column path; a table that stores it (a table property) finds a renamed field at
+any depth by its number path.
 """
 
 from __future__ import annotations
@@ -221,9 +223,10 @@ class ProtobufType:
 
     def number_paths(self) -> dict[str, str]:
         """Number path → column path of every field at every depth: ``{"3": "customer",
-        "3.2": "customer.address", "7.1": "items.element.sku", "9.2.1":
-        "labels.value.text"}``. A list's element and a map's value are named as Iceberg
-        names them (``element``, ``value``)."""
+        "3.2": "customer.address", "7.1": "items.sku", "9.2.1": "labels.text"}``. Column
+        paths are the fields' names, dotted; a list's element and a map's value add no
+        name (Iceberg's ``element``/``value`` steps are implied, as
+        ``pipeline.iceberg.field_numbers.iceberg_path`` reads them)."""
         return {number: path for number, path, _ in _walk(self._nodes, "", "")}
 
     def json_fields(self) -> dict[str, str]:
@@ -231,7 +234,7 @@ class ProtobufType:
         ``Value``, ``ListValue``), at any depth: what the Arrow decoder turns into JSON
         text. A list's values are at ``path.element``, a map's at ``path.value``."""
         out: dict[str, str] = {}
-        for _, path, node in _walk(self._nodes, "", ""):
+        for _, path, node in _walk(self._nodes, "", "", arrow=True):
             if node.leaf_type() == "json":
                 out[path + node.segment] = _bare(node.proto)
         return out
@@ -468,15 +471,14 @@ def _node(field: FieldDescriptor, enums: EnumMode, stack: tuple[str, ...], path:
         _check_depth(stack[0], where, depth)
     if field.is_repeated and entry is not None and entry.GetOptions().map_entry:
         value = entry.fields_by_number[2]
-        leaf = _leaf(value, enums, stack, where + ".value.", depth + 1)
+        leaf = _leaf(value, enums, stack, where + ".", depth + 1)
         if leaf is None:
             return None
         kind, proto, doc, children = leaf
         return _Node(field.name, field.number, f"map<string,{kind}>",
                      f"map<{_proto_name(entry.fields_by_number[1])}, {proto}>",
                      "map", False, doc, children, ".2", ".value")
-    leaf = _leaf(field, enums, stack, where + (".element." if field.is_repeated else "."),
-                 depth + (1 if field.is_repeated else 0))
+    leaf = _leaf(field, enums, stack, where + ".", depth + (1 if field.is_repeated else 0))
     if leaf is None:
         return None
     kind, proto, doc, children = leaf
@@ -542,15 +544,17 @@ def _proto_name(field: FieldDescriptor) -> str:
     return _SCALARS[field.type][0]
 
 
-def _walk(nodes: Sequence[_Node], numbers: str, path: str
+def _walk(nodes: Sequence[_Node], numbers: str, path: str, *, arrow: bool = False
           ) -> Iterator[tuple[str, str, _Node]]:
-    """(number path, column path, node) of every node, parents first."""
+    """(number path, column path, node) of every node, parents first. Column paths are
+    dotted names (``lines.sku``); with ``arrow`` they also name the steps into a list's
+    ``element`` and a map's ``value`` (``lines.element.sku``), as the Arrow decoder walks."""
     for node in nodes:
         number = f"{numbers}{node.number}"
         column = f"{path}{node.name}"
         yield number, column, node
         yield from _walk(node.children, number + node.step + ".",
-                         column + node.segment + ".")
+                         column + (node.segment if arrow else "") + ".", arrow=arrow)
 
 
 # -- evolution -----------------------------------------------------------------------------

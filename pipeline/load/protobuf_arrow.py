@@ -22,8 +22,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -48,20 +47,20 @@ def protobuf_schema(kind: ProtobufType) -> pa.Schema:
     return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in kind.columns()])
 
 
-@dataclass(frozen=True)
-class DecodedProtobuf:
+class DecodedProtobuf(NamedTuple):
     """The rows that decoded (``table``, in payload order) and, for each payload that did
-    not, its index and why (``errors``, by index)."""
+    not, its index and why (``failed``, by index; the message names the field when the
+    bytes show which). Unpacks as ``table, failed = decode_protobuf(...)``."""
 
     table: pa.Table
-    errors: list[tuple[int, TypedPayloadError]] = field(default_factory=list)
+    failed: list[tuple[int, str]]
 
     def kept(self, count: int) -> pa.Array:
         """Indices (int64) of the payloads the table's rows come from, of ``count``
         payloads: what to ``take`` the envelope's columns with."""
         rows = np.arange(count, dtype=np.int64)
-        if self.errors:
-            rows = np.delete(rows, [index for index, _ in self.errors])
+        if self.failed:
+            rows = np.delete(rows, [index for index, _ in self.failed])
         return pa.array(rows)
 
 
@@ -115,18 +114,18 @@ class _Decoder:
         except ValueError:
             pass  # some payload does not decode: find which, keep the others
         else:
-            return DecodedProtobuf(self._conform(batch))
+            return DecodedProtobuf(self._conform(batch), [])
         array = payloads.cast(pa.binary()) if isinstance(payloads, pa.Array) else pa.array(
             payloads, pa.binary())
         good: list[pa.RecordBatch] = []
-        errors: list[tuple[int, TypedPayloadError]] = []
+        errors: list[tuple[int, str]] = []
         self._split(array, 0, good, errors)
         table = pa.concat_tables([self._conform(b) for b in good]) if good else \
             self.schema.empty_table()
-        return DecodedProtobuf(table, sorted(errors, key=lambda e: e[0]))
+        return DecodedProtobuf(table, sorted(errors))
 
     def _split(self, array: pa.Array, start: int, good: list[pa.RecordBatch],
-               errors: list[tuple[int, TypedPayloadError]]) -> None:
+               errors: list[tuple[int, str]]) -> None:
         """Halve ``array`` (rows from ``start``) until each bad payload is alone."""
         try:
             good.append(self.handler.array_to_record_batch(array))
@@ -139,12 +138,13 @@ class _Decoder:
         self._split(array.slice(0, half), start, good, errors)
         self._split(array.slice(half), start + half, good, errors)
 
-    def _reason(self, payload: bytes | None, fallback: str) -> TypedPayloadError:
+    def _reason(self, payload: bytes | None, fallback: str) -> str:
+        """:meth:`ProtobufType.check`'s precise reason, else ptars' own."""
         try:
             self.kind.check(payload or b"")
         except TypedPayloadError as exc:
-            return exc
-        return TypedPayloadError(f"{self.kind.full_name}: {fallback}")
+            return str(exc)
+        return f"{self.kind.full_name}: {fallback}"
 
     def _conform(self, batch: pa.RecordBatch) -> pa.Table:
         columns = [_conform(batch.column(name), self.specs[name], f.type, name,

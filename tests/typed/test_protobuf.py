@@ -184,7 +184,7 @@ def test_should_decode_every_mapping_into_arrow_values(all_set: bytes) -> None:
     expected_schema = pa.schema([pa.field(c.name, arrow_type(c.type))
                                  for c in kind.columns()])
     assert decoded.table.schema == expected_schema == protobuf_schema(kind)
-    assert decoded.errors == []
+    assert decoded.failed == []
     full, empty, chosen = values(decoded.table)
     assert full == FULL_EXPECTED
     # an empty message: proto3 scalars read as their defaults (as Protobuf reads them),
@@ -356,7 +356,7 @@ def test_should_refuse_a_recursive_message_naming_the_field_path(tmp_path: Path)
     """})
     with pytest.raises(DescriptorError) as caught:
         ProtobufType.from_descriptor_set(data, "t.Root")
-    assert "root.wrap.children.element" in str(caught.value)
+    assert "field root.wrap.children holds t.Node" in str(caught.value)  # where it recurs
     assert "t.Node" in str(caught.value)
     assert "contains itself" in str(caught.value)
 
@@ -411,10 +411,13 @@ def test_should_decode_the_good_rows_of_a_batch_and_name_the_bad(all_set: bytes)
     payloads[17] = payloads[16][:-2]            # truncated
     payloads[39] = b"\x8a\x01\x03\x0a\x01\xff"  # invalid UTF-8 in inner.name
     decoded = decode_protobuf(kind, payloads)
-    assert [i for i, _ in decoded.errors] == [3, 17, 39]
-    assert [e.field for _, e in decoded.errors] == ["s", "s", "inner.name"]
-    assert "UTF-8" in str(decoded.errors[0][1])
-    assert "truncated" in str(decoded.errors[1][1])
+    table, failed = decoded  # what the collector unpacks
+    assert table is decoded.table
+    assert [i for i, _ in failed] == [3, 17, 39]
+    assert "string field s is not valid UTF-8" in failed[0][1]
+    assert "truncated" in failed[1][1]
+    assert "s" in failed[1][1]
+    assert "string field inner.name is not valid UTF-8" in failed[2][1]
     kept = decoded.kept(len(payloads)).to_pylist()
     assert kept == [i for i in range(40) if i not in (3, 17, 39)]
     assert decoded.table.column("i32").to_pylist() == kept
@@ -422,11 +425,11 @@ def test_should_decode_the_good_rows_of_a_batch_and_name_the_bad(all_set: bytes)
     assert decoded.table.schema == protobuf_schema(kind)
     nothing = decode_protobuf(kind, [])
     assert nothing.table.num_rows == 0
-    assert nothing.errors == []
+    assert nothing.failed == []
     assert nothing.table.schema == protobuf_schema(kind)
     every_row_bad = decode_protobuf(kind, [b"\x08"])
     assert every_row_bad.table.num_rows == 0
-    assert len(every_row_bad.errors) == 1
+    assert len(every_row_bad.failed) == 1
     assert every_row_bad.table.schema == protobuf_schema(kind)
 
 
@@ -500,14 +503,14 @@ def test_should_find_renames_by_number_path_at_every_depth(tmp_path: Path) -> No
     assert old.number_paths() == {
         "1": "id", "3": "customer", "3.1": "customer.name", "3.2": "customer.address",
         "3.2.1": "customer.address.city", "3.2.2": "customer.address.zip",
-        "7": "lines", "7.1": "lines.element.sku", "7.2": "lines.element.qty",
-        "9": "labels", "9.2.1": "labels.value.city", "9.2.2": "labels.value.zip",
+        "7": "lines", "7.1": "lines.sku", "7.2": "lines.qty",
+        "9": "labels", "9.2.1": "labels.city", "9.2.2": "labels.zip",
         "10": "count", "11": "delta"}
     assert new.number_paths()["3.2.1"] == "buyer.address.town"
     assert new.renames(old) == [
         ("customer", "buyer"), ("customer.address.city", "buyer.address.town"),
-        ("lines.element.sku", "lines.element.product"),
-        ("labels.value.city", "labels.value.town"), ("count", "total")]
+        ("lines.sku", "lines.product"),
+        ("labels.city", "labels.town"), ("count", "total")]
     assert new.incompatibilities(old) == []
     new.require_compatible(old)
     assert old.renames(old) == []
@@ -518,8 +521,8 @@ def test_should_find_renames_by_number_path_at_every_depth(tmp_path: Path) -> No
     stored = json.loads(json.dumps(old.number_paths()))  # as a table property holds it
     assert third.renames_from(stored) == [
         ("customer", "buyer"), ("customer.address.city", "buyer.address.place"),
-        ("lines.element.sku", "lines.element.product"),
-        ("labels.value.city", "labels.value.place"), ("count", "total")]
+        ("lines.sku", "lines.product"),
+        ("labels.city", "labels.place"), ("count", "total")]
     assert third.renames_from(third.number_paths()) == []
 
 
@@ -532,12 +535,12 @@ def test_should_refuse_a_field_number_reused_with_another_type(tmp_path: Path) -
     problems = new.incompatibilities(old)
     assert len(problems) == 5, problems
     by_field = {p.split(" (")[0]: p for p in problems}
-    assert set(by_field) == {"field id", "field customer.address.zip", "field lines.element.qty",
-                             "field labels.value.zip", "field delta"}
+    assert set(by_field) == {"field id", "field customer.address.zip", "field lines.qty",
+                             "field labels.zip", "field delta"}
     assert "number 3.2.2" in by_field["field customer.address.zip"]
     assert "was string (string), now int64 (long)" in by_field["field customer.address.zip"]
     assert "was int32 (int), now repeated int32 (list<int>)" in \
-        by_field["field lines.element.qty"]
+        by_field["field lines.qty"]
     assert "sint64" in by_field["field delta"]
     assert "wire" in by_field["field delta"]
     with pytest.raises(TypeChangeError, match=r"customer\.address\.zip"):
@@ -599,3 +602,31 @@ def test_should_refuse_messages_nested_deeper_than_a_column_type_may(tmp_path: P
         ProtobufType.from_descriptor_set(protoc(tmp_path, {"deep.proto": chain(17)},
                                                 out="deep.binpb"), "d.M0")
     assert "next.next" in str(caught.value)
+
+
+def test_should_plug_into_the_collectors_typed_decode(all_set: bytes) -> None:
+    """``pipeline.load.typed`` (the lead's routing) with this decoder: good rows kept in
+    order, a corrupt payload and a JSON record reported by position."""
+    import base64
+
+    from icefloe.formats.envelope import TypedRecords
+    from icefloe.typed.codec import FORMAT_JSON, FORMAT_PROTOBUF
+    from icefloe.typed.kinds import protobuf_kind
+    from pipeline.load.spec import TypedPlan, TypedSpec
+    from pipeline.load.typed import decode_typed
+
+    text = base64.b64encode(all_set).decode()
+    spec = TypedSpec("protobuf", text, "acme.v1.All")
+    plan = TypedPlan(protobuf_schema(protobuf_kind(text, "acme.v1.All")), spec)
+    cls = classes(all_set)["acme.v1.All"]
+    payloads = [cls(i32=1).SerializeToString(), b"\x72\x02\xc3\x28", b'{"i32": 3}',
+                cls(i32=4).SerializeToString()]
+    rows = TypedRecords("s", payloads=payloads,
+                        formats=[FORMAT_PROTOBUF, FORMAT_PROTOBUF, FORMAT_JSON,
+                                 FORMAT_PROTOBUF], schema_ids=[0, 0, 0, 0])
+    decoded = decode_typed(rows, plan)
+    assert decoded.kept == [0, 3]
+    assert decoded.table.column("i32").to_pylist() == [1, 4]
+    assert [(p, reason) for p, reason, _ in decoded.bad] == [
+        (1, "payload_mismatch"), (2, "payload_format")]
+    assert "string field s is not valid UTF-8" in decoded.bad[0][2]
