@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from icefloe.schemas.formats import Parsed, parse
 from icefloe.streams.typespec import MAX_DECIMAL_PRECISION, BadType, parse_type
-from icefloe.typed.codec import TypedColumn, TypedPayloadError, TypeChangeError
+from icefloe.typed.codec import TypeChangeError, TypedColumn, TypedPayloadError
 
 CONFLUENT_MAGIC: Final = b"\x00"
 """Confluent's wire format: this byte, the schema id (u32 big-endian), the Avro body."""
@@ -46,6 +48,9 @@ Any other pair (timestamp-nanos, duration, a logical type Avro does not define) 
 underlying type, as Avro's own readers treat a logical type they do not know."""
 
 
+_POINTER: Final = re.compile(r"/[A-Za-z0-9_/]*")
+
+
 class AvroSchemaError(TypeChangeError):
     """An Avro schema icefloe cannot turn into a table (not a record, a union of several
     types, a recursive record, a decimal wider than 38 digits) or that does not parse; the
@@ -64,9 +69,9 @@ class AvroType:
     def __init__(self, schema: str | Mapping[str, Any] | Sequence[Any],
                  named: Sequence[AvroType] = ()) -> None:
         from icefloe.errors import SchemaRegistryError
-        from icefloe.schemas.formats import parse
 
         text = schema if isinstance(schema, str) else json.dumps(schema)
+        self.parsed: Parsed
         refs = {f"ref{i}": ref.parsed for i, ref in enumerate(named)}
         try:
             with warnings.catch_warnings():  # avro warns of logical types it does not
@@ -127,7 +132,25 @@ class AvroType:
         each message names the field's location. Empty: every datum resolves."""
         from icefloe.schemas.compat import readable
 
-        return readable(reader=self.parsed, writer=writer.parsed)
+        return [_POINTER.sub(lambda m: self._field_at(m.group(0)), message)
+                for message in readable(reader=self.parsed, writer=writer.parsed)]
+
+    def _field_at(self, pointer: str) -> str:
+        """A location of Avro's checker (a JSON pointer into the reader schema, e.g.
+        ``/fields/1/type``) as the field it names (``field qty``)."""
+        node: Any = self.schema
+        names: list[str] = []
+        for step in pointer.strip("/").split("/") if pointer != "/" else []:
+            if isinstance(node, list) and step.isdigit() and int(step) < len(node):
+                node = node[int(step)]
+                if isinstance(node, dict) and "name" in node and "type" in node and \
+                        not isinstance(node.get("fields"), list):
+                    names.append(str(node["name"]))  # a record's field
+            elif isinstance(node, dict) and step in node:
+                node = node[step]
+            else:
+                break
+        return f"field {'.'.join(names)}" if names else "the record"
 
 
 def _unwrap(schema: Any, where: str) -> tuple[Any, bool]:

@@ -28,6 +28,7 @@ message)`` and left out, the others kept.
 from __future__ import annotations
 
 import io
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,8 +84,8 @@ def _decode_group(reader: AvroType, writer: AvroType, bodies: list[bytes],
     if _vectorised(writer.value):
         try:
             return _vectorised_group(reader, writer, bodies, schema), []
-        except (pa.ArrowException, OSError, ValueError, TypeError, ArithmeticError):
-            pass  # a body polars cannot read: find it body by body below
+        except Exception:  # polars' errors, Arrow's: find the body below, one by one
+            pass
         except BaseException as exc:  # polars' Rust panics (pyo3 PanicException)
             if type(exc).__name__ != "PanicException":
                 raise
@@ -121,7 +122,7 @@ def container(writer: AvroType, bodies: Sequence[bytes]) -> bytes:
     """An Avro object container file of ``bodies`` (:data:`BLOCK` a block), codec null."""
     header = io.BytesIO()
     header.write(b"Obj\x01")
-    meta = {"avro.schema": writer.text.encode(), "avro.codec": b"null"}
+    meta = {"avro.schema": _header_schema(writer), "avro.codec": b"null"}
     header.write(_long(len(meta)))
     for key, value in meta.items():
         header.write(_long(len(key)) + key.encode() + _long(len(value)) + value)
@@ -132,6 +133,22 @@ def container(writer: AvroType, bodies: Sequence[bytes]) -> bytes:
         data = b"".join(chunk)
         parts += (_long(len(chunk)), _long(len(data)), data, _SYNC)
     return b"".join(parts)
+
+
+_DROPPED = frozenset({"default", "doc", "aliases", "order"})
+
+
+def _header_schema(writer: AvroType) -> bytes:
+    """The writer schema as the container's header names it: without defaults, docs,
+    aliases and orders, which reading a writer's data never uses and polars' schema parser
+    refuses some of (an array's ``[]`` default); logical types kept."""
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k not in _DROPPED}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+    return json.dumps(strip(writer.schema), separators=(",", ":")).encode()
 
 
 _SMALL = [bytes([2 * n]) if n < 64 else bytes([(2 * n & 0x7F) | 0x80, 2 * n >> 7])
