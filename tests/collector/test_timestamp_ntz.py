@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 
 import httpx
+import msgspec
+import pytest
 from collector_support import collect_all, collector_config, output_engine, read_table
 from ingest_support import http_serving, running
 
@@ -19,11 +21,17 @@ LOCAL = StreamConfig(name="shifts", table="shop.shifts", columns=(
     Column("items", "list<struct<at: timestamp_ntz>>"),
 ))
 WALL = dt.datetime(2026, 1, 2, 3, 4, 5, 123456)
+WITH_SQL = msgspec.structs.replace(LOCAL, columns=(
+    *LOCAL.columns, Column("item_count", "int", sql="size(items)")))
+"""A sql column puts the run on Spark's row path, where Spark itself holds the values."""
 
 
+@pytest.mark.parametrize(("stream", "output"), [(LOCAL, "embedded"), (WITH_SQL, "embedded"),
+                                              (LOCAL, "cluster")],
+                         ids=["packed", "rows", "cluster"])
 async def test_a_timestamp_ntz_column_lands_as_iceberg_timestamp_and_reads_back(
-        tmp_path, spark):
-    config = collector_config(tmp_path, streams=(LOCAL,))
+        tmp_path, spark, stream, output):
+    config = collector_config(tmp_path, streams=(stream,), output=output)
     async with running(config) as runtime, http_serving(runtime) as url, \
             httpx.AsyncClient(base_url=url) as client:
         ok = await client.post("/v1/streams/shifts/events", json=[
@@ -37,7 +45,7 @@ async def test_a_timestamp_ntz_column_lands_as_iceberg_timestamp_and_reads_back(
         [detail] = bad.json()["details"]
         assert detail["field"] == "starts"
         assert "timezone" in detail["reason"]
-    await collect_all(config, output_engine(spark, "embedded"))
+    await collect_all(config, output_engine(spark, output))
     from pipeline.iceberg.catalog import open_catalog
 
     schema = open_catalog(config.catalog).load_table("shop.shifts").schema()
