@@ -139,16 +139,23 @@ _DROPPED = frozenset({"default", "doc", "aliases", "order"})
 
 
 def _header_schema(writer: AvroType) -> bytes:
-    """The writer schema as the container's header names it: without defaults, docs,
-    aliases and orders, which reading a writer's data never uses and polars' schema parser
-    refuses some of (an array's ``[]`` default); logical types kept."""
+    """The writer schema as the container's header names it: named types expanded at
+    every use, without defaults, docs, aliases and orders, which reading a writer's data
+    never uses and polars' schema parser refuses some of (an array's ``[]`` default);
+    enums as ``int``, their encoding (polars reads an enum only as a top-level field);
+    logical types kept."""
     def strip(node: Any) -> Any:
+        if isinstance(node, dict) and node.get("type") == "enum":
+            return "int"  # the symbol's index, as encoded; :func:`_conform` names it
         if isinstance(node, dict):
             return {k: strip(v) for k, v in node.items() if k not in _DROPPED}
         if isinstance(node, list):
             return [strip(v) for v in node]
         return node
-    return json.dumps(strip(writer.schema), separators=(",", ":")).encode()
+    from fastavro.schema import expand_schema  # optional dep: the avro stream format
+
+    # polars does not resolve a named type's later uses: every use carries its definition
+    return json.dumps(strip(expand_schema(writer.schema)), separators=(",", ":")).encode()
 
 
 _SMALL = [bytes([2 * n]) if n < 64 else bytes([(2 * n & 0x7F) | 0x80, 2 * n >> 7])
@@ -224,8 +231,11 @@ def _conform(array: pa.Array, writer: Any, reader: Any, target: pa.DataType) -> 
                                     pa.types.is_large_string(array.type)):
         text = pa.chunked_array([array.cast(pa.string())])
         return restore(text, target).chunk(0)  # uuid text → 16 bytes, vectorised
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
+    if writer.type == "enum":  # read as its symbol's index: the symbol, by one take
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        else:
+            array = pa.array(writer.symbols, pa.string()).take(array)
     if pa.types.is_time64(array.type) and pa.types.is_time64(target):
         return array.cast(target)  # polars reads times as nanoseconds: exact in micros
     return array.cast(target)

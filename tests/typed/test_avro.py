@@ -355,3 +355,92 @@ def test_no_bodies_is_an_empty_table() -> None:
     avro = AvroType(record(CASES[:3]))
     table, bad = decode_avro(avro, [], [])
     assert (table.num_rows, bad, table.schema) == (0, [], reader_arrow_schema(avro))
+
+
+@pytest.mark.parametrize("with_map", [False, True], ids=["vectorised", "per-row"])
+def test_nested_records_resolve_at_every_depth(with_map: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested record gains a field with a default, an int becomes a long inside a list of
+    records, and an optional record is null in one row: all resolved in place."""
+    if not with_map:
+        vectorised_only(monkeypatch)
+    extra = [{"name": "m", "type": {"type": "map", "values": "int"}, "default": {}}] \
+        if with_map else []
+
+    def version(item_fields: list[Any], qty: str) -> AvroType:
+        item = {"type": "record", "name": "Item", "fields": [
+            {"name": "sku", "type": "string"}, {"name": "qty", "type": qty}, *item_fields]}
+        return AvroType({"type": "record", "name": "Cart", "namespace": "acme", "fields": [
+            {"name": "items", "type": {"type": "array", "items": item}},
+            {"name": "gift", "type": ["null", "Item"], "default": None}, *extra]})
+
+    old = version([], "int")
+    new = version([{"name": "kind", "type": {"type": "enum", "name": "K",
+                                             "symbols": ["STD", "GIFT"]}, "default": "STD"},
+                   {"name": "uid", "type": {"type": "string", "logicalType": "uuid"},
+                    "default": str(U2)}], "long")
+    assert new.incompatibilities(old) == []
+    maps = {"m": {"a": 1}} if with_map else {}
+    bodies = [encode(old, {"items": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}],
+                           "gift": None, **maps}),
+              encode(new, {"items": [], "gift": {"sku": "g", "qty": 2**40, "kind": "GIFT",
+                                                 "uid": U1}, **maps}),
+              encode(old, {"items": [{"sku": "c", "qty": 3}], "gift": {"sku": "h", "qty": 4},
+                           **maps})]
+    table, bad = decode_avro(new, bodies, [old, new, old])
+    assert bad == []
+    assert table.schema.field("items").type == arrow_type(
+        "list<struct<sku: string, qty: long, kind: string, uid: uuid>>")
+    std = {"kind": "STD", "uid": U2.bytes}
+    assert table.column("items").to_pylist() == [
+        [{"sku": "a", "qty": 1, **std}, {"sku": "b", "qty": 2, **std}], [],
+        [{"sku": "c", "qty": 3, **std}]]
+    assert table.column("gift").to_pylist() == [
+        None, {"sku": "g", "qty": 2**40, "kind": "GIFT", "uid": U1.bytes},
+        {"sku": "h", "qty": 4, **std}]
+
+
+ENUM = {"type": "enum", "name": "K", "symbols": ["A", "B"]}
+SHAPES: dict[str, tuple[Any, list[Any]]] = {
+    "enum": (ENUM, ["B", "A"]),
+    "optional enum": (["null", ENUM], ["B", None]),
+    "array of enums": ({"type": "array", "items": ENUM}, [["A", "B"], []]),
+    "record with an enum": ({"type": "record", "name": "R", "fields": [
+        {"name": "k", "type": ENUM}]}, [{"k": "B"}, {"k": "A"}]),
+    "optional record": (["null", {"type": "record", "name": "R", "fields": [
+        {"name": "k", "type": ["null", "int"]}]}], [{"k": 1}, None]),
+    "array of records": ({"type": "array", "items": {"type": "record", "name": "R",
+                                                     "fields": [{"name": "k", "type": "int"}]}},
+                         [[{"k": 1}], []]),
+    "record with a uuid": ({"type": "record", "name": "R", "fields": [
+        {"name": "k", "type": {"type": "string", "logicalType": "uuid"}}]},
+        [{"k": U1}, {"k": U2}]),
+    "array of optional longs": ({"type": "array", "items": ["null", "long"]},
+                                [[1, None], [2]]),
+    "array of timestamps": ({"type": "array", "items": {"type": "long",
+                                                        "logicalType": "timestamp-millis"}},
+                            [[dt.datetime(2026, 1, 1, tzinfo=UTC)], []]),
+    "array of arrays": ({"type": "array", "items": {"type": "array", "items": "int"}},
+                        [[[1], [2, 3]], [[]]]),
+    "optional array": (["null", {"type": "array", "items": "int"}], [[1], None]),
+    "array of decimals": ({"type": "array", "items": {"type": "bytes", "logicalType": "decimal",
+                                                      "precision": 5, "scale": 1}},
+                          [[decimal.Decimal("1.5")], [decimal.Decimal("-2.0")]]),
+    "array of local times": ({"type": "array", "items": {
+        "type": "long", "logicalType": "local-timestamp-micros"}},
+        [[dt.datetime(2026, 1, 1, 1, 2, 3, 4)], []]),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_vectorised_and_per_row_paths_agree(shape: str) -> None:
+    kind, values = SHAPES[shape]
+    avro = AvroType({"type": "record", "name": "T", "fields": [
+        {"name": "f", "type": kind}, {"name": "n", "type": "long"}]})
+    bodies = [encode(avro, {"f": v, "n": i}) for i, v in enumerate(values)]
+    schema = reader_arrow_schema(avro)
+    vectorised = avro_arrow._vectorised_group(avro, avro, bodies, schema)
+    per_row, bad = avro_arrow._row_group(avro, avro, bodies, schema)
+    assert bad == []
+    assert vectorised.equals(per_row), (vectorised.to_pylist(), per_row.to_pylist())
+    assert vectorised.column("n").to_pylist() == list(range(len(values)))
