@@ -159,6 +159,9 @@ def test_schemas_that_are_no_table_are_refused() -> None:
 VECTORS = [
     ({"type": "record", "name": "foo", "fields": [{"name": "f1", "type": "boolean"}]},
      7843277075252814651),
+    ({"type": "record", "name": "PigValue", "fields": [
+        {"name": "value", "type": ["null", "int", "long", "PigValue"]}]},
+     -1759257747318642341),
 ]
 
 
