@@ -24,6 +24,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from icefloe.errors import SchemaRegistryError
+from icefloe.schemas.compat import readable
 from icefloe.schemas.formats import Parsed, parse
 from icefloe.streams.typespec import MAX_DECIMAL_PRECISION, BadType, parse_type
 from icefloe.typed.codec import TypeChangeError, TypedColumn, TypedPayloadError
@@ -68,7 +70,6 @@ class AvroType:
 
     def __init__(self, schema: str | Mapping[str, Any] | Sequence[Any],
                  named: Sequence[AvroType] = ()) -> None:
-        from icefloe.errors import SchemaRegistryError
 
         text = schema if isinstance(schema, str) else json.dumps(schema)
         self.parsed: Parsed
@@ -130,8 +131,6 @@ class AvroType:
         """Why this (reader) schema cannot read data written with ``writer`` by Avro's
         resolution rules (Apache ``avro``'s checker, as the registry's BACKWARD check);
         each message names the field's location. Empty: every datum resolves."""
-        from icefloe.schemas.compat import readable
-
         return [_POINTER.sub(lambda m: self._field_at(m.group(0)), message)
                 for message in readable(reader=self.parsed, writer=writer.parsed)]
 

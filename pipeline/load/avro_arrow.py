@@ -27,6 +27,7 @@ message)`` and left out, the others kept.
 
 from __future__ import annotations
 
+import decimal
 import io
 import json
 import uuid
@@ -36,7 +37,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from icefloe.typed.avro import AvroType
+from icefloe.typed.avro import AvroType, check
+from icefloe.typed.codec import TypedPayloadError
 from pipeline.columns import arrow_type
 from pipeline.load.native_arrow import restore
 
@@ -273,8 +275,6 @@ def _default_value(value: Any, schema: Any, target: pa.DataType) -> Any:
 
 
 def _decimal(unscaled: int, scale: int) -> Any:
-    import decimal
-
     return decimal.Decimal(unscaled).scaleb(-scale)
 
 
@@ -284,9 +284,6 @@ def _decimal(unscaled: int, scale: int) -> Any:
 def _row_group(reader: AvroType, writer: AvroType, bodies: list[bytes], schema: pa.Schema
                ) -> tuple[pa.Table, Bad]:
     from fastavro import schemaless_reader  # optional dep: the avro stream format
-
-    from icefloe.typed.avro import check
-    from icefloe.typed.codec import TypedPayloadError
 
     fix = _fixer(reader.value)
     rows: list[Any] = []
