@@ -70,7 +70,6 @@ class AvroType:
 
     def __init__(self, schema: str | Mapping[str, Any] | Sequence[Any],
                  named: Sequence[AvroType] = ()) -> None:
-
         text = schema if isinstance(schema, str) else json.dumps(schema)
         self.parsed: Parsed
         refs = {f"ref{i}": ref.parsed for i, ref in enumerate(named)}
