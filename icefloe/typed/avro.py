@@ -90,8 +90,19 @@ class AvroType:
         self.name: str = self.value.fullname
         self._fast: Any = None
 
+    @classmethod
+    def from_schema(cls, text: str, named: Sequence[AvroType] = ()) -> AvroType:
+        """The schema of JSON ``text`` (a schema file's contents, a registry's schema);
+        what :func:`icefloe.typed.kinds.avro_kind` caches by text."""
+        return cls(text, named)
+
     def __repr__(self) -> str:
         return f"AvroType({self.name!r})"
+
+    def check(self, body: bytes, writer: AvroType | None = None) -> None:
+        """:func:`check` of ``body`` against ``writer`` (this schema when left out): the
+        method form the ingestor calls, as it calls a Protobuf type's."""
+        check(body, writer or self)
 
     @property
     def fast(self) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import io
+import json
 import struct
 import uuid
 from typing import Any
@@ -447,3 +448,14 @@ def test_the_vectorised_and_per_row_paths_agree(shape: str) -> None:
     assert bad == []
     assert vectorised.equals(per_row), (vectorised.to_pylist(), per_row.to_pylist())
     assert vectorised.column("n").to_pylist() == list(range(len(values)))
+
+
+def test_the_method_forms_the_ingestor_calls() -> None:
+    """``AvroType.from_schema`` and ``kind.check(body, writer)``, as ``ingestor/typed.py``
+    and ``icefloe/typed/kinds.py`` call them."""
+    avro = AvroType.from_schema(json.dumps(V1))
+    body = encode(avro, {"id": "a", "qty": 1, "note": "n"})
+    avro.check(body, avro)
+    avro.check(body)
+    with pytest.raises(TypedPayloadError, match="at field note"):
+        avro.check(body[:-1], avro)
