@@ -24,7 +24,7 @@ _FLAT_ARROW: dict[str, pa.DataType] = {
     "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "float": pa.float32(),
     "double": pa.float64(), "boolean": pa.bool_(), "timestamp": TIMESTAMP,
     "date": pa.date32(), "json": pa.string(), "uuid": pa.binary(16), "binary": pa.binary(),
-    "time": pa.time64("us"),
+    "time": pa.time64("us"), "timestamp_ntz": pa.timestamp("us"),
 }
 UUID = pa.binary(16)
 """``uuid`` in Arrow: 16 bytes, which pyiceberg writes as Iceberg's ``uuid`` (Parquet

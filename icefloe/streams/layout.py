@@ -29,7 +29,8 @@ ENVELOPE_TYPES: dict[str, str] = {"_event_id": "string", "_received_at": "timest
 TIME_TRANSFORMS = ("year", "month", "day", "hour")
 _FITS: dict[str, frozenset[str]] = {
     "identity": frozenset({"string", "long", "int", "float", "double", "boolean", "timestamp",
-                           "date", "json", "uuid", "binary", "time", "decimal"}),
+                           "date", "json", "uuid", "binary", "time", "decimal",
+                           "timestamp_ntz"}),
     "year": frozenset({"timestamp", "date"}),
     "month": frozenset({"timestamp", "date"}),
     "day": frozenset({"timestamp", "date"}),

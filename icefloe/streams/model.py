@@ -14,9 +14,11 @@ from typing import Any, Literal
 import msgspec
 
 COLUMN_TYPES = ("string", "long", "int", "float", "double", "boolean", "timestamp", "date",
-                "json", "uuid", "binary", "time")
+                "json", "uuid", "binary", "time", "timestamp_ntz")
 """The type names without parameters; ``decimal(p,s)``, ``list<T>``, ``map<string,T>`` and
-``struct<...>`` are built by the grammar in :mod:`icefloe.streams.typespec`."""
+``struct<...>`` are built by the grammar in :mod:`icefloe.streams.typespec`. ``timestamp``
+is an instant (UTC); ``timestamp_ntz`` a wall-clock date and time without a zone (Avro's
+local timestamps, Iceberg's ``timestamp``), both in microseconds."""
 
 FORM_BODIES = ("collect", "json", "refuse")
 """``form_body``: where a body typed ``application/x-www-form-urlencoded`` (curl's default

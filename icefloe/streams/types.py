@@ -18,9 +18,13 @@ import msgspec
 _INT32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 _TIMESTAMP = Annotated[dt.datetime, msgspec.Meta(tz=True)] | int
+_TIMESTAMP_NTZ = Annotated[dt.datetime, msgspec.Meta(tz=False)]
+"""A wall-clock time: RFC 3339 text without an offset; text with one is refused (which
+instant it names is no wall-clock time), and so are epoch numbers (an instant again)."""
 FIELD_TYPES: dict[str, Any] = {
     "string": str, "long": _INT64, "int": _INT32, "float": float, "double": float,
     "boolean": bool, "timestamp": _TIMESTAMP, "date": dt.date, "json": msgspec.Raw,
+    "timestamp_ntz": _TIMESTAMP_NTZ,
 }
 MAX_EPOCH_MS = 253402300799999  # 9999-12-31T23:59:59.999Z
 MAX_JSON_DEPTH = 64

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 INGESTOR_MODULES = frozenset({
     "zstandard", "ulid", "google_crc32c", "boto3", "botocore", "aiobotocore",
     "prometheus_client", "uvicorn", "grpc_health", "grpc_reflection", "sqlglot", "_jsonnet",
+    "avro", "fastavro",  # Avro streams: schemas parsed, payloads checked at ingest
 })
 COLLECTOR_MODULES = frozenset({
     "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg", "duckdb",
-    "avro", "grpc_tools", "jsonschema",  # the schema registry (icefloe admin)
+    "grpc_tools", "jsonschema",  # the schema registry (icefloe admin)
+    "polars",  # Avro batches decoded into Arrow (pipeline/load/avro_arrow.py)
 })
 
 # the extra each command needs; commands not named here need the ingestor's core

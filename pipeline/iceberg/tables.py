@@ -72,6 +72,7 @@ from pyiceberg.types import (
     NestedField,
     StringType,
     StructType,
+    TimestampType,
     TimestamptzType,
     TimeType,
     UUIDType,
@@ -130,6 +131,7 @@ ICEBERG_TYPES: dict[str, IcebergType] = {
 :data:`pipeline.columns.ARROW_TYPES`)."""
 _NATIVE_ICEBERG: dict[str, IcebergType] = {
     "uuid": UUIDType(), "binary": BinaryType(), "time": TimeType(),
+    "timestamp_ntz": TimestampType(),
 }
 """The flat native types; decimals and nested types are built by :func:`iceberg_type`."""
 _ADDED_TYPES: dict[pa.DataType, IcebergType] = {
