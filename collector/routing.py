@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -56,8 +57,13 @@ class Target:
 
     @property
     def stream(self) -> StreamConfig:
-        """The sink as a stream: its table's columns (created and evolved from this)."""
-        return self.sink.stream(self.source.id)
+        """The sink as a stream: its table's columns (created and evolved from this), and
+        its source's payload format (a Protobuf table keeps columns by field number)."""
+        stream = self.sink.stream(self.source.id)
+        if self.source.format == "json":
+            return stream
+        return msgspec.structs.replace(stream, format=_typed(self.source.format),
+                                       schema=self.source.schema)
 
     def receives_at(self, version: int) -> bool:
         record = self.source
@@ -437,3 +443,7 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
             owners.add(target.table)
             evolves = evolves or target.sink.unknown_fields == "evolve"
     return "evolve" if evolves else None
+
+
+def _typed(value: str) -> Literal["protobuf", "avro"]:
+    return "protobuf" if value == "protobuf" else "avro"

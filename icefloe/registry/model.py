@@ -21,7 +21,7 @@ import msgspec
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, StreamConfig
-from icefloe.streams.model import EvolveQuota
+from icefloe.streams.model import EvolveQuota, TypedSchema
 
 FORMAT = 1
 MAX_SINKS = 20
@@ -261,6 +261,11 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``json`` events, or opaque ``bytes`` entries (see ``StreamConfig.payload``)."""
     on_invalid: str = "reject"
     """Invalid events of a request: ``reject`` it whole, or ``dead_letter`` them."""
+    format: str = "json"
+    """``json`` events, or a producer's own type: ``protobuf`` or ``avro`` (see
+    ``StreamConfig.format``; config-file streams only, so far)."""
+    schema: TypedSchema | None = None
+    """The type of a ``protobuf`` or ``avro`` source (``StreamConfig.schema``)."""
 
     @property
     def live(self) -> bool:

@@ -16,6 +16,7 @@ both modes and a stream's entries route to its one table.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import msgspec
 
@@ -74,7 +75,13 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
                         rate_limit=source.rate_limit,
                         payload="bytes" if source.payload == "bytes" else "json",
                         on_invalid="dead_letter" if source.on_invalid == "dead_letter"
-                        else "reject")
+                        else "reject", format=_format(source.format), schema=source.schema)
+
+
+def _format(value: str) -> Literal["json", "protobuf", "avro"]:
+    if value == "protobuf":
+        return "protobuf"
+    return "avro" if value == "avro" else "json"
 
 
 def _shape(column: Column, expression_texts: bool = True) -> tuple[object, ...]:
@@ -116,6 +123,7 @@ def config_registry(streams: Iterable[StreamConfig]) -> Registry:
     """The registry equivalent of config-only streams (version 0, everything since 0)."""
     sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
                            unrouted=s.unrouted, payload=s.payload, on_invalid=s.on_invalid,
+                           format=s.format, schema=s.schema,
                            sinks=(
         Sink(name=s.name, table=s.table, columns=s.columns, unknown_fields=s.unknown_fields,
              event_id_field=s.event_id_field, partition=s.partition, partition_by=s.partition_by,

@@ -28,6 +28,7 @@ from pyiceberg.types import IcebergType, ListType, MapType, StructType
 
 from icefloe.streams.model import StreamConfig
 from icefloe.typed.kinds import protobuf_kind
+from icefloe.typed.protobuf import ProtobufType
 
 FIELDS_PROP = "icefloe.protobuf.field-numbers"
 """Table property: JSON object, field-number path → dotted column path."""
@@ -35,36 +36,41 @@ FIELDS_PROP = "icefloe.protobuf.field-numbers"
 log = logging.getLogger("icefloe.tables")
 
 
-def number_paths(stream: StreamConfig) -> dict[str, str] | None:
-    """A Protobuf stream's field-number paths and their column paths (None: not Protobuf)."""
+def _kind(stream: StreamConfig) -> ProtobufType | None:
     if stream.format != "protobuf" or stream.schema is None:
         return None
     schema = stream.schema
-    return dict(protobuf_kind(schema.text, schema.message or "", schema.enums).number_paths())
+    return protobuf_kind(schema.text, schema.message or "", schema.enums)
+
+
+def number_paths(stream: StreamConfig) -> dict[str, str] | None:
+    """A Protobuf stream's field-number paths and their column paths (None: not Protobuf)."""
+    kind = _kind(stream)
+    return None if kind is None else dict(kind.number_paths())
 
 
 def rename_by_numbers(catalog: Catalog, stream: StreamConfig) -> None:
     """Before the table evolves to ``stream``'s columns: rename the columns whose field
-    number the table already holds under another name (see the module doc)."""
-    now = number_paths(stream)
-    if now is None:
+    number the table already holds under another name (see the module doc). Only a field
+    whose own name changed is renamed (a child follows its renamed parent by itself); all
+    paths are the table's current ones, as one schema update takes them."""
+    kind = _kind(stream)
+    if kind is None:
         return
     try:
         table = catalog.load_table(stream.table)
     except NoSuchTableError:
         return
-    stored = _stored(table)
-    renames = {old: now[number] for number, old in stored.items()
-               if number in now and now[number] != old}
+    renames = kind.renames_from(_stored(table))
     if not renames:
         return
     schema = table.schema()
     with table.transaction() as tx:
         with tx.update_schema() as update:
-            for old, new in sorted(renames.items()):
+            for old, new in renames:
                 update.rename_column(iceberg_path(schema, old), new.rsplit(".", 1)[-1])
-        tx.set_properties({FIELDS_PROP: json.dumps(now, sort_keys=True)})
-    for old, new in sorted(renames.items()):
+        tx.set_properties({FIELDS_PROP: json.dumps(kind.number_paths(), sort_keys=True)})
+    for old, new in renames:
         log.info("table %s: renamed column %s to %s (same Protobuf field number)",
                  stream.table, old, new)
 

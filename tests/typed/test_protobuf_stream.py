@@ -1,0 +1,339 @@
+"""A ``format = "protobuf"`` stream the whole way (#39): a producer's own message over gRPC
+(its bytes in ``Event.data``, sent by the generated class through icefloe's client) and
+over HTTP (``application/x-protobuf``, length-delimited, canonical JSON) → the ingestor
+checks each message → envelope version 2 in the batch files → the collector decodes into
+Arrow → Iceberg; read back by pyiceberg, ``icefloe query`` and Spark, also after the
+``.proto`` renamed fields (same numbers: same columns) and added one. Bad messages are
+refused with the field named and nothing of the request stored."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import httpx
+import msgspec
+import pytest
+from collector_support import collect_all, collector_config, output_engine, read_table
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from ingest_support import grpc_serving, http_serving, running, stored_events
+
+from icefloe.client import AsyncGrpcClient, IngestRejected
+from icefloe.config import Config, StreamConfig
+from icefloe.config.typed_streams import with_typed_columns
+from icefloe.streams.model import TypedSchema
+from icefloe.v1 import ingest_pb2
+from icefloe_app.cli import main
+from pipeline.load.run import LocalEngine
+
+UTC = dt.UTC
+MESSAGE = "acme.orders.v1.OrderPlaced"
+PROTO_V1 = """
+syntax = "proto3";
+package acme.orders.v1;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/wrappers.proto";
+
+enum Status { STATUS_UNSPECIFIED = 0; STATUS_PLACED = 1; STATUS_PAID = 2; }
+message Item { string sku = 1; int32 quantity = 2; double price = 3; }
+message OrderPlaced {
+  string order_id = 1;
+  int64 amount_cents = 2;
+  Status status = 3;
+  repeated Item items = 4;
+  map<string, string> labels = 5;
+  google.protobuf.Timestamp placed_at = 6;
+  google.protobuf.StringValue coupon = 7;
+  Item first = 8;
+}
+"""
+PROTO_V2 = (PROTO_V1
+            .replace("string sku = 1;", "string code = 1;")
+            .replace("int64 amount_cents = 2;", "int64 total_cents = 2;")
+            .replace("Item first = 8;", "Item first = 8;\n  string channel = 9;"))
+"""A field renamed at the top level and one inside a nested message (numbers kept), and a
+field added: the table keeps its columns under the new names and gains one."""
+
+
+def compile_proto(root: Path, text: str) -> Path:
+    """``protoc --include_imports --descriptor_set_out`` of ``text``; the set's path."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "orders.proto").write_text(text)
+    import grpc_tools
+
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    out = root / "orders.binpb"
+    done = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{root}", f"-I{include}",
+         "--include_imports", f"--descriptor_set_out={out}", f"--python_out={root}",
+         "orders.proto"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def generated_module(root: Path) -> ModuleType:
+    """The ``orders_pb2`` protoc generated (a producer's own class)."""
+    spec = importlib.util.spec_from_file_location("typed_orders_v1_pb2", root / "orders_pb2.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.asynccontextmanager
+async def grpc_client(config: Config, **options: Any) -> AsyncIterator[AsyncGrpcClient]:
+    """icefloe's gRPC client on a real ingestor serving ``config``."""
+    async with grpc_serving(config) as (_, served), \
+            AsyncGrpcClient(f"127.0.0.1:{served.port}", **options) as client:
+        yield client
+
+
+def message_class(descriptor_set: Path, name: str = MESSAGE) -> Any:
+    """A message class from a descriptor set, in its own pool (a second version of the
+    same file cannot share the default pool with the first)."""
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set.read_bytes())
+    pool = descriptor_pool.DescriptorPool()
+    for proto in files.file:
+        pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+
+
+def typed_config(tmp_path: Path, descriptor_set: Path, **collector: Any) -> Config:
+    stream = StreamConfig(name="orders", table="shop.orders", columns=(), format="protobuf",
+                          schema=TypedSchema(message=MESSAGE,
+                                             descriptor_set=str(descriptor_set)))
+    streams = with_typed_columns((stream,), tmp_path, "test")
+    return collector_config(tmp_path, streams=streams, **collector)
+
+
+def order(cls: Any, i: int, **fields: Any) -> Any:
+    msg = cls(order_id=f"o{i}", status=1 + i % 2, labels={"src": f"s{i}"}, **fields)
+    msg.items.add(quantity=i, price=1.5 * i, **{_sku(cls): f"sku{i}"})
+    msg.placed_at.FromDatetime(dt.datetime(2026, 11, 23, 10, i, tzinfo=UTC))
+    if i % 2:
+        msg.coupon.value = f"C{i}"
+    msg.first.CopyFrom(msg.items[0])
+    amount = "total_cents" if _v2(cls) else "amount_cents"
+    setattr(msg, amount, 100 * i)
+    return msg
+
+
+def _v2(cls: Any) -> bool:
+    return "channel" in cls.DESCRIPTOR.fields_by_name
+
+
+def _sku(cls: Any) -> str:
+    return "code" if _v2(cls) else "sku"
+
+
+async def ingest_v1(config: Config, module: ModuleType) -> None:
+    cls = module.OrderPlaced
+    async with grpc_client(config) as client:
+        assert await client.publish("orders", [order(cls, 1), order(cls, 2)]) == 2
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        one = await http.post("/v1/streams/orders/events", content=order(cls, 3)
+                              .SerializeToString(),
+                              headers={"content-type": "application/x-protobuf"})
+        assert one.status_code == 202, one.text
+        delimited = b"".join(_varint(len(m)) + m for m in (
+            order(cls, 4).SerializeToString(), order(cls, 5).SerializeToString()))
+        many = await http.post("/v1/streams/orders/events", content=delimited,
+                               headers={"content-type": "application/x-protobuf; "
+                                                        "delimited=true"})
+        assert (many.status_code, many.json()["accepted"]) == (202, 2), many.text
+        from google.protobuf import json_format
+
+        canonical = await http.post("/v1/streams/orders/events",
+                                    content=json_format.MessageToJson(order(cls, 6)))
+        assert canonical.status_code == 202, canonical.text
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def check_row(row: dict[str, Any], i: int, *, amount: str = "amount_cents",
+              sku: str = "sku") -> None:
+    assert row[amount] == 100 * i
+    assert row["status"] == ("STATUS_PAID" if i % 2 else "STATUS_PLACED")
+    [item] = row["items"]
+    assert (item[sku], item["quantity"], item["price"]) == (f"sku{i}", i, 1.5 * i)
+    assert dict(row["labels"]) == {"src": f"s{i}"}
+    placed = row["placed_at"]  # Spark gives naive datetimes in its session zone (UTC)
+    assert (placed if placed.tzinfo else placed.replace(tzinfo=UTC)) == \
+        dt.datetime(2026, 11, 23, 10, i, tzinfo=UTC)
+    assert row["coupon"] == (f"C{i}" if i % 2 else None)
+    assert row["first"][sku] == f"sku{i}"
+
+
+async def test_a_protobuf_producer_fills_a_table_over_grpc_and_http(tmp_path):
+    """Six messages sent four ways land as six rows whose columns are the message's; the
+    batch files hold the producer's bytes (envelope version 2), not JSON."""
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    config = typed_config(tmp_path, v1)
+    await ingest_v1(config, generated_module(tmp_path / "v1"))
+    stored = await stored_events(config.store.url)
+    assert {e.format for e in stored} == {1}
+    cls = message_class(v1)
+    assert cls.FromString(stored[0].payload).order_id == "o1"
+    await collect_all(config, LocalEngine())
+    from pipeline.iceberg.catalog import open_catalog
+
+    schema = open_catalog(config.catalog).load_table("shop.orders").schema()
+    kinds = {f.name: str(f.field_type) for f in schema.fields}
+    assert kinds["amount_cents"] == "long"
+    assert kinds["status"] == "string"
+    assert kinds["placed_at"] == "timestamptz"
+    assert kinds["items"].startswith("list<struct<")
+    assert kinds["labels"].startswith("map<string, string>")
+    rows = {r["order_id"]: r for r in read_table(config, "shop.orders").to_pylist()}
+    assert sorted(rows) == [f"o{i}" for i in range(1, 7)]
+    for i in range(1, 7):
+        check_row(rows[f"o{i}"], i)
+
+
+async def test_the_query_command_reads_the_typed_columns(tmp_path, capsys):
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    config = typed_config(tmp_path, v1)
+    cls = message_class(v1)
+    async with grpc_client(config) as client:
+        assert await client.publish("orders", [order(cls, 3)]) == 1
+    await collect_all(config, LocalEngine())
+    path = tmp_path / "query.toml"
+    path.write_text(f'[catalog]\nuri = "{config.catalog.uri}"\n'
+                    f'warehouse = "{config.catalog.warehouse}"\n'
+                    '[store]\nurl = "file:///tmp/unused-store"\n')
+    capsys.readouterr()
+    assert main(["query", "--config", str(path), "--format", "json",
+                 "SELECT order_id, amount_cents, status, coupon FROM shop.orders"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"order_id": "o3", "amount_cents": 300, "status": "STATUS_PAID", "coupon": "C3"}]
+
+
+async def test_renamed_and_added_fields_keep_their_columns_on_spark(tmp_path, spark):
+    """v1's rows, then the ``.proto`` renames ``amount_cents`` → ``total_cents`` and
+    ``Item.sku`` → ``Item.code`` (numbers kept) and adds ``channel``: the table renames
+    the columns (same Iceberg field ids), so old and new rows read under the new names,
+    through Spark too; ``channel`` is null on the old rows."""
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    config = typed_config(tmp_path, v1)
+    cls1 = message_class(v1)
+    async with grpc_client(config) as client:
+        assert await client.publish("orders", [order(cls1, 1)]) == 1
+    await collect_all(config, output_engine(spark, "embedded"))
+    v2 = compile_proto(tmp_path / "v2", PROTO_V2)
+    config2 = typed_config(tmp_path, v2)
+    cls2 = message_class(v2)
+    async with grpc_client(config2) as client:
+        assert await client.publish("orders", [order(cls2, 2, channel="web")]) == 1
+    await collect_all(config2, output_engine(spark, "embedded"))
+    from pipeline.iceberg.catalog import open_catalog
+
+    table = open_catalog(config.catalog).load_table("shop.orders")
+    names = [f.name for f in table.schema().fields]
+    assert "amount_cents" not in names
+    assert "total_cents" in names
+    assert "channel" in names
+    from pipeline.read.iceberg_source import read_table as spark_read_table
+
+    frame = spark_read_table(spark, config.catalog, "shop.orders")
+    rows = {r["order_id"]: r.asDict(recursive=True) for r in frame.collect()}
+    assert sorted(rows) == ["o1", "o2"]
+    check_row(rows["o1"], 1, amount="total_cents", sku="code")
+    check_row(rows["o2"], 2, amount="total_cents", sku="code")
+    assert (rows["o1"]["channel"], rows["o2"]["channel"]) == (None, "web")
+
+
+async def test_a_message_that_does_not_parse_is_refused_and_nothing_is_stored(tmp_path):
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    config = typed_config(tmp_path, v1)
+    cls = message_class(v1)
+    good = order(cls, 1).SerializeToString()
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        bad = await http.post("/v1/streams/orders/events", content=good[:-3],
+                              headers={"content-type": "application/x-protobuf"})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"] == "invalid_payload"
+        framed = await http.post("/v1/streams/orders/events", content=b"\x00\x00\x00\x00\x05"
+                                 + good, headers={"content-type": "application/x-protobuf"})
+        assert framed.status_code == 400
+        assert "Confluent" in framed.json()["message"]
+        cut = await http.post("/v1/streams/orders/events", content=_varint(50) + good,
+                              headers={"content-type": "application/x-protobuf; "
+                                                       "delimited=true"})
+        assert cut.status_code == 400
+        assert "runs past the end" in cut.json()["message"]
+        wrong_json = await http.post("/v1/streams/orders/events",
+                                     json={"order_id": "o1", "amount_cents": "lots"})
+        assert wrong_json.status_code == 400
+        assert "amount_cents" in wrong_json.text
+    async with grpc_client(config, retries=0) as client:
+        with pytest.raises(IngestRejected) as caught:
+            await client.publish("orders", [ingest_pb2.Event(data=good),
+                                            ingest_pb2.Event(data=b"\xff\xff")])
+        assert caught.value.status == grpc.StatusCode.INVALID_ARGUMENT
+        assert "event 1" in str(caught.value)
+    assert await stored_events(config.store.url) == []
+
+
+async def test_a_json_stream_refuses_binary_messages_by_name(tmp_path):
+    config = collector_config(tmp_path)
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        refused = await http.post("/v1/streams/clicks/events", content=b"\x0a\x01x",
+                                  headers={"content-type": "application/x-protobuf"})
+        assert refused.status_code == 415
+        assert 'format = "protobuf"' in refused.json()["message"]
+    async with grpc_client(config, retries=0) as client:
+        with pytest.raises(IngestRejected) as caught:
+            await client.publish("clicks", [ingest_pb2.Event(data=b"\x0a\x01x")])
+        assert "Event.data" in str(caught.value)
+
+
+def test_a_typed_stream_config_refuses_what_it_cannot_honour(tmp_path):
+    from icefloe.config import load_config
+    from icefloe.errors import ConfigError
+
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    base = f'''[[streams]]
+name = "orders"
+table = "shop.orders"
+format = "protobuf"
+schema = {{ message = "{MESSAGE}", descriptor_set = "{v1}" }}
+'''
+    path = tmp_path / "icefloe.toml"
+    for extra, needle in [
+            ('columns = [{ name = "x", type = "string" }]\n', "remove `columns`"),
+            ('unknown_fields = "evolve"\n', "`unknown_fields` is not available"),
+            ('event_id_field = "order_id"\n', "`event_id_field` is not available"),
+            ('on_invalid = "dead_letter"\n', "`on_invalid` is not available")]:
+        path.write_text(base + extra)
+        with pytest.raises(ConfigError, match=needle):
+            load_config(path)
+    path.write_text(base.replace(MESSAGE, "acme.orders.v1.Nope"))
+    with pytest.raises(ConfigError, match="Nope"):
+        load_config(path)
+    path.write_text(base.replace(str(v1), str(tmp_path / "missing.binpb")))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(path)
+    path.write_text(base)
+    loaded = load_config(path).streams[0]
+    assert [c.name for c in loaded.columns][:3] == ["order_id", "amount_cents", "status"]
+    assert msgspec.json.decode(msgspec.json.encode(loaded.schema))["text"]
