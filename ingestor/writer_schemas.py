@@ -6,8 +6,9 @@ reads the registry document (``schemas.json`` in the store) when it starts and a
 record names an id above the highest it knows: that id may have been registered a moment
 ago, so the request is answered 503 (retry, nothing accepted) while the document is read
 again. An id at or below the highest known that is not in the document was never
-registered (or is another kind of schema): that is the client's error, 400. Ids are never
-reused and a schema never changes, so what is cached stays true.
+registered, nor is one still missing after a read that started after it was first asked
+for: that is the client's error, 400 (so a wrong id is never retried forever). Ids are
+never reused and a schema never changes, so what is cached stays true.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.store.base import AsyncObjectStore
 
 log = logging.getLogger("icefloe.ingestor")
+MAX_TRACKED = 1024
+"""Most unknown ids remembered (they come from clients)."""
 
 
 class NotYetKnown(Exception):
@@ -34,6 +37,10 @@ class WriterSchemas:
         self._known: dict[int, tuple[str, str, bool]] = {}
         self._highest = 0
         self._refreshing: asyncio.Task[None] | None = None
+        self._waiting: set[int] = set()
+        """Ids asked for above the highest known, until the next read answers them."""
+        self._missing: set[int] = set()
+        """Ids a read made after they were asked for did not hold (bounded: client input)."""
 
     def lookup(self, schema_id: int) -> tuple[str, str, bool] | None:
         """``(type, text, has_references)`` of ``schema_id``; None if it does not exist.
@@ -44,7 +51,9 @@ class WriterSchemas:
         found = self._known.get(schema_id)
         if found is not None:
             return found
-        if schema_id > self._highest:
+        if schema_id > self._highest and schema_id not in self._missing:
+            if len(self._waiting) < MAX_TRACKED:
+                self._waiting.add(schema_id)
             self.refresh_soon()
             raise NotYetKnown(schema_id)
         return None
@@ -64,8 +73,12 @@ class WriterSchemas:
 
     async def refresh(self) -> None:
         """Read the registry document and remember every schema in it."""
+        asked, self._waiting = self._waiting, set()
         doc = await self._store.read()
         for record in doc.schemas:
             self._known[record.id] = (record.schema_type, record.canonical,
                                       bool(record.references))
             self._highest = max(self._highest, record.id)
+        if len(self._missing) > MAX_TRACKED:
+            self._missing.clear()
+        self._missing |= {i for i in asked if i not in self._known}

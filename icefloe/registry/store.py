@@ -79,8 +79,10 @@ class RegistryStore:
                 seeded = create_source(seeded, spec, clock=self.clock)
             # one version for the whole seed, and the seeded sinks receive everything since
             # version 0: events accepted from the config before the registry existed
+            typed = {s.name: s for s in streams if s.format != "json"}
             return Registry(version=1, updated_at=seeded.updated_at, seeded_from=source,
-                            sources=tuple(_since_the_start(s) for s in seeded.sources))
+                            sources=tuple(_typed(_since_the_start(s), typed.get(s.id))
+                                          for s in seeded.sources))
 
         return await self.update(first)
 
@@ -89,6 +91,14 @@ def _since_the_start(source: Source) -> Source:
     sinks = tuple(msgspec.structs.replace(s, created_version=0, updated_version=1)
                   for s in source.sinks)
     return msgspec.structs.replace(source, sinks=sinks, created_version=0, updated_version=1)
+
+
+def _typed(source: Source, stream: StreamConfig | None) -> Source:
+    """A seeded source keeps its config stream's payload format and type (Protobuf, Avro):
+    the admin API does not take typed sources itself yet, only icefloe.toml declares them."""
+    if stream is None:
+        return source
+    return msgspec.structs.replace(source, format=stream.format, schema=stream.schema)
 
 
 def refuse_conflicts(registry: Registry, streams: Sequence[StreamConfig], where: str) -> None:

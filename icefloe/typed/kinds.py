@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 @functools.lru_cache(maxsize=64)
 def protobuf_kind(text: str, message: str, enums: str = "string") -> ProtobufType:
     """The message ``message`` of a base64 descriptor set ``text``."""
-    # imported here: the protobuf runtime loads only in processes that have such a stream
-    from icefloe.typed.protobuf import ProtobufType
+    from icefloe.typed.protobuf import ProtobufType  # here: loads only where one is used
 
     return ProtobufType.from_descriptor_set(base64.b64decode(text), message,
                                             enums="int" if enums == "int" else "string")
@@ -32,8 +31,7 @@ def protobuf_kind(text: str, message: str, enums: str = "string") -> ProtobufTyp
 @functools.lru_cache(maxsize=256)
 def avro_kind(text: str) -> AvroType:
     """The Avro schema of JSON ``text`` (a stream's reader schema, or a writer's)."""
-    # imported here: fastavro loads only in processes that have such a stream
-    from icefloe.typed.avro import AvroType
+    from icefloe.typed.avro import AvroType  # here: fastavro loads only where one is used
 
     return AvroType.from_schema(text)
 

@@ -337,3 +337,32 @@ schema = {{ message = "{MESSAGE}", descriptor_set = "{v1}" }}
     loaded = load_config(path).streams[0]
     assert [c.name for c in loaded.columns][:3] == ["order_id", "amount_cents", "status"]
     assert msgspec.json.decode(msgspec.json.encode(loaded.schema))["text"]
+
+
+async def test_a_queue_written_during_a_rolling_upgrade_lands_whole(tmp_path):
+    """The queue holds a batch an old ingestor wrote (version 1 records only) and batches
+    of upgraded ingestors mixing version 1 (a JSON stream) and version 2 (a Protobuf
+    stream) records: the (upgraded) collector commits every event of both streams once,
+    with no dead letter."""
+    from collector_support import CLICKS, click, publish_sync
+
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    orders = typed_config(tmp_path, v1).streams[0]
+    config = collector_config(tmp_path, streams=(CLICKS, orders))
+    publish_sync(config, [[click(i, "old") for i in range(3)]])  # before the upgrade
+    cls = message_class(v1)
+    async with grpc_client(config) as client:
+        assert await client.publish("orders", [order(cls, 1), order(cls, 2)]) == 2
+        assert await client.publish("clicks", [{"user_id": "u9", "url": "/new"}]) == 1
+    stored = await stored_events(config.store.url)
+    assert sorted({(e.stream, e.format) for e in stored}) == [("clicks", 0), ("orders", 1)]
+    await collect_all(config, LocalEngine())
+    assert sorted(r["order_id"] for r in read_table(config, "shop.orders").to_pylist()) == [
+        "o1", "o2"]
+    assert sorted(r["user_id"] for r in read_table(config, "web.clicks").to_pylist()) == [
+        "u0", "u1", "u2", "u9"]
+    from pipeline.iceberg.catalog import open_catalog
+
+    catalog = open_catalog(config.catalog)
+    if catalog.table_exists("icefloe.dead_letters"):
+        assert read_table(config, "icefloe.dead_letters").num_rows == 0
