@@ -265,6 +265,50 @@ class ProtobufType:
             raise problem or TypedPayloadError(
                 f"{self.full_name}: a field has another wire type than its declared type")
 
+    def check_many(self, payloads: Sequence[bytes]) -> bool:
+        """Whether every payload passes :meth:`check`, found in one parse of all of them
+        (as the repeated field of a wrapper message: one C call instead of five per
+        message, the ingestor's hot path). False says only that some payload does not:
+        :meth:`check` each one then to find which, and why."""
+        if not payloads:
+            return True
+        if not all(payloads):  # an empty payload is no message (check refuses it too)
+            return False
+        wrapper = self._batch_class()()
+        try:
+            wrapper.ParseFromString(b"".join(
+                b"\x0a" + _varint(len(payload)) + payload for payload in payloads))
+        except DecodeError:
+            return False
+        if len(wrapper.items) != len(payloads):  # never: each framed payload is one item
+            return False
+        if self._has_required and not wrapper.IsInitialized():
+            return False
+        size = wrapper.ByteSize()
+        wrapper.DiscardUnknownFields()
+        return wrapper.ByteSize() == size  # unknown fields: check each (wire types)
+
+    def _batch_class(self) -> type[Message]:
+        """``message Batch { repeated <this message> items = 1; }`` in this type's pool."""
+        found = self.__dict__.get("_batch")
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        name = "Batch_" + re.sub(r"\W", "_", self.full_name)
+        file = descriptor_pb2.FileDescriptorProto(
+            name=f"icefloe/batch/{self.full_name}.proto", package="icefloe.batch",
+            syntax="proto3", dependency=[self.descriptor.file.name],
+            message_type=[descriptor_pb2.DescriptorProto(name=name, field=[
+                descriptor_pb2.FieldDescriptorProto(
+                    name="items", number=1,
+                    label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+                    type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                    type_name="." + self.full_name)])])
+        self._pool.Add(file)
+        made: type[Message] = message_factory.GetMessageClass(
+            self._pool.FindMessageTypeByName(f"icefloe.batch.{name}"))
+        self.__dict__["_batch"] = made
+        return made
+
     def parse(self, payload: bytes) -> Message:
         """The payload as a message (after :meth:`check`'s refusals)."""
         self.check(payload)
@@ -761,3 +805,15 @@ def message_names(files: Mapping[str, FileDescriptorProto]) -> list[str]:
     """Full names of the messages the files declare (map entries left out): what a user
     may name as a stream's message."""
     return [n for f in files.values() for n in _message_names(f.package, f.message_type)]
+
+
+def _varint(value: int) -> bytes:
+    """``value`` as a Protobuf base-128 varint (a length prefix)."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

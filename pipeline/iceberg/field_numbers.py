@@ -21,7 +21,6 @@ import logging
 from collections.abc import Mapping
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import IcebergType, ListType, MapType, StructType
@@ -29,6 +28,7 @@ from pyiceberg.types import IcebergType, ListType, MapType, StructType
 from icefloe.streams.model import StreamConfig
 from icefloe.typed.kinds import protobuf_kind
 from icefloe.typed.protobuf import ProtobufType
+from pipeline.iceberg.errors import load_table_or_none
 
 FIELDS_PROP = "icefloe.protobuf.field-numbers"
 """Table property: JSON object, field-number path → dotted column path."""
@@ -57,9 +57,8 @@ def rename_by_numbers(catalog: Catalog, stream: StreamConfig) -> None:
     kind = _kind(stream)
     if kind is None:
         return
-    try:
-        table = catalog.load_table(stream.table)
-    except NoSuchTableError:
+    table = load_table_or_none(catalog, stream.table)
+    if table is None:
         return
     renames = kind.renames_from(_stored(table))
     if not renames:

@@ -28,14 +28,14 @@ import pyarrow.json as pajson
 
 from icefloe.errors import BatchFormatError
 from icefloe.formats.batch import decode_block
-from icefloe.formats.envelope import StreamColumns, TypedRecords, split_by_stream
+from icefloe.formats.envelope import StreamColumns, split_by_stream
 from icefloe.streams.invalid import INVALID_REASON, parse_invalid, stream_of_invalid
 from pipeline.columns import ENVELOPE, TIMESTAMP, dead_letter_arrow_schema
 from pipeline.load.mapped import add_derived, apply_templates
 from pipeline.load.native_arrow import read_type, restore
 from pipeline.load.spec import EntryFile, StreamPlan, TypedPlan
 from pipeline.load.split import ColumnarStream, split_columnar
-from pipeline.load.typed import decode_typed
+from pipeline.load.typed import Rows, decode_typed
 
 
 @dataclass(slots=True)
@@ -317,7 +317,7 @@ def _dead_rows(dead: DeadLetters, ref: EntryFile, cols: StreamColumns, reason: s
                  event_id=event_id, raw=line, received_at_ms=at_ms)
 
 
-def _add_typed(out: Decoded, ref: EntryFile, rows: TypedRecords, plan: Plan | None) -> None:
+def _add_typed(out: Decoded, ref: EntryFile, rows: Rows, plan: Plan | None) -> None:
     """A stream's version 2 records: decoded into ``out.tables`` when the stream is typed;
     otherwise (an unknown stream, a JSON stream) each becomes a dead letter saying why."""
     stream = rows.stream
@@ -325,19 +325,33 @@ def _add_typed(out: Decoded, ref: EntryFile, rows: TypedRecords, plan: Plan | No
         reason = "unknown_stream" if plan is None else "payload_format"
         message = f"stream {stream!r} is not configured" if plan is None else \
             f"stream {stream!r} takes JSON payloads; this record holds a binary one"
-        for i, index in enumerate(rows.record_indexes):
-            out.dead.add(ref, reason=reason, message=message, stream=stream, index=index,
-                         event_id=rows.event_ids[i], raw=rows.payloads[i],
-                         received_at_ms=rows.received_at_ms[i])
+        for i in range(len(rows.record_indexes)):
+            _dead_typed(out.dead, ref, rows, i, reason, message)
         return
     decoded = decode_typed(rows, plan)
     for i, reason, message in decoded.bad:
-        out.dead.add(ref, reason=reason, message=message, stream=stream,
-                     index=rows.record_indexes[i], event_id=rows.event_ids[i],
-                     raw=rows.payloads[i], received_at_ms=rows.received_at_ms[i])
+        _dead_typed(out.dead, ref, rows, i, reason, message)
     kept = decoded.kept
-    out.tables[stream] = _with_meta(decoded.table, [rows.event_ids[i] for i in kept],
-                                    [rows.received_at_ms[i] for i in kept], ref.sequence)
+    ids = rows.event_ids
+    every = len(kept) == len(ids)
+    if isinstance(ids, pa.Array):
+        ids = ids if every else ids.take(pa.array(kept))
+    else:
+        ids = ids if every else [ids[i] for i in kept]
+    received = np.asarray(rows.received_at_ms, dtype=np.int64)
+    out.tables[stream] = _with_meta(decoded.table, ids, received if every else received[kept],
+                                    ref.sequence)
+
+
+def _dead_typed(dead: DeadLetters, ref: EntryFile, rows: Rows, i: int, reason: str,
+                message: str) -> None:
+    """Version 2 record ``i`` of ``rows`` as a dead letter (its binary payload as ``raw``)."""
+    event_id, payload = rows.event_ids[i], rows.payloads[i]
+    dead.add(ref, reason=reason, message=message, stream=rows.stream,
+             index=int(rows.record_indexes[i]),
+             event_id=event_id.as_py() if isinstance(event_id, pa.Scalar) else event_id,
+             raw=payload.as_py() if isinstance(payload, pa.Scalar) else payload,
+             received_at_ms=int(rows.received_at_ms[i]))
 
 
 def _add_invalid(dead: DeadLetters, ref: EntryFile, stream: str, cols: StreamColumns) -> None:

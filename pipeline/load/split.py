@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from icefloe.formats.envelope import ENVELOPE_VERSION, FLAG_META, HEADER_SIZE
+from icefloe.formats.envelope import ENVELOPE_VERSION, FLAG_META, HEADER_SIZE, TYPED_VERSION
 
 _U32 = struct.Struct("<I")
 _MIN_SIZE = HEADER_SIZE + 4  # header, 1-byte stream, id length, 1-byte id, 1-byte payload
@@ -39,6 +39,32 @@ class ColumnarStream:
     ndjson: bytes
     metas: pa.BinaryArray | None = None
     """Each record's envelope meta (empty when it has none); None when no record has one."""
+
+
+@dataclass(slots=True)
+class ColumnarTyped:
+    """One stream's version 2 records (binary payloads), column-wise: row i is
+    ``payloads[i]`` of ``formats[i]`` written with ``schema_ids[i]`` (no Python object
+    per record: the decoders take the Arrow array as it is)."""
+
+    stream: str
+    event_ids: pa.StringArray
+    received_at_ms: np.ndarray
+    record_indexes: np.ndarray
+    payloads: pa.BinaryArray
+    formats: np.ndarray
+    schema_ids: np.ndarray
+
+
+class ColumnarSplit(dict[str, ColumnarStream]):
+    """``stream -> ColumnarStream`` of the JSON records, and ``typed``: ``stream ->
+    ColumnarTyped`` of the version 2 ones (as :class:`icefloe.formats.envelope.StreamSplit`)."""
+
+    __slots__ = ("typed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.typed: dict[str, ColumnarTyped] = {}
 
 
 def _offsets(block: bytes, count: int) -> np.ndarray | None:
@@ -104,10 +130,11 @@ def _stream_codes(buf: np.ndarray, name_at: np.ndarray, name_len: np.ndarray
 
 
 # the hot loop, inline on purpose: ruff's caps (noqa below)
-def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None:  # noqa: C901
+def split_columnar(block: bytes, count: int  # noqa: C901, PLR0912, PLR0915
+                   ) -> ColumnarSplit | None:
     """Split a decoded block by stream, or None when the exact path must decide."""
     if count == 0:
-        return {}
+        return ColumnarSplit()
     edges = _offsets(block, count)
     if edges is None:
         return None
@@ -117,7 +144,8 @@ def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None
     if ((end - env) < _MIN_SIZE).any():
         return None
     flags = buf[env + 1]
-    if (buf[env] != ENVELOPE_VERSION).any() or (flags > FLAG_META).any():
+    typed = buf[env] == TYPED_VERSION
+    if ((buf[env] != ENVELOPE_VERSION) & ~typed).any() or (flags > FLAG_META).any():
         return None
     name_at = env + HEADER_SIZE
     name_len = buf[env + HEADER_SIZE - 1].astype(np.int64)
@@ -143,19 +171,44 @@ def split_columnar(block: bytes, count: int) -> dict[str, ColumnarStream] | None
         if (payload_at >= end).any():
             return None
     received = buf[(env + 2)[:, None] + np.arange(8)].copy().view("<i8").ravel()
+    formats = schema_ids = None
+    if typed.any():  # version 2: a format byte and a u32 schema id, then the binary payload
+        if (payload_at[typed] + 5 >= end[typed]).any():
+            return None
+        head = np.minimum(payload_at[:, None] + np.arange(5), len(buf) - 1)
+        formats = np.where(typed, buf[head[:, 0]], 0).astype(np.int64)
+        if (typed & ~np.isin(formats, (1, 2))).any():
+            return None
+        schema_ids = np.where(typed, buf[head[:, 1:]].copy().view("<u4").ravel(), 0
+                              ).astype(np.int64)
+        payload_at = payload_at + np.where(typed, 5, 0)
 
     names, codes = _stream_codes(buf, name_at, name_len)
     # One extra byte so every payload, the last one included, can be followed by "\n".
     padded = np.empty(len(buf) + 1, dtype=np.uint8)
     padded[:-1] = buf
     padded[end] = _NEWLINE
-    out: dict[str, ColumnarStream] = {}
+    out = ColumnarSplit()
     for raw_name, code in names.items():
         try:
             name = raw_name.decode()
         except UnicodeDecodeError:
             return None
         rows = np.flatnonzero(codes == code) if len(names) > 1 else np.arange(count)
+        if formats is not None and schema_ids is not None and typed[rows].any():
+            binary = rows[typed[rows]]
+            ids = _binary(padded, id_at[binary], id_len[binary], pa.string())
+            try:
+                ids.validate(full=True)
+            except pa.ArrowInvalid:
+                return None
+            out.typed[name] = ColumnarTyped(
+                name, ids, received[binary], binary,
+                _binary(padded, payload_at[binary], end[binary] - payload_at[binary]),
+                formats[binary], schema_ids[binary])
+            rows = rows[~typed[rows]]
+            if not len(rows):
+                continue
         ndjson = _masked(padded, payload_at[rows], end[rows] + 1)
         if np.count_nonzero(ndjson == _NEWLINE) != len(rows) or (ndjson == _CR).any():
             return None  # a raw line break inside a payload: let the exact path reject it

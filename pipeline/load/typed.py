@@ -11,17 +11,20 @@ says which rows could not be read, so the caller dead-letters those and keeps th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from icefloe.formats.envelope import TypedRecords
 from icefloe.typed.codec import FORMAT_AVRO, FORMAT_NAMES, FORMAT_PROTOBUF
 from icefloe.typed.kinds import avro_kind, protobuf_kind
 from pipeline.load.spec import TypedPlan
+from pipeline.load.split import ColumnarTyped
 
 _CODES = {"protobuf": FORMAT_PROTOBUF, "avro": FORMAT_AVRO}
+Rows = TypedRecords | ColumnarTyped
+"""A stream's version 2 records: lists (the exact split) or arrays (the columnar one)."""
 
 
 @dataclass(slots=True)
@@ -30,24 +33,28 @@ class TypedRows:
     the records that could not be read: ``(position, reason, message)``."""
 
     table: pa.Table
-    kept: list[int] = field(default_factory=list)
+    kept: np.ndarray
     bad: list[tuple[int, str, str]] = field(default_factory=list)
 
 
-def decode_typed(rows: TypedRecords, plan: TypedPlan) -> TypedRows:
+def payload_array(rows: Rows) -> pa.BinaryArray:
+    """The rows' payloads as one Arrow array (as they are, from the columnar split)."""
+    if isinstance(rows.payloads, pa.Array):
+        return rows.payloads
+    return pa.array(rows.payloads, pa.binary())
+
+
+def decode_typed(rows: Rows, plan: TypedPlan) -> TypedRows:
     """Decode ``rows`` with ``plan``'s type; a record of another format, with an unknown
     writer schema, or that does not parse is reported in ``bad`` (never guessed)."""
     spec = plan.typed
+    formats = np.asarray(rows.formats, dtype=np.int64)
     want = _CODES[spec.format]
-    bad: list[tuple[int, str, str]] = []
-    positions: list[int] = []
-    for position, fmt in enumerate(rows.formats):
-        if fmt != want:
-            bad.append((position, "payload_format",
-                        f"stream {rows.stream!r} takes {spec.format} payloads; this record "
-                        f"holds {FORMAT_NAMES.get(fmt, f'format {fmt}')}"))
-        else:
-            positions.append(position)
+    bad = [(int(p), "payload_format",
+            f"stream {rows.stream!r} takes {spec.format} payloads; this record holds "
+            f"{FORMAT_NAMES.get(int(formats[p]), f'format {int(formats[p])}')}")
+           for p in np.flatnonzero(formats != want)]
+    positions = np.flatnonzero(formats == want)
     if spec.format == "protobuf":
         table, kept = _protobuf(rows, plan, positions, bad)
     else:
@@ -59,43 +66,48 @@ def decode_typed(rows: TypedRecords, plan: TypedPlan) -> TypedRows:
     return TypedRows(table, kept, bad)
 
 
-def _protobuf(rows: TypedRecords, plan: TypedPlan, positions: list[int],
-              bad: list[tuple[int, str, str]]) -> tuple[pa.Table, list[int]]:
-    # imported here: its Arrow decoder library loads only where a Protobuf stream is decoded
-    from pipeline.load.protobuf_arrow import decode_protobuf
+def _taken(rows: Rows, positions: np.ndarray) -> pa.BinaryArray:
+    payloads = payload_array(rows)
+    return payloads if len(positions) == len(payloads) else payloads.take(pa.array(positions))
+
+
+def _protobuf(rows: Rows, plan: TypedPlan, positions: np.ndarray,
+              bad: list[tuple[int, str, str]]) -> tuple[pa.Table, np.ndarray]:
+    from pipeline.load.protobuf_arrow import decode_protobuf  # here: ptars loads on use
 
     spec = plan.typed
     kind = protobuf_kind(spec.text, spec.message, spec.enums)
-    table, failed = decode_protobuf(kind, [rows.payloads[p] for p in positions])
-    return _kept(table, positions, failed, bad)
+    table, failed = decode_protobuf(kind, _taken(rows, positions))
+    return table, _kept(positions, failed, bad)
 
 
-def _avro(rows: TypedRecords, plan: TypedPlan, positions: list[int],
-          bad: list[tuple[int, str, str]]) -> tuple[pa.Table, list[int]]:
-    # imported here: its Arrow decoder library loads only where an Avro stream is decoded
-    from pipeline.load.avro_arrow import decode_avro
+def _avro(rows: Rows, plan: TypedPlan, positions: np.ndarray,
+          bad: list[tuple[int, str, str]]) -> tuple[pa.Table, np.ndarray]:
+    from pipeline.load.avro_arrow import decode_avro_by_id  # here: polars loads only on use
 
     spec = plan.typed
     reader = avro_kind(spec.text)
     writers = dict(spec.writers)
-    known: list[int] = []
-    for position in positions:
-        schema_id = rows.schema_ids[position]
-        if schema_id in writers:
-            known.append(position)
-        else:
-            bad.append((position, "unknown_schema",
-                        f"stream {rows.stream!r}: writer schema id {schema_id} is not one "
-                        "of the stream's schemas"))
-    table, failed = decode_avro(reader, [rows.payloads[p] for p in known],
-                                [avro_kind(writers[rows.schema_ids[p]]) for p in known])
-    return _kept(table, known, failed, bad)
+    ids = np.asarray(rows.schema_ids, dtype=np.int64)[positions]
+    known = np.isin(ids, np.array(list(writers), dtype=np.int64))
+    for position, schema_id in zip(positions[~known], ids[~known], strict=True):
+        bad.append((int(position), "unknown_schema",
+                    f"stream {rows.stream!r}: writer schema id {int(schema_id)} is not one of "
+                    "the stream's schemas"))
+    positions, ids = positions[known], ids[known]
+    kinds = {int(i): avro_kind(writers[int(i)]) for i in np.unique(ids)}
+    if not len(positions):
+        return plan.payload.empty_table(), positions
+    table, failed = decode_avro_by_id(reader, _taken(rows, positions), ids, kinds)
+    return table, _kept(positions, failed, bad)
 
 
-def _kept(table: pa.Table, positions: Sequence[int], failed: list[tuple[int, str]],
-          bad: list[tuple[int, str, str]]) -> tuple[pa.Table, list[int]]:
-    """The positions of the rows ``table`` holds, once the decoder's failures (indexes
-    into ``positions``) are moved to ``bad``."""
-    dropped = {index for index, _ in failed}
-    bad.extend((positions[index], "payload_mismatch", message) for index, message in failed)
-    return table, [p for i, p in enumerate(positions) if i not in dropped]
+def _kept(positions: np.ndarray, failed: list[tuple[int, str]],
+          bad: list[tuple[int, str, str]]) -> np.ndarray:
+    """The positions of the rows the decoded table holds, once the decoder's failures
+    (indexes into ``positions``) are moved to ``bad``."""
+    if not failed:
+        return positions
+    bad.extend((int(positions[index]), "payload_mismatch", message)
+               for index, message in failed)
+    return np.delete(positions, [index for index, _ in failed])
