@@ -280,7 +280,7 @@ class ProtobufType:
                 b"\x0a" + _varint(len(payload)) + payload for payload in payloads))
         except DecodeError:
             return False
-        if len(wrapper.items) != len(payloads):  # never: each framed payload is one item
+        if len(wrapper.items) != len(payloads):  # type: ignore[attr-defined]  # (made at run time)
             return False
         if self._has_required and not wrapper.IsInitialized():
             return False
