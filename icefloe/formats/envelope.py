@@ -684,6 +684,13 @@ def frame_typed(stream: str, received_at_ms: int, raw_ids: Sequence[bytes],
     prefix = _HEAD.pack(TYPED_VERSION, FLAG_META if meta else 0, received_at_ms,
                         len(stream_raw)) + stream_raw
     head = _U32.pack(len(meta)) + meta if meta else b""
+    first = schema_ids[0] if schema_ids else 0
+    if all(schema_id == first for schema_id in schema_ids):  # the usual request: one id
+        tail = head + _TYPED.pack(format, first)
+        if _speedups is not None and type(payloads) is list:
+            framed: bytes = _speedups.frame(prefix, stem, raw_ids, payloads, tail)
+            return framed
+        return _frame_py(prefix, stem, raw_ids, payloads, tail)
     ids = [stem + raw for raw in raw_ids[:len(payloads)]] if stem else list(raw_ids)
     parts: list[bytes] = []
     start = 0
