@@ -190,6 +190,13 @@ def drain_rates(kinds: Kinds, spark: Any, batches: int, per_batch: int, root: Pa
                               max_run_bytes=1 << 34, dedup_window_s=0)
         asyncio.run(publish_files(config.store.url, batch_files(
             kinds, kind, stream.name, batches, per_batch)))
+    for kind, stream in configs.items():  # warm the Python workers up on every decoder
+        warm = root / f"warm-{kind}"      # (polars and ptars load once per worker)
+        shutil.copytree(root / f"template-{kind}" / "store", warm / "store")
+        config = local_config(warm, (stream,), max_run_entries=100_000,
+                              max_run_bytes=1 << 34, dedup_window_s=0)
+        asyncio.run(drain(config, SparkEngine(spark, 4), batches * per_batch))
+        shutil.rmtree(warm)
     best: dict[str, float] = {}
     engines = (("spark", lambda: SparkEngine(spark, 4)), ("no-spark", LocalEngine))
     for trial in range(TRIALS):
