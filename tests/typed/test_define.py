@@ -456,7 +456,7 @@ def rows_by(config: Config, table: str, key: str) -> dict[Any, dict[str, Any]]:
 
 
 def test_a_dataclass_registers_fills_its_table_over_http_and_grpc_and_evolves(
-        stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+        stack: Stack, capsys: pytest.CaptureFixture[str], spark: Any) -> None:
     orders = icefloe.define(Order, stream="orders", table="shop.orders")
     created = orders.register(stack.admin_url, ADMIN_TOKEN)
     assert (created.action, created.added) == ("created", (
@@ -513,6 +513,13 @@ def test_a_dataclass_registers_fills_its_table_over_http_and_grpc_and_evolves(
                      "WHERE order_id IN ('o1', 'o9') ORDER BY order_id") == [
             {"order_id": "o1", "amount": "1.25", "channel": None},
             {"order_id": "o9", "amount": "1.00", "channel": "web"}]
+        from pipeline.read.iceberg_source import read_table as spark_read_table
+
+        frame = spark_read_table(spark, stack.config.catalog, "shop.orders")  # and Spark
+        on_spark = {r["order_id"]: r.asDict(recursive=True) for r in frame.collect()}
+        assert {k: (r["amount"], r["channel"]) for k, r in on_spark.items()} == {
+            k: (r["amount"], r["channel"]) for k, r in rows.items()}
+        assert on_spark["o2"]["lines"] == [{"sku": "sku", "price": Decimal("9.99"), "qty": 2}]
 
         # a changed type is refused by the table task, naming the field; nothing changes
         retyped = icefloe.define(OrderRetyped, stream="orders", table="shop.orders")
