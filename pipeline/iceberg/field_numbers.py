@@ -25,10 +25,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import IcebergType, ListType, MapType, StructType
 
+from icefloe.errors import SchemaConflictError
 from icefloe.streams.model import StreamConfig
 from icefloe.typed.kinds import protobuf_kind
 from icefloe.typed.protobuf import ProtobufType
 from pipeline.iceberg.errors import load_table_or_none
+from pipeline.iceberg.evolution import promotable
 
 FIELDS_PROP = "icefloe.protobuf.field-numbers"
 """Table property: JSON object, field-number path → dotted column path."""
@@ -49,7 +51,7 @@ def number_paths(stream: StreamConfig) -> dict[str, str] | None:
     return None if kind is None else dict(kind.number_paths())
 
 
-def rename_by_numbers(catalog: Catalog, stream: StreamConfig) -> None:
+def rename_by_numbers(catalog: Catalog, stream: StreamConfig, target: Schema) -> None:
     """Before the table evolves to ``stream``'s columns: rename the columns whose field
     number the table already holds under another name (see the module doc). Only a field
     whose own name changed is renamed (a child follows its renamed parent by itself); all
@@ -60,10 +62,12 @@ def rename_by_numbers(catalog: Catalog, stream: StreamConfig) -> None:
     table = load_table_or_none(catalog, stream.table)
     if table is None:
         return
-    renames = kind.renames_from(_stored(table))
+    stored = _stored(table)
+    schema = table.schema()
+    _refuse_reused_numbers(stream, schema, target, stored, kind.number_paths())
+    renames = kind.renames_from(stored)
     if not renames:
         return
-    schema = table.schema()
     with table.transaction() as tx:
         with tx.update_schema() as update:
             for old, new in renames:
@@ -72,6 +76,41 @@ def rename_by_numbers(catalog: Catalog, stream: StreamConfig) -> None:
     for old, new in renames:
         log.info("table %s: renamed column %s to %s (same Protobuf field number)",
                  stream.table, old, new)
+
+
+def _refuse_reused_numbers(stream: StreamConfig, schema: Schema, target: Schema,
+                           stored: Mapping[str, str], now: Mapping[str, str]) -> None:
+    """Before anything changes: a field number the table holds whose new type its column
+    cannot take (Protobuf's rule broken: a number reused with another type) refuses the
+    change, naming the field, its number and both types — never a rename half done."""
+    for number, old in stored.items():
+        new = now.get(number)
+        if new is None:
+            continue
+        try:
+            have = schema.find_field(".".join(iceberg_path(schema, old))).field_type
+            want = target.find_field(".".join(iceberg_path(target, new))).field_type
+        except (KeyError, ValueError):
+            continue  # not in one of them (a column kept or added): evolution decides
+        if not _takes(have, want):
+            raise SchemaConflictError(
+                f"table {stream.table}: Protobuf field {new} (number path {number}, column "
+                f"{old}) is {have} in the table but {want} in the new descriptor: a field "
+                "number reused with another type; give the new field a new number (the old "
+                "column stays)")
+
+
+def _takes(have: IcebergType, want: IcebergType) -> bool:
+    """Whether a column of type ``have`` can hold a field now of type ``want`` (the same
+    type, a promotion; a struct's own fields are judged by their own numbers)."""
+    if isinstance(have, StructType) and isinstance(want, StructType):
+        return True
+    if isinstance(have, ListType) and isinstance(want, ListType):
+        return _takes(have.element_type, want.element_type)
+    if isinstance(have, MapType) and isinstance(want, MapType):
+        return _takes(have.key_type, want.key_type) and _takes(have.value_type,
+                                                               want.value_type)
+    return have == want or promotable(have, want)
 
 
 def remember_numbers(catalog: Catalog, stream: StreamConfig) -> None:

@@ -213,9 +213,9 @@ def ensure_stream_table(catalog: Catalog, stream: StreamConfig, *,
     name is appended to ``created`` (an admin task that fails later drops only what it
     created: :func:`drop_if_empty`)."""
     configured = {c.name: c.type for c in stream.columns}
-    rename_by_numbers(catalog, stream)  # a Protobuf stream's renamed fields, first
-    table = _ensure(catalog, stream.table, table_iceberg_schema(stream),
-                    stream_layout(stream), configured, created)
+    schema = table_iceberg_schema(stream)
+    rename_by_numbers(catalog, stream, schema)  # a Protobuf stream's renamed fields, first
+    table = _ensure(catalog, stream.table, schema, stream_layout(stream), configured, created)
     if stream.format == "protobuf":
         remember_numbers(catalog, stream)
         table = catalog.load_table(stream.table)

@@ -366,3 +366,32 @@ async def test_a_queue_written_during_a_rolling_upgrade_lands_whole(tmp_path):
     catalog = open_catalog(config.catalog)
     if catalog.table_exists("icefloe.dead_letters"):
         assert read_table(config, "icefloe.dead_letters").num_rows == 0
+
+
+async def test_a_field_number_reused_with_another_type_parks_the_table_unchanged(tmp_path):
+    """Protobuf's rule broken (field 2, a long, comes back as a string named ``note``):
+    the collector refuses it before renaming anything, naming the field, its number and
+    both types; only that table parks, and its columns stay as they were."""
+    from collector_support import start
+
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    config = typed_config(tmp_path, v1)
+    async with grpc_client(config) as client:
+        assert await client.publish("orders", [order(message_class(v1), 1)]) == 1
+    await collect_all(config, LocalEngine())
+    reused = compile_proto(tmp_path / "v3", PROTO_V1.replace("int64 amount_cents = 2;",
+                                                             "string note = 2;"))
+    collector = await start(typed_config(tmp_path, reused), LocalEngine())
+    try:
+        parked = collector.bulkheads.parked["shop.orders"]
+        assert "Protobuf field note (number path 2, column amount_cents) is long" \
+            in parked.reason, parked.reason
+        assert "string" in parked.reason
+    finally:
+        await collector.store.close()
+    from pipeline.iceberg.catalog import open_catalog
+
+    kinds = {f.name: str(f.field_type) for f in
+             open_catalog(config.catalog).load_table("shop.orders").schema().fields}
+    assert kinds["amount_cents"] == "long"
+    assert "note" not in kinds
