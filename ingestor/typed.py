@@ -40,6 +40,7 @@ class TypedDoor:
 
     def __init__(self, config: StreamConfig, writers: WriterSchemas | None = None) -> None:
         self.name = config.name
+        self.id_field = config.event_id_field
         self._writers = writers
         self._readable: dict[int, AvroType] = {}
         self.format = config.format
@@ -162,6 +163,29 @@ class TypedDoor:
         if bad:
             raise BadPayloads(self.name, self.format, bad)
         return out
+
+
+def event_ids(door: TypedDoor, bodies: Sequence[bytes], schema_ids: Sequence[int]
+              ) -> list[str | None] | None:
+    """The stream's ``event_id_field`` of each checked body, as text (None where unset), or
+    None when the stream names no such field: the ids deduplication keys on."""
+    name = door.id_field
+    if name is None:
+        return None
+    if door.code == FORMAT_PROTOBUF:
+        return door._protobuf().field_texts(bodies, name)
+    import io  # here: only Avro streams with an id field read a value per record
+
+    from fastavro import schemaless_reader  # here: as above (the optional Avro extra)
+
+    reader = door._avro()
+    out: list[str | None] = []
+    for body, schema_id in zip(bodies, schema_ids, strict=True):
+        writer = reader if schema_id == 0 else door._readable[schema_id]
+        record = schemaless_reader(io.BytesIO(body), writer.fast, reader.fast)
+        value = record.get(name) if isinstance(record, dict) else None
+        out.append(None if value is None or value == "" else str(value))
+    return out
 
 
 class BadPayloads(ValueError):

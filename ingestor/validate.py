@@ -45,7 +45,7 @@ from icefloe.streams.types import (
 from icefloe.typed.codec import TypedPayloadError
 from ingestor.errors import UnsupportedMediaType
 from ingestor.mappings import EventMappings, MappingViolation, request_meta
-from ingestor.typed import BadPayloads, TypedDoor, split_delimited
+from ingestor.typed import BadPayloads, TypedDoor, event_ids, split_delimited
 from ingestor.writer_schemas import WriterSchemas
 
 RECEIVED_AT = "received_at"
@@ -172,7 +172,7 @@ class CompiledStream:
             bodies, ids = typed.messages(payloads)
         except BadPayloads as exc:
             raise _bad_payloads(exc) from None
-        return Canonical(bodies, None, typed.code, ids)
+        return Canonical(bodies, event_ids(typed, bodies, ids), typed.code, ids)
 
     def from_delimited(self, body: bytes) -> Canonical:
         """Length-delimited Protobuf messages (varint length, then the message, repeated)."""

@@ -26,8 +26,6 @@ TYPED_FORMATS = ("protobuf", "avro")
 _REFUSED: dict[str, tuple[Any, str]] = {
     "unknown_fields": ("ignore", "the type decides which fields exist (Protobuf and Avro "
                                  "skip unknown fields by their own rules)"),
-    "event_id_field": (None, "not supported yet for typed streams: send the id as the "
-                             "gRPC Event's event_id or an Idempotency-Key header"),
     "on_invalid": ("reject", "not supported yet for typed streams: a payload that does not "
                              "parse refuses its request"),
     "payload": ("json", "a typed stream's events are its messages, not opaque entries"),
@@ -74,7 +72,20 @@ def _typed(stream: StreamConfig, base: Path, where: str) -> StreamConfig:
         raise ConfigError(f"{label}: {exc}") from None
     columns = tuple(Column(c.name, c.type, required=c.required, doc=c.doc)
                     for c in kind.columns())
+    if stream.event_id_field is not None:
+        _check_id_field(stream.event_id_field, columns, label)
     return msgspec.structs.replace(stream, schema=schema, columns=columns)
+
+
+def _check_id_field(name: str, columns: Sequence[Column], label: str) -> None:
+    """A typed stream's ``event_id_field``: a top-level text or integer field."""
+    kinds = {c.name: c.type for c in columns}
+    if name not in kinds:
+        raise ConfigError(f"{label}: event_id_field {name!r} is not a top-level field of the "
+                          f"type (fields: {', '.join(kinds)})")
+    if kinds[name] not in ("string", "long", "int", "uuid"):
+        raise ConfigError(f"{label}: event_id_field {name!r} is {kinds[name]}; an event id "
+                          "field is a string, an integer or a uuid")
 
 
 def _with_text(format: str, schema: TypedSchema | None, base: Path, label: str

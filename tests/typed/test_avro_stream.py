@@ -79,10 +79,11 @@ def click(i: int, **extra: Any) -> dict[str, Any]:
             "local": dt.datetime(2026, 11, 23, 11, i, 7, 123000), "n": i, **extra}
 
 
-def typed_config(tmp_path: Path) -> Config:
+def typed_config(tmp_path: Path, id_field: str | None = None) -> Config:
     (tmp_path / "click.avsc").write_text(json.dumps(READER))
     stream = StreamConfig(name="clicks", table="web.clicks", columns=(), format="avro",
-                          schema=TypedSchema(schema_file="click.avsc"))
+                          schema=TypedSchema(schema_file="click.avsc"),
+                          event_id_field=id_field)
     config = collector_config(tmp_path, streams=with_typed_columns((stream,), tmp_path, "t"))
     return msgspec.structs.replace(config, admin=msgspec.structs.replace(
         config.admin, port=0, tokens=(hash_token(TOKEN, log2_n=10),)))
@@ -211,3 +212,23 @@ async def test_bad_avro_records_are_refused_naming_why_and_nothing_is_stored(tmp
             assert never.value.code == "invalid_payload"
             assert "not in the schema registry" in str(never.value)
     assert await stored_events(config.store.url) == []
+
+
+async def test_an_event_id_field_deduplicates_records_of_any_writer_version(tmp_path):
+    """``event_id_field = "user_id"``: the same click sent again, once written with v1
+    (Confluent) and once in single-object encoding, is one row."""
+    from pipeline.load.run import LocalEngine
+
+    config = typed_config(tmp_path, id_field="user_id")
+    with registry(config) as client:
+        first = confluent(client, V1, click(1))
+        async with grpc_client(config) as sender:
+            assert await sender.publish("clicks", [ingest_pb2.Event(data=first)]) == 1
+            again = single_object(READER, {**click(1), "url": None, "channel": "web"})
+            assert await sender.publish("clicks", [ingest_pb2.Event(data=again),
+                                                   ingest_pb2.Event(data=confluent(
+                                                       client, V1, click(2)))]) == 2
+    assert [e.event_id for e in await stored_events(config.store.url)] == ["u1", "u1", "u2"]
+    await collect_all(config, LocalEngine())
+    assert sorted(r["user_id"] for r in read_table(config, "web.clicks").to_pylist()) == [
+        "u1", "u2"]

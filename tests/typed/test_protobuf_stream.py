@@ -108,10 +108,12 @@ def message_class(descriptor_set: Path, name: str = MESSAGE) -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
 
 
-def typed_config(tmp_path: Path, descriptor_set: Path, **collector: Any) -> Config:
+def typed_config(tmp_path: Path, descriptor_set: Path, id_field: str | None = None,
+                 **collector: Any) -> Config:
     stream = StreamConfig(name="orders", table="shop.orders", columns=(), format="protobuf",
                           schema=TypedSchema(message=MESSAGE,
-                                             descriptor_set=str(descriptor_set)))
+                                             descriptor_set=str(descriptor_set)),
+                          event_id_field=id_field)
     streams = with_typed_columns((stream,), tmp_path, "test")
     return collector_config(tmp_path, streams=streams, **collector)
 
@@ -322,7 +324,8 @@ schema = {{ message = "{MESSAGE}", descriptor_set = "{v1}" }}
     for extra, needle in [
             ('columns = [{ name = "x", type = "string" }]\n', "remove `columns`"),
             ('unknown_fields = "evolve"\n', "`unknown_fields` is not available"),
-            ('event_id_field = "order_id"\n', "`event_id_field` is not available"),
+            ('event_id_field = "nope"\n', "event_id_field 'nope' is not a top-level field"),
+            ('event_id_field = "items"\n', "event_id_field 'items' is list<"),
             ('on_invalid = "dead_letter"\n', "`on_invalid` is not available")]:
         path.write_text(base + extra)
         with pytest.raises(ConfigError, match=needle):
@@ -395,3 +398,23 @@ async def test_a_field_number_reused_with_another_type_parks_the_table_unchanged
              open_catalog(config.catalog).load_table("shop.orders").schema().fields}
     assert kinds["amount_cents"] == "long"
     assert "note" not in kinds
+
+
+async def test_an_event_id_field_of_the_message_deduplicates_resent_orders(tmp_path):
+    """``event_id_field = "order_id"``: a producer that sends the same order again (in a new
+    request, with no idempotency key) gets one row; an order without an id (proto3's empty
+    string) gets a generated one."""
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    config = typed_config(tmp_path, v1, id_field="order_id", dedup_window_s=300)
+    cls = message_class(v1)
+    nameless = order(cls, 3)
+    nameless.order_id = ""
+    async with grpc_client(config) as client:
+        assert await client.publish("orders", [order(cls, 1), order(cls, 2)]) == 2
+        assert await client.publish("orders", [order(cls, 1), nameless]) == 2
+    stored = await stored_events(config.store.url)
+    assert [e.event_id for e in stored][:3] == ["o1", "o2", "o1"]
+    assert stored[3].event_id not in ("", "o3")
+    await collect_all(config, LocalEngine())
+    rows = read_table(config, "shop.orders").to_pylist()
+    assert sorted(r["order_id"] for r in rows) == ["", "o1", "o2"]
