@@ -104,6 +104,8 @@ class IngestService:
         if is_subject_stream(stream):
             stream, problem = self._resolve(stream)
             self._subjects[stream.name] = (stream, problem)
+            if problem:
+                log.warning("%s", problem)
         return CompiledStream(stream, version, clock=self._clock, writers=self.writer_schemas,
                               subject_problem=problem)
 
@@ -116,7 +118,6 @@ class IngestService:
         except SubjectError as exc:
             if exc.missing:
                 return stream, None  # 503 until its producer registers it
-            log.warning("%s", exc)
             return stream, str(exc)
 
     def _schemas_read(self, doc: SchemaDocument) -> None:
