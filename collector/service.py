@@ -344,9 +344,12 @@ class Collector:
         """Before a table parked at start imports its staged rows: fence it, read its
         offsets and rebuild its dedup window (raises while it still cannot be loaded).
         Returns whether it is prepared (False: no sink routes to it any more)."""
-        problem = self.subject_problems.get(name)
-        if problem is not None:
-            raise problem  # its subject still gives it no type
+        if name in self.subject_problems:  # its subject gave it no type: read it again
+            self.schema_doc = self._await(self.schemas.read())
+            self._apply(self.registry, self._resolved(self.registry))
+            problem = self.subject_problems.get(name)
+            if problem is not None:
+                raise problem
         if name not in self.unprepared:
             return True
         stream = self.routes.tables().get(name)

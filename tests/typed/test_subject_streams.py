@@ -7,16 +7,20 @@ Refusals name the stream, the subject, the id or the message index; nothing is s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc_tools
 import msgspec
 import pytest
 from collector_support import drain, read_table, start
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from ingest_support import grpc_serving, stored_events
 
 from icefloe.client import AsyncGrpcClient, IngestRejected
@@ -195,7 +199,7 @@ async def test_avro_subject_stream_refuses_ids_of_other_subjects_and_other_types
 def test_a_subject_and_a_file_together_are_refused_naming_both(tmp_path):
     both = StreamConfig(name="v", table="t.v", columns=(), format="avro",
                         schema=TypedSchema(subject="v-value", schema_file="v.avsc"))
-    with pytest.raises(ConfigError, match="`subject`.*not both: remove `schema_file`"):
+    with pytest.raises(ConfigError, match=r"`subject`.*not both: remove `schema_file`"):
         with_typed_columns((both,), tmp_path, "t")
     no_message = StreamConfig(name="o", table="t.o", columns=(), format="protobuf",
                               schema=TypedSchema(subject="o-value"))
@@ -209,11 +213,6 @@ def test_a_subject_and_a_file_together_are_refused_naming_both(tmp_path):
 def message_class(root: Path, text: str) -> Any:
     """``acme.orders.v1.OrderPlaced`` of ``text`` as a class of its own descriptor pool
     (two versions of one .proto side by side, as two producers would have them)."""
-    import subprocess
-
-    import grpc_tools
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
     root.mkdir(parents=True)
     (root / "acme_orders.proto").write_text(text)
     include = Path(grpc_tools.__file__).parent / "_proto"
@@ -265,7 +264,48 @@ async def test_protobuf_subject_stream_from_the_confluent_serializer_renames_and
                 assert needle in str(caught.value), str(caught.value)
     table = collector.catalog.load_table("shop.orders")
     names = [f.name for f in table.schema().fields]
-    assert "total_cents" in names and "amount_cents" not in names and "currency" in names
+    assert "total_cents" in names
+    assert "amount_cents" not in names
+    assert "currency" in names
     rows = {r["order_id"]: r for r in read_table(config, "shop.orders").to_pylist()}
     assert [rows[f"o-{i}"]["total_cents"] for i in (1, 2, 3)] == [100, 200, 300]
     assert [rows[f"o-{i}"]["currency"] for i in (1, 2, 3)] == [None, None, "EUR"]
+
+
+async def test_a_deleted_subject_parks_only_its_table_until_it_is_back(tmp_path):
+    from tests.collector_support import click
+
+    config = subject_config(tmp_path, visits(), CLICKS)
+    config = msgspec.structs.replace(config, collector=msgspec.structs.replace(
+        config.collector, park_retry_s=3600))
+    with registry(config) as client:
+        collector = await start(config, LocalEngine())
+        try:
+            async with sender(config) as producer:
+                assert await producer.publish("visits", events(
+                    avro(client, V1, {"user_id": "u1", "n": 1}))) == 1
+                assert await drain(collector) == 1
+                assert await producer.publish("visits", events(
+                    avro(client, V1, {"user_id": "u2", "n": 2}))) == 1
+                assert await producer.publish("clicks", [
+                    json.loads(click(1)[3])]) == 1
+            client.delete_subject("visits-value")  # soft: its records still read
+            assert await drain(collector) >= 1  # parked, not stuck: acknowledged
+            reason = collector.bulkheads.parked["web.visits"].reason
+            assert "subject 'visits-value' has no version" in reason, reason
+            assert collector.metrics.health.body()["parked"] == {"web.visits": reason}
+            assert [r["n"] for r in read_table(config, "web.clicks").to_pylist()] == [1]
+            assert [r["n"] for r in read_table(config, "web.visits").to_pylist()] == [1]
+            # still gone: the retry fails and the table stays parked, its rows staged
+            collector.bulkheads.retry_all_now()
+            assert await asyncio.to_thread(collector.commit_due_staged) == {}
+            assert collector.bulkheads.is_parked("web.visits")
+            # registered again (version 2 of the subject): the retry imports the rows
+            avro(client, V2, {"user_id": "u9", "n": 9})
+            collector.bulkheads.retry_all_now()
+            assert await asyncio.to_thread(collector.commit_due_staged) == {"web.visits": 1}
+            assert not collector.bulkheads.is_parked("web.visits")
+        finally:
+            await collector.store.close()
+    rows = sorted(read_table(config, "web.visits").to_pylist(), key=lambda r: r["n"])
+    assert [(r["user_id"], r["url"]) for r in rows] == [("u1", None), ("u2", None)]
