@@ -111,7 +111,8 @@ def events(*payloads: bytes) -> list[ingest_pb2.Event]:
     return [ingest_pb2.Event(data=p) for p in payloads]
 
 
-async def test_avro_subject_stream_evolves_its_table_before_a_new_versions_rows(tmp_path):
+async def test_avro_subject_stream_evolves_its_table_before_a_new_versions_rows(tmp_path,
+                                                                               spark):
     config = subject_config(tmp_path, visits())
     assert config.streams[0].columns == ()  # the loader does not read the registry
     collector = await start(config, LocalEngine())  # before any version: no table yet
@@ -140,6 +141,11 @@ async def test_avro_subject_stream_evolves_its_table_before_a_new_versions_rows(
     assert [rows[f"u{i}"]["n"] for i in (1, 2, 3, 4)] == [1, 2, 3, 4]
     stored = await stored_events(config.store.url)
     assert len({e.schema_id for e in stored}) == 2  # each record keeps its writer's id
+    from pipeline.read.iceberg_source import read_table as spark_read_table
+
+    seen = {r["user_id"]: r.asDict() for r in spark_read_table(
+        spark, config.catalog, "web.visits").collect()}
+    assert [seen[f"u{i}"]["url"] for i in (1, 2, 3, 4)] == [None, None, "/three", None]
 
 
 async def test_avro_subject_stream_refuses_ids_of_other_subjects_and_other_types(tmp_path):
