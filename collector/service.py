@@ -530,10 +530,28 @@ class Collector:
                 self.unprepared.add(name)
                 self.bulkheads.park_now(name, problem)
         self.registry, self.routes = registry, routes
+        self._unpark_resolved()
         self.bulkheads.retry_all_now()  # a change may be the fix a parked table waits for
         self.metrics.registry_version.set(registry.version)
         log.info("registry version %d: %d tables", registry.version, len(self.windows),
                  extra={"registry_version": registry.version})
+
+    def _unpark_resolved(self) -> None:
+        """A table parked for its subject that has its type again and nothing staged is
+        prepared and unparked now (with staged rows, their import's retry unparks it)."""
+        for name in [n for n, p in self.bulkheads.parked.items()
+                     if p.reason.startswith(f"{SubjectError.__name__}:")
+                     and n not in self.subject_problems]:
+            state = self.staging.states.get(name)
+            if state is not None and state.files:
+                continue
+            try:
+                self.prepare_parked(name)
+            except Exception as exc:
+                if is_shared_failure(exc):
+                    raise
+                continue  # stays parked: its retry tries again
+            self.bulkheads.unpark(name)
 
     async def verify_offsets(self) -> None:
         """Refuse to run if a table has committed sequences the manifest never issued.

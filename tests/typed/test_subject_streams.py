@@ -24,7 +24,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from ingest_support import grpc_serving, stored_events
 
 from icefloe.client import AsyncGrpcClient, IngestRejected
-from icefloe.config import Config, StreamConfig
+from icefloe.config import Config, StreamConfig, load_config
 from icefloe.config.typed_streams import with_typed_columns
 from icefloe.errors import ConfigError
 from icefloe.schemas.store import SchemaStore, schema_key
@@ -88,8 +88,14 @@ def orders() -> StreamConfig:
 @contextlib.contextmanager
 def registry(config: Config) -> Iterator[SchemaRegistryClient]:
     with admin_server(config) as url:
-        yield SchemaRegistryClient({"url": url, "basic.auth.user.info": f"me:{TOKEN}",
-                                    "max.retries": 0})
+        yield client_of(url)
+
+
+def client_of(url: str) -> SchemaRegistryClient:
+    """A registry client (each has its own cache: registering a schema again after its
+    subject was deleted needs a client that has not registered it yet)."""
+    return SchemaRegistryClient({"url": url, "basic.auth.user.info": f"me:{TOKEN}",
+                                 "max.retries": 0})
 
 
 def avro(client: SchemaRegistryClient, schema: dict[str, Any], record: dict[str, Any],
@@ -202,7 +208,16 @@ async def test_avro_subject_stream_refuses_ids_of_other_subjects_and_other_types
         await store.close()
 
 
-def test_a_subject_and_a_file_together_are_refused_naming_both(tmp_path):
+def test_a_subject_stream_loads_from_toml_without_columns_and_a_file_with_it_is_refused(
+        tmp_path):
+    path = tmp_path / "icefloe.toml"
+    path.write_text('[[streams]]\nname = "orders"\ntable = "shop.orders"\n'
+                    'format = "protobuf"\nschema = { subject = "orders-value", '
+                    'message = "acme.orders.v1.OrderPlaced" }\n')
+    loaded = load_config(path).streams[0]
+    assert loaded.columns == ()
+    assert loaded.schema == TypedSchema(subject="orders-value",
+                                        message="acme.orders.v1.OrderPlaced")
     both = StreamConfig(name="v", table="t.v", columns=(), format="avro",
                         schema=TypedSchema(subject="v-value", schema_file="v.avsc"))
     with pytest.raises(ConfigError, match=r"`subject`.*not both: remove `schema_file`"):
@@ -284,33 +299,51 @@ async def test_a_deleted_subject_parks_only_its_table_until_it_is_back(tmp_path)
     config = subject_config(tmp_path, visits(), CLICKS)
     config = msgspec.structs.replace(config, collector=msgspec.structs.replace(
         config.collector, park_retry_s=3600))
-    with registry(config) as client:
+
+    def clicks(i: int) -> list[Any]:
+        return [json.loads(click(i)[3])]
+
+    with admin_server(config) as url:
+        client = client_of(url)
         collector = await start(config, LocalEngine())
         try:
             async with sender(config) as producer:
                 assert await producer.publish("visits", events(
                     avro(client, V1, {"user_id": "u1", "n": 1}))) == 1
                 assert await drain(collector) == 1
+                client.delete_subject("visits-value")  # soft: its records still read
+                assert await producer.publish("clicks", clicks(1)) == 1
+                assert await drain(collector) == 1
+                reason = collector.bulkheads.parked["web.visits"].reason
+                assert "stream 'visits': schema registry subject 'visits-value' has no " \
+                    "version" in reason, reason
+                assert collector.metrics.health.body()["parked"] == {"web.visits": reason}
+                # a record the ingestor accepted before it read the registry again
                 assert await producer.publish("visits", events(
                     avro(client, V1, {"user_id": "u2", "n": 2}))) == 1
-                assert await producer.publish("clicks", [
-                    json.loads(click(1)[3])]) == 1
-            client.delete_subject("visits-value")  # soft: its records still read
-            assert await drain(collector) >= 1  # parked, not stuck: acknowledged
-            reason = collector.bulkheads.parked["web.visits"].reason
-            assert "subject 'visits-value' has no version" in reason, reason
-            assert collector.metrics.health.body()["parked"] == {"web.visits": reason}
-            assert [r["n"] for r in read_table(config, "web.clicks").to_pylist()] == [1]
+                assert await producer.publish("clicks", clicks(2)) == 1
+                assert await drain(collector) == 1  # parked, not stuck: acknowledged
+            assert sorted(r["n"] for r in read_table(config, "web.clicks").to_pylist()) == [1, 2]
             assert [r["n"] for r in read_table(config, "web.visits").to_pylist()] == [1]
             # still gone: the retry fails and the table stays parked, its rows staged
             collector.bulkheads.retry_all_now()
             assert await asyncio.to_thread(collector.commit_due_staged) == {}
             assert collector.bulkheads.is_parked("web.visits")
-            # registered again (version 2 of the subject): the retry imports the rows
+            # registered again (a new version): the retry reads it and imports the rows
             avro(client, V2, {"user_id": "u9", "n": 9})
             collector.bulkheads.retry_all_now()
             assert await asyncio.to_thread(collector.commit_due_staged) == {"web.visits": 1}
             assert not collector.bulkheads.is_parked("web.visits")
+            # deleted and back again with nothing staged: the next run unparks it at once
+            client.delete_subject("visits-value")
+            async with sender(config) as producer:
+                assert await producer.publish("clicks", clicks(3)) == 1
+                assert await drain(collector) == 1
+                assert collector.bulkheads.is_parked("web.visits")
+                avro(client_of(url), V2, {"user_id": "u9", "n": 9})
+                assert await producer.publish("clicks", clicks(4)) == 1
+                assert await drain(collector) == 1
+                assert not collector.bulkheads.is_parked("web.visits")
         finally:
             await collector.store.close()
     rows = sorted(read_table(config, "web.visits").to_pylist(), key=lambda r: r["n"])
