@@ -536,6 +536,22 @@ class Collector:
         log.info("registry version %d: %d tables", registry.version, len(self.windows),
                  extra={"registry_version": registry.version})
 
+    def _refuse_untyped(self, entries: list[Entry]) -> None:
+        """A run holding records of a subject stream that has no type here (its subject
+        deleted after they were accepted, and this collector never saw a version) cannot
+        be decoded: it fails naming the stream and the subject, and is retried (never
+        skipped) until the subject has a version again."""
+        waiting = {s.name: s.schema.subject for s in self.routes.decode_streams
+                   if s.schema is not None and s.schema.subject and not s.schema.text}
+        for entry in entries if waiting else ():
+            for name in entry.streams:
+                subject = waiting.get(name)
+                if subject is not None:
+                    raise SubjectError(name, subject, (
+                        f"has no version in the schema registry, but manifest entry "
+                        f"{entry.sequence} holds records of the stream: register the "
+                        "schema again to decode them"), missing=True)
+
     def _unpark_resolved(self) -> None:
         """A table parked for its subject that has its type again and nothing staged is
         prepared and unparked now (with staged rows, their import's retry unparks it)."""
@@ -617,6 +633,7 @@ class Collector:
         assert self.epoch is not None
         await self._catch_up_registry(entries)
         writers = await self.read_schemas()
+        self._refuse_untyped(entries)
         entries, run = self._route_run(entries)
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)

@@ -344,7 +344,25 @@ async def test_a_deleted_subject_parks_only_its_table_until_it_is_back(tmp_path)
                 assert await producer.publish("clicks", clicks(4)) == 1
                 assert await drain(collector) == 1
                 assert not collector.bulkheads.is_parked("web.visits")
+                # deleted with a record queued, and a collector that never saw a version:
+                # its runs fail naming the stream and subject (never skipped) until the
+                # subject is back
+                assert await producer.publish("visits", events(
+                    avro(client, V1, {"user_id": "u3", "n": 3}))) == 1
+                client.delete_subject("visits-value")  # this ingestor has not read it
+                assert await producer.publish("visits", events(
+                    avro(client, V1, {"user_id": "u4", "n": 4}))) == 1
         finally:
             await collector.store.close()
+        fresh = await start(config, LocalEngine())
+        try:
+            with pytest.raises(SubjectError, match="stream 'visits': schema registry "
+                               "subject 'visits-value' has no version .* manifest entry"):
+                await fresh.run_once()
+            avro(client_of(url), V1, {"user_id": "u9", "n": 9})
+            assert await drain(fresh) == 1
+        finally:
+            await fresh.store.close()
     rows = sorted(read_table(config, "web.visits").to_pylist(), key=lambda r: r["n"])
-    assert [(r["user_id"], r["url"]) for r in rows] == [("u1", None), ("u2", None)]
+    assert [(r["user_id"], r["url"]) for r in rows] == [
+        ("u1", None), ("u2", None), ("u3", None), ("u4", None)]
