@@ -356,8 +356,8 @@ async def test_a_deleted_subject_parks_only_its_table_until_it_is_back(tmp_path)
             await collector.store.close()
         fresh = await start(config, LocalEngine())
         try:
-            with pytest.raises(SubjectError, match="stream 'visits': schema registry "
-                               "subject 'visits-value' has no version .* manifest entry"):
+            with pytest.raises(SubjectError, match=r"stream 'visits': schema registry "
+                               r"subject 'visits-value' has no version .* manifest entry"):
                 await fresh.run_once()
             avro(client_of(url), V1, {"user_id": "u9", "n": 9})
             assert await drain(fresh) == 1
