@@ -23,7 +23,6 @@ from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.models import ModelRefresh, plan_refresh
-from collector.routing import Routes
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
@@ -395,8 +394,7 @@ async def _prepare(config: Config, runner: Runner, collector: Collector,
     try:
         registry = await watch.check()
         if registry is not None:  # route by the registry from the first run on
-            collector.routes = Routes(registry)
-            collector.metrics.registry_version.set(registry.version)
+            collector.route_by(registry)
         await collector.offload(collector.prepare_tables)
         await collector.verify_offsets()
         if models is not None:

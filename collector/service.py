@@ -63,12 +63,19 @@ from icefloe.errors import (
 )
 from icefloe.manifest.model import Entry, Manifest
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
-from icefloe.registry.model import Conditions, Registry
+from icefloe.registry.model import Conditions, Registry, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
+from icefloe.schemas.model import SchemaDocument
 from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.evolution import EvolveLimits
+from icefloe.typed.subjects import (
+    SubjectError,
+    has_subjects,
+    resolve_registry,
+    resolved_sources,
+)
 from pipeline.iceberg import (
     DEAD_LETTER_TABLE,
     committed_state,
@@ -138,7 +145,16 @@ class Collector:
                                         holder=holder or f"collector-{ULID()}", clock=clock)
         self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
         self.metrics.watch_shards(self.consumer)
-        self.routes = Routes(config_registry(config.streams))
+        # the stream registry as stored (subject streams unresolved: :attr:`routes`
+        # resolves them, :mod:`icefloe.typed.subjects`); the schema registry's reader (its
+        # parse cache serves the resolves) and the document it read last (None: not yet)
+        self.registry = config_registry(config.streams)
+        self.routes = Routes(self.registry)
+        self.schemas = SchemaStore(store, schema_key(config.admin.registry_key))
+        self.schema_doc: SchemaDocument | None = None
+        self.subject_problems: dict[str, SubjectError] = {}
+        """Tables whose subject stream lost its type (deleted subject, another schema
+        type, message gone): parked until a resolve succeeds again."""
         col = config.collector
         self.evolve_limits = EvolveLimits(col.evolve_max_columns, col.evolve_max_name_length,
                                           col.evolve_max_depth)
@@ -235,9 +251,58 @@ class Collector:
         """The streams decoded (one per source, the union of its sinks' columns)."""
         return {s.name: s for s in self.routes.decode_streams}
 
+    def route_by(self, registry: Registry) -> None:
+        """Route by ``registry`` (before the tables are prepared: they are made ready for
+        it by :meth:`prepare_tables`)."""
+        self.registry = registry
+        self.routes = Routes(self._resolved(registry))
+        self.metrics.registry_version.set(registry.version)
+
+    def _resolved(self, registry: Registry) -> Registry:
+        """``registry`` with its subject streams' types from the document last read; a
+        subject that cannot give one keeps its last type and its tables are noted in
+        :attr:`subject_problems` (a subject never seen yet just waits: no table)."""
+        if self.schema_doc is None or not has_subjects(registry):
+            return registry
+        previous = resolved_sources(self.routes.registry)
+        problems: dict[str, SubjectError] = {}
+
+        def failed(source: Source, exc: SubjectError) -> None:
+            if exc.missing and (source.id, source.created_version) not in previous:
+                log.info("%s: its table waits for the subject's first version", exc)
+                return
+            for sink in source.sinks:
+                problems[sink.table] = exc
+
+        resolved = resolve_registry(registry, self.schema_doc, self.schemas,
+                                    previous=previous, on_error=failed)
+        self.subject_problems = problems
+        return resolved
+
+    async def read_schemas(self) -> dict[int, str]:
+        """Read the schema registry document (once per run, after the run's entries: it
+        holds every id an ingestor accepted a record of), re-resolve the subject streams
+        (a new version evolves their tables here, before the run's rows are decoded and
+        committed), and return the Avro writer schemas by id."""
+        subjects = has_subjects(self.registry)
+        if not subjects and not any(s.format == "avro" for s in self.routes.decode_streams):
+            return {}
+        doc = await self.schemas.read()
+        before, self.schema_doc = self.schema_doc, doc
+        if subjects and (before is None or before.version != doc.version
+                         or self.subject_problems):
+            resolved = self._resolved(self.registry)
+            if resolved != self.routes.registry or self.subject_problems:
+                await self.offload(self._apply, self.registry, resolved)
+        return {r.id: r.canonical for r in doc.schemas
+                if r.schema_type == "AVRO" and not r.references}
+
     def prepare_tables(self) -> None:
         """Fence every icefloe table (once per epoch), then create or evolve every sink's
         table and the dead-letter table; rebuild dedup (blocking: call in a thread)."""
+        if has_subjects(self.registry):  # subject streams' types before their tables
+            self.schema_doc = self._await(self.schemas.read())
+            self.routes = Routes(self._resolved(self.registry))
         self.fence_tables()
         shards = self._await(self._snapshots())
         oldest = [waiting[0].ingested_at for m in shards.values()
@@ -262,6 +327,13 @@ class Collector:
         return True
 
     def _prepare_or_park(self, name: str, stream: StreamConfig) -> None:
+        problem = self.subject_problems.get(name)
+        if problem is not None:
+            self.unprepared.add(name)
+            self.bulkheads.park_now(name, problem)
+            return
+        if stream.schema is not None and stream.schema.subject and not stream.schema.text:
+            return  # its subject has no version yet: made when one is registered
         try:
             self._prepare_table(name, stream)
         except Exception as exc:
@@ -272,6 +344,12 @@ class Collector:
         """Before a table parked at start imports its staged rows: fence it, read its
         offsets and rebuild its dedup window (raises while it still cannot be loaded).
         Returns whether it is prepared (False: no sink routes to it any more)."""
+        if name in self.subject_problems:  # its subject gave it no type: read it again
+            self.schema_doc = self._await(self.schemas.read())
+            self._apply(self.registry, self._resolved(self.registry))
+            problem = self.subject_problems.get(name)
+            if problem is not None:
+                raise problem
         if name not in self.unprepared:
             return True
         stream = self.routes.tables().get(name)
@@ -428,7 +506,13 @@ class Collector:
     def apply_registry(self, registry: Registry) -> None:
         """Route by ``registry`` from now on; tables of new sinks are made ready first, and
         a sink whose columns changed has its table evolved (blocking: call in a thread)."""
-        routes = Routes(registry)
+        self._apply(registry, self._resolved(registry))
+
+    def _apply(self, registry: Registry, resolved: Registry) -> None:
+        """:meth:`apply_registry` of ``registry`` as ``resolved`` (its subject streams'
+        types filled): a subject stream whose version changed has its table evolved here,
+        and one that lost its type has its table parked."""
+        routes = Routes(resolved)
         old = self.routes.tables()
         for name, stream in routes.tables().items():
             if name in self.unprepared:
@@ -441,11 +525,49 @@ class Collector:
                 except Exception as exc:
                     if not self._unloadable(name, exc):
                         raise
-        self.routes = routes
+        for name, problem in self.subject_problems.items():
+            if name in self.windows and not self.bulkheads.is_parked(name):
+                self.unprepared.add(name)
+                self.bulkheads.park_now(name, problem)
+        self.registry, self.routes = registry, routes
+        self._unpark_resolved()
         self.bulkheads.retry_all_now()  # a change may be the fix a parked table waits for
         self.metrics.registry_version.set(registry.version)
         log.info("registry version %d: %d tables", registry.version, len(self.windows),
                  extra={"registry_version": registry.version})
+
+    def _refuse_untyped(self, entries: list[Entry]) -> None:
+        """A run holding records of a subject stream that has no type here (its subject
+        deleted after they were accepted, and this collector never saw a version) cannot
+        be decoded: it fails naming the stream and the subject, and is retried (never
+        skipped) until the subject has a version again."""
+        waiting = {s.name: s.schema.subject for s in self.routes.decode_streams
+                   if s.schema is not None and s.schema.subject and not s.schema.text}
+        for entry in entries if waiting else ():
+            for name in entry.streams:
+                subject = waiting.get(name)
+                if subject is not None:
+                    raise SubjectError(name, subject, (
+                        f"has no version in the schema registry, but manifest entry "
+                        f"{entry.sequence} holds records of the stream: register the "
+                        "schema again to decode them"), missing=True)
+
+    def _unpark_resolved(self) -> None:
+        """A table parked for its subject that has its type again and nothing staged is
+        prepared and unparked now (with staged rows, their import's retry unparks it)."""
+        for name in [n for n, p in self.bulkheads.parked.items()
+                     if p.reason.startswith(f"{SubjectError.__name__}:")
+                     and n not in self.subject_problems]:
+            state = self.staging.states.get(name)
+            if state is not None and state.files:
+                continue
+            try:
+                self.prepare_parked(name)
+            except Exception as exc:
+                if is_shared_failure(exc):
+                    raise
+                continue  # stays parked: its retry tries again
+            self.bulkheads.unpark(name)
 
     async def verify_offsets(self) -> None:
         """Refuse to run if a table has committed sequences the manifest never issued.
@@ -510,6 +632,8 @@ class Collector:
             return RunResult()
         assert self.epoch is not None
         await self._catch_up_registry(entries)
+        writers = await self.read_schemas()
+        self._refuse_untyped(entries)
         entries, run = self._route_run(entries)
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
@@ -518,7 +642,7 @@ class Collector:
         spec = with_template_cases(spec, self.routes.template_cases(versions))
         spec = with_wheres(spec, self.routes.where_specs(versions))
         spec = with_key_columns(spec, upsert_columns(self.routes))
-        spec = with_avro_writers(spec, await self._avro_writers())
+        spec = with_avro_writers(spec, writers)
         output = await self.offload(run, spec)
         try:
             self.hook("after_job")
@@ -607,15 +731,6 @@ class Collector:
                 "another store; not routing these events until it is back")
         await self.offload(self.apply_registry, registry)
 
-
-    async def _avro_writers(self) -> dict[int, str]:
-        """The schema registry's Avro schemas by id, read after the run's entries (so they
-        hold every id an ingestor accepted a record of), when a stream is Avro."""
-        if not any(s.format == "avro" for s in self.config.streams):
-            return {}
-        doc = await SchemaStore(self.store, schema_key(self.config.admin.registry_key)).read()
-        return {r.id: r.canonical for r in doc.schemas
-                if r.schema_type == "AVRO" and not r.references}
 
     def _observe(self, entries: list[Entry], result: RunResult) -> None:
         self.metrics.run_seconds.observe(result.seconds)

@@ -21,6 +21,7 @@ from icefloe.redact import mask_uri
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.probe import probe_conditional_writes
+from icefloe.typed.subjects import is_subject_stream
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
 from ingestor.publish import (
@@ -108,8 +109,11 @@ class IngestorRuntime:
                               config_streams=config.streams, clock=clock)
         try:
             await watch.check()  # a registry, if there is one, applies before the first request
-            if any(s.format == "avro" for s in config.streams):  # Confluent-framed records'
-                await service.writer_schemas.refresh()  # ids: known before the first request
+            served = [c.config for c in service.streams.values()]
+            if any(s.format == "avro" or is_subject_stream(s) for s in served):
+                # Confluent-framed records' ids and subject streams' types: known before
+                # the first request
+                await service.writer_schemas.refresh()
         except BaseException:
             with contextlib.suppress(Exception):
                 await batcher.close(1.0)  # nothing was accepted: nothing to drain

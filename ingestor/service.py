@@ -19,8 +19,11 @@ from icefloe.errors import NotFound, StoreError
 from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded, frame_typed
 from icefloe.registry.model import Registry
 from icefloe.registry.streams import effective_config
+from icefloe.schemas.model import SchemaDocument
 from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.invalid import invalid_payload, invalid_stream
+from icefloe.streams.model import StreamConfig
+from icefloe.typed.subjects import SubjectError, is_subject_stream, resolve_stream
 from ingestor.auth import Credential, TokenAuthority
 from ingestor.buffer import Batcher
 from ingestor.client_address import TrustedProxies
@@ -76,20 +79,67 @@ class IngestService:
         self._ulids = UlidSource()
         self.writer_schemas = WriterSchemas(store, config.admin.registry_key)
         """Avro writer schemas of the schema registry (Confluent-framed records)."""
+        self.writer_schemas.on_document = self._schemas_read
+        self._served: tuple[Config, int, dict[str, str]] | None = None
+        self._subjects: dict[str, tuple[StreamConfig, str | None]] = {}
+        """Each subject stream as last resolved, and why it has no type (None: it has)."""
         self._use(config, 0, {s.table: s.name for s in config.streams})
 
     def _use(self, config: Config, version: int, tables: dict[str, str]) -> None:
         """Serve ``config``'s streams from now on (built fully before being swapped in, so
         a request sees either the old or the new set, never a mix)."""
-        streams = {s.name: CompiledStream(s, version, clock=self._clock,
-                                          writers=self.writer_schemas)
-                   for s in config.streams}
+        self._served = (config, version, tables)
+        streams = {s.name: self._compiled(s, version) for s in config.streams}
         by_table = {t: streams[name] for t, name in tables.items() if name in streams}
         auth = TokenAuthority(config, clock=self._clock)
         limits = RateLimiter(config, self.metrics, clock=self._clock.monotonic)
         self.streams, self._by_table, self.auth, self.limits = streams, by_table, auth, limits
         self.registry_version = version
         self.metrics.registry_version.set(version)
+
+    def _compiled(self, stream: StreamConfig, version: int) -> CompiledStream:
+        """``stream`` ready to serve; a subject stream resolved from the registry document
+        last read (:mod:`icefloe.typed.subjects`)."""
+        problem: str | None = None
+        if is_subject_stream(stream):
+            stream, problem = self._resolve(stream)
+            self._subjects[stream.name] = (stream, problem)
+            if problem:
+                log.warning("%s", problem)
+        return CompiledStream(stream, version, clock=self._clock, writers=self.writer_schemas,
+                              subject_problem=problem)
+
+    def _resolve(self, stream: StreamConfig) -> tuple[StreamConfig, str | None]:
+        doc = self.writer_schemas.document
+        if doc is None:
+            return stream, None  # not read yet: 503 until it is
+        try:
+            return resolve_stream(stream, doc, self.writer_schemas.parser), None
+        except SubjectError as exc:
+            if exc.missing:
+                return stream, None  # 503 until its producer registers it
+            return stream, str(exc)
+
+    def _schemas_read(self, doc: SchemaDocument) -> None:
+        """The registry document was read again: re-build each subject stream whose
+        resolution changed (a new version: its new type serves from now on)."""
+        if self._served is None or not self._subjects:
+            return
+        config, version, _ = self._served
+        streams = dict(self.streams)
+        changed = []
+        for stream in config.streams:
+            before = self._subjects.get(stream.name)
+            if before is None or stream.name not in streams:
+                continue
+            if self._resolve(stream) != before:
+                streams[stream.name] = self._compiled(stream, version)
+                changed.append(stream.name)
+        if changed:
+            by_table = {t: streams[s.name] for t, s in self._by_table.items()}
+            self.streams, self._by_table = streams, by_table
+            log.info("schema registry version %d: subject streams %s re-resolved",
+                     doc.version, ",".join(changed))
 
     def apply_registry(self, registry: Registry) -> None:
         """Switch to a new registry version: its live sources become the streams, their

@@ -8,19 +8,26 @@ kept as they are (envelope version 2), framing removed, so the collector can rea
 the type the table has when it commits.
 
 Framings: a Protobuf stream takes the bare message (never starts with byte 0: field number
-0 does not exist, which is how a Confluent-framed message is told apart and refused until
-Protobuf streams read the registry). An Avro stream takes Avro's single-object encoding
+0 does not exist, which is how a Confluent-framed message is told apart). A stream whose
+type is a registry subject (``schema = { subject = ... }``) also takes Confluent's framing
+(byte 0, the schema id, the message-index array): the id must be a version of the stream's
+subject and the index must name the stream's message; the framing is removed and the id
+kept. An Avro stream takes Avro's single-object encoding
 (``C3 01``, the fingerprint of the stream's schema, the datum) and Confluent's wire format
 (byte 0, the writer schema's registry id, the datum): the writer schema comes from the
 schema registry (:mod:`ingestor.writer_schemas`) and must be one the stream's schema can
 read by Avro's resolution rules; the record keeps its id, so the collector reads it with
-that writer schema.
+that writer schema. For a subject stream, that id must be a version of its subject.
+
+A subject stream whose subject has no version yet (its producer has not registered it)
+answers 503 ``schema_not_yet_known`` while the ingestor reads the registry again: the
+producer's retry after it registered is accepted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from icefloe.streams.model import StreamConfig
 from icefloe.typed.codec import FORMAT_AVRO, FORMAT_PROTOBUF, TypedPayloadError
@@ -38,17 +45,42 @@ MAX_VIOLATIONS = 100
 class TypedDoor:
     """Checks one typed stream's payloads; built once per stream config."""
 
-    def __init__(self, config: StreamConfig, writers: WriterSchemas | None = None) -> None:
+    def __init__(self, config: StreamConfig, writers: WriterSchemas | None = None,
+                 problem: str | None = None) -> None:
+        """``problem``: why this subject stream's subject gives it no type (another schema
+        type, its message missing): every request is refused with it."""
         self.name = config.name
         self.id_field = config.event_id_field
+        self.problem = problem
         self._writers = writers
         self._readable: dict[int, AvroType] = {}
         self.format = config.format
         self.code = FORMAT_PROTOBUF if config.format == "protobuf" else FORMAT_AVRO
-        self.kind: ProtobufType | AvroType = stream_kind(config)
+        self.subject = config.schema.subject if config.schema is not None else None
         self._fingerprint = b""
+        self._message_index: list[int] = []
+        self.pending = bool(self.subject) and not (config.schema and config.schema.text)
+        """A subject stream whose subject had no version when this door was built."""
+        if self.pending:
+            return
+        self.kind: ProtobufType | AvroType = stream_kind(config)
         if self.code == FORMAT_AVRO:
             self._fingerprint = self._avro().fingerprint()
+        elif self.subject:
+            self._message_index = message_index(self._protobuf())
+
+    def _not_yet(self) -> None:
+        """Refuse while the stream's subject has no version (see the module doc), or
+        gives it no type (400 naming why)."""
+        if self.problem:
+            raise BadPayloads(self.name, self.format, [(0, TypedPayloadError(
+                self.problem))])
+        if self._writers is not None:
+            self._writers.refresh_soon()
+        raise Unavailable(f"stream {self.name!r} takes its type from schema registry subject "
+                          f"{self.subject!r}, which has no version this ingestor knows yet "
+                          "(register the schema; it reads the registry again): retry",
+                          code="schema_not_yet_known", retry_after_s=1.0)
 
     def _avro(self) -> AvroType:
         from icefloe.typed.avro import AvroType  # imported here: only Avro streams need it
@@ -65,6 +97,8 @@ class TypedDoor:
     def messages(self, payloads: Sequence[bytes]) -> tuple[list[bytes], list[int]]:
         """The bodies to store and their writer schema ids, or :class:`TypedPayloadError`
         per bad payload, collected as ``(index, error)`` in :class:`BadPayloads`."""
+        if self.pending:
+            self._not_yet()
         if self.code == FORMAT_PROTOBUF and all(p and p[0] for p in payloads) \
                 and self._protobuf().check_many(payloads):  # the usual request: one parse
             return list(payloads), [0] * len(payloads)
@@ -89,6 +123,8 @@ class TypedDoor:
         if not payload:
             raise TypedPayloadError(f"an empty payload is not a {self.format} message")
         if self.code == FORMAT_PROTOBUF:
+            if payload[0] == 0 and self.subject:
+                return self._protobuf_framed(payload)
             if payload[0] == 0:
                 raise TypedPayloadError(
                     "the payload starts with byte 0, Confluent's wire format (magic byte and "
@@ -116,11 +152,31 @@ class TypedDoor:
         kind.check(body, kind)
         return body, 0
 
-    def _registered(self, schema_id: int) -> AvroType:
-        """The registry's schema ``schema_id`` as a writer this stream can read."""
-        known = self._readable.get(schema_id)
-        if known is not None:
-            return known
+    def _protobuf_framed(self, payload: bytes) -> tuple[bytes, int]:
+        """A Confluent-framed Protobuf message of a subject stream: the bare message and
+        its schema id."""
+        if len(payload) < 6:
+            raise TypedPayloadError(f"the payload starts with byte 0 (Confluent's wire "
+                                    f"format) but its {len(payload)} bytes cut off the "
+                                    "schema id and message index")
+        schema_id = int.from_bytes(payload[1:5], "big")
+        schema_type, _, _ = self._lookup(schema_id)
+        if schema_type != "PROTOBUF":
+            raise TypedPayloadError(f"schema id {schema_id} is a {schema_type} schema; this "
+                                    "stream takes Protobuf")
+        indexes, start = read_message_indexes(payload, 5)
+        if indexes != self._message_index:
+            raise TypedPayloadError(
+                f"the payload's message index {indexes} (schema id {schema_id}) does not "
+                f"name this stream's message {self._protobuf().full_name} (index "
+                f"{self._message_index} of subject {self.subject!r})")
+        body = payload[start:]
+        self._protobuf().check(body)
+        return body, schema_id
+
+    def _lookup(self, schema_id: int) -> tuple[str, str, bool]:
+        """The registry's ``schema_id`` (503 while it may be new; 400 when it does not
+        exist, or is not a version of this stream's subject)."""
         if self._writers is None:
             raise TypedPayloadError(f"the payload names schema registry id {schema_id}, but "
                                     "this ingestor reads no schema registry")
@@ -132,7 +188,17 @@ class TypedDoor:
                               code="schema_not_yet_known", retry_after_s=1.0) from None
         if found is None:
             raise TypedPayloadError(f"schema id {schema_id} is not in the schema registry")
-        schema_type, text, references = found
+        if self.subject and schema_id not in self._writers.subject_ids(self.subject):
+            raise TypedPayloadError(f"schema id {schema_id} is not a version of subject "
+                                    f"{self.subject!r}, this stream's type")
+        return found
+
+    def _registered(self, schema_id: int) -> AvroType:
+        """The registry's schema ``schema_id`` as a writer this stream can read."""
+        known = self._readable.get(schema_id)
+        if known is not None:
+            return known
+        schema_type, text, references = self._lookup(schema_id)
         if schema_type != "AVRO":
             raise TypedPayloadError(f"schema id {schema_id} is a {schema_type} schema; this "
                                     "stream takes Avro")
@@ -149,6 +215,8 @@ class TypedDoor:
 
     def from_json(self, objects: Sequence[bytes]) -> list[bytes]:
         """Protobuf's canonical JSON (one object per element) → binary messages."""
+        if self.pending:
+            self._not_yet()
         if self.code != FORMAT_PROTOBUF:
             raise BadPayloads(self.name, self.format, [(0, TypedPayloadError(
                 "an Avro stream takes binary Avro (single-object encoding), not JSON"))])
@@ -186,6 +254,62 @@ def event_ids(door: TypedDoor, bodies: Sequence[bytes], schema_ids: Sequence[int
         value = record.get(name) if isinstance(record, dict) else None
         out.append(None if value is None or value == "" else str(value))
     return out
+
+
+def message_index(kind: ProtobufType) -> list[int]:
+    """Confluent's message-index path of ``kind``'s message in its file: the position of
+    the top-level message, then of each nested one (``[0]``: the file's first message)."""
+    wanted = kind.full_name
+    for file in kind.files:
+        prefix = f"{file.package}." if file.package else ""
+        found = _index_in(file.message_type, prefix, wanted)
+        if found is not None:
+            return found
+    raise TypedPayloadError(f"message {wanted} is in none of its type's files")
+
+
+def _index_in(messages: Sequence[Any], prefix: str, wanted: str) -> list[int] | None:
+    for position, message in enumerate(messages):
+        name = prefix + message.name
+        if name == wanted:
+            return [position]
+        if wanted.startswith(name + "."):
+            inner = _index_in(message.nested_type, name + ".", wanted)
+            if inner is not None:
+                return [position, *inner]
+    return None
+
+
+def read_message_indexes(payload: bytes, pos: int) -> tuple[list[int], int]:
+    """Confluent's message-index array at ``pos`` (zigzag varints: the count, then each
+    index; a count of 0 means ``[0]``) → the indexes and where the message starts."""
+    count, pos = _zigzag(payload, pos)
+    if count == 0:
+        return [0], pos
+    if count < 0 or count > 100:
+        raise TypedPayloadError(f"the message-index array's count {count} is not valid")
+    out = []
+    for _ in range(count):
+        value, pos = _zigzag(payload, pos)
+        out.append(value)
+    return out, pos
+
+
+def _zigzag(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= len(data):
+            raise TypedPayloadError("the message-index array is cut off by the end of the "
+                                    "payload")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), pos
+        shift += 7
+        if shift > 63:
+            raise TypedPayloadError("a varint of the message-index array is longer than "
+                                    "10 bytes")
 
 
 class BadPayloads(ValueError):

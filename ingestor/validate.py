@@ -101,7 +101,10 @@ class CompiledStream:
     MAX_VIOLATIONS = 100
 
     def __init__(self, config: StreamConfig, registry_version: int = 0, *,
-                 clock: Clock = SYSTEM, writers: WriterSchemas | None = None) -> None:
+                 clock: Clock = SYSTEM, writers: WriterSchemas | None = None,
+                 subject_problem: str | None = None) -> None:
+        """``subject_problem``: why a subject stream's subject gives it no type (each
+        request is refused naming it)."""
         self.config = config
         self._clock = clock
         self.name = config.name
@@ -152,7 +155,8 @@ class CompiledStream:
             str(parse_path(c.path)[0]) for c in config.columns if c.path is not None)
         """Top-level fields the stream reads: an evolving stream keeps every other one."""
         self._members = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
-        self.typed = TypedDoor(config, writers) if config.format != "json" else None
+        self.typed = TypedDoor(config, writers, subject_problem) \
+            if config.format != "json" else None
         """A Protobuf or Avro stream's payload checks (None: a JSON stream)."""
 
     @property

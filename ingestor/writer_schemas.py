@@ -16,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
+from icefloe.schemas.model import SchemaDocument
 from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.store.base import AsyncObjectStore
+from icefloe.typed.subjects import subject_ids
 
 log = logging.getLogger("icefloe.ingestor")
 MAX_TRACKED = 1024
@@ -41,6 +44,19 @@ class WriterSchemas:
         """Ids asked for above the highest known, until the next read answers them."""
         self._missing: set[int] = set()
         """Ids a read made after they were asked for did not hold (bounded: client input)."""
+        self.document: SchemaDocument | None = None
+        """The document last read (subject streams resolve from it)."""
+        self.on_document: Callable[[SchemaDocument], None] = lambda doc: None
+        """Called after each read (the service re-resolves its subject streams)."""
+
+    @property
+    def parser(self) -> SchemaStore:
+        """The registry store, whose parse cache resolving subjects reuses."""
+        return self._store
+
+    def subject_ids(self, subject: str) -> frozenset[int]:
+        """The ids of every version of ``subject`` in the document last read."""
+        return subject_ids(self.document, subject) if self.document else frozenset()
 
     def lookup(self, schema_id: int) -> tuple[str, str, bool] | None:
         """``(type, text, has_references)`` of ``schema_id``; None if it does not exist.
@@ -82,3 +98,5 @@ class WriterSchemas:
         if len(self._missing) > MAX_TRACKED:
             self._missing.clear()
         self._missing |= {i for i in asked if i not in self._known}
+        self.document = doc
+        self.on_document(doc)

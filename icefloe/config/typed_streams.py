@@ -65,19 +65,19 @@ def _typed(stream: StreamConfig, base: Path, where: str) -> StreamConfig:
     for key, (default, why) in _REFUSED.items():
         if getattr(stream, key) != default:
             raise ConfigError(f"{label}: `{key}` is not available: {why}")
+    if stream.schema is not None and stream.schema.subject:
+        return _subject(stream, label)
     schema = _with_text(stream.format, stream.schema, base, label)
     try:
-        kind = schema_kind(stream.format, schema)
+        columns = typed_columns(stream.format, schema)
     except (TypeChangeError, TypedPayloadError, ValueError) as exc:
         raise ConfigError(f"{label}: {exc}") from None
-    columns = tuple(Column(c.name, c.type, required=c.required, doc=c.doc)
-                    for c in kind.columns())
     if stream.event_id_field is not None:
-        _check_id_field(stream.event_id_field, columns, label)
+        check_id_field(stream.event_id_field, columns, label)
     return msgspec.structs.replace(stream, schema=schema, columns=columns)
 
 
-def _check_id_field(name: str, columns: Sequence[Column], label: str) -> None:
+def check_id_field(name: str, columns: Sequence[Column], label: str) -> None:
     """A typed stream's ``event_id_field``: a top-level text or integer field."""
     kinds = {c.name: c.type for c in columns}
     if name not in kinds:
@@ -86,6 +86,33 @@ def _check_id_field(name: str, columns: Sequence[Column], label: str) -> None:
     if kinds[name] not in ("string", "long", "int", "uuid"):
         raise ConfigError(f"{label}: event_id_field {name!r} is {kinds[name]}; an event id "
                           "field is a string, an integer or a uuid")
+
+
+def typed_columns(format: str, schema: TypedSchema | None) -> tuple[Column, ...]:
+    """The columns of a typed stream's type (``schema.text`` filled). Raises ValueError,
+    :class:`TypeChangeError` or :class:`TypedPayloadError` naming what is wrong."""
+    kind = schema_kind(format, schema)
+    return tuple(Column(c.name, c.type, required=c.required, doc=c.doc)
+                 for c in kind.columns())
+
+
+def _subject(stream: StreamConfig, label: str) -> StreamConfig:
+    """A stream whose type is a schema registry subject: no text and no columns yet (the
+    loader does not read the registry; :mod:`icefloe.typed.subjects` resolves it)."""
+    schema = stream.schema
+    assert schema is not None
+    files = [f"`{key}`" for key in ("descriptor_set", "schema_file")
+             if getattr(schema, key)]
+    if files or schema.text:
+        raise ConfigError(f"{label}: takes its type from `subject` ({schema.subject!r}) or "
+                          f"from a file, not both: remove {' and '.join(files) or '`text`'}")
+    if stream.format == "protobuf" and not schema.message:
+        raise ConfigError(f"{label}: a Protobuf subject stream names its message: schema = "
+                          f"{{ subject = \"{schema.subject}\", message = \"pkg.Message\" }}")
+    if stream.format == "avro" and schema.message:
+        raise ConfigError(f"{label}: `message` is Protobuf's; an Avro subject stream names "
+                          "only its `subject`")
+    return msgspec.structs.replace(stream, columns=())
 
 
 def _with_text(format: str, schema: TypedSchema | None, base: Path, label: str

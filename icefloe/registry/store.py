@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.config import StreamConfig
+from icefloe.config import Column, StreamConfig
 from icefloe.errors import ConfigError, ManifestCorruptError
 from icefloe.registry.model import Registry, Source
 from icefloe.registry.ops import create_source, seed_specs
@@ -75,7 +75,7 @@ class RegistryStore:
             if registry.version != 0 or not streams:
                 return registry
             seeded = registry
-            for spec in seed_specs(streams):
+            for spec in seed_specs([_placeheld(s) for s in streams]):
                 seeded = create_source(seeded, spec, clock=self.clock)
             # one version for the whole seed, and the seeded sinks receive everything since
             # version 0: events accepted from the config before the registry existed
@@ -95,10 +95,22 @@ def _since_the_start(source: Source) -> Source:
 
 def _typed(source: Source, stream: StreamConfig | None) -> Source:
     """A seeded source keeps its config stream's payload format and type (Protobuf, Avro):
-    the admin API does not take typed sources itself yet, only icefloe.toml declares them."""
+    the admin API does not take typed sources itself yet, only icefloe.toml declares them.
+    Its sinks keep the stream's columns (none yet for a schema registry subject's)."""
     if stream is None:
         return source
-    return msgspec.structs.replace(source, format=stream.format, schema=stream.schema)
+    sinks = tuple(msgspec.structs.replace(s, columns=stream.columns) for s in source.sinks)
+    return msgspec.structs.replace(source, format=stream.format, schema=stream.schema,
+                                   sinks=sinks)
+
+
+def _placeheld(stream: StreamConfig) -> StreamConfig:
+    """A subject stream has no columns until its subject is read
+    (:mod:`icefloe.typed.subjects`); the sink checks of seeding see one stand-in column,
+    which :func:`_typed` removes again."""
+    if stream.columns or stream.schema is None or not stream.schema.subject:
+        return stream
+    return msgspec.structs.replace(stream, columns=(Column("subject_pending", "string"),))
 
 
 def refuse_conflicts(registry: Registry, streams: Sequence[StreamConfig], where: str) -> None:

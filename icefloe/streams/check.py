@@ -33,7 +33,8 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
     if len(parts) != 2 or not all(_NAME_RE.fullmatch(p) for p in parts):
         raise ConfigError(f"{at}.table: {stream.table!r} must be 'namespace.table' in lower "
                           "case letters, digits and '_'")
-    if not stream.columns:
+    if not stream.columns and not (stream.schema is not None and stream.schema.subject):
+        # (a schema registry subject's stream has its columns once its subject is read)
         raise ConfigError(f"{at}.columns: a stream needs at least one column")
     seen: set[str] = set()
     for i, column in enumerate(stream.columns):

@@ -103,13 +103,21 @@ class TypedSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     --descriptor_set_out``); ``enums`` as their value names (``string``) or numbers
     (``int``). Avro: a ``schema_file`` (``.avsc``). ``text`` is what the loader read from
     the file (base64 of the descriptor set, or the Avro schema's JSON), so every process
-    and every Spark executor derives the same type from the config alone."""
+    and every Spark executor derives the same type from the config alone.
+
+    Or ``subject``: a subject of icefloe's schema registry, instead of a file (a Protobuf
+    stream still names its ``message``). Its latest version is the stream's type; the
+    loader cannot read the registry, so ``text`` stays empty until the ingestor and the
+    collector resolve it (:mod:`icefloe.typed.subjects`), and again at each new version."""
 
     message: str | None = None
     descriptor_set: str | None = None
     schema_file: str | None = None
     enums: Literal["string", "int"] = "string"
     text: str = ""
+    subject: str | None = None
+    subject_version: int = 0
+    """The subject's version ``text`` holds (0: not resolved, or not a subject)."""
 
 
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
