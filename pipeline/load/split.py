@@ -129,6 +129,70 @@ def _stream_codes(buf: np.ndarray, name_at: np.ndarray, name_len: np.ndarray
     return names, codes.reshape(-1).astype(np.int64)
 
 
+def _meta_spans(buf: np.ndarray, flagged: np.ndarray, payload_at: np.ndarray,
+                end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where each flagged record's meta starts and how long it is (0 for the others), or
+    None when one is empty or overruns its record (the exact path says which)."""
+    if (payload_at[flagged] + 4 >= end[flagged]).any():
+        return None
+    at = np.minimum(payload_at[:, None] + np.arange(4), len(buf) - 1)
+    meta_len = np.where(flagged, buf[at].copy().view("<u4").ravel(), 0).astype(np.int64)
+    if (flagged & (meta_len == 0)).any():
+        return None
+    meta_at = payload_at + np.where(flagged, 4, 0)
+    if (meta_at + meta_len >= end).any():
+        return None
+    return meta_at, meta_len
+
+
+def _newline_after(buf: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``buf`` with a newline at every record's end: one extra byte, so every payload, the
+    last one included, can be followed by "\\n" in the NDJSON it is copied into."""
+    padded = np.empty(len(buf) + 1, dtype=np.uint8)
+    padded[:-1] = buf
+    padded[end] = _NEWLINE
+    return padded
+
+
+def _typed_heads(buf: np.ndarray, payload_at: np.ndarray, end: np.ndarray,
+                 typed: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The version 2 records' payload formats and schema ids (0 for the others), or None
+    when one is cut short or names an unknown format (the exact path says which)."""
+    if (payload_at[typed] + 5 >= end[typed]).any():
+        return None
+    head = np.minimum(payload_at[:, None] + np.arange(5), len(buf) - 1)
+    formats = np.where(typed, buf[head[:, 0]], 0).astype(np.int64)
+    if (typed & ~np.isin(formats, (1, 2))).any():
+        return None
+    schema_ids = np.where(typed, buf[head[:, 1:]].copy().view("<u4").ravel(), 0)
+    return formats, schema_ids.astype(np.int64)
+
+
+def _typed_stream(name: str, rows: np.ndarray, padded: np.ndarray,
+                  spans: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                  received: np.ndarray, heads: tuple[np.ndarray, np.ndarray]
+                  ) -> ColumnarTyped | None:
+    """One stream's version 2 records ``rows`` (``spans``: their ids' and payloads'
+    offsets), or None when an id is not UTF-8."""
+    id_at, id_len, payload_at, end = spans
+    ids = _ids(padded, id_at, id_len)
+    if ids is None:
+        return None
+    return ColumnarTyped(name, ids, received, rows,
+                         _binary(padded, payload_at, end - payload_at),
+                         heads[0][rows], heads[1][rows])
+
+
+def _ids(padded: np.ndarray, at: np.ndarray, length: np.ndarray) -> pa.StringArray | None:
+    """Event ids as one Arrow string array, or None when one is not UTF-8."""
+    ids = _binary(padded, at, length, pa.string())
+    try:
+        ids.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return ids
+
+
 # the hot loop, inline on purpose: ruff's caps (noqa below)
 def split_columnar(block: bytes, count: int  # noqa: C901, PLR0912, PLR0915
                    ) -> ColumnarSplit | None:
@@ -159,35 +223,18 @@ def split_columnar(block: bytes, count: int  # noqa: C901, PLR0912, PLR0915
         return None
     meta_at = meta_len = None
     if flags.any():  # records with request metadata: u32 length, then the meta bytes
-        flagged = flags.astype(bool)
-        if (payload_at[flagged] + 4 >= end[flagged]).any():
+        if (metas := _meta_spans(buf, flags.astype(bool), payload_at, end)) is None:
             return None
-        at = np.minimum(payload_at[:, None] + np.arange(4), len(buf) - 1)
-        meta_len = np.where(flagged, buf[at].copy().view("<u4").ravel(), 0).astype(np.int64)
-        if (flagged & (meta_len == 0)).any():
-            return None
-        meta_at = payload_at + np.where(flagged, 4, 0)
+        meta_at, meta_len = metas
         payload_at = meta_at + meta_len
-        if (payload_at >= end).any():
-            return None
     received = buf[(env + 2)[:, None] + np.arange(8)].copy().view("<i8").ravel()
-    formats = schema_ids = None
+    heads = None
     if typed.any():  # version 2: a format byte and a u32 schema id, then the binary payload
-        if (payload_at[typed] + 5 >= end[typed]).any():
+        if (heads := _typed_heads(buf, payload_at, end, typed)) is None:
             return None
-        head = np.minimum(payload_at[:, None] + np.arange(5), len(buf) - 1)
-        formats = np.where(typed, buf[head[:, 0]], 0).astype(np.int64)
-        if (typed & ~np.isin(formats, (1, 2))).any():
-            return None
-        schema_ids = np.where(typed, buf[head[:, 1:]].copy().view("<u4").ravel(), 0
-                              ).astype(np.int64)
         payload_at = payload_at + np.where(typed, 5, 0)
-
     names, codes = _stream_codes(buf, name_at, name_len)
-    # One extra byte so every payload, the last one included, can be followed by "\n".
-    padded = np.empty(len(buf) + 1, dtype=np.uint8)
-    padded[:-1] = buf
-    padded[end] = _NEWLINE
+    padded = _newline_after(buf, end)
     out = ColumnarSplit()
     for raw_name, code in names.items():
         try:
@@ -195,27 +242,21 @@ def split_columnar(block: bytes, count: int  # noqa: C901, PLR0912, PLR0915
         except UnicodeDecodeError:
             return None
         rows = np.flatnonzero(codes == code) if len(names) > 1 else np.arange(count)
-        if formats is not None and schema_ids is not None and typed[rows].any():
+        if heads is not None and typed[rows].any():
             binary = rows[typed[rows]]
-            ids = _binary(padded, id_at[binary], id_len[binary], pa.string())
-            try:
-                ids.validate(full=True)
-            except pa.ArrowInvalid:
+            spans = (id_at[binary], id_len[binary], payload_at[binary], end[binary])
+            found = _typed_stream(name, binary, padded, spans, received[binary], heads)
+            if found is None:
                 return None
-            out.typed[name] = ColumnarTyped(
-                name, ids, received[binary], binary,
-                _binary(padded, payload_at[binary], end[binary] - payload_at[binary]),
-                formats[binary], schema_ids[binary])
+            out.typed[name] = found
             rows = rows[~typed[rows]]
             if not len(rows):
                 continue
         ndjson = _masked(padded, payload_at[rows], end[rows] + 1)
         if np.count_nonzero(ndjson == _NEWLINE) != len(rows) or (ndjson == _CR).any():
             return None  # a raw line break inside a payload: let the exact path reject it
-        ids = _binary(padded, id_at[rows], id_len[rows], pa.string())
-        try:
-            ids.validate(full=True)
-        except pa.ArrowInvalid:
+        ids = _ids(padded, id_at[rows], id_len[rows])
+        if ids is None:
             return None
         metas = None
         if meta_at is not None and meta_len is not None and flags[rows].any():
