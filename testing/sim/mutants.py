@@ -197,6 +197,30 @@ def _journal_no_tombstones() -> contextlib.AbstractContextManager[None]:
     return _patch(commit, "id_rows", id_rows)
 
 
+def _rename_apart() -> contextlib.AbstractContextManager[None]:
+    """#39's rename by field number done in two steps: the columns are renamed in one
+    commit and the field numbers they now hold are recorded only after the table evolved
+    (``remember_numbers``). A collector that dies in between leaves a table whose columns
+    have the new names and whose recorded numbers still name the old ones."""
+    import pipeline.iceberg.field_numbers as numbers
+    import pipeline.iceberg.tables as tables
+    from pipeline.iceberg.errors import load_table_or_none
+
+    def rename(catalog: Any, stream: Any, target: Any) -> None:
+        kind = numbers._kind(stream)
+        table = load_table_or_none(catalog, stream.table) if kind is not None else None
+        if kind is None or table is None:
+            return
+        schema = table.schema()
+        renames = kind.renames_from(numbers._stored(table))
+        if renames:
+            with table.update_schema() as update:
+                for old, new in renames:
+                    update.rename_column(numbers.iceberg_path(schema, old),
+                                         new.rsplit(".", 1)[-1])
+    return _patch(tables, "rename_by_numbers", rename)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -208,6 +232,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "window-from-log": _window_from_log,
     "journal-no-tombstones": _journal_no_tombstones,
     "park-drops-rows": _park_drops_rows,
+    "rename-apart": _rename_apart,
 }
 
 
