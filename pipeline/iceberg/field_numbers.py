@@ -228,10 +228,11 @@ def _fits(struct: StructType, arrow: pa.Schema | pa.StructType) -> bool:
 
 def _fits_type(kind: IcebergType, arrow: pa.DataType) -> bool:
     if isinstance(kind, StructType) and pa.types.is_struct(arrow):
-        return all(kind.field_by_name(arrow.field(i).name) is not None
-                   and _fits_type(kind.field_by_name(arrow.field(i).name).field_type,
-                                  arrow.field(i).type)
-                   for i in range(arrow.num_fields))
+        for i in range(arrow.num_fields):
+            found = kind.field_by_name(arrow.field(i).name)
+            if found is None or not _fits_type(found.field_type, arrow.field(i).type):
+                return False
+        return True
     if isinstance(kind, ListType) and (pa.types.is_list(arrow) or pa.types.is_large_list(arrow)):
         return _fits_type(kind.element_type, arrow.value_type)
     if isinstance(kind, MapType) and pa.types.is_map(arrow):
@@ -243,6 +244,8 @@ def _renamed(array: pa.Array, kind: IcebergType, current: Schema) -> pa.Array:
     """``array`` (the rows' values of a field that was ``kind``) with each nested field
     under its current name (found by field id in ``current``). Rebuilt, not cast: Arrow
     casts structs by field name, which would null a renamed field's values."""
+    if isinstance(kind, (ListType, MapType)) and array.offset:
+        array = pa.concat_arrays([array])  # offsets from zero: a validity mask is taken
     if isinstance(kind, StructType) and isinstance(array, pa.StructArray):
         children, fields = [], []
         for i in range(array.type.num_fields):
@@ -254,13 +257,18 @@ def _renamed(array: pa.Array, kind: IcebergType, current: Schema) -> pa.Array:
             children.append(values)
             fields.append(pa.field(now.name if now is not None else child.name,
                                    values.type, nullable=child.nullable))
+        if pa.struct(fields) == array.type:
+            return array  # nothing under it was renamed
         return pa.StructArray.from_arrays(children, fields=fields, mask=array.is_null())
     if isinstance(kind, ListType) and isinstance(array, pa.ListArray | pa.LargeListArray):
         values = _renamed(array.values, kind.element_type, current)
-        made = type(array).from_arrays(array.offsets, values, mask=array.is_null())
-        return made
+        if values.type == array.values.type:
+            return array
+        return type(array).from_arrays(array.offsets, values, mask=array.is_null())
     if isinstance(kind, MapType) and isinstance(array, pa.MapArray):
         items = _renamed(array.items, kind.value_type, current)
+        if items.type == array.items.type:
+            return array
         return pa.MapArray.from_arrays(array.offsets, array.keys, items,
                                        mask=array.is_null())
     return array

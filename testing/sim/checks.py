@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.types import StructType
 
 from icefloe.config import Config
 from icefloe.manifest.model import Manifest
@@ -76,6 +77,8 @@ class Watched(Protocol):
     def collectors(self) -> Sequence[Any]: ...
     @property
     def registry_history(self) -> Sequence[Registry]: ...
+    @property
+    def deployed(self) -> int | None: ...
 
     def kill(self, host: str) -> None: ...
 
@@ -356,8 +359,8 @@ class Checker:
             return
         schema = table.schema()
         names = {f.name for f in schema.fields}
-        detail = {f.name for f in schema.find_field("detail").field_type.fields} \
-            if "detail" in names else set()
+        kind = schema.find_field("detail").field_type if "detail" in names else None
+        detail = {f.name for f in kind.fields} if isinstance(kind, StructType) else set()
         got = sorted(names) + [f"detail.{n}" for n in sorted(detail)]
         for old, new in typed.RENAMED.items():
             if old in got or new not in got:
