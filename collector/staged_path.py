@@ -12,7 +12,9 @@ table's import is its retry: committed, it is unparked.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,6 +30,7 @@ from icefloe.manifest.model import Entry
 from icefloe.registry.model import Conditions
 from icefloe.staging import StagedFile, StagingState, merge_through
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD, OVERFLOW
+from pipeline.iceberg import rows_under_current_names
 
 __all__ = ["MAX_STAGED_FILES", "StagedPath", "ToStage", "chunk_of"]
 
@@ -97,7 +100,8 @@ class StagedPath:
         if committed is not None:
             result.rows[table] = committed  # models reading this table see the commit
         elif len(staged.state.files) > MAX_STAGED_FILES:
-            self.commits.observe_staged(table, s.block_on(s.staging.compact(table, s.epoch)))
+            self.commits.observe_staged(table, s.block_on(s.staging.compact(
+                table, s.epoch, each=self._renamer(table))))
 
     def commit_due(self) -> dict[str, int]:
         """Commit every staged table whose conditions hold (blocking: call in a thread);
@@ -174,7 +178,7 @@ class StagedPath:
         s = self.state
         assert s.epoch is not None
         chunk = chunk_of(state.files, COMMIT_CHUNK_BYTES)
-        rows = s.block_on(s.staging.read(state, chunk))
+        rows = s.block_on(s.staging.read(state, chunk, each=self._renamer(table)))
         assert rows is not None
         through = merge_through(f.through for f in chunk)  # a prefix: per shard
         rows = self._evolve_staged(table, rows)
@@ -193,6 +197,16 @@ class StagedPath:
                  outcome.rows, through, extra={"table": table, "reason": reason,
                                                "rows": outcome.rows})
         return outcome.rows, state
+
+    def _renamer(self, table: str) -> Callable[[pa.Table], pa.Table] | None:
+        """For a Protobuf table: each staged file's rows under its columns' current names
+        (a field renamed in the ``.proto`` since they were staged keeps its column, same
+        field id, but not its name: :func:`rows_under_current_names`). None otherwise."""
+        stream = self.state.routes.tables().get(table)
+        if stream is None or stream.format != "protobuf":
+            return None
+        return functools.partial(rows_under_current_names,
+                                 self.state.catalog.load_table(table))
 
     def _evolve_staged(self, table: str, rows: pa.Table) -> pa.Table:
         """Staged rows of a table parked while its sink evolves keep their undeclared

@@ -270,9 +270,12 @@ class StagingArea:
         return len(tables)
 
     async def read(self, state: StagingState,
-                   files: tuple[StagedFile, ...] | None = None) -> pa.Table | None:
+                   files: tuple[StagedFile, ...] | None = None, *,
+                   each: Callable[[pa.Table], pa.Table] | None = None) -> pa.Table | None:
         """The staged rows of ``files`` (default: all of ``state``), in staging order; None
-        when there are none. Fetched a few at a time."""
+        when there are none. Fetched a few at a time. ``each`` is applied to every file's
+        rows before they are put together (a Protobuf table's files staged before a
+        rename: their columns under today's names, or both names would be merged)."""
         chosen = state.files if files is None else files
         if not chosen:
             return None
@@ -288,9 +291,12 @@ class StagingArea:
         tables: list[pa.Table] = []
         for start in range(0, len(chosen), READ_AHEAD):
             tables += await asyncio.gather(*(fetch(f) for f in chosen[start:start + READ_AHEAD]))
+        if each is not None:
+            tables = [each(t) for t in tables]
         return pa.concat_tables(tables, promote_options="permissive")
 
-    async def compact(self, table: str, epoch: int) -> StagingState:
+    async def compact(self, table: str, epoch: int, *,
+                      each: Callable[[pa.Table], pa.Table] | None = None) -> StagingState:
         """Merge the oldest staged files into one once there are more than ``MAX_FILES``,
         so the state object (rewritten by every run) and the number of objects to read at
         commit time stay bounded however long the age condition is."""
@@ -298,7 +304,7 @@ class StagingArea:
         if len(state.files) <= MAX_FILES:
             return state
         group = state.files[:MERGE_FILES]
-        rows = await self.read(state, group)
+        rows = await self.read(state, group, each=each)
         assert rows is not None
         first = min(f.first_sequence for f in group)
         last = max(f.last_sequence for f in group)

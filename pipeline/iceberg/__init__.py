@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from pipeline.iceberg.errors import iceberg_errors, load_table_or_none
     from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape
     from pipeline.iceberg.fence import fence_all, fence_table
+    from pipeline.iceberg.field_numbers import rows_under_current_names
     from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
     from pipeline.iceberg.replace import replace_rows
     from pipeline.iceberg.table_commit import commit_table
@@ -89,6 +90,7 @@ _HOME = {
     "open_catalog": "pipeline.iceberg.catalog",
     "position": "pipeline.iceberg.commit",
     "replace_rows": "pipeline.iceberg.replace",
+    "rows_under_current_names": "pipeline.iceberg.field_numbers",
     "run_maintenance": "pipeline.iceberg.maintenance",
     "shape": "pipeline.iceberg.evolution",
     "split_missing_keys": "pipeline.iceberg.upsert",
@@ -134,6 +136,7 @@ __all__ = [
     "open_catalog",
     "position",
     "replace_rows",
+    "rows_under_current_names",
     "run_maintenance",
     "shape",
     "split_missing_keys",

@@ -20,10 +20,11 @@ import json
 import logging
 from collections.abc import Mapping
 
+import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import IcebergType, ListType, MapType, StructType
+from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 
 from icefloe.errors import SchemaConflictError
 from icefloe.streams.model import StreamConfig
@@ -49,6 +50,20 @@ def number_paths(stream: StreamConfig) -> dict[str, str] | None:
     """A Protobuf stream's field-number paths and their column paths (None: not Protobuf)."""
     kind = _kind(stream)
     return None if kind is None else dict(kind.number_paths())
+
+
+def numbers_property(stream: StreamConfig) -> dict[str, str]:
+    """The property a Protobuf stream's table is *created* with (empty: not Protobuf).
+
+    Why at creation, in the creating commit: a table whose numbers were recorded only by a
+    later commit (:func:`remember_numbers`) and whose collector died in between holds
+    columns no recorded number names, so the next rename in the ``.proto`` would not be
+    seen as one: the renamed top-level field would get a new column beside the old one
+    (its values split across two names), and a renamed nested field would be refused as a
+    struct change, parking the table for good (the simulator's ``protobuf-rename`` family
+    found it: a crash at ``before_remember``)."""
+    now = number_paths(stream)
+    return {} if now is None else {FIELDS_PROP: json.dumps(now, sort_keys=True)}
 
 
 def rename_by_numbers(catalog: Catalog, stream: StreamConfig, target: Schema) -> None:
@@ -153,3 +168,107 @@ def iceberg_path(schema: Schema, dotted: str) -> tuple[str, ...]:
         path.append(name)
         kind = found.field_type
     return tuple(path)
+
+
+def rows_under_current_names(table: Table, rows: pa.Table) -> pa.Table:
+    """``rows`` written under an older schema of ``table`` (staged before a Protobuf rename
+    by field number, imported after it), with every column and nested field under the
+    name the same Iceberg field has now.
+
+    Why: staged rows wait in files under the names they were decoded with; a rename that
+    lands meanwhile keeps each field's id but not its name, and an import by name would
+    refuse the old names for good (the table parked, its rows never landing — the
+    simulator's ``protobuf-rename`` family found it). The rows' schema is the newest of
+    the table's schemas that holds every one of their column paths; each field is then
+    found by its id in the current schema. Columns no schema holds (the envelope's) and
+    rows that already fit are left as they are."""
+    current = table.schema()
+    if _fits(current.as_struct(), rows.schema):
+        return rows
+    for old in sorted(table.metadata.schemas, key=lambda s: s.schema_id, reverse=True):
+        if old.schema_id == current.schema_id or not _fits(old.as_struct(), rows.schema):
+            continue
+        columns, fields = [], []
+        for name, column in zip(rows.column_names, rows.columns, strict=True):
+            was = old.as_struct().field_by_name(name)
+            now = _by_id(current, was.field_id) if was is not None else None
+            if was is None or now is None:  # an envelope column, or a field since dropped
+                columns.append(column)
+                fields.append(rows.schema.field(name))
+                continue
+            column = pa.chunked_array([_renamed(chunk, was.field_type, current)
+                                       for chunk in column.chunks])
+            columns.append(column)
+            fields.append(pa.field(now.name, column.type,
+                                   nullable=rows.schema.field(name).nullable))
+        return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+    return rows
+
+
+def _by_id(schema: Schema, field_id: int) -> NestedField | None:
+    try:
+        return schema.find_field(field_id)
+    except ValueError:
+        return None
+
+
+def _fits(struct: StructType, arrow: pa.Schema | pa.StructType) -> bool:
+    """Whether every table column among ``arrow``'s fields (``_``-prefixed envelope
+    columns aside) is in ``struct`` under the same name, nested fields included."""
+    for field in arrow:
+        found = struct.field_by_name(field.name)
+        if found is None:
+            if field.name.startswith("_"):
+                continue
+            return False
+        if not _fits_type(found.field_type, field.type):
+            return False
+    return True
+
+
+def _fits_type(kind: IcebergType, arrow: pa.DataType) -> bool:
+    if isinstance(kind, StructType) and pa.types.is_struct(arrow):
+        for i in range(arrow.num_fields):
+            found = kind.field_by_name(arrow.field(i).name)
+            if found is None or not _fits_type(found.field_type, arrow.field(i).type):
+                return False
+        return True
+    if isinstance(kind, ListType) and (pa.types.is_list(arrow) or pa.types.is_large_list(arrow)):
+        return _fits_type(kind.element_type, arrow.value_type)
+    if isinstance(kind, MapType) and pa.types.is_map(arrow):
+        return _fits_type(kind.value_type, arrow.item_type)
+    return True
+
+
+def _renamed(array: pa.Array, kind: IcebergType, current: Schema) -> pa.Array:
+    """``array`` (the rows' values of a field that was ``kind``) with each nested field
+    under its current name (found by field id in ``current``). Rebuilt, not cast: Arrow
+    casts structs by field name, which would null a renamed field's values."""
+    if isinstance(kind, (ListType, MapType)) and array.offset:
+        array = pa.concat_arrays([array])  # offsets from zero: a validity mask is taken
+    if isinstance(kind, StructType) and isinstance(array, pa.StructArray):
+        children, fields = [], []
+        for i in range(array.type.num_fields):
+            child = array.type.field(i)
+            was = kind.field_by_name(child.name)
+            assert was is not None  # _fits checked
+            now = _by_id(current, was.field_id)
+            values = _renamed(array.field(i), was.field_type, current)
+            children.append(values)
+            fields.append(pa.field(now.name if now is not None else child.name,
+                                   values.type, nullable=child.nullable))
+        if pa.struct(fields) == array.type:
+            return array  # nothing under it was renamed
+        return pa.StructArray.from_arrays(children, fields=fields, mask=array.is_null())
+    if isinstance(kind, ListType) and isinstance(array, pa.ListArray | pa.LargeListArray):
+        values = _renamed(array.values, kind.element_type, current)
+        if values.type == array.values.type:
+            return array
+        return type(array).from_arrays(array.offsets, values, mask=array.is_null())
+    if isinstance(kind, MapType) and isinstance(array, pa.MapArray):
+        items = _renamed(array.items, kind.value_type, current)
+        if items.type == array.items.type:
+            return array
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items,
+                                       mask=array.is_null())
+    return array

@@ -97,7 +97,7 @@ from pipeline.columns import (
     TIMESTAMP,
 )
 from pipeline.iceberg.evolution import promotable, shape
-from pipeline.iceberg.field_numbers import remember_numbers, rename_by_numbers
+from pipeline.iceberg.field_numbers import numbers_property, remember_numbers, rename_by_numbers
 
 log = logging.getLogger("icefloe.tables")
 
@@ -215,7 +215,8 @@ def ensure_stream_table(catalog: Catalog, stream: StreamConfig, *,
     configured = {c.name: c.type for c in stream.columns}
     schema = table_iceberg_schema(stream)
     rename_by_numbers(catalog, stream, schema)  # a Protobuf stream's renamed fields, first
-    table = _ensure(catalog, stream.table, schema, stream_layout(stream), configured, created)
+    table = _ensure(catalog, stream.table, schema, stream_layout(stream), configured, created,
+                    born=numbers_property(stream))
     if stream.format == "protobuf":
         remember_numbers(catalog, stream)
         table = catalog.load_table(stream.table)
@@ -250,10 +251,13 @@ def ensure_dead_letter_table(catalog: Catalog) -> Table:
 
 
 def _ensure(catalog: Catalog, identifier: str, schema: Schema, layout: Layout,
-            configured: Mapping[str, str], created: list[str] | None = None) -> Table:
-    """Load-or-create, then evolve; catalog failures become :class:`CatalogError`."""
+            configured: Mapping[str, str], created: list[str] | None = None, *,
+            born: Mapping[str, str] | None = None) -> Table:
+    """Load-or-create, then evolve; catalog failures become :class:`CatalogError`.
+    ``born``: properties a table created here gets in its creating commit (icefloe's
+    own, not passed through)."""
     try:
-        table = _load_or_create(catalog, identifier, schema, layout, created)
+        table = _load_or_create(catalog, identifier, schema, layout, created, born)
         table = _evolve(catalog, identifier, table, schema, configured)
         return _evolve_layout(catalog, identifier, table, layout)
     except IcefloeError:
@@ -264,7 +268,8 @@ def _ensure(catalog: Catalog, identifier: str, schema: Schema, layout: Layout,
 
 
 def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: Layout,
-                    created: list[str] | None = None) -> Table:
+                    created: list[str] | None = None,
+                    born: Mapping[str, str] | None = None) -> Table:
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
@@ -285,6 +290,7 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, layout: L
     if layout.properties:
         properties[PASSED_PROP] = ",".join(sorted(layout.properties))
     properties.update(uuid_metrics_plan(identifier, schema, properties, layout.properties)[0])
+    properties.update(born or {})
     try:
         table = catalog.create_table(identifier, schema, partition_spec=spec,
                                      sort_order=_sort_order(schema, layout.sort),

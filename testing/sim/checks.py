@@ -18,6 +18,7 @@ accepted under, exactly once, and nothing is anywhere it was not routed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 from collections import Counter
@@ -27,6 +28,7 @@ from urllib.parse import urlparse
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.types import StructType
 
 from icefloe.config import Config
 from icefloe.manifest.model import Manifest
@@ -75,6 +77,8 @@ class Watched(Protocol):
     def collectors(self) -> Sequence[Any]: ...
     @property
     def registry_history(self) -> Sequence[Registry]: ...
+    @property
+    def deployed(self) -> int | None: ...
 
     def kill(self, host: str) -> None: ...
 
@@ -136,17 +140,21 @@ class Checker:
             # stories of seeds pinned before it stay as they were
             draw = self._journal_rng if stage.startswith("after_journal:") else rng
             if self.world.store.faults_on and crash_p and draw.random() < crash_p:
-                self.note(f"{host} crashes at {stage}")
-                self.world.kill(host)
-                for c in self.world.collectors:
-                    if c.name == host:
-                        c.outcome = "crashed"
-                raise SimCrash(f"{host} crashed at {stage}")
+                self.crash(host, stage)
             if stage.startswith(("after_commit:", "after_staged_commit:")):
                 self.commits += 1
                 self.check_table(stage.split(":", 1)[1])
 
         return at
+
+    def crash(self, host: str, stage: str) -> None:
+        """``host`` dies at ``stage`` (inside a blocking step: the step stops there)."""
+        self.note(f"{host} crashes at {stage}")
+        self.world.kill(host)
+        for c in self.world.collectors:
+            if c.name == host:
+                c.outcome = "crashed"
+        raise SimCrash(f"{host} crashed at {stage}")
 
     def batch_deleted(self, key: str) -> None:
         if not key.startswith("batches/"):
@@ -326,6 +334,63 @@ class Checker:
                            f"{sorted(stray)[:4]}")
         for table in sorted(keyed):
             self.check_keys(table)
+        if self.world.scenario.typed:
+            self.check_typed()
+
+    def check_typed(self) -> None:
+        """``protobuf-rename`` (#39): once the operator deployed message version 2, the
+        Protobuf source's table has v2's columns (the renamed ones under their new names,
+        the old names gone, the added one there), its field-number property is v2's, and
+        every row reads back, under the new names, the values its message carried (v1
+        messages read by field number; ``channel`` null on them)."""
+        from pipeline.iceberg.field_numbers import FIELDS_PROP, number_paths
+        from testing.sim import typed
+
+        registry = self.world.registry_history[-1]
+        source = registry.source(typed.SOURCE)
+        if self.world.deployed is None or source is None:
+            self.violation("protobuf-rename: message version 2 was never deployed")
+            return
+        name = f"sim.{typed.SOURCE}"
+        try:
+            table = self.catalog.load_table(name)
+        except NoSuchTableError:
+            self.violation(f"{name}: the Protobuf source's table does not exist")
+            return
+        schema = table.schema()
+        names = {f.name for f in schema.fields}
+        kind = schema.find_field("detail").field_type if "detail" in names else None
+        detail = {f.name for f in kind.fields} if isinstance(kind, StructType) else set()
+        got = sorted(names) + [f"detail.{n}" for n in sorted(detail)]
+        for old, new in typed.RENAMED.items():
+            if old in got or new not in got:
+                self.violation(f"{name}: column {old} should be {new} after the v2 deploy "
+                               f"(same field number); columns {got}")
+        if typed.ADDED not in names:
+            self.violation(f"{name}: v2's added field {typed.ADDED} has no column: {got}")
+        want = number_paths(_typed_stream(source, name))
+        have = json.loads(table.properties.get(FIELDS_PROP, "{}"))
+        if have != want:
+            self.violation(f"{name}: {FIELDS_PROP} is {have}, v2's field numbers are {want}")
+        if table.current_snapshot() is None:
+            return
+        rows = table.scan().to_arrow().to_pylist()
+        v2 = sum(1 for r in rows if r.get(typed.ADDED))
+        self.note(f"{name}: {len(rows)} rows, {v2} from v2 messages, columns {got}")
+        wrong = []
+        for row in rows:
+            sent = self.world.ledger.typed.get(row.get("uid"))
+            expected = sent.row() if sent is not None else None
+            actual = {k: row.get(k) for k in ("n", "total", "detail", "tags", typed.ADDED)}
+            if sent is not None and sent.channel is None and actual[typed.ADDED] == "":
+                # a v1 message decoded as v2 reads the absent proto3 string as its
+                # default; committed before the column existed, it reads null
+                actual[typed.ADDED] = None
+            if actual != expected:
+                wrong.append(f"{row.get('uid')}: {actual} (sent {expected})")
+        if wrong:
+            self.violation(f"{name}: {len(wrong)} rows do not read back what their messages "
+                           f"carried, under v2's names, e.g. {wrong[:2]}")
 
     def check_keys(self, name: str) -> None:
         """A keyed table (``upsert-restart``) holds, per key, the state of the key's last
@@ -372,6 +437,14 @@ class Checker:
                 "commits": self.commits, "max_epoch": self.max_epoch,
                 "store_faults": self.world.store.log.faults,
                 "simulated_s": round(self.world.sim.now - self.world_start(), 1)}
+
+
+def _typed_stream(source: Any, table: str) -> Any:
+    """The Protobuf source's stream as its collector evolves its table (its type)."""
+    from icefloe.config import StreamConfig
+
+    return StreamConfig(name=source.id, table=table, columns=(), format="protobuf",
+                        schema=source.schema)
 
 
 def offsets_of(props: dict[str, str]) -> dict[int, int]:

@@ -197,6 +197,46 @@ def _journal_no_tombstones() -> contextlib.AbstractContextManager[None]:
     return _patch(commit, "id_rows", id_rows)
 
 
+def _rename_apart() -> contextlib.AbstractContextManager[None]:
+    """#39's rename by field number done in two steps: the columns are renamed in one
+    commit and the field numbers they now hold are recorded only after the table evolved
+    (``remember_numbers``). A collector that dies in between leaves a table whose columns
+    have the new names and whose recorded numbers still name the old ones."""
+    import pipeline.iceberg.field_numbers as numbers
+    import pipeline.iceberg.tables as tables
+    from pipeline.iceberg.errors import load_table_or_none
+
+    def rename(catalog: Any, stream: Any, target: Any) -> None:
+        kind = numbers._kind(stream)
+        table = load_table_or_none(catalog, stream.table) if kind is not None else None
+        if kind is None or table is None:
+            return
+        schema = table.schema()
+        renames = kind.renames_from(numbers._stored(table))
+        if renames:
+            with table.update_schema() as update:
+                for old, new in renames:
+                    update.rename_column(numbers.iceberg_path(schema, old),
+                                         new.rsplit(".", 1)[-1])
+    return _patch(tables, "rename_by_numbers", rename)
+
+
+def _numbers_after_create() -> contextlib.AbstractContextManager[None]:
+    """#39's first find undone: a Protobuf table is created without its field numbers,
+    which are recorded by a later commit (``remember_numbers``) only; a collector that dies
+    in between leaves a table no recorded number names, and the next rename in the
+    ``.proto`` is not seen as one."""
+    import pipeline.iceberg.tables as tables
+    return _patch(tables, "numbers_property", lambda stream: {})
+
+
+def _staged_by_name() -> contextlib.AbstractContextManager[None]:
+    """#39's second find undone: staged rows are imported under the names they were
+    staged with, whatever a Protobuf rename changed since."""
+    from collector.staged_path import StagedPath
+    return _patch(StagedPath, "_renamer", lambda self, table: None)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -208,6 +248,9 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "window-from-log": _window_from_log,
     "journal-no-tombstones": _journal_no_tombstones,
     "park-drops-rows": _park_drops_rows,
+    "rename-apart": _rename_apart,
+    "numbers-after-create": _numbers_after_create,
+    "staged-by-name": _staged_by_name,
 }
 
 

@@ -80,6 +80,12 @@ class Scenario:
     """``parked-table``: when (fraction of the traffic) one table's metadata pointer is
     broken (its commits fail: the collector parks it); ``restore_at``: when it is fixed."""
     restore_at: float | None = None
+    typed: bool = False
+    """``protobuf-rename``: source ``s0`` is a Protobuf stream (#39); clients send it
+    messages of :mod:`testing.sim.typed`."""
+    deploy_at: float | None = None
+    """``protobuf-rename``: when (fraction of the traffic) the operator deploys the
+    message's version 2 (two fields renamed, numbers kept, one added)."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -130,7 +136,24 @@ class Scenario:
         scenario.evolve = rng.random() < 0.5 and scenario.output == "embedded"  # drawn last
         scenario.aim(random.Random(seed * 7 + 104723))
         scenario.aim_36(random.Random(seed * 7 + 38026))
+        scenario.aim_39(random.Random(seed * 7 + TYPED_SALT))
         return scenario
+
+    def aim_39(self, rng: random.Random) -> None:
+        """#39's family, from a generator of its own among the ``mixed`` seeds #36 left,
+        so no seed pinned before it changes (its salt is chosen so that none is drawn)."""
+        if self.family != "mixed" or rng.random() >= LATER_FAMILIES["protobuf-rename"]:
+            return
+        # source s0 carries Protobuf messages; mid-run the operator deploys a descriptor
+        # that renames a top-level and a nested field (numbers kept) and adds one, while
+        # producers not yet upgraded keep sending the old messages; collectors are killed,
+        # taken over and stalled around the change as in `mixed`
+        self.family, self.typed = "protobuf-rename", True
+        self.deploy_at = rng.uniform(0.2, 0.7)
+        self.evolve = False  # a typed stream's columns are its message's
+        self.quiet_gap_s = 0.0
+        self.collector_crashes = max(self.collector_crashes, rng.randint(1, 2))
+        self.duration_s = max(self.duration_s, 60.0)
 
     def aim_36(self, rng: random.Random) -> None:
         """#36's families, drawn from a generator of their own among ``mixed`` seeds only,
@@ -213,7 +236,8 @@ class Scenario:
                 "forced_takeovers", "collector_stalls", "ingestor_crashes",
                 "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve",
                 "family", "standby", "outage_s", "upsert", "dedup_max_ids",
-                "stale_resend", "expire_at", "break_at", "restore_at")
+                "stale_resend", "expire_at", "break_at", "restore_at", "typed",
+                "deploy_at")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
@@ -222,6 +246,10 @@ class Scenario:
 
 FAMILIES = {"mixed": 0.55, "late-staging": 0.15, "outage": 0.15, "failover": 0.15}
 """How often each family of stories is drawn (:meth:`Scenario.aim`)."""
-LATER_FAMILIES = {"upsert-restart": 0.2, "external-expiry": 0.2, "parked-table": 0.15}
-"""#36's families: the share of ``mixed`` seeds each takes (:meth:`Scenario.aim_36`;
-``parked-table`` takes a quarter of those left, by a generator of its own)."""
+LATER_FAMILIES = {"upsert-restart": 0.2, "external-expiry": 0.2, "parked-table": 0.15,
+                  "protobuf-rename": 0.3}
+"""Later families: the share of ``mixed`` seeds each takes (#36's :meth:`Scenario.aim_36`,
+``parked-table`` a quarter of those left, by a generator of its own; #39's
+``protobuf-rename`` (:meth:`Scenario.aim_39`) 30 % of the ``mixed`` seeds #36 left)."""
+TYPED_SALT = 42091
+"""``protobuf-rename``'s generator salt (see :meth:`Scenario.aim_39`)."""

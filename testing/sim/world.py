@@ -43,14 +43,15 @@ from collector.service import Collector
 from icefloe.config import Column, Config, load_config
 from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import FencedError, IcefloeError, RegistryError, TableFencedError
-from icefloe.formats.envelope import frame_events
+from icefloe.formats.envelope import frame_events, frame_typed
 from icefloe.manifest.model import Manifest
 from icefloe.manifest.producer import ManifestProducer
 from icefloe.manifest.sharded_producer import ShardedProducer
 from icefloe.manifest.shards import ensure_shards, pick_shard, shard_key
 from icefloe.registry import ops
-from icefloe.registry.model import Conditions, Registry
+from icefloe.registry.model import Conditions, Registry, Source
 from icefloe.registry.store import RegistryStore
+from icefloe.registry.streams import union_stream
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store.base import GetResult, ListResult, ObjectInfo, ObjectStore, PutResult
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
@@ -58,6 +59,7 @@ from icefloe.streams.evolution import EXTRA_FIELD
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
 from ingestor.publish import StorePublisher
+from ingestor.validate import CompiledStream, InvalidEvents
 from pipeline.columns import DEAD_LETTER_TABLE, ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column
@@ -71,6 +73,7 @@ from pipeline.load.sink import StagedRows, StageTarget
 from pipeline.load.spec import RunSpec
 from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
+from testing.sim import typed
 from testing.sim.checks import Checker
 from testing.sim.loop import (
     HostClock,
@@ -89,6 +92,7 @@ START = 1_790_000_000.0
 COLUMNS = (Column("uid", "string", required=True), Column("n", "long"))
 KEYED_COLUMNS = (*COLUMNS, Column("key", "string", required=True), Column("gone", "boolean"))
 """``upsert-restart``'s sinks: the latest row per ``key``; ``gone`` deletes the key."""
+TYPED_SOURCE = typed.SOURCE
 KEYED_KEYS = 10
 """Keys per client (``upsert-restart``): few, so copy-on-write commits copy rows."""
 KEYED_EVENTS = 70
@@ -302,6 +306,8 @@ class Ledger:
     versions: dict[str, list[Version]] = field(default_factory=dict)
     """``upsert-restart``: each key's versions, in the order its one client sent them."""
     requests_acked: list[Request] = field(default_factory=list)
+    typed: dict[str, typed.Sent] = field(default_factory=dict)
+    """``protobuf-rename``: each Protobuf event's values, by ``uid``."""
 
 
 class Ingestor:
@@ -330,6 +336,7 @@ class Ingestor:
         self.batcher = Batcher(StorePublisher(store, self.producer), settings, IngestMetrics(),
                                clock=clock)
         self.registry: Registry | None = None
+        self._typed: dict[tuple[int, str], CompiledStream] = {}
         self.watch = RegistryWatch(store, cfg.admin.registry_key, self._on_registry,
                                    poll_s=cfg.admin.registry_poll_s, clock=clock)
         self.alive = True
@@ -347,6 +354,26 @@ class Ingestor:
                 await self.watch.check()
             await asyncio.sleep(self.world.config.admin.registry_poll_s)
 
+    def _frame_typed(self, registry: Registry, source: Source, now_ms: int, ids: list[str],
+                     payloads: list[bytes]) -> bytes:
+        """A Protobuf source's messages as the ingest service frames them: checked by the
+        source's type at this ingestor's registry version (the real validator), then
+        envelope version 2 records holding the producer's bytes."""
+        key = (registry.version, source.id)
+        compiled = self._typed.get(key)
+        if compiled is None:
+            compiled = CompiledStream(union_stream(source, source.live_sinks()),
+                                      registry.version)
+            self._typed = {key: compiled}
+        try:
+            canonical = compiled.from_binary(payloads)
+        except InvalidEvents as exc:  # every simulated message is valid
+            self.world.checker.violation(f"{self.name} refused valid Protobuf messages of "
+                                         f"{source.id}: {exc}")
+            raise
+        return frame_typed(source.id, now_ms, [i.encode() for i in ids], canonical.payloads,
+                           canonical.format, canonical.schema_ids or [0] * len(ids))
+
     async def submit(self, source: str, ids: list[str], payloads: list[bytes]) -> int:
         """Accept a request as the HTTP front would; returns the registry version it was
         accepted under once durable; raises when refused or failed."""
@@ -356,7 +383,11 @@ class Ingestor:
         if registry.source(source) is None:
             raise LookupError(f"unknown source {source}")
         now_ms = int(self.world.clock_of(self.name).time() * 1000)
-        framed = frame_events(source, now_ms, ids, payloads)
+        record = registry.source(source)
+        if record is not None and record.format != "json":
+            framed = self._frame_typed(registry, record, now_ms, ids, payloads)
+        else:
+            framed = frame_events(source, now_ms, ids, payloads)
         future = self.batcher.enqueue(framed, len(ids), source, registry.version)
         await asyncio.wait_for(future, self.world.config.ingestor.flush_timeout_s + 5)
         return registry.version
@@ -388,6 +419,11 @@ class Client:
                 uid = f"{source}/{n}"
                 ids.append(f"e{n}")  # the same ids in every source: they must not collide
                 uids.append(uid)
+                if world.typed_source(source):
+                    payload, sent = typed.reading(self._message_version(), uid, n)
+                    world.ledger.typed[uid] = sent
+                    payloads.append(payload)
+                    continue
                 body: dict[str, object] = {"uid": uid, "n": n}
                 if world.scenario.evolve:  # what an evolving stream's ingestor keeps
                     body[EXTRA_FIELD] = msgspec.json.encode({f"x{n % 5}": n}).decode()
@@ -396,6 +432,18 @@ class Client:
             if acked and self.rng.random() < world.scenario.retry_after_success:
                 await asyncio.sleep(self.rng.uniform(0.1, 5.0))
                 await self.send(source, ids, payloads, uids)
+
+    def _message_version(self) -> int:
+        """``protobuf-rename``: which message version this request is built with. Before
+        the deploy, v1; after it, once every ingestor serves v2 (a producer upgrades after
+        the descriptor is deployed), v2 for six requests in ten; the rest are producers not
+        upgraded yet, whose v1 messages v2 must read by field number."""
+        world = self.world
+        if world.deployed is None or not all(
+                i.registry is not None and i.registry.version >= world.deployed
+                for i in world.ingestors if i.alive):
+            return 1
+        return 2 if self.rng.random() < 0.6 else 1
 
     async def run_keyed(self, until: float) -> None:
         """``upsert-restart``: versions of this client's own keys in one source (its
@@ -576,6 +624,8 @@ class World:
         """``late-staging``: take over when the active collector's next job starts."""
         self.broken: tuple[str, str] | None = None
         """``parked-table``: the broken table and its good metadata pointer."""
+        self.deployed: int | None = None
+        """``protobuf-rename``: the registry version that deployed message version 2."""
 
     # -- configuration --------------------------------------------------------------------
 
@@ -621,6 +671,10 @@ class World:
         """The live sources clients send to now."""
         return [s for s in self.live_sources() if self.opens_at.get(s, 0.0) <= self.sim.now]
 
+    def typed_source(self, source: str) -> bool:
+        """Whether clients send ``source`` Protobuf messages (``protobuf-rename``'s s0)."""
+        return self.scenario.typed and source == TYPED_SOURCE
+
     def job_starts(self, host: str, spec: RunSpec) -> None:
         """A collector's Spark job starts: in ``late-staging``, if it carries the staged
         source's first events, take over while it runs, so the old collector stages that
@@ -662,7 +716,10 @@ class World:
     async def admin_change(self, registry_store: RegistryStore) -> None:
         rng, ac = self.rng, self.clock_of("admin")
         current = self.registry_history[-1]
-        sources = current.live_sources()
+        # the Protobuf source keeps its one sink (its columns are its message's)
+        sources = [s for s in current.live_sources() if not self.typed_source(s.id)]
+        if not sources:
+            return
         choice = rng.choice(["disable", "enable", "recreate", "move", "move", "move",
                              "add_sink", "add_source", "delete_sink"])
         source = rng.choice(sources)
@@ -727,12 +784,38 @@ class World:
                 else Conditions()
             keyed = {"primary_key": ("key",), "tombstone_field": "gone"} \
                 if self.scenario.upsert else {}
+            columns = typed.columns(1) if self.typed_source(f"s{i}") else \
+                KEYED_COLUMNS if self.scenario.upsert else COLUMNS
             specs.append(ops.SourceSpec(id=f"s{i}", sinks=(ops.SinkSpec(
-                name="main", table=f"sim.s{i}",
-                columns=KEYED_COLUMNS if self.scenario.upsert else COLUMNS,
+                name="main", table=f"sim.s{i}", columns=columns,
                 conditions=conditions,
                 unknown_fields="evolve" if self.scenario.evolve else "ignore", **keyed),)))
         return specs
+
+    def _typed_seed(self, registry: Registry) -> Registry:
+        """``protobuf-rename``: source s0 carries message version 1 (as a seeded registry
+        keeps a config stream's format and type: the admin API takes no typed sources)."""
+        if not self.scenario.typed:
+            return registry
+        return with_source_type(registry, TYPED_SOURCE, typed.schema(1))
+
+    async def _deploy(self, registry_store: RegistryStore) -> None:
+        """``protobuf-rename``: the operator deploys message version 2. After seeding the
+        registry is the truth (a changed descriptor in icefloe.toml is only drift), so the
+        new type reaches every ingestor and collector through the source's type and its
+        sink's columns, in one registry version, as a re-seeded typed source carries them;
+        running collectors evolve the table when they read it, new ones when they start."""
+        clock = self.clock_of("admin")
+
+        def change(r: Registry) -> Registry:
+            r = ops.update_sink(r, TYPED_SOURCE, "main",
+                                ops.SinkPatch(columns=typed.columns(2)), clock=clock)
+            return with_source_type(r, TYPED_SOURCE, typed.schema(2))
+
+        registry = await registry_store.update(change)
+        self.deployed = registry.version
+        self.note_registry(registry, "deploy Protobuf message v2 (amount -> total, "
+                                     "detail.note -> detail.label, + channel)")
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -745,7 +828,7 @@ class World:
         def seed(r: Registry) -> Registry:
             for spec in self._seed_spec():
                 r = ops.create_source(r, spec, clock=self.clock_of("admin"))
-            return r
+            return self._typed_seed(r)
 
         self.note_registry(await registry_store.update(seed), "seed")
         for i in range(s.ingestors):
@@ -828,6 +911,8 @@ class World:
             events.append((self.sim.now + rng.uniform(0.3, 0.7) * span, "outage"))
         elif s.family == "external-expiry" and s.expire_at is not None:
             events.append((self.sim.now + s.expire_at * span, "expire"))
+        elif s.family == "protobuf-rename" and s.deploy_at is not None:
+            events.append((self.sim.now + s.deploy_at * span, "deploy"))
         elif s.family == "parked-table" and s.break_at is not None:
             assert s.restore_at is not None
             events.append((self.sim.now + s.break_at * span, "break"))
@@ -851,6 +936,8 @@ class World:
                 await self._outage(s.outage_s)
             elif kind == "expire":
                 await self._external_expiry()
+            elif kind == "deploy":
+                await self._deploy(registry_store)
             elif kind == "break":
                 self._break_table()
             elif kind == "restore":
@@ -975,6 +1062,58 @@ class World:
         return out
 
 
+@contextlib.contextmanager
+def rename_crash_points(world: World) -> Iterator[None]:
+    """``protobuf-rename``: two more crash points inside the blocking step that prepares a
+    Protobuf table (``ensure_stream_table``): ``after_rename:<table>``, right after a
+    rename by field number was committed (before the added column and before the numbers
+    are remembered), and ``before_remember:<table>``, after the table evolved and before
+    its field numbers are recorded. Drawn from a generator of their own (other families
+    are untouched); the collector that prepares the table dies there and another one
+    must finish the job from what the catalog holds."""
+    import pipeline.iceberg.tables as tables
+
+    rename, remember = tables.rename_by_numbers, tables.remember_numbers
+    rng = random.Random(world.scenario.seed * 7919 + 39)
+
+    def point(stage: str, chance: float) -> None:
+        host = HOST.get()
+        if host.startswith("collector-") and world.store.faults_on \
+                and rng.random() < chance:
+            world.checker.crash(host, stage)
+
+    def renamed(catalog: Any, stream: Any, target: Any) -> None:
+        before = _schema_of(catalog, stream.table)
+        rename(catalog, stream, target)
+        if before is not None and _schema_of(catalog, stream.table) != before:
+            point(f"after_rename:{stream.table}", 0.5)
+
+    def remembered(catalog: Any, stream: Any) -> None:
+        if stream.format == "protobuf":
+            point(f"before_remember:{stream.table}", 0.05)
+        remember(catalog, stream)
+
+    tables.rename_by_numbers, tables.remember_numbers = renamed, remembered
+    try:
+        yield
+    finally:
+        tables.rename_by_numbers, tables.remember_numbers = rename, remember
+
+
+def _schema_of(catalog: Any, name: str) -> Any:
+    try:
+        return catalog.load_table(name).schema()
+    except NoSuchTableError:
+        return None
+
+
+def with_source_type(registry: Registry, source_id: str, schema: Any) -> Registry:
+    """``registry`` with ``source_id`` a Protobuf source of ``schema`` (same version)."""
+    sources = tuple(msgspec.structs.replace(s, format="protobuf", schema=schema)
+                    if s.id == source_id else s for s in registry.sources)
+    return msgspec.structs.replace(registry, sources=sources)
+
+
 def expire_all_but_current(catalog: Any, names: Sequence[str]) -> int:
     """What another engine's snapshot expiry does, keeping each table's current state:
     every snapshot but the newest one holding an offset (``icefloe.sequence``) and those
@@ -1034,6 +1173,8 @@ def run_seed(seed: int, *, verbose: bool = False, keep: Path | None = None) -> C
             prefix=f"icefloe-sim-{seed}-")))
         stack.enter_context(quiet_logs(verbose))
         world = World(scenario, root)
+        if scenario.typed:
+            stack.enter_context(rename_crash_points(world))
         loop = VirtualTimeLoop(world.sim)
 
         def task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any

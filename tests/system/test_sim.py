@@ -34,6 +34,15 @@ is restored."""
 TOMBSTONE_SEED = 56
 """An ``upsert-restart`` seed where a stale tombstone retried after a restart meets its
 key re-created since (#36 item 3)."""
+TYPED_SEED = 92
+"""A ``protobuf-rename`` seed (#39): the Protobuf source's sink stages its rows, its
+collector crashes before the operator deploys the renaming descriptor, and the rows staged
+under the old names are imported after the rename."""
+CREATE_SEED = 44
+"""A ``protobuf-rename`` seed whose first collector dies right after creating the Protobuf
+table, before the field numbers would have been recorded apart (#39)."""
+APART_SEED = 27
+"""A ``protobuf-rename`` seed whose collector dies right after the rename commit (#39)."""
 
 
 MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
@@ -47,14 +56,18 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "window-from-log": (UPSERT_SEED, EXPIRY_SEED),
     "journal-no-tombstones": (TOMBSTONE_SEED,),
     "park-drops-rows": (PARKED_SEED,),
+    "numbers-after-create": (CREATE_SEED,),
+    "staged-by-name": (TYPED_SEED,),
+    "rename-apart": (APART_SEED,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
 ``no-staging-claim`` is found by a ``late-staging`` seed (#22 case 5), ``dedup-from-now``
 by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm standby),
 ``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
-``journal-no-tombstones`` by an ``upsert-restart`` seed (#36); docs/simulator.md lists the
-mutants and the seeds that find them."""
+``journal-no-tombstones`` by an ``upsert-restart`` seed (#36), the last three by
+``protobuf-rename`` seeds (#39); docs/simulator.md lists the mutants and the seeds that
+find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
 
@@ -125,19 +138,26 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
     assert parked.break_at is not None
     assert parked.restore_at is not None
     assert parked.break_at < parked.restore_at
+    for seed in (TYPED_SEED, CREATE_SEED, APART_SEED):
+        typed = Scenario.draw(seed)
+        assert (typed.family, typed.typed, typed.evolve) == ("protobuf-rename", True, False)
+        assert typed.deploy_at is not None
+    assert Scenario.draw(TYPED_SEED).conditions_age_s is not None  # s0's sink stages
 
 
 def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
-    """#36's families are drawn among ``mixed`` seeds by a generator of their own, and
-    none of the seeds pinned before them changes its story."""
+    """#36's and #39's families are drawn among ``mixed`` seeds by generators of their
+    own, and none of the seeds pinned before them changes its story."""
     from testing.sim.scenario import Scenario
 
+    typed = {TYPED_SEED, CREATE_SEED, APART_SEED}
     before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
-    before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED}
+    before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED} | typed
     for seed in sorted(before):
         scenario = Scenario.draw(seed)
         assert (scenario.upsert, scenario.expire_at, scenario.break_at) == (False, None,
                                                                              None), seed
+        assert (scenario.typed, scenario.deploy_at) == (False, None), seed  # nor #39's
 
 
 def test_an_unknown_mutant_is_refused() -> None:
