@@ -66,16 +66,16 @@ from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
 from icefloe.registry.model import Conditions, Registry, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
-from icefloe.schemas.model import SchemaDocument
-from icefloe.schemas.store import SchemaStore, schema_key
-from icefloe.store.base import AsyncObjectStore
-from icefloe.streams.evolution import EvolveLimits
-from icefloe.typed.subjects import (
+from icefloe.registry.subjects import (
     SubjectError,
     has_subjects,
     resolve_registry,
     resolved_sources,
 )
+from icefloe.schemas.model import SchemaDocument
+from icefloe.schemas.store import SchemaStore, schema_key
+from icefloe.store.base import AsyncObjectStore
+from icefloe.streams.evolution import EvolveLimits
 from pipeline.iceberg import (
     DEAD_LETTER_TABLE,
     committed_state,
@@ -146,7 +146,7 @@ class Collector:
         self.metrics.queue_max_entries.set(self.consumer.config.max_entries)
         self.metrics.watch_shards(self.consumer)
         # the stream registry as stored (subject streams unresolved: :attr:`routes`
-        # resolves them, :mod:`icefloe.typed.subjects`); the schema registry's reader (its
+        # resolves them, :mod:`icefloe.registry.subjects`); the schema registry's reader (its
         # parse cache serves the resolves) and the document it read last (None: not yet)
         self.registry = config_registry(config.streams)
         self.routes = Routes(self.registry)

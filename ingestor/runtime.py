@@ -18,10 +18,10 @@ from icefloe.config import Config
 from icefloe.formats.batch import Compression
 from icefloe.manifest import ensure_shards
 from icefloe.redact import mask_uri
+from icefloe.registry.subjects import is_subject_stream
 from icefloe.registry.watch import RegistryWatch
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.probe import probe_conditional_writes
-from icefloe.typed.subjects import is_subject_stream
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
 from ingestor.publish import (

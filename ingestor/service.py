@@ -19,11 +19,11 @@ from icefloe.errors import NotFound, StoreError
 from icefloe.formats.envelope import MAX_ID_BYTES, frame_encoded, frame_typed
 from icefloe.registry.model import Registry
 from icefloe.registry.streams import effective_config
+from icefloe.registry.subjects import SubjectError, is_subject_stream, resolve_stream
 from icefloe.schemas.model import SchemaDocument
 from icefloe.store.base import AsyncObjectStore
 from icefloe.streams.invalid import invalid_payload, invalid_stream
 from icefloe.streams.model import StreamConfig
-from icefloe.typed.subjects import SubjectError, is_subject_stream, resolve_stream
 from ingestor.auth import Credential, TokenAuthority
 from ingestor.buffer import Batcher
 from ingestor.client_address import TrustedProxies
@@ -99,7 +99,7 @@ class IngestService:
 
     def _compiled(self, stream: StreamConfig, version: int) -> CompiledStream:
         """``stream`` ready to serve; a subject stream resolved from the registry document
-        last read (:mod:`icefloe.typed.subjects`)."""
+        last read (:mod:`icefloe.registry.subjects`)."""
         problem: str | None = None
         if is_subject_stream(stream):
             stream, problem = self._resolve(stream)

@@ -18,10 +18,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from icefloe.registry.subjects import subject_ids
 from icefloe.schemas.model import SchemaDocument
 from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.store.base import AsyncObjectStore
-from icefloe.typed.subjects import subject_ids
 
 log = logging.getLogger("icefloe.ingestor")
 MAX_TRACKED = 1024

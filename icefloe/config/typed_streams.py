@@ -17,9 +17,9 @@ from typing import Any
 import msgspec
 
 from icefloe.errors import ConfigError
-from icefloe.streams.model import Column, StreamConfig, TypedSchema
+from icefloe.streams.model import StreamConfig, TypedSchema
 from icefloe.typed.codec import TypeChangeError, TypedPayloadError
-from icefloe.typed.kinds import schema_kind
+from icefloe.typed.columns import check_id_field, typed_columns
 
 TYPED_FORMATS = ("protobuf", "avro")
 
@@ -77,28 +77,9 @@ def _typed(stream: StreamConfig, base: Path, where: str) -> StreamConfig:
     return msgspec.structs.replace(stream, schema=schema, columns=columns)
 
 
-def check_id_field(name: str, columns: Sequence[Column], label: str) -> None:
-    """A typed stream's ``event_id_field``: a top-level text or integer field."""
-    kinds = {c.name: c.type for c in columns}
-    if name not in kinds:
-        raise ConfigError(f"{label}: event_id_field {name!r} is not a top-level field of the "
-                          f"type (fields: {', '.join(kinds)})")
-    if kinds[name] not in ("string", "long", "int", "uuid"):
-        raise ConfigError(f"{label}: event_id_field {name!r} is {kinds[name]}; an event id "
-                          "field is a string, an integer or a uuid")
-
-
-def typed_columns(format: str, schema: TypedSchema | None) -> tuple[Column, ...]:
-    """The columns of a typed stream's type (``schema.text`` filled). Raises ValueError,
-    :class:`TypeChangeError` or :class:`TypedPayloadError` naming what is wrong."""
-    kind = schema_kind(format, schema)
-    return tuple(Column(c.name, c.type, required=c.required, doc=c.doc)
-                 for c in kind.columns())
-
-
 def _subject(stream: StreamConfig, label: str) -> StreamConfig:
     """A stream whose type is a schema registry subject: no text and no columns yet (the
-    loader does not read the registry; :mod:`icefloe.typed.subjects` resolves it)."""
+    loader does not read the registry; :mod:`icefloe.registry.subjects` resolves it)."""
     schema = stream.schema
     assert schema is not None
     files = [f"`{key}`" for key in ("descriptor_set", "schema_file")

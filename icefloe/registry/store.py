@@ -106,7 +106,7 @@ def _typed(source: Source, stream: StreamConfig | None) -> Source:
 
 def _placeheld(stream: StreamConfig) -> StreamConfig:
     """A subject stream has no columns until its subject is read
-    (:mod:`icefloe.typed.subjects`); the sink checks of seeding see one stand-in column,
+    (:mod:`icefloe.registry.subjects`); the sink checks of seeding see one stand-in column,
     which :func:`_typed` removes again."""
     if stream.columns or stream.schema is None or not stream.schema.subject:
         return stream

@@ -108,7 +108,7 @@ class TypedSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     Or ``subject``: a subject of icefloe's schema registry, instead of a file (a Protobuf
     stream still names its ``message``). Its latest version is the stream's type; the
     loader cannot read the registry, so ``text`` stays empty until the ingestor and the
-    collector resolve it (:mod:`icefloe.typed.subjects`), and again at each new version."""
+    collector resolve it (:mod:`icefloe.registry.subjects`), and again at each new version."""
 
     message: str | None = None
     descriptor_set: str | None = None

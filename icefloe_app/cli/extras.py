@@ -21,6 +21,7 @@ COLLECTOR_MODULES = frozenset({
     "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg", "duckdb",
     "grpc_tools", "jsonschema",  # the schema registry (icefloe admin)
     "polars",  # Avro batches decoded into Arrow (pipeline/load/avro_arrow.py)
+    "ptars",  # Protobuf batches decoded into Arrow (pipeline/load/protobuf_arrow.py)
 })
 
 # the extra each command needs; commands not named here need the ingestor's core

@@ -27,11 +27,11 @@ from icefloe.client import AsyncGrpcClient, IngestRejected
 from icefloe.config import Config, StreamConfig, load_config
 from icefloe.config.typed_streams import with_typed_columns
 from icefloe.errors import ConfigError
+from icefloe.registry.subjects import SubjectError, resolve
 from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.store import open_async_store
 from icefloe.streams.model import TypedSchema
 from icefloe.tokens import hash_token
-from icefloe.typed.subjects import SubjectError, resolve
 from icefloe.v1 import ingest_pb2
 from pipeline.load.run import LocalEngine
 from tests.admin_support import admin_server

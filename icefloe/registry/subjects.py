@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 
-from icefloe.config.typed_streams import check_id_field, typed_columns
 from icefloe.errors import ConfigError
 from icefloe.registry.model import Registry, Source
 from icefloe.schemas.model import SchemaDocument, SchemaRecord
 from icefloe.schemas.store import SchemaStore
 from icefloe.streams.model import Column, StreamConfig, TypedSchema
 from icefloe.typed.codec import TypeChangeError, TypedPayloadError
+from icefloe.typed.columns import check_id_field, typed_columns
 
 REGISTRY_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF"}
 """A stream format → the registry's ``schemaType`` its subject must hold."""
