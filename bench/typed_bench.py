@@ -297,6 +297,33 @@ def ingest_rates(kinds: Kinds, root: Path, seconds: float) -> dict[str, float]:
     return best
 
 
+def validator_rates(kinds: Kinds, seconds: float) -> dict[str, float]:
+    """events/s of the ingestor's check of 100-event requests, in this process: JSON
+    (``CompiledStream.from_events``, as gRPC ``Event.json``) vs Protobuf (``from_binary``,
+    as ``Event.data``); best of ``TRIALS`` alternating rounds."""
+    from ingestor.validate import CompiledStream
+
+    configs = streams(kinds)
+    work = {
+        "json": (CompiledStream(configs["json"]).from_events,
+                 [[json_payload(event(r * PER_REQUEST + i)) for i in range(PER_REQUEST)]
+                  for r in range(20)]),
+        "protobuf": (CompiledStream(configs["protobuf"]).from_binary,
+                     [[kinds.protobuf(event(r * PER_REQUEST + i)) for i in range(PER_REQUEST)]
+                      for r in range(20)])}
+    best: dict[str, float] = {}
+    for _ in range(TRIALS):
+        for kind, (check, requests) in work.items():
+            done = 0
+            started = time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                for request in requests:
+                    check(request)
+                done += PER_REQUEST * len(requests)
+            best[kind] = max(best.get(kind, 0.0), done / (time.perf_counter() - started))
+    return best
+
+
 def main() -> None:
     parser = bench_parser(__doc__, "short run (under a minute after Spark's ~15 s start)")
     args = parser.parse_args()
@@ -305,6 +332,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         kinds = Kinds(root)
+        checks = validator_rates(kinds, 0.5 if args.quick else 1.0)
+        results.append(Result(f"ingestor check, {PER_REQUEST}-event requests, JSON",
+                              checks["json"], "events/s"))
+        results.append(Result(f"ingestor check, {PER_REQUEST}-event requests, Protobuf",
+                              checks["protobuf"], "events/s", checks["json"]))
         grpc = ingest_rates(kinds, root, 2.0 if args.quick else 5.0)
         results.append(Result(f"gRPC Publish, {PER_REQUEST} JSON events per request",
                               grpc["json"], "requests/s"))

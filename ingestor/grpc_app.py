@@ -469,15 +469,16 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
 def typed_events(stream: CompiledStream, events: Sequence[ingest_pb2.Event]) -> Canonical:
     """A typed stream's events: each sets ``data`` (its binary message) or ``json`` (a
     Protobuf stream's canonical JSON), never both; one request holds one kind."""
-    with_data = [event.data for event in events if event.data]
-    for index, event in enumerate(events):
-        if event.data and event.json:
-            raise InvalidEvents("invalid_payload", f"event {index} sets both json and data; "
-                                "set one", [Violation(index, "data", "both json and data set",
-                                                      "invalid_payload")])
-    if len(with_data) == len(events):
-        return stream.from_binary(with_data)
-    if with_data:
+    data = [event.data for event in events]
+    both = [i for i, event in enumerate(events) if event.json and data[i]] \
+        if any(event.json for event in events) else []
+    if both:
+        raise InvalidEvents("invalid_payload", f"event {both[0]} sets both json and data; "
+                            "set one", [Violation(i, "data", "both json and data set",
+                                                  "invalid_payload") for i in both])
+    if all(data):
+        return stream.from_binary(data)
+    if any(data):
         raise InvalidEvents("invalid_payload", "the request mixes events with data and with "
                             "json; send one kind per request")
     return stream.from_events([event.json for event in events])

@@ -276,8 +276,7 @@ class ProtobufType:
             return False
         wrapper = self._batch_class()()
         try:
-            wrapper.ParseFromString(b"".join(
-                b"\x0a" + _varint(len(payload)) + payload for payload in payloads))
+            wrapper.ParseFromString(_framed(payloads))
         except DecodeError:
             return False
         if len(wrapper.items) != len(payloads):  # type: ignore[attr-defined]  # (made at run time)
@@ -293,8 +292,7 @@ class ProtobufType:
         set (an empty string or an unset field with presence): a stream's event ids. One
         parse for all of them, as :meth:`check_many`."""
         wrapper = self._batch_class()()
-        wrapper.ParseFromString(b"".join(
-            b"\x0a" + _varint(len(payload)) + payload for payload in payloads))
+        wrapper.ParseFromString(_framed(payloads))
         field = self.descriptor.fields_by_name[name]
         present = field.has_presence
         out: list[str | None] = []
@@ -835,3 +833,16 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _framed(payloads: Sequence[bytes]) -> bytes:
+    """The payloads as the repeated field 1 of a wrapper message (tag, length, bytes)."""
+    parts: list[bytes] = []
+    add = parts.extend
+    for payload in payloads:
+        add((_TAG_ONE, _varint(len(payload)), payload))
+    return b"".join(parts)
+
+
+_TAG_ONE: Final = b"\x0a"
+"""Field 1, wire type 2 (length-delimited)."""

@@ -292,6 +292,14 @@ async def test_a_message_that_does_not_parse_is_refused_and_nothing_is_stored(tm
                                             ingest_pb2.Event(data=b"\xff\xff")])
         assert caught.value.status == grpc.StatusCode.INVALID_ARGUMENT
         assert "event 1" in str(caught.value)
+        for events, needle in [
+                ([ingest_pb2.Event(data=good), ingest_pb2.Event(data=good, json=b"{}")],
+                 "event 1 sets both json and data"),
+                ([ingest_pb2.Event(data=good), ingest_pb2.Event(json=b'{"order_id":"x"}')],
+                 "mixes events with data and with json")]:
+            with pytest.raises(IngestRejected) as mixed:
+                await client.publish("orders", events)
+            assert needle in str(mixed.value)
     assert await stored_events(config.store.url) == []
 
 
