@@ -253,7 +253,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.a
 
 def ingest_rates(kinds: Kinds, root: Path, seconds: float) -> dict[str, float]:
     """Requests/s of 100-event ``Publish`` calls, JSON vs Protobuf, one ingestor process."""
-    from ingest_bench import free_port, process, wait_port
+    from ingest_bench import free_port, wait_port
 
     configs = streams(kinds)
     (root / "ingest").mkdir()
@@ -276,25 +276,44 @@ def ingest_rates(kinds: Kinds, root: Path, seconds: float) -> dict[str, float]:
     for kind, groups in bodies.items():
         (root / f"{kind}.json").write_text(json.dumps(groups))
     (root / "load.py").write_text(LOAD)
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port = free_port()
+    while (http_port := free_port()) == grpc_port:
+        pass
     best: dict[str, float] = {}
-    with process([sys.executable, "-m", "icefloe", "ingestor", "--config", str(config_file),
-                  "--http-port", str(http_port), "--grpc-port", str(grpc_port)], http_port):
-        wait_port(grpc_port)
-        for _ in range(TRIALS):
-            for kind, stream, field in (("json", "pv_json", "json"),
-                                        ("protobuf", "pv_protobuf", "data")):
-                done = subprocess.run(
-                    [sys.executable, str(root / "load.py"), f"127.0.0.1:{grpc_port}", stream,
-                     field, str(root / f"{kind}.json"), str(seconds), str(CONCURRENCY)],
-                    capture_output=True, text=True, check=False)
-                if done.returncode:
-                    raise RuntimeError(f"the gRPC load failed: {done.stderr[-2000:]}")
-                figures = json.loads(done.stdout.strip().splitlines()[-1])
-                rate = figures["requests"] / figures["seconds"]
-                best[kind] = max(best.get(kind, 0.0), rate)
-                print(f"  gRPC {kind}: {rate:,.0f} requests/s", flush=True)
+    log = root / "ingestor.log"
+    with log.open("w") as sink, subprocess.Popen(
+            [sys.executable, "-m", "icefloe", "ingestor", "--config", str(config_file),
+             "--http-port", str(http_port), "--grpc-port", str(grpc_port)],
+            stdout=sink, stderr=sink, text=True) as ingestor:
+        try:
+            wait_port(http_port)
+            wait_port(grpc_port)
+            _load_rounds(root, grpc_port, seconds, best, ingestor, log)
+        finally:
+            ingestor.terminate()
+            ingestor.wait(30)
     return best
+
+
+def _load_rounds(root: Path, grpc_port: int, seconds: float, best: dict[str, float],
+                 ingestor: subprocess.Popen[str], log: Path) -> None:
+    """``TRIALS`` alternating rounds of the load process per kind (best kept in ``best``);
+    a failed round says what the load and the ingestor printed."""
+    for _ in range(TRIALS):
+        for kind, stream, field in (("json", "pv_json", "json"),
+                                    ("protobuf", "pv_protobuf", "data")):
+            done = subprocess.run(
+                [sys.executable, str(root / "load.py"), f"127.0.0.1:{grpc_port}", stream,
+                 field, str(root / f"{kind}.json"), str(seconds), str(CONCURRENCY)],
+                capture_output=True, text=True, check=False)
+            if done.returncode:
+                raise RuntimeError(f"the gRPC load failed: {done.stderr[-1500:]}; the "
+                                   f"ingestor (exit {ingestor.poll()}) printed: "
+                                   f"{log.read_text()[-1500:]}")
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            rate = figures["requests"] / figures["seconds"]
+            best[kind] = max(best.get(kind, 0.0), rate)
+            print(f"  gRPC {kind}: {rate:,.0f} requests/s", flush=True)
 
 
 def validator_rates(kinds: Kinds, seconds: float) -> dict[str, float]:
