@@ -288,6 +288,11 @@ def ingest_rates(kinds: Kinds, root: Path, seconds: float) -> dict[str, float]:
         try:
             wait_port(http_port)
             wait_port(grpc_port)
+            deadline = time.monotonic() + 60  # the ports open before it serves: its line
+            while '"event": "ready"' not in log.read_text():
+                if time.monotonic() > deadline or ingestor.poll() is not None:
+                    raise RuntimeError(f"the ingestor did not start: {log.read_text()[-1500:]}")
+                time.sleep(0.05)
             _load_rounds(root, grpc_port, seconds, best, ingestor, log)
         finally:
             ingestor.terminate()
