@@ -685,7 +685,7 @@ def frame_typed(stream: str, received_at_ms: int, raw_ids: Sequence[bytes],
                         len(stream_raw)) + stream_raw
     head = _U32.pack(len(meta)) + meta if meta else b""
     first = schema_ids[0] if schema_ids else 0
-    if all(schema_id == first for schema_id in schema_ids):  # the usual request: one id
+    if list(schema_ids).count(first) == len(schema_ids):  # the usual request: one id
         tail = head + _TYPED.pack(format, first)
         if _speedups is not None and type(payloads) is list:
             framed: bytes = _speedups.frame(prefix, stem, raw_ids, payloads, tail)
