@@ -459,6 +459,9 @@ def _run(config: Config, pinned: Plan, duck_sql: str, planned: Mapping[str, Pinn
     connection = duckdb.connect(config=_duckdb_settings())
     try:
         connection.execute("SET TimeZone = 'UTC'")  # needs ICU, loaded after connect
+        # DuckDB draws a progress bar on stdout for a query over ~2 s: it would corrupt
+        # `icefloe query --format json` on a slow machine
+        connection.execute("SET enable_progress_bar = false")
         for entry in planned.values():
             _register(connection, entry, columns)
         try:

@@ -46,6 +46,7 @@ import json, sys
 import duckdb, duckdb_extensions
 con = duckdb.connect(config={"autoinstall_known_extensions": False,
                              "autoload_known_extensions": False})
+con.execute("SET enable_progress_bar = false")  # drawn on stdout past ~2 s: not JSON
 for name in ("avro", "iceberg"):
     duckdb_extensions.import_extension(name, con=con)
     con.execute(f"LOAD {name}")
