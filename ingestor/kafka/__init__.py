@@ -1,0 +1,1 @@
+"""Kafka produce-protocol listener: producer ids, synthetic offsets and the wire."""
