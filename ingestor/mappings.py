@@ -7,10 +7,13 @@ instead of finding nulls or dead letters later. The extracted values become ordi
 top-level fields of the canonical payload, so the collector's columnar fast path reads them
 like any plain column. ``ip`` and ``header`` values are request metadata: only the ones a
 mapping names are kept, once per record, in the envelope's meta (:func:`request_meta`).
+A Kafka record's metadata (topic, partition, offset, timestamp, key, headers) rides in the
+same meta, under its own key (:func:`kafka_meta`), for the ``from = "kafka_*"`` columns.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ import msgspec
 
 from icefloe.redact import redact
 from icefloe.streams.mappings import (
+    KAFKA_SOURCES,
     META_ALL_HEADERS,
     META_HEADERS,
     META_IP,
@@ -345,3 +349,69 @@ def meta_header_names(streams: Sequence[StreamConfig]) -> set[bytes]:
     # (header_columns keeps the columns whose header is set)
     return {c.header.lower().encode() for s in streams  # type: ignore[union-attr]
             for c in header_columns(s)}
+
+
+def kafka_meta_wanted(stream: StreamConfig) -> bool:
+    """Whether a column of ``stream`` reads the Kafka record's metadata (a ``from =
+    "kafka_*"`` column): only then does the Kafka listener put :func:`kafka_meta` in the
+    envelope meta of each record."""
+    return any(c.source in KAFKA_SOURCES for c in stream.columns)
+
+
+def kafka_key_text(stream: StreamConfig) -> bool:
+    """Whether a ``from = "kafka_key"`` column of ``stream`` is a string: then a record key
+    must be UTF-8 (:func:`check_kafka_key`), or the column could not hold it."""
+    return any(c.source == "kafka_key" and c.type == "string" for c in stream.columns)
+
+
+def check_kafka_key(stream: StreamConfig, key: bytes | None) -> str | None:
+    """Why the Kafka listener must refuse a record with ``key`` for ``stream``, or None.
+
+    Why at acceptance: a string ``kafka_key`` column stores the key's UTF-8 text, and a key
+    that is not UTF-8 has none — refused to the producer now, rather than stored as a null
+    (or a mangled text) the collector finds later. A missing key is fine (the column is
+    null), and so is any key when the column is binary.
+    """
+    if key is None or not kafka_key_text(stream):
+        return None
+    try:
+        key.decode()
+    except UnicodeDecodeError as exc:
+        column = next(c.name for c in stream.columns
+                      if c.source == "kafka_key" and c.type == "string")
+        return (f"column {column} (from = \"kafka_key\") is a string, but the record key "
+                f"is not valid UTF-8 (byte {exc.start} of {len(key)}); send UTF-8 keys or "
+                "declare the column as binary")
+    return None
+
+
+def kafka_headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
+    """The JSON text a ``from = "kafka_headers"`` column stores: an array, in record order,
+    of ``{"key": name, "value": text}`` (``null`` for a null value). Why an array and not
+    an object: a Kafka record may repeat a header and its order can matter. A value that is
+    not UTF-8 is kept whole as ``{"key": name, "value_base64": "..."}`` — never dropped,
+    never mangled into replacement characters. Secret names are left out as ``from =
+    "headers"`` leaves them out (:func:`icefloe.streams.mappings.stored_header`)."""
+    out: list[dict[str, str | None]] = []
+    for name, value in headers:
+        if not stored_header(name.lower()):
+            continue
+        if value is None:
+            out.append({"key": name, "value": None})
+            continue
+        try:
+            out.append({"key": name, "value": value.decode()})
+        except UnicodeDecodeError:
+            out.append({"key": name, "value_base64": base64.b64encode(value).decode()})
+    return msgspec.json.encode(out).decode()
+
+
+def kafka_meta(topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+               headers: Sequence[tuple[str, bytes | None]]) -> dict[str, Any]:
+    """The Kafka record's metadata as the envelope meta carries it under
+    :data:`~icefloe.streams.mappings.META_KAFKA` (keys:
+    :data:`~icefloe.streams.mappings.KAFKA_META_KEYS`). The key is base64 (it is bytes,
+    and the meta is JSON); the pipeline's decode turns it back into bytes or text."""
+    return {"t": topic, "p": partition, "o": offset, "ts": timestamp_ms,
+            "k": None if key is None else base64.b64encode(key).decode(),
+            "hs": kafka_headers_json(headers)}

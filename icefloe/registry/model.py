@@ -21,6 +21,7 @@ import msgspec
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, StreamConfig
+from icefloe.streams.mappings import KAFKA_SOURCES
 from icefloe.streams.model import EvolveQuota, TypedSchema
 
 FORMAT = 1
@@ -110,8 +111,9 @@ def expression(column: Column) -> Expression | None:
     return None
 
 
-COLLECTOR_SOURCES = ("ip", "id", "datetime", "headers")
-"""``from`` values the collector takes from the envelope (``body`` is read at acceptance)."""
+COLLECTOR_SOURCES = ("ip", "id", "datetime", "headers", *KAFKA_SOURCES)
+"""``from`` values the collector takes from the envelope (``body`` is read at acceptance;
+the ``kafka_*`` ones from the Kafka record's metadata in the envelope meta)."""
 
 
 def computed_later(column: Column) -> bool:

@@ -11,7 +11,7 @@ import re
 
 from icefloe.errors import ConfigError
 from icefloe.streams.layout import check_layout
-from icefloe.streams.mappings import check_mappings
+from icefloe.streams.mappings import check_mappings, gives_type
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
 from icefloe.streams.typespec import BadType, is_native, parse_type
 from icefloe.streams.where import check_where
@@ -164,13 +164,15 @@ def _check_key(stream: StreamConfig, at: str) -> None:
 def _check_type(column: Column, at: str) -> None:
     """The column's type string parses (:mod:`icefloe.streams.typespec`), and a type beyond
     the original flat ones sits on a plain column: mappings (path, header, from, sql)
-    convert values with the flat types' rules only."""
+    convert values with the flat types' rules only (a ``from`` that gives a native type as
+    it is, ``kafka_key`` as ``binary``, is the exception: :func:`gives_type`)."""
     try:
         parse_type(column.type)
     except BadType as exc:
         raise ConfigError(f"{at}.type: {exc} (column {column.name!r}, type "
                           f"{column.type!r})") from None
-    if is_native(column.type) and column.mapping is not None:
+    if is_native(column.type) and column.mapping is not None and \
+            not gives_type(column.source, column.type):
         raise ConfigError(f"{at}.type: type {column.type!r} (column {column.name!r}) applies to "
                           f"plain columns only, not to a {column.mapping} mapping; map the "
                           "value into a json column or declare the field as a plain column")

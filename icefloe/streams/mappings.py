@@ -8,6 +8,9 @@ A column is *plain* (the event's top-level field of the same name) or *mapped*:
 * ``from = "ip" | "body" | "datetime" | "id" | "headers"``: the client address, the raw
   event JSON, the receive time, the event id, all request headers as one JSON object
   (secrets left out: :data:`NEVER_STORED_HEADERS`);
+* ``from = "kafka_key" | "kafka_headers" | "kafka_partition" | "kafka_timestamp" |
+  "kafka_offset" | "kafka_topic"``: the Kafka record's metadata, for events that arrived
+  through the Kafka produce listener (null for events that arrived over HTTP or gRPC);
 * ``sql = "lower(url)"``: a SQL expression over the stream's other columns, in ``dialect``
   (spark, duckdb or postgres; transpiled to Spark SQL by sqlglot);
 * ``template = "Body('a.b') + '-' + Ip()"``: a Jsonnet template with Keboola's globals,
@@ -17,9 +20,10 @@ A column is *plain* (the event's top-level field of the same name) or *mapped*:
 Why the work is split by where the data is: ``path`` and ``body`` read the event, which the
 ingestor parses anyway, so they are extracted and type-checked there and a bad value is a
 400 for the producer (index, column, reason), never a silent null or a dead letter later.
-``ip`` and ``header`` come from the request: the ingestor keeps exactly the ones mappings
-use in the record envelope's meta, and the pipeline's decode (in the Spark workers) turns
-them into columns, as it does ``datetime`` and ``id`` from the envelope. ``sql`` runs on
+``ip``, ``header`` and the ``kafka_*`` sources come from the request (or the Kafka record):
+the ingestor keeps exactly the ones mappings use in the record envelope's meta, and the
+pipeline's decode (in the Spark workers) turns them into columns, as it does ``datetime``
+and ``id`` from the envelope. ``sql`` runs on
 Spark over the decoded columns, calling only allow-listed functions
 (:mod:`icefloe.streams.sql_functions`). This module only
 parses and validates; :mod:`ingestor.mappings` and :mod:`pipeline.load.mapped` evaluate.
@@ -47,7 +51,10 @@ from icefloe.streams.types import convert_value
 if TYPE_CHECKING:
     from icefloe.streams.model import Column, StreamConfig
 
-MAPPING_FROM = ("ip", "body", "datetime", "id", "headers")
+KAFKA_SOURCES = ("kafka_key", "kafka_headers", "kafka_partition", "kafka_timestamp",
+                 "kafka_offset", "kafka_topic")
+"""``from`` values read from the Kafka record an event arrived in (:data:`META_KAFKA`)."""
+MAPPING_FROM = ("ip", "body", "datetime", "id", "headers", *KAFKA_SOURCES)
 """Values of ``from``: request or envelope data rather than event fields."""
 SQL_DIALECTS = DIALECTS
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
@@ -58,6 +65,14 @@ META_ALL_HEADERS = "hs"
 """Keys of the envelope meta object: ``{"ip": "1.2.3.4", "h": {"user-agent": "..."},
 "hs": "{\"accept\":\"*/*\",...}"}`` (``hs``: the JSON text a ``from = "headers"`` column
 stores); the ingestor writes it (:mod:`ingestor.mappings`), the pipeline's decode reads it."""
+META_KAFKA = "kf"
+"""Key of the Kafka record's metadata in the envelope meta object, set only for events that
+arrived through the Kafka listener: ``{"t": topic, "p": partition, "o": offset, "ts":
+producer timestamp (ms since the epoch), "k": the key in base64 or null, "hs": the headers
+as JSON text}`` (:data:`KAFKA_META_KEYS`; written by :func:`ingestor.mappings.kafka_meta`)."""
+KAFKA_META_KEYS = {"kafka_topic": "t", "kafka_partition": "p", "kafka_offset": "o",
+                   "kafka_timestamp": "ts", "kafka_key": "k", "kafka_headers": "hs"}
+"""Each ``kafka_*`` source → its key inside the :data:`META_KAFKA` object."""
 NEVER_STORED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie",
                                   "set-cookie", "x-api-key", "api-key", "x-amz-security-token"})
 SECRET_HEADER_WORDS = ("auth", "token", "secret", "password", "credential", "session",
@@ -74,7 +89,18 @@ def stored_header(name: str) -> bool:
 
 _FROM_TYPES = {"ip": ("string",), "body": ("string", "json"), "id": ("string",),
                "headers": ("json", "string"),
-               "datetime": ("timestamp", "long", "date")}
+               "datetime": ("timestamp", "long", "date"),
+               "kafka_key": ("string", "binary"), "kafka_headers": ("json", "string"),
+               "kafka_partition": ("int", "long"),
+               "kafka_timestamp": ("timestamp", "long", "date"),
+               "kafka_offset": ("long",), "kafka_topic": ("string",)}
+
+
+def gives_type(source: str | None, kind: str) -> bool:
+    """Whether ``from = source`` gives a column of type ``kind`` (None: not a ``from``)."""
+    return source is not None and kind in _FROM_TYPES.get(source, ())
+
+
 _KEY_STEP = re.compile(r"\.([A-Za-z_$][\w$-]*)")
 _QUOTED_STEP = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\")\]")
 _INDEX_STEP = re.compile(r"\[(\d{1,9})\]")
@@ -245,6 +271,10 @@ def _check_one(column: Column, columns: dict[str, Column]) -> None:  # noqa: C90
         if column.type not in allowed:
             raise ValueError(f"from = {column.source!r} gives {' or '.join(allowed)}, not "
                              f"{column.type}")
+        if column.required and column.source in KAFKA_SOURCES:
+            raise ValueError(f"from = {column.source!r} cannot be required: only events "
+                             "that arrive through the Kafka listener have it (it is null "
+                             "for events sent over HTTP or gRPC); drop 'required'")
         if column.required and column.source != "ip":
             raise ValueError(f"from = {column.source!r} is always present; drop 'required'")
     elif column.template is not None:

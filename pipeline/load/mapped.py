@@ -1,6 +1,7 @@
-"""The pipeline's half of column mappings: ``ip``, ``header``, ``datetime``, ``id`` and ``sql``.
+"""The pipeline's half of column mappings: ``ip``, ``header``, ``datetime``, ``id``, ``sql``
+and the ``kafka_*`` sources.
 
-Why two steps: ``ip``/``header`` values ride in each record's envelope meta and
+Why two steps: ``ip``/``header``/``kafka_*`` values ride in each record's envelope meta and
 ``datetime``/``id`` are envelope fields, so the decode (in the Spark workers, one Arrow pass
 per batch file) turns them into columns next to the payload's. ``sql`` columns are computed
 by Spark itself over the decoded columns (:func:`project_sql`), so any allow-listed Spark
@@ -62,15 +63,18 @@ from icefloe.config import Column
 from icefloe.errors import ConfigError
 from icefloe.streams.mappings import (
     ENVELOPE_COLUMNS,
+    KAFKA_SOURCES,
     META_ALL_HEADERS,
     META_HEADERS,
     META_IP,
+    META_KAFKA,
     spark_sql,
 )
 from icefloe.streams.templates import TemplateRows
 from icefloe.streams.templates import evaluate as evaluate_template
 from pipeline.columns import ARROW_TYPES, TIMESTAMP
 from pipeline.load.frame import STREAM, struct_column, wide_arrow_schema
+from pipeline.load.kafka_meta import KAFKA_META_TYPE, kafka_column
 from pipeline.load.spec import Derived, SqlCase, StreamPlan, StreamSpec
 from pipeline.read.query import spark_error
 
@@ -89,6 +93,10 @@ _SPARK_TYPES = {"string": "STRING", "long": "BIGINT", "int": "INT", "float": "FL
                 "date": "DATE", "json": "STRING"}
 
 
+_META_KINDS = ("ip", "header", "headers", "template", *KAFKA_SOURCES)
+"""Derived kinds read from the envelope meta."""
+
+
 def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
     headers = sorted({d.arg for d in derived if d.kind == "header"})
     fields = [pa.field(META_IP, pa.string())]
@@ -97,13 +105,15 @@ def _meta_schema(derived: Sequence[Derived]) -> pa.Schema:
     if headers:
         fields.append(pa.field(META_HEADERS, pa.struct([pa.field(h, pa.string())
                                                           for h in headers])))
+    if any(d.kind in KAFKA_SOURCES for d in derived):
+        fields.append(pa.field(META_KAFKA, KAFKA_META_TYPE))
     return pa.schema(fields)
 
 
 def _meta_table(metas: Sequence[bytes] | pa.Array | None, rows: int,
                 derived: Sequence[Derived]) -> pa.Table | None:
     """The metas parsed in one columnar pass (records without meta give nulls)."""
-    if not any(d.kind in ("ip", "header", "headers", "template") for d in derived):
+    if not any(d.kind in _META_KINDS for d in derived):
         return None
     schema = _meta_schema(derived)
     if metas is None:
@@ -148,6 +158,9 @@ def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | 
         elif d.kind == "datetime":
             value = received if d.type == "long" else \
                 pc.multiply(received, 1000).cast(TIMESTAMP).cast(kind)
+        elif d.kind in KAFKA_SOURCES:
+            value = kafka_column(meta.column(META_KAFKA),  # type: ignore[union-attr]
+                                 d.kind, d.type, d.column)
         elif d.kind == "template":
             continue  # the event's JSON text, until apply_templates replaces it
         else:

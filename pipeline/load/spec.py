@@ -19,9 +19,11 @@ import pyarrow as pa
 
 from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
+from icefloe.streams.mappings import KAFKA_SOURCES
 from pipeline.columns import ARROW_TYPES
 
-DERIVED_KINDS = ("ip", "header", "headers", "datetime", "id", "sql", "template")
+DERIVED_KINDS = ("ip", "header", "headers", "datetime", "id", "sql", "template",
+                 *KAFKA_SOURCES)
 PAYLOAD_KINDS = ("template",)
 """Derived kinds whose column is also read from the payload: a ``template`` column's field
 holds the event's JSON text, which the decode replaces with the template's value."""
