@@ -1,8 +1,8 @@
 """Synthetic Kafka offsets: what a Produce answer reports as each partition's base offset.
 
 Why synthetic: icefloe has no log, so there is no real offset to report, yet Kafka clients
-expect one per acknowledged batch, increasing per partition (some log it, some use it to
-order callbacks, idempotent producers compare it across retries). An offset here only has
+expect one per acknowledged batch, increasing per partition (clients hand it to their
+callbacks as the record's offset; applications log it, or order by it). An offset here only has
 to be plausible and never go back, within a process, for one (topic, partition); and two
 ingestors must not report the same offset at the same moment, so a reader that keys on it
 (a log line, a dedup in a client's callback) cannot confuse two batches.
@@ -47,6 +47,20 @@ _MAX_MS = (1 << (63 - MS_SHIFT)) - 1
 DEFAULT_MAX_PARTITIONS = 100_000
 
 
+def _check(topic: str, partition: int, count: int) -> None:
+    """Refuse what cannot be numbered, before anything is remembered for it."""
+    if count < 1:
+        raise ValueError(f"a Produce batch for {topic}/{partition} holds {count} "
+                         "records; a batch needs at least one record to get offsets")
+    if count > MAX_COUNT:
+        raise ValueError(
+            f"a Produce batch for {topic}/{partition} holds {count} records; icefloe "
+            f"assigns offsets to 1..{MAX_COUNT} records per partition per batch: send "
+            "smaller batches (lower the producer's batch.size or linger.ms)")
+    if partition < 0:
+        raise ValueError(f"partition {partition} of topic {topic!r} must be >= 0")
+
+
 class SyntheticOffsets:
     """Assigns base offsets per (topic, partition) for one process (one ``slot``).
 
@@ -78,21 +92,15 @@ class SyntheticOffsets:
         """A base offset for ``count`` records of ``topic``/``partition``: base .. base +
         count - 1 share one (ms, slot) cell and lie above every offset this process gave
         that partition before."""
-        if not 1 <= count <= MAX_COUNT:
-            raise ValueError(
-                f"a Produce batch for {topic}/{partition} holds {count} records; icefloe "
-                f"assigns offsets to 1..{MAX_COUNT} records per partition per batch: send "
-                "smaller batches (lower the producer's batch.size or linger.ms)")
-        if partition < 0:
-            raise ValueError(f"partition {partition} of topic {topic!r} must be >= 0")
+        _check(topic, partition, count)
         key = (topic, partition)
-        last = self._last.pop(key, None)  # re-inserted below: most recently used last
-        ms, counter = self._cell(last, count)
+        ms, counter = self._cell(self._last.get(key), count)
         if ms > _MAX_MS:
             raise OverflowError(f"synthetic Kafka offsets ran out of milliseconds ({ms} ms "
                                 "after 2025-01-01): the 41-bit clock ends in 2094")
         self._floor_ms = max(self._floor_ms, ms)
         base = (ms << MS_SHIFT) | (self.slot << COUNTER_BITS) | counter
+        self._last.pop(key, None)  # re-inserted: the most recently used come last
         self._last[key] = base + count - 1
         if len(self._last) > self.max_partitions:
             self._evict_oldest()

@@ -82,10 +82,14 @@ def test_exactly_filling_a_cell_stays_in_it() -> None:
     assert SyntheticOffsets.describe(b)[2] == MAX_COUNT - 1
 
 
-@pytest.mark.parametrize("count", [MAX_COUNT + 1, 0, -1])
-def test_refuses_batches_it_cannot_number(count: int) -> None:
+@pytest.mark.parametrize(("count", "reason"), [
+    (MAX_COUNT + 1, r"orders/7 holds 65537 records; .*1\.\.65536 .*send smaller batches"),
+    (0, "orders/7 holds 0 records; a batch needs at least one"),
+    (-1, "orders/7 holds -1 records; a batch needs at least one"),
+])
+def test_refuses_batches_it_cannot_number(count: int, reason: str) -> None:
     gen, _ = offsets()
-    with pytest.raises(ValueError, match=r"orders/7 holds .* records; .*1\.\.65536"):
+    with pytest.raises(ValueError, match=reason):
         gen.assign("orders", 7, count)
     assert gen.tracked == 0  # nothing remembered for a refused batch
 
