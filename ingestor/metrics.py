@@ -77,6 +77,12 @@ class IngestMetrics:
         self.rate_limit = Gauge(
             "icefloe_ingest_rate_limit", "Configured rate limits of this process (each "
             "ingestor enforces its own)", ["scope", "name", "measure"], registry=r)
+        self.kafka_connections = Gauge("icefloe_ingest_kafka_connections",
+                                       "Open Kafka connections", registry=self.registry)
+        self.kafka_closed = Counter(
+            "icefloe_ingest_kafka_closed", "Kafka connections the listener closed, by reason "
+            "(too_large, malformed, unsupported, sasl, slow, too_many_connections)",
+            ["reason"], registry=self.registry)
         self.http_refused = Counter(
             "icefloe_ingest_http_refused", "HTTP connections and requests the front refused "
             "before any route saw them, by reason (max_connections, header_bytes, "

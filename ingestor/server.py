@@ -37,6 +37,7 @@ from ingestor.http.app import HttpApp
 from ingestor.http.fast import FastLane
 from ingestor.http.server import http_config, slow_client_guard
 from ingestor.http.slow_clients import SlowClientGuard
+from ingestor.kafka.listener import KafkaServer, start_kafka_server
 from ingestor.metrics import IngestMetrics
 from ingestor.runtime import IngestorRuntime
 from ingestor.starting import HttpFront, LateLane, Starting, StartingGrpc, start_waiting
@@ -49,6 +50,8 @@ log = logging.getLogger("icefloe.ingestor")
 class BoundPorts:
     http: int
     grpc: int
+    kafka: int | None = None
+    """The Kafka listener's port (None: ``kafka_port`` unset, no listener)."""
 
 
 LISTEN_BACKLOG = 2048
@@ -171,26 +174,38 @@ class _Fronts:
         grpc = await start_grpc_server(
             runtime, ing.host, ing.grpc_port if self.shared else self.standin.port,
             reuse_port=ing.reuse_port, tls=self.tls, clock=clock)
+        kafka = None
+        if ing.kafka_port is not None:
+            try:
+                kafka = await start_kafka_server(runtime, ing.host, ing.kafka_port,
+                                                 tls=self.tls, reuse_port=ing.reuse_port,
+                                                 clock=clock)
+            except BaseException:
+                await grpc.server.stop(None)
+                raise
         app = HttpApp(runtime, self.guard)
         if self.lane is not None:
             self.lane.target = FastLane(app)
         self.front.target = app
         if self.shared:  # ready: now this process may take connections on the shared port
             await self.serve_http()
-        ports = BoundPorts(self.http_socket.getsockname()[1], grpc.port)
+        ports = BoundPorts(self.http_socket.getsockname()[1], grpc.port,
+                           kafka.port if kafka is not None else None)
         tls = self.tls
         log.info("ingestor listening", extra={
-            "http_port": ports.http, "grpc_port": ports.grpc,
+            "http_port": ports.http, "grpc_port": ports.grpc, "kafka_port": ports.kafka,
             "store": mask_uri(runtime.store.url),
             "tls": "none" if tls is None else "mutual" if tls.mutual else "server",
             "speedups": speedups.compiled is not None})
-        return _Live(grpc, ports)
+        return _Live(grpc, ports, kafka)
 
     async def shut_down(self, runtime: IngestorRuntime, live: _Live) -> bool:
         """Stop accepting, finish requests in flight, then drain the buffer."""
         ing = self.config.ingestor
         log.info("shutting down: no new requests; draining the buffer")
         await live.grpc.health.enter_graceful_shutdown()
+        if live.kafka is not None:  # no new connections; the open ones end below
+            live.kafka.server.close()
         self.http.should_exit = True
         await asyncio.gather(live.grpc.server.stop(ing.shutdown_timeout_s),
                              *([self.http_task] if self.http_task else []),
@@ -209,6 +224,7 @@ class _Live:
 
     grpc: GrpcServer
     ports: BoundPorts
+    kafka: KafkaServer | None = None
 
 
 async def serve(config: Config, *, on_ready: Callable[[BoundPorts], None] | None = None,

@@ -233,12 +233,15 @@ class IngestService:
 
     def admit(self, stream: CompiledStream, canonical: Canonical, *,
               event_ids: Sequence[str] | None = None, idempotency_key: str | None = None,
-              caller: Caller | None = None, meta: bytes = b"") -> asyncio.Future[None]:
+              caller: Caller | None = None, meta: bytes = b"",
+              metas: Sequence[bytes] | None = None) -> asyncio.Future[None]:
         """:meth:`ingest` up to the wait: check, id, frame and buffer the events; the
         returned future resolves once they are durable (then call :meth:`accepted`).
 
         Why separate: a front that answers from a callback (the HTTP fast lane) needs no
         task per request. Raises every refusal :meth:`ingest` raises before the wait.
+        ``metas``: one envelope meta per event instead of ``meta`` for all (the Kafka
+        listener's record metadata, :mod:`ingestor.kafka.produce`).
         """
         payloads = canonical.payloads
         if not payloads:  # the decoders refuse this first; never frame an empty request
@@ -254,7 +257,10 @@ class IngestService:
             self.limits.admit(stream.name, caller.token if caller else None,
                               caller.client if caller else None, len(payloads),
                               sum(map(len, payloads)))
-        if canonical.format:  # a typed stream's binary payloads: envelope version 2
+        if metas is not None:
+            framed = _frame_each(stream.name, received_at_ms, stem, ids, payloads, canonical,
+                                 metas)
+        elif canonical.format:  # a typed stream's binary payloads: envelope version 2
             framed = frame_typed(stream.name, received_at_ms, ids, payloads, canonical.format,
                                  canonical.schema_ids or [0] * len(payloads), meta=meta,
                                  stem=stem)
@@ -400,6 +406,27 @@ class IngestService:
             ok, reason = False, "object store unreachable"
         self._ready = (self._clock.monotonic(), ok, reason)
         return ok, reason
+
+
+def _frame_each(stream: str, received_at_ms: int, stem: bytes, raw_ids: Sequence[bytes],
+                payloads: Sequence[bytes], canonical: Canonical, metas: Sequence[bytes]
+                ) -> bytes:
+    """Each event framed with its own meta (Kafka records each carry their key, headers,
+    partition, offset and timestamp): one framing call per event, so only streams that map
+    Kafka metadata pay it."""
+    if len(metas) != len(payloads):
+        raise ValueError(f"{len(metas)} metas for {len(payloads)} payloads")
+    parts = []
+    for index, payload in enumerate(payloads):
+        event_id = [stem + raw_ids[index]]
+        if canonical.format:
+            schema = canonical.schema_ids[index] if canonical.schema_ids else 0
+            parts.append(frame_typed(stream, received_at_ms, event_id, [payload],
+                                     canonical.format, [schema], meta=metas[index]))
+        else:
+            parts.append(frame_encoded(stream, received_at_ms, event_id, [payload],
+                                       meta=metas[index]))
+    return b"".join(parts)
 
 
 def _refuse_control_ids(ids: Sequence[str | None] | None) -> None:

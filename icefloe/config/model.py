@@ -138,6 +138,23 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     grpc_stream_idle_s: float = 60.0
     """A PublishStream with nothing in flight that sends no request for this long is
     ended by the server (UNAVAILABLE ``stream_idle``)."""
+    kafka_port: int | None = None
+    """Serve Kafka's produce protocol on this port (None: off; ``icefloe up`` uses 9092;
+    0: any free port). Topics are streams (docs/kafka.md)."""
+    kafka_advertised_host: str | None = None
+    """The host Metadata tells Kafka clients to connect to (clients connect to what
+    Metadata advertises, not to the bootstrap address): the load balancer's name. None: the
+    bind host, or ``127.0.0.1`` when that is a wildcard."""
+    kafka_advertised_port: int | None = None
+    """The port Metadata advertises (None: the bound Kafka port)."""
+    kafka_max_request_bytes: int = 16 * 1024 * 1024
+    """Largest Kafka request frame, and largest decompressed record batch; a bigger frame
+    closes the connection (as a broker's ``socket.request.max.bytes``)."""
+    kafka_max_connections: int = 10_000
+    """Open Kafka connections of one process; more are closed as soon as they are accepted."""
+    kafka_idle_s: float = 600.0
+    """A Kafka connection that sends nothing for this long is closed (a broker's
+    ``connections.max.idle.ms``)."""
     http_fast_lane: bool = True
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
     a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends

@@ -55,6 +55,16 @@ MEANING: dict[str, str] = {
     "ingestor.host": "bind address (`--host`)",
     "ingestor.http_port": "HTTP port (`--http-port`); also serves /healthz, /readyz, /metrics",
     "ingestor.grpc_port": "gRPC port (`--grpc-port`)",
+    "ingestor.kafka_port": "Kafka produce-protocol port (`--kafka-port`; unset: off; "
+                           "`icefloe up`: 9092)",
+    "ingestor.kafka_advertised_host": "host Kafka Metadata tells clients to connect to (a "
+                                      "load balancer's name); unset: the bind host",
+    "ingestor.kafka_advertised_port": "port Kafka Metadata advertises; unset: the bound port",
+    "ingestor.kafka_max_request_bytes": "largest Kafka request frame and decompressed record "
+                                        "batch; a larger frame closes the connection",
+    "ingestor.kafka_max_connections": "open Kafka connections per process; more are closed "
+                                      "at once",
+    "ingestor.kafka_idle_s": "a Kafka connection silent this long is closed",
     "ingestor.reuse_port": "share the ports with other ingestors on the host (SO_REUSEPORT); "
                            "`icefloe up --ingestors N` sets it",
     "ingestor.max_body_bytes": "request body limit, after decompression (413 beyond)",

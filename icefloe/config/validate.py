@@ -38,6 +38,7 @@ def validate(config: Config, where: str) -> None:
         port = getattr(ing, key)
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where}: ingestor.{key}: {port} is not a TCP port (0-65535)")
+    _validate_kafka(ing, where)
     for key in ("max_body_bytes", "max_event_bytes", "flush_bytes", "flush_events",
                 "buffer_max_bytes", "flush_age_ms", "flush_timeout_s"):
         if getattr(ing, key) <= 0:
@@ -67,6 +68,16 @@ def validate(config: Config, where: str) -> None:
         names.add(stream.name)
         tables.add(stream.table)
     validate_security(config, where)
+
+
+def _validate_kafka(ing: IngestorSection, where: str) -> None:
+    for key in ("kafka_port", "kafka_advertised_port"):
+        port = getattr(ing, key)
+        if port is not None and not 0 <= port <= 65535:
+            raise ConfigError(f"{where}: ingestor.{key}: {port} is not a TCP port (0-65535)")
+    for key in ("kafka_max_request_bytes", "kafka_max_connections", "kafka_idle_s"):
+        if getattr(ing, key) <= 0:
+            raise ConfigError(f"{where}: ingestor.{key} must be > 0")
 
 
 def _validate_http_limits(ing: IngestorSection, where: str) -> None:

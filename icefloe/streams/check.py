@@ -62,6 +62,9 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
         raise ConfigError(f"{at}.partition: unknown partition {stream.partition!r} (expected "
                           f"one of {', '.join(PARTITIONS)}; it partitions the table by "
                           "_received_at)")
+    if not 1 <= stream.kafka_partitions <= 10_000:
+        raise ConfigError(f"{at}.kafka_partitions: {stream.kafka_partitions} is not 1-10000 "
+                          "(the partitions Kafka producers see for this stream's topic)")
     check_layout(stream, at)
     _check_quota(stream, at)
     _check_bytes_payload(stream, at)

@@ -173,6 +173,10 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What an event is on the wire: a JSON object, a Protobuf message or an Avro datum
     (#39); for the last two the columns come from the type ``schema`` names."""
     schema: TypedSchema | None = None
+    kafka_partitions: int = 1
+    """Partitions the Kafka listener presents for this stream's topic (producers spread
+    records and keep idempotence sequences per partition; icefloe itself has no
+    partitions: the number only shapes the producers' batching)."""
 
     @property
     def namespace(self) -> str:

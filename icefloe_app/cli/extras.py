@@ -16,6 +16,7 @@ INGESTOR_MODULES = frozenset({
     "zstandard", "ulid", "google_crc32c", "boto3", "botocore", "aiobotocore",
     "prometheus_client", "uvicorn", "grpc_health", "grpc_reflection", "sqlglot", "_jsonnet",
     "avro", "fastavro",  # Avro streams: schemas parsed, payloads checked at ingest
+    "cramjam",  # the Kafka listener's snappy and lz4 record batches
 })
 COLLECTOR_MODULES = frozenset({
     "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg", "duckdb",

@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from ingestor.server import BoundPorts
 
 EPILOG = """\
-stdout gets one JSON line {"event": "ready", "http_port": H, "grpc_port": G} once both
-servers listen, and with --stats-interval S one {"event": "stats", "accepted": N,
-"rejected": M, "buffered_bytes": B} line every S seconds (totals since start; `icefloe up`
+stdout gets one JSON line {"event": "ready", "http_port": H, "grpc_port": G,
+"kafka_port": K} once the servers listen (K null without --kafka-port), and with
+--stats-interval S one {"event": "stats", "accepted": N, "rejected": M, "buffered_bytes": B}
+line every S seconds (totals since start; `icefloe up`
 reads them for its progress line). Logs go to stderr.
 
 exit codes: 0 drained cleanly after SIGTERM/SIGINT; 1 some buffered events could not be
@@ -41,6 +42,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--host", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default 8080)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051)")
+    parser.add_argument("--kafka-port", type=int,
+                        help="serve Kafka's produce protocol on this port (default: off; "
+                             "docs/kafka.md)")
     parser.add_argument("--reuse-port", action="store_true", default=None,
                         help="share the ports with other ingestors on this host "
                              "(SO_REUSEPORT; [ingestor] reuse_port)")
@@ -55,13 +59,13 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     _, config = config_from_args(args, {"ingestor": {
         "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
-        "reuse_port": args.reuse_port}})
+        "kafka_port": args.kafka_port, "reuse_port": args.reuse_port}})
     setup_logging(args.log_level, args.log_format)
     from ingestor.server import run as serve  # startup time
 
     def announce(ports: BoundPorts) -> None:
-        print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc}),
-              flush=True)
+        print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc,
+                          "kafka_port": ports.kafka}), flush=True)
 
     tasks: list[asyncio.Task[None]] = []
 

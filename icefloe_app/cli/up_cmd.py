@@ -77,6 +77,11 @@ def register(commands: Any) -> None:
     parser.add_argument("--admin-port", type=int, metavar="N",
                         help="admin API port (default 8081; served when [admin] tokens is "
                              "set; 0 = any free)")
+    parser.add_argument("--kafka-port", type=int, metavar="N",
+                        help="Kafka produce-protocol port (default 9092; 0 = any free; "
+                             "docs/kafka.md)")
+    parser.add_argument("--no-kafka", action="store_true",
+                        help="serve no Kafka listener")
     parser.add_argument("--no-collector", action="store_true",
                         help="run only the ingestors (e.g. when `icefloe collector` runs "
                              "elsewhere); events then wait in the queue")
@@ -108,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
         runner = asyncio.run
-    up = _Up(path, config, args.ingestors, argv, collector=not args.no_collector)
+    kafka_port = None if args.no_kafka else args.kafka_port if args.kafka_port is not None \
+        else config.ingestor.kafka_port if config.ingestor.kafka_port is not None else 9092
+    up = _Up(path, config, args.ingestors, argv, collector=not args.no_collector,
+             kafka_port=kafka_port)
     return run_guarded(up.main, config, runner=runner)
 
 
@@ -116,8 +124,9 @@ class _Up:
     """One ``icefloe up``: reserve ports, start the ingestors, then the collector."""
 
     def __init__(self, path: Path | None, config: Config, ingestors: int, argv: list[str], *,
-                 collector: bool) -> None:
+                 collector: bool, kafka_port: int | None = None) -> None:
         self.path = path
+        self.kafka_port = kafka_port
         self.config = config
         self.ingestors = ingestors
         self.argv = argv
@@ -133,9 +142,16 @@ class _Up:
                    reserve_port(ing.host, ing.grpc_port, "gRPC", "--grpc-port",
                                 "ICEFLOE_INGESTOR_GRPC_PORT")]
         http_port, grpc_port = (h.getsockname()[1] for h in holders)
+        kafka: list[str] = []
+        kafka_port = None
+        if self.kafka_port is not None:
+            holders.append(reserve_port(ing.host, self.kafka_port, "Kafka", "--kafka-port",
+                                        "ICEFLOE_INGESTOR_KAFKA_PORT"))
+            kafka_port = holders[-1].getsockname()[1]
+            kafka = ["--kafka-port", str(kafka_port)]
         group = self.group = IngestorGroup(
             self.ingestors, [*self.argv, "--http-port", str(http_port),
-                             "--grpc-port", str(grpc_port)],
+                             "--grpc-port", str(grpc_port), *kafka],
             stop_timeout_s=ing.shutdown_timeout_s + 10, shard_base=max(ing.shard_index, 0))
 
         def notice() -> None:
@@ -151,7 +167,7 @@ class _Up:
         if not started:
             await group.stop()
             return 0
-        self._print_endpoints(http_port, grpc_port)
+        self._print_endpoints(http_port, grpc_port, kafka_port)
         tasks: list[asyncio.Task[Any]] = [
             asyncio.create_task(show_progress(self._snapshot, stop), name="progress")]
         if self.config.admin.tokens:
@@ -224,7 +240,8 @@ class _Up:
             queue_entries=metric_total(m.queue_length) if active and m else None,
             lag_s=metric_total(m.lag_seconds) if active and m else None)
 
-    def _print_endpoints(self, http_port: int, grpc_port: int) -> None:
+    def _print_endpoints(self, http_port: int, grpc_port: int, kafka_port: int | None
+                         ) -> None:
         from pipeline.iceberg.catalog import catalog_label  # lazy: pyiceberg
 
         config = self.config
@@ -238,6 +255,9 @@ class _Up:
         print(f"  HTTP     {scheme}://{host}:{http_port}/v1/streams/{{stream}}/events{shared}")
         print(f"  gRPC     {host}:{grpc_port}  (icefloe.v1.Ingest{', TLS' if tls else ''})"
               f"{shared}")
+        if kafka_port is not None:
+            print(f"  Kafka    {host}:{kafka_port}  (produce only: bootstrap.servers="
+                  f"{host}:{kafka_port}{', TLS' if tls else ''}){shared}")
         print(f"  metrics  {scheme}://{host}:{http_port}/metrics  (ingestor)")
         print(f"  streams  {', '.join(s.name for s in config.streams) or 'none'}")
         if config.streams:
