@@ -120,16 +120,19 @@ def _meta_table(metas: Sequence[bytes] | pa.Array | None, rows: int,
         return schema.empty_table() if rows == 0 else pa.table(
             {f.name: pa.nulls(rows, f.type) for f in schema}, schema=schema)
     # All events of a request share one meta: parse each distinct meta once, then gather.
-    encoded = (metas if isinstance(metas, pa.Array) else pa.array(metas, pa.binary())
-               ).dictionary_encode()
-    distinct = encoded.dictionary.to_pylist()
+    # Not with Kafka columns: each Kafka record has its own meta (its offset), so hashing
+    # the metas to find the distinct ones would cost more than it saves.
+    array = metas if isinstance(metas, pa.Array) else pa.array(metas, pa.binary())
+    encoded = None if any(d.kind in KAFKA_SOURCES for d in derived) else \
+        array.dictionary_encode()
+    distinct = (array if encoded is None else encoded.dictionary).to_pylist()
     ndjson = b"\n".join(m or b"{}" for m in distinct) + b"\n"
     parsed = pajson.read_json(
         io.BytesIO(ndjson),
         read_options=pajson.ReadOptions(use_threads=False, block_size=max(len(ndjson), 1 << 16)),
         parse_options=pajson.ParseOptions(explicit_schema=schema,
                                           unexpected_field_behavior="ignore"))
-    return parsed.take(encoded.indices)
+    return parsed if encoded is None else parsed.take(encoded.indices)
 
 
 def add_derived(payload: pa.Table, plan: StreamPlan, event_ids: Sequence[str] | pa.Array,

@@ -204,7 +204,8 @@ def test_should_refuse_a_patch_that_changes_how_queued_events_are_computed(
         "name": "mapped", "table": "mart.mapped_clicks", "columns": mapped})
     assert admin.task(created)["state"] == "succeeded"
     version = admin.client.get("/v1/registry").json()["version"]
-    for who in ({"from": "id"}, {"header": "X-Forwarded-For"}, {}, {"sql": "user_id"}):
+    for who in ({"from": "id"}, {"header": "X-Forwarded-For"}, {}, {"sql": "user_id"},
+                {"from": "kafka_topic"}):
         changed = [*mapped[:2], {"name": "who", "type": "string", **who}, mapped[3]]
         refused = admin.client.patch("/v1/sources/clicks/sinks/mapped",
                                      json={"columns": changed})

@@ -4,6 +4,7 @@ through real HTTP and gRPC ingestors, a Spark collector and an Iceberg table."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +12,25 @@ import grpc
 import httpx
 import msgspec
 import pytest
-from collector_support import collect_all, collector_config, output_engine, read_table
+from collector_support import (
+    collect_all,
+    collector_config,
+    open_store_of,
+    output_engine,
+    read_table,
+)
 from ingest_support import grpc_serving, http_serving, running
 from process_support import SPARK_TIMEOUT_S, run_cli, write_config
 
 from icefloe.config import Column, Config, StreamConfig, load_config, validate
+from icefloe.config.manifest import ManifestConfig
 from icefloe.errors import ConfigError
 from icefloe.formats.batch import BatchBuilder
 from icefloe.formats.envelope import frame_events, split_by_stream
+from icefloe.manifest import ManifestProducer
+from icefloe.manifest.publish import publish_batch
 from icefloe.v1 import ingest_pb2, ingest_pb2_grpc
+from ingestor.mappings import kafka_meta
 from ingestor.validate import CompiledStream, InvalidEvents
 from pipeline.load.decode import decode_batch_file
 from pipeline.load.mapped import check_on_spark
@@ -52,6 +63,10 @@ ORDERS = StreamConfig(name="orders", table="shop.orders", unknown_fields="reject
     Column("month", "string", sql="strftime(placed, '%Y-%m')", dialect="duckdb"),
     Column("pg_len", "int", sql="length(url)::int", dialect="postgres"),
     Column("seq_plus", "long", sql="_sequence + 1"),
+    Column("kafka_key", "binary", source="kafka_key"),
+    Column("kafka_offset", "long", source="kafka_offset"),
+    Column("kafka_at", "timestamp", source="kafka_timestamp"),
+    Column("kafka_headers", "json", source="kafka_headers"),
 ))
 
 
@@ -336,13 +351,39 @@ async def ingest_orders(config: Config) -> None:
         assert reply.accepted == 1
 
 
+async def publish_kafka_order(config: Config) -> None:
+    """Order 6 as the Kafka listener frames it: its record's metadata under "kf" in the
+    envelope meta (the listener has its own tests; this is the collector's half)."""
+    canonical = CompiledStream(ORDERS).from_json(msgspec.json.encode([order(6)]))
+    meta = msgspec.json.encode({"kf": kafka_meta("shop", 1, 77, 1_700_000_000_005, b"\xffk",
+                                                 [("trace", b"t6")])})
+    builder = BatchBuilder()
+    builder.add_framed(frame_events("orders", int(time.time() * 1000), ["o6"],
+                                    canonical.payloads, meta=meta), 1)
+    store = open_store_of(config)
+    producer = ManifestProducer(store, ManifestConfig())
+    try:
+        await publish_batch(store, producer, builder.finish(), record_count=1,
+                            streams=("orders",))
+    finally:
+        await producer.close()
+        await store.close()
+
+
 @pytest.mark.parametrize("output", ["embedded", "cluster"])
 async def test_mapped_columns_land_in_iceberg_from_http_and_grpc(tmp_path, spark, output):
     config = collector_config(tmp_path, streams=(ORDERS,), output=output)
     await ingest_orders(config)
+    await publish_kafka_order(config)
     await collect_all(config, output_engine(spark, output))
     rows = {r["order_id"]: r for r in read_table(config, "shop.orders").to_pylist()}
-    assert sorted(rows) == ["o1", "o2", "o3", "o5"]
+    assert sorted(rows) == ["o1", "o2", "o3", "o5", "o6"]
+    kafka = rows.pop("o6")
+    assert (kafka["kafka_key"], kafka["kafka_offset"], kafka["ip"]) == (b"\xffk", 77, None)
+    assert kafka["kafka_at"] == dt.datetime(2023, 11, 14, 22, 13, 20, 5000, tzinfo=UTC)
+    assert msgspec.json.decode(kafka["kafka_headers"]) == [{"key": "trace", "value": "t6"}]
+    assert (kafka["qty"], kafka["url_lower"]) == (6, "/shop/6")
+    assert {r["kafka_offset"] for r in rows.values()} == {None}  # HTTP/gRPC: no Kafka record
     one = rows["o1"]
     assert one["_event_id"] == one["eid"] == "o1"  # the event id came from the path
     assert (one["qty"], one["first_sku"], one["coupon"]) == (1, "sku1", "1")
