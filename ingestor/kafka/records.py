@@ -16,6 +16,7 @@ import cramjam
 import google_crc32c
 import zstandard
 
+from icefloe.formats import speedups
 from ingestor.kafka.codes import Code, KafkaError
 from ingestor.kafka.wire import Malformed, Reader
 
@@ -72,10 +73,14 @@ def read_batch(data: bytes | memoryview, max_bytes: int) -> Records:
     header, body = _check_header(data)
     raw = _decompress(body, header.codec, max_bytes)
     try:
-        records = _read_records(raw, header)
-    except Malformed as exc:
+        if speedups.compiled is not None:  # the same results, ~10x faster
+            values, keys, stamps, headers = speedups.compiled.kafka_records(
+                bytes(raw), header.count, header.base_timestamp, header.log_append_time,
+                header.max_timestamp)
+            return Records(header, values, keys, stamps, headers)
+        return _read_records(raw, header)
+    except (Malformed, ValueError) as exc:
         raise _corrupt(f"the record batch's records do not parse: {exc}") from None
-    return records
 
 
 def _check_header(data: bytes | memoryview) -> tuple[Header, memoryview]:
