@@ -197,3 +197,81 @@ def test_kafka_python_gzip_and_zstd_are_installed() -> None:
     """What the codec test above covers here: at least gzip (the brief's floor) and zstd."""
     assert kp_codec.has_gzip()
     assert kp_codec.has_zstd()
+
+
+# -- 3. protocol versions: the highest and the lowest each client negotiates ----------------
+
+OLD_BROKER = {apis.PRODUCE: 3, apis.METADATA: 0, apis.INIT_PRODUCER_ID: 0, apis.FETCH: 4}
+"""The lowest versions the listener serves a magic-2 producer (Produce v3 is the first with
+record batches; Fetch v4 is listed so that librdkafka infers magic 2)."""
+
+
+def versions(broker: KafkaIngestor, client_id: str) -> dict[str, set[int]]:
+    return {name: broker.requests.versions(client_id, key) for name, key in (
+        ("produce", apis.PRODUCE), ("metadata", apis.METADATA),
+        ("init", apis.INIT_PRODUCER_ID))}
+
+
+def test_confluent_highest_versions(broker: KafkaIngestor) -> None:
+    p = producer(broker, "cf_high", **{"enable.idempotence": True})
+    reports = produce(p, "cf_high", {n: record(n) for n in range(N)})
+    p.close()
+    assert_delivered(reports)
+    assert_stored(broker.stored("cf_high"), reports, idempotent=True)
+    assert versions(broker, "cf_high") == {"produce": {9}, "metadata": {12}, "init": {4}}
+    assert broker.requests.versions("cf_high", apis.API_VERSIONS) == {3}
+
+
+def test_confluent_lowest_versions_an_old_broker_would_list(broker: KafkaIngestor) -> None:
+    """The proxy plays a broker listing Produce v3, Metadata v0, InitProducerId v0: the
+    oldest layouts the listener parses and answers, from a real client."""
+    broker.caps["cf_low"] = OLD_BROKER
+    p = producer(broker, "cf_low", **{"enable.idempotence": True, "compression.type": "lz4"})
+    reports = produce(p, "cf_low", {n: record(n) for n in range(N)})
+    p.close()
+    assert_delivered(reports)
+    assert_stored(broker.stored("cf_low"), reports, idempotent=True)
+    assert versions(broker, "cf_low") == {"produce": {3}, "metadata": {0}, "init": {0}}
+
+
+def test_confluent_fallback_versions(broker: KafkaIngestor) -> None:
+    """``api.version.request=false`` with ``broker.version.fallback=0.11.0``: librdkafka 2.x
+    asks for the versions anyway (any fallback ≥ 0.10 does), so it uses the highest. With
+    0.9.0 it writes Produce v1 (the old message format), which the listener refuses by
+    closing the connection, as Kafka does for a version it does not serve: every record
+    times out on the client and none is stored."""
+    old = {"api.version.request": False, "enable.idempotence": False}
+    p = producer(broker, "cf_old_011", **old, **{"broker.version.fallback": "0.11.0"})
+    assert_delivered(produce(p, "cf_old", {n: record(n) for n in range(N)}))
+    p.close()
+    assert versions(broker, "cf_old_011")["produce"] == {9}
+    p = producer(broker, "cf_old_09", **old, **{"broker.version.fallback": "0.9.0",
+                                                 "message.timeout.ms": 1500})
+    reports = produce(p, "cf_old", {n: record(n) for n in range(N, N + 3)})
+    p.close()
+    assert {r.error.code() for r in reports} == {KafkaError._MSG_TIMED_OUT}
+    assert versions(broker, "cf_old_09")["produce"] == {1}
+    assert apis.API_VERSIONS not in broker.requests.apis("cf_old_09")
+    assert sorted(json.loads(e.payload)["n"] for e in broker.stored("cf_old")) == list(range(N))
+
+
+def test_kafka_python_highest_versions(broker: KafkaIngestor) -> None:
+    reports = kp_produce(broker, "kp_high", "kp_high", enable_idempotence=True)
+    assert_delivered(reports)
+    assert_stored(broker.stored("kp_high"), reports, idempotent=True)
+    assert versions(broker, "kp_high") == {"produce": {9}, "metadata": {12}, "init": {4}}
+    # it opens with ApiVersions v4, gets the v0 UNSUPPORTED_VERSION answer, retries v3
+    assert broker.requests.versions("kp_high", apis.API_VERSIONS) == {3, 4}
+
+
+def test_kafka_python_lowest_versions(broker: KafkaIngestor) -> None:
+    """``api_version=(0, 11)``, the oldest that allows idempotence (and magic 2): kafka-python
+    then uses that broker's versions; older ones would write Produce v2. (Playing a broker
+    that lists Metadata v0 does not get it lower: kafka-python reads such a list as a 0.10
+    broker and refuses idempotence itself.)"""
+    reports = kp_produce(broker, "kp_low", "kp_low", enable_idempotence=True,
+                         api_version=(0, 11))
+    assert_delivered(reports)
+    assert_stored(broker.stored("kp_low"), reports, idempotent=True)
+    assert versions(broker, "kp_low") == {"produce": {3}, "metadata": {4}, "init": {0}}
+
