@@ -12,11 +12,14 @@ really used is read off the wire, with no change to the product.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from kafka import KafkaProducer
@@ -24,9 +27,13 @@ from kafka import codec as kp_codec
 from kafka.errors import InvalidRecordError
 from kafka.errors import KafkaError as KafkaPythonError
 
-from icefloe.config import Column, StreamConfig
+from icefloe.config import Column, Config, StreamConfig
+from icefloe.config.typed_streams import with_typed_columns
 from icefloe.formats.envelope import Envelope
+from icefloe.streams.model import TypedSchema
+from icefloe.tokens import hash_token
 from ingestor.kafka import apis
+from tests.admin_support import admin_server
 from tests.ingest_support import make_config
 from tests.kafka_client_support import KafkaIngestor, kafka_ingestor
 
@@ -89,14 +96,17 @@ def produce(p: Producer, topic: str, values: dict[int, bytes]) -> list[Report]:
     return reports
 
 
-def assert_delivered(reports: list[Report]) -> dict[int, list[Report]]:
+def assert_delivered(reports: list[Report], every_partition: bool = True
+                     ) -> dict[int, list[Report]]:
     """Every report succeeded; offsets rise per partition in report order; every
-    partition got some. The reports per partition."""
+    partition got some (unless not ``every_partition``). The reports per partition."""
     assert [r for r in reports if r.error is not None] == []
     by_partition: dict[int, list[Report]] = {}
     for r in reports:
         by_partition.setdefault(r.partition, []).append(r)
-    assert set(by_partition) == set(range(PARTITIONS))
+    if every_partition:
+        assert set(by_partition) == set(range(PARTITIONS))
+    assert set(by_partition) <= set(range(PARTITIONS))
     for part in by_partition.values():
         offsets = [r.offset for r in part]
         assert all(o is not None and o >= 0 for o in offsets)
@@ -274,6 +284,119 @@ def test_kafka_python_lowest_versions(broker: KafkaIngestor) -> None:
     assert_stored(broker.stored("kp_low"), reports, idempotent=True)
     assert versions(broker, "kp_low") == {"produce": {3}, "metadata": {4}, "init": {0}}
 
+
+
+
+# -- 4. typed streams over Kafka: Avro (Confluent's serializer, icefloe's registry), Protobuf
+
+
+AVRO_TOKEN = "ifl_admin-kafka-clients-token"
+AVRO_READER = {"type": "record", "name": "Click", "namespace": "acme", "fields": [
+    {"name": "user_id", "type": "string"}, {"name": "n", "type": "long"},
+    {"name": "url", "type": ["null", "string"], "default": None}]}
+AVRO_WRITER = {"type": "record", "name": "Click", "namespace": "acme", "fields": [
+    {"name": "user_id", "type": "string"}, {"name": "n", "type": "int"}]}
+PROTO = """syntax = "proto3";
+package acme.kf.v1;
+message Click { string user_id = 1; int64 n = 2; repeated string tags = 3; }
+"""
+
+
+def typed_config(tmp_path: Path, typed: StreamConfig) -> Config:
+    """A config (local store, SQLite catalog) with ``typed`` and an admin token, so that
+    confluent-kafka's registry client can register schemas in icefloe's registry."""
+    from tests.collector_support import collector_config  # why: typed tests only
+
+    config = collector_config(tmp_path, streams=with_typed_columns((typed,), tmp_path, "t"))
+    return msgspec.structs.replace(config, admin=msgspec.structs.replace(
+        config.admin, port=0, tokens=(hash_token(AVRO_TOKEN, log2_n=10),)))
+
+
+def test_avro_stream_with_confluents_serializer_and_icefloes_registry(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Values framed by confluent-kafka's AvroSerializer (magic byte, the id it registered
+    in icefloe's registry, the datum) for a ``schema_file`` stream: each is stored with
+    its writer id. A datum cut short, and an id the registry never gave, are refused
+    INVALID_RECORD (the unknown id after the listener's retriable answer, once it has
+    re-read the registry); nothing of them is stored. The schema is registered after the
+    ingestor started, so the first batch meets an id it has not read yet: a retriable
+    answer (NOT_ENOUGH_REPLICAS), not a dropped connection with an error logged."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient  # why: registry only
+    from confluent_kafka.schema_registry.avro import AvroSerializer  # why: registry only
+    from confluent_kafka.serialization import MessageField, SerializationContext  # why: same
+
+    (tmp_path / "click.avsc").write_text(json.dumps(AVRO_READER))
+    config = typed_config(tmp_path, StreamConfig(
+        name="avro_clicks", table="web.avro_clicks", columns=(), format="avro",
+        schema=TypedSchema(schema_file="click.avsc"), kafka_partitions=PARTITIONS))
+    with admin_server(config) as url, kafka_ingestor(config) as broker:
+        client = SchemaRegistryClient({"url": url, "basic.auth.user.info": f"me:{AVRO_TOKEN}"})
+        serialize = AvroSerializer(client, json.dumps(AVRO_WRITER))
+        context = SerializationContext("avro_clicks", MessageField.VALUE)
+        values = {n: serialize({"user_id": f"u{n}", "n": n}, context) for n in range(N)}
+        schema_id = client.get_latest_version("avro_clicks-value").schema_id
+        p = producer(broker, "avro", **{"enable.idempotence": True})
+        reports = produce(p, "avro_clicks", values)
+        # (one partition, not three: see the xfail below)
+        assert_delivered(reports, every_partition=False)
+        good = values[0]
+        for bad in (good[:-1], b"\x00\x00\x00\x03\xe7" + good[5:]):
+            [report] = produce(p, "avro_clicks", {N: bad})
+            assert report.error is not None
+            assert report.error.code() == KafkaError.INVALID_RECORD, report.error
+        p.close()
+        stored = broker.stored("avro_clicks")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert {(e.format, e.schema_id) for e in stored} == {(2, schema_id)}
+    assert sorted(e.payload for e in stored) == sorted(values.values()) or \
+        sorted(e.payload for e in stored) == sorted(v[5:] for v in values.values())
+    assert len({e.event_id for e in stored}) == N
+
+
+
+@pytest.mark.xfail(strict=True, reason="with a registry object in the store (`icefloe "
+                   "admin` ran), the ingestor serves registry.streams.union_stream(), which "
+                   "has no kafka_partitions (Source has none): every topic gets 1 partition")
+def test_kafka_partitions_survive_the_registry(tmp_path: Path) -> None:
+    (tmp_path / "click.avsc").write_text(json.dumps(AVRO_READER))
+    config = typed_config(tmp_path, stream("json_clicks"))
+    with admin_server(config), kafka_ingestor(config) as broker:
+        p = producer(broker, "partitions")
+        topics = p.list_topics("json_clicks", timeout=10).topics
+        p.close()
+    assert len(topics["json_clicks"].partitions) == PARTITIONS
+
+def test_protobuf_stream_with_raw_serialized_messages(tmp_path: Path) -> None:
+    """A ``format = "protobuf"`` stream takes each Kafka value as one serialized message
+    (what a producer's ``SerializeToString`` gives); bytes that are not one are refused
+    INVALID_RECORD."""
+    from tests.typed.test_protobuf_stream import (  # why: the typed tests' protoc helpers
+        compile_proto,
+        message_class,
+    )
+
+    descriptor_set = compile_proto(tmp_path / "proto", PROTO)
+    config = typed_config(tmp_path, StreamConfig(
+        name="proto_clicks", table="web.proto_clicks", columns=(), format="protobuf",
+        schema=TypedSchema(message="acme.kf.v1.Click", descriptor_set=str(descriptor_set)),
+        kafka_partitions=PARTITIONS))
+    cls = message_class(descriptor_set, "acme.kf.v1.Click")
+    values = {n: cls(user_id=f"u{n}", n=n, tags=[f"t{n}"] * (n % 3)).SerializeToString()
+              for n in range(N)}
+    with kafka_ingestor(config) as broker:
+        p = producer(broker, "proto", **{"compression.type": "zstd"})
+        reports = produce(p, "proto_clicks", values)
+        assert_delivered(reports)
+        [report] = produce(p, "proto_clicks", {N: b"\x0a\xff\xff"})  # a string cut short
+        assert report.error is not None
+        assert report.error.code() == KafkaError.INVALID_RECORD, report.error
+        p.close()
+        stored = broker.stored("proto_clicks")
+    assert {e.format for e in stored} == {1}
+    assert sorted(e.payload for e in stored) == sorted(values.values())
+    decoded = sorted((cls.FromString(e.payload) for e in stored), key=lambda m: m.n)
+    assert [(m.user_id, m.n, list(m.tags)) for m in decoded] == [
+        (f"u{n}", n, [f"t{n}"] * (n % 3)) for n in range(N)]
 
 
 # -- 6. the errors real clients see ---------------------------------------------------------
