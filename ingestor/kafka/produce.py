@@ -237,6 +237,8 @@ class ProduceHandler:
             raise KafkaError(Code.INVALID_RECORD, str(exc), record_errors=[
                 (v.index, f"{v.field}: {v.reason}" if v.field else v.reason)
                 for v in exc.violations[:MAX_RECORD_ERRORS]]) from None
+        except IngestError as error:  # a writer schema id not read yet: retriable
+            raise _kafka_error(error) from None
         head = records.header
         if head.producer_id < 0:
             return canonical, None
