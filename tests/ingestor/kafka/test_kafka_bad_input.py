@@ -1,0 +1,272 @@
+"""Bad input on the Kafka port (issue #40, "Bad input"), against a real ingestor.
+
+Every request here is written by hand over a raw socket (tests/kafka_frames_support.py
+builds correct frames and record batches and lets a test break exactly one thing), because
+no client sends a bad CRC or a lying record count. Each refusal is checked three ways: the
+code the protocol gives a producer (or the closed connection where Kafka closes it), nothing
+of the refused batch in the store while the accepted neighbour in the same request is, and
+the ingestor still serving the next connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ingest_support import ORDERS, make_config, stored_events
+from kafka_frames_support import (
+    API_VERSIONS,
+    PRODUCE,
+    Batch,
+    RawKafka,
+    message_set_v1,
+    produce_body,
+    read_api_versions_v0,
+    request_frame,
+)
+from prometheus_client.parser import text_string_to_metric_families
+from security_support import ingestor
+
+from icefloe.config import Column, Config, StreamConfig
+from ingestor.kafka.codes import Code
+
+CLICKS = StreamConfig(name="clicks", table="web.clicks", kafka_partitions=2,
+                      columns=(Column("user_id", "string", required=True),
+                               Column("n", "long")))
+KIB = 1024
+
+
+def click(user: str, n: int = 0) -> bytes:
+    return json.dumps({"user_id": user, "n": n}).encode()
+
+
+def clicks(prefix: str, count: int) -> list[bytes | None]:
+    return [click(f"{prefix}{i}", i) for i in range(count)]
+
+
+def kafka_config(tmp_path: Path, **ingestor_settings: Any) -> Config:
+    return make_config(tmp_path / "store", (CLICKS, ORDERS), kafka_port=0,
+                       **ingestor_settings)
+
+
+@dataclass
+class Served:
+    kafka: int
+    http: int
+    url: str
+
+    async def connect(self) -> RawKafka:
+        return await RawKafka.open(self.kafka)
+
+    async def users(self) -> list[str]:
+        """The user ids of every stored event, in store order."""
+        return [json.loads(e.payload)["user_id"] for e in await stored_events(self.url)
+                if e.stream == "clicks"]
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{self.http}/metrics")).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    async def still_serving(self) -> None:
+        """A fresh connection gets an ApiVersions answer and stores a good batch."""
+        conn = await self.connect()
+        try:
+            await conn.send(API_VERSIONS, 0, b"")
+            _, error, apis = read_api_versions_v0(await conn.answer())
+            assert error == 0 and apis[PRODUCE] == (3, 9)
+        finally:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, **ingestor_settings: Any) -> AsyncIterator[Served]:
+    config = kafka_config(tmp_path, **ingestor_settings)
+    async with ingestor(config) as ports:
+        assert ports.kafka is not None
+        yield Served(ports.kafka, ports.http, config.store.url)
+
+
+def closed_count(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+                 reason: str) -> float:
+    return metrics.get(("icefloe_ingest_kafka_closed_total", (("reason", reason),)), 0)
+
+
+# -- frames ---------------------------------------------------------------------------------
+
+async def test_should_close_on_frames_shorter_than_a_header_and_keep_serving(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "icefloe.ingestor.kafka")
+    async with serving(tmp_path) as served:
+        for raw in (b"\x00\x00\x00\x04abcd",  # 4 bytes: not even api key + version + id
+                    b"\x00\x00\x00\x08\x00\x12\x00\x00\x00\x00\x00\x01",  # no client id
+                    b"\xff\xff\xff\xfe"):  # a negative size
+            conn = await served.connect()
+            await conn.send_raw(raw)
+            assert await conn.closed()
+            await conn.close()
+        await served.still_serving()
+        assert closed_count(await served.metrics(), "malformed") == 3
+    assert "shorter than a header" in caplog.text
+    assert "the request header does not parse" in caplog.text
+
+
+async def test_should_close_a_size_over_the_limit_before_reading_it(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "icefloe.ingestor.kafka")
+    async with serving(tmp_path, kafka_max_request_bytes=64 * KIB) as served:
+        conn = await served.connect()
+        await conn.send_raw((64 * KIB + 1).to_bytes(4, "big"))  # and no body at all
+        assert await conn.closed(5)
+        await conn.close()
+        big = await served.connect()  # a 2 GiB claim: refused at once, nothing allocated
+        await big.send_raw(b"\x7f\xff\xff\xff")
+        assert await big.closed(5)
+        await big.close()
+        await served.still_serving()
+        assert closed_count(await served.metrics(), "too_large") == 2
+    assert f"over kafka_max_request_bytes ({64 * KIB})" in caplog.text
+
+
+async def test_should_close_on_garbage_after_a_valid_header(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "icefloe.ingestor.kafka")
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        # Produce v7: transactional id claims 0x4142 bytes, then the frame ends
+        await conn.send_raw(request_frame(PRODUCE, 7, 1, b"AB\xff\xff"))
+        assert await conn.closed()
+        await conn.close()
+        conn = await served.connect()  # Produce v9 with a topics count of 2**35
+        await conn.send_raw(request_frame(PRODUCE, 9, 1, b"\x00\xff\xff\x00\x00\x27\x10"
+                                          b"\xff\xff\xff\xff\x7f"))
+        assert await conn.closed()
+        await conn.close()
+        await served.still_serving()
+        assert closed_count(await served.metrics(), "malformed") == 2
+        assert await served.users() == []
+    assert "Produce v7 does not parse" in caplog.text
+    assert "Produce v9 does not parse" in caplog.text
+
+
+async def test_should_close_on_an_unknown_api_key_and_name_it(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "icefloe.ingestor.kafka")
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        await conn.send_raw(request_frame(999, 0, 1, b""))
+        assert await conn.closed()
+        await conn.close()
+        conn = await served.connect()  # a consumer's Fetch: advertised, never served
+        await conn.send_raw(request_frame(1, 12, 1, b"\x00" * 40))
+        assert await conn.closed()
+        await conn.close()
+        await served.still_serving()
+        assert closed_count(await served.metrics(), "unsupported") == 2
+    assert "API key 999 is not served" in caplog.text
+    assert "Fetch is not served" in caplog.text
+    assert "client id 'raw-test'" in caplog.text
+
+
+async def test_should_answer_an_apiversions_too_new_with_v0_and_close_produce_v2(tmp_path):
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        correlation = await conn.send(API_VERSIONS, 99, b"\x00garbage a v99 may hold")
+        got, error, apis = read_api_versions_v0(await conn.answer())
+        assert (got, error) == (correlation, Code.UNSUPPORTED_VERSION)
+        assert apis[PRODUCE] == (3, 9) and apis[API_VERSIONS] == (0, 3)
+        await conn.send(API_VERSIONS, 0, b"")  # the connection stays usable, as Kafka's
+        assert read_api_versions_v0(await conn.answer())[1] == 0
+        await conn.send(PRODUCE, 2, produce_body(3, {"clicks": [
+            (0, Batch(clicks("v2-", 1)).encode())]}))
+        assert await conn.closed()
+        await conn.close()
+        await served.still_serving()
+        assert await served.users() == []
+
+
+# -- record batches -------------------------------------------------------------------------
+
+async def refused_next_to_good(served: Served, bad: bytes, code: Code, *, version: int = 9,
+                               tag: str = "ok") -> Any:
+    """Produce a good batch to partition 0 and ``bad`` to partition 1 in one request: the
+    good one is stored, the bad one answered ``code`` and stored nowhere."""
+    conn = await served.connect()
+    try:
+        answer = await conn.produce(version, {"clicks": [
+            (0, Batch(clicks(tag, 2)).encode()), (1, bad)]})
+        good, refused = answer.partition("clicks", 0), answer.partition("clicks", 1)
+        assert (good.error, refused.error) == (0, code), refused.message
+        assert good.base_offset >= 0 and refused.base_offset == -1
+        await conn.produce(version, {"clicks": [(0, Batch(clicks(tag + "-after", 1))
+                                                 .encode())]})  # the connection serves on
+    finally:
+        await conn.close()
+    users = await served.users()
+    assert [u for u in users if u.startswith(tag)] == [f"{tag}0", f"{tag}1", f"{tag}-after0"]
+    assert not [u for u in users if u.startswith("bad")]
+    return refused
+
+
+async def test_should_refuse_a_bad_crc_as_corrupt_message_and_store_nothing(tmp_path):
+    async with serving(tmp_path) as served:
+        good = Batch(clicks("bad", 2)).encode()
+        flipped = bytearray(good)
+        flipped[-5] ^= 0x01  # one bit of the last record's value
+        refused = await refused_next_to_good(served, bytes(flipped), Code.CORRUPT_MESSAGE)
+        assert "CRC32C does not match" in refused.message
+        batch = Batch(clicks("bad", 1))  # the CRC field itself wrong
+        await refused_next_to_good(served, batch.encode(crc=0xDEADBEEF),
+                                   Code.CORRUPT_MESSAGE, tag="crc", version=8)
+        await served.still_serving()
+
+
+async def test_should_refuse_an_old_message_format(tmp_path):
+    async with serving(tmp_path) as served:
+        # a short one (under a v2 header's 61 bytes) and a long one
+        for value in (b'{"user_id":"bad"}', click("bad-v1-long" + "x" * 80)):
+            refused = await refused_next_to_good(served, message_set_v1(value),
+                                                 Code.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                                                 tag=f"v1-{len(value)}-")
+            assert "magic 1" in refused.message
+        refused = await refused_next_to_good(served, Batch(clicks("bad", 2), magic=3).encode(),
+                                             Code.UNSUPPORTED_FOR_MESSAGE_FORMAT, tag="m3-")
+        assert "magic 3" in refused.message
+
+
+async def test_should_refuse_batches_that_lie_about_their_records(tmp_path):
+    async with serving(tmp_path) as served:
+        lies = [
+            (Batch(clicks("bad", 2), count=3), Code.CORRUPT_MESSAGE, "record length"),
+            (Batch(clicks("bad", 2), count=1), Code.CORRUPT_MESSAGE, "follow"),
+            (Batch(clicks("bad", 2), last_offset_delta=5), Code.INVALID_RECORD, "must agree"),
+            (Batch(clicks("bad", 2), count=0, last_offset_delta=-1), Code.INVALID_RECORD,
+             "0 records"),
+            (Batch(clicks("bad", 2), offset_deltas=[0, 0]), Code.CORRUPT_MESSAGE,
+             "offset delta"),
+            (Batch(clicks("bad", 2), codec="gzip", offset_deltas=[0, 7]),
+             Code.CORRUPT_MESSAGE, "offset delta"),
+            (Batch(clicks("bad", 1), records_bytes=Batch(clicks("bad", 1)).records()[:-3]),
+             Code.CORRUPT_MESSAGE, "record 0"),
+            (Batch(clicks("bad", 1), codec="zstd", compressed=b"\x28\xb5\x2f\xfd garbage"),
+             Code.CORRUPT_MESSAGE, "does not decompress"),
+        ]
+        for index, (batch, code, why) in enumerate(lies):
+            refused = await refused_next_to_good(served, batch.encode(), code, tag=f"lie{index}-")
+            assert why in refused.message, (index, refused.message)
+        truncated = Batch(clicks("bad", 2)).encode()[:-4]  # says more bytes than arrived
+        refused = await refused_next_to_good(served, truncated, Code.CORRUPT_MESSAGE, tag="tr")
+        assert "arrived" in refused.message
+        await served.still_serving()
+
+
+async def test_should_refuse_two_batches_in_one_partition(tmp_path):
+    async with serving(tmp_path) as served:
+        two = Batch(clicks("bad-a", 1)).encode() + Batch(clicks("bad-b", 1)).encode()
+        refused = await refused_next_to_good(served, two, Code.INVALID_RECORD)
+        assert "more than one record batch" in refused.message
