@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import tracemalloc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cramjam
 import httpx
 import pytest
 from ingest_support import ORDERS, make_config, stored_events
@@ -27,9 +29,11 @@ from kafka_frames_support import (
     PRODUCE,
     Batch,
     RawKafka,
+    compress,
     message_set_v1,
     produce_body,
     read_api_versions_v0,
+    record,
     request_frame,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -270,3 +274,184 @@ async def test_should_refuse_two_batches_in_one_partition(tmp_path):
         two = Batch(clicks("bad-a", 1)).encode() + Batch(clicks("bad-b", 1)).encode()
         refused = await refused_next_to_good(served, two, Code.INVALID_RECORD)
         assert "more than one record batch" in refused.message
+
+
+def xerial(raw: bytes) -> bytes:
+    """Snappy in the Java client's xerial framing: magic, versions, then sized blocks."""
+    block = bytes(cramjam.snappy.compress_raw(raw))
+    return b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") + (1).to_bytes(4, "big") + \
+        len(block).to_bytes(4, "big") + block
+
+
+@pytest.mark.parametrize(("codec", "inflated"), [
+    ("gzip", 16 << 20), ("zstd", 64 << 20), ("lz4", 8 << 20), ("snappy", 1 << 20),
+    ("xerial", 1 << 20)])
+async def test_should_refuse_a_compression_bomb_without_inflating_it(tmp_path, codec, inflated):
+    limit = 64 * KIB
+    raw = record(0, b"a" * inflated)
+    if codec == "xerial":
+        bomb = Batch([None], codec="snappy", compressed=xerial(raw))
+    else:
+        bomb = Batch([None], codec=codec, compressed=compress(raw, codec))
+    del raw
+    data = bomb.encode()
+    assert len(data) < limit - 100, len(data)  # the frame itself is within the limit
+    async with serving(tmp_path, kafka_max_request_bytes=limit) as served:
+        await served.still_serving()
+        tracemalloc.start()
+        try:
+            refused = await refused_next_to_good(served, data, Code.MESSAGE_TOO_LARGE)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert f"decompresses to more than {limit} bytes" in refused.message
+        assert peak < min(inflated // 2, 2 << 20), f"{peak} bytes allocated at the peak"
+
+
+async def test_should_refuse_a_tombstone_with_record_errors(tmp_path):
+    async with serving(tmp_path) as served:
+        batch = Batch([click("bad0"), None, click("bad2"), None]).encode()
+        refused = await refused_next_to_good(served, batch, Code.INVALID_RECORD)
+        assert refused.record_errors == [(1, "null value"), (3, "null value")]
+        assert "2 record(s) have a null value" in refused.message
+        refused = await refused_next_to_good(served, batch, Code.INVALID_RECORD, version=8,
+                                             tag="v8-")
+        assert refused.record_errors == [(1, "null value"), (3, "null value")]
+        await refused_next_to_good(served, batch, Code.INVALID_RECORD, version=7, tag="v7-")
+
+
+async def test_should_refuse_control_and_transactional_batches(tmp_path):
+    async with serving(tmp_path) as served:
+        control = Batch(clicks("bad", 1), producer_id=9, epoch=0, base_sequence=0,
+                        attributes=0x20 | 0x10)
+        refused = await refused_next_to_good(served, control.encode(), Code.INVALID_RECORD)
+        assert "control batch" in refused.message
+        txn = Batch(clicks("bad", 2), producer_id=9, epoch=0, base_sequence=0,
+                    attributes=0x10)
+        refused = await refused_next_to_good(served, txn.encode(), Code.INVALID_RECORD,
+                                             tag="txn")
+        assert "transactional batch" in refused.message
+        conn = await served.connect()
+        answer = await conn.produce(9, {"clicks": [(0, Batch(clicks("bad-id", 1)).encode())]},
+                                    transactional_id="tx-1")
+        assert answer.partition("clicks", 0).error == Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        await conn.close()
+        assert not [u for u in await served.users() if u.startswith("bad")]
+
+
+async def test_should_refuse_acks_other_than_0_1_all(tmp_path):
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        for acks in (2, -2, 7):
+            answer = await conn.produce(9, {"clicks": [
+                (0, Batch(clicks("bad", 1)).encode()), (1, Batch(clicks("bad", 1)).encode())]},
+                acks=acks)
+            assert [p.error for p in answer.topics["clicks"]] == \
+                [Code.INVALID_REQUIRED_ACKS] * 2
+            assert f"acks={acks}" in (answer.partition("clicks", 1).message or "")
+        for acks in (1, -1):
+            answer = await conn.produce(9, {"clicks": [
+                (0, Batch(clicks(f"acks{acks}-", 1)).encode())]}, acks=acks)
+            assert answer.partition("clicks", 0).error == 0
+        await conn.close()
+        assert sorted(await served.users()) == ["acks-1-0", "acks1-0"]
+
+
+async def test_should_store_acks_0_without_answering(tmp_path):
+    """acks=0: no answer at all, by protocol. What it promises: nothing the client can see.
+    The ingestor does exactly what it does for acks=1 (checks, buffers, makes durable); a
+    refused batch is dropped with only the ingestor's metrics knowing, and the connection
+    stays open."""
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        await conn.send(PRODUCE, 9, produce_body(9, {"clicks": [
+            (0, Batch(clicks("zero", 3)).encode())]}, acks=0))
+        await conn.send(PRODUCE, 9, produce_body(9, {"clicks": [
+            (1, Batch([click("bad"), None]).encode())]}, acks=0))  # refused, silently
+        correlation = await conn.send(API_VERSIONS, 0, b"")
+        got, error, _ = read_api_versions_v0(await conn.answer())
+        assert (got, error) == (correlation, 0)  # the first answer: no Produce answers
+        # answers go out in request order, so the acks=0 batch is durable by now
+        assert await served.users() == ["zero0", "zero1", "zero2"]
+        await conn.close()
+        rejected = await served.metrics()
+        assert rejected[("icefloe_ingest_events_rejected_total",
+                         (("reason", "invalid_record"), ("stream", "clicks")))] == 1
+
+
+async def test_should_refuse_partitions_and_topics_that_do_not_exist(tmp_path):
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        answer = await conn.produce(9, {
+            "clicks": [(0, Batch(clicks("ok", 1)).encode()), (2, Batch(clicks("bad", 1))
+                                                              .encode()),
+                       (-1, Batch(clicks("bad", 1)).encode())],
+            "nope": [(0, Batch(clicks("bad", 1)).encode())]})
+        assert [p.error for p in answer.topics["clicks"]] == \
+            [0, Code.UNKNOWN_TOPIC_OR_PARTITION, Code.UNKNOWN_TOPIC_OR_PARTITION]
+        assert "partitions 0-1 (kafka_partitions); not 2" in \
+            (answer.partition("clicks", 2).message or "")
+        assert answer.partition("nope", 0).error == Code.UNKNOWN_TOPIC_OR_PARTITION
+        await conn.close()
+        assert await served.users() == ["ok0"]
+
+
+# -- idempotent producers -------------------------------------------------------------------
+
+def idem(prefix: str, count: int, sequence: int, *, pid: int = 4242, epoch: int = 0
+         ) -> bytes:
+    return Batch(clicks(prefix, count), producer_id=pid, epoch=epoch,
+                 base_sequence=sequence).encode()
+
+
+async def test_should_refuse_a_sequence_gap_on_one_connection(tmp_path):
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        first = await conn.produce(9, {"clicks": [(0, idem("seq-a", 2, 0))]})
+        assert first.partition("clicks", 0).error == 0
+        gap = await conn.produce(9, {"clicks": [(0, idem("bad", 2, 5)),
+                                                (1, idem("other-p", 1, 0))]})
+        refused = gap.partition("clicks", 0)
+        assert refused.error == Code.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert "sequence 5 follows 1: 3 sequence(s) missing" in (refused.message or "")
+        assert gap.partition("clicks", 1).error == 0  # another partition: its own sequence
+        after = await conn.produce(9, {"clicks": [(0, idem("seq-b", 1, 2))]})
+        assert after.partition("clicks", 0).error == 0
+        await conn.close()
+        other = await served.connect()  # per connection only: a new one takes the gap
+        later = await other.produce(9, {"clicks": [(0, idem("seq-c", 1, 9))]})
+        assert later.partition("clicks", 0).error == 0
+        await other.close()
+        assert sorted(await served.users()) == ["other-p0", "seq-a0", "seq-a1", "seq-b0",
+                                                "seq-c0"]
+
+
+async def test_should_answer_a_duplicate_of_a_durable_batch_with_its_first_offset(tmp_path):
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        batch = idem("dup", 3, 0)
+        first = (await conn.produce(9, {"clicks": [(1, batch)]})).partition("clicks", 1)
+        again = (await conn.produce(9, {"clicks": [(1, batch)]})).partition("clicks", 1)
+        assert (first.error, again.error) == (0, 0)
+        assert again.base_offset == first.base_offset >= 0
+        await conn.close()
+        other = await served.connect()  # the cache is the ingestor's, not the connection's
+        third = (await other.produce(8, {"clicks": [(1, batch)]})).partition("clicks", 1)
+        assert (third.error, third.base_offset) == (0, first.base_offset)
+        await other.close()
+        assert await served.users() == ["dup0", "dup1", "dup2"]  # stored once
+
+
+async def test_should_refuse_an_older_epoch_on_one_connection(tmp_path):
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        newer = await conn.produce(9, {"clicks": [(0, idem("epoch1-", 1, 0, epoch=1))]})
+        assert newer.partition("clicks", 0).error == 0
+        older = await conn.produce(9, {"clicks": [(0, idem("bad", 1, 1, epoch=0))]})
+        refused = older.partition("clicks", 0)
+        assert refused.error == Code.INVALID_PRODUCER_EPOCH
+        assert "producer epoch 0 is older than 1" in (refused.message or "")
+        bumped = await conn.produce(9, {"clicks": [(0, idem("epoch2-", 1, 0, epoch=2))]})
+        assert bumped.partition("clicks", 0).error == 0  # a newer epoch restarts sequences
+        await conn.close()
+        assert await served.users() == ["epoch1-0", "epoch2-0"]
