@@ -12,6 +12,7 @@ independent of the listener's own code, so a test does not just mirror it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import struct
 import zlib
@@ -278,7 +279,5 @@ class RawKafka:
 
     async def close(self) -> None:
         self.writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass

@@ -22,8 +22,9 @@ from typing import Any
 
 import cramjam
 import httpx
+import msgspec
 import pytest
-from ingest_support import ORDERS, make_config, stored_events
+from ingest_support import ORDERS, faulty_local_store, make_config, running_on, stored_events
 from kafka_frames_support import (
     API_VERSIONS,
     PRODUCE,
@@ -33,14 +34,19 @@ from kafka_frames_support import (
     message_set_v1,
     produce_body,
     read_api_versions_v0,
+    read_produce_answer,
     record,
     request_frame,
 )
 from prometheus_client.parser import text_string_to_metric_families
 from security_support import ingestor
 
-from icefloe.config import Column, Config, StreamConfig
+from icefloe.config import Column, Config, RateLimit, StreamConfig
+from icefloe.store.faults import FaultRule
+from icefloe.store.retry import RetryPolicy
 from ingestor.kafka.codes import Code
+from ingestor.kafka.connection import MAX_IN_FLIGHT
+from ingestor.kafka.listener import KafkaServer, start_kafka_server
 
 CLICKS = StreamConfig(name="clicks", table="web.clicks", kafka_partitions=2,
                       columns=(Column("user_id", "string", required=True),
@@ -87,7 +93,8 @@ class Served:
         try:
             await conn.send(API_VERSIONS, 0, b"")
             _, error, apis = read_api_versions_v0(await conn.answer())
-            assert error == 0 and apis[PRODUCE] == (3, 9)
+            assert error == 0
+            assert apis[PRODUCE] == (3, 9)
         finally:
             await conn.close()
 
@@ -183,7 +190,8 @@ async def test_should_answer_an_apiversions_too_new_with_v0_and_close_produce_v2
         correlation = await conn.send(API_VERSIONS, 99, b"\x00garbage a v99 may hold")
         got, error, apis = read_api_versions_v0(await conn.answer())
         assert (got, error) == (correlation, Code.UNSUPPORTED_VERSION)
-        assert apis[PRODUCE] == (3, 9) and apis[API_VERSIONS] == (0, 3)
+        assert apis[PRODUCE] == (3, 9)
+        assert apis[API_VERSIONS] == (0, 3)
         await conn.send(API_VERSIONS, 0, b"")  # the connection stays usable, as Kafka's
         assert read_api_versions_v0(await conn.answer())[1] == 0
         await conn.send(PRODUCE, 2, produce_body(3, {"clicks": [
@@ -206,7 +214,8 @@ async def refused_next_to_good(served: Served, bad: bytes, code: Code, *, versio
             (0, Batch(clicks(tag, 2)).encode()), (1, bad)]})
         good, refused = answer.partition("clicks", 0), answer.partition("clicks", 1)
         assert (good.error, refused.error) == (0, code), refused.message
-        assert good.base_offset >= 0 and refused.base_offset == -1
+        assert good.base_offset >= 0
+        assert refused.base_offset == -1
         await conn.produce(version, {"clicks": [(0, Batch(clicks(tag + "-after", 1))
                                                  .encode())]})  # the connection serves on
     finally:
@@ -455,3 +464,172 @@ async def test_should_refuse_an_older_epoch_on_one_connection(tmp_path):
         assert bumped.partition("clicks", 0).error == 0  # a newer epoch restarts sequences
         await conn.close()
         assert await served.users() == ["epoch1-0", "epoch2-0"]
+
+
+# -- memory: read-ahead, partial frames, connections, idleness ------------------------------
+
+@contextlib.asynccontextmanager
+async def listener_on(config: Config, store: Any) -> AsyncIterator[KafkaServer]:
+    """A runtime on ``store`` (one that injects faults) and its Kafka listener."""
+    async with running_on(config, store, probe=False) as runtime:
+        server = await start_kafka_server(runtime, "127.0.0.1", 0, tls=None)
+        try:
+            yield server
+        finally:
+            await server.stop()
+
+
+def gated_store(tmp_path: Path) -> tuple[Any, asyncio.Event]:
+    """A store whose batch writes wait for the returned event: nothing becomes durable, so
+    no Produce can be answered, until the test says so."""
+    gate = asyncio.Event()
+
+    async def opened() -> None:
+        await gate.wait()
+
+    store, _ = faulty_local_store(tmp_path / "store", [FaultRule(
+        "delay", ops=frozenset({"put"}), key_prefix="batches/", times=None, delay_s=(0, 0),
+        on_fire=opened)])
+    return store, gate
+
+
+async def test_should_stop_reading_a_pipelining_client_after_max_in_flight(tmp_path):
+    store, gate = gated_store(tmp_path)
+    async with listener_on(kafka_config(tmp_path), store) as server:
+        real, seen = server.front.produce, []
+
+        async def counting(request: Any, producer: Any) -> Any:
+            seen.append(request)
+            return await real(request, producer)
+
+        server.front.produce = counting  # type: ignore[method-assign]
+        conn = await RawKafka.open(server.port)
+        conn.writer.write(b"".join(  # 100 requests, ~20 KB: all sent before any answer
+            request_frame(PRODUCE, 9, i, produce_body(9, {"clicks": [
+                (i % 2, Batch(clicks(f"p{i}-", 1)).encode())]})) for i in range(100)))
+        await conn.writer.drain()
+        async with asyncio.timeout(10):
+            while len(seen) < MAX_IN_FLIGHT:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # proving a negative: nothing more is read meanwhile
+        assert len(seen) == MAX_IN_FLIGHT
+        gate.set()
+        got = [read_produce_answer(await conn.answer(), 9) for _ in range(100)]
+        assert [a.correlation for a in got] == list(range(100))  # in request order
+        assert all(a.partition("clicks", i % 2).error == 0 for i, a in enumerate(got))
+        await conn.close()
+    users = [json.loads(e.payload)["user_id"] for e in await stored_events(store.url)]
+    assert sorted(users) == sorted(f"p{i}-0" for i in range(100))
+
+
+async def test_should_close_partial_frames_after_the_body_timeout(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "icefloe.ingestor.kafka")
+    async with serving(tmp_path, kafka_max_request_bytes=64 * KIB, body_timeout_s=0.5) \
+            as served:
+        conns = [await served.connect() for _ in range(50)]
+        for conn in conns:  # a 60 KiB frame announced, 1 KiB of it sent, then silence
+            await conn.send_raw((60 * KIB).to_bytes(4, "big") + b"\x00" * KIB)
+        assert all(await asyncio.gather(*(conn.closed(10) for conn in conns)))
+        for conn in conns:
+            await conn.close()
+        await served.still_serving()
+        metrics = await served.metrics()
+        assert closed_count(metrics, "slow") == 50
+        assert metrics[("icefloe_ingest_kafka_connections", ())] == 0
+    assert f"a {60 * KIB}-byte request did not arrive within 0.5 s" in caplog.text
+
+
+async def test_should_refuse_connections_over_the_limit(tmp_path):
+    async with serving(tmp_path, kafka_max_connections=3) as served:
+        held = [await served.connect() for _ in range(3)]
+        for conn in held:  # each one is being served (so counted)
+            await conn.send(API_VERSIONS, 0, b"")
+            assert read_api_versions_v0(await conn.answer())[1] == 0
+        extra = await served.connect()
+        assert await extra.closed(5)
+        await extra.close()
+        metrics = await served.metrics()
+        assert closed_count(metrics, "too_many_connections") == 1
+        assert metrics[("icefloe_ingest_kafka_connections", ())] == 3
+        await held.pop().close()
+        async with asyncio.timeout(10):  # the freed place is taken again
+            while (await served.metrics())[("icefloe_ingest_kafka_connections", ())] > 2:
+                await asyncio.sleep(0.02)
+        await served.still_serving()
+        for conn in held:
+            await conn.close()
+
+
+async def test_should_close_an_idle_connection(tmp_path):
+    async with serving(tmp_path, kafka_idle_s=0.4) as served:
+        idle, busy = await served.connect(), await served.connect()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(6):  # a client that speaks every 0.1 s is kept, past kafka_idle_s
+            await busy.send(API_VERSIONS, 0, b"")
+            assert read_api_versions_v0(await busy.answer())[1] == 0
+            await asyncio.sleep(0.1)
+        assert await idle.closed(5)
+        assert loop.time() - started >= 0.4
+        assert not await busy.closed(0.05)
+        await idle.close()
+        await busy.close()
+
+
+# -- the store down, rate limits ------------------------------------------------------------
+
+async def test_should_answer_not_enough_replicas_while_the_store_is_down(tmp_path):
+    store, faulty = faulty_local_store(tmp_path / "store", [FaultRule(
+        "fail", ops=frozenset({"put"}), key_prefix="batches/", times=None)],
+        RetryPolicy(max_attempts=1))
+    async with listener_on(kafka_config(tmp_path, retry_after_s=2), store) as server:
+        conn = await RawKafka.open(server.port)
+        batch = idem("down", 2, 0)
+        down = await conn.produce(9, {"clicks": [(0, batch)]})
+        refused = down.partition("clicks", 0)
+        assert refused.error == Code.NOT_ENOUGH_REPLICAS  # retriable: the client retries
+        assert "object store is unavailable" in (refused.message or "")
+        assert down.throttle_ms == 2000  # retry_after_s
+        assert faulty.injected["fail"] >= 1
+        faulty.rules.clear()  # the store is back
+        back = await conn.produce(9, {"clicks": [(0, batch)]})  # the producer's retry
+        assert (back.partition("clicks", 0).error, back.throttle_ms) == (0, 0)
+        await conn.close()
+    users = [json.loads(e.payload)["user_id"] for e in await stored_events(store.url)]
+    assert users == ["down0", "down1"]
+
+
+async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
+    limited = msgspec.structs.replace(CLICKS, rate_limit=RateLimit(events_per_s=10,
+                                                                   burst_s=0.5))
+    config = make_config(tmp_path / "store", (limited,), kafka_port=0)
+    async with ingestor(config) as ports:
+        assert ports.kafka is not None
+        served = Served(ports.kafka, ports.http, config.store.url)
+        conn = await served.connect()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # one request: partition 0 empties the bucket (5 events), partition 1 waits for 3
+        waited = await conn.produce(9, {"clicks": [(0, Batch(clicks("burst", 5)).encode()),
+                                                   (1, Batch(clicks("wait", 3)).encode())]},
+                                    timeout_ms=5000)
+        took = loop.time() - started
+        assert [p.error for p in waited.topics["clicks"]] == [0, 0]
+        assert 150 <= waited.throttle_ms <= 1000  # ~0.3 s: 3 events at 10/s
+        assert took >= waited.throttle_ms / 1000 * 0.9  # the answer waited that long
+        late = await conn.produce(9, {"clicks": [(0, Batch(clicks("bad", 50)).encode())]},
+                                  timeout_ms=50)
+        refused = late.partition("clicks", 0)
+        assert refused.error == Code.REQUEST_TIMED_OUT  # retriable
+        assert "over its rate limit" in (refused.message or "")
+        assert late.throttle_ms > 0
+        await conn.close()
+        assert sorted(await served.users()) == [f"burst{i}" for i in range(5)] + \
+            [f"wait{i}" for i in range(3)]
+        metrics = await served.metrics()
+    requests = {labels: value for (name, labels), value in metrics.items()
+                if name == "icefloe_ingest_requests_total"
+                and ("transport", "kafka") in labels}
+    assert requests == {
+        (("status", "NONE"), ("stream", "clicks"), ("transport", "kafka")): 2,  # 2 parts
+        (("status", "REQUEST_TIMED_OUT"), ("stream", "clicks"), ("transport", "kafka")): 1}
