@@ -83,11 +83,11 @@ class KafkaProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]  # the handler's task returns None
+        self._tasks.add(task)
         try:
             await self._serve(reader, writer)
         finally:
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
             writer.close()
 
     async def _serve(self, client_r: asyncio.StreamReader,
