@@ -3,18 +3,22 @@
 ``python bench/_kafka_load.py throughput BOOTSTRAP TOPIC SECONDS LINGER_MS COMPRESSION WARMUP``
 produces keyed records as fast as librdkafka takes them (``produce()`` until its queue is
 full, then ``poll()``), with the settings a Kafka user tunes for throughput: idempotence
-on (acks=all, at most 5 requests in flight), ``linger.ms`` as given, ``batch.size`` 1 MiB,
-``batch.num.messages`` and the queue limits at librdkafka's defaults. It counts records
-whose delivery callback reports success during the SECONDS after the first WARMUP seconds.
+on (acks=all, at most 5 requests in flight), ``linger.ms`` as given, ``batch.size`` 1 MiB
+(``message.max.bytes`` raised to hold it), ``batch.num.messages`` and the queue limits at
+librdkafka's defaults. It counts records whose delivery callback reports success during
+SECONDS that start once WARMUP seconds are over and a first record was delivered.
 
 ``python bench/_kafka_load.py latency BOOTSTRAP TOPIC SECONDS LINGER_MS COMPRESSION WARMUP
 RATE`` produces one record at a time, RATE per second, and times each from ``produce()`` to
 its delivery callback (``poll()`` waits for the callbacks between sends, so a callback runs
 as soon as librdkafka has the answer).
 
-Both print one JSON line: ``{"records", "seconds", "errors", "p50_ms", "p99_ms",
-"first_error"}``. The records are the ingest benchmark's event (``ingest_bench.EVENT``) with
-varying numbers, keyed by user id, so every partition gets some.
+Both print one JSON line last: ``{"records", "seconds", "errors", "p50_ms", "p99_ms",
+"first_error"}``; ``throughput`` prints ``counting`` and ``counted`` before it, as the
+counted window opens and closes (the parent reads the ingestor's CPU time at each).
+
+The records are the ingest benchmark's event (``ingest_bench.EVENT``) with varying numbers,
+keyed by user id, so every partition gets some.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ POOL = 20_000
 """Distinct records, produced round and round (zstd sees 20k different ones, not a handful)."""
 BATCH_BYTES = 1024 * 1024
 PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
+NEVER = float("inf")
+GIVE_UP_S = 60.0
+"""A throughput run that delivers nothing for this long after its warmup fails."""
 
 
 def records() -> list[tuple[bytes, bytes]]:
@@ -53,10 +60,11 @@ def producer(bootstrap: str, linger_ms: float, compression: str, **more: Any) ->
 class Tally:
     """Delivery callbacks: successes inside the counted window, errors, latencies."""
 
-    def __init__(self, counted_from: float, until: float) -> None:
+    def __init__(self, counted_from: float = NEVER, until: float = NEVER) -> None:
         self.counted_from = counted_from
         self.until = until
         self.records = 0
+        self.any_delivered = False
         self.errors = 0
         self.first_error: str | None = None
         self.latencies: list[float] = []
@@ -69,6 +77,7 @@ class Tally:
             self.errors += 1
             self.first_error = self.first_error or str(err)
             return
+        self.any_delivered = True
         if self.counted_from <= now < self.until:
             self.records += 1
 
@@ -83,22 +92,33 @@ class Tally:
 
 def throughput(bootstrap: str, topic: str, seconds: float, linger_ms: float,
                compression: str, warmup: float) -> str:
+    """Records/s as described above; the window opens once ``warmup`` seconds are over and
+    a first record was delivered (on a busy machine the first 1 MiB batches take seconds)."""
     pool = records()
-    counted_from = time.monotonic() + warmup
-    tally = Tally(counted_from, counted_from + seconds)
+    warm_until = time.monotonic() + warmup
+    tally = Tally()
     kafka = producer(bootstrap, linger_ms, compression, on_delivery=tally.delivered)
     produce, poll = kafka.produce, kafka.poll
     i = 0
-    while time.monotonic() < tally.until:
-        for _ in range(1000):
-            value, key = pool[i % POOL]
-            try:
+    while (now := time.monotonic()) < tally.until:
+        if tally.counted_from == NEVER and now >= warm_until:
+            if tally.any_delivered:  # "counting"/"counted": the parent reads the CPU time
+                tally.counted_from, tally.until = now, now + seconds
+                print("counting", flush=True)
+            elif now > warm_until + GIVE_UP_S:
+                tally.errors += 1
+                tally.first_error = f"no record delivered within {GIVE_UP_S + warmup:g} s"
+                break
+        try:
+            for _ in range(1000):
+                value, key = pool[i % POOL]
                 produce(topic, value, key)
-            except BufferError:  # librdkafka's queue is full: serve callbacks, retry later
-                poll(0.005)
-                continue
-            i += 1
+                i += 1
+        except BufferError:  # librdkafka's queue is full: serve callbacks, then go on
+            poll(0.005)
         poll(0)
+    print("counted", flush=True)
+    tally.until = min(tally.until, time.monotonic())
     kafka.purge()
     kafka.flush(10)
     return tally.report(seconds)
@@ -108,7 +128,7 @@ def latency(bootstrap: str, topic: str, seconds: float, linger_ms: float, compre
             warmup: float, rate: float) -> str:
     pool = records()
     counted_from = time.monotonic() + warmup
-    tally = Tally(counted_from, float("inf"))
+    tally = Tally(counted_from)
     kafka = producer(bootstrap, linger_ms, compression)
 
     def timed(sent: float) -> Any:

@@ -32,13 +32,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Result, bench_parser, print_table, write_json
@@ -57,6 +61,8 @@ LIGHT_RATE = 200
 LINGERS = (5, 20)
 CODECS = ("none", "zstd")
 TOPIC = "pageviews"
+Kind = tuple[int, str] | None
+"""A throughput round's load: None for the HTTP baseline, else (linger.ms, codec)."""
 
 
 def kafka_name(linger: int, codec: str) -> str:
@@ -70,11 +76,20 @@ LATENCY = f"Kafka produce latency, {LIGHT_RATE} records/s, one per produce(), li
 HTTP_LATENCY = "HTTP single-event POST ack latency, light load (1 client)"
 
 
+@dataclass(frozen=True)
+class Running:
+    """A bench ingestor: its ports and process id."""
+
+    http: int
+    kafka: int
+    pid: int
+
+
 @contextlib.contextmanager
-def ingestor(home: Path) -> Iterator[tuple[int, int]]:
+def ingestor(home: Path) -> Iterator[Running]:
     """A fresh ``icefloe ingestor`` (HTTP and Kafka on free ports) on a fresh store under
-    ``home``, with the stand-in collector draining it; yields (http port, kafka port).
-    A failure to start says what the ingestor printed."""
+    ``home``, with the stand-in collector draining it. A failure to start says what the
+    ingestor printed."""
     home.mkdir()
     config = (CONFIG.replace("grpc_port = 0\n", "grpc_port = 0\nkafka_port = 0\n")
               .replace('table = "web.pageviews"\n',
@@ -92,7 +107,7 @@ def ingestor(home: Path) -> Iterator[tuple[int, int]]:
             raise RuntimeError(f"the ingestor did not start: {log.read_text()[-1500:]}")
         ready = json.loads(line)
         drain = start_drain(home)
-        yield ready["http_port"], ready["kafka_port"]
+        yield Running(ready["http_port"], ready["kafka_port"], proc.pid)
     finally:
         for child in (proc, drain):
             if child is not None:
@@ -100,57 +115,107 @@ def ingestor(home: Path) -> Iterator[tuple[int, int]]:
                 child.wait(60)
 
 
-def kafka_load(mode: str, port: int, seconds: float, linger: int, codec: str,
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` and its descendants (the ingestor's
+    store helper), now: what a record costs, however busy the shared machine is."""
+    ticks = 0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def kafka_load(mode: str, ingest: Running, seconds: float, linger: int, codec: str,
                *extra: str) -> dict[str, float]:
-    """One ``_kafka_load.py`` run; refuses a run in which any record failed."""
-    done = subprocess.run([PYTHON, str(HERE / "_kafka_load.py"), mode, f"127.0.0.1:{port}",
-                           TOPIC, str(seconds), str(linger), codec, str(WARMUP_S), *extra],
-                          capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the Kafka load failed: {done.stderr[-1500:]}")
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    """One ``_kafka_load.py`` run, with the ingestor's CPU-µs per counted record when it
+    marks its window (``cpu_us``); refuses a run in which any record failed."""
+    errors = Path(tempfile.mkstemp(prefix="kafka-load-", suffix=".log")[1])
+    cpu: list[float] = []
+    lines: list[str] = []
+    with errors.open("w") as sink, subprocess.Popen(
+            [PYTHON, str(HERE / "_kafka_load.py"), mode, f"127.0.0.1:{ingest.kafka}", TOPIC,
+             str(seconds), str(linger), codec, str(WARMUP_S), *extra],
+            stdout=subprocess.PIPE, stderr=sink, text=True) as load:
+        for line in load.stdout:  # type: ignore[union-attr]
+            if line.strip() in ("counting", "counted"):
+                cpu.append(cpu_seconds(ingest.pid))
+            else:
+                lines.append(line)
+    stderr = errors.read_text()
+    errors.unlink()
+    if load.returncode or not lines:
+        raise RuntimeError(f"the Kafka load failed: {stderr[-1500:]}")
+    figures: dict[str, float] = json.loads(lines[-1])
     if figures["errors"]:
         raise RuntimeError(f"{figures['errors']} Kafka records failed, the first: "
                            f"{figures['first_error']}")
+    if mode == "throughput":
+        if not figures["records"]:
+            raise RuntimeError(f"no Kafka record was delivered in {seconds} s: {stderr[-1500:]}")
+        figures["cpu_us"] = (cpu[1] - cpu[0]) * 1e6 / figures["records"]
     return figures
 
 
-def throughput_round(home: Path, kind: tuple[int, str] | None, seconds: float) -> float:
-    """Events/s of one round: ``kind`` None is the HTTP baseline, else (linger.ms, codec)."""
-    with ingestor(home) as (http_port, kafka_port):
+def throughput_round(home: Path, kind: Kind, seconds: float) -> tuple[float, float]:
+    """Events/s of one round and the ingestor's CPU-µs per event: ``kind`` None is the
+    HTTP baseline, else (linger.ms, codec)."""
+    with ingestor(home) as ingest:
         if kind is None:
-            url = f"http://127.0.0.1:{http_port}/v1/streams/{TOPIC}/events"
+            url = f"http://127.0.0.1:{ingest.http}/v1/streams/{TOPIC}/events"
             body = batch_body(100)
             wrk(url, body, WARMUP_S, HTTP_CONNECTIONS, home)
-            return wrk(url, body, seconds, HTTP_CONNECTIONS, home)[0] * 100
-        figures = kafka_load("throughput", kafka_port, seconds, *kind)
-        return figures["records"] / figures["seconds"]
+            before = cpu_seconds(ingest.pid)
+            rate = wrk(url, body, seconds, HTTP_CONNECTIONS, home)[0] * 100
+            cpu = cpu_seconds(ingest.pid) - before
+            return rate, cpu * 1e6 / (rate * max(1, int(seconds)))
+        figures = kafka_load("throughput", ingest, seconds, *kind)
+        return figures["records"] / figures["seconds"], figures["cpu_us"]
 
 
-def throughput(root: Path, seconds: float, trials: int) -> dict[tuple[int, str] | None, float]:
+def throughput(root: Path, seconds: float, trials: int
+               ) -> tuple[dict[Kind, float], dict[Kind, float]]:
     """The best events/s of each kind over ``trials`` passes, the first kind alternating
-    (a later round runs on a warmer, or busier, machine)."""
-    kinds: list[tuple[int, str] | None] = [None, *((ms, c) for c in CODECS for ms in LINGERS)]
-    best: dict[tuple[int, str] | None, float] = {}
+    (a later round runs on a warmer, or busier, machine), and the least CPU per event."""
+    kinds: list[Kind] = [None, *((ms, c) for c in CODECS for ms in LINGERS)]
+    best: dict[Kind, float] = {}
+    cpu: dict[Kind, float] = {}
     for trial in range(trials):
         for n, kind in enumerate(kinds if trial % 2 == 0 else kinds[::-1]):
-            rate = throughput_round(root / f"round-{trial}-{n}", kind, seconds)
+            rate, cpu_us = throughput_round(root / f"round-{trial}-{n}", kind, seconds)
             best[kind] = max(best.get(kind, 0.0), rate)
+            cpu[kind] = min(cpu.get(kind, float("inf")), cpu_us)
             label = "HTTP batches" if kind is None else f"Kafka linger.ms={kind[0]} {kind[1]}"
-            print(f"  {label}: {rate:,.0f} events/s", flush=True)
-    return best
+            print(f"  {label}: {rate:,.0f} events/s, ingestor {cpu_us:.1f} CPU-us per event",
+                  flush=True)
+    return best, cpu
 
 
-def latency(root: Path, seconds: float) -> tuple[dict[str, float], tuple[float, float]]:
-    """Kafka produce latency at ``LIGHT_RATE`` and, on the same ingestor after it, the HTTP
-    light-load latency (p50, p99)."""
-    with ingestor(root / "latency") as (http_port, kafka_port):
-        figures = kafka_load("latency", kafka_port, seconds, 5, "none", str(LIGHT_RATE))
+def latency(root: Path, seconds: float) -> tuple[dict[str, float], tuple[float, float], float]:
+    """Kafka produce latency at ``LIGHT_RATE``; on the same ingestor after it, the HTTP
+    light-load latency (p50, p99); and the ingestor's mean flush time in the Kafka part."""
+    with ingestor(root / "latency") as ingest:
+        figures = kafka_load("latency", ingest, seconds, 5, "none", str(LIGHT_RATE))
         print(f"  Kafka latency: p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} "
               f"ms over {figures['records']} records", flush=True)
-        http = light_latency(f"http://127.0.0.1:{http_port}/v1/streams/{TOPIC}/events",
+        flush_ms = mean_flush_ms(ingest.http)
+        http = light_latency(f"http://127.0.0.1:{ingest.http}/v1/streams/{TOPIC}/events",
                              seconds / 2)
-    return figures, http
+    return figures, http, flush_ms
+
+
+def mean_flush_ms(http_port: int) -> float:
+    """Mean time of the ingestor's flushes so far (batch file PUT + manifest append), from
+    its metrics: the floor under any durable ack."""
+    text = httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=10).text
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                  if line.startswith("icefloe_ingest_flush_seconds_"))
+    return 1000 * float(values["icefloe_ingest_flush_seconds_sum"]) / max(
+        1.0, float(values["icefloe_ingest_flush_seconds_count"]))
 
 
 def main() -> None:
@@ -161,8 +226,8 @@ def main() -> None:
     seconds, trials = (2.0, 1) if args.quick else (8.0, TRIALS)
     with tempfile.TemporaryDirectory(prefix="icefloe-kafka-bench-") as tmp:
         root = Path(tmp)
-        best = throughput(root, seconds, trials)
-        kafka, http = latency(root, 4.0 if args.quick else 20.0)
+        best, cpu = throughput(root, seconds, trials)
+        kafka, http, flush_ms = latency(root, 4.0 if args.quick else 20.0)
     results = [Result(HTTP_NAME, best[None], "events/s")]
     results += [Result(kafka_name(linger, codec), best[(linger, codec)], "records/s",
                        best[None]) for codec in CODECS for linger in LINGERS]
@@ -170,6 +235,13 @@ def main() -> None:
                 Result(f"{LATENCY}: p99 (target <= 50 ms)", kafka["p99_ms"], "ms", http[1]),
                 Result(f"{HTTP_LATENCY}: p50", http[0], "ms"),
                 Result(f"{HTTP_LATENCY}: p99", http[1], "ms")]
+    results += [Result("diagnostic: ingestor CPU per event, HTTP 100-event batches", cpu[None],
+                       "CPU-us")]
+    results += [Result(f"diagnostic: ingestor CPU per record, Kafka linger.ms={linger}, "
+                       f"compression {codec}", cpu[(linger, codec)], "CPU-us", cpu[None])
+                for codec in CODECS for linger in LINGERS]
+    results.append(Result("diagnostic: ingestor flush (batch file + manifest append), mean, "
+                          "Kafka latency round", flush_ms, "ms"))
     print_table("Kafka produce vs HTTP batches (one ingestor process, durable acks on a local "
                 "store; baseline = HTTP, same run)", results)
     write_json(args.json, results)
