@@ -86,14 +86,16 @@ def not_utc(list events, str name, object utc):
     return found
 
 
-cdef long long _zigzag(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos) except? -1:
-    """A zig-zag varint of a Kafka record (ValueError past ``end`` or over 10 bytes)."""
+cdef long long _zigzag(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos,
+                      str what) except? -1:
+    """A zig-zag varint of a Kafka record (ValueError naming ``what`` past ``end`` or over
+    10 bytes)."""
     cdef unsigned long long value = 0
     cdef int shift = 0
     cdef unsigned char b
     while True:
         if pos[0] >= end:
-            raise ValueError(f"a varint at byte {pos[0]} runs past its record")
+            raise ValueError(f"{what} at byte {pos[0]} runs past its record")
         b = p[pos[0]]
         pos[0] += 1
         value |= (<unsigned long long>(b & 0x7F)) << shift
@@ -101,12 +103,12 @@ cdef long long _zigzag(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos) 
             break
         shift += 7
         if shift > 63:
-            raise ValueError(f"a varint ending at byte {pos[0]} is longer than 10 bytes")
+            raise ValueError(f"{what} ending at byte {pos[0]} is longer than 10 bytes")
     return <long long>((value >> 1) ^ (0 - (value & 1)))
 
 
 cdef object _field(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos, str what):
-    cdef long long size = _zigzag(p, end, pos)
+    cdef long long size = _zigzag(p, end, pos, what + " length")
     cdef object out
     if size == -1:
         return None
@@ -128,17 +130,17 @@ def kafka_records(bytes data, Py_ssize_t count, long long base_ts, bint log_appe
     cdef list values = [], keys = [], stamps = [], headers = [], pairs
     cdef object name
     for i in range(count):
-        length = _zigzag(p, n, &pos)
+        length = _zigzag(p, n, &pos, "record length")
         if length <= 0 or pos + length > n:
             raise ValueError(f"record {i} says {length} bytes; {n - pos} are left")
         end = pos + <Py_ssize_t>length
         pos += 1  # attributes (unused)
-        stamp = _zigzag(p, end, &pos)
-        if _zigzag(p, end, &pos) != i:
+        stamp = _zigzag(p, end, &pos, "timestamp delta")
+        if _zigzag(p, end, &pos, "offset delta") != i:
             raise ValueError(f"record {i} has an offset delta other than {i}")
         keys.append(_field(p, end, &pos, "key"))
         values.append(_field(p, end, &pos, "value"))
-        nheaders = _zigzag(p, end, &pos)
+        nheaders = _zigzag(p, end, &pos, "header count")
         if nheaders < 0 or nheaders > 100000:
             raise ValueError(f"record {i} has a header count of {nheaders}")
         pairs = []

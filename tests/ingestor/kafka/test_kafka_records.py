@@ -90,7 +90,7 @@ def test_should_refuse_a_batch_that_decompresses_past_the_limit(codec):
 
 def test_should_name_a_short_batch():
     with pytest.raises(KafkaError) as refused:
-        read_batch(b"\x00" * 20, 1 << 20)
+        read_batch(bytes(16) + b"\x02" + bytes(3), 1 << 20)
     assert refused.value.code == Code.CORRUPT_MESSAGE
     assert "61 bytes" in refused.value.message
     assert records_module.HEADER_BYTES == 61
