@@ -238,7 +238,8 @@ def kafka_apis(args: str) -> str:
     lines = ["| API (key) | versions | flexible from | served |", "|---|---|---|---|"]
     for key, (low, high) in sorted(apis.ADVERTISED.items()):
         flexible = apis.FLEXIBLE_FROM.get(key, 99)
-        served = "yes" if key in apis.SUPPORTED else \
+        served = "refused with a message (see below)" if key in apis.REFUSING else \
+            "yes" if key in apis.SUPPORTED else \
             "listed only (closes the connection; see below)"
         lines.append(f"| {apis.api_name(key)} ({key}) | v{low}-v{high} | "
                      f"{f'v{flexible}' if flexible <= high else '-'} | {served} |")

@@ -144,7 +144,7 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kafka_advertised_host: str | None = None
     """The host Metadata tells Kafka clients to connect to (clients connect to what
     Metadata advertises, not to the bootstrap address): the load balancer's name. None: the
-    bind host, or ``127.0.0.1`` when that is a wildcard."""
+    bind host, or this machine's name (``socket.getfqdn()``) when that is a wildcard."""
     kafka_advertised_port: int | None = None
     """The port Metadata advertises (None: the bound Kafka port)."""
     kafka_max_request_bytes: int = 16 * 1024 * 1024

@@ -268,6 +268,9 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``StreamConfig.format``; config-file streams only, so far)."""
     schema: TypedSchema | None = None
     """The type of a ``protobuf`` or ``avro`` source (``StreamConfig.schema``)."""
+    kafka_partitions: int = 1
+    """The partitions Kafka producers see for this source's topic
+    (``StreamConfig.kafka_partitions``)."""
 
     @property
     def live(self) -> bool:

@@ -97,6 +97,7 @@ class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     unrouted: str = "drop"
     payload: str = "json"
     on_invalid: str = "reject"
+    kafka_partitions: int = 1
 
 
 class SourcePatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -172,6 +173,9 @@ def _check_source_fields(source: Source, at: str) -> None:
         if getattr(source, key) not in allowed:
             raise invalid(f"{at}{key}", f"{getattr(source, key)!r} must be one of "
                           f"{', '.join(allowed)}")
+    if not 1 <= source.kafka_partitions <= 10_000:
+        raise invalid(f"{at}kafka_partitions", f"{source.kafka_partitions} is not 1-10000 "
+                      "(the partitions Kafka producers see for this source's topic)")
     if not _ID.fullmatch(source.id):
         raise invalid(f"{at}id", f"{source.id!r} must be 1-128 letters, digits, '_', '-' or '.'")
     try:
@@ -312,7 +316,7 @@ def create_source(registry: Registry, spec: SourceSpec, *, clock: Clock = SYSTEM
     source = Source(id=spec.id, sinks=sinks, tokens=spec.tokens, rate_limit=spec.rate_limit,
                     description=spec.description, created_version=version,
                     updated_version=version, unrouted=spec.unrouted, payload=spec.payload,
-                    on_invalid=spec.on_invalid)
+                    on_invalid=spec.on_invalid, kafka_partitions=spec.kafka_partitions)
     _check_source_fields(source, "")
     _check_count(source, "sinks")
     _check_union(registry, source)
@@ -525,7 +529,7 @@ def seed_specs(streams: Any) -> list[SourceSpec]:
     the stream's table and columns: what ``icefloe.toml`` puts into an empty registry."""
     return [SourceSpec(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
                        unrouted=s.unrouted, payload=s.payload, on_invalid=s.on_invalid,
-                       sinks=(
+                       kafka_partitions=s.kafka_partitions, sinks=(
         SinkSpec(name=s.name, table=s.table, columns=s.columns,
                  unknown_fields=s.unknown_fields, event_id_field=s.event_id_field,
                  partition=s.partition, partition_by=s.partition_by, sort_by=s.sort_by,

@@ -75,7 +75,8 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
                         rate_limit=source.rate_limit,
                         payload="bytes" if source.payload == "bytes" else "json",
                         on_invalid="dead_letter" if source.on_invalid == "dead_letter"
-                        else "reject", format=_format(source.format), schema=source.schema)
+                        else "reject", format=_format(source.format), schema=source.schema,
+                        kafka_partitions=source.kafka_partitions)
 
 
 def _format(value: str) -> Literal["json", "protobuf", "avro"]:
@@ -124,7 +125,7 @@ def config_registry(streams: Iterable[StreamConfig]) -> Registry:
     sources = tuple(Source(id=s.name, tokens=s.tokens, rate_limit=s.rate_limit,
                            unrouted=s.unrouted, payload=s.payload, on_invalid=s.on_invalid,
                            format=s.format, schema=s.schema,
-                           sinks=(
+                           kafka_partitions=s.kafka_partitions, sinks=(
         Sink(name=s.name, table=s.table, columns=s.columns, unknown_fields=s.unknown_fields,
              event_id_field=s.event_id_field, partition=s.partition, partition_by=s.partition_by,
              sort_by=s.sort_by, table_properties=s.table_properties,

@@ -17,16 +17,22 @@ from ingestor.kafka.wire import Malformed, Reader, Writer
 
 PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_HANDSHAKE, INIT_PRODUCER_ID, SASL_AUTHENTICATE = \
     0, 1, 3, 18, 17, 22, 36
+FIND_COORDINATOR = 10
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9), METADATA: (0, 12), API_VERSIONS: (0, 3), SASL_HANDSHAKE: (0, 1),
-    INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2)}
+    INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2), FIND_COORDINATOR: (0, 4)}
+"""FindCoordinator is served only to refuse: a consumer group or a transaction gets a
+non-retriable authorization error with a message saying icefloe serves producers only (an
+unlisted FindCoordinator made librdkafka's consumers retry silently forever)."""
+REFUSING = frozenset({FIND_COORDINATOR})
+"""Served only to answer with a refusal the client shows its application."""
 ADVERTISED: dict[int, tuple[int, int]] = {**SUPPORTED, FETCH: (4, 12)}
 """What ApiVersions lists. Fetch is listed but never served: librdkafka infers the record
 batch format (magic 2) and zstd from the *pair* of Produce and Fetch versions a broker
 lists, and without Fetch it would write the old message format (and no idempotence). A
 Fetch that arrives anyway closes the connection with a log line saying why."""
 FLEXIBLE_FROM = {PRODUCE: 9, FETCH: 12, METADATA: 9, API_VERSIONS: 3, SASL_HANDSHAKE: 99,
-                 INIT_PRODUCER_ID: 2, SASL_AUTHENTICATE: 2}
+                 INIT_PRODUCER_ID: 2, SASL_AUTHENTICATE: 2, FIND_COORDINATOR: 3}
 NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
          9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",
          13: "LeaveGroup", 14: "SyncGroup", 17: "SaslHandshake", 18: "ApiVersions",
@@ -302,6 +308,43 @@ def produce_response(version: int, results: list[tuple[str, list[PartitionResult
         if compact:
             out.tagged_fields()
     out.int32(throttle_ms)
+    if compact:
+        out.tagged_fields()
+    return out.getvalue()
+
+
+# -- FindCoordinator (refused) -------------------------------------------------------------
+
+def read_find_coordinator(reader: Reader, version: int) -> tuple[int, list[str]]:
+    """(key type: 0 group, 1 transaction; the keys asked for)."""
+    if version >= 4:
+        key_type = reader.int8("key type")
+        keys = reader.array(lambda r: r.compact_string("key"), "keys", compact=True) or []
+    else:
+        key = reader.compact_string("key") if version >= 3 else reader.string("key")
+        key_type = reader.int8("key type") if version >= 1 else 0
+        keys = [key]
+    if version >= 3:
+        reader.tagged_fields()
+    return key_type, keys
+
+
+def find_coordinator_response(version: int, keys: list[str], error: int,
+                              message: str) -> bytes:
+    compact = version >= 3
+    out = Writer()
+    if version >= 1:
+        out.int32(0)  # throttle_time_ms
+    if version >= 4:
+        out.array_len(len(keys), compact=True)
+        for key in keys:
+            out.string(key, compact=True).int32(-1).string("", compact=True).int32(-1)
+            out.int16(error).string(message, compact=True).tagged_fields()
+        return out.tagged_fields().getvalue()
+    out.int16(error)
+    if version >= 1:
+        out.string(message, compact=compact)
+    out.int32(-1).string("", compact=compact).int32(-1)
     if compact:
         out.tagged_fields()
     return out.getvalue()

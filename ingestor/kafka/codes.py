@@ -29,6 +29,8 @@ class Code(IntEnum):
     """The store is unreachable or the buffer is full: nothing was made durable (retriable)."""
     INVALID_REQUIRED_ACKS = 21
     TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    """FindCoordinator for a consumer group: consumers are not served."""
     CLUSTER_AUTHORIZATION_FAILED = 31
     UNSUPPORTED_SASL_MECHANISM = 33
     ILLEGAL_SASL_STATE = 34

@@ -156,11 +156,28 @@ class Connection:
                 init = apis.read_init_producer_id(body, version)
                 await self._queue(self._framed(header, self.front.init_producer_id(
                     version, init)))
+            elif key == apis.FIND_COORDINATOR:
+                await self._answer(header, self._no_coordinator(header, body))
             else:
                 await self._sasl(header, body)
         except Malformed as exc:
             raise _Close("malformed", f"{apis.api_name(key)} v{version} does not parse: "
                          f"{exc}") from None
+
+    def _no_coordinator(self, header: RequestHeader, body: Reader) -> bytes:
+        """Consumer groups and transactions are not served: say so in a refusal the
+        client does not retry (and log it once per request)."""
+        key_type, keys = apis.read_find_coordinator(body, header.version)
+        group = key_type == 0
+        message = "icefloe serves Kafka producers only: " + (
+            "consumer groups are not served (read the stream's Iceberg table)" if group else
+            "transactions are not served (unset transactional.id; idempotence alone is "
+            "exactly-once into Iceberg)")
+        log.warning("Kafka client %r asked for the %s coordinator of %s: %s", self.client_id,
+                    "group" if group else "transaction", keys, message)
+        code = Code.GROUP_AUTHORIZATION_FAILED if group \
+            else Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return apis.find_coordinator_response(header.version, keys, code, message)
 
     async def _sasl(self, header: RequestHeader, body: Reader) -> None:
         if header.api_key == apis.SASL_HANDSHAKE:

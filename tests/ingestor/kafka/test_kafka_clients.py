@@ -355,9 +355,6 @@ def test_avro_stream_with_confluents_serializer_and_icefloes_registry(
 
 
 
-@pytest.mark.xfail(strict=True, reason="with a registry object in the store (`icefloe "
-                   "admin` ran), the ingestor serves registry.streams.union_stream(), which "
-                   "has no kafka_partitions (Source has none): every topic gets 1 partition")
 def test_kafka_partitions_survive_the_registry(tmp_path: Path) -> None:
     (tmp_path / "click.avsc").write_text(json.dumps(AVRO_READER))
     config = typed_config(tmp_path, stream("json_clicks"))
@@ -511,9 +508,8 @@ def test_kafka_python_sees_invalid_record(broker: KafkaIngestor) -> None:
 
 def test_transactions_fail_fast_and_fatally(broker: KafkaIngestor) -> None:
     """Both clients look up the transaction coordinator (FindCoordinator) before
-    InitProducerId, and the listener does not list FindCoordinator: each fails at once on
-    its own side, fatally, so the listener's TRANSACTIONAL_ID_AUTHORIZATION_FAILED answer
-    to InitProducerId is never reached (see the xfail below)."""
+    InitProducerId; the listener answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED with a
+    message, and each client fails at once, fatally."""
     p = producer(broker, "txn", **{"transactional.id": "txn-1"})
     started = time.monotonic()
     with pytest.raises(KafkaException) as caught:
@@ -534,9 +530,6 @@ def test_transactions_fail_fast_and_fatally(broker: KafkaIngestor) -> None:
     assert time.monotonic() - started < 5
 
 
-@pytest.mark.xfail(strict=True, reason="the listener does not list FindCoordinator, so "
-                   "librdkafka fails with 'Required feature not supported by broker' before "
-                   "its InitProducerId could get TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
 def test_transactions_are_refused_naming_the_transactional_id(broker: KafkaIngestor) -> None:
     p = producer(broker, "txn_named", **{"transactional.id": "txn-3"})
     with pytest.raises(KafkaException) as caught:
@@ -569,10 +562,10 @@ def consumer(broker: KafkaIngestor, client_id: str, errors: list[KafkaError]) ->
 def test_a_consumer_gets_errors_not_a_hang_and_producers_are_still_served(
         broker: KafkaIngestor) -> None:
     """icefloe serves the produce path only. A consumer assigned a partition sends Fetch,
-    which closes its connection (logged with the client id): it reports all brokers down.
-    A subscribing consumer never gets that far (it finds no group coordinator listed)
-    and polls nothing, without an error (see the xfail below). Neither hangs, and the
-    ingestor goes on serving producers."""
+    which closes its connection (logged with the client id): it reports all brokers down
+    (or the group coordinator refusal, below). A subscribing consumer is refused its
+    group coordinator (GROUP_AUTHORIZATION_FAILED, with a message). Neither hangs, and
+    the ingestor goes on serving producers."""
     from confluent_kafka import TopicPartition  # why: only this test assigns partitions
 
     errors: list[KafkaError] = []
@@ -584,7 +577,8 @@ def test_a_consumer_gets_errors_not_a_hang_and_producers_are_still_served(
     assert failures, "no error within 10 s"
     assert all(m.error() is not None for m in messages)
     assert {e.code() for e in failures} <= {KafkaError._ALL_BROKERS_DOWN,
-                                             KafkaError._TRANSPORT}, failures
+                                             KafkaError._TRANSPORT,
+                                             KafkaError.GROUP_AUTHORIZATION_FAILED}, failures
     assert apis.FETCH in broker.requests.apis("consumer_assign")
     subscribed = consumer(broker, "consumer_group", errors := [])
     subscribed.subscribe(["served"])
@@ -597,10 +591,6 @@ def test_a_consumer_gets_errors_not_a_hang_and_producers_are_still_served(
     assert_stored(broker.stored("served"), reports, idempotent=True)
 
 
-@pytest.mark.xfail(strict=True, reason="the listener does not list FindCoordinator: "
-                   "librdkafka keeps looking for a group coordinator, silently (debug log "
-                   "'no broker available for coordinator query'), and the application "
-                   "never learns that icefloe serves no consumers")
 def test_a_subscribing_consumer_is_told_that_consumers_are_not_served(
         broker: KafkaIngestor) -> None:
     errors: list[KafkaError] = []
