@@ -49,7 +49,8 @@ MAX_EVENT_BYTES = 4096
 COLUMNS = (Column("user_id", "string", required=True), Column("n", "long"))
 STREAMS = ([f"cf_{c}_{m}" for c in CODECS for m in ("idem", "plain")]
            + [f"kp_{c}" for c in KP_CODECS]
-           + ["cf_high", "cf_low", "cf_old", "kp_high", "kp_low", "errors", "served"])
+           + ["cf_high", "cf_low", "cf_old", "kp_high", "kp_low", "errors", "served",
+              "lost_idem", "lost_plain"])
 
 
 def stream(name: str) -> StreamConfig:
@@ -161,6 +162,34 @@ def test_confluent_producer_every_codec(broker: KafkaIngestor, codec: str,
     assert broker.requests.versions(topic, apis.PRODUCE) == {9}
     assert (apis.INIT_PRODUCER_ID in broker.requests.apis(topic)) is idempotent
 
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idem", "plain"])
+def test_a_lost_answer_is_retried_and_idempotence_stores_it_once(
+        broker: KafkaIngestor, idempotent: bool) -> None:
+    """The connection drops after the ingestor stored a Produce but before its answer
+    reached the client (the proxy loses it), so librdkafka sends the batch again on a new
+    connection. Idempotent: the retry carries the same producer id and sequences, the
+    ingestor answers it from its duplicate cache with the first offsets, and the store
+    holds each record once. Not idempotent: the retry is stored again, with new ids, as
+    Kafka itself would."""
+    topic = f"lost_{'idem' if idempotent else 'plain'}"
+    broker.lose_answers.add(topic)
+    lost = broker.lost
+    p = producer(broker, topic, **{"enable.idempotence": idempotent, "linger.ms": 50})
+    reports = produce(p, topic, {n: record(n) for n in range(N)})
+    p.close()
+    assert broker.lost == lost + 1
+    assert broker.requests.count(topic, apis.PRODUCE) >= 2
+    assert_delivered(reports)
+    stored = broker.stored(topic)
+    if idempotent:
+        assert_stored(stored, reports, idempotent=True)
+        return
+    ns = [json.loads(e.payload)["n"] for e in stored]
+    assert set(ns) == set(range(N))
+    assert len(ns) > N  # the lost request's records twice
+    assert len({e.event_id for e in stored}) == len(stored)
 
 # -- 2. kafka-python: the codecs its installed libraries can do ----------------------------
 
