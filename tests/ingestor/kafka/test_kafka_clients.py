@@ -1,6 +1,7 @@
 """The Kafka listener driven by the clients its users run: confluent-kafka (librdkafka) and
 kafka-python, each with every compression it can do, idempotent and not, at the highest and
-the lowest protocol versions it negotiates; typed (Avro, Protobuf) streams; the errors a
+the lowest protocol versions it negotiates, with SASL/PLAIN, through a lost answer; typed
+(Avro, Protobuf) streams; the Kafka metadata columns into Iceberg (Spark); the errors a
 real client sees. Every test asserts what can fail: each delivery report, the offsets per
 partition, and what the store holds afterwards (the batch files' envelopes).
 
@@ -639,7 +640,7 @@ def test_a_subscribing_consumer_is_told_that_consumers_are_not_served(
     errors: list[KafkaError] = []
     subscribed = consumer(broker, "consumer_told", errors)
     subscribed.subscribe(["served"])
-    messages = poll_for(subscribed, 5, errors)
+    messages = poll_for(subscribed, 3, errors)
     subscribed.close()
     assert errors or [m for m in messages if m.error() is not None]
 
@@ -691,7 +692,7 @@ def test_sasl_plain_with_the_stream_token(broker: KafkaIngestor) -> None:
     assert report.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, report.error
     errors: list[KafkaError] = []
     p = producer(broker, "sasl_bad", **sasl("wrong-token"), **{
-        "message.timeout.ms": 3000, "error_cb": errors.append})
+        "message.timeout.ms": 1500, "error_cb": errors.append})
     [report] = produce(p, TOKENED, {N + 1: record(N + 1)})
     p.close()
     assert report.error is not None
