@@ -15,6 +15,8 @@ between markers in any Markdown file of the repository (README.md, docs/, bench/
     <!-- metrics:start ROLE -->          the Prometheus metrics of ROLE (ingestor, collector,
     ...                                  admin): name, type, labels, help, read from the
     <!-- metrics:end -->                 classes that register them
+    <!-- kafka-apis:start -->            the Kafka APIs and versions the listener serves,
+    <!-- kafka-apis:end -->              read from ingestor/kafka/apis.py
 
 tests/system/test_generated_docs.py runs ``--check`` and fails when a marked part is stale,
 when a figure table holds a number outside a marker, or when a result file lacks its
@@ -39,7 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TARGETS = ROOT / "bench" / "targets.toml"
-MARKER = re.compile(r"(<!-- (?P<kind>figures|commands|metrics):start(?P<args>[^>]*?)-->\n)"
+MARKER = re.compile(r"(<!-- (?P<kind>figures|commands|metrics|kafka-apis):start"
+                    r"(?P<args>[^>]*?)-->\n)"
                     r"(?P<body>.*?)"
                     r"(<!-- (?P=kind):end -->)", re.S)
 SKIP = {".venv", "node_modules", "site", ".git", "build", "dist"}
@@ -224,11 +227,29 @@ def metrics(args: str) -> str:
     return "\n".join([*lines, *sorted(rows)]) + "\n"
 
 
+# -- Kafka APIs -------------------------------------------------------------------------------
+
+
+def kafka_apis(args: str) -> str:
+    """The listener's ApiVersions answer as a table: what a client can negotiate."""
+    sys.path.insert(0, str(ROOT))
+    from ingestor.kafka import apis  # lazy: only this marker needs it
+
+    lines = ["| API (key) | versions | flexible from | served |", "|---|---|---|---|"]
+    for key, (low, high) in sorted(apis.ADVERTISED.items()):
+        flexible = apis.FLEXIBLE_FROM.get(key, 99)
+        served = "yes" if key in apis.SUPPORTED else \
+            "listed only (closes the connection; see below)"
+        lines.append(f"| {apis.api_name(key)} ({key}) | v{low}-v{high} | "
+                     f"{f'v{flexible}' if flexible <= high else '-'} | {served} |")
+    return "\n".join(lines) + "\n"
+
+
 # -- filling ----------------------------------------------------------------------------------
 
 
 RENDER: dict[str, Callable[[str], str]] = {"figures": figures, "commands": commands,
-                                           "metrics": metrics}
+                                           "metrics": metrics, "kafka-apis": kafka_apis}
 
 
 def filled(text: str) -> str:

@@ -84,3 +84,79 @@ def not_utc(list events, str name, object utc):
         if type(value) is not datetime or datetime_tzinfo(value) is not utc:
             found.append(i)
     return found
+
+
+cdef long long _zigzag(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos,
+                      str what) except? -1:
+    """A zig-zag varint of a Kafka record (ValueError naming ``what`` past ``end`` or over
+    10 bytes)."""
+    cdef unsigned long long value = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while True:
+        if pos[0] >= end:
+            raise ValueError(f"{what} at byte {pos[0]} runs past its record")
+        b = p[pos[0]]
+        pos[0] += 1
+        value |= (<unsigned long long>(b & 0x7F)) << shift
+        if not (b & 0x80):
+            break
+        shift += 7
+        if shift > 63:
+            raise ValueError(f"{what} ending at byte {pos[0]} is longer than 10 bytes")
+    return <long long>((value >> 1) ^ (0 - (value & 1)))
+
+
+cdef object _field(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos, str what):
+    cdef long long size = _zigzag(p, end, pos, what + " length")
+    cdef object out
+    if size == -1:
+        return None
+    if size < -1 or pos[0] + size > end:
+        raise ValueError(f"{what} length {size} at byte {pos[0]} runs past its record")
+    out = PyBytes_FromStringAndSize(<const char*>p + pos[0], <Py_ssize_t>size)
+    pos[0] += <Py_ssize_t>size
+    return out
+
+
+def kafka_records(bytes data, Py_ssize_t count, long long base_ts, bint log_append,
+                  long long max_ts):
+    """The records of a decompressed Kafka record batch as four lists (values, keys,
+    timestamps, headers): :func:`ingestor.kafka.records._read_records`, compiled (~10x).
+    Raises ``ValueError`` naming the first inconsistency."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, end, i, h
+    cdef long long length, stamp, nheaders
+    cdef list values = [], keys = [], stamps = [], headers = [], pairs
+    cdef object name
+    for i in range(count):
+        length = _zigzag(p, n, &pos, "record length")
+        if length <= 0 or pos + length > n:
+            raise ValueError(f"record {i} says {length} bytes; {n - pos} are left")
+        end = pos + <Py_ssize_t>length
+        pos += 1  # attributes (unused)
+        stamp = _zigzag(p, end, &pos, "timestamp delta")
+        if _zigzag(p, end, &pos, "offset delta") != i:
+            raise ValueError(f"record {i} has an offset delta other than {i}")
+        keys.append(_field(p, end, &pos, "key"))
+        values.append(_field(p, end, &pos, "value"))
+        nheaders = _zigzag(p, end, &pos, "header count")
+        if nheaders < 0 or nheaders > 100000:
+            raise ValueError(f"record {i} has a header count of {nheaders}")
+        pairs = []
+        for h in range(nheaders):
+            name = _field(p, end, &pos, "header key")
+            if name is None:
+                raise ValueError(f"record {i} has a header without a name")
+            try:
+                pairs.append(((<bytes>name).decode(), _field(p, end, &pos, "header value")))
+            except UnicodeDecodeError:
+                raise ValueError(f"record {i} has a header name that is not UTF-8") from None
+        if pos != end:
+            raise ValueError(f"record {i} says {length} bytes but its fields take "
+                             f"{length + pos - end}")
+        headers.append(pairs)
+        stamps.append(max_ts if log_append else base_ts + stamp)
+    if pos != n:
+        raise ValueError(f"{n - pos} bytes follow the batch's {count} records")
+    return values, keys, stamps, headers

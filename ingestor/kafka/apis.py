@@ -25,7 +25,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {**SUPPORTED, FETCH: (4, 12)}
 batch format (magic 2) and zstd from the *pair* of Produce and Fetch versions a broker
 lists, and without Fetch it would write the old message format (and no idempotence). A
 Fetch that arrives anyway closes the connection with a log line saying why."""
-FLEXIBLE_FROM = {PRODUCE: 9, METADATA: 9, API_VERSIONS: 3, SASL_HANDSHAKE: 99,
+FLEXIBLE_FROM = {PRODUCE: 9, FETCH: 12, METADATA: 9, API_VERSIONS: 3, SASL_HANDSHAKE: 99,
                  INIT_PRODUCER_ID: 2, SASL_AUTHENTICATE: 2}
 NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
          9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",

@@ -9,7 +9,8 @@ than that many frames of ``kafka_max_request_bytes`` each.
 
 Where Kafka closes the connection, so does this: a frame over the size limit, a frame that
 does not parse, an API or version not served (a consumer's Fetch, a group request), a
-failed SASL authentication. Each is logged with the client's id and counted
+failed SASL authentication, a refused acks=0 Produce (no answer can carry its error).
+Each is logged with the client's id and counted
 (``icefloe_ingest_kafka_closed_total{reason}``).
 """
 
@@ -211,10 +212,26 @@ class Connection:
                                                           message=error.message)
                                      for p in topic.partitions]) for topic in request.topics]
             throttle = 0
-        if request.acks == 0:
-            return None  # by protocol: no answer at all
+        if request.acks == 0:  # by protocol: no answer at all
+            self._refused_unanswered(answers)
+            return None
         return apis.response_frame(header, apis.produce_response(header.version, answers,
                                                                  throttle))
+
+    def _refused_unanswered(self, answers: list[tuple[str, list[apis.PartitionResult]]]
+                            ) -> None:
+        """An acks=0 Produce has no answer to carry a refusal, so, as Kafka's broker does,
+        close the connection (after the answers before it): the producer sees the close,
+        refreshes its metadata and logs it, instead of losing records without a trace."""
+        for topic, parts in answers:
+            for part in parts:
+                if part.error:
+                    self.front.closed("acks0_refused")
+                    log.warning("Kafka connection from %s (client id %r) closed: an acks=0 "
+                                "Produce to %s[%d] was refused (%s: %s)",
+                                self.producer.client or "?", self.client_id, topic,
+                                part.index, Code(part.error).name, part.message)
+                    raise ConnectionError("an acks=0 Produce was refused")
 
     async def _framed(self, header: RequestHeader, body: Awaitable[bytes]) -> bytes:
         return apis.response_frame(header, await body)

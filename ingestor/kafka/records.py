@@ -16,6 +16,7 @@ import cramjam
 import google_crc32c
 import zstandard
 
+from icefloe.formats import speedups
 from ingestor.kafka.codes import Code, KafkaError
 from ingestor.kafka.wire import Malformed, Reader
 
@@ -23,6 +24,8 @@ HEADER_BYTES = 61
 """baseOffset … recordsCount: the fixed part of a v2 batch."""
 _CRC_START = 21
 """Bytes before the CRC-covered part (attributes onwards)."""
+_MAGIC_AT = 16
+"""The magic byte's place, the same in every message format (0, 1 and 2)."""
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 _XERIAL = b"\x82SNAPPY\x00"
 """The framing the Java client's snappy writes (librdkafka writes raw snappy)."""
@@ -72,13 +75,23 @@ def read_batch(data: bytes | memoryview, max_bytes: int) -> Records:
     header, body = _check_header(data)
     raw = _decompress(body, header.codec, max_bytes)
     try:
-        records = _read_records(raw, header)
-    except Malformed as exc:
+        if speedups.compiled is not None:  # the same results, ~10x faster
+            values, keys, stamps, headers = speedups.compiled.kafka_records(
+                bytes(raw), header.count, header.base_timestamp, header.log_append_time,
+                header.max_timestamp)
+            return Records(header, values, keys, stamps, headers)
+        return _read_records(raw, header)
+    except (Malformed, ValueError) as exc:
         raise _corrupt(f"the record batch's records do not parse: {exc}") from None
-    return records
 
 
 def _check_header(data: bytes | memoryview) -> tuple[Header, memoryview]:
+    # the magic byte first: an old client's one-record message set (magic 0/1, same byte
+    # 16) is shorter than a v2 header, and must hear "old format", not "corrupt"
+    if len(data) > _MAGIC_AT and data[_MAGIC_AT] != 2:
+        raise KafkaError(Code.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                         f"record batch magic {data[_MAGIC_AT]}: icefloe takes magic 2 "
+                         "(Kafka 0.11+ clients, Produce v3+)")
     if len(data) < HEADER_BYTES:
         raise _corrupt(f"a record batch is at least {HEADER_BYTES} bytes; this one is "
                        f"{len(data)}")
@@ -86,11 +99,7 @@ def _check_header(data: bytes | memoryview) -> tuple[Header, memoryview]:
     head.int64()  # baseOffset: the broker assigns offsets
     length = head.int32()
     head.int32()  # partitionLeaderEpoch
-    magic = head.int8()
-    if magic != 2:
-        raise KafkaError(Code.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-                         f"record batch magic {magic}: icefloe takes magic 2 (Kafka 0.11+ "
-                         "clients, Produce v3+)")
+    head.int8()  # magic: 2, checked above
     if length + 12 != len(data):
         if length + 12 < len(data):
             raise KafkaError(Code.INVALID_RECORD, "the partition's records hold more than "

@@ -1,0 +1,251 @@
+"""Kafka produce (#40): records/s per ingestor process from librdkafka vs HTTP batches, and
+produce latency at light load.
+
+Runs, side by side in one run, on this machine, each round on a fresh local store with its
+own ``icefloe ingestor`` process (``--kafka-port``, durable acks) and the ingest benchmark's
+stand-in collector (``_drain.py``, which dequeues the manifest every second):
+
+* the baseline, the ingest benchmark's row ``HTTP 100-event batch, durable, 128 conns``:
+  ``wrk`` POSTing the ingest benchmark's 100-event body over 128 connections
+  (``ingest_bench.wrk``; install Debian's ``wrk``);
+* records/s from one librdkafka producer (confluent-kafka, ``_kafka_load.py``) as its
+  users configure it for throughput: ``enable.idempotence`` on (acks=all, 5 requests in
+  flight), ``batch.size`` 1 MiB, ``batch.num.messages`` and the queue limits at their
+  defaults, ``linger.ms`` 5 (librdkafka's default) and 20, compression none and zstd; the
+  same records (the ingest benchmark's ~190-byte event with varying numbers), keyed by
+  user id over the stream's ``KAFKA_PARTITIONS`` partitions; a record counts when its
+  delivery callback reports success;
+* produce latency at light load: ``LIGHT_RATE`` records/s, one record per ``produce()``
+  (``linger.ms`` 5), timed from ``produce()`` to its delivery callback; the baseline is the
+  ingest benchmark's light-load HTTP latency (single-event POSTs, one client) on the same
+  ingestor.
+
+The throughput rounds of a full run are ``TRIALS`` passes over every kind, the first kind
+alternating, each counted after ``WARMUP_S``; the best of each kind counts (a shared 2-core
+VM varies ±30 %). The issue's targets: Kafka (linger.ms 5, no compression) ≥ 1.0 of the
+HTTP batches; p99 produce latency at light load ≤ 50 ms.
+
+Usage: python bench/kafka_bench.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Result, bench_parser, print_table, write_json
+from ingest_bench import CONFIG, ICEFLOE, batch_body, light_latency, start_drain, wrk
+
+HERE = Path(__file__).resolve().parent
+PYTHON = sys.executable
+TRIALS = 3
+"""Passes over every kind in a full run; the best of each kind counts."""
+WARMUP_S = 1.0
+"""Load before counting (connections, InitProducerId, Metadata; wrk's connections)."""
+HTTP_CONNECTIONS = 128
+KAFKA_PARTITIONS = 4
+LIGHT_RATE = 200
+"""Records/s of the latency round, one per ``produce()``."""
+LINGERS = (5, 20)
+CODECS = ("none", "zstd")
+TOPIC = "pageviews"
+Kind = tuple[int, str] | None
+"""A throughput round's load: None for the HTTP baseline, else (linger.ms, codec)."""
+
+
+def kafka_name(linger: int, codec: str) -> str:
+    name = (f"Kafka produce, librdkafka linger.ms={linger}, batch.size=1MiB, idempotent, "
+            f"compression {codec}")
+    return f"{name} (target >= 1.0)" if (linger, codec) == (5, "none") else name
+
+
+HTTP_NAME = f"HTTP 100-event batch POST, durable, {HTTP_CONNECTIONS} conns (wrk)"
+LATENCY = f"Kafka produce latency, {LIGHT_RATE} records/s, one per produce(), linger.ms=5"
+HTTP_LATENCY = "HTTP single-event POST ack latency, light load (1 client)"
+
+
+@dataclass(frozen=True)
+class Running:
+    """A bench ingestor: its ports and process id."""
+
+    http: int
+    kafka: int
+    pid: int
+
+
+@contextlib.contextmanager
+def ingestor(home: Path) -> Iterator[Running]:
+    """A fresh ``icefloe ingestor`` (HTTP and Kafka on free ports) on a fresh store under
+    ``home``, with the stand-in collector draining it. A failure to start says what the
+    ingestor printed."""
+    home.mkdir()
+    config = (CONFIG.replace("grpc_port = 0\n", "grpc_port = 0\nkafka_port = 0\n")
+              .replace('table = "web.pageviews"\n',
+                       f'table = "web.pageviews"\nkafka_partitions = {KAFKA_PARTITIONS}\n'))
+    (home / "icefloe.toml").write_text(config)
+    log = home / "ingestor.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([ICEFLOE, "ingestor", "--config", str(home / "icefloe.toml"),
+                                 "--log-level", "warning"], cwd=home, stdout=subprocess.PIPE,
+                                stderr=sink, text=True)
+    drain = None
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"the ingestor did not start: {log.read_text()[-1500:]}")
+        ready = json.loads(line)
+        drain = start_drain(home)
+        yield Running(ready["http_port"], ready["kafka_port"], proc.pid)
+    finally:
+        for child in (proc, drain):
+            if child is not None:
+                child.send_signal(signal.SIGTERM)
+                child.wait(60)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` and its descendants (the ingestor's
+    store helper), now: what a record costs, however busy the shared machine is."""
+    ticks = 0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def kafka_load(mode: str, ingest: Running, seconds: float, linger: int, codec: str,
+               *extra: str) -> dict[str, float]:
+    """One ``_kafka_load.py`` run, with the ingestor's CPU-µs per counted record when it
+    marks its window (``cpu_us``); refuses a run in which any record failed."""
+    errors = Path(tempfile.mkstemp(prefix="kafka-load-", suffix=".log")[1])
+    cpu: list[float] = []
+    lines: list[str] = []
+    with errors.open("w") as sink, subprocess.Popen(
+            [PYTHON, str(HERE / "_kafka_load.py"), mode, f"127.0.0.1:{ingest.kafka}", TOPIC,
+             str(seconds), str(linger), codec, str(WARMUP_S), *extra],
+            stdout=subprocess.PIPE, stderr=sink, text=True) as load:
+        for line in load.stdout:  # type: ignore[union-attr]
+            if line.strip() in ("counting", "counted"):
+                cpu.append(cpu_seconds(ingest.pid))
+            else:
+                lines.append(line)
+    stderr = errors.read_text()
+    errors.unlink()
+    if load.returncode or not lines:
+        raise RuntimeError(f"the Kafka load failed: {stderr[-1500:]}")
+    figures: dict[str, float] = json.loads(lines[-1])
+    if figures["errors"]:
+        raise RuntimeError(f"{figures['errors']} Kafka records failed, the first: "
+                           f"{figures['first_error']}")
+    if mode == "throughput":
+        if not figures["records"]:
+            raise RuntimeError(f"no Kafka record was delivered in {seconds} s: {stderr[-1500:]}")
+        figures["cpu_us"] = (cpu[1] - cpu[0]) * 1e6 / figures["records"]
+    return figures
+
+
+def throughput_round(home: Path, kind: Kind, seconds: float) -> tuple[float, float]:
+    """Events/s of one round and the ingestor's CPU-µs per event: ``kind`` None is the
+    HTTP baseline, else (linger.ms, codec)."""
+    with ingestor(home) as ingest:
+        if kind is None:
+            url = f"http://127.0.0.1:{ingest.http}/v1/streams/{TOPIC}/events"
+            body = batch_body(100)
+            wrk(url, body, WARMUP_S, HTTP_CONNECTIONS, home)
+            before = cpu_seconds(ingest.pid)
+            rate = wrk(url, body, seconds, HTTP_CONNECTIONS, home)[0] * 100
+            cpu = cpu_seconds(ingest.pid) - before
+            return rate, cpu * 1e6 / (rate * max(1, int(seconds)))
+        figures = kafka_load("throughput", ingest, seconds, *kind)
+        return figures["records"] / figures["seconds"], figures["cpu_us"]
+
+
+def throughput(root: Path, seconds: float, trials: int
+               ) -> tuple[dict[Kind, float], dict[Kind, float]]:
+    """The best events/s of each kind over ``trials`` passes, the first kind alternating
+    (a later round runs on a warmer, or busier, machine), and the least CPU per event."""
+    kinds: list[Kind] = [None, *((ms, c) for c in CODECS for ms in LINGERS)]
+    best: dict[Kind, float] = {}
+    cpu: dict[Kind, float] = {}
+    for trial in range(trials):
+        for n, kind in enumerate(kinds if trial % 2 == 0 else kinds[::-1]):
+            rate, cpu_us = throughput_round(root / f"round-{trial}-{n}", kind, seconds)
+            best[kind] = max(best.get(kind, 0.0), rate)
+            cpu[kind] = min(cpu.get(kind, float("inf")), cpu_us)
+            label = "HTTP batches" if kind is None else f"Kafka linger.ms={kind[0]} {kind[1]}"
+            print(f"  {label}: {rate:,.0f} events/s, ingestor {cpu_us:.1f} CPU-us per event",
+                  flush=True)
+    return best, cpu
+
+
+def latency(root: Path, seconds: float) -> tuple[dict[str, float], tuple[float, float], float]:
+    """Kafka produce latency at ``LIGHT_RATE``; on the same ingestor after it, the HTTP
+    light-load latency (p50, p99); and the ingestor's mean flush time in the Kafka part."""
+    with ingestor(root / "latency") as ingest:
+        figures = kafka_load("latency", ingest, seconds, 5, "none", str(LIGHT_RATE))
+        print(f"  Kafka latency: p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} "
+              f"ms over {figures['records']} records", flush=True)
+        flush_ms = mean_flush_ms(ingest.http)
+        http = light_latency(f"http://127.0.0.1:{ingest.http}/v1/streams/{TOPIC}/events",
+                             seconds / 2)
+    return figures, http, flush_ms
+
+
+def mean_flush_ms(http_port: int) -> float:
+    """Mean time of the ingestor's flushes so far (batch file PUT + manifest append), from
+    its metrics: the floor under any durable ack."""
+    text = httpx.get(f"http://127.0.0.1:{http_port}/metrics", timeout=10).text
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                  if line.startswith("icefloe_ingest_flush_seconds_"))
+    return 1000 * float(values["icefloe_ingest_flush_seconds_sum"]) / max(
+        1.0, float(values["icefloe_ingest_flush_seconds_count"]))
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, "one pass of 2 s rounds (under a minute)")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("kafka_bench needs wrk for its HTTP baseline (Debian: apt-get install wrk)")
+    seconds, trials = (2.0, 1) if args.quick else (8.0, TRIALS)
+    with tempfile.TemporaryDirectory(prefix="icefloe-kafka-bench-") as tmp:
+        root = Path(tmp)
+        best, cpu = throughput(root, seconds, trials)
+        kafka, http, flush_ms = latency(root, 4.0 if args.quick else 20.0)
+    results = [Result(HTTP_NAME, best[None], "events/s")]
+    results += [Result(kafka_name(linger, codec), best[(linger, codec)], "records/s",
+                       best[None]) for codec in CODECS for linger in LINGERS]
+    results += [Result(f"{LATENCY}: p50", kafka["p50_ms"], "ms", http[0]),
+                Result(f"{LATENCY}: p99 (target <= 50 ms)", kafka["p99_ms"], "ms", http[1]),
+                Result(f"{HTTP_LATENCY}: p50", http[0], "ms"),
+                Result(f"{HTTP_LATENCY}: p99", http[1], "ms")]
+    results += [Result("diagnostic: ingestor CPU per event, HTTP 100-event batches", cpu[None],
+                       "CPU-us")]
+    results += [Result(f"diagnostic: ingestor CPU per record, Kafka linger.ms={linger}, "
+                       f"compression {codec}", cpu[(linger, codec)], "CPU-us", cpu[None])
+                for codec in CODECS for linger in LINGERS]
+    results.append(Result("diagnostic: ingestor flush (batch file + manifest append), mean, "
+                          "Kafka latency round", flush_ms, "ms"))
+    print_table("Kafka produce vs HTTP batches (one ingestor process, durable acks on a local "
+                "store; baseline = HTTP, same run)", results)
+    write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()
