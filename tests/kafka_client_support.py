@@ -47,6 +47,12 @@ class RequestLog:
         with self.lock:
             return {v for (c, k, v) in self.counts if c == client_id and k == key}
 
+    def count(self, client_id: str, key: int) -> int:
+        """How many requests of API ``key`` the client ``client_id`` sent."""
+        with self.lock:
+            return sum(n for (c, k, _), n in self.counts.items()
+                       if c == client_id and k == key)
+
     def apis(self, client_id: str) -> set[int]:
         with self.lock:
             return {k for (c, k, _) in self.counts if c == client_id}
@@ -57,12 +63,18 @@ class KafkaIngestor:
     """A running ingestor: ``bootstrap`` (the proxy, which Metadata advertises), the
     request log, and the config it serves. ``caps`` makes the proxy play an older broker
     for a client id: it answers that client's ApiVersions itself, with the ingestor's
-    ranges capped at ``{api key: highest version}`` (what, say, Kafka 0.11 would list)."""
+    ranges capped at ``{api key: highest version}`` (what, say, Kafka 0.11 would list).
+    ``lose_answers`` makes the proxy lose the answer to the next Produce of a client id:
+    it waits for the ingestor's answer (the batch is durable by then), drops it and closes
+    the client's connection, as a network failure at the worst moment would."""
 
     config: Config
     port: int
     requests: RequestLog
     caps: dict[str, dict[int, int]] = field(default_factory=dict)
+    lose_answers: set[str] = field(default_factory=set)
+    lost: int = 0
+    """Answers lost so far."""
 
     @property
     def bootstrap(self) -> str:
@@ -96,28 +108,42 @@ def api_versions_capped(header: RequestHeader, caps: dict[int, int]) -> bytes:
 
 
 async def _pump_requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         back: asyncio.StreamWriter, front: KafkaIngestor) -> None:
+                         back: asyncio.StreamWriter, front: KafkaIngestor,
+                         lose: set[int]) -> None:
     """Forward client frames one by one, logging each header (a frame that does not
     parse, e.g. raw SASL bytes, is forwarded unlogged). A capped client's ApiVersions is
-    answered here (the first request on a connection: nothing else is in flight)."""
+    answered here (the first request on a connection: nothing else is in flight); the
+    correlation id of a Produce whose answer is to be lost goes into ``lose``."""
     while True:
         size = await reader.readexactly(4)
         frame = await reader.readexactly(int.from_bytes(size, "big", signed=True))
         with contextlib.suppress(Malformed):
             header, _ = read_header(frame)
+            client = header.client_id or ""
             front.requests.add(header.client_id, header.api_key, header.version)
-            caps = front.caps.get(header.client_id or "")
+            caps = front.caps.get(client)
             if caps is not None and header.api_key == apis.API_VERSIONS:
                 back.write(api_versions_capped(header, caps))
                 await back.drain()
                 continue
+            if header.api_key == apis.PRODUCE and client in front.lose_answers:
+                front.lose_answers.discard(client)
+                lose.add(header.correlation_id)
         writer.write(size + frame)
         await writer.drain()
 
 
-async def _pump_bytes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while data := await reader.read(1 << 16):
-        writer.write(data)
+async def _pump_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        front: KafkaIngestor, lose: set[int]) -> None:
+    """Forward the ingestor's answers frame by frame; at an answer to lose, stop (the
+    handler then closes both connections)."""
+    while True:
+        size = await reader.readexactly(4)
+        frame = await reader.readexactly(int.from_bytes(size, "big", signed=True))
+        if int.from_bytes(frame[:4], "big", signed=True) in lose:
+            front.lost += 1
+            return
+        writer.write(size + frame)
         await writer.drain()
 
 
@@ -126,9 +152,10 @@ def _proxy(target: list[int], front: list[KafkaIngestor]) -> Any:
     ingestor has bound)."""
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", target[0])
+        lose: set[int] = set()
         pumps = [asyncio.ensure_future(_pump_requests(client_r, server_w, client_w,
-                                                      front[0])),
-                 asyncio.ensure_future(_pump_bytes(server_r, client_w))]
+                                                      front[0], lose)),
+                 asyncio.ensure_future(_pump_answers(server_r, client_w, front[0], lose))]
         with contextlib.suppress(Exception):
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         for pump in pumps:

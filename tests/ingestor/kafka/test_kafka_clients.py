@@ -1,6 +1,7 @@
 """The Kafka listener driven by the clients its users run: confluent-kafka (librdkafka) and
 kafka-python, each with every compression it can do, idempotent and not, at the highest and
-the lowest protocol versions it negotiates; typed (Avro, Protobuf) streams; the errors a
+the lowest protocol versions it negotiates, with SASL/PLAIN, through a lost answer; typed
+(Avro, Protobuf) streams; the Kafka metadata columns into Iceberg (Spark); the errors a
 real client sees. Every test asserts what can fail: each delivery report, the offsets per
 partition, and what the store holds afterwards (the batch files' envelopes).
 
@@ -25,7 +26,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from kafka import KafkaProducer
 from kafka import codec as kp_codec
-from kafka.errors import InvalidRecordError
+from kafka.errors import InvalidRecordError, KafkaTimeoutError, MessageSizeTooLargeError
 from kafka.errors import KafkaError as KafkaPythonError
 
 from icefloe.config import Column, Config, StreamConfig
@@ -35,7 +36,7 @@ from icefloe.streams.model import TypedSchema
 from icefloe.tokens import hash_token
 from ingestor.kafka import apis
 from tests.admin_support import admin_server
-from tests.ingest_support import make_config
+from tests.ingest_support import TOKEN, TOKEN_HASH, make_config
 from tests.kafka_client_support import KafkaIngestor, kafka_ingestor
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -49,19 +50,24 @@ MAX_EVENT_BYTES = 4096
 COLUMNS = (Column("user_id", "string", required=True), Column("n", "long"))
 STREAMS = ([f"cf_{c}_{m}" for c in CODECS for m in ("idem", "plain")]
            + [f"kp_{c}" for c in KP_CODECS]
-           + ["cf_high", "cf_low", "cf_old", "kp_high", "kp_low", "errors", "served"])
+           + ["cf_high", "cf_low", "cf_old", "kp_high", "kp_low", "errors", "served",
+              "lost_idem", "lost_plain"])
+TOKENED = "tokened"
+"""A stream with a write token (tests/ingest_support.py TOKEN): SASL/PLAIN's password."""
 
 
 def stream(name: str) -> StreamConfig:
     return StreamConfig(name=name, table=f"web.{name}", columns=COLUMNS,
-                        kafka_partitions=PARTITIONS)
+                        kafka_partitions=PARTITIONS,
+                        tokens=(TOKEN_HASH,) if name == TOKENED else ())
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaIngestor]:
     """One ingestor for the module; each test produces to streams of its own."""
     config = make_config(tmp_path_factory.mktemp("kafka-clients"),
-                         tuple(stream(s) for s in STREAMS), max_event_bytes=MAX_EVENT_BYTES)
+                         tuple(stream(s) for s in (*STREAMS, TOKENED)),
+                         max_event_bytes=MAX_EVENT_BYTES)
     with kafka_ingestor(config) as served:
         yield served
 
@@ -161,6 +167,34 @@ def test_confluent_producer_every_codec(broker: KafkaIngestor, codec: str,
     assert broker.requests.versions(topic, apis.PRODUCE) == {9}
     assert (apis.INIT_PRODUCER_ID in broker.requests.apis(topic)) is idempotent
 
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idem", "plain"])
+def test_a_lost_answer_is_retried_and_idempotence_stores_it_once(
+        broker: KafkaIngestor, idempotent: bool) -> None:
+    """The connection drops after the ingestor stored a Produce but before its answer
+    reached the client (the proxy loses it), so librdkafka sends the batch again on a new
+    connection. Idempotent: the retry carries the same producer id and sequences, the
+    ingestor answers it from its duplicate cache with the first offsets, and the store
+    holds each record once. Not idempotent: the retry is stored again, with new ids, as
+    Kafka itself would."""
+    topic = f"lost_{'idem' if idempotent else 'plain'}"
+    broker.lose_answers.add(topic)
+    lost = broker.lost
+    p = producer(broker, topic, **{"enable.idempotence": idempotent, "linger.ms": 50})
+    reports = produce(p, topic, {n: record(n) for n in range(N)})
+    p.close()
+    assert broker.lost == lost + 1
+    assert broker.requests.count(topic, apis.PRODUCE) >= 2
+    assert_delivered(reports)
+    stored = broker.stored(topic)
+    if idempotent:
+        assert_stored(stored, reports, idempotent=True)
+        return
+    ns = [json.loads(e.payload)["n"] for e in stored]
+    assert set(ns) == set(range(N))
+    assert len(ns) > N  # the lost request's records twice
+    assert len({e.event_id for e in stored}) == len(stored)
 
 # -- 2. kafka-python: the codecs its installed libraries can do ----------------------------
 
@@ -596,6 +630,69 @@ def test_a_subscribing_consumer_is_told_that_consumers_are_not_served(
     errors: list[KafkaError] = []
     subscribed = consumer(broker, "consumer_told", errors)
     subscribed.subscribe(["served"])
-    messages = poll_for(subscribed, 5, errors)
+    messages = poll_for(subscribed, 3, errors)
     subscribed.close()
     assert errors or [m for m in messages if m.error() is not None]
+
+
+def test_kafka_python_errors(broker: KafkaIngestor) -> None:
+    """kafka-python's view: an unknown topic never gets metadata (it waits ``max_block_ms``,
+    then times out), a record over max_event_bytes is MessageSizeTooLargeError."""
+    kp = KafkaProducer(bootstrap_servers=broker.bootstrap, client_id="kp_errors2",
+                       max_block_ms=1500, retries=0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError):
+            kp.send("no_such_stream", record(0)).get(timeout=FLUSH_S)
+        assert time.monotonic() - started < 5
+        big = json.dumps({"user_id": "x" * MAX_EVENT_BYTES, "n": 20_000}).encode()
+        with pytest.raises(MessageSizeTooLargeError):
+            kp.send("errors", big).get(timeout=FLUSH_S)
+    finally:
+        kp.close(timeout=10)
+    assert all(json.loads(e.payload)["n"] < 10_000 for e in broker.stored("errors"))
+
+
+# -- SASL/PLAIN: the password is a stream token ---------------------------------------------
+
+
+def sasl(password: str | None) -> dict[str, Any]:
+    if password is None:
+        return {}
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
+            "sasl.username": "anyone", "sasl.password": password}
+
+
+def test_sasl_plain_with_the_stream_token(broker: KafkaIngestor) -> None:
+    """With the token: delivered, and the idempotent ids are scoped by the token (not
+    ``-``). Without SASL: TOPIC_AUTHORIZATION_FAILED per record. A wrong token: the
+    client reports the failed authentication, and nothing more is stored."""
+    p = producer(broker, "sasl_ok", **sasl(TOKEN), **{"enable.idempotence": True})
+    reports = produce(p, TOKENED, {n: record(n) for n in range(N)})
+    p.close()
+    assert_delivered(reports)
+    stored = broker.stored(TOKENED)
+    assert len(stored) == N
+    assert all(e.event_id.startswith("kafka:") and not e.event_id.startswith("kafka:-:")
+               for e in stored), stored[0].event_id
+    p = producer(broker, "sasl_none", **{"message.timeout.ms": 3000})
+    [report] = produce(p, TOKENED, {N: record(N)})
+    p.close()
+    assert report.error is not None
+    assert report.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, report.error
+    errors: list[KafkaError] = []
+    p = producer(broker, "sasl_bad", **sasl("wrong-token"), **{
+        "message.timeout.ms": 1500, "error_cb": errors.append})
+    [report] = produce(p, TOKENED, {N + 1: record(N + 1)})
+    p.close()
+    assert report.error is not None
+    assert KafkaError._AUTHENTICATION in {e.code() for e in errors}, errors
+    assert len(broker.stored(TOKENED)) == N
+
+
+def test_kafka_python_sasl_plain(broker: KafkaIngestor) -> None:
+    reports = kp_produce(broker, TOKENED, "kp_sasl", security_protocol="SASL_PLAINTEXT",
+                         sasl_mechanism="PLAIN", sasl_plain_username="anyone",
+                         sasl_plain_password=TOKEN)
+    assert_delivered(reports)
+    assert apis.SASL_AUTHENTICATE in broker.requests.apis("kp_sasl")
