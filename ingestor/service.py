@@ -234,14 +234,18 @@ class IngestService:
     def admit(self, stream: CompiledStream, canonical: Canonical, *,
               event_ids: Sequence[str] | None = None, idempotency_key: str | None = None,
               caller: Caller | None = None, meta: bytes = b"",
-              metas: Sequence[bytes] | None = None) -> asyncio.Future[None]:
+              metas: Sequence[bytes] | None = None,
+              derived_ids: tuple[bytes, Sequence[bytes]] | None = None
+              ) -> asyncio.Future[None]:
         """:meth:`ingest` up to the wait: check, id, frame and buffer the events; the
         returned future resolves once they are durable (then call :meth:`accepted`).
 
         Why separate: a front that answers from a callback (the HTTP fast lane) needs no
         task per request. Raises every refusal :meth:`ingest` raises before the wait.
         ``metas``: one envelope meta per event instead of ``meta`` for all (the Kafka
-        listener's record metadata, :mod:`ingestor.kafka.produce`).
+        listener's record metadata, :mod:`ingestor.kafka.produce`). ``derived_ids``: the
+        events' ids as a UTF-8 stem and a suffix each, already checked (the Kafka listener's
+        sequence ids); a body id field still wins over them.
         """
         payloads = canonical.payloads
         if not payloads:  # the decoders refuse this first; never frame an empty request
@@ -251,8 +255,13 @@ class IngestService:
         if stream.keeps_unknown and caller is not None and caller.token:
             payloads = with_client(payloads, caller.token)  # evolution quotas' client
         received_at_ms = int(self._clock.time() * 1000)
-        stem, ids = self._event_ids(len(payloads), canonical.body_ids, event_ids,
-                                    idempotency_key, received_at_ms)
+        if derived_ids is not None and not canonical.body_ids:
+            stem, ids = derived_ids
+        else:
+            if derived_ids is not None:
+                event_ids = [(derived_ids[0] + s).decode() for s in derived_ids[1]]
+            stem, ids = self._event_ids(len(payloads), canonical.body_ids, event_ids,
+                                        idempotency_key, received_at_ms)
         if self.limits.enabled:
             self.limits.admit(stream.name, caller.token if caller else None,
                               caller.client if caller else None, len(payloads),

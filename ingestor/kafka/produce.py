@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from icefloe.clock import SYSTEM, Clock
+from icefloe.formats.envelope import MAX_ID_BYTES
 from ingestor.errors import (
     BadRequest,
     IngestError,
@@ -207,8 +208,8 @@ class ProduceHandler:
         waited = 0
         while True:
             try:
-                durable = self.service.admit(stream, canonical, event_ids=ids, caller=caller,
-                                             metas=metas)
+                durable = self.service.admit(stream, canonical, derived_ids=ids,
+                                             caller=caller, metas=metas)
                 break
             except Overloaded as error:
                 waited += await self._wait(error, deadline)
@@ -218,7 +219,7 @@ class ProduceHandler:
         return _Admitted(result, durable, stream.name, count, None, None), waited
 
     def _canonical(self, stream: CompiledStream, partition: int, records: Records,
-                   caller: Caller) -> tuple[Canonical, list[str] | None]:
+                   caller: Caller) -> tuple[Canonical, tuple[bytes, list[bytes]] | None]:
         values = records.values
         nulls = [i for i, value in enumerate(values) if value is None]
         if nulls:
@@ -242,10 +243,8 @@ class ProduceHandler:
         head = records.header
         if head.producer_id < 0:
             return canonical, None
-        who = caller.token or "-"
-        prefix = f"kafka:{who}:{partition}:{head.producer_id}:{head.producer_epoch}:"
-        return canonical, [prefix + str((head.base_sequence + i) & 0x7FFFFFFF)
-                           for i in range(head.count)]
+        return canonical, sequence_ids(caller.token, partition, head.producer_id,
+                                       head.producer_epoch, head.base_sequence, head.count)
 
     def _metas(self, stream: CompiledStream, topic: str, partition: int, base: int,
                records: Records, caller: Caller) -> list[bytes] | None:
@@ -268,6 +267,24 @@ class ProduceHandler:
                                                    records.timestamps[i], records.keys[i],
                                                    records.headers[i])})
                 for i in range(len(records.values))]
+
+
+def sequence_ids(token: str | None, partition: int, producer_id: int, epoch: int,
+                 base_sequence: int, count: int) -> tuple[bytes, list[bytes]]:
+    """The event ids of an idempotent producer's batch, as a stem and a suffix per record:
+    ``kafka:<token name>:<partition>:<producer id>:<epoch>:`` + the record's sequence
+    (sequences wrap at 2**31, as the producer's do). Bytes, already checked: the ingest
+    service frames them as they are (0.4 -> 0.1 us per record against formatting and
+    checking each id as text)."""
+    stem = f"kafka:{token or '-'}:{partition}:{producer_id}:{epoch}:".encode()
+    if len(stem) + 10 > MAX_ID_BYTES:  # a very long token name: refused by the id checks
+        raise KafkaError(Code.INVALID_RECORD, f"the event ids of this batch would be over "
+                         f"{MAX_ID_BYTES} bytes (the token's name is {len(token or '')} "
+                         "characters): use a token with a shorter name")
+    end = base_sequence + count
+    if end <= 0x80000000:
+        return stem, [b"%d" % sequence for sequence in range(base_sequence, end)]
+    return stem, [b"%d" % (sequence & 0x7FFFFFFF) for sequence in range(base_sequence, end)]
 
 
 class _Duplicate(KafkaError):

@@ -624,10 +624,10 @@ async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
         assert [p.error for p in waited.topics["clicks"]] == [0, 0]
         assert 150 <= waited.throttle_ms <= 1000  # ~0.3 s: 3 events at 10/s
         assert took >= waited.throttle_ms / 1000 * 0.9  # the answer waited that long
-        # partition 0 empties the bucket (if it refilled meanwhile, on a slow machine, it
-        # may itself time out); partition 1 then needs 0.3 s and has 50 ms
+        # partition 0 empties the bucket if it is full again (else it times out itself);
+        # either way partition 1 needs a full bucket (5 events, 0.5 s) and has 50 ms
         late = await conn.produce(9, {"clicks": [(0, Batch(clicks("late", 5)).encode()),
-                                                 (1, Batch(clicks("bad", 3)).encode())]},
+                                                 (1, Batch(clicks("bad", 5)).encode())]},
                                   timeout_ms=50)
         refused = late.partition("clicks", 1)
         assert refused.error == Code.REQUEST_TIMED_OUT  # retriable
