@@ -82,7 +82,7 @@ class IngestMetrics:
         self.kafka_closed = Counter(
             "icefloe_ingest_kafka_closed", "Kafka connections the listener closed, by reason "
             "(too_large, malformed, unsupported, sasl, slow, too_many_connections, "
-            "acks0_refused)",
+            "acks0_refused, idle)",
             ["reason"], registry=self.registry)
         self.http_refused = Counter(
             "icefloe_ingest_http_refused", "HTTP connections and requests the front refused "

@@ -74,6 +74,7 @@ class Connection:
         self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self.answers: asyncio.Queue[Awaitable[bytes | None] | None] = asyncio.Queue()
         self.raw_sasl = False
+        self.handshaken = False
         """After a v0 SaslHandshake: the next frame is the mechanism's bytes, unframed."""
         self.client_id: str | None = None
 
@@ -100,7 +101,10 @@ class Connection:
         ing = self.front.config.ingestor
         try:
             size_bytes = await asyncio.wait_for(self.reader.readexactly(4), ing.kafka_idle_s)
-        except (asyncio.IncompleteReadError, TimeoutError):
+        except asyncio.IncompleteReadError:
+            return None
+        except TimeoutError:
+            self.front.closed("idle")
             return None
         size = int.from_bytes(size_bytes, "big", signed=True)
         if size < 8 and not (self.raw_sasl and size >= 0):
@@ -145,7 +149,10 @@ class Connection:
             raise _Close("unsupported", f"{apis.api_name(key)} {what}")
         try:
             if key == apis.PRODUCE:
-                await self._queue(self._produce(header, apis.read_produce(body, version)))
+                produce = apis.read_produce(body, version)
+                if body.remaining():  # a client bug: never guess what the rest meant
+                    raise Malformed(f"{body.remaining()} bytes follow the request")
+                await self._queue(self._produce(header, produce))
             elif key == apis.API_VERSIONS:
                 await self._answer(header, apis.api_versions_response(version))
             elif key == apis.METADATA:
@@ -189,7 +196,13 @@ class Connection:
                 raise _Close("sasl", f"SASL mechanism {mechanism!r} is not served (PLAIN is; "
                              "SCRAM is not, see docs/kafka.md)")
             self.raw_sasl = header.version == 0
+            self.handshaken = True
             return
+        if not self.handshaken:  # as a broker: SaslAuthenticate only after a handshake
+            await self._answer(header, apis.sasl_authenticate_response(
+                header.version, Code.ILLEGAL_SASL_STATE, "SaslAuthenticate before "
+                "SaslHandshake"))
+            raise _Close("sasl", "SaslAuthenticate before SaslHandshake")
         token = apis.read_sasl_authenticate(body, header.version)
         error = await self._authenticate(token)
         await self._answer(header, apis.sasl_authenticate_response(

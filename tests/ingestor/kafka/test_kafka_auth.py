@@ -283,10 +283,15 @@ async def test_should_answer_sasl_by_hand_as_kafka_does(tmp_path):
         assert await authenticate(conn, TOKEN) == (0, None)
         assert await produce_one(conn, "orders", order("by-hand")) == 0
         await conn.close()
+        conn = await served.raw()  # SaslAuthenticate without a handshake: as a broker
+        assert await authenticate(conn, TOKEN) == (Code.ILLEGAL_SASL_STATE,
+                                                   "SaslAuthenticate before SaslHandshake")
+        assert await conn.closed()
+        await conn.close()
         stored = await served.stored()
         assert [json.loads(p)["order_id"] for p in stored["orders"]] == ["by-hand"]
         metrics = await served.metrics()
-    assert metrics[("icefloe_ingest_kafka_closed_total", (("reason", "sasl"),))] == 2
+    assert metrics[("icefloe_ingest_kafka_closed_total", (("reason", "sasl"),))] == 3
 
 
 async def test_should_take_the_v0_handshake_with_unframed_sasl_bytes(tmp_path):

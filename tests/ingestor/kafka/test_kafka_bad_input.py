@@ -159,11 +159,17 @@ async def test_should_close_on_garbage_after_a_valid_header(tmp_path, caplog):
                                           b"\xff\xff\xff\xff\x7f"))
         assert await conn.closed()
         await conn.close()
+        conn = await served.connect()  # a whole Produce, then bytes nothing accounts for
+        body = produce_body(9, {"clicks": [(0, Batch(clicks("trailing", 1)).encode())]})
+        await conn.send_raw(request_frame(PRODUCE, 9, 1, body + b"\x00\x01"))
+        assert await conn.closed()
+        await conn.close()
         await served.still_serving()
-        assert closed_count(await served.metrics(), "malformed") == 2
+        assert closed_count(await served.metrics(), "malformed") == 3
         assert await served.users() == []
     assert "Produce v7 does not parse" in caplog.text
     assert "Produce v9 does not parse" in caplog.text
+    assert "2 bytes follow the request" in caplog.text
 
 
 async def test_should_close_on_an_unknown_api_key_and_name_it(tmp_path, caplog):
@@ -581,6 +587,7 @@ async def test_should_close_an_idle_connection(tmp_path):
         assert not await busy.closed(0.05)
         await idle.close()
         await busy.close()
+        assert closed_count(await served.metrics(), "idle") == 1
 
 
 # -- the store down, rate limits ------------------------------------------------------------
