@@ -58,6 +58,9 @@ CHECKOV_FRAMEWORKS = ("terraform", "kubernetes", "dockerfile")
 HTTP_PORT = IngestorSection().http_port
 GRPC_PORT = IngestorSection().grpc_port
 METRICS_PORT = CollectorSection().metrics_port
+KAFKA_PORT = 9092
+"""The Kafka port every deploy form serves (Kafka's own default, what ``icefloe up`` uses;
+``[ingestor] kafka_port`` has no default: the listener is off unless a file sets it)."""
 IMAGE_NAME = "icefloe"
 IMAGE = f"{IMAGE_NAME}:{__version__}"
 INGESTOR_IMAGE = f"{IMAGE_NAME}-ingestor:{__version__}"
@@ -320,23 +323,83 @@ def test_should_order_compose_start_up_with_healthchecks():
         assert test[:2] == ["CMD", "icefloe-healthcheck"], (name, test)
 
 
-def test_should_route_the_gateway_to_both_ingestors_over_http_and_grpc():
+NginxBlock = list[tuple[str, list[str], Any]]
+"""nginx.conf as ``(directive, arguments, children)``; children is None for a simple
+directive, the block's own list for a block."""
+
+
+def nginx_blocks(text: str) -> NginxBlock:
+    """Parse nginx.conf's structure (directives and nested blocks; comments dropped), so a
+    directive is checked in the block where nginx reads it, not anywhere in the file."""
+    tokens = re.findall(r"[{};]|[^\s{};]+", re.sub(r"#[^\n]*", "", text))
+    stack: list[NginxBlock] = [[]]
+    words: list[str] = []
+    for token in tokens:
+        if token == ";":
+            stack[-1].append((words[0], words[1:], None))
+            words = []
+        elif token == "{":
+            block: NginxBlock = []
+            stack[-1].append((words[0], words[1:], block))
+            stack.append(block)
+            words = []
+        elif token == "}":
+            assert not words, f"nginx.conf: {words} before a closing brace"
+            stack.pop()
+            assert stack, "nginx.conf: a closing brace without its block"
+        else:
+            words.append(token)
+    assert len(stack) == 1 and not words, "nginx.conf: unbalanced braces or a missing ';'"
+    return stack[0]
+
+
+def nginx_find(blocks: NginxBlock, name: str) -> list[tuple[list[str], Any]]:
+    return [(args, children) for directive, args, children in blocks if directive == name]
+
+
+def nginx_upstreams(block: NginxBlock) -> dict[str, list[str]]:
+    """Each ``upstream NAME {}`` of a block → its servers (``host:port``)."""
+    return {args[0]: [server[0] for server, _ in nginx_find(body, "server")]
+            for args, body in nginx_find(block, "upstream")}
+
+
+def test_should_route_the_gateway_to_both_ingestors_over_http_grpc_and_kafka():
     gateway = compose()["services"]["gateway"]
     mounts = {v.split(":")[1]: COMPOSE_DIR / v.split(":")[0] for v in gateway["volumes"]}
-    conf = mounts["/etc/nginx/nginx.conf"].read_text()
-    assert conf.count("{") == conf.count("}"), "unbalanced braces in nginx.conf"
+    conf = nginx_blocks(mounts["/etc/nginx/nginx.conf"].read_text())
     ingestors = sorted(s for s in icefloe_services() if s.startswith("ingestor"))
-    servers = re.findall(r"^\s*server\s+([\w.-]+):(\d+)", conf, re.MULTILINE)
-    assert sorted(servers) == sorted(
-        [(name, str(HTTP_PORT)) for name in ingestors]
-        + [(name, str(GRPC_PORT)) for name in ingestors])
-    assert re.search(rf"listen\s+{HTTP_PORT};", conf)
-    assert re.search(rf"listen\s+{GRPC_PORT}(\s+http2)?;", conf)
-    assert "http2 on;" in conf or f"{GRPC_PORT} http2" in conf
-    assert re.search(r"grpc_pass\s+grpc://icefloe_grpc;", conf)
-    assert re.search(r"proxy_pass\s+http://icefloe_http;", conf)
+    (_, http), = nginx_find(conf, "http")
+    (_, stream), = nginx_find(conf, "stream")  # top level, beside http {}: TCP proxying
+    assert nginx_upstreams(http) == {
+        "icefloe_http": [f"{name}:{HTTP_PORT}" for name in ingestors],
+        "icefloe_grpc": [f"{name}:{GRPC_PORT}" for name in ingestors]}
+    assert nginx_upstreams(stream) == {
+        "icefloe_kafka": [f"{name}:{KAFKA_PORT}" for name in ingestors]}
+    servers = {nginx_find(body, "listen")[0][0][0]: body
+               for _, body in nginx_find(http, "server")}
+    assert set(servers) == {str(HTTP_PORT), str(GRPC_PORT)}
+    assert (["on"], None) in nginx_find(servers[str(GRPC_PORT)], "http2")
+    locations = {args[-1]: body for args, body in nginx_find(servers[str(GRPC_PORT)],
+                                                            "location")}
+    assert nginx_find(locations["/"], "grpc_pass") == [(["grpc://icefloe_grpc"], None)]
+    locations = {args[-1]: body for args, body in nginx_find(servers[str(HTTP_PORT)],
+                                                            "location")}
+    assert nginx_find(locations["/"], "proxy_pass") == [(["http://icefloe_http"], None)]
+    (_, kafka), = nginx_find(stream, "server")
+    assert nginx_find(kafka, "listen") == [([str(KAFKA_PORT)], None)]
+    assert nginx_find(kafka, "proxy_pass") == [(["icefloe_kafka"], None)]
     assert sorted(gateway["ports"]) == sorted(
-        [f"{HTTP_PORT}:{HTTP_PORT}", f"{GRPC_PORT}:{GRPC_PORT}"])
+        [f"{HTTP_PORT}:{HTTP_PORT}", f"{GRPC_PORT}:{GRPC_PORT}", f"{KAFKA_PORT}:{KAFKA_PORT}"])
+
+
+def test_should_parse_nginx_structure_and_refuse_broken_braces():
+    """The parser the gateway test relies on: nesting is kept, broken files are refused."""
+    parsed = nginx_blocks("a 1; # c { ;\nb { c 2; d { e; } }\n")
+    assert parsed == [("a", ["1"], None),
+                      ("b", [], [("c", ["2"], None), ("d", [], [("e", [], None)])])]
+    for broken in ("a { b;", "a; }", "a { b }", "a"):
+        with pytest.raises(AssertionError):
+            nginx_blocks(broken)
 
 
 # --- the Dockerfile ----------------------------------------------------------------------
@@ -368,7 +431,7 @@ def test_should_build_a_non_root_image_with_java_a_healthcheck_and_the_ports():
     assert any(word == "HEALTHCHECK" for word, _ in steps)
     assert ("VOLUME", '["/tmp"]') in steps, "/tmp stays writable under a read-only root"
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}
-    assert exposed == {HTTP_PORT, GRPC_PORT, METRICS_PORT}
+    assert exposed == {HTTP_PORT, GRPC_PORT, KAFKA_PORT, METRICS_PORT}
     cmds = [json.loads(rest) for word, rest in steps if word == "CMD"]
     assert len(cmds) == 2, "one default command per role target (ingestor, collector)"
     for cmd in cmds:
@@ -684,6 +747,11 @@ def test_should_load_the_compose_toml_with_each_service_environment(tmp_path):
         assert config.catalog.properties["s3.endpoint"] == config.store.endpoint_url
         assert config.ingestor.host == "0.0.0.0"
         assert (config.ingestor.http_port, config.ingestor.grpc_port) == (HTTP_PORT, GRPC_PORT)
+        # Kafka clients connect to the address Metadata advertises: the gateway, as
+        # published on this machine
+        assert config.ingestor.kafka_port == KAFKA_PORT
+        assert (config.ingestor.kafka_advertised_host, config.ingestor.kafka_advertised_port) \
+            == ("localhost", KAFKA_PORT)
         assert config.collector.metrics_port == METRICS_PORT
     collector = compose()["services"]["collector"]
     assert collector["ports"] == [f"127.0.0.1:{METRICS_PORT}:{METRICS_PORT}"]
