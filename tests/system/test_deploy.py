@@ -349,7 +349,8 @@ def nginx_blocks(text: str) -> NginxBlock:
             assert stack, "nginx.conf: a closing brace without its block"
         else:
             words.append(token)
-    assert len(stack) == 1 and not words, "nginx.conf: unbalanced braces or a missing ';'"
+    assert len(stack) == 1, "nginx.conf: a block is not closed"
+    assert not words, f"nginx.conf: {words} at the end without a ';'"
     return stack[0]
 
 
