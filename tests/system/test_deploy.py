@@ -647,7 +647,7 @@ def test_should_harden_every_pod():
 
 
 def test_should_probe_healthz_and_readyz_on_the_icefloe_ports():
-    expected = {"icefloe-ingestor": {"http": HTTP_PORT, "grpc": GRPC_PORT},
+    expected = {"icefloe-ingestor": {"http": HTTP_PORT, "grpc": GRPC_PORT, "kafka": KAFKA_PORT},
                 "icefloe-collector": {"metrics": METRICS_PORT},
                 "icefloe-admin": {"admin": AdminSection().port}}
     probe_port = {"icefloe-ingestor": "http", "icefloe-collector": "metrics",
@@ -693,6 +693,84 @@ def test_should_point_services_hpa_and_pdb_at_the_right_pods():
     assert hpa["spec"]["scaleTargetRef"]["name"] == "icefloe-ingestor"
     assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
     k8s_object("PodDisruptionBudget", "icefloe-ingestor")
+
+
+def json_patch(document: Any, operations: list[dict[str, Any]]) -> Any:
+    """Apply the JSON-patch ``add``/``replace`` operations kustomize patches use here (RFC
+    6902 paths; ``-`` appends), so a test reads the object the patch produces."""
+    document = json.loads(json.dumps(document))
+    for operation in operations:
+        assert operation["op"] in ("add", "replace"), operation
+        *parents, last = [part.replace("~1", "/").replace("~0", "~")
+                          for part in operation["path"].split("/")[1:]]
+        target = document
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if isinstance(target, list) and last == "-":
+            target.append(operation["value"])
+        elif isinstance(target, list):
+            target[int(last)] = operation["value"]
+        else:
+            target[last] = operation["value"]
+    return document
+
+
+def container_config(tmp_path: Path, container: dict[str, Any]) -> Config:
+    """The config an icefloe container loads: the ConfigMap's toml and its environment."""
+    toml = k8s_object("ConfigMap", "icefloe-config")["data"]["icefloe.toml"]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    env[CONFIG_ENV] = str(write_toml(tmp_path, toml))
+    return load_config(None, env=env)
+
+
+def test_should_serve_kafka_in_the_cluster_and_advertise_what_clients_reach(tmp_path):
+    """Kafka clients connect to the address Metadata advertises: inside the cluster the
+    ingestor Service's DNS name and port; with components/ingress the external load
+    balancer's hostname, which the component's own patch sets on the ingestors."""
+    deployment = k8s_deployments()["icefloe-ingestor"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    config = container_config(tmp_path, container)
+    assert config.ingestor.kafka_port == ports["kafka"] == KAFKA_PORT
+    assert config.ingestor.plaintext is True  # TLS ends at the load balancer, as for HTTP
+    service = k8s_object("Service", "icefloe-ingestor")
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    assert by_name["kafka"]["targetPort"] == "kafka"
+    meta = service["metadata"]
+    assert config.ingestor.kafka_advertised_host == f"{meta['name']}.{meta['namespace']}.svc"
+    assert config.ingestor.kafka_advertised_port == by_name["kafka"]["port"]
+    policy = k8s_object("NetworkPolicy", "icefloe-ingestor")
+    admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert admitted == set(ports.values())
+
+    ingress = K8S_EXTRA[2]
+    (component,) = yaml_docs(ingress / "kustomization.yaml")
+    (external,) = yaml_docs(ingress / "kafka-service.yaml")
+    assert external["spec"]["type"] == "LoadBalancer"  # an Ingress carries HTTP only
+    assert external["spec"]["selector"] == service["spec"]["selector"]
+    (port,) = external["spec"]["ports"]
+    assert (port["port"], port["targetPort"], port["protocol"]) == (KAFKA_PORT, "kafka", "TCP")
+    notes = external["metadata"]["annotations"]
+    prefix = "service.beta.kubernetes.io/aws-load-balancer-"
+    assert notes[prefix + "ssl-ports"] == port["name"], "TLS terminates at the load balancer"
+    assert notes[prefix + "backend-protocol"] == "tcp"
+    (patch,) = [p for p in component["patches"] if p["target"]["name"] == "icefloe-ingestor"]
+    assert patch["target"]["kind"] == "Deployment"
+    patched = json_patch(deployment, yaml.safe_load(patch["patch"]))
+    (outside,) = patched["spec"]["template"]["spec"]["containers"]
+    config = container_config(tmp_path, outside)
+    assert config.ingestor.kafka_advertised_host == (
+        notes["external-dns.alpha.kubernetes.io/hostname"])
+    assert config.ingestor.kafka_advertised_port == port["port"]
+
+
+def test_should_apply_json_patches_as_kustomize_does():
+    doc = {"a": [{"b": 1}], "c": {"d/e": 0}}
+    assert json_patch(doc, [{"op": "add", "path": "/a/-", "value": 2},
+                            {"op": "replace", "path": "/a/0/b", "value": 3},
+                            {"op": "add", "path": "/c/d~1e", "value": 4}]) == (
+        {"a": [{"b": 3}, 2], "c": {"d/e": 4}})
+    assert doc == {"a": [{"b": 1}], "c": {"d/e": 0}}, "the input stays as it was"
 
 
 def test_should_run_one_collector_and_a_standby_only_in_the_overlay():
