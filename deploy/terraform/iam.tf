@@ -131,6 +131,17 @@ data "aws_iam_policy_document" "ingestor" {
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
     resources = ["${local.control_bucket_arn}/${local.probe_keys}"]
   }
+  # the Kafka listener claims a block of producer ids by compare-and-swap at start (and
+  # when a block runs out); never deleted: ids would start again and collide
+  dynamic "statement" {
+    for_each = var.enable_kafka ? [1] : []
+    content {
+      sid       = "KafkaProducerIds"
+      effect    = "Allow"
+      actions   = ["s3:GetObject", "s3:PutObject"]
+      resources = ["${local.control_bucket_arn}/${local.kafka_producer_ids_key}"]
+    }
+  }
   statement {
     # without ListBucket S3 answers 403 instead of 404 for a manifest or registry that does
     # not exist yet

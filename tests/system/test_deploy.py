@@ -27,6 +27,7 @@ import hcl2
 import msgspec
 import pytest
 import yaml
+from tf_eval import Module
 
 from icefloe import __version__
 from icefloe.config import (
@@ -39,6 +40,7 @@ from icefloe.config import (
 )
 from icefloe_app.cli import build_parser
 from icefloe_app.cli.config_args import DATA_DIR_ENV
+from ingestor.kafka.producer_ids import producer_ids_key
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -201,6 +203,15 @@ def tf_environment() -> list[dict[str, Any]]:
     assert found
     assert all(isinstance(item, dict) and set(item) == {"name", "value"} for item in found)
     return found
+
+
+def tf_environment_values(**overrides: Any) -> dict[str, dict[str, str]]:
+    """Each ``local.environment_<role>`` list, evaluated (:mod:`tf_eval`, variable defaults
+    unless overridden): ``{role: {name: value}}``, the values a task really gets."""
+    module = Module(TERRAFORM, overrides)
+    return {name.removeprefix("environment_"): {item["name"]: item["value"]
+                                                for item in module.local(name)}
+            for name in tf_locals() if name.startswith("environment_")}
 
 
 def strings(value: Any) -> Iterator[str]:
@@ -608,15 +619,83 @@ def test_should_use_icefloe_ports_commands_and_image_tag_in_terraform():
 
 
 def test_should_load_the_terraform_config_with_the_module_environment(tmp_path):
-    env = {item["name"]: str(item["value"]) for item in tf_environment()
-           if "${" not in str(item["value"])}
-    env.update({"ICEFLOE_STORE_URL": "s3://bucket/ingest", "ICEFLOE_CATALOG_TYPE": "glue",
-                "ICEFLOE_CATALOG_WAREHOUSE": "s3://bucket/warehouse"})
+    envs = tf_environment_values()
     path = write_toml(tmp_path, (TERRAFORM / "icefloe.toml").read_text())
-    config = load_config(path, env=env)
-    assert config.streams
-    assert config.ingestor.host == "0.0.0.0"
-    assert config.catalog.type == "glue"
+    for role in ("ingestor", "collector", "admin"):
+        env = {**envs["common"], **envs[role], **(envs["kafka"] if role == "ingestor" else {})}
+        config = load_config(path, env=env)
+        assert config.streams
+        assert config.ingestor.host == "0.0.0.0"
+        if role != "ingestor":  # the ingestors never reach the catalog
+            assert config.catalog.type == "glue"
+        assert config.store.url.startswith("s3://icefloe-")
+        assert config.store.control_url.endswith("-control/ingest")
+    assert config.ingestor.kafka_port is None, "only the ingestor's environment turns it on"
+
+
+def test_should_put_kafka_behind_a_tls_network_load_balancer_that_it_advertises(tmp_path):
+    """An ALB cannot carry Kafka (TCP): an NLB terminates TLS on 9092 and forwards TCP to
+    the ingestors' Kafka port; the ingestors serve plaintext behind it, as behind the ALB,
+    and advertise the NLB (or kafka_hostname), since Kafka clients connect to what
+    Metadata advertises. enable_kafka = false removes all of it."""
+    resources, local = tf_resources(), tf_locals()
+    assert local["kafka_port"] == KAFKA_PORT
+    kafka = {key: body for key, body in resources.items() if "kafka" in key[1]}
+    assert {("aws_lb", "kafka"), ("aws_lb_target_group", "kafka"), ("aws_lb_listener", "kafka"),
+            ("aws_security_group", "kafka_lb")} <= set(kafka)
+    for (rtype, name), body in kafka.items():
+        gate = str(body.get("count", body.get("for_each", "")))
+        assert "var.enable_kafka" in gate, f"{rtype}.{name} is not switched by enable_kafka"
+    nlb, group = kafka[("aws_lb", "kafka")], kafka[("aws_lb_target_group", "kafka")]
+    listener = kafka[("aws_lb_listener", "kafka")]
+    assert nlb["load_balancer_type"] == "network"
+    assert nlb["access_logs"][0]["enabled"] is True
+    assert (listener["protocol"], listener["port"]) == ("TLS", "${local.kafka_port}")
+    assert listener["certificate_arn"] == "${var.certificate_arn}"
+    assert listener["ssl_policy"] == "${var.ssl_policy}"
+    assert (group["protocol"], group["target_type"], group["port"]) == (
+        "TCP", "ip", "${local.kafka_port}")
+    (check,) = group["health_check"]
+    assert (check["protocol"], check["path"], check["port"]) == (
+        "HTTP", "/readyz", "${local.http_port}")
+    # clients -> NLB on 9092 (the allowed blocks); NLB -> ingestors on 9092 and the health port
+    clients = kafka[("aws_vpc_security_group_ingress_rule", "kafka_lb_clients")]
+    assert "var.allowed_cidr_blocks" in clients["for_each"]
+    assert clients["from_port"] == clients["to_port"] == "${local.kafka_port}"
+    into = {(b["from_port"], b["referenced_security_group_id"]) for (t, _), b in kafka.items()
+            if t == "aws_vpc_security_group_ingress_rule"
+            and b["security_group_id"] == "${aws_security_group.ingestor.id}"}
+    assert into == {("${local.kafka_port}", "${aws_security_group.kafka_lb[0].id}"),
+                    ("${local.http_port}", "${aws_security_group.kafka_lb[0].id}")}
+    # the task maps 9092, the service registers it in the target group, the env turns it on
+    text = resources[("aws_ecs_task_definition", "ingestor")]["container_definitions"]
+    text = re.sub(r'["{}$]', "", " ".join(text.split()))  # as the ECS test above reads it
+    task = re.sub(r"\s*=\s*|:\s+", "=", text)
+    assert "var.enable_kafka ? [name=kafka, containerPort=local.kafka_port, protocol=tcp]" in task
+    assert "var.enable_kafka ? local.environment_kafka" in task
+    (dynamic,) = resources[("aws_ecs_service", "ingestor")]["dynamic"]
+    content = dynamic["load_balancer"]["content"][0]
+    assert content["target_group_arn"] == "${aws_lb_target_group.kafka[0].arn}"
+    assert content["container_port"] == "${local.kafka_port}"
+
+    path = write_toml(tmp_path, (TERRAFORM / "icefloe.toml").read_text())
+    outputs = dict(tf_blocks("output"))
+    for overrides, host in (({}, "ifkafk-0123456789abcdef.elb.us-east-1.amazonaws.com"),
+                            ({"kafka_hostname": "kafka.example.com"}, "kafka.example.com")):
+        envs = tf_environment_values(**overrides)
+        config = load_config(path, env={**envs["common"], **envs["ingestor"], **envs["kafka"]})
+        assert config.ingestor.plaintext is True  # TLS ends at the NLB
+        assert config.ingestor.kafka_port == KAFKA_PORT
+        assert (config.ingestor.kafka_advertised_host,
+                config.ingestor.kafka_advertised_port) == (host, KAFKA_PORT)
+        assert config.ingestor.kafka_idle_s < 350, "the NLB drops idle TCP flows at 350 s"
+        bootstrap = Module(TERRAFORM, overrides).value(outputs["kafka_bootstrap"]["value"])
+        assert bootstrap == f"{host}:{KAFKA_PORT}"
+    off = Module(TERRAFORM, {"enable_kafka": False})
+    assert off.value(outputs["kafka_bootstrap"]["value"]) is None
+    # the ingestor role's producer-id statement names the key the listener really uses
+    assert local["kafka_producer_ids_key"] == (
+        "${var.batch_prefix}/" + producer_ids_key(Config()))
 
 
 # --- Kubernetes ---------------------------------------------------------------------------
@@ -877,8 +956,8 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
     for svc in icefloe_services().values():
         values.update(compose_env(svc))
     values.update(k8s_secret_env())
-    for item in tf_environment():
-        values[item["name"]] = str(item["value"])
+    for env in tf_environment_values().values():
+        values.update(env)
     settings = {k: v for k, v in values.items()
                 if k.startswith("ICEFLOE_") and k not in (CONFIG_ENV, DATA_DIR_ENV)}
     assert settings
@@ -888,12 +967,14 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
     for name, value in settings.items():
         section, key = next((s, name[len(f"ICEFLOE_{s.upper()}_"):].lower())
                             for s in sections if name.startswith(f"ICEFLOE_{s.upper()}_"))
-        if "${" in value:  # a Terraform expression: any value of the right kind will do
-            value = {"ICEFLOE_CATALOG_TYPE": "glue"}.get(name, "set-by-terraform")
+        assert "${" not in value, f"{name}: {value} (Terraform values are evaluated)"
         config = load_config(empty, env={name: value})
         actual = getattr(getattr(config, section), key)
         if isinstance(actual, tuple):  # lists come comma-separated from the environment
             actual = ",".join(actual)
+        if isinstance(actual, float):  # "300" sets 300.0
+            assert actual == float(value), name
+            continue
         assert (str(actual).lower() if isinstance(actual, bool) else str(actual)) == value, name
 
 
