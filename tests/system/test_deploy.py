@@ -629,7 +629,7 @@ def test_should_load_the_terraform_config_with_the_module_environment(tmp_path):
         if role != "ingestor":  # the ingestors never reach the catalog
             assert config.catalog.type == "glue"
         assert config.store.url.startswith("s3://icefloe-")
-        assert config.store.control_url.endswith("-control/ingest")
+        assert str(config.store.control_url).endswith("-control/ingest")
     assert config.ingestor.kafka_port is None, "only the ingestor's environment turns it on"
 
 

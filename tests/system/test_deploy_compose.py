@@ -117,10 +117,12 @@ def test_should_run_real_commands_with_real_settings_and_ports(tmp_path):
         env["ICEFLOE_CONFIG"] = str(write_toml(tmp_path, text))
         config = load_config(None, env=env)
         role = argv[0]
-        served = {"ingestor": {config.ingestor.http_port, config.ingestor.grpc_port,
-                               config.ingestor.kafka_port},
-                  "collector": {config.collector.metrics_port},
-                  "admin": {config.admin.port}}[role]
+        kafka = [p for p in (config.ingestor.kafka_port,) if p is not None]  # None: off
+        by_role: dict[str, set[int]] = {
+            "ingestor": {config.ingestor.http_port, config.ingestor.grpc_port, *kafka},
+            "collector": {config.collector.metrics_port},
+            "admin": {config.admin.port}}
+        served = by_role[role]
         for port in service.get("ports", []):
             assert int(str(port).rsplit(":", 1)[1]) in served, f"{name} publishes {port}"
         test = service["healthcheck"]["test"]
