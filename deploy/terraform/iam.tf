@@ -216,6 +216,22 @@ data "aws_iam_policy_document" "collector" {
     ]
   }
   statement {
+    # the catalog-wide version each run claims before its first commit, and the epoch a
+    # takeover stamps on it (icefloe.catalog_version: a compare-and-swap counter)
+    sid       = "ClaimCatalogVersion"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.control_bucket_arn}/${local.catalog_version_key}"]
+  }
+  statement {
+    # the dedup journal (collector.journal): the event ids each commit accepted, per table,
+    # read back at start; old records are swept
+    sid       = "DedupJournal"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${local.control_bucket_arn}/${local.dedup_keys}"]
+  }
+  statement {
     # staged rows of sinks with commit conditions: state documents and Parquet files
     sid       = "StagingArea"
     effect    = "Allow"

@@ -42,6 +42,10 @@ locals {
   registry_key        = "${var.batch_prefix}/registry/registry.json"
   staging_keys        = "${var.batch_prefix}/staging/*"
   probe_keys          = "${var.batch_prefix}/_icefloe/probe/*"
+  # the collector's dedup journal (collector.journal.PREFIX) and catalog-version counter
+  # (icefloe.catalog_version.VERSION_KEY)
+  dedup_keys          = "${var.batch_prefix}/dedup/*"
+  catalog_version_key = "${var.batch_prefix}/catalog/version.json"
   # the Kafka listener's producer-id counter, next to the registry
   # (ingestor.kafka.producer_ids.producer_ids_key); claimed by compare-and-swap at start
   kafka_producer_ids_key = "${var.batch_prefix}/registry/kafka/producer-ids.json"

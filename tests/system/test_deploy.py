@@ -30,6 +30,7 @@ import yaml
 from tf_eval import Module
 
 from icefloe import __version__
+from icefloe.catalog_version import VERSION_KEY
 from icefloe.config import (
     CONFIG_ENV,
     AdminSection,
@@ -575,6 +576,20 @@ def test_should_keep_ingestors_from_deleting_batch_files():
     assert str(local["manifest_key"]).endswith("/" + Config().manifest.key)
 
 
+def test_should_name_the_control_keys_the_code_uses():
+    """The collector's and ingestors' statements name single control objects and prefixes;
+    each must be the key the code really reads (a renamed key is an AccessDenied on AWS,
+    which only the slow IAM run would show)."""
+    from collector.journal import PREFIX  # why: imports pyarrow, only this test needs it
+
+    local = tf_locals()
+    assert local["catalog_version_key"] == "${var.batch_prefix}/" + VERSION_KEY
+    assert local["dedup_keys"] == "${var.batch_prefix}/" + PREFIX + "/*"
+    assert local["kafka_producer_ids_key"] == (
+        "${var.batch_prefix}/" + producer_ids_key(Config()))
+    assert local["registry_key"] == "${var.batch_prefix}/" + Config().admin.registry_key
+
+
 def test_should_run_exactly_one_collector_and_autoscale_the_ingestors():
     resources = tf_resources()
     assert resources[("aws_ecs_service", "collector")]["desired_count"] == 1
@@ -693,9 +708,6 @@ def test_should_put_kafka_behind_a_tls_network_load_balancer_that_it_advertises(
         assert bootstrap == f"{host}:{KAFKA_PORT}"
     off = Module(TERRAFORM, {"enable_kafka": False})
     assert off.value(outputs["kafka_bootstrap"]["value"]) is None
-    # the ingestor role's producer-id statement names the key the listener really uses
-    assert local["kafka_producer_ids_key"] == (
-        "${var.batch_prefix}/" + producer_ids_key(Config()))
 
 
 # --- Kubernetes ---------------------------------------------------------------------------
