@@ -33,6 +33,12 @@ KNOWN_ATTRIBUTES: dict[str, str] = {
     **{f"aws_lb_target_group.{name}.arn":
        f"arn:{PARTITION}:elasticloadbalancing:us-east-1:{ACCOUNT_ID}:targetgroup/{name}"
        for name in ("http", "grpc")},
+    # resources with count = var.enable_kafka ? 1 : 0, referenced as the one instance
+    "aws_lb_target_group.kafka[0].arn":
+        f"arn:{PARTITION}:elasticloadbalancing:us-east-1:{ACCOUNT_ID}:targetgroup/kafka",
+    "aws_lb.kafka[0].dns_name": "ifkafk-0123456789abcdef.elb.us-east-1.amazonaws.com",
+    "aws_lb.kafka[0].arn":
+        f"arn:{PARTITION}:elasticloadbalancing:us-east-1:{ACCOUNT_ID}:loadbalancer/net/kafka",
 }
 """Attributes of resources and data sources that only AWS knows, fixed for the tests.
 Any other resource attribute is :class:`Unsupported`."""
@@ -253,8 +259,10 @@ def _closing(text: str, open_at: int) -> int:
     raise Unsupported(f"unbalanced braces in {text!r}")
 
 
-_TOKEN = re.compile(r"\s*(?:(?P<num>\d+)|(?P<name>[A-Za-z_][\w.-]*)|(?P<op>==|[?:,()\[\]])"
-                    r"|(?P<str>\"))")
+_TOKEN = re.compile(r"\s*(?:(?P<num>\d+)|(?P<name>[A-Za-z_][\w.-]*(?:\[\d+\][\w.-]*)*)"
+                    r"|(?P<op>==|[?:,()\[\]])|(?P<str>\"))")
+"""A name may index a counted resource (``aws_lb.kafka[0].dns_name``): one reference, looked
+up whole in :data:`KNOWN_ATTRIBUTES`. A ``[`` after anything else opens a list literal."""
 
 
 def _tokens(text: str) -> list[tuple[str, Any]]:

@@ -1,4 +1,5 @@
-# Compute: ECS on Fargate. Ingestors are a load-balanced service scaled on CPU by
+# Compute: ECS on Fargate. Ingestors are a load-balanced service (the ALB, and the Kafka
+# NLB with enable_kafka) scaled on CPU by
 # Application Auto Scaling; the collector is a service of exactly one task; the admin API is
 # a service of admin_count (0 or 1) tasks with its own role.
 
@@ -89,11 +90,14 @@ resource "aws_ecs_task_definition" "ingestor" {
       user                   = "10001:10001"
       readonlyRootFilesystem = true
       privileged             = false
-      portMappings = [
+      portMappings = concat([
         { name = "http", containerPort = local.http_port, protocol = "tcp" },
         { name = "grpc", containerPort = local.grpc_port, protocol = "tcp", appProtocol = "grpc" },
-      ]
-      environment = concat(local.environment_common, local.environment_ingestor)
+        ], var.enable_kafka ? [
+        { name = "kafka", containerPort = local.kafka_port, protocol = "tcp" },
+      ] : [])
+      environment = concat(local.environment_common, local.environment_ingestor,
+      var.enable_kafka ? local.environment_kafka : [])
       secrets     = local.config_secret
       mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp", readOnly = false }]
       linuxParameters = {
@@ -151,6 +155,15 @@ resource "aws_ecs_service" "ingestor" {
     container_port   = local.grpc_port
   }
 
+  dynamic "load_balancer" {
+    for_each = var.enable_kafka ? [1] : []
+    content {
+      target_group_arn = aws_lb_target_group.kafka[0].arn
+      container_name   = "ingestor"
+      container_port   = local.kafka_port
+    }
+  }
+
   deployment_circuit_breaker {
     enable   = true
     rollback = true
@@ -161,7 +174,7 @@ resource "aws_ecs_service" "ingestor" {
     ignore_changes = [desired_count]
   }
 
-  depends_on = [aws_lb_listener.https, aws_lb_listener.grpc]
+  depends_on = [aws_lb_listener.https, aws_lb_listener.grpc, aws_lb_listener.kafka]
 }
 
 resource "aws_appautoscaling_target" "ingestor" {

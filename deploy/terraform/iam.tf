@@ -131,6 +131,17 @@ data "aws_iam_policy_document" "ingestor" {
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
     resources = ["${local.control_bucket_arn}/${local.probe_keys}"]
   }
+  # the Kafka listener claims a block of producer ids by compare-and-swap at start (and
+  # when a block runs out); never deleted: ids would start again and collide
+  dynamic "statement" {
+    for_each = var.enable_kafka ? [1] : []
+    content {
+      sid       = "KafkaProducerIds"
+      effect    = "Allow"
+      actions   = ["s3:GetObject", "s3:PutObject"]
+      resources = ["${local.control_bucket_arn}/${local.kafka_producer_ids_key}"]
+    }
+  }
   statement {
     # without ListBucket S3 answers 403 instead of 404 for a manifest or registry that does
     # not exist yet
@@ -203,6 +214,22 @@ data "aws_iam_policy_document" "collector" {
       "${local.control_bucket_arn}/${local.manifest_key}-shard*",
       "${local.control_bucket_arn}/${local.manifest_key}.shards",
     ]
+  }
+  statement {
+    # the catalog-wide version each run claims before its first commit, and the epoch a
+    # takeover stamps on it (icefloe.catalog_version: a compare-and-swap counter)
+    sid       = "ClaimCatalogVersion"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.control_bucket_arn}/${local.catalog_version_key}"]
+  }
+  statement {
+    # the dedup journal (collector.journal): the event ids each commit accepted, per table,
+    # read back at start; old records are swept
+    sid       = "DedupJournal"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${local.control_bucket_arn}/${local.dedup_keys}"]
   }
   statement {
     # staged rows of sinks with commit conditions: state documents and Parquet files

@@ -1,7 +1,8 @@
 # icefloe on AWS: an S3 bucket (batch files, manifest queue, Iceberg warehouse), least-
 # privilege task roles, ECS Fargate ingestors behind an Application Load Balancer (HTTP and
-# gRPC) with CPU autoscaling, exactly one collector task, an Iceberg catalog (Glue or RDS
-# PostgreSQL) and CloudWatch logs, all encrypted with one customer-managed KMS key.
+# gRPC) and a Network Load Balancer (Kafka, kafka.tf) with CPU autoscaling, exactly one
+# collector task, an Iceberg catalog (Glue or RDS PostgreSQL) and CloudWatch logs, all
+# encrypted with one customer-managed KMS key.
 
 data "aws_caller_identity" "current" {}
 
@@ -19,6 +20,8 @@ locals {
   grpc_port    = 50051
   metrics_port = 9464
   admin_port   = 8081
+  # [ingestor] kafka_port has no default (off); Kafka's own port, as `icefloe up` serves it
+  kafka_port = 9092
 
   # what the load balancer forwards (lb.tf): the ingest routes of ingestor/http/steps.py and
   # the icefloe.v1.Ingest gRPC service; /metrics, /healthz, /readyz and gRPC reflection and
@@ -39,6 +42,13 @@ locals {
   registry_key        = "${var.batch_prefix}/registry/registry.json"
   staging_keys        = "${var.batch_prefix}/staging/*"
   probe_keys          = "${var.batch_prefix}/_icefloe/probe/*"
+  # the collector's dedup journal (collector.journal.PREFIX) and catalog-version counter
+  # (icefloe.catalog_version.VERSION_KEY)
+  dedup_keys          = "${var.batch_prefix}/dedup/*"
+  catalog_version_key = "${var.batch_prefix}/catalog/version.json"
+  # the Kafka listener's producer-id counter, next to the registry
+  # (ingestor.kafka.producer_ids.producer_ids_key); claimed by compare-and-swap at start
+  kafka_producer_ids_key = "${var.batch_prefix}/registry/kafka/producer-ids.json"
   bucket_arn          = "arn:${local.partition}:s3:::${local.bucket_name}"
   control_bucket_arn  = "arn:${local.partition}:s3:::${local.control_bucket_name}"
   use_postgres        = var.catalog == "postgres"
@@ -78,8 +88,19 @@ locals {
   ]
   environment_ingestor = [
     { name = "ICEFLOE_INGESTOR_HOST", value = "0.0.0.0" },
-    # TLS terminates at the ALB; the ALB-to-task hop stays inside the VPC
+    # TLS terminates at the ALB (and the Kafka NLB); the hop to the task stays in the VPC
     { name = "ICEFLOE_INGESTOR_PLAINTEXT", value = "true" },
+  ]
+  # with enable_kafka only (ecs.tf). Kafka clients connect to the address Metadata
+  # advertises: the NLB, under kafka_hostname when given (it must match the certificate)
+  kafka_advertised_host = var.enable_kafka ? coalesce(var.kafka_hostname, aws_lb.kafka[0].dns_name) : ""
+  environment_kafka = [
+    { name = "ICEFLOE_INGESTOR_KAFKA_PORT", value = "${local.kafka_port}" },
+    { name = "ICEFLOE_INGESTOR_KAFKA_ADVERTISED_HOST", value = local.kafka_advertised_host },
+    { name = "ICEFLOE_INGESTOR_KAFKA_ADVERTISED_PORT", value = "${local.kafka_port}" },
+    # below the NLB's fixed 350 s TCP idle timeout: the ingestor closes an idle producer
+    # connection itself instead of the NLB dropping it silently
+    { name = "ICEFLOE_INGESTOR_KAFKA_IDLE_S", value = "300" },
   ]
   environment_collector = [
     { name = "ICEFLOE_CATALOG_TYPE", value = local.use_postgres ? "sql" : "glue" },

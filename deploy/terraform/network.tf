@@ -1,4 +1,5 @@
 # Security groups: clients -> load balancer (443, 50051) -> ingestors (8080, 50051);
+# clients -> Kafka load balancer (9092) -> ingestors (9092, health checks 8080) in kafka.tf;
 # collector and admin API -> catalog database (5432); admin_allowed_cidr_blocks -> admin API
 # (8081). Tasks reach S3, ECR, Glue and CloudWatch over HTTPS.
 

@@ -73,6 +73,16 @@ output "grpc_ingest_target" {
   value       = "${aws_lb.ingest.dns_name}:${local.grpc_port}"
 }
 
+output "kafka_bootstrap" {
+  description = "Kafka bootstrap.servers (TLS), host:port: the address every ingestor advertises; null when enable_kafka is false."
+  value       = var.enable_kafka ? "${local.kafka_advertised_host}:${local.kafka_port}" : null
+}
+
+output "kafka_load_balancer_dns_name" {
+  description = "DNS name of the Kafka Network Load Balancer (point kafka_hostname at it); null when enable_kafka is false."
+  value       = var.enable_kafka ? aws_lb.kafka[0].dns_name : null
+}
+
 output "ingestor_role_arn" {
   description = "IAM role of the ingestor tasks (write batch files and the manifest; no delete)."
   value       = aws_iam_role.ingestor.arn

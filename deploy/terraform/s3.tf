@@ -194,7 +194,7 @@ resource "aws_s3_bucket_policy" "control" {
 }
 
 # --- the log bucket: S3 server access logs and load balancer access logs --------------------
-# S3 server access logging and ALB access logs can only write to SSE-S3 (AES256) buckets, so
+# S3 server access logging and ALB/NLB access logs can only write to SSE-S3 (AES256) buckets, so
 # this bucket uses SSE-S3 instead of the KMS key, and it does not log access to itself.
 
 resource "aws_s3_bucket" "logs" {
@@ -298,6 +298,54 @@ data "aws_iam_policy_document" "logs_bucket" {
     principals {
       type        = "Service"
       identifiers = ["logdelivery.elasticloadbalancing.amazonaws.com"]
+    }
+  }
+
+  # the Kafka NLB's access logs (kafka.tf): delivered by the log delivery service
+  statement {
+    sid       = "NetworkLoadBalancerAccessLogs"
+    effect    = "Allow"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.logs.arn}/nlb/AWSLogs/${local.account_id}/*"]
+    principals {
+      type        = "Service"
+      identifiers = ["delivery.logs.amazonaws.com"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "s3:x-amz-acl"
+      values   = ["bucket-owner-full-control"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:SourceAccount"
+      values   = [local.account_id]
+    }
+    condition {
+      test     = "ArnLike"
+      variable = "aws:SourceArn"
+      values   = ["arn:${local.partition}:logs:${var.aws_region}:${local.account_id}:*"]
+    }
+  }
+
+  statement {
+    sid       = "NetworkLoadBalancerAccessLogsAclCheck"
+    effect    = "Allow"
+    actions   = ["s3:GetBucketAcl"]
+    resources = [aws_s3_bucket.logs.arn]
+    principals {
+      type        = "Service"
+      identifiers = ["delivery.logs.amazonaws.com"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:SourceAccount"
+      values   = [local.account_id]
+    }
+    condition {
+      test     = "ArnLike"
+      variable = "aws:SourceArn"
+      values   = ["arn:${local.partition}:logs:${var.aws_region}:${local.account_id}:*"]
     }
   }
 

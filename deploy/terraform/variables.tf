@@ -47,18 +47,30 @@ variable "load_balancer_internal" {
 }
 
 variable "allowed_cidr_blocks" {
-  description = "Client CIDR blocks allowed to reach the ingest endpoints (HTTPS 443 and gRPC 50051)."
+  description = "Client CIDR blocks allowed to reach the ingest endpoints (HTTPS 443, gRPC 50051 and, with enable_kafka, Kafka 9092)."
   type        = list(string)
   default     = ["10.0.0.0/8"]
 }
 
 variable "certificate_arn" {
-  description = "ACM certificate ARN for the load balancer's TLS listeners (HTTPS on 443, gRPC on 50051; ALB gRPC needs TLS)."
+  description = "ACM certificate ARN for the load balancers' TLS listeners (HTTPS on 443, gRPC on 50051; ALB gRPC needs TLS; Kafka on 9092 with enable_kafka)."
   type        = string
 }
 
+variable "enable_kafka" {
+  description = "Serve Kafka's produce protocol: a Network Load Balancer with a TLS listener on 9092 in front of the ingestors' Kafka port (docs/kafka.md)."
+  type        = bool
+  default     = true
+}
+
+variable "kafka_hostname" {
+  description = "DNS name Kafka clients use (a record you point at kafka_load_balancer_dns_name, covered by certificate_arn); the ingestors advertise it. null advertises the NLB's own DNS name, which the certificate does not cover: clients then fail TLS hostname verification."
+  type        = string
+  default     = null
+}
+
 variable "ssl_policy" {
-  description = "TLS policy of the load balancer listeners."
+  description = "TLS policy of the load balancer listeners (HTTPS, gRPC and Kafka)."
   type        = string
   default     = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 }

@@ -27,8 +27,10 @@ import hcl2
 import msgspec
 import pytest
 import yaml
+from tf_eval import Module
 
 from icefloe import __version__
+from icefloe.catalog_version import VERSION_KEY
 from icefloe.config import (
     CONFIG_ENV,
     AdminSection,
@@ -39,6 +41,7 @@ from icefloe.config import (
 )
 from icefloe_app.cli import build_parser
 from icefloe_app.cli.config_args import DATA_DIR_ENV
+from ingestor.kafka.producer_ids import producer_ids_key
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -58,6 +61,9 @@ CHECKOV_FRAMEWORKS = ("terraform", "kubernetes", "dockerfile")
 HTTP_PORT = IngestorSection().http_port
 GRPC_PORT = IngestorSection().grpc_port
 METRICS_PORT = CollectorSection().metrics_port
+KAFKA_PORT = 9092
+"""The Kafka port every deploy form serves (Kafka's own default, what ``icefloe up`` uses;
+``[ingestor] kafka_port`` has no default: the listener is off unless a file sets it)."""
 IMAGE_NAME = "icefloe"
 IMAGE = f"{IMAGE_NAME}:{__version__}"
 INGESTOR_IMAGE = f"{IMAGE_NAME}-ingestor:{__version__}"
@@ -200,6 +206,15 @@ def tf_environment() -> list[dict[str, Any]]:
     return found
 
 
+def tf_environment_values(**overrides: Any) -> dict[str, dict[str, str]]:
+    """Each ``local.environment_<role>`` list, evaluated (:mod:`tf_eval`, variable defaults
+    unless overridden): ``{role: {name: value}}``, the values a task really gets."""
+    module = Module(TERRAFORM, overrides)
+    return {name.removeprefix("environment_"): {item["name"]: item["value"]
+                                                for item in module.local(name)}
+            for name in tf_locals() if name.startswith("environment_")}
+
+
 def strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         yield value
@@ -320,23 +335,84 @@ def test_should_order_compose_start_up_with_healthchecks():
         assert test[:2] == ["CMD", "icefloe-healthcheck"], (name, test)
 
 
-def test_should_route_the_gateway_to_both_ingestors_over_http_and_grpc():
+NginxBlock = list[tuple[str, list[str], Any]]
+"""nginx.conf as ``(directive, arguments, children)``; children is None for a simple
+directive, the block's own list for a block."""
+
+
+def nginx_blocks(text: str) -> NginxBlock:
+    """Parse nginx.conf's structure (directives and nested blocks; comments dropped), so a
+    directive is checked in the block where nginx reads it, not anywhere in the file."""
+    tokens = re.findall(r"[{};]|[^\s{};]+", re.sub(r"#[^\n]*", "", text))
+    stack: list[NginxBlock] = [[]]
+    words: list[str] = []
+    for token in tokens:
+        if token == ";":
+            stack[-1].append((words[0], words[1:], None))
+            words = []
+        elif token == "{":
+            block: NginxBlock = []
+            stack[-1].append((words[0], words[1:], block))
+            stack.append(block)
+            words = []
+        elif token == "}":
+            assert not words, f"nginx.conf: {words} before a closing brace"
+            stack.pop()
+            assert stack, "nginx.conf: a closing brace without its block"
+        else:
+            words.append(token)
+    assert len(stack) == 1, "nginx.conf: a block is not closed"
+    assert not words, f"nginx.conf: {words} at the end without a ';'"
+    return stack[0]
+
+
+def nginx_find(blocks: NginxBlock, name: str) -> list[tuple[list[str], Any]]:
+    return [(args, children) for directive, args, children in blocks if directive == name]
+
+
+def nginx_upstreams(block: NginxBlock) -> dict[str, list[str]]:
+    """Each ``upstream NAME {}`` of a block → its servers (``host:port``)."""
+    return {args[0]: [server[0] for server, _ in nginx_find(body, "server")]
+            for args, body in nginx_find(block, "upstream")}
+
+
+def test_should_route_the_gateway_to_both_ingestors_over_http_grpc_and_kafka():
     gateway = compose()["services"]["gateway"]
     mounts = {v.split(":")[1]: COMPOSE_DIR / v.split(":")[0] for v in gateway["volumes"]}
-    conf = mounts["/etc/nginx/nginx.conf"].read_text()
-    assert conf.count("{") == conf.count("}"), "unbalanced braces in nginx.conf"
+    conf = nginx_blocks(mounts["/etc/nginx/nginx.conf"].read_text())
     ingestors = sorted(s for s in icefloe_services() if s.startswith("ingestor"))
-    servers = re.findall(r"^\s*server\s+([\w.-]+):(\d+)", conf, re.MULTILINE)
-    assert sorted(servers) == sorted(
-        [(name, str(HTTP_PORT)) for name in ingestors]
-        + [(name, str(GRPC_PORT)) for name in ingestors])
-    assert re.search(rf"listen\s+{HTTP_PORT};", conf)
-    assert re.search(rf"listen\s+{GRPC_PORT}(\s+http2)?;", conf)
-    assert "http2 on;" in conf or f"{GRPC_PORT} http2" in conf
-    assert re.search(r"grpc_pass\s+grpc://icefloe_grpc;", conf)
-    assert re.search(r"proxy_pass\s+http://icefloe_http;", conf)
+    (_, http), = nginx_find(conf, "http")
+    (_, stream), = nginx_find(conf, "stream")  # top level, beside http {}: TCP proxying
+    assert nginx_upstreams(http) == {
+        "icefloe_http": [f"{name}:{HTTP_PORT}" for name in ingestors],
+        "icefloe_grpc": [f"{name}:{GRPC_PORT}" for name in ingestors]}
+    assert nginx_upstreams(stream) == {
+        "icefloe_kafka": [f"{name}:{KAFKA_PORT}" for name in ingestors]}
+    servers = {nginx_find(body, "listen")[0][0][0]: body
+               for _, body in nginx_find(http, "server")}
+    assert set(servers) == {str(HTTP_PORT), str(GRPC_PORT)}
+    assert (["on"], None) in nginx_find(servers[str(GRPC_PORT)], "http2")
+    locations = {args[-1]: body for args, body in nginx_find(servers[str(GRPC_PORT)],
+                                                            "location")}
+    assert nginx_find(locations["/"], "grpc_pass") == [(["grpc://icefloe_grpc"], None)]
+    locations = {args[-1]: body for args, body in nginx_find(servers[str(HTTP_PORT)],
+                                                            "location")}
+    assert nginx_find(locations["/"], "proxy_pass") == [(["http://icefloe_http"], None)]
+    (_, kafka), = nginx_find(stream, "server")
+    assert nginx_find(kafka, "listen") == [([str(KAFKA_PORT)], None)]
+    assert nginx_find(kafka, "proxy_pass") == [(["icefloe_kafka"], None)]
     assert sorted(gateway["ports"]) == sorted(
-        [f"{HTTP_PORT}:{HTTP_PORT}", f"{GRPC_PORT}:{GRPC_PORT}"])
+        [f"{HTTP_PORT}:{HTTP_PORT}", f"{GRPC_PORT}:{GRPC_PORT}", f"{KAFKA_PORT}:{KAFKA_PORT}"])
+
+
+def test_should_parse_nginx_structure_and_refuse_broken_braces():
+    """The parser the gateway test relies on: nesting is kept, broken files are refused."""
+    parsed = nginx_blocks("a 1; # c { ;\nb { c 2; d { e; } }\n")
+    assert parsed == [("a", ["1"], None),
+                      ("b", [], [("c", ["2"], None), ("d", [], [("e", [], None)])])]
+    for broken in ("a { b;", "a; }", "a { b }", "a"):
+        with pytest.raises(AssertionError):
+            nginx_blocks(broken)
 
 
 # --- the Dockerfile ----------------------------------------------------------------------
@@ -368,7 +444,7 @@ def test_should_build_a_non_root_image_with_java_a_healthcheck_and_the_ports():
     assert any(word == "HEALTHCHECK" for word, _ in steps)
     assert ("VOLUME", '["/tmp"]') in steps, "/tmp stays writable under a read-only root"
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}
-    assert exposed == {HTTP_PORT, GRPC_PORT, METRICS_PORT}
+    assert exposed == {HTTP_PORT, GRPC_PORT, KAFKA_PORT, METRICS_PORT}
     cmds = [json.loads(rest) for word, rest in steps if word == "CMD"]
     assert len(cmds) == 2, "one default command per role target (ingestor, collector)"
     for cmd in cmds:
@@ -500,6 +576,20 @@ def test_should_keep_ingestors_from_deleting_batch_files():
     assert str(local["manifest_key"]).endswith("/" + Config().manifest.key)
 
 
+def test_should_name_the_control_keys_the_code_uses():
+    """The collector's and ingestors' statements name single control objects and prefixes;
+    each must be the key the code really reads (a renamed key is an AccessDenied on AWS,
+    which only the slow IAM run would show)."""
+    from collector.journal import PREFIX  # why: imports pyarrow, only this test needs it
+
+    local = tf_locals()
+    assert local["catalog_version_key"] == "${var.batch_prefix}/" + VERSION_KEY
+    assert local["dedup_keys"] == "${var.batch_prefix}/" + PREFIX + "/*"
+    assert local["kafka_producer_ids_key"] == (
+        "${var.batch_prefix}/" + producer_ids_key(Config()))
+    assert local["registry_key"] == "${var.batch_prefix}/" + Config().admin.registry_key
+
+
 def test_should_run_exactly_one_collector_and_autoscale_the_ingestors():
     resources = tf_resources()
     assert resources[("aws_ecs_service", "collector")]["desired_count"] == 1
@@ -544,15 +634,80 @@ def test_should_use_icefloe_ports_commands_and_image_tag_in_terraform():
 
 
 def test_should_load_the_terraform_config_with_the_module_environment(tmp_path):
-    env = {item["name"]: str(item["value"]) for item in tf_environment()
-           if "${" not in str(item["value"])}
-    env.update({"ICEFLOE_STORE_URL": "s3://bucket/ingest", "ICEFLOE_CATALOG_TYPE": "glue",
-                "ICEFLOE_CATALOG_WAREHOUSE": "s3://bucket/warehouse"})
+    envs = tf_environment_values()
     path = write_toml(tmp_path, (TERRAFORM / "icefloe.toml").read_text())
-    config = load_config(path, env=env)
-    assert config.streams
-    assert config.ingestor.host == "0.0.0.0"
-    assert config.catalog.type == "glue"
+    for role in ("ingestor", "collector", "admin"):
+        env = {**envs["common"], **envs[role], **(envs["kafka"] if role == "ingestor" else {})}
+        config = load_config(path, env=env)
+        assert config.streams
+        assert config.ingestor.host == "0.0.0.0"
+        if role != "ingestor":  # the ingestors never reach the catalog
+            assert config.catalog.type == "glue"
+        assert config.store.url.startswith("s3://icefloe-")
+        assert str(config.store.control_url).endswith("-control/ingest")
+    assert config.ingestor.kafka_port is None, "only the ingestor's environment turns it on"
+
+
+def test_should_put_kafka_behind_a_tls_network_load_balancer_that_it_advertises(tmp_path):
+    """An ALB cannot carry Kafka (TCP): an NLB terminates TLS on 9092 and forwards TCP to
+    the ingestors' Kafka port; the ingestors serve plaintext behind it, as behind the ALB,
+    and advertise the NLB (or kafka_hostname), since Kafka clients connect to what
+    Metadata advertises. enable_kafka = false removes all of it."""
+    resources, local = tf_resources(), tf_locals()
+    assert local["kafka_port"] == KAFKA_PORT
+    kafka = {key: body for key, body in resources.items() if "kafka" in key[1]}
+    assert {("aws_lb", "kafka"), ("aws_lb_target_group", "kafka"), ("aws_lb_listener", "kafka"),
+            ("aws_security_group", "kafka_lb")} <= set(kafka)
+    for (rtype, name), body in kafka.items():
+        gate = str(body.get("count", body.get("for_each", "")))
+        assert "var.enable_kafka" in gate, f"{rtype}.{name} is not switched by enable_kafka"
+    nlb, group = kafka[("aws_lb", "kafka")], kafka[("aws_lb_target_group", "kafka")]
+    listener = kafka[("aws_lb_listener", "kafka")]
+    assert nlb["load_balancer_type"] == "network"
+    assert nlb["access_logs"][0]["enabled"] is True
+    assert (listener["protocol"], listener["port"]) == ("TLS", "${local.kafka_port}")
+    assert listener["certificate_arn"] == "${var.certificate_arn}"
+    assert listener["ssl_policy"] == "${var.ssl_policy}"
+    assert (group["protocol"], group["target_type"], group["port"]) == (
+        "TCP", "ip", "${local.kafka_port}")
+    (check,) = group["health_check"]
+    assert (check["protocol"], check["path"], check["port"]) == (
+        "HTTP", "/readyz", "${local.http_port}")
+    # clients -> NLB on 9092 (the allowed blocks); NLB -> ingestors on 9092 and the health port
+    clients = kafka[("aws_vpc_security_group_ingress_rule", "kafka_lb_clients")]
+    assert "var.allowed_cidr_blocks" in clients["for_each"]
+    assert clients["from_port"] == clients["to_port"] == "${local.kafka_port}"
+    into = {(b["from_port"], b["referenced_security_group_id"]) for (t, _), b in kafka.items()
+            if t == "aws_vpc_security_group_ingress_rule"
+            and b["security_group_id"] == "${aws_security_group.ingestor.id}"}
+    assert into == {("${local.kafka_port}", "${aws_security_group.kafka_lb[0].id}"),
+                    ("${local.http_port}", "${aws_security_group.kafka_lb[0].id}")}
+    # the task maps 9092, the service registers it in the target group, the env turns it on
+    text = resources[("aws_ecs_task_definition", "ingestor")]["container_definitions"]
+    text = re.sub(r'["{}$]', "", " ".join(text.split()))  # as the ECS test above reads it
+    task = re.sub(r"\s*=\s*|:\s+", "=", text)
+    assert "var.enable_kafka ? [name=kafka, containerPort=local.kafka_port, protocol=tcp]" in task
+    assert "var.enable_kafka ? local.environment_kafka" in task
+    (dynamic,) = resources[("aws_ecs_service", "ingestor")]["dynamic"]
+    content = dynamic["load_balancer"]["content"][0]
+    assert content["target_group_arn"] == "${aws_lb_target_group.kafka[0].arn}"
+    assert content["container_port"] == "${local.kafka_port}"
+
+    path = write_toml(tmp_path, (TERRAFORM / "icefloe.toml").read_text())
+    outputs = dict(tf_blocks("output"))
+    for overrides, host in (({}, "ifkafk-0123456789abcdef.elb.us-east-1.amazonaws.com"),
+                            ({"kafka_hostname": "kafka.example.com"}, "kafka.example.com")):
+        envs = tf_environment_values(**overrides)
+        config = load_config(path, env={**envs["common"], **envs["ingestor"], **envs["kafka"]})
+        assert config.ingestor.plaintext is True  # TLS ends at the NLB
+        assert config.ingestor.kafka_port == KAFKA_PORT
+        assert (config.ingestor.kafka_advertised_host,
+                config.ingestor.kafka_advertised_port) == (host, KAFKA_PORT)
+        assert config.ingestor.kafka_idle_s < 350, "the NLB drops idle TCP flows at 350 s"
+        bootstrap = Module(TERRAFORM, overrides).value(outputs["kafka_bootstrap"]["value"])
+        assert bootstrap == f"{host}:{KAFKA_PORT}"
+    off = Module(TERRAFORM, {"enable_kafka": False})
+    assert off.value(outputs["kafka_bootstrap"]["value"]) is None
 
 
 # --- Kubernetes ---------------------------------------------------------------------------
@@ -583,7 +738,7 @@ def test_should_harden_every_pod():
 
 
 def test_should_probe_healthz_and_readyz_on_the_icefloe_ports():
-    expected = {"icefloe-ingestor": {"http": HTTP_PORT, "grpc": GRPC_PORT},
+    expected = {"icefloe-ingestor": {"http": HTTP_PORT, "grpc": GRPC_PORT, "kafka": KAFKA_PORT},
                 "icefloe-collector": {"metrics": METRICS_PORT},
                 "icefloe-admin": {"admin": AdminSection().port}}
     probe_port = {"icefloe-ingestor": "http", "icefloe-collector": "metrics",
@@ -629,6 +784,84 @@ def test_should_point_services_hpa_and_pdb_at_the_right_pods():
     assert hpa["spec"]["scaleTargetRef"]["name"] == "icefloe-ingestor"
     assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
     k8s_object("PodDisruptionBudget", "icefloe-ingestor")
+
+
+def json_patch(document: Any, operations: list[dict[str, Any]]) -> Any:
+    """Apply the JSON-patch ``add``/``replace`` operations kustomize patches use here (RFC
+    6902 paths; ``-`` appends), so a test reads the object the patch produces."""
+    document = json.loads(json.dumps(document))
+    for operation in operations:
+        assert operation["op"] in ("add", "replace"), operation
+        *parents, last = [part.replace("~1", "/").replace("~0", "~")
+                          for part in operation["path"].split("/")[1:]]
+        target = document
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if isinstance(target, list) and last == "-":
+            target.append(operation["value"])
+        elif isinstance(target, list):
+            target[int(last)] = operation["value"]
+        else:
+            target[last] = operation["value"]
+    return document
+
+
+def container_config(tmp_path: Path, container: dict[str, Any]) -> Config:
+    """The config an icefloe container loads: the ConfigMap's toml and its environment."""
+    toml = k8s_object("ConfigMap", "icefloe-config")["data"]["icefloe.toml"]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    env[CONFIG_ENV] = str(write_toml(tmp_path, toml))
+    return load_config(None, env=env)
+
+
+def test_should_serve_kafka_in_the_cluster_and_advertise_what_clients_reach(tmp_path):
+    """Kafka clients connect to the address Metadata advertises: inside the cluster the
+    ingestor Service's DNS name and port; with components/ingress the external load
+    balancer's hostname, which the component's own patch sets on the ingestors."""
+    deployment = k8s_deployments()["icefloe-ingestor"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    config = container_config(tmp_path, container)
+    assert config.ingestor.kafka_port == ports["kafka"] == KAFKA_PORT
+    assert config.ingestor.plaintext is True  # TLS ends at the load balancer, as for HTTP
+    service = k8s_object("Service", "icefloe-ingestor")
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    assert by_name["kafka"]["targetPort"] == "kafka"
+    meta = service["metadata"]
+    assert config.ingestor.kafka_advertised_host == f"{meta['name']}.{meta['namespace']}.svc"
+    assert config.ingestor.kafka_advertised_port == by_name["kafka"]["port"]
+    policy = k8s_object("NetworkPolicy", "icefloe-ingestor")
+    admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert admitted == set(ports.values())
+
+    ingress = K8S_EXTRA[2]
+    (component,) = yaml_docs(ingress / "kustomization.yaml")
+    (external,) = yaml_docs(ingress / "kafka-service.yaml")
+    assert external["spec"]["type"] == "LoadBalancer"  # an Ingress carries HTTP only
+    assert external["spec"]["selector"] == service["spec"]["selector"]
+    (port,) = external["spec"]["ports"]
+    assert (port["port"], port["targetPort"], port["protocol"]) == (KAFKA_PORT, "kafka", "TCP")
+    notes = external["metadata"]["annotations"]
+    prefix = "service.beta.kubernetes.io/aws-load-balancer-"
+    assert notes[prefix + "ssl-ports"] == port["name"], "TLS terminates at the load balancer"
+    assert notes[prefix + "backend-protocol"] == "tcp"
+    (patch,) = [p for p in component["patches"] if p["target"]["name"] == "icefloe-ingestor"]
+    assert patch["target"]["kind"] == "Deployment"
+    patched = json_patch(deployment, yaml.safe_load(patch["patch"]))
+    (outside,) = patched["spec"]["template"]["spec"]["containers"]
+    config = container_config(tmp_path, outside)
+    assert config.ingestor.kafka_advertised_host == (
+        notes["external-dns.alpha.kubernetes.io/hostname"])
+    assert config.ingestor.kafka_advertised_port == port["port"]
+
+
+def test_should_apply_json_patches_as_kustomize_does():
+    doc = {"a": [{"b": 1}], "c": {"d/e": 0}}
+    assert json_patch(doc, [{"op": "add", "path": "/a/-", "value": 2},
+                            {"op": "replace", "path": "/a/0/b", "value": 3},
+                            {"op": "add", "path": "/c/d~1e", "value": 4}]) == (
+        {"a": [{"b": 3}, 2], "c": {"d/e": 4}})
+    assert doc == {"a": [{"b": 1}], "c": {"d/e": 0}}, "the input stays as it was"
 
 
 def test_should_run_one_collector_and_a_standby_only_in_the_overlay():
@@ -684,6 +917,11 @@ def test_should_load_the_compose_toml_with_each_service_environment(tmp_path):
         assert config.catalog.properties["s3.endpoint"] == config.store.endpoint_url
         assert config.ingestor.host == "0.0.0.0"
         assert (config.ingestor.http_port, config.ingestor.grpc_port) == (HTTP_PORT, GRPC_PORT)
+        # Kafka clients connect to the address Metadata advertises: the gateway, as
+        # published on this machine
+        assert config.ingestor.kafka_port == KAFKA_PORT
+        assert (config.ingestor.kafka_advertised_host, config.ingestor.kafka_advertised_port) \
+            == ("localhost", KAFKA_PORT)
         assert config.collector.metrics_port == METRICS_PORT
     collector = compose()["services"]["collector"]
     assert collector["ports"] == [f"127.0.0.1:{METRICS_PORT}:{METRICS_PORT}"]
@@ -730,8 +968,8 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
     for svc in icefloe_services().values():
         values.update(compose_env(svc))
     values.update(k8s_secret_env())
-    for item in tf_environment():
-        values[item["name"]] = str(item["value"])
+    for env in tf_environment_values().values():
+        values.update(env)
     settings = {k: v for k, v in values.items()
                 if k.startswith("ICEFLOE_") and k not in (CONFIG_ENV, DATA_DIR_ENV)}
     assert settings
@@ -741,12 +979,14 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
     for name, value in settings.items():
         section, key = next((s, name[len(f"ICEFLOE_{s.upper()}_"):].lower())
                             for s in sections if name.startswith(f"ICEFLOE_{s.upper()}_"))
-        if "${" in value:  # a Terraform expression: any value of the right kind will do
-            value = {"ICEFLOE_CATALOG_TYPE": "glue"}.get(name, "set-by-terraform")
+        assert "${" not in value, f"{name}: {value} (Terraform values are evaluated)"
         config = load_config(empty, env={name: value})
         actual = getattr(getattr(config, section), key)
         if isinstance(actual, tuple):  # lists come comma-separated from the environment
             actual = ",".join(actual)
+        if isinstance(actual, float):  # "300" sets 300.0
+            assert actual == float(value), name
+            continue
         assert (str(actual).lower() if isinstance(actual, bool) else str(actual)) == value, name
 
 

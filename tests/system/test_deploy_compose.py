@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ from process_support import Child, child_env
 from test_deploy import (
     COMPOSE_DIR,
     COMPOSE_FILE,
+    KAFKA_PORT,
     compose,
     compose_env,
     icefloe_services,
@@ -114,9 +117,12 @@ def test_should_run_real_commands_with_real_settings_and_ports(tmp_path):
         env["ICEFLOE_CONFIG"] = str(write_toml(tmp_path, text))
         config = load_config(None, env=env)
         role = argv[0]
-        served = {"ingestor": {config.ingestor.http_port, config.ingestor.grpc_port},
-                  "collector": {config.collector.metrics_port},
-                  "admin": {config.admin.port}}[role]
+        kafka = [p for p in (config.ingestor.kafka_port,) if p is not None]  # None: off
+        by_role: dict[str, set[int]] = {
+            "ingestor": {config.ingestor.http_port, config.ingestor.grpc_port, *kafka},
+            "collector": {config.collector.metrics_port},
+            "admin": {config.admin.port}}
+        served = by_role[role]
         for port in service.get("ports", []):
             assert int(str(port).rsplit(":", 1)[1]) in served, f"{name} publishes {port}"
         test = service["healthcheck"]["test"]
@@ -149,7 +155,7 @@ def test_should_answer_the_service_health_check_on_a_real_process(tmp_path, serv
         config.write_text(config.read_text() + "\n[admin]\ntokens = [\""
                           + hash_token("ifl_compose-check", log2_n=10) + "\"]\n")
     args = [role, "--config", str(config), "--log-format", "text", "--host", "127.0.0.1"]
-    args += (["--http-port", "0", "--grpc-port", "0"] if role == "ingestor"
+    args += (["--http-port", "0", "--grpc-port", "0", "--kafka-port", "0"] if role == "ingestor"
              else ["--port", "0"])
     env = {**child_env(), "ICEFLOE_DATA_DIR": str(tmp_path / "data"),
            "PYTHONPATH": str(ROOT)}
@@ -159,5 +165,79 @@ def test_should_answer_the_service_health_check_on_a_real_process(tmp_path, serv
         port = ready["http_port"] if role == "ingestor" else ready["port"]
         assert _healthcheck(role, path, port) == 0, (service, path, child.tail())
         assert _healthcheck(role, "/no-such-endpoint", port) != 0
+    finally:
+        child.close()
+
+
+# --- Kafka through the gateway: what a producer sees first ----------------------------------
+
+def _kafka_call(port: int, api_key: int, body: bytes, correlation: int) -> bytes:
+    """One request (header v1, version 0) on a fresh connection; the response body after
+    the correlation id. Raw bytes on purpose: this is what any Kafka client sends first,
+    with no client library deciding anything."""
+    client = b"compose-check"
+    request = struct.pack(">hhih", api_key, 0, correlation, len(client)) + client + body
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        size = struct.unpack(">i", _read_exactly(sock, 4))[0]
+        answer = _read_exactly(sock, size)
+    assert struct.unpack(">i", answer[:4])[0] == correlation
+    return answer[4:]
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, f"connection closed after {len(data)} of {size} bytes"
+        data += chunk
+    return data
+
+
+def _api_versions(port: int) -> tuple[int, dict[int, tuple[int, int]]]:
+    """ApiVersions v0: error code and {api key: (min, max)}."""
+    body = _kafka_call(port, 18, b"", correlation=7)
+    error, count = struct.unpack(">hi", body[:6])
+    keys = [struct.unpack(">hhh", body[6 + 6 * i:12 + 6 * i]) for i in range(count)]
+    return error, {key: (low, high) for key, low, high in keys}
+
+
+def _metadata_brokers(port: int) -> list[tuple[int, str, int]]:
+    """Metadata v0 for no topic in particular: the brokers it advertises (node, host, port)."""
+    body = _kafka_call(port, 3, struct.pack(">i", 0), correlation=8)
+    (count,), at, brokers = struct.unpack(">i", body[:4]), 4, []
+    for _ in range(count):
+        node, length = struct.unpack(">ih", body[at:at + 6])
+        host = body[at + 6:at + 6 + length].decode()
+        (broker_port,) = struct.unpack(">i", body[at + 6 + length:at + 10 + length])
+        brokers.append((node, host, broker_port))
+        at += 10 + length
+    return brokers
+
+
+def test_should_serve_kafka_and_advertise_the_gateway_with_the_service_settings(tmp_path):
+    """ingestor-1 as compose configures it (its toml, its environment; stores made local)
+    listens for Kafka, answers ApiVersions, and its Metadata sends producers to the
+    gateway's published port, not to the ingestor itself: behind nginx, a client that
+    connected to an ingestor's own address would bypass the gateway (and fail: the
+    ingestors publish no ports)."""
+    service: dict[str, Any] = compose()["services"]["ingestor-1"]
+    config = _local_config(tmp_path)
+    env = {**child_env(), **compose_env(service), "ICEFLOE_CONFIG": str(config),
+           "ICEFLOE_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
+    # the service's own command, its ports free ones (9092 may be taken on this machine)
+    args = [*service["command"], "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
+            "--kafka-port", "0"]
+    child = Child(args, tmp_path, tmp_path / "ingestor-1.log", env)
+    try:
+        ready = child.ready()
+        assert ready["kafka_port"], ready
+        error, apis = _api_versions(ready["kafka_port"])
+        assert error == 0, error
+        assert apis[18][0] == 0, apis  # ApiVersions v0 is served
+        assert apis[0][1] >= 3, apis  # Produce: record batches (v3+)
+        gateway = compose()["services"]["gateway"]
+        assert f"{KAFKA_PORT}:{KAFKA_PORT}" in gateway["ports"]
+        assert _metadata_brokers(ready["kafka_port"]) == [(0, "localhost", KAFKA_PORT)]
     finally:
         child.close()

@@ -102,8 +102,14 @@ class World:
         ports, the moto endpoint, a SQLite catalog for the RDS one, ``user``'s keys."""
         tf = module()
         items = tf.local("environment_common") + tf.local(f"environment_{role}")
+        if role == "ingestor" and tf.var("enable_kafka"):  # as ecs.tf concatenates them
+            items += tf.local("environment_kafka")
         env = child_env()
         env.update({item["name"]: str(item["value"]) for item in items})
+        # the NLB's name resolves nowhere here: advertise the loopback listener itself
+        # (test_deploy.py checks what the module advertises)
+        env.pop("ICEFLOE_INGESTOR_KAFKA_ADVERTISED_HOST", None)
+        env.pop("ICEFLOE_INGESTOR_KAFKA_ADVERTISED_PORT", None)
         key, secret = self.keys[user]
         env.update({
             "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
@@ -115,7 +121,7 @@ class World:
             "HOME": str(self.tmp),
             "PYTHONPATH": str(ROOT),  # this checkout's icefloe, wherever the venv points
             "ICEFLOE_INGESTOR_HOST": "127.0.0.1", "ICEFLOE_INGESTOR_HTTP_PORT": "0",
-            "ICEFLOE_INGESTOR_GRPC_PORT": "0",
+            "ICEFLOE_INGESTOR_GRPC_PORT": "0", "ICEFLOE_INGESTOR_KAFKA_PORT": "0",
             "ICEFLOE_COLLECTOR_HOST": "127.0.0.1", "ICEFLOE_COLLECTOR_METRICS_PORT": "0",
             "ICEFLOE_COLLECTOR_SPARK_DRIVER_MEMORY": "1g",
             "ICEFLOE_COLLECTOR_COMMIT_INTERVAL_S": "0.5",
@@ -230,10 +236,26 @@ def ingested(world: World) -> dict[str, Any]:
         ready = child.ready()
         answer = publish(ready["http_port"], "pageviews", PAGEVIEWS)
         assert answer.status_code in (200, 202), answer.text
+        delivered = produce_kafka(ready["kafka_port"], "pageviews", PAGEVIEWS[:2])
         assert child.stop() == 0, child.tail()
     finally:
         child.close()
-    return {"answer": answer.json()}
+    return {"answer": answer.json(), "kafka": delivered}
+
+
+def produce_kafka(port: int, topic: str, events: list[dict[str, Any]]) -> list[str | None]:
+    """An idempotent Kafka producer (InitProducerId, then Produce) against the ingestor's
+    listener: each record's delivery error, None when acknowledged (durable in the store)."""
+    from confluent_kafka import Producer  # why: only this fixture speaks Kafka
+
+    errors: list[str | None] = []
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True,
+                         "message.timeout.ms": 30000})
+    for event in events:
+        producer.produce(topic, json.dumps(event).encode(),
+                         on_delivery=lambda err, _msg: errors.append(str(err) if err else None))
+    assert producer.flush(40) == 0, "records left undelivered"
+    return errors
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +297,11 @@ def test_should_give_each_task_role_only_the_module_statements_the_test_knows():
     found = {role: [s["Sid"] for s in policy["Statement"]]
              for role, policy in policies().items()}
     assert found["ingestor"] == ["WriteBatchFiles", "AppendToManifest", "ReadStreamRegistry",
-                                 "ConditionalWriteProbe", "ListControlPrefix", "UseBucketKey"]
+                                 "ConditionalWriteProbe", "ListControlPrefix", "UseBucketKey",
+                                 "KafkaProducerIds"]
+    # without Kafka, no producer-id counter to touch
+    off = Module(TERRAFORM, {**OVERRIDES, "enable_kafka": False}).role_policies(ROLES)
+    assert [s["Sid"] for s in off["ingestor"]["Statement"]] == found["ingestor"][:-1]
     for policy in policies().values():
         for statement in policy["Statement"]:
             assert statement["Effect"] == "Allow"
@@ -300,6 +326,9 @@ def test_should_start_the_ingestor_with_its_role_and_land_batches_and_manifest_a
         Bucket=world.bucket("control_bucket_name"), Prefix="ingest/")
     keys = {o["Key"] for o in control.get("Contents", [])}
     assert "ingest/manifest/queue" in keys
+    # the Kafka listener (on, as enable_kafka's default has it) claimed its producer-id block
+    assert "ingest/registry/kafka/producer-ids.json" in keys
+    assert ingested["kafka"] == [None, None], "Kafka records acknowledged with the role's keys"
     assert not any(k.startswith("ingest/batches/") for k in keys)
     assert not world.data_keys("ingest/manifest/")
     refused = [d for d in world.decisions("ingestor") if not d["allowed"]]
@@ -377,6 +406,7 @@ def test_should_refuse_the_admin_the_queue_batches_and_deletes(
     pytest.param("ingestor", "AppendToManifest", "no acknowledgement without an append",
                  marks=pytest.mark.slow),
     ("admin", "RewriteStreamRegistry", "the admin API seeds the registry at start"),
+    ("ingestor", "KafkaProducerIds", "the Kafka listener claims a producer-id block at start"),
 ])
 def test_should_not_start_without_a_statement_it_needs(world: World, role: str, sid: str,
                                                        why: str) -> None:
@@ -480,7 +510,11 @@ def test_should_route_only_the_ingest_paths_and_service_through_the_load_balance
     # only the routing is evaluated (ARNs and certificates are AWS's to know)
     listeners = {name: {"default_action": tf.value(body["default_action"])}
                  for (rtype, name), body in resources.items() if rtype == "aws_lb_listener"}
-    assert set(listeners) == {"https", "grpc"}
+    assert set(listeners) == {"https", "grpc", "kafka"}
+    # the Kafka NLB (TCP: no paths to route) forwards everything on 9092 to the Kafka port
+    (kafka,) = listeners.pop("kafka")["default_action"]
+    assert kafka["type"] == "forward"
+    assert kafka["target_group_arn"].endswith("targetgroup/kafka"), kafka
     for name, listener in listeners.items():
         (default,) = listener["default_action"]
         assert default["type"] == "fixed-response", f"listener {name} forwards by default"

@@ -207,6 +207,7 @@ warehouse = "{(root / 'warehouse').as_uri()}"
 host = "127.0.0.1"
 http_port = 0
 grpc_port = 0
+kafka_port = 0
 [collector]
 host = "127.0.0.1"
 metrics_port = 0
@@ -250,6 +251,9 @@ def test_should_start_the_ingestor_image_env_without_spark(compiled_image_wheel,
     try:
         r = httpx.get(f"http://127.0.0.1:{ready['http_port']}/readyz", timeout=10)
         assert r.status_code == 200, r.text
+        # the Kafka listener with only [ingestor]'s packages: every codec a producer may use
+        for codec in KAFKA_CODECS:
+            assert _produce(ready["kafka_port"], codec) == [None] * 3, codec
     finally:
         child.close()
     refused = subprocess.run([venv.icefloe, "collector", "--config", str(config)],
@@ -285,6 +289,26 @@ def test_should_start_every_role_of_the_collector_image_env(compiled_image_wheel
         for child in children:
             child.close()
     print(f"\nall env: {venv.size_mib():.0f} MiB, install {venv.install_s:.0f} s")
+
+
+KAFKA_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+"""librdkafka's compression.type values: the record batch codecs the listener decodes."""
+
+
+def _produce(port: int, codec: str) -> list[str | None]:
+    """Three records in one compressed batch from an idempotent producer: each record's
+    delivery error, None once acknowledged."""
+    from confluent_kafka import Producer  # why: only the Kafka check needs the client
+
+    errors: list[str | None] = []
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True,
+                         "compression.type": codec, "linger.ms": 20,
+                         "message.timeout.ms": 30000})
+    for i in range(3):
+        producer.produce("clicks", json.dumps({"id": f"{codec}-{i}"}).encode(),
+                         on_delivery=lambda err, _msg: errors.append(str(err) if err else None))
+    assert producer.flush(40) == 0, f"{codec}: records left undelivered"
+    return errors
 
 
 def _token_hash() -> str:

@@ -279,7 +279,13 @@ def test_should_build_base_overlays_and_components_with_kustomize():
     assert {("Deployment", "icefloe-admin"), ("Service", "icefloe-admin"),
             ("PodDisruptionBudget", "icefloe-collector"), ("ServiceMonitor", "icefloe"),
             ("PrometheusRule", "icefloe"), ("ConfigMap", "icefloe-grafana-dashboard"),
-            ("Ingress", "icefloe-ingest"), ("GRPCRoute", "icefloe-ingest")} <= kinds
+            ("Ingress", "icefloe-ingest"), ("GRPCRoute", "icefloe-ingest"),
+            ("Service", "icefloe-ingestor-kafka")} <= kinds
+    (ingestor,) = [o for o in built if o["kind"] == "Deployment"
+                   and o["metadata"]["name"] == "icefloe-ingestor"]
+    (container,) = ingestor["spec"]["template"]["spec"]["containers"]
+    assert {"name": "ICEFLOE_INGESTOR_KAFKA_ADVERTISED_HOST",
+            "value": "kafka.ingest.example.com"} in container["env"], "the patch applies"
     assert all(o["metadata"].get("namespace") == "icefloe" for o in built
                if o["kind"] != "Namespace")
     (rule,) = [o for o in built if o["kind"] == "PrometheusRule"]
