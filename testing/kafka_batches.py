@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import cramjam
 import google_crc32c
@@ -30,7 +30,8 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _field(value: bytes | None) -> bytes:
+def field(value: bytes | None) -> bytes:
+    """A nullable length-prefixed field of a record (key, value, header name or value)."""
     return varint(-1) if value is None else varint(len(value)) + value
 
 
@@ -43,10 +44,10 @@ class Record:
 
 
 def encode_record(index: int, record: Record) -> bytes:
-    body = b"\x00" + varint(record.timestamp_delta) + varint(index) + _field(record.key) \
-        + _field(record.value) + varint(len(record.headers))
+    body = b"\x00" + varint(record.timestamp_delta) + varint(index) + field(record.key) \
+        + field(record.value) + varint(len(record.headers))
     for name, value in record.headers:
-        body += _field(name.encode()) + _field(value)
+        body += field(name.encode()) + field(value)
     return varint(len(body)) + body
 
 
@@ -80,7 +81,7 @@ class Batch:
     crc: int | None = None
     body: bytes | None = None
     """The (compressed) records as sent, instead of encoding ``records``."""
-    extra: bytes = field(default=b"")
+    extra: bytes = b""
 
     def encode(self) -> bytes:
         count = len(self.records) if self.count is None else self.count

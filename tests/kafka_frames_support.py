@@ -13,28 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import struct
 import zlib
 from dataclasses import dataclass, field
 
-import cramjam
 import google_crc32c
-import zstandard
 
 from ingestor.kafka.wire import Reader, Writer
+from testing.kafka_batches import compress as codec_compress
+from testing.kafka_batches import field as _nullable
+from testing.kafka_batches import varint as zigzag
 
 PRODUCE, METADATA, API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 0, 3, 18, 17, 36
 CODEC = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-
-
-def zigzag(value: int) -> bytes:
-    """A signed varint (records use zig-zag varints for every length and delta)."""
-    return Writer().uvarint((value << 1) ^ (value >> 63)).getvalue()
-
-
-def _nullable(value: bytes | None) -> bytes:
-    return zigzag(-1) if value is None else zigzag(len(value)) + value
 
 
 def record(index: int, value: bytes | None, key: bytes | None = None, *,
@@ -50,15 +41,7 @@ def record(index: int, value: bytes | None, key: bytes | None = None, *,
 
 def compress(raw: bytes, codec: str) -> bytes:
     """``raw`` as the producer of each codec writes it (snappy raw, as librdkafka)."""
-    if codec == "none":
-        return raw
-    if codec == "gzip":
-        return gzip.compress(raw, 6)
-    if codec == "snappy":
-        return bytes(cramjam.snappy.compress_raw(raw))
-    if codec == "lz4":
-        return bytes(cramjam.lz4.compress(raw))
-    return zstandard.ZstdCompressor().compress(raw)
+    return codec_compress(codec, raw)
 
 
 @dataclass
