@@ -146,6 +146,18 @@ class _Sent:
     topic: str
     records: list[KafkaRecord]
     data: bytes
+    durable: dict[int, int] = field(default_factory=dict)
+    """Base offset → registry version of each attempt made durable, seen by the world
+    even when the producer never heard (an answer lost): a retry the ingestor answers
+    from its duplicate cache gets the first attempt's offset, and its records were
+    accepted under that attempt's version, not the retry's."""
+
+    def attempt_done(self, task: asyncio.Task[tuple[int, PartitionResult]]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        version, result = task.result()
+        if result.error == Code.NONE:
+            self.durable.setdefault(result.base_offset, version)
 
     @property
     def uids(self) -> list[str]:
@@ -244,6 +256,7 @@ class KafkaProducer:
         request = ProduceRequest(None, -1, 30_000, [TopicData(sent.topic, [
             PartitionData(0, sent.data)])])
         task = world.spawn(ingestor.name, kafka.produce(request, producer))
+        task.add_done_callback(sent.attempt_done)
         # a lost answer: half the time the connection breaks while the batch is in flight
         # (it may still be made durable, or fail), else once it was answered (durable)
         lose = self.rng.random() < world.scenario.kafka_lost
@@ -265,7 +278,10 @@ class KafkaProducer:
                 stats["lost_answers"] += 1
                 return self._lost(sent, version)  # durable, but the producer never hears
             world.ledger.acked += 1
-            self._copies(sent, version, acked=True)
+            accepted = sent.durable.get(result.base_offset, version)
+            if accepted != version:
+                stats["acked_from_duplicate_cache_across_versions"] += 1
+            self._copies(sent, accepted, acked=True)
             return "acked"
         self._copies(sent, version, acked=False)
         if result.error in RETRIABLE:
