@@ -189,13 +189,24 @@ class KafkaProducer:
         world = self.world
         while world.sim.now < until:
             await asyncio.sleep(self.rng.uniform(0.1, 0.8))
-            topics = world.open_sources()
+            topics = self._topics()
             if not topics:
                 continue
             if self.producer_id < 0 and not await self._init(until):
                 continue
             sent = self._batch(self.rng.choice(topics))
             await self._deliver(sent, until)
+
+    def _topics(self) -> list[str]:
+        """The topics a producer finds in Metadata: sources with a live sink (a source
+        whose sinks are all disabled, deleted or moved away is not served: the listener
+        answers UNKNOWN_TOPIC_OR_PARTITION, which a producer retries)."""
+        history = self.world.registry_history
+        if not history:
+            return []
+        open_now = set(self.world.open_sources())
+        return [s.id for s in history[-1].live_sources()
+                if s.id in open_now and s.live_sinks()]
 
     def _batch(self, topic: str) -> _Sent:
         """The next batch of ``topic`` (partition 0): 1-4 JSON records, sequences after
