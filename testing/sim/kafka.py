@@ -146,6 +146,8 @@ class _Sent:
     topic: str
     records: list[KafkaRecord]
     data: bytes
+    last_host: str | None = None
+    """The ingestor the previous attempt went to (the story counts where retries land)."""
     durable: dict[int, int] = field(default_factory=dict)
     """Base offset → registry version of each attempt made durable, seen by the world
     even when the producer never heard (an answer lost): a retry the ingestor answers
@@ -260,6 +262,11 @@ class KafkaProducer:
         ``retry`` (a retriable refusal) or ``refused`` (a refusal no retry helps)."""
         world, stats = self.world, self.ledger.stats
         ingestor, producer = self._connect()
+        if sent.last_host is not None:
+            stats["retry_" + ("same_ingestor" if ingestor.name == sent.last_host else
+                              "restarted_ingestor" if ingestor.name == sent.last_host + "r"
+                              else "other_ingestor")] += 1
+        sent.last_host = ingestor.name
         world.ledger.requests += 1
         world.ledger.sent.update(sent.uids)
         kafka = ingestor.kafka
