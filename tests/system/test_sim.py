@@ -97,10 +97,11 @@ def test_fixed_seeds_keep_every_invariant() -> None:
     assert f"{len(FIXED_SEEDS)} seeds, 0 failed" in done.stdout
 
 
-def test_a_seed_replays_exactly() -> None:
+@pytest.mark.parametrize("seed", [15, KAFKA_SEED])
+def test_a_seed_replays_exactly(seed: int) -> None:
     lines = []
     for _ in range(2):
-        done = sim("--seed", "15")
+        done = sim("--seed", str(seed))
         assert done.returncode == 0, done.stdout + done.stderr
         first = done.stdout.splitlines()[0]
         lines.append(re.sub(r"\s+[\d.]+s\s+", " ", first))  # real seconds differ
