@@ -336,6 +336,8 @@ class Checker:
             self.check_keys(table)
         if self.world.scenario.typed:
             self.check_typed()
+        if self.world.scenario.kafka_producers:
+            self.check_kafka(found)
 
     def check_typed(self) -> None:
         """``protobuf-rename`` (#39): once the operator deployed message version 2, the
@@ -391,6 +393,44 @@ class Checker:
         if wrong:
             self.violation(f"{name}: {len(wrong)} rows do not read back what their messages "
                            f"carried, under v2's names, e.g. {wrong[:2]}")
+
+    def check_kafka(self, found: dict[str, Counter[str]]) -> None:
+        """``kafka-retry`` (#40), by Kafka record, naming producer id, epoch and sequence:
+        every acknowledged record is in each table it was routed to exactly once, and no
+        record is anywhere more than once (a retried batch dropped as a duplicate by its
+        ids, whichever ingestor took it, before or after a restart); a record whose batch
+        its producer gave up (epoch bumped) may be there once or not at all."""
+        ledger = self.world.ledger.kafka
+        registry = self.world.registry_history[-1]
+        routed: dict[str, set[str]] = {}
+        for copy in self.world.ledger.copies:
+            record = ledger.records.get(copy.uid)
+            source = registry.source(copy.source)
+            if record is not None and copy.acked and source is not None:
+                routed.setdefault(copy.uid, set()).update(
+                    s.table for s in source.routes(copy.version))
+        missing, twice, given_up_landed = [], [], 0
+        for uid, record in sorted(ledger.records.items()):
+            for table in sorted(routed.get(uid, set())):
+                if found.get(table, Counter())[uid] != 1:
+                    missing.append(f"{record.label()} in {table}: "
+                                   f"{found.get(table, Counter())[uid]} times")
+            for table, counts in found.items():
+                if counts[uid] > 1:
+                    twice.append(f"{record.label()} {counts[uid]} times in {table}")
+            if record.given_up and any(counts[uid] for counts in found.values()):
+                given_up_landed += 1
+        if missing:
+            self.violation(f"kafka: {len(missing)} acknowledged records not exactly once in "
+                           f"their tables, e.g. {missing[:3]}")
+        if twice:
+            self.violation(f"kafka: {len(twice)} records committed more than once, e.g. "
+                           f"{twice[:3]}")
+        stats = dict(sorted(ledger.stats.items()))
+        acked = sum(1 for r in ledger.records.values() if r.acked)
+        given_up = sum(1 for r in ledger.records.values() if r.given_up)
+        self.note(f"kafka: {len(ledger.records)} records, {acked} acknowledged, {given_up} "
+                  f"given up ({given_up_landed} of them landed, once); {stats}")
 
     def check_keys(self, name: str) -> None:
         """A keyed table (``upsert-restart``) holds, per key, the state of the key's last

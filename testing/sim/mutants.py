@@ -237,6 +237,37 @@ def _staged_by_name() -> contextlib.AbstractContextManager[None]:
     return _patch(StagedPath, "_renamer", lambda self, table: None)
 
 
+def _kafka_ids_per_attempt() -> contextlib.AbstractContextManager[None]:
+    """#40's idempotence undone: the Kafka listener does not derive event ids from the
+    producer id, epoch and sequence, so every attempt of a batch gets fresh generated ids
+    (what a non-idempotent producer gets): a retried batch that had landed lands again."""
+    from ingestor.kafka.produce import ProduceHandler
+
+    original = ProduceHandler._canonical
+
+    def canonical(self: ProduceHandler, stream: Any, partition: int, records: Any,
+                  caller: Any) -> tuple[Any, list[str] | None]:
+        return original(self, stream, partition, records, caller)[0], None
+    return _patch(ProduceHandler, "_canonical", canonical)
+
+
+def _kafka_ids_without_epoch() -> contextlib.AbstractContextManager[None]:
+    """#40's ids without the producer epoch: after an epoch bump the producer's sequences
+    start again at 0, so its new records get the ids of the records it sent under the
+    previous epoch, and the collector drops them as duplicates."""
+    from ingestor.kafka.produce import ProduceHandler
+
+    original = ProduceHandler._canonical
+
+    def canonical(self: ProduceHandler, stream: Any, partition: int, records: Any,
+                  caller: Any) -> tuple[Any, list[str] | None]:
+        got, ids = original(self, stream, partition, records, caller)
+        if ids is None:
+            return got, None
+        return got, [":".join(p[:4] + p[5:]) for p in (i.split(":") for i in ids)]
+    return _patch(ProduceHandler, "_canonical", canonical)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -251,6 +282,8 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "rename-apart": _rename_apart,
     "numbers-after-create": _numbers_after_create,
     "staged-by-name": _staged_by_name,
+    "kafka-ids-per-attempt": _kafka_ids_per_attempt,
+    "kafka-ids-without-epoch": _kafka_ids_without_epoch,
 }
 
 

@@ -86,6 +86,16 @@ class Scenario:
     deploy_at: float | None = None
     """``protobuf-rename``: when (fraction of the traffic) the operator deploys the
     message's version 2 (two fields renamed, numbers kept, one added)."""
+    kafka_producers: int = 0
+    """``kafka-retry`` (#40): idempotent Kafka producers sending record batches through
+    each ingestor's real Kafka produce path (:mod:`testing.sim.kafka`)."""
+    kafka_lost: float = 0.0
+    """``kafka-retry``: chance that a Produce answer is lost (the batch may be durable or
+    not; the producer retries the identical batch on its next connection)."""
+    kafka_bump: float = 0.0
+    """``kafka-retry``: chance, after each unanswered attempt, that the producer gives the
+    batch up and bumps its epoch (sequences from 0 under epoch + 1, as librdkafka does
+    after a timeout): the batch's records may then be in the table once, never twice."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -137,7 +147,28 @@ class Scenario:
         scenario.aim(random.Random(seed * 7 + 104723))
         scenario.aim_36(random.Random(seed * 7 + 38026))
         scenario.aim_39(random.Random(seed * 7 + TYPED_SALT))
+        scenario.aim_40(random.Random(seed * 7 + KAFKA_SALT))
         return scenario
+
+    def aim_40(self, rng: random.Random) -> None:
+        """#40's family, from a generator of its own among the ``mixed`` seeds #39 left,
+        so no seed pinned before it changes (its salt is chosen so that none is drawn)."""
+        if self.family != "mixed" or rng.random() >= LATER_FAMILIES["kafka-retry"]:
+            return
+        # idempotent Kafka producers beside the HTTP clients: answers lost at random,
+        # retries of the identical batch on another ingestor or after an ingestor
+        # restart, epochs bumped after a give-up; collectors die and are taken over as
+        # in `mixed`
+        self.family = "kafka-retry"
+        self.kafka_producers = rng.randint(2, 3)
+        self.kafka_lost = rng.choice([0.1, 0.2, 0.3])
+        self.kafka_bump = rng.choice([0.1, 0.25])
+        self.ingestors = max(self.ingestors, 2)
+        self.ingestor_crashes = max(self.ingestor_crashes, rng.randint(1, 2))
+        self.collector_crashes = max(self.collector_crashes, 1)
+        self.clients = min(self.clients, 2)
+        self.evolve, self.quiet_gap_s = False, 0.0
+        self.duration_s = min(max(self.duration_s, 50.0), 90.0)
 
     def aim_39(self, rng: random.Random) -> None:
         """#39's family, from a generator of its own among the ``mixed`` seeds #36 left,
@@ -237,7 +268,7 @@ class Scenario:
                 "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve",
                 "family", "standby", "outage_s", "upsert", "dedup_max_ids",
                 "stale_resend", "expire_at", "break_at", "restore_at", "typed",
-                "deploy_at")
+                "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
@@ -247,9 +278,13 @@ class Scenario:
 FAMILIES = {"mixed": 0.55, "late-staging": 0.15, "outage": 0.15, "failover": 0.15}
 """How often each family of stories is drawn (:meth:`Scenario.aim`)."""
 LATER_FAMILIES = {"upsert-restart": 0.2, "external-expiry": 0.2, "parked-table": 0.15,
-                  "protobuf-rename": 0.3}
+                  "protobuf-rename": 0.3, "kafka-retry": 0.3}
 """Later families: the share of ``mixed`` seeds each takes (#36's :meth:`Scenario.aim_36`,
 ``parked-table`` a quarter of those left, by a generator of its own; #39's
-``protobuf-rename`` (:meth:`Scenario.aim_39`) 30 % of the ``mixed`` seeds #36 left)."""
+``protobuf-rename`` (:meth:`Scenario.aim_39`) 30 % of the ``mixed`` seeds #36 left;
+#40's ``kafka-retry`` (:meth:`Scenario.aim_40`) 30 % of the ``mixed`` seeds #39 left)."""
 TYPED_SALT = 42091
 """``protobuf-rename``'s generator salt (see :meth:`Scenario.aim_39`)."""
+KAFKA_SALT = 40013
+"""``kafka-retry``'s generator salt (see :meth:`Scenario.aim_40`): no seed pinned in
+``tests/system/test_sim.py`` before the family is drawn, and 20 and 38 of 1-40 are."""

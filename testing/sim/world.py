@@ -75,6 +75,7 @@ from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
 from testing.sim import typed
 from testing.sim.checks import Checker
+from testing.sim.kafka import KafkaLedger, KafkaProducer, KafkaSide
 from testing.sim.loop import (
     HostClock,
     SimTime,
@@ -308,6 +309,9 @@ class Ledger:
     requests_acked: list[Request] = field(default_factory=list)
     typed: dict[str, typed.Sent] = field(default_factory=dict)
     """``protobuf-rename``: each Protobuf event's values, by ``uid``."""
+    kafka: KafkaLedger = field(default_factory=KafkaLedger)
+    """``kafka-retry``: each Kafka record (producer id, epoch, sequence, what its producer
+    was told) by ``uid``, and what the producers went through."""
 
 
 class Ingestor:
@@ -333,8 +337,12 @@ class Ingestor:
                 producer_id=f"{name}-{world.rng.randrange(1 << 30)}", clock=clock)
         settings = FlushSettings(age_s=0.1, min_interval_s=0.0, early_requests=0,
                                  timeout_s=cfg.ingestor.flush_timeout_s, max_inflight=2)
-        self.batcher = Batcher(StorePublisher(store, self.producer), settings, IngestMetrics(),
+        metrics = IngestMetrics()
+        self.batcher = Batcher(StorePublisher(store, self.producer), settings, metrics,
                                clock=clock)
+        self.kafka = KafkaSide(name, cfg, self.batcher, metrics, store, clock) \
+            if world.scenario.kafka_producers else None
+        """``kafka-retry``: the real Kafka front over this ingestor's batcher."""
         self.registry: Registry | None = None
         self._typed: dict[tuple[int, str], CompiledStream] = {}
         self.watch = RegistryWatch(store, cfg.admin.registry_key, self._on_registry,
@@ -343,12 +351,16 @@ class Ingestor:
 
     def _on_registry(self, registry: Registry) -> None:
         self.registry = registry
+        if self.kafka is not None:
+            self.kafka.service.apply_registry(registry)
 
     async def run(self) -> None:
         if self.world.config.manifest.shards > 1:
             await ensure_shards(self.store, self.world.config.manifest.build(),
                                 clock=self.world.clock_of(self.name))
         self.batcher.start()
+        if self.kafka is not None:
+            self.world.spawn(self.name, self.kafka.start())
         while True:
             with contextlib.suppress(IcefloeError):
                 await self.watch.check()
@@ -840,6 +852,9 @@ class World:
         traffic_end = self.sim.now + s.duration_s
         clients = [self.spawn(f"client-{i}", Client(self, f"client-{i}", random.Random(
             s.seed * 31 + i)).run(traffic_end)) for i in range(s.clients)]
+        clients += [self.spawn(f"kafka-{i}", KafkaProducer(
+            self, f"kafka-{i}", random.Random(s.seed * 41 + i), Copy).run(traffic_end))
+            for i in range(s.kafka_producers)]
         chaos = self.spawn("chaos", self._chaos(registry_store, traffic_end))
         checks = self.spawn("checker", self.checker.periodic())
         await asyncio.gather(*clients, return_exceptions=True)

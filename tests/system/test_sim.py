@@ -43,6 +43,17 @@ CREATE_SEED = 44
 table, before the field numbers would have been recorded apart (#39)."""
 APART_SEED = 27
 """A ``protobuf-rename`` seed whose collector dies right after the rename commit (#39)."""
+KAFKA_SEED = 52
+"""A ``kafka-retry`` seed (#40): idempotent Kafka producers through the ingestors' real
+Kafka front, answers lost, retries on the other ingestor and after its restart, epochs
+bumped after give-ups, collector crashes and a takeover."""
+KAFKA_EPOCH_SEED = 97
+"""A ``kafka-retry`` seed with eight epoch bumps of one producer (cluster output, store
+faults, staging), where a retry answered from an ingestor's duplicate cache acknowledges
+records accepted before a table moved between sources."""
+KAFKA_SEEDS = (KAFKA_SEED, 54, KAFKA_EPOCH_SEED)
+"""``kafka-retry`` seeds the real code must pass (54: three producers, cluster output, two
+ingestor crashes, a third of the answers lost)."""
 
 
 MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
@@ -59,6 +70,8 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "numbers-after-create": (CREATE_SEED,),
     "staged-by-name": (TYPED_SEED,),
     "rename-apart": (APART_SEED,),
+    "kafka-ids-per-attempt": (KAFKA_SEED,),
+    "kafka-ids-without-epoch": (KAFKA_EPOCH_SEED,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -66,8 +79,8 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
 by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm standby),
 ``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
 ``journal-no-tombstones`` by an ``upsert-restart`` seed (#36), the last three by
-``protobuf-rename`` seeds (#39); docs/simulator.md lists the mutants and the seeds that
-find them."""
+``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40);
+docs/simulator.md lists the mutants and the seeds that find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
 
@@ -84,10 +97,11 @@ def test_fixed_seeds_keep_every_invariant() -> None:
     assert f"{len(FIXED_SEEDS)} seeds, 0 failed" in done.stdout
 
 
-def test_a_seed_replays_exactly() -> None:
+@pytest.mark.parametrize("seed", [15, KAFKA_SEED])
+def test_a_seed_replays_exactly(seed: int) -> None:
     lines = []
     for _ in range(2):
-        done = sim("--seed", "15")
+        done = sim("--seed", str(seed))
         assert done.returncode == 0, done.stdout + done.stderr
         first = done.stdout.splitlines()[0]
         lines.append(re.sub(r"\s+[\d.]+s\s+", " ", first))  # real seconds differ
@@ -104,8 +118,9 @@ def test_the_simulator_finds_each_known_bug(mutant: str, seed: int) -> None:
 
 
 def test_the_real_code_passes_each_mutant_seed() -> None:
-    """Each mutant's seed fails because of the mutant, not because the seed itself does."""
-    pinned = sorted({seed for _, seed in CASES} - set(FIXED_SEEDS))
+    """Each mutant's seed fails because of the mutant, not because the seed itself does
+    (and the ``kafka-retry`` seeds pass)."""
+    pinned = sorted(({seed for _, seed in CASES} | set(KAFKA_SEEDS)) - set(FIXED_SEEDS))
     done = sim(*[a for seed in pinned for a in ("--seed", str(seed))], "--jobs", "2")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert f"{len(pinned)} seeds, 0 failed" in done.stdout
@@ -143,21 +158,32 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
         assert (typed.family, typed.typed, typed.evolve) == ("protobuf-rename", True, False)
         assert typed.deploy_at is not None
     assert Scenario.draw(TYPED_SEED).conditions_age_s is not None  # s0's sink stages
+    for seed in KAFKA_SEEDS:
+        kafka = Scenario.draw(seed)
+        assert kafka.family == "kafka-retry"
+        assert min(kafka.kafka_producers, kafka.ingestors) >= 2
+        assert min(kafka.ingestor_crashes, kafka.collector_crashes) >= 1
+        assert 0 < min(kafka.kafka_lost, kafka.kafka_bump) <= max(kafka.kafka_lost,
+                                                                   kafka.kafka_bump) < 1
 
 
 def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
-    """#36's and #39's families are drawn among ``mixed`` seeds by generators of their
-    own, and none of the seeds pinned before them changes its story."""
+    """#36's, #39's and #40's families are drawn among ``mixed`` seeds by generators of
+    their own, and none of the seeds pinned before them changes its story."""
     from testing.sim.scenario import Scenario
 
     typed = {TYPED_SEED, CREATE_SEED, APART_SEED}
     before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
     before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED} | typed
+    before -= set(KAFKA_SEEDS)
     for seed in sorted(before):
         scenario = Scenario.draw(seed)
         assert (scenario.upsert, scenario.expire_at, scenario.break_at) == (False, None,
                                                                              None), seed
         assert (scenario.typed, scenario.deploy_at) == (False, None), seed  # nor #39's
+        assert scenario.kafka_producers == 0, seed  # nor #40's
+    for seed in sorted(typed):  # #40's generator leaves #39's seeds as they were too
+        assert Scenario.draw(seed).family == "protobuf-rename", seed
 
 
 def test_an_unknown_mutant_is_refused() -> None:
