@@ -58,9 +58,13 @@ class Acks:
     outcome: dict[str, str | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def callback(self, err: Any, msg: Any) -> None:
+    def record(self, pid: str, err: str | None) -> None:
         with self.lock:
-            self.outcome[json.loads(msg.value())["pid"]] = None if err is None else str(err)
+            self.outcome[pid] = err
+
+    def callback(self, err: Any, msg: Any) -> None:
+        """confluent-kafka's delivery report."""
+        self.record(json.loads(msg.value())["pid"], None if err is None else str(err))
 
     def acked(self) -> set[str]:
         with self.lock:
@@ -81,6 +85,27 @@ def produce(bootstrap: str, numbers: Iterable[int], on_delivery: Callable[[Any, 
                          on_delivery=on_delivery)
         producer.poll(0)
     return int(producer.flush(flush_s))
+
+
+def produce_kafka_python(bootstrap: str, numbers: Iterable[int], acks: Acks,
+                         flush_s: float = 120) -> int:
+    """The same with kafka-python (pure Python, its own idempotent producer): a second,
+    independent implementation of the retry rules."""
+    from kafka import KafkaProducer  # type: ignore[import-untyped]  # why: one variant needs it
+
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=2,
+        batch_size=300, retry_backoff_ms=50, reconnect_backoff_ms=20,
+        reconnect_backoff_max_ms=500, delivery_timeout_ms=120_000, request_timeout_ms=10_000)
+    futures = []
+    for i in numbers:
+        future = producer.send(KCLICKS.name, payload(i), key=f"k{i % 5}".encode())
+        future.add_callback(lambda _, pid=f"p{i}": acks.record(pid, None))
+        future.add_errback(lambda exc, pid=f"p{i}": acks.record(pid, repr(exc)))
+        futures.append(future)
+    producer.flush(flush_s)
+    producer.close(10)
+    return sum(1 for f in futures if not f.is_done)
 
 
 def with_kafka(config: Config, **ingestor: Any) -> Config:
@@ -117,8 +142,9 @@ def report(name: str, **numbers: Any) -> None:
 # -- 1. answers lost after the ingestor got the batch ---------------------------------------
 
 
-async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Path,
-                                                                   spark: Any) -> None:
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+async def test_retries_of_batches_whose_answers_were_lost_land_once(
+        tmp_path: Path, spark: Any, client: str) -> None:
     n = 300
     upstream: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: upstream[0], every(3, limit=8))
@@ -131,8 +157,10 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Pa
         async with ingestor(config) as ports:
             assert ports.kafka is not None
             upstream.append(("127.0.0.1", ports.kafka))
-            left = await asyncio.to_thread(produce, f"127.0.0.1:{proxy.port}", range(n),
-                                           acks.callback)
+            bootstrap = f"127.0.0.1:{proxy.port}"
+            left = await asyncio.to_thread(produce, bootstrap, range(n), acks.callback) \
+                if client == "confluent-kafka" \
+                else await asyncio.to_thread(produce_kafka_python, bootstrap, range(n), acks)
     finally:
         await proxy.close()
     assert left == 0
@@ -145,7 +173,7 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Pa
     await collect_all(config, SparkEngine(spark, 2))
     rows = assert_exactly_once(config, acks.acked(), {f"p{i}" for i in range(n)})
     assert rows == n
-    report("lost answers", records=n, produce_requests=proxy.stats.produce_requests,
+    report(f"lost answers ({client})", records=n, produce_requests=proxy.stats.produce_requests,
            dropped=dict(proxy.stats.dropped), connections=proxy.stats.connections,
            stored=stored, ids_stored_twice=twice, iceberg_rows=rows)
 
