@@ -142,9 +142,8 @@ def report(name: str, **numbers: Any) -> None:
 # -- 1. answers lost after the ingestor got the batch ---------------------------------------
 
 
-@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
-async def test_retries_of_batches_whose_answers_were_lost_land_once(
-        tmp_path: Path, spark: Any, client: str) -> None:
+async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Path,
+                                                                   spark: Any) -> None:
     n = 300
     upstream: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: upstream[0], every(3, limit=8))
@@ -157,10 +156,8 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(
         async with ingestor(config) as ports:
             assert ports.kafka is not None
             upstream.append(("127.0.0.1", ports.kafka))
-            bootstrap = f"127.0.0.1:{proxy.port}"
-            left = await asyncio.to_thread(produce, bootstrap, range(n), acks.callback) \
-                if client == "confluent-kafka" \
-                else await asyncio.to_thread(produce_kafka_python, bootstrap, range(n), acks)
+            left = await asyncio.to_thread(produce, f"127.0.0.1:{proxy.port}", range(n),
+                                           acks.callback)
     finally:
         await proxy.close()
     assert left == 0
@@ -173,7 +170,7 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(
     await collect_all(config, SparkEngine(spark, 2))
     rows = assert_exactly_once(config, acks.acked(), {f"p{i}" for i in range(n)})
     assert rows == n
-    report(f"lost answers ({client})", records=n, produce_requests=proxy.stats.produce_requests,
+    report("lost answers", records=n, produce_requests=proxy.stats.produce_requests,
            dropped=dict(proxy.stats.dropped), connections=proxy.stats.connections,
            stored=stored, ids_stored_twice=twice, iceberg_rows=rows)
 
@@ -181,10 +178,13 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(
 # -- 3. a retry that lands on another ingestor ----------------------------------------------
 
 
-async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any) -> None:
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any,
+                                                      client: str) -> None:
     """Two ingestors on one store; after each lost answer the client's reconnect goes to
     the *other* one, which has never seen the batch (no duplicate cache to answer from):
-    the store gets it twice and only the collector's dedup keeps it once."""
+    the store gets it twice and only the collector's dedup keeps it once. With librdkafka
+    and with kafka-python, two independent implementations of the producer's retries."""
     n = 300
     targets: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: targets[proxy.stats.cuts % 2], every(3, limit=6))
@@ -197,8 +197,10 @@ async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any
             assert a.kafka is not None
             assert b.kafka is not None
             targets.extend((("127.0.0.1", a.kafka), ("127.0.0.1", b.kafka)))
-            left = await asyncio.to_thread(produce, f"127.0.0.1:{proxy.port}", range(n),
-                                           acks.callback)
+            bootstrap = f"127.0.0.1:{proxy.port}"
+            left = await asyncio.to_thread(produce, bootstrap, range(n), acks.callback) \
+                if client == "confluent-kafka" \
+                else await asyncio.to_thread(produce_kafka_python, bootstrap, range(n), acks)
     finally:
         await proxy.close()
     assert left == 0
@@ -212,7 +214,7 @@ async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any
     await collect_all(config, SparkEngine(spark, 2))
     rows = assert_exactly_once(config, acks.acked(), {f"p{i}" for i in range(n)})
     assert rows == n
-    report("retry elsewhere", records=n, produce_requests=proxy.stats.produce_requests,
+    report(f"retry elsewhere ({client})", records=n, produce_requests=proxy.stats.produce_requests,
            dropped=dict(proxy.stats.dropped), routed=dict(proxy.stats.routed),
            stored=stored, ids_stored_twice=twice, iceberg_rows=rows)
 
