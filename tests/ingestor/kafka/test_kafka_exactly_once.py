@@ -114,11 +114,14 @@ def with_kafka(config: Config, **ingestor: Any) -> Config:
         **ingestor))
 
 
-async def twice_in_batch_files(config: Config) -> tuple[int, int]:
-    """(records in the queued batch files, event ids among them stored more than once)."""
-    events = [e for e in await stored_events(config.store.url) if e.stream == KCLICKS.name]
+async def twice_in_batch_files(config: Config, stream: str = KCLICKS.name
+                               ) -> tuple[int, int]:
+    """(records of ``stream`` in the queued batch files, event ids among them stored more
+    than once)."""
+    events = [e for e in await stored_events(config.store.url) if e.stream == stream]
     counts = Counter(e.event_id for e in events)
-    assert all(i.startswith("kafka:-:") for i in counts), list(counts)[:3]
+    if stream == KCLICKS.name:
+        assert all(i.startswith("kafka:-:") for i in counts), list(counts)[:3]
     return len(events), sum(1 for c in counts.values() if c > 1)
 
 
@@ -285,3 +288,103 @@ async def test_an_ingestor_killed_mid_batch_loses_and_duplicates_nothing_acknowl
     report("ingestor killed", records=n, unacknowledged_at_kills=in_flight, stored=stored,
            ids_stored_twice=twice, iceberg_rows=rows)
 
+
+
+# -- 4. Kafka, HTTP and gRPC producers at once, through a store fault window ----------------
+
+MIXED = StreamConfig(name="mixed", table="kafka.mixed", event_id_field="pid", columns=(
+    Column("pid", "string", required=True), Column("n", "long")))
+"""The HTTP and gRPC producers' stream: their ids are their own (``pid``), resent as is."""
+FAULTS: dict[str, Any] = {"seed": 40, "rules": [
+    {"kind": "delay", "ops": ["put"], "times": 2, "delay_s": [1.2, 1.6]},
+    {"kind": "delay", "probability": 0.5, "ops": ["put"], "times": None,
+     "delay_s": [1.2, 1.6]},
+    {"kind": "fail", "probability": 0.3, "times": None},
+    {"kind": "slowdown", "probability": 0.2, "times": None},
+    {"kind": "lose_response", "probability": 0.25, "ops": ["put"], "times": None}]}
+"""For every store call of the ingestor: writes slower than its ``flush_timeout_s`` (the
+first two for sure; the flush fails, its requests are refused as retriable — Kafka's
+NOT_ENOUGH_REPLICAS, HTTP 503, gRPC UNAVAILABLE — and the write may still land), 500s
+and 503 SlowDown, and writes applied but their answers lost (ambiguous batch PUTs and
+manifest CAS)."""
+
+
+def send_batches(send: Callable[[str, list[dict[str, Any]], str], int], prefix: str,
+                 requests: int, acks: Acks, started: threading.Event) -> None:
+    """``requests`` requests of 10 events with their own ids and idempotency key; the
+    client retries each with the same key and ids (``retries``); acked ids recorded."""
+    for r in range(requests):
+        events: list[dict[str, Any]] = [{"pid": f"{prefix}{r * 10 + i}", "n": r * 10 + i}
+                                        for i in range(10)]
+        try:
+            accepted = send(MIXED.name, events, f"{prefix}r{r}")
+        except Exception as exc:  # gave up: its events may or may not be stored
+            for event in events:
+                acks.record(event["pid"], repr(exc))
+            continue
+        for event in events:
+            acks.record(event["pid"], None if accepted == 10 else f"accepted {accepted}")
+        started.set()
+
+
+async def test_kafka_http_and_grpc_producers_through_store_faults_land_once(
+        tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ingestor serves all three fronts while its store fails, slows down and loses
+    write answers for three seconds; then the collector. Every acknowledged event of every
+    producer once (HTTP and gRPC: an idempotency key and body ids; Kafka: the producer's
+    sequences); unacknowledged ones at most once."""
+    from icefloe.client import GrpcClient, HttpClient  # why: only this test sends over both
+    from icefloe.store.failpoints import FAULTS_ENV  # why: only this test breaks the store
+
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    config = with_kafka(collector_config(tmp_path, (KCLICKS, MIXED)), flush_timeout_s=1.0)
+    kafka, other = Acks(), Acks()
+    milestones = Milestones(kafka, [100])
+    started = {front: threading.Event() for front in ("http", "grpc")}
+    runtimes: list[Any] = []
+    async with ingestor(config, on_runtime=runtimes.append) as ports:
+        http = HttpClient(f"http://127.0.0.1:{ports.http}", retries=20)
+        grpc = GrpcClient(f"127.0.0.1:{ports.grpc}", retries=20)
+        producers = [
+            asyncio.to_thread(produce, f"127.0.0.1:{ports.kafka}", range(1500),
+                              milestones.callback),
+            asyncio.to_thread(send_batches, http.send, "h", 60, other, started["http"]),
+            asyncio.to_thread(send_batches, grpc.publish, "g", 60, other, started["grpc"])]
+        running = asyncio.gather(*producers)
+        for event in [milestones.events[100], *started.values()]:
+            assert await asyncio.to_thread(event.wait, 30)
+        faults.write_text(json.dumps(FAULTS))
+        await asyncio.sleep(3.0)  # the fault window: a duration, not an event to await
+        faults.write_text("{}")
+        left, _, _ = await running
+        http.close()
+        grpc.close()
+        answers = {labels: value for labels, value in requests_by_outcome(runtimes[0])}
+    fired = Counter(line.split()[1] for line in Path(f"{faults}.log").read_text().splitlines())
+    assert left == 0
+    assert not kafka.errors(), kafka.errors()
+    assert fired["delay"] >= 2, fired
+    assert answers.get("kafka/kclicks/NOT_ENOUGH_REPLICAS", 0) > 0, answers  # Kafka retried
+    stored = {s.name: await twice_in_batch_files(config, s.name) for s in (KCLICKS, MIXED)}
+    await collect_all(config, SparkEngine(spark, 2))
+    kafka_rows = assert_exactly_once(config, kafka.acked(), {f"p{i}" for i in range(1500)})
+    rows = read_table(config, MIXED.table).column("pid").to_pylist()
+    assert len(rows) == len(set(rows)), "an HTTP or gRPC event committed twice"
+    assert other.acked() <= set(rows)
+    assert set(rows) <= {f"{p}{i}" for p in "hg" for i in range(600)}
+    report("mixed with store faults", kafka_acked=len(kafka.acked()), kafka_rows=kafka_rows,
+           http_grpc_acked=len(other.acked()), http_grpc_unacked=len(other.errors()),
+           http_grpc_rows=len(rows), faults=dict(fired), answers=answers,
+           stored_and_stored_twice=stored)
+
+
+def requests_by_outcome(runtime: Any) -> list[tuple[str, int]]:
+    """The ingestor's ``icefloe_ingest_requests`` samples that are not zero, by labels."""
+    out = []
+    for metric in runtime.metrics.requests.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                out.append(("/".join(sample.labels.values()), int(sample.value)))
+    return out
