@@ -43,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="client processes, alternating HTTP and gRPC (default 4)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="requests/s per client (default 0: as fast as acks come)")
+    parser.add_argument("--kafka", action="store_true",
+                        help="every third client is an idempotent Kafka producer "
+                             "(confluent-kafka) on the ingestors' Kafka listeners")
     parser.add_argument("--standby", action="store_true",
                         help="run a warm standby collector beside the active one; every "
                              "collector fault kills the active one")
@@ -58,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = Options(duration_s=args.duration, seed=args.seed, store=args.store,
                    ingestors=args.ingestors, clients=args.clients, rate=args.rate,
                    keep=args.keep or args.workdir is not None, workdir=args.workdir,
-                   standby=args.standby)
+                   standby=args.standby, kafka=args.kafka)
     result = Run(opts).execute()
     result["hardware"] = {"machine": platform.machine(), "python": platform.python_version(),
                           "cpus": os.cpu_count()}

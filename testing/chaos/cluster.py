@@ -27,6 +27,13 @@ from icefloe.store.failpoints import FAULTS_ENV
 
 STREAMS = ("chaos_http", "chaos_grpc")
 """One stream per transport; both keep the client's id as the event id."""
+KAFKA_STREAM = "chaos_kafka"
+"""The Kafka producers' stream (``--kafka``). No ``event_id_field``: its event ids are the
+idempotent producer's (producer id, epoch, sequence), the retry safety under test."""
+
+
+def streams(kafka: bool) -> tuple[str, ...]:
+    return (*STREAMS, KAFKA_STREAM) if kafka else STREAMS
 
 
 def free_port() -> int:
@@ -43,7 +50,7 @@ class StoreTarget:
     endpoint_url: str | None = None
 
 
-def write_config(root: Path, store: StoreTarget) -> Path:
+def write_config(root: Path, store: StoreTarget, kafka: bool = False) -> Path:
     """The cluster's ``icefloe.toml``: small buffers (so slow stores fill them and clients
     see 429s), short leases (so kills are noticed quickly), frequent GC and maintenance."""
     endpoint = f'endpoint_url = "{store.endpoint_url}"\nregion = "us-east-1"\n' \
@@ -51,9 +58,10 @@ def write_config(root: Path, store: StoreTarget) -> Path:
     columns = ('[{ name = "id", type = "string", required = true }, '
                '{ name = "client", type = "string", required = true }, '
                '{ name = "n", type = "long" }, { name = "sent_at", type = "timestamp" }]')
-    streams = "".join(
+    tables = "".join(
         f'[[streams]]\nname = "{name}"\ntable = "chaos.{name.removeprefix("chaos_")}"\n'
-        f'event_id_field = "id"\ncolumns = {columns}\n\n' for name in STREAMS)
+        + ('kafka_partitions = 2\n' if name == KAFKA_STREAM else 'event_id_field = "id"\n')
+        + f'columns = {columns}\n\n' for name in streams(kafka))
     text = f"""# written by the chaos harness
 [store]
 url = "{store.url}"
@@ -89,7 +97,7 @@ orphan_age_s = 60.0
 spark_driver_memory = "1g"
 retry_max_delay_s = 2.0
 
-{streams}"""
+{tables}"""
     path = root / "icefloe.toml"
     path.write_text(text)
     return path
@@ -160,13 +168,16 @@ class Proc:
 class Cluster:
     """Starts, kills and restarts the processes of one chaos run."""
 
-    def __init__(self, root: Path, store: StoreTarget, ingestors: int) -> None:
+    def __init__(self, root: Path, store: StoreTarget, ingestors: int,
+                 kafka: bool = False) -> None:
         self.root = root
         self.store = store
-        self.config = write_config(root, store)
+        self.kafka = kafka
+        self.streams = streams(kafka)
+        self.config = write_config(root, store, kafka)
         self.faults_file = root / "faults.json"
         self.faults_file.write_text("{}")
-        self.ports = [(free_port(), free_port()) for _ in range(ingestors)]
+        self.ports = [(free_port(), free_port(), free_port()) for _ in range(ingestors)]
         self.ingestors: list[Proc | None] = [None] * ingestors
         self.collectors: list[Proc] = []
         self.exits: list[tuple[str, int]] = []
@@ -199,11 +210,13 @@ class Cluster:
     def start_ingestor(self, index: int, timeout: float = 60, attempts: int = 10) -> Proc:
         """Start ingestor ``index`` on its ports, retrying like a supervisor would: one
         restarted during a store-fault burst may fail its start-up store probe and exit."""
-        http, grpc = self.ports[index]
+        http, grpc, kafka = self.ports[index]
+        listeners = ["--kafka-port", str(kafka)] if self.kafka else []
         for attempt in range(1, attempts + 1):
             proc = self._spawn(f"ingestor-{index}", [
                 "ingestor", "--config", str(self.config), "--http-port", str(http),
-                "--grpc-port", str(grpc), "--log-format", "text", "--log-level", "warning"])
+                "--grpc-port", str(grpc), *listeners, "--log-format", "text",
+                "--log-level", "warning"])
             if proc.wait_ready(timeout) is not None:
                 self.ingestors[index] = proc
                 return proc
@@ -216,10 +229,13 @@ class Cluster:
                            f"{self._log.name}")
 
     def http_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{http}" for http, _ in self.ports]
+        return [f"http://127.0.0.1:{http}" for http, _, _ in self.ports]
 
     def grpc_targets(self) -> list[str]:
-        return [f"127.0.0.1:{grpc}" for _, grpc in self.ports]
+        return [f"127.0.0.1:{grpc}" for _, grpc, _ in self.ports]
+
+    def kafka_bootstraps(self) -> list[str]:
+        return [f"127.0.0.1:{kafka}" for _, _, kafka in self.ports]
 
     # -- collectors --------------------------------------------------------------------------
 

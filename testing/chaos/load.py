@@ -34,7 +34,7 @@ stall (the ingestor's own deadlines are shorter)."""
 @dataclass(frozen=True)
 class ClientSpec:
     index: int
-    transport: str  # "http" | "grpc"
+    transport: str  # "http" | "grpc" | "kafka" (testing.chaos.kafka_load)
     endpoints: tuple[str, ...]
     ledger: str
     stop_file: str

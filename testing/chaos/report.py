@@ -16,6 +16,8 @@ def render(result: dict[str, Any]) -> str:
         f"  events acknowledged   {ev['acked']:>10,}",
         f"  not acknowledged      {ev['unacked']:>10,}   (stored anyway: "
         f"{ev['unacked_but_stored']:,}, allowed at most once)",
+        *([f"  acknowledged by       {_pairs(result['acked_by_transport'])}"]
+          if result.get("acked_by_transport") else []),
         f"  rows committed        {ev['committed_rows']:>10,}",
         f"  lost                  {ev['lost']:>10,}",
         f"  duplicated            {ev['duplicates']:>10,}",

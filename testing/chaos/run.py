@@ -21,7 +21,8 @@ from typing import Any
 
 from icefloe.config import load_config
 from icefloe.manifest import load
-from testing.chaos.cluster import STREAMS, Cluster, Proc, StoreTarget
+from testing.chaos.cluster import Cluster, Proc, StoreTarget
+from testing.chaos.kafka_load import run_kafka_client
 from testing.chaos.load import ClientSpec, read_ledgers, run_client
 from testing.chaos.verify import freshness, read_table, verify
 
@@ -72,6 +73,9 @@ class Options:
     keep: bool = False
     workdir: str | None = None
     faults: bool = True  # False: the same run without any fault (the benchmark baseline)
+    kafka: bool = False
+    """Every third client is an idempotent Kafka producer (librdkafka) on the ingestors'
+    Kafka listeners; the others alternate HTTP and gRPC."""
     standby: bool = False
     """A warm standby collector waits beside the active one; every collector fault is a
     kill -9 of the active one, which the standby replaces when the lease lapses, and a new
@@ -141,7 +145,8 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         started = time.time()
-        cluster = self.cluster = Cluster(self.root, self._store(), self.opts.ingestors)
+        cluster = self.cluster = Cluster(self.root, self._store(), self.opts.ingestors,
+                                         kafka=self.opts.kafka)
         try:
             self.say(f"chaos run seed={self.opts.seed} store={self.opts.store} "
                      f"duration={self.opts.duration_s:g}s in {self.root}")
@@ -181,17 +186,22 @@ class Run:
         assert self.cluster is not None
         context = multiprocessing.get_context("spawn")
         procs = []
+        endpoints = {"http": self.cluster.http_urls(), "grpc": self.cluster.grpc_targets(),
+                     "kafka": self.cluster.kafka_bootstraps()}
         for i in range(self.opts.clients):
-            transport = "http" if i % 2 == 0 else "grpc"
-            endpoints = self.cluster.http_urls() if transport == "http" \
-                else self.cluster.grpc_targets()
-            spec = ClientSpec(i, transport, tuple(endpoints), str(self._ledger(i)),
+            transport = self._transport(i)
+            spec = ClientSpec(i, transport, tuple(endpoints[transport]), str(self._ledger(i)),
                               str(self.root / "stop"), self.opts.seed * 1000 + i,
                               self.opts.rate)
-            proc = context.Process(target=run_client, args=(spec,), daemon=True)
+            target = run_kafka_client if transport == "kafka" else run_client
+            proc = context.Process(target=target, args=(spec,), daemon=True)
             proc.start()
             procs.append(proc)
         return procs
+
+    def _transport(self, index: int) -> str:
+        transports = ("http", "grpc", "kafka") if self.opts.kafka else ("http", "grpc")
+        return transports[index % len(transports)]
 
     def _ledger(self, index: int) -> Path:
         return self.root / f"client-{index}.jsonl"
@@ -378,13 +388,19 @@ class Run:
             proc.reaped = True
         cluster.reap()
 
+    def _acked_by_transport(self) -> dict[str, int]:
+        acked: Counter[str] = Counter()
+        for i in range(self.opts.clients):
+            acked[self._transport(i)] += len(read_ledgers([self._ledger(i)])[0])
+        return dict(acked)
+
     def _report(self, started: float, load_s: float) -> dict[str, Any]:
         assert self.cluster is not None
         config = load_config(self.cluster.config, env={})
         acked, unacked, statuses, hangs, errors = read_ledgers(
             [self._ledger(i) for i in range(self.opts.clients)])
         tables = {name: read_table(config, f"chaos.{name.removeprefix('chaos_')}")
-                  for name in STREAMS}
+                  for name in self.cluster.streams}
         verdict = verify(config, tables, acked, unacked)
         verdict.checks["no request hung"] = hangs == 0
         verdict.checks["no valid request refused"] = not errors
@@ -397,6 +413,7 @@ class Run:
             "ok": verdict.ok, "seed": self.opts.seed, "store": self.opts.store,
             "duration_s": round(time.time() - started, 1), "load_s": round(load_s, 1),
             "ingestors": self.opts.ingestors, "clients": self.opts.clients,
+            "kafka": self.opts.kafka, "acked_by_transport": self._acked_by_transport(),
             "events": {"acked": verdict.acked, "unacked": verdict.unacked,
                        "committed_rows": verdict.committed,
                        "unacked_but_stored": verdict.unacked_stored,

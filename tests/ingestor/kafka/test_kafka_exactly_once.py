@@ -1,13 +1,17 @@
 """Exactly-once for idempotent Kafka producers, proved end to end (issue #40, part 5).
 
-A real librdkafka producer (confluent-kafka, ``enable.idempotence=true``) writes through a
-proxy that loses the answers of chosen Produce requests *after* the ingestor got them
-(:mod:`testing.kafka_proxy`), or into an ingestor that is killed with SIGKILL mid-batch,
-or whose retries land on another ingestor; then the real collector (Spark) commits the
-store into Iceberg. Each test checks both halves of the claim: the batch files hold
-records twice (the retries really happened, the first attempts were durable), and the
-table holds every acknowledged record exactly once (the collector's dedup window, keyed on
-``kafka:<token>:<partition>:<producer id>:<epoch>:<sequence>``, absorbed them).
+Real producers (librdkafka through confluent-kafka, and kafka-python, both with
+``enable.idempotence``) write through a proxy that loses the answers of chosen Produce
+requests *after* the ingestor got them (:mod:`testing.kafka_proxy`), with the retry
+landing on the same ingestor or on another one; into an ingestor SIGKILLed mid-batch and
+restarted on its port; and beside HTTP and gRPC producers while the store fails. Then the
+real collector (Spark, one run) commits the store into Iceberg, and the table must hold
+every acknowledged record exactly once — the collector's dedup window
+(``collector.dedup_window_s``, default) keyed on
+``kafka:<token>:<partition>:<producer id>:<epoch>:<sequence>``. Where the fault makes it
+certain, the test also checks that the batch files hold records twice: the retries really
+happened after their first attempts were durable, and the dedup absorbed them.
+Each test prints its numbers (``-s``).
 """
 
 from __future__ import annotations
@@ -29,11 +33,15 @@ from ingest_support import stored_events
 from process_support import Child, free_port, write_config
 from security_support import ingestor
 
+from icefloe.client import GrpcClient, HttpClient, IngestRejected
 from icefloe.config import Column, Config, StreamConfig, load_config
+from icefloe.store.failpoints import FAULTS_ENV
 from pipeline.load.run import SparkEngine
 from testing.kafka_proxy import KafkaProxy, every
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
+pytestmark = pytest.mark.filterwarnings(  # kafka-python 3 loads its schemas the old way
+    "ignore:(read_text|open_text) is deprecated:DeprecationWarning")
 
 KCLICKS = StreamConfig(name="kclicks", table="kafka.clicks", kafka_partitions=2, columns=(
     Column("pid", "string", required=True), Column("n", "long")))
@@ -58,9 +66,13 @@ class Acks:
     outcome: dict[str, str | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def callback(self, err: Any, msg: Any) -> None:
+    def record(self, pid: str, err: str | None) -> None:
         with self.lock:
-            self.outcome[json.loads(msg.value())["pid"]] = None if err is None else str(err)
+            self.outcome[pid] = err
+
+    def callback(self, err: Any, msg: Any) -> None:
+        """confluent-kafka's delivery report."""
+        self.record(json.loads(msg.value())["pid"], None if err is None else str(err))
 
     def acked(self) -> set[str]:
         with self.lock:
@@ -83,17 +95,41 @@ def produce(bootstrap: str, numbers: Iterable[int], on_delivery: Callable[[Any, 
     return int(producer.flush(flush_s))
 
 
+def produce_kafka_python(bootstrap: str, numbers: Iterable[int], acks: Acks,
+                         flush_s: float = 120) -> int:
+    """The same with kafka-python (pure Python, its own idempotent producer): a second,
+    independent implementation of the retry rules."""
+    from kafka import KafkaProducer  # type: ignore[import-untyped]  # why: one variant needs it
+
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=2,
+        batch_size=300, retry_backoff_ms=50, reconnect_backoff_ms=20,
+        reconnect_backoff_max_ms=500, delivery_timeout_ms=120_000, request_timeout_ms=10_000)
+    futures = []
+    for i in numbers:
+        future = producer.send(KCLICKS.name, payload(i), key=f"k{i % 5}".encode())
+        future.add_callback(lambda _, pid=f"p{i}": acks.record(pid, None))
+        future.add_errback(lambda exc, pid=f"p{i}": acks.record(pid, repr(exc)))
+        futures.append(future)
+    producer.flush(flush_s)
+    producer.close(10)
+    return sum(1 for f in futures if not f.is_done)
+
+
 def with_kafka(config: Config, **ingestor: Any) -> Config:
     return msgspec.structs.replace(config, ingestor=msgspec.structs.replace(
         config.ingestor, host="127.0.0.1", http_port=0, grpc_port=0, kafka_port=0,
         **ingestor))
 
 
-async def twice_in_batch_files(config: Config) -> tuple[int, int]:
-    """(records in the queued batch files, event ids among them stored more than once)."""
-    events = [e for e in await stored_events(config.store.url) if e.stream == KCLICKS.name]
+async def twice_in_batch_files(config: Config, stream: str = KCLICKS.name
+                               ) -> tuple[int, int]:
+    """(records of ``stream`` in the queued batch files, event ids among them stored more
+    than once)."""
+    events = [e for e in await stored_events(config.store.url) if e.stream == stream]
     counts = Counter(e.event_id for e in events)
-    assert all(i.startswith("kafka:-:") for i in counts), list(counts)[:3]
+    if stream == KCLICKS.name:
+        assert all(i.startswith("kafka:-:") for i in counts), list(counts)[:3]
     return len(events), sum(1 for c in counts.values() if c > 1)
 
 
@@ -119,12 +155,17 @@ def report(name: str, **numbers: Any) -> None:
 
 async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Path,
                                                                    spark: Any) -> None:
+    """Every third Produce request loses its answer: "early" (the client is cut off as
+    soon as the ingestor has the request, so its retry meets the first attempt still
+    buffered: both are stored) or "late" (cut off when the durable answer comes, so the
+    retry is answered from the ingestor's duplicate cache with the first offset)."""
     n = 300
     upstream: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: upstream[0], every(3, limit=8))
     await proxy.start()
-    # a slow flush: an "early" cut's retry arrives while the first attempt is buffered
-    config = with_kafka(collector_config(tmp_path, (KCLICKS,)), flush_age_ms=400.0,
+    # a slow flush (1 s): an "early" cut's retry (~0.1 s later) arrives while the first
+    # attempt is still buffered, so the store gets both
+    config = with_kafka(collector_config(tmp_path, (KCLICKS,)), flush_age_ms=1000.0,
                         kafka_advertised_port=proxy.port)
     acks = Acks()
     try:
@@ -150,13 +191,16 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Pa
            stored=stored, ids_stored_twice=twice, iceberg_rows=rows)
 
 
-# -- 3. a retry that lands on another ingestor ----------------------------------------------
+# -- 2. a retry that lands on another ingestor ----------------------------------------------
 
 
-async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any) -> None:
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any,
+                                                      client: str) -> None:
     """Two ingestors on one store; after each lost answer the client's reconnect goes to
     the *other* one, which has never seen the batch (no duplicate cache to answer from):
-    the store gets it twice and only the collector's dedup keeps it once."""
+    the store gets it twice and only the collector's dedup keeps it once. With librdkafka
+    and with kafka-python, two independent implementations of the producer's retries."""
     n = 300
     targets: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: targets[proxy.stats.cuts % 2], every(3, limit=6))
@@ -169,8 +213,10 @@ async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any
             assert a.kafka is not None
             assert b.kafka is not None
             targets.extend((("127.0.0.1", a.kafka), ("127.0.0.1", b.kafka)))
-            left = await asyncio.to_thread(produce, f"127.0.0.1:{proxy.port}", range(n),
-                                           acks.callback)
+            bootstrap = f"127.0.0.1:{proxy.port}"
+            left = await asyncio.to_thread(produce, bootstrap, range(n), acks.callback) \
+                if client == "confluent-kafka" \
+                else await asyncio.to_thread(produce_kafka_python, bootstrap, range(n), acks)
     finally:
         await proxy.close()
     assert left == 0
@@ -184,12 +230,12 @@ async def test_a_retry_on_another_ingestor_lands_once(tmp_path: Path, spark: Any
     await collect_all(config, SparkEngine(spark, 2))
     rows = assert_exactly_once(config, acks.acked(), {f"p{i}" for i in range(n)})
     assert rows == n
-    report("retry elsewhere", records=n, produce_requests=proxy.stats.produce_requests,
+    report(f"retry elsewhere ({client})", records=n, produce_requests=proxy.stats.produce_requests,
            dropped=dict(proxy.stats.dropped), routed=dict(proxy.stats.routed),
            stored=stored, ids_stored_twice=twice, iceberg_rows=rows)
 
 
-# -- 2. an ingestor killed mid-batch --------------------------------------------------------
+# -- 3. an ingestor killed mid-batch --------------------------------------------------------
 
 
 class Milestones:
@@ -254,3 +300,99 @@ async def test_an_ingestor_killed_mid_batch_loses_and_duplicates_nothing_acknowl
     report("ingestor killed", records=n, unacknowledged_at_kills=in_flight, stored=stored,
            ids_stored_twice=twice, iceberg_rows=rows)
 
+
+# -- 4. Kafka, HTTP and gRPC producers at once, through a store fault window ----------------
+
+MIXED = StreamConfig(name="mixed", table="kafka.mixed", event_id_field="pid", columns=(
+    Column("pid", "string", required=True), Column("n", "long")))
+"""The HTTP and gRPC producers' stream: their ids are their own (``pid``), resent as is."""
+FAULTS: dict[str, Any] = {"seed": 40, "rules": [
+    {"kind": "delay", "ops": ["put"], "times": 2, "delay_s": [1.2, 1.6]},
+    {"kind": "delay", "probability": 0.5, "ops": ["put"], "times": None,
+     "delay_s": [1.2, 1.6]},
+    {"kind": "fail", "probability": 0.3, "times": None},
+    {"kind": "slowdown", "probability": 0.2, "times": None},
+    {"kind": "lose_response", "probability": 0.25, "ops": ["put"], "times": None}]}
+"""For every store call of the ingestor: writes slower than its ``flush_timeout_s`` (the
+first two for sure; the flush fails, its requests are refused as retriable — Kafka's
+NOT_ENOUGH_REPLICAS, HTTP 503, gRPC UNAVAILABLE — and the write may still land), 500s
+and 503 SlowDown, and writes applied but their answers lost (ambiguous batch PUTs and
+manifest CAS)."""
+
+
+def send_batches(send: Callable[[str, list[dict[str, Any]], str], int], prefix: str,
+                 requests: int, acks: Acks, started: threading.Event) -> None:
+    """``requests`` requests of 10 events with their own ids and idempotency key; the
+    client retries each with the same key and ids (``retries``); acked ids recorded."""
+    for r in range(requests):
+        events: list[dict[str, Any]] = [{"pid": f"{prefix}{r * 10 + i}", "n": r * 10 + i}
+                                        for i in range(10)]
+        try:
+            accepted = send(MIXED.name, events, f"{prefix}r{r}")
+        except IngestRejected as exc:  # gave up: its events may or may not be stored
+            for event in events:
+                acks.record(event["pid"], repr(exc))
+            continue
+        for event in events:
+            acks.record(event["pid"], None if accepted == 10 else f"accepted {accepted}")
+        started.set()
+
+
+async def test_kafka_http_and_grpc_producers_through_store_faults_land_once(
+        tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ingestor serves all three fronts while its store fails, slows down and loses
+    write answers for three seconds; then the collector. Every acknowledged event of every
+    producer once (HTTP and gRPC: an idempotency key and body ids; Kafka: the producer's
+    sequences); unacknowledged ones at most once."""
+    faults = tmp_path / "faults.json"
+    faults.write_text("{}")
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    config = with_kafka(collector_config(tmp_path, (KCLICKS, MIXED)), flush_timeout_s=1.0)
+    kafka, other = Acks(), Acks()
+    milestones = Milestones(kafka, [100])
+    started = {front: threading.Event() for front in ("http", "grpc")}
+    runtimes: list[Any] = []
+    async with ingestor(config, on_runtime=runtimes.append) as ports:
+        http = HttpClient(f"http://127.0.0.1:{ports.http}", retries=20)
+        grpc = GrpcClient(f"127.0.0.1:{ports.grpc}", retries=20)
+        producers = [
+            asyncio.to_thread(produce, f"127.0.0.1:{ports.kafka}", range(1500),
+                              milestones.callback),
+            asyncio.to_thread(send_batches, http.send, "h", 60, other, started["http"]),
+            asyncio.to_thread(send_batches, grpc.publish, "g", 60, other, started["grpc"])]
+        running = asyncio.gather(*producers)
+        for event in [milestones.events[100], *started.values()]:
+            assert await asyncio.to_thread(event.wait, 30)
+        faults.write_text(json.dumps(FAULTS))
+        await asyncio.sleep(3.0)  # the fault window: a duration, not an event to await
+        faults.write_text("{}")
+        left, _, _ = await running
+        http.close()
+        grpc.close()
+        answers = dict(requests_by_outcome(runtimes[0]))
+    fired = Counter(line.split()[1] for line in Path(f"{faults}.log").read_text().splitlines())
+    assert left == 0
+    assert not kafka.errors(), kafka.errors()
+    assert fired["delay"] >= 2, fired
+    assert answers.get("kafka/kclicks/NOT_ENOUGH_REPLICAS", 0) > 0, answers  # Kafka retried
+    stored = {s.name: await twice_in_batch_files(config, s.name) for s in (KCLICKS, MIXED)}
+    await collect_all(config, SparkEngine(spark, 2))
+    kafka_rows = assert_exactly_once(config, kafka.acked(), {f"p{i}" for i in range(1500)})
+    rows = read_table(config, MIXED.table).column("pid").to_pylist()
+    assert len(rows) == len(set(rows)), "an HTTP or gRPC event committed twice"
+    assert other.acked() <= set(rows)
+    assert set(rows) <= {f"{p}{i}" for p in "hg" for i in range(600)}
+    report("mixed with store faults", kafka_acked=len(kafka.acked()), kafka_rows=kafka_rows,
+           http_grpc_acked=len(other.acked()), http_grpc_unacked=len(other.errors()),
+           http_grpc_rows=len(rows), faults=dict(fired), answers=answers,
+           stored_and_stored_twice=stored)
+
+
+def requests_by_outcome(runtime: Any) -> list[tuple[str, int]]:
+    """The ingestor's ``icefloe_ingest_requests`` samples that are not zero, by labels."""
+    out = []
+    for metric in runtime.metrics.requests.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                out.append(("/".join(sample.labels.values()), int(sample.value)))
+    return out

@@ -80,6 +80,20 @@ def test_should_hold_with_a_warm_standby_that_takes_over_within_lease_plus_5s(tm
     assert max(clean) <= lease_s + 5, takeovers
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_should_hold_with_idempotent_kafka_producers_beside_http_and_grpc(tmp_path):
+    """Issue #40: librdkafka producers (``enable.idempotence``) on the ingestors' Kafka
+    listeners go through the same kills, takeovers and store faults as HTTP and gRPC; their
+    retries carry the same producer id, epoch and sequences and must land once."""
+    result = Run(Options(duration_s=60, seed=13, kafka=True, clients=3,
+                         workdir=str(tmp_path / "run"), keep=True)).execute()
+    print(render(result))
+    _assert_exercised(result)
+    assert result["acked_by_transport"]["kafka"] > 500, result["acked_by_transport"]
+    assert result["acked_by_transport"]["http"] > 0, result["acked_by_transport"]
+
+
 # --- the harness's parts -----------------------------------------------------------------------
 
 def test_should_draw_the_same_schedule_from_the_same_seed():
@@ -91,6 +105,19 @@ def test_should_draw_the_same_schedule_from_the_same_seed():
     assert schedule(Options(duration_s=120, faults=False)) == []
     warm = {a.kind for a in schedule(Options(duration_s=120, seed=5, standby=True))}
     assert warm == {"kill_ingestor", "kill_collector", "burst"}  # kills of the active one
+
+
+def test_should_give_kafka_producers_their_own_stream_keyed_by_kafka_ids(tmp_path):
+    from testing.chaos.cluster import KAFKA_STREAM, StoreTarget, write_config
+
+    plain = load_config(write_config(tmp_path, StoreTarget("file:///s")), env={})
+    assert [s.name for s in plain.streams] == ["chaos_http", "chaos_grpc"]
+    config = load_config(write_config(tmp_path, StoreTarget("file:///s"), kafka=True), env={})
+    kafka = {s.name: s for s in config.streams}[KAFKA_STREAM]
+    assert kafka.event_id_field is None  # the producer id, epoch and sequence are the ids
+    assert kafka.kafka_partitions == 2
+    assert {s.name: s.event_id_field for s in config.streams if s is not kafka} == {
+        "chaos_http": "id", "chaos_grpc": "id"}
 
 
 def _rows(ids: list[str], seqs: list[int]) -> TableRows:
