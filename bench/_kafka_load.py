@@ -129,7 +129,9 @@ def latency(bootstrap: str, topic: str, seconds: float, linger_ms: float, compre
     pool = records()
     counted_from = time.monotonic() + warmup
     tally = Tally(counted_from)
-    kafka = producer(bootstrap, linger_ms, compression)
+    # as latency-minded users run librdkafka: Nagle off (its default holds a small request
+    # back until the previous one is acknowledged), see docs/kafka.md
+    kafka = producer(bootstrap, linger_ms, compression, **{"socket.nagle.disable": True})
 
     def timed(sent: float) -> Any:
         def done(err: KafkaError | None, msg: Message) -> None:

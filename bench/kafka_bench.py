@@ -72,7 +72,8 @@ def kafka_name(linger: int, codec: str) -> str:
 
 
 HTTP_NAME = f"HTTP 100-event batch POST, durable, {HTTP_CONNECTIONS} conns (wrk)"
-LATENCY = f"Kafka produce latency, {LIGHT_RATE} records/s, one per produce(), linger.ms=5"
+LATENCY = f"Kafka produce latency, {LIGHT_RATE} records/s, one per produce(), linger.ms=5, " \
+    "socket.nagle.disable"
 HTTP_LATENCY = "HTTP single-event POST ack latency, light load (1 client)"
 
 
