@@ -411,7 +411,9 @@ def kafka_meta(topic: str, partition: int, offset: int, timestamp_ms: int, key: 
     """The Kafka record's metadata as the envelope meta carries it under
     :data:`~icefloe.streams.mappings.META_KAFKA` (keys:
     :data:`~icefloe.streams.mappings.KAFKA_META_KEYS`). The key is base64 (it is bytes,
-    and the meta is JSON); the pipeline's decode turns it back into bytes or text."""
-    return {"t": topic, "p": partition, "o": offset, "ts": timestamp_ms,
+    and the meta is JSON); the pipeline's decode turns it back into bytes or text. A
+    negative timestamp is Kafka's "none" (-1): null, never a time in 1969."""
+    return {"t": topic, "p": partition, "o": offset,
+            "ts": timestamp_ms if timestamp_ms >= 0 else None,
             "k": None if key is None else base64.b64encode(key).decode(),
             "hs": kafka_headers_json(headers)}

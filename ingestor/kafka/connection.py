@@ -52,6 +52,8 @@ class Front(Protocol):
 log = logging.getLogger("icefloe.ingestor.kafka")
 MAX_IN_FLIGHT = 16
 """Requests read ahead of their answers on one connection."""
+LINGER_S = 1.0
+"""How long a refused connection drains its input before it closes (see ``_linger``)."""
 
 
 class _Close(Exception):
@@ -80,9 +82,11 @@ class Connection:
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send(), name="kafka-send")
+        refused = False
         try:
             await self._read()
         except _Close as close:
+            refused = True
             self.front.closed(close.reason)
             log.warning("Kafka connection from %s (client id %r) closed: %s",
                         self.producer.client or "?", self.client_id, close)
@@ -92,9 +96,21 @@ class Connection:
             self.answers.put_nowait(None)
             with contextlib.suppress(Exception):
                 await sender
+            if refused:  # let the last answer (a SASL refusal) reach the client
+                await self._linger()
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
+
+    async def _linger(self) -> None:
+        """Read and drop what the client still sends, for up to a second, before closing:
+        closing a socket with unread input makes the kernel reset the connection, and a
+        reset can destroy the refusal just written before the client reads it."""
+        deadline = asyncio.get_running_loop().time() + LINGER_S
+        with contextlib.suppress(Exception):
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                if not await asyncio.wait_for(self.reader.read(1 << 16), left):
+                    return  # the client closed too
 
     async def _frame(self) -> bytes | None:
         """The next request frame; None when the client closed or went idle."""

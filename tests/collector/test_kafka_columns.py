@@ -141,6 +141,7 @@ def test_kafka_meta_follows_the_contract() -> None:
     empty = kafka_meta("t", 0, 0, 0, None, [])
     assert (empty["k"], empty["hs"]) == (None, "[]")
     assert kafka_meta("t", 0, 0, 0, b"", [])["k"] == ""  # an empty key is not a missing one
+    assert kafka_meta("t", 0, 0, -1, None, [])["ts"] is None  # Kafka's "no timestamp"
 
 
 def test_kafka_headers_keep_order_repeats_nulls_and_bytes_but_never_secrets() -> None:

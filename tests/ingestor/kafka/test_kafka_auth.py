@@ -212,7 +212,7 @@ def kafka_python_send(served: Secured, token: str, values: list[bytes]) -> list[
 
 
 async def test_should_take_sasl_plain_from_kafka_python(tmp_path, caplog):
-    caplog.set_level(logging.ERROR, "kafka")
+    caplog.set_level(logging.WARNING)
     async with secured(tmp_path) as served:
         offsets = await asyncio.to_thread(kafka_python_send, served, TOKEN,
                                           [order("kp1"), order("kp2")])
@@ -223,9 +223,12 @@ async def test_should_take_sasl_plain_from_kafka_python(tmp_path, caplog):
         from kafka.errors import KafkaError  # why: the second client, only for this test
         with pytest.raises(KafkaError):
             await asyncio.to_thread(kafka_python_send, served, "wrong", [order("never")])
-        # kafka-python gives up bootstrapping (KafkaTimeoutError); its log says why
-        assert "SaslAuthenticationFailedError" in caplog.text
-        assert "not a valid icefloe stream token" in caplog.text
+        # kafka-python gives up bootstrapping (KafkaTimeoutError); what its own log says
+        # depends on whether it read the refusal or the close first (a loaded machine), so
+        # the proof is the ingestor's side: each attempt refused and closed, nothing stored
+        refusals = [r for r in caplog.records if r.name == "icefloe.ingestor.kafka"
+                    and "not a valid icefloe stream token" in r.getMessage()]
+        assert refusals
         stored = await served.stored()
         assert sorted(json.loads(p)["order_id"] for p in stored["orders"]) == ["kp1", "kp2"]
 
