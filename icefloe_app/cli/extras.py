@@ -17,6 +17,7 @@ INGESTOR_MODULES = frozenset({
     "prometheus_client", "uvicorn", "grpc_health", "grpc_reflection", "sqlglot", "_jsonnet",
     "avro", "fastavro",  # Avro streams: schemas parsed, payloads checked at ingest
     "cramjam",  # the Kafka listener's snappy and lz4 record batches
+    "opentelemetry",  # OTLP receivers: the export requests' generated messages
 })
 COLLECTOR_MODULES = frozenset({
     "starlette", "pyarrow", "numpy", "pandas", "pyspark", "pyiceberg", "duckdb",
