@@ -333,16 +333,16 @@ class CompiledStream:
         return kept, Canonical(payloads, ids if any(ids) else None), bad
 
     def _from_events(self, events: Sequence[bytes], utf8_checked: bool = True) -> Canonical:
-        joined = b"[" + b",".join(events) + b"]"
-        if not utf8_checked and not joined.isascii():
+        """Each element decoded on its own, never as one joined array: joined, the events
+        ``{"a":1},{"b":"`` and ``"}`` read as two valid objects that no one sent (a string
+        or a list spanning the comma), so a malformed pair would pass as plausible data."""
+        if not utf8_checked and not all(map(bytes.isascii, events)):
             for index, event in enumerate(events):
                 _check_utf8(event, index)
         try:
-            decoded = self._many.decode(joined)
+            decoded = list(map(self._one.decode, events))
         except (msgspec.ValidationError, msgspec.DecodeError):
             raise self._explain_each(events) from None
-        if len(decoded) != len(events):  # an empty element, or one holding two objects
-            raise self._explain_each(events)
         return self._canonical(decoded, events)
 
     def _from_raw_events(self, body: bytes, start: bytes) -> Canonical:

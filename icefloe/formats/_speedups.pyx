@@ -120,15 +120,17 @@ cdef object _field(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos, str 
 
 
 def kafka_records(bytes data, Py_ssize_t count, long long base_ts, bint log_append,
-                  long long max_ts):
+                  long long max_ts, bint meta=True):
     """The records of a decompressed Kafka record batch as four lists (values, keys,
     timestamps, headers): :func:`ingestor.kafka.records._read_records`, compiled (~10x).
+    ``meta`` False checks keys and headers as always but leaves those three lists empty
+    (most streams map no Kafka metadata: a quarter of the parse is building them).
     Raises ``ValueError`` naming the first inconsistency."""
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, end, i, h
     cdef long long length, stamp, nheaders
     cdef list values = [], keys = [], stamps = [], headers = [], pairs
-    cdef object name
+    cdef object name, key
     for i in range(count):
         length = _zigzag(p, n, &pos, "record length")
         if length <= 0 or pos + length > n:
@@ -138,12 +140,12 @@ def kafka_records(bytes data, Py_ssize_t count, long long base_ts, bint log_appe
         stamp = _zigzag(p, end, &pos, "timestamp delta")
         if _zigzag(p, end, &pos, "offset delta") != i:
             raise ValueError(f"record {i} has an offset delta other than {i}")
-        keys.append(_field(p, end, &pos, "key"))
+        key = _field(p, end, &pos, "key")
         values.append(_field(p, end, &pos, "value"))
         nheaders = _zigzag(p, end, &pos, "header count")
         if nheaders < 0 or nheaders > 100000:
             raise ValueError(f"record {i} has a header count of {nheaders}")
-        pairs = []
+        pairs = [] if meta or nheaders else None
         for h in range(nheaders):
             name = _field(p, end, &pos, "header key")
             if name is None:
@@ -155,8 +157,30 @@ def kafka_records(bytes data, Py_ssize_t count, long long base_ts, bint log_appe
         if pos != end:
             raise ValueError(f"record {i} says {length} bytes but its fields take "
                              f"{length + pos - end}")
-        headers.append(pairs)
-        stamps.append(max_ts if log_append else base_ts + stamp)
+        if meta:
+            keys.append(key)
+            headers.append(pairs)
+            stamps.append(max_ts if log_append else base_ts + stamp)
     if pos != n:
         raise ValueError(f"{n - pos} bytes follow the batch's {count} records")
     return values, keys, stamps, headers
+
+
+def decimal_suffixes(long long start, Py_ssize_t count):
+    """``[b"%d" % ((start + i) & 0x7FFFFFFF) for i in range(count)]``: the Kafka listener's
+    sequence ids (:func:`ingestor.kafka.produce.sequence_ids`), ~3x faster."""
+    cdef list out = [None] * count
+    cdef char digits[24]
+    cdef Py_ssize_t i, n
+    cdef long long value
+    for i in range(count):
+        value = (start + i) & 0x7FFFFFFF
+        n = 24
+        while True:
+            n -= 1
+            digits[n] = <char>(48 + value % 10)
+            value //= 10
+            if value == 0:
+                break
+        out[i] = PyBytes_FromStringAndSize(digits + n, 24 - n)
+    return out

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from icefloe.clock import SYSTEM, Clock
+from icefloe.formats import speedups
 from icefloe.formats.envelope import MAX_ID_BYTES
 from ingestor.errors import (
     BadRequest,
@@ -153,7 +154,8 @@ class ProduceHandler:
         caller, waited = await self._authorize(stream, producer, deadline)
         if not part.records:
             raise KafkaError(Code.CORRUPT_MESSAGE, "the partition's records are empty")
-        records = read_batch(part.records, self.max_batch_bytes)
+        records = read_batch(part.records, self.max_batch_bytes,
+                             kafka_meta_wanted(stream.config))
         head = records.header
         key: Key | None = None
         batch: Batch | None = None
@@ -221,8 +223,8 @@ class ProduceHandler:
     def _canonical(self, stream: CompiledStream, partition: int, records: Records,
                    caller: Caller) -> tuple[Canonical, tuple[bytes, list[bytes]] | None]:
         values = records.values
-        nulls = [i for i, value in enumerate(values) if value is None]
-        if nulls:
+        if None in values:  # a C-level scan; the list of them only for the refusal
+            nulls = [i for i, value in enumerate(values) if value is None]
             raise KafkaError(Code.INVALID_RECORD, f"{len(nulls)} record(s) have a null value "
                              "(a tombstone); icefloe streams take a value per record",
                              record_errors=[(i, "null value") for i in nulls[:MAX_RECORD_ERRORS]])
@@ -281,6 +283,8 @@ def sequence_ids(token: str | None, partition: int, producer_id: int, epoch: int
         raise KafkaError(Code.INVALID_RECORD, f"the event ids of this batch would be over "
                          f"{MAX_ID_BYTES} bytes (the token's name is {len(token or '')} "
                          "characters): use a token with a shorter name")
+    if speedups.compiled is not None:  # the same suffixes, ~3x faster
+        return stem, speedups.compiled.decimal_suffixes(base_sequence, count)
     end = base_sequence + count
     if end <= 0x80000000:
         return stem, [b"%d" % sequence for sequence in range(base_sequence, end)]

@@ -105,3 +105,20 @@ def test_should_report_every_out_of_range_timestamp_of_a_request_by_index():
                             b'{"ts":1}', b'{"ts":-99999999999999999}'])
     assert [(v.index, v.field) for v in info.value.violations] == [(1, "ts"), (3, "ts")]
     assert all("out of range" in v.reason for v in info.value.violations)
+
+
+@pytest.mark.parametrize("events", [
+    [b'{"a":"x"},{"a":"', b'"}'],  # a string spanning the separator
+    [b'{"a":"x"},{"b":[2', b'3]}'],  # a list spanning it
+    [b'{"a":"x"},{"a":"y"}', b""],  # two objects in one, then an empty one
+])
+def test_should_refuse_events_that_only_join_into_valid_json(events):
+    """Each event must be one JSON object on its own: joined with commas, these read as
+    two valid objects no producer sent (NDJSON lines, gRPC Event.json, Kafka values)."""
+    stream = compiled(Column("a", "string"), Column("b", "json"))
+    with pytest.raises(InvalidEvents) as info:
+        stream.from_events(events)
+    assert {v.index for v in info.value.violations} <= {0, 1}
+    assert info.value.violations
+    with pytest.raises(InvalidEvents):
+        stream.from_ndjson(b"\n".join(events))

@@ -10,6 +10,7 @@ import pytest
 from icefloe.formats import speedups
 from ingestor.kafka import records as records_module
 from ingestor.kafka.codes import Code, KafkaError
+from ingestor.kafka.produce import sequence_ids
 from ingestor.kafka.records import read_batch
 from testing.kafka_batches import CODECS, Batch, Record, encode_record
 
@@ -36,6 +37,25 @@ def test_should_read_every_codec_with_either_parser(parser, codec):
     assert got.timestamps == [1_767_225_600_000 + r.timestamp_delta for r in RECORDS]
     assert got.header.count == 3
     assert got.header.codec == CODECS[codec]
+
+
+def test_should_leave_the_metadata_out_but_still_check_it_without_meta(parser):
+    got = read_batch(Batch(RECORDS).encode(), 1 << 20, meta=False)
+    assert got.values == [r.value for r in RECORDS]
+    assert (got.keys, got.timestamps, got.headers) == ([], [], [])
+    bad_name = Record(b'{"n":1}', None, [("zz", b"x")])
+    raw = encode_record(0, bad_name).replace(b"zz", b"\xff\xfe")
+    with pytest.raises(KafkaError) as info:
+        read_batch(Batch([bad_name], body=raw).encode(), 1 << 20, meta=False)
+    assert info.value.code == Code.CORRUPT_MESSAGE
+    assert "not UTF-8" in info.value.message
+
+
+@pytest.mark.parametrize(("base", "count"), [(0, 3), (1_000_000, 2), (0x7FFFFFFE, 4)])
+def test_should_give_the_same_sequence_ids_with_either_parser(parser, base, count):
+    stem, suffixes = sequence_ids("t", 3, 7, 0, base, count)
+    assert stem == b"kafka:t:3:7:0:"
+    assert suffixes == [b"%d" % ((base + i) & 0x7FFFFFFF) for i in range(count)]
 
 
 def test_should_read_the_java_clients_snappy_framing():
