@@ -121,23 +121,27 @@ def _log_row(record: Any, attrs: Attributes) -> LogRow:
                   event_name or None)
 
 
+_SPAN_FIELDS = operator.attrgetter(
+    "trace_id", "span_id", "parent_span_id", "trace_state", "name", "kind",
+    "start_time_unix_nano", "end_time_unix_nano", "status", "attributes",
+    "dropped_attributes_count", "events", "dropped_events_count", "links",
+    "dropped_links_count", "flags")
+
+
 def _span_row(span: Any, attrs: Attributes) -> SpanRow:
-    start, end = span.start_time_unix_nano, span.end_time_unix_nano
-    status = span.status
-    events = span.events
-    links = span.links
-    return SpanRow(hex_of(span.trace_id), hex_of(span.span_id),
-                   hex_of(span.parent_span_id), span.trace_state or None,
-                   span.name or None, enum_name(SPAN_KINDS, span.kind),
+    (trace_id, span_id, parent, trace_state, name, kind, start, end, status, attributes,
+     dropped, events, dropped_events, links, dropped_links, flags) = _SPAN_FIELDS(span)
+    return SpanRow(hex_of(trace_id), hex_of(span_id), hex_of(parent), trace_state or None,
+                   name or None, enum_name(SPAN_KINDS, kind),
                    time_of(start, "start_time_unix_nano"), start,
                    time_of(end, "end_time_unix_nano"), end,
                    end - start if start and end else None,
                    enum_name(STATUS_CODES, status.code), status.message or None,
-                   attrs(span.attributes), span.dropped_attributes_count,
+                   attrs(attributes), dropped,
                    [_span_event(e, attrs) for e in events] if events else [],
-                   span.dropped_events_count,
+                   dropped_events,
                    [_span_link(link, attrs) for link in links] if links else [],
-                   span.dropped_links_count, span.flags)
+                   dropped_links, flags)
 
 
 def _span_event(event: Any, attrs: Attributes) -> SpanEvent:

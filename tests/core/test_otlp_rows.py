@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from config_support import HEADER, load_text
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -459,3 +461,37 @@ def test_should_store_non_finite_doubles_as_null_in_both_forms(config: Config):
     (summary,) = rows_of("metrics", request, config, "summary")
     assert summary["sum"] is None
     assert summary["quantile_values"] == [{"quantile": 0.5}]
+
+
+_leaves = st.one_of(st.text(max_size=8), st.integers(-2**63, 2**63 - 1),
+                    st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.binary(max_size=6), st.just(AnyValue()))
+_values = st.recursive(_leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=8)
+_attributes = st.lists(st.tuples(st.sampled_from(["a", "b", "service.name", ""]), _values),
+                       max_size=5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(record=_attributes, resource_attrs=_attributes, body=_values,
+       times=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**63 - 1)),
+       ids=st.tuples(st.binary(max_size=16), st.binary(max_size=8)),
+       text=st.text(max_size=6))
+def test_any_record_gives_the_same_rows_in_both_forms(config, record, resource_attrs, body,
+                                                       times, ids, text):
+    """Whatever the values, the canonical form is what validation makes of the plain one,
+    and a record is a row or a rejection, never an error."""
+    def pairs(found: list[tuple[str, Any]]) -> list[KeyValue]:
+        return [KeyValue(key=k, value=value(v)) for k, v in found]
+    log = LogRecord(time_unix_nano=times[0], observed_time_unix_nano=times[1],
+                    body=value(body), trace_id=ids[0], span_id=ids[1], severity_text=text,
+                    attributes=pairs(record))
+    request = logs_request(log, res=Resource(attributes=pairs(resource_attrs)))
+    out = export_rows("logs", request)
+    if times[0] > LONG_MAX:
+        assert (out.rows, out.rejected) == ({}, 1)
+        return
+    (row,) = rows_of("logs", request, config, "logs")
+    assert list(row["attributes"]) == list(dict(record))  # first places, repeats once
+    assert row["service_name"] == row["resource_attributes"].get("service.name")
