@@ -496,8 +496,8 @@ def test_should_serve_the_admin_api_and_apply_its_changes_while_running(tmp_path
     proc = subprocess.Popen(
         [sys.executable, "-m", "icefloe", "up", "--config", str(config), "--data-dir",
          str(tmp_path / "data"), "--http-port", str(http), "--grpc-port", "0",
-         "--admin-port", "0", "--kafka-port", "0", "--otlp-http-port", "0",
-         "--otlp-grpc-port", "0", "--no-collector"], cwd=tmp_path,
+         "--admin-port", "0", "--kafka-port", "0", "--no-otlp", "--no-collector"],
+        cwd=tmp_path,
         env=child_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
