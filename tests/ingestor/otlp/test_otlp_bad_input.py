@@ -127,7 +127,7 @@ async def test_should_answer_404_when_otlp_is_off(tmp_path):
 
 async def test_should_answer_429_with_retry_after_over_the_rate_limit(tmp_path):
     config = otlp_config(tmp_path / "store",
-                         otlp={"rate_limit": RateLimit(events_per_s=1, burst_s=1)})
+                         otlp={"rate_limit": RateLimit(events_per_s=0.01, burst_s=100)})
     async with ingestor(config) as ports, httpx.AsyncClient() as client:
         url = f"http://127.0.0.1:{ports.http}/v1/logs"
         first = await client.post(url, content=logs_request(), headers=PROTOBUF)
@@ -196,7 +196,7 @@ async def test_should_refuse_bad_grpc_exports_precisely(config, body, token, cod
 
 async def test_should_answer_resource_exhausted_with_retry_info_over_the_rate_limit(tmp_path):
     config = otlp_config(tmp_path / "store",
-                         otlp={"rate_limit": RateLimit(events_per_s=1, burst_s=1)})
+                         otlp={"rate_limit": RateLimit(events_per_s=0.01, burst_s=100)})
     async with ingestor(config) as ports:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
             await channel.unary_unary(LOGS_EXPORT)(
