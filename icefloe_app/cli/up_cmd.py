@@ -234,7 +234,7 @@ class _Up:
         host = _host(self.config.ingestor.host)
         scheme = "https" if self.config.ingestor.tls_cert_file is not None else "http"
         print(f"  OTLP     {scheme}://{host}:{ports[0]} (HTTP), {host}:{ports[1]} (gRPC)  "
-              f"(OTEL_EXPORTER_OTLP_ENDPOINT=http://{host}:{ports[0]}; "
+              f"(OTEL_EXPORTER_OTLP_ENDPOINT={scheme}://{host}:{ports[0]}; "
               "docs/otlp-receivers.md)", flush=True)
 
     async def _admin(self, stop: asyncio.Event) -> None:
