@@ -123,6 +123,8 @@ def test_should_read_the_environment(tmp_path):
      "otlp.spans.partition_by[0]: "),
     ("enabled = true\nlogs_table = \"Otel-Logs\"\n", "", "otlp.logs.table: 'Otel-Logs'"),
     ("enabled = true\ntokens = [\"plain-secret\"]\n", "", "otlp.tokens[0]"),
+    ("enabled = true\nrate_limit = { events_per_s = -1 }\n", "", "otlp.rate_limit"),
+    ("enabled = true\n[otlp.sort_by]\nlogs = [\"nope\"]\n", "", "otlp.logs.sort_by"),
     ("enabled = true\ntraces_table = \"otel.traces\"\n", "", "traces_table"),
     ("enabled = true\n", """
         [[streams]]
