@@ -1,4 +1,5 @@
-"""The gRPC front: ``icefloe.v1.Ingest`` on grpc.aio, plus health and reflection.
+"""The gRPC front: ``icefloe.v1.Ingest`` on grpc.aio, plus health and reflection (and, given
+by the server, the OTLP Export services: :mod:`ingestor.otlp.grpc`).
 
 Why it looks like this:
 

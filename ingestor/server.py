@@ -7,6 +7,9 @@ accepting, in-flight requests finish (their flushes keep running), then the runt
 what is left and answers every waiting request, and the process exits 0 — all within
 ``shutdown_timeout_s``.
 
+The OTLP ports (``otlp_http_port``, ``otlp_grpc_port``) are second addresses of the same
+HTTP and gRPC servers (:mod:`ingestor.otlp`); the Kafka listener is a server of its own.
+
 Before anything binds, the transport policy is applied (:func:`ingestor.tls.server_tls`):
 TLS from files (reloaded on change), or plaintext on loopback, or plaintext elsewhere only
 with ``[ingestor] plaintext = true``.
