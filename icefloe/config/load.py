@@ -32,6 +32,7 @@ from icefloe.config.model import (
 from icefloe.config.typed_streams import prepare_raw, with_typed_columns
 from icefloe.config.validate import validate
 from icefloe.errors import ConfigError
+from icefloe.otlp.config import OtlpSection, with_otlp_streams
 from icefloe.streams.events_sql import with_events_files
 
 CONFIG_ENV = "ICEFLOE_CONFIG"
@@ -83,6 +84,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
     if any(s.format != "json" or s.schema is not None for s in config.streams):
         streams = with_typed_columns(config.streams, base, where)
         config = msgspec.structs.replace(config, streams=streams)
+    streams = with_otlp_streams(config.streams, config.otlp, where)  # [otlp]'s, if enabled
+    config = msgspec.structs.replace(config, streams=streams)
     validate(config, where)
     return config
 
@@ -102,9 +105,10 @@ def _key_path(message: str) -> str:
     return reason if key is None else f"{key}: {reason}"
 
 
-FILE_ONLY = frozenset({"properties", "client_rate_limit", "spark_conf"})
+FILE_ONLY = frozenset({"properties", "client_rate_limit", "spark_conf", "partition_by",
+                       "sort_by", "table_properties", "rate_limit"})
 """Settings that are tables: set in the file only, never from the environment."""
-_LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies", "models", "tokens"})
+_LIST_FIELDS = frozenset({"cors_origins", "trusted_proxies", "models", "tokens", "kinds"})
 """Lists the environment gives comma-separated."""
 
 
@@ -153,7 +157,7 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], where: str) -> None:
     sections = {"store": StoreSection, "catalog": CatalogSection,
                 "manifest": ManifestSection, "ingestor": IngestorSection,
                 "collector": CollectorSection, "admin": AdminSection,
-                "query": QuerySection}
+                "query": QuerySection, "otlp": OtlpSection}
     for section, struct in sections.items():
         for field in struct.__struct_fields__:
             name = f"ICEFLOE_{section.upper()}_{field.upper()}"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from icefloe.config.manifest import ManifestConfig
+from icefloe.otlp.config import OtlpSection
 from icefloe.streams.model import RateLimit, StreamConfig
 
 
@@ -281,6 +282,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     collector: CollectorSection = msgspec.field(default_factory=CollectorSection)
     admin: AdminSection = msgspec.field(default_factory=AdminSection)
     query: QuerySection = msgspec.field(default_factory=QuerySection)
+    otlp: OtlpSection = msgspec.field(default_factory=OtlpSection)
+    """OTLP tables (:mod:`icefloe.otlp`); when enabled, its generated streams are in
+    ``streams`` after the declared ones."""
     streams: tuple[StreamConfig, ...] = ()
     tokens: tuple[TokenConfig, ...] = ()
     source: str | None = None

@@ -21,11 +21,12 @@ from icefloe.config.model import (
     QuerySection,
     StoreSection,
 )
+from icefloe.otlp.config import OtlpSection
 
 SECTIONS: dict[str, type[msgspec.Struct]] = {
     "store": StoreSection, "catalog": CatalogSection, "manifest": ManifestSection,
     "ingestor": IngestorSection, "collector": CollectorSection, "admin": AdminSection,
-    "query": QuerySection}
+    "query": QuerySection, "otlp": OtlpSection}
 
 MEANING: dict[str, str] = {
     "store.url": "object store: `file:///dir` or `s3://bucket/prefix`",
@@ -225,6 +226,29 @@ MEANING: dict[str, str] = {
     "query.embedded_max_bytes": "`icefloe query --engine auto` answers with the embedded "
                                 "DuckDB engine when the pinned data files total at most "
                                 "this (0: always Spark)",
+    "otlp.enabled": "generate the OTLP streams and tables (docs/otlp.md); the ingestor's "
+                    "OTLP receivers write into them",
+    "otlp.kinds": "which kinds of rows get a stream and table (a request carrying another "
+                  "kind is refused)",
+    "otlp.logs_table": "table of log records (stream `otlp.logs`)",
+    "otlp.spans_table": "table of spans (stream `otlp.spans`)",
+    "otlp.gauge_table": "table of gauge points (stream `otlp.gauge`)",
+    "otlp.sum_table": "table of sum points (stream `otlp.sum`)",
+    "otlp.histogram_table": "table of histogram points (stream `otlp.histogram`)",
+    "otlp.exponential_histogram_table": "table of exponential histogram points (stream "
+                                        "`otlp.exponential_histogram`)",
+    "otlp.summary_table": "table of summary points (stream `otlp.summary`)",
+    "otlp.tokens": "token hashes valid for every OTLP stream (`[[tokens]]` naming "
+                   "`otlp.logs`, ... scope a token to some kinds)",
+    "otlp.service_buckets": "tables are partitioned by day and by this many buckets of "
+                            "`service_name` (1 to 1024)",
+    "otlp.partition_by": "per kind, a `partition_by` replacing the default "
+                         "(`spans = [\"hour(start_time)\"]`); file only",
+    "otlp.sort_by": "per kind, the table's sort order (`logs = [\"service_name\", "
+                    "\"time\"]`); file only",
+    "otlp.table_properties": "Iceberg table properties of every OTLP table; file only",
+    "otlp.rate_limit": "a rate limit on each OTLP stream (like a stream's `rate_limit`); "
+                       "file only",
 }
 
 _START = "<!-- config-reference:start (generated: python -m icefloe.config.reference) -->"
@@ -236,6 +260,8 @@ def _default(value: Any) -> str:
         return "—"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, tuple):
+        return ", ".join(f"`{item}`" for item in value)
     if isinstance(value, int) and value >= 1024 * 1024 and value % (1024 * 1024) == 0:
         return f"{value // (1024 * 1024)} MiB"
     if isinstance(value, float) and value.is_integer():

@@ -32,6 +32,10 @@ PLAIN_TOKEN_ADVICE = ("icefloe keeps only salted hashes of tokens: run `icefloe 
 def validate_security(config: Config, where: str) -> None:
     """Every security rule; raises :class:`ConfigError` naming the first wrong key."""
     _validate_transport(config.ingestor, f"{where}: ingestor")
+    for position, entry in enumerate(config.otlp.tokens):  # named before the streams it is in
+        check_hash(entry, f"{where}: otlp.tokens[{position}]")
+    if config.otlp.rate_limit is not None:
+        validate_rate_limit(config.otlp.rate_limit, f"{where}: otlp.rate_limit")
     for index, stream in enumerate(config.streams):
         at = f"{where}: streams[{index}]"
         for position, entry in enumerate(stream.tokens):
