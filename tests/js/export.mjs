@@ -205,7 +205,7 @@ async function emitSpans(opts, exporter) {
   for (let i = 1; i < opts.count; i += 1) {
     const span = tracer.startSpan(
       `child-${i}`,
-      { kind: 2 + (i % 4), attributes: attributes(i), links: [{ context: linked, attributes: { 'link.index': i } }] },
+      { kind: i % 5, attributes: attributes(i), links: [{ context: linked, attributes: { 'link.index': i } }] },
       parent,
     );
     span.addEvent('checkpoint', { 'event.index': i, 'event.ok': true });
@@ -224,14 +224,14 @@ async function emitMetrics(opts, exporter) {
     exporter,
     exportIntervalMillis: 3_600_000,
     exportTimeoutMillis: opts.timeoutMs,
+    // one point per attribute set: room for them all (the default limit is 2000 per metric)
+    cardinalitySelector: () => Math.max(2000, opts.count + 1),
   });
-  const limit = Math.max(2000, opts.count + 1);
   const provider = new MeterProvider({
     resource: resourceFromAttributes({ 'service.name': opts.service }),
     readers: [reader],
     views: [
       { instrumentName: 'icefloe.test.latency_exp', aggregation: { type: AggregationType.EXPONENTIAL_HISTOGRAM } },
-      { instrumentName: '*', aggregationCardinalityLimit: limit },
     ],
   });
   const meter = provider.getMeter('icefloe.js.test', '1.0.0');
