@@ -66,13 +66,13 @@ from _common import (
     write_json,
 )
 from _otlp_load import PLACEHOLDER
-from icefloe.otlp.config import OtlpSection, otlp_streams
-from icefloe.otlp.rows import export_rows
 from ingest_bench import CONFIG, ICEFLOE, start_drain
 from kafka_bench import cpu_seconds
 
 from icefloe.config import Column, StreamConfig
 from icefloe.manifest.publish import build_batch
+from icefloe.otlp.config import OtlpSection, otlp_streams
+from icefloe.otlp.rows import export_rows
 from ingestor.validate import CompiledStream
 from pipeline.load.run import LocalEngine, SparkEngine
 
@@ -277,6 +277,28 @@ def log_rates(root: Path, seconds: float, trials: int
     return best, cpu
 
 
+def log_steps(seconds: float) -> dict[str, float]:
+    """CPU-µs per record of the OTLP receiver's steps, in this process, best of alternating
+    passes: parsing the protobuf request, ``export_rows``, and the stream's validation of the
+    rows (the JSON baseline's only step): where the two rows' difference goes."""
+    request = log_request(0, PER_REQUEST)
+    body, array = request.SerializeToString(), rows_array("logs", request, "logs")
+    compiled = CompiledStream(otlp_streams(OtlpSection(enabled=True, kinds=("logs",)),
+                                           "bench")[0])
+    steps = {"parse": lambda: ExportLogsServiceRequest.FromString(body),
+             "rows": lambda: export_rows("logs", request),
+             "validate": lambda: compiled.from_json(array)}
+    best: dict[str, float] = {}
+    for _ in range(3):
+        for name, step in steps.items():
+            done, started = 0, time.process_time()
+            while (took := time.process_time() - started) < seconds / 9:
+                step()
+                done += PER_REQUEST
+            best[name] = min(best.get(name, float("inf")), took * 1e6 / max(1, done))
+    return best
+
+
 # -- spans/s through the collector -------------------------------------------------------------
 
 SCALAR = frozenset({"string", "long", "int", "double", "boolean", "timestamp"})
@@ -362,6 +384,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="icefloe-otlp-bench-") as tmp:
         root = Path(tmp)
         logs, cpu = log_rates(root, seconds, trials)
+        steps = log_steps(1.5 if args.quick else 6.0)
         from pipeline.spark import get_spark  # lazy: the JVM only after the ingest rounds
 
         print("starting Spark (local[2]) ...", flush=True)
@@ -380,6 +403,12 @@ def main() -> None:
         Result("diagnostic: ingestor CPU per record, JSON events", cpu["json"], "CPU-us"),
         Result("diagnostic: ingestor CPU per record, OTLP/HTTP protobuf", cpu["otlp"], "CPU-us",
                cpu["json"]),
+        Result("diagnostic: protobuf parse of the export request, per record",
+               steps["parse"], "CPU-us"),
+        Result("diagnostic: export_rows (request to JSON rows), per record", steps["rows"],
+               "CPU-us"),
+        Result("diagnostic: stream validation of the JSON rows, per record", steps["validate"],
+               "CPU-us"),
     ]
     print_table(f"OTLP vs JSON events (logs: one ingestor process, durable acks on a local store; "
                 f"spans: {batches * per_batch:,} rows through the collector)", results)
