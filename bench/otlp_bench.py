@@ -355,7 +355,7 @@ def span_rates(root: Path, spark: Any, batches: int, per_batch: int, trials: int
     """Best committed rows/s of each stream and engine, on copies of one pre-filled store."""
     streams = span_streams()
     for kind, stream in streams.items():  # warm the JVM and the Python workers on both shapes
-        events = prefill(root / f"warm-{kind}", kind, stream, max(1, batches // 2), per_batch)
+        events = prefill(root / f"warm-{kind}", kind, stream, max(1, batches // 3), per_batch)
         asyncio.run(drain(span_config(root / f"warm-{kind}", stream), SparkEngine(spark, 4),
                           events))
         prefill(root / f"template-{kind}", kind, stream, batches, per_batch)
@@ -376,15 +376,15 @@ def span_rates(root: Path, spark: Any, batches: int, per_batch: int, trials: int
 
 
 def main() -> None:
-    parser = bench_parser(__doc__, "one 3 s round per kind and one drain per stream (about a "
+    parser = bench_parser(__doc__, "one 2 s round per kind and one drain per stream (about a "
                           "minute, Spark's start included)")
     args = parser.parse_args()
-    seconds, trials = (3.0, 1) if args.quick else (10.0, TRIALS)
-    batches, per_batch = (4, 5_000) if args.quick else (20, 10_000)
+    seconds, trials = (2.0, 1) if args.quick else (10.0, TRIALS)
+    batches, per_batch = (3, 5_000) if args.quick else (20, 10_000)
     with tempfile.TemporaryDirectory(prefix="icefloe-otlp-bench-") as tmp:
         root = Path(tmp)
         logs, cpu = log_rates(root, seconds, trials)
-        steps = log_steps(1.5 if args.quick else 6.0)
+        steps = log_steps(1.0 if args.quick else 6.0)
         from pipeline.spark import get_spark  # lazy: the JVM only after the ingest rounds
 
         print("starting Spark (local[2]) ...", flush=True)
