@@ -35,7 +35,14 @@ import logging
 import socket
 import time
 import urllib.parse
-from collections.abc import AsyncIterable, AsyncIterator, Collection, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Sequence,
+)
 from typing import Any, NamedTuple
 
 import grpc
@@ -548,14 +555,22 @@ class GrpcServer(NamedTuple):
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    otlp_port: int | None = None
+    """The ``otlp_grpc_port`` address bound (None: not asked for)."""
 
 
 async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
                             max_inflight: int = DEFAULT_STREAM_INFLIGHT,
                             reuse_port: bool = False,
                             tls: CertificateReloader | None = None,
-                            clock: Clock = SYSTEM) -> GrpcServer:
-    """Serve ``icefloe.v1.Ingest`` + health + reflection on ``host:port`` (0 = any free port).
+                            clock: Clock = SYSTEM,
+                            otlp_port: int | None = None,
+                            services: Callable[[grpc.aio.Server], Iterable[str]] | None = None
+                            ) -> GrpcServer:
+    """Serve ``icefloe.v1.Ingest`` + health + reflection on ``host:port`` (0 = any free port),
+    and on ``otlp_port`` too when given (OTLP's default 4317; the same services answer on
+    both). ``services`` registers more services before the start and names them (the OTLP
+    Export services: :func:`ingestor.otlp.grpc.add_otlp_services`).
 
     With ``tls`` the port speaks only TLS (mutual TLS if it has a client CA), with
     certificates reloaded on change; a plaintext client cannot connect.
@@ -574,19 +589,26 @@ async def start_grpc_server(runtime: IngestorRuntime, host: str, port: int, *,
     servicer = IngestServicer(runtime, max_inflight=max_inflight,
                               stream_idle_s=ing.grpc_stream_idle_s, clock=clock)
     add_ingest_servicer(servicer, server)
+    extra = tuple(services(server)) if services is not None else ()
     health_servicer = _Health(servicer)
     for name in (health.OVERALL_HEALTH, SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        (SERVICE_NAME, *extra, health.SERVICE_NAME, reflection.SERVICE_NAME),
+        server)
     bound = await bind_port(server, host, port, tls)
+    otlp = None
+    if otlp_port is not None:  # a second address of the same server (OTLP's 4317)
+        otlp = await bind_port(server, host, otlp_port, tls, what="OTLP/gRPC",
+                               flag="--otlp-grpc-port, ICEFLOE_INGESTOR_OTLP_GRPC_PORT")
     await server.start()
-    return GrpcServer(server, bound, health_servicer)
+    return GrpcServer(server, bound, health_servicer, otlp)
 
 
 async def bind_port(server: grpc.aio.Server, host: str, port: int,
-                    tls: CertificateReloader | None) -> int:
+                    tls: CertificateReloader | None, *, what: str = "gRPC",
+                    flag: str = "--grpc-port, ICEFLOE_INGESTOR_GRPC_PORT") -> int:
     """Add ``host:port`` (TLS when ``tls``) to ``server``; the port bound.
 
     Raises:
@@ -601,7 +623,7 @@ async def bind_port(server: grpc.aio.Server, host: str, port: int,
         bound = 0
     if not bound:
         await server.stop(None)
-        raise _bind_error(host, port)
+        raise _bind_error(host, port, what, flag)
     return int(bound)
 
 
@@ -634,7 +656,7 @@ def server_options(ing: IngestorSection) -> list[tuple[str, int]]:
     ]
 
 
-def _bind_error(host: str, port: int) -> ConfigError:
+def _bind_error(host: str, port: int, what: str, flag: str) -> ConfigError:
     """Say why gRPC could not bind (it only reports "failed"): probe the port ourselves."""
     reason = "the address cannot be bound"
     with contextlib.suppress(OSError), socket.socket(
@@ -645,7 +667,7 @@ def _bind_error(host: str, port: int) -> ConfigError:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 return ConfigError(
-                    f"gRPC port {port} on {host} is already in use: stop the other process "
-                    "or choose another port (--grpc-port, ICEFLOE_INGESTOR_GRPC_PORT)")
+                    f"{what} port {port} on {host} is already in use: stop the other process "
+                    f"or choose another port ({flag})")
             reason = exc.strerror or str(exc)
-    return ConfigError(f"cannot bind gRPC to {host}:{port}: {reason}")
+    return ConfigError(f"cannot bind {what} to {host}:{port}: {reason}")

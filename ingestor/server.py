@@ -39,6 +39,7 @@ from ingestor.http.server import http_config, slow_client_guard
 from ingestor.http.slow_clients import SlowClientGuard
 from ingestor.kafka.listener import KafkaServer, start_kafka_server
 from ingestor.metrics import IngestMetrics
+from ingestor.otlp.grpc import add_otlp_services
 from ingestor.runtime import IngestorRuntime
 from ingestor.starting import HttpFront, LateLane, Starting, StartingGrpc, start_waiting
 from ingestor.tls import RELOAD_CHECK_S, CertificateReloader, server_tls
@@ -52,12 +53,18 @@ class BoundPorts:
     grpc: int
     kafka: int | None = None
     """The Kafka listener's port (None: ``kafka_port`` unset, no listener)."""
+    otlp_http: int | None = None
+    """The dedicated OTLP/HTTP port (None: ``otlp_http_port`` unset; OTLP/HTTP is still
+    served on ``http``)."""
+    otlp_grpc: int | None = None
+    """The dedicated OTLP/gRPC port (None: ``otlp_grpc_port`` unset; still on ``grpc``)."""
 
 
 LISTEN_BACKLOG = 2048
 
 
-def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+def bind_http(host: str, port: int, *, reuse_port: bool = False, what: str = "HTTP",
+              flag: str = "--http-port, ICEFLOE_INGESTOR_HTTP_PORT") -> socket.socket:
     """Bind the HTTP socket ourselves so "port in use" is a clear error, not an exit.
 
     ``reuse_port`` lets several ingestor processes listen on one port (``SO_REUSEPORT``).
@@ -76,10 +83,9 @@ def bind_http(host: str, port: int, *, reuse_port: bool = False) -> socket.socke
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"HTTP port {port} on {host} is already in use: stop the other "
-                              "process or choose another port (--http-port, "
-                              "ICEFLOE_INGESTOR_HTTP_PORT)") from None
-        raise ConfigError(f"cannot bind HTTP to {host}:{port}: {exc.strerror}") from None
+            raise ConfigError(f"{what} port {port} on {host} is already in use: stop the "
+                              f"other process or choose another port ({flag})") from None
+        raise ConfigError(f"cannot bind {what} to {host}:{port}: {exc.strerror}") from None
     sock.setblocking(False)
     return sock
 
@@ -100,6 +106,9 @@ class _Fronts:
     lane: LateLane | None
     http: uvicorn.Server
     standin: StartingGrpc
+    otlp_socket: socket.socket | None = None
+    """``otlp_http_port``'s socket: the HTTP server serves it too (OTLP's routes are the
+    HTTP app's)."""
     http_task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -109,6 +118,15 @@ class _Fronts:
         ing = config.ingestor
         tls = server_tls(config, tls_reload_s)
         http_socket = bind_http(ing.host, ing.http_port, reuse_port=ing.reuse_port)
+        otlp_socket = None
+        if ing.otlp_http_port is not None:
+            try:
+                otlp_socket = bind_http(
+                    ing.host, ing.otlp_http_port, reuse_port=ing.reuse_port, what="OTLP/HTTP",
+                    flag="--otlp-http-port, ICEFLOE_INGESTOR_OTLP_HTTP_PORT")
+            except ConfigError:
+                http_socket.close()
+                raise
         state, metrics, guard = Starting(), IngestMetrics(), slow_client_guard(ing)
         front = HttpFront(state, ing.retry_after_s, metrics.registry)
         lane = LateLane() if ing.http_fast_lane else None
@@ -118,7 +136,7 @@ class _Fronts:
         # `install_signal_handlers`, a hook uvicorn no longer has: mypy found the dead line.)
         http.capture_signals = contextlib.nullcontext  # type: ignore[assignment]
         return cls(config, tls, http_socket, state, metrics, guard, front, lane, http,
-                   StartingGrpc(config, state, tls))
+                   StartingGrpc(config, state, tls), otlp_socket)
 
     @property
     def shared(self) -> bool:
@@ -130,10 +148,12 @@ class _Fronts:
 
     async def serve_http(self) -> None:
         """Listen, and serve HTTP until told to stop."""
-        self.http_socket.listen(LISTEN_BACKLOG)
+        sockets = [self.http_socket, *([self.otlp_socket] if self.otlp_socket else [])]
+        for sock in sockets:
+            sock.listen(LISTEN_BACKLOG)
         if self.tls is not None:
             self.tls.start()
-        task = asyncio.create_task(self.http.serve(sockets=[self.http_socket]), name="http")
+        task = asyncio.create_task(self.http.serve(sockets=sockets), name="http")
         while not self.http.started and not task.done():
             await asyncio.sleep(0.01)
         self.http_task = task
@@ -165,6 +185,8 @@ class _Fronts:
     async def stop_unready(self) -> None:
         await _stop_unready(self.http, self.http_task, self.http_socket, self.standin,
                             self.tls if self.http_task is not None else None)
+        if self.otlp_socket is not None:
+            self.otlp_socket.close()
         self.guard.close()
 
     async def go_live(self, runtime: IngestorRuntime, clock: Clock) -> _Live:
@@ -173,7 +195,8 @@ class _Fronts:
         ing = self.config.ingestor
         grpc = await start_grpc_server(
             runtime, ing.host, ing.grpc_port if self.shared else self.standin.port,
-            reuse_port=ing.reuse_port, tls=self.tls, clock=clock)
+            reuse_port=ing.reuse_port, tls=self.tls, clock=clock, otlp_port=ing.otlp_grpc_port,
+            services=lambda server: add_otlp_services(runtime, server))
         kafka = None
         if ing.kafka_port is not None:
             try:
@@ -189,11 +212,13 @@ class _Fronts:
         self.front.target = app
         if self.shared:  # ready: now this process may take connections on the shared port
             await self.serve_http()
-        ports = BoundPorts(self.http_socket.getsockname()[1], grpc.port,
-                           kafka.port if kafka is not None else None)
+        ports = BoundPorts(
+            self.http_socket.getsockname()[1], grpc.port, kafka.port if kafka else None,
+            self.otlp_socket.getsockname()[1] if self.otlp_socket else None, grpc.otlp_port)
         tls = self.tls
         log.info("ingestor listening", extra={
             "http_port": ports.http, "grpc_port": ports.grpc, "kafka_port": ports.kafka,
+            "otlp_http_port": ports.otlp_http, "otlp_grpc_port": ports.otlp_grpc,
             "store": mask_uri(runtime.store.url),
             "tls": "none" if tls is None else "mutual" if tls.mutual else "server",
             "speedups": speedups.compiled is not None})

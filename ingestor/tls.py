@@ -27,23 +27,37 @@ __all__ = ["LOOPBACK_NAMES", "RELOAD_CHECK_S", "CertificateReloader", "Encrypted
 
 def server_tls(config: Config, interval_s: float = RELOAD_CHECK_S
                ) -> CertificateReloader | None:
-    """TLS for this ingestor, or None for plaintext where the policy allows it.
+    """TLS for this ingestor, or None for plaintext where the policy allows it. The rule
+    covers every port the ingestor serves: HTTP, gRPC, Kafka and the OTLP ports.
 
     Raises:
         ConfigError: a non-loopback address without TLS and without ``plaintext = true``,
             or TLS files that cannot be loaded.
     """
-    kafka = config.ingestor.kafka_port
-    if kafka is None:
+    extra = _extra_ports(config)
+    if not extra:
         return section_tls(config, "ingestor", interval_s,
                            what="HTTP and gRPC", secrets="tokens and events")
+    names = ", ".join(f"the {name} port ({port}, {key})" for name, port, key in extra)
+    kafka = any(name == "Kafka" for name, _, _ in extra)
     try:
         return section_tls(config, "ingestor", interval_s,
-                           what=f"HTTP, gRPC and Kafka (port {kafka})",
-                           secrets="tokens (Kafka's SASL/PLAIN passwords) and events")
-    except ConfigError as exc:  # the Kafka port shares the rule: say so where it bites
+                           what=f"HTTP, gRPC and {names}",
+                           secrets="tokens (Kafka's SASL/PLAIN passwords) and events" if kafka
+                           else "tokens and events")
+    except ConfigError as exc:  # the extra ports share the rule: say so where it bites
         ing = config.ingestor
         if (ing.tls_cert_file and ing.tls_key_file) or ing.plaintext:
             raise  # not the plaintext refusal (e.g. TLS files that do not load)
-        raise ConfigError(f"{exc}. The rule covers the Kafka port ({kafka}, kafka_port) "
-                          "too: its SASL/PLAIN passwords are stream tokens") from None
+        why = ": its SASL/PLAIN passwords are stream tokens" if kafka \
+            else ": exporters send stream tokens in their Authorization header"
+        raise ConfigError(f"{exc}. The rule covers {names} too{why}") from None
+
+
+def _extra_ports(config: Config) -> list[tuple[str, int, str]]:
+    """The ports besides HTTP and gRPC this ingestor serves: (name, port, config key)."""
+    ing = config.ingestor
+    ports = [("Kafka", ing.kafka_port, "kafka_port"),
+             ("OTLP/HTTP", ing.otlp_http_port, "otlp_http_port"),
+             ("OTLP/gRPC", ing.otlp_grpc_port, "otlp_grpc_port")]
+    return [(name, port, key) for name, port, key in ports if port is not None]

@@ -156,6 +156,13 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kafka_idle_s: float = 600.0
     """A Kafka connection that sends nothing for this long is closed (a broker's
     ``connections.max.idle.ms``)."""
+    otlp_http_port: int | None = None
+    """Serve OTLP/HTTP (``/v1/logs``, ``/v1/traces``, ``/v1/metrics``) on this port too (None:
+    only on ``http_port``; ``icefloe up`` uses 4318; 0: any free port). Needs ``[otlp]``
+    enabled (docs/otlp-receivers.md)."""
+    otlp_grpc_port: int | None = None
+    """Serve the OTLP/gRPC Export services on this port too (None: only on ``grpc_port``;
+    ``icefloe up`` uses 4317; 0: any free port). Needs ``[otlp]`` enabled."""
     http_fast_lane: bool = True
     """Answer plain ingest POSTs (HTTP/1.1 keep-alive, Content-Length, no compression) from
     a callback instead of an ASGI task: same answers, ~2x the single-event rate. Off sends

@@ -66,6 +66,10 @@ MEANING: dict[str, str] = {
     "ingestor.kafka_max_connections": "open Kafka connections per process; more are closed "
                                       "at once",
     "ingestor.kafka_idle_s": "a Kafka connection silent this long is closed",
+    "ingestor.otlp_http_port": "OTLP/HTTP port besides `http_port` (`--otlp-http-port`; "
+                               "unset: off; `icefloe up`: 4318; 0: any free)",
+    "ingestor.otlp_grpc_port": "OTLP/gRPC port besides `grpc_port` (`--otlp-grpc-port`; "
+                               "unset: off; `icefloe up`: 4317; 0: any free)",
     "ingestor.reuse_port": "share the ports with other ingestors on the host (SO_REUSEPORT); "
                            "`icefloe up --ingestors N` sets it",
     "ingestor.max_body_bytes": "request body limit, after decompression (413 beyond)",

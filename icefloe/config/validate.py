@@ -39,6 +39,7 @@ def validate(config: Config, where: str) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where}: ingestor.{key}: {port} is not a TCP port (0-65535)")
     _validate_kafka(ing, where)
+    _validate_otlp_ports(config, where)
     for key in ("max_body_bytes", "max_event_bytes", "flush_bytes", "flush_events",
                 "buffer_max_bytes", "flush_age_ms", "flush_timeout_s"):
         if getattr(ing, key) <= 0:
@@ -71,13 +72,22 @@ def validate(config: Config, where: str) -> None:
 
 
 def _validate_kafka(ing: IngestorSection, where: str) -> None:
-    for key in ("kafka_port", "kafka_advertised_port"):
+    for key in ("kafka_port", "kafka_advertised_port", "otlp_http_port", "otlp_grpc_port"):
         port = getattr(ing, key)
         if port is not None and not 0 <= port <= 65535:
             raise ConfigError(f"{where}: ingestor.{key}: {port} is not a TCP port (0-65535)")
     for key in ("kafka_max_request_bytes", "kafka_max_connections", "kafka_idle_s"):
         if getattr(ing, key) <= 0:
             raise ConfigError(f"{where}: ingestor.{key} must be > 0")
+
+
+def _validate_otlp_ports(config: Config, where: str) -> None:
+    """An OTLP port with ``[otlp]`` off would serve nothing but 404s: refused at start."""
+    for key in ("otlp_http_port", "otlp_grpc_port"):
+        if getattr(config.ingestor, key) is not None and not config.otlp.enabled:
+            raise ConfigError(f"{where}: ingestor.{key} is set but [otlp] is off: the port "
+                              "would receive nothing; set [otlp] enabled = true, or unset "
+                              f"ingestor.{key}")
 
 
 def _validate_http_limits(ing: IngestorSection, where: str) -> None:

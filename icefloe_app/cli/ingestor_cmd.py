@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 EPILOG = """\
 stdout gets one JSON line {"event": "ready", "http_port": H, "grpc_port": G,
-"kafka_port": K} once the servers listen (K null without --kafka-port), and with
+"kafka_port": K, "otlp_http_port": OH, "otlp_grpc_port": OG} once the servers listen (K,
+OH, OG null without --kafka-port, --otlp-http-port, --otlp-grpc-port), and with
 --stats-interval S one {"event": "stats", "accepted": N, "rejected": M, "buffered_bytes": B}
 line every S seconds (totals since start; `icefloe up`
 reads them for its progress line). Logs go to stderr.
@@ -45,6 +46,12 @@ def register(commands: Any) -> None:
     parser.add_argument("--kafka-port", type=int,
                         help="serve Kafka's produce protocol on this port (default: off; "
                              "docs/kafka.md)")
+    parser.add_argument("--otlp-http-port", type=int,
+                        help="serve OTLP/HTTP on this port too (default: off; it is always "
+                             "on the HTTP port when [otlp] is enabled; docs/otlp-receivers.md)")
+    parser.add_argument("--otlp-grpc-port", type=int,
+                        help="serve OTLP/gRPC on this port too (default: off; it is always "
+                             "on the gRPC port when [otlp] is enabled)")
     parser.add_argument("--reuse-port", action="store_true", default=None,
                         help="share the ports with other ingestors on this host "
                              "(SO_REUSEPORT; [ingestor] reuse_port)")
@@ -59,13 +66,15 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     _, config = config_from_args(args, {"ingestor": {
         "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
-        "kafka_port": args.kafka_port, "reuse_port": args.reuse_port}})
+        "kafka_port": args.kafka_port, "otlp_http_port": args.otlp_http_port,
+        "otlp_grpc_port": args.otlp_grpc_port, "reuse_port": args.reuse_port}})
     setup_logging(args.log_level, args.log_format)
     from ingestor.server import run as serve  # startup time
 
     def announce(ports: BoundPorts) -> None:
         print(json.dumps({"event": "ready", "http_port": ports.http, "grpc_port": ports.grpc,
-                          "kafka_port": ports.kafka}), flush=True)
+                          "kafka_port": ports.kafka, "otlp_http_port": ports.otlp_http,
+                          "otlp_grpc_port": ports.otlp_grpc}), flush=True)
 
     tasks: list[asyncio.Task[None]] = []
 

@@ -82,6 +82,13 @@ def register(commands: Any) -> None:
                              "docs/kafka.md)")
     parser.add_argument("--no-kafka", action="store_true",
                         help="serve no Kafka listener")
+    parser.add_argument("--otlp-http-port", type=int, metavar="N",
+                        help="OTLP/HTTP port (default 4318; 0 = any free; "
+                             "docs/otlp-receivers.md)")
+    parser.add_argument("--otlp-grpc-port", type=int, metavar="N",
+                        help="OTLP/gRPC port (default 4317; 0 = any free)")
+    parser.add_argument("--no-otlp", action="store_true",
+                        help="receive no OpenTelemetry data ([otlp] off, no OTLP ports)")
     parser.add_argument("--no-collector", action="store_true",
                         help="run only the ingestors (e.g. when `icefloe collector` runs "
                              "elsewhere); events then wait in the queue")
@@ -92,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     path, config = config_from_args(args, {
         "ingestor": {"http_port": args.http_port, "grpc_port": args.grpc_port},
         "collector": {"metrics_port": args.metrics_port},
-        "admin": {"port": args.admin_port}}, example=True)
+        "admin": {"port": args.admin_port},
+        "otlp": {"enabled": not args.no_otlp}}, example=True)
     if args.ingestors < 1:
         raise ConfigError(f"--ingestors {args.ingestors}: at least one ingestor is needed")
     if not args.no_collector:
@@ -116,17 +124,32 @@ def run(args: argparse.Namespace) -> int:
     kafka_port = None if args.no_kafka else args.kafka_port if args.kafka_port is not None \
         else config.ingestor.kafka_port if config.ingestor.kafka_port is not None else 9092
     up = _Up(path, config, args.ingestors, argv, collector=not args.no_collector,
-             kafka_port=kafka_port)
+             kafka_port=kafka_port, otlp_ports=_otlp_ports(args, config))
     return run_guarded(up.main, config, runner=runner)
+
+
+def _otlp_ports(args: argparse.Namespace, config: Config) -> tuple[int, int] | None:
+    """The OTLP/HTTP and OTLP/gRPC ports to serve (flag > config > OTLP's defaults 4318
+    and 4317), or None with ``--no-otlp``."""
+    if args.no_otlp:
+        return None
+    ing = config.ingestor
+    http = args.otlp_http_port if args.otlp_http_port is not None else \
+        ing.otlp_http_port if ing.otlp_http_port is not None else 4318
+    grpc = args.otlp_grpc_port if args.otlp_grpc_port is not None else \
+        ing.otlp_grpc_port if ing.otlp_grpc_port is not None else 4317
+    return http, grpc
 
 
 class _Up:
     """One ``icefloe up``: reserve ports, start the ingestors, then the collector."""
 
     def __init__(self, path: Path | None, config: Config, ingestors: int, argv: list[str], *,
-                 collector: bool, kafka_port: int | None = None) -> None:
+                 collector: bool, kafka_port: int | None = None,
+                 otlp_ports: tuple[int, int] | None = None) -> None:
         self.path = path
         self.kafka_port = kafka_port
+        self.otlp_ports = otlp_ports
         self.config = config
         self.ingestors = ingestors
         self.argv = argv
@@ -149,9 +172,10 @@ class _Up:
                                         "ICEFLOE_INGESTOR_KAFKA_PORT"))
             kafka_port = holders[-1].getsockname()[1]
             kafka = ["--kafka-port", str(kafka_port)]
+        otlp, otlp_ports = self._reserve_otlp(holders)
         group = self.group = IngestorGroup(
             self.ingestors, [*self.argv, "--http-port", str(http_port),
-                             "--grpc-port", str(grpc_port), *kafka],
+                             "--grpc-port", str(grpc_port), *kafka, *otlp],
             stop_timeout_s=ing.shutdown_timeout_s + 10, shard_base=max(ing.shard_index, 0))
 
         def notice() -> None:
@@ -167,7 +191,7 @@ class _Up:
         if not started:
             await group.stop()
             return 0
-        self._print_endpoints(http_port, grpc_port, kafka_port)
+        self._print_endpoints(http_port, grpc_port, kafka_port, otlp_ports)
         tasks: list[asyncio.Task[Any]] = [
             asyncio.create_task(show_progress(self._snapshot, stop), name="progress")]
         if self.config.admin.tokens:
@@ -187,6 +211,28 @@ class _Up:
         codes = await group.stop()
         await asyncio.gather(*tasks, return_exceptions=True)
         return self._exit_code(collect, codes)
+
+    def _reserve_otlp(self, holders: list[Any]) -> tuple[list[str], tuple[int, int] | None]:
+        """Hold the OTLP ports for the ingestors (appended to ``holders``); their flags and
+        the ports held (None: OTLP is off)."""
+        if self.otlp_ports is None:
+            return [], None
+        ing = self.config.ingestor
+        http, grpc = self.otlp_ports
+        holders.append(reserve_port(ing.host, http, "OTLP/HTTP", "--otlp-http-port",
+                                    "ICEFLOE_INGESTOR_OTLP_HTTP_PORT"))
+        holders.append(reserve_port(ing.host, grpc, "OTLP/gRPC", "--otlp-grpc-port",
+                                    "ICEFLOE_INGESTOR_OTLP_GRPC_PORT"))
+        ports = (holders[-2].getsockname()[1], holders[-1].getsockname()[1])
+        return ["--otlp-http-port", str(ports[0]), "--otlp-grpc-port", str(ports[1])], ports
+
+    def _print_otlp(self, ports: tuple[int, int] | None) -> None:
+        if ports is None:
+            return
+        host = _host(self.config.ingestor.host)
+        scheme = "https" if self.config.ingestor.tls_cert_file is not None else "http"
+        print(f"  OTLP     OTEL_EXPORTER_OTLP_ENDPOINT={scheme}://{host}:{ports[0]} (HTTP), "
+              f"{scheme}://{host}:{ports[1]} (gRPC)  (docs/otlp-receivers.md)", flush=True)
 
     async def _admin(self, stop: asyncio.Event) -> None:
         """The admin API next to the cluster; if it cannot start, the cluster keeps running."""
@@ -240,8 +286,8 @@ class _Up:
             queue_entries=metric_total(m.queue_length) if active and m else None,
             lag_s=metric_total(m.lag_seconds) if active and m else None)
 
-    def _print_endpoints(self, http_port: int, grpc_port: int, kafka_port: int | None
-                         ) -> None:
+    def _print_endpoints(self, http_port: int, grpc_port: int, kafka_port: int | None,
+                         otlp_ports: tuple[int, int] | None = None) -> None:
         from pipeline.iceberg.catalog import catalog_label  # lazy: pyiceberg
 
         config = self.config
@@ -258,6 +304,7 @@ class _Up:
         if kafka_port is not None:
             print(f"  Kafka    {host}:{kafka_port}  (produce only: bootstrap.servers="
                   f"{host}:{kafka_port}{', TLS' if tls else ''}){shared}")
+        self._print_otlp(otlp_ports)
         print(f"  metrics  {scheme}://{host}:{http_port}/metrics  (ingestor)")
         print(f"  streams  {', '.join(s.name for s in config.streams) or 'none'}")
         if config.streams:

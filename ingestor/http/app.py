@@ -16,6 +16,7 @@ Routes::
     POST    /v1/streams/{stream}/events          JSON object, JSON array, or NDJSON
     POST    /collect/{schema}/{table}            one JSON object   (seed-compatible alias)
     POST    /collect/{schema}/{table}/batch      a JSON array      (seed-compatible alias)
+    POST    /v1/logs  /v1/traces  /v1/metrics    OTLP/HTTP exports (:mod:`ingestor.otlp.http`)
     OPTIONS (the three above)                    CORS preflight
     GET     /healthz (alias /health)  /readyz  /metrics  /openapi.json   (ingestor.http.openapi)
 
@@ -73,6 +74,7 @@ from ingestor.http.slow_clients import BodyRead, SlowClientGuard
 from ingestor.http.steps import (
     CLIENT_GONE_STATUS,
     JSON_CONTENT_TYPE,
+    ClientGone,
     Headers,
     IngestSteps,
     Request,
@@ -81,9 +83,12 @@ from ingestor.http.steps import (
     ingest_target,
     request_events,
 )
+from ingestor.otlp.admit import OtlpAdmission
+from ingestor.otlp.decode import PATHS as OTLP_PATHS
+from ingestor.otlp.http import OtlpHttp
 from ingestor.runtime import IngestorRuntime
 
-__all__ = ["HttpApp", "error_body"]
+__all__ = ["ClientGone", "HttpApp", "error_body"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -94,10 +99,6 @@ log = logging.getLogger("icefloe.ingestor.http")
 
 _ALLOW_INGEST: Final = b"OPTIONS, POST"
 _HEALTHY: Final = b'{"status":"ok"}'
-
-
-class _ClientGone(Exception):
-    """The client hung up before its body arrived: nothing to answer."""
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
@@ -127,6 +128,8 @@ class HttpApp(IngestSteps):
             "/metrics": self._metrics,
             "/openapi.json": self._openapi}
         self._openapi_body = msgspec.json.encode(openapi_document())
+        self.otlp = OtlpHttp(self, self.read_body,
+                             OtlpAdmission(runtime.service, runtime.config))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -150,8 +153,17 @@ class HttpApp(IngestSteps):
             else:
                 await self._wrong_method(send, method, path, b"GET", [])
             return
+        signal = OTLP_PATHS.get(path)
+        if signal is not None:
+            if method == "OPTIONS":
+                await self._preflight(scope, send)
+            else:
+                await self.otlp.handle(scope, receive, send, signal)
+            return
         target = ingest_target(path)
-        if target is None:
+        if target is None and path.startswith("/v1/") and not path.startswith("/v1/streams"):
+            await self.otlp.unknown_path(scope, send)
+        elif target is None:
             await self._error(send, NotFoundRoute(
                 f"no route {method} {path}; ingest with POST /v1/streams/{{stream}}/events"),
                 [], "-")
@@ -177,7 +189,7 @@ class HttpApp(IngestSteps):
             self.service.reject(request.stream, err, request.count)
             await self._error(send, err, cors, request.stream)
             return
-        except _ClientGone:
+        except ClientGone:
             self.count(request.stream, CLIENT_GONE_STATUS)
             return
         except Exception:
@@ -201,7 +213,7 @@ class HttpApp(IngestSteps):
         caller = await self.service.authorize(stream, request.token(),
                                               self.client_address(scope.get("client"), request))
         decode, inflater, key = self.pre_body_checks(target[0], request, stream)
-        body = await self._read_body(receive, inflater)
+        body = await self.read_body(receive, inflater)
         dead_letters = stream.config.on_invalid == "dead_letter"
         try:
             canonical, meta = self.decoded(stream, decode, body, caller, scope["headers"])
@@ -220,7 +232,7 @@ class HttpApp(IngestSteps):
                                           caller=caller, meta=meta)
         return count, 0 if dead_letters else None
 
-    async def _read_body(self, receive: Receive, inflater: Inflater | None) -> bytes:
+    async def read_body(self, receive: Receive, inflater: Inflater | None) -> bytes:
         """Read ``http.request`` messages, refusing as soon as a limit is passed.
 
         A chunked upload is refused at the first message that takes the total over the
@@ -250,7 +262,7 @@ class HttpApp(IngestSteps):
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                raise _ClientGone
+                raise ClientGone
             chunk: bytes = message.get("body", b"")
             more = message.get("more_body", False)
             if not chunk:

@@ -31,8 +31,9 @@ from ingestor.service import Caller
 from ingestor.validate import Canonical, CompiledStream, InvalidEvents
 
 __all__ = [
-    "BATCH", "CLIENT_GONE_STATUS", "EVENTS", "JSON_CONTENT_TYPE", "ONE", "Decode", "Headers",
-    "IngestSteps", "Request", "Target", "encoding_name", "error_body", "ingest_target",
+    "BATCH", "CLIENT_GONE_STATUS", "EVENTS", "JSON_CONTENT_TYPE", "ONE", "ClientGone", "Decode",
+    "Headers", "IngestSteps", "Request", "Target", "encoding_name", "error_body",
+    "ingest_target",
 ]
 
 Headers = list[tuple[bytes, bytes]]
@@ -83,6 +84,10 @@ _FORM: Final = b"application/x-www-form-urlencoded"
 _NO_PREFLIGHT: Final = frozenset({b"", b"text/plain", _FORM})
 """Body types a browser sends cross-origin without a CORS preflight (see
 :mod:`ingestor.http.app`): accepted only without an ``Origin`` or from an allowed one."""
+
+
+class ClientGone(Exception):
+    """The client hung up before its body arrived: nothing to answer."""
 
 
 def error_body(err: IngestError) -> bytes:
@@ -331,7 +336,7 @@ class IngestSteps:
                 "an origin listed in ingestor.cors_origins; send application/json (the "
                 "browser then asks first, with a CORS preflight)")
         inflater = None if request.content_encoding is None \
-            else self._inflater(request.content_encoding)
+            else self.inflater(request.content_encoding)
         key = request.key()
         declared, limit = request.declared_length(), self.max_body_bytes
         if declared is not None and declared > limit:
@@ -398,7 +403,7 @@ class IngestSteps:
             decode, media in _NO_PREFLIGHT)
         return found
 
-    def _inflater(self, content_encoding: bytes | None) -> Inflater | None:
+    def inflater(self, content_encoding: bytes | None) -> Inflater | None:
         name = encoding_name(content_encoding)
         if name not in ENCODINGS:
             raise UnsupportedMediaType(

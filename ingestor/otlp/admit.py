@@ -1,0 +1,210 @@
+"""An OTLP export request through icefloe's one admission path, for both transports.
+
+One request becomes rows of one or more kinds (:mod:`icefloe.otlp.rows`: logs, spans, or
+the five kinds of metric points), each kind a stream the ``[otlp]`` section generates. The
+steps, in the order that keeps refusals cheap and whole:
+
+1. **Before the body** (:meth:`OtlpAdmission.authorize`): the token against every stream of
+   the signal, and the rate limits' prechecks. A missing token is refused (401 /
+   UNAUTHENTICATED) unless one of them is open; a token no stream takes, 403 /
+   PERMISSION_DENIED. What each stream answered is kept for step 3.
+2. **Rows**: the decoded request becomes rows; records and points that cannot become rows
+   are counted (``partial_success``), never silently dropped.
+3. **Every kind validated, then every kind buffered** (:meth:`OtlpAdmission.admit`): a
+   stream the token may not write refuses the request; a row its stream refuses refuses
+   the request (400), before anything is buffered, so a refused request leaves nothing.
+4. **Durable** (:meth:`Admitted.settle`): the answer waits for every kind's flush.
+
+Why the event ids: row ``i`` of kind ``k`` gets ``otlp:<k>:<32 hex of sha256(body)>:<i>``.
+An exporter retries a request whose answer it did not get with the same bytes, so the retry
+carries the same ids, on any ingestor, after any restart, and the collector's dedup window
+(``collector.dedup_window_s``) keeps one copy. Two byte-identical requests are therefore
+one request: a second identical export within the window is absorbed as a retry (exporters
+never send one: a request holds timestamps). If buffering a later kind is refused (a full
+buffer, a rate limit) after an earlier kind was buffered, the request is refused with the
+retriable answer and the earlier kind's rows, if they become durable, are deduplicated when
+the exporter retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from google.protobuf.message import Message
+
+from icefloe.config import Config
+from icefloe.otlp.config import otlp_stream_names
+from icefloe.otlp.kinds import SIGNAL_KINDS
+from icefloe.otlp.rows import ExportRows, export_rows
+from ingestor.errors import (
+    BadRequest,
+    IngestError,
+    NotFoundRoute,
+    PermissionDenied,
+    Unauthenticated,
+)
+from ingestor.service import Caller, IngestService
+from ingestor.validate import CompiledStream, InvalidEvents
+
+__all__ = ["Admitted", "Authorized", "OtlpAdmission", "event_id_stem"]
+
+ID_PREFIX: Final = "otlp"
+_SUFFIXES: Final = tuple(b"%d" % i for i in range(4096))
+
+
+def event_id_stem(kind: str, body: bytes) -> bytes:
+    """``otlp:<kind>:<first 32 hex of sha256(body)>:``, the stem of a request's ids (the
+    row's index within its kind follows)."""
+    return f"{ID_PREFIX}:{kind}:{hashlib.sha256(body).hexdigest()[:32]}:".encode()
+
+
+def _suffixes(count: int) -> Sequence[bytes]:
+    if count <= len(_SUFFIXES):
+        return _SUFFIXES
+    return [b"%d" % i for i in range(count)]
+
+
+@dataclass
+class Authorized:
+    """What each stream of a signal said to the request's token: its caller, or why not."""
+
+    callers: dict[str, Caller] = field(default_factory=dict)
+    refusals: dict[str, IngestError] = field(default_factory=dict)
+
+
+@dataclass
+class Admitted:
+    """A request's rows in the buffer: one durability future per kind, and what to answer."""
+
+    futures: list[asyncio.Future[None]]
+    counts: dict[str, int]
+    """Rows per stream name (counted as accepted once everything is durable)."""
+    rejected: int
+    message: str
+
+    async def settle(self, service: IngestService) -> None:
+        """Wait for every kind's flush; raise the first failure (nothing is acknowledged
+        unless every kind is durable)."""
+        outcomes = await asyncio.gather(*self.futures, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        for stream, count in self.counts.items():
+            service.accepted(stream, count)
+
+
+class OtlpAdmission:
+    """The OTLP admission of one ingestor (both transports share it)."""
+
+    def __init__(self, service: IngestService, config: Config) -> None:
+        self.service = service
+        section = config.otlp
+        self.enabled = bool(section.enabled)
+        self.streams: dict[str, str] = otlp_stream_names(section) if self.enabled else {}
+        """Kind -> the generated stream's name."""
+
+    def kinds(self, signal: str) -> list[str]:
+        """The kinds of ``signal`` this ingestor takes.
+
+        Raises:
+            NotFoundRoute: 404 / UNIMPLEMENTED: ``[otlp]`` is off, or ``otlp.kinds`` leaves
+                every kind of the signal out.
+        """
+        if not self.enabled:
+            raise NotFoundRoute(f"OTLP {signal} are not received here: this ingestor's [otlp] "
+                                "section is off; set [otlp] enabled = true (docs/otlp.md)",
+                                code="otlp_disabled")
+        kinds = [kind for kind in SIGNAL_KINDS[signal] if kind in self.streams]
+        if not kinds:
+            raise NotFoundRoute(f"OTLP {signal} are not received here: otlp.kinds leaves "
+                                f"{', '.join(SIGNAL_KINDS[signal])} out", code="otlp_disabled")
+        return kinds
+
+    def _stream(self, kind: str) -> CompiledStream:
+        return self.service.stream(self.streams[kind])
+
+    def labels(self, signal: str) -> list[str]:
+        """The stream names of ``signal``'s kinds (metrics labels)."""
+        return [self.streams[kind] for kind in SIGNAL_KINDS[signal] if kind in self.streams]
+
+    async def authorize(self, signal: str, token: str | None, client: str | None
+                        ) -> Authorized:
+        """Step 1 (see top): the token against every stream of ``signal``.
+
+        Raises:
+            Unauthenticated, PermissionDenied: no stream of the signal takes the request.
+            Overloaded: a rate limit's bucket is empty, or tokens are being verified.
+        """
+        found = Authorized()
+        for kind in self.kinds(signal):
+            stream = self._stream(kind)
+            try:
+                found.callers[kind] = await self.service.authorize(stream, token, client)
+            except (Unauthenticated, PermissionDenied) as refused:
+                found.refusals[kind] = refused
+        if not found.callers:
+            raise _first_refusal(found.refusals, token)
+        return found
+
+    def rows(self, signal: str, request: Message) -> ExportRows:
+        """Step 2: the request's rows per kind."""
+        return export_rows(signal, request)
+
+    def admit(self, rows: ExportRows, body: bytes, authorized: Authorized) -> Admitted:
+        """Step 3 (see top): validate every kind's rows, then buffer them with derived ids.
+
+        Raises:
+            Unauthenticated, PermissionDenied: a stream the rows go to refused the token.
+            BadRequest: rows a stream does not take (nothing is buffered).
+            IngestError: a buffering refusal (full buffer, rate limit, store down).
+        """
+        prepared = []
+        rejected, message = rows.rejected, rows.message
+        for kind, kind_rows in rows.rows.items():
+            if not kind_rows:
+                continue
+            if kind not in self.streams:  # otlp.kinds leaves it out: said, never dropped
+                why = f"{len(kind_rows)} {kind} point(s) refused: otlp.kinds leaves {kind} out"
+                message = f"{message}; {why}" if message else why
+                rejected += len(kind_rows)
+                continue
+            if kind in authorized.refusals:
+                raise authorized.refusals[kind]
+            stream = self._stream(kind)
+            try:
+                canonical = stream.from_events(kind_rows)
+            except InvalidEvents as exc:
+                raise BadRequest(f"the {kind} rows of this request do not fit stream "
+                                 f"{stream.name!r}: {exc}", code=exc.code,
+                                 details=[v.as_dict() for v in exc.violations]) from None
+            prepared.append((kind, stream, canonical))
+        admitted = Admitted([], {}, rejected, message)
+        try:
+            for kind, stream, canonical in prepared:
+                count = len(canonical.payloads)
+                admitted.futures.append(self.service.admit(
+                    stream, canonical, caller=authorized.callers.get(kind),
+                    derived_ids=(event_id_stem(kind, body), _suffixes(count))))
+                admitted.counts[stream.name] = count
+        except BaseException:
+            for future in admitted.futures:  # buffered already: durable or not, unanswered
+                future.add_done_callback(_retrieve)
+            raise
+        return admitted
+
+
+def _first_refusal(refusals: dict[str, IngestError], token: str | None) -> IngestError:
+    """401 when no token came (and one is needed), else the first refusal (403)."""
+    errors = list(refusals.values())
+    if token is None:
+        return next((e for e in errors if isinstance(e, Unauthenticated)), errors[0])
+    return next((e for e in errors if isinstance(e, PermissionDenied)), errors[0])
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,135 @@
+"""OTLP export requests from bytes: the three signals, their messages, and the two encodings.
+
+Why a module of its own: both transports read the same messages (gRPC hands over the bytes
+of its message, HTTP its decompressed body), and a request that cannot be read must be
+refused alike, with a message that says where it is broken, before anything is admitted.
+
+OTLP/JSON is the protobuf JSON mapping with two differences (OTLP specification,
+"JSON Protobuf Encoding"): trace and span ids are hex strings, not base64, and unknown
+fields are ignored. So the body is parsed as JSON, every id is turned from hex into what
+``google.protobuf.json_format`` expects (base64), and ``json_format`` does the rest (it
+takes lowerCamelCase and the original field names, enums as names or integers, 64-bit
+integers as numbers or decimal strings).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Final, NamedTuple
+
+import msgspec
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from ingestor.errors import BadRequest
+
+__all__ = ["PATHS", "SIGNALS", "Signal", "parse_json", "parse_protobuf"]
+
+
+class Signal(NamedTuple):
+    """One OTLP signal: its name (``[otlp]``'s ``SIGNAL_KINDS`` key), its export request and
+    response messages, and the response's rejected-count field (partial success)."""
+
+    name: str
+    request: type[Message]
+    response: type[Message]
+    rejected_field: str
+
+
+SIGNALS: Final = {
+    "logs": Signal("logs", logs_service_pb2.ExportLogsServiceRequest,
+                   logs_service_pb2.ExportLogsServiceResponse, "rejected_log_records"),
+    "traces": Signal("traces", trace_service_pb2.ExportTraceServiceRequest,
+                     trace_service_pb2.ExportTraceServiceResponse, "rejected_spans"),
+    "metrics": Signal("metrics", metrics_service_pb2.ExportMetricsServiceRequest,
+                      metrics_service_pb2.ExportMetricsServiceResponse,
+                      "rejected_data_points"),
+}
+PATHS: Final = {"/v1/logs": SIGNALS["logs"], "/v1/traces": SIGNALS["traces"],
+                "/v1/metrics": SIGNALS["metrics"]}
+"""OTLP/HTTP's paths (the specification's defaults) and their signals."""
+
+_ID_KEYS: Final = frozenset({"traceId", "trace_id", "spanId", "span_id", "parentSpanId",
+                             "parent_span_id"})
+"""The bytes fields OTLP/JSON spells in hex: ids of spans, links, log records, exemplars.
+Attribute keys never collide with them: an attribute's name is the *value* of ``key``."""
+_JSON: Final = msgspec.json.Decoder()
+_MAX_PATH_SHOWN: Final = 120
+
+
+def parse_protobuf(signal: Signal, body: bytes) -> Message:
+    """The export request in ``body`` (binary protobuf).
+
+    Raises:
+        BadRequest: ``invalid_protobuf``: not a valid message of the signal, including a
+            string field (an attribute's key or value, a body, a name) that is not UTF-8.
+    """
+    try:
+        return signal.request.FromString(body)
+    except DecodeError as exc:
+        raise BadRequest(f"the body is not a valid OTLP {signal.request.DESCRIPTOR.full_name} "
+                         f"(protobuf): {_reason(exc)}; send the exporter's "
+                         "application/x-protobuf body unchanged", code="invalid_protobuf") \
+            from None
+
+
+def parse_json(signal: Signal, body: bytes) -> Message:
+    """The export request in ``body`` (OTLP/JSON: hex ids; unknown fields ignored).
+
+    Raises:
+        BadRequest: ``invalid_json``: not UTF-8 JSON, an id that is not hex, or a value
+            the message's field cannot take.
+    """
+    try:
+        tree = _JSON.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON ({_reason(exc)}); OTLP/JSON is one "
+                         "UTF-8 JSON "
+                         f"object, an {signal.request.DESCRIPTOR.name}",
+                         code="invalid_json") from None
+    if not isinstance(tree, dict):
+        raise BadRequest(f"the body is JSON {type(tree).__name__}, not an object: OTLP/JSON "
+                         f"is one {signal.request.DESCRIPTOR.name} object", code="invalid_json")
+    _ids_to_base64(tree, "")
+    message = signal.request()
+    try:
+        json_format.ParseDict(tree, message, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        raise BadRequest(f"the body is not a valid OTLP/JSON {signal.request.DESCRIPTOR.name}: "
+                         f"{_reason(exc)}", code="invalid_json") from None
+    return message
+
+
+def _ids_to_base64(node: Any, path: str) -> None:
+    """Turn every hex id below ``node`` into base64, in place (see :data:`_ID_KEYS`)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = _hex_to_base64(value, where)
+            elif isinstance(value, dict | list):
+                _ids_to_base64(value, where)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            if isinstance(value, dict | list):
+                _ids_to_base64(value, f"{path}[{index}]")
+
+
+def _hex_to_base64(value: str, where: str) -> str:
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raise BadRequest(f"{where[:_MAX_PATH_SHOWN]}: {value[:40]!r} is not a hex string; "
+                         "OTLP/JSON spells trace and span ids in hex (32 and 16 digits), not "
+                         "base64", code="invalid_json") from None
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _reason(exc: Exception) -> str:
+    """The parser's own words, on one line and bounded (a client's mistake, not a log)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
