@@ -17,6 +17,9 @@ between markers in any Markdown file of the repository (README.md, docs/, bench/
     <!-- metrics:end -->                 classes that register them
     <!-- kafka-apis:start -->            the Kafka APIs and versions the listener serves,
     <!-- kafka-apis:end -->              read from ingestor/kafka/apis.py
+    <!-- otlp-columns:start KIND -->     the columns of an OTLP table (logs, spans, gauge,
+    <!-- otlp-columns:end -->            ...) but the resource and scope ones (KIND
+                                         ``resource``): from icefloe/otlp/schemas.py
 
 tests/system/test_generated_docs.py runs ``--check`` and fails when a marked part is stale,
 when a figure table holds a number outside a marker, or when a result file lacks its
@@ -41,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TARGETS = ROOT / "bench" / "targets.toml"
-MARKER = re.compile(r"(<!-- (?P<kind>figures|commands|metrics|kafka-apis):start"
+MARKER = re.compile(r"(<!-- (?P<kind>figures|commands|metrics|kafka-apis|otlp-columns):start"
                     r"(?P<args>[^>]*?)-->\n)"
                     r"(?P<body>.*?)"
                     r"(<!-- (?P=kind):end -->)", re.S)
@@ -246,11 +249,33 @@ def kafka_apis(args: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- OTLP tables ------------------------------------------------------------------------------
+
+
+def otlp_columns(args: str) -> str:
+    """One OTLP table's own columns, or (``resource``) the resource and scope columns every
+    table ends with, as :mod:`icefloe.otlp.schemas` declares them."""
+    sys.path.insert(0, str(ROOT))
+    from icefloe.otlp.schemas import COLUMNS, RESOURCE_SCOPE  # lazy: only this marker
+
+    kind = args.strip()
+    if kind != "resource" and kind not in COLUMNS:
+        raise DocsError(f"otlp-columns marker names kind {kind!r}: resource or one of "
+                        f"{', '.join(COLUMNS)}")
+    columns = RESOURCE_SCOPE if kind == "resource" else \
+        [c for c in COLUMNS[kind] if c not in RESOURCE_SCOPE]
+    lines = ["| column | type | meaning |", "|---|---|---|"]
+    for column in columns:
+        lines.append(f"| `{column.name}` | `{column.type}` | {cell(column.doc)} |")
+    return "\n".join(lines) + "\n"
+
+
 # -- filling ----------------------------------------------------------------------------------
 
 
 RENDER: dict[str, Callable[[str], str]] = {"figures": figures, "commands": commands,
-                                           "metrics": metrics, "kafka-apis": kafka_apis}
+                                           "metrics": metrics, "kafka-apis": kafka_apis,
+                                           "otlp-columns": otlp_columns}
 
 
 def filled(text: str) -> str:

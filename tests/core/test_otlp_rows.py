@@ -33,7 +33,10 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from icefloe.config import Config
-from icefloe.otlp.rows import LONG_MAX, export_rows
+from icefloe.otlp.row_types import ROW_TYPES, Shared
+from icefloe.otlp.rows import export_rows
+from icefloe.otlp.schemas import COLUMNS, RESOURCE_SCOPE
+from icefloe.otlp.values import LONG_MAX
 from ingestor.validate import CompiledStream
 
 T0 = 1_767_323_045_123_456_789  # 2026-01-02T03:04:05.123456789Z
@@ -82,14 +85,23 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
 
 
 def rows_of(signal: str, request: Any, config: Config, kind: str) -> list[dict[str, Any]]:
-    """The rows of ``kind``, after the generated stream's validator accepted them."""
+    """The rows of ``kind``, after the generated stream's validator accepted them, with
+    every column present (a null one is left out of the JSON).
+
+    Each time, the canonical form is checked to be byte for byte what the validator makes
+    of the plain form, for every kind the request holds: a receiver may skip validation."""
     out = export_rows(signal, request)
     assert out.rejected == 0, out.message
-    payloads = out.rows[kind]
-    stream = config.stream(f"otlp.{kind}")
-    assert stream is not None
-    CompiledStream(stream).from_events(payloads)
-    return [json.loads(p) for p in payloads]
+    canonical = export_rows(signal, request, canonical=True)
+    assert (canonical.rejected, canonical.message) == (0, "")
+    assert canonical.rows.keys() == out.rows.keys()
+    for found, payloads in out.rows.items():
+        stream = config.stream(f"otlp.{found}")
+        assert stream is not None
+        assert CompiledStream(stream).from_events(payloads).payloads == \
+            canonical.rows[found]
+    return [{c.name: row.get(c.name) for c in COLUMNS[kind]}
+            for row in map(json.loads, out.rows[kind])]
 
 
 def logs_request(*records: LogRecord, res: Resource | None = None) -> ExportLogsServiceRequest:
@@ -209,6 +221,9 @@ def test_should_reject_a_time_past_the_long_range_and_keep_the_others(config: Co
 
 def test_should_give_no_rows_for_an_empty_request_and_refuse_an_unknown_signal():
     assert export_rows("logs", ExportLogsServiceRequest()) == ({}, 0, "")
+    empty_scope = ExportLogsServiceRequest(resource_logs=[ResourceLogs(
+        scope_logs=[ScopeLogs()])])
+    assert export_rows("logs", empty_scope) == ({}, 0, "")
     with pytest.raises(ValueError, match="unknown OTLP signal 'profiles'"):
         export_rows("profiles", ExportLogsServiceRequest())
 
@@ -340,10 +355,10 @@ def test_should_turn_histogram_points_into_rows(config: Config):
     assert full["aggregation_temporality"] == "DELTA"
     assert full["exemplars"][0]["value"] == 3.0
     assert full["exemplars"][0]["value_int"] == 3
-    assert full["exemplars"][0]["trace_id"] is None
+    assert "trace_id" not in full["exemplars"][0]
     assert bare["count"] == 0
-    assert "sum" not in bare
-    assert "min" not in bare
+    assert bare["sum"] is None
+    assert bare["min"] is None
     assert bare["bucket_counts"] == []
     assert bare["explicit_bounds"] == []
 
@@ -409,3 +424,38 @@ def test_should_survive_the_json_mapping_of_a_request(config: Config, tmp_path: 
     request = json_format.Parse(text, ExportLogsServiceRequest())
     (row,) = rows_of("logs", request, config, "logs")
     assert (row["body"], row["attributes"], row["service_name"]) == ("5", {"n": "2.0"}, "js")
+
+
+def test_the_row_structs_hold_the_schemas_columns_in_order():
+    for kind, row_type in ROW_TYPES.items():
+        own = [c.name for c in COLUMNS[kind] if c not in RESOURCE_SCOPE]
+        assert list(row_type.__struct_fields__) == own, kind
+        assert [c.name for c in COLUMNS[kind]][-len(RESOURCE_SCOPE):] == list(
+            Shared.__struct_fields__)
+
+
+def test_should_keep_the_last_of_a_repeated_attribute_key_in_both_forms(config: Config):
+    record = LogRecord(time_unix_nano=T0, attributes=attrs({"a": 1, "b": 2}) + attrs({"a": 3}))
+    (row,) = rows_of("logs", logs_request(record), config, "logs")
+    assert row["attributes"] == {"a": "3", "b": "2"}
+
+
+def test_should_store_non_finite_doubles_as_null_in_both_forms(config: Config):
+    Q = m.SummaryDataPoint.ValueAtQuantile
+    request = metrics_request(
+        m.Metric(name="g", gauge=m.Gauge(data_points=[
+            m.NumberDataPoint(time_unix_nano=T0, as_double=math.nan),
+            m.NumberDataPoint(time_unix_nano=T0, as_double=-math.inf)])),
+        m.Metric(name="h", histogram=m.Histogram(data_points=[m.HistogramDataPoint(
+            time_unix_nano=T0, count=1, sum=math.inf, min=math.nan, max=1.0,
+            explicit_bounds=[math.inf])])),
+        m.Metric(name="s", summary=m.Summary(data_points=[m.SummaryDataPoint(
+            time_unix_nano=T0, sum=math.nan, quantile_values=[Q(quantile=0.5,
+                                                                value=math.nan)])])))
+    assert [r["value"] for r in rows_of("metrics", request, config, "gauge")] == [None, None]
+    (histogram,) = rows_of("metrics", request, config, "histogram")
+    assert (histogram["sum"], histogram["min"], histogram["max"]) == (None, None, 1.0)
+    assert histogram["explicit_bounds"] == [None]
+    (summary,) = rows_of("metrics", request, config, "summary")
+    assert summary["sum"] is None
+    assert summary["quantile_values"] == [{"quantile": 0.5}]
