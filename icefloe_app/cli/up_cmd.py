@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     # The only fork in this process is Spark's launcher (fork + exec), which needs no gRPC
     # fork handlers; with them on, gRPC logs a warning on the terminal at every start.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    # the ingestors load the config file themselves: they learn up's [otlp] decision here
+    os.environ["ICEFLOE_OTLP_ENABLED"] = "false" if args.no_otlp else "true"
     argv = [sys.executable, "-m", "icefloe", "ingestor", "--config", str(path),
             "--data-dir", str(data_dir_of(args)), "--reuse-port", "--stats-interval", "1",
             "--log-level", "warning", "--log-format", "text"]
@@ -231,8 +233,9 @@ class _Up:
             return
         host = _host(self.config.ingestor.host)
         scheme = "https" if self.config.ingestor.tls_cert_file is not None else "http"
-        print(f"  OTLP     OTEL_EXPORTER_OTLP_ENDPOINT={scheme}://{host}:{ports[0]} (HTTP), "
-              f"{scheme}://{host}:{ports[1]} (gRPC)  (docs/otlp-receivers.md)", flush=True)
+        print(f"  OTLP     {scheme}://{host}:{ports[0]} (HTTP), {host}:{ports[1]} (gRPC)  "
+              f"(OTEL_EXPORTER_OTLP_ENDPOINT=http://{host}:{ports[0]}; "
+              "docs/otlp-receivers.md)", flush=True)
 
     async def _admin(self, stop: asyncio.Event) -> None:
         """The admin API next to the cluster; if it cannot start, the cluster keeps running."""

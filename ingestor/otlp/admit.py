@@ -46,6 +46,7 @@ from ingestor.errors import (
     NotFoundRoute,
     PermissionDenied,
     Unauthenticated,
+    UnknownStream,
 )
 from ingestor.service import Caller, IngestService
 from ingestor.validate import CompiledStream, InvalidEvents
@@ -125,7 +126,15 @@ class OtlpAdmission:
         return kinds
 
     def _stream(self, kind: str) -> CompiledStream:
-        return self.service.stream(self.streams[kind])
+        name = self.streams[kind]
+        try:
+            return self.service.stream(name)
+        except UnknownStream:  # the stream registry serves other streams than the config
+            raise UnknownStream(f"OTLP {kind} rows go to stream {name!r}, which this "
+                                "ingestor does not serve: the stream registry in use has no "
+                                "such source; add it (icefloe sources) or remove the "
+                                "registry's sources that replaced the config's streams"
+                                ) from None
 
     def labels(self, signal: str) -> list[str]:
         """The stream names of ``signal``'s kinds (metrics labels)."""

@@ -24,7 +24,7 @@ from typing import Final
 
 import grpc
 from google.protobuf.message import Message
-from google.rpc import status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -51,6 +51,7 @@ SERVICES: Final = {
     "metrics": metrics_service_pb2.DESCRIPTOR.services_by_name["MetricsService"].full_name,
 }
 """Signal -> the full name of its OTLP collector service (each has one method, Export)."""
+RETRY_INFO_TRAILER: Final = "google.rpc.retryinfo-bin"
 log = logging.getLogger("icefloe.ingestor.otlp")
 
 
@@ -117,11 +118,19 @@ class OtlpExport:
 
 
 def set_status(context: grpc.aio.ServicerContext, status: status_pb2.Status) -> None:
-    """A ``google.rpc.Status`` as the call's final status, code, message and details."""
+    """A ``google.rpc.Status`` as the call's final status, code, message and details.
+
+    Why the RetryInfo twice: the standard place is among the status details
+    (``grpc-status-details-bin``), where the OpenTelemetry Collector's exporter reads it;
+    the Python SDK's exporter reads a ``google.rpc.retryinfo-bin`` trailer instead."""
     final = rpc_status.to_status(status)
+    trailers = tuple(final.trailing_metadata)
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            trailers += ((RETRY_INFO_TRAILER, detail.value),)
     context.set_code(final.code)
     context.set_details(final.details)
-    context.set_trailing_metadata(final.trailing_metadata)
+    context.set_trailing_metadata(trailers)
 
 
 def add_otlp_services(runtime: IngestorRuntime, server: grpc.aio.Server) -> list[str]:

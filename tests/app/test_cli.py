@@ -171,7 +171,8 @@ def test_should_run_only_an_ingestor_with_up_no_collector(tmp_path):
     # --no-collector: the ingestor half only, without Spark (the whole of `up` is covered by
     # a slow test in test_collector_cli.py).
     proc = subprocess.Popen([str(script), "up", "--data-dir", str(data), "--http-port", "0",
-                             "--grpc-port", "0", "--kafka-port", "0", "--no-collector"],
+                             "--grpc-port", "0", "--kafka-port", "0", "--otlp-http-port",
+                             "0", "--otlp-grpc-port", "0", "--no-collector"],
                             stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:

@@ -274,7 +274,8 @@ def test_should_take_events_from_http_into_iceberg_with_up(tmp_path):
     path = write_config(tmp_path, locations=False)
     data = tmp_path / "data"
     child = Child(["up", "--config", str(path), "--data-dir", str(data), "--http-port", "0",
-                   "--grpc-port", "0", "--metrics-port", "0", "--kafka-port", "0"], tmp_path,
+                   "--grpc-port", "0", "--metrics-port", "0", "--kafka-port", "0",
+                   "--otlp-http-port", "0", "--otlp-grpc-port", "0"], tmp_path,
                   tmp_path / "up.log")
     try:
         line = child.wait_line(lambda text: text.strip().startswith("HTTP"), 60)

@@ -70,8 +70,8 @@ def _query_count(cwd: Path, data: Path, table: str) -> int:
 def _start_up(tmp_path: Path, data: Path, http: int, grpc: int) -> Child:
     child = Child(["up", "--data-dir", str(data), "--http-port", str(http), "--grpc-port",
                    str(grpc), "--metrics-port", "0", "--ingestors", "2",
-                   "--kafka-port", "0"], tmp_path,
-                  tmp_path / "up.log")
+                   "--kafka-port", "0", "--otlp-http-port", "0", "--otlp-grpc-port", "0"],
+                  tmp_path, tmp_path / "up.log")
     child.wait_line(lambda text: text.strip().startswith("gRPC"), 60)
     return child
 
@@ -143,7 +143,8 @@ def test_should_refuse_a_port_in_use_in_one_line(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         done = run_cli(["up", "--data-dir", str(tmp_path), "--http-port", str(port),
-                        "--grpc-port", "0", "--kafka-port", "0", "--no-collector"], tmp_path)
+                        "--grpc-port", "0", "--kafka-port", "0", "--otlp-http-port", "0",
+                        "--otlp-grpc-port", "0", "--no-collector"], tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"icefloe: error: HTTP port {port} on 127.0.0.1 is already in use: stop the other "
@@ -448,7 +449,8 @@ def test_should_restart_a_crashed_ingestor_and_keep_serving(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "icefloe", "up", "--data-dir", str(tmp_path / "data"),
          "--http-port", str(http), "--grpc-port", "0", "--ingestors", "2",
-         "--kafka-port", "0", "--no-collector"], cwd=tmp_path, env=child_env(),
+         "--kafka-port", "0", "--otlp-http-port", "0", "--otlp-grpc-port", "0",
+         "--no-collector"], cwd=tmp_path, env=child_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -494,7 +496,8 @@ def test_should_serve_the_admin_api_and_apply_its_changes_while_running(tmp_path
     proc = subprocess.Popen(
         [sys.executable, "-m", "icefloe", "up", "--config", str(config), "--data-dir",
          str(tmp_path / "data"), "--http-port", str(http), "--grpc-port", "0",
-         "--admin-port", "0", "--kafka-port", "0", "--no-collector"], cwd=tmp_path,
+         "--admin-port", "0", "--kafka-port", "0", "--no-otlp", "--no-collector"],
+        cwd=tmp_path,
         env=child_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -4,8 +4,9 @@
 Why: an exporter retries an export whose answer never came (a connection error is
 retriable on OTLP/HTTP and OTLP/gRPC alike), with the same bytes. The case that tests exactly
 once is a request that *was* durable while the exporter heard nothing. The proxy forwards
-everything, and on the first ``drops`` connections cuts both sides the moment the ingestor's
-answer starts: on HTTP/1.1 the first bytes the ingestor sends (it sends nothing before its
+everything, and on the first ``drops`` connections cuts both sides the moment the
+ingestor's answer starts (one proxy per exporter: the first request of each signal): on
+HTTP/1.1 the first bytes the ingestor sends (it sends nothing before its
 response), on HTTP/2 (gRPC) the first HEADERS frame of a stream (the server's SETTINGS,
 PINGs and WINDOW_UPDATEs before it are forwarded). The ingestor answers only once the
 request is durable, so a cut answer is a durable request the exporter will send again.

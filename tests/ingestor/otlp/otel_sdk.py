@@ -86,7 +86,8 @@ def exporters(transport: str, endpoint: str, token: str | None, **options: Any
     """The SDK's OTLP (log, span, metric) exporters for ``transport`` ("http" or "grpc").
 
     ``endpoint``: the base URL (``http://127.0.0.1:4318``) for HTTP, ``127.0.0.1:4317`` for
-    gRPC. ``options`` go to each exporter (``compression``, ``timeout``)."""
+    gRPC. ``options`` go to each exporter (``compression``, ``timeout``; gRPC
+    ``credentials`` for TLS, else the channel is plaintext)."""
     headers = {"authorization": f"Bearer {token}"} if token else None
     if transport == "http":
         from opentelemetry.exporter.otlp.proto.http import (  # lazy: the test's transport
@@ -105,12 +106,10 @@ def exporters(transport: str, endpoint: str, token: str | None, **options: Any
     )
     from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc_metrics
     from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_traces
-    return (grpc_logs.OTLPLogExporter(endpoint=endpoint, insecure=True, headers=headers,
-                                      **options),
-            grpc_traces.OTLPSpanExporter(endpoint=endpoint, insecure=True, headers=headers,
-                                         **options),
-            grpc_metrics.OTLPMetricExporter(endpoint=endpoint, insecure=True, headers=headers,
-                                            **options))
+    options.setdefault("insecure", "credentials" not in options)  # TLS with credentials
+    return (grpc_logs.OTLPLogExporter(endpoint=endpoint, headers=headers, **options),
+            grpc_traces.OTLPSpanExporter(endpoint=endpoint, headers=headers, **options),
+            grpc_metrics.OTLPMetricExporter(endpoint=endpoint, headers=headers, **options))
 
 
 def export(transport: str, endpoint: str, token: str | None, telemetry: Telemetry,
