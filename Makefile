@@ -62,6 +62,18 @@ $(ICEBERG_JAVA_STAMP): Makefile
 
 iceberg-java: $(ICEBERG_JAVA_STAMP) java
 
+# the OpenTelemetry JavaScript SDK and its OTLP exporters at the versions of
+# tests/js/package-lock.json, which tests/otel_js_support.py runs with Node against a real
+# ingestor (issue 41); reinstalled when the lock file changes. No install scripts run (the only
+# one, protobufjs's, checks its CLI's version).
+JS_DIR   := tests/js
+JS_STAMP := $(JS_DIR)/node_modules/.icefloe-installed
+
+$(JS_STAMP): $(JS_DIR)/package-lock.json $(JS_DIR)/package.json
+	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH: install Node.js 20 or later with npm (tests/js holds the OpenTelemetry JS exporters the OTLP tests run)" >&2; exit 1; }
+	CI=true npm ci --prefix $(JS_DIR) --no-audit --no-fund --ignore-scripts --loglevel=error </dev/null
+	@touch $(JS_STAMP)
+
 java:
 	@bash scripts/ensure-java.sh
 
@@ -70,7 +82,7 @@ up: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/icefloe up
 
 ## make test: the fast suite (what CI runs); slow soak/chaos tests are marked `slow`
-test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP)
+test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP) $(JS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir build/site  # the docs site (mkdocs.yml): a broken link fails
