@@ -27,6 +27,9 @@ class ExportRows(NamedTuple):
     rejected: int
     message: str
     """Why the first rejected record was (with the count when more were); "" when none."""
+    canonical: bool = False
+    """The rows are in the generated streams' canonical form (``export_rows(canonical=
+    True)``): buffered as they are, only into a stream that is still the generated one."""
 
 
 class Out:

@@ -78,7 +78,7 @@ def export_rows(signal: str, request: Any, *, canonical: bool = False) -> Export
                 shared = _shared(res, scope, attrs)
                 for metric in scope.metrics:
                     metric_rows(out, metric, shared, attrs)
-    return out.result()
+    return out.result()._replace(canonical=canonical)
 
 
 def _resource(resource_x: Any, attrs: Attributes) -> tuple[Any, Any, Any, Any]:

@@ -37,19 +37,21 @@ from typing import Final
 from google.protobuf.message import Message
 
 from icefloe.config import Config
-from icefloe.otlp.config import otlp_stream_names
+from icefloe.otlp.config import otlp_stream_names, otlp_streams
 from icefloe.otlp.kinds import SIGNAL_KINDS
 from icefloe.otlp.rows import ExportRows, export_rows
+from icefloe.streams.model import StreamConfig
 from ingestor.errors import (
     BadRequest,
     IngestError,
     NotFoundRoute,
     PermissionDenied,
     Unauthenticated,
+    Unavailable,
     UnknownStream,
 )
 from ingestor.service import Caller, IngestService
-from ingestor.validate import CompiledStream, InvalidEvents
+from ingestor.validate import Canonical, CompiledStream, InvalidEvents
 
 __all__ = ["Admitted", "Authorized", "OtlpAdmission", "event_id_stem"]
 
@@ -107,6 +109,10 @@ class OtlpAdmission:
         self.enabled = bool(section.enabled)
         self.streams: dict[str, str] = otlp_stream_names(section) if self.enabled else {}
         """Kind -> the generated stream's name."""
+        self.generated: dict[str, StreamConfig] = {
+            s.name: s for s in otlp_streams(section, "otlp")} if self.enabled else {}
+        """Stream name -> the stream the ``[otlp]`` section generates (its rows can be made
+        in canonical form directly, see :meth:`rows`)."""
 
     def kinds(self, signal: str) -> list[str]:
         """The kinds of ``signal`` this ingestor takes.
@@ -160,8 +166,22 @@ class OtlpAdmission:
         return found
 
     def rows(self, signal: str, request: Message) -> ExportRows:
-        """Step 2: the request's rows per kind."""
-        return export_rows(signal, request)
+        """Step 2: the request's rows per kind.
+
+        Why canonical when every stream of the signal is still the generated one: the rows
+        are then made in exactly the bytes the stream's validation would give back (tested
+        byte for byte for every kind), and validating them again was half the cost of a
+        request. A stream registry may serve an ``otlp.*`` source of its own: its rows go
+        through its validation like any client's."""
+        return export_rows(signal, request, canonical=all(
+            self._generated_here(kind) for kind in self.kinds(signal)))
+
+    def _generated_here(self, kind: str) -> bool:
+        name = self.streams[kind]
+        try:
+            return self.service.stream(name).config == self.generated.get(name)
+        except UnknownStream:
+            return False
 
     def admit(self, rows: ExportRows, body: bytes, authorized: Authorized) -> Admitted:
         """Step 3 (see top): validate every kind's rows, then buffer them with derived ids.
@@ -184,6 +204,13 @@ class OtlpAdmission:
             if kind in authorized.refusals:
                 raise authorized.refusals[kind]
             stream = self._stream(kind)
+            if rows.canonical:
+                if stream.config != self.generated.get(stream.name):
+                    raise Unavailable(f"stream {stream.name!r} changed while this request "
+                                      "was read (a registry update); retry it",
+                                      retry_after_s=1)
+                prepared.append((kind, stream, Canonical(kind_rows, None)))
+                continue
             try:
                 canonical = stream.from_events(kind_rows)
             except InvalidEvents as exc:
