@@ -88,6 +88,9 @@ NOT_RUN = {
                        "and a mutant seed run from docs/simulator.md",
     ".venv/bin/python -m testing.sim --seeds": "50 seeds of 1,000 events take ~7 min of both "
                                                "cores (as above)",
+    "export OTEL_": "sets the OpenTelemetry SDK's variables in the reader's own application's "
+                    "shell; tests/ingestor/otlp/test_otlp_exporters.py and test_otlp_js.py run "
+                    "the Python and JavaScript SDKs' exporters against the receivers",
     ".venv/bin/python bench/": "a benchmark: minutes of both cores per script, and its figures "
                                "are the point (bench/results/*.json); not run by the suite",
 }
