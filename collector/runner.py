@@ -330,7 +330,8 @@ class Runner:
             try:
                 gc = await collect_garbage(collector.store, collector.consumer.config.key,
                                            grace_s=collector.consumer.config.gc_grace_s,
-                                           clock=collector.consumer.clock)
+                                           clock=collector.consumer.clock,
+                                           keep_s=cfg.keep_batches_s)
                 collector.metrics.gc_deleted.inc(gc.deleted)
             except Exception as exc:
                 log.warning("batch-file GC failed (will retry): %s", exc)
