@@ -34,7 +34,7 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.table import Table
 
 from collector.commit import versions_of
-from collector.dedup import DedupWindow
+from collector.dedup import DedupWindow, source_runs, without_source
 from collector.replay_range import ReplayRefused
 from collector.routing import Routes, Target
 from icefloe.clock import SYSTEM, Clock
@@ -45,12 +45,15 @@ from icefloe.retention import IndexedEntry
 from pipeline.iceberg import committed_state, ensure_stream_table, position
 from pipeline.iceberg.commit import (
     SEQUENCE_PROP,
+    SOURCES_PROP,
     CommitResult,
     carried_version,
     commit_rows,
     covers,
+    encode_sources,
     summary_props,
 )
+from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.load import run_spec, with_sql_cases, with_template_cases, with_wheres
 
 REPLAY_PROP = "icefloe.replay"
@@ -189,18 +192,34 @@ class Replay:
         else:
             rows = self._rows(chunk)
             if rows is not None and rows.num_rows:
-                result = commit_rows(self.catalog, self.table, rows,  # type: ignore[arg-type]
-                                     sequence=through.get(0, -1), sequences=through,
-                                     epoch=state.epoch, append=self._append,
-                                     props={REPLAY_PROP: self.id}, clock=self.clock)
-                self._check_marker(self.catalog.load_table(self.table))  # type: ignore[attr-defined]
-                self.progress.rows += result.rows
-                self.progress.chunks.append(result)
+                self._commit(rows, through, state.epoch)
         self.progress.entries_done += len(chunk)
         self.progress.bytes_done += sum(e.entry.size for e in chunk)
         self.hook("after_chunk")
         if self.on_chunk is not None:
             self.on_chunk(self.progress)
+
+    def _commit(self, rows: pa.Table, through: dict[int, int], epoch: int) -> None:
+        """Commit one chunk's rows as the collector does (written, then added, with the
+        rows' sources recorded), on the condition that the offset is still this replay's."""
+        writer = WriteThenAdd(self.target.source.id)
+
+        def append(table: Table, committed: pa.Table, props: dict[str, str]) -> None:
+            self._check_marker(table)
+            writer(table, committed, props)
+
+        props = {REPLAY_PROP: self.id, SOURCES_PROP: encode_sources(source_runs(rows))}
+        try:
+            result = commit_rows(self.catalog, self.table,  # type: ignore[arg-type]
+                                 without_source(rows), sequence=through.get(0, -1),
+                                 sequences=through, epoch=epoch, append=append, props=props,
+                                 clock=self.clock)
+        finally:
+            writer.cleanup(self.catalog, self.table,  # type: ignore[arg-type]
+                           sequence=through.get(0, -1), epoch=epoch)
+        self._check_marker(self.catalog.load_table(self.table))  # type: ignore[attr-defined]
+        self.progress.rows += result.rows
+        self.progress.chunks.append(result)
 
     def _rows(self, chunk: list[IndexedEntry]) -> pa.Table | None:
         """The chunk's rows for the sink, through the collector's pipeline, deduplicated
@@ -222,11 +241,6 @@ class Replay:
         self.window.remember(fresh)
         self.progress.duplicates += dropped
         return fresh
-
-    def _append(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
-        """Append on ``table`` only while its offset is still this replay's."""
-        self._check_marker(table)
-        table.append(rows, snapshot_properties=props)
 
     def _marker(self, table: Table) -> str | None:
         """The replay id on the snapshot that holds the table's offset (None: none)."""
