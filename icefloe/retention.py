@@ -29,7 +29,6 @@ Rules that keep it safe:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -44,6 +43,7 @@ SEGMENT_MAX_ENTRIES = 5000
 COMPACT_MIN_SEGMENTS = 16
 """Small segments of a shard tolerated before GC merges them."""
 _RELIST_ATTEMPTS = 5
+_CREATE_ATTEMPTS = 5
 
 
 class IndexedEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,16 +98,31 @@ def _shard_of(key: str) -> int | None:
 
 async def write_segment(store: AsyncObjectStore, entries: Sequence[IndexedEntry]) -> str:
     """Create the segment of ``entries`` (one shard, any order); a segment of the same
-    range written already (a replayed run, another collector) says the same: kept."""
+    range written already (a replayed run, another collector) says the same: kept.
+
+    A refused create is trusted only once the object is seen: S3 answers a conditional
+    write racing another with 409 ``ConditionalRequestConflict``, after which neither may
+    have been written (the simulator's ``retention`` family found the collector acking
+    entries no segment held)."""
     ordered = sorted(entries, key=lambda e: e.sequence)
     shard = ordered[0].shard
     if any(e.shard != shard for e in ordered):
         raise ValueError("a retention segment holds the entries of one shard")
     key = segment_key(shard, ordered[0].sequence, ordered[-1].sequence)
     body = msgspec.json.encode(Segment(format=1, shard=shard, entries=tuple(ordered)))
-    with contextlib.suppress(PreconditionFailed):
-        await store.put(key, body, if_none_match="*")
-    return key
+    for _ in range(_CREATE_ATTEMPTS):
+        try:
+            await store.put(key, body, if_none_match="*")
+            return key
+        except PreconditionFailed:
+            try:
+                await store.head(key)
+                return key
+            except NotFound:
+                continue  # a conflict that wrote nothing: create it again
+    raise PreconditionFailed(f"cannot create retention segment {key}: every conditional "
+                             f"create was refused and the object is still missing "
+                             f"({_CREATE_ATTEMPTS} attempts)", op="put", key=key)
 
 
 async def record_run(store: AsyncObjectStore, items: Iterable[tuple[int, Entry]],

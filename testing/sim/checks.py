@@ -44,6 +44,7 @@ from pipeline.iceberg.commit import (
     SEQUENCES_PROP,
     decode_sequences,
 )
+from testing.sim import retention
 from testing.sim.loop import SimTime
 from testing.sim.scenario import Scenario
 from testing.sim.store import SimCrash, SimStore
@@ -162,6 +163,8 @@ class Checker:
         if any(e.location == key for manifest in self.world.manifests().values()
                for e in manifest.entries):
             self.violation(f"batch file {key} deleted while a manifest entry references it")
+        if self.world.config.collector.keep_batches_s:
+            retention.check_delete(self, key)
 
     # -- table checks -------------------------------------------------------------------------
 

@@ -94,13 +94,14 @@ def drop(config: Any, table: str) -> None:
 
 def test_replay_fills_a_lost_table_with_the_original_rows_and_leaves_others(tmp_path):
     config = config_of(tmp_path)
-    asyncio.run(ingest_and_commit(config, clicks_batches(5) + [[buy(1), buy(2)]]))
+    asyncio.run(ingest_and_commit(config, [*clicks_batches(5), [buy(1), buy(2)]]))
     original = rows_of(config, "web.clicks")
     buys_before = read_table(config, "shop.buys").num_rows
     buys_snapshot = open_catalog(config.catalog).load_table("shop.buys").current_snapshot()
     drop(config, "web.clicks")
     done = replay(config, "clicks", "0", "5")
-    assert done.rows == 20 and done.entries_done == 6
+    assert done.rows == 20
+    assert done.entries_done == 6
     assert rows_of(config, "web.clicks") == original
     # no other sink touched
     assert read_table(config, "shop.buys").num_rows == buys_before
@@ -112,12 +113,13 @@ def test_truncate_replays_into_the_emptied_table_and_a_rerun_adds_nothing(tmp_pa
     config = config_of(tmp_path)
     asyncio.run(ingest_and_commit(config, clicks_batches(4)))
     original = rows_of(config, "web.clicks")
-    with pytest.raises(ReplayRefused, match="holds 16 rows.*--truncate"):
+    with pytest.raises(ReplayRefused, match=r"holds 16 rows.*--truncate"):
         replay(config, "web.clicks", "0", "3")
     replay(config, "web.clicks", "0", "3", truncate=True)
     assert rows_of(config, "web.clicks") == original
     again = replay(config, "web.clicks", "0", "3")  # same range: its marker, a resume
-    assert again.rows == 0 and again.skipped_entries == 4
+    assert again.rows == 0
+    assert again.skipped_entries == 4
     assert rows_of(config, "web.clicks") == original
 
 
@@ -154,7 +156,8 @@ def test_an_interrupted_replay_resumes_exactly_once(tmp_path):
         replay(config, "clicks", "0", "5", hook=die_after_second)
     assert read_table(config, "web.clicks").num_rows == 16  # two chunks of 2 files landed
     resumed = replay(config, "clicks", "0", "5")
-    assert resumed.skipped_entries == 4 and resumed.rows == 8
+    assert resumed.skipped_entries == 4
+    assert resumed.rows == 8
     assert rows_of(config, "web.clicks") == original
 
 
@@ -170,22 +173,22 @@ def test_a_commit_by_someone_else_during_the_replay_stops_it(tmp_path):
             table.append(table.schema().as_arrow().empty_table(),
                          snapshot_properties=summary_props(99, 1))
 
-    with pytest.raises(ReplayRefused, match="was committed to by something else"):
+    with pytest.raises(ReplayRefused, match=r"was committed to by something else"):
         replay(config, "clicks", "0", "3", hook=collector_commits)
 
 
 def test_refusals_change_nothing(tmp_path):
     config = config_of(tmp_path)
     asyncio.run(ingest_and_commit(config, clicks_batches(4)))
-    with pytest.raises(ReplayRefused, match="unknown sink 'nope'.*clicks/clicks"):
+    with pytest.raises(ReplayRefused, match=r"unknown sink 'nope'.*clicks/clicks"):
         asyncio.run(planned(config, "nope", "0", "3"))
-    with pytest.raises(ReplayRefused, match="sequence 9 is not in the retention index"):
+    with pytest.raises(ReplayRefused, match=r"sequence 9 is not in the retention index"):
         asyncio.run(planned(config, "clicks", "0", "9"))
     off = msgspec.structs.replace(config, collector=msgspec.structs.replace(
         config.collector, keep_batches_s=0.0))
-    with pytest.raises(ReplayRefused, match="retention is off"):
+    with pytest.raises(ReplayRefused, match=r"retention is off"):
         asyncio.run(planned(off, "clicks", "0", "3"))
-    with pytest.raises(ReplayRefused, match="neither a manifest sequence"):
+    with pytest.raises(ReplayRefused, match=r"neither a manifest sequence"):
         parse_bound("yesterday", "--from")
 
 
@@ -201,10 +204,10 @@ def test_an_expired_range_is_refused_naming_the_first_missing_sequence(tmp_path)
             await store.close()
     asyncio.run(expire_all())
     asyncio.run(ingest_and_commit(config, clicks_batches(2, prefix="d")))
-    with pytest.raises(ReplayRefused, match="sequence 0 is no longer kept.*oldest kept is 2"):
+    with pytest.raises(ReplayRefused, match=r"sequence 0 is no longer kept.*oldest kept is 2"):
         asyncio.run(planned(config, "clicks", "0", "3"))
-    with pytest.raises(ReplayRefused, match="before the oldest kept batch file.*sequence 1 "
-                                            "and older"):
+    with pytest.raises(ReplayRefused, match=r"before the oldest kept batch file.*sequence 1 "
+                                            r"and older"):
         asyncio.run(planned(config, "clicks", "2000-01-01T00:00:00Z", "2999-01-01T00:00:00Z"))
     assert len(asyncio.run(planned(config, "clicks", "2", "3")).entries) == 2
 
@@ -214,8 +217,8 @@ def test_a_file_gone_from_the_store_is_refused_by_sequence(tmp_path):
     asyncio.run(ingest_and_commit(config, clicks_batches(3)))
     p = asyncio.run(planned(config, "clicks", "0", "2"))
     (tmp_path / "store" / p.entries[1].entry.location).unlink()  # a lifecycle rule did it
-    with pytest.raises(ReplayRefused, match="sequence 1 .* is in the retention index but its "
-                                            "batch file .* is gone"):
+    with pytest.raises(ReplayRefused, match=r"sequence 1 .* is in the retention index but its "
+                                            r"batch file .* is gone"):
         asyncio.run(planned(config, "clicks", "0", "2"))
 
 
@@ -233,8 +236,8 @@ def test_a_live_sink_is_refused_while_a_collector_holds_the_lease(tmp_path):
         finally:
             await store.close()
     asyncio.run(hold())
-    with pytest.raises(ReplayRefused, match="sink clicks/clicks is live: collector "
-                                            "'collector-live'.*stop the collector"):
+    with pytest.raises(ReplayRefused, match=r"sink clicks/clicks is live: collector "
+                                            r"'collector-live'.*stop the collector"):
         asyncio.run(planned(config, "clicks", "0", "1"))
 
 
@@ -250,10 +253,12 @@ def test_the_cli_refuses_with_one_line_and_exit_2(tmp_path):
         "clicks/clicks)"]
     ahead = run_cli(["replay", "--config", str(path), "--from", "0", "--to", "7",
                      "--sink", "clicks"], tmp_path)
-    assert ahead.returncode == 2 and "sequence 7 is not in the retention index" in ahead.stderr
+    assert ahead.returncode == 2
+    assert "sequence 7 is not in the retention index" in ahead.stderr
     helped = run_cli(["replay", "--help"], tmp_path)
-    assert helped.returncode == 0 and "--truncate" in helped.stdout \
-        and "exactly once" in helped.stdout.lower()
+    assert helped.returncode == 0
+    assert "--truncate" in helped.stdout
+    assert "exactly once" in helped.stdout.lower()
 
 
 KILLED_REPLAY = textwrap.dedent("""
