@@ -7,10 +7,11 @@ Measures, in one run on the local store and a SQLite Iceberg catalog, with
 * **storage kept per GB ingested**: bytes of the kept batch files (zstd, as ingestors
   write them) plus the retention index, per GB of event payload (canonical JSON) ingested;
   and the index's own share (bytes per GB of batch files kept) after GC compacted it;
-* **replay throughput** into a new table (the sink's table dropped, as after a loss): batch
-  file MB/s (zstd bytes read) and events/s, from the start marker to the last commit, against the baseline
-  of the same run: the collector committing the same files the first time (same engine,
-  same chunk size: ``max_run_entries``); ratio = replay / collector;
+* **replay throughput** into a new table (the sink's table dropped, as after a loss):
+  batch file MB/s (zstd bytes read) and events/s, from the planning to the last commit,
+  against the baseline of the same run: the collector committing the same files the
+  first time (same engine, same chunk size: ``max_run_entries``); ratio = replay /
+  collector;
 * **requests per GB replayed**: store GETs and HEADs (one HEAD per file to refuse a range
   whose files are gone, one GET per file) per GB of batch files.
 
