@@ -42,18 +42,20 @@ from icefloe.config import Config
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Conditions, Registry
 from icefloe.retention import IndexedEntry
-from pipeline.iceberg import committed_state, ensure_stream_table, position
-from pipeline.iceberg.commit import (
+from pipeline.iceberg import (
     SEQUENCE_PROP,
     SOURCES_PROP,
     CommitResult,
+    WriteThenAdd,
     carried_version,
     commit_rows,
+    committed_state,
     covers,
     encode_sources,
+    ensure_stream_table,
+    position,
     summary_props,
 )
-from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.load import run_spec, with_sql_cases, with_template_cases, with_wheres
 
 REPLAY_PROP = "icefloe.replay"
