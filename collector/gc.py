@@ -59,7 +59,7 @@ from icefloe.errors import NotFound
 from icefloe.manifest.cas import load
 from icefloe.manifest.publish import BATCH_PREFIX, BATCH_SUFFIX
 from icefloe.manifest.shards import read_shard_count, shard_key
-from icefloe.retention import compact, read_index
+from icefloe.retention import Segment, compact, read_index
 from icefloe.store.base import AsyncObjectStore, ObjectInfo
 
 log = logging.getLogger("icefloe.gc")
@@ -104,7 +104,8 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
                           prefix: str = BATCH_PREFIX, max_deletes: int | None = None,
                           hook: Hook | None = None, suffix: str = BATCH_SUFFIX,
                           concurrency: int = DEFAULT_CONCURRENCY,
-                          clock: Clock = SYSTEM, keep_s: float = 0.0) -> GcResult:
+                          clock: Clock = SYSTEM, keep_s: float = 0.0,
+                          index_cache: dict[str, Segment] | None = None) -> GcResult:
     """Delete unreferenced batch files older than ``grace_s`` (store clock); see module doc.
 
     ``grace_s`` must be the validated ``ManifestConfig.gc_grace_s`` in production (tests use
@@ -115,7 +116,8 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
     read fails; a failed delete stops the run and leaves the rest for the next one).
     ``clock`` times the run (ages are judged on the store's clock, never on it).
     ``keep_s`` is ``[collector] keep_batches_s``: files the retention index names are kept
-    that long after their commit (point 5 of the module doc).
+    that long after their commit (point 5 of the module doc); ``index_cache`` keeps the
+    index segments read by earlier runs (they never change), so a run fetches new ones only.
     """
     _validate(prefix, grace_s, max_deletes, concurrency)
     tally = _Tally(manifest_key=manifest_key, prefix=prefix, clock=clock)
@@ -134,7 +136,7 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
             return tally.result()
 
         # read only with retention on: the index costs a LIST and a GET per segment
-        index = await read_index(store) if keep_s > 0 else None
+        index = await read_index(store, index_cache) if keep_s > 0 else None
         retained = set() if index is None else {
             e.entry.location for by_seq in index.live(listing.store_time, keep_s).values()
             for e in by_seq.values()}

@@ -136,28 +136,45 @@ async def record_run(store: AsyncObjectStore, items: Iterable[tuple[int, Entry]]
     return [await write_segment(store, entries) for entries in by_shard.values()]
 
 
-async def read_index(store: AsyncObjectStore) -> Index:
+async def read_index(store: AsyncObjectStore, cache: dict[str, Segment] | None = None
+                     ) -> Index:
     """Every listed segment, merged; lists again when a listed segment vanished (a
-    compaction replaced it: its entries are in a segment written before)."""
+    compaction replaced it: its entries are in a segment written before).
+
+    ``cache`` (kept by a long-lived reader such as the collector's GC) holds segments
+    already read: a segment never changes once created, so only new keys are fetched, and
+    keys no longer listed leave the cache."""
+    cache = {} if cache is None else cache
     for _ in range(_RELIST_ATTEMPTS):
         listing = await store.list(INDEX_PREFIX)
-        keys = [(info.key, shard) for info in listing.objects
-                if (shard := _shard_of(info.key)) is not None]
+        keys = {info.key: shard for info in listing.objects
+                if (shard := _shard_of(info.key)) is not None}
         try:
-            bodies = await asyncio.gather(*(store.get(key) for key, _ in keys))
+            await _fetch(store, [key for key in keys if key not in cache], cache)
         except NotFound:
             continue
-        entries: dict[int, dict[int, IndexedEntry]] = {}
-        segments: dict[int, dict[str, tuple[int, ...]]] = {}
-        for (key, shard), got in zip(keys, bodies, strict=True):
-            segment = msgspec.json.decode(got.data, type=Segment)
-            segments.setdefault(shard, {})[key] = tuple(e.sequence for e in segment.entries)
-            mine = entries.setdefault(shard, {})
-            for item in segment.entries:
-                mine.setdefault(item.sequence, item)
-        return Index(entries=entries, segments=segments)
+        for key in set(cache) - set(keys):
+            del cache[key]
+        return _merged({key: cache[key] for key in keys})
     raise NotFound(f"the retention index under {INDEX_PREFIX!r} kept changing while it was "
                    f"read ({_RELIST_ATTEMPTS} listings); try again")
+
+
+async def _fetch(store: AsyncObjectStore, keys: list[str], cache: dict[str, Segment]) -> None:
+    bodies = await asyncio.gather(*(store.get(key) for key in keys))
+    for key, got in zip(keys, bodies, strict=True):
+        cache[key] = msgspec.json.decode(got.data, type=Segment)
+
+
+def _merged(segments: dict[str, Segment]) -> Index:
+    entries: dict[int, dict[int, IndexedEntry]] = {}
+    keys: dict[int, dict[str, tuple[int, ...]]] = {}
+    for key, segment in segments.items():
+        keys.setdefault(segment.shard, {})[key] = tuple(e.sequence for e in segment.entries)
+        mine = entries.setdefault(segment.shard, {})
+        for item in segment.entries:
+            mine.setdefault(item.sequence, item)
+    return Index(entries=entries, segments=keys)
 
 
 async def compact(store: AsyncObjectStore, index: Index, now: float, keep_s: float) -> int:

@@ -205,3 +205,40 @@ def test_indexed_entries_equal_the_manifest_entries(tmp_path):
         assert msgspec.to_builtins(item.entry)["location"].startswith("batches/")
         assert item.entry.record_count == 5
     asyncio.run(go())
+
+
+class CountingGets:
+    """Counts the GETs of index segments (a cache must spare the ones already read)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.gets = store, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def get(self, key: str) -> GetResult:
+        if key.startswith(INDEX_PREFIX):
+            self.gets += 1
+        return await self.store.get(key)
+
+
+def test_a_reader_with_a_cache_fetches_only_new_segments(tmp_path):
+    async def go() -> None:
+        store = open_async_store((tmp_path / "s").as_uri())
+        try:
+            counting = CountingGets(store)
+            cache: dict[str, Any] = {}
+            await record_run(store, [(0, entry(0))], committed_at=1.0)
+            await record_run(store, [(0, entry(1))], committed_at=2.0)
+            await read_index(counting, cache)  # type: ignore[arg-type]
+            await record_run(store, [(0, entry(2))], committed_at=3.0)
+            index = await read_index(counting, cache)  # type: ignore[arg-type]
+            assert sorted(index.entries[0]) == [0, 1, 2]
+            assert counting.gets == 3  # two, then only the new one
+            await compact(store, index, now=10.0, keep_s=7.5)  # drops 0 and 1
+            index = await read_index(counting, cache)  # type: ignore[arg-type]
+            assert sorted(index.entries[0]) == [2]
+            assert len(cache) == len(index.segments[0])  # deleted keys left the cache
+        finally:
+            await store.close()
+    asyncio.run(go())
