@@ -35,7 +35,7 @@ from pyiceberg.table import Table
 
 from collector.commit import versions_of
 from collector.dedup import DedupWindow, source_runs, without_source
-from collector.replay_range import ReplayRefused
+from collector.replay_range import ReplayConflict, ReplayRefused
 from collector.routing import Routes, Target
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
@@ -257,7 +257,7 @@ class Replay:
 
     def _check_marker(self, table: Table) -> None:
         if self._marker(table) != self.id:
-            raise ReplayRefused(
+            raise ReplayConflict(
                 f"table {self.table} was committed to by something else during the replay "
                 f"(its offset no longer carries replay {self.id}): the sink was not paused. "
                 "Pause it (icefloe sinks disable, or stop the collector), then replay again "

@@ -21,6 +21,10 @@ class ReplayRefused(IcefloeError):
     """A replay that must not start; the message is the one line the CLI prints."""
 
 
+class ReplayConflict(IcefloeError):
+    """Something else committed to the sink's table during the replay: it stopped."""
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     """A ``--from``/``--to`` value: a manifest sequence, or a time (store clock, s)."""

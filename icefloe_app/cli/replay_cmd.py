@@ -81,7 +81,7 @@ async def _plan(config: Any, sink: str, start: Any, end: Any) -> Any:
 
 def _replay(config: Any, planned: Any, *, truncate: bool) -> int:
     from collector.replay import Replay  # why: startup time (Spark, pyiceberg)
-    from collector.replay_range import ReplayRefused  # why: startup time
+    from collector.replay_range import ReplayConflict, ReplayRefused  # why: startup time
     from collector.runner import spark_settings  # why: startup time
     from pipeline.iceberg.catalog import open_catalog  # why: startup time
     from pipeline.load.run import SparkEngine  # why: startup time
@@ -98,7 +98,10 @@ def _replay(config: Any, planned: Any, *, truncate: bool) -> int:
         done = replay.run()
     except ReplayRefused as exc:
         sys.stderr.write(f"replay refused: {exc}\n")
-        return EXIT_REFUSED if not replay.progress.entries_done else 1
+        return EXIT_REFUSED
+    except ReplayConflict as exc:
+        sys.stderr.write(f"replay stopped: {exc}\n")
+        return 1
     first, last = planned.entries[0], planned.entries[-1]
     print(f"replayed sequences {first.sequence}..{last.sequence} ({done.entries_total} batch "
           f"files) into {planned.target.table}: {done.rows} rows committed"

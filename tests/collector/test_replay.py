@@ -32,7 +32,7 @@ from process_support import child_env, run_cli, write_config
 from collector.gc import collect_garbage
 from collector.replay import Replay
 from collector.replay_plan import plan
-from collector.replay_range import ReplayRefused, parse_bound
+from collector.replay_range import ReplayConflict, ReplayRefused, parse_bound
 from icefloe.config import load_config
 from icefloe.manifest import ManifestConsumer
 from pipeline.iceberg.catalog import open_catalog
@@ -173,7 +173,7 @@ def test_a_commit_by_someone_else_during_the_replay_stops_it(tmp_path):
             table.append(table.schema().as_arrow().empty_table(),
                          snapshot_properties=summary_props(99, 1))
 
-    with pytest.raises(ReplayRefused, match=r"was committed to by something else"):
+    with pytest.raises(ReplayConflict, match=r"was committed to by something else"):
         replay(config, "clicks", "0", "3", hook=collector_commits)
 
 
