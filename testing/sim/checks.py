@@ -287,6 +287,8 @@ class Checker:
         looked_at = -1
         while True:
             await asyncio.sleep(CHECK_EVERY_S)
+            if self.world.config.collector.keep_batches_s:
+                retention.observe(self)
             if self.commits != looked_at:
                 looked_at = self.commits
                 self.check_all()

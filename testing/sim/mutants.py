@@ -275,6 +275,16 @@ def _gc_ignores_retention() -> contextlib.AbstractContextManager[None]:
     return _patch(Index, "live", lambda self, now, keep_s: {})
 
 
+def _ack_unindexed() -> contextlib.AbstractContextManager[None]:
+    """#42's index before the ack undone: runs are acknowledged without a retention
+    segment, so dequeued entries are in neither the manifest nor the index."""
+    from collector.service import Collector
+
+    async def no_index(self: Collector, items: Any) -> None:
+        return None
+    return _patch(Collector, "_index_run", no_index)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -292,6 +302,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "kafka-ids-per-attempt": _kafka_ids_per_attempt,
     "kafka-ids-without-epoch": _kafka_ids_without_epoch,
     "gc-ignores-retention": _gc_ignores_retention,
+    "ack-unindexed": _ack_unindexed,
 }
 
 

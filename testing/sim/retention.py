@@ -8,8 +8,9 @@ What it checks (besides every check the other families make):
   reads the index straight from the simulated bucket, so a GC that ignores the index, or
   reads a stale one, is caught at the delete itself;
 * **the index before the ack**: after the drain, every acknowledged sequence of every
-  shard that is still within retention of its commit is in the index (an entry the
-  collector acked without indexing could be dequeued and its file deleted unseen);
+  shard that is surely still within retention (seen queued less than ``keep_batches_s``
+  ago, or newer than the oldest indexed one) is in the index (an entry the collector
+  acked without indexing could be dequeued and its file deleted unseen);
 * **liveness, after retention**: a tail after the drain outlasts retention and the grace;
   by its end no batch file is left but those still queued in the manifest (acknowledged,
   not dequeued: they pin their files as before), and no index entry.
@@ -47,18 +48,32 @@ def check_delete(checker: Any, key: str) -> None:
                               key=f"retention-delete:{key}")
 
 
+def observe(checker: Any) -> None:
+    """Note when each queued entry was first seen (every few simulated seconds): it was
+    committed later, so an entry seen less than ``keep_batches_s`` ago is surely still
+    within retention once acknowledged."""
+    seen: dict[tuple[int, int], float] = checker.__dict__.setdefault("retention_seen", {})
+    for shard, manifest in checker.world.manifests().items():
+        for entry in manifest.entries:
+            seen.setdefault((shard, entry.sequence), checker.world.sim.now)
+
+
 def check_indexed(checker: Any) -> None:
-    """The index before the ack: every acked sequence within retention is indexed."""
+    """The index before the ack: every acked sequence still within retention is indexed
+    (those seen queued less than ``keep_batches_s`` ago, and every one from the oldest
+    indexed sequence on: entries expire in commit order)."""
     world = checker.world
+    keep = world.config.collector.keep_batches_s
     items = indexed(world)
     firsts: dict[int, int] = {}
     for shard, sequence in items:
         firsts[shard] = min(firsts.get(shard, sequence), sequence)
+    seen: dict[tuple[int, int], float] = checker.__dict__.get("retention_seen", {})
     for shard, manifest in world.manifests().items():
         acked = manifest.consumer.acked_through
         first = firsts.get(shard, acked + 1)
-        # below the oldest kept sequence, entries may have expired (in commit order)
-        missing = [s for s in range(first, acked + 1) if (shard, s) not in items]
+        missing = [s for s in range(acked + 1) if (shard, s) not in items and (
+            s >= first or world.sim.now - seen.get((shard, s), -1e18) < keep)]
         if missing:
             checker.violation(f"shard {shard}: acknowledged sequences {missing[:5]} are not "
                               "in the retention index (acked before they were indexed?)")

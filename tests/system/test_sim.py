@@ -76,6 +76,7 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "kafka-ids-per-attempt": (KAFKA_SEED,),
     "kafka-ids-without-epoch": (KAFKA_EPOCH_SEED,),
     "gc-ignores-retention": (RETENTION_SEED,),
+    "ack-unindexed": (63,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -84,7 +85,7 @@ by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm 
 ``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
 ``journal-no-tombstones`` by an ``upsert-restart`` seed (#36), the last three by
 ``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40),
-``gc-ignores-retention`` by a ``retention`` seed (#42);
+``gc-ignores-retention`` and ``ack-unindexed`` by ``retention`` seeds (#42);
 docs/simulator.md lists the mutants and the seeds that find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
