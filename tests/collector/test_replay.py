@@ -320,3 +320,39 @@ def test_a_killed_replay_process_resumed_lands_exactly_once(tmp_path):
     assert rows_of(config, "web.clicks") == original
     assert set(read_table(config, "web.clicks").column("_event_id").to_pylist()) == \
         ids("c", 24)
+
+
+@pytest.mark.s3
+def test_on_s3_a_replay_failed_by_the_store_resumes_exactly_once(tmp_path, s3_bucket,
+                                                                   s3_faults):
+    """Fault at the object-store boundary: after the first chunk, moto refuses the batch
+    files' GETs (403, not retried); the replay fails, and the same replay afterwards
+    lands every row once. Retention, the index and the refusals on a real S3 API."""
+    config = collector_config(tmp_path, (CLICKS,), keep_batches_s=KEEP, max_run_entries=2,
+                              store={"url": s3_bucket.url,
+                                     "endpoint_url": s3_bucket.endpoint_url,
+                                     "region": "us-east-1"})
+    asyncio.run(ingest_and_commit(config, clicks_batches(6)))
+
+    async def gc() -> Any:
+        store = open_store_of(config)
+        try:
+            return await collect_garbage(store, config.manifest.key, grace_s=0.0, keep_s=KEEP)
+        finally:
+            await store.close()
+    kept = asyncio.run(gc())
+    assert (kept.deleted, kept.retained) == (0, 6)  # dequeued, unreferenced, but kept
+    original = rows_of(config, "web.clicks")
+    drop(config, "web.clicks")
+
+    def refuse_reads(stage: str) -> None:
+        if stage == "after_chunk" and not s3_faults.rules:
+            s3_faults.add("GET", "/batches/", 403, "AccessDenied", times=1000)
+
+    with pytest.raises(Exception, match=r"(?i)denied|403"):
+        replay(config, "clicks", "0", "5", hook=refuse_reads)
+    assert read_table(config, "web.clicks").num_rows == 8  # the first chunk only
+    s3_faults.clear()
+    resumed = replay(config, "clicks", "0", "5")
+    assert resumed.skipped_entries == 2
+    assert rows_of(config, "web.clicks") == original
