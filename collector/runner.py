@@ -336,6 +336,7 @@ class Runner:
                                            keep_s=cfg.keep_batches_s,
                                            index_cache=self._index_cache)
                 collector.metrics.gc_deleted.inc(gc.deleted)
+                collector.metrics.gc_retained.set(gc.retained)
             except Exception as exc:
                 log.warning("batch-file GC failed (will retry): %s", exc)
             for table in list(collector.staging.states):
