@@ -26,6 +26,14 @@ Why it is safe (the argument the tests pin down):
    at once (e.g. an old collector that was fenced) are as safe as one: GC never writes the
    manifest and needs no epoch.
 
+5. **Retention.** With ``[collector] keep_batches_s`` a file the retention index
+   (:mod:`icefloe.retention`) names within retention is kept like a referenced one. The
+   index is read after the manifest: the collector indexes a run's entries before it acks
+   them, so an entry dequeued before the manifest read is in the index by then. Expired
+   entries leave the index (:func:`icefloe.retention.compact`) before their files are
+   deleted, so the index never promises a file that is gone; a crash between the two
+   leaves unreferenced old files, which the next run deletes.
+
 A missing manifest deletes nothing: it more likely means a wrong ``manifest_key`` (which
 would otherwise read as "nothing is referenced") than a queue that never saw an append.
 
@@ -51,6 +59,7 @@ from icefloe.errors import NotFound
 from icefloe.manifest.cas import load
 from icefloe.manifest.publish import BATCH_PREFIX, BATCH_SUFFIX
 from icefloe.manifest.shards import read_shard_count, shard_key
+from icefloe.retention import Segment, compact, read_index
 from icefloe.store.base import AsyncObjectStore, ObjectInfo
 
 log = logging.getLogger("icefloe.gc")
@@ -78,6 +87,7 @@ class GcResult:
     bytes_deleted: their total size (from the listing)
     seconds:       wall time of the run
     deferred:      old and unreferenced but left for a later run by ``max_deletes``
+    retained:      unreferenced, but named by the retention index within retention (kept)
     """
 
     listed: int
@@ -87,13 +97,15 @@ class GcResult:
     bytes_deleted: int
     seconds: float
     deferred: int = 0
+    retained: int = 0
 
 
 async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s: float,
                           prefix: str = BATCH_PREFIX, max_deletes: int | None = None,
                           hook: Hook | None = None, suffix: str = BATCH_SUFFIX,
                           concurrency: int = DEFAULT_CONCURRENCY,
-                          clock: Clock = SYSTEM) -> GcResult:
+                          clock: Clock = SYSTEM, keep_s: float = 0.0,
+                          index_cache: dict[str, Segment] | None = None) -> GcResult:
     """Delete unreferenced batch files older than ``grace_s`` (store clock); see module doc.
 
     ``grace_s`` must be the validated ``ManifestConfig.gc_grace_s`` in production (tests use
@@ -103,6 +115,9 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
     slices. Raises whatever the store raises (nothing is deleted if the LIST or the manifest
     read fails; a failed delete stops the run and leaves the rest for the next one).
     ``clock`` times the run (ages are judged on the store's clock, never on it).
+    ``keep_s`` is ``[collector] keep_batches_s``: files the retention index names are kept
+    that long after their commit (point 5 of the module doc); ``index_cache`` keeps the
+    index segments read by earlier runs (they never change), so a run fetches new ones only.
     """
     _validate(prefix, grace_s, max_deletes, concurrency)
     tally = _Tally(manifest_key=manifest_key, prefix=prefix, clock=clock)
@@ -120,20 +135,20 @@ async def collect_garbage(store: AsyncObjectStore, manifest_key: str, *, grace_s
                         extra=tally.fields())
             return tally.result()
 
-        candidates: list[ObjectInfo] = []
-        for info in batches:
-            if info.key in pinned:
-                tally.referenced += 1
-            elif not _older_than(info, listing.store_time, grace_s):
-                tally.young += 1
-            else:
-                candidates.append(info)
+        # read only with retention on: the index costs a LIST and a GET per segment
+        index = await read_index(store, index_cache) if keep_s > 0 else None
+        retained = set() if index is None else {
+            e.entry.location for by_seq in index.live(listing.store_time, keep_s).values()
+            for e in by_seq.values()}
+        candidates = _classify(batches, pinned, retained, listing.store_time, grace_s,
+                               tally)
         candidates.sort(key=lambda info: (info.last_modified, info.key))
         if max_deletes is not None and len(candidates) > max_deletes:
             tally.deferred = len(candidates) - max_deletes
             del candidates[max_deletes:]
         await _call(hook, "loaded")
-
+        if index is not None:
+            await compact(store, index, listing.store_time, keep_s)
         await _delete_all(store, candidates, hook, concurrency, tally)
     except BaseException:
         log.warning("gc run failed", exc_info=True, extra=tally.fields())
@@ -156,6 +171,22 @@ async def _pinned(store: AsyncObjectStore, manifest_key: str, clock: Clock
             for entry in loaded.manifest.entries}
 
 
+def _classify(batches: list[ObjectInfo], pinned: set[str], retained: set[str],
+              store_time: float, grace_s: float, tally: _Tally) -> list[ObjectInfo]:
+    """The files this run may delete: neither referenced, nor retained, nor young."""
+    candidates: list[ObjectInfo] = []
+    for info in batches:
+        if info.key in pinned:
+            tally.referenced += 1
+        elif info.key in retained:
+            tally.retained += 1
+        elif not _older_than(info, store_time, grace_s):
+            tally.young += 1
+        else:
+            candidates.append(info)
+    return candidates
+
+
 @dataclass
 class _Tally:
     """Running counts of one run, so a failed run can still log how far it got."""
@@ -168,6 +199,7 @@ class _Tally:
     deleted: int = 0
     bytes_deleted: int = 0
     deferred: int = 0
+    retained: int = 0
     clock: Clock = SYSTEM
     started: float = field(init=False)
 
@@ -176,14 +208,15 @@ class _Tally:
 
     def result(self) -> GcResult:
         return GcResult(self.listed, self.referenced, self.young, self.deleted,
-                        self.bytes_deleted, self.clock.monotonic() - self.started, self.deferred)
+                        self.bytes_deleted, self.clock.monotonic() - self.started, self.deferred,
+                        self.retained)
 
     def fields(self) -> dict[str, object]:
         """The structured fields of the per-run log line (keys stable for log queries)."""
         return {"manifest_key": self.manifest_key, "prefix": self.prefix,
                 "listed": self.listed, "referenced": self.referenced, "young": self.young,
                 "deleted": self.deleted, "bytes_deleted": self.bytes_deleted,
-                "deferred": self.deferred,
+                "deferred": self.deferred, "retained": self.retained,
                 "seconds": round(self.clock.monotonic() - self.started, 4)}
 
 

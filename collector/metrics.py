@@ -104,6 +104,10 @@ class CollectorMetrics:
                                      registry=r)
         self.gc_deleted = Counter("icefloe_collector_gc_deleted_files",
                                   "Batch files deleted by garbage collection", registry=r)
+        self.gc_retained = Gauge("icefloe_collector_gc_retained_files",
+                                 "Dequeued batch files the last GC run kept for retention "
+                                 "(collector.keep_batches_s; icefloe replay can run them)",
+                                 registry=r)
         self.maintenance = Counter("icefloe_collector_maintenance_runs",
                                    "Table maintenance runs by result", ["table", "result"],
                                    registry=r)

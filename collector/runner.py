@@ -29,6 +29,7 @@ from icefloe.config import Config
 from icefloe.errors import ConfigError, FencedError, TableFencedError
 from icefloe.registry.model import Registry
 from icefloe.registry.watch import RegistryWatch
+from icefloe.retention import Segment
 from icefloe.server_tls import section_tls
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
@@ -184,6 +185,7 @@ class Runner:
         cfg = collector.config.collector
         self.clock = collector.clock
         self._next_gc = self.clock.monotonic() + cfg.gc_interval_s
+        self._index_cache: dict[str, Segment] = {}  # retention segments GC has read
         self._next_maintenance = self.clock.monotonic() + cfg.maintenance_interval_s
         self._renew: asyncio.Task[None] | None = None
 
@@ -330,8 +332,11 @@ class Runner:
             try:
                 gc = await collect_garbage(collector.store, collector.consumer.config.key,
                                            grace_s=collector.consumer.config.gc_grace_s,
-                                           clock=collector.consumer.clock)
+                                           clock=collector.consumer.clock,
+                                           keep_s=cfg.keep_batches_s,
+                                           index_cache=self._index_cache)
                 collector.metrics.gc_deleted.inc(gc.deleted)
+                collector.metrics.gc_retained.set(gc.retained)
             except Exception as exc:
                 log.warning("batch-file GC failed (will retry): %s", exc)
             for table in list(collector.staging.states):

@@ -72,6 +72,7 @@ from icefloe.registry.subjects import (
     resolve_registry,
     resolved_sources,
 )
+from icefloe.retention import record_run
 from icefloe.schemas.model import SchemaDocument
 from icefloe.schemas.store import SchemaStore, schema_key
 from icefloe.store.base import AsyncObjectStore
@@ -654,6 +655,7 @@ class Collector:
                            through=_through(read[:len(entries)]))
         await self.offload(self.commit_run, output, result, entries)
         self.hook("after_commits")
+        await self._index_run(read[:len(entries)])
         await self.consumer.ack(result.through)
         self.hook("after_ack")
         self._runs_since_dequeue += 1
@@ -662,6 +664,15 @@ class Collector:
         result.seconds = self.clock.monotonic() - started
         self._observe(entries, result)
         return result
+
+    async def _index_run(self, items: list[ShardEntry]) -> None:
+        """With retention on, name the run's batch files in the retention index before the
+        ack (:mod:`icefloe.retention`): a dequeued entry is then always indexed."""
+        if self.config.collector.keep_batches_s <= 0:
+            return
+        await record_run(self.store, [(item.shard, item.entry) for item in items],
+                         self.consumer.clock.time())
+        self.hook("after_index")
 
     def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,
                    entries: list[Entry]) -> None:

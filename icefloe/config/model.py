@@ -213,6 +213,9 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     output: str = "embedded"
     dequeue_every: int = 10
     gc_interval_s: float = 60.0
+    keep_batches_s: float = 0.0
+    """Keep committed batch files this long after they are committed (0: off), with a
+    retention index so ``icefloe replay`` can run them again (:mod:`collector.retention`)."""
     maintenance_interval_s: float = 300.0
     snapshot_keep_last: int = 100
     snapshot_max_age_s: float = 600.0

@@ -173,6 +173,8 @@ MEANING: dict[str, str] = {
                         "runs where two sources write one table go the embedded way)",
     "collector.dequeue_every": "runs between bulk dequeues of acknowledged entries",
     "collector.gc_interval_s": "how often unreferenced batch files are collected",
+    "collector.keep_batches_s": "keep committed batch files this long (0 = off) with an "
+                                "index by sequence and time, for `icefloe replay`",
     "collector.maintenance_interval_s": "how often tables are compacted, expired and cleaned",
     "collector.snapshot_keep_last": "snapshots always kept per table",
     "collector.snapshot_max_age_s": "older snapshots beyond the newest N are expired "

@@ -206,6 +206,9 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.dedup_window_s < 0:
         raise ConfigError(f"{where}: collector.dedup_window_s must be >= 0 (0 disables "
                           "deduplication by event id)")
+    if not 0 <= col.keep_batches_s <= 10 * 365 * 86400:
+        raise ConfigError(f"{where}: collector.keep_batches_s must be between 0 (off) and "
+                          f"ten years in seconds, got {col.keep_batches_s}")
     for key in ("evolve_max_columns", "evolve_max_name_length", "evolve_max_depth"):
         if getattr(col, key) <= 0:
             raise ConfigError(f"{where}: collector.{key} must be > 0")

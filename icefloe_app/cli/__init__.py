@@ -109,6 +109,9 @@ def _command_module(module: str) -> ModuleType:  # noqa: C901, PLR0912  (one cas
         case "define_cmd":
             from icefloe_app.cli import define_cmd  # startup time
             return define_cmd
+        case "replay_cmd":
+            from icefloe_app.cli import replay_cmd  # startup time
+            return replay_cmd
         case _:
             raise KeyError(f"no command module {module!r}")
 

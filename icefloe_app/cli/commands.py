@@ -38,6 +38,7 @@ COMMANDS: tuple[Command, ...] = (
             "the streams the config defines (columns, table, policies)"),
     Command("tables", "tables_cmd", "the Iceberg tables icefloe writes: rows, commits, history"),
     Command("deadletters", "deadletters_cmd", "list, show and redrive dead-lettered rows"),
+    Command("replay", "replay_cmd", "run kept batch files again into one sink (exactly once)"),
     Command("demo", "demo_cmd",
             "send realistic events to a running cluster and watch the tables fill"),
     Command("token", "token_cmd", "make write tokens and their hashes for the config"),

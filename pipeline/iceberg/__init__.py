@@ -32,20 +32,25 @@ if TYPE_CHECKING:
         SOURCES_PROP,
         CommitResult,
         SourceRun,
+        carried_version,
+        commit_rows,
         committed_at_ms,
         committed_state,
+        covers,
         decode_sequences,
         decode_sources,
         encode_sources,
         history_cut,
         not_committed,
         position,
+        summary_props,
     )
     from pipeline.iceberg.data_files import AddFiles, FileSet, ReplaceFiles
     from pipeline.iceberg.errors import iceberg_errors, load_table_or_none
     from pipeline.iceberg.evolution import AddColumn, PromoteColumn, apply_changes, describe, shape
     from pipeline.iceberg.fence import fence_all, fence_table
     from pipeline.iceberg.field_numbers import rows_under_current_names
+    from pipeline.iceberg.file_append import WriteThenAdd
     from pipeline.iceberg.maintenance import MaintenanceSettings, run_maintenance
     from pipeline.iceberg.replace import replace_rows
     from pipeline.iceberg.table_commit import commit_table
@@ -68,7 +73,12 @@ _HOME = {
     "SHARD_BITS": "pipeline.iceberg.commit",
     "SOURCES_PROP": "pipeline.iceberg.commit",
     "SourceRun": "pipeline.iceberg.commit",
+    "WriteThenAdd": "pipeline.iceberg.file_append",
     "apply_changes": "pipeline.iceberg.evolution",
+    "carried_version": "pipeline.iceberg.commit",
+    "commit_rows": "pipeline.iceberg.commit",
+    "covers": "pipeline.iceberg.commit",
+    "summary_props": "pipeline.iceberg.commit",
     "commit_table": "pipeline.iceberg.table_commit",
     "committed_at_ms": "pipeline.iceberg.commit",
     "committed_state": "pipeline.iceberg.commit",
@@ -114,10 +124,14 @@ __all__ = [
     "PromoteColumn",
     "ReplaceFiles",
     "SourceRun",
+    "WriteThenAdd",
     "apply_changes",
+    "carried_version",
+    "commit_rows",
     "commit_table",
     "committed_at_ms",
     "committed_state",
+    "covers",
     "dead_letter_arrow_schema",
     "decode_sequences",
     "decode_sources",
@@ -140,6 +154,7 @@ __all__ = [
     "run_maintenance",
     "shape",
     "split_missing_keys",
+    "summary_props",
 ]
 
 

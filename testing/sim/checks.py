@@ -44,6 +44,7 @@ from pipeline.iceberg.commit import (
     SEQUENCES_PROP,
     decode_sequences,
 )
+from testing.sim import retention
 from testing.sim.loop import SimTime
 from testing.sim.scenario import Scenario
 from testing.sim.store import SimCrash, SimStore
@@ -162,6 +163,8 @@ class Checker:
         if any(e.location == key for manifest in self.world.manifests().values()
                for e in manifest.entries):
             self.violation(f"batch file {key} deleted while a manifest entry references it")
+        if self.world.config.collector.keep_batches_s:
+            retention.check_delete(self, key)
 
     # -- table checks -------------------------------------------------------------------------
 
@@ -284,6 +287,8 @@ class Checker:
         looked_at = -1
         while True:
             await asyncio.sleep(CHECK_EVERY_S)
+            if self.world.config.collector.keep_batches_s:
+                retention.observe(self)
             if self.commits != looked_at:
                 looked_at = self.commits
                 self.check_all()

@@ -268,6 +268,23 @@ def _kafka_ids_without_epoch() -> contextlib.AbstractContextManager[None]:
     return _patch(ProduceHandler, "_canonical", canonical)
 
 
+def _gc_ignores_retention() -> contextlib.AbstractContextManager[None]:
+    """#42's retention undone in GC: the index is read (and compacted) but promises
+    nothing, so a committed file goes once it is past the grace, inside retention."""
+    from icefloe.retention import Index
+    return _patch(Index, "live", lambda self, now, keep_s: {})
+
+
+def _ack_unindexed() -> contextlib.AbstractContextManager[None]:
+    """#42's index before the ack undone: runs are acknowledged without a retention
+    segment, so dequeued entries are in neither the manifest nor the index."""
+    from collector.service import Collector
+
+    async def no_index(self: Collector, items: Any) -> None:
+        return None
+    return _patch(Collector, "_index_run", no_index)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -284,6 +301,8 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "staged-by-name": _staged_by_name,
     "kafka-ids-per-attempt": _kafka_ids_per_attempt,
     "kafka-ids-without-epoch": _kafka_ids_without_epoch,
+    "gc-ignores-retention": _gc_ignores_retention,
+    "ack-unindexed": _ack_unindexed,
 }
 
 

@@ -96,6 +96,10 @@ class Scenario:
     """``kafka-retry``: chance, after each unanswered attempt, that the producer gives the
     batch up and bumps its epoch (sequences from 0 under epoch + 1, as librdkafka does
     after a timeout): the batch's records may then be in the table once, never twice."""
+    keep_batches_s: float = 0.0
+    """``retention`` (#42): ``[collector] keep_batches_s``, longer than the GC grace so
+    that retention, not the grace, decides when a committed file may go
+    (:mod:`testing.sim.retention`)."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -148,7 +152,24 @@ class Scenario:
         scenario.aim_36(random.Random(seed * 7 + 38026))
         scenario.aim_39(random.Random(seed * 7 + TYPED_SALT))
         scenario.aim_40(random.Random(seed * 7 + KAFKA_SALT))
+        scenario.aim_42(random.Random(seed * 7 + RETENTION_SALT))
         return scenario
+
+    def aim_42(self, rng: random.Random) -> None:
+        """#42's family, from a generator of its own among the ``mixed`` seeds #40 left,
+        so no seed pinned before it changes (its salt is chosen so that none is drawn)."""
+        if self.family != "mixed" or rng.random() >= LATER_FAMILIES["retention"]:
+            return
+        # committed files kept past the GC grace; GC runs often, through a long quiet
+        # gap (files expire while others are kept) and a tail after the drain that
+        # outlasts retention: GC must keep every indexed file inside retention and
+        # delete every one (and its index entry) after it
+        self.family = "retention"
+        grace = self.append_deadline_s + 300.0
+        self.keep_batches_s = grace + rng.choice([60.0, 300.0, 900.0])
+        self.gc_interval_s = rng.choice([5.0, 20.0])
+        self.quiet_gap_s = rng.choice([0.0, 1800.0])
+        self.duration_s = min(self.duration_s, 90.0)
 
     def aim_40(self, rng: random.Random) -> None:
         """#40's family, from a generator of its own among the ``mixed`` seeds #39 left,
@@ -268,7 +289,8 @@ class Scenario:
                 "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve",
                 "family", "standby", "outage_s", "upsert", "dedup_max_ids",
                 "stale_resend", "expire_at", "break_at", "restore_at", "typed",
-                "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump")
+                "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump",
+                "keep_batches_s")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
@@ -278,13 +300,16 @@ class Scenario:
 FAMILIES = {"mixed": 0.55, "late-staging": 0.15, "outage": 0.15, "failover": 0.15}
 """How often each family of stories is drawn (:meth:`Scenario.aim`)."""
 LATER_FAMILIES = {"upsert-restart": 0.2, "external-expiry": 0.2, "parked-table": 0.15,
-                  "protobuf-rename": 0.3, "kafka-retry": 0.3}
+                  "protobuf-rename": 0.3, "kafka-retry": 0.3, "retention": 0.3}
 """Later families: the share of ``mixed`` seeds each takes (#36's :meth:`Scenario.aim_36`,
 ``parked-table`` a quarter of those left, by a generator of its own; #39's
 ``protobuf-rename`` (:meth:`Scenario.aim_39`) 30 % of the ``mixed`` seeds #36 left;
 #40's ``kafka-retry`` (:meth:`Scenario.aim_40`) 30 % of the ``mixed`` seeds #39 left)."""
 TYPED_SALT = 42091
 """``protobuf-rename``'s generator salt (see :meth:`Scenario.aim_39`)."""
+RETENTION_SALT = 42040
+"""``retention``'s generator salt (see :meth:`Scenario.aim_42`): no seed pinned in
+``tests/system/test_sim.py`` before the family is drawn (of 1-100: 48, 61, 63, 83)."""
 KAFKA_SALT = 40013
 """``kafka-retry``'s generator salt (see :meth:`Scenario.aim_40`): no seed pinned in
 ``tests/system/test_sim.py`` before the family is drawn, and 20 and 38 of 1-40 are."""

@@ -73,7 +73,7 @@ from pipeline.load.sink import StagedRows, StageTarget
 from pipeline.load.spec import RunSpec
 from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
-from testing.sim import typed
+from testing.sim import retention, typed
 from testing.sim.checks import Checker
 from testing.sim.kafka import KafkaLedger, KafkaProducer, KafkaSide
 from testing.sim.loop import (
@@ -662,7 +662,8 @@ class World:
                           "orphan_age_s": 600.0, "retry_max_delay_s": 5.0,
                           "max_run_entries": 50, "output": s.output,
                           "dedup_max_ids": s.dedup_max_ids,
-                          "snapshot_keep_last": s.snapshot_keep_last},
+                          "snapshot_keep_last": s.snapshot_keep_last,
+                          "keep_batches_s": s.keep_batches_s},
         }
         return load_config(path, overrides=overrides)
 
@@ -866,6 +867,8 @@ class World:
             await asyncio.gather(*more, return_exceptions=True)
         await chaos
         await self._drain()
+        if s.keep_batches_s:
+            await retention.tail(self)
         checks.cancel()
         for c in self.collectors:
             c.stop.set()

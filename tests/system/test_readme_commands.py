@@ -64,6 +64,7 @@ PAGES = {
     "docs/querying.md": "test_docs_commands.py::test_spark_pages",
     "docs/models.md": "test_docs_commands.py::test_spark_pages",
     "docs/operations.md": "test_docs_commands.py::test_spark_pages",
+    "docs/retention.md": "test_retention_page.py::test_retention_page_commands",
     "docs/coming-from/ondatra.md":
         "test_ondatra_example.py::test_ondatrasql_example_verbatim (the page's steps as "
         "written, in examples/ondatra, the port a free one)",

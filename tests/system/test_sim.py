@@ -51,6 +51,9 @@ KAFKA_EPOCH_SEED = 97
 """A ``kafka-retry`` seed with eight epoch bumps of one producer (cluster output, store
 faults, staging), where a retry answered from an ingestor's duplicate cache acknowledges
 records accepted before a table moved between sources."""
+RETENTION_SEED = 61
+"""A ``retention`` seed (#42): files kept past the GC grace by the retention index, GC every
+5-20 s through collector crashes and takeovers, a tail that outlasts retention."""
 KAFKA_SEEDS = (KAFKA_SEED, 54, KAFKA_EPOCH_SEED)
 """``kafka-retry`` seeds the real code must pass (54: three producers, cluster output, two
 ingestor crashes, a third of the answers lost)."""
@@ -72,6 +75,8 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "rename-apart": (APART_SEED,),
     "kafka-ids-per-attempt": (KAFKA_SEED,),
     "kafka-ids-without-epoch": (KAFKA_EPOCH_SEED,),
+    "gc-ignores-retention": (RETENTION_SEED,),
+    "ack-unindexed": (63,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -79,7 +84,8 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
 by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm standby),
 ``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
 ``journal-no-tombstones`` by an ``upsert-restart`` seed (#36), the last three by
-``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40);
+``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40),
+``gc-ignores-retention`` and ``ack-unindexed`` by ``retention`` seeds (#42);
 docs/simulator.md lists the mutants and the seeds that find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
@@ -133,7 +139,11 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
     from testing.sim.scenario import FAMILIES, LATER_FAMILIES, Scenario
 
     drawn = {Scenario.draw(seed).family for seed in range(1, 41)}
-    assert drawn == set(FAMILIES) | set(LATER_FAMILIES)
+    # every mixed seed of 1-40 is pinned, so #42's family is drawn among 41-100 only
+    assert drawn == set(FAMILIES) | set(LATER_FAMILIES) - {"retention"}
+    kept = Scenario.draw(RETENTION_SEED)
+    assert kept.family == "retention"
+    assert kept.keep_batches_s > kept.append_deadline_s + 300.0  # longer than the grace
     late = Scenario.draw(58)
     assert (late.family, late.dedup_window_s, late.output) == ("late-staging", 0.0, "embedded")
     assert late.conditions_age_s is not None
