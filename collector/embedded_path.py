@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from collector.bulkhead import TableFailures
 from collector.commit import CollectorState, RunResult, TableCommits, versions_of
+from collector.dynamic import DynamicTables
 from collector.evolve import evolve_rows
 from collector.routing import Target
 from collector.staged_path import StagedPath, ToStage
@@ -31,6 +32,7 @@ class EmbeddedPath:
         self.state = state
         self.commits = commits
         self.staged = staged
+        self.dynamic = DynamicTables(lambda: state.catalog)
 
     def commit(self, output: RunOutput, result: RunResult, entries: list[Entry]) -> None:
         """Commit each affected table once (dedup first), then the dead letters."""
@@ -43,9 +45,12 @@ class EmbeddedPath:
         dead = [self.commits.unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
         dead += self.commits.where_errors(failed, locations)
+        named = self.dynamic.expand(routed, locations, dead)  # templates: per table
         failures = TableFailures()
-        for table, (target, rows) in routed.items():
+        for table, (target, rows) in named.items():
             with failures.of(table), self.commits.guard(table):
+                if table not in routed:  # a template's table: made on first use
+                    s.prepare_dynamic(table, target.stream)
                 self.commit_routed(target, rows, result, locations, dead)
         self.commits.commit_dead(dead, result.last_sequence, result)
         failures.raise_first()
