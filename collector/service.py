@@ -193,7 +193,8 @@ class Collector:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.commits = TableCommits(self)
         self.staged = StagedPath(self, self.commits)
-        self.embedded = EmbeddedPath(self, self.commits, self.staged)
+        self.embedded = EmbeddedPath(self, self.commits, self.staged,
+                                     workers=col.commit_workers)
         self.cluster = ClusterPath(self, self.commits, self.staged)
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------

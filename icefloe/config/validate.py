@@ -207,6 +207,9 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
                 "sql_max_value_bytes", "sql_max_run_s"):
         if getattr(col, key) <= 0:
             raise ConfigError(f"{where}: collector.{key} must be > 0")
+    if not 1 <= col.commit_workers <= 64:
+        raise ConfigError(f"{where}: collector.commit_workers: {col.commit_workers} is not "
+                          "1-64 (tables one run commits at once)")
     if col.output not in OUTPUT_PATHS:
         raise ConfigError(f"{where}: collector.output: unknown output path {col.output!r} "
                           f"(expected {' or '.join(OUTPUT_PATHS)})")

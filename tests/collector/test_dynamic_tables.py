@@ -149,11 +149,17 @@ async def test_should_keep_the_table_limit_across_a_restart(config: Config) -> N
     await restarted.store.close()
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("stage", ["after_commit:tenants.events_b",
                                    "after_commit:tenants.events_c",
+                                   "after_journal:tenants.events_a",
                                    "after_commit:icefloe.dead_letters"])
 async def test_should_commit_exactly_once_per_table_across_a_crash_between_commits(
-        config: Config, stage: str) -> None:
+        tmp_path: Path, stage: str, workers: int) -> None:
+    """A crash after any table's step of a run over several tables (one after the other,
+    or three at once: ``commit_workers``), then a restart: every table holds its rows
+    once, and the refused rows are dead-lettered once."""
+    config = collector_config(tmp_path, (TENANTS,), commit_workers=workers)
     store = open_store_of(config)
     await publish(store, [[event(k, "abcd"[k % 4]) for k in range(12)]])
     await store.close()
