@@ -255,3 +255,24 @@ async def test_should_import_a_parked_tables_staged_rows_after_a_restart(
     assert_exact(config, "tenants.events_a", {"e0", "e2"})
     await store.close()
     await restarted.store.close()
+
+
+async def test_should_add_a_new_column_to_a_table_when_it_next_takes_rows(
+        tmp_path: Path) -> None:
+    config = collector_config(tmp_path, (TENANTS,))
+    store = open_store_of(config)
+    await publish(store, [[event(0, "a"), event(1, "b")]])
+    collector = await start(config, _engine())
+    await drain(collector)
+    await collector.store.close()
+    wider = msgspec.structs.replace(TENANTS, columns=(*TENANTS.columns, Column("v", "long")))
+    config = collector_config(tmp_path, (wider,))
+    await publish(store, [[("events", "e2", BASE_MS + 2, msgspec.json.encode(
+        {"tenant": "a", "n": 2, "v": 7}))]])
+    await store.close()
+    restarted = await start(config, _engine())
+    await drain(restarted)
+    rows = read_table(config, "tenants.events_a").sort_by("n")
+    assert rows.column("v").to_pylist() == [None, 7]
+    assert "v" not in read_table(config, "tenants.events_b").column_names  # no rows yet
+    await restarted.store.close()

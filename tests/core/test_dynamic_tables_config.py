@@ -120,3 +120,15 @@ def test_should_refuse_a_template_through_the_admin_api() -> None:
     assert caught.value.status == 400
     assert "configured in icefloe.toml only" in str(caught.value)
     assert caught.value.details[0]["field"].endswith(".table")
+
+
+def test_should_load_the_example_of_the_docs(tmp_path: Path) -> None:
+    import re  # why: only this test reads the page
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "streams.md").read_text()
+    section = page[page.index("### Tables named by the data"):]
+    block = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert block is not None
+    config = load_text(tmp_path, HEADER + block.group(1))
+    stream = config.stream("events")  # type: ignore[attr-defined]
+    assert split_template(stream.table).expressions == ("tenant_id",)
