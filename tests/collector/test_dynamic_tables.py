@@ -276,3 +276,21 @@ async def test_should_add_a_new_column_to_a_table_when_it_next_takes_rows(
     assert rows.column("v").to_pylist() == [None, 7]
     assert "v" not in read_table(config, "tenants.events_b").column_names  # no rows yet
     await restarted.store.close()
+
+
+async def test_should_list_a_templates_tables_in_icefloe_tables(config: Config) -> None:
+    from icefloe_app.cli.tables_cmd import list_statuses  # why: the CLI's own listing
+    from pipeline.iceberg.catalog import open_catalog  # why: keeps collection light
+
+    catalog = open_catalog(config.catalog)
+    assert [s.table for s in list_statuses(config, catalog)] == [TENANTS.table]
+    store = open_store_of(config)
+    await publish(store, [[event(0, "a"), event(1, "b"), event(2, None)]])
+    await store.close()
+    collector = await start(config, _engine())
+    await drain(collector)
+    statuses = list_statuses(config, catalog)
+    assert [(s.table, s.stream, s.rows) for s in statuses] == [
+        ("tenants.events_a", "events", 1), ("tenants.events_b", "events", 1),
+        ("icefloe.dead_letters", None, 1)]
+    await collector.store.close()
