@@ -30,6 +30,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError
 from collector.routing import Routes, Target
 from collector.where import reasoned_dead_letters
 from icefloe.streams.dynamic_tables import DEFAULT_LIMITS, is_template, reason, split_template
+from icefloe.streams.model import DynamicTables as Limits
 from icefloe.streams.model import StreamConfig
 from pipeline.load import table_names
 
@@ -41,8 +42,12 @@ Routed = dict[str, tuple[Target, pa.Table]]
 class DynamicTables:
     """The tables of every template sink: which exist (per namespace), and the split."""
 
-    def __init__(self, catalog: Callable[[], Catalog]) -> None:
+    def __init__(self, catalog: Callable[[], Catalog],
+                 limits: Mapping[str, Limits] | None = None) -> None:
+        """``limits``: each template's (``dynamic_tables`` of its stream in the config; a
+        registry sink cannot be a template), the defaults for any other."""
         self.catalog = catalog
+        self.limits = dict(limits or {})
         self.existing: dict[str, set[str]] = {}
         """Per template namespace: the tables it holds (full names), listed once."""
 
@@ -74,7 +79,7 @@ class DynamicTables:
               dead: list[pa.Table]) -> list[tuple[str, pa.Table]]:
         """One template's rows per table, in order of first row; refused rows to ``dead``."""
         sink = target.sink
-        limits = sink.dynamic_tables or DEFAULT_LIMITS
+        limits = self.limits.get(sink.table, DEFAULT_LIMITS)
         named = table_names(sink.table, sink.columns, limits, rows)
         refused = pc.is_valid(named.rules)
         if pc.any(refused).as_py():
@@ -118,8 +123,7 @@ class DynamicTables:
 
 def concrete(target: Target, table: str) -> Target:
     """``target`` writing ``table``: a sink like any other from here on."""
-    return Target(target.source, msgspec.structs.replace(target.sink, table=table,
-                                                         dynamic_tables=None))
+    return Target(target.source, msgspec.structs.replace(target.sink, table=table))
 
 
 def refused_rows(target: Target, rows: pa.Table, rules: pa.Array, messages: pa.Array,

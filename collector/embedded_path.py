@@ -12,7 +12,7 @@ after every other table had its turn.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -25,6 +25,7 @@ from collector.routing import Target
 from collector.staged_path import StagedPath, ToStage
 from icefloe.manifest.model import Entry
 from icefloe.streams.evolution import EXTRA_FIELD
+from icefloe.streams.model import DynamicTables as Limits
 from pipeline.load import RunOutput
 
 
@@ -32,13 +33,15 @@ class EmbeddedPath:
     """:class:`~collector.commit.OutputPath` of a ``RunOutput``."""
 
     def __init__(self, state: CollectorState, commits: TableCommits,
-                 staged: StagedPath, *, workers: int = 1) -> None:
-        """``workers``: tables committed at once (``collector.commit_workers``)."""
+                 staged: StagedPath, *, workers: int = 1,
+                 limits: Mapping[str, Limits] | None = None) -> None:
+        """``workers``: tables committed at once (``collector.commit_workers``);
+        ``limits``: each table template's (:class:`collector.dynamic.DynamicTables`)."""
         self.state = state
         self.commits = commits
         self.staged = staged
         self.workers = workers
-        self.dynamic = DynamicTables(lambda: state.catalog)
+        self.dynamic = DynamicTables(lambda: state.catalog, limits)
         self._counts = threading.Lock()
 
     def commit(self, output: RunOutput, result: RunResult, entries: list[Entry]) -> None:

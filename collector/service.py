@@ -193,8 +193,9 @@ class Collector:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.commits = TableCommits(self)
         self.staged = StagedPath(self, self.commits)
-        self.embedded = EmbeddedPath(self, self.commits, self.staged,
-                                     workers=col.commit_workers)
+        self.embedded = EmbeddedPath(
+            self, self.commits, self.staged, workers=col.commit_workers,
+            limits={s.table: s.dynamic_tables for s in config.streams if s.dynamic_tables})
         self.cluster = ClusterPath(self, self.commits, self.staged)
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------

@@ -22,7 +22,7 @@ import msgspec
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, StreamConfig
 from icefloe.streams.mappings import KAFKA_SOURCES
-from icefloe.streams.model import DynamicTables, EvolveQuota, TypedSchema
+from icefloe.streams.model import EvolveQuota, TypedSchema
 
 FORMAT = 1
 MAX_SINKS = 20
@@ -195,9 +195,6 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mappings: tuple[MappingChange, ...] = ()
     """Every expression (``sql``, ``template``) a column had, by version (empty while none
     changed)."""
-    dynamic_tables: DynamicTables | None = None
-    """Limits of a table template (config streams only: the admin API refuses a
-    template, :func:`icefloe.registry.ops.check_sink`)."""
 
     @property
     def live(self) -> bool:
@@ -243,8 +240,7 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                             sort_by=self.sort_by, table_properties=self.table_properties,
                             primary_key=self.primary_key,
                             tombstone_field=self.tombstone_field, where=self.where,
-                            evolve_quota=self.evolve_quota,
-                            dynamic_tables=self.dynamic_tables)
+                            evolve_quota=self.evolve_quota)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

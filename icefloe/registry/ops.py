@@ -150,7 +150,7 @@ def check_sink(source_id: str, sink: Sink, at: str) -> None:
     if sink.unknown_fields not in ("ignore", "reject", "evolve"):
         raise invalid(f"{at}.unknown_fields",
                       f"{sink.unknown_fields!r} must be 'ignore', 'reject' or 'evolve'")
-    if is_template(sink.table) or sink.dynamic_tables is not None:
+    if is_template(sink.table):
         raise invalid(f"{at}.table", f"{sink.table[:200]!r}: tables named by the data (a "
                       "table template, dynamic_tables) are configured in icefloe.toml only; "
                       "the admin API does not take them yet (name one table per sink)")

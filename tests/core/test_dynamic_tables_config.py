@@ -132,3 +132,19 @@ def test_should_load_the_example_of_the_docs(tmp_path: Path) -> None:
     config = load_text(tmp_path, HEADER + block.group(1))
     stream = config.stream("events")  # type: ignore[attr-defined]
     assert split_template(stream.table).expressions == ("tenant_id",)
+
+
+async def test_should_refuse_seeding_a_registry_with_a_template(tmp_path: Path) -> None:
+    """``icefloe admin`` seeds its registry from the config: a template stream is refused
+    there by name (the admin API and registry sinks do not take templates yet)."""
+    from icefloe.registry import RegistryStore  # why: keeps the loads above light
+    from icefloe.store import open_async_store
+
+    config = load(tmp_path, '"tenants.events_{tenant}"')
+    store = open_async_store((tmp_path / "store").as_uri())
+    try:
+        with pytest.raises(RegistryError, match=r"tenants\.events_\{tenant\}"):
+            await RegistryStore(store, "registry/registry.json").seed(
+                config.streams, "icefloe.toml")  # type: ignore[attr-defined]
+    finally:
+        await store.close()
