@@ -86,7 +86,8 @@ def _mark(rule: pa.Array, message: pa.Array, bad: pa.Array, name: str, text: str
 
 
 def _as_text(value: pa.Array | pa.ChunkedArray | pa.Scalar, n: int) -> pa.Array:
-    """A part's value as text: strings as they are, numbers as Spark casts them."""
+    """A part's value as text: strings as they are, numbers in their shortest decimal
+    text (Arrow's: ``4.0`` → ``4``; documented, and the same on every replay)."""
     if isinstance(value, pa.Scalar):
         value = pa.array([value.as_py()] * n)
     if isinstance(value, pa.ChunkedArray):

@@ -148,3 +148,10 @@ async def test_should_refuse_seeding_a_registry_with_a_template(tmp_path: Path) 
                 config.streams, "icefloe.toml")  # type: ignore[attr-defined]
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("workers", [0, 65])
+def test_should_refuse_commit_workers_out_of_range(tmp_path: Path, workers: int) -> None:
+    text = HEADER + f"[collector]\ncommit_workers = {workers}\n"
+    with pytest.raises(ConfigError, match=rf"collector\.commit_workers: {workers} is not 1-64"):
+        load_text(tmp_path, text)
