@@ -142,6 +142,8 @@ class CollectorState(Protocol):
 
     def prepare_parked(self, name: str) -> bool: ...
 
+    def prepare_dynamic(self, name: str, stream: StreamConfig) -> None: ...
+
 
 class TableCommits:
     """One table's commit, and the steps around it that every output path shares."""

@@ -11,15 +11,21 @@ after every other table had its turn.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
 import pyarrow as pa
 
 from collector.bulkhead import TableFailures
 from collector.commit import CollectorState, RunResult, TableCommits, versions_of
+from collector.dynamic import DynamicTables
 from collector.evolve import evolve_rows
 from collector.routing import Target
 from collector.staged_path import StagedPath, ToStage
 from icefloe.manifest.model import Entry
 from icefloe.streams.evolution import EXTRA_FIELD
+from icefloe.streams.model import DynamicTables as Limits
 from pipeline.load import RunOutput
 
 
@@ -27,10 +33,16 @@ class EmbeddedPath:
     """:class:`~collector.commit.OutputPath` of a ``RunOutput``."""
 
     def __init__(self, state: CollectorState, commits: TableCommits,
-                 staged: StagedPath) -> None:
+                 staged: StagedPath, *, workers: int = 1,
+                 limits: Mapping[str, Limits] | None = None) -> None:
+        """``workers``: tables committed at once (``collector.commit_workers``);
+        ``limits``: each table template's (:class:`collector.dynamic.DynamicTables`)."""
         self.state = state
         self.commits = commits
         self.staged = staged
+        self.workers = workers
+        self.dynamic = DynamicTables(lambda: state.catalog, limits)
+        self._counts = threading.Lock()
 
     def commit(self, output: RunOutput, result: RunResult, entries: list[Entry]) -> None:
         """Commit each affected table once (dedup first), then the dead letters."""
@@ -43,12 +55,37 @@ class EmbeddedPath:
         dead = [self.commits.unrouted(unrouted, versions, entries, output.dead)]
         locations = {entry.sequence: entry.location for entry in entries}
         dead += self.commits.where_errors(failed, locations)
+        named = self.dynamic.expand(routed, locations, dead)  # templates: per table
         failures = TableFailures()
-        for table, (target, rows) in routed.items():
+
+        def one(table: str, target: Target, rows: pa.Table) -> None:
             with failures.of(table), self.commits.guard(table):
+                if table not in routed:  # a template's table: made on first use
+                    s.prepare_dynamic(table, target.stream)
                 self.commit_routed(target, rows, result, locations, dead)
+        self._each_table(named, one)
         self.commits.commit_dead(dead, result.last_sequence, result)
         failures.raise_first()
+
+    def _each_table(self, named: dict[str, tuple[Target, pa.Table]],
+                    one: Callable[[str, Target, pa.Table], None]) -> None:
+        """Call ``one`` per table: in routing order, or ``workers`` at a time.
+
+        Why this is safe for exactly-once: each table's commit is its own (its sequence,
+        window, journal, bulkhead); a crash while several are in flight leaves some
+        committed and some not, like a crash between two of them in turn. The run's
+        catalog version is claimed first, so every table records the same one."""
+        workers = min(self.workers, len(named))
+        if workers <= 1:
+            for table, (target, rows) in named.items():
+                one(table, target, rows)
+            return
+        self.commits.claim_run_version()
+        with ThreadPoolExecutor(workers, thread_name_prefix="icefloe-commit") as pool:
+            futures = [pool.submit(one, table, target, rows)
+                       for table, (target, rows) in named.items()]
+            for future in futures:
+                future.result()  # a shared failure or a crash: raised once all are done
 
     def commit_routed(self, target: Target, rows: pa.Table, result: RunResult,
                       locations: dict[int, str], dead: list[pa.Table]) -> None:
@@ -80,7 +117,8 @@ class EmbeddedPath:
         s, table = self.state, target.table
         window = s.windows[table]
         fresh, dropped = window.filter_in_sequence_order(rows)
-        result.duplicates += dropped
+        with self._counts:  # tables may commit in parallel (commit_workers)
+            result.duplicates += dropped
         if dropped:
             s.metrics.duplicates.labels(target.source.id).inc(dropped)
         self.commits.record_ids(table, fresh, result.sequences)
@@ -88,6 +126,7 @@ class EmbeddedPath:
                                       sequences=result.sequences, stream=target.stream,
                                       writer=target.source.id)
         window.remember(fresh)
-        result.rows[table] = outcome.rows
-        result.replayed += outcome.replayed
+        with self._counts:
+            result.rows[table] = outcome.rows
+            result.replayed += outcome.replayed
         s.hook(f"after_commit:{table}")

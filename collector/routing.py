@@ -29,6 +29,7 @@ from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
+from icefloe.streams.dynamic_tables import is_template
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
 from pipeline.iceberg import ARROW_TYPES
 from pipeline.load import (
@@ -85,19 +86,25 @@ class Routes:
         for source in registry.sources:
             for sink in source.sinks:
                 self.targets.setdefault(source.id, []).append(Target(source, sink))
+        self.dynamic: dict[str, StreamConfig] = {}
+        """Tables of table templates this collector has met, with their streams
+        (:mod:`collector.dynamic`): tables like any other from then on."""
 
     def tables(self) -> dict[str, StreamConfig]:
-        """Every table a target writes, with its stream (the live sink's, if any)."""
+        """Every table a target writes, with its stream (the live sink's, if any); a table
+        template's tables as far as met (:attr:`dynamic`), never the template itself."""
         every = [t for targets in self.targets.values() for t in targets]
-        out: dict[str, StreamConfig] = {}
+        out: dict[str, StreamConfig] = dict(self.dynamic)
         for target in sorted(every, key=lambda t: (t.sink.live and t.source.live,
                                                    t.sink.updated_version)):
-            out[target.table] = target.stream  # live and newest last: they win
+            if not is_template(target.table):
+                out[target.table] = target.stream  # live and newest last: they win
         return out
 
     def live_tables(self) -> list[str]:
         return sorted({t.table for ts in self.targets.values() for t in ts
-                       if t.sink.live and t.source.live})
+                       if t.sink.live and t.source.live and not is_template(t.table)}
+                      | set(self.dynamic))
 
     def decode_config(self, config: Config) -> Config:
         return msgspec.structs.replace(config, streams=tuple(self.decode_streams))
@@ -420,6 +427,9 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     ``shared-table``: two sources (or two sinks) write one table in this run, which the
     cluster path would commit as two appends of one run. ``evolve``: a sink that takes
     part of the run evolves its table from the data (``unknown_fields = "evolve"``).
+    ``dynamic-table``: a sink of the run names its table by the data (a template); its
+    rows are split per table on the driver (:mod:`collector.dynamic`; not built on the
+    executors yet).
     Why the embedded shape for those: evolution needs the rows' undeclared fields on the
     driver — the evolution quotas charge each new column to a client in run order and an
     over-quota field goes to the table's ``_overflow`` column, never the whole event to
@@ -442,6 +452,8 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
                 return "shared-table"
             owners.add(target.table)
             evolves = evolves or target.sink.unknown_fields == "evolve"
+            if is_template(target.table):  # rows split per table on the driver
+                return "dynamic-table"
     return "evolve" if evolves else None
 
 

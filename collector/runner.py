@@ -33,6 +33,7 @@ from icefloe.retention import Segment
 from icefloe.server_tls import section_tls
 from icefloe.store import open_async_store, options_for
 from icefloe.store.base import AsyncObjectStore
+from icefloe.streams.dynamic_tables import is_template
 from pipeline.iceberg import (
     MaintenanceSettings,
     load_table_or_none,
@@ -164,7 +165,7 @@ class StandbyWarmth:
                 run_spec(self.config, []))
         found = 0
         for stream in self.config.streams:
-            if load_table_or_none(self.catalog, stream.table) is not None:
+            if not is_template(stream.table) and load_table_or_none(self.catalog, stream.table):
                 found += 1
         return found
 

@@ -42,6 +42,7 @@ from collector.bulkhead import Bulkheads, Parked, crash_marking, is_shared_failu
 from collector.cluster_path import ClusterPath
 from collector.commit import Hook, RunResult, TableCommits, upsert_columns, versions_of
 from collector.dedup import DedupWindow
+from collector.dynamic import carry_dynamic, has_templates, staged_tables
 from collector.embedded_path import EmbeddedPath
 from collector.hops import BlockOn, Offload, sleep_or_stop
 from collector.http import STALL_INTERVALS
@@ -193,7 +194,9 @@ class Collector:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.commits = TableCommits(self)
         self.staged = StagedPath(self, self.commits)
-        self.embedded = EmbeddedPath(self, self.commits, self.staged)
+        self.embedded = EmbeddedPath(
+            self, self.commits, self.staged, workers=col.commit_workers,
+            limits={s.table: s.dynamic_tables for s in config.streams if s.dynamic_tables})
         self.cluster = ClusterPath(self, self.commits, self.staged)
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
@@ -256,8 +259,14 @@ class Collector:
         """Route by ``registry`` (before the tables are prepared: they are made ready for
         it by :meth:`prepare_tables`)."""
         self.registry = registry
-        self.routes = Routes(self._resolved(registry))
+        self.routes = self._new_routes(self._resolved(registry))
         self.metrics.registry_version.set(registry.version)
+
+    def _new_routes(self, registry: Registry) -> Routes:
+        """Routes of ``registry``, with the template tables met so far carried over."""
+        routes = Routes(registry)
+        routes.dynamic = carry_dynamic(self.routes, routes)
+        return routes
 
     def _resolved(self, registry: Registry) -> Registry:
         """``registry`` with its subject streams' types from the document last read; a
@@ -303,12 +312,15 @@ class Collector:
         table and the dead-letter table; rebuild dedup (blocking: call in a thread)."""
         if has_subjects(self.registry):  # subject streams' types before their tables
             self.schema_doc = self._await(self.schemas.read())
-            self.routes = Routes(self._resolved(self.registry))
+            self.routes = self._new_routes(self._resolved(self.registry))
         self.fence_tables()
         shards = self._await(self._snapshots())
         oldest = [waiting[0].ingested_at for m in shards.values()
                   if (waiting := m.entries_from(m.consumer.acked_through + 1))]
         self._hold_s = self._oldest_waiting_s(min(oldest, default=None))
+        if has_templates(self.routes):  # a parked template table's rows staged before
+            staged = self._await(self.staging.tables())
+            self.routes.dynamic.update(staged_tables(self.routes, staged))
         for name, stream in self.routes.tables().items():
             if name not in self.unprepared:
                 self._prepare_or_park(name, stream)
@@ -364,6 +376,23 @@ class Collector:
         self._prepare_table(name, stream)
         self.unprepared.discard(name)
         return True
+
+    def prepare_dynamic(self, name: str, stream: StreamConfig) -> None:
+        """A table a table template named (:mod:`collector.dynamic`): created on its first
+        use with the sink's columns and layout, then prepared like a configured table
+        (committed sequence, dedup window, staging), so exactly-once holds per table.
+        A failure here is the table's own (the caller's guard counts it; once parked its
+        rows are staged and :meth:`prepare_parked` prepares it before their import)."""
+        self.routes.dynamic[name] = stream
+        if name in self.windows or (name in self.unprepared
+                                    and self.bulkheads.is_parked(name)):
+            return
+        try:
+            self._prepare_table(name, stream)
+        except Exception:
+            self.unprepared.add(name)
+            raise
+        self.unprepared.discard(name)
 
     def _oldest_waiting_s(self, oldest_entry_s: float | None) -> float | None:
         """Store time of the oldest event not yet in its tables: the first unacknowledged
@@ -513,7 +542,7 @@ class Collector:
         """:meth:`apply_registry` of ``registry`` as ``resolved`` (its subject streams'
         types filled): a subject stream whose version changed has its table evolved here,
         and one that lost its type has its table parked."""
-        routes = Routes(resolved)
+        routes = self._new_routes(resolved)
         old = self.routes.tables()
         for name, stream in routes.tables().items():
             if name in self.unprepared:

@@ -254,6 +254,12 @@ class StagingArea:
             return doc.value
         return await self._update(table, epoch, lambda state: state)
 
+    async def tables(self) -> list[str]:
+        """Every table with a staging state in the store (cached or not)."""
+        listing = await self.store.list(f"{PREFIX}/")
+        return [table for info in listing.objects
+                if (table := table_of_state(info.key)) is not None]
+
     async def claim_existing(self, epoch: int) -> int:
         """Stamp every staging state in the store with ``epoch`` (takeover), also those of
         tables this collector does not route (yet): a replaced collector's write to any of

@@ -39,6 +39,14 @@ def where_error_dead_letters(source: str, rows: pa.Table, locations: dict[int, s
                          WHERE_ERROR_REASON, messages)
 
 
+def reasoned_dead_letters(source: str, rows: pa.Table, locations: dict[int, str],
+                          reason: str, messages: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """Dead letters of ``source``'s decoded ``rows`` with ``reason`` and a message per
+    row, ``raw`` as for :func:`unrouted_dead_letters` (a table template's refused rows:
+    :mod:`collector.dynamic`)."""
+    return _dead_letters(source, rows, locations, reason, messages)
+
+
 def _dead_letters(source: str, rows: pa.Table, locations: dict[int, str], reason: str,
                   messages: pa.Array | pa.ChunkedArray) -> pa.Table:
     from pipeline.iceberg import dead_letter_arrow_schema  # lazy: sqlglot

@@ -94,6 +94,12 @@ def judge(sql: str, columns: tuple[Column, ...], rows: pa.Table) -> Verdict:
     return Verdict(mask, errors)
 
 
+def evaluate(tree: exp.Expr, rows: pa.Table) -> tuple[Value, Errors]:
+    """The value of a checked expression tree over ``rows`` and its rows' errors (a
+    table template's part: :mod:`pipeline.table_names`)."""
+    return _Eval(rows).eval(tree)
+
+
 def accepts(sql: str, columns: tuple[Column, ...], rows: pa.Table) -> pa.Array:
     """A boolean mask with no nulls: row i is taken iff the predicate is TRUE for it (and
     raised no error on it)."""

@@ -20,6 +20,8 @@ from icefloe.config.model import (
 from icefloe.config.security import check_hash, validate_security
 from icefloe.errors import ConfigError
 from icefloe.streams.check import validate_stream
+from icefloe.streams.dynamic_tables import is_template
+from icefloe.streams.model import StreamConfig
 
 
 def validate(config: Config, where: str) -> None:
@@ -68,7 +70,22 @@ def validate(config: Config, where: str) -> None:
                               "already fed by another stream")
         names.add(stream.name)
         tables.add(stream.table)
+    check_template_namespaces(config.streams, where)
     validate_security(config, where)
+
+
+def check_template_namespaces(streams: tuple[StreamConfig, ...], where: str) -> None:
+    """A table template's namespace is its own (:mod:`icefloe.streams.dynamic_tables`):
+    no other stream may write a table there, so a value never lands in another stream's
+    table and ``max_tables`` counts the template's tables only."""
+    owners = {s.namespace: (i, s) for i, s in enumerate(streams) if is_template(s.table)}
+    for index, stream in enumerate(streams):
+        owner = owners.get(stream.namespace)
+        if owner is not None and owner[0] != index:
+            raise ConfigError(
+                f"{where}: streams[{index}].table: namespace {stream.namespace!r} belongs to "
+                f"the table template {owner[1].table!r} of stream {owner[1].name!r}; a "
+                "template's namespace holds its tables only: choose another namespace")
 
 
 def _validate_kafka(ing: IngestorSection, where: str) -> None:
@@ -200,6 +217,9 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
                 "sql_max_value_bytes", "sql_max_run_s"):
         if getattr(col, key) <= 0:
             raise ConfigError(f"{where}: collector.{key} must be > 0")
+    if not 1 <= col.commit_workers <= 64:
+        raise ConfigError(f"{where}: collector.commit_workers: {col.commit_workers} is not "
+                          "1-64 (tables one run commits at once)")
     if col.output not in OUTPUT_PATHS:
         raise ConfigError(f"{where}: collector.output: unknown output path {col.output!r} "
                           f"(expected {' or '.join(OUTPUT_PATHS)})")

@@ -35,6 +35,7 @@ from icefloe.registry.model import (
     with_change,
 )
 from icefloe.registry.streams import union_stream
+from icefloe.streams.dynamic_tables import is_template
 from icefloe.streams.model import EvolveQuota
 from icefloe.streams.where import UNROUTED
 
@@ -149,6 +150,10 @@ def check_sink(source_id: str, sink: Sink, at: str) -> None:
     if sink.unknown_fields not in ("ignore", "reject", "evolve"):
         raise invalid(f"{at}.unknown_fields",
                       f"{sink.unknown_fields!r} must be 'ignore', 'reject' or 'evolve'")
+    if is_template(sink.table):
+        raise invalid(f"{at}.table", f"{sink.table[:200]!r}: tables named by the data (a "
+                      "table template, dynamic_tables) are configured in icefloe.toml only; "
+                      "the admin API does not take them yet (name one table per sink)")
     try:
         validate_stream(sink.stream(source_id), at)
     except ConfigError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from icefloe.errors import ConfigError
+from icefloe.streams.dynamic_tables import DEFAULT_LIMITS, check_limits, is_template, parse_template
 from icefloe.streams.layout import check_layout
 from icefloe.streams.mappings import check_mappings, gives_type
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
@@ -27,6 +28,8 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
         raise ConfigError(f"{at}.name: {stream.name!r} must be 1-128 letters, digits, '_', '-' "
                           "or '.'")
     parts = stream.table.split(".")
+    if is_template(stream.table) or stream.dynamic_tables is not None:
+        parts = _check_template(stream, at)
     if stream.table == "icefloe.dead_letters":
         raise ConfigError(f"{at}.table: 'icefloe.dead_letters' is icefloe's dead-letter "
                           "table; choose another name")
@@ -68,6 +71,28 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
     check_layout(stream, at)
     _check_quota(stream, at)
     _check_bytes_payload(stream, at)
+
+
+def _check_template(stream: StreamConfig, at: str) -> list[str]:
+    """A table template (:mod:`icefloe.streams.dynamic_tables`) and its limits; returns
+    what the plain-name check then sees (the namespace and a stand-in name)."""
+    if not is_template(stream.table):
+        raise ConfigError(f"{at}.dynamic_tables: table {stream.table!r} is not a template "
+                          "(a {column} part); drop dynamic_tables or name the table by a "
+                          "column, e.g. 'ns.events_{tenant_id}'")
+    try:
+        template = parse_template(stream.table, stream.columns)
+        check_limits(stream.dynamic_tables or DEFAULT_LIMITS, template)
+    except ValueError as exc:
+        key = "dynamic_tables" if str(exc).startswith("max_") else "table"
+        raise ConfigError(f"{at}.{key}: table template {stream.table!r}: {exc}") from None
+    for key, used in (("primary_key", bool(stream.primary_key)),
+                      ("unknown_fields", stream.unknown_fields == "evolve")):
+        if used:  # not built for templates yet: refused rather than half-working
+            raise ConfigError(f"{at}.{key}: a table template ({stream.table!r}) cannot be "
+                              f"combined with {key} yet (upserts and schema evolution per "
+                              "dynamic table are not built); use a plain table name")
+    return [template.namespace, "t"]
 
 
 def _check_bytes_payload(stream: StreamConfig, at: str) -> None:

@@ -120,6 +120,18 @@ class TypedSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The subject's version ``text`` holds (0: not resolved, or not a subject)."""
 
 
+class DynamicTables(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Limits of a sink whose table is a template (``dynamic_tables = {...}``; the rules:
+    :mod:`icefloe.streams.dynamic_tables`)."""
+
+    max_tables: int = 1000
+    """Tables the sink may have in its namespace; a row that would create one more goes to
+    the dead letters (``dynamic_table:max_tables``)."""
+    max_name_length: int = 128
+    """Longest table name (after the namespace, literal parts included); longer:
+    ``dynamic_table:name_too_long``."""
+
+
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A stream: an ingest endpoint whose events land in one Iceberg table.
 
@@ -177,6 +189,9 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Partitions the Kafka listener presents for this stream's topic (producers spread
     records and keep idempotence sequences per partition; icefloe itself has no
     partitions: the number only shapes the producers' batching)."""
+    dynamic_tables: DynamicTables | None = None
+    """Limits of a table template (``table = "ns.events_{tenant_id}"``); None: the
+    defaults of :class:`DynamicTables` (refused unless ``table`` is a template)."""
 
     @property
     def namespace(self) -> str:

@@ -192,6 +192,23 @@ def parse_where(sql: str, columns: tuple[Column, ...]) -> exp.Expr:
     return tree
 
 
+def parse_value(sql: str, kinds: dict[str, str]) -> tuple[exp.Expr, str]:
+    """One expression of the ``where`` subset that gives a *value* (a table template's
+    ``{…}`` part, :mod:`icefloe.streams.dynamic_tables`): its checked tree and the class
+    of its value; ``ValueError`` says what is wrong."""
+    parsed = _parse(sql)
+    if len(parsed) != 1 or parsed[0] is None:
+        raise ValueError("give exactly one expression (no ';')")
+    tree = parsed[0]
+    if isinstance(tree, exp.Query | exp.Command) or tree.find(
+            exp.Query, exp.AggFunc, exp.Window) is not None:
+        raise ValueError("subqueries, aggregates and windows are not allowed (an "
+                         "expression reads one event)")
+    if tree_depth(tree) > MAX_WHERE_DEPTH:
+        raise _too_deep()
+    return tree, _check(tree, kinds)
+
+
 # one branch per node kind: ruff's caps (noqa below)
 def _check(node: exp.Expr, kinds: dict[str, str]) -> str:  # noqa: C901, PLR0912
     """The class of ``node``'s value, raising for anything outside the subset."""

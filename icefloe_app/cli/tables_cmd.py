@@ -200,13 +200,31 @@ def sink_tables(registry: Registry | None) -> list[tuple[str, str]]:
             for source in registry.live_sources() for sink in source.live_sinks()]
 
 
+def stream_tables(catalog: Catalog | None, table: str) -> list[str]:
+    """A stream's table, or a table template's tables (those of its namespace that match
+    it: docs/streams.md, Tables named by the data; the template itself while none)."""
+    from icefloe.streams.dynamic_tables import is_template, split_template  # startup time
+
+    if not is_template(table) or catalog is None:
+        return [table]
+    template = split_template(table)
+    try:
+        listed = catalog.list_tables(template.namespace)
+    except Exception:  # no namespace yet (or unreadable): shown as not made
+        return [table]
+    names = sorted(".".join(i) for i in listed
+                   if template.pattern().fullmatch(".".join(i).split(".", 1)[1]))
+    return names or [table]
+
+
 def list_statuses(config: Config, catalog: Catalog | None,
                   registry: Registry | None = None) -> list[TableStatus]:
     """Every configured stream's table, then the registry's sink tables not listed yet
     (sources and sinks made with the admin API), then the dead-letter table if it exists."""
     from pipeline.columns import DEAD_LETTER_TABLE  # startup time
 
-    statuses = [table_status(catalog, s.table, s.name) for s in config.streams]
+    statuses = [table_status(catalog, name, s.name) for s in config.streams
+                for name in stream_tables(catalog, s.table)]
     listed = {s.table for s in statuses}
     for identifier, label in sink_tables(registry):
         if identifier not in listed:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         with_wheres,
     )
     from pipeline.spark import get_spark
+    from pipeline.table_names import table_names
     from pipeline.where import judge, where_error_messages
 
 _HOME = {
@@ -71,6 +72,7 @@ _HOME = {
     "plan_upsert": "pipeline.load.plans",
     "plan_write": "pipeline.load.plans",
     "run_spec": "pipeline.load.spec",
+    "table_names": "pipeline.table_names",
     "with_avro_writers": "pipeline.load.spec",
     "sequence_ranges": "pipeline.load.mapped",
     "where_error_messages": "pipeline.where",
@@ -108,6 +110,7 @@ __all__ = [
     "plan_write",
     "run_spec",
     "sequence_ranges",
+    "table_names",
     "where_error_messages",
     "with_avro_writers",
     "with_key_columns",
