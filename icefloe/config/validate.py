@@ -238,6 +238,15 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.models and not col.models_dir:
         raise ConfigError(f"{where}: collector.models_dir: a folder is needed to run "
                           f"{', '.join(col.models)}")
+    _validate_collector_tls(col, where)
+    _validate_spark_conf(col, where)
+    if col.orphan_age_s < 60:
+        raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
+                          "least 60 s: younger unreferenced files may belong to a commit "
+                          "still in flight")
+
+
+def _validate_collector_tls(col: CollectorSection, where: str) -> None:
     if bool(col.tls_cert_file) != bool(col.tls_key_file):
         raise ConfigError(f"{where}: collector.tls_cert_file and collector.tls_key_file go "
                           "together")
@@ -248,11 +257,6 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.plaintext and col.tls_cert_file:
         raise ConfigError(f"{where}: collector.plaintext: true contradicts "
                           "collector.tls_cert_file (TLS is on); remove one of them")
-    _validate_spark_conf(col, where)
-    if col.orphan_age_s < 60:
-        raise ConfigError(f"{where}: collector.orphan_age_s ({col.orphan_age_s:g}) must be at "
-                          "least 60 s: younger unreferenced files may belong to a commit "
-                          "still in flight")
 
 
 SPARK_FIXED: dict[str, tuple[str, str]] = {
