@@ -420,6 +420,8 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     ``shared-table``: two sources (or two sinks) write one table in this run, which the
     cluster path would commit as two appends of one run. ``evolve``: a sink that takes
     part of the run evolves its table from the data (``unknown_fields = "evolve"``).
+    ``cdc``: a change stream's sink (its stale-change check reads the table's stored
+    positions on the driver, :mod:`pipeline.iceberg.cdc_apply`).
     Why the embedded shape for those: evolution needs the rows' undeclared fields on the
     driver — the evolution quotas charge each new column to a client in run order and an
     over-quota field goes to the table's ``_overflow`` column, never the whole event to
@@ -435,14 +437,15 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
         for source in entry.streams:
             versions.setdefault(source, {})[entry.sequence] = entry.registry_version
     owners: set[str] = set()
-    evolves = False
+    evolves = changes = False
     for source, seen in versions.items():
         for target in routes.takers(source, seen):
             if target.table in owners:
                 return "shared-table"
             owners.add(target.table)
             evolves = evolves or target.sink.unknown_fields == "evolve"
-    return "evolve" if evolves else None
+            changes = changes or target.sink.cdc is not None
+    return "evolve" if evolves else "cdc" if changes else None
 
 
 def _typed(value: str) -> Literal["protobuf", "avro"]:

@@ -32,6 +32,7 @@ from icefloe.config.model import (
 from icefloe.config.typed_streams import prepare_raw, with_typed_columns
 from icefloe.config.validate import validate
 from icefloe.errors import ConfigError
+from icefloe.streams.cdc import with_cdc_columns
 from icefloe.streams.events_sql import with_events_files
 
 CONFIG_ENV = "ICEFLOE_CONFIG"
@@ -83,6 +84,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
     if any(s.format != "json" or s.schema is not None for s in config.streams):
         streams = with_typed_columns(config.streams, base, where)
         config = msgspec.structs.replace(config, streams=streams)
+    if any(s.cdc is not None for s in config.streams):  # change streams' own columns
+        config = msgspec.structs.replace(config, streams=with_cdc_columns(config.streams, where))
     validate(config, where)
     return config
 

@@ -120,6 +120,25 @@ class TypedSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The subject's version ``text`` holds (0: not resolved, or not a subject)."""
 
 
+class CdcConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Change data capture (#42): each event is a change of a keyed table's row, applied in
+    the source's order (see :mod:`icefloe.streams.cdc`, docs/cdc.md).
+
+    ``format``: ``debezium`` (an envelope with ``op``, ``before``, ``after``, ``source``,
+    bare or inside the JSON converter's ``schema``/``payload`` wrapper) or ``op`` (the row
+    itself with an operation field: ``op_field``, its values mapped by ``ops`` to c/u/d/r,
+    an optional ``before_field`` object). ``position``: ``auto`` (by
+    ``source.connector``), ``postgresql``, ``mysql``, or JSON paths of integers.
+    ``before_columns``: declared columns whose before image lands in ``before_<name>``."""
+
+    format: Literal["debezium", "op"] = "debezium"
+    position: str | tuple[str, ...] = "auto"
+    op_field: str = "op"
+    ops: dict[str, str] = msgspec.field(default_factory=dict)
+    before_field: str | None = None
+    before_columns: tuple[str, ...] = ()
+
+
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A stream: an ingest endpoint whose events land in one Iceberg table.
 
@@ -177,6 +196,10 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Partitions the Kafka listener presents for this stream's topic (producers spread
     records and keep idempotence sequences per partition; icefloe itself has no
     partitions: the number only shapes the producers' batching)."""
+
+    cdc: CdcConfig | None = None
+    """Change data capture: events are row changes applied to the keyed table in source
+    order (:class:`CdcConfig`); None: events are rows."""
 
     @property
     def namespace(self) -> str:
