@@ -51,7 +51,8 @@ def test_changes_become_rows_with_position_ids_and_before_images():
                                       change("d", 1, None, 12)))
     rows = [json.loads(p) for p in canonical.payloads]
     assert [r["_cdc_op"] for r in rows] == ["c", "u", "d"]
-    assert rows[1]["before_email"] == "a@x" and rows[1]["email"] == "b@x"
+    assert rows[1]["before_email"] == "a@x"
+    assert rows[1]["email"] == "b@x"
     assert rows[2] == {"id": 1, "_cdc_op": "d",
                        POSITION_COLUMN: rows[2][POSITION_COLUMN], "_cdc_deleted": True}
     assert len(set(canonical.body_ids or [])) == 3

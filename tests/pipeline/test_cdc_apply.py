@@ -94,7 +94,8 @@ def test_a_replayed_entry_applies_once_and_a_redelivery_is_stale(catalog):
     items: list[Change] = [("c", 1, "a", 1), ("u", 1, "b", 2)]
     apply(catalog, items, 1)
     replay = apply(catalog, items, 1)
-    assert replay.rows == 0 and replay.replayed == 2
+    assert replay.rows == 0
+    assert replay.replayed == 2
     redelivered = apply(catalog, items, 2)  # a connector restart: new entry, old positions
     assert dict(redelivered.noops) == {STALE: 2}
     assert table(catalog) == {1: ("b", encode_position([2]))}
