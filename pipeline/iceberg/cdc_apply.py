@@ -23,9 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.iceberg.upsert import key_filter, latest_per_key
-
 if TYPE_CHECKING:
+    from pyiceberg.expressions import BooleanExpression
     from pyiceberg.table import Table
 
 STALE = "stale"
@@ -35,14 +34,15 @@ _STORED = "__icefloe_stored"
 _PRESENT = "__icefloe_present"
 
 
-def applicable_changes(table: Table, rows: pa.Table, key: Sequence[str], tombstone: str,
-                       position: str) -> tuple[pa.Table, dict[str, int]]:
-    """Each key's latest change of ``rows`` that still applies to ``table``, and how many
-    changes were no-ops by reason (:data:`STALE`, :data:`UNKNOWN_DELETE`)."""
-    latest = latest_per_key(rows, key, position)
+def applicable_changes(table: Table, rows: pa.Table, latest: pa.Table, key: Sequence[str],
+                       tombstone: str, position: str, row_filter: BooleanExpression
+                       ) -> tuple[pa.Table, dict[str, int]]:
+    """Of ``latest`` (each key's latest change among ``rows``, by position), those that
+    still apply to ``table``, and how many changes were no-ops by reason (:data:`STALE`,
+    :data:`UNKNOWN_DELETE`). ``row_filter`` prunes the files that may hold the keys."""
     if latest.num_rows == 0:
         return latest, {}
-    stored = _stored(table, latest.select(list(key)), key, position)
+    stored = _stored(table, row_filter, latest.schema, key, position)
     index = latest.select(list(key)).append_column(_INDEX, pa.array(np.arange(latest.num_rows)))
     joined = index.join(stored, keys=list(key), join_type="left outer", use_threads=False)
     order = joined.column(_INDEX).to_numpy()
@@ -68,15 +68,16 @@ def applicable_changes(table: Table, rows: pa.Table, key: Sequence[str], tombsto
     return latest.take(pa.array(keep)), noops
 
 
-def _stored(table: Table, keys: pa.Table, key: Sequence[str], position: str) -> pa.Table:
-    """The table's key columns and stored position for rows that may hold ``keys``, in
-    ``keys``' Arrow types, with a ``present`` flag (an empty table before the first
-    commit)."""
-    fields = [keys.schema.field(name) for name in key]
+def _stored(table: Table, row_filter: BooleanExpression, schema: pa.Schema,
+            key: Sequence[str], position: str) -> pa.Table:
+    """The table's key columns and stored position of the rows ``row_filter`` keeps, in
+    the run's Arrow types (``schema``), with a ``present`` flag (an empty table before the
+    first commit)."""
+    fields = [schema.field(name) for name in key]
     schema = pa.schema([*fields, pa.field(_STORED, pa.string()), pa.field(_PRESENT, pa.bool_())])
     if table.current_snapshot() is None:
         return schema.empty_table()
-    found = table.scan(row_filter=key_filter(keys),
+    found = table.scan(row_filter=row_filter,
                        selected_fields=(*key, position)).to_arrow()
     if found.num_rows == 0:
         return schema.empty_table()

@@ -54,6 +54,7 @@ from icefloe.streams.cdc import POSITION_COLUMN
 from icefloe.streams.evolution import EXTRA_FIELD
 from icefloe.streams.model import StreamConfig
 from pipeline.columns import TIMESTAMP, dead_letter_arrow_schema
+from pipeline.iceberg.cdc_apply import applicable_changes
 from pipeline.iceberg.data_files import (
     DataFileRef,
     TableFiles,
@@ -196,10 +197,9 @@ class CopyOnWrite:
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
         noops: dict[str, int] = {}
         if self.position is not None and self.tombstone is not None:
-            from pipeline.iceberg.cdc_apply import applicable_changes  # it imports this
-
-            rows, noops = applicable_changes(table, rows, self.key, self.tombstone,
-                                             self.position)
+            latest = latest_per_key(rows, self.key, self.position)
+            rows, noops = applicable_changes(table, rows, latest, self.key, self.tombstone,
+                                             self.position, key_filter(latest.select(self.key)))
         keys, write = survivors(rows, self.key, self.tombstone, self.position)
         written: list[DataFileRef] = []
         attempt = uuid.uuid4().hex
