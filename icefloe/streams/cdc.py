@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from icefloe.errors import ConfigError
+from icefloe.streams.cdc_time import Convert, converters
 from icefloe.streams.mappings import Step, parse_path
 from icefloe.streams.model import CdcConfig, Column, StreamConfig
 
@@ -170,6 +171,7 @@ class Flattener:
             for name, paths in POSITIONS.items():
                 self._paths[name] = tuple((p, parse_path(p)) for p in paths)
         self._ops = dict(self.cdc.ops) or {op: op for op in OPS}
+        self._types = {c.name: c.type for c in stream.columns if c.mapping is None}
 
     def flatten(self, event: Any) -> tuple[dict[str, Any], str] | None:
         """``(row, event id)`` of one decoded change event; None for a null event (a
@@ -184,8 +186,9 @@ class Flattener:
             raise ChangeError(None, f"a change event is a JSON object, not {_kind(event)}")
         if self.cdc.format == "op":
             return self._plain(event)
+        schema = None
         if "payload" in event and "schema" in event:  # the JSON converter's wrapper
-            event = event["payload"]
+            schema, event = event["schema"], event["payload"]
             if event is None:
                 return None
             if not isinstance(event, dict):
@@ -200,8 +203,11 @@ class Flattener:
         if row is None and op != "d":
             raise ChangeError(image, f"op {op!r} carries its row in {image}, which is null")
         before = event.get("before")
-        return self._row(op, row or {}, before if isinstance(before, dict) else None,
-                         self._position(event))
+        before = before if isinstance(before, dict) else None
+        if schema is not None:  # Debezium's temporal encodings, as the schema names them
+            row = _converted(row, converters(schema, image, self._types))
+            before = _converted(before, converters(schema, "before", self._types))
+        return self._row(op, row or {}, before, self._position(event))
 
     def _plain(self, event: dict[str, Any]) -> tuple[dict[str, Any], str]:
         name = self.cdc.op_field
@@ -265,6 +271,13 @@ class Flattener:
                                   "position (known: postgresql, mysql); set cdc.position to "
                                   "the JSON paths of its parts")
         return self._paths[str(name)]
+
+
+def _converted(image: dict[str, Any] | None, convert: Mapping[str, Convert]
+               ) -> dict[str, Any] | None:
+    if image is None or not convert:
+        return image
+    return {k: convert[k](v) if k in convert else v for k, v in image.items()}
 
 
 def _part(path: str, value: Any) -> int:

@@ -162,3 +162,36 @@ def test_should_refuse_required_non_key_columns_and_a_missing_key(tmp_path):
         load_text(tmp_path, text + "cdc = {}\n")
     with pytest.raises(ConfigError, match=r"streams\[0\]\.cdc: .*set primary_key"):
         load_text(tmp_path, STREAM.replace('primary_key = ["id"]', "") + "cdc = {}\n")
+
+
+def test_debezium_temporal_encodings_are_read_through_the_schema(tmp_path):
+    """PostgreSQL's timestamp as MicroTimestamp, date as Date (days), time as MicroTime:
+    with the JSON converter's schema they become the text each column type takes."""
+    text = STREAM.replace('{ name = "email", type = "string" },',
+                          '{ name = "email", type = "string" },\n'
+                          '  { name = "seen", type = "timestamp" },\n'
+                          '  { name = "born", type = "date" },\n'
+                          '  { name = "at", type = "time" },\n'
+                          '  { name = "raw_us", type = "long" },')
+    flat = Flattener(load_text(tmp_path, text + 'cdc = { before_columns = ["born"] }\n')
+                     .streams[0])
+    fields = [{"field": "id", "type": "int64"},
+              {"field": "seen", "type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+              {"field": "born", "type": "int32", "name": "io.debezium.time.Date"},
+              {"field": "at", "type": "int64", "name": "io.debezium.time.MicroTime"},
+              {"field": "raw_us", "type": "int64", "name": "io.debezium.time.MicroTimestamp"}]
+    schema = {"type": "struct", "fields": [{"field": "before", "type": "struct",
+                                            "fields": fields},
+                                           {"field": "after", "type": "struct",
+                                            "fields": fields}]}
+    image = {"id": 1, "seen": -86_400_000_001, "born": -3653, "at": 45_296_000_001,
+             "raw_us": 7}
+    event = {**PG_UPDATE, "before": image, "after": image}
+    row, _ = flat.flatten({"schema": schema, "payload": event})
+    assert row["seen"] == "1969-12-30T23:59:59.999999Z"
+    assert row["born"] == "1960-01-01"
+    assert row["before_born"] == "1960-01-01"
+    assert row["at"] == "12:34:56.000001"
+    assert row["raw_us"] == 7  # a long column keeps the number
+    bare, _ = flat.flatten(event)
+    assert bare["seen"] == -86_400_000_001  # no schema: nothing guessed (docs/cdc.md)
