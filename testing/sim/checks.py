@@ -44,6 +44,7 @@ from pipeline.iceberg.commit import (
     SEQUENCES_PROP,
     decode_sequences,
 )
+from testing.sim.changes import check_changes
 from testing.sim.loop import SimTime
 from testing.sim.scenario import Scenario
 from testing.sim.store import SimCrash, SimStore
@@ -334,6 +335,8 @@ class Checker:
                            f"{sorted(stray)[:4]}")
         for table in sorted(keyed):
             self.check_keys(table)
+            if self.world.scenario.cdc:
+                check_changes(self, table, self._key_rows(table))
         if self.world.scenario.typed:
             self.check_typed()
         if self.world.scenario.kafka_producers:

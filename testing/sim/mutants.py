@@ -268,6 +268,30 @@ def _kafka_ids_without_epoch() -> contextlib.AbstractContextManager[None]:
     return _patch(ProduceHandler, "_canonical", canonical)
 
 
+def _cdc_accepted_order() -> contextlib.AbstractContextManager[None]:
+    """#42 undone: a change stream's table applied as a plain upsert (the accepted order
+    decides, no stored position is compared): a key's older change sent after its newer
+    one wins."""
+    import pipeline.iceberg.table_commit as table_commit  # why: patched for this run only
+    from pipeline.iceberg.upsert import CopyOnWrite
+
+    def hook(stream: Any) -> CopyOnWrite | None:
+        if not stream.primary_key:
+            return None
+        return CopyOnWrite(stream.primary_key, stream.tombstone_field)
+    return _patch(table_commit, "upsert_hook", hook)
+
+
+def _cdc_no_stale_check() -> contextlib.AbstractContextManager[None]:
+    """#42's late changes undone: a key's changes are ordered by position within a
+    commit, but a change older than the row's stored position still applies."""
+    import pipeline.iceberg.upsert as upsert  # why: patched for this run only
+
+    def applicable(table: Any, rows: Any, latest: Any, *args: Any) -> tuple[Any, dict[str, int]]:
+        return latest, {}
+    return _patch(upsert, "applicable_changes", applicable)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -284,6 +308,8 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "staged-by-name": _staged_by_name,
     "kafka-ids-per-attempt": _kafka_ids_per_attempt,
     "kafka-ids-without-epoch": _kafka_ids_without_epoch,
+    "cdc-accepted-order": _cdc_accepted_order,
+    "cdc-no-stale-check": _cdc_no_stale_check,
 }
 
 

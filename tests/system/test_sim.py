@@ -51,6 +51,9 @@ KAFKA_EPOCH_SEED = 97
 """A ``kafka-retry`` seed with eight epoch bumps of one producer (cluster output, store
 faults, staging), where a retry answered from an ingestor's duplicate cache acknowledges
 records accepted before a table moved between sources."""
+CDC_SEED = 48
+"""A ``cdc-reorder`` seed (#42): change streams whose connectors send a key's changes newest
+first and re-deliver old ones past the dedup window; collector crashes, a stall, takeovers."""
 KAFKA_SEEDS = (KAFKA_SEED, 54, KAFKA_EPOCH_SEED)
 """``kafka-retry`` seeds the real code must pass (54: three producers, cluster output, two
 ingestor crashes, a third of the answers lost)."""
@@ -72,6 +75,8 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "rename-apart": (APART_SEED,),
     "kafka-ids-per-attempt": (KAFKA_SEED,),
     "kafka-ids-without-epoch": (KAFKA_EPOCH_SEED,),
+    "cdc-accepted-order": (CDC_SEED,),
+    "cdc-no-stale-check": (CDC_SEED,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -79,7 +84,8 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
 by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm standby),
 ``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
 ``journal-no-tombstones`` by an ``upsert-restart`` seed (#36), the last three by
-``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40);
+``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40), the
+two change-stream ones by a ``cdc-reorder`` seed (#42);
 docs/simulator.md lists the mutants and the seeds that find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
@@ -133,7 +139,12 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
     from testing.sim.scenario import FAMILIES, LATER_FAMILIES, Scenario
 
     drawn = {Scenario.draw(seed).family for seed in range(1, 41)}
-    assert drawn == set(FAMILIES) | set(LATER_FAMILIES)
+    # every `mixed` seed of 1-40 was pinned before #42: its family starts at seed 48
+    assert drawn == (set(FAMILIES) | set(LATER_FAMILIES)) - {"cdc-reorder"}
+    changes = Scenario.draw(CDC_SEED)
+    assert (changes.family, changes.cdc, changes.shards) == ("cdc-reorder", True, 1)
+    assert changes.collector_crashes >= 1
+    assert changes.dedup_window_s == 30.0
     late = Scenario.draw(58)
     assert (late.family, late.dedup_window_s, late.output) == ("late-staging", 0.0, "embedded")
     assert late.conditions_age_s is not None
@@ -175,15 +186,19 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
     typed = {TYPED_SEED, CREATE_SEED, APART_SEED}
     before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
     before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED} | typed
-    before -= set(KAFKA_SEEDS)
+    before -= set(KAFKA_SEEDS) | {CDC_SEED}
     for seed in sorted(before):
         scenario = Scenario.draw(seed)
         assert (scenario.upsert, scenario.expire_at, scenario.break_at) == (False, None,
                                                                              None), seed
         assert (scenario.typed, scenario.deploy_at) == (False, None), seed  # nor #39's
         assert scenario.kafka_producers == 0, seed  # nor #40's
+        assert not scenario.cdc, seed  # nor #42's
     for seed in sorted(typed):  # #40's generator leaves #39's seeds as they were too
         assert Scenario.draw(seed).family == "protobuf-rename", seed
+    for seed in KAFKA_SEEDS:  # and #42's leaves #40's
+        assert Scenario.draw(seed).family == "kafka-retry", seed
+    assert [s for s in range(1, 101) if Scenario.draw(s).cdc] == [48, 61, 63, 83]
 
 
 def test_an_unknown_mutant_is_refused() -> None:
