@@ -1,9 +1,10 @@
 """Change streams (#42) through the door and the collector on real Spark and a real SQLite
 catalog: Debezium's PostgreSQL and MySQL change events (snapshot reads, updates out of
-order, a key update, deletes, a delete of an unknown key, a change without a key) land as
-the source table's state; a re-delivery after a connector restart applies nothing; the
-table reads the same through pyiceberg, Spark and DuckDB (its data files); the cluster
-output path hands change streams to the embedded path and gives the same table."""
+order, a key update, deletes, a delete of an unknown key, a change without a key, a column
+added at the source into an evolving stream) land as the source table's state; a
+re-delivery after a connector restart applies nothing; the table reads the same through
+pyiceberg, Spark and DuckDB (its data files); the cluster output path hands change
+streams to the embedded path and gives the same table."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ PG = with_cdc_columns([StreamConfig(
     name="pg", table="shop.customers", primary_key=("id",),
     columns=(Column("id", "long", required=True), Column("email", "string")),
     cdc=CdcConfig(before_columns=("email",)))], "test")[0]
+PEOPLE = with_cdc_columns([StreamConfig(
+    name="people", table="shop.people", primary_key=("id",), unknown_fields="evolve",
+    columns=(Column("id", "long", required=True), Column("name", "string")),
+    cdc=CdcConfig())], "test")[0]
 MYSQL = with_cdc_columns([StreamConfig(
     name="my", table="shop.orders", primary_key=("order_id",),
     columns=(Column("order_id", "long", required=True), Column("status", "string")),
@@ -91,12 +96,17 @@ ORDERS = [mysql("c", 7, "new", 3, 900), mysql("u", 7, "paid", 4, 12),
 @pytest.mark.parametrize("output", ["embedded", "cluster"])
 async def test_debezium_changes_land_as_the_source_tables_state(tmp_path: Path, spark, output):
     engine = SparkEngine(spark, 2) if output == "embedded" else SparkClusterEngine(spark, 2)
-    config = collector_config(tmp_path, streams=(PG, MYSQL), dequeue_every=1, output=output)
-    publish_sync(config, [door(PG, FIRST), door(MYSQL, ORDERS)])
+    config = collector_config(tmp_path, streams=(PG, MYSQL, PEOPLE), dequeue_every=1,
+                              output=output)
+    people = [pg("c", 1, None, 1), pg("u", 1, None, 2)]  # a column added at the source:
+    people[0]["payload"]["after"] = {"id": 1, "name": "a"}
+    people[1]["payload"]["after"] = {"id": 1, "name": "b", "city": "Oslo"}
+    publish_sync(config, [door(PG, FIRST), door(MYSQL, ORDERS), door(PEOPLE, people)])
     collector = await start(config, engine)
     await drain(collector)
     assert state(config, "shop.customers", "id", "email") == {1: "a@3", 3: "c@snap"}
     assert state(config, "shop.orders", "order_id", "status") == {7: "shipped", 8: "x"}
+    assert state(config, "shop.people", "id", "city") == {1: "Oslo"}  # evolved
     dead = read_table(config, "icefloe.dead_letters").to_pylist()
     assert [(d["stream"], d["reason"]) for d in dead] == [("pg", "missing_key:id")]
     noops = collector.metrics.cdc_noops

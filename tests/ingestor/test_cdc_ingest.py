@@ -109,3 +109,22 @@ async def test_kafka_tombstones_are_ignored_and_counted(tmp_path: Path):
                for family in text_string_to_metric_families(text) for s in family.samples}
     assert samples[("icefloe_ingest_cdc_null_values_ignored_total",
                     (("stream", "customers"),))] == 2
+
+
+async def test_http_takes_wrapped_changes_and_refuses_null_and_truncate(tmp_path: Path):
+    config = make_config(tmp_path / "store", (CUSTOMERS,))
+    async with ingestor(config) as ports, httpx.AsyncClient() as http:
+        url = f"http://127.0.0.1:{ports.http}/v1/streams/customers/events"
+        ok = await http.post(url, content=body(change("c", 1, "a", 1, wrap=True),
+                                               change("u", 1, "b", 2, before="a")),
+                             headers={"content-type": "application/json"})
+        assert ok.status_code == 202, ok.text
+        for bad, reason in ((body(change("c", 2, "x", 3), None), "a null change event"),
+                            (body({**change("c", 2, "x", 3), "op": "t"}), "truncate")):
+            refused = await http.post(url, content=bad,
+                                      headers={"content-type": "application/json"})
+            assert refused.status_code == 400, refused.text
+            assert reason in json.dumps(refused.json())
+        events = [json.loads(e.payload) for e in await stored_events(config.store.url)]
+    assert [(e["_cdc_op"], e.get("before_email")) for e in events] == [("c", None),
+                                                                       ("u", "a")]

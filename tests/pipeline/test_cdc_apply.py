@@ -100,3 +100,32 @@ def test_a_replayed_entry_applies_once_and_a_redelivery_is_stale(catalog):
     assert dict(redelivered.noops) == {STALE: 2}
     assert table(catalog) == {1: ("b", encode_position([2]))}
     assert len(catalog.load_table("shop.customers").scan().to_arrow()) == 1
+
+
+def test_a_composite_key_is_judged_per_key(tmp_path):
+    """Two key columns (a long and a string): stale and unknown-delete need both."""
+    orders = with_cdc_columns([StreamConfig(
+        name="lines", table="shop.lines", primary_key=("order_id", "sku"), partition="none",
+        columns=(Column("order_id", "long", required=True),
+                 Column("sku", "string", required=True), Column("qty", "long")),
+        cdc=CdcConfig())], "test")[0]
+    catalog = open_catalog(collector_config(tmp_path, streams=(orders,)).catalog)
+    ensure_stream_table(catalog, orders)
+
+    def apply_lines(items: list[tuple[str, int, str, int, int]], sequence: int):
+        rows = [{"order_id": o, "sku": sku, "qty": None if op == "d" else qty,
+                 "_cdc_op": op, "_cdc_position": encode_position([lsn]),
+                 "_cdc_deleted": op == "d", "_event_id": f"{sequence}-{i}",
+                 "_received_at": BASE, "_sequence": sequence}
+                for i, (op, o, sku, qty, lsn) in enumerate(items)]
+        table = pa.Table.from_pylist(rows, schema=table_arrow_schema(orders))
+        return commit_table(catalog, "shop.lines", table, sequence=sequence, epoch=1,
+                            clock=ManualClock(0.0), version=None, stream=orders)
+
+    apply_lines([("c", 1, "a", 1, 10), ("c", 1, "b", 1, 11), ("c", 2, "a", 1, 12)], 1)
+    outcome = apply_lines([("u", 1, "a", 5, 9), ("u", 1, "b", 7, 20), ("d", 2, "b", 0, 21),
+                           ("d", 3, "a", 0, 22)], 2)
+    assert dict(outcome.noops) == {STALE: 1, UNKNOWN_DELETE: 2}
+    rows = catalog.load_table("shop.lines").scan().to_arrow().to_pylist()
+    assert sorted((r["order_id"], r["sku"], r["qty"]) for r in rows) == [
+        (1, "a", 1), (1, "b", 7), (2, "a", 1)]
