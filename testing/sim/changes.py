@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -34,10 +34,6 @@ from icefloe.registry.model import Registry
 from icefloe.streams.cdc import DELETED_COLUMN, cdc_columns
 from icefloe.streams.model import CdcConfig
 from ingestor.validate import CompiledStream
-
-if TYPE_CHECKING:
-    from testing.sim.checks import Checker
-    from testing.sim.world import Client
 
 COLUMNS = (Column("uid", "string"), Column("n", "long"), Column("key", "string", required=True),
            Column("pos", "long"))
@@ -89,7 +85,9 @@ def cdc_seed(registry: Registry) -> Registry:
 class Connector:
     """One client's changes (see the module doc)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Any) -> None:
+        """``client``: the :class:`testing.sim.world.Client` whose sends this uses (not
+        imported: the world imports this module)."""
         self.client = client
         self.world = client.world
         self.rng: random.Random = client.rng
@@ -188,7 +186,7 @@ class Connector:
         return self.rng.choice(found) if found else None
 
 
-def check_changes(checker: Checker, name: str, rows: dict[str, list[str]]) -> None:
+def check_changes(checker: Any, name: str, rows: dict[str, list[str]]) -> None:
     """Each key of table ``name`` in the state of its acknowledged change with the highest
     position, or of a higher unacknowledged one (module doc)."""
     ledger = checker.world.ledger.changes
