@@ -98,6 +98,8 @@ def check_cdc(stream: StreamConfig, at: str) -> None:
     for key, value, why in (("tombstone_field", stream.tombstone_field, "a delete (op d) "
                              "removes the key"), ("event_id_field", stream.event_id_field,
                              "change ids come from the source position and the key"),
+                            ("where", stream.where, "a delete carries only the key, so a "
+                             "where over other columns would drop it and keep the row"),
                             ("format", None if stream.format == "json" else stream.format,
                              "change events are JSON"),
                             ("payload", None if stream.payload == "json" else stream.payload,
@@ -116,6 +118,25 @@ def check_cdc(stream: StreamConfig, at: str) -> None:
         if name not in names:
             raise ConfigError(f"{at}.cdc.before_columns[{i}]: {name!r} is not a declared column")
     _check_format(cdc, f"{at}.cdc")
+
+
+def check_expanded(stream: StreamConfig, at: str) -> None:
+    """A change stream as every process gets it (its columns added): what an admin API
+    change to its sink (columns, ``where``) must keep, checked with the stream's rules."""
+    if stream.cdc is None:
+        return
+    if stream.where is not None:
+        raise ConfigError(f"{at}.where: not with cdc: a delete carries only the key, so a "
+                          "where over other columns would drop it and keep the row")
+    types = {c.name: c.type for c in stream.columns}
+    for column in cdc_columns(stream) if all(n in types for n in stream.cdc.before_columns) \
+            else ():
+        if types.get(column.name) != column.type:
+            raise ConfigError(f"{at}.columns: change stream {stream.name!r} needs its column "
+                              f"{column.name!r} ({column.type}); keep the columns cdc adds")
+    if stream.tombstone_field != DELETED_COLUMN:
+        raise ConfigError(f"{at}.tombstone_field: a change stream's tombstone is "
+                          f"{DELETED_COLUMN!r}")
 
 
 def _check_format(cdc: CdcConfig, at: str) -> None:

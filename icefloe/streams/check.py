@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from icefloe.errors import ConfigError
+from icefloe.streams.cdc import check_expanded
 from icefloe.streams.layout import check_layout
 from icefloe.streams.mappings import check_mappings, gives_type
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
@@ -51,6 +52,7 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
     if stream.event_id_field is not None and stream.event_id_field not in seen:
         raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is not a declared "
                           "column")
+    check_expanded(stream, at)
     _check_key(stream, at)
     if stream.where is not None:
         try:

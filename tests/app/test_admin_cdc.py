@@ -49,3 +49,18 @@ async def test_a_seeded_registry_keeps_a_change_streams_settings(tmp_path) -> No
         assert seen.cdc == CdcConfig()
     sink = registry.sources[0].sinks[0].stream("people")
     assert (sink.cdc, sink.tombstone_field) == (CdcConfig(), DELETED_COLUMN)
+    # an admin change to the seeded sink keeps what a change stream needs
+    from icefloe.errors import RegistryError  # why: only this test needs it
+    from icefloe.registry import ops
+
+    kept = ops.update_sink(registry, "people", "people", ops.SinkPatch(
+        columns=(*stream.columns, Column("email", "string"))))
+    assert kept.sources[0].sinks[0].cdc == CdcConfig()
+    for patch, field in ((ops.SinkPatch(columns=stream.columns[:1]), "sink.columns"),
+                         (ops.SinkPatch(where="id > 1"), "sink.where")):
+        try:
+            ops.update_sink(registry, "people", "people", patch)
+        except RegistryError as exc:
+            assert exc.details[0]["field"] == field, exc.details
+        else:
+            raise AssertionError(f"{field} accepted")
