@@ -67,11 +67,12 @@ def cdc_columns(stream: StreamConfig) -> tuple[Column, ...]:
     before = tuple(Column(name=BEFORE_PREFIX + name, type=declared[name].type,
                           doc=f"{name} before the change (null: no before image)")
                    for name in stream.cdc.before_columns)
-    return (Column(name=OP_COLUMN, type="string", doc="change operation: c, u or r"),
+    return (Column(name=OP_COLUMN, type="string",
+                   doc="the row's last change: c, u, r (d: a kept delete)"),
             Column(name=POSITION_COLUMN, type="string",
                    doc="source position of the row's last change (sortable text)"),
             Column(name=DELETED_COLUMN, type="boolean",
-                   doc="always false in the table: a delete removes its row"), *before)
+                   doc="true for a kept delete (deletes = keep); else always false"), *before)
 
 
 def with_cdc_columns(streams: Sequence[StreamConfig], where: str) -> tuple[StreamConfig, ...]:

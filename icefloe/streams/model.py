@@ -137,6 +137,9 @@ class CdcConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ops: dict[str, str] = msgspec.field(default_factory=dict)
     before_field: str | None = None
     before_columns: tuple[str, ...] = ()
+    deletes: Literal["remove", "keep"] = "remove"
+    """``remove``: a delete removes the key's row; ``keep``: it stays as a row with
+    ``_cdc_deleted`` true (its position kept, so a late older change is a no-op)."""
 
 
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -54,7 +54,8 @@ def applicable_changes(table: Table, rows: pa.Table, latest: pa.Table, key: Sequ
     written = _keys_written(rows, key, tombstone)
     in_run = pc.is_in(_key_tuple(joined, key), value_set=_key_tuple(written, key)) \
         if written.num_rows else pa.array([False] * joined.num_rows)
-    unknown = pc.and_(deleted, pc.invert(pc.or_(present, in_run)))
+    unknown = pc.and_(deleted, pc.invert(pc.or_(present, in_run)))  # a kept delete's row
+    # is present: a second delete of its key is newer (its position moves) or stale
     drop = pc.or_(stale, unknown)
     noops = {}
     if pc.any(stale).as_py():

@@ -179,10 +179,13 @@ class CopyOnWrite:
     """
 
     def __init__(self, key: Sequence[str], tombstone: str | None = None,
-                 position: str | None = None) -> None:
+                 position: str | None = None, keep_deletes: bool = False) -> None:
         self.key = tuple(key)
         self.tombstone = tombstone
         self.position = position
+        self.keep_deletes = keep_deletes
+        """A change stream's ``deletes = "keep"``: a delete is written as its row (the
+        tombstone column true) instead of removing the key."""
         """A change stream's position column: orders a key's changes, and a change not
         newer than its row's stored one is a no-op (:mod:`pipeline.iceberg.cdc_apply`)."""
         self.noops: dict[str, int] = {}
@@ -200,7 +203,8 @@ class CopyOnWrite:
             latest = latest_per_key(rows, self.key, self.position)
             rows, noops = applicable_changes(table, rows, latest, self.key, self.tombstone,
                                              self.position, key_filter(latest.select(self.key)))
-        keys, write = survivors(rows, self.key, self.tombstone, self.position)
+        keys, write = survivors(rows, self.key, None if self.keep_deletes else self.tombstone,
+                                self.position)
         written: list[DataFileRef] = []
         attempt = uuid.uuid4().hex
         try:
@@ -262,7 +266,8 @@ def upsert_hook(stream: StreamConfig) -> CopyOnWrite | None:
     if not stream.primary_key:
         return None
     position = POSITION_COLUMN if stream.cdc is not None else None
-    return CopyOnWrite(stream.primary_key, stream.tombstone_field, position)
+    keep = stream.cdc is not None and stream.cdc.deletes == "keep"
+    return CopyOnWrite(stream.primary_key, stream.tombstone_field, position, keep)
 
 
 def survivors(rows: pa.Table, key: Sequence[str], tombstone: str | None,

@@ -149,6 +149,7 @@ def test_the_stream_gets_its_columns_and_tombstone(tmp_path):
     ('cdc = { before_columns = ["nope"] }\n', r"cdc\.before_columns\[0\]: 'nope'"),
     ('cdc = { position = ["nope"] }\n', r"cdc\.position\[0\]: 'nope'"),
     ('cdc = { lsn = 1 }\n', r"cdc"),
+    ('cdc = { deletes = "soft" }\n', r"streams\[0\]\.cdc\.deletes"),
     ('where = "email = \'x\'"\ncdc = {}\n', r"streams\[0\]\.where: not with cdc: a delete"),
 ])
 def test_should_refuse_bad_cdc_settings_by_key(tmp_path, extra, message):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import msgspec
 import pyarrow as pa
 import pytest
 from collector_support import collector_config
@@ -129,3 +130,31 @@ def test_a_composite_key_is_judged_per_key(tmp_path):
     rows = catalog.load_table("shop.lines").scan().to_arrow().to_pylist()
     assert sorted((r["order_id"], r["sku"], r["qty"]) for r in rows) == [
         (1, "a", 1), (1, "b", 7), (2, "a", 1)]
+
+
+def test_kept_deletes_hold_their_position_so_an_older_change_after_them_is_stale(tmp_path):
+    """``deletes = "keep"``: a delete stays as its key's row (``_cdc_deleted`` true), so a
+    change older than it, committed later (a re-delivery past the dedup window, another
+    manifest shard), is a no-op instead of bringing the row back."""
+    kept = msgspec.structs.replace(
+        CUSTOMERS, cdc=CdcConfig(before_columns=("email",), deletes="keep"))
+    catalog = open_catalog(collector_config(tmp_path, streams=(kept,)).catalog)
+    ensure_stream_table(catalog, kept)
+
+    def run(items: list[Change], sequence: int):
+        return commit_table(catalog, "shop.customers", changes(items, sequence),
+                            sequence=sequence, epoch=1, clock=ManualClock(0.0), version=None,
+                            stream=kept)
+
+    run([("c", 1, "a", 1), ("c", 2, "b", 2)], 1)
+    run([("d", 1, None, 5)], 2)
+    late = run([("u", 1, "late", 3), ("d", 7, None, 6)], 3)
+    assert dict(late.noops) == {STALE: 1, UNKNOWN_DELETE: 1}
+    rows = {r["id"]: r for r in catalog.load_table("shop.customers").scan().to_arrow()
+            .to_pylist()}
+    assert sorted(rows) == [1, 2]
+    assert (rows[1]["_cdc_deleted"], rows[1]["_cdc_op"], rows[1]["email"]) == (True, "d", None)
+    assert rows[1]["_cdc_position"] == encode_position([5])
+    again = run([("c", 1, "back", 8)], 4)
+    assert again.noops == ()
+    assert table(catalog)[1] == ("back", encode_position([8]))
