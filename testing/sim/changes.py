@@ -8,7 +8,9 @@ group of two or three non-delete changes **in reverse order**, one change per re
 through any ingestor, so a key's newer change is often accepted, and committed, before
 an older one. A delete is only made once every earlier change of its key was
 acknowledged (a key's changes must not be committed across a delete out of order:
-docs/cdc.md). Now and then a client re-delivers an acknowledged change (a connector
+docs/cdc.md; in half the seeds the sinks keep deletes as rows, ``deletes = "keep"``, and
+then deletes are reordered and re-delivered like any change). Now and then a client
+re-delivers an acknowledged change (a connector
 restart re-reading its log), with the id the real door derives from its position and key,
 at any age: inside the dedup window (30 s in this family) it is dropped by id, past it the
 stale check makes it a no-op. Payloads go through the real
@@ -66,15 +68,17 @@ class ChangeLedger:
     reversed_groups: int = 0
 
 
-def cdc_seed(registry: Registry) -> Registry:
+def cdc_seed(registry: Registry, keep: bool = False) -> Registry:
     """Every seeded sink as a change stream (columns, key, tombstone and ``cdc`` as the
-    config loader gives a ``[[streams]]`` entry with ``cdc``)."""
+    config loader gives a ``[[streams]]`` entry with ``cdc``); ``keep``: deletes stay as
+    rows (``deletes = "keep"``)."""
+    cdc = msgspec.structs.replace(CDC, deletes="keep") if keep else CDC
     sources = []
     for source in registry.sources:
         sinks = []
         for sink in source.sinks:
             plain = msgspec.structs.replace(sink, columns=COLUMNS, primary_key=("key",),
-                                            cdc=CDC)
+                                            cdc=cdc)
             sinks.append(msgspec.structs.replace(
                 plain, columns=COLUMNS + cdc_columns(plain.stream(source.id)),
                 tombstone_field=DELETED_COLUMN))
@@ -130,14 +134,18 @@ class Connector:
         key = self.rng.choice(self.keys)
         history = self.world.ledger.changes.keys.get(key, [])
         live = bool(history) and history[-1].op != "d"
-        if live and self.rng.random() < 0.2 and all(c.acked_at for c in history):
+        keep = self.world.scenario.cdc_keep  # a kept delete may be reordered like the rest
+        if live and self.rng.random() < 0.2 and (keep or all(c.acked_at for c in history)):
             return [self._make(source, key, "d")]
         group = []
         for _ in range(self.rng.randint(2, 3)):
             key = self.rng.choice(self.keys)
             history = self.world.ledger.changes.keys.get(key, [])
-            group.append(self._make(source, key,
-                                    "u" if history and history[-1].op != "d" else "c"))
+            live = bool(history) and history[-1].op != "d"
+            op = "u" if live else "c"
+            if keep and live and self.rng.random() < 0.3:
+                op = "d"  # kept deletes are reordered with the rest
+            group.append(self._make(source, key, op))
         return group
 
     def _make(self, source: str, key: str, op: str) -> Change:
@@ -177,7 +185,9 @@ class Connector:
             for i, change in enumerate(history):
                 if change.acked_at is None or change.acked_at > now - 10:
                     continue
-                if change.op == "d":
+                if self.world.scenario.cdc_keep:
+                    fresh = True  # a kept delete holds its position: anything may come back
+                elif change.op == "d":
                     fresh = change.acked_at > now - window / 2
                 else:
                     fresh = all(c.op != "d" for c in history[i + 1:])

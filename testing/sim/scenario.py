@@ -95,6 +95,8 @@ class Scenario:
     cdc: bool = False
     """``cdc-reorder`` (#42): every sink is a change stream; connectors send a key's
     changes out of position order and re-deliver old ones (:mod:`testing.sim.changes`)."""
+    cdc_keep: bool = False
+    """``cdc-reorder``: the change streams keep deletes as rows (``deletes = "keep"``)."""
     kafka_bump: float = 0.0
     """``kafka-retry``: chance, after each unanswered attempt, that the producer gives the
     batch up and bumps its epoch (sequences from 0 under epoch + 1, as librdkafka does
@@ -168,6 +170,9 @@ class Scenario:
         self.collector_crashes = max(self.collector_crashes, rng.randint(1, 2))
         self.duration_s = min(max(self.duration_s, 60.0), 90.0)
         self.dedup_window_s = 30.0  # re-deliveries past it meet the stale check
+        # drawn last: half the seeds keep deletes as rows (deletes = "keep"), where a
+        # key's changes may also be reordered across a delete and re-delivered at any age
+        self.cdc_keep = rng.random() < 0.5
 
     def aim_40(self, rng: random.Random) -> None:
         """#40's family, from a generator of its own among the ``mixed`` seeds #39 left,
@@ -287,7 +292,7 @@ class Scenario:
                 "retry_after_success", "output", "snapshot_keep_last", "shards", "evolve",
                 "family", "standby", "outage_s", "upsert", "dedup_max_ids",
                 "stale_resend", "expire_at", "break_at", "restore_at", "typed",
-                "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump", "cdc")
+                "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump", "cdc", "cdc_keep")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"

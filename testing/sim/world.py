@@ -846,7 +846,7 @@ class World:
         def seed(r: Registry) -> Registry:
             for spec in self._seed_spec():
                 r = ops.create_source(r, spec, clock=self.clock_of("admin"))
-            return cdc_seed(self._typed_seed(r)) if s.cdc else self._typed_seed(r)
+            return cdc_seed(self._typed_seed(r), s.cdc_keep) if s.cdc else self._typed_seed(r)
 
         self.note_registry(await registry_store.update(seed), "seed")
         for i in range(s.ingestors):
