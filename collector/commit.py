@@ -197,6 +197,8 @@ class TableCommits:
         metrics.rows.labels(table).inc(outcome.rows)
         metrics.bytes.labels(table).inc(size if outcome.rows else 0)
         metrics.replayed.labels(table).inc(outcome.replayed)
+        for reason, count in outcome.noops:  # a change stream's no-op changes
+            metrics.cdc_noops.labels(table, reason).inc(count)
         metrics.committed_sequence.labels(table).set(outcome.sequence)
         known = s.table_sequences.setdefault(table, {})
         for shard, seq in outcome.sequences or ((0, outcome.sequence),):

@@ -67,6 +67,11 @@ class CollectorMetrics:
     def _rows(self, r: CollectorRegistry) -> None:
         """Rows that did not reach their table as sent: dead letters, unrouted, duplicates,
         replays."""
+        self.cdc_noops = Counter("icefloe_collector_cdc_noop_changes",
+                                "Change-stream changes that did nothing, by reason (stale: "
+                                "not newer than the row's stored position; unknown_delete: "
+                                "a delete of a key the table does not hold)",
+                                ["table", "reason"], registry=r)
         self.dead_letters = Counter("icefloe_collector_dead_letter_rows",
                                     "Rows sent to icefloe.dead_letters", ["reason"],
                                     registry=r)
@@ -145,7 +150,8 @@ class CollectorMetrics:
                                      "Runs of output = cluster that took the embedded path, "
                                      "by reason (shared-table: two sources write one table "
                                      "in one run; evolve: a sink of the run evolves its "
-                                     "table from the data, unknown_fields = evolve)",
+                                     "table from the data, unknown_fields = evolve; cdc: "
+                                     "a change stream's sink)",
                                      ["reason"], registry=r)
         self.sql_errors = Counter("icefloe_collector_sql_errors",
                                   "Rows whose sql mapping value is null because its "

@@ -430,6 +430,8 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     ``dynamic-table``: a sink of the run names its table by the data (a template); its
     rows are split per table on the driver (:mod:`collector.dynamic`; not built on the
     executors yet).
+    ``cdc``: a change stream's sink (its stale-change check reads the table's stored
+    positions on the driver, :mod:`pipeline.iceberg.cdc_apply`).
     Why the embedded shape for those: evolution needs the rows' undeclared fields on the
     driver — the evolution quotas charge each new column to a client in run order and an
     over-quota field goes to the table's ``_overflow`` column, never the whole event to
@@ -445,7 +447,7 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
         for source in entry.streams:
             versions.setdefault(source, {})[entry.sequence] = entry.registry_version
     owners: set[str] = set()
-    evolves = False
+    evolves = changes = False
     for source, seen in versions.items():
         for target in routes.takers(source, seen):
             if target.table in owners:
@@ -454,7 +456,8 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
             evolves = evolves or target.sink.unknown_fields == "evolve"
             if is_template(target.table):  # rows split per table on the driver
                 return "dynamic-table"
-    return "evolve" if evolves else None
+            changes = changes or target.sink.cdc is not None
+    return "evolve" if evolves else "cdc" if changes else None
 
 
 def _typed(value: str) -> Literal["protobuf", "avro"]:

@@ -35,6 +35,9 @@ class IngestMetrics:
             "icefloe_ingest_events_dead_lettered", "Invalid events of on_invalid = "
             "\"dead_letter\" streams buffered as dead letters instead of refusing the "
             "request", ["stream"], registry=r)
+        self.cdc_nulls_ignored = Counter(
+            "icefloe_ingest_cdc_null_values_ignored", "Null Kafka record values (Debezium's "
+            "tombstone after a delete) a change stream ignored", ["stream"], registry=r)
         self.client_errors = Counter(
             "icefloe_ingest_client_errors", "Requests refused because of the client (4xx but "
             "429), by error code (ingestor.client_errors)", ["code"], registry=r)

@@ -28,6 +28,7 @@ import msgspec
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import IcefloeError
 from icefloe.formats.speedups import compiled as _speedups
+from icefloe.streams.cdc import Flattener
 from icefloe.streams.entries import entry_payload
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
 from icefloe.streams.mappings import parse_path
@@ -43,6 +44,7 @@ from icefloe.streams.types import (
     json_text,
 )
 from icefloe.typed.codec import TypedPayloadError
+from ingestor.changes import flatten_events
 from ingestor.errors import UnsupportedMediaType
 from ingestor.mappings import EventMappings, MappingViolation, request_meta
 from ingestor.typed import BadPayloads, TypedDoor, event_ids, split_delimited
@@ -113,9 +115,13 @@ class CompiledStream:
         streams); events it accepts are batched and routed under that version."""
         plain = [c for c in config.columns if c.mapping is None]
         fields: list[Any] = []
+        self._cdc = Flattener(config) if config.cdc is not None else None
+        """A change stream's rewrite of events into rows (:mod:`ingestor.changes`)."""
+        keys = set(config.primary_key) if self._cdc is not None else set()
         for column in plain:
             kind = _plain_type(config, column)
-            if column.required:
+            if column.required and column.name not in keys:  # a change without a key:
+                # dead-lettered by the collector (missing_key), never a refused request
                 fields.append((column.name, kind))
             else:
                 fields.append((column.name, kind if column.type == "json" else kind | None,
@@ -220,6 +226,8 @@ class CompiledStream:
         """A body holding one JSON object or a JSON array of objects."""
         if self.typed is not None:
             return self._typed_json(self._typed_objects(body))
+        if self._cdc is not None:
+            return self._changes(self._typed_objects(body))
         try:
             if not body.isascii():
                 _check_utf8(body)
@@ -270,6 +278,8 @@ class CompiledStream:
             raise InvalidEvents("empty_body", "the NDJSON body holds no events")
         if self.typed is not None:
             return self._typed_json(lines)
+        if self._cdc is not None:
+            return self._changes(lines)
         try:
             canonical = self._from_events(lines)
             return self._keep_unknown(canonical, b"[" + b",".join(lines) + b"]") \
@@ -283,6 +293,8 @@ class CompiledStream:
             raise InvalidEvents("empty_body", "the request holds no events")
         if self.typed is not None:
             return self._typed_json(events)
+        if self._cdc is not None:
+            return self._changes(events)
         try:
             canonical = self._from_events(events, utf8_checked=False)
             return self._keep_unknown(canonical, b"[" + b",".join(events) + b"]") \
@@ -331,6 +343,23 @@ class CompiledStream:
             payloads.extend(one.payloads)
             ids.append(one.body_ids[0] if one.body_ids else None)
         return kept, Canonical(payloads, ids if any(ids) else None), bad
+
+    def _changes(self, events: Sequence[bytes]) -> Canonical:
+        """A change stream's events: flattened into rows (:mod:`ingestor.changes`), then
+        validated as rows; each id derives from the change's position and key."""
+        assert self._cdc is not None
+        if not events:
+            raise InvalidEvents("empty_body", "the request holds no events")
+        flat, refused = flatten_events(self._cdc, events, self.MAX_VIOLATIONS)
+        if refused:
+            raise _invalid([Violation(*r) for r in refused])
+        try:
+            canonical = self._from_events(flat.rows, utf8_checked=False)
+            if self._evolve:
+                canonical = self._keep_unknown(canonical, b"[" + b",".join(flat.rows) + b"]")
+        except RecursionError:
+            raise _too_deep() from None
+        return canonical._replace(body_ids=flat.ids)
 
     def _from_events(self, events: Sequence[bytes], utf8_checked: bool = True) -> Canonical:
         """Each element decoded on its own, never as one joined array: joined, the events

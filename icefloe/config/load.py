@@ -33,6 +33,7 @@ from icefloe.config.typed_streams import prepare_raw, with_typed_columns
 from icefloe.config.validate import validate
 from icefloe.errors import ConfigError
 from icefloe.otlp.config import OtlpSection, with_otlp_streams
+from icefloe.streams.cdc import with_cdc_columns
 from icefloe.streams.events_sql import with_events_files
 
 CONFIG_ENV = "ICEFLOE_CONFIG"
@@ -86,6 +87,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
         config = msgspec.structs.replace(config, streams=streams)
     streams = with_otlp_streams(config.streams, config.otlp, where)  # [otlp]'s, if enabled
     config = msgspec.structs.replace(config, streams=streams)
+    if any(s.cdc is not None for s in config.streams):  # change streams' own columns
+        config = msgspec.structs.replace(config, streams=with_cdc_columns(config.streams, where))
     validate(config, where)
     return config
 

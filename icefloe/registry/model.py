@@ -22,7 +22,7 @@ import msgspec
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, StreamConfig
 from icefloe.streams.mappings import KAFKA_SOURCES
-from icefloe.streams.model import EvolveQuota, TypedSchema
+from icefloe.streams.model import CdcConfig, EvolveQuota, TypedSchema
 
 FORMAT = 1
 MAX_SINKS = 20
@@ -195,6 +195,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mappings: tuple[MappingChange, ...] = ()
     """Every expression (``sql``, ``template``) a column had, by version (empty while none
     changed)."""
+    cdc: CdcConfig | None = None
+    """A change stream's settings (config-file streams only, so far: docs/cdc.md)."""
 
     @property
     def live(self) -> bool:
@@ -240,7 +242,7 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                             sort_by=self.sort_by, table_properties=self.table_properties,
                             primary_key=self.primary_key,
                             tombstone_field=self.tombstone_field, where=self.where,
-                            evolve_quota=self.evolve_quota)
+                            evolve_quota=self.evolve_quota, cdc=self.cdc)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

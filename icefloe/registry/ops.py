@@ -62,6 +62,8 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     tombstone_field: str | None = None
     where: str | None = None
     evolve_quota: EvolveQuota | None = None
+    cdc: Any = None
+    """Refused when given (:func:`refuse_cdc`): change streams are icefloe.toml's, so far."""
 
 
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -83,6 +85,7 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tombstone_field: str | None = UNSET
     where: str | None = UNSET
     evolve_quota: EvolveQuota | None = UNSET
+    cdc: Any = UNSET
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -114,6 +117,14 @@ def _given(patch: msgspec.Struct) -> dict[str, Any]:
     """The fields a PATCH body set (left-out ones stay ``UNSET``)."""
     return {k: getattr(patch, k) for k in patch.__struct_fields__
             if getattr(patch, k) is not UNSET}
+
+
+def refuse_cdc(value: Any, field: str) -> None:
+    """A sink's ``cdc`` through the admin API: refused by name rather than dropped (a
+    change stream is declared in icefloe.toml; docs/cdc.md)."""
+    if value is not None and value is not UNSET:
+        raise invalid(field, "change streams (cdc) are declared in icefloe.toml only, so "
+                      "far; the admin API does not create or change them (docs/cdc.md)")
 
 
 def invalid(field: str, reason: str) -> RegistryError:
@@ -317,6 +328,8 @@ def create_source(registry: Registry, spec: SourceSpec, *, clock: Clock = SYSTEM
     version = registry.version + 1
     if registry.source(spec.id) is not None:
         raise _taken(spec)
+    for i, given in enumerate(spec.sinks):
+        refuse_cdc(given.cdc, f"sinks[{i}].cdc")
     sinks = tuple(_new_sink(s, version) for s in spec.sinks)
     source = Source(id=spec.id, sinks=sinks, tokens=spec.tokens, rate_limit=spec.rate_limit,
                     description=spec.description, created_version=version,
@@ -388,6 +401,7 @@ def create_sink(registry: Registry, source_id: str, spec: SinkSpec, *,
     if source.sink(spec.name) is not None:
         raise RegistryError(409, "exists", f"source {source_id!r} has a sink {spec.name!r} "
                             "already", [{"field": "name", "reason": "taken"}])
+    refuse_cdc(spec.cdc, "sink.cdc")
     sink = _new_sink(spec, version)
     check_sink(source_id, sink, "sink")
     _check_owner(registry, sink.table, source_id, sink.name, "sink")
@@ -405,6 +419,7 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
     if sink is None:
         raise not_found("sink", f"{source_id}/{name}")
     changes = _given(patch)
+    refuse_cdc(changes.pop("cdc", None), "sink.cdc")
     for fixed in ("table", "partition"):
         if fixed in changes and changes[fixed] != getattr(sink, fixed):
             raise invalid(f"sink.{fixed}", f"the {fixed} of a sink cannot change; create a "

@@ -24,6 +24,7 @@ from icefloe.registry.ops import create_source, seed_specs
 from icefloe.store.base import AsyncObjectStore
 from icefloe.store.cas import CasStats, Versioned, cas_document, load_document
 from icefloe.store.retry import RetryPolicy
+from icefloe.streams.model import CdcConfig
 
 DEFAULT_KEY = "registry/registry.json"
 
@@ -80,11 +81,22 @@ class RegistryStore:
             # one version for the whole seed, and the seeded sinks receive everything since
             # version 0: events accepted from the config before the registry existed
             typed = {s.name: s for s in streams if s.format != "json"}
+            changes = {s.name: s.cdc for s in streams if s.cdc is not None}
             return Registry(version=1, updated_at=seeded.updated_at, seeded_from=source,
-                            sources=tuple(_typed(_since_the_start(s), typed.get(s.id))
+                            sources=tuple(_with_cdc(_typed(_since_the_start(s),
+                                                           typed.get(s.id)), changes.get(s.id))
                                           for s in seeded.sources))
 
         return await self.update(first)
+
+
+def _with_cdc(source: Source, cdc: CdcConfig | None) -> Source:
+    """A seeded change stream's sink keeps its ``cdc`` settings (the admin API does not
+    take them itself yet: only icefloe.toml declares change streams)."""
+    if cdc is None:
+        return source
+    sinks = tuple(msgspec.structs.replace(s, cdc=cdc) for s in source.sinks)
+    return msgspec.structs.replace(source, sinks=sinks)
 
 
 def _since_the_start(source: Source) -> Source:

@@ -76,7 +76,8 @@ def union_stream(source: Source, sinks: Sequence[Sink], *, lenient: bool = False
                         payload="bytes" if source.payload == "bytes" else "json",
                         on_invalid="dead_letter" if source.on_invalid == "dead_letter"
                         else "reject", format=_format(source.format), schema=source.schema,
-                        kafka_partitions=source.kafka_partitions)
+                        kafka_partitions=source.kafka_partitions,
+                        cdc=next((s.cdc for s in sinks if s.cdc is not None), None))
 
 
 def _format(value: str) -> Literal["json", "protobuf", "avro"]:
@@ -130,7 +131,7 @@ def config_registry(streams: Iterable[StreamConfig]) -> Registry:
              event_id_field=s.event_id_field, partition=s.partition, partition_by=s.partition_by,
              sort_by=s.sort_by, table_properties=s.table_properties,
              primary_key=s.primary_key, tombstone_field=s.tombstone_field,
-             where=s.where, evolve_quota=s.evolve_quota),)) for s in streams)
+             where=s.where, evolve_quota=s.evolve_quota, cdc=s.cdc),)) for s in streams)
     return Registry(version=0, sources=sources)
 
 

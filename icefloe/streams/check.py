@@ -11,6 +11,7 @@ import re
 
 from icefloe.errors import ConfigError
 from icefloe.streams.dynamic_tables import DEFAULT_LIMITS, check_limits, is_template, parse_template
+from icefloe.streams.cdc import check_expanded
 from icefloe.streams.layout import check_layout
 from icefloe.streams.mappings import check_mappings, gives_type
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
@@ -54,6 +55,7 @@ def validate_stream(stream: StreamConfig, at: str) -> None:
     if stream.event_id_field is not None and stream.event_id_field not in seen:
         raise ConfigError(f"{at}.event_id_field: {stream.event_id_field!r} is not a declared "
                           "column")
+    check_expanded(stream, at)
     _check_key(stream, at)
     if stream.where is not None:
         try:

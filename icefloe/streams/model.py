@@ -132,6 +132,28 @@ class DynamicTables(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``dynamic_table:name_too_long``."""
 
 
+class CdcConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Change data capture (#42): each event is a change of a keyed table's row, applied in
+    the source's order (see :mod:`icefloe.streams.cdc`, docs/cdc.md).
+
+    ``format``: ``debezium`` (an envelope with ``op``, ``before``, ``after``, ``source``,
+    bare or inside the JSON converter's ``schema``/``payload`` wrapper) or ``op`` (the row
+    itself with an operation field: ``op_field``, its values mapped by ``ops`` to c/u/d/r,
+    an optional ``before_field`` object). ``position``: ``auto`` (by
+    ``source.connector``), ``postgresql``, ``mysql``, or JSON paths of integers.
+    ``before_columns``: declared columns whose before image lands in ``before_<name>``."""
+
+    format: Literal["debezium", "op"] = "debezium"
+    position: str | tuple[str, ...] = "auto"
+    op_field: str = "op"
+    ops: dict[str, str] = msgspec.field(default_factory=dict)
+    before_field: str | None = None
+    before_columns: tuple[str, ...] = ()
+    deletes: Literal["remove", "keep"] = "remove"
+    """``remove``: a delete removes the key's row; ``keep``: it stays as a row with
+    ``_cdc_deleted`` true (its position kept, so a late older change is a no-op)."""
+
+
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A stream: an ingest endpoint whose events land in one Iceberg table.
 
@@ -192,6 +214,10 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dynamic_tables: DynamicTables | None = None
     """Limits of a table template (``table = "ns.events_{tenant_id}"``); None: the
     defaults of :class:`DynamicTables` (refused unless ``table`` is a template)."""
+
+    cdc: CdcConfig | None = None
+    """Change data capture: events are row changes applied to the keyed table in source
+    order (:class:`CdcConfig`); None: events are rows."""
 
     @property
     def namespace(self) -> str:

@@ -20,15 +20,17 @@ retries may duplicate (as with Kafka itself).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.formats import speedups
 from icefloe.formats.envelope import MAX_ID_BYTES
+from ingestor.changes import without_nulls
 from ingestor.errors import (
     BadRequest,
     IngestError,
@@ -48,6 +50,7 @@ from ingestor.mappings import check_kafka_key, kafka_meta, kafka_meta_wanted
 from ingestor.service import Caller, IngestService
 from ingestor.validate import Canonical, CompiledStream, InvalidEvents
 
+T = TypeVar("T")
 log = logging.getLogger("icefloe.ingestor.kafka")
 MAX_RECORD_ERRORS = 100
 """Per-record errors one answer names (the rest are counted in the message)."""
@@ -200,6 +203,13 @@ class ProduceHandler:
                       records: Records, caller: Caller, deadline: float
                       ) -> tuple[_Admitted, int]:
         partition = result.index
+        if stream.config.cdc is not None and None in records.values:
+            records = self._without_tombstones(stream, records)
+            if not records.values:  # nothing but tombstones: nothing to buffer
+                result.base_offset = self.offsets.assign(topic, partition, 1)
+                durable = asyncio.get_running_loop().create_future()
+                durable.set_result(None)
+                return _Admitted(result, durable, stream.name, 0, None, None), 0
         canonical, ids = self._canonical(stream, partition, records, caller)
         count = len(canonical.payloads)
         try:
@@ -219,6 +229,18 @@ class ProduceHandler:
                 raise _kafka_error(error) from None
         result.base_offset = base
         return _Admitted(result, durable, stream.name, count, None, None), waited
+
+    def _without_tombstones(self, stream: CompiledStream, records: Records) -> Records:
+        """A change stream's batch without its null values (Debezium's tombstone after
+        each delete, for Kafka's log compaction: the delete itself removed the key),
+        counted in ``icefloe_ingest_cdc_null_values_ignored_total``."""
+        values, kept = without_nulls(records.values)
+        self.service.metrics.cdc_nulls_ignored.labels(stream.name).inc(
+            len(records.values) - len(kept))
+        return dataclasses.replace(records, values=list[bytes | None](values),
+                                   keys=_pick(records.keys, kept),
+                                   timestamps=_pick(records.timestamps, kept),
+                                   headers=_pick(records.headers, kept))
 
     def _canonical(self, stream: CompiledStream, partition: int, records: Records,
                    caller: Caller) -> tuple[Canonical, tuple[bytes, list[bytes]] | None]:
@@ -269,6 +291,11 @@ class ProduceHandler:
                                                    records.timestamps[i], records.keys[i],
                                                    records.headers[i])})
                 for i in range(len(records.values))]
+
+
+def _pick(column: list[T], kept: list[int]) -> list[T]:
+    """``column`` at ``kept`` (an empty column, left unbuilt by the parse, stays empty)."""
+    return [column[i] for i in kept] if column else column
 
 
 def sequence_ids(token: str | None, partition: int, producer_id: int, epoch: int,

@@ -236,6 +236,8 @@ class CommitResult:
     attempts: int
     sequences: tuple[tuple[int, int], ...] = ()
     """The table's committed sequence per shard after this call."""
+    noops: tuple[tuple[str, int], ...] = ()
+    """A change stream's changes that did nothing, by reason (:mod:`pipeline.iceberg.cdc_apply`)."""
 
 
 def check_epoch(name: str, state: CommittedState, epoch: int) -> None:

@@ -11,6 +11,7 @@ commits exactly once, and the files of attempts that did not land are deleted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -53,9 +54,12 @@ def commit_table(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence:
     append = _append_of(stream, writer, files)
     props = {SOURCES_PROP: encode_sources(sources)} if sources else {}
     try:
-        return commit_rows(catalog, identifier, rows, sequence=sequence, epoch=epoch,
-                           append=append, props=props, clock=clock, sequences=sequences,
-                           version=version)
+        result = commit_rows(catalog, identifier, rows, sequence=sequence, epoch=epoch,
+                             append=append, props=props, clock=clock, sequences=sequences,
+                             version=version)
+        if isinstance(append, CopyOnWrite) and append.noops and result.rows:
+            result = dataclasses.replace(result, noops=tuple(append.noops.items()))
+        return result
     finally:
         if append is not None:  # files of attempts that certainly did not land
             append.cleanup(catalog, identifier, sequence=sequence, epoch=epoch)

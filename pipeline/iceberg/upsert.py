@@ -50,9 +50,11 @@ from pyiceberg.expressions import (
     LessThanOrEqual,
 )
 
+from icefloe.streams.cdc import POSITION_COLUMN
 from icefloe.streams.evolution import EXTRA_FIELD
 from icefloe.streams.model import StreamConfig
 from pipeline.columns import TIMESTAMP, dead_letter_arrow_schema
+from pipeline.iceberg.cdc_apply import applicable_changes
 from pipeline.iceberg.data_files import (
     DataFileRef,
     TableFiles,
@@ -76,14 +78,21 @@ metrics evaluator gives up on larger sets); beyond, with the values' range."""
 _RANK = "__icefloe_rank"
 
 
-def latest_per_key(rows: pa.Table, key: Sequence[str]) -> pa.Table:
-    """The last row of each key by ``(_shard, _sequence, row position)`` (module doc)."""
+def latest_per_key(rows: pa.Table, key: Sequence[str], position: str | None = None
+                   ) -> pa.Table:
+    """The last row of each key by ``(_shard, _sequence, row position)`` (module doc);
+    with ``position`` (a change stream's source position, sortable text), by it first:
+    the source's order overrides the accepted order."""
     n = rows.num_rows
     if n == 0:
         return rows
     seq = _int_column(rows, "_sequence")
     shard = _int_column(rows, "_shard")
-    order = np.lexsort((np.arange(n), seq, shard))  # the last key sorts first
+    sort_keys = [np.arange(n), seq, shard]
+    if position is not None:  # a dense rank: equal texts, equal ranks
+        texts = pc.fill_null(rows.column(position).combine_chunks(), "")
+        sort_keys.append(pc.rank(texts, tiebreaker="dense").to_numpy().astype(np.int64))
+    order = np.lexsort(sort_keys)  # the last key sorts first
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     ranked = rows.select(list(key)).append_column(_RANK, pa.array(rank))
@@ -169,9 +178,18 @@ class CopyOnWrite:
     so :meth:`cleanup` deletes the files of attempts the catalog refused.
     """
 
-    def __init__(self, key: Sequence[str], tombstone: str | None = None) -> None:
+    def __init__(self, key: Sequence[str], tombstone: str | None = None,
+                 position: str | None = None, keep_deletes: bool = False) -> None:
         self.key = tuple(key)
         self.tombstone = tombstone
+        self.position = position
+        self.keep_deletes = keep_deletes
+        """A change stream's ``deletes = "keep"``: a delete is written as its row (the
+        tombstone column true) instead of removing the key."""
+        """A change stream's position column: orders a key's changes, and a change not
+        newer than its row's stored one is a no-op (:mod:`pipeline.iceberg.cdc_apply`)."""
+        self.noops: dict[str, int] = {}
+        """The last landed attempt's changes that did nothing, by reason."""
         self.refused: list[str] = []  # files of attempts certainly not committed
         self.files_rewritten = 0
         self.rows_removed = 0
@@ -180,7 +198,13 @@ class CopyOnWrite:
         replaced or deleted), rows copied into their replacements (the copy-on-write cost)."""
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
-        keys, write = survivors(rows, self.key, self.tombstone)
+        noops: dict[str, int] = {}
+        if self.position is not None and self.tombstone is not None:
+            latest = latest_per_key(rows, self.key, self.position)
+            rows, noops = applicable_changes(table, rows, latest, self.key, self.tombstone,
+                                             self.position, key_filter(latest.select(self.key)))
+        keys, write = survivors(rows, self.key, None if self.keep_deletes else self.tombstone,
+                                self.position)
         written: list[DataFileRef] = []
         attempt = uuid.uuid4().hex
         try:
@@ -196,7 +220,7 @@ class CopyOnWrite:
             # deletes unreferenced files once they are old enough; never guess here.
             raise
         self.files_rewritten, self.rows_removed = len(replaced), removed
-        self.rows_copied = copied
+        self.rows_copied, self.noops = copied, noops
 
     def _rewrite(self, table: Table, keys: pa.Table, written: list[DataFileRef],
                  attempt: str) -> tuple[list[DataFile], int, int]:
@@ -241,15 +265,17 @@ def upsert_hook(stream: StreamConfig) -> CopyOnWrite | None:
     """The commit hook of a keyed stream's table, None for an append-only one."""
     if not stream.primary_key:
         return None
-    return CopyOnWrite(stream.primary_key, stream.tombstone_field)
+    position = POSITION_COLUMN if stream.cdc is not None else None
+    keep = stream.cdc is not None and stream.cdc.deletes == "keep"
+    return CopyOnWrite(stream.primary_key, stream.tombstone_field, position, keep)
 
 
-def survivors(rows: pa.Table, key: Sequence[str], tombstone: str | None
-              ) -> tuple[pa.Table, pa.Table]:
+def survivors(rows: pa.Table, key: Sequence[str], tombstone: str | None,
+              position: str | None = None) -> tuple[pa.Table, pa.Table]:
     """``(keys, write)`` of a run's rows still to commit: the key columns of each key's
     latest row (every key the run replaces or deletes) and the latest rows that are not
     tombstones (what the table gains). Both output paths decide here, so they agree."""
-    latest = latest_per_key(rows, key)
+    latest = latest_per_key(rows, key, position)
     write = latest
     if tombstone is not None and tombstone in latest.column_names:
         deleted = pc.fill_null(latest.column(tombstone), False)

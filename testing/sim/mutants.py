@@ -285,6 +285,30 @@ def _ack_unindexed() -> contextlib.AbstractContextManager[None]:
     return _patch(Collector, "_index_run", no_index)
 
 
+def _cdc_accepted_order() -> contextlib.AbstractContextManager[None]:
+    """#42 undone: a change stream's table applied as a plain upsert (the accepted order
+    decides, no stored position is compared): a key's older change sent after its newer
+    one wins."""
+    import pipeline.iceberg.table_commit as table_commit  # why: patched for this run only
+    from pipeline.iceberg.upsert import CopyOnWrite
+
+    def hook(stream: Any) -> CopyOnWrite | None:
+        if not stream.primary_key:
+            return None
+        return CopyOnWrite(stream.primary_key, stream.tombstone_field)
+    return _patch(table_commit, "upsert_hook", hook)
+
+
+def _cdc_no_stale_check() -> contextlib.AbstractContextManager[None]:
+    """#42's late changes undone: a key's changes are ordered by position within a
+    commit, but a change older than the row's stored position still applies."""
+    import pipeline.iceberg.upsert as upsert  # why: patched for this run only
+
+    def applicable(table: Any, rows: Any, latest: Any, *args: Any) -> tuple[Any, dict[str, int]]:
+        return latest, {}
+    return _patch(upsert, "applicable_changes", applicable)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -303,6 +327,8 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "kafka-ids-without-epoch": _kafka_ids_without_epoch,
     "gc-ignores-retention": _gc_ignores_retention,
     "ack-unindexed": _ack_unindexed,
+    "cdc-accepted-order": _cdc_accepted_order,
+    "cdc-no-stale-check": _cdc_no_stale_check,
 }
 
 

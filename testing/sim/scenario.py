@@ -92,6 +92,11 @@ class Scenario:
     kafka_lost: float = 0.0
     """``kafka-retry``: chance that a Produce answer is lost (the batch may be durable or
     not; the producer retries the identical batch on its next connection)."""
+    cdc: bool = False
+    """``cdc-reorder`` (#42): every sink is a change stream; connectors send a key's
+    changes out of position order and re-deliver old ones (:mod:`testing.sim.changes`)."""
+    cdc_keep: bool = False
+    """``cdc-reorder``: the change streams keep deletes as rows (``deletes = "keep"``)."""
     kafka_bump: float = 0.0
     """``kafka-retry``: chance, after each unanswered attempt, that the producer gives the
     batch up and bumps its epoch (sequences from 0 under epoch + 1, as librdkafka does
@@ -153,6 +158,7 @@ class Scenario:
         scenario.aim_39(random.Random(seed * 7 + TYPED_SALT))
         scenario.aim_40(random.Random(seed * 7 + KAFKA_SALT))
         scenario.aim_42(random.Random(seed * 7 + RETENTION_SALT))
+        scenario.aim_42_cdc(random.Random(seed * 7 + CDC_SALT))
         return scenario
 
     def aim_42(self, rng: random.Random) -> None:
@@ -170,6 +176,25 @@ class Scenario:
         self.gc_interval_s = rng.choice([5.0, 20.0])
         self.quiet_gap_s = rng.choice([0.0, 1800.0])
         self.duration_s = min(self.duration_s, 90.0)
+
+    def aim_42_cdc(self, rng: random.Random) -> None:
+        """#42's change-stream family, from a generator of its own among the ``mixed``
+        seeds ``retention`` left (its salt is chosen so that no seed pinned before it is
+        drawn)."""
+        if self.family != "mixed" or rng.random() >= LATER_FAMILIES["cdc-reorder"]:
+            return
+        # change streams: connectors send a key's changes newest first and re-deliver
+        # acknowledged ones; collectors die, stall and are taken over as in `mixed`; one
+        # manifest shard (a key's deletes must keep its order: docs/cdc.md)
+        self.family, self.cdc = "cdc-reorder", True
+        self.shards, self.evolve, self.quiet_gap_s = 1, False, 0.0
+        self.clients, self.admin_changes, self.conditions_age_s = 2, 0, None
+        self.collector_crashes = max(self.collector_crashes, rng.randint(1, 2))
+        self.duration_s = min(max(self.duration_s, 60.0), 90.0)
+        self.dedup_window_s = 30.0  # re-deliveries past it meet the stale check
+        # drawn last: half the seeds keep deletes as rows (deletes = "keep"), where a
+        # key's changes may also be reordered across a delete and re-delivered at any age
+        self.cdc_keep = rng.random() < 0.5
 
     def aim_40(self, rng: random.Random) -> None:
         """#40's family, from a generator of its own among the ``mixed`` seeds #39 left,
@@ -290,7 +315,7 @@ class Scenario:
                 "family", "standby", "outage_s", "upsert", "dedup_max_ids",
                 "stale_resend", "expire_at", "break_at", "restore_at", "typed",
                 "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump",
-                "keep_batches_s")
+                "keep_batches_s", "cdc", "cdc_keep")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
@@ -300,7 +325,8 @@ class Scenario:
 FAMILIES = {"mixed": 0.55, "late-staging": 0.15, "outage": 0.15, "failover": 0.15}
 """How often each family of stories is drawn (:meth:`Scenario.aim`)."""
 LATER_FAMILIES = {"upsert-restart": 0.2, "external-expiry": 0.2, "parked-table": 0.15,
-                  "protobuf-rename": 0.3, "kafka-retry": 0.3, "retention": 0.3}
+                  "protobuf-rename": 0.3, "kafka-retry": 0.3, "retention": 0.3,
+                  "cdc-reorder": 0.3}
 """Later families: the share of ``mixed`` seeds each takes (#36's :meth:`Scenario.aim_36`,
 ``parked-table`` a quarter of those left, by a generator of its own; #39's
 ``protobuf-rename`` (:meth:`Scenario.aim_39`) 30 % of the ``mixed`` seeds #36 left;
@@ -308,8 +334,11 @@ LATER_FAMILIES = {"upsert-restart": 0.2, "external-expiry": 0.2, "parked-table":
 TYPED_SALT = 42091
 """``protobuf-rename``'s generator salt (see :meth:`Scenario.aim_39`)."""
 RETENTION_SALT = 42040
-"""``retention``'s generator salt (see :meth:`Scenario.aim_42`): no seed pinned in
+"""``retention``'s generator salt (see :meth:`Scenario.aim_42_cdc`): no seed pinned in
 ``tests/system/test_sim.py`` before the family is drawn (of 1-100: 48, 61, 63, 83)."""
+CDC_SALT = 50014
+"""``cdc-reorder``'s generator salt (see :meth:`Scenario.aim_42_cdc`): no seed pinned in
+``tests/system/test_sim.py`` before the family is drawn, and none ``retention`` took."""
 KAFKA_SALT = 40013
 """``kafka-retry``'s generator salt (see :meth:`Scenario.aim_40`): no seed pinned in
 ``tests/system/test_sim.py`` before the family is drawn, and 20 and 38 of 1-40 are."""

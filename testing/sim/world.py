@@ -74,6 +74,7 @@ from pipeline.load.spec import RunSpec
 from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
 from testing.sim import retention, typed
+from testing.sim.changes import ChangeLedger, Connector, cdc_seed
 from testing.sim.checks import Checker
 from testing.sim.kafka import KafkaLedger, KafkaProducer, KafkaSide
 from testing.sim.loop import (
@@ -312,6 +313,8 @@ class Ledger:
     kafka: KafkaLedger = field(default_factory=KafkaLedger)
     """``kafka-retry``: each Kafka record (producer id, epoch, sequence, what its producer
     was told) by ``uid``, and what the producers went through."""
+    changes: ChangeLedger = field(default_factory=ChangeLedger)
+    """``cdc-reorder``: each key's changes (:mod:`testing.sim.changes`)."""
 
 
 class Ingestor:
@@ -417,6 +420,9 @@ class Client:
         world = self.world
         if world.scenario.upsert:
             await self.run_keyed(until)
+            return
+        if world.scenario.cdc:
+            await Connector(self).run(until)
             return
         while world.sim.now < until:
             await asyncio.sleep(self.rng.uniform(0.05, 0.6))
@@ -841,7 +847,7 @@ class World:
         def seed(r: Registry) -> Registry:
             for spec in self._seed_spec():
                 r = ops.create_source(r, spec, clock=self.clock_of("admin"))
-            return self._typed_seed(r)
+            return cdc_seed(self._typed_seed(r), s.cdc_keep) if s.cdc else self._typed_seed(r)
 
         self.note_registry(await registry_store.update(seed), "seed")
         for i in range(s.ingestors):

@@ -54,6 +54,9 @@ records accepted before a table moved between sources."""
 RETENTION_SEED = 61
 """A ``retention`` seed (#42): files kept past the GC grace by the retention index, GC every
 5-20 s through collector crashes and takeovers, a tail that outlasts retention."""
+CDC_SEED = 45
+"""A ``cdc-reorder`` seed (#42): change streams whose connectors send a key's changes newest
+first and re-deliver old ones past the dedup window; collector crashes, a stall, takeovers."""
 KAFKA_SEEDS = (KAFKA_SEED, 54, KAFKA_EPOCH_SEED)
 """``kafka-retry`` seeds the real code must pass (54: three producers, cluster output, two
 ingestor crashes, a third of the answers lost)."""
@@ -77,6 +80,8 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "kafka-ids-without-epoch": (KAFKA_EPOCH_SEED,),
     "gc-ignores-retention": (RETENTION_SEED,),
     "ack-unindexed": (63,),
+    "cdc-accepted-order": (CDC_SEED,),
+    "cdc-no-stale-check": (CDC_SEED,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -85,7 +90,8 @@ by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm 
 ``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
 ``journal-no-tombstones`` by an ``upsert-restart`` seed (#36), the last three by
 ``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40),
-``gc-ignores-retention`` and ``ack-unindexed`` by ``retention`` seeds (#42);
+``gc-ignores-retention`` and ``ack-unindexed`` by ``retention`` seeds and the two
+change-stream ones by a ``cdc-reorder`` seed (#42);
 docs/simulator.md lists the mutants and the seeds that find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
@@ -139,11 +145,15 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
     from testing.sim.scenario import FAMILIES, LATER_FAMILIES, Scenario
 
     drawn = {Scenario.draw(seed).family for seed in range(1, 41)}
-    # every mixed seed of 1-40 is pinned, so #42's family is drawn among 41-100 only
-    assert drawn == set(FAMILIES) | set(LATER_FAMILIES) - {"retention"}
+    # every mixed seed of 1-40 is pinned, so #42's families are drawn among 41-100 only
+    assert drawn == set(FAMILIES) | set(LATER_FAMILIES) - {"retention", "cdc-reorder"}
     kept = Scenario.draw(RETENTION_SEED)
     assert kept.family == "retention"
     assert kept.keep_batches_s > kept.append_deadline_s + 300.0  # longer than the grace
+    changes = Scenario.draw(CDC_SEED)
+    assert (changes.family, changes.cdc, changes.shards) == ("cdc-reorder", True, 1)
+    assert changes.collector_crashes >= 1
+    assert changes.dedup_window_s == 30.0
     late = Scenario.draw(58)
     assert (late.family, late.dedup_window_s, late.output) == ("late-staging", 0.0, "embedded")
     assert late.conditions_age_s is not None
@@ -185,15 +195,23 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
     typed = {TYPED_SEED, CREATE_SEED, APART_SEED}
     before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
     before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED} | typed
-    before -= set(KAFKA_SEEDS)
+    before -= set(KAFKA_SEEDS) | {CDC_SEED}
     for seed in sorted(before):
         scenario = Scenario.draw(seed)
         assert (scenario.upsert, scenario.expire_at, scenario.break_at) == (False, None,
                                                                              None), seed
         assert (scenario.typed, scenario.deploy_at) == (False, None), seed  # nor #39's
         assert scenario.kafka_producers == 0, seed  # nor #40's
+        assert not scenario.cdc, seed  # nor #42's
     for seed in sorted(typed):  # #40's generator leaves #39's seeds as they were too
         assert Scenario.draw(seed).family == "protobuf-rename", seed
+    for seed in KAFKA_SEEDS:  # and #42's leaves #40's
+        assert Scenario.draw(seed).family == "kafka-retry", seed
+    for seed in (RETENTION_SEED, 63):  # and #42's change streams leave its retention seeds
+        assert Scenario.draw(seed).family == "retention", seed
+    assert [s for s in range(1, 101) if Scenario.draw(s).family == "retention"] == [48, 61, 63,
+                                                                                     83]
+    assert [s for s in range(1, 201) if Scenario.draw(s).cdc] == [45, 124, 129, 163, 167, 190]
 
 
 def test_an_unknown_mutant_is_refused() -> None:
