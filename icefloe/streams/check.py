@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from icefloe.errors import ConfigError
-from icefloe.streams.dynamic_tables import DEFAULT_LIMITS, check_limits, is_template, parse_template
 from icefloe.streams.cdc import check_expanded
+from icefloe.streams.dynamic_tables import DEFAULT_LIMITS, check_limits, is_template, parse_template
 from icefloe.streams.layout import check_layout
 from icefloe.streams.mappings import check_mappings, gives_type
 from icefloe.streams.model import PARTITIONS, Column, StreamConfig
