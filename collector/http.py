@@ -25,24 +25,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-from collector.run_now import MAX_BODY
-
-if TYPE_CHECKING:
-    from collector.run_now import RunNow
 
 HANDSHAKE_TIMEOUT_S = 10.0
 """A TLS handshake, and then each read of a request, must finish within this."""
 FAILING_AFTER = 3
 """Consecutive failed runs after which ``/readyz`` reports the collector as not ready."""
+MAX_BODY = 4096
+"""Largest ``POST /v1/run`` body read."""
 STALL_INTERVALS = 5
 """Commit intervals without a finished run, while entries wait, after which the collector
 reports itself stalled (``/readyz`` 503, ``icefloe_collector_stalled``): a run that hangs
 (a Spark job out of memory, say) fails no run, so ``FAILING_AFTER`` alone never fires."""
+
+
+class RunNow(Protocol):
+    """What serves ``POST /v1/run`` (:class:`collector.run_now.RunNow`; a protocol here so
+    this module imports nothing of the collector)."""
+
+    def handle(self, header: str | None, body: bytes) -> tuple[int, dict[str, object]]: ...
 
 
 @dataclass

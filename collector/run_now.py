@@ -29,19 +29,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from icefloe.clock import Clock
 from icefloe.tokens import TokenHash, TokenHashError, parse_hash
 
 if TYPE_CHECKING:
     from collector.commit import RunResult
+    from collector.metrics import CollectorMetrics
     from collector.service import Collector
 
-MAX_BODY = 4096
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 3600.0
-_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 
 
 class Refusal(Exception):
@@ -108,23 +106,10 @@ class Request:
         default_factory=concurrent.futures.Future)
 
 
-class RunNowMetrics:
-    """``icefloe_collector_run_now_requests_total{outcome}`` and the seconds each took."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("icefloe_collector_run_now_requests",
-                                "POST /v1/run requests by outcome (ok, model_failed, "
-                                "run_failed, fenced, stopping, timeout, refused)",
-                                ["outcome"], registry=registry)
-        self.seconds = Histogram("icefloe_collector_run_now_seconds",
-                                 "POST /v1/run: from the request to its answer",
-                                 buckets=_BUCKETS, registry=registry)
-
-
 class RunNow:
     """The queue between the HTTP threads and the runner, and the drain + model run."""
 
-    def __init__(self, tokens: TokenCheck, metrics: RunNowMetrics,
+    def __init__(self, tokens: TokenCheck, metrics: CollectorMetrics,
                  models_dir: str | None) -> None:
         self.tokens = tokens
         self.metrics = metrics
@@ -168,8 +153,7 @@ class RunNow:
             taken, self._pending = self._pending, []
         answer(taken, refusal)
 
-    def handle(self, header: str | None, body: bytes, timeout_cap: float | None = None
-               ) -> tuple[int, dict[str, object]]:
+    def handle(self, header: str | None, body: bytes) -> tuple[int, dict[str, object]]:
         """One ``POST /v1/run`` (in an HTTP thread): status and JSON body."""
         started = time.monotonic()
         outcome = "refused"
@@ -191,8 +175,8 @@ class RunNow:
                 outcome = refusal.code
             return refusal.status, refusal.body()
         finally:
-            self.metrics.requests.labels(outcome).inc()
-            self.metrics.seconds.observe(time.monotonic() - started)
+            self.metrics.run_now_requests.labels(outcome).inc()
+            self.metrics.run_now_seconds.observe(time.monotonic() - started)
 
 
 def _options(body: bytes) -> tuple[bool, float]:

@@ -23,7 +23,7 @@ from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.models import ModelRefresh, plan_refresh
-from collector.run_now import Refusal, RunNow, RunNowMetrics, TokenCheck, answer, drain
+from collector.run_now import Refusal, RunNow, TokenCheck, answer, drain
 from collector.run_now import run_models as run_models_now
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.clock import SYSTEM, Clock
@@ -449,7 +449,7 @@ def _no_spark() -> Any:
 
 def _run_now(config: Config, metrics: CollectorMetrics) -> RunNow:
     """``POST /v1/run``'s side of the collector (answers 503 until it is active)."""
-    return RunNow(TokenCheck(config.admin.tokens), RunNowMetrics(metrics.registry),
+    return RunNow(TokenCheck(config.admin.tokens), metrics,
                   config.collector.models_dir or None)
 
 

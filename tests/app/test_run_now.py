@@ -100,10 +100,12 @@ class Live:
 
     def __enter__(self) -> Live:
         self._thread.start()
-        assert self._ready.wait(120) and self.error is None, self.error
+        assert self._ready.wait(120)
+        assert self.error is None, self.error
         deadline = time.monotonic() + 60  # its first (empty) run is done: it sleeps now
         while self.metrics.health.progress_at is None:
-            assert time.monotonic() < deadline and self.error is None, self.error
+            assert self.error is None, self.error
+            assert time.monotonic() < deadline
             time.sleep(0.02)
         return self
 
@@ -141,7 +143,8 @@ def cli_config(live: Live, root: Path) -> Path:
 def live(tmp_path: Path, spark: Any) -> Iterator[Live]:
     with setup(tmp_path) as running:
         yield running
-    assert running.error is None and running.code == 0
+    assert running.error is None
+    assert running.code == 0
 
 
 def test_run_asks_the_live_collector_and_starts_no_spark(live: Live, tmp_path: Path) -> None:
@@ -157,10 +160,11 @@ def test_run_asks_the_live_collector_and_starts_no_spark(live: Live, tmp_path: P
     assert child.returncode == 0, child.stderr
     assert child.stdout.rstrip().endswith("NO-PYSPARK")  # the command started no Spark
     assert "web.pageviews: 40 rows" in child.stdout
-    assert "mart_daily_traffic" in child.stdout and "ran" in child.stdout
+    assert "mart_daily_traffic" in child.stdout
+    assert "ran" in child.stdout
     assert "catalog version" in child.stdout
     print(f"icefloe run via the collector: {took:.2f} s for 2 batches (40 events), "
-          "child start included")
+          f"child start included:\n{child.stdout}")
     # Everything queued was committed by the collector before it answered, exactly once.
     raw = read_table(config, "web.pageviews")
     assert sorted(raw.column("_event_id").to_pylist()) == sorted(e[1] for e in events)
@@ -176,7 +180,8 @@ def test_refusals_are_precise(live: Live, tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.delenv("ICEFLOE_ADMIN_TOKEN", raising=False)
     assert main(["run", "--config", path]) == 2
     err = capsys.readouterr().err
-    assert "holds the queue's lease" in err and "set ICEFLOE_ADMIN_TOKEN" in err
+    assert "holds the queue's lease" in err
+    assert "set ICEFLOE_ADMIN_TOKEN" in err
 
     monkeypatch.setenv("ICEFLOE_ADMIN_TOKEN", "ifl_wrong")
     assert main(["run", "--config", path]) == 4
@@ -187,7 +192,8 @@ def test_refusals_are_precise(live: Live, tmp_path: Path, monkeypatch: pytest.Mo
     nobody = f"http://127.0.0.1:{free_port()}"
     assert main(["run", "--config", path, "--collector-url", nobody]) == 3
     err = capsys.readouterr().err
-    assert f"does not answer at {nobody}" in err and "--takeover" in err
+    assert f"does not answer at {nobody}" in err
+    assert "--takeover" in err
 
     (Path(live.config.collector.models_dir) / "broken.sql").write_text(BROKEN)
     publish_sync(live.config, [[view(i, 0, "/c") for i in range(3)]])
@@ -195,7 +201,8 @@ def test_refusals_are_precise(live: Live, tmp_path: Path, monkeypatch: pytest.Mo
     report = json.loads(capsys.readouterr().out)
     assert report["failed"] == ["broken"]
     broken = next(m for m in report["models"] if m["name"] == "broken")
-    assert broken["state"] == "failed" and "no_such_column" in broken["reason"].lower()
+    assert broken["state"] == "failed"
+    assert "no_such_column" in broken["reason"].lower()
     assert sum(r["entries"] for r in report["runs"]) == 1
     assert live.sample("icefloe_collector_run_now_requests_total",
                        outcome="model_failed") == 1
@@ -231,7 +238,8 @@ def test_a_collector_fenced_mid_request_answers_retriable(tmp_path: Path, spark:
         monkeypatch.delenv("ICEFLOE_COLLECTOR_URL", raising=False)
         assert main(["run", "--config", str(cli_config(running, tmp_path))]) == 75
         err = capsys.readouterr().err
-        assert "answered 503 fenced" in err and "retry" in err
+        assert "answered 503 fenced" in err
+        assert "retry" in err
     assert running.code == 3  # the collector itself exits as fenced
     assert running.sample("icefloe_collector_run_now_requests_total", outcome="fenced") == 1
 
@@ -239,7 +247,8 @@ def test_a_collector_fenced_mid_request_answers_retriable(tmp_path: Path, spark:
 def test_tokens_and_bodies_are_checked_before_anything_queues() -> None:
     with pytest.raises(Refusal) as off:
         TokenCheck(()).check(f"Bearer {TOKEN}")
-    assert off.value.status == 403 and "[admin] tokens" in str(off.value)
+    assert off.value.status == 403
+    assert "[admin] tokens" in str(off.value)
     check = TokenCheck((TOKEN_HASH,))
     check.check(f"Bearer {TOKEN}")
     for header, status in ((None, 401), ("Basic abc", 401), ("Bearer nope", 403)):
@@ -258,5 +267,7 @@ def test_help_names_the_token_and_the_exit_codes(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = capsys.readouterr().out
-    assert "ICEFLOE_ADMIN_TOKEN" in text and "--collector-url" in text and "75" in text
+    assert "ICEFLOE_ADMIN_TOKEN" in text
+    assert "--collector-url" in text
+    assert "75" in text
     assert os.environ.get("ICEFLOE_ADMIN_TOKEN") != TOKEN  # no leak between tests
