@@ -147,7 +147,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(413, {"error": "too_large", "message": f"at most {MAX_BODY} bytes"})
             return
         body = self.rfile.read(length)
-        status, answer = run_now.handle(self.headers.get("Authorization"), body)
+        try:
+            status, answer = run_now.handle(self.headers.get("Authorization"), body)
+        except Exception as exc:  # a bug must still answer, not drop the connection
+            status, answer = 500, {"error": "internal", "message": f"{type(exc).__name__}: "
+                                   f"{exc}"[:300]}
         self._json(status, answer)
 
     def _json(self, status: int, body: dict[str, object]) -> None:

@@ -285,7 +285,7 @@ class Runner:
                           failures, delay, _first_line(exc))
                 # staged sinks still commit when due (a drain may be what unblocks the run)
                 await self._commit_due_staged()
-                await self._sleep(delay)
+                await self._sleep_or_run_now(delay)  # a request gets this failure at once
                 continue
             await self._housekeeping()  # when due: also during a backlog, or metadata grows
             staged = await self._commit_due_staged()
