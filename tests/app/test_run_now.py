@@ -271,3 +271,31 @@ def test_help_names_the_token_and_the_exit_codes(capsys: pytest.CaptureFixture[s
     assert "--collector-url" in text
     assert "75" in text
     assert os.environ.get("ICEFLOE_ADMIN_TOKEN") != TOKEN  # no leak between tests
+
+
+def test_a_request_not_done_in_time_answers_504_naming_what_runs(
+        tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    slow = threading.Event()
+
+    def hold(stage: str) -> None:
+        if stage == "after_job" and slow.is_set():
+            slow.clear()
+            time.sleep(1.0)  # the run's Spark job "takes" longer than the request may
+
+    running = setup(tmp_path, hold)
+    with running:
+        publish_sync(running.config, [[view(i, 0, "/a") for i in range(5)]])
+        slow.set()
+        monkeypatch.setenv("ICEFLOE_ADMIN_TOKEN", TOKEN)
+        monkeypatch.delenv("ICEFLOE_COLLECTOR_URL", raising=False)
+        path = str(cli_config(running, tmp_path))
+        assert main(["run", "--config", path, "--timeout", "0.3"]) == 75
+        err = capsys.readouterr().err
+        assert "answered 504 timeout" in err
+        assert "still running: committing the queue" in err
+        assert main(["run", "--config", path, "--json"]) == 0  # done meanwhile: nothing new
+        assert json.loads(capsys.readouterr().out)["runs"] == []
+    assert sorted(read_table(running.config, "web.pageviews").column("_event_id")
+                  .to_pylist()) == sorted(f"v{i}" for i in range(5))
+    assert running.sample("icefloe_collector_run_now_requests_total", outcome="timeout") == 1
