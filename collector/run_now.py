@@ -237,10 +237,14 @@ def run_models(collector: Collector, spark: Callable[[], Any], models_dir: str |
     (blocking: call in a thread); ``[]`` without a models folder."""
     if not models_dir or not Path(models_dir).is_dir():
         return []
-    from pipeline.models import WriteFence, prepare  # why: model files read per request
+    from pipeline.models import ModelError, WriteFence, prepare  # why: read per request
     from pipeline.models import run_models as run_all  # why: as above
 
-    project = prepare(Path(models_dir), collector.config)
+    try:  # a bad file, a cycle, a table not there: nothing runs, and retrying cannot help
+        project = prepare(Path(models_dir), collector.config)
+    except ModelError as exc:
+        raise Refusal(422, "bad_models", f"{models_dir}: {exc}; fix the model files (the "
+                      "queue was committed)") from None
     if not project.models:
         return []
     assert collector.epoch is not None

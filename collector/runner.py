@@ -348,6 +348,9 @@ class Runner:
             self.fenced = str(exc)
             answer(requests, self._closing())
             return True
+        except Refusal as refusal:  # bad model files: the commits stand
+            answer(requests, refusal)
+            return False
         except Exception as exc:
             kind = type(exc).__name__
             collector.metrics.run_errors.labels(kind).inc()

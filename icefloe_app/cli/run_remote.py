@@ -99,6 +99,8 @@ def _answer(response: httpx.Response, url: str, *, as_json: bool) -> int:
     message = body.get("message") or response.text[:200]
     if status in (401, 403, 429):
         return _fail(EXIT_REFUSED, f"{what}: {message}")
+    if status == 422:  # bad model files in the collector's models_dir
+        return _fail(EXIT_USAGE, f"{what}: {message}")
     if body.get("retriable") or status in (502, 503, 504):
         running = f" (still running: {body['running']})" if body.get("running") else ""
         return _fail(EXIT_RETRY, f"{what}: {message}{running}")

@@ -195,6 +195,14 @@ def test_refusals_are_precise(live: Live, tmp_path: Path, monkeypatch: pytest.Mo
     assert f"does not answer at {nobody}" in err
     assert "--takeover" in err
 
+    bad = Path(live.config.collector.models_dir) / "bad.sql"
+    bad.write_text("-- materialized: nonsense\nSELECT 1 AS x\n")
+    assert main(["run", "--config", path]) == 2  # a model file the collector cannot load
+    err = capsys.readouterr().err
+    assert "answered 422 bad_models" in err
+    assert "bad.sql" in err or "nonsense" in err
+    bad.unlink()
+
     (Path(live.config.collector.models_dir) / "broken.sql").write_text(BROKEN)
     publish_sync(live.config, [[view(i, 0, "/c") for i in range(3)]])
     assert main(["run", "--config", path, "--json"]) == 1  # a model failed
