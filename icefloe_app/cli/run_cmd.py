@@ -80,9 +80,6 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.models import plan_project  # startup time
-    from pipeline.models.spec import load_models  # startup time
-
     _, config = config_from_args(args)
     setup_logging(args.log_level, args.log_format)
     if not args.takeover:  # a live collector does it: no Spark here
@@ -91,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
             from icefloe_app.cli.run_remote import ask_collector  # why: httpx import cost
 
             return ask_collector(config, args, *held)
+    from pipeline.models import plan_project  # startup time
+    from pipeline.models.spec import load_models  # startup time
+
     folder = Path(config.collector.models_dir) if config.collector.models_dir else None
     has_models = folder is not None and folder.is_dir()
     if has_models:  # bad model files fail before the queue is touched
