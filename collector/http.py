@@ -1,4 +1,6 @@
-"""The collector's own small HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The collector's own small HTTP server: ``/metrics``, ``/healthz``, ``/readyz`` and
+``POST /v1/run`` (admin token: commit the queue and run the models now, see
+:mod:`collector.run_now`).
 
 Transport: the same TLS / mutual TLS and plaintext policy as the ingestor and the admin API
 (:func:`icefloe.server_tls.section_tls` on ``[collector]``), applied by the runner; each
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -32,10 +34,19 @@ HANDSHAKE_TIMEOUT_S = 10.0
 """A TLS handshake, and then each read of a request, must finish within this."""
 FAILING_AFTER = 3
 """Consecutive failed runs after which ``/readyz`` reports the collector as not ready."""
+MAX_BODY = 4096
+"""Largest ``POST /v1/run`` body read."""
 STALL_INTERVALS = 5
 """Commit intervals without a finished run, while entries wait, after which the collector
 reports itself stalled (``/readyz`` 503, ``icefloe_collector_stalled``): a run that hangs
 (a Spark job out of memory, say) fails no run, so ``FAILING_AFTER`` alone never fires."""
+
+
+class RunNow(Protocol):
+    """What serves ``POST /v1/run`` (:class:`collector.run_now.RunNow`; a protocol here so
+    this module imports nothing of the collector)."""
+
+    def handle(self, header: str | None, body: bytes) -> tuple[int, dict[str, object]]: ...
 
 
 @dataclass
@@ -123,6 +134,26 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not_found",
                              "message": "try /metrics, /healthz, /health or /readyz"})
 
+    def do_POST(self) -> None:
+        """``POST /v1/run``: handled by :class:`collector.run_now.RunNow` (waits for the
+        runner's answer in this connection's thread)."""
+        run_now = self.server.run_now
+        if self.path.split("?", 1)[0] != "/v1/run" or run_now is None:
+            self._json(404, {"error": "not_found", "message": "POST only /v1/run (served "
+                             "by a collector with its HTTP port on)"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 <= length <= MAX_BODY:
+            self._json(413, {"error": "too_large", "message": f"at most {MAX_BODY} bytes"})
+            return
+        body = self.rfile.read(length)
+        try:
+            status, answer = run_now.handle(self.headers.get("Authorization"), body)
+        except Exception as exc:  # a bug must still answer, not drop the connection
+            status, answer = 500, {"error": "internal", "message": f"{type(exc).__name__}: "
+                                   f"{exc}"[:300]}
+        self._json(status, answer)
+
     def _json(self, status: int, body: dict[str, object]) -> None:
         self._send(status, msgspec.json.encode(body), "application/json")
 
@@ -141,9 +172,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
-                 health: Health, context: ssl.SSLContext | None = None) -> None:
+                 health: Health, context: ssl.SSLContext | None = None,
+                 run_now: RunNow | None = None) -> None:
         self.registry = registry
         self.health = health
+        self.run_now = run_now
         self.context = context
         super().__init__(address, _Handler)
 
@@ -176,8 +209,9 @@ class HttpServer:
     """
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 health: Health, context: ssl.SSLContext | None = None) -> None:
-        self._server = _Server((host, port), registry, health, context)
+                 health: Health, context: ssl.SSLContext | None = None, *,
+                 run_now: RunNow | None = None) -> None:
+        self._server = _Server((host, port), registry, health, context, run_now)
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name="collector-http", daemon=True)

@@ -32,6 +32,19 @@ class CollectorMetrics:
         self._models(r)
         self._staging(r)
         self._role(r)
+        self._run_now(r)
+
+    def _run_now(self, r: CollectorRegistry) -> None:
+        """``POST /v1/run`` (``icefloe run`` asking this collector)."""
+        self.run_now_requests = Counter("icefloe_collector_run_now_requests",
+                                        "POST /v1/run requests by outcome (ok, "
+                                        "model_failed, run_failed, fenced, stopping, "
+                                        "not_active, timeout, refused)", ["outcome"],
+                                        registry=r)
+        self.run_now_seconds = Histogram("icefloe_collector_run_now_seconds",
+                                         "POST /v1/run: from the request to its answer",
+                                         buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+                                         registry=r)
 
     def _queue(self, r: CollectorRegistry) -> None:
         """The manifest queue and the runs reading it."""

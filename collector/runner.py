@@ -23,6 +23,8 @@ from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.models import ModelRefresh, plan_refresh
+from collector.run_now import Refusal, RunNow, TokenCheck, answer, drain
+from collector.run_now import run_models as run_models_now
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
@@ -175,8 +177,13 @@ class Runner:
 
     def __init__(self, collector: Collector, stop: asyncio.Event,
                  models: ModelRefresh | None = None,
-                 watch: RegistryWatch | None = None, *, once: bool = False) -> None:
+                 watch: RegistryWatch | None = None, *, once: bool = False,
+                 run_now: RunNow | None = None,
+                 spark: Callable[[], Any] | None = None) -> None:
         self.collector = collector
+        self.run_now = run_now
+        """``POST /v1/run`` requests, served between runs (:mod:`collector.run_now`)."""
+        self.spark = spark
         self.once = once  # stop when the queue is empty (``icefloe run``)
         self.stop = stop
         self.models = models
@@ -221,10 +228,14 @@ class Runner:
 
     async def run(self) -> int:
         self.start_renewal()
+        if self.run_now is not None:
+            self.run_now.attach()
         try:
             code = await self._loop()
         finally:
             await self.stop_renewal()
+            if self.run_now is not None:
+                self.run_now.close(self._closing())
         await self._release_lease()  # a clean stop only: a crash keeps its lease
         return code
 
@@ -255,6 +266,8 @@ class Runner:
         if self.watch is not None:  # from now on a new version is applied (start-up set it)
             self.watch.on_change = self._apply_registry
         while not self.stop.is_set():
+            if self.run_now is not None and await self._serve_run_now():
+                break  # fenced while serving it
             started = self.clock.monotonic()
             try:
                 await self._follow_registry()
@@ -275,7 +288,7 @@ class Runner:
                           failures, delay, _first_line(exc))
                 # staged sinks still commit when due (a drain may be what unblocks the run)
                 await self._commit_due_staged()
-                await self._sleep(delay)
+                await self._sleep_or_run_now(delay)  # a request gets this failure at once
                 continue
             await self._housekeeping()  # when due: also during a backlog, or metadata grows
             staged = await self._commit_due_staged()
@@ -290,7 +303,7 @@ class Runner:
                 continue  # a backlog: go straight on
             wait = cfg.poll_interval_s if not result.entries else \
                 cfg.commit_interval_s - (self.clock.monotonic() - started)
-            await self._sleep(wait)
+            await self._sleep_or_run_now(wait)
         collector.metrics.health.set_role("stopping")
         if self.fenced:
             log.error("%s", self.fenced)
@@ -298,6 +311,79 @@ class Runner:
         with contextlib.suppress(Exception):  # a clean stop leaves a tidy manifest
             await collector.dequeue()
         return EXIT_OK
+
+    async def _sleep_or_run_now(self, seconds: float) -> None:
+        """The pause between runs, cut short by a ``POST /v1/run`` request."""
+        wake = self.run_now.wake if self.run_now is not None else None
+        if wake is None:
+            await self._sleep(seconds)
+            return
+        either = asyncio.Event()
+        waiters = [asyncio.ensure_future(e.wait()) for e in (self.stop, wake)]
+        for waiter in waiters:
+            waiter.add_done_callback(lambda _: either.set())
+        try:
+            await sleep_or_stop(self.clock, seconds, either)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _serve_run_now(self) -> bool:
+        """Serve queued ``POST /v1/run`` requests: drain what is queued, run the models,
+        answer. True when this collector was fenced meanwhile (the loop ends)."""
+        assert self.run_now is not None
+        requests = self.run_now.take()
+        if not requests:
+            return False
+        collector, run_now = self.collector, self.run_now
+        health = collector.metrics.health
+        started = self.clock.monotonic()
+        try:
+            run_now.doing = "committing the queue"
+            health.run_started()
+            runs = await drain(collector, self._after_drain_run, self.clock)
+            run_now.doing = "running the models"
+            models = await collector.offload(
+                run_models_now, collector, self.spark or _no_spark, run_now.models_dir,
+                any(r.full_refresh for r in requests))
+        except (Fenced, FencedError, TableFencedError) as exc:
+            self.fenced = str(exc)
+            answer(requests, self._closing())
+            return True
+        except Refusal as refusal:  # bad model files: the commits stand
+            answer(requests, refusal)
+            return False
+        except Exception as exc:
+            kind = type(exc).__name__
+            collector.metrics.run_errors.labels(kind).inc()
+            health.run_failed(f"{kind}: {_first_line(exc)}")
+            answer(requests, Refusal(500, "run_failed", f"{kind}: {_first_line(exc)}",
+                                     retriable=True))
+            return False
+        finally:
+            run_now.doing = "idle"
+        answer(requests, {
+            "holder": collector.consumer.holder, "epoch": collector.epoch, "runs": runs,
+            "models": models, "failed": [m["name"] for m in models
+                                         if m["state"] in ("failed", "skipped")],
+            "seconds": round(self.clock.monotonic() - started, 3)})
+        return False
+
+    def _after_drain_run(self, result: Any) -> None:
+        """A drain's run counts as the loop's own (health, model staleness)."""
+        self.collector.metrics.health.run_ok(result.entries)
+        if self.models is not None:
+            self.models.note_commits(result.rows)
+
+    def _closing(self) -> Refusal:
+        """What queued requests get when the loop ends: fenced or stopping (retriable:
+        the next lease holder answers)."""
+        if self.fenced is not None:
+            return Refusal(503, "fenced", f"this collector was fenced ({self.fenced}); "
+                           "retry: the new lease holder answers", retriable=True)
+        return Refusal(503, "stopping", "this collector is stepping down (its lease is "
+                       "released); retry: the next lease holder answers", retriable=True)
 
     async def _commit_due_staged(self) -> dict[str, int]:
         """Commit staged sinks whose import conditions hold (also while the queue is idle:
@@ -366,11 +452,23 @@ class Runner:
                 log.warning("maintenance of %s failed (will retry): %s", name, exc)
 
 
-def _serve(config: Config, metrics: CollectorMetrics, tls: Any) -> HttpServer:
-    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` from the start (TLS if configured)."""
+def _no_spark() -> Any:
+    raise RuntimeError("no SparkSession for the models")
+
+
+def _run_now(config: Config, metrics: CollectorMetrics) -> RunNow:
+    """``POST /v1/run``'s side of the collector (answers 503 until it is active)."""
+    return RunNow(TokenCheck(config.admin.tokens), metrics,
+                  config.collector.models_dir or None)
+
+
+def _serve(config: Config, metrics: CollectorMetrics, tls: Any,
+           run_now: RunNow | None = None) -> HttpServer:
+    """Serve ``/metrics``, ``/healthz``, ``/readyz`` and ``POST /v1/run`` from the start
+    (TLS if configured)."""
     server = HttpServer(config.collector.host, config.collector.metrics_port,
                         metrics.registry, metrics.health,
-                        tls.http_context if tls is not None else None)
+                        tls.http_context if tls is not None else None, run_now=run_now)
     if tls is not None:
         tls.start()
     return server
@@ -447,7 +545,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
     store = store or open_async_store(config.store.url, options_for(
         config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
     metrics = metrics or CollectorMetrics()
-    server = _serve(config, metrics, tls) if serve_metrics else None
+    run_now = _run_now(config, metrics) if serve_metrics else None
+    server = _serve(config, metrics, tls, run_now) if serve_metrics else None
     port = server.port if server is not None else None
     try:
         catalog = await offload(open_catalog, config.catalog)
@@ -468,7 +567,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
         watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
                               poll_s=config.admin.registry_poll_s,
                               config_streams=config.streams)
-        runner = Runner(collector, stop, models, watch, once=once)
+        runner = Runner(collector, stop, models, watch, once=once, run_now=run_now,
+                        spark=_spark_of(engine, config))
         await _prepare(config, runner, collector, watch, models)
         if on_ready is not None:
             on_ready(Ready(collector.epoch or 0, port))

@@ -620,6 +620,12 @@ class Collector:
                         "store. Refusing to start, because new entries would be skipped as "
                         "already committed.")
 
+    async def queue_heads(self) -> dict[int, tuple[int, int]]:
+        """Per shard: its next sequence to issue and the last one acknowledged (what
+        ``POST /v1/run`` drains through, :mod:`collector.run_now`)."""
+        return {n: (m.next_sequence, m.consumer.acked_through)
+                for n, m in (await self._snapshots()).items()}
+
     async def _snapshots(self) -> dict[int, Manifest]:
         """Every shard as it is now, one after the other: unlike the consumer's concurrent
         :meth:`~ShardedConsumer.snapshot`, this also runs under a ``block_on`` that steps

@@ -5,13 +5,15 @@ collector — a laptop, a cron job, a test — wants one step that turns accepte
 fresh tables and marts. It is the collector's own loop (:func:`collector.runner.
 run_collector` with ``once``: same lease, fencing and exactly-once commits) stopped when the
 queue is empty, followed by the model runner of ``icefloe models run``. It never waits as a
-standby: while another collector holds the lease it exits 3 naming the holder, since that
-collector commits the queue anyway; ``--takeover`` fences it instead.
+standby, and never starts a Spark of its own while a collector holds the lease: it asks that
+collector over its HTTP port (``POST /v1/run``, :mod:`icefloe_app.cli.run_remote`) to commit
+what is queued and run the models now; ``--takeover`` fences it instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,19 +30,26 @@ Commit every queued batch into its Iceberg tables (exactly once, as the collecto
 then run every SQL model of the models folder ([collector] models_dir, default models/
 beside the config file) once, in dependency order, and exit.
 
-It takes the queue's lease like a collector and refuses to wait for one: while another
-collector holds a live lease, it exits 3 naming the holder (that collector commits the
-queue anyway; run the models with `icefloe models run`). --takeover fences that collector
-instead (it exits 3 itself).
+Without a running collector it takes the queue's lease itself and starts Spark. While a
+collector holds the lease, it starts no Spark: it asks that collector, over its HTTP port
+(POST /v1/run on [collector] metrics_port, or --collector-url / $ICEFLOE_COLLECTOR_URL),
+to commit what is queued and run the models now, and prints what ran. That needs an admin
+token in $ICEFLOE_ADMIN_TOKEN (one whose hash is in [admin] tokens of the collector's
+config; never a flag). --takeover fences that collector instead (it exits 3 itself).
 
-example:
+examples:
   curl -X POST localhost:8080/collect/raw/events -d '{"event_name":"pageview"}'
   icefloe run && icefloe sql "SELECT * FROM mart.daily_traffic"
+  ICEFLOE_ADMIN_TOKEN=ifl_... icefloe run     # while `icefloe up` or a collector runs
 """
 
 EPILOG = """\
-exit codes: 0 ok; 1 a model failed or was skipped, or an error (catalog, store, Spark);
-2 bad configuration or model files; 3 another collector holds the lease (or took it over).
+exit codes: 0 ok; 1 a model failed or was skipped, or an error (catalog, store, Spark,
+the collector's run); 2 bad configuration or model files (also the collector's), or no
+$ICEFLOE_ADMIN_TOKEN while a collector holds the lease; 3 the lease holder does not
+answer at its address (or a collector took the lease over); 4 the collector refused the
+admin token (401/403/429); 75 retriable: the collector was fenced, is stepping down or
+did not finish in time.
 """
 
 
@@ -54,6 +63,15 @@ def register(commands: Any) -> None:
                         help="fence a collector that holds the lease instead of exiting 3")
     parser.add_argument("--full-refresh", action="store_true",
                         help="recompute incremental models from all rows and replace them")
+    parser.add_argument("--collector-url", metavar="URL",
+                        help="the lease holder's HTTP port (default $ICEFLOE_COLLECTOR_URL, "
+                             "else http(s)://[collector] host:metrics_port)")
+    parser.add_argument("--cacert", metavar="FILE",
+                        help="CA bundle for the collector's TLS certificate (default "
+                             "$ICEFLOE_ADMIN_CACERT, else the system's)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="seconds the collector may take before answering 504 "
+                             "(default 300)")
     parser.add_argument("--json", action="store_true", help="print the model outcomes as JSON")
     parser.add_argument("--log-level", default="warning",
                         choices=["debug", "info", "warning", "error"])
@@ -62,11 +80,17 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _, config = config_from_args(args)
+    setup_logging(args.log_level, args.log_format)
+    if not args.takeover:  # a live collector does it: no Spark here
+        held = asyncio.run(live_lease(config))
+        if held is not None:
+            from icefloe_app.cli.run_remote import ask_collector  # why: httpx import cost
+
+            return ask_collector(config, args, *held)
     from pipeline.models import plan_project  # startup time
     from pipeline.models.spec import load_models  # startup time
 
-    _, config = config_from_args(args)
-    setup_logging(args.log_level, args.log_format)
     folder = Path(config.collector.models_dir) if config.collector.models_dir else None
     has_models = folder is not None and folder.is_dir()
     if has_models:  # bad model files fail before the queue is touched
@@ -96,9 +120,9 @@ def commit_queue(config: Config, *, takeover: bool = False) -> int:
     try:
         code = run_guarded(main, config)
     except LeaseHeldError as exc:
-        print(f"icefloe: error: collector {exc.holder} holds the queue's lease "
-              f"({exc.remaining_s:.1f} s more) and commits the queue itself; run the models "
-              "with `icefloe models run`, stop that collector, or use --takeover to fence it",
+        print(f"icefloe: error: collector {exc.holder} took the queue's lease "
+              f"({exc.remaining_s:.1f} s more) while this command started Spark; run "
+              "`icefloe run` again to ask it, or use --takeover to fence it",
               file=sys.stderr, flush=True)
         return EXIT_FENCED
     if code == EXIT_FENCED:

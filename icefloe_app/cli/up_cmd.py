@@ -330,6 +330,8 @@ class _Up:
               f"~{self.config.collector.commit_interval_s:g} s")
         if ready.metrics_port is not None:
             print(f"  metrics  http://{host}:{ready.metrics_port}/metrics  (collector)")
+            print(f"  run now  ICEFLOE_ADMIN_TOKEN=... icefloe run --collector-url "
+                  f"http://{host}:{ready.metrics_port}  (commit the queue, run the models)")
         if self.config.streams:
             config = f" --config {self.path}" if self.path is not None else ""
             print(f"  query    icefloe query{config} "

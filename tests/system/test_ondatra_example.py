@@ -13,7 +13,8 @@ is a free one instead of 8080: the only change), ``ondatrasql run`` is ``icefloe
 and the table is read with ``icefloe sql``.
 
 A second test adds transformation models of our own (a view and a merge by day, written
-here, not part of the example) to check the DAG, the lease refusal and ``--takeover``.
+here, not part of the example) to check the DAG, ``icefloe run`` asking a lease holder that
+does not answer, and ``--takeover``.
 Spark: the session of the test run, reused in-process.
 """
 
@@ -206,8 +207,17 @@ def test_ondatrasql_example_with_marts(spark: Any, tmp_path: Path,
     data = project / "icefloe-data"  # what every command uses without --data-dir
     hold_lease(load_config(None, env={}, overrides=data_dir_defaults(None, data, {})),
                "collector-on-another-host")
-    assert main(["run"]) == 3
-    assert "collector-on-another-host holds the queue's lease" in capsys.readouterr().err
+    monkeypatch.delenv("ICEFLOE_ADMIN_TOKEN", raising=False)
+    assert main(["run"]) == 2  # a lease holder is asked, with an admin token
+    err = capsys.readouterr().err
+    assert "collector collector-on-another-host holds the queue's lease" in err
+    assert "set ICEFLOE_ADMIN_TOKEN" in err
+    monkeypatch.setenv("ICEFLOE_ADMIN_TOKEN", "ifl_not_checked_by_anyone")
+    monkeypatch.setenv("ICEFLOE_COLLECTOR_URL", f"http://127.0.0.1:{free_port()}")
+    assert main(["run"]) == 3  # nobody answers where the holder should be
+    err = capsys.readouterr().err
+    assert "collector-on-another-host holds the queue's lease" in err
+    assert "but does not answer at http://127.0.0.1:" in err
 
     assert main(["run", "--takeover"]) == 0
     outcomes = capsys.readouterr().out
