@@ -25,13 +25,14 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchNamespaceError
 
 from collector.routing import Routes, Target
 from collector.where import reasoned_dead_letters
+from icefloe.errors import NamespaceNotFoundError
 from icefloe.streams.dynamic_tables import DEFAULT_LIMITS, is_template, reason, split_template
 from icefloe.streams.model import DynamicTables as Limits
 from icefloe.streams.model import StreamConfig
+from pipeline.iceberg import iceberg_errors
 from pipeline.load import table_names
 
 log = logging.getLogger("icefloe.collector")
@@ -56,8 +57,9 @@ class DynamicTables:
         known = self.existing.get(namespace)
         if known is None:
             try:
-                listed = self.catalog().list_tables(namespace)
-            except NoSuchNamespaceError:
+                with iceberg_errors(NamespaceNotFoundError):
+                    listed = self.catalog().list_tables(namespace)
+            except NamespaceNotFoundError:
                 listed = []
             known = self.existing[namespace] = {".".join(i) for i in listed}
         return known

@@ -50,6 +50,10 @@ RUN = {
     ".venv/bin/python -m pytest tests/system/test_deploy.py -q":
         "test_should_run_the_deploy_checks_from_a_fresh_clone",
     "make sim SEED=17": "test_docs_commands.py::test_simulator_page_one_seed_and_one_mutant",
+    # docs/cli.md: `icefloe run` with a live collector, its admin token from the environment
+    "export ICEFLOE_ADMIN_TOKEN=ifl_...":
+        "../app/test_run_now.py::test_run_asks_the_live_collector_and_starts_no_spark",
+    "icefloe run": "../app/test_run_now.py::test_run_asks_the_live_collector_and_starts_no_spark",
 }
 """Commands run by the tests below (the value names the test)."""
 
