@@ -130,13 +130,14 @@ async def capture(listen: int, upstream: int, topic: str, count: int, out: str) 
 
     await asyncio.to_thread(produce)
     server.close()
+    records_total = 0
     with open(out, "wb") as sink:
         for frame in kept:
             at, partition, records_in, version = _locate(frame)
+            records_total += records_in
             sink.write(struct.pack(">iiihi", at, partition, records_in, version, len(frame)))
             sink.write(frame)
-    print(json.dumps({"requests": len(kept), "records": sum(
-        struct.unpack_from(">i", f, _locate(f)[0] + 57)[0] for f in kept)}))
+    print(json.dumps({"requests": len(kept), "records": records_total}))
 
 
 # -- replay ----------------------------------------------------------------------------------
