@@ -163,9 +163,10 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Pa
     upstream: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: upstream[0], every(3, limit=8))
     await proxy.start()
-    # a slow flush (1 s): an "early" cut's retry (~0.1 s later) arrives while the first
-    # attempt is still buffered, so the store gets both
-    config = with_kafka(collector_config(tmp_path, (KCLICKS,)), flush_age_ms=1000.0,
+    # a slow flush (3 s): an "early" cut's retry (~0.1 s later, more when librdkafka's
+    # reconnect backs off on a busy machine) arrives while the first attempt is still
+    # buffered, so the store gets both (1 s once let every retry miss the window in CI)
+    config = with_kafka(collector_config(tmp_path, (KCLICKS,)), flush_age_ms=3000.0,
                         kafka_advertised_port=proxy.port)
     acks = Acks()
     try:
