@@ -111,7 +111,8 @@ lint: $(STAMP)
 # writing bench/results/NAME.json, then the docs' figure tables regenerated from those files
 QUICK ?= --quick
 BENCHES := queue ingest collector mappings types evolve upsert models query conditions \
-           security bulkhead scale typed kafka otlp replay dynamic_tables run_now
+           security bulkhead scale typed kafka otlp replay dynamic_tables run_now \
+           cold_start cluster_scale e2e
 bench: $(STAMP) $(SPEEDUPS) java
 	@for b in $(BENCHES); do \
 	  echo "== bench/$${b}_bench.py $(QUICK)"; \
