@@ -925,3 +925,222 @@ def log_rows(bytes body):
     ``ExportLogsServiceRequest``'s wire bytes. Raises :class:`Reference` when only the
     reference path can tell (see the module's doc)."""
     return _rows(body, _log_row)
+
+
+# -- spans ----------------------------------------------------------------------------------
+
+cdef int _span_event(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """One ``Span.Event`` as :class:`icefloe.otlp.row_types.SpanEvent`."""
+    cdef uint64_t ns = 0, dropped = 0
+    cdef Py_ssize_t pos = s, nms = 0, nme = 0, vs, ve, at = b.size
+    cdef uint32_t field
+    cdef int wt
+    cdef Entries attrs
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 1:
+                ns = _scalar(p, e, &pos, wt, 1)
+            elif field == 2:
+                _string(p, e, &pos, wt, &nms, &nme)
+            elif field == 3:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&attrs, p, vs, ve)
+            elif field == 4:
+                dropped = _scalar(p, e, &pos, wt, 0)
+            else:
+                _skip(p, e, &pos, wt)
+        if ns > _LONG_MAX:
+            _refer("a span event's time is past 2^63 ns (the reference rejects the span)")
+        _put_key_time(b, b',"time":', ns)
+        _put_key_uint(b, b',"time_unix_nano":', ns)
+        _put_key_str(b, b',"name":', p, nms, nme)
+        _lit(b, b',"attributes":')
+        _put_attributes(b, p, &attrs)
+        _put_key_uint(b, b',"dropped_attributes_count":', <uint32_t>dropped)
+        b.data[at] = b'{'
+        _put(b, b"}", 1)
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
+cdef int _span_link(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """One ``Span.Link`` as :class:`icefloe.otlp.row_types.SpanLink`."""
+    cdef uint64_t flags = 0, dropped = 0
+    cdef Py_ssize_t pos = s, tis = 0, tie = 0, sis = 0, sie = 0, tss = 0, tse = 0, vs, ve
+    cdef Py_ssize_t at = b.size
+    cdef uint32_t field
+    cdef int wt
+    cdef Entries attrs
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 1:
+                _len(p, e, &pos, wt, &tis, &tie)
+            elif field == 2:
+                _len(p, e, &pos, wt, &sis, &sie)
+            elif field == 3:
+                _string(p, e, &pos, wt, &tss, &tse)
+            elif field == 4:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&attrs, p, vs, ve)
+            elif field == 5:
+                dropped = _scalar(p, e, &pos, wt, 0)
+            elif field == 6:
+                flags = _scalar(p, e, &pos, wt, 5)
+            else:
+                _skip(p, e, &pos, wt)
+        _put_key_hex(b, b',"trace_id":', p, tis, tie)
+        _put_key_hex(b, b',"span_id":', p, sis, sie)
+        _put_key_str(b, b',"trace_state":', p, tss, tse)
+        _lit(b, b',"attributes":')
+        _put_attributes(b, p, &attrs)
+        _put_key_uint(b, b',"flags":', <uint32_t>flags)
+        _put_key_uint(b, b',"dropped_attributes_count":', <uint32_t>dropped)
+        b.data[at] = b'{'
+        _put(b, b"}", 1)
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
+cdef int _put_key_hex(Buf* b, bytes key, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """``,"key":"<hex>"`` unless the id is empty (unset)."""
+    if e > s:
+        _lit(b, key)
+        _put_hex(b, p + s, e - s)
+    return 0
+
+
+cdef int _put_items(Buf* b, bytes key, Wire p, Py_ssize_t s, Py_ssize_t e, uint32_t number,
+                    RowFn item) except -1:
+    """``,"key":[...]``: every field ``number`` of the message in ``s..e`` by ``item``."""
+    cdef Py_ssize_t pos = s, is_, ie
+    cdef uint32_t field
+    cdef int wt
+    cdef bint first = True
+    _lit(b, key)
+    _put(b, b"[", 1)
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field != number:
+            _skip(p, e, &pos, wt)
+            continue
+        _len(p, e, &pos, wt, &is_, &ie)
+        if not first:
+            _put(b, b",", 1)
+        first = False
+        item(b, p, is_, ie)
+    return _put(b, b"]", 1)
+
+
+cdef int _status(Wire p, Py_ssize_t s, Py_ssize_t e, uint64_t* code, Py_ssize_t* ms,
+                 Py_ssize_t* me) except -1:
+    cdef Py_ssize_t pos = s
+    cdef uint32_t field
+    cdef int wt
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field == 2:
+            _string(p, e, &pos, wt, ms, me)
+        elif field == 3:
+            code[0] = _scalar(p, e, &pos, wt, 0)
+        else:
+            _skip(p, e, &pos, wt)
+    return 0
+
+
+cdef int _span_row(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """A ``Span``'s members, each after a comma (:class:`icefloe.otlp.row_types.SpanRow`)."""
+    cdef uint64_t flags = 0, kind = 0, start = 0, end = 0, dropped = 0, dropped_events = 0
+    cdef uint64_t dropped_links = 0, code = 0
+    cdef Py_ssize_t pos = s, tis = 0, tie = 0, sis = 0, sie = 0, pis = 0, pie = 0
+    cdef Py_ssize_t tss = 0, tse = 0, nms = 0, nme = 0, ms = 0, me = 0, vs, ve
+    cdef uint32_t field
+    cdef int wt
+    cdef bint has_status = False
+    cdef Entries attrs
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 1:
+                _len(p, e, &pos, wt, &tis, &tie)
+            elif field == 2:
+                _len(p, e, &pos, wt, &sis, &sie)
+            elif field == 3:
+                _string(p, e, &pos, wt, &tss, &tse)
+            elif field == 4:
+                _len(p, e, &pos, wt, &pis, &pie)
+            elif field == 16:
+                flags = _scalar(p, e, &pos, wt, 5)
+            elif field == 5:
+                _string(p, e, &pos, wt, &nms, &nme)
+            elif field == 6:
+                kind = _scalar(p, e, &pos, wt, 0)
+            elif field == 7:
+                start = _scalar(p, e, &pos, wt, 1)
+            elif field == 8:
+                end = _scalar(p, e, &pos, wt, 1)
+            elif field == 9:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&attrs, p, vs, ve)
+            elif field == 10:
+                dropped = _scalar(p, e, &pos, wt, 0)
+            elif field == 11 or field == 13:  # events, links: read when written
+                _len(p, e, &pos, wt, &vs, &ve)
+            elif field == 12:
+                dropped_events = _scalar(p, e, &pos, wt, 0)
+            elif field == 14:
+                dropped_links = _scalar(p, e, &pos, wt, 0)
+            elif field == 15:
+                if has_status:
+                    _refer("a span sends its status twice (protobuf merges them)")
+                has_status = True
+                _len(p, e, &pos, wt, &vs, &ve)
+                _status(p, vs, ve, &code, &ms, &me)
+            else:
+                _skip(p, e, &pos, wt)
+        if start > _LONG_MAX or end > _LONG_MAX:
+            _refer("a span's time is past 2^63 ns (the reference rejects it)")
+        _put_key_hex(b, b',"trace_id":', p, tis, tie)
+        _put_key_hex(b, b',"span_id":', p, sis, sie)
+        _put_key_hex(b, b',"parent_span_id":', p, pis, pie)
+        _put_key_str(b, b',"trace_state":', p, tss, tse)
+        _put_key_str(b, b',"name":', p, nms, nme)
+        _lit(b, b',"kind":')
+        _put_enum(b, _SPAN_KINDS, kind)
+        _put_key_time(b, b',"start_time":', start)
+        _put_key_uint(b, b',"start_time_unix_nano":', start)
+        _put_key_time(b, b',"end_time":', end)
+        _put_key_uint(b, b',"end_time_unix_nano":', end)
+        if start and end:
+            _lit(b, b',"duration_ns":')
+            _put_int(b, <int64_t>end - <int64_t>start)
+        _lit(b, b',"status_code":')
+        _put_enum(b, _STATUS_CODES, code)
+        _put_key_str(b, b',"status_message":', p, ms, me)
+        _lit(b, b',"attributes":')
+        _put_attributes(b, p, &attrs)
+        _put_key_uint(b, b',"dropped_attributes_count":', <uint32_t>dropped)
+        _put_items(b, b',"events":', p, s, e, 11, _span_event)
+        _put_key_uint(b, b',"dropped_events_count":', <uint32_t>dropped_events)
+        _put_items(b, b',"links":', p, s, e, 13, _span_link)
+        _put_key_uint(b, b',"dropped_links_count":', <uint32_t>dropped_links)
+        _put_key_uint(b, b',"flags":', <uint32_t>flags)
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
+def span_rows(bytes body):
+    """The canonical rows (``export_rows("traces", ..., canonical=True)``) of an
+    ``ExportTraceServiceRequest``'s wire bytes. Raises :class:`Reference` when only the
+    reference path can tell (see the module's doc)."""
+    return _rows(body, _span_row)

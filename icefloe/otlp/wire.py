@@ -36,7 +36,7 @@ def _load() -> ModuleType | None:
 compiled: ModuleType | None = _load()
 """The compiled decoder, or None (not built, or turned off)."""
 _DECODERS: dict[str, tuple[str, Callable[[bytes], list[bytes]]]] = {} if compiled is None \
-    else {"logs": ("logs", compiled.log_rows)}
+    else {"logs": ("logs", compiled.log_rows), "traces": ("spans", compiled.span_rows)}
 
 
 def wire_rows(signal: str, body: bytes) -> ExportRows | None:
