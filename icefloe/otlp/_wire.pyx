@@ -20,7 +20,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.math cimport isfinite, isnan
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 import msgspec
 
@@ -638,6 +638,14 @@ cdef int _put_key_str(Buf* b, bytes key, Wire p, Py_ssize_t s, Py_ssize_t e) exc
     return 0
 
 
+cdef int _put_key_hex(Buf* b, bytes key, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """``,"key":"<hex>"`` unless the id is empty (unset)."""
+    if e > s:
+        _lit(b, key)
+        _put_hex(b, p + s, e - s)
+    return 0
+
+
 cdef int _put_key_uint(Buf* b, bytes key, uint64_t v) except -1:
     _lit(b, key)
     return _put_uint(b, v)
@@ -846,75 +854,81 @@ cdef list _rows(bytes body, RowFn row):
 
 # -- log records ----------------------------------------------------------------------------
 
-cdef int _log_row(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
-    """A ``LogRecord``'s members, each after a comma (:class:`icefloe.otlp.row_types.LogRow`:
-    a record without a time takes its observed time)."""
-    cdef uint64_t ns = 0, observed = 0, severity = 0, dropped = 0, flags = 0
-    cdef Py_ssize_t pos = s, sts = 0, ste = 0, tis = 0, tie = 0, sis = 0, sie = 0
-    cdef Py_ssize_t evs = 0, eve = 0, vs, ve
+cdef struct LogFields:
+    uint64_t ns, observed, severity, dropped, flags
+    Py_ssize_t sts, ste, tis, tie, sis, sie, evs, eve
+    AV body
+
+
+cdef int _read_log(LogFields* f, Entries* attrs, Wire p, Py_ssize_t s, Py_ssize_t e
+                   ) except -1:
+    cdef Py_ssize_t pos = s, vs, ve
     cdef uint32_t field
     cdef int wt
     cdef bint has_body = False
-    cdef AV body
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field == 1:
+            f.ns = _scalar(p, e, &pos, wt, 1)
+        elif field == 11:
+            f.observed = _scalar(p, e, &pos, wt, 1)
+        elif field == 2:
+            f.severity = _scalar(p, e, &pos, wt, 0)
+        elif field == 3:
+            _string(p, e, &pos, wt, &f.sts, &f.ste)
+        elif field == 5:
+            if has_body:
+                _refer("a log record sends its body twice (protobuf merges them)")
+            has_body = True
+            _len(p, e, &pos, wt, &vs, &ve)
+            _anyvalue(p, vs, ve, &f.body)
+        elif field == 6:
+            _len(p, e, &pos, wt, &vs, &ve)
+            _add(attrs, p, vs, ve)
+        elif field == 7:
+            f.dropped = _scalar(p, e, &pos, wt, 0)
+        elif field == 8:
+            f.flags = _scalar(p, e, &pos, wt, 5)
+        elif field == 9:
+            _len(p, e, &pos, wt, &f.tis, &f.tie)
+        elif field == 10:
+            _len(p, e, &pos, wt, &f.sis, &f.sie)
+        elif field == 12:
+            _string(p, e, &pos, wt, &f.evs, &f.eve)
+        else:
+            _skip(p, e, &pos, wt)
+    return 0
+
+
+cdef int _log_row(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """A ``LogRecord``'s members, each after a comma (:class:`icefloe.otlp.row_types.LogRow`:
+    a record without a time takes its observed time)."""
+    cdef LogFields f
     cdef Entries attrs
-    body.case = 0
+    memset(&f, 0, sizeof(LogFields))
     attrs.items = NULL
     attrs.n = attrs.cap = 0
     try:
-        while pos < e:
-            _tag(p, e, &pos, &field, &wt)
-            if field == 1:
-                ns = _scalar(p, e, &pos, wt, 1)
-            elif field == 11:
-                observed = _scalar(p, e, &pos, wt, 1)
-            elif field == 2:
-                severity = _scalar(p, e, &pos, wt, 0)
-            elif field == 3:
-                _string(p, e, &pos, wt, &sts, &ste)
-            elif field == 5:
-                if has_body:
-                    _refer("a log record sends its body twice (protobuf merges them)")
-                has_body = True
-                _len(p, e, &pos, wt, &vs, &ve)
-                _anyvalue(p, vs, ve, &body)
-            elif field == 6:
-                _len(p, e, &pos, wt, &vs, &ve)
-                _add(&attrs, p, vs, ve)
-            elif field == 7:
-                dropped = _scalar(p, e, &pos, wt, 0)
-            elif field == 8:
-                flags = _scalar(p, e, &pos, wt, 5)
-            elif field == 9:
-                _len(p, e, &pos, wt, &tis, &tie)
-            elif field == 10:
-                _len(p, e, &pos, wt, &sis, &sie)
-            elif field == 12:
-                _string(p, e, &pos, wt, &evs, &eve)
-            else:
-                _skip(p, e, &pos, wt)
-        if ns > _LONG_MAX or observed > _LONG_MAX:
+        _read_log(&f, &attrs, p, s, e)
+        if f.ns > _LONG_MAX or f.observed > _LONG_MAX:
             _refer("a log record's time is past 2^63 ns (the reference rejects it)")
-        _put_key_time(b, b',"time":', ns if ns else observed)
-        _put_key_uint(b, b',"time_unix_nano":', ns)
-        _put_key_time(b, b',"observed_time":', observed)
-        _put_key_uint(b, b',"observed_time_unix_nano":', observed)
+        _put_key_time(b, b',"time":', f.ns if f.ns else f.observed)
+        _put_key_uint(b, b',"time_unix_nano":', f.ns)
+        _put_key_time(b, b',"observed_time":', f.observed)
+        _put_key_uint(b, b',"observed_time_unix_nano":', f.observed)
         _lit(b, b',"severity_number":')
-        _put_int(b, <int32_t><uint32_t>severity)
-        _put_key_str(b, b',"severity_text":', p, sts, ste)
-        if not _null(&body):
+        _put_int(b, <int32_t><uint32_t>f.severity)
+        _put_key_str(b, b',"severity_text":', p, f.sts, f.ste)
+        if not _null(&f.body):
             _lit(b, b',"body":')
-            _put_text(b, p, &body)
+            _put_text(b, p, &f.body)
         _lit(b, b',"attributes":')
         _put_attributes(b, p, &attrs)
-        _put_key_uint(b, b',"dropped_attributes_count":', <uint32_t>dropped)
-        _put_key_uint(b, b',"flags":', <uint32_t>flags)
-        if tie > tis:
-            _lit(b, b',"trace_id":')
-            _put_hex(b, p + tis, tie - tis)
-        if sie > sis:
-            _lit(b, b',"span_id":')
-            _put_hex(b, p + sis, sie - sis)
-        _put_key_str(b, b',"event_name":', p, evs, eve)
+        _put_key_uint(b, b',"dropped_attributes_count":', <uint32_t>f.dropped)
+        _put_key_uint(b, b',"flags":', <uint32_t>f.flags)
+        _put_key_hex(b, b',"trace_id":', p, f.tis, f.tie)
+        _put_key_hex(b, b',"span_id":', p, f.sis, f.sie)
+        _put_key_str(b, b',"event_name":', p, f.evs, f.eve)
     finally:
         _free_entries(&attrs)
     return 0
@@ -1009,14 +1023,6 @@ cdef int _span_link(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
     return 0
 
 
-cdef int _put_key_hex(Buf* b, bytes key, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
-    """``,"key":"<hex>"`` unless the id is empty (unset)."""
-    if e > s:
-        _lit(b, key)
-        _put_hex(b, p + s, e - s)
-    return 0
-
-
 cdef int _put_items(Buf* b, bytes key, Wire p, Py_ssize_t s, Py_ssize_t e, uint32_t number,
                     RowFn item) except -1:
     """``,"key":[...]``: every field ``number`` of the message in ``s..e`` by ``item``."""
@@ -1055,85 +1061,97 @@ cdef int _status(Wire p, Py_ssize_t s, Py_ssize_t e, uint64_t* code, Py_ssize_t*
     return 0
 
 
-cdef int _span_row(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
-    """A ``Span``'s members, each after a comma (:class:`icefloe.otlp.row_types.SpanRow`)."""
-    cdef uint64_t flags = 0, kind = 0, start = 0, end = 0, dropped = 0, dropped_events = 0
-    cdef uint64_t dropped_links = 0, code = 0
-    cdef Py_ssize_t pos = s, tis = 0, tie = 0, sis = 0, sie = 0, pis = 0, pie = 0
-    cdef Py_ssize_t tss = 0, tse = 0, nms = 0, nme = 0, ms = 0, me = 0, vs, ve
+cdef struct SpanFields:
+    uint64_t flags, kind, start, end, dropped, dropped_events, dropped_links, code
+    Py_ssize_t tis, tie, sis, sie, pis, pie, tss, tse, nms, nme, ms, me
+
+
+cdef int _read_span(SpanFields* f, Entries* attrs, Wire p, Py_ssize_t s, Py_ssize_t e
+                    ) except -1:
+    """A ``Span``'s scalars, strings and attributes (its events and links are read when
+    written, :func:`_put_items`)."""
+    cdef Py_ssize_t pos = s, vs, ve
     cdef uint32_t field
     cdef int wt
     cdef bint has_status = False
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field == 1:
+            _len(p, e, &pos, wt, &f.tis, &f.tie)
+        elif field == 2:
+            _len(p, e, &pos, wt, &f.sis, &f.sie)
+        elif field == 3:
+            _string(p, e, &pos, wt, &f.tss, &f.tse)
+        elif field == 4:
+            _len(p, e, &pos, wt, &f.pis, &f.pie)
+        elif field == 16:
+            f.flags = _scalar(p, e, &pos, wt, 5)
+        elif field == 5:
+            _string(p, e, &pos, wt, &f.nms, &f.nme)
+        elif field == 6:
+            f.kind = _scalar(p, e, &pos, wt, 0)
+        elif field == 7:
+            f.start = _scalar(p, e, &pos, wt, 1)
+        elif field == 8:
+            f.end = _scalar(p, e, &pos, wt, 1)
+        elif field == 9:
+            _len(p, e, &pos, wt, &vs, &ve)
+            _add(attrs, p, vs, ve)
+        elif field == 10:
+            f.dropped = _scalar(p, e, &pos, wt, 0)
+        elif field == 11 or field == 13:  # events, links: read when written
+            _len(p, e, &pos, wt, &vs, &ve)
+        elif field == 12:
+            f.dropped_events = _scalar(p, e, &pos, wt, 0)
+        elif field == 14:
+            f.dropped_links = _scalar(p, e, &pos, wt, 0)
+        elif field == 15:
+            if has_status:
+                _refer("a span sends its status twice (protobuf merges them)")
+            has_status = True
+            _len(p, e, &pos, wt, &vs, &ve)
+            _status(p, vs, ve, &f.code, &f.ms, &f.me)
+        else:
+            _skip(p, e, &pos, wt)
+    return 0
+
+
+cdef int _span_row(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """A ``Span``'s members, each after a comma (:class:`icefloe.otlp.row_types.SpanRow`)."""
+    cdef SpanFields f
     cdef Entries attrs
+    memset(&f, 0, sizeof(SpanFields))
     attrs.items = NULL
     attrs.n = attrs.cap = 0
     try:
-        while pos < e:
-            _tag(p, e, &pos, &field, &wt)
-            if field == 1:
-                _len(p, e, &pos, wt, &tis, &tie)
-            elif field == 2:
-                _len(p, e, &pos, wt, &sis, &sie)
-            elif field == 3:
-                _string(p, e, &pos, wt, &tss, &tse)
-            elif field == 4:
-                _len(p, e, &pos, wt, &pis, &pie)
-            elif field == 16:
-                flags = _scalar(p, e, &pos, wt, 5)
-            elif field == 5:
-                _string(p, e, &pos, wt, &nms, &nme)
-            elif field == 6:
-                kind = _scalar(p, e, &pos, wt, 0)
-            elif field == 7:
-                start = _scalar(p, e, &pos, wt, 1)
-            elif field == 8:
-                end = _scalar(p, e, &pos, wt, 1)
-            elif field == 9:
-                _len(p, e, &pos, wt, &vs, &ve)
-                _add(&attrs, p, vs, ve)
-            elif field == 10:
-                dropped = _scalar(p, e, &pos, wt, 0)
-            elif field == 11 or field == 13:  # events, links: read when written
-                _len(p, e, &pos, wt, &vs, &ve)
-            elif field == 12:
-                dropped_events = _scalar(p, e, &pos, wt, 0)
-            elif field == 14:
-                dropped_links = _scalar(p, e, &pos, wt, 0)
-            elif field == 15:
-                if has_status:
-                    _refer("a span sends its status twice (protobuf merges them)")
-                has_status = True
-                _len(p, e, &pos, wt, &vs, &ve)
-                _status(p, vs, ve, &code, &ms, &me)
-            else:
-                _skip(p, e, &pos, wt)
-        if start > _LONG_MAX or end > _LONG_MAX:
+        _read_span(&f, &attrs, p, s, e)
+        if f.start > _LONG_MAX or f.end > _LONG_MAX:
             _refer("a span's time is past 2^63 ns (the reference rejects it)")
-        _put_key_hex(b, b',"trace_id":', p, tis, tie)
-        _put_key_hex(b, b',"span_id":', p, sis, sie)
-        _put_key_hex(b, b',"parent_span_id":', p, pis, pie)
-        _put_key_str(b, b',"trace_state":', p, tss, tse)
-        _put_key_str(b, b',"name":', p, nms, nme)
+        _put_key_hex(b, b',"trace_id":', p, f.tis, f.tie)
+        _put_key_hex(b, b',"span_id":', p, f.sis, f.sie)
+        _put_key_hex(b, b',"parent_span_id":', p, f.pis, f.pie)
+        _put_key_str(b, b',"trace_state":', p, f.tss, f.tse)
+        _put_key_str(b, b',"name":', p, f.nms, f.nme)
         _lit(b, b',"kind":')
-        _put_enum(b, _SPAN_KINDS, kind)
-        _put_key_time(b, b',"start_time":', start)
-        _put_key_uint(b, b',"start_time_unix_nano":', start)
-        _put_key_time(b, b',"end_time":', end)
-        _put_key_uint(b, b',"end_time_unix_nano":', end)
-        if start and end:
+        _put_enum(b, _SPAN_KINDS, f.kind)
+        _put_key_time(b, b',"start_time":', f.start)
+        _put_key_uint(b, b',"start_time_unix_nano":', f.start)
+        _put_key_time(b, b',"end_time":', f.end)
+        _put_key_uint(b, b',"end_time_unix_nano":', f.end)
+        if f.start and f.end:
             _lit(b, b',"duration_ns":')
-            _put_int(b, <int64_t>end - <int64_t>start)
+            _put_int(b, <int64_t>f.end - <int64_t>f.start)
         _lit(b, b',"status_code":')
-        _put_enum(b, _STATUS_CODES, code)
-        _put_key_str(b, b',"status_message":', p, ms, me)
+        _put_enum(b, _STATUS_CODES, f.code)
+        _put_key_str(b, b',"status_message":', p, f.ms, f.me)
         _lit(b, b',"attributes":')
         _put_attributes(b, p, &attrs)
-        _put_key_uint(b, b',"dropped_attributes_count":', <uint32_t>dropped)
+        _put_key_uint(b, b',"dropped_attributes_count":', <uint32_t>f.dropped)
         _put_items(b, b',"events":', p, s, e, 11, _span_event)
-        _put_key_uint(b, b',"dropped_events_count":', <uint32_t>dropped_events)
+        _put_key_uint(b, b',"dropped_events_count":', <uint32_t>f.dropped_events)
         _put_items(b, b',"links":', p, s, e, 13, _span_link)
-        _put_key_uint(b, b',"dropped_links_count":', <uint32_t>dropped_links)
-        _put_key_uint(b, b',"flags":', <uint32_t>flags)
+        _put_key_uint(b, b',"dropped_links_count":', <uint32_t>f.dropped_links)
+        _put_key_uint(b, b',"flags":', <uint32_t>f.flags)
     finally:
         _free_entries(&attrs)
     return 0
