@@ -1162,3 +1162,279 @@ def span_rows(bytes body):
     ``ExportTraceServiceRequest``'s wire bytes. Raises :class:`Reference` when only the
     reference path can tell (see the module's doc)."""
     return _rows(body, _span_row)
+
+
+# -- metrics (gauge and sum points; the other kinds go to the reference) ---------------------
+
+cdef tuple _TEMPORALITIES = (b"UNSPECIFIED", b"DELTA", b"CUMULATIVE")
+
+
+cdef int _put_number(Buf* b, int which, uint64_t raw) except -1:
+    """``,"value":...,"value_int":...`` of a point or exemplar's ``value`` oneof
+    (:func:`icefloe.otlp.metric_rows._number`): a double (null unless finite), or an int's
+    double and its exact value; nothing when unset."""
+    cdef double d
+    if which == 4:
+        memcpy(&d, &raw, 8)
+        if isfinite(d):
+            _lit(b, b',"value":')
+            _put_double(b, d)
+    elif which == 6:
+        _lit(b, b',"value":')
+        _put_double(b, <double><int64_t>raw)
+        _lit(b, b',"value_int":')
+        _put_int(b, <int64_t>raw)
+    return 0
+
+
+cdef int _exemplar(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """One ``Exemplar`` as :class:`icefloe.otlp.row_types.Exemplar`."""
+    cdef uint64_t ns = 0, raw = 0
+    cdef int which = 0
+    cdef Py_ssize_t pos = s, tis = 0, tie = 0, sis = 0, sie = 0, vs, ve, at = b.size
+    cdef uint32_t field
+    cdef int wt
+    cdef Entries attrs
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 7:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&attrs, p, vs, ve)
+            elif field == 2:
+                ns = _scalar(p, e, &pos, wt, 1)
+            elif field == 3 or field == 6:
+                raw = _scalar(p, e, &pos, wt, 1)
+                which = 4 if field == 3 else 6
+            elif field == 4:
+                _len(p, e, &pos, wt, &sis, &sie)
+            elif field == 5:
+                _len(p, e, &pos, wt, &tis, &tie)
+            else:
+                _skip(p, e, &pos, wt)
+        if ns > _LONG_MAX:
+            _refer("an exemplar's time is past 2^63 ns (the reference rejects the point)")
+        _put_key_time(b, b',"time":', ns)
+        _put_key_uint(b, b',"time_unix_nano":', ns)
+        _put_number(b, which, raw)
+        _put_key_hex(b, b',"trace_id":', p, tis, tie)
+        _put_key_hex(b, b',"span_id":', p, sis, sie)
+        _lit(b, b',"filtered_attributes":')
+        _put_attributes(b, p, &attrs)
+        b.data[at] = b'{'
+        _put(b, b"}", 1)
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
+cdef struct Metric:
+    int kind  # the data member's field number: 5 gauge, 7 sum (others are referred)
+    Py_ssize_t ds, de  # the Gauge or Sum message
+    uint64_t temporality, monotonic
+
+
+cdef int _number_point(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e, Metric* m) except -1:
+    """A ``NumberDataPoint``'s members after its metric's (:func:`_gauge` and :func:`_sum`
+    of :mod:`icefloe.otlp.metric_rows`), each after a comma."""
+    cdef uint64_t ns = 0, start = 0, flags = 0, raw = 0
+    cdef int which = 0
+    cdef Py_ssize_t pos = s, vs, ve
+    cdef uint32_t field
+    cdef int wt
+    cdef Entries attrs
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 7:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&attrs, p, vs, ve)
+            elif field == 2:
+                start = _scalar(p, e, &pos, wt, 1)
+            elif field == 3:
+                ns = _scalar(p, e, &pos, wt, 1)
+            elif field == 4 or field == 6:
+                raw = _scalar(p, e, &pos, wt, 1)
+                which = field
+            elif field == 5:
+                _len(p, e, &pos, wt, &vs, &ve)
+            elif field == 8:
+                flags = _scalar(p, e, &pos, wt, 0)
+            else:
+                _skip(p, e, &pos, wt)
+        if ns > _LONG_MAX or start > _LONG_MAX:
+            _refer("a point's time is past 2^63 ns (the reference rejects it)")
+        _put_key_time(b, b',"time":', ns)
+        _put_key_uint(b, b',"time_unix_nano":', ns)
+        _put_key_time(b, b',"start_time":', start)
+        _put_key_uint(b, b',"start_time_unix_nano":', start)
+        _lit(b, b',"attributes":')
+        _put_attributes(b, p, &attrs)
+        _put_key_uint(b, b',"flags":', <uint32_t>flags)
+        _put_number(b, which, raw)
+        _put_items(b, b',"exemplars":', p, s, e, 5, _exemplar)
+        if m.kind == 7:
+            _lit(b, b',"aggregation_temporality":')
+            _put_enum(b, _TEMPORALITIES, m.temporality)
+            _lit(b, b',"is_monotonic":true' if m.monotonic else b',"is_monotonic":false')
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
+cdef int _read_metric(Buf* head, Metric* m, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """A ``Metric``'s columns into ``head`` and its data (gauge or sum; any other data, none,
+    or two data members go to the reference)."""
+    cdef Py_ssize_t pos = s, ns = 0, ne = 0, dss = 0, dse = 0, us = 0, ue = 0, vs, ve
+    cdef uint32_t field
+    cdef int wt
+    cdef Entries meta
+    meta.items = NULL
+    meta.n = meta.cap = 0
+    m.kind = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 1:
+                _string(p, e, &pos, wt, &ns, &ne)
+            elif field == 2:
+                _string(p, e, &pos, wt, &dss, &dse)
+            elif field == 3:
+                _string(p, e, &pos, wt, &us, &ue)
+            elif field == 5 or field == 7 or field == 9 or field == 10 or field == 11:
+                if m.kind:
+                    _refer("a metric sends data twice (protobuf merges or replaces it)")
+                m.kind = field
+                _len(p, e, &pos, wt, &m.ds, &m.de)
+            elif field == 12:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&meta, p, vs, ve)
+            else:
+                _skip(p, e, &pos, wt)
+        if m.kind != 5 and m.kind != 7:
+            _refer("a metric without data, or a histogram or summary")
+        head.size = 0
+        _put_key_str(head, b',"metric_name":', p, ns, ne)
+        _put_key_str(head, b',"metric_description":', p, dss, dse)
+        _put_key_str(head, b',"metric_unit":', p, us, ue)
+        _lit(head, b',"metric_metadata":')
+        _put_attributes(head, p, &meta)
+    finally:
+        _free_entries(&meta)
+    return 0
+
+
+cdef int _read_data(Metric* m, Wire p) except -1:
+    """A Gauge's or Sum's scalars (the points, field 1, are read when written)."""
+    cdef Py_ssize_t pos = m.ds, vs, ve
+    cdef uint32_t field
+    cdef int wt
+    m.temporality = m.monotonic = 0
+    while pos < m.de:
+        _tag(p, m.de, &pos, &field, &wt)
+        if field == 1:
+            _len(p, m.de, &pos, wt, &vs, &ve)
+        elif field == 2 and m.kind == 7:
+            m.temporality = _scalar(p, m.de, &pos, wt, 0)
+        elif field == 3 and m.kind == 7:
+            m.monotonic = _scalar(p, m.de, &pos, wt, 0)
+        else:
+            _skip(p, m.de, &pos, wt)
+    return 0
+
+
+cdef int _metric_rows(dict rows, Wire p, Py_ssize_t s, Py_ssize_t e, Buf* head, Buf* tail,
+                      Buf* out) except -1:
+    """Each point of one ``Metric`` as a row of its kind, onto ``rows``."""
+    cdef Metric m
+    cdef Py_ssize_t pos, ps, pe
+    cdef uint32_t field
+    cdef int wt
+    cdef bytes found
+    cdef list kind_rows = None
+    _read_metric(head, &m, p, s, e)
+    _read_data(&m, p)
+    pos = m.ds
+    while pos < m.de:
+        _tag(p, m.de, &pos, &field, &wt)
+        if field != 1:
+            _skip(p, m.de, &pos, wt)
+            continue
+        _len(p, m.de, &pos, wt, &ps, &pe)
+        out.size = 0
+        _put(out, head.data, head.size)
+        _number_point(out, p, ps, pe, &m)
+        out.data[0] = b'{'
+        found = PyBytes_FromStringAndSize(NULL, out.size + tail.size)
+        memcpy(PyBytes_AS_STRING(found), out.data, out.size)
+        memcpy(PyBytes_AS_STRING(found) + out.size, tail.data, tail.size)
+        if kind_rows is None:
+            kind_rows = rows.setdefault("gauge" if m.kind == 5 else "sum", [])
+        kind_rows.append(found)
+    return 0
+
+
+cdef int _scope_metrics(dict rows, Wire p, Py_ssize_t s, Py_ssize_t e, Buf* res, Buf* head,
+                        Buf* tail, Buf* out) except -1:
+    cdef bint has
+    cdef Py_ssize_t hs = 0, he = 0, us, ue, pos = s, ms, me
+    cdef uint32_t field
+    cdef int wt
+    _heads(p, s, e, &has, &hs, &he, &us, &ue)
+    tail.size = 0
+    _put(tail, res.data, res.size)
+    _scope_part(tail, p, has, hs, he, us, ue)
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field != 2:
+            _skip(p, e, &pos, wt)
+            continue
+        _len(p, e, &pos, wt, &ms, &me)
+        _metric_rows(rows, p, ms, me, head, tail, out)
+    return 0
+
+
+def metric_rows(bytes body):
+    """The canonical rows per kind (``export_rows("metrics", ..., canonical=True).rows``) of
+    an ``ExportMetricsServiceRequest``'s wire bytes, when every metric is a gauge or a sum.
+    Raises :class:`Reference` when only the reference path can tell (see the module's doc)."""
+    cdef Wire p = <Wire>PyBytes_AS_STRING(body)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body), pos = 0, s, e, rpos, hs = 0, he = 0, us, ue
+    cdef Py_ssize_t ss, se
+    cdef uint32_t field
+    cdef int wt
+    cdef bint has
+    cdef dict rows = {}
+    cdef Buf res, head, tail, out
+    memset(&res, 0, sizeof(Buf))
+    memset(&head, 0, sizeof(Buf))
+    memset(&tail, 0, sizeof(Buf))
+    memset(&out, 0, sizeof(Buf))
+    try:
+        while pos < n:
+            _tag(p, n, &pos, &field, &wt)
+            if field != 1:
+                _skip(p, n, &pos, wt)
+                continue
+            _len(p, n, &pos, wt, &s, &e)
+            _heads(p, s, e, &has, &hs, &he, &us, &ue)
+            res.size = 0
+            _resource_part(&res, p, has, hs, he, us, ue)
+            rpos = s
+            while rpos < e:
+                _tag(p, e, &rpos, &field, &wt)
+                if field != 2:
+                    _skip(p, e, &rpos, wt)
+                    continue
+                _len(p, e, &rpos, wt, &ss, &se)
+                _scope_metrics(rows, p, ss, se, &res, &head, &tail, &out)
+    finally:
+        free(res.data)
+        free(head.data)
+        free(tail.data)
+        free(out.data)
+    return rows

@@ -23,6 +23,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import (
     AnyValue,
@@ -32,6 +35,7 @@ from opentelemetry.proto.common.v1.common_pb2 import (
     KeyValueList,
 )
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as m
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
@@ -42,7 +46,8 @@ pytestmark = pytest.mark.skipif(compiled is None, reason="speedups not built "
                                 "(scripts/build_speedups.py, run by make)")
 
 REQUESTS: dict[str, Any] = {"logs": ExportLogsServiceRequest,
-                            "traces": ExportTraceServiceRequest}
+                            "traces": ExportTraceServiceRequest,
+                            "metrics": ExportMetricsServiceRequest}
 LONG_MAX = 2**63 - 1
 
 
@@ -176,6 +181,65 @@ def span_requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
         request.resource_spans.append(_holder(ResourceSpans, "resource",
                                               draw(st.none() | _resource), "scope_spans",
                                               scopes, draw(_text)))
+    return request
+
+
+def _number_value(draw: st.DrawFn, point: Any) -> None:
+    choice = draw(st.sampled_from(["double", "int", "none"]))
+    if choice == "double":
+        point.as_double = draw(_doubles)
+    elif choice == "int":
+        point.as_int = draw(st.integers(-2**63, 2**63 - 1))
+
+
+def _exemplar(draw: st.DrawFn) -> m.Exemplar:
+    found = m.Exemplar(time_unix_nano=draw(_times), filtered_attributes=draw(_attributes),
+                       trace_id=draw(_ids), span_id=draw(_ids))
+    _number_value(draw, found)
+    return found
+
+
+@st.composite
+def _number_point(draw: st.DrawFn) -> m.NumberDataPoint:
+    point = m.NumberDataPoint(time_unix_nano=draw(_times), start_time_unix_nano=draw(_times),
+                              attributes=draw(_attributes), flags=draw(_uint32),
+                              exemplars=[_exemplar(draw)
+                                         for _ in range(draw(st.integers(0, 2)))])
+    _number_value(draw, point)
+    return point
+
+
+@st.composite
+def _metric(draw: st.DrawFn, others: bool) -> m.Metric:
+    metric = m.Metric(name=draw(_text), description=draw(_text), unit=draw(_text),
+                      metadata=draw(_attributes))
+    points = draw(st.lists(_number_point(), max_size=3))
+    kinds = ["gauge", "sum", *(["histogram", "summary", "none"] if others else [])]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "gauge":
+        metric.gauge.data_points.extend(points)
+    elif kind == "sum":
+        metric.sum.data_points.extend(points)
+        metric.sum.aggregation_temporality = draw(st.integers(-1, 4))  # type: ignore[assignment]
+        metric.sum.is_monotonic = draw(st.booleans())
+    elif kind == "histogram":
+        metric.histogram.data_points.add(time_unix_nano=1, count=2, bucket_counts=[1, 1],
+                                         explicit_bounds=[0.5])
+    elif kind == "summary":
+        metric.summary.data_points.add(time_unix_nano=1, count=1, sum=2.0)
+    return metric
+
+
+@st.composite
+def metric_requests(draw: st.DrawFn, others: bool = False) -> ExportMetricsServiceRequest:
+    request = ExportMetricsServiceRequest()
+    for _ in range(draw(st.integers(0, 2))):
+        scopes = [_holder(m.ScopeMetrics, "scope", draw(st.none() | _scope), "metrics",
+                          draw(st.lists(_metric(others), max_size=3)), draw(_text))
+                  for _ in range(draw(st.integers(0, 2)))]
+        request.resource_metrics.append(_holder(m.ResourceMetrics, "resource",
+                                                draw(st.none() | _resource), "scope_metrics",
+                                                scopes, draw(_text)))
     return request
 
 
@@ -338,7 +402,29 @@ def test_should_refer_broken_span_requests_to_the_reference(request, seed):
     check("traces", corrupt(request.SerializeToString(), random.Random(seed)), must_read=False)
 
 
-@pytest.mark.parametrize("signal", ["logs", "traces"])
+@_SETTINGS
+@given(request=metric_requests())
+def test_should_read_any_gauge_and_sum_request_as_the_reference_does(request):
+    check("metrics", request.SerializeToString(), must_read=True)
+
+
+@_SETTINGS
+@given(request=metric_requests(others=True), seed=st.integers(0, 2**32))
+def test_should_read_metric_requests_as_other_senders_write_them(request, seed):
+    """Histograms, summaries and metrics without data are the reference's (referred)."""
+    rng = random.Random(seed)
+    check("metrics", rewrite(request.SerializeToString(), request.DESCRIPTOR, rng),
+          must_read=False)
+
+
+@_SETTINGS
+@given(request=metric_requests(), seed=st.integers(0, 2**32))
+def test_should_refer_broken_metric_requests_to_the_reference(request, seed):
+    check("metrics", corrupt(request.SerializeToString(), random.Random(seed)),
+          must_read=False)
+
+
+@pytest.mark.parametrize("signal", ["logs", "traces", "metrics"])
 def test_should_read_an_empty_request(signal):
     assert wire_rows(signal, b"") == ExportRows({}, 0, "", canonical=True)
 
