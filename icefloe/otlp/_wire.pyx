@@ -9,8 +9,8 @@ This module reads the wire format once and writes the same JSON bytes directly.
 The Python path stays the reference and the fallback: whatever this module is not sure to
 read exactly as the protobuf runtime (upb) would — malformed or truncated wire data, a string
 that is not UTF-8, a singular message sent twice (protobuf merges those), a time past 2^63
-(the Python path rejects that record), group wire types, very deep values, ``entity_refs`` —
-raises :class:`Reference`, and the caller runs the reference path on the same bytes, which
+(the Python path rejects that record), group wire types, very deep values, ``entity_refs``,
+exponential histograms and summaries — raises :class:`Reference`, and the caller runs the reference path on the same bytes, which
 answers with its own result or refusal. So this module never refuses anything itself and
 never accepts what the reference would refuse. tests/core/test_otlp_wire.py holds both paths
 to the same bytes over generated and hand-broken requests.
@@ -1164,7 +1164,7 @@ def span_rows(bytes body):
     return _rows(body, _span_row)
 
 
-# -- metrics (gauge and sum points; the other kinds go to the reference) ---------------------
+# -- metrics (gauge, sum and histogram points; the other kinds go to the reference) ---------
 
 cdef tuple _TEMPORALITIES = (b"UNSPECIFIED", b"DELTA", b"CUMULATIVE")
 
@@ -1286,6 +1286,120 @@ cdef int _number_point(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e, Metric* m) ex
     return 0
 
 
+cdef int _put_fixed_list(Buf* b, bytes key, Wire p, Py_ssize_t s, Py_ssize_t e,
+                         uint32_t number, bint doubles) except -1:
+    """``,"key":[...]``: a repeated ``fixed64`` (counts, each at most 2^63-1) or ``double``
+    (null unless finite, as msgspec writes NaN) field, packed or not, in wire order."""
+    cdef Py_ssize_t pos = s, vs, ve, k
+    cdef uint32_t field
+    cdef int wt
+    cdef bint first = True
+    cdef uint64_t raw
+    cdef double d
+    _lit(b, key)
+    _put(b, b"[", 1)
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field != number:
+            _skip(p, e, &pos, wt)
+            continue
+        if wt == 2:
+            _len(p, e, &pos, wt, &vs, &ve)
+            if (ve - vs) % 8:
+                _refer("a packed 64-bit list is not a whole number of values")
+        else:
+            vs = pos
+            _scalar(p, e, &pos, wt, 1)
+            ve = pos
+        k = vs
+        while k < ve:
+            raw = _fixed(p, ve, &k, 8)
+            if not first:
+                _put(b, b",", 1)
+            first = False
+            if doubles:
+                memcpy(&d, &raw, 8)
+                if isfinite(d):
+                    _put_double(b, d)
+                else:
+                    _put(b, b"null", 4)
+            elif raw > _LONG_MAX:
+                _refer("a bucket count is past 2^63-1 (the reference rejects the point)")
+            else:
+                _put_uint(b, raw)
+    return _put(b, b"]", 1)
+
+
+cdef int _put_optional(Buf* b, bytes key, bint has, uint64_t raw) except -1:
+    """``,"key":<double>`` of a proto3 ``optional double`` that is set and finite."""
+    cdef double d
+    memcpy(&d, &raw, 8)
+    if has and isfinite(d):
+        _lit(b, key)
+        _put_double(b, d)
+    return 0
+
+
+cdef int _histogram_point(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e, Metric* m
+                          ) except -1:
+    """A ``HistogramDataPoint``'s members after its metric's
+    (:func:`icefloe.otlp.metric_rows._histogram`), each after a comma."""
+    cdef uint64_t ns = 0, start = 0, flags = 0, count = 0, total = 0, low = 0, high = 0
+    cdef bint has_sum = False, has_min = False, has_max = False
+    cdef Py_ssize_t pos = s, vs, ve
+    cdef uint32_t field
+    cdef int wt
+    cdef Entries attrs
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 9:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&attrs, p, vs, ve)
+            elif field == 2:
+                start = _scalar(p, e, &pos, wt, 1)
+            elif field == 3:
+                ns = _scalar(p, e, &pos, wt, 1)
+            elif field == 4:
+                count = _scalar(p, e, &pos, wt, 1)
+            elif field == 5:
+                total = _scalar(p, e, &pos, wt, 1)
+                has_sum = True
+            elif field == 11:
+                low = _scalar(p, e, &pos, wt, 1)
+                has_min = True
+            elif field == 12:
+                high = _scalar(p, e, &pos, wt, 1)
+                has_max = True
+            elif field == 10:
+                flags = _scalar(p, e, &pos, wt, 0)
+            else:  # 6 bucket_counts, 7 explicit_bounds, 8 exemplars: read when written
+                _skip(p, e, &pos, wt)
+        if ns > _LONG_MAX or start > _LONG_MAX or count > _LONG_MAX:
+            _refer("a point's time or count is past 2^63 (the reference rejects it)")
+        _put_key_time(b, b',"time":', ns)
+        _put_key_uint(b, b',"time_unix_nano":', ns)
+        _put_key_time(b, b',"start_time":', start)
+        _put_key_uint(b, b',"start_time_unix_nano":', start)
+        _lit(b, b',"attributes":')
+        _put_attributes(b, p, &attrs)
+        _put_key_uint(b, b',"flags":', <uint32_t>flags)
+        _put_key_uint(b, b',"count":', count)
+        _put_optional(b, b',"sum":', has_sum, total)
+        _put_optional(b, b',"min":', has_min, low)
+        _put_optional(b, b',"max":', has_max, high)
+        _put_fixed_list(b, b',"bucket_counts":', p, s, e, 6, False)
+        _put_fixed_list(b, b',"explicit_bounds":', p, s, e, 7, True)
+        _lit(b, b',"aggregation_temporality":')
+        _put_enum(b, _TEMPORALITIES, m.temporality)
+        _put_items(b, b',"exemplars":', p, s, e, 8, _exemplar)
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
 cdef int _read_metric(Buf* head, Metric* m, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
     """A ``Metric``'s columns into ``head`` and its data (gauge or sum; any other data, none,
     or two data members go to the reference)."""
@@ -1315,8 +1429,8 @@ cdef int _read_metric(Buf* head, Metric* m, Wire p, Py_ssize_t s, Py_ssize_t e) 
                 _add(&meta, p, vs, ve)
             else:
                 _skip(p, e, &pos, wt)
-        if m.kind != 5 and m.kind != 7:
-            _refer("a metric without data, or a histogram or summary")
+        if m.kind != 5 and m.kind != 7 and m.kind != 9:
+            _refer("a metric without data, or an exponential histogram or a summary")
         head.size = 0
         _put_key_str(head, b',"metric_name":', p, ns, ne)
         _put_key_str(head, b',"metric_description":', p, dss, dse)
@@ -1338,7 +1452,7 @@ cdef int _read_data(Metric* m, Wire p) except -1:
         _tag(p, m.de, &pos, &field, &wt)
         if field == 1:
             _len(p, m.de, &pos, wt, &vs, &ve)
-        elif field == 2 and m.kind == 7:
+        elif field == 2 and (m.kind == 7 or m.kind == 9):
             m.temporality = _scalar(p, m.de, &pos, wt, 0)
         elif field == 3 and m.kind == 7:
             m.monotonic = _scalar(p, m.de, &pos, wt, 0)
@@ -1367,13 +1481,17 @@ cdef int _metric_rows(dict rows, Wire p, Py_ssize_t s, Py_ssize_t e, Buf* head, 
         _len(p, m.de, &pos, wt, &ps, &pe)
         out.size = 0
         _put(out, head.data, head.size)
-        _number_point(out, p, ps, pe, &m)
+        if m.kind == 9:
+            _histogram_point(out, p, ps, pe, &m)
+        else:
+            _number_point(out, p, ps, pe, &m)
         out.data[0] = b'{'
         found = PyBytes_FromStringAndSize(NULL, out.size + tail.size)
         memcpy(PyBytes_AS_STRING(found), out.data, out.size)
         memcpy(PyBytes_AS_STRING(found) + out.size, tail.data, tail.size)
         if kind_rows is None:
-            kind_rows = rows.setdefault("gauge" if m.kind == 5 else "sum", [])
+            kind_rows = rows.setdefault(
+                "gauge" if m.kind == 5 else "sum" if m.kind == 7 else "histogram", [])
         kind_rows.append(found)
     return 0
 
@@ -1400,7 +1518,8 @@ cdef int _scope_metrics(dict rows, Wire p, Py_ssize_t s, Py_ssize_t e, Buf* res,
 
 def metric_rows(bytes body):
     """The canonical rows per kind (``export_rows("metrics", ..., canonical=True).rows``) of
-    an ``ExportMetricsServiceRequest``'s wire bytes, when every metric is a gauge or a sum.
+    an ``ExportMetricsServiceRequest``'s wire bytes, when every metric is a gauge, a sum or
+    a histogram.
     Raises :class:`Reference` when only the reference path can tell (see the module's doc)."""
     cdef Wire p = <Wire>PyBytes_AS_STRING(body)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body), pos = 0, s, e, rpos, hs = 0, he = 0, us, ue

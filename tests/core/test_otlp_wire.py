@@ -210,11 +210,26 @@ def _number_point(draw: st.DrawFn) -> m.NumberDataPoint:
 
 
 @st.composite
+def _histogram_point(draw: st.DrawFn) -> m.HistogramDataPoint:
+    counts = draw(st.lists(st.integers(0, 2**63 - 1) | st.sampled_from([0, 1, 7]),
+                           max_size=4))
+    point = m.HistogramDataPoint(
+        time_unix_nano=draw(_times), start_time_unix_nano=draw(_times),
+        attributes=draw(_attributes), flags=draw(_uint32), count=draw(_times),
+        bucket_counts=counts, explicit_bounds=draw(st.lists(_doubles, max_size=3)),
+        exemplars=[_exemplar(draw) for _ in range(draw(st.integers(0, 2)))])
+    for name in ("sum", "min", "max"):
+        if draw(st.booleans()):
+            setattr(point, name, draw(_doubles))
+    return point
+
+
+@st.composite
 def _metric(draw: st.DrawFn, others: bool) -> m.Metric:
     metric = m.Metric(name=draw(_text), description=draw(_text), unit=draw(_text),
                       metadata=draw(_attributes))
     points = draw(st.lists(_number_point(), max_size=3))
-    kinds = ["gauge", "sum", *(["histogram", "summary", "none"] if others else [])]
+    kinds = ["gauge", "sum", "histogram", *(["summary", "none"] if others else [])]
     kind = draw(st.sampled_from(kinds))
     if kind == "gauge":
         metric.gauge.data_points.extend(points)
@@ -223,8 +238,10 @@ def _metric(draw: st.DrawFn, others: bool) -> m.Metric:
         metric.sum.aggregation_temporality = draw(st.integers(-1, 4))  # type: ignore[assignment]
         metric.sum.is_monotonic = draw(st.booleans())
     elif kind == "histogram":
-        metric.histogram.data_points.add(time_unix_nano=1, count=2, bucket_counts=[1, 1],
-                                         explicit_bounds=[0.5])
+        metric.histogram.aggregation_temporality = draw(  # type: ignore[assignment]
+            st.integers(-1, 4))
+        for _ in range(draw(st.integers(0, 3))):
+            metric.histogram.data_points.append(draw(_histogram_point()))
     elif kind == "summary":
         metric.summary.data_points.add(time_unix_nano=1, count=1, sum=2.0)
     return metric
@@ -404,14 +421,14 @@ def test_should_refer_broken_span_requests_to_the_reference(request, seed):
 
 @_SETTINGS
 @given(request=metric_requests())
-def test_should_read_any_gauge_and_sum_request_as_the_reference_does(request):
+def test_should_read_any_gauge_sum_and_histogram_request_as_the_reference_does(request):
     check("metrics", request.SerializeToString(), must_read=True)
 
 
 @_SETTINGS
 @given(request=metric_requests(others=True), seed=st.integers(0, 2**32))
 def test_should_read_metric_requests_as_other_senders_write_them(request, seed):
-    """Histograms, summaries and metrics without data are the reference's (referred)."""
+    """Summaries and metrics without data are the reference's (referred)."""
     rng = random.Random(seed)
     check("metrics", rewrite(request.SerializeToString(), request.DESCRIPTOR, rng),
           must_read=False)
