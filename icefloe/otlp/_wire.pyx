@@ -9,8 +9,8 @@ This module reads the wire format once and writes the same JSON bytes directly.
 The Python path stays the reference and the fallback: whatever this module is not sure to
 read exactly as the protobuf runtime (upb) would — malformed or truncated wire data, a string
 that is not UTF-8, a singular message sent twice (protobuf merges those), a time past 2^63
-(the Python path rejects that record), group wire types, very deep values, ``entity_refs``,
-exponential histograms and summaries — raises :class:`Reference`, and the caller runs the reference path on the same bytes, which
+or a metric without data (the Python path rejects those records), group wire types, very
+deep values, ``entity_refs`` — raises :class:`Reference`, and the caller runs the reference path on the same bytes, which
 answers with its own result or refusal. So this module never refuses anything itself and
 never accepts what the reference would refuse. tests/core/test_otlp_wire.py holds both paths
 to the same bytes over generated and hand-broken requests.
@@ -1164,9 +1164,12 @@ def span_rows(bytes body):
     return _rows(body, _span_row)
 
 
-# -- metrics (gauge, sum and histogram points; the other kinds go to the reference) ---------
+# -- metrics: gauge, sum, histogram, exponential histogram and summary points ---------------
 
 cdef tuple _TEMPORALITIES = (b"UNSPECIFIED", b"DELTA", b"CUMULATIVE")
+cdef dict _METRIC_KINDS = {5: "gauge", 7: "sum", 9: "histogram", 10: "exponential_histogram",
+                           11: "summary"}
+"""A ``Metric``'s data member (field number) -> the kind of its rows."""
 
 
 cdef int _put_number(Buf* b, int which, uint64_t raw) except -1:
@@ -1400,6 +1403,215 @@ cdef int _histogram_point(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e, Metric* m
     return 0
 
 
+cdef int _quantile(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
+    """One ``ValueAtQuantile`` as :class:`icefloe.otlp.row_types.Quantile` (a non-finite
+    member is left out)."""
+    cdef uint64_t q = 0, v = 0
+    cdef Py_ssize_t pos = s, at = b.size
+    cdef uint32_t field
+    cdef int wt
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field == 1:
+            q = _scalar(p, e, &pos, wt, 1)
+        elif field == 2:
+            v = _scalar(p, e, &pos, wt, 1)
+        else:
+            _skip(p, e, &pos, wt)
+    _put_optional(b, b',"quantile":', True, q)
+    _put_optional(b, b',"value":', True, v)
+    if b.size == at:
+        return _put(b, b"{}", 2)
+    b.data[at] = b'{'
+    return _put(b, b"}", 1)
+
+
+cdef int _summary_point(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e, Metric* m) except -1:
+    """A ``SummaryDataPoint``'s members after its metric's
+    (:func:`icefloe.otlp.metric_rows._summary`), each after a comma."""
+    cdef uint64_t ns = 0, start = 0, flags = 0, count = 0, total = 0
+    cdef Py_ssize_t pos = s, vs, ve
+    cdef uint32_t field
+    cdef int wt
+    cdef Entries attrs
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        while pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 7:
+                _len(p, e, &pos, wt, &vs, &ve)
+                _add(&attrs, p, vs, ve)
+            elif field == 2:
+                start = _scalar(p, e, &pos, wt, 1)
+            elif field == 3:
+                ns = _scalar(p, e, &pos, wt, 1)
+            elif field == 4:
+                count = _scalar(p, e, &pos, wt, 1)
+            elif field == 5:
+                total = _scalar(p, e, &pos, wt, 1)
+            elif field == 6:
+                _len(p, e, &pos, wt, &vs, &ve)
+            elif field == 8:
+                flags = _scalar(p, e, &pos, wt, 0)
+            else:
+                _skip(p, e, &pos, wt)
+        if ns > _LONG_MAX or start > _LONG_MAX or count > _LONG_MAX:
+            _refer("a point's time or count is past 2^63 (the reference rejects it)")
+        _point_head(b, p, ns, start, &attrs, flags)
+        _put_key_uint(b, b',"count":', count)
+        _put_optional(b, b',"sum":', True, total)
+        _put_items(b, b',"quantile_values":', p, s, e, 6, _quantile)
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
+cdef int _point_head(Buf* b, Wire p, uint64_t ns, uint64_t start, Entries* attrs,
+                     uint64_t flags) except -1:
+    """A point's times, attributes and flags (after its metric's columns)."""
+    _put_key_time(b, b',"time":', ns)
+    _put_key_uint(b, b',"time_unix_nano":', ns)
+    _put_key_time(b, b',"start_time":', start)
+    _put_key_uint(b, b',"start_time_unix_nano":', start)
+    _lit(b, b',"attributes":')
+    _put_attributes(b, p, attrs)
+    return _put_key_uint(b, b',"flags":', <uint32_t>flags)
+
+
+cdef int _buckets(Buf* b, bytes offset_key, bytes counts_key, Wire p, bint has,
+                  Py_ssize_t s, Py_ssize_t e) except -1:
+    """An exponential histogram's ``Buckets``: its offset (``sint32``) and its counts
+    (``uint64``, packed or not, each at most 2^63-1)."""
+    cdef Py_ssize_t pos = s, vs, ve, k
+    cdef uint32_t field, u = 0
+    cdef int wt
+    cdef uint64_t raw
+    cdef Buf counts
+    cdef bint first = True
+    memset(&counts, 0, sizeof(Buf))
+    try:
+        _put(&counts, b"[", 1)
+        while has and pos < e:
+            _tag(p, e, &pos, &field, &wt)
+            if field == 1:
+                u = <uint32_t>_scalar(p, e, &pos, wt, 0)
+            elif field == 2:
+                if wt == 2:
+                    _len(p, e, &pos, wt, &vs, &ve)
+                else:
+                    vs = pos
+                    _scalar(p, e, &pos, wt, 0)
+                    ve = pos
+                k = vs
+                while k < ve:
+                    _varint(p, ve, &k, &raw)
+                    if raw > _LONG_MAX:
+                        _refer("a bucket count is past 2^63-1 (the reference rejects it)")
+                    if not first:
+                        _put(&counts, b",", 1)
+                    first = False
+                    _put_uint(&counts, raw)
+            else:
+                _skip(p, e, &pos, wt)
+        _put(&counts, b"]", 1)
+        _lit(b, offset_key)
+        _put_int(b, <int32_t>((u >> 1) ^ (<uint32_t>0 - (u & 1))))
+        _lit(b, counts_key)
+        _put(b, counts.data, counts.size)
+    finally:
+        free(counts.data)
+    return 0
+
+
+cdef struct ExpFields:
+    uint64_t ns, start, flags, count, total, low, high, zero_count, zero_threshold, scale
+    bint has_sum, has_min, has_max, has_pos, has_neg
+    Py_ssize_t ps, pe, ns_, ne_
+
+
+cdef int _read_exponential(ExpFields* f, Entries* attrs, Wire p, Py_ssize_t s, Py_ssize_t e
+                           ) except -1:
+    cdef Py_ssize_t pos = s, vs, ve
+    cdef uint32_t field
+    cdef int wt
+    while pos < e:
+        _tag(p, e, &pos, &field, &wt)
+        if field == 1:
+            _len(p, e, &pos, wt, &vs, &ve)
+            _add(attrs, p, vs, ve)
+        elif field == 2:
+            f.start = _scalar(p, e, &pos, wt, 1)
+        elif field == 3:
+            f.ns = _scalar(p, e, &pos, wt, 1)
+        elif field == 4:
+            f.count = _scalar(p, e, &pos, wt, 1)
+        elif field == 5:
+            f.total = _scalar(p, e, &pos, wt, 1)
+            f.has_sum = True
+        elif field == 6:
+            f.scale = _scalar(p, e, &pos, wt, 0)
+        elif field == 7:
+            f.zero_count = _scalar(p, e, &pos, wt, 1)
+        elif field == 8 or field == 9:
+            if (f.has_pos if field == 8 else f.has_neg):
+                _refer("a point sends its buckets twice (protobuf merges them)")
+            if field == 8:
+                f.has_pos = True
+                _len(p, e, &pos, wt, &f.ps, &f.pe)
+            else:
+                f.has_neg = True
+                _len(p, e, &pos, wt, &f.ns_, &f.ne_)
+        elif field == 10:
+            f.flags = _scalar(p, e, &pos, wt, 0)
+        elif field == 12:
+            f.low = _scalar(p, e, &pos, wt, 1)
+            f.has_min = True
+        elif field == 13:
+            f.high = _scalar(p, e, &pos, wt, 1)
+            f.has_max = True
+        elif field == 14:
+            f.zero_threshold = _scalar(p, e, &pos, wt, 1)
+        else:  # 11 exemplars: read when written
+            _skip(p, e, &pos, wt)
+    return 0
+
+
+cdef int _exponential_point(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e, Metric* m
+                            ) except -1:
+    """An ``ExponentialHistogramDataPoint``'s members after its metric's
+    (:func:`icefloe.otlp.metric_rows._exponential_histogram`), each after a comma."""
+    cdef ExpFields f
+    cdef Entries attrs
+    memset(&f, 0, sizeof(ExpFields))
+    attrs.items = NULL
+    attrs.n = attrs.cap = 0
+    try:
+        _read_exponential(&f, &attrs, p, s, e)
+        if (f.ns > _LONG_MAX or f.start > _LONG_MAX or f.count > _LONG_MAX
+                or f.zero_count > _LONG_MAX):
+            _refer("a point's time or count is past 2^63 (the reference rejects it)")
+        _point_head(b, p, f.ns, f.start, &attrs, f.flags)
+        _put_key_uint(b, b',"count":', f.count)
+        _put_optional(b, b',"sum":', f.has_sum, f.total)
+        _put_optional(b, b',"min":', f.has_min, f.low)
+        _put_optional(b, b',"max":', f.has_max, f.high)
+        _lit(b, b',"scale":')
+        _put_int(b, <int32_t>((<uint32_t>f.scale >> 1) ^ (<uint32_t>0 - (<uint32_t>f.scale & 1))))
+        _put_key_uint(b, b',"zero_count":', f.zero_count)
+        _put_optional(b, b',"zero_threshold":', True, f.zero_threshold)
+        _buckets(b, b',"positive_offset":', b',"positive_bucket_counts":', p, f.has_pos,
+                 f.ps, f.pe)
+        _buckets(b, b',"negative_offset":', b',"negative_bucket_counts":', p, f.has_neg,
+                 f.ns_, f.ne_)
+        _lit(b, b',"aggregation_temporality":')
+        _put_enum(b, _TEMPORALITIES, m.temporality)
+        _put_items(b, b',"exemplars":', p, s, e, 11, _exemplar)
+    finally:
+        _free_entries(&attrs)
+    return 0
+
+
 cdef int _read_metric(Buf* head, Metric* m, Wire p, Py_ssize_t s, Py_ssize_t e) except -1:
     """A ``Metric``'s columns into ``head`` and its data (gauge or sum; any other data, none,
     or two data members go to the reference)."""
@@ -1429,8 +1641,8 @@ cdef int _read_metric(Buf* head, Metric* m, Wire p, Py_ssize_t s, Py_ssize_t e) 
                 _add(&meta, p, vs, ve)
             else:
                 _skip(p, e, &pos, wt)
-        if m.kind != 5 and m.kind != 7 and m.kind != 9:
-            _refer("a metric without data, or an exponential histogram or a summary")
+        if m.kind == 0:
+            _refer("a metric without data (the reference rejects it)")
         head.size = 0
         _put_key_str(head, b',"metric_name":', p, ns, ne)
         _put_key_str(head, b',"metric_description":', p, dss, dse)
@@ -1452,7 +1664,7 @@ cdef int _read_data(Metric* m, Wire p) except -1:
         _tag(p, m.de, &pos, &field, &wt)
         if field == 1:
             _len(p, m.de, &pos, wt, &vs, &ve)
-        elif field == 2 and (m.kind == 7 or m.kind == 9):
+        elif field == 2 and (m.kind == 7 or m.kind == 9 or m.kind == 10):
             m.temporality = _scalar(p, m.de, &pos, wt, 0)
         elif field == 3 and m.kind == 7:
             m.monotonic = _scalar(p, m.de, &pos, wt, 0)
@@ -1483,6 +1695,10 @@ cdef int _metric_rows(dict rows, Wire p, Py_ssize_t s, Py_ssize_t e, Buf* head, 
         _put(out, head.data, head.size)
         if m.kind == 9:
             _histogram_point(out, p, ps, pe, &m)
+        elif m.kind == 10:
+            _exponential_point(out, p, ps, pe, &m)
+        elif m.kind == 11:
+            _summary_point(out, p, ps, pe, &m)
         else:
             _number_point(out, p, ps, pe, &m)
         out.data[0] = b'{'
@@ -1490,8 +1706,7 @@ cdef int _metric_rows(dict rows, Wire p, Py_ssize_t s, Py_ssize_t e, Buf* head, 
         memcpy(PyBytes_AS_STRING(found), out.data, out.size)
         memcpy(PyBytes_AS_STRING(found) + out.size, tail.data, tail.size)
         if kind_rows is None:
-            kind_rows = rows.setdefault(
-                "gauge" if m.kind == 5 else "sum" if m.kind == 7 else "histogram", [])
+            kind_rows = rows.setdefault(_METRIC_KINDS[m.kind], [])
         kind_rows.append(found)
     return 0
 
@@ -1518,8 +1733,7 @@ cdef int _scope_metrics(dict rows, Wire p, Py_ssize_t s, Py_ssize_t e, Buf* res,
 
 def metric_rows(bytes body):
     """The canonical rows per kind (``export_rows("metrics", ..., canonical=True).rows``) of
-    an ``ExportMetricsServiceRequest``'s wire bytes, when every metric is a gauge, a sum or
-    a histogram.
+    an ``ExportMetricsServiceRequest``'s wire bytes.
     Raises :class:`Reference` when only the reference path can tell (see the module's doc)."""
     cdef Wire p = <Wire>PyBytes_AS_STRING(body)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body), pos = 0, s, e, rpos, hs = 0, he = 0, us, ue

@@ -3,10 +3,10 @@
 Why: :func:`icefloe.otlp.rows.export_rows` over the parsed message costs ~9 µs per log
 record in Python; :mod:`icefloe.otlp._wire` (Cython, built with the other speedups by
 ``scripts/build_speedups.py``) reads the wire format once and writes the same bytes. It
-answers for logs, traces and metrics of gauges, sums and histograms, and only when it can
-be sure to read the bytes as the protobuf runtime would; otherwise — not built,
-``ICEFLOE_SPEEDUPS=0``, an exponential histogram or a summary, or a request it refers
-(malformed, not UTF-8, merged messages, a time or count past 2^63: see its module doc) —
+answers for logs, traces and metrics (all five kinds of points), and only when it can be
+sure to read the bytes as the protobuf runtime would; otherwise — not built,
+``ICEFLOE_SPEEDUPS=0``, or a request it refers (malformed, not UTF-8, merged messages, a
+time or count past 2^63, a metric without data: see its module doc) —
 :func:`wire_rows` gives None and the caller runs the reference path, which gives the same
 rows or its own refusal.
 tests/core/test_otlp_wire.py holds them equal.

@@ -211,8 +211,7 @@ def _number_point(draw: st.DrawFn) -> m.NumberDataPoint:
 
 @st.composite
 def _histogram_point(draw: st.DrawFn) -> m.HistogramDataPoint:
-    counts = draw(st.lists(st.integers(0, 2**63 - 1) | st.sampled_from([0, 1, 7]),
-                           max_size=4))
+    counts = draw(_counts)
     point = m.HistogramDataPoint(
         time_unix_nano=draw(_times), start_time_unix_nano=draw(_times),
         attributes=draw(_attributes), flags=draw(_uint32), count=draw(_times),
@@ -224,13 +223,48 @@ def _histogram_point(draw: st.DrawFn) -> m.HistogramDataPoint:
     return point
 
 
+_counts = st.lists(st.integers(0, 2**63 - 1) | st.sampled_from([0, 1, 7]), max_size=4)
+_sint32 = st.integers(-2**31, 2**31 - 1)
+
+
+@st.composite
+def _exponential_point(draw: st.DrawFn) -> m.ExponentialHistogramDataPoint:
+    Buckets = m.ExponentialHistogramDataPoint.Buckets
+    point = m.ExponentialHistogramDataPoint(
+        time_unix_nano=draw(_times), start_time_unix_nano=draw(_times),
+        attributes=draw(_attributes), flags=draw(_uint32), count=draw(_times),
+        scale=draw(_sint32), zero_count=draw(_times), zero_threshold=draw(_doubles),
+        exemplars=[_exemplar(draw) for _ in range(draw(st.integers(0, 2)))])
+    for name in ("sum", "min", "max"):
+        if draw(st.booleans()):
+            setattr(point, name, draw(_doubles))
+    for name in ("positive", "negative"):
+        if draw(st.booleans()):
+            getattr(point, name).CopyFrom(Buckets(offset=draw(_sint32),
+                                                  bucket_counts=draw(_counts)))
+    return point
+
+
+@st.composite
+def _summary_point(draw: st.DrawFn) -> m.SummaryDataPoint:
+    Q = m.SummaryDataPoint.ValueAtQuantile
+    return m.SummaryDataPoint(
+        time_unix_nano=draw(_times), start_time_unix_nano=draw(_times),
+        attributes=draw(_attributes), flags=draw(_uint32), count=draw(_times),
+        sum=draw(_doubles), quantile_values=[Q(quantile=draw(_doubles), value=draw(_doubles))
+                                             for _ in range(draw(st.integers(0, 3)))])
+
+
 @st.composite
 def _metric(draw: st.DrawFn, others: bool) -> m.Metric:
     metric = m.Metric(name=draw(_text), description=draw(_text), unit=draw(_text),
                       metadata=draw(_attributes))
     points = draw(st.lists(_number_point(), max_size=3))
-    kinds = ["gauge", "sum", "histogram", *(["summary", "none"] if others else [])]
+    kinds = ["gauge", "sum", "histogram", "exponential_histogram", "summary",
+             *(["none"] if others else [])]
     kind = draw(st.sampled_from(kinds))
+    if kind != "none":
+        getattr(metric, kind).SetInParent()  # data without points is data
     if kind == "gauge":
         metric.gauge.data_points.extend(points)
     elif kind == "sum":
@@ -242,8 +276,14 @@ def _metric(draw: st.DrawFn, others: bool) -> m.Metric:
             st.integers(-1, 4))
         for _ in range(draw(st.integers(0, 3))):
             metric.histogram.data_points.append(draw(_histogram_point()))
+    elif kind == "exponential_histogram":
+        metric.exponential_histogram.aggregation_temporality = draw(  # type: ignore[assignment]
+            st.integers(-1, 4))
+        for _ in range(draw(st.integers(0, 3))):
+            metric.exponential_histogram.data_points.append(draw(_exponential_point()))
     elif kind == "summary":
-        metric.summary.data_points.add(time_unix_nano=1, count=1, sum=2.0)
+        for _ in range(draw(st.integers(0, 3))):
+            metric.summary.data_points.append(draw(_summary_point()))
     return metric
 
 
@@ -421,14 +461,14 @@ def test_should_refer_broken_span_requests_to_the_reference(request, seed):
 
 @_SETTINGS
 @given(request=metric_requests())
-def test_should_read_any_gauge_sum_and_histogram_request_as_the_reference_does(request):
+def test_should_read_any_metric_request_as_the_reference_does(request):
     check("metrics", request.SerializeToString(), must_read=True)
 
 
 @_SETTINGS
 @given(request=metric_requests(others=True), seed=st.integers(0, 2**32))
 def test_should_read_metric_requests_as_other_senders_write_them(request, seed):
-    """Summaries and metrics without data are the reference's (referred)."""
+    """Metrics without data are the reference's (it rejects them: referred)."""
     rng = random.Random(seed)
     check("metrics", rewrite(request.SerializeToString(), request.DESCRIPTOR, rng),
           must_read=False)
@@ -502,3 +542,14 @@ def test_should_write_doubles_as_msgspec_does():
     request = ExportLogsServiceRequest(resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(
         log_records=[record])])])
     check("logs", request.SerializeToString(), must_read=True)
+
+
+def test_should_refer_a_metric_without_data_which_the_reference_counts_as_rejected():
+    request = ExportMetricsServiceRequest(resource_metrics=[m.ResourceMetrics(scope_metrics=[
+        m.ScopeMetrics(metrics=[m.Metric(name="empty"), m.Metric(name="g", gauge=m.Gauge(
+            data_points=[m.NumberDataPoint(time_unix_nano=1, as_int=3)]))])])])
+    body = request.SerializeToString()
+    assert wire_rows("metrics", body) is None
+    found = reference("metrics", body)
+    assert found is not None
+    assert (len(found.rows["gauge"]), found.rejected) == (1, 1)
