@@ -8,12 +8,13 @@ This module reads the wire format once and writes the same JSON bytes directly.
 
 The Python path stays the reference and the fallback: whatever this module is not sure to
 read exactly as the protobuf runtime (upb) would — malformed or truncated wire data, a string
-that is not UTF-8, a singular message sent twice (protobuf merges those), a time past 2^63
-or a metric without data (the Python path rejects those records), group wire types, very
-deep values, ``entity_refs`` — raises :class:`Reference`, and the caller runs the reference path on the same bytes, which
-answers with its own result or refusal. So this module never refuses anything itself and
-never accepts what the reference would refuse. tests/core/test_otlp_wire.py holds both paths
-to the same bytes over generated and hand-broken requests.
+that is not UTF-8, a singular message sent twice (protobuf merges those), a time or count
+past 2^63 or a metric without data (the Python path rejects those records), group wire
+types, very deep values, ``entity_refs`` — raises :class:`Reference`, and the caller runs
+the reference path on the same bytes, which answers with its own result or refusal. So
+this module never refuses anything itself and never accepts what the reference would
+refuse. tests/core/test_otlp_wire.py holds both paths to the same bytes over generated,
+re-encoded and broken requests.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -1479,6 +1480,12 @@ cdef int _point_head(Buf* b, Wire p, uint64_t ns, uint64_t start, Entries* attrs
     return _put_key_uint(b, b',"flags":', <uint32_t>flags)
 
 
+cdef inline int32_t _zigzag32(uint64_t raw):
+    """A ``sint32`` from its varint (the low 32 bits, zig-zag decoded, as upb reads it)."""
+    cdef uint32_t u = <uint32_t>raw
+    return <int32_t>((u >> 1) ^ (<uint32_t>0 - (u & 1)))
+
+
 cdef int _buckets(Buf* b, bytes offset_key, bytes counts_key, Wire p, bint has,
                   Py_ssize_t s, Py_ssize_t e) except -1:
     """An exponential histogram's ``Buckets``: its offset (``sint32``) and its counts
@@ -1516,7 +1523,7 @@ cdef int _buckets(Buf* b, bytes offset_key, bytes counts_key, Wire p, bint has,
                 _skip(p, e, &pos, wt)
         _put(&counts, b"]", 1)
         _lit(b, offset_key)
-        _put_int(b, <int32_t>((u >> 1) ^ (<uint32_t>0 - (u & 1))))
+        _put_int(b, _zigzag32(u))
         _lit(b, counts_key)
         _put(b, counts.data, counts.size)
     finally:
@@ -1597,7 +1604,7 @@ cdef int _exponential_point(Buf* b, Wire p, Py_ssize_t s, Py_ssize_t e, Metric* 
         _put_optional(b, b',"min":', f.has_min, f.low)
         _put_optional(b, b',"max":', f.has_max, f.high)
         _lit(b, b',"scale":')
-        _put_int(b, <int32_t>((<uint32_t>f.scale >> 1) ^ (<uint32_t>0 - (<uint32_t>f.scale & 1))))
+        _put_int(b, _zigzag32(f.scale))
         _put_key_uint(b, b',"zero_count":', f.zero_count)
         _put_optional(b, b',"zero_threshold":', True, f.zero_threshold)
         _buckets(b, b',"positive_offset":', b',"positive_bucket_counts":', p, f.has_pos,
