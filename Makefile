@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml constraints.txt
 # stamped only once built: without a compiler every make says so again (and builds them
 # as soon as one is installed)
 $(SPEEDUPS): $(STAMP) icefloe/formats/_speedups.pyx icefloe/otlp/_wire.pyx \
-             scripts/build_speedups.py
+             $(wildcard icefloe/otlp/_wire_*.pxi) scripts/build_speedups.py
 	$(BIN)/python scripts/build_speedups.py
 	@if ls icefloe/formats/_speedups*.so icefloe/otlp/_wire*.so >/dev/null 2>&1; then \
 		touch $(SPEEDUPS); fi

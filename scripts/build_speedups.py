@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"icefloe.formats._speedups": ROOT / "icefloe" / "formats" / "_speedups.pyx",
            "icefloe.otlp._wire": ROOT / "icefloe" / "otlp" / "_wire.pyx"}
-"""Each compiled module and its source (the Makefile's speedups stamp depends on them)."""
+"""Each compiled module and its source (which may include ``.pxi`` parts beside it; the
+Makefile's speedups stamp depends on them all)."""
 
 
 _BUILD = """
