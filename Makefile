@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.icefloe-installed
-# the compiled hot loops (icefloe/formats/_speedups.pyx; without a C compiler icefloe runs the
-# pure-Python path and says so)
+# the compiled hot loops (icefloe/formats/_speedups.pyx, icefloe/otlp/_wire.pyx; without a C
+# compiler icefloe runs the pure-Python path and says so)
 SPEEDUPS := $(VENV)/.icefloe-speedups
 PYTEST_ARGS ?=
 # checkov (static checks of deploy/) lives in its own venv: its pins would downgrade
@@ -31,9 +31,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 # stamped only once built: without a compiler every make says so again (and builds them
 # as soon as one is installed)
-$(SPEEDUPS): $(STAMP) icefloe/formats/_speedups.pyx scripts/build_speedups.py
+$(SPEEDUPS): $(STAMP) icefloe/formats/_speedups.pyx icefloe/otlp/_wire.pyx \
+             $(wildcard icefloe/otlp/_wire_*.pxi) scripts/build_speedups.py
 	$(BIN)/python scripts/build_speedups.py
-	@if ls icefloe/formats/_speedups*.so >/dev/null 2>&1; then touch $(SPEEDUPS); fi
+	@if ls icefloe/formats/_speedups*.so icefloe/otlp/_wire*.so >/dev/null 2>&1; then \
+		touch $(SPEEDUPS); fi
 
 venv: $(STAMP) $(SPEEDUPS)
 

@@ -73,6 +73,7 @@ from icefloe.config import Column, StreamConfig
 from icefloe.manifest.publish import build_batch
 from icefloe.otlp.config import OtlpSection, otlp_streams
 from icefloe.otlp.rows import export_rows
+from icefloe.otlp.wire import wire_rows
 from ingestor.validate import CompiledStream
 from pipeline.load.run import LocalEngine, SparkEngine
 
@@ -280,8 +281,10 @@ def log_rates(root: Path, seconds: float, trials: int
 def log_steps(seconds: float) -> dict[str, float]:
     """CPU-µs per record of the OTLP receiver's steps, in this process, best of alternating
     passes: parsing the protobuf request, ``export_rows``, and the stream's validation of the
-    rows (the JSON baseline's only step): where the two rows' difference goes; and
-    ``export_rows(canonical=True)``, whose payloads need no validation."""
+    rows (the JSON baseline's only step): where the two rows' difference goes;
+    ``export_rows(canonical=True)``, whose payloads need no validation; and ``wire``, the
+    receiver's bytes-to-rows step as it runs (the compiled decoder, icefloe/otlp/_wire.pyx,
+    where built; else parse + canonical rows)."""
     request = log_request(0, PER_REQUEST)
     body, array = request.SerializeToString(), rows_array("logs", request, "logs")
     compiled = CompiledStream(otlp_streams(OtlpSection(enabled=True, kinds=("logs",)),
@@ -289,7 +292,9 @@ def log_steps(seconds: float) -> dict[str, float]:
     steps = {"parse": lambda: ExportLogsServiceRequest.FromString(body),
              "rows": lambda: export_rows("logs", request),
              "validate": lambda: compiled.from_json(array),
-             "canonical": lambda: export_rows("logs", request, canonical=True)}
+             "canonical": lambda: export_rows("logs", request, canonical=True),
+             "wire": lambda: wire_rows("logs", body) or export_rows(
+                 "logs", ExportLogsServiceRequest.FromString(body), canonical=True)}
     best: dict[str, float] = {}
     for _ in range(3):
         for name, step in steps.items():
@@ -413,6 +418,8 @@ def main() -> None:
                "CPU-us"),
         Result("diagnostic: export_rows(canonical=True), payloads needing no validation, per "
                "record", steps["canonical"], "CPU-us"),
+        Result("diagnostic: protobuf bytes to canonical rows as the receiver does it (compiled "
+               "wire decoder where built), per record", steps["wire"], "CPU-us"),
     ]
     print_table(f"OTLP vs JSON events (logs: one ingestor process, durable acks on a local store; "
                 f"spans: {batches * per_batch:,} rows through the collector)", results)

@@ -1,4 +1,5 @@
-"""Build icefloe's compiled hot loops (``icefloe/formats/_speedups.pyx``) in place, with Cython.
+"""Build icefloe's compiled hot loops in place, with Cython: ``icefloe/formats/_speedups.pyx``
+(framing, Kafka records) and ``icefloe/otlp/_wire.pyx`` (OTLP requests to rows).
 
 Run by ``make`` after installing the virtualenv. Where no C compiler is found it says so
 and exits 0: icefloe then runs its pure-Python reference code (same results, slower). A
@@ -15,7 +16,10 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "icefloe" / "formats" / "_speedups.pyx"
+SOURCES = {"icefloe.formats._speedups": ROOT / "icefloe" / "formats" / "_speedups.pyx",
+           "icefloe.otlp._wire": ROOT / "icefloe" / "otlp" / "_wire.pyx"}
+"""Each compiled module and its source (which may include ``.pxi`` parts beside it; the
+Makefile's speedups stamp depends on them all)."""
 
 
 _BUILD = """
@@ -23,9 +27,9 @@ import sys, tempfile
 from Cython.Build import cythonize
 from setuptools import Distribution, Extension
 
-source = sys.argv[1]
+pairs = zip(sys.argv[1::2], sys.argv[2::2], strict=True)
 with tempfile.TemporaryDirectory(prefix="icefloe-build-") as temp:
-    modules = cythonize([Extension("icefloe.formats._speedups", [source])], build_dir=temp,
+    modules = cythonize([Extension(name, [source]) for name, source in pairs], build_dir=temp,
                         compiler_directives={"language_level": 3}, quiet=True)
     dist = Distribution({"name": "icefloe-speedups", "ext_modules": modules})
     build = dist.get_command_obj("build_ext")
@@ -56,16 +60,19 @@ def main() -> int:
               file=sys.stderr)
         return 0
     # in a child process: a compiler's crash or a half-written module stays out of ours
-    result = subprocess.run([sys.executable, "-c", _BUILD, str(SOURCE)], cwd=ROOT,
+    pairs = [part for name, source in SOURCES.items() for part in (name, str(source))]
+    result = subprocess.run([sys.executable, "-c", _BUILD, *pairs], cwd=ROOT,
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:
         print(result.stdout + result.stderr, file=sys.stderr)
-        print(f"icefloe: building {SOURCE.name} failed (exit {result.returncode}); see above",
+        names = ", ".join(source.name for source in SOURCES.values())
+        print(f"icefloe: building {names} failed (exit {result.returncode}); see above",
               file=sys.stderr)
         return 1
-    built = sorted(SOURCE.parent.glob("_speedups*.so"))
-    print(f"icefloe: built {built[-1].relative_to(ROOT) if built else SOURCE.stem} "
-          "(compiled hot loops)")
+    for source in SOURCES.values():
+        built = sorted(source.parent.glob(f"{source.stem}*.so"))
+        print(f"icefloe: built {built[-1].relative_to(ROOT) if built else source.stem} "
+              "(compiled hot loops)")
     return 0
 
 

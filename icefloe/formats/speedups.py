@@ -14,8 +14,14 @@ from types import ModuleType
 ENV = "ICEFLOE_SPEEDUPS"
 
 
+def enabled() -> bool:
+    """False when ``ICEFLOE_SPEEDUPS`` turns every compiled module off (this one and
+    :mod:`icefloe.otlp.wire`'s)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def _load() -> ModuleType | None:
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not enabled():
         return None
     try:
         # (compiled where a C compiler is, scripts/build_speedups.py: no source to check)

@@ -40,6 +40,7 @@ from icefloe.config import Config
 from icefloe.otlp.config import otlp_stream_names, otlp_streams
 from icefloe.otlp.kinds import SIGNAL_KINDS
 from icefloe.otlp.rows import ExportRows, export_rows
+from icefloe.otlp.wire import wire_rows
 from icefloe.streams.model import StreamConfig
 from ingestor.errors import (
     BadRequest,
@@ -50,6 +51,7 @@ from ingestor.errors import (
     Unavailable,
     UnknownStream,
 )
+from ingestor.otlp.decode import Signal, parse_protobuf
 from ingestor.service import Caller, IngestService
 from ingestor.validate import Canonical, CompiledStream, InvalidEvents
 
@@ -173,8 +175,25 @@ class OtlpAdmission:
         byte for byte for every kind), and validating them again was half the cost of a
         request. A stream registry may serve an ``otlp.*`` source of its own: its rows go
         through its validation like any client's."""
-        return export_rows(signal, request, canonical=all(
-            self._generated_here(kind) for kind in self.kinds(signal)))
+        return export_rows(signal, request, canonical=self._canonical(signal))
+
+    def protobuf_rows(self, signal: Signal, body: bytes) -> ExportRows:
+        """Step 2 from a binary protobuf body: the compiled decoder's rows
+        (:func:`icefloe.otlp.wire.wire_rows`, the same bytes as :meth:`rows` at a fifth of
+        the cost) when the rows may be canonical and it can read the body; else the
+        reference path's, which also refuses what is not a request (``invalid_protobuf``).
+
+        Raises:
+            BadRequest: the body is not a valid export request of ``signal``.
+        """
+        if self._canonical(signal.name):
+            found = wire_rows(signal.name, body)
+            if found is not None:
+                return found
+        return self.rows(signal.name, parse_protobuf(signal, body))
+
+    def _canonical(self, signal: str) -> bool:
+        return all(self._generated_here(kind) for kind in self.kinds(signal))
 
     def _generated_here(self, kind: str) -> bool:
         name = self.streams[kind]

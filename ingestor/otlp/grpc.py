@@ -39,7 +39,7 @@ from ingestor.grpc_app import (
 )
 from ingestor.otlp.admit import OtlpAdmission
 from ingestor.otlp.answers import export_response
-from ingestor.otlp.decode import SIGNALS, Signal, parse_protobuf
+from ingestor.otlp.decode import SIGNALS, Signal
 from ingestor.runtime import IngestorRuntime
 
 __all__ = ["SERVICES", "TRANSPORT", "OtlpExport", "add_otlp_services"]
@@ -89,7 +89,7 @@ class OtlpExport:
             authorized = await self.admission.authorize(
                 signal.name, bearer_token(context.invocation_metadata()),
                 client_address(context, self.service.proxies))
-            rows = self.admission.rows(signal.name, parse_protobuf(signal, data))
+            rows = self.admission.protobuf_rows(signal, data)
             events = max(1, sum(map(len, rows.rows.values())))
             admitted = self.admission.admit(rows, data, authorized)
             await admitted.settle(self.service)

@@ -37,7 +37,7 @@ from ingestor.http.inflate import Inflater
 from ingestor.http.steps import CLIENT_GONE_STATUS, ClientGone, Headers, IngestSteps, Request
 from ingestor.otlp.admit import OtlpAdmission
 from ingestor.otlp.answers import JSON, PROTOBUF, status_body, success_body
-from ingestor.otlp.decode import Signal, parse_json, parse_protobuf
+from ingestor.otlp.decode import Signal, parse_json
 
 __all__ = ["TRANSPORT", "OtlpHttp", "media_type"]
 
@@ -123,8 +123,8 @@ class OtlpHttp:
             raise PayloadTooLarge(f"Content-Length {declared} exceeds the {limit}-byte limit "
                                   "(ingestor.max_body_bytes); lower the exporter's batch size")
         body = await self.read_body(receive, inflater)
-        message = parse_json(signal, body) if json else parse_protobuf(signal, body)
-        rows = self.admission.rows(signal.name, message)
+        rows = self.admission.rows(signal.name, parse_json(signal, body)) if json \
+            else self.admission.protobuf_rows(signal, body)
         request.count = max(1, sum(map(len, rows.rows.values())))
         admitted = self.admission.admit(rows, body, authorized)
         await admitted.settle(self.service)

@@ -39,8 +39,17 @@ def test_should_be_built_where_a_compiler_is():
     pytest.skip("speedups not built (no CI, or no compiler)")
 
 
+def test_should_build_the_otlp_wire_decoder_with_them():
+    """The OTLP receivers' compiled decoder (icefloe/otlp/_wire.pyx) is built by the same
+    script: where the framing loops are built, it must be too."""
+    from icefloe.otlp.wire import compiled as wire  # why: only this test needs it
+    if compiled is not None:
+        assert wire is not None, "icefloe.otlp._wire is not built: run scripts/build_speedups.py"
+
+
 def test_should_turn_off_with_the_environment_variable():
-    code = "from icefloe.formats.speedups import compiled; print(compiled is None)"
+    code = ("from icefloe.formats.speedups import compiled; "
+            "from icefloe.otlp.wire import compiled as wire; print(compiled is wire is None)")
     out = subprocess.run([sys.executable, "-c", code], env=os.environ | {ENV: "0"},
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"

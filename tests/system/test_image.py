@@ -269,6 +269,7 @@ def test_should_start_every_role_of_the_collector_image_env(compiled_image_wheel
                                                             s3_bucket):
     venv = make_venv(tmp_path / "venv", f"{compiled_image_wheel}[all]")
     compiled = subprocess.run([venv.python, "-c", "from icefloe.formats.speedups import compiled; "
+                               "assert compiled; from icefloe.otlp.wire import compiled; "
                                "assert compiled"], cwd=tmp_path, check=False)
     assert compiled.returncode == 0, "the image's wheel carries the compiled loops"
     config = _s3_config(tmp_path, s3_bucket.endpoint_url, s3_bucket.bucket, _token_hash())

@@ -177,8 +177,9 @@ def _source_copy(dest: Path, *, compiled: bool) -> Path:
         else:
             shutil.copy2(src, dest / name)
     if compiled:
-        for so in (ROOT / "icefloe" / "formats").glob("_speedups*.so"):
-            shutil.copy2(so, dest / "icefloe" / "formats" / so.name)
+        for so in [*(ROOT / "icefloe" / "formats").glob("_speedups*.so"),
+                   *(ROOT / "icefloe" / "otlp").glob("_wire*.so")]:
+            shutil.copy2(so, dest / so.relative_to(ROOT))
     return dest
 
 
@@ -195,6 +196,9 @@ def test_should_ship_license_and_py_typed_and_tag_the_wheel_for_its_contents(tmp
     if not list((ROOT / "icefloe" / "formats").glob("_speedups*.so")):
         pytest.skip("the compiled loops are not built here (scripts/build_speedups.py)")
     compiled = build_wheel(_source_copy(tmp_path / "compiled", compiled=True), tmp_path / "w2")
+    with zipfile.ZipFile(compiled) as archive:
+        shipped = archive.namelist()
+    assert any(n.startswith("icefloe/otlp/_wire") and n.endswith(".so") for n in shipped)
     tag = _wheel_tag(compiled)
     assert tag.startswith(f"cp{sys.version_info.major}{sys.version_info.minor}-"), tag
     assert not tag.endswith("-any"), tag
