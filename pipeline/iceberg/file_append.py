@@ -4,7 +4,7 @@ Why not ``Table.append``: pyiceberg's append splits the rows by partition by fil
 copying the whole table once per partition value, ~0.35 s of a ~0.6 s commit of 1M rows
 even when every row falls on the same day. Writing the files here — with the table's
 writer settings, field ids and location provider, one file per partition value (the usual
-run has one: :func:`pipeline.iceberg.data_files.single_partition`) — and committing them with
+run has one or a few: :mod:`pipeline.iceberg.partition_split`) — and committing them with
 ``add_files`` (unique names, so no duplicate scan) lands the same data in about a third of
 the time. It is the same exactly-once protocol: this is the ``append`` hook of
 :func:`pipeline.iceberg.commit.commit_rows`, exactly as the cluster output path's
