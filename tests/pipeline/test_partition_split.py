@@ -6,6 +6,8 @@ columns (the OTLP shape), and no rows."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -51,7 +53,7 @@ DAY_AND_BUCKET = PartitionSpec(
 T0 = dt.datetime(2026, 11, 30, 23, 59, tzinfo=dt.UTC)
 
 
-def rows(services: list[str | None], minutes: list[int] | None = None) -> pa.Table:
+def rows(services: Sequence[str | None], minutes: Sequence[int] | None = None) -> pa.Table:
     minutes = minutes or [0] * len(services)
     return pa.Table.from_pylist([
         {"service": s, "at": T0 + dt.timedelta(minutes=m), "n": i,
@@ -60,15 +62,16 @@ def rows(services: list[str | None], minutes: list[int] | None = None) -> pa.Tab
         for i, (s, m) in enumerate(zip(services, minutes, strict=True))], schema=ARROW)
 
 
-def pyiceberg_split(spec: PartitionSpec, table: pa.Table) -> dict[tuple, list[dict]]:
-    return {tuple(part.partition_key.partition): part.arrow_table_partition.to_pylist()
+def pyiceberg_split(spec: PartitionSpec, table: pa.Table) -> dict[str, list[dict[str, Any]]]:
+    """Rows per partition (by its path, e.g. ``at_day=2026-11-30/service_bucket=3``)."""
+    return {part.partition_key.to_path(): part.arrow_table_partition.to_pylist()
             for part in _determine_partitions(spec, SCHEMA, table)}
 
 
-def ours(spec: PartitionSpec, table: pa.Table) -> dict[tuple, list[dict]]:
+def ours(spec: PartitionSpec, table: pa.Table) -> dict[str, list[dict[str, Any]]]:
     parts = split_partitions(spec, SCHEMA, table)
     assert parts is not None
-    out = {tuple(key.partition): part.to_pylist() for key, part in parts}
+    out = {key.to_path(): part.to_pylist() for key, part in parts}
     assert len(out) == len(parts)  # one entry per partition value
     return out
 
@@ -89,7 +92,7 @@ def test_alternating_values_are_sorted_once_and_keep_their_order(monkeypatch):
     spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "service"))
     got = split_partitions(spec, SCHEMA, table)
     assert got is not None
-    assert [key.partition[0] for key, _ in got] == [f"s{i}" for i in range(5)]
+    assert [key.to_path() for key, _ in got] == [f"service=s{i}" for i in range(5)]
     assert ours(spec, table) == pyiceberg_split(spec, table)
 
 
