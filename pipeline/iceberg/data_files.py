@@ -25,6 +25,7 @@ import decimal
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -169,7 +170,10 @@ class TableFiles:
     when ``write.target-file-size-bytes`` is set and a partition outgrows it), each sorted
     by the table's sort order when it has one."""
 
-    def __init__(self, target: TableTarget, attempt: str, task: str) -> None:
+    def __init__(self, target: TableTarget, attempt: str, task: str, *,
+                 threads: int = 1) -> None:
+        """``threads``: files of one :meth:`add` written at once (the embedded path, whose
+        driver is otherwise idle while it commits; executors keep one, a core each)."""
         from pyiceberg.io.pyarrow import (  # lazy: pandas
             _get_parquet_writer_kwargs,
             schema_to_pyarrow,
@@ -193,6 +197,7 @@ class TableFiles:
         self.pending: dict[str, list[pa.Table]] = {}  # rows held back to be sorted
         self.done: list[DataFileRef] = []
         self.count = 0
+        self.threads = threads
 
     def add(self, rows: pa.Table) -> None:
         """Append rows (wide-frame columns) to the files of their partitions."""
@@ -206,13 +211,35 @@ class TableFiles:
             return
         parts = split_partitions(self.spec, self.schema, rows)
         if parts is not None:  # zero-copy slices (the usual case: one or a few values)
-            for key, part in parts:
-                self._put(key, part)
+            if not self._write_at_once(parts):
+                for key, part in parts:
+                    self._put(key, part)
             return
         from pyiceberg.io.pyarrow import _determine_partitions  # lazy: pandas
 
         for part in _determine_partitions(self.spec, self.schema, rows):
             self._put(part.partition_key, part.arrow_table_partition)
+
+    def _write_at_once(self, parts: list[tuple[Any, pa.Table]]) -> bool:
+        """Write several partitions' rows on ``threads`` threads (Arrow's Parquet writer
+        releases the GIL); False when there is nothing to gain or the rows must wait (sorted
+        files) or be cut by size, which :meth:`_put` does. Why: an OTLP table partitioned by
+        a bucket of the service name gets a file per bucket in most runs, and encoding them
+        one after another kept the other cores idle during the commit. Files are opened
+        here in order, so their names are what the sequential path gives them."""
+        if self.threads <= 1 or len(parts) < 2 or self.sort_keys or self.target_bytes:
+            return False
+        writes = []
+        for key, rows in parts:
+            slot = key.to_path()
+            self.keys[slot] = key
+            writes.append((self._file(slot), rows))
+        with ThreadPoolExecutor(min(self.threads, len(writes)),
+                                thread_name_prefix="icefloe-write") as pool:
+            futures = [pool.submit(file.write, rows) for file, rows in writes]
+            for future in futures:
+                future.result()  # the first failure, once every write has ended
+        return True
 
     def _put(self, key: Any, rows: pa.Table) -> None:
         slot = key.to_path() if key is not None else ""

@@ -14,6 +14,7 @@ files whose commit was refused.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from ulid import ULID
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+
+
+WRITE_THREADS = min(4, os.cpu_count() or 1)
+"""Partition files written at once on the driver (:class:`TableFiles`'s ``threads``): the
+embedded path's Spark jobs are done when it commits, so the cores are free."""
 
 
 class WriteThenAdd:
@@ -40,7 +46,7 @@ class WriteThenAdd:
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
         target = TableTarget.of(self.stream, table, [(n, n) for n in rows.column_names])
-        files = TableFiles(target, str(ULID()), "driver")
+        files = TableFiles(target, str(ULID()), "driver", threads=WRITE_THREADS)
         try:
             files.add(rows)
             refs = files.close()
