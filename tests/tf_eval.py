@@ -39,6 +39,7 @@ KNOWN_ATTRIBUTES: dict[str, str] = {
     "aws_lb.kafka[0].dns_name": "ifkafk-0123456789abcdef.elb.us-east-1.amazonaws.com",
     "aws_lb.kafka[0].arn":
         f"arn:{PARTITION}:elasticloadbalancing:us-east-1:{ACCOUNT_ID}:loadbalancer/net/kafka",
+    "aws_lb.ingest.dns_name": "ifingest-0123456789.us-east-1.elb.amazonaws.com",
 }
 """Attributes of resources and data sources that only AWS knows, fixed for the tests.
 Any other resource attribute is :class:`Unsupported`."""

@@ -95,9 +95,13 @@ resource "aws_ecs_task_definition" "ingestor" {
         { name = "grpc", containerPort = local.grpc_port, protocol = "tcp", appProtocol = "grpc" },
         ], var.enable_kafka ? [
         { name = "kafka", containerPort = local.kafka_port, protocol = "tcp" },
+        ] : [], var.enable_otlp ? [
+        { name = "otlp-http", containerPort = local.otlp_http_port, protocol = "tcp" },
+        { name = "otlp-grpc", containerPort = local.otlp_grpc_port, protocol = "tcp", appProtocol = "grpc" },
       ] : [])
       environment = concat(local.environment_common, local.environment_ingestor,
-      var.enable_kafka ? local.environment_kafka : [])
+        var.enable_kafka ? local.environment_kafka : [],
+      var.enable_otlp ? concat(local.environment_otlp, local.environment_otlp_ports) : [])
       secrets     = local.config_secret
       mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp", readOnly = false }]
       linuxParameters = {
@@ -161,6 +165,24 @@ resource "aws_ecs_service" "ingestor" {
       target_group_arn = aws_lb_target_group.kafka[0].arn
       container_name   = "ingestor"
       container_port   = local.kafka_port
+    }
+  }
+
+  dynamic "load_balancer" {
+    for_each = var.enable_otlp ? [1] : []
+    content {
+      target_group_arn = aws_lb_target_group.otlp_http[0].arn
+      container_name   = "ingestor"
+      container_port   = local.otlp_http_port
+    }
+  }
+
+  dynamic "load_balancer" {
+    for_each = var.enable_otlp ? [1] : []
+    content {
+      target_group_arn = aws_lb_target_group.otlp_grpc[0].arn
+      container_name   = "ingestor"
+      container_port   = local.otlp_grpc_port
     }
   }
 
@@ -245,7 +267,8 @@ resource "aws_ecs_task_definition" "collector" {
       portMappings = [
         { name = "metrics", containerPort = local.metrics_port, protocol = "tcp" },
       ]
-      environment = concat(local.environment_common, local.environment_collector)
+      environment = concat(local.environment_common, local.environment_collector,
+      var.enable_otlp ? local.environment_otlp : [])
       secrets     = concat(local.config_secret, local.catalog_secret)
       mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp", readOnly = false }]
       linuxParameters = {
@@ -330,7 +353,8 @@ resource "aws_ecs_task_definition" "admin" {
       portMappings = [
         { name = "admin", containerPort = local.admin_port, protocol = "tcp" },
       ]
-      environment = concat(local.environment_common, local.environment_admin)
+      environment = concat(local.environment_common, local.environment_admin,
+      var.enable_otlp ? local.environment_otlp : [])
       secrets     = concat(local.config_secret, local.catalog_secret)
       mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp", readOnly = false }]
       linuxParameters = {

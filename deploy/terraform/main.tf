@@ -22,12 +22,24 @@ locals {
   admin_port   = 8081
   # [ingestor] kafka_port has no default (off); Kafka's own port, as `icefloe up` serves it
   kafka_port = 9092
+  # [ingestor] otlp_http_port / otlp_grpc_port have no default (off); OTLP's own ports, which
+  # exporters use unless told otherwise, as `icefloe up` serves them (with enable_otlp)
+  otlp_http_port = 4318
+  otlp_grpc_port = 4317
 
   # what the load balancer forwards (lb.tf): the ingest routes of ingestor/http/steps.py and
   # the icefloe.v1.Ingest gRPC service; /metrics, /healthz, /readyz and gRPC reflection and
   # health stay inside the VPC
   ingest_http_paths = ["/v1/streams/*/events", "/ingest/*", "/collect/*"]
   ingest_grpc_paths = ["/icefloe.v1.Ingest/*"]
+  # with enable_otlp (otlp.tf): OTLP/HTTP's three signal paths and the three OTLP/gRPC
+  # Export services (docs/otlp-receivers.md), nothing else of those ports
+  otlp_http_paths = ["/v1/logs", "/v1/traces", "/v1/metrics"]
+  otlp_grpc_paths = [
+    "/opentelemetry.proto.collector.logs.v1.LogsService/*",
+    "/opentelemetry.proto.collector.trace.v1.TraceService/*",
+    "/opentelemetry.proto.collector.metrics.v1.MetricsService/*",
+  ]
 
   # where icefloe keeps its objects. The data bucket (versioned) holds batch files and the
   # warehouse; the control bucket (unversioned: see s3.tf) holds the objects rewritten by
@@ -90,6 +102,15 @@ locals {
     { name = "ICEFLOE_INGESTOR_HOST", value = "0.0.0.0" },
     # TLS terminates at the ALB (and the Kafka NLB); the hop to the task stays in the VPC
     { name = "ICEFLOE_INGESTOR_PLAINTEXT", value = "true" },
+  ]
+  # with enable_otlp only (ecs.tf): every role generates the [otlp] streams and tables
+  # (docs/otlp.md); the ingestors also serve OTLP's own ports
+  environment_otlp = [
+    { name = "ICEFLOE_OTLP_ENABLED", value = "true" },
+  ]
+  environment_otlp_ports = [
+    { name = "ICEFLOE_INGESTOR_OTLP_HTTP_PORT", value = "${local.otlp_http_port}" },
+    { name = "ICEFLOE_INGESTOR_OTLP_GRPC_PORT", value = "${local.otlp_grpc_port}" },
   ]
   # with enable_kafka only (ecs.tf). Kafka clients connect to the address Metadata
   # advertises: the NLB, under kafka_hostname when given (it must match the certificate)

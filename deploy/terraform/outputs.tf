@@ -73,6 +73,16 @@ output "grpc_ingest_target" {
   value       = "${aws_lb.ingest.dns_name}:${local.grpc_port}"
 }
 
+output "otlp_http_endpoint" {
+  description = "OTEL_EXPORTER_OTLP_ENDPOINT for OTLP/HTTP exporters (TLS; /v1/logs, /v1/traces, /v1/metrics are appended); null when enable_otlp is false."
+  value       = var.enable_otlp ? "https://${aws_lb.ingest.dns_name}:${local.otlp_http_port}" : null
+}
+
+output "otlp_grpc_endpoint" {
+  description = "OTLP/gRPC exporters' endpoint (TLS), host:port; null when enable_otlp is false."
+  value       = var.enable_otlp ? "${aws_lb.ingest.dns_name}:${local.otlp_grpc_port}" : null
+}
+
 output "kafka_bootstrap" {
   description = "Kafka bootstrap.servers (TLS), host:port: the address every ingestor advertises; null when enable_kafka is false."
   value       = var.enable_kafka ? "${local.kafka_advertised_host}:${local.kafka_port}" : null

@@ -47,13 +47,13 @@ variable "load_balancer_internal" {
 }
 
 variable "allowed_cidr_blocks" {
-  description = "Client CIDR blocks allowed to reach the ingest endpoints (HTTPS 443, gRPC 50051 and, with enable_kafka, Kafka 9092)."
+  description = "Client CIDR blocks allowed to reach the ingest endpoints (HTTPS 443, gRPC 50051, with enable_kafka Kafka 9092, with enable_otlp OTLP 4318 and 4317)."
   type        = list(string)
   default     = ["10.0.0.0/8"]
 }
 
 variable "certificate_arn" {
-  description = "ACM certificate ARN for the load balancers' TLS listeners (HTTPS on 443, gRPC on 50051; ALB gRPC needs TLS; Kafka on 9092 with enable_kafka)."
+  description = "ACM certificate ARN for the load balancers' TLS listeners (HTTPS on 443, gRPC on 50051; ALB gRPC needs TLS; Kafka on 9092 with enable_kafka; OTLP on 4318 and 4317 with enable_otlp)."
   type        = string
 }
 
@@ -61,6 +61,12 @@ variable "enable_kafka" {
   description = "Serve Kafka's produce protocol: a Network Load Balancer with a TLS listener on 9092 in front of the ingestors' Kafka port (docs/kafka.md)."
   type        = bool
   default     = true
+}
+
+variable "enable_otlp" {
+  description = "Serve OpenTelemetry's protocol (docs/otlp-receivers.md): the [otlp] tables on every role, and TLS listeners on OTLP's own ports 4318 (OTLP/HTTP) and 4317 (OTLP/gRPC) of the ingest load balancer in front of the ingestors' OTLP ports."
+  type        = bool
+  default     = false
 }
 
 variable "kafka_hostname" {

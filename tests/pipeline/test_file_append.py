@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from collector_support import CLICKS, collector_config
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from collector.dedup import DedupWindow
 from pipeline.columns import table_arrow_schema
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import commit_rows, committed_state, summary_props
+from pipeline.iceberg.data_files import TableFiles, TableTarget
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.tables import ensure_stream_table
 
@@ -82,6 +84,30 @@ def test_a_failed_write_leaves_no_file(tmp_path):
     with pytest.raises((pa.ArrowInvalid, ValueError)):
         WriteThenAdd("clicks")(table, bad, summary_props(1, 1))
     assert data_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_partitions_written_at_once_hold_what_one_thread_writes(tmp_path, threads):
+    """Several partitions' files written on threads: the same files (names in the same
+    order, one per partition value) with the same rows in the same order as one thread."""
+    stream = msgspec.structs.replace(CLICKS, partition="day")
+    config = collector_config(tmp_path, streams=(stream,))
+    catalog = open_catalog(config.catalog)
+    table = ensure_stream_table(catalog, stream)
+    rows = clicks(400, days=4)  # the days alternate row by row: four slices each
+    target = TableTarget.of("clicks", table, [(n, n) for n in rows.column_names])
+    files = TableFiles(target, "attempt", "driver", threads=threads)
+    files.add(rows)
+    files.add(clicks(40, days=2, sequence=2))  # a second add reuses the open files
+    refs = files.close()
+    assert [ref.path.rsplit("/", 1)[1][:len("attempt-driver-000")] for ref in refs] == [
+        f"attempt-driver-{i:03d}" for i in range(4)]
+    assert [ref.rows for ref in refs] == [120, 120, 100, 100]
+    for day, ref in enumerate(refs):
+        back = pq.read_table(ref.path.removeprefix("file://"))
+        expected = [f"e1-{i}" for i in range(400) if i % 4 == day] + [
+            f"e2-{i}" for i in range(40) if i % 2 == day and day < 2]
+        assert back.column("_event_id").to_pylist() == expected
 
 
 ids = st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 4)), max_size=40)

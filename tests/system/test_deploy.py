@@ -53,8 +53,11 @@ K8S_BASE = DEPLOY / "kubernetes" / "base"
 K8S_STANDBY = DEPLOY / "kubernetes" / "overlays" / "standby"
 K8S_EXTRA = (DEPLOY / "kubernetes" / "overlays" / "production",
              DEPLOY / "kubernetes" / "components" / "monitoring",
-             DEPLOY / "kubernetes" / "components" / "ingress")
+             DEPLOY / "kubernetes" / "components" / "ingress",
+             DEPLOY / "kubernetes" / "components" / "otlp")
 """The opt-in components and the overlay that uses them (tests/system/test_observability.py)."""
+K8S_OTLP = K8S_EXTRA[3]
+COMPOSE_OTLP = COMPOSE_DIR / "otlp.yml"
 CHECKS_FILE = DEPLOY / "checkov-checks.txt"
 CHECKOV_FRAMEWORKS = ("terraform", "kubernetes", "dockerfile")
 
@@ -64,6 +67,9 @@ METRICS_PORT = CollectorSection().metrics_port
 KAFKA_PORT = 9092
 """The Kafka port every deploy form serves (Kafka's own default, what ``icefloe up`` uses;
 ``[ingestor] kafka_port`` has no default: the listener is off unless a file sets it)."""
+OTLP_HTTP_PORT, OTLP_GRPC_PORT = 4318, 4317
+"""OpenTelemetry's own ports, which exporters use unless told otherwise and ``icefloe up``
+serves; every deploy form wires them, off unless ``[otlp]`` is turned on (its opt-in)."""
 IMAGE_NAME = "icefloe"
 IMAGE = f"{IMAGE_NAME}:{__version__}"
 INGESTOR_IMAGE = f"{IMAGE_NAME}-ingestor:{__version__}"
@@ -213,6 +219,17 @@ def tf_environment_values(**overrides: Any) -> dict[str, dict[str, str]]:
     return {name.removeprefix("environment_"): {item["name"]: item["value"]
                                                 for item in module.local(name)}
             for name in tf_locals() if name.startswith("environment_")}
+
+
+def ecs_load_balancers() -> dict[str, dict[str, Any]]:
+    """The ingestor ECS service's optional ``load_balancer`` blocks (``dynamic``), by target
+    group: the block's content and the ``for_each`` that switches it."""
+    found = {}
+    for dynamic in tf_resources()[("aws_ecs_service", "ingestor")]["dynamic"]:
+        block = dynamic["load_balancer"]
+        (content,) = block["content"]
+        found[content["target_group_arn"]] = {**content, "for_each": block["for_each"]}
+    return found
 
 
 def strings(value: Any) -> Iterator[str]:
@@ -385,24 +402,64 @@ def test_should_route_the_gateway_to_both_ingestors_over_http_grpc_and_kafka():
     (_, stream), = nginx_find(conf, "stream")  # top level, beside http {}: TCP proxying
     assert nginx_upstreams(http) == {
         "icefloe_http": [f"{name}:{HTTP_PORT}" for name in ingestors],
-        "icefloe_grpc": [f"{name}:{GRPC_PORT}" for name in ingestors]}
+        "icefloe_grpc": [f"{name}:{GRPC_PORT}" for name in ingestors],
+        "icefloe_otlp_http": [f"{name}:{OTLP_HTTP_PORT}" for name in ingestors],
+        "icefloe_otlp_grpc": [f"{name}:{OTLP_GRPC_PORT}" for name in ingestors]}
     assert nginx_upstreams(stream) == {
         "icefloe_kafka": [f"{name}:{KAFKA_PORT}" for name in ingestors]}
     servers = {nginx_find(body, "listen")[0][0][0]: body
                for _, body in nginx_find(http, "server")}
-    assert set(servers) == {str(HTTP_PORT), str(GRPC_PORT)}
-    assert (["on"], None) in nginx_find(servers[str(GRPC_PORT)], "http2")
-    locations = {args[-1]: body for args, body in nginx_find(servers[str(GRPC_PORT)],
-                                                            "location")}
-    assert nginx_find(locations["/"], "grpc_pass") == [(["grpc://icefloe_grpc"], None)]
-    locations = {args[-1]: body for args, body in nginx_find(servers[str(HTTP_PORT)],
-                                                            "location")}
-    assert nginx_find(locations["/"], "proxy_pass") == [(["http://icefloe_http"], None)]
+    assert set(servers) == {str(HTTP_PORT), str(GRPC_PORT), str(OTLP_HTTP_PORT),
+                            str(OTLP_GRPC_PORT)}
+    for port, upstream in ((GRPC_PORT, "icefloe_grpc"), (OTLP_GRPC_PORT, "icefloe_otlp_grpc")):
+        assert (["on"], None) in nginx_find(servers[str(port)], "http2")
+        locations = {args[-1]: body for args, body in nginx_find(servers[str(port)],
+                                                                "location")}
+        assert nginx_find(locations["/"], "grpc_pass") == [([f"grpc://{upstream}"], None)]
+    for port, upstream in ((HTTP_PORT, "icefloe_http"), (OTLP_HTTP_PORT, "icefloe_otlp_http")):
+        locations = {args[-1]: body for args, body in nginx_find(servers[str(port)],
+                                                                "location")}
+        assert nginx_find(locations["/"], "proxy_pass") == [([f"http://{upstream}"], None)]
     (_, kafka), = nginx_find(stream, "server")
     assert nginx_find(kafka, "listen") == [([str(KAFKA_PORT)], None)]
     assert nginx_find(kafka, "proxy_pass") == [(["icefloe_kafka"], None)]
     assert sorted(gateway["ports"]) == sorted(
         [f"{HTTP_PORT}:{HTTP_PORT}", f"{GRPC_PORT}:{GRPC_PORT}", f"{KAFKA_PORT}:{KAFKA_PORT}"])
+
+
+def test_should_serve_otlp_through_the_gateway_only_with_the_compose_override(tmp_path):
+    """OTLP is off in docker-compose.yml ([otlp] off by default); otlp.yml turns it on for
+    every icefloe service (the collector and the admin API must know the otel.* tables),
+    has the ingestors serve OTLP's own ports and the gateway publish them, and the
+    gateway's upstreams are those ports."""
+    base = compose()["services"]
+    (override,) = yaml_docs(COMPOSE_OTLP)
+    assert set(override["services"]) == set(icefloe_services()) | {"gateway"}
+    assert not any(port.startswith((f"{OTLP_HTTP_PORT}:", f"{OTLP_GRPC_PORT}:"))
+                   for port in base["gateway"]["ports"]), "off without the override"
+    assert sorted(override["services"]["gateway"]["ports"]) == sorted(
+        [f"{OTLP_HTTP_PORT}:{OTLP_HTTP_PORT}", f"{OTLP_GRPC_PORT}:{OTLP_GRPC_PORT}"])
+    text = (COMPOSE_DIR / "icefloe.toml").read_text()
+    for name, svc in icefloe_services().items():
+        env = compose_env(svc)
+        env[CONFIG_ENV] = str(write_toml(tmp_path, text))
+        assert not load_config(None, env=env).otlp.enabled, name
+        env.update(compose_env(override["services"][name]))
+        config = load_config(None, env=env)
+        assert config.otlp.enabled, name
+        assert any(stream.table.startswith("otel.") for stream in config.streams), name
+        ports = (config.ingestor.otlp_http_port, config.ingestor.otlp_grpc_port)
+        expected = (OTLP_HTTP_PORT, OTLP_GRPC_PORT) if name.startswith("ingestor") else (
+            None, None)
+        assert ports == expected, name
+    gateway = base["gateway"]
+    mounts = {v.split(":")[1]: COMPOSE_DIR / v.split(":")[0] for v in gateway["volumes"]}
+    conf = nginx_blocks(mounts["/etc/nginx/nginx.conf"].read_text())
+    (_, http), = nginx_find(conf, "http")
+    upstreams = nginx_upstreams(http)
+    ingestors = sorted(s for s in icefloe_services() if s.startswith("ingestor"))
+    assert upstreams["icefloe_otlp_http"] == [f"{n}:{OTLP_HTTP_PORT}" for n in ingestors]
+    assert upstreams["icefloe_otlp_grpc"] == [f"{n}:{OTLP_GRPC_PORT}" for n in ingestors]
 
 
 def test_should_parse_nginx_structure_and_refuse_broken_braces():
@@ -444,7 +501,11 @@ def test_should_build_a_non_root_image_with_java_a_healthcheck_and_the_ports():
     assert any(word == "HEALTHCHECK" for word, _ in steps)
     assert ("VOLUME", '["/tmp"]') in steps, "/tmp stays writable under a read-only root"
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}
-    assert exposed == {HTTP_PORT, GRPC_PORT, KAFKA_PORT, METRICS_PORT}
+    assert exposed == {HTTP_PORT, GRPC_PORT, KAFKA_PORT, OTLP_HTTP_PORT, OTLP_GRPC_PORT,
+                       METRICS_PORT}
+    ingestor_target = DOCKERFILE.read_text().split("AS ingestor", 1)[1].split("FROM", 1)[0]
+    assert f"EXPOSE {HTTP_PORT} {GRPC_PORT} {KAFKA_PORT} {OTLP_HTTP_PORT} {OTLP_GRPC_PORT}\n" in (
+        ingestor_target), "the slim ingestor image exposes OTLP's ports too"
     cmds = [json.loads(rest) for word, rest in steps if word == "CMD"]
     assert len(cmds) == 2, "one default command per role target (ingestor, collector)"
     for cmd in cmds:
@@ -688,10 +749,9 @@ def test_should_put_kafka_behind_a_tls_network_load_balancer_that_it_advertises(
     task = re.sub(r"\s*=\s*|:\s+", "=", text)
     assert "var.enable_kafka ? [name=kafka, containerPort=local.kafka_port, protocol=tcp]" in task
     assert "var.enable_kafka ? local.environment_kafka" in task
-    (dynamic,) = resources[("aws_ecs_service", "ingestor")]["dynamic"]
-    content = dynamic["load_balancer"]["content"][0]
-    assert content["target_group_arn"] == "${aws_lb_target_group.kafka[0].arn}"
+    content = ecs_load_balancers()["${aws_lb_target_group.kafka[0].arn}"]
     assert content["container_port"] == "${local.kafka_port}"
+    assert content["for_each"] == "${var.enable_kafka ? [1] : []}"
 
     path = write_toml(tmp_path, (TERRAFORM / "icefloe.toml").read_text())
     outputs = dict(tf_blocks("output"))
@@ -708,6 +768,85 @@ def test_should_put_kafka_behind_a_tls_network_load_balancer_that_it_advertises(
         assert bootstrap == f"{host}:{KAFKA_PORT}"
     off = Module(TERRAFORM, {"enable_kafka": False})
     assert off.value(outputs["kafka_bootstrap"]["value"]) is None
+
+
+def test_should_serve_otlp_on_its_own_alb_listeners_only_with_enable_otlp(tmp_path):
+    """enable_otlp (off by default) adds TLS listeners on 4318 and 4317 of the ingest ALB,
+    forwarding only OTLP's paths and Export services to the ingestors' OTLP ports, with
+    the security group rules, port mappings and target group registrations; every role
+    gets [otlp] on, the ingestors also the two ports."""
+    resources, local = tf_resources(), tf_locals()
+    assert (local["otlp_http_port"], local["otlp_grpc_port"]) == (OTLP_HTTP_PORT,
+                                                                  OTLP_GRPC_PORT)
+    otlp = {key: body for key, body in resources.items() if "otlp" in key[1]}
+    assert {("aws_lb_target_group", "otlp_http"), ("aws_lb_target_group", "otlp_grpc"),
+            ("aws_lb_listener", "otlp_http"), ("aws_lb_listener", "otlp_grpc"),
+            ("aws_lb_listener_rule", "otlp_http"), ("aws_lb_listener_rule", "otlp_grpc"),
+            ("aws_vpc_security_group_ingress_rule", "lb_otlp_http"),
+            ("aws_vpc_security_group_ingress_rule", "lb_otlp_grpc"),
+            ("aws_vpc_security_group_egress_rule", "lb_to_ingestor_otlp"),
+            ("aws_vpc_security_group_ingress_rule", "ingestor_otlp")} == set(otlp)
+    for (rtype, name), body in otlp.items():
+        gate = str(body.get("count", body.get("for_each", "")))
+        assert "var.enable_otlp" in gate, f"{rtype}.{name} is not switched by enable_otlp"
+    for kind, port in (("http", "${local.otlp_http_port}"), ("grpc", "${local.otlp_grpc_port}")):
+        listener = otlp[("aws_lb_listener", f"otlp_{kind}")]
+        assert (listener["protocol"], listener["port"]) == ("HTTPS", port)
+        assert listener["certificate_arn"] == "${var.certificate_arn}"
+        assert listener["load_balancer_arn"] == "${aws_lb.ingest.arn}"
+        group = otlp[("aws_lb_target_group", f"otlp_{kind}")]
+        assert (group["protocol"], group["target_type"], group["port"]) == ("HTTP", "ip", port)
+        (rule,) = otlp[("aws_lb_listener_rule", f"otlp_{kind}")]["action"]
+        assert rule["target_group_arn"] == f"${{aws_lb_target_group.otlp_{kind}[0].arn}}"
+        content = ecs_load_balancers()[f"${{aws_lb_target_group.otlp_{kind}[0].arn}}"]
+        assert content["container_port"] == port
+        assert content["for_each"] == "${var.enable_otlp ? [1] : []}"
+    assert otlp[("aws_lb_target_group", "otlp_grpc")]["protocol_version"] == "GRPC"
+    on = Module(TERRAFORM, {"enable_otlp": True})
+    assert on.local("otlp_http_paths") == ["/v1/logs", "/v1/traces", "/v1/metrics"]
+    assert {p.split("/")[1].rsplit(".", 1)[-1] for p in on.local("otlp_grpc_paths")} == {
+        "LogsService", "TraceService", "MetricsService"}
+    # clients -> ALB on 4318/4317; ALB -> ingestors on the range 4317-4318 (the two ports)
+    for kind, port in (("http", "${local.otlp_http_port}"), ("grpc", "${local.otlp_grpc_port}")):
+        clients = otlp[("aws_vpc_security_group_ingress_rule", f"lb_otlp_{kind}")]
+        assert "var.allowed_cidr_blocks" in clients["for_each"]
+        assert clients["from_port"] == clients["to_port"] == port
+    for name in ("lb_to_ingestor_otlp", "ingestor_otlp"):
+        rule = next(b for (t, n), b in otlp.items() if n == name)
+        assert (rule["from_port"], rule["to_port"]) == ("${local.otlp_grpc_port}",
+                                                        "${local.otlp_http_port}")
+        assert OTLP_HTTP_PORT - OTLP_GRPC_PORT == 1, "the range holds exactly the two ports"
+    text = resources[("aws_ecs_task_definition", "ingestor")]["container_definitions"]
+    task = re.sub(r"\s*=\s*|:\s+", "=", re.sub(r'["{}$]', "", " ".join(text.split())))
+    assert ("var.enable_otlp ? [name=otlp-http, containerPort=local.otlp_http_port, "
+            "protocol=tcp, name=otlp-grpc, containerPort=local.otlp_grpc_port, protocol=tcp, "
+            "appProtocol=grpc]" in task)
+    assert "var.enable_otlp ? concat(local.environment_otlp, local.environment_otlp_ports)" in (
+        task)
+    for role in ("collector", "admin"):
+        text = resources[("aws_ecs_task_definition", role)]["container_definitions"]
+        assert "var.enable_otlp ? local.environment_otlp" in " ".join(text.split()), role
+
+    path = write_toml(tmp_path, (TERRAFORM / "icefloe.toml").read_text())
+    envs = tf_environment_values(enable_otlp=True)
+    for role in ("ingestor", "collector", "admin"):
+        env = {**envs["common"], **envs[role], **envs["otlp"],
+               **(envs["otlp_ports"] if role == "ingestor" else {})}
+        config = load_config(path, env=env)
+        assert config.otlp.enabled, role
+        assert any(stream.table.startswith("otel.") for stream in config.streams), role
+    assert (config.ingestor.otlp_http_port, config.ingestor.otlp_grpc_port) == (None, None)
+    config = load_config(path, env={**envs["common"], **envs["ingestor"], **envs["otlp"],
+                                    **envs["otlp_ports"]})
+    assert (config.ingestor.otlp_http_port, config.ingestor.otlp_grpc_port) == (
+        OTLP_HTTP_PORT, OTLP_GRPC_PORT)
+    outputs = dict(tf_blocks("output"))
+    assert on.value(outputs["otlp_grpc_endpoint"]["value"]).endswith(f":{OTLP_GRPC_PORT}")
+    assert on.value(outputs["otlp_http_endpoint"]["value"]).startswith("https://")
+    variables = dict(tf_blocks("variable"))
+    assert variables["enable_otlp"]["default"] is False, "off unless asked for"
+    off = Module(TERRAFORM, {})
+    assert off.value(outputs["otlp_http_endpoint"]["value"]) is None
 
 
 # --- Kubernetes ---------------------------------------------------------------------------
@@ -855,6 +994,43 @@ def test_should_serve_kafka_in_the_cluster_and_advertise_what_clients_reach(tmp_
     assert config.ingestor.kafka_advertised_port == port["port"]
 
 
+def test_should_serve_otlp_in_the_cluster_only_with_the_otlp_component(tmp_path):
+    """The base serves no OTLP; components/otlp turns [otlp] on in every Deployment, has the
+    ingestors serve OTLP's own ports and admits them in the Service and NetworkPolicy, so
+    the Service/port consistency the base keeps holds for the patched objects too."""
+    (component,) = yaml_docs(K8S_OTLP / "kustomization.yaml")
+    assert component["kind"] == "Component"
+    patches = {(p["target"]["kind"], p["target"]["name"]): yaml.safe_load(p["patch"])
+               for p in component["patches"]}
+    deployments = k8s_deployments()
+    assert set(patches) == {("Deployment", name) for name in deployments} | {
+        ("Service", "icefloe-ingestor"), ("NetworkPolicy", "icefloe-ingestor")}
+    for name, deployment in deployments.items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert not container_config(tmp_path, container).otlp.enabled, name
+        patched = json_patch(deployment, patches[("Deployment", name)])
+        (container,) = patched["spec"]["template"]["spec"]["containers"]
+        config = container_config(tmp_path, container)
+        assert config.otlp.enabled, name
+        assert any(stream.table.startswith("otel.") for stream in config.streams), name
+        if name != "icefloe-ingestor":
+            assert config.ingestor.otlp_http_port is None, name
+            continue
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert (config.ingestor.otlp_http_port, config.ingestor.otlp_grpc_port) == (
+            ports["otlp-http"], ports["otlp-grpc"]) == (OTLP_HTTP_PORT, OTLP_GRPC_PORT)
+        service = json_patch(k8s_object("Service", "icefloe-ingestor"),
+                             patches[("Service", "icefloe-ingestor")])
+        for port in service["spec"]["ports"]:
+            assert ports[port["targetPort"]] == port["port"], port
+        by_name = {p["name"]: p for p in service["spec"]["ports"]}
+        assert by_name["otlp-grpc"]["appProtocol"] == "kubernetes.io/h2c"
+        policy = json_patch(k8s_object("NetworkPolicy", "icefloe-ingestor"),
+                            patches[("NetworkPolicy", "icefloe-ingestor")])
+        admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+        assert admitted == set(ports.values())
+
+
 def test_should_apply_json_patches_as_kustomize_does():
     doc = {"a": [{"b": 1}], "c": {"d/e": 0}}
     assert json_patch(doc, [{"op": "add", "path": "/a/-", "value": 2},
@@ -970,6 +1146,13 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
     values.update(k8s_secret_env())
     for env in tf_environment_values().values():
         values.update(env)
+    (override,) = yaml_docs(COMPOSE_OTLP)  # the opt-in OTLP forms' settings too
+    for svc in override["services"].values():
+        values.update(compose_env(svc))
+    (component,) = yaml_docs(K8S_OTLP / "kustomization.yaml")
+    for patch in component["patches"]:
+        values.update({op["value"]["name"]: op["value"]["value"]
+                       for op in yaml.safe_load(patch["patch"]) if op["path"].endswith("/env/-")})
     settings = {k: v for k, v in values.items()
                 if k.startswith("ICEFLOE_") and k not in (CONFIG_ENV, DATA_DIR_ENV)}
     assert settings
@@ -980,7 +1163,9 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
         section, key = next((s, name[len(f"ICEFLOE_{s.upper()}_"):].lower())
                             for s in sections if name.startswith(f"ICEFLOE_{s.upper()}_"))
         assert "${" not in value, f"{name}: {value} (Terraform values are evaluated)"
-        config = load_config(empty, env={name: value})
+        # an OTLP port is refused with [otlp] off: it comes with ICEFLOE_OTLP_ENABLED
+        companion = {"ICEFLOE_OTLP_ENABLED": "true"} if "_OTLP_" in name else {}
+        config = load_config(empty, env={**companion, name: value})
         actual = getattr(getattr(config, section), key)
         if isinstance(actual, tuple):  # lists come comma-separated from the environment
             actual = ",".join(actual)

@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,10 @@ from process_support import Child, child_env
 from test_deploy import (
     COMPOSE_DIR,
     COMPOSE_FILE,
+    COMPOSE_OTLP,
     KAFKA_PORT,
+    OTLP_GRPC_PORT,
+    OTLP_HTTP_PORT,
     compose,
     compose_env,
     icefloe_services,
@@ -241,3 +245,39 @@ def test_should_serve_kafka_and_advertise_the_gateway_with_the_service_settings(
         assert _metadata_brokers(ready["kafka_port"]) == [(0, "localhost", KAFKA_PORT)]
     finally:
         child.close()
+
+
+# --- OTLP with the override: what an exporter meets -------------------------------------------
+
+def test_should_serve_otlp_on_its_own_ports_with_the_override_settings(tmp_path):
+    """ingestor-1 as compose configures it plus otlp.yml (its toml, both environments;
+    stores made local) serves OTLP on its dedicated ports: an (empty) export gets OTLP/HTTP's
+    answer, not the 404 of a port without OTLP's routes; and with the base settings alone
+    there is no OTLP port at all."""
+    service: dict[str, Any] = compose()["services"]["ingestor-1"]
+    (override,) = yaml.safe_load_all(COMPOSE_OTLP.read_text())
+    config = _local_config(tmp_path)
+    env = {**child_env(), **compose_env(service),
+           **compose_env(override["services"]["ingestor-1"]), "ICEFLOE_CONFIG": str(config),
+           "ICEFLOE_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
+    assert (env["ICEFLOE_INGESTOR_OTLP_HTTP_PORT"], env["ICEFLOE_INGESTOR_OTLP_GRPC_PORT"]) == (
+        str(OTLP_HTTP_PORT), str(OTLP_GRPC_PORT))
+    # the service's own command, its ports free ones (4318/4317 may be taken on this machine)
+    args = [*service["command"], "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
+            "--kafka-port", "0", "--otlp-http-port", "0", "--otlp-grpc-port", "0"]
+    child = Child(args, tmp_path, tmp_path / "ingestor-1.log", env)
+    try:
+        ready = child.ready()
+        assert ready["otlp_http_port"], ready
+        assert ready["otlp_grpc_port"], ready
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ready['otlp_http_port']}/v1/traces", data=b"",
+            headers={"Content-Type": "application/x-protobuf"}, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200, child.tail()
+            assert answer.headers["Content-Type"] == "application/x-protobuf"
+    finally:
+        child.close()
+    base_only = load_config(None, env={**compose_env(service), "ICEFLOE_CONFIG": str(config)})
+    assert not base_only.otlp.enabled
+    assert base_only.ingestor.otlp_http_port is None
