@@ -56,6 +56,7 @@ from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.staging import StagingState
 from icefloe.store.base import AsyncObjectStore
+from icefloe.streams.cdc import POSITION_COLUMN
 from icefloe.streams.evolution import EvolveLimits
 from icefloe.streams.model import StreamConfig
 from pipeline.iceberg import (
@@ -334,7 +335,8 @@ def versions_of(entries: list[Entry]) -> dict[str, dict[int, int]]:
 
 
 def upsert_columns(routes: Routes) -> dict[str, tuple[str, ...]]:
-    """Per source, the primary-key and tombstone columns of its upsert sinks: what the
+    """Per source, the primary-key and tombstone columns of its upsert sinks (and a change
+    stream's position column): what the
     cluster output path collects to the driver with each row's keys (the embedded path,
     which has the rows, ignores it)."""
     out: dict[str, tuple[str, ...]] = {}
@@ -344,7 +346,9 @@ def upsert_columns(routes: Routes) -> dict[str, tuple[str, ...]]:
             sink = target.sink
             if not sink.primary_key:
                 continue
-            extra = (sink.tombstone_field,) if sink.tombstone_field else ()
+            extra: tuple[str, ...] = (sink.tombstone_field,) if sink.tombstone_field else ()
+            if sink.cdc is not None:  # a change stream's position orders its changes
+                extra += (POSITION_COLUMN,)
             names += [n for n in (*sink.primary_key, *extra) if n not in names]
         if names:
             out[source] = tuple(names)

@@ -77,6 +77,7 @@ from pipeline.iceberg.commit import SHARD_BITS
 from pipeline.iceberg.data_files import DataFileRef, FileSet, TableTarget
 from pipeline.load.decode import DeadLetters
 from pipeline.load.frame import DEAD, KEY_COLUMNS, ROW, STREAM, struct_column
+from pipeline.load.named import table_columns, table_name_flags
 from pipeline.load.plans import INLINE_DROPS, WritePlan
 from pipeline.load.sink import (
     REWRITE_KEYS,
@@ -132,6 +133,9 @@ class ClusterRunOutput:
     where_errors: dict[tuple[str, str], str] = field(default_factory=dict)
     """Per (stream, table), the keys' column of the message of the error that sink's
     ``where`` raised on a row (null: none; :func:`where_error_column`)."""
+    tables: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
+    """Per (stream, table template), the keys' columns of the table each row names, the
+    rule it broke and the message (:func:`~pipeline.load.named.table_columns`)."""
 
     @property
     def rows(self) -> int:
@@ -356,6 +360,8 @@ def _job_parts(spec: RunSpec, plans: Sequence[WritePlan], inline: bool) -> JobPa
             term = term & F.col("_sequence").isin(list(plan.sequences))
         if plan.where is not None:
             term = term & F.col(plan.where)
+        if plan.named is not None:  # a template's table: the rows naming it
+            term = term & (F.col(plan.named) == F.lit(plan.target))
         if inline and len(plan.drop):  # a literal list: no extra job
             term = term & ~F.col(ROW).isin(plan.drop.to_pylist())
         parts.terms.append(term)
@@ -422,6 +428,19 @@ def _with_wheres(frame: DataFrame, spec: RunSpec) -> DataFrame:
     return frame.mapInArrow(flags, schema)
 
 
+def _with_tables(frame: DataFrame, spec: RunSpec) -> DataFrame:
+    """``frame`` with :func:`table_name_flags`' columns, computed on the executors."""
+    schema = StructType([*frame.schema.fields, *[
+        StructField(name, StringType(), nullable=True)
+        for j in range(len(spec.tables)) for name in table_columns(j)]])
+
+    def named(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield table_name_flags(spec, batch)
+
+    return frame.mapInArrow(named, schema)
+
+
 _DDL = {pa.int64(): "bigint", pa.string(): "string", pa.binary(): "binary"}
 
 
@@ -468,13 +487,17 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
     frame = frame.withColumn(ROW, F.monotonically_increasing_id())
     if spec.wheres:  # routing by content: each sink's predicate, on the executors
         frame = _with_wheres(frame, spec)
+    if spec.tables:  # tables named by the data: each template's verdict, on the executors
+        frame = _with_tables(frame, spec)
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     out = ClusterRunOutput(spark, frame, spec)
     extra = _key_columns(spec)
     flags = [where_column(j) for j in range(len(spec.wheres))]
     failed = [where_error_column(j) for j in range(len(spec.wheres))]
+    named = [name for j in range(len(spec.tables)) for name in table_columns(j)]
     try:
-        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD, *flags, *failed).toArrow()
+        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD, *flags, *failed, *named
+                            ).toArrow()
     except BaseException:
         out.release()
         raise
@@ -487,6 +510,8 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
         if rows.num_rows:
             mine = [flags[j] for j, w in enumerate(spec.wheres) if w.stream == stream.name]
             mine += [failed[j] for j, w in enumerate(spec.wheres) if w.stream == stream.name]
+            mine += [name for j, t in enumerate(spec.tables) if t.stream == stream.name
+                     for name in table_columns(j)]
             part = rows.select([*KEY_COLUMNS, *mine])
             for name in stream.keys:  # an upsert sink's key and tombstone columns
                 wide = f"{struct_column(i)}__{name}"
@@ -495,6 +520,7 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
             out.keys[stream.name] = part.combine_chunks()
     out.wheres = {(w.stream, w.table): flags[j] for j, w in enumerate(spec.wheres)}
     out.where_errors = {(w.stream, w.table): failed[j] for j, w in enumerate(spec.wheres)}
+    out.tables = {(t.stream, t.template): table_columns(j) for j, t in enumerate(spec.tables)}
     dead = keys.filter(pc.is_null(streams))
     if dead.num_rows:
         out.dead = DeadLetters.decode_rows(dead.column(DEAD).to_pylist()).to_arrow()

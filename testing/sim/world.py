@@ -67,6 +67,7 @@ from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
 from pipeline.load.cluster import ClusterRunOutput, Written
 from pipeline.load.fetch import decode_refs
 from pipeline.load.frame import KEY_COLUMNS, ROW
+from pipeline.load.named import named_columns, table_columns
 from pipeline.load.plans import WritePlan
 from pipeline.load.run import RunOutput
 from pipeline.load.sink import StagedRows, StageTarget
@@ -181,6 +182,13 @@ class LocalClusterOutput(ClusterRunOutput):
                 if where.stream == name:
                     rows = rows.append_column(where_column(j), where_flag(where, rows))
                     flags.append(where_column(j))
+            for j, table in enumerate(spec.tables):  # each template's table names
+                if table.stream == name:
+                    for column, value in zip(table_columns(j), named_columns(table, rows),
+                                             strict=True):
+                        rows = rows.append_column(column, value)
+                        flags.append(column)
+                    self.tables[(name, table.template)] = table_columns(j)
             self.full[name] = rows
             keys = rows.select([*KEY_COLUMNS, *flags]).sort_by(
                 [("_sequence", "ascending"), (ROW, "ascending")])
@@ -201,6 +209,9 @@ class LocalClusterOutput(ClusterRunOutput):
                     plan.sequences, pa.int64())))
             if plan.where is not None:
                 keep = pc.and_(keep, rows.column(plan.where))
+            if plan.named is not None:
+                keep = pc.and_(keep, pc.fill_null(pc.equal(rows.column(plan.named),
+                                                           plan.target), False))
             rows = rows.filter(keep)
             sink = plan.columns or tuple(streams[plan.stream].columns)
             have = set(rows.column_names)
