@@ -21,8 +21,9 @@ What the paths share is here: :class:`TableCommits` commits one table's rows thr
 dedup journal first, claims the run's catalog version and keeps the metrics; and it owns
 the per-table guards (bulkheads) and dead letters. Every path calls ``hook`` at the same
 crash points (``after_write``, ``after_commit:<table>``, ``after_stage:<table>``,
-``after_staged_commit:<table>``), so tests and the simulator can crash a collector between
-any two steps.
+``after_staged_commit:<table>``; and ``after_prepare:<table>`` once a template's table is
+made or first prepared, before anything is committed to it), so tests and the simulator
+can crash a collector between any two steps.
 
 The paths read the collector's state through :class:`CollectorState` rather than holding
 copies, because that state changes under them: ``epoch`` is set by ``acquire``, ``routes``

@@ -395,6 +395,7 @@ class Collector:
             self.unprepared.add(name)
             raise
         self.unprepared.discard(name)
+        self.hook(f"after_prepare:{name}")  # made (or found) and ready: nothing committed
 
     def _oldest_waiting_s(self, oldest_entry_s: float | None) -> float | None:
         """Store time of the oldest event not yet in its tables: the first unacknowledged

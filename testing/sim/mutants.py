@@ -309,6 +309,25 @@ def _cdc_no_stale_check() -> contextlib.AbstractContextManager[None]:
     return _patch(upsert, "applicable_changes", applicable)
 
 
+def _dynamic_fresh_window() -> contextlib.AbstractContextManager[None]:
+    """#42 undone: a template's table is prepared as if this collector had just made it:
+    its dedup window starts empty instead of being rebuilt from the table and its
+    journal, so a replacement collector forgets what a table it did not make holds."""
+    from collector.dedup import DedupWindow
+    from collector.service import Collector
+
+    original = Collector.prepare_dynamic
+
+    def prepare(self: Collector, name: str, stream: Any) -> None:
+        rebuild = DedupWindow.rebuild
+        DedupWindow.rebuild = lambda window, table, *args, **kw: None  # type: ignore[method-assign]
+        try:
+            original(self, name, stream)
+        finally:
+            DedupWindow.rebuild = rebuild  # type: ignore[method-assign]
+    return _patch(Collector, "prepare_dynamic", prepare)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -329,6 +348,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "ack-unindexed": _ack_unindexed,
     "cdc-accepted-order": _cdc_accepted_order,
     "cdc-no-stale-check": _cdc_no_stale_check,
+    "dynamic-fresh-window": _dynamic_fresh_window,
 }
 
 

@@ -74,7 +74,7 @@ from pipeline.load.sink import StagedRows, StageTarget
 from pipeline.load.spec import RunSpec
 from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
-from testing.sim import retention, typed
+from testing.sim import dynamic, retention, typed
 from testing.sim.changes import ChangeLedger, Connector, cdc_seed
 from testing.sim.checks import Checker
 from testing.sim.kafka import KafkaLedger, KafkaProducer, KafkaSide
@@ -454,6 +454,8 @@ class Client:
                     payloads.append(payload)
                     continue
                 body: dict[str, object] = {"uid": uid, "n": n}
+                if world.scenario.dynamic:  # the value that names the event's table
+                    body["tenant"] = dynamic.tenant(n)
                 if world.scenario.evolve:  # what an evolving stream's ingestor keeps
                     body[EXTRA_FIELD] = msgspec.json.encode({f"x{n % 5}": n}).decode()
                 payloads.append(msgspec.json.encode(body))
@@ -650,6 +652,8 @@ class World:
         self.opens_at: dict[str, float] = {}
         """Sources clients leave alone until this simulated time (``late-staging``)."""
         self.takeover_armed = False
+        self.kills_at_create = scenario.kills_at_create
+        """``dynamic-tables``: collector deaths right after preparing a table still due."""
         """``late-staging``: take over when the active collector's next job starts."""
         self.broken: tuple[str, str] | None = None
         """``parked-table``: the broken table and its good metadata pointer."""
@@ -815,9 +819,11 @@ class World:
             keyed = {"primary_key": ("key",), "tombstone_field": "gone"} \
                 if self.scenario.upsert else {}
             columns = typed.columns(1) if self.typed_source(f"s{i}") else \
-                KEYED_COLUMNS if self.scenario.upsert else COLUMNS
+                KEYED_COLUMNS if self.scenario.upsert else \
+                (*COLUMNS, dynamic.COLUMN) if self.scenario.dynamic else COLUMNS
+            table = dynamic.template(i) if self.scenario.dynamic else f"sim.s{i}"
             specs.append(ops.SourceSpec(id=f"s{i}", sinks=(ops.SinkSpec(
-                name="main", table=f"sim.s{i}", columns=columns,
+                name="main", table=table, columns=columns,
                 conditions=conditions,
                 unknown_fields="evolve" if self.scenario.evolve else "ignore", **keyed),)))
         return specs
