@@ -194,9 +194,9 @@ class ClusterRunOutput:
         frame = self.frame \
             .withColumn(SHARD_COLUMN[0], F.shiftright(position, SHARD_BITS).cast("int")) \
             .withColumn(_LOCAL_COLUMN, position.bitwiseAND(F.lit(_LOCAL)))
-        terms = [F.when(term, F.lit(plan.target))
-                 for plan, term in zip(plans, parts.terms, strict=True)]
-        if len({p.stream for p in plans}) == len(plans):  # a row has one target at most
+        terms = [F.when(term, target) for term, target, _ in parts.terms]
+        single = len({stream for *_, stream in parts.terms}) == len(parts.terms)
+        if single:  # a row has one target at most
             frame = frame.withColumn(TARGET, F.coalesce(*terms)).where(
                 F.col(TARGET).isNotNull())
         else:  # fan-out: a row once per sink that takes it
@@ -320,13 +320,14 @@ def _rewrite_of(plan: WritePlan, targets: list[TableTarget]) -> RewriteTarget:
 class JobParts:
     """What a write job's plans become: the table, staged and rewrite targets of the
     :class:`~pipeline.load.sink.SinkJob`, the frame's columns it reads, and per plan the
-    condition a row must meet to go to the plan's target."""
+    condition a row must meet to go to the plan's target (the condition, the target, the
+    stream: one per plan, or one per group of a template's tables, :func:`_named_terms`)."""
 
     targets: list[TableTarget] = field(default_factory=list)
     staged: list[StageTarget] = field(default_factory=list)
     rewrites: list[RewriteTarget] = field(default_factory=list)
     wanted: list[str] = field(default_factory=lambda: [TARGET])
-    terms: list[Any] = field(default_factory=list)
+    terms: list[tuple[Any, Any, str]] = field(default_factory=list)
 
 
 def _job_parts(spec: RunSpec, plans: Sequence[WritePlan], inline: bool) -> JobParts:
@@ -355,17 +356,46 @@ def _job_parts(spec: RunSpec, plans: Sequence[WritePlan], inline: bool) -> JobPa
             if plan.rewrites:  # an upsert: its affected files, rewritten
                 parts.rewrites.append(_rewrite_of(plan, parts.targets))
         parts.wanted += [src for src, _ in columns if src and src not in parts.wanted]
-        term = (F.col(STREAM) == plan.stream) & _past(plan.after)
-        if plan.sequences is not None:
-            term = term & F.col("_sequence").isin(list(plan.sequences))
-        if plan.where is not None:
-            term = term & F.col(plan.where)
-        if plan.named is not None:  # a template's table: the rows naming it
-            term = term & (F.col(plan.named) == F.lit(plan.target))
-        if inline and len(plan.drop):  # a literal list: no extra job
-            term = term & ~F.col(ROW).isin(plan.drop.to_pylist())
-        parts.terms.append(term)
+        if plan.named is None:
+            parts.terms.append((_term(plan, [plan], inline), F.lit(plan.target),
+                                plan.stream))
+    parts.terms += _named_terms([p for p in plans if p.named is not None], inline)
     return parts
+
+
+def _term(plan: WritePlan, drops: Sequence[WritePlan], inline: bool) -> Any:
+    """The condition of ``plan``'s rows: its stream, past its committed sequences, of its
+    entries and its ``where``, none of the rows ``drops`` drop."""
+    term = (F.col(STREAM) == plan.stream) & _past(plan.after)
+    if plan.sequences is not None:
+        term = term & F.col("_sequence").isin(list(plan.sequences))
+    if plan.where is not None:
+        term = term & F.col(plan.where)
+    dropped = [row for p in drops for row in p.drop.to_pylist()]
+    if inline and dropped:  # a literal list: no extra job
+        term = term & ~F.col(ROW).isin(dropped)
+    return term
+
+
+def _named_terms(plans: Sequence[WritePlan], inline: bool) -> list[tuple[Any, Any, str]]:
+    """One condition per group of a template's tables that share everything but the name
+    (stream, committed sequences, entries, ``where``, staged or not): its rows naming one
+    of the group's tables, each row's target its name. Why: a run may touch hundreds of
+    tables, and one ``CASE`` per table would be evaluated on every row. A row names one
+    table, so the group's dropped rows (by ``_row``) may be unioned."""
+    groups: dict[Any, list[WritePlan]] = {}
+    for plan in plans:
+        key = (plan.stream, plan.named, tuple(sorted(plan.after.items())), plan.sequences,
+               plan.where, plan.stage is None)
+        groups.setdefault(key, []).append(plan)
+    out = []
+    for group in groups.values():
+        first = group[0]
+        assert first.named is not None
+        names = F.col(first.named)
+        term = _term(first, group, inline) & names.isin([p.target for p in group])
+        out.append((term, names, first.stream))
+    return out
 
 
 def _save(frame: DataFrame, job: SinkJob

@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import itertools
 import logging
+import pickle
 import random
 import tempfile
 import weakref
@@ -63,14 +64,15 @@ from ingestor.validate import CompiledStream, InvalidEvents
 from pipeline.columns import DEAD_LETTER_TABLE, ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column
-from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
+from pipeline.iceberg.data_files import DataFileRef, FileSet, TableFiles, TableTarget
+from pipeline.iceberg.upsert import without_keys
 from pipeline.load.cluster import ClusterRunOutput, Written
 from pipeline.load.fetch import decode_refs
 from pipeline.load.frame import KEY_COLUMNS, ROW
 from pipeline.load.named import named_columns, table_columns
 from pipeline.load.plans import WritePlan
 from pipeline.load.run import RunOutput
-from pipeline.load.sink import StagedRows, StageTarget
+from pipeline.load.sink import StagedRows, StageTarget, rewrite_target
 from pipeline.load.spec import RunSpec
 from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
@@ -190,6 +192,8 @@ class LocalClusterOutput(ClusterRunOutput):
                         flags.append(column)
                     self.tables[(name, table.template)] = table_columns(j)
             self.full[name] = rows
+            mine = next((s.keys for s in spec.streams if s.name == name), ())
+            flags += [k for k in mine if k in rows.column_names]  # an upsert sink's keys
             keys = rows.select([*KEY_COLUMNS, *flags]).sort_by(
                 [("_sequence", "ascending"), (ROW, "ascending")])
             self.keys[name] = keys
@@ -201,7 +205,7 @@ class LocalClusterOutput(ClusterRunOutput):
         out = Written()
         assert self.spec is not None
         streams = {s.name: s for s in self.spec.streams}
-        for plan in (p for p in plans if p.expected > 0):
+        for plan in (p for p in plans if p.expected > 0 or p.rewrites):
             rows = not_committed(self.full[plan.stream], "_sequence", plan.after)
             keep = pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop))
             if plan.sequences is not None:
@@ -232,8 +236,9 @@ class LocalClusterOutput(ClusterRunOutput):
                 target = TableTarget.of(plan.target, plan.table, names)
                 files = TableFiles(target, f"sim{id(self):x}", "0")
                 files.add(rows)
-                out.files[plan.target] = FileSet(tuple(files.close()))
-                got = out.files[plan.target].rows
+                written = tuple(files.close())
+                out.files[plan.target] = FileSet(written + _rewritten(plan, f"{id(self):x}"))
+                got = sum(f.rows for f in written)
             if got != plan.expected:
                 raise RuntimeError(f"sim cluster write of {plan.target}: {got} rows, "
                                    f"expected {plan.expected}")
@@ -249,6 +254,28 @@ class LocalClusterOutput(ClusterRunOutput):
 
     def release(self) -> None:
         self.full.clear()
+
+
+def _rewritten(plan: WritePlan, attempt: str) -> tuple[DataFileRef, ...]:
+    """An upsert plan's rewrites, as the executors make them
+    (:func:`pipeline.load.sink._rewrite_files`): each file the plan names read as the
+    table's scan reads it, without the keys the run replaces or deletes."""
+    if not plan.rewrites:
+        return ()
+    from pyiceberg.expressions import AlwaysTrue  # why: only upsert plans need a scan
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    assert plan.table is not None
+    columns = [(f.name, f.name) for f in plan.table.schema().fields]
+    files = TableFiles(TableTarget.of(rewrite_target(plan.target), plan.table, columns),
+                       f"sim{attempt}", "rewrite")
+    scan = ArrowScan(plan.table.metadata, plan.table.io, plan.table.schema(), AlwaysTrue())
+    for task, held in plan.rewrites:
+        keys = pa.ipc.open_stream(held).read_all()
+        kept = without_keys(scan.to_table([pickle.loads(task)]), keys, plan.upsert_key)
+        if kept.num_rows:
+            files.add(kept)
+    return tuple(files.close())
 
 
 class SimClusterEngine(SimEngine):
