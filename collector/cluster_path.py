@@ -23,6 +23,15 @@ files holding the keys; the executors write the surviving rows and rewrite those
 the run's write job, and one overwrite replaces them (``plan_upsert``, ``ReplaceFiles``).
 A staged upsert sink is imported as on the embedded path.
 
+**Table templates**: the executors name each row's table (:mod:`pipeline.load.named`);
+the template's keys are split per table by the embedded path's rule
+(:mod:`collector.cluster_dynamic`), each new table is made before it is planned, every
+table's rows are written by the run's one write job, and the tables commit one after the
+other or ``collector.commit_workers`` at a time. **Change streams** are upserts whose
+key's latest change is chosen by source position and checked against the positions the
+table holds (:func:`~pipeline.load.plan_upsert`, the embedded path's
+:mod:`pipeline.iceberg.cdc_apply`).
+
 A run this path does not write itself (two sources writing one table, a sink that evolves
 its table from the data) was handed to the embedded path before it ran
 (:meth:`collector.service.Collector._route_run`; :func:`collector.routing.embedded_reason`),
@@ -36,6 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,13 +55,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.bulkhead import TableFailures, is_shared_failure
+from collector.cluster_dynamic import ClusterTarget, expand
 from collector.commit import CollectorState, RunResult, TableCommits, versions_of
+from collector.dynamic import DynamicTables
+from collector.embedded_path import EmbeddedPath
 from collector.routing import Target
 from collector.staged_path import StagedPath, ToStage
 from collector.where import WHERE_ERROR
 from icefloe.errors import RoutingUnsupportedError
 from icefloe.manifest.model import Entry
 from icefloe.staging import StagedFile
+from icefloe.streams.cdc import POSITION_COLUMN
 from pipeline.iceberg import (
     AddFiles,
     FileSet,
@@ -70,9 +86,6 @@ from pipeline.load import (
 )
 
 log = logging.getLogger("icefloe.collector")
-
-ClusterTarget = tuple[Target, pa.Table, tuple[int, ...] | None, str | None]
-"""One table of a cluster-path run: target, keys it takes, entries, ``where`` column."""
 
 Columns = tuple[tuple[str, str], ...]
 
@@ -102,10 +115,25 @@ class ClusterPath:
     """:class:`~collector.commit.OutputPath` of a ``ClusterRunOutput``."""
 
     def __init__(self, state: CollectorState, commits: TableCommits,
-                 staged: StagedPath) -> None:
+                 staged: StagedPath, *, dynamic: DynamicTables | None = None,
+                 workers: int = 1) -> None:
+        """``dynamic``: the table templates' tables (shared with the embedded path, so
+        both count ``max_tables`` alike); ``workers``: tables committed at once
+        (``collector.commit_workers``)."""
         self.state = state
         self.commits = commits
         self.staged = staged
+        self.dynamic = dynamic or DynamicTables(lambda: state.catalog)
+        self.workers = workers
+        self._counts = threading.Lock()
+
+    @classmethod
+    def beside(cls, embedded: EmbeddedPath) -> ClusterPath:
+        """The cluster path of a collector whose embedded path is ``embedded``: the same
+        state, commits and staged path, table templates' tables and commit workers (a
+        collector switches between the two per run)."""
+        return cls(embedded.state, embedded.commits, embedded.staged,
+                   dynamic=embedded.dynamic, workers=embedded.workers)
 
     def commit(self, output: ClusterRunOutput, result: RunResult, entries: list[Entry]
                ) -> None:
@@ -118,22 +146,44 @@ class ClusterPath:
         try:
             run.dead.append(self._unrouted(output, unrouted, versions, entries))
             run.dead += self._where_errors(output, run.locations)
+            routed = expand(self.dynamic, output, routed, run.locations, run.dead)
             for table, planned in routed.items():
                 with run.failures.of(table), self.state.bulkheads.guard(table):
+                    if planned[4] is not None:  # a template's table: made on first use
+                        self.state.prepare_dynamic(table, planned[0].stream)
                     self._plan(run, table, *planned)
             self._write(output, run.plans, run.failures, run.pending, run.staged_files)
             self.state.hook("after_write")
-            for table, (target, *_) in routed.items():
-                if table not in run.failures.tables:
-                    self._commit_table(run, table, target)
+            self._each_table([(table, target) for table, (target, *_) in routed.items()
+                              if table not in run.failures.tables],
+                             lambda table, target: self._commit_table(run, table, target))
         finally:
             self._discard(run)
         self.commits.commit_dead(run.dead, result.last_sequence, result)
         run.failures.raise_first()
 
+    def _each_table(self, tables: list[tuple[str, Target]],
+                    one: Callable[[str, Target], None]) -> None:
+        """Call ``one`` per table: in routing order, or ``workers`` at a time (as
+        :meth:`collector.embedded_path.EmbeddedPath._each_table`, and safe for the same
+        reasons: each table's commit is its own; the run's catalog version is claimed
+        first, so every table records the same one)."""
+        workers = min(self.workers, len(tables))
+        if workers <= 1:
+            for table, target in tables:
+                one(table, target)
+            return
+        self.commits.claim_run_version()
+        with ThreadPoolExecutor(workers, thread_name_prefix="icefloe-commit") as pool:
+            futures = [pool.submit(one, table, target) for table, target in tables]
+            for future in futures:
+                future.result()  # a shared failure or a crash: raised once all are done
+
     def _plan(self, run: ClusterRun, table: str, target: Target, keys: pa.Table,
-              allowed: tuple[int, ...] | None, where: str | None) -> None:
-        """Plan one table's write: its staged rows, or its fresh rows (or upsert)."""
+              allowed: tuple[int, ...] | None, where: str | None,
+              named: str | None = None) -> None:
+        """Plan one table's write: its staged rows, or its fresh rows (or upsert);
+        ``named``: a template's table, the keys' column of the names its rows gave."""
         s, result = self.state, run.result
         assert s.epoch is not None
         self.commits.check_park_room(table)
@@ -145,7 +195,7 @@ class ClusterPath:
                                   run.dead)
         if self.staged.takes(target):
             plan = self._plan_stage(target, good, columns, allowed, where,
-                                    drop=_left_out(keys, good))
+                                    drop=_left_out(keys, good), named=named)
             run.skipped[table] = good.num_rows - plan.expected
             run.plans.append(plan)
             return
@@ -156,17 +206,20 @@ class ClusterPath:
         run.fresh_keys[table] = fresh
         planned: WritePlan | None
         if target.sink.primary_key:
+            cdc = target.sink.cdc  # a change stream: ordered by its source positions
             upsert = plan_upsert(
                 s.catalog, table, source, keys, fresh,
                 key=target.sink.primary_key, tombstone=target.sink.tombstone_field,
                 sequences=result.sequences, epoch=s.epoch, target=table,
-                columns=columns, entries=allowed, where=where)
+                columns=columns, entries=allowed, where=where,
+                position=POSITION_COLUMN if cdc is not None else None,
+                keep_deletes=cdc is not None and cdc.deletes == "keep")
             run.upserts[table] = upsert
             planned = upsert.write if upsert is not None else None
         else:
             planned = plan_write(s.catalog, table, source, keys, fresh,
                                  sequences=result.sequences, epoch=s.epoch, key=table,
-                                 columns=columns, entries=allowed, where=where)
+                                 columns=columns, entries=allowed, where=where, named=named)
         if planned is not None:
             run.plans.append(planned)
 
@@ -181,15 +234,16 @@ class ClusterPath:
         source, fresh = target.source.id, run.fresh_keys[table]
         files, upsert = run.pending.pop(table, FileSet()), run.upserts.get(table)
         add = AddFiles(files) if upsert is None else ReplaceFiles(
-            files, upsert.replaced, upsert.snapshot_id, upsert.rows)
+            files, upsert.replaced, upsert.snapshot_id, upsert.rows, dict(upsert.noops))
         with run.failures.of(table), self.commits.guard(table):
             self.commits.record_ids(table, fresh, result.sequences, source)
             outcome = self.commits.commit(table, fresh, result.last_sequence,
                                           sequences=result.sequences, files=add,
                                           source=source)
             s.windows[table].remember(fresh, source)
-            result.rows[table] = outcome.rows
-            result.replayed += outcome.replayed
+            with self._counts:  # tables may commit in parallel (commit_workers)
+                result.rows[table] = outcome.rows
+                result.replayed += outcome.replayed
             s.hook(f"after_commit:{table}")
 
     def _discard(self, run: ClusterRun) -> None:
@@ -266,9 +320,11 @@ class ClusterPath:
                         f"sink {target.sink.name!r} evolves table {target.table!r} from the "
                         "data: its runs take the embedded path (the cluster output path "
                         "does not evolve tables)")
-                flags = [c for c in (*output.wheres.values(), *output.where_errors.values())
-                         if c in part.column_names]
-                out[target.table] = (target, part.drop_columns(flags), chosen, where)
+                mine = output.tables.get((name, target.table), ())  # its template's names
+                flags = [c for c in (*output.wheres.values(), *output.where_errors.values(),
+                                     *(c for cs in output.tables.values() for c in cs))
+                         if c in part.column_names and c not in mine]
+                out[target.table] = (target, part.drop_columns(flags), chosen, where, None)
             if filtered:
                 left = pc.and_(receivable, pc.invert(taken))
                 for column in output.where_errors.values():  # errors are not unrouted
@@ -322,7 +378,7 @@ class ClusterPath:
 
     def _plan_stage(self, target: Target, keys: pa.Table, columns: Columns,
                     allowed: tuple[int, ...] | None, where: str | None = None, *,
-                    drop: pa.Array | None = None) -> WritePlan:
+                    drop: pa.Array | None = None, named: str | None = None) -> WritePlan:
         """What the executors stage for ``target``: its rows above the staging floor
         (staged or committed already: a replay stages nothing twice). Not deduplicated:
         staged rows are, when they are imported (as on the embedded path). ``drop``: rows
@@ -335,7 +391,7 @@ class ClusterPath:
         return WritePlan(target.source.id, None, floor,
                          pa.array([], pa.int64()) if drop is None else drop,
                          fresh.num_rows, key=table, columns=columns, sequences=allowed,
-                         stage=table, where=where)
+                         stage=table, where=where, named=named)
 
     def _write(self, output: ClusterRunOutput, plans: list[WritePlan],
                failures: TableFailures, files: dict[str, FileSet],

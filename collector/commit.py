@@ -21,8 +21,9 @@ What the paths share is here: :class:`TableCommits` commits one table's rows thr
 dedup journal first, claims the run's catalog version and keeps the metrics; and it owns
 the per-table guards (bulkheads) and dead letters. Every path calls ``hook`` at the same
 crash points (``after_write``, ``after_commit:<table>``, ``after_stage:<table>``,
-``after_staged_commit:<table>``), so tests and the simulator can crash a collector between
-any two steps.
+``after_staged_commit:<table>``; and ``after_prepare:<table>`` once a template's table is
+made or first prepared, before anything is committed to it), so tests and the simulator
+can crash a collector between any two steps.
 
 The paths read the collector's state through :class:`CollectorState` rather than holding
 copies, because that state changes under them: ``epoch`` is set by ``acquire``, ``routes``
@@ -56,6 +57,7 @@ from icefloe.manifest.model import Entry
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.staging import StagingState
 from icefloe.store.base import AsyncObjectStore
+from icefloe.streams.cdc import POSITION_COLUMN
 from icefloe.streams.evolution import EvolveLimits
 from icefloe.streams.model import StreamConfig
 from pipeline.iceberg import (
@@ -334,7 +336,8 @@ def versions_of(entries: list[Entry]) -> dict[str, dict[int, int]]:
 
 
 def upsert_columns(routes: Routes) -> dict[str, tuple[str, ...]]:
-    """Per source, the primary-key and tombstone columns of its upsert sinks: what the
+    """Per source, the primary-key and tombstone columns of its upsert sinks (and a change
+    stream's position column): what the
     cluster output path collects to the driver with each row's keys (the embedded path,
     which has the rows, ignores it)."""
     out: dict[str, tuple[str, ...]] = {}
@@ -344,7 +347,9 @@ def upsert_columns(routes: Routes) -> dict[str, tuple[str, ...]]:
             sink = target.sink
             if not sink.primary_key:
                 continue
-            extra = (sink.tombstone_field,) if sink.tombstone_field else ()
+            extra: tuple[str, ...] = (sink.tombstone_field,) if sink.tombstone_field else ()
+            if sink.cdc is not None:  # a change stream's position orders its changes
+                extra += (POSITION_COLUMN,)
             names += [n for n in (*sink.primary_key, *extra) if n not in names]
         if names:
             out[source] = tuple(names)

@@ -33,11 +33,13 @@ from icefloe.streams.dynamic_tables import DEFAULT_LIMITS, is_template, reason, 
 from icefloe.streams.model import DynamicTables as Limits
 from icefloe.streams.model import StreamConfig
 from pipeline.iceberg import iceberg_errors
-from pipeline.load import table_names
+from pipeline.load import Named, table_names
 
 log = logging.getLogger("icefloe.collector")
 
 Routed = dict[str, tuple[Target, pa.Table]]
+Refused = tuple[pa.Table, pa.Array, pa.Array]
+"""Rows a template could not name a table for, with each one's rule and message."""
 
 
 class DynamicTables:
@@ -45,8 +47,9 @@ class DynamicTables:
 
     def __init__(self, catalog: Callable[[], Catalog],
                  limits: Mapping[str, Limits] | None = None) -> None:
-        """``limits``: each template's (``dynamic_tables`` of its stream in the config; a
-        registry sink cannot be a template), the defaults for any other."""
+        """``limits``: each template's (``dynamic_tables`` of its stream in the config),
+        for a sink that does not carry its own (a registry sink made through the admin
+        API does: :meth:`limits_of`); the defaults for any other."""
         self.catalog = catalog
         self.limits = dict(limits or {})
         self.existing: dict[str, set[str]] = {}
@@ -81,18 +84,36 @@ class DynamicTables:
               dead: list[pa.Table]) -> list[tuple[str, pa.Table]]:
         """One template's rows per table, in order of first row; refused rows to ``dead``."""
         sink = target.sink
-        limits = self.limits.get(sink.table, DEFAULT_LIMITS)
-        named = table_names(sink.table, sink.columns, limits, rows)
-        refused = pc.is_valid(named.rules)
-        if pc.any(refused).as_py():
-            dead += refused_rows(target, rows.filter(refused), named.rules.filter(refused),
-                                 named.messages.filter(refused), locations)
-            rows, names = rows.filter(pc.invert(refused)), named.tables.filter(
-                pc.invert(refused))
+        named = table_names(sink.table, sink.columns, self.limits_of(target), rows)
+        parts, refused = self.admit(target, rows, named)
+        for part, rules, messages in refused:
+            dead += refused_rows(target, part, rules, messages, locations)
+        return parts
+
+    def limits_of(self, target: Target) -> Limits:
+        """The template's limits: its sink's own, else the config's, else the defaults."""
+        own = target.sink.dynamic_tables
+        return own if own is not None else self.limits.get(target.sink.table, DEFAULT_LIMITS)
+
+    def admit(self, target: Target, rows: pa.Table, named: Named
+              ) -> tuple[list[tuple[str, pa.Table]], list[Refused]]:
+        """``rows`` (in run order) per table ``named`` gives them, in order of first row,
+        the tables past ``max_tables`` left out; and the refused rows with their rules and
+        messages (those a rule refused, in run order, then those over the limit). Both
+        output paths decide here: the embedded one on its rows, the cluster one on the
+        keys (:mod:`collector.cluster_dynamic`)."""
+        sink, limits = target.sink, self.limits_of(target)
+        refused_rules: list[Refused] = []
+        is_refused = pc.is_valid(named.rules)
+        if pc.any(is_refused).as_py():
+            refused_rules.append((rows.filter(is_refused), named.rules.filter(is_refused),
+                                  named.messages.filter(is_refused)))
+            rows, names = rows.filter(pc.invert(is_refused)), named.tables.filter(
+                pc.invert(is_refused))
         else:
             names = named.tables
         if rows.num_rows == 0:
-            return []
+            return [], refused_rules
         namespace = split_template(sink.table).namespace
         existing = self.tables_in(namespace)
         room = limits.max_tables - len(existing)
@@ -118,9 +139,9 @@ class DynamicTables:
             message = (f"table template {sink.table!r} of sink {sink.name!r} has "
                        f"max_tables ({limits.max_tables}) tables already; this event "
                        "would make one more")
-            dead += refused_rows(target, left, pa.array(["max_tables"] * left.num_rows),
-                                 pa.array([message] * left.num_rows), locations)
-        return out
+            refused_rules.append((left, pa.array(["max_tables"] * left.num_rows),
+                                  pa.array([message] * left.num_rows)))
+        return out, refused_rules
 
 
 def concrete(target: Target, table: str) -> Target:

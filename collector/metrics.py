@@ -163,8 +163,8 @@ class CollectorMetrics:
                                      "Runs of output = cluster that took the embedded path, "
                                      "by reason (shared-table: two sources write one table "
                                      "in one run; evolve: a sink of the run evolves its "
-                                     "table from the data, unknown_fields = evolve; cdc: "
-                                     "a change stream's sink)",
+                                     "table from the data, unknown_fields = evolve, a "
+                                     "change stream's too)",
                                      ["reason"], registry=r)
         self.sql_errors = Counter("icefloe_collector_sql_errors",
                                   "Rows whose sql mapping value is null because its "

@@ -426,12 +426,8 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
 
     ``shared-table``: two sources (or two sinks) write one table in this run, which the
     cluster path would commit as two appends of one run. ``evolve``: a sink that takes
-    part of the run evolves its table from the data (``unknown_fields = "evolve"``).
-    ``dynamic-table``: a sink of the run names its table by the data (a template); its
-    rows are split per table on the driver (:mod:`collector.dynamic`; not built on the
-    executors yet).
-    ``cdc``: a change stream's sink (its stale-change check reads the table's stored
-    positions on the driver, :mod:`pipeline.iceberg.cdc_apply`).
+    part of the run evolves its table from the data (``unknown_fields = "evolve"``; a
+    change stream's too).
     Why the embedded shape for those: evolution needs the rows' undeclared fields on the
     driver — the evolution quotas charge each new column to a client in run order and an
     over-quota field goes to the table's ``_overflow`` column, never the whole event to
@@ -439,25 +435,23 @@ def embedded_reason(routes: Routes, entries: Sequence[Entry]) -> str | None:
     only when it imports (:meth:`collector.embedded_path.EmbeddedPath.commit_routed`). One code
     path for all of it, on the same Spark session. Such a run takes the embedded path
     there; fan-out (several sinks, a sink that misses part of the run), routing by content
-    (``where``, evaluated on the executors), upserts and staged sinks are written by the
-    cluster path itself (:class:`collector.cluster_path.ClusterPath`).
+    (``where``, evaluated on the executors), upserts, change streams, table templates and
+    staged sinks are written by the cluster path itself
+    (:class:`collector.cluster_path.ClusterPath`).
     """
     versions: dict[str, dict[int, int]] = {}
     for entry in entries:
         for source in entry.streams:
             versions.setdefault(source, {})[entry.sequence] = entry.registry_version
     owners: set[str] = set()
-    evolves = changes = False
+    evolves = False
     for source, seen in versions.items():
         for target in routes.takers(source, seen):
             if target.table in owners:
                 return "shared-table"
             owners.add(target.table)
             evolves = evolves or target.sink.unknown_fields == "evolve"
-            if is_template(target.table):  # rows split per table on the driver
-                return "dynamic-table"
-            changes = changes or target.sink.cdc is not None
-    return "evolve" if evolves else "cdc" if changes else None
+    return "evolve" if evolves else None
 
 
 def _typed(value: str) -> Literal["protobuf", "avro"]:

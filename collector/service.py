@@ -39,6 +39,7 @@ from pyiceberg.table import Table
 from ulid import ULID
 
 from collector.bulkhead import Bulkheads, Parked, crash_marking, is_shared_failure
+from collector.cluster_dynamic import table_specs
 from collector.cluster_path import ClusterPath
 from collector.commit import Hook, RunResult, TableCommits, upsert_columns, versions_of
 from collector.dedup import DedupWindow
@@ -95,6 +96,7 @@ from pipeline.load import (
     with_avro_writers,
     with_key_columns,
     with_sql_cases,
+    with_tables,
     with_template_cases,
     with_wheres,
 )
@@ -197,7 +199,7 @@ class Collector:
         self.embedded = EmbeddedPath(
             self, self.commits, self.staged, workers=col.commit_workers,
             limits={s.table: s.dynamic_tables for s in config.streams if s.dynamic_tables})
-        self.cluster = ClusterPath(self, self.commits, self.staged)
+        self.cluster = ClusterPath.beside(self.embedded)
 
     # -- start: lease, epoch, tables, dedup state ----------------------------------------
 
@@ -393,6 +395,7 @@ class Collector:
             self.unprepared.add(name)
             raise
         self.unprepared.discard(name)
+        self.hook(f"after_prepare:{name}")  # made (or found) and ready: nothing committed
 
     def _oldest_waiting_s(self, oldest_entry_s: float | None) -> float | None:
         """Store time of the oldest event not yet in its tables: the first unacknowledged
@@ -677,6 +680,7 @@ class Collector:
         spec = with_sql_cases(spec, self.routes.sql_cases(versions))
         spec = with_template_cases(spec, self.routes.template_cases(versions))
         spec = with_wheres(spec, self.routes.where_specs(versions))
+        spec = with_tables(spec, table_specs(self.routes, versions, self.embedded.dynamic))
         spec = with_key_columns(spec, upsert_columns(self.routes))
         spec = with_avro_writers(spec, writers)
         output = await self.offload(run, spec)

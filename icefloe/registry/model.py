@@ -22,7 +22,7 @@ import msgspec
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Column, RateLimit, StreamConfig
 from icefloe.streams.mappings import KAFKA_SOURCES
-from icefloe.streams.model import CdcConfig, EvolveQuota, TypedSchema
+from icefloe.streams.model import CdcConfig, DynamicTables, EvolveQuota, TypedSchema
 
 FORMAT = 1
 MAX_SINKS = 20
@@ -197,6 +197,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     changed)."""
     cdc: CdcConfig | None = None
     """A change stream's settings (config-file streams only, so far: docs/cdc.md)."""
+    dynamic_tables: DynamicTables | None = None
+    """A table template's limits (``table`` a template; None: the defaults)."""
 
     @property
     def live(self) -> bool:
@@ -242,7 +244,8 @@ class Sink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                             sort_by=self.sort_by, table_properties=self.table_properties,
                             primary_key=self.primary_key,
                             tombstone_field=self.tombstone_field, where=self.where,
-                            evolve_quota=self.evolve_quota, cdc=self.cdc)
+                            evolve_quota=self.evolve_quota, cdc=self.cdc,
+                            dynamic_tables=self.dynamic_tables)
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

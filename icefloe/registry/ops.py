@@ -36,7 +36,7 @@ from icefloe.registry.model import (
 )
 from icefloe.registry.streams import union_stream
 from icefloe.streams.dynamic_tables import is_template
-from icefloe.streams.model import EvolveQuota
+from icefloe.streams.model import DynamicTables, EvolveQuota
 from icefloe.streams.where import UNROUTED
 
 UNSET: Any = msgspec.UNSET
@@ -64,6 +64,8 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     evolve_quota: EvolveQuota | None = None
     cdc: Any = None
     """Refused when given (:func:`refuse_cdc`): change streams are icefloe.toml's, so far."""
+    dynamic_tables: DynamicTables | None = None
+    """A table template's limits (``table`` a template: checked as icefloe.toml's are)."""
 
 
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -86,6 +88,7 @@ class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     where: str | None = UNSET
     evolve_quota: EvolveQuota | None = UNSET
     cdc: Any = UNSET
+    dynamic_tables: DynamicTables | None = UNSET
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -161,11 +164,7 @@ def check_sink(source_id: str, sink: Sink, at: str) -> None:
     if sink.unknown_fields not in ("ignore", "reject", "evolve"):
         raise invalid(f"{at}.unknown_fields",
                       f"{sink.unknown_fields!r} must be 'ignore', 'reject' or 'evolve'")
-    if is_template(sink.table):
-        raise invalid(f"{at}.table", f"{sink.table[:200]!r}: tables named by the data (a "
-                      "table template, dynamic_tables) are configured in icefloe.toml only; "
-                      "the admin API does not take them yet (name one table per sink)")
-    try:
+    try:  # a table template and its limits: the checks (and messages) of icefloe.toml
         validate_stream(sink.stream(source_id), at)
     except ConfigError as exc:
         raise _from_config_error(exc) from None
@@ -211,6 +210,33 @@ def _check_owner(registry: Registry, table: str, source_id: str, sink: str, at: 
                             [{"field": f"{at}.table", "reason": "owned by another sink"}])
 
 
+def _check_namespace(registry: Registry, table: str, source_id: str, sink: str,
+                     at: str) -> None:
+    """A table template's namespace is its own, as icefloe.toml's check says
+    (:func:`icefloe.config.validate.check_template_namespaces`): in ``registry`` (with the
+    change applied), no other live sink may write a table in the namespace of a template,
+    the sink's own or another's (so a value never lands in another sink's table, and
+    ``max_tables`` counts the template's tables only)."""
+    namespace = table.partition(".")[0]
+    for source in registry.live_sources():
+        for other in source.live_sinks():
+            if (source.id, other.name) == (source_id, sink) or \
+                    other.table.partition(".")[0] != namespace:
+                continue
+            if is_template(other.table):
+                owner = (f"belongs to the table template {other.table!r} of sink "
+                         f"{other.name!r} of source {source.id!r}")
+            elif is_template(table):
+                owner = (f"holds table {other.table!r} of sink {other.name!r} of source "
+                         f"{source.id!r} already")
+            else:
+                continue
+            raise RegistryError(409, "namespace_owned", f"{at}.table: namespace "
+                                f"{namespace!r} {owner}; a template's namespace holds its "
+                                "tables only: choose another namespace",
+                                [{"field": f"{at}.table", "reason": "namespace owned"}])
+
+
 def _check_count(source: Source, at: str) -> None:
     if len(source.live_sinks()) > MAX_SINKS:
         raise RegistryError(409, "too_many_sinks", f"{at}: a source has at most {MAX_SINKS} "
@@ -254,7 +280,7 @@ def _new_sink(spec: SinkSpec, version: int) -> Sink:
                 primary_key=spec.primary_key, tombstone_field=spec.tombstone_field,
                 created_version=version, updated_version=version,
                 toggles=() if spec.enabled else (Toggle(version, False),), where=spec.where,
-                evolve_quota=spec.evolve_quota)
+                evolve_quota=spec.evolve_quota, dynamic_tables=spec.dynamic_tables)
 
 
 def _replace_source(registry: Registry, source: Source) -> tuple[Source, ...]:
@@ -351,7 +377,10 @@ def create_source(registry: Registry, spec: SourceSpec, *, clock: Clock = SYSTEM
         names.add(sink.name)
         tables.add(sink.table)
         _check_owner(registry, sink.table, source.id, sink.name, at)
-    return registry.next(_replace_source(registry, source), clock=clock)
+    made = registry.next(_replace_source(registry, source), clock=clock)
+    for i, sink in enumerate(sinks):
+        _check_namespace(made, sink.table, source.id, sink.name, f"sinks[{i}]")
+    return made
 
 
 def update_source(registry: Registry, source_id: str, patch: SourcePatch, *,
@@ -409,7 +438,9 @@ def create_sink(registry: Registry, source_id: str, spec: SinkSpec, *,
                                       updated_version=version)
     _check_count(updated, "sinks")
     _check_union(registry, updated)
-    return registry.next(_replace_source(registry, updated), clock=clock)
+    made = registry.next(_replace_source(registry, updated), clock=clock)
+    _check_namespace(made, sink.table, source_id, sink.name, "sink")
+    return made
 
 
 def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch, *,
@@ -555,4 +586,5 @@ def seed_specs(streams: Any) -> list[SourceSpec]:
                  partition=s.partition, partition_by=s.partition_by, sort_by=s.sort_by,
                  table_properties=s.table_properties, primary_key=s.primary_key,
                  tombstone_field=s.tombstone_field, where=s.where,
-                 evolve_quota=s.evolve_quota),)) for s in streams]
+                 evolve_quota=s.evolve_quota, dynamic_tables=s.dynamic_tables),))
+            for s in streams]

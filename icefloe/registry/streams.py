@@ -131,7 +131,8 @@ def config_registry(streams: Iterable[StreamConfig]) -> Registry:
              event_id_field=s.event_id_field, partition=s.partition, partition_by=s.partition_by,
              sort_by=s.sort_by, table_properties=s.table_properties,
              primary_key=s.primary_key, tombstone_field=s.tombstone_field,
-             where=s.where, evolve_quota=s.evolve_quota, cdc=s.cdc),)) for s in streams)
+             where=s.where, evolve_quota=s.evolve_quota, cdc=s.cdc,
+             dynamic_tables=s.dynamic_tables),)) for s in streams)
     return Registry(version=0, sources=sources)
 
 

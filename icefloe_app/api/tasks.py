@@ -3,7 +3,8 @@
 Why this order: a sink must never exist in the registry without its Iceberg table, and a
 column change the table cannot take (an incompatible type) must fail without touching the
 registry. So a task creates or evolves the table (in a worker thread: a catalog round trip
-can take seconds on S3) and only then applies the registry change by compare-and-swap —
+can take seconds on S3; a table template's tables are the collector's to make, on first
+use) and only then applies the registry change by compare-and-swap —
 re-running that change's checks against the newest registry. ``GET /v1/tasks/{id}``
 reports its state, progress, result or error.
 
@@ -30,6 +31,7 @@ from ulid import ULID
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import StreamConfig
 from icefloe.errors import IcefloeError, RegistryError
+from icefloe.streams.dynamic_tables import is_template
 
 log = logging.getLogger("icefloe.admin")
 
@@ -113,6 +115,8 @@ class Tasks:
         try:
             for i, stream in enumerate(tables, 1):
                 task.progress = f"table {i}/{len(tables)}: {stream.table}"
+                if is_template(stream.table):  # its tables: made by the collector on
+                    continue  # first use, each with the sink's columns and layout
                 if await asyncio.to_thread(self.make_table, stream):
                     created.append(stream.table)
             task.progress = "updating the registry"

@@ -504,11 +504,14 @@ class ReplaceFiles(AddFiles):
     """
 
     def __init__(self, files: FileSet, replaced: Sequence[Any], snapshot_id: int | None,
-                 rows: int) -> None:
+                 rows: int, noops: Mapping[str, int] | None = None) -> None:
         super().__init__(files)
         self.replaced = list(replaced)
         self.snapshot_id = snapshot_id
         self.rows = rows
+        self.noops = dict(noops or {})
+        """A change stream's changes the plan found to do nothing, by reason (reported
+        with the commit, as :attr:`pipeline.iceberg.upsert.CopyOnWrite.noops`)."""
 
     def __call__(self, table: Table, rows: pa.Table, props: dict[str, str]) -> None:
         current = table.current_snapshot()

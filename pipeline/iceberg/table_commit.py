@@ -23,7 +23,7 @@ from pipeline.iceberg.commit import (
     commit_rows,
     encode_sources,
 )
-from pipeline.iceberg.data_files import AddFiles
+from pipeline.iceberg.data_files import AddFiles, ReplaceFiles
 from pipeline.iceberg.file_append import WriteThenAdd
 from pipeline.iceberg.upsert import CopyOnWrite, upsert_hook
 
@@ -57,7 +57,7 @@ def commit_table(catalog: Catalog, identifier: str, rows: pa.Table, *, sequence:
         result = commit_rows(catalog, identifier, rows, sequence=sequence, epoch=epoch,
                              append=append, props=props, clock=clock, sequences=sequences,
                              version=version)
-        if isinstance(append, CopyOnWrite) and append.noops and result.rows:
+        if isinstance(append, (CopyOnWrite, ReplaceFiles)) and append.noops and result.rows:
             result = dataclasses.replace(result, noops=tuple(append.noops.items()))
         return result
     finally:

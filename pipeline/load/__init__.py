@@ -6,7 +6,8 @@ names and schema) · ``split`` (the columnar envelope split) · ``mapped`` (mapp
 · ``decode`` (one batch file → tables and dead letters) · ``fetch`` (read, verify,
 quarantine) · ``packed`` (the packed Spark rows) · ``source`` (the ``icefloe`` Spark data
 source) · the cluster output path, by where its code runs: ``wheres`` (each sink's
-``where`` per batch, on the executors), ``sink`` (the ``icefloe-parquet`` data source
+``where`` per batch, on the executors), ``named`` (each table template's table per row,
+on the executors), ``sink`` (the ``icefloe-parquet`` data source
 writer, on the executors), ``plans`` (each table's write planned against the catalog, on
 the driver), ``cluster`` (the run on the Spark session, on the driver) · ``run`` (a run's
 result, locally or on Spark).
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         EntryFile,
         RunSpec,
         SqlCase,
+        TableSpec,
         TemplateCase,
         WhereCase,
         WhereSpec,
@@ -40,11 +42,12 @@ if TYPE_CHECKING:
         with_avro_writers,
         with_key_columns,
         with_sql_cases,
+        with_tables,
         with_template_cases,
         with_wheres,
     )
     from pipeline.spark import get_spark
-    from pipeline.table_names import table_names
+    from pipeline.table_names import Named, table_names
     from pipeline.where import judge, where_error_messages
 
 _HOME = {
@@ -53,12 +56,14 @@ _HOME = {
     "DeadLetters": "pipeline.load.decode",
     "EntryFile": "pipeline.load.spec",
     "KEY_COLUMNS": "pipeline.load.frame",
+    "Named": "pipeline.table_names",
     "ROW": "pipeline.load.frame",
     "RunOutput": "pipeline.load.run",
     "RunSpec": "pipeline.load.spec",
     "SparkClusterEngine": "pipeline.load.run",
     "SparkEngine": "pipeline.load.run",
     "SqlCase": "pipeline.load.spec",
+    "TableSpec": "pipeline.load.spec",
     "TemplateCase": "pipeline.load.spec",
     "UpsertPlan": "pipeline.load.plans",
     "WhereCase": "pipeline.load.spec",
@@ -78,6 +83,7 @@ _HOME = {
     "where_error_messages": "pipeline.where",
     "with_key_columns": "pipeline.load.spec",
     "with_sql_cases": "pipeline.load.spec",
+    "with_tables": "pipeline.load.spec",
     "with_template_cases": "pipeline.load.spec",
     "with_wheres": "pipeline.load.spec",
 }
@@ -91,11 +97,13 @@ __all__ = [
     "ClusterRunOutput",
     "DeadLetters",
     "EntryFile",
+    "Named",
     "RunOutput",
     "RunSpec",
     "SparkClusterEngine",
     "SparkEngine",
     "SqlCase",
+    "TableSpec",
     "TemplateCase",
     "UpsertPlan",
     "WhereCase",
@@ -115,6 +123,7 @@ __all__ = [
     "with_avro_writers",
     "with_key_columns",
     "with_sql_cases",
+    "with_tables",
     "with_template_cases",
     "with_wheres",
 ]

@@ -77,6 +77,7 @@ from pipeline.iceberg.commit import SHARD_BITS
 from pipeline.iceberg.data_files import DataFileRef, FileSet, TableTarget
 from pipeline.load.decode import DeadLetters
 from pipeline.load.frame import DEAD, KEY_COLUMNS, ROW, STREAM, struct_column
+from pipeline.load.named import table_columns, table_name_flags
 from pipeline.load.plans import INLINE_DROPS, WritePlan
 from pipeline.load.sink import (
     REWRITE_KEYS,
@@ -132,6 +133,9 @@ class ClusterRunOutput:
     where_errors: dict[tuple[str, str], str] = field(default_factory=dict)
     """Per (stream, table), the keys' column of the message of the error that sink's
     ``where`` raised on a row (null: none; :func:`where_error_column`)."""
+    tables: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
+    """Per (stream, table template), the keys' columns of the table each row names, the
+    rule it broke and the message (:func:`~pipeline.load.named.table_columns`)."""
 
     @property
     def rows(self) -> int:
@@ -190,9 +194,9 @@ class ClusterRunOutput:
         frame = self.frame \
             .withColumn(SHARD_COLUMN[0], F.shiftright(position, SHARD_BITS).cast("int")) \
             .withColumn(_LOCAL_COLUMN, position.bitwiseAND(F.lit(_LOCAL)))
-        terms = [F.when(term, F.lit(plan.target))
-                 for plan, term in zip(plans, parts.terms, strict=True)]
-        if len({p.stream for p in plans}) == len(plans):  # a row has one target at most
+        terms = [F.when(term, target) for term, target, _ in parts.terms]
+        single = len({stream for *_, stream in parts.terms}) == len(parts.terms)
+        if single:  # a row has one target at most
             frame = frame.withColumn(TARGET, F.coalesce(*terms)).where(
                 F.col(TARGET).isNotNull())
         else:  # fan-out: a row once per sink that takes it
@@ -316,13 +320,14 @@ def _rewrite_of(plan: WritePlan, targets: list[TableTarget]) -> RewriteTarget:
 class JobParts:
     """What a write job's plans become: the table, staged and rewrite targets of the
     :class:`~pipeline.load.sink.SinkJob`, the frame's columns it reads, and per plan the
-    condition a row must meet to go to the plan's target."""
+    condition a row must meet to go to the plan's target (the condition, the target, the
+    stream: one per plan, or one per group of a template's tables, :func:`_named_terms`)."""
 
     targets: list[TableTarget] = field(default_factory=list)
     staged: list[StageTarget] = field(default_factory=list)
     rewrites: list[RewriteTarget] = field(default_factory=list)
     wanted: list[str] = field(default_factory=lambda: [TARGET])
-    terms: list[Any] = field(default_factory=list)
+    terms: list[tuple[Any, Any, str]] = field(default_factory=list)
 
 
 def _job_parts(spec: RunSpec, plans: Sequence[WritePlan], inline: bool) -> JobParts:
@@ -351,15 +356,46 @@ def _job_parts(spec: RunSpec, plans: Sequence[WritePlan], inline: bool) -> JobPa
             if plan.rewrites:  # an upsert: its affected files, rewritten
                 parts.rewrites.append(_rewrite_of(plan, parts.targets))
         parts.wanted += [src for src, _ in columns if src and src not in parts.wanted]
-        term = (F.col(STREAM) == plan.stream) & _past(plan.after)
-        if plan.sequences is not None:
-            term = term & F.col("_sequence").isin(list(plan.sequences))
-        if plan.where is not None:
-            term = term & F.col(plan.where)
-        if inline and len(plan.drop):  # a literal list: no extra job
-            term = term & ~F.col(ROW).isin(plan.drop.to_pylist())
-        parts.terms.append(term)
+        if plan.named is None:
+            parts.terms.append((_term(plan, [plan], inline), F.lit(plan.target),
+                                plan.stream))
+    parts.terms += _named_terms([p for p in plans if p.named is not None], inline)
     return parts
+
+
+def _term(plan: WritePlan, drops: Sequence[WritePlan], inline: bool) -> Any:
+    """The condition of ``plan``'s rows: its stream, past its committed sequences, of its
+    entries and its ``where``, none of the rows ``drops`` drop."""
+    term = (F.col(STREAM) == plan.stream) & _past(plan.after)
+    if plan.sequences is not None:
+        term = term & F.col("_sequence").isin(list(plan.sequences))
+    if plan.where is not None:
+        term = term & F.col(plan.where)
+    dropped = [row for p in drops for row in p.drop.to_pylist()]
+    if inline and dropped:  # a literal list: no extra job
+        term = term & ~F.col(ROW).isin(dropped)
+    return term
+
+
+def _named_terms(plans: Sequence[WritePlan], inline: bool) -> list[tuple[Any, Any, str]]:
+    """One condition per group of a template's tables that share everything but the name
+    (stream, committed sequences, entries, ``where``, staged or not): its rows naming one
+    of the group's tables, each row's target its name. Why: a run may touch hundreds of
+    tables, and one ``CASE`` per table would be evaluated on every row. A row names one
+    table, so the group's dropped rows (by ``_row``) may be unioned."""
+    groups: dict[Any, list[WritePlan]] = {}
+    for plan in plans:
+        key = (plan.stream, plan.named, tuple(sorted(plan.after.items())), plan.sequences,
+               plan.where, plan.stage is None)
+        groups.setdefault(key, []).append(plan)
+    out = []
+    for group in groups.values():
+        first = group[0]
+        assert first.named is not None
+        names = F.col(first.named)
+        term = _term(first, group, inline) & names.isin([p.target for p in group])
+        out.append((term, names, first.stream))
+    return out
 
 
 def _save(frame: DataFrame, job: SinkJob
@@ -422,6 +458,19 @@ def _with_wheres(frame: DataFrame, spec: RunSpec) -> DataFrame:
     return frame.mapInArrow(flags, schema)
 
 
+def _with_tables(frame: DataFrame, spec: RunSpec) -> DataFrame:
+    """``frame`` with :func:`table_name_flags`' columns, computed on the executors."""
+    schema = StructType([*frame.schema.fields, *[
+        StructField(name, StringType(), nullable=True)
+        for j in range(len(spec.tables)) for name in table_columns(j)]])
+
+    def named(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield table_name_flags(spec, batch)
+
+    return frame.mapInArrow(named, schema)
+
+
 _DDL = {pa.int64(): "bigint", pa.string(): "string", pa.binary(): "binary"}
 
 
@@ -468,13 +517,17 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
     frame = frame.withColumn(ROW, F.monotonically_increasing_id())
     if spec.wheres:  # routing by content: each sink's predicate, on the executors
         frame = _with_wheres(frame, spec)
+    if spec.tables:  # tables named by the data: each template's verdict, on the executors
+        frame = _with_tables(frame, spec)
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     out = ClusterRunOutput(spark, frame, spec)
     extra = _key_columns(spec)
     flags = [where_column(j) for j in range(len(spec.wheres))]
     failed = [where_error_column(j) for j in range(len(spec.wheres))]
+    named = [name for j in range(len(spec.tables)) for name in table_columns(j)]
     try:
-        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD, *flags, *failed).toArrow()
+        keys = frame.select(STREAM, *KEY_COLUMNS, *extra, DEAD, *flags, *failed, *named
+                            ).toArrow()
     except BaseException:
         out.release()
         raise
@@ -487,6 +540,8 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
         if rows.num_rows:
             mine = [flags[j] for j, w in enumerate(spec.wheres) if w.stream == stream.name]
             mine += [failed[j] for j, w in enumerate(spec.wheres) if w.stream == stream.name]
+            mine += [name for j, t in enumerate(spec.tables) if t.stream == stream.name
+                     for name in table_columns(j)]
             part = rows.select([*KEY_COLUMNS, *mine])
             for name in stream.keys:  # an upsert sink's key and tombstone columns
                 wide = f"{struct_column(i)}__{name}"
@@ -495,6 +550,7 @@ def run_cluster(spark: SparkSession, spec: RunSpec, frame: DataFrame) -> Cluster
             out.keys[stream.name] = part.combine_chunks()
     out.wheres = {(w.stream, w.table): flags[j] for j, w in enumerate(spec.wheres)}
     out.where_errors = {(w.stream, w.table): failed[j] for j, w in enumerate(spec.wheres)}
+    out.tables = {(t.stream, t.template): table_columns(j) for j, t in enumerate(spec.tables)}
     dead = keys.filter(pc.is_null(streams))
     if dead.num_rows:
         out.dead = DeadLetters.decode_rows(dead.column(DEAD).to_pylist()).to_arrow()

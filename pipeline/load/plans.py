@@ -21,6 +21,7 @@ from pyiceberg.table import FileScanTask
 
 from icefloe.errors import CatalogError
 from pipeline.columns import SHARD_COLUMN
+from pipeline.iceberg.cdc_apply import applicable_changes
 from pipeline.iceberg.commit import (
     SHARD_BITS,
     check_epoch,
@@ -28,7 +29,7 @@ from pipeline.iceberg.commit import (
     covers,
     not_committed,
 )
-from pipeline.iceberg.upsert import affected_files, survivors
+from pipeline.iceberg.upsert import affected_files, key_filter, latest_per_key, survivors
 from pipeline.load.frame import ROW
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class WritePlan:
     where: str | None = None
     """The persisted run's boolean column of the sink's ``where`` (None: no predicate):
     only rows it marks are written."""
+    named: str | None = None
+    """A table template's table: the persisted run's column of the table each row names
+    (:func:`~pipeline.load.named.table_columns`); only rows naming :attr:`target` are
+    written."""
 
     @property
     def target(self) -> str:
@@ -81,7 +86,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                fresh: pa.Table, *, sequences: Mapping[int, int], epoch: int, key: str = "",
                columns: tuple[tuple[str, str], ...] | None = None,
                entries: tuple[int, ...] | None = None,
-               where: str | None = None) -> WritePlan | None:
+               where: str | None = None, named: str | None = None) -> WritePlan | None:
     """What to write for one table, or None when nothing is new.
 
     Reads the table's committed sequences and epoch first: a fenced collector stops before
@@ -89,7 +94,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     are never rewritten. ``keys`` are the stream's rows of the run that go to this table
     (of the entries in ``entries``, run positions, if given; ``_sequence``: run
     positions), ``fresh`` those the dedup window kept; ``sequences`` the run's last
-    sequence per shard; ``key``, ``columns`` and ``where``: see :class:`WritePlan` (rows
+    sequence per shard; ``key``, ``columns``, ``where``, ``named``: see :class:`WritePlan` (rows
     of ``keys`` not in ``fresh`` are not written: duplicates, rows missing a key value).
     """
     found = _pending(catalog, identifier, fresh, sequences, epoch)
@@ -102,7 +107,7 @@ def plan_write(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
         kept = pc.is_in(keys.column(ROW), value_set=fresh.column(ROW).combine_chunks())
         drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
     return WritePlan(stream, table, done, drop, survivors.num_rows, key=key,
-                     columns=columns, sequences=entries, where=where)
+                     columns=columns, sequences=entries, where=where, named=named)
 
 
 
@@ -120,6 +125,8 @@ class UpsertPlan:
     replaced: tuple[Any, ...]
     snapshot_id: int | None
     rows: int
+    noops: tuple[tuple[str, int], ...] = ()
+    """A change stream's changes that do nothing, by reason (stale, unknown delete)."""
 
 
 def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
@@ -127,7 +134,8 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                 sequences: Mapping[int, int], epoch: int, target: str = "",
                 columns: tuple[tuple[str, str], ...] | None = None,
                 entries: tuple[int, ...] | None = None,
-                where: str | None = None) -> UpsertPlan | None:
+                where: str | None = None, position: str | None = None,
+                keep_deletes: bool = False) -> UpsertPlan | None:
     """:func:`plan_write` for a table with a primary key, or None when nothing is new.
 
     ``keys`` (every row of the run for this table) and ``fresh`` (those the dedup window
@@ -137,12 +145,26 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
     write those that are not tombstones (every other row of ``keys`` is dropped by
     ``_row``) and rewrite each existing file that holds one of the keys without it. Only
     key columns reach the driver: the rows themselves stay on the executors.
+
+    A change stream (``position``: its source position column, in ``keys``): each key's
+    latest change by position, dropped when the table's row holds a position as new
+    (stale) or when it deletes a key nobody has (counted in :attr:`UpsertPlan.noops`), as
+    the embedded path's :class:`~pipeline.iceberg.upsert.CopyOnWrite` decides
+    (:func:`~pipeline.iceberg.cdc_apply.applicable_changes`); with ``keep_deletes`` a
+    delete is written as the key's row.
     """
     found = _pending(catalog, identifier, fresh, sequences, epoch)
     if found is None:
         return None
     table, done, pending = found
-    replaced_keys, write = survivors(pending, key, tombstone)
+    changes, noops = pending, dict[str, int]()
+    if position is not None and tombstone is not None:
+        pending = _as_text(pending, position)
+        latest = latest_per_key(pending, key, position)
+        changes, noops = applicable_changes(table, pending, latest, key, tombstone, position,
+                                            key_filter(latest.select(list(key))))
+    replaced_keys, write = survivors(changes, key, None if keep_deletes else tombstone,
+                                     position)
     kept = pc.is_in(keys.column(ROW), value_set=write.column(ROW).combine_chunks())
     drop = keys.filter(pc.invert(kept)).column(ROW).combine_chunks()
     rewrites: list[tuple[bytes, bytes]] = []
@@ -156,7 +178,16 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
                      sequences=entries, rewrites=tuple(rewrites), upsert_key=tuple(key),
                      where=where)
     return UpsertPlan(plan, tuple(replaced), current.snapshot_id if current else None,
-                      pending.num_rows)
+                      pending.num_rows, tuple(sorted(noops.items())))
+
+
+def _as_text(rows: pa.Table, column: str) -> pa.Table:
+    """``rows`` with ``column`` as ``string`` (Spark may hand text back as
+    ``large_string``; the stored positions it is compared with are ``string``)."""
+    index = rows.column_names.index(column)
+    if rows.schema.field(index).type == pa.string():
+        return rows
+    return rows.set_column(index, column, rows.column(index).cast(pa.string()))
 
 
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 from icefloe.config import Config, StreamConfig
 from icefloe.manifest.model import Entry
 from icefloe.streams.mappings import KAFKA_SOURCES
+from icefloe.streams.model import DynamicTables
 from pipeline.columns import ARROW_TYPES
 
 DERIVED_KINDS = ("ip", "header", "headers", "datetime", "id", "sql", "template",
@@ -199,6 +200,19 @@ class WhereSpec(msgspec.Struct, frozen=True):
     """The sink's name (what a ``where_error`` dead letter names)."""
 
 
+class TableSpec(msgspec.Struct, frozen=True):
+    """The table template a sink of ``stream`` names its tables by: the cluster output path
+    evaluates it on the executors (:mod:`pipeline.load.named`), so only each row's table
+    name (or the rule it broke) reaches the driver with the keys, never the values it is
+    made of. ``columns`` are the sink's (name, icefloe type), ``limits`` its
+    ``dynamic_tables``."""
+
+    stream: str
+    template: str
+    columns: tuple[tuple[str, str], ...]
+    limits: DynamicTables = DynamicTables()
+
+
 class RunSpec(msgspec.Struct, frozen=True):
     store_url: str
     endpoint_url: str | None
@@ -211,6 +225,8 @@ class RunSpec(msgspec.Struct, frozen=True):
     """Per row: a larger ``sql`` value is an error of that row (see :mod:`pipeline.load.mapped`)."""
     sql_max_run_s: float = 60.0
     """Per run: the evaluation time the ``sql`` mappings may take (driver side)."""
+    tables: tuple[TableSpec, ...] = ()
+    """The run's table templates (cluster output path: named on the executors)."""
 
     def refs(self) -> list[EntryFile]:
         return [EntryFile(*batch) for batch in self.batches]
@@ -295,6 +311,11 @@ def with_avro_writers(spec: RunSpec, writers: Mapping[int, str]) -> RunSpec:
 def with_wheres(spec: RunSpec, wheres: tuple[WhereSpec, ...]) -> RunSpec:
     """``spec`` with the ``where`` predicates its sinks route by (see :class:`WhereSpec`)."""
     return msgspec.structs.replace(spec, wheres=wheres)
+
+
+def with_tables(spec: RunSpec, tables: tuple[TableSpec, ...]) -> RunSpec:
+    """``spec`` with the table templates its sinks name tables by (see :class:`TableSpec`)."""
+    return msgspec.structs.replace(spec, tables=tables)
 
 
 def group_refs(refs: Sequence[EntryFile], partitions: int) -> list[list[EntryFile]]:

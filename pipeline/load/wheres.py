@@ -82,7 +82,7 @@ def _where_mask(where: WhereSpec, rows: pa.Table, index: int, stream: StreamSpec
     streams' rows."""
     names = {n for case in where.cases if case.sql is not None
              for n in referenced(case.sql, where.columns)}
-    flag, failed = where_verdict(where, _predicate_rows(rows, index, stream,
+    flag, failed = where_verdict(where, predicate_rows(rows, index, stream,
                                                         tuple(sorted(names))))
     mine = pc.fill_null(pc.equal(rows.column(STREAM), where.stream), False)
     mine = mine.combine_chunks() if isinstance(mine, pa.ChunkedArray) else mine
@@ -124,7 +124,7 @@ def where_verdict(where: WhereSpec, rows: pa.Table) -> tuple[pa.Array, pa.Array]
     return pc.fill_null(taken, False), errors
 
 
-def _predicate_rows(rows: pa.Table, index: int, stream: StreamSpec,
+def predicate_rows(rows: pa.Table, index: int, stream: StreamSpec,
                     names: tuple[str, ...]) -> pa.Table:
     """The decoded values a predicate reads (``names``), as the embedded path holds them:
     the stream's columns under their own names in their declared types, and the envelope;

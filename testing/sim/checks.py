@@ -44,7 +44,7 @@ from pipeline.iceberg.commit import (
     SEQUENCES_PROP,
     decode_sequences,
 )
-from testing.sim import retention
+from testing.sim import dynamic, retention
 from testing.sim.changes import check_changes
 from testing.sim.loop import SimTime
 from testing.sim.scenario import Scenario
@@ -143,6 +143,8 @@ class Checker:
             draw = self._journal_rng if stage.startswith("after_journal:") else rng
             if self.world.store.faults_on and crash_p and draw.random() < crash_p:
                 self.crash(host, stage)
+            if stage.startswith("after_prepare:") and self.world.scenario.dynamic:
+                dynamic.at_prepare(self.world, host, stage)
             if stage.startswith(("after_commit:", "after_staged_commit:")):
                 self.commits += 1
                 self.check_table(stage.split(":", 1)[1])
@@ -180,6 +182,8 @@ class Checker:
         for registry in self.world.registry_history:
             for source in registry.sources:
                 names.update(s.table for s in source.sinks)
+        templates = {n for n in names if "{" in n}  # dynamic-tables: the tables they made
+        names = (names - templates) | set(dynamic.concrete_tables(self.catalog, templates))
         return [*sorted(names), DEAD_LETTER_TABLE]
 
     def check_table(self, name: str) -> None:
@@ -320,7 +324,8 @@ class Checker:
             if source is None or copy.version < 0:
                 tables: set[str] = set()
             else:
-                tables = {sink.table for sink in source.routes(copy.version)}
+                tables = {dynamic.table_for(sink.table, copy.uid)
+                          for sink in source.routes(copy.version)}
             allowed.setdefault(copy.uid, set()).update(tables)
             if copy.acked:
                 required.setdefault(copy.uid, set()).update(tables)

@@ -25,6 +25,14 @@ def _patch(target: Any, name: str, value: Any) -> contextlib.AbstractContextMana
     return patched()
 
 
+@contextlib.contextmanager
+def _both(first: contextlib.AbstractContextManager[None],
+          second: contextlib.AbstractContextManager[None]) -> Iterator[None]:
+    """Two patches for one run (a mutant that breaks both output paths)."""
+    with first, second:
+        yield
+
+
 def _dedup_per_table() -> contextlib.AbstractContextManager[None]:
     """Case 3 undone: an id seen from any source counts as seen (one window per table)."""
     from collector.dedup import DedupWindow
@@ -288,7 +296,8 @@ def _ack_unindexed() -> contextlib.AbstractContextManager[None]:
 def _cdc_accepted_order() -> contextlib.AbstractContextManager[None]:
     """#42 undone: a change stream's table applied as a plain upsert (the accepted order
     decides, no stored position is compared): a key's older change sent after its newer
-    one wins."""
+    one wins. On both output paths (the cluster path plans with no position column)."""
+    import collector.cluster_path as cluster_path  # why: patched for this run only
     import pipeline.iceberg.table_commit as table_commit  # why: patched for this run only
     from pipeline.iceberg.upsert import CopyOnWrite
 
@@ -296,17 +305,39 @@ def _cdc_accepted_order() -> contextlib.AbstractContextManager[None]:
         if not stream.primary_key:
             return None
         return CopyOnWrite(stream.primary_key, stream.tombstone_field)
-    return _patch(table_commit, "upsert_hook", hook)
+    return _both(_patch(table_commit, "upsert_hook", hook),
+                 _patch(cluster_path, "POSITION_COLUMN", None))
 
 
 def _cdc_no_stale_check() -> contextlib.AbstractContextManager[None]:
     """#42's late changes undone: a key's changes are ordered by position within a
     commit, but a change older than the row's stored position still applies."""
     import pipeline.iceberg.upsert as upsert  # why: patched for this run only
+    import pipeline.load.plans as plans  # why: the cluster path's, patched too
 
     def applicable(table: Any, rows: Any, latest: Any, *args: Any) -> tuple[Any, dict[str, int]]:
         return latest, {}
-    return _patch(upsert, "applicable_changes", applicable)
+    return _both(_patch(upsert, "applicable_changes", applicable),
+                 _patch(plans, "applicable_changes", applicable))
+
+
+def _dynamic_fresh_window() -> contextlib.AbstractContextManager[None]:
+    """#42 undone: a template's table is prepared as if this collector had just made it:
+    its dedup window starts empty instead of being rebuilt from the table and its
+    journal, so a replacement collector forgets what a table it did not make holds."""
+    from collector.dedup import DedupWindow
+    from collector.service import Collector
+
+    original = Collector.prepare_dynamic
+
+    def prepare(self: Collector, name: str, stream: Any) -> None:
+        rebuild = DedupWindow.rebuild
+        DedupWindow.rebuild = lambda window, table, *args, **kw: None  # type: ignore[method-assign]
+        try:
+            original(self, name, stream)
+        finally:
+            DedupWindow.rebuild = rebuild  # type: ignore[method-assign]
+    return _patch(Collector, "prepare_dynamic", prepare)
 
 
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
@@ -329,6 +360,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "ack-unindexed": _ack_unindexed,
     "cdc-accepted-order": _cdc_accepted_order,
     "cdc-no-stale-check": _cdc_no_stale_check,
+    "dynamic-fresh-window": _dynamic_fresh_window,
 }
 
 

@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import itertools
 import logging
+import pickle
 import random
 import tempfile
 import weakref
@@ -63,17 +64,19 @@ from ingestor.validate import CompiledStream, InvalidEvents
 from pipeline.columns import DEAD_LETTER_TABLE, ENVELOPE, SHARD_COLUMN
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.commit import committed_state, not_committed, with_shard_column
-from pipeline.iceberg.data_files import FileSet, TableFiles, TableTarget
+from pipeline.iceberg.data_files import DataFileRef, FileSet, TableFiles, TableTarget
+from pipeline.iceberg.upsert import without_keys
 from pipeline.load.cluster import ClusterRunOutput, Written
 from pipeline.load.fetch import decode_refs
 from pipeline.load.frame import KEY_COLUMNS, ROW
+from pipeline.load.named import named_columns, table_columns
 from pipeline.load.plans import WritePlan
 from pipeline.load.run import RunOutput
-from pipeline.load.sink import StagedRows, StageTarget
+from pipeline.load.sink import StagedRows, StageTarget, rewrite_target
 from pipeline.load.spec import RunSpec
 from pipeline.load.wheres import where_column, where_flag
 from testing.catalog_pointer import lost, metadata_pointer
-from testing.sim import retention, typed
+from testing.sim import dynamic, retention, typed
 from testing.sim.changes import ChangeLedger, Connector, cdc_seed
 from testing.sim.checks import Checker
 from testing.sim.kafka import KafkaLedger, KafkaProducer, KafkaSide
@@ -181,7 +184,16 @@ class LocalClusterOutput(ClusterRunOutput):
                 if where.stream == name:
                     rows = rows.append_column(where_column(j), where_flag(where, rows))
                     flags.append(where_column(j))
+            for j, table in enumerate(spec.tables):  # each template's table names
+                if table.stream == name:
+                    for column, value in zip(table_columns(j), named_columns(table, rows),
+                                             strict=True):
+                        rows = rows.append_column(column, value)
+                        flags.append(column)
+                    self.tables[(name, table.template)] = table_columns(j)
             self.full[name] = rows
+            mine = next((s.keys for s in spec.streams if s.name == name), ())
+            flags += [k for k in mine if k in rows.column_names]  # an upsert sink's keys
             keys = rows.select([*KEY_COLUMNS, *flags]).sort_by(
                 [("_sequence", "ascending"), (ROW, "ascending")])
             self.keys[name] = keys
@@ -193,7 +205,7 @@ class LocalClusterOutput(ClusterRunOutput):
         out = Written()
         assert self.spec is not None
         streams = {s.name: s for s in self.spec.streams}
-        for plan in (p for p in plans if p.expected > 0):
+        for plan in (p for p in plans if p.expected > 0 or p.rewrites):
             rows = not_committed(self.full[plan.stream], "_sequence", plan.after)
             keep = pc.invert(pc.is_in(rows.column(ROW), value_set=plan.drop))
             if plan.sequences is not None:
@@ -201,6 +213,9 @@ class LocalClusterOutput(ClusterRunOutput):
                     plan.sequences, pa.int64())))
             if plan.where is not None:
                 keep = pc.and_(keep, rows.column(plan.where))
+            if plan.named is not None:
+                keep = pc.and_(keep, pc.fill_null(pc.equal(rows.column(plan.named),
+                                                           plan.target), False))
             rows = rows.filter(keep)
             sink = plan.columns or tuple(streams[plan.stream].columns)
             have = set(rows.column_names)
@@ -221,8 +236,9 @@ class LocalClusterOutput(ClusterRunOutput):
                 target = TableTarget.of(plan.target, plan.table, names)
                 files = TableFiles(target, f"sim{id(self):x}", "0")
                 files.add(rows)
-                out.files[plan.target] = FileSet(tuple(files.close()))
-                got = out.files[plan.target].rows
+                written = tuple(files.close())
+                out.files[plan.target] = FileSet(written + _rewritten(plan, f"{id(self):x}"))
+                got = sum(f.rows for f in written)
             if got != plan.expected:
                 raise RuntimeError(f"sim cluster write of {plan.target}: {got} rows, "
                                    f"expected {plan.expected}")
@@ -238,6 +254,28 @@ class LocalClusterOutput(ClusterRunOutput):
 
     def release(self) -> None:
         self.full.clear()
+
+
+def _rewritten(plan: WritePlan, attempt: str) -> tuple[DataFileRef, ...]:
+    """An upsert plan's rewrites, as the executors make them
+    (:func:`pipeline.load.sink._rewrite_files`): each file the plan names read as the
+    table's scan reads it, without the keys the run replaces or deletes."""
+    if not plan.rewrites:
+        return ()
+    from pyiceberg.expressions import AlwaysTrue  # why: only upsert plans need a scan
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    assert plan.table is not None
+    columns = [(f.name, f.name) for f in plan.table.schema().fields]
+    files = TableFiles(TableTarget.of(rewrite_target(plan.target), plan.table, columns),
+                       f"sim{attempt}", "rewrite")
+    scan = ArrowScan(plan.table.metadata, plan.table.io, plan.table.schema(), AlwaysTrue())
+    for task, held in plan.rewrites:
+        keys = pa.ipc.open_stream(held).read_all()
+        kept = without_keys(scan.to_table([pickle.loads(task)]), keys, plan.upsert_key)
+        if kept.num_rows:
+            files.add(kept)
+    return tuple(files.close())
 
 
 class SimClusterEngine(SimEngine):
@@ -443,6 +481,8 @@ class Client:
                     payloads.append(payload)
                     continue
                 body: dict[str, object] = {"uid": uid, "n": n}
+                if world.scenario.dynamic:  # the value that names the event's table
+                    body["tenant"] = dynamic.tenant(n)
                 if world.scenario.evolve:  # what an evolving stream's ingestor keeps
                     body[EXTRA_FIELD] = msgspec.json.encode({f"x{n % 5}": n}).decode()
                 payloads.append(msgspec.json.encode(body))
@@ -639,6 +679,8 @@ class World:
         self.opens_at: dict[str, float] = {}
         """Sources clients leave alone until this simulated time (``late-staging``)."""
         self.takeover_armed = False
+        self.kills_at_create = scenario.kills_at_create
+        """``dynamic-tables``: collector deaths right after preparing a table still due."""
         """``late-staging``: take over when the active collector's next job starts."""
         self.broken: tuple[str, str] | None = None
         """``parked-table``: the broken table and its good metadata pointer."""
@@ -804,9 +846,11 @@ class World:
             keyed = {"primary_key": ("key",), "tombstone_field": "gone"} \
                 if self.scenario.upsert else {}
             columns = typed.columns(1) if self.typed_source(f"s{i}") else \
-                KEYED_COLUMNS if self.scenario.upsert else COLUMNS
+                KEYED_COLUMNS if self.scenario.upsert else \
+                (*COLUMNS, dynamic.COLUMN) if self.scenario.dynamic else COLUMNS
+            table = dynamic.template(i) if self.scenario.dynamic else f"sim.s{i}"
             specs.append(ops.SourceSpec(id=f"s{i}", sinks=(ops.SinkSpec(
-                name="main", table=f"sim.s{i}", columns=columns,
+                name="main", table=table, columns=columns,
                 conditions=conditions,
                 unknown_fields="evolve" if self.scenario.evolve else "ignore", **keyed),)))
         return specs

@@ -1,6 +1,7 @@
 """The collector on a real Spark standalone cluster: a master and one worker started with
 the ``spark-class`` pyspark ships (:mod:`testing.spark_standalone`), the collector a child
-process with ``output = "cluster"``.
+process with ``output = "cluster"``: plain tables, and a table template whose rows the
+worker's executor names and writes (#42).
 
 Why a child process: a process has one SparkContext, and the suite's session fixture is a
 ``local`` one.
@@ -13,12 +14,13 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pyarrow.compute as pc
 import pytest
-from collector_support import click, publish_sync, read_table
+from collector_support import BASE_MS, click, publish_sync, read_table
 from process_support import SPARK_TIMEOUT_S, Child, table_rows, wait_for, write_config
 
-from icefloe.config import load_config
+from icefloe.config import Column, StreamConfig, load_config
 from testing.spark_standalone import DRIVER_CONF, Standalone, spark_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +65,42 @@ def test_should_commit_exactly_once_through_a_standalone_cluster(tmp_path, stand
     not_json = [line for line in log if line.strip() and not _is_json(line)]
     assert not_json == [], not_json  # Spark's own lines are JSON lines too
     assert any('"run sequences' in line for line in log)
+
+
+TENANTS = StreamConfig(name="events", table="tenants.t_{lower(tenant)}", columns=(
+    Column("tenant", "string"), Column("n", "long")))
+
+
+@pytest.mark.timeout(300)  # as above
+def test_should_write_a_table_templates_tables_through_a_standalone_cluster(tmp_path,
+                                                                            standalone):
+    path = write_config(tmp_path, (TENANTS,), spark_master=standalone.url, output="cluster",
+                        spark_partitions=2)
+    with path.open("a") as file:
+        file.write("[collector.spark_conf]\n" + "".join(
+            f'"{key}" = "{value}"\n' for key, value in DRIVER_CONF.items()))
+    config = load_config(path)
+    names = ["Acme", "globex", "ACME", None]
+    publish_sync(config, [[("events", f"e{i}", BASE_MS + i, msgspec.json.encode(
+        {"n": i, **({"tenant": names[i % 4]} if names[i % 4] else {})}))
+        for i in range(k, k + 20)] for k in (0, 20)])
+    child = Child(["collector", "--config", str(path)], tmp_path, tmp_path / "collector.log",
+                  env=spark_env())
+    try:
+        child.ready()
+        wait_for(lambda: table_rows(config, "icefloe.dead_letters") == 10, SPARK_TIMEOUT_S,
+                 "the run's tables and its dead letters committed through the cluster")
+        assert child.stop(signal.SIGTERM) == 0
+    finally:
+        child.close()
+    acme = read_table(config, "tenants.t_acme").column("_event_id").to_pylist()
+    assert sorted(acme) == sorted(f"e{i}" for i in range(40) if i % 4 in (0, 2))
+    globex = read_table(config, "tenants.t_globex").column("_event_id").to_pylist()
+    assert sorted(globex) == sorted(f"e{i}" for i in range(40) if i % 4 == 1)
+    dead = read_table(config, "icefloe.dead_letters")
+    assert set(dead.column("reason").to_pylist()) == {"dynamic_table:null_value"}
+    log = (tmp_path / "collector.log").read_text(errors="replace")
+    assert "takes the embedded path" not in log  # the cluster path wrote the tables
 
 
 def _is_json(line: str) -> bool:

@@ -1,14 +1,15 @@
 """Table templates (#42) are checked when the config loads: the namespace literal and
 free of values, each ``{…}`` part a column or an expression of the ``where`` subset giving
 a string or a number, literal parts in ``[a-z0-9_]``, limits in range, the namespace the
-template's own; each refusal names the key and the problem. The admin API refuses a
-template by name (config only for now)."""
+template's own; each refusal names the key and the problem. The admin API takes a
+template with the same checks (tests/app/test_admin_dynamic.py)."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 from config_support import HEADER, load_text
 
@@ -108,18 +109,23 @@ def test_should_refuse_another_stream_in_a_templates_namespace(tmp_path: Path) -
         load_text(tmp_path, text)
 
 
-def test_should_refuse_a_template_through_the_admin_api() -> None:
+def test_should_take_a_template_through_the_admin_api_with_the_configs_checks() -> None:
     from icefloe.config import Column  # why: keeps the parametrized loads above light
     from icefloe.registry import ops
     from icefloe.registry.model import Registry
+    from icefloe.streams.model import DynamicTables
 
     spec = ops.SinkSpec(name="per_tenant", table="tenants.events_{tenant}",
-                        columns=(Column("tenant", "string"),))
+                        columns=(Column("tenant", "string"),),
+                        dynamic_tables=DynamicTables(max_tables=3))
+    made = ops.create_source(Registry(), ops.SourceSpec(id="events", sinks=(spec,)))
+    assert made.sources[0].sinks[0].stream("events").dynamic_tables == DynamicTables(3)
+    bad = msgspec.structs.replace(spec, table="tenants.e_{colour}")
     with pytest.raises(RegistryError) as caught:
-        ops.create_source(Registry(), ops.SourceSpec(id="events", sinks=(spec,)))
+        ops.create_source(Registry(), ops.SourceSpec(id="events", sinks=(bad,)))
     assert caught.value.status == 400
-    assert "configured in icefloe.toml only" in str(caught.value)
-    assert caught.value.details[0]["field"].endswith(".table")
+    assert caught.value.details[0]["field"] == "sinks[0].table"
+    assert "unknown column 'colour'" in caught.value.details[0]["reason"]
 
 
 def test_should_load_the_example_of_the_docs(tmp_path: Path) -> None:
@@ -134,20 +140,23 @@ def test_should_load_the_example_of_the_docs(tmp_path: Path) -> None:
     assert split_template(stream.table).expressions == ("tenant_id",)
 
 
-async def test_should_refuse_seeding_a_registry_with_a_template(tmp_path: Path) -> None:
-    """``icefloe admin`` seeds its registry from the config: a template stream is refused
-    there by name (the admin API and registry sinks do not take templates yet)."""
+async def test_should_seed_a_registry_with_a_template_and_its_limits(tmp_path: Path) -> None:
+    """``icefloe admin`` seeds its registry from the config: a template stream's sink keeps
+    its template and its limits (the collector routing by the registry reads them)."""
     from icefloe.registry import RegistryStore  # why: keeps the loads above light
     from icefloe.store import open_async_store
+    from icefloe.streams.model import DynamicTables
 
-    config = load(tmp_path, '"tenants.events_{tenant}"')
+    config = load(tmp_path, '"tenants.events_{tenant}"', "dynamic_tables = { max_tables = 7 }")
     store = open_async_store((tmp_path / "store").as_uri())
     try:
-        with pytest.raises(RegistryError, match=r"tenants\.events_\{tenant\}"):
-            await RegistryStore(store, "registry/registry.json").seed(
-                config.streams, "icefloe.toml")  # type: ignore[attr-defined]
+        registry = await RegistryStore(store, "registry/registry.json").seed(
+            config.streams, "icefloe.toml")  # type: ignore[attr-defined]
     finally:
         await store.close()
+    sink = registry.sources[0].sinks[0]
+    assert (sink.table, sink.dynamic_tables) == ("tenants.events_{tenant}",
+                                                 DynamicTables(max_tables=7))
 
 
 @pytest.mark.parametrize("workers", [0, 65])

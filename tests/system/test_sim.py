@@ -57,6 +57,12 @@ RETENTION_SEED = 61
 CDC_SEED = 45
 """A ``cdc-reorder`` seed (#42): change streams whose connectors send a key's changes newest
 first and re-deliver old ones past the dedup window; collector crashes, a stall, takeovers."""
+DYNAMIC_SEED = 199
+"""A ``dynamic-tables`` seed (#42): tables named by each event's tenant (cluster output),
+the active collector killed twice right after preparing a table, before its run commits,
+and taken over at once; resent requests, crashes, a stall and a takeover."""
+DYNAMIC_SEEDS = (116, DYNAMIC_SEED, 216, 236, 275, 284)
+"""Every ``dynamic-tables`` seed of 1-300 (1-100 has no ``mixed`` seed left unpinned)."""
 KAFKA_SEEDS = (KAFKA_SEED, 54, KAFKA_EPOCH_SEED)
 """``kafka-retry`` seeds the real code must pass (54: three producers, cluster output, two
 ingestor crashes, a third of the answers lost)."""
@@ -82,6 +88,7 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "ack-unindexed": (63,),
     "cdc-accepted-order": (CDC_SEED,),
     "cdc-no-stale-check": (CDC_SEED,),
+    "dynamic-fresh-window": (DYNAMIC_SEED, 236),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -90,8 +97,9 @@ by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm 
 ``window-from-log`` by an ``upsert-restart`` and an ``external-expiry`` seed and
 ``journal-no-tombstones`` by an ``upsert-restart`` seed (#36), the last three by
 ``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40),
-``gc-ignores-retention`` and ``ack-unindexed`` by ``retention`` seeds and the two
-change-stream ones by a ``cdc-reorder`` seed (#42);
+``gc-ignores-retention`` and ``ack-unindexed`` by ``retention`` seeds, the two
+change-stream ones by a ``cdc-reorder`` seed and ``dynamic-fresh-window`` by two
+``dynamic-tables`` seeds (#42);
 docs/simulator.md lists the mutants and the seeds that find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
@@ -146,7 +154,8 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
 
     drawn = {Scenario.draw(seed).family for seed in range(1, 41)}
     # every mixed seed of 1-40 is pinned, so #42's families are drawn among 41-100 only
-    assert drawn == set(FAMILIES) | set(LATER_FAMILIES) - {"retention", "cdc-reorder"}
+    assert drawn == set(FAMILIES) | set(LATER_FAMILIES) - {"retention", "cdc-reorder",
+                                                           "dynamic-tables"}
     kept = Scenario.draw(RETENTION_SEED)
     assert kept.family == "retention"
     assert kept.keep_batches_s > kept.append_deadline_s + 300.0  # longer than the grace
@@ -154,6 +163,11 @@ def test_every_family_of_stories_is_drawn_among_the_first_seeds() -> None:
     assert (changes.family, changes.cdc, changes.shards) == ("cdc-reorder", True, 1)
     assert changes.collector_crashes >= 1
     assert changes.dedup_window_s == 30.0
+    named = Scenario.draw(DYNAMIC_SEED)
+    assert (named.family, named.dynamic, named.evolve, named.output) == (
+        "dynamic-tables", True, False, "cluster")
+    assert named.kills_at_create >= 1
+    assert named.retry_after_success >= 0.3
     late = Scenario.draw(58)
     assert (late.family, late.dedup_window_s, late.output) == ("late-staging", 0.0, "embedded")
     assert late.conditions_age_s is not None
@@ -195,7 +209,7 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
     typed = {TYPED_SEED, CREATE_SEED, APART_SEED}
     before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
     before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED} | typed
-    before -= set(KAFKA_SEEDS) | {CDC_SEED}
+    before -= set(KAFKA_SEEDS) | {CDC_SEED} | set(DYNAMIC_SEEDS)
     for seed in sorted(before):
         scenario = Scenario.draw(seed)
         assert (scenario.upsert, scenario.expire_at, scenario.break_at) == (False, None,
@@ -203,6 +217,7 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
         assert (scenario.typed, scenario.deploy_at) == (False, None), seed  # nor #39's
         assert scenario.kafka_producers == 0, seed  # nor #40's
         assert not scenario.cdc, seed  # nor #42's
+        assert not scenario.dynamic, seed
     for seed in sorted(typed):  # #40's generator leaves #39's seeds as they were too
         assert Scenario.draw(seed).family == "protobuf-rename", seed
     for seed in KAFKA_SEEDS:  # and #42's leaves #40's
@@ -212,6 +227,8 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
     assert [s for s in range(1, 101) if Scenario.draw(s).family == "retention"] == [48, 61, 63,
                                                                                      83]
     assert [s for s in range(1, 201) if Scenario.draw(s).cdc] == [45, 124, 129, 163, 167, 190]
+    # and #42's table templates leave both
+    assert tuple(s for s in range(1, 301) if Scenario.draw(s).dynamic) == DYNAMIC_SEEDS
 
 
 def test_an_unknown_mutant_is_refused() -> None:
