@@ -62,6 +62,10 @@ once (safe: nothing is acknowledged before it is durable). Start it again on the
 DATA_DIR and it carries on where it stopped.
 """
 
+STANDBY_AFTER_S = 30.0
+"""The standby starts once the collector has committed rows, or this long after it became
+active (an idle queue)."""
+
 EPILOG = """\
 exit codes: 0 clean stop; 1 error (Spark failed to start, store unreachable, ...);
 2 bad configuration or a port in use; 3 another collector took over the queue (with the
@@ -185,7 +189,8 @@ class _Up:
         self.metrics: CollectorMetrics | None = None
         self.group: IngestorGroup | None = None
         self.standby = StandbyCollector(standby_argv) if standby_argv and collector else None
-        """The warm standby collector process, started once the collector is active."""
+        """The warm standby collector process, started once the collector has run."""
+        self._standby_soon: asyncio.Task[None] | None = None
 
     async def main(self) -> int:
         stop = asyncio.Event()
@@ -244,7 +249,24 @@ class _Up:
         await asyncio.gather(*tasks, return_exceptions=True)
         return self._exit_code(collect, codes)
 
+    async def _start_standby(self, stop: asyncio.Event) -> None:
+        """Start the standby once the collector has committed, or :data:`STANDBY_AFTER_S`
+        after it became active: its JVM start beside the first run would slow down the
+        first answer, which on a laptop's two cores is what a user waits for."""
+        assert self.standby is not None
+        assert self.metrics is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STANDBY_AFTER_S
+        while loop.time() < deadline and not metric_total(self.metrics.rows):
+            if stop.is_set():
+                return
+            await asyncio.sleep(0.5)
+        if not stop.is_set():
+            self.standby.start()
+
     async def _stop_standby(self) -> None:
+        if self._standby_soon is not None:
+            self._standby_soon.cancel()
         if self.standby is not None:
             await self.standby.stop()
 
@@ -301,8 +323,8 @@ class _Up:
         def ready(info: Ready) -> None:
             epoch.append(info.epoch)
             self._print_collector(info)
-            if self.standby is not None:  # after the first commit's Spark start, not beside
-                self.standby.start()
+            if self.standby is not None and self._standby_soon is None:
+                self._standby_soon = asyncio.create_task(self._start_standby(stop))
 
         while True:
             # its own stop event, set by up's: being fenced sets it (ends that collector),

@@ -113,6 +113,8 @@ class Proc:
     lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
     started: float = field(default_factory=time.monotonic)
     ready: dict[str, Any] | None = None
+    ready_at: float | None = None
+    """When its ``ready`` line was read (monotonic)."""
     reaped: bool = False
     log_path: Path | None = None
     """This process's own stderr log (collectors: their warm-up and takeover lines)."""
@@ -137,6 +139,7 @@ class Proc:
                 parsed = json.loads(line)
                 if isinstance(parsed, dict) and parsed.get("event") == "ready":
                     self.ready = parsed
+                    self.ready_at = time.monotonic()
         return self.ready
 
     def alive(self) -> bool:

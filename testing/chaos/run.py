@@ -54,6 +54,9 @@ LOCAL_ONLY_SKIP = {"network"}
 
 
 OVERTIME_S = 180.0
+STANDBY_AFTER_S = 30.0
+"""A new standby starts once the active collector has run, or this long after it became
+active (its runs may fail for a while, in a store-fault burst)."""
 
 
 @dataclass(frozen=True)
@@ -335,7 +338,11 @@ class Run:
         own (a start-up failed by a store burst) is replaced."""
         active, others = self._roles()
         if len(active) == 1 and not others:
-            self._start_standby(active[0], wait=False)
+            # once it has run: a JVM starting beside its first run would slow that run
+            # down, and that run is what the takeover's freshness waits for
+            ready_s = time.monotonic() - (active[0].ready_at or 0.0)
+            if active[0].logged("run sequences") or ready_s > STANDBY_AFTER_S:
+                self._start_standby(active[0], wait=False)
         elif not active and not others:  # e.g. a start-up that failed in a store burst
             assert self.cluster is not None
             proc = self.cluster.start_collector()
