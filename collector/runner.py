@@ -114,6 +114,9 @@ DRY_RUN_ENTRIES = 2
 DRY_RUN_BYTES = 1 << 20
 """The standby's dry job: at most this many queued entries and bytes (a few hundred
 rows), enough to have run every step of a real run once."""
+DRY_RUN_POLL_S = 2.0
+"""Until its first dry job, how often a standby looks for queued entries (manifest reads
+only; the full warming pass stays every :data:`WARM_EVERY_S`)."""
 
 
 class StandbyWarmth:
@@ -142,10 +145,14 @@ class StandbyWarmth:
         self.sample = sample
         self.dry_runs = 0
         """Dry jobs run (on a queue that had entries)."""
+        self.dry_attempts = 0
+        """Dry jobs begun (a failing one is retried at the full pass's pace only)."""
         self._task: asyncio.Task[None] | None = None
         self._halt = asyncio.Event()
         self.warmed = asyncio.Event()
         """Set after the first warming pass that succeeded."""
+        self.dried = asyncio.Event()
+        """Set after the first pass whose dry job ran."""
         self.tables = 0
 
     def start(self) -> None:
@@ -162,19 +169,45 @@ class StandbyWarmth:
 
     async def _forever(self) -> None:
         logged = False
+        last = float("-inf")  # when the last full pass began
         while not self._halt.is_set():
             started = self.clock.monotonic()
             try:
-                entries = await self.sample() if self.sample is not None else []
-                self.tables = await self.offload(self.warm, entries)
-                self.warmed.set()
-                if not logged:
-                    log.info("standby: warm (Spark, store and catalog checked; %d tables "
-                             "in %.1f s)", self.tables, self.clock.monotonic() - started)
-                    logged = True
+                entries = await self._queued()
+                if started - last >= WARM_EVERY_S or (entries and not self.dry_attempts):
+                    last = started
+                    self.tables = await self.offload(self.warm, entries)
+                    self.warmed.set()
+                    if self.dry_runs:
+                        self.dried.set()
+                    if not logged:
+                        log.info("standby: warm (Spark, store and catalog checked; %d "
+                                 "tables in %.1f s)", self.tables,
+                                 self.clock.monotonic() - started)
+                        logged = True
             except Exception as exc:  # the takeover will show the real error, if lasting
                 log.warning("standby: warming failed (will retry): %s", _first_line(exc))
-            await sleep_or_stop(self.clock, WARM_EVERY_S, self._halt)
+            # until the first dry job, look at the queue often: a standby started on an
+            # empty queue (the usual case) gets its dry job soon after events arrive
+            pause = DRY_RUN_POLL_S if self._dry_runs_wanted() and not self.dry_attempts \
+                else WARM_EVERY_S
+            await sleep_or_stop(self.clock, pause, self._halt)
+
+    async def _queued(self) -> list[Entry]:
+        """The entries to run the dry job on ([] without a dry job, or if the manifest
+        cannot be read now: the pass warms the rest all the same)."""
+        if self.sample is None or not self._dry_runs_wanted():
+            return []
+        try:
+            return await self.sample()
+        except Exception as exc:
+            log.debug("standby: no dry job this time (queue unreadable): %s",
+                      _first_line(exc))
+            return []
+
+    def _dry_runs_wanted(self) -> bool:
+        """A dry job needs a queue to sample and a SparkSession to warm."""
+        return self.sample is not None and getattr(self.engine, "spark", None) is not None
 
     def warm(self, entries: Sequence[Entry] = ()) -> int:
         """One warming pass (blocking), with a dry job on ``entries`` if there are any;
@@ -184,6 +217,7 @@ class StandbyWarmth:
             engine = SparkEngine(spark, self.config.collector.spark_partitions)
             engine.warm_up(run_spec(self.config, []))
             if entries:  # the embedded shape: rows to the driver, no files written
+                self.dry_attempts += 1
                 engine.run(run_spec(self.config, list(entries),
                                     partitions=self.engine.partitions))
                 self.dry_runs += 1

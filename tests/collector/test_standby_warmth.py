@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from collector.runner import DRY_RUN_BYTES, DRY_RUN_ENTRIES, StandbyWarmth
+from collector.runner import DRY_RUN_BYTES, DRY_RUN_ENTRIES, WARM_EVERY_S, StandbyWarmth
 from collector.service import Collector
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import LocalEngine, SparkEngine
@@ -59,18 +59,26 @@ async def test_should_run_a_dry_job_on_the_queue_head_and_commit_nothing(tmp_pat
     active = Collector(config, open_store_of(config), catalog, LocalEngine())
     await active.acquire()
     await asyncio.to_thread(active.prepare_tables)
-    publish_sync(config, [[click(i) for i in range(k, k + 5)] for k in range(0, 20, 5)])
-    before = catalog.load_table("web.clicks").current_snapshot()
     standby = Collector(config, open_store_of(config), catalog, SparkEngine(spark, 2))
+    warmth = StandbyWarmth(config, standby.engine, catalog, offload=asyncio.to_thread,
+                           sample=lambda: standby.queue_sample(DRY_RUN_ENTRIES,
+                                                               DRY_RUN_BYTES))
     try:
+        warmth.start()  # on an empty queue: warm, no dry job yet
+        await asyncio.wait_for(warmth.warmed.wait(), 120)
+        assert warmth.dry_runs == 0
+        publish_sync(config, [[click(i) for i in range(k, k + 5)] for k in range(0, 20, 5)])
+        before = catalog.load_table("web.clicks").current_snapshot()
         sample = await standby.queue_sample(DRY_RUN_ENTRIES, DRY_RUN_BYTES)
         assert [e.sequence for e in sample] == [0, 1]  # the head, capped
-        warmth = StandbyWarmth(config, standby.engine, catalog, offload=asyncio.to_thread)
-        assert await asyncio.to_thread(warmth.warm, sample) == 2
+        # the queue is looked at every DRY_RUN_POLL_S until the first dry job, not every
+        # WARM_EVERY_S: it runs well before the next full pass
+        await asyncio.wait_for(warmth.dried.wait(), WARM_EVERY_S)
         assert warmth.dry_runs == 1
         assert catalog.load_table("web.clicks").current_snapshot() == before
         heads = await standby.queue_heads()
         assert heads[0] == (4, -1)  # nothing acknowledged
     finally:
+        await warmth.stop()
         for collector in (active, standby):
             await collector.store.close()
