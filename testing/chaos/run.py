@@ -170,10 +170,11 @@ class Run:
                                    f"{first.log_path}")
             if self.opts.standby:
                 self._start_standby(first)
-            self.say("collector active; load and faults start")
+            self.say("collector active; load starts")
             clients = self._start_clients()
             load_started = time.time()
-            self._faults(load_started)
+            self._first_commit(first)
+            self._faults(time.time())
             load_s = time.time() - load_started
             (self.root / "stop").touch()
             for proc in clients:
@@ -208,6 +209,17 @@ class Run:
             proc.start()
             procs.append(proc)
         return procs
+
+    def _first_commit(self, first: Proc, timeout: float = 240) -> None:
+        """Wait until the first collector has committed a run (or ``timeout``): faults
+        start then, so a kill hits a collector that ran, never one whose first Spark job
+        is still under way (that would time Spark's start-up, not a takeover)."""
+        deadline = time.time() + timeout
+        while not first.logged("run sequences") and time.time() < deadline:
+            if not first.alive():
+                raise RuntimeError(f"the first collector exited; see {first.log_path}")
+            time.sleep(0.2)
+        self.say(f"{first.role} committed its first run; faults start")
 
     def _transport(self, index: int) -> str:
         transports = ("http", "grpc", "kafka") if self.opts.kafka else ("http", "grpc")
