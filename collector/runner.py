@@ -178,8 +178,10 @@ class StandbyWarmth:
                     last = started
                     self.tables = await self.offload(self.warm, entries)
                     self.warmed.set()
-                    if self.dry_runs:
+                    if self.dry_runs and not self.dried.is_set():
                         self.dried.set()
+                        log.info("standby: dry job on %d queued entries done (%.1f s with "
+                                 "the pass)", len(entries), self.clock.monotonic() - started)
                     if not logged:
                         log.info("standby: warm (Spark, store and catalog checked; %d "
                                  "tables in %.1f s)", self.tables,
