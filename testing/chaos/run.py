@@ -233,12 +233,13 @@ class Run:
     def _faults(self, t0: float) -> None:
         """Carry out the schedule. The load goes on past ``duration_s`` until every action
         has happened (collector actions wait for a collector to finish booting, which takes
-        longer on a loaded machine), at most ``OVERTIME_S`` more."""
+        longer on a loaded machine) and a ``--takeover`` collector took over, at most
+        ``OVERTIME_S`` more."""
         assert self.cluster is not None
         pending: list[tuple[float, str, Any]] = [(t0 + a.at, "act", a)
                                                  for a in self.timeline.actions]
         end = t0 + self.opts.duration_s
-        while pending or time.time() < end:
+        while pending or time.time() < end or self._settling():
             now = time.time()
             if now > end + OVERTIME_S:
                 self.say(f"{len(pending)} scheduled actions not done after the overtime")
@@ -263,6 +264,13 @@ class Run:
                 self._write_faults()
                 self.timeline.windows.append((arg, time.time()))
                 self.say("store faults off" if not self.bursts else "one burst ended")
+
+    def _settling(self) -> bool:
+        """A ``--takeover`` collector is still starting: the load goes on until it has
+        fenced the active one (a takeover begun at the end would else happen in the
+        drain, unloaded and untimed)."""
+        return any(change.kind == "takeover" and proc.alive() and proc.ready is None
+                   and proc.wait_ready(0.01) is None for change, proc in self.changes)
 
     def _act(self, action: Action) -> list[tuple[float, str, Any]]:
         """Do ``action`` now (or put it off a few seconds); what follows from it."""
