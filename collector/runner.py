@@ -195,6 +195,17 @@ class StandbyWarmth:
                 else WARM_EVERY_S
             await sleep_or_stop(self.clock, pause, self._halt)
 
+    async def once(self) -> None:
+        """One warming pass with its dry job, now: a ``--takeover`` collector's, before its
+        epoch bump. The collector it replaces keeps committing meanwhile, so this costs no
+        freshness and spares the first run Spark's first job with data (8 s vs 3-4 s in
+        the chaos run). A failure is only logged: the takeover goes on."""
+        try:
+            self.tables = await self.offload(self.warm, await self._queued())
+        except Exception as exc:
+            log.warning("takeover: warming failed (taking over all the same): %s",
+                        _first_line(exc))
+
     async def _queued(self) -> list[Entry]:
         """The entries to run the dry job on ([] without a dry job, or if the manifest
         cannot be read now: the pass warms the rest all the same)."""
@@ -616,6 +627,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
         warmth = StandbyWarmth(config, engine, catalog, offload=offload, clock=clock,
                                sample=lambda: collector.queue_sample(DRY_RUN_ENTRIES,
                                                                      DRY_RUN_BYTES))
+        if takeover and not once:  # the collector it fences commits meanwhile
+            await warmth.once()
         try:
             await collector.acquire(takeover=takeover, stop=stop, on_standby=warmth.start,
                                     wait=not once)

@@ -47,7 +47,7 @@ async def last_renewal(config: Config) -> float:
 class Started:
     """One ``run_collector`` as a task, with its moments as events."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, takeover: bool = False) -> None:
         self.stop = asyncio.Event()
         self.ready = asyncio.Event()
         self.committed = asyncio.Event()
@@ -55,7 +55,7 @@ class Started:
         self.epoch = 0
         self.task = asyncio.create_task(run_collector(
             config, stop=self.stop, engine=LocalEngine(), serve_metrics=False,
-            on_ready=self._ready, hook=self._hook))
+            on_ready=self._ready, hook=self._hook, takeover=takeover))
 
     def _ready(self, info: Ready) -> None:
         self.ready_at, self.epoch = time.time(), info.epoch
@@ -95,4 +95,27 @@ async def test_should_take_the_queue_within_the_lease_and_commit_at_once(tmp_pat
     finally:
         standby.stop.set()
         await asyncio.gather(standby.task, return_exceptions=True)
+    assert_exact(config, "web.clicks", ids("c", 30))
+
+
+async def test_should_fence_the_active_one_with_a_takeover_and_commit_at_once(tmp_path: Path):
+    """``--takeover``: warms (its pass before the bump), fences the active collector, which
+    exits 3 without committing more, and commits what was queued meanwhile."""
+    config = collector_config(tmp_path, commit_interval_s=0.1, poll_interval_s=0.1)
+    publish_sync(config, [[click(i) for i in range(10)]])
+    active = Started(config)
+    await asyncio.wait_for(active.ready.wait(), 60)
+    await asyncio.wait_for(active.committed.wait(), 30)
+    await asyncio.to_thread(publish_sync, config, [[click(i) for i in range(10, 30)]])
+    taking = Started(config, takeover=True)
+    try:
+        await asyncio.wait_for(taking.ready.wait(), 60)
+        assert await asyncio.wait_for(active.task, 30) == 3  # fenced
+        await asyncio.wait_for(taking.committed.wait(), FIRST_COMMIT_S + 30)
+        assert taking.epoch > active.epoch
+        assert taking.committed_at - taking.ready_at <= FIRST_COMMIT_S
+    finally:
+        for started in (active, taking):
+            started.stop.set()
+        await asyncio.gather(active.task, taking.task, return_exceptions=True)
     assert_exact(config, "web.clicks", ids("c", 30))
