@@ -581,6 +581,15 @@ async def _prepare(config: Config, runner: Runner, collector: Collector,
         raise
 
 
+def _warmth(collector: Collector, offload: Offload) -> StandbyWarmth:
+    """The collector's warming while it waits on the lease (or before a ``--takeover``),
+    its dry jobs on the head of its queue."""
+    return StandbyWarmth(collector.config, collector.engine, collector.catalog,
+                         offload=offload, clock=collector.clock,
+                         sample=lambda: collector.queue_sample(DRY_RUN_ENTRIES,
+                                                               DRY_RUN_BYTES))
+
+
 async def run_collector(config: Config, *, takeover: bool = False,
                         stop: asyncio.Event | None = None,
                         store: AsyncObjectStore | None = None,
@@ -624,9 +633,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
             return EXIT_OK
         collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook,
                               clock=clock, offload=offload)
-        warmth = StandbyWarmth(config, engine, catalog, offload=offload, clock=clock,
-                               sample=lambda: collector.queue_sample(DRY_RUN_ENTRIES,
-                                                                     DRY_RUN_BYTES))
+        warmth = _warmth(collector, offload)
         if takeover and not once:  # the collector it fences commits meanwhile
             await warmth.once()
         try:
