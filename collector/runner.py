@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collector.bulkhead import is_shared_failure
 from collector.gc import collect_garbage
 from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
@@ -28,7 +29,13 @@ from collector.run_now import run_models as run_models_now
 from collector.service import Collector, Engine, Fenced, Hook
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
-from icefloe.errors import ConfigError, FencedError, TableFencedError
+from icefloe.errors import (
+    ConfigError,
+    FencedError,
+    ManifestMismatchError,
+    OffsetLostError,
+    TableFencedError,
+)
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Registry
 from icefloe.registry.watch import RegistryWatch
@@ -564,21 +571,57 @@ async def _prepare(config: Config, runner: Runner, collector: Collector,
     tables, verify the offsets and check the models' tables (the lease renewal stops if
     any of it fails)."""
     runner.start_renewal()
+    failures = 0
     try:
-        registry = await watch.check()
-        if registry is not None:  # route by the registry from the first run on
-            collector.route_by(registry)
-        await collector.offload(collector.prepare_tables)
-        await collector.verify_offsets()
-        if models is not None:
+        while True:
             try:
-                await collector.offload(models.check_tables)
-            except ModelError as exc:
-                raise ConfigError(f"{config.source or 'config'}: collector.models: "
-                                  f"{exc}") from None
+                await _prepare_once(config, collector, watch, models)
+                return
+            except Exception as exc:
+                if not _transient(exc) or runner.stop.is_set():
+                    raise
+                failures += 1  # a store or catalog outage: retried like a failed run
+                delay = min(config.collector.retry_max_delay_s,
+                            0.5 * 2 ** min(failures - 1, 10))
+                log.error("start-up failed (%s, attempt %d); retrying in %.1f s: %s",
+                          type(exc).__name__, failures, delay, _first_line(exc))
+                await sleep_or_stop(collector.clock, delay, runner.stop)
     except BaseException:
         await runner.stop_renewal()
         raise
+
+
+def _transient(exc: BaseException) -> bool:
+    """A start-up failure worth retrying: the store or the catalog failing for now, not a
+    fence, a lost offset or a bad configuration. Why retry: a standby that takes over in a
+    store outage (its lease lapsed because renewals failed) and then exits leaves no
+    collector at all until one boots Spark (31 s of no commits in a chaos run)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if isinstance(seen, (FencedError, TableFencedError, Fenced, OffsetLostError,
+                             ManifestMismatchError, ConfigError)):
+            return False
+        if seen is None:
+            break
+        seen = seen.__cause__ or seen.__context__
+    return is_shared_failure(exc)
+
+
+async def _prepare_once(config: Config, collector: Collector, watch: RegistryWatch,
+                        models: ModelRefresh | None) -> None:
+    """Route by the registry, prepare the tables, verify the offsets, check the models'
+    tables: each step re-reads what it needs, so a failed attempt is simply repeated."""
+    registry = await watch.check()
+    if registry is not None:  # route by the registry from the first run on
+        collector.route_by(registry)
+    await collector.offload(collector.prepare_tables)
+    await collector.verify_offsets()
+    if models is not None:
+        try:
+            await collector.offload(models.check_tables)
+        except ModelError as exc:
+            raise ConfigError(f"{config.source or 'config'}: collector.models: "
+                              f"{exc}") from None
 
 
 def _warmth(collector: Collector, offload: Offload) -> StandbyWarmth:
