@@ -119,3 +119,25 @@ async def test_should_fence_the_active_one_with_a_takeover_and_commit_at_once(tm
             started.stop.set()
         await asyncio.gather(active.task, taking.task, return_exceptions=True)
     assert_exact(config, "web.clicks", ids("c", 30))
+
+
+def test_should_retry_a_start_up_only_through_a_passing_failure() -> None:
+    """After its epoch bump a collector retries preparing through a store or catalog
+    failure (a standby taking over in a store outage must not exit and leave no collector),
+    never through a fence, a lost offset or a bad configuration."""
+    from collector.runner import _transient
+    from icefloe.errors import (
+        ConfigError,
+        FencedError,
+        ManifestMismatchError,
+        TransientStoreError,
+    )
+
+    assert _transient(TransientStoreError("injected slowdown on get 'dedup/x'"))
+    assert _transient(ConnectionError("reset"))
+    wrapped = RuntimeError("commit gave up")
+    wrapped.__cause__ = TransientStoreError("503")
+    assert _transient(wrapped)
+    for refused in (FencedError(2, 3), ManifestMismatchError("reset manifest"),
+                    ConfigError("bad key"), ValueError("a bug")):
+        assert not _transient(refused), refused
