@@ -97,13 +97,16 @@ test-slow: $(STAMP) $(SPEEDUPS) java $(DUCKDB_ICEBERG_STAMP) $(ICEBERG_JAVA_STAM
 
 ## make chaos DURATION=30m STORE=s3 SEED=7: a chaos run (kills, takeovers, store faults),
 ## then a proof that every acknowledged event landed exactly once; JSON in bench/results/
-## (the harness is test tooling in testing/chaos/, run from this checkout; not in the wheel)
+## (the harness is test tooling in testing/chaos/, run from this checkout; not in the wheel).
+## A warm standby collector waits beside the active one, as in `icefloe up`;
+## CHAOS_FLAGS=--no-standby: replacements boot Spark cold
 DURATION ?= 5m
 STORE    ?= local
 SEED     ?= 1
+CHAOS_FLAGS ?=
 chaos: $(STAMP) $(SPEEDUPS) java
 	$(BIN)/python -m testing.chaos --duration $(DURATION) --store $(STORE) --seed $(SEED) \
-	  --json bench/results/chaos-$(STORE)-$(SEED).json
+	  $(CHAOS_FLAGS) --json bench/results/chaos-$(STORE)-$(SEED).json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

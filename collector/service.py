@@ -629,6 +629,19 @@ class Collector:
         return {n: (m.next_sequence, m.consumer.acked_through)
                 for n, m in (await self._snapshots()).items()}
 
+    async def queue_sample(self, max_entries: int, max_bytes: int) -> list[Entry]:
+        """A few entries at the head of the queue, read like :meth:`queue_heads` (plain
+        manifest reads, no lease needed): what a warm standby runs its dry job on."""
+        sample: list[Entry] = []
+        size = 0
+        for shard in (await self._snapshots()).values():
+            for entry in shard.entries_from(shard.consumer.acked_through + 1):
+                if len(sample) >= max_entries or (sample and size + entry.size > max_bytes):
+                    return sample
+                sample.append(entry)
+                size += entry.size
+        return sample
+
     async def _snapshots(self) -> dict[int, Manifest]:
         """Every shard as it is now, one after the other: unlike the consumer's concurrent
         :meth:`~ShardedConsumer.snapshot`, this also runs under a ``block_on`` that steps

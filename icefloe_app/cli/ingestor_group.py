@@ -62,7 +62,7 @@ def reserve_port(host: str, port: int, what: str, flag: str, env: str) -> socket
     return holder
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: SIGTERM when the parent dies (Linux only)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -124,7 +124,7 @@ class IngestorGroup:
             *self.argv, env=self._env(index), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            preexec_fn=die_with_parent if sys.platform == "linux" else None)
         child = _Child(index, process)
         child.readers = [asyncio.create_task(self._read_stdout(child)),
                          asyncio.create_task(self._read_stderr(child))]

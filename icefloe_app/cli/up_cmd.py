@@ -2,7 +2,9 @@
 
 Starts N ingestor processes sharing the HTTP and gRPC ports (see
 :mod:`icefloe_app.cli.ingestor_group`) and the collector (Spark ``local[2]`` by default →
-Iceberg) in this process, on a local directory object store, a SQLite catalog and a file
+Iceberg) in this process, then a warm standby collector process beside it (see
+:mod:`icefloe_app.cli.standby_child`; ``--no-standby``: none), on a local directory object
+store, a SQLite catalog and a file
 warehouse under ``--data-dir`` wherever the config does not name them. Why this shape: it
 is the "try it on a laptop" path — one command, one Ctrl-C — yet it runs the very processes
 a deployment runs. The ingestors start first, so events are accepted (durably, into the
@@ -33,6 +35,7 @@ from icefloe_app.cli.collector_cmd import (
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args, data_dir_of
 from icefloe_app.cli.ingestor_group import IngestorGroup, reserve_port
 from icefloe_app.cli.progress import Snapshot, show_progress
+from icefloe_app.cli.standby_child import StandbyCollector
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -47,6 +50,12 @@ The object store, the SQLite catalog and the warehouse go under DATA_DIR whereve
 does not name them. Without --config: $ICEFLOE_CONFIG, ./icefloe.toml, then the bundled
 examples/icefloe.toml (streams "pageviews" and "orders").
 
+Once the collector has committed (or 30 s after it became active), a warm standby
+collector starts beside it (a second `icefloe collector` process with its own Spark,
+waiting on the lease): if the active one
+stops renewing its lease, the standby takes over within about [manifest] lease_s and
+commits at once, without Spark's start. --no-standby runs none (one JVM less).
+
 It prints the endpoints and a curl example, then a live progress line (events accepted,
 rows committed, files queued, lag). Ctrl-C or SIGTERM stops everything cleanly: the
 ingestors drain their buffers and the collector finishes its run; a second Ctrl-C exits at
@@ -54,9 +63,14 @@ once (safe: nothing is acknowledged before it is durable). Start it again on the
 DATA_DIR and it carries on where it stopped.
 """
 
+STANDBY_AFTER_S = 30.0
+"""The standby starts once the collector has committed rows, or this long after it became
+active (an idle queue)."""
+
 EPILOG = """\
 exit codes: 0 clean stop; 1 error (Spark failed to start, store unreachable, ...);
-2 bad configuration or a port in use; 3 another collector took over the queue.
+2 bad configuration or a port in use; 3 another collector took over the queue (with the
+standby on, up keeps running instead and its collector waits as a standby).
 """
 
 
@@ -89,6 +103,10 @@ def register(commands: Any) -> None:
                         help="OTLP/gRPC port (default 4317; 0 = any free)")
     parser.add_argument("--no-otlp", action="store_true",
                         help="receive no OpenTelemetry data ([otlp] off, no OTLP ports)")
+    parser.add_argument("--no-standby", action="store_true",
+                        help="start no warm standby collector beside the active one (it "
+                             "takes over within about lease_s if the active one stops, "
+                             "without Spark's start; costs a second JVM)")
     parser.add_argument("--no-collector", action="store_true",
                         help="run only the ingestors (e.g. when `icefloe collector` runs "
                              "elsewhere); events then wait in the queue")
@@ -125,9 +143,21 @@ def run(args: argparse.Namespace) -> int:
         runner = asyncio.run
     kafka_port = None if args.no_kafka else args.kafka_port if args.kafka_port is not None \
         else config.ingestor.kafka_port if config.ingestor.kafka_port is not None else 9092
+    standby = None if args.no_collector or args.no_standby else standby_argv(path, args)
     up = _Up(path, config, args.ingestors, argv, collector=not args.no_collector,
-             kafka_port=kafka_port, otlp_ports=_otlp_ports(args, config))
+             kafka_port=kafka_port, otlp_ports=_otlp_ports(args, config),
+             standby_argv=standby)
     return run_guarded(up.main, config, runner=runner)
+
+
+def standby_argv(path: Path | None, args: argparse.Namespace) -> list[str]:
+    """The warm standby's command line: ``icefloe collector`` on up's config and data dir,
+    its metrics on a free port (up's collector has the configured one), logging at info
+    level so its ``standby: warm`` line can be seen (only warnings are shown)."""
+    config = ["--config", str(path)] if path is not None else []
+    return [sys.executable, "-m", "icefloe", "collector", *config, "--data-dir",
+            str(data_dir_of(args)), "--metrics-port", "0", "--log-level", "info",
+            "--log-format", "text"]
 
 
 def _otlp_ports(args: argparse.Namespace, config: Config) -> tuple[int, int] | None:
@@ -148,7 +178,8 @@ class _Up:
 
     def __init__(self, path: Path | None, config: Config, ingestors: int, argv: list[str], *,
                  collector: bool, kafka_port: int | None = None,
-                 otlp_ports: tuple[int, int] | None = None) -> None:
+                 otlp_ports: tuple[int, int] | None = None,
+                 standby_argv: list[str] | None = None) -> None:
         self.path = path
         self.kafka_port = kafka_port
         self.otlp_ports = otlp_ports
@@ -158,6 +189,9 @@ class _Up:
         self.collector = collector
         self.metrics: CollectorMetrics | None = None
         self.group: IngestorGroup | None = None
+        self.standby = StandbyCollector(standby_argv) if standby_argv and collector else None
+        """The warm standby collector process, started once the collector has run."""
+        self._standby_soon: asyncio.Task[None] | None = None
 
     async def main(self) -> int:
         stop = asyncio.Event()
@@ -184,7 +218,7 @@ class _Up:
             print("\nicefloe up: stopping (Ctrl-C again to exit at once)", file=sys.stderr,
                   flush=True)
 
-        install_stop_signals(stop, notice, hard_exit=group.kill)
+        install_stop_signals(stop, notice, hard_exit=self._kill)
         try:
             started = await _first(group.start(), stop)
         finally:
@@ -210,9 +244,39 @@ class _Up:
         else:
             await stop.wait()
         stop.set()
-        codes = await group.stop()
+        # the standby first: the active collector releases its lease as it stops, which a
+        # standby still waiting would take at once, only to be stopped in turn
+        codes = (await asyncio.gather(self._stop_standby(), group.stop()))[1]
         await asyncio.gather(*tasks, return_exceptions=True)
         return self._exit_code(collect, codes)
+
+    async def _start_standby(self, stop: asyncio.Event) -> None:
+        """Start the standby once the collector has committed, or :data:`STANDBY_AFTER_S`
+        after it became active: its JVM start beside the first run would slow down the
+        first answer, which on a laptop's two cores is what a user waits for."""
+        assert self.standby is not None
+        assert self.metrics is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STANDBY_AFTER_S
+        while loop.time() < deadline and not metric_total(self.metrics.rows):
+            if stop.is_set():
+                return
+            await asyncio.sleep(0.5)
+        if not stop.is_set():
+            self.standby.start()
+
+    async def _stop_standby(self) -> None:
+        if self._standby_soon is not None:
+            self._standby_soon.cancel()
+        if self.standby is not None:
+            await self.standby.stop()
+
+    def _kill(self) -> None:
+        """A second Ctrl-C: every child at once (safe: acked events are durable)."""
+        assert self.group is not None
+        self.group.kill()
+        if self.standby is not None:
+            self.standby.kill()
 
     def _reserve_otlp(self, holders: list[Any]) -> tuple[list[str], tuple[int, int] | None]:
         """Hold the OTLP ports for the ingestors (appended to ``holders``); their flags and
@@ -260,9 +324,26 @@ class _Up:
         def ready(info: Ready) -> None:
             epoch.append(info.epoch)
             self._print_collector(info)
+            if self.standby is not None and self._standby_soon is None:
+                self._standby_soon = asyncio.create_task(self._start_standby(stop))
 
-        code = await run_collector(self.config, stop=stop, on_ready=ready,
-                                   metrics=self.metrics)
+        while True:
+            # its own stop event, set by up's: being fenced sets it (ends that collector),
+            # and must not stop the whole of up while the standby carries on
+            own = asyncio.Event()
+            relay = asyncio.create_task(_relay(stop, own))
+            try:
+                code = await run_collector(self.config, stop=own, on_ready=ready,
+                                           metrics=self.metrics)
+            finally:
+                relay.cancel()
+            if code != EXIT_FENCED or stop.is_set() or self.standby is None \
+                    or not self.standby.alive():
+                break
+            # fenced (e.g. the standby took the lease after this process stalled longer than
+            # lease_s): wait as the standby now, on the same warm SparkSession
+            print(f"\n  collector fenced at epoch {epoch[-1] if epoch else '?'}: another "
+                  "collector holds the queue; this one waits as the standby now", flush=True)
         if code == EXIT_FENCED:
             print(f"\nicefloe: error: {fenced_message(epoch[0] if epoch else None)}",
                   file=sys.stderr, flush=True)
@@ -318,8 +399,9 @@ class _Up:
             print(f"\n  curl{ca} -X POST {scheme}://{host}:{http_port}/v1/streams/{stream.name}"
                   f"/events -H 'Content-Type: application/json'{auth} -d '{body}'")
         if self.collector:
-            print("\n  collector starting Spark (the first start takes ~15 s; events are "
-                  "queued meanwhile). Ctrl-C stops everything.", flush=True)
+            standby = " then a warm standby collector" if self.standby is not None else ""
+            print(f"\n  collector starting Spark (the first start takes ~15 s; events are "
+                  f"queued meanwhile){standby}. Ctrl-C stops everything.", flush=True)
         else:
             print("\n  no collector (--no-collector): events wait in the queue for "
                   "`icefloe collector`. Ctrl-C stops and drains.", flush=True)
@@ -337,6 +419,12 @@ class _Up:
             print(f"  query    icefloe query{config} "
                   f"\"SELECT count(*) FROM {self.config.streams[0].table}\"")
         print(flush=True)
+
+
+async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+    """Set ``target`` once ``source`` is set."""
+    await source.wait()
+    target.set()
 
 
 async def _first(work: Any, stop: asyncio.Event, *, cancel: bool = True) -> bool:

@@ -46,9 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kafka", action="store_true",
                         help="every third client is an idempotent Kafka producer "
                              "(confluent-kafka) on the ingestors' Kafka listeners")
-    parser.add_argument("--standby", action="store_true",
-                        help="run a warm standby collector beside the active one; every "
-                             "collector fault kills the active one")
+    parser.add_argument("--no-standby", action="store_true",
+                        help="no warm standby collector beside the active one (by default "
+                             "one waits, as in `icefloe up`): a killed collector's "
+                             "replacement then boots Spark cold")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     parser.add_argument("--workdir", metavar="DIR", help="keep the run's files here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary files")
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = Options(duration_s=args.duration, seed=args.seed, store=args.store,
                    ingestors=args.ingestors, clients=args.clients, rate=args.rate,
                    keep=args.keep or args.workdir is not None, workdir=args.workdir,
-                   standby=args.standby, kafka=args.kafka)
+                   standby=not args.no_standby, kafka=args.kafka)
     result = Run(opts).execute()
     result["hardware"] = {"machine": platform.machine(), "python": platform.python_version(),
                           "cpus": os.cpu_count()}

@@ -113,9 +113,11 @@ class Proc:
     lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
     started: float = field(default_factory=time.monotonic)
     ready: dict[str, Any] | None = None
+    ready_at: float | None = None
+    """When its ``ready`` line was read (monotonic)."""
     reaped: bool = False
     log_path: Path | None = None
-    """This process's own stderr log (warm standbys, whose warm-up line is looked for)."""
+    """This process's own stderr log (collectors: their warm-up and takeover lines)."""
 
     def pump(self) -> None:
         assert self.popen.stdout is not None
@@ -137,6 +139,7 @@ class Proc:
                 parsed = json.loads(line)
                 if isinstance(parsed, dict) and parsed.get("event") == "ready":
                     self.ready = parsed
+                    self.ready_at = time.monotonic()
         return self.ready
 
     def alive(self) -> bool:
@@ -239,15 +242,16 @@ class Cluster:
 
     # -- collectors --------------------------------------------------------------------------
 
-    def start_collector(self, *, takeover: bool = False, standby: bool = False) -> Proc:
-        """A collector; ``standby``: one meant to wait warm beside the active one, logging
-        at info level to its own file so its "standby: warm" line can be seen."""
+    def start_collector(self, *, takeover: bool = False) -> Proc:
+        """A collector logging at info level to its own file: a standby's "standby: warm"
+        line is looked for there, and every takeover is timed from its lines
+        (:mod:`testing.chaos.takeovers`)."""
         role = f"collector-{len(self.collectors)}"
         args = ["collector", "--config", str(self.config), "--log-format", "text",
-                "--log-level", "info" if standby else "warning"]
+                "--log-level", "info"]
         if takeover:
             args.append("--takeover")
-        proc = self._spawn(role, args, self.root / f"{role}.log" if standby else None)
+        proc = self._spawn(role, args, self.root / f"{role}.log")
         self.collectors.append(proc)
         return proc
 

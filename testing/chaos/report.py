@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from testing.chaos.takeovers import describe
+
 
 def render(result: dict[str, Any]) -> str:
     ev = result["events"]
@@ -35,6 +37,8 @@ def render(result: dict[str, Any]) -> str:
             for seconds, faulty in zip(result["standby_takeover_s"],
                                        result["standby_takeover_store_faults"], strict=True))
            + " from kill -9 to active"] if result.get("standby") else []),
+        *(["  collector changes, kill (or epoch bump) to first commit:",
+           *describe(result["collector_changes"])] if result.get("collector_changes") else []),
         "  process exits         " + _pairs(result["process_exits"]),
         f"  failed starts         {result.get('failed_starts', 0)} (retried, as a supervisor "
         "would)",

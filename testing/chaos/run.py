@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from icefloe.manifest import load
 from testing.chaos.cluster import Cluster, Proc, StoreTarget
 from testing.chaos.kafka_load import run_kafka_client
 from testing.chaos.load import ClientSpec, read_ledgers, run_client
+from testing.chaos.takeovers import Change, summarise
 from testing.chaos.verify import freshness, read_table, verify
 
 BURSTS: dict[str, list[dict[str, Any]]] = {
@@ -52,6 +54,9 @@ LOCAL_ONLY_SKIP = {"network"}
 
 
 OVERTIME_S = 180.0
+STANDBY_AFTER_S = 30.0
+"""A new standby starts once the active collector has run, or this long after it became
+active (its runs may fail for a while, in a store-fault burst)."""
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,12 @@ class Options:
     kafka: bool = False
     """Every third client is an idempotent Kafka producer (librdkafka) on the ingestors'
     Kafka listeners; the others alternate HTTP and gRPC."""
-    standby: bool = False
-    """A warm standby collector waits beside the active one; every collector fault is a
-    kill -9 of the active one, which the standby replaces when the lease lapses, and a new
-    standby starts once it has. Without it a killed collector's replacement boots cold."""
+    standby: bool = True
+    """A warm standby collector waits beside the active one (the default, as in ``icefloe
+    up``): collector faults alternate between a kill -9 of the active one, which the
+    standby replaces when the lease lapses, and a ``--takeover`` collector that fences it;
+    whenever no standby waits, a new one starts. Off (``--no-standby``): a killed
+    collector's replacement boots cold."""
 
 
 @dataclass
@@ -101,9 +108,11 @@ def schedule(opts: Options) -> list[Action]:
     # collector events spaced so each new collector can boot Spark (~15-25 s) in between
     slots = max(2, int(d // 30))
     for i in range(slots):
-        # a takeover first (the first collector is active once load starts), then a kill;
-        # with a warm standby every collector fault is a kill of the active one
-        kind = "kill_collector" if opts.standby or i % 2 else "second_collector"
+        # without a standby a takeover first (the first collector is active once load
+        # starts), then a kill; with a warm standby a kill first (the standby is warm once
+        # load starts), then a takeover, so fencing is exercised either way
+        kind = ("second_collector" if i % 2 else "kill_collector") if opts.standby else \
+            ("kill_collector" if i % 2 else "second_collector")
         actions.append(Action(0.15 * d + i * (0.6 * d / slots) + rng.uniform(0, 3), kind))
     kinds = sorted(k for k in BURSTS if opts.store == "s3" or k not in LOCAL_ONLY_SKIP)
     rng.shuffle(kinds)  # every kind at least once, then at random
@@ -127,6 +136,7 @@ class Run:
         self.bursts: dict[float, list[dict[str, Any]]] = {}  # start time -> rules in force
         self.takeover_s: list[float] = []  # kill of the active -> the standby's "ready"
         self.takeover_store_faults: list[bool] = []  # a store burst during that takeover
+        self.changes: list[tuple[Change, Proc]] = []  # collector changes, timed at the end
 
     def say(self, text: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {text}"
@@ -157,13 +167,14 @@ class Run:
             # would test Spark's start-up, not the exactly-once protocol
             if first.wait_ready(240) is None:
                 raise RuntimeError(f"the first collector did not become active; see "
-                                   f"{self.root / 'processes.log'}")
+                                   f"{first.log_path}")
             if self.opts.standby:
                 self._start_standby(first)
-            self.say("collector active; load and faults start")
+            self.say("collector active; load starts")
             clients = self._start_clients()
             load_started = time.time()
-            self._faults(load_started)
+            self._first_commit(first)
+            self._faults(time.time())
             load_s = time.time() - load_started
             (self.root / "stop").touch()
             for proc in clients:
@@ -182,10 +193,10 @@ class Run:
             if not self.opts.keep:
                 shutil.rmtree(self.root, ignore_errors=True)
 
-    def _start_clients(self) -> list[multiprocessing.Process]:
+    def _start_clients(self) -> list[BaseProcess]:
         assert self.cluster is not None
         context = multiprocessing.get_context("spawn")
-        procs = []
+        procs: list[BaseProcess] = []
         endpoints = {"http": self.cluster.http_urls(), "grpc": self.cluster.grpc_targets(),
                      "kafka": self.cluster.kafka_bootstraps()}
         for i in range(self.opts.clients):
@@ -199,6 +210,17 @@ class Run:
             procs.append(proc)
         return procs
 
+    def _first_commit(self, first: Proc, timeout: float = 240) -> None:
+        """Wait until the first collector has committed a run (or ``timeout``): faults
+        start then, so a kill hits a collector that ran, never one whose first Spark job
+        is still under way (that would time Spark's start-up, not a takeover)."""
+        deadline = time.time() + timeout
+        while not first.logged("run sequences") and time.time() < deadline:
+            if not first.alive():
+                raise RuntimeError(f"the first collector exited; see {first.log_path}")
+            time.sleep(0.2)
+        self.say(f"{first.role} committed its first run; faults start")
+
     def _transport(self, index: int) -> str:
         transports = ("http", "grpc", "kafka") if self.opts.kafka else ("http", "grpc")
         return transports[index % len(transports)]
@@ -211,16 +233,19 @@ class Run:
     def _faults(self, t0: float) -> None:
         """Carry out the schedule. The load goes on past ``duration_s`` until every action
         has happened (collector actions wait for a collector to finish booting, which takes
-        longer on a loaded machine), at most ``OVERTIME_S`` more."""
+        longer on a loaded machine) and a ``--takeover`` collector took over, at most
+        ``OVERTIME_S`` more."""
         assert self.cluster is not None
         pending: list[tuple[float, str, Any]] = [(t0 + a.at, "act", a)
                                                  for a in self.timeline.actions]
         end = t0 + self.opts.duration_s
-        while pending or time.time() < end:
+        while pending or time.time() < end or self._settling():
             now = time.time()
             if now > end + OVERTIME_S:
                 self.say(f"{len(pending)} scheduled actions not done after the overtime")
                 break
+            if self.opts.standby:
+                self._keep_standby()
             pending.sort(key=lambda p: p[0])
             if not pending or pending[0][0] > now:
                 time.sleep(0.2)
@@ -239,6 +264,13 @@ class Run:
                 self._write_faults()
                 self.timeline.windows.append((arg, time.time()))
                 self.say("store faults off" if not self.bursts else "one burst ended")
+
+    def _settling(self) -> bool:
+        """A ``--takeover`` collector is still starting: the load goes on until it has
+        fenced the active one (a takeover begun at the end would else happen in the
+        drain, unloaded and untimed)."""
+        return any(change.kind == "takeover" and proc.alive() and proc.ready is None
+                   and proc.wait_ready(0.01) is None for change, proc in self.changes)
 
     def _act(self, action: Action) -> list[tuple[float, str, Any]]:
         """Do ``action`` now (or put it off a few seconds); what follows from it."""
@@ -264,6 +296,8 @@ class Run:
                      action.arg)]
         if action.kind == "kill_collector" and self.opts.standby:
             return self._kill_active(action)
+        if action.kind == "second_collector" and self.opts.standby:
+            return self._fence_active(action)
         if action.kind in ("kill_collector", "second_collector"):
             active = self._settled()
             if active is None:  # a collector is booting or waiting: try again shortly
@@ -275,13 +309,13 @@ class Run:
             self.kills["collector"] += 1
             self.say(f"kill -9 {active.role}")
             takeover = random.Random(action.at).random() < 0.5
-            cluster.start_collector(takeover=takeover)
+            self._change("kill", now, cluster.start_collector(takeover=takeover))
             self.say("collector started" + (" with --takeover" if takeover
                                             else " (standby until the lease lapses)"))
             self.timeline.windows.append((now, now + 25))
             return []
         if action.kind == "second_collector":
-            cluster.start_collector(takeover=True)
+            self._change("takeover", now, cluster.start_collector(takeover=True))
             self.say("second collector started with --takeover (fences the active one)")
             self.timeline.windows.append((now, now + 25))
             return []
@@ -297,7 +331,7 @@ class Run:
         store and catalog checked). Kills wait for a warm standby either way, so each
         measures a warm takeover, not a boot; only the first start blocks the schedule."""
         assert self.cluster is not None
-        standby = self.cluster.start_collector(standby=True)
+        standby = self.cluster.start_collector()
         if not wait:
             self.say(f"{standby.role} starts as the standby of {active.role}")
             return
@@ -309,27 +343,80 @@ class Run:
             time.sleep(0.2)
         self.say(f"{standby.role} waits warm beside {active.role}")
 
-    def _kill_active(self, action: Action) -> list[tuple[float, str, Any]]:
-        """kill -9 the active collector while a warm standby waits (else try again)."""
+    def _roles(self) -> tuple[list[Proc], list[Proc]]:
+        """The live collectors that said ``ready`` (active, or fenced and about to exit),
+        and the others (standbys, or still starting)."""
         assert self.cluster is not None
-        now = time.time()
         live = self.cluster.live_collectors()
         active = [p for p in live if p.ready is not None or p.wait_ready(0.01)]
-        waiting = [p for p in live if p not in active and p.logged("standby: warm")]
-        if len(active) != 1 or not waiting:
+        return active, [p for p in live if p not in active]
+
+    def _keep_standby(self) -> None:
+        """A standby beside the active collector at all times, as a supervisor keeps one:
+        after a kill (once the standby took over), or after a store stall let the
+        standby take the lease on its own; and a collector at all: one that exits on its
+        own (a start-up failed by a store burst) is replaced."""
+        active, others = self._roles()
+        if len(active) == 1 and not others:
+            # once it has run: a JVM starting beside its first run would slow that run
+            # down, and that run is what the takeover's freshness waits for
+            ready_s = time.monotonic() - (active[0].ready_at or 0.0)
+            if active[0].logged("run sequences") or ready_s > STANDBY_AFTER_S:
+                self._start_standby(active[0], wait=False)
+        elif not active and not others:  # e.g. a start-up that failed in a store burst
+            assert self.cluster is not None
+            proc = self.cluster.start_collector()
+            self.say(f"no collector alive: {proc.role} started")
+
+    def _steady(self) -> tuple[Proc, Proc] | None:
+        """The active collector and its warm standby, if nothing else runs (no collector
+        still starting): collector faults hit that state, so each takeover is a warm one."""
+        active, others = self._roles()
+        warm = [p for p in others if p.logged("standby: warm")]
+        if len(active) != 1 or not warm or len(warm) != len(others):
+            return None
+        return active[0], warm[0]
+
+    def _change(self, kind: str, at: float, proc: Proc) -> None:
+        """Note a collector change, timed from the logs and Iceberg at the end."""
+        self.changes.append((Change(kind, at, proc.log_path, store_faults=bool(self.bursts)),
+                             proc))
+
+    def _kill_active(self, action: Action) -> list[tuple[float, str, Any]]:
+        """kill -9 the active collector while a warm standby waits (else try again)."""
+        now = time.time()
+        steady = self._steady()
+        if steady is None:
             later = Action(action.at + 5, action.kind, action.arg, action.length)
             return [(now + 5, "act", later)]
-        active[0].kill()
+        active, waiting = steady
+        active.kill()
         self.kills["collector"] += 1
-        self.say(f"kill -9 {active[0].role} (active); {waiting[0].role} takes over when "
+        self.say(f"kill -9 {active.role} (active); {waiting.role} takes over when "
                  "the lease lapses")
         self.timeline.windows.append((now, now + 25))
-        return [(now + 0.5, "replace_standby", (waiting[0], now, bool(self.bursts)))]
+        self._change("kill", now, waiting)
+        return [(now + 0.5, "replace_standby", (waiting, now, bool(self.bursts)))]
+
+    def _fence_active(self, action: Action) -> list[tuple[float, str, Any]]:
+        """Start a ``--takeover`` collector beside the active one and its warm standby: it
+        starts Spark, then fences the active one (exit 3); the standby keeps waiting."""
+        assert self.cluster is not None
+        now = time.time()
+        if self._steady() is None:
+            later = Action(action.at + 5, action.kind, action.arg, action.length)
+            return [(now + 5, "act", later)]
+        self._change("takeover", now, self.cluster.start_collector(takeover=True))
+        self.say("second collector started with --takeover (fences the active one; the "
+                 "standby keeps waiting)")
+        self.timeline.windows.append((now, now + 25))
+        return []
 
     def _replace_standby(self, arg: tuple[Proc, float, bool]
                          ) -> list[tuple[float, str, Any]]:
-        """Once the standby has taken over, a new one starts beside it. ``arg``: the
-        standby, when the active one was killed, whether store faults were in force."""
+        """Time the standby's takeover (kill -> its ``ready`` line); :meth:`_keep_standby`
+        starts the next standby. ``arg``: the standby, when the active one was killed,
+        whether store faults were in force."""
         promoted, killed_at, store_faults = arg
         if not promoted.alive():
             return []  # it died too; the drain starts a collector if none is left
@@ -339,7 +426,6 @@ class Run:
         self.takeover_store_faults.append(store_faults or bool(self.bursts))
         self.say(f"{promoted.role} active {self.takeover_s[-1]:.1f} s after the kill"
                  + (" (store faults in force)" if self.takeover_store_faults[-1] else ""))
-        self._start_standby(promoted, wait=False)
         return []
 
     def _write_faults(self) -> None:
@@ -382,7 +468,9 @@ class Run:
             time.sleep(0.5)
         else:
             raise RuntimeError("the collector did not drain the queue within 300 s")
-        for proc in cluster.live_collectors():
+        # standbys first: the active one releases its lease as it stops, which a standby
+        # still waiting would take at once, only to be stopped in turn
+        for proc in sorted(cluster.live_collectors(), key=lambda p: p.ready is not None):
             code = proc.terminate(90)
             cluster.exits.append((proc.role, code))
             proc.reaped = True
@@ -428,6 +516,7 @@ class Run:
                              if a["kind"] in ("second_collector", "kill_collector")),
             "standby": self.opts.standby, "standby_takeover_s": self.takeover_s,
             "standby_takeover_store_faults": self.takeover_store_faults,
+            "collector_changes": self._timed_changes(config),
             "process_exits": dict(exits), "failed_starts": self.cluster.failed_starts,
             "client_statuses": dict(statuses),
             "hangs": hangs, "refused_valid_requests": errors[:10],
@@ -435,6 +524,17 @@ class Run:
                 verdict.manifest_entries, "leaked_batch_files": verdict.leaked_batch_files,
             "checks": verdict.checks, "schedule": self.timeline.done,
         }
+
+
+    def _timed_changes(self, config: Any) -> list[dict[str, Any]]:
+        """Each collector change the harness caused, from the kill (or the takeover's
+        epoch bump) to the first commit (:mod:`testing.chaos.takeovers`)."""
+        assert self.cluster is not None
+        for change, proc in self.changes:
+            ready = proc.ready or proc.wait_ready(0.01)
+            change.epoch = int(ready["epoch"]) if ready else None
+        names = [f"chaos.{name.removeprefix('chaos_')}" for name in self.cluster.streams]
+        return summarise([change for change, _ in self.changes], config, names)
 
 
 def _consumed(config: Any) -> bool:

@@ -67,17 +67,17 @@ def _query_count(cwd: Path, data: Path, table: str) -> int:
     return int(json.loads(done.stdout)[0]["n"])
 
 
-def _start_up(tmp_path: Path, data: Path, http: int, grpc: int) -> Child:
+def _start_up(tmp_path: Path, data: Path, http: int, grpc: int, *extra: str) -> Child:
     child = Child(["up", "--data-dir", str(data), "--http-port", str(http), "--grpc-port",
                    str(grpc), "--metrics-port", "0", "--ingestors", "2",
-                   "--kafka-port", "0", "--otlp-http-port", "0", "--otlp-grpc-port", "0"],
-                  tmp_path, tmp_path / "up.log")
+                   "--kafka-port", "0", "--otlp-http-port", "0", "--otlp-grpc-port", "0",
+                   *extra], tmp_path, tmp_path / "up.log")
     child.wait_line(lambda text: text.strip().startswith("gRPC"), 60)
     return child
 
 
-def _ingestor_pids(parent: int) -> list[int]:
-    """Live `icefloe ingestor` processes started by ``parent`` (from /proc)."""
+def _ingestor_pids(parent: int, role: bytes = b"ingestor") -> list[int]:
+    """Live `icefloe ingestor` (or ``role``) processes started by ``parent`` (from /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -87,7 +87,7 @@ def _ingestor_pids(parent: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(stat[1]) == parent and b"ingestor" in cmdline and stat[0] != "Z":
+        if int(stat[1]) == parent and role in cmdline and stat[0] != "Z":
             found.append(int(entry.name))
     return found
 
@@ -114,6 +114,16 @@ def test_should_run_the_cluster_take_http_and_grpc_and_keep_data_across_restarts
         child.wait_line(lambda text: "collector active" in text, SPARK_S)
         wait_for(lambda: _committed(data, "web.pageviews") == 60
                  and _committed(data, "shop.orders") == 15, SPARK_S, "75 committed rows")
+        # the warm standby (on by default): a second collector process, started once the
+        # first one is active, that has started Spark and waits on the lease
+        warm = child.wait_line(lambda text: "standby  collector pid" in text, SPARK_S)
+        killed = int(warm.split("pid", 1)[1].split()[0])
+        assert _ingestor_pids(child.proc.pid, b"collector") == [killed]
+        os.kill(killed, signal.SIGKILL)  # up starts another one, as it restarts ingestors
+        warm = child.wait_line(lambda text: "standby  collector pid" in text, SPARK_S)
+        standby_pid = int(warm.split("pid", 1)[1].split()[0])
+        assert standby_pid != killed
+        assert _ingestor_pids(child.proc.pid, b"collector") == [standby_pid]
         assert _query_count(tmp_path, data, "pageviews") == 60  # a stream name works too
         assert child.stop(signal.SIGTERM, timeout=90) == 0
     finally:
@@ -122,17 +132,23 @@ def test_should_run_the_cluster_take_http_and_grpc_and_keep_data_across_restarts
     assert "accepted 75" in output  # the last progress line
     assert "committed 75" in output
     assert not _ingestor_pids(child.proc.pid)
+    assert not Path(f"/proc/{standby_pid}").exists() or \
+        Path(f"/proc/{standby_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert "took over" not in output  # stopped first: it never took the released lease
     assert "Traceback" not in (tmp_path / "up.log").read_text(errors="replace")
 
-    again = _start_up(tmp_path, data, http, grpc)  # the same data dir and ports
+    # the same data dir and ports, without the standby this time
+    again = _start_up(tmp_path, data, http, grpc, "--no-standby")
     try:
         with HttpClient(f"http://127.0.0.1:{http}") as client:
             assert client.send("pageviews", [{"user_id": "late", "url": "/late"}]) == 1
         wait_for(lambda: _committed(data, "web.pageviews") == 61, SPARK_S, "the 61st row")
+        assert not _ingestor_pids(again.proc.pid, b"collector")
         assert again.stop(signal.SIGTERM, timeout=90) == 0
     finally:
         again.close()
     assert _query_count(tmp_path, data, "web.pageviews") == 61
+    assert "standby" not in again.stdout().replace("--no-standby", "")
 
 
 # --- error paths: one line, the right exit code ------------------------------------------------
@@ -196,6 +212,25 @@ def test_should_check_the_java_version_and_java_home(tmp_path):
     fake.chmod(0o755)
     with pytest.raises(JavaMissingError, match="is Java 8; Spark 4 needs Java 17"):
         require_java({"JAVA_HOME": str(tmp_path / "old")})
+
+
+def test_should_start_a_warm_standby_collector_unless_told_not_to(tmp_path):
+    """``icefloe up``'s standby: ``icefloe collector`` on up's config and data dir, its
+    metrics on a free port (up's collector has the configured one); off with
+    ``--no-standby`` or ``--no-collector``. (The process itself: the end-to-end test.)"""
+    from icefloe_app.cli import build_parser
+    from icefloe_app.cli.up_cmd import standby_argv
+
+    config = tmp_path / "icefloe.toml"
+    args = build_parser(["up"]).parse_args(["up", "--data-dir", str(tmp_path / "d")])
+    assert not args.no_standby
+    argv = standby_argv(config, args)
+    assert argv[1:4] == ["-m", "icefloe", "collector"]
+    assert argv[argv.index("--config") + 1] == str(config)
+    assert argv[argv.index("--data-dir") + 1] == str(tmp_path / "d")
+    assert argv[argv.index("--metrics-port") + 1] == "0"
+    assert "--takeover" not in argv  # it waits on the lease, never fences the active one
+    assert build_parser(["up"]).parse_args(["up", "--no-standby"]).no_standby
 
 
 def test_should_refuse_zero_ingestors(tmp_path, capsys):
