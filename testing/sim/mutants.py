@@ -282,7 +282,7 @@ def _ack_unindexed() -> contextlib.AbstractContextManager[None]:
 
     async def no_index(self: Collector, items: Any) -> None:
         return None
-    return _patch(Collector, "_index_run", no_index)
+    return _patch(Collector, "index_run", no_index)
 
 
 def _cdc_accepted_order() -> contextlib.AbstractContextManager[None]:
