@@ -309,6 +309,23 @@ def _cdc_no_stale_check() -> contextlib.AbstractContextManager[None]:
     return _patch(upsert, "applicable_changes", applicable)
 
 
+def _ack_read_ahead() -> contextlib.AbstractContextManager[None]:
+    """#43's overlap done wrong: the entries of the run read ahead are acknowledged as
+    soon as they are read, before the commit that holds their sequence (a crash, a fence
+    or a failed run in between loses them)."""
+    from collector.overlap import Ahead, Overlap
+    from collector.service import through_of
+
+    original = Overlap._read_ahead
+
+    async def read_ahead(self: Overlap) -> Ahead:
+        ahead = await original(self)
+        if ahead.read:
+            self.acks.submit(through_of(ahead.read))
+        return ahead
+    return _patch(Overlap, "_read_ahead", read_ahead)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -329,6 +346,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "ack-unindexed": _ack_unindexed,
     "cdc-accepted-order": _cdc_accepted_order,
     "cdc-no-stale-check": _cdc_no_stale_check,
+    "ack-read-ahead": _ack_read_ahead,
 }
 
 

@@ -105,6 +105,10 @@ class Scenario:
     """``retention`` (#42): ``[collector] keep_batches_s``, longer than the GC grace so
     that retention, not the grace, decides when a committed file may go
     (:mod:`testing.sim.retention`)."""
+    overlap: bool = False
+    """#43: the collector overlaps its runs (``[collector] overlap``: the next run read
+    ahead while this one commits, acks in the background). A knob of any family, drawn
+    by a generator of its own whose salt keeps it off on every seed pinned before it."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -159,6 +163,7 @@ class Scenario:
         scenario.aim_40(random.Random(seed * 7 + KAFKA_SALT))
         scenario.aim_42(random.Random(seed * 7 + RETENTION_SALT))
         scenario.aim_42_cdc(random.Random(seed * 7 + CDC_SALT))
+        scenario.overlap = random.Random(seed * 7 + OVERLAP_SALT).random() < OVERLAP_SHARE
         return scenario
 
     def aim_42(self, rng: random.Random) -> None:
@@ -315,7 +320,7 @@ class Scenario:
                 "family", "standby", "outage_s", "upsert", "dedup_max_ids",
                 "stale_resend", "expire_at", "break_at", "restore_at", "typed",
                 "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump",
-                "keep_batches_s", "cdc", "cdc_keep")
+                "keep_batches_s", "cdc", "cdc_keep", "overlap")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
@@ -342,3 +347,8 @@ CDC_SALT = 50014
 KAFKA_SALT = 40013
 """``kafka-retry``'s generator salt (see :meth:`Scenario.aim_40`): no seed pinned in
 ``tests/system/test_sim.py`` before the family is drawn, and 20 and 38 of 1-40 are."""
+OVERLAP_SALT = 53809
+"""#43's ``overlap`` knob's generator salt: no seed pinned in ``tests/system/test_sim.py``
+before it has the knob on (of 1-40: 6, 16, 20, 22, 36)."""
+OVERLAP_SHARE = 0.3
+"""Share of seeds (of any family) whose collectors overlap their runs."""

@@ -67,7 +67,7 @@ async def run_all(overlap: Overlap) -> int:
 def versions(config: Config, table: str) -> list[str]:
     """The catalog version of each snapshot that added rows to ``table``, oldest first."""
     loaded = open_catalog(config.catalog).load_table(table)
-    return [s.summary[VERSION_PROP] for s in loaded.metadata.snapshots
+    return [str(s.summary[VERSION_PROP]) for s in loaded.metadata.snapshots
             if s.summary is not None and int(s.summary.get("added-records", 0) or 0)]
 
 
