@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collector.run_size import RunSizer
 from icefloe.config import CollectorSection
+from icefloe.errors import TransientStoreError
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
 
 COLLECTOR = CollectorSection()
@@ -49,6 +50,36 @@ COMMIT_ROW = "commit latency, collector (written files + add_files)"
 SPARK_BUSY = 0.7
 """The stand-in cluster is sized so that its executors are busy this share of the time
 at the offered load (a cluster sized for the load, with headroom)."""
+
+
+class LoopClock:
+    """A :class:`icefloe.clock.Clock` on a :class:`testing.sim.loop.SimTime` (the bench's
+    virtual time): wall time from its start, monotonic time the loop's."""
+
+    def __init__(self, sim: Any) -> None:
+        self.sim = sim
+
+    def time(self) -> float:
+        return float(self.sim.now)
+
+    def monotonic(self) -> float:
+        return float(self.sim.elapsed)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+    def sleep_sync(self, seconds: float) -> None:
+        self.sim.advance(seconds)
+
+
+async def persist(call: Callable[[], Awaitable[Any]]) -> Any:
+    """``call`` until it succeeds: a failed ack is retried, as the collector retries a
+    run (lost CAS races in a row against busy producers are transient)."""
+    while True:
+        try:
+            return await call()
+        except TransientStoreError:
+            await asyncio.sleep(0.5)
 
 
 @dataclass(frozen=True)
@@ -151,7 +182,7 @@ async def in_line(consumer: ShardedConsumer, spark: StandIn, sink: Sink,
                     COLLECTOR.max_run_bytes)
         if not run:
             if done.is_set():
-                await consumer.dequeue()
+                await persist(consumer.dequeue)
                 return
             await asyncio.sleep(COLLECTOR.poll_interval_s)
             continue
@@ -160,13 +191,14 @@ async def in_line(consumer: ShardedConsumer, spark: StandIn, sink: Sink,
         fetched_at = loop.time()
         await spark.commit()
         committed_at = loop.time()
-        await consumer.ack(_through(run))
+        through = _through(run)
+        await persist(lambda: consumer.ack(through))  # noqa: B023 - awaited here
         now = loop.time()
         sink.runs.append((began, read_at, fetched_at, committed_at, now, len(run)))
         sink.drained(run, committed_at)
         runs += 1
         if runs % COLLECTOR.dequeue_every == 0:
-            await consumer.dequeue()
+            await persist(consumer.dequeue)
         if len(run) < COLLECTOR.max_run_entries:
             await asyncio.sleep(max(0.0, COLLECTOR.commit_interval_s - (loop.time() - began)))
 
@@ -206,7 +238,7 @@ class Overlapped:
         while self.pending:
             through, self.pending = self.pending, {}
             dequeue, self.dequeue = self.dequeue, False
-            await self.consumer.ack(through, dequeue=dequeue)
+            await persist(lambda: self.consumer.ack(through, dequeue=dequeue))  # noqa: B023
 
     def _submit(self, through: dict[int, int]) -> None:
         for shard, sequence in through.items():
@@ -233,7 +265,7 @@ class Overlapped:
                 if done.is_set():
                     if self.acks is not None:
                         await self.acks
-                    await self.consumer.dequeue()
+                    await persist(self.consumer.dequeue)
                     return
                 await asyncio.sleep(COLLECTOR.poll_interval_s)
                 continue
