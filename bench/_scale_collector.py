@@ -19,7 +19,9 @@ Two collectors over the same cluster, side by side:
   order, one write at a time, merged; a dequeue in the same write every
   ``dequeue_every`` runs) while N+1 commits; runs are sized by time
   (:class:`collector.run_size.RunSizer`: ``target_run_s`` of the measured job rate, at
-  least one batch file per partition).
+  least one batch file per partition), with ``spark_partitions`` set to the cluster's
+  executor cores, as a collector set up for that cluster is (its byte caps then grow with
+  the partitions: :func:`collector.run_size.run_cap`).
 
 The queue depth (entries appended and not yet committed) is sampled every second; its
 slope over the last four fifths of the window says whether the collector keeps up.
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.run_size import RunSizer
+from collector.run_size import RunSizer, ahead_cap, run_cap
 from icefloe.config import CollectorSection
 from icefloe.errors import TransientStoreError
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
@@ -211,7 +213,9 @@ class Overlapped:
         self.consumer = consumer
         self.spark = spark
         self.sink = sink
-        self.sizer = RunSizer(COLLECTOR.target_run_s, COLLECTOR.max_run_bytes, partitions)
+        self.sizer = RunSizer(COLLECTOR.target_run_s,
+                              run_cap(COLLECTOR.max_run_bytes, partitions), partitions)
+        self.ahead_bytes = ahead_cap(COLLECTOR.read_ahead_bytes, partitions)
         self.cursor: dict[int, int] = {}
         self.pending: dict[int, int] = {}
         self.acks: asyncio.Task[None] | None = None
@@ -229,7 +233,7 @@ class Overlapped:
         self.sizer.observe(sum(t.entry.size for t in run), seconds)
 
     async def _ahead(self) -> tuple[list[ShardEntry], bool]:
-        run, cut = await self._read(min(self.sizer.budget(), COLLECTOR.read_ahead_bytes))
+        run, cut = await self._read(min(self.sizer.budget(), self.ahead_bytes))
         if run:
             await self._job(run)
         return run, cut
@@ -312,6 +316,6 @@ async def sample_depth(depth: Callable[[], int], samples: list[tuple[float, floa
 def collector_task(mode: str, consumer: ShardedConsumer, spark: StandIn, sink: Sink,
                    done: asyncio.Event) -> Any:
     """The coroutine of the ``mode`` collector (``in-line`` or ``overlap``)."""
-    if mode == "overlap":
-        return Overlapped(consumer, spark, sink, COLLECTOR.spark_partitions).run(done)
+    if mode == "overlap":  # set up for its cluster: a Spark partition per executor core
+        return Overlapped(consumer, spark, sink, spark.cores).run(done)
     return in_line(consumer, spark, sink, done)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from collector.ack_pipe import AckPipe
 from collector.commit import RunResult
-from collector.run_size import RunSizer
+from collector.run_size import RunSizer, ahead_cap, run_cap
 from collector.service import Collector, Fenced, positioned, through_of
 from icefloe.errors import FencedError, TableFencedError
 from icefloe.manifest.model import Entry
@@ -75,8 +75,11 @@ class Overlap:
     def __init__(self, collector: Collector) -> None:
         self.collector = collector
         cfg = collector.config.collector
-        self.sizer = RunSizer(cfg.target_run_s, cfg.max_run_bytes,
-                              max(1, collector.engine.partitions))
+        partitions = max(1, collector.engine.partitions)
+        self.sizer = RunSizer(cfg.target_run_s, run_cap(cfg.max_run_bytes, partitions),
+                              partitions)
+        self.ahead_bytes = ahead_cap(cfg.read_ahead_bytes, partitions)
+        """Most batch-file bytes of the run read ahead (its memory until its turn)."""
         self.acks = AckPipe(collector.consumer, lambda stage: collector.hook(stage))
         self.cursor: dict[int, int] | None = None
         """The last sequence per shard of the runs committed (or committing) since the
@@ -151,9 +154,9 @@ class Overlap:
 
     async def _read_ahead(self) -> Ahead:
         """The next run, read and (unless it needs the registry first) its job run, at
-        most ``read_ahead_bytes`` of batch files: the memory it holds until its turn."""
+        most :attr:`ahead_bytes` of batch files: the memory it holds until its turn."""
         c = self.collector
-        limit = c.config.collector.read_ahead_bytes
+        limit = self.ahead_bytes
         ahead = await self._read(min(self.sizer.budget(), limit))
         if not ahead.entries or sum(e.size for e in ahead.entries) > limit \
                 or c.job_needs_io(ahead.entries):

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from collector.overlap import Overlap
-from collector.run_size import MIN_BYTES, RunSizer
+from collector.run_size import (
+    AHEAD_PARTITION_BYTES,
+    MIN_BYTES,
+    PARTITION_BYTES,
+    RunSizer,
+    ahead_cap,
+    run_cap,
+)
 from collector.runner import Runner
 from collector.service import Collector, Fenced
 from icefloe.catalog_version import VERSION_PROP
@@ -174,17 +181,20 @@ async def test_the_run_read_ahead_stays_within_read_ahead_bytes(
     prober = await start(probe, LocalEngine())
     size = (await prober.consumer.read())[0].entry.size
     await prober.store.close()
-    config = collector_config(tmp_path, max_run_entries=2, dequeue_every=1,
-                              read_ahead_bytes=size * entries_ahead + size // 2
-                              if entries_ahead else size // 2)
+    config = collector_config(tmp_path, max_run_entries=2, dequeue_every=1)
     fill(config)
     collector = await start(config, LocalEngine())
     overlap = Overlap(collector)
+    partitions = max(1, collector.engine.partitions)
+    assert overlap.ahead_bytes == ahead_cap(config.collector.read_ahead_bytes, partitions)
+    assert overlap.ahead_bytes >= partitions * AHEAD_PARTITION_BYTES
+    # a bound below what these tiny batch files take: one entry fits, or none
+    overlap.ahead_bytes = size * entries_ahead + size // 2 if entries_ahead else size // 2
     assert (await overlap.run()).cut
     assert overlap._ahead is not None
     ahead = await overlap._ahead
     assert len(ahead.entries) == entries_ahead
-    assert sum(e.size for e in ahead.entries) <= config.collector.read_ahead_bytes
+    assert sum(e.size for e in ahead.entries) <= overlap.ahead_bytes
     assert (ahead.output is None) == (entries_ahead == 0)
     await run_all(overlap)
     assert_exact(config, "web.clicks", ids("c", 3 * BATCHES))
@@ -222,6 +232,10 @@ def test_runs_are_sized_by_time_and_by_parallelism(tmp_path: Path) -> None:
     sizer.observe(50 * MIN_BYTES, 50.0)  # slower now: the budget follows, smoothed
     assert 10 * MIN_BYTES < sizer.budget() < 20 * MIN_BYTES
     assert RunSizer(0.0, 123, 4, rate=1e9).budget() == 123  # 0: by the byte limit only
+    # by parallelism: the byte cap grows with the partitions, never below max_run_bytes
+    assert run_cap(512 << 20, 4) == 512 << 20
+    assert run_cap(512 << 20, 500) == 500 * PARTITION_BYTES
+    assert ahead_cap(256 << 20, 4) == 256 << 20
     config = collector_config(tmp_path)
     collector: Any = Collector.__new__(Collector)
     collector.config = config
