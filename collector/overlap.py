@@ -5,8 +5,9 @@ ack → dequeue → next run, each step waiting for the one before. At scale the
 acks (one CAS per manifest shard) are as long as the commit, so the collector drained half
 of what 128 ingestors offered (``bench/scale_bench.py``). Here, while run N commits, run
 N+1 is read from the manifest and its job runs (:class:`Ahead`; one run ahead, at most
-``read_ahead_bytes`` of batch files), and run N's ack is written by :class:`AckPipe` while
-run N+1 commits. Runs are sized by time (:mod:`collector.run_size`).
+``read_ahead_bytes`` of batch files, or 64 MiB per Spark partition when that is more:
+:func:`collector.run_size.ahead_cap`), and run N's ack is written by :class:`AckPipe`
+while run N+1 commits. Runs are sized by time and parallelism (:mod:`collector.run_size`).
 
 What keeps exactly-once (the rules of :mod:`collector.service` are unchanged):
 
