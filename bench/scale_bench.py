@@ -53,16 +53,28 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Result, bench_parser, print_table, write_json
 from _grpc_load import EVENT as LOAD_EVENT
+from _scale_collector import (
+    LoopClock,
+    SparkCost,
+    StandIn,
+    measured_cost,
+    sample_depth,
+    slope,
+)
+from _scale_collector import Sink as CollectorSink
+from _scale_collector import collector_task as modeled_collector
 from _scale_processes import ProcessRun, ProcessSpec, run_processes, spark_lock
 from _scale_trace import FlushTrace, TimedProducer, Trace, TracingStore, summarize
 
 from collector.gc import collect_garbage
 from icefloe.checksum import crc32c
+from icefloe.clock import SYSTEM, Clock
 from icefloe.config import CollectorSection, IngestorSection
 from icefloe.manifest import ManifestConfig, ManifestProducer
 from icefloe.manifest.publish import publish_batch
@@ -71,6 +83,7 @@ from icefloe.manifest.shards import shard_config
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from ingestor.buffer import FlushSettings
 from testing.s3model import LIST_PAGE, S3Model
+from testing.sim.loop import SimTime, VirtualTimeLoop
 
 INGESTOR = IngestorSection()
 COLLECTOR = CollectorSection()
@@ -120,6 +133,10 @@ class ClusterSpec:
     lost_answer: float = 0.005
     lost_race: float = 0.005
     seed: int = 1
+    collector: str = "fixed"
+    """``fixed``: the first model (a fixed ``commit_s`` per run); ``in-line`` or
+    ``overlap``: the #43 collectors on a Spark stand-in priced per byte
+    (:mod:`_scale_collector`)."""
 
 
 @dataclass
@@ -150,6 +167,10 @@ class ClusterRun:
     largest_group: int = 0
     collector_conflicts: int = 0
     shards_drained: int = 0  # how many shards the collector drained entries from
+    depth_slope: float = 0.0
+    """Queue depth's slope (entries/s) over the last four fifths of the window."""
+    depth_end: float = 0.0
+    spark_cores: int = 0
 
     def rate(self, count: int) -> float:
         return count / self.window_s
@@ -165,7 +186,8 @@ class ClusterRun:
         return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def build_cluster(model: S3Model, spec: ClusterSpec, trace: Trace | None = None
+def build_cluster(model: S3Model, spec: ClusterSpec, trace: Trace | None = None,
+                  clock: Clock = SYSTEM
                   ) -> tuple[list[tuple[ManifestProducer, int]], ShardedConsumer]:
     """One manifest producer per ingestor (with its shard) and the collector's consumer.
 
@@ -179,7 +201,7 @@ def build_cluster(model: S3Model, spec: ClusterSpec, trace: Trace | None = None
     def connection(host: str, role: str, index: int | None) -> RetryingAsyncStore:
         view = model.view(host, role)
         if trace is None:
-            return RetryingAsyncStore(view, RetryPolicy())
+            return RetryingAsyncStore(view, RetryPolicy(), clock=clock)
         traced = TracingStore(view)
         if index is None:
             trace.collector = traced
@@ -188,11 +210,12 @@ def build_cluster(model: S3Model, spec: ClusterSpec, trace: Trace | None = None
         return RetryingAsyncStore(traced, RetryPolicy())
 
     producers = [(ManifestProducer(connection(f"ingestor-{i}", "ingestor", i),
-                                   shard_config(MANIFEST, i % spec.shards)), i % spec.shards)
+                                   shard_config(MANIFEST, i % spec.shards), clock=clock),
+                  i % spec.shards)
                  for i in range(spec.ingestors)]
     # started with `[manifest] shards = N`, it grows the store's shard count first
     consumer = ShardedConsumer(connection("collector", "collector", None),
-                               dataclasses.replace(MANIFEST, shards=spec.shards))
+                               dataclasses.replace(MANIFEST, shards=spec.shards), clock=clock)
     return producers, consumer
 
 
@@ -330,16 +353,39 @@ async def _collector(consumer: ShardedConsumer, spec: ClusterSpec, tally: _Tally
         await asyncio.sleep(max(0.0, wait))
 
 
+COST: SparkCost | None = None
+"""The Spark stand-in's prices (read once from bench/results/collector.json)."""
+
+
+async def _modeled(spec: ClusterSpec, consumer: ShardedConsumer, cost: SparkCost, cores: int,
+                   tally: _Tally, done: asyncio.Event) -> None:
+    """One of the #43 collectors (:mod:`_scale_collector`) on a stand-in of ``cores``."""
+    await consumer.initialize()
+
+    def drained(run: list[Any], at: float) -> None:
+        for tagged in run:
+            tally.drained.append((tagged.shard << POSITION_BITS | tagged.entry.sequence,
+                                  tagged.entry.producer_id, tagged.entry.producer_batch))
+        if tally.in_window(at):
+            tally.drained_in_window += len(run)
+
+    await modeled_collector(spec.collector, consumer, StandIn(consumer, cost, cores),
+                            CollectorSink(drained, []), done)
+
+
 def _cas_totals(producers: list[tuple[ManifestProducer, int]]) -> tuple[int, int]:
     return (sum(p.stats.writes for p, _ in producers),
             sum(p.stats.conflicts for p, _ in producers))
 
 
-async def run_cluster(spec: ClusterSpec, trace: Trace | None = None) -> ClusterRun:
+async def run_cluster(spec: ClusterSpec, trace: Trace | None = None,
+                      clock: Clock = SYSTEM) -> ClusterRun:
     """Run one modeled cluster and check that every acked batch was drained exactly once;
-    with ``trace``, record every flush's stages and every request (``_scale_trace``)."""
-    model = S3Model(seed=spec.seed, lost_answer=spec.lost_answer, lost_race=spec.lost_race)
-    producers, consumer = build_cluster(model, spec, trace)
+    with ``trace``, record every flush's stages and every request (``_scale_trace``).
+    ``clock``: every client's and the bucket's (virtual time: :func:`run_virtual`)."""
+    model = S3Model(seed=spec.seed, lost_answer=spec.lost_answer, lost_race=spec.lost_race,
+                    clock=clock)
+    producers, consumer = build_cluster(model, spec, trace, clock)
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.3  # the collector creates the manifest first
     payload = random.Random(spec.seed).randbytes(spec.batch_bytes)
@@ -347,8 +393,18 @@ async def run_cluster(spec: ClusterSpec, trace: Trace | None = None) -> ClusterR
                    payload, crc32c(payload))
     rng = random.Random(spec.seed + 1)
     publishing_done = asyncio.Event()
-    collector = asyncio.create_task(_collector(consumer, spec, tally, publishing_done,
-                                               trace))
+    samples: list[tuple[float, float]] = []
+    cores = 0
+    if spec.collector == "fixed":
+        collector = asyncio.create_task(_collector(consumer, spec, tally, publishing_done,
+                                                   trace))
+    else:
+        cost = COST if COST is not None else measured_cost()
+        cores = cost.cores_for(spec.ingestors * spec.batch_bytes / spec.flush_s)
+        collector = asyncio.create_task(_modeled(spec, consumer, cost, cores, tally,
+                                                 publishing_done))
+        depth = asyncio.create_task(sample_depth(
+            lambda: len(tally.acked) - len(tally.drained), samples, tally.window[1]))
     ingestors = [asyncio.create_task(_ingestor(p, shard, spec, tally, rng, trace, i))
                  for i, (p, shard) in enumerate(producers)]
 
@@ -360,9 +416,11 @@ async def run_cluster(spec: ClusterSpec, trace: Trace | None = None) -> ClusterR
     cpu = (time.process_time() - cpu0) / spec.duration_s
 
     await asyncio.gather(*ingestors)
+    if spec.collector != "fixed":
+        await depth
     publishing_done.set()
     await collector
-    gc = await collect_garbage(consumer.store, MANIFEST.key, grace_s=0.0)
+    gc = await collect_garbage(consumer.store, MANIFEST.key, grace_s=0.0, clock=clock)
 
     run = ClusterRun(spec, spec.duration_s, offered=tally.offered,
                      acked_in_window=tally.acked_in_window,
@@ -375,7 +433,9 @@ async def run_cluster(spec: ClusterSpec, trace: Trace | None = None) -> ClusterR
                      gc_deleted=gc.deleted,
                      largest_group=max(p.stats.largest_group for p, _ in producers),
                      collector_conflicts=sum(s.conflicts for s in consumer.stats.values()),
-                     shards_drained=len({pos >> POSITION_BITS for pos, _, _ in tally.drained}))
+                     shards_drained=len({pos >> POSITION_BITS for pos, _, _ in tally.drained}),
+                     depth_slope=slope(samples, tally.window[0] + spec.duration_s / 5),
+                     depth_end=samples[-1][1] if samples else 0.0, spark_cores=cores)
     for sealed, done in zip(tally.sealed_at, tally.done_at, strict=True):
         if tally.in_window(sealed):
             if done is None:  # never acked: its wait so far is a lower bound
@@ -434,6 +494,47 @@ def cluster_results(run: ClusterRun) -> list[Result]:
         Result(f"{label}: lost + duplicated (acked vs drained)", run.lost + run.duplicates,
                "entries"),
     ]
+
+
+def collector_results(run: ClusterRun) -> list[Result]:
+    """The #43 rows: drain against what was offered, and the queue depth's slope."""
+    label = f"collector model (#43), {_label(run.spec)}, {run.spec.collector}"
+    return [
+        Result(f"{label}: drain (baseline: offered)", run.rate(run.drained_in_window),
+               "entries/s", run.offered_per_s),
+        Result(f"{label}: queue depth slope over the last 4/5 of the window",
+               run.depth_slope, "entries/s"),
+        Result(f"{label}: queue depth at the window's end", run.depth_end, "entries"),
+        Result(f"{label}: Spark stand-in executor cores", run.spark_cores, "cores"),
+        Result(f"{label}: lost + duplicated (acked vs drained)", run.lost + run.duplicates,
+               "entries"),
+    ]
+
+
+def run_virtual(spec: ClusterSpec) -> ClusterRun:
+    """Run ``spec`` on virtual time (:class:`testing.sim.loop.VirtualTimeLoop`): the
+    clock moves only when every task waits (on the S3 model's latency, a backoff, the Spark
+    stand-in), so the figures are the model's own, not how busy this machine is, and a
+    5-minute window takes only the CPU it needs. The Python work of the ingestors and the
+    collector takes no modeled time (the stand-in's prices and S3's latency are the costs)."""
+    sim = SimTime(time.time())
+    loop = VirtualTimeLoop(sim)
+    try:
+        return loop.run_until_complete(run_cluster(spec, clock=LoopClock(sim)))
+    finally:
+        loop.close()
+
+
+def collector_specs(quick: bool, seed: int) -> list[ClusterSpec]:
+    """128 ingestors (a shard each) and 1.3 GB/s (64 ingestors of 2 MiB batches), each
+    with the in-line collector (the baseline) and the overlapped one: a 5-minute window
+    (``--quick``: 1 minute)."""
+    duration, warmup = (60.0, 5.0) if quick else (300.0, 10.0)
+    rows = (ClusterSpec(128, shards=128, duration_s=duration, warmup_s=warmup, seed=seed),
+            ClusterSpec(64, batch_bytes=LARGE_BATCH, shards=64, duration_s=duration,
+                        warmup_s=warmup, seed=seed))
+    return [dataclasses.replace(row, collector=mode) for row in rows
+            for mode in ("in-line", "overlap")]
 
 
 def print_run_notes(run: ClusterRun) -> None:
@@ -621,6 +722,9 @@ def main() -> None:
                         help="the N of the real-processes N-shard row (default 4)")
     parser.add_argument("--no-model", action="store_true",
                         help="skip the modeled cluster and the cost model")
+    parser.add_argument("--collector", action="store_true",
+                        help="only the #43 collector rows (in line vs overlapped, on a "
+                             "Spark stand-in priced from bench/results/collector.json)")
     parser.add_argument("--trace", type=int, metavar="INGESTORS",
                         help="only trace one modeled row (INGESTORS on --shards shards, "
                              "--quick's window): where its acks' time goes, by stage")
@@ -641,6 +745,10 @@ def main() -> None:
                     "one at a time: a shape check of the model, not S3's capacity)", processes)
     if args.no_model:
         write_json(args.json, processes)
+        return
+    collector = collector_rows(args.quick, args.seed)
+    if args.collector:
+        write_json(args.json, collector)
         return
     print(f"defaults read from the config: flush age {FLUSH_S * 1000:g} ms, "
           f"{MAX_INFLIGHT} flushes in flight, collector commit interval "
@@ -665,7 +773,26 @@ def main() -> None:
     print_table(f"cost model at {LOAD_BYTES_PER_S / 1e6:g} MB/s per ingestor, flush "
                 f"{FLUSH_S * 1000:g} ms (S3 Standard us-east-1: PUT/LIST $0.005, GET $0.0004 "
                 "per 1,000)", cost)
-    write_json(args.json, processes + results + cost)
+    write_json(args.json, processes + results + cost + collector)
+
+
+def collector_rows(quick: bool, seed: int) -> list[Result]:
+    """Run and print the #43 collector rows."""
+    global COST
+    COST = measured_cost()
+    print(f"Spark stand-in: {COST.source}", flush=True)
+    rows: list[Result] = []
+    for spec in collector_specs(quick, seed):
+        run = run_virtual(spec)
+        print_run_notes(run)
+        print(f"    {spec.collector}: drain {run.rate(run.drained_in_window):.0f} of "
+              f"{run.offered_per_s:.0f} entries/s offered, queue depth slope "
+              f"{run.depth_slope:+.2f} entries/s, {run.spark_cores} executor cores",
+              flush=True)
+        rows += collector_results(run)
+    print_table("collector model (#43): in line vs overlapped, Spark stand-in priced per "
+                "byte from bench/results/collector.json (baseline = offered)", rows)
+    return rows
 
 
 if __name__ == "__main__":

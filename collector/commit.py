@@ -99,6 +99,9 @@ class RunResult:
     through: dict[int, int] = field(default_factory=dict)
     """The run's last sequence per manifest shard: what its commits record and its ack
     acknowledges. ``first_sequence``/``last_sequence`` are run positions (logs only)."""
+    cut: bool = False
+    """The run left queued entries behind (cut by its size or time limit): a backlog, so
+    the next run starts at once."""
 
     @property
     def sequences(self) -> dict[int, int]:

@@ -24,6 +24,7 @@ from collector.hops import Offload, sleep_or_stop
 from collector.http import HttpServer
 from collector.metrics import CollectorMetrics
 from collector.models import ModelRefresh, plan_refresh
+from collector.overlap import Overlap
 from collector.run_now import Refusal, RunNow, TokenCheck, answer, drain
 from collector.run_now import run_models as run_models_now
 from collector.service import Collector, Engine, Fenced, Hook
@@ -272,6 +273,13 @@ class Runner:
         self._index_cache: dict[str, Segment] = {}  # retention segments GC has read
         self._next_maintenance = self.clock.monotonic() + cfg.maintenance_interval_s
         self._renew: asyncio.Task[None] | None = None
+        self.overlap = Overlap(collector) if cfg.overlap else None
+        """The runs overlapped (``collector.overlap``): read ahead, acks in the background."""
+
+    async def _run_one(self) -> Any:
+        if self.overlap is not None:
+            return await self.overlap.run()
+        return await self.collector.run_once()
 
     async def _renew_forever(self) -> None:
         consumer = self.collector.consumer
@@ -348,7 +356,7 @@ class Runner:
             try:
                 await self._follow_registry()
                 collector.metrics.health.run_started()
-                result = await collector.run_once()
+                result = await self._run_one()
                 failures = 0
                 collector.metrics.health.run_ok(result.entries)
             except Fenced as exc:
@@ -368,7 +376,8 @@ class Runner:
                 continue
             await self._housekeeping()  # when due: also during a backlog, or metadata grows
             staged = await self._commit_due_staged()
-            backlog = bool(result.entries) and result.entries >= cfg.max_run_entries
+            backlog = result.cut or (bool(result.entries)
+                                     and result.entries >= cfg.max_run_entries)
             if self.models is not None:
                 self.models.note_commits({**result.rows, **staged})
                 if self.models.due(backlog=backlog) and not self.stop.is_set():
@@ -381,6 +390,8 @@ class Runner:
                 cfg.commit_interval_s - (self.clock.monotonic() - started)
             await self._sleep_or_run_now(wait)
         collector.metrics.health.set_role("stopping")
+        if self.overlap is not None:  # acks in flight land; the run read ahead is dropped
+            await self.overlap.close()
         if self.fenced:
             log.error("%s", self.fenced)
             return EXIT_FENCED
@@ -418,6 +429,8 @@ class Runner:
         try:
             run_now.doing = "committing the queue"
             health.run_started()
+            if self.overlap is not None:  # the drain reads after the acks: all written
+                await self.overlap.settle()
             runs = await drain(collector, self._after_drain_run, self.clock)
             run_now.doing = "running the models"
             models = await collector.offload(

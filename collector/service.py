@@ -101,7 +101,7 @@ from pipeline.load import (
     with_wheres,
 )
 
-__all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult"]
+__all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult", "positioned", "through_of"]
 
 log = logging.getLogger("icefloe.collector")
 
@@ -651,12 +651,17 @@ class Collector:
 
     # -- one run ---------------------------------------------------------------------------
 
-    def _take(self, entries: list[Entry]) -> list[Entry]:
+    def _take(self, entries: list[Entry], max_bytes: int | None = None,
+              min_entries: int = 1) -> list[Entry]:
+        """The run's entries: a prefix of ``entries`` within ``max_run_entries`` and
+        ``max_bytes`` (default ``max_run_bytes``), never fewer than ``min_entries`` (the
+        first ``min_entries`` are taken whatever their size: one per Spark partition)."""
         cfg = self.config.collector
+        limit = cfg.max_run_bytes if max_bytes is None else max_bytes
         taken: list[Entry] = []
         size = 0
         for entry in entries[: cfg.max_run_entries]:
-            if taken and size + entry.size > cfg.max_run_bytes:
+            if len(taken) >= min_entries and size + entry.size > limit:
                 break
             taken.append(entry)
             size += entry.size
@@ -673,20 +678,51 @@ class Collector:
     async def _run_once(self) -> RunResult:
         started = self.clock.monotonic()
         read = await self.consumer.read(max_entries=self.config.collector.max_run_entries)
-        pending = [_positioned(item) for item in read]
-        self._observe_queue(pending)
-        self._hold_s = self._oldest_waiting_s(pending[0].ingested_at if pending else None)
-        for window in self.windows.values():
-            window.hold_s = self._hold_s
+        pending = [positioned(item) for item in read]
+        self.begin_run(pending)
         entries = self._take(pending)
         self.metrics.health.run_begins(len(entries))
         if not entries:
             return RunResult()
+        entries, output = await self.run_job(entries)
+        self.after_job(output)
+        result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence,
+                           through=through_of(read[:len(entries)]))
+        await self.offload(self.commit_run, output, result, entries)
+        self.hook("after_commits")
+        await self.index_run(read[:len(entries)])
+        await self.consumer.ack(result.through)
+        self.hook("after_ack")
+        self._runs_since_dequeue += 1
+        if self._runs_since_dequeue >= self.config.collector.dequeue_every:
+            await self.dequeue()
+        result.seconds = self.clock.monotonic() - started
+        self.observe_run(entries, result)
+        return result
+
+    def begin_run(self, pending: list[Entry]) -> None:
+        """A run starts on ``pending`` (what its manifest read found after the last
+        committed entry): queue metrics, and the dedup windows reach back from its oldest
+        event (see :meth:`_oldest_waiting_s`)."""
+        self._observe_queue(pending)
+        self._hold_s = self._oldest_waiting_s(pending[0].ingested_at if pending else None)
+        for window in self.windows.values():
+            window.hold_s = self._hold_s
+
+    async def run_job(self, entries: list[Entry]
+                      ) -> tuple[list[Entry], RunOutput | ClusterRunOutput]:
+        """The run's pipeline job: routes caught up with its entries' registry version,
+        schemas read, the run cut where routing changes (cluster), the Spark job run.
+        Returns the entries the job covers and its output."""
         assert self.epoch is not None
         await self._catch_up_registry(entries)
         writers = await self.read_schemas()
         self._refuse_untyped(entries)
         entries, run = self._route_run(entries)
+        return entries, await self.offload(run, self.spec_for(entries, writers))
+
+    def spec_for(self, entries: list[Entry], writers: dict[int, str]) -> RunSpec:
+        """The job's spec of ``entries``, by the current routes."""
         spec = run_spec(self.routes.decode_config(self.config), entries,
                         partitions=self.engine.partitions)
         versions = versions_of(entries)
@@ -695,29 +731,39 @@ class Collector:
         spec = with_wheres(spec, self.routes.where_specs(versions))
         spec = with_tables(spec, table_specs(self.routes, versions, self.embedded.dynamic))
         spec = with_key_columns(spec, upsert_columns(self.routes))
-        spec = with_avro_writers(spec, writers)
-        output = await self.offload(run, spec)
+        return with_avro_writers(spec, writers)
+
+    def job_needs_io(self, entries: list[Entry]) -> bool:
+        """Whether the job of ``entries`` must first read or change this collector's state
+        (a newer registry version, the schema registry): such a job is not run ahead
+        (:mod:`collector.overlap`), only when its run comes."""
+        if max(e.registry_version for e in entries) > self.routes.version:
+            return True
+        if has_subjects(self.registry) or any(s.format == "avro"
+                                              for s in self.routes.decode_streams):
+            return True
+        try:
+            self._refuse_untyped(entries)
+        except SubjectError:
+            return True
+        return False
+
+    def routing_key(self) -> tuple[int, int, int, int | None]:
+        """What a job's spec was built from: the routes (replaced on every registry change),
+        the dynamic tables met so far, and the epoch. A job run ahead under another key is
+        run again."""
+        return id(self.routes), self.routes.version, len(self.routes.dynamic), self.epoch
+
+    def after_job(self, output: RunOutput | ClusterRunOutput) -> None:
+        """The ``after_job`` crash point (a crash frees the executors' cached run)."""
         try:
             self.hook("after_job")
         except BaseException:
             if isinstance(output, ClusterRunOutput):  # free the executors' cached run
                 output.release()
             raise
-        result = RunResult(len(entries), entries[0].sequence, entries[-1].sequence,
-                           through=_through(read[:len(entries)]))
-        await self.offload(self.commit_run, output, result, entries)
-        self.hook("after_commits")
-        await self._index_run(read[:len(entries)])
-        await self.consumer.ack(result.through)
-        self.hook("after_ack")
-        self._runs_since_dequeue += 1
-        if self._runs_since_dequeue >= self.config.collector.dequeue_every:
-            await self.dequeue()
-        result.seconds = self.clock.monotonic() - started
-        self._observe(entries, result)
-        return result
 
-    async def _index_run(self, items: list[ShardEntry]) -> None:
+    async def index_run(self, items: list[ShardEntry]) -> None:
         """With retention on, name the run's batch files in the retention index before the
         ack (:mod:`icefloe.retention`): a dequeued entry is then always indexed."""
         if self.config.collector.keep_batches_s <= 0:
@@ -795,7 +841,7 @@ class Collector:
         await self.offload(self.apply_registry, registry)
 
 
-    def _observe(self, entries: list[Entry], result: RunResult) -> None:
+    def observe_run(self, entries: list[Entry], result: RunResult) -> None:
         self.metrics.run_seconds.observe(result.seconds)
         self.metrics.batch_bytes.inc(sum(e.size for e in entries))
         log.info("run sequences %d..%d entries=%d rows=%s duplicates=%d replayed=%d "
@@ -814,7 +860,7 @@ class Collector:
         self.metrics.lag_seconds.set(0 if oldest is None else max(0.0, self.clock.time() - oldest))
 
 
-def _positioned(item: ShardEntry) -> Entry:
+def positioned(item: ShardEntry) -> Entry:
     """The entry with its run position as its sequence: the pipeline, routing and dedup of
     a run order and tag rows by it (:data:`pipeline.iceberg.commit.SHARD_BITS`)."""
     if item.shard == 0:
@@ -822,7 +868,7 @@ def _positioned(item: ShardEntry) -> Entry:
     return msgspec.structs.replace(item.entry, sequence=position(item.shard, item.sequence))
 
 
-def _through(items: list[ShardEntry]) -> dict[int, int]:
+def through_of(items: list[ShardEntry]) -> dict[int, int]:
     """The last sequence per shard of a run (each shard's entries are a contiguous
     prefix of what it had queued, so acking through it skips nothing)."""
     through: dict[int, int] = {}

@@ -212,6 +212,19 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     :data:`pipeline.spark.OWNED_CONF`, checked in :mod:`icefloe.config.validate`)."""
     output: str = "embedded"
     dequeue_every: int = 10
+    overlap: bool = True
+    """Overlap the runs (:mod:`collector.overlap`): read the next run's batch files (fetch,
+    decompress, parse: its Spark job) while this run commits, and acknowledge and dequeue
+    in the background once the commit is confirmed. Off: each run reads, commits and
+    acknowledges before the next one starts."""
+    read_ahead_bytes: int = 256 * 1024 * 1024
+    """Most batch-file bytes of the one run read ahead (its decoded rows wait in memory
+    until the run before it has committed)."""
+    target_run_s: float = 5.0
+    """Size runs by time: a run takes about the bytes the Spark job reads in this long, by
+    the rate measured on the runs so far (never fewer entries than ``spark_partitions``,
+    never more than ``max_run_entries`` and the byte cap: ``max_run_bytes``, or more with
+    many partitions, :mod:`collector.run_size`). 0: by those limits only."""
     gc_interval_s: float = 60.0
     keep_batches_s: float = 0.0
     """Keep committed batch files this long after they are committed (0: off), with a

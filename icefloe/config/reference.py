@@ -172,6 +172,14 @@ MEANING: dict[str, str] = {
                         "commits `add_files` or one overwrite; "
                         "runs where two sources write one table go the embedded way)",
     "collector.dequeue_every": "runs between bulk dequeues of acknowledged entries",
+    "collector.overlap": "read the next run's batch files while this run commits, and "
+                         "acknowledge and dequeue in the background after the commit",
+    "collector.read_ahead_bytes": "most batch-file bytes of the one run read ahead (held "
+                                  "in memory until the run before it has committed)",
+    "collector.target_run_s": "size runs by time: about the bytes the Spark job reads in "
+                              "this long (at least one entry per Spark partition, at most "
+                              "`max_run_bytes` or 128 MiB per partition; 0: by "
+                              "`max_run_entries`/`max_run_bytes` only)",
     "collector.gc_interval_s": "how often unreferenced batch files are collected",
     "collector.keep_batches_s": "keep committed batch files this long (0 = off) with an "
                                 "index by sequence and time, for `icefloe replay`",

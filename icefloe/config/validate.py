@@ -214,9 +214,13 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
                 "maintenance_interval_s", "snapshot_keep_last", "compact_min_files",
                 "compact_target_bytes", "orphan_age_s", "retry_max_delay_s",
                 "park_after_failures", "park_retry_s", "park_max_bytes",
-                "sql_max_value_bytes", "sql_max_run_s"):
+                "sql_max_value_bytes", "sql_max_run_s", "read_ahead_bytes"):
         if getattr(col, key) <= 0:
             raise ConfigError(f"{where}: collector.{key} must be > 0")
+    if not 0 <= col.target_run_s <= 3600:
+        raise ConfigError(f"{where}: collector.target_run_s must be between 0 (size runs by "
+                          f"max_run_entries and max_run_bytes only) and 3600 s, got "
+                          f"{col.target_run_s}")
     if not 1 <= col.commit_workers <= 64:
         raise ConfigError(f"{where}: collector.commit_workers: {col.commit_workers} is not "
                           "1-64 (tables one run commits at once)")

@@ -112,6 +112,10 @@ class Scenario:
     """``dynamic-tables``: how many times the active collector dies right after making
     (or first preparing) a template's table, before its run commits to it, and a
     collector takes over at once."""
+    overlap: bool = False
+    """#43: the collector overlaps its runs (``[collector] overlap``: the next run read
+    ahead while this one commits, acks in the background). A knob of any family, drawn
+    by a generator of its own whose salt keeps it off on every seed pinned before it."""
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -167,6 +171,7 @@ class Scenario:
         scenario.aim_42(random.Random(seed * 7 + RETENTION_SALT))
         scenario.aim_42_cdc(random.Random(seed * 7 + CDC_SALT))
         scenario.aim_42_dynamic(random.Random(seed * 7 + DYNAMIC_SALT))
+        scenario.overlap = random.Random(seed * 7 + OVERLAP_SALT).random() < OVERLAP_SHARE
         return scenario
 
     def aim_42_dynamic(self, rng: random.Random) -> None:
@@ -340,7 +345,7 @@ class Scenario:
                 "family", "standby", "outage_s", "upsert", "dedup_max_ids",
                 "stale_resend", "expire_at", "break_at", "restore_at", "typed",
                 "deploy_at", "kafka_producers", "kafka_lost", "kafka_bump",
-                "keep_batches_s", "cdc", "cdc_keep", "dynamic", "kills_at_create")
+                "keep_batches_s", "cdc", "cdc_keep", "dynamic", "kills_at_create", "overlap")
         parts = [f"{k}={getattr(self, k):g}" if isinstance(getattr(self, k), float)
                  else f"{k}={getattr(self, k)}" for k in keys]
         faults = "faults" if self.faults.error_before else "no faults"
@@ -371,3 +376,8 @@ DYNAMIC_SALT = 60240
 """``dynamic-tables``' generator salt (see :meth:`Scenario.aim_42_dynamic`): no seed
 pinned in ``tests/system/test_sim.py`` before the family is drawn (1-100 has no ``mixed``
 seed left that is not pinned; of 1-300 it draws 116, 199, 216, 236, 275 and 284)."""
+OVERLAP_SALT = 53809
+"""#43's ``overlap`` knob's generator salt: no seed pinned in ``tests/system/test_sim.py``
+before it has the knob on (of 1-40: 6, 16, 20, 22, 36)."""
+OVERLAP_SHARE = 0.3
+"""Share of seeds (of any family) whose collectors overlap their runs."""

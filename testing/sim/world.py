@@ -711,7 +711,7 @@ class World:
                           "max_run_entries": 50, "output": s.output,
                           "dedup_max_ids": s.dedup_max_ids,
                           "snapshot_keep_last": s.snapshot_keep_last,
-                          "keep_batches_s": s.keep_batches_s},
+                          "keep_batches_s": s.keep_batches_s, "overlap": s.overlap},
         }
         return load_config(path, overrides=overrides)
 

@@ -63,6 +63,10 @@ the active collector killed twice right after preparing a table, before its run 
 and taken over at once; resent requests, crashes, a stall and a takeover."""
 DYNAMIC_SEEDS = (116, DYNAMIC_SEED, 216, 236, 275, 284)
 """Every ``dynamic-tables`` seed of 1-300 (1-100 has no ``mixed`` seed left unpinned)."""
+OVERLAP_SEED = 6
+"""A seed whose collectors overlap their runs (#43: the next run read ahead while one
+commits, acks in the background), a ``protobuf-rename`` seed with two collector kills, a
+forced takeover and cluster output."""
 KAFKA_SEEDS = (KAFKA_SEED, 54, KAFKA_EPOCH_SEED)
 """``kafka-retry`` seeds the real code must pass (54: three producers, cluster output, two
 ingestor crashes, a third of the answers lost)."""
@@ -89,6 +93,7 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "cdc-accepted-order": (CDC_SEED,),
     "cdc-no-stale-check": (CDC_SEED,),
     "dynamic-fresh-window": (DYNAMIC_SEED, 236),
+    "ack-read-ahead": (OVERLAP_SEED,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
@@ -99,7 +104,8 @@ by an ``outage`` seed, ``standby-no-reread`` by a ``failover`` seed (#28's warm 
 ``protobuf-rename`` seeds (#39), the two Kafka ones by ``kafka-retry`` seeds (#40),
 ``gc-ignores-retention`` and ``ack-unindexed`` by ``retention`` seeds, the two
 change-stream ones by a ``cdc-reorder`` seed and ``dynamic-fresh-window`` by two
-``dynamic-tables`` seeds (#42);
+``dynamic-tables`` seeds (#42), ``ack-read-ahead`` by a seed with the ``overlap``
+knob on (#43);
 docs/simulator.md lists the mutants and the seeds that find them."""
 CASES = [(mutant, seed) for mutant, seeds in sorted(MUTANT_SEEDS.items()) for seed in seeds]
 
@@ -209,9 +215,10 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
     typed = {TYPED_SEED, CREATE_SEED, APART_SEED}
     before = set(FIXED_SEEDS) | {seed for seeds in MUTANT_SEEDS.values() for seed in seeds}
     before -= {UPSERT_SEED, EXPIRY_SEED, TOMBSTONE_SEED, PARKED_SEED} | typed
-    before -= set(KAFKA_SEEDS) | {CDC_SEED} | set(DYNAMIC_SEEDS)
+    before -= set(KAFKA_SEEDS) | {CDC_SEED, OVERLAP_SEED} | set(DYNAMIC_SEEDS)
     for seed in sorted(before):
         scenario = Scenario.draw(seed)
+        assert not scenario.overlap, seed  # #43's knob is off on every seed pinned before
         assert (scenario.upsert, scenario.expire_at, scenario.break_at) == (False, None,
                                                                              None), seed
         assert (scenario.typed, scenario.deploy_at) == (False, None), seed  # nor #39's
@@ -220,6 +227,10 @@ def test_the_later_families_leave_every_pinned_seed_as_it_was() -> None:
         assert not scenario.dynamic, seed
     for seed in sorted(typed):  # #40's generator leaves #39's seeds as they were too
         assert Scenario.draw(seed).family == "protobuf-rename", seed
+    overlapped = Scenario.draw(OVERLAP_SEED)
+    assert overlapped.overlap
+    assert overlapped.collector_crashes >= 1
+    assert [s for s in range(1, 41) if Scenario.draw(s).overlap] == [6, 16, 20, 22, 36]
     for seed in KAFKA_SEEDS:  # and #42's leaves #40's
         assert Scenario.draw(seed).family == "kafka-retry", seed
     for seed in (RETENTION_SEED, 63):  # and #42's change streams leave its retention seeds
