@@ -155,7 +155,7 @@ def spark_lock() -> Iterator[object]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _write_faults(path: Path, seed: int) -> None:
+def write_faults(path: Path, seed: int) -> None:
     """Every request (every method) waits 20-50 ms before moto serves it."""
     path.write_text(json.dumps({"seed": seed, "rules": [
         {"layer": "http", "kind": "delay", "probability": 1.0, "delay_s": list(DELAY_S)}]}))
@@ -174,11 +174,11 @@ def _ingestor_metrics(cluster: Cluster) -> list[dict[str, float]]:
     return [scrape(f"{url}/metrics") for url in cluster.http_urls()]
 
 
-def _sum(per_process: list[dict[str, float]], name: str) -> float:
+def sum_metric(per_process: list[dict[str, float]], name: str) -> float:
     return sum(total(m, name) for m in per_process)
 
 
-def _start_load(cluster: Cluster, spec: ProcessSpec) -> list[subprocess.Popen[str]]:
+def start_load(cluster: Cluster, spec: ProcessSpec) -> list[subprocess.Popen[str]]:
     targets = cluster.grpc_targets()
     groups = [targets[i::spec.load_processes] for i in range(spec.load_processes)]
     return [subprocess.Popen(
@@ -188,7 +188,7 @@ def _start_load(cluster: Cluster, spec: ProcessSpec) -> list[subprocess.Popen[st
         for group in groups if group]
 
 
-def _read_load(procs: list[subprocess.Popen[str]], run: ProcessRun) -> None:
+def read_load(procs: list[subprocess.Popen[str]], run: ProcessRun) -> None:
     """Sum the clients' counted events; ack percentiles: the worst client's (conservative,
     the clients do not share their samples)."""
     p50s, p99s = [], []
@@ -203,7 +203,7 @@ def _read_load(procs: list[subprocess.Popen[str]], run: ProcessRun) -> None:
     run.ack_p99_ms = max(p99s, default=0.0)
 
 
-def _warm_collector(cluster: Cluster, collector_url: str, timeout: float = 180) -> None:
+def warm_collector(cluster: Cluster, collector_url: str, timeout: float = 180) -> None:
     """Send a little, and wait for the collector to commit it: Spark's first job (JVM
     warm-up, the session's first plan) takes seconds, and in a short window it would stand
     for the collector's drain rate."""
@@ -217,10 +217,10 @@ def _warm_collector(cluster: Cluster, collector_url: str, timeout: float = 180) 
     raise RuntimeError("the collector committed nothing of the warm-up load")
 
 
-def _wait_drained(collector_url: str, cluster: Cluster, timeout: float) -> float | None:
+def wait_drained(collector_url: str, cluster: Cluster, timeout: float) -> float | None:
     """Seconds until the collector's queue is empty and it committed every accepted event."""
     began = time.monotonic()
-    accepted = _sum(_ingestor_metrics(cluster), "icefloe_ingest_events_accepted")
+    accepted = sum_metric(_ingestor_metrics(cluster), "icefloe_ingest_events_accepted")
     while time.monotonic() - began < timeout:
         samples = scrape(collector_url)
         if total(samples, "icefloe_collector_queue_entries") == 0 and \
@@ -236,7 +236,7 @@ def run_processes(spec: ProcessSpec, say: Callable[[str], None] = print) -> Proc
     with tempfile.TemporaryDirectory(prefix="scale-proc-") as tmp:
         root = Path(tmp)
         faults = root / "faults.json"  # the file Cluster points every process at
-        _write_faults(faults, spec.seed)
+        write_faults(faults, spec.seed)
         moto = start_moto(str(faults))
         cluster: Cluster | None = None
         try:
@@ -244,7 +244,7 @@ def run_processes(spec: ProcessSpec, say: Callable[[str], None] = print) -> Proc
             cluster = Cluster(root, StoreTarget(url, moto.endpoint), spec.ingestors)
             # Cluster empties the file; the rule goes back (the in-process fault layer
             # ignores "layer": "http" rules, the server reloads the file when it changes)
-            _write_faults(faults, spec.seed)
+            write_faults(faults, spec.seed)
             metrics_port = free_port()
             cluster.config.write_text(CONFIG.format(
                 url=url, endpoint=moto.endpoint, root=root, shards=spec.shards,
@@ -254,12 +254,12 @@ def run_processes(spec: ProcessSpec, say: Callable[[str], None] = print) -> Proc
         finally:
             if cluster is not None:
                 for proc in [*cluster.collectors, *(p for p in cluster.ingestors if p)]:
-                    _stop(proc)
+                    stop_process(proc)
                 cluster.close()
             moto.stop()
 
 
-def _stop(proc: Proc) -> None:
+def stop_process(proc: Proc) -> None:
     with contextlib.suppress(Exception):
         proc.terminate(timeout=30)
 
@@ -281,8 +281,8 @@ def _measure(spec: ProcessSpec, cluster: Cluster, collector_url: str,
         except RuntimeError as exc:
             log = (cluster.root / "processes.log").read_text(errors="replace")
             raise RuntimeError(f"{exc}; its log ends:\n{log[-3000:]}") from exc
-    _warm_collector(cluster, collector_url)
-    load = _start_load(cluster, spec)
+    warm_collector(cluster, collector_url)
+    load = start_load(cluster, spec)
     run = ProcessRun(spec, spec.duration_s)
     time.sleep(spec.warmup_s)
     before, c_before = _ingestor_metrics(cluster), scrape(collector_url)
@@ -297,14 +297,14 @@ def _measure(spec: ProcessSpec, cluster: Cluster, collector_url: str,
                        ("icefloe_ingest_batch_bytes_sum", "batch_bytes"),
                        ("icefloe_ingest_manifest_cas_writes", "cas_writes"),
                        ("icefloe_ingest_manifest_cas_conflicts", "conflicts")):
-        setattr(run, attr, _sum(after, name) - _sum(before, name))
+        setattr(run, attr, sum_metric(after, name) - sum_metric(before, name))
     run.collector_rows = total(c_after, "icefloe_collector_rows_committed") - \
         total(c_before, "icefloe_collector_rows_committed")
     run.queue_at_end = total(c_after, "icefloe_collector_queue_entries")
     run.shards_used = sorted(int(total(m, "icefloe_ingest_manifest_shard")) for m in after)
-    _read_load(load, run)
+    read_load(load, run)
     say("  load stopped; waiting for the collector to drain")
-    run.drain_s = _wait_drained(collector_url, cluster, spec.drain_timeout_s)
-    run.accepted_total = _sum(_ingestor_metrics(cluster), "icefloe_ingest_events_accepted")
+    run.drain_s = wait_drained(collector_url, cluster, spec.drain_timeout_s)
+    run.accepted_total = sum_metric(_ingestor_metrics(cluster), "icefloe_ingest_events_accepted")
     run.committed_total = total(scrape(collector_url), "icefloe_collector_rows_committed")
     return run

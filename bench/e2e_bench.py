@@ -46,16 +46,16 @@ from _scale_processes import (
     CONFIG,
     ProcessRun,
     ProcessSpec,
-    _read_load,
-    _start_load,
-    _stop,
-    _sum,
-    _wait_drained,
-    _warm_collector,
-    _write_faults,
+    read_load,
     scrape,
     spark_lock,
+    start_load,
+    stop_process,
+    sum_metric,
     total,
+    wait_drained,
+    warm_collector,
+    write_faults,
 )
 
 from testing.chaos.cluster import Cluster, StoreTarget, free_port
@@ -153,7 +153,7 @@ class Sampler:
         cpu = {role: tree_cpu(pids, table) for role, pids in self.roles.items()}
         own = table.get(os.getpid())
         cpu["moto + this bench (one process)"] = own[1] if own else 0.0
-        return Sample(time.monotonic(), _sum(ingestors, "icefloe_ingest_events_accepted"),
+        return Sample(time.monotonic(), sum_metric(ingestors, "icefloe_ingest_events_accepted"),
                       total(collector, "icefloe_collector_rows_committed"),
                       total(collector, "icefloe_collector_queue_entries"), cpu)
 
@@ -209,7 +209,7 @@ def run_e2e(spec: E2ESpec, say=print) -> E2ERun:
     with tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
         root = Path(tmp)
         faults = root / "faults.json"
-        _write_faults(faults, 1)
+        write_faults(faults, 1)
         moto = start_moto(str(faults))
         standalone = Standalone(root / "spark", workers=2) if spec.standalone else None
         cluster: Cluster | None = None
@@ -218,7 +218,7 @@ def run_e2e(spec: E2ESpec, say=print) -> E2ERun:
                 standalone.start()
             url = moto.bucket_url("e2e")
             cluster = Cluster(root, StoreTarget(url, moto.endpoint), spec.ingestors)
-            _write_faults(faults, 1)
+            write_faults(faults, 1)
             metrics_port = free_port()
             text = CONFIG.format(url=url, endpoint=moto.endpoint, root=root, shards=1,
                                  warehouse=(root / "warehouse").as_uri(),
@@ -230,7 +230,7 @@ def run_e2e(spec: E2ESpec, say=print) -> E2ERun:
         finally:
             if cluster is not None:
                 for proc in [*cluster.collectors, *(p for p in cluster.ingestors if p)]:
-                    _stop(proc)
+                    stop_process(proc)
                 cluster.close()
             if standalone is not None:
                 standalone.stop()
@@ -246,7 +246,7 @@ def _start(spec: E2ESpec, cluster: Cluster, collector_url: str, say) -> None:
     for index in range(spec.ingestors):
         cluster.ports[index] = (free_port(), free_port(), free_port())
         cluster.start_ingestor(index, timeout=120, attempts=3)
-    _warm_collector(cluster, collector_url)
+    warm_collector(cluster, collector_url)
 
 
 def _measure(spec: E2ESpec, cluster: Cluster, standalone: Standalone | None,
@@ -258,19 +258,19 @@ def _measure(spec: E2ESpec, cluster: Cluster, standalone: Standalone | None,
         roles["Spark master + workers + executors"] = [p.pid for p in standalone.procs]
     load_spec = ProcessSpec(spec.ingestors, duration_s=spec.window_s, warmup_s=spec.warmup_s)
     run = E2ERun(spec)
-    load = _start_load(cluster, load_spec)
+    load = start_load(cluster, load_spec)
     roles["load clients"] = [p.pid for p in load]
     say(f"  load on: {spec.warmup_s:g} s warm-up, {spec.window_s:g} s window")
     clients = ProcessRun(load_spec, spec.window_s)
     with Sampler(cluster, collector_url, roles) as sampler:
-        for proc in load:  # _read_load's own timeout is shorter than a full window
+        for proc in load:  # read_load's own timeout is shorter than a full window
             proc.wait(spec.warmup_s + spec.window_s + 120)
-        _read_load(load, clients)
+        read_load(load, clients)
     run.client_events, run.ack_p99_ms = clients.client_events, clients.ack_p99_ms
     run.samples = sampler.samples
     say("  load stopped; waiting for the collector to drain")
-    run.drain_s = _wait_drained(collector_url, cluster, 300)
-    run.accepted_total = _sum([scrape(f"{u}/metrics") for u in cluster.http_urls()],
+    run.drain_s = wait_drained(collector_url, cluster, 300)
+    run.accepted_total = sum_metric([scrape(f"{u}/metrics") for u in cluster.http_urls()],
                               "icefloe_ingest_events_accepted")
     run.committed_total = total(scrape(collector_url), "icefloe_collector_rows_committed")
     run.freshness_s = freshness(cluster.config)

@@ -164,7 +164,7 @@ def test_delay_rule_in_front_of_moto_logs_every_request_by_method(
                         "AWS_SHARED_CREDENTIALS_FILE": ""}.items():
         monkeypatch.setenv(name, value)
     faults = tmp_path / "faults.json"
-    sp._write_faults(faults, seed=1)
+    sp.write_faults(faults, seed=1)
     moto = sp.start_moto(str(faults))
     try:
         url = moto.bucket_url("scale")
