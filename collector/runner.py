@@ -272,6 +272,8 @@ class Runner:
         self._next_gc = self.clock.monotonic() + cfg.gc_interval_s
         self._index_cache: dict[str, Segment] = {}  # retention segments GC has read
         self._next_maintenance = self.clock.monotonic() + cfg.maintenance_interval_s
+        self._maintaining: list[str] = []
+        """Tables the current maintenance pass has yet to maintain (see :meth:`maintain_some`)."""
         self._renew: asyncio.Task[None] | None = None
         self.overlap = Overlap(collector) if cfg.overlap else None
         """The runs overlapped (``collector.overlap``): read ahead, acks in the background."""
@@ -521,24 +523,49 @@ class Runner:
                 except Exception as exc:
                     log.warning("sweep of staged files of %s failed (will retry): %s",
                                 table, exc)
-        if now >= self._next_maintenance:
+        if not self._maintaining and now >= self._next_maintenance:
             self._next_maintenance = now + cfg.maintenance_interval_s
-            await collector.offload(self.maintain)
+            self._maintaining = list(collector.routes.live_tables())
+        if self._maintaining:
+            await collector.offload(self.maintain_some, cfg.commit_interval_s)
 
     def maintain(self) -> None:
         """Compact, expire and clean every table (between runs, never during a commit)."""
+        settings = maintenance_settings(self.collector.config)
+        for name in self.collector.routes.live_tables():
+            self._maintain_table(name, settings)
+
+    def maintain_some(self, budget_s: float) -> None:
+        """Maintain the pass's next tables until ``budget_s`` is spent (at least one).
+
+        Why a budget: maintenance runs between runs, so it holds the next run back. One
+        pass over every table at once held runs for the sum of all tables' maintenance
+        (an orphan-file listing alone can take seconds per table; with hundreds of
+        tables, minutes), and the freshness of every table paid for it. A pass now
+        spreads over the gaps between runs, about a commit interval each, and a table is
+        still maintained once per ``maintenance_interval_s`` while the pass keeps up."""
+        settings = maintenance_settings(self.collector.config)
+        live = set(self.collector.routes.live_tables())
+        started = self.clock.monotonic()
+        while self._maintaining:
+            name = self._maintaining.pop(0)
+            if name not in live:  # dropped or disabled since the pass began
+                continue
+            self._maintain_table(name, settings)
+            if self.clock.monotonic() - started >= budget_s:
+                break
+
+    def _maintain_table(self, name: str, settings: MaintenanceSettings) -> None:
         collector = self.collector
-        settings = maintenance_settings(collector.config)
-        for name in collector.routes.live_tables():
-            try:
-                table = collector.catalog.load_table(name)
-                report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings,
-                                         clock=collector.consumer.store_clock)
-                collector.metrics.maintenance.labels(name, "ok").inc()
-                log.info("maintenance %s: %s", name, report)
-            except Exception as exc:
-                collector.metrics.maintenance.labels(name, "error").inc()
-                log.warning("maintenance of %s failed (will retry): %s", name, exc)
+        try:
+            table = collector.catalog.load_table(name)
+            report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings,
+                                     clock=collector.consumer.store_clock)
+            collector.metrics.maintenance.labels(name, "ok").inc()
+            log.info("maintenance %s: %s", name, report)
+        except Exception as exc:
+            collector.metrics.maintenance.labels(name, "error").inc()
+            log.warning("maintenance of %s failed (will retry): %s", name, exc)
 
 
 def _no_spark() -> Any:

@@ -183,7 +183,9 @@ MEANING: dict[str, str] = {
     "collector.gc_interval_s": "how often unreferenced batch files are collected",
     "collector.keep_batches_s": "keep committed batch files this long (0 = off) with an "
                                 "index by sequence and time, for `icefloe replay`",
-    "collector.maintenance_interval_s": "how often tables are compacted, expired and cleaned",
+    "collector.maintenance_interval_s": "how often tables are compacted, expired and cleaned "
+                                        "(a pass spreads over the gaps between runs, about "
+                                        "`commit_interval_s` of it in each)",
     "collector.snapshot_keep_last": "snapshots always kept per table",
     "collector.snapshot_max_age_s": "older snapshots beyond the newest N are expired "
                                     "(≥ dedup_window_s unless dedup is off)",
