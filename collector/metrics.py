@@ -190,6 +190,9 @@ class CollectorMetrics:
         self.stalled.set_function(lambda: 1.0 if self.health.stalled() else 0.0)
         self.epoch = Gauge("icefloe_collector_epoch", "This collector's manifest epoch",
                            registry=r)
+        self.spark_ready = Gauge("icefloe_collector_spark_ready",
+                                 "1 once this collector's SparkSession is up (icefloe up's "
+                                 "collector commits in-process until then)", registry=r)
         self.active = Gauge("icefloe_collector_active",
                             "1 when this collector holds the lease, 0 while on standby",
                             registry=r)

@@ -28,6 +28,7 @@ from collector.overlap import Overlap
 from collector.run_now import Refusal, RunNow, TokenCheck, answer, drain
 from collector.run_now import run_models as run_models_now
 from collector.service import Collector, Engine, Fenced, Hook
+from collector.spark_bridge import SparkBridge, SparkStartError, bridgeable
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.errors import (
@@ -96,6 +97,8 @@ def default_engine(config: Config) -> Engine:
 def _spark_of(engine: Engine, config: Config) -> Callable[[], Any]:
     """The engine's SparkSession for model runs; an engine without one (tests, the no-Spark
     baseline) gets a session of its own when the models first run."""
+    if isinstance(engine, SparkBridge):  # icefloe up: the models wait for its start
+        return engine.wait_spark
     session = getattr(engine, "spark", None)
     if session is not None:
         return lambda: session
@@ -279,6 +282,7 @@ class Runner:
         """The runs overlapped (``collector.overlap``): read ahead, acks in the background."""
 
     async def _run_one(self) -> Any:
+        self.collector.metrics.health.run_started()
         if self.overlap is not None:
             return await self.overlap.run()
         return await self.collector.run_once()
@@ -357,13 +361,14 @@ class Runner:
             started = self.clock.monotonic()
             try:
                 await self._follow_registry()
-                collector.metrics.health.run_started()
                 result = await self._run_one()
                 failures = 0
                 collector.metrics.health.run_ok(result.entries)
             except Fenced as exc:
                 self.fenced = str(exc)
                 break
+            except SparkStartError:  # nothing to retry: the collector stops with the reason
+                raise
             except Exception as exc:
                 failures += 1
                 kind = type(exc).__name__
@@ -664,6 +669,16 @@ async def _prepare_once(config: Config, collector: Collector, watch: RegistryWat
                               f"{exc}") from None
 
 
+async def _engine(config: Config, metrics: CollectorMetrics, offload: Offload,
+                  bridge: bool) -> Engine:
+    """Spark, started now; or, with ``bridge`` and a configuration the in-process engine
+    decodes as Spark does, a :class:`SparkBridge` that commits while Spark starts."""
+    if bridge and bridgeable(config):
+        return SparkBridge(lambda: default_engine(config),
+                           on_ready=lambda: metrics.spark_ready.set(1))
+    return await offload(default_engine, config)
+
+
 def _warmth(collector: Collector, offload: Offload) -> StandbyWarmth:
     """The collector's warming while it waits on the lease (or before a ``--takeover``),
     its dry jobs on the head of its queue."""
@@ -681,7 +696,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
                         on_ready: Callable[[Ready], None] | None = None,
                         metrics: CollectorMetrics | None = None,
                         clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread,
-                        once: bool = False) -> int:
+                        once: bool = False, bridge: bool = False) -> int:
     """Open everything from ``config``, become active (or wait as standby), run until
     ``stop`` is set or this collector is fenced. Returns the exit code.
 
@@ -694,6 +709,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
     non-loopback ``host`` without TLS files nor ``plaintext = true`` raises ConfigError);
     pass ``metrics`` to read them in-process (``icefloe up``).
     ``clock`` and ``offload`` go to the collector (see :mod:`collector.hops`).
+    ``bridge`` (``icefloe up``): runs are decoded in-process while Spark starts, where the
+    configuration allows it (:mod:`collector.spark_bridge`).
     """
     stop = stop or asyncio.Event()
     try:  # a bad model file, a cycle or an unknown name: refused before anything starts
@@ -711,7 +728,9 @@ async def run_collector(config: Config, *, takeover: bool = False,
     port = server.port if server is not None else None
     try:
         catalog = await offload(open_catalog, config.catalog)
-        engine = engine or await offload(default_engine, config)
+        engine = engine or await _engine(config, metrics, offload, bridge)
+        if getattr(engine, "spark", None) is not None:
+            metrics.spark_ready.set(1)
         if stop.is_set():  # stopped while Spark was starting: leave the queue untouched
             return EXIT_OK
         collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook,

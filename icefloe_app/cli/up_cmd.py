@@ -251,14 +251,16 @@ class _Up:
         return self._exit_code(collect, codes)
 
     async def _start_standby(self, stop: asyncio.Event) -> None:
-        """Start the standby once the collector has committed, or :data:`STANDBY_AFTER_S`
-        after it became active: its JVM start beside the first run would slow down the
-        first answer, which on a laptop's two cores is what a user waits for."""
+        """Start the standby once the collector has committed and its own Spark is up, or
+        :data:`STANDBY_AFTER_S` after it became active: its JVM start beside the first run
+        (or beside the collector's own JVM start) would slow down the first answer, which
+        on a laptop's two cores is what a user waits for."""
         assert self.standby is not None
         assert self.metrics is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STANDBY_AFTER_S
-        while loop.time() < deadline and not metric_total(self.metrics.rows):
+        while loop.time() < deadline and not (metric_total(self.metrics.rows)
+                                              and metric_total(self.metrics.spark_ready)):
             if stop.is_set():
                 return
             await asyncio.sleep(0.5)
@@ -334,7 +336,7 @@ class _Up:
             relay = asyncio.create_task(_relay(stop, own))
             try:
                 code = await run_collector(self.config, stop=own, on_ready=ready,
-                                           metrics=self.metrics)
+                                           metrics=self.metrics, bridge=True)
             finally:
                 relay.cancel()
             if code != EXIT_FENCED or stop.is_set() or self.standby is None \

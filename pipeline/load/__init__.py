@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pipeline.load.frame import KEY_COLUMNS, ROW
     from pipeline.load.mapped import check_on_spark, sequence_ranges
     from pipeline.load.plans import UpsertPlan, WritePlan, plan_upsert, plan_write
-    from pipeline.load.run import RunOutput, SparkClusterEngine, SparkEngine
+    from pipeline.load.run import LocalEngine, RunOutput, SparkClusterEngine, SparkEngine
     from pipeline.load.spec import (
         EntryFile,
         RunSpec,
@@ -56,6 +56,7 @@ _HOME = {
     "DeadLetters": "pipeline.load.decode",
     "EntryFile": "pipeline.load.spec",
     "KEY_COLUMNS": "pipeline.load.frame",
+    "LocalEngine": "pipeline.load.run",
     "Named": "pipeline.table_names",
     "ROW": "pipeline.load.frame",
     "RunOutput": "pipeline.load.run",
@@ -97,6 +98,7 @@ __all__ = [
     "ClusterRunOutput",
     "DeadLetters",
     "EntryFile",
+    "LocalEngine",
     "Named",
     "RunOutput",
     "RunSpec",
