@@ -4,8 +4,10 @@ example it prints sent as soon as the ingestor answers, then the time until that
 committed (visible to every reader) — target ≤ 20 s on a quiet machine.
 
 Broken out, from the same run: the ingestor ready (``/readyz``), the collector active (its
-"collector active" line: JVM start, Spark session, catalog, lease), the first commit after
-it; and, in a process of its own, a bare ``SparkSession`` start on ``local[2]`` (the JVM
+"collector active" line: catalog, lease; ``icefloe up``'s collector commits in-process while
+its SparkSession starts, :mod:`collector.spark_bridge`), the first commit after it, the
+collector's Spark up (``icefloe_collector_spark_ready``: from then on runs go to Spark);
+and, in a process of its own, a bare ``SparkSession`` start on ``local[2]`` (the JVM
 start alone, what no icefloe code can cut). The event's visibility is then checked with a
 cold ``icefloe query`` process (DuckDB engine; its time is reported, not counted).
 
@@ -45,6 +47,7 @@ CURL = re.compile(r"curl -X POST (\S+) .*-d '(.*)'$")
 class Start:
     ingestor_ready_s: float = 0.0
     collector_active_s: float = 0.0
+    spark_ready_s: float = 0.0
     committed_s: float = 0.0
     query_s: float = 0.0
     lines: list[tuple[float, str]] = field(default_factory=list)
@@ -107,6 +110,9 @@ def one_start(root: Path) -> Start:
             "the event's commit",
             lambda: _answers(collector) and total(
                 scrape(collector), "icefloe_collector_rows_committed") >= 1, began)
+        start.spark_ready_s = _wait(  # the collector commits in-process until then
+            "the collector's SparkSession",
+            lambda: total(scrape(collector), "icefloe_collector_spark_ready") >= 1, began)
         while not lines.empty():
             start.lines.append(lines.get())
         active = [at for at, line in start.lines if "collector active" in line]
@@ -159,10 +165,12 @@ def main() -> None:
             Result(f"start {i}: icefloe up -> first event committed (target <= 20 s)",
                    s.committed_s, "s", 20.0),
             Result(f"start {i}:   ingestor answering /readyz", s.ingestor_ready_s, "s"),
-            Result(f"start {i}:   collector active (JVM, Spark session, catalog, lease)",
+            Result(f"start {i}:   collector active (catalog, lease; its Spark starts beside)",
                    s.collector_active_s, "s"),
             Result(f"start {i}:   first commit after the collector is active",
                    s.committed_s - s.collector_active_s, "s"),
+            Result(f"start {i}: the collector's Spark up (JVM, session; runs go to it)",
+                   s.spark_ready_s, "s"),
             Result(f"start {i}: then a cold icefloe query (DuckDB) seeing the event",
                    s.query_s, "s"),
         ]
