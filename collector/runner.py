@@ -669,14 +669,18 @@ async def _prepare_once(config: Config, collector: Collector, watch: RegistryWat
                               f"{exc}") from None
 
 
-async def _engine(config: Config, metrics: CollectorMetrics, offload: Offload,
-                  bridge: bool) -> Engine:
-    """Spark, started now; or, with ``bridge`` and a configuration the in-process engine
-    decodes as Spark does, a :class:`SparkBridge` that commits while Spark starts."""
-    if bridge and bridgeable(config):
+async def _engine(given: Engine | None, config: Config, metrics: CollectorMetrics,
+                  offload: Offload, bridge: bool) -> Engine:
+    """``given``, or Spark started now; or, with ``bridge`` and a configuration the
+    in-process engine decodes as Spark does, a :class:`SparkBridge` that commits while
+    Spark starts (``icefloe_collector_spark_ready`` says when it is up)."""
+    if given is None and bridge and bridgeable(config):
         return SparkBridge(lambda: default_engine(config),
                            on_ready=lambda: metrics.spark_ready.set(1))
-    return await offload(default_engine, config)
+    engine = given or await offload(default_engine, config)
+    if getattr(engine, "spark", None) is not None:
+        metrics.spark_ready.set(1)
+    return engine
 
 
 def _warmth(collector: Collector, offload: Offload) -> StandbyWarmth:
@@ -708,9 +712,8 @@ async def run_collector(config: Config, *, takeover: bool = False,
     ``serve_metrics`` is off), under the ``[collector]`` TLS and plaintext policy (a
     non-loopback ``host`` without TLS files nor ``plaintext = true`` raises ConfigError);
     pass ``metrics`` to read them in-process (``icefloe up``).
-    ``clock`` and ``offload`` go to the collector (see :mod:`collector.hops`).
-    ``bridge`` (``icefloe up``): runs are decoded in-process while Spark starts, where the
-    configuration allows it (:mod:`collector.spark_bridge`).
+    ``clock`` and ``offload`` go to the collector (see :mod:`collector.hops`); ``bridge``
+    (``icefloe up``): commit in-process while Spark starts (:mod:`collector.spark_bridge`).
     """
     stop = stop or asyncio.Event()
     try:  # a bad model file, a cycle or an unknown name: refused before anything starts
@@ -728,9 +731,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
     port = server.port if server is not None else None
     try:
         catalog = await offload(open_catalog, config.catalog)
-        engine = engine or await _engine(config, metrics, offload, bridge)
-        if getattr(engine, "spark", None) is not None:
-            metrics.spark_ready.set(1)
+        engine = await _engine(engine, config, metrics, offload, bridge)
         if stop.is_set():  # stopped while Spark was starting: leave the queue untouched
             return EXIT_OK
         collector = Collector(config, store, catalog, engine, metrics=metrics, hook=hook,
