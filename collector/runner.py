@@ -535,10 +535,10 @@ class Runner:
             await collector.offload(self.maintain_some, cfg.commit_interval_s)
 
     def maintain(self) -> None:
-        """Compact, expire and clean every table (between runs, never during a commit)."""
-        settings = maintenance_settings(self.collector.config)
-        for name in self.collector.routes.live_tables():
-            self._maintain_table(name, settings)
+        """Compact, expire and clean every table now, as one whole pass (between runs,
+        never during a commit)."""
+        self._maintaining = list(self.collector.routes.live_tables())
+        self.maintain_some(float("inf"))
 
     def maintain_some(self, budget_s: float) -> None:
         """Maintain the pass's next tables until ``budget_s`` is spent (at least one).
