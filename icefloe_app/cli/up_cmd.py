@@ -50,7 +50,9 @@ The object store, the SQLite catalog and the warehouse go under DATA_DIR whereve
 does not name them. Without --config: $ICEFLOE_CONFIG, ./icefloe.toml, then the bundled
 examples/icefloe.toml (streams "pageviews" and "orders").
 
-Once the collector has committed (or 30 s after it became active), a warm standby
+The collector commits from the start: while its Spark boots, runs are decoded in this
+process (where the config allows: no sql mapping columns), then handed to Spark. Once it
+has committed and its Spark is up (or 30 s after it became active), a warm standby
 collector starts beside it (a second `icefloe collector` process with its own Spark,
 waiting on the lease): if the active one
 stops renewing its lease, the standby takes over within about [manifest] lease_s and
