@@ -55,6 +55,7 @@ from pipeline.models.bind import (
 from pipeline.models.dag import Project, check_tables, plan_project
 from pipeline.models.spec import Model, ModelError, load_models
 from pipeline.models.state import RunState, last_run, redriven_since
+from pipeline.models.watermarks import shard_maxima
 from pipeline.models.write import WriteFence, load_target, write_result
 from pipeline.read.query import spark_error
 
@@ -291,13 +292,20 @@ def affected_keys_sql(full: str, new: str, key: Sequence[str]) -> str:
 def _watermarks(spark: SparkSession, binding: Binding, previous: dict[str, int]
                 ) -> dict[str, int]:
     """Highest ``_sequence`` per manifest shard of each incremental source's pinned
-    snapshot (see :func:`pipeline.models.bind.watermark_key`; kept where no rows)."""
+    snapshot (see :func:`pipeline.models.bind.watermark_key`; kept where no rows): from the
+    data files' statistics where they are exact, else a Spark job over the new rows."""
     marks: dict[str, int] = {}
     for identifier, source in binding.incremental().items():
         view = source.new_view
         for key, value in previous.items():
             if key == identifier or key.startswith(f"{identifier}#"):
                 marks[key] = value
+        maxima = shard_maxima(source.table, source.snapshot_id)
+        if maxima is not None:  # the files' bounds: no Spark job (pipeline.models.watermarks)
+            for number, highest in maxima.items():
+                key = watermark_key(identifier, number)
+                marks[key] = max(marks.get(key, highest), highest)
+            continue
         shard = f"coalesce({SHARD}, 0)" if SHARD in source.table.schema().column_names \
             else "0"
         rows: Any = spark.sql(f"SELECT {shard} AS s, max({SEQUENCE}) AS m FROM {view} "

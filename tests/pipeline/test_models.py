@@ -213,7 +213,7 @@ def test_should_export_everything_public() -> None:
 
     assert sorted(package.__all__) == sorted(
         n for n in vars(package) if not n.startswith("_") and n not in
-        {"dag", "runner", "spec", "state", "bind", "write", "audit",
+        {"dag", "runner", "spec", "state", "bind", "write", "audit", "watermarks",
          "annotations"})
 
 
@@ -651,6 +651,57 @@ def test_should_keep_one_watermark_per_manifest_shard(spark: Any, lake: Config,
     assert state is not None
     assert state.watermarks == {"web.pageviews": 2, "web.pageviews#1": 5,
                                 "web.pageviews#2": 0}
+
+
+def shard_rows(lake: Config, rows: list[tuple[int | None, int]],
+               properties: dict[str, str] | None = None) -> Any:
+    """Append one data file of page views, ``(shard, sequence)`` each; the table."""
+    stream = lake.stream("pageviews")
+    assert stream is not None
+    table = ensure_stream_table(open_catalog(lake.catalog), stream)
+    if properties:
+        with table.transaction() as tx:
+            tx.set_properties(properties)
+    body = [{"user_id": "u", "session_id": "s", "url": f"/{n}", "referrer": None,
+             "duration_ms": 1, "ts": DAY, "_event_id": f"e{shard}-{sequence}-{n}",
+             "_received_at": DAY, "_sequence": sequence}
+            for n, (shard, sequence) in enumerate(rows)]
+    table_rows = pa.Table.from_pylist(body, schema=table_arrow_schema(stream))
+    table.append(table_rows.append_column(
+        "_shard", pa.array([shard for shard, _ in rows], pa.int32())))
+    return open_catalog(lake.catalog).load_table(stream.table)
+
+
+def test_should_read_watermarks_from_file_statistics_when_exact(lake: Config) -> None:
+    """One shard per file (what the collector writes per shard): the files' bounds give
+    each shard's highest sequence (a null ``_shard`` is shard 0), no Spark job needed."""
+    from pipeline.models.watermarks import shard_maxima
+
+    shard_rows(lake, [(1, 5), (1, 9), (1, 7)])
+    shard_rows(lake, [(None, 3), (0, 4)])
+    table = shard_rows(lake, [(2, 0), (2, 11)])
+    rows = table.scan().to_arrow().to_pylist()
+    expected: dict[int, int] = {}
+    for row in rows:
+        shard = row["_shard"] or 0
+        expected[shard] = max(expected.get(shard, row["_sequence"]), row["_sequence"])
+    assert shard_maxima(table, table.current_snapshot().snapshot_id) == expected == {
+        0: 4, 1: 9, 2: 11}
+    assert shard_maxima(table, None) == {}
+
+
+@pytest.mark.parametrize(("rows", "properties"), [
+    ([(1, 5), (2, 9)], None),  # one file, two shards: its bounds cannot split them
+    ([(None, 5), (2, 9)], None),  # a null (shard 0) beside shard 2
+    ([(1, 5)], {"write.metadata.metrics.default": "none"}),  # no bounds written
+])
+def test_should_leave_watermarks_to_spark_when_statistics_cannot_tell(
+        lake: Config, rows: list[tuple[int | None, int]], properties: dict[str, str] | None
+) -> None:
+    from pipeline.models.watermarks import shard_maxima
+
+    table = shard_rows(lake, rows, properties)
+    assert shard_maxima(table, table.current_snapshot().snapshot_id) is None
 
 
 # --------------------------------- commit metadata, audits, schema evolution (#26 item 3)
