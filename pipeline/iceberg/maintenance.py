@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator
@@ -49,7 +48,7 @@ from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
     _check_pyarrow_schema_compatible,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestFile
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
@@ -65,6 +64,7 @@ from pipeline.iceberg.commit import (
 )
 from pipeline.iceberg.confirm import confirm_in_place
 from pipeline.iceberg.data_files import TableFiles, TableTarget, data_file_entry, delete_files
+from pipeline.iceberg.reachable import normalize, referenced
 
 MiB = 1024 * 1024
 
@@ -444,11 +444,11 @@ def delete_unreachable_files(table: Table, *, older_than_s: float,
         raise ValueError("older_than_s must not be negative")
     table.refresh()
     io = table.io
-    reachable = _reachable(table.metadata, table.metadata_location, io)
+    reachable = referenced(table.metadata, table.metadata_location, io)
     # Known dead: deleted by path, wherever they live (even outside the table location).
     doomed: dict[str, tuple[str, int]] = {}
     if previous is not None:
-        for key, uri in _reachable(previous, None, io).items():
+        for key, uri in referenced(previous, None, io).items():
             if key not in reachable:
                 doomed[key] = (uri, 0)
     cutoff_ns = int(((clock.time() if now_s is None else now_s) - older_than_s) * 1e9)
@@ -470,7 +470,7 @@ def _doom_listed(table: Table, reachable: dict[str, str],
     current_version = _metadata_version(table.metadata_location)
     kept_young = 0
     for uri, size, mtime_ns in _list_files(table):
-        key = _normalize(uri)
+        key = normalize(uri)
         base = key.rsplit("/", 1)[-1]
         if key in reachable or base in _NEVER_DELETE:
             continue
@@ -496,42 +496,6 @@ def _delete_all(io: FileIO, targets: list[tuple[str, int]]) -> tuple[int, int]:
             else:
                 errors += 1
     return deleted_bytes, errors
-
-
-def _reachable(metadata: TableMetadata, metadata_location: str | None, io: FileIO,
-               ) -> dict[str, str]:
-    """Every location ``metadata`` references, keyed by :func:`_normalize` form."""
-    paths = {entry.metadata_file for entry in metadata.metadata_log}
-    if metadata_location:
-        paths.add(metadata_location)
-    paths.update(s.statistics_path for s in metadata.statistics)
-    paths.update(s.statistics_path for s in metadata.partition_statistics)
-    manifests: dict[str, ManifestFile] = {}
-    with ThreadPoolExecutor(_IO_THREADS) as pool:
-        for snapshot, listed in zip(metadata.snapshots,
-                                    pool.map(lambda s: s.manifests(io), metadata.snapshots),
-                                    strict=True):
-            paths.add(snapshot.manifest_list)
-            for manifest in listed:
-                manifests.setdefault(manifest.manifest_path, manifest)
-        paths.update(manifests)
-        for entries in pool.map(lambda m: m.fetch_manifest_entry(io, discard_deleted=True),
-                                manifests.values()):
-            paths.update(entry.data_file.file_path for entry in entries)
-    return {_normalize(p): p for p in paths}
-
-
-def _normalize(location: str) -> str:
-    """A location as ``bucket/key`` (object stores) or an absolute path (local files).
-
-    Manifests may spell one object ``s3a://b/k`` and a listing ``b/k``; comparing these
-    forms keeps a referenced file from looking unreferenced. No percent-decoding: paths are
-    compared exactly as written.
-    """
-    parsed = urlparse(location)
-    if parsed.scheme in ("", "file") or len(parsed.scheme) == 1:  # "C:\\..." is local too
-        return os.path.abspath(parsed.path if parsed.scheme == "file" else location)
-    return f"{parsed.netloc}{parsed.path}"
 
 
 def _metadata_version(location: str | None) -> int | None:

@@ -276,6 +276,48 @@ def test_orphans_are_deleted_only_when_old_and_referenced_files_never(catalog):
     assert contents(catalog.load_table("ns.events")) == expected_contents(range(10))
 
 
+def test_the_sweep_reads_each_manifest_once_and_decides_the_same(catalog):
+    """Manifest lists and manifests are immutable: a later sweep reads only what the commits
+    since wrote, and finds the same referenced set as reading everything afresh."""
+    from pipeline.iceberg import reachable as module
+
+    table = make_table(catalog)
+    feed(table, 6)
+    module.referenced(table.metadata, table.metadata_location, table.io)
+    lists, manifests = module.MANIFEST_LISTS.reads, module.MANIFESTS.reads
+    module.referenced(table.metadata, table.metadata_location, table.io)
+    assert (module.MANIFEST_LISTS.reads, module.MANIFESTS.reads) == (lists, manifests)
+    append(table, 6)
+    table.refresh()
+    module.referenced(table.metadata, table.metadata_location, table.io)
+    assert module.MANIFEST_LISTS.reads == lists + 1  # the new snapshot's list only
+    new_manifests = module.MANIFESTS.reads - manifests
+    assert 1 <= new_manifests < len(table.current_snapshot().manifests(table.io))
+    cached = module.referenced(table.metadata, table.metadata_location, table.io)
+    fresh_lists, fresh_manifests = module.ImmutableReads(), module.ImmutableReads()
+    saved = module.MANIFEST_LISTS, module.MANIFESTS
+    module.MANIFEST_LISTS, module.MANIFESTS = fresh_lists, fresh_manifests
+    try:
+        assert module.referenced(table.metadata, table.metadata_location, table.io) == cached
+    finally:
+        module.MANIFEST_LISTS, module.MANIFESTS = saved
+    assert all(module.normalize(f) in cached for f in live_data_files(table))
+
+
+def test_the_sweep_cache_stays_bounded() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.iceberg.reachable import ImmutableReads
+
+    kept: ImmutableReads[str] = ImmutableReads(max_paths=3)
+    with ThreadPoolExecutor(2) as pool:
+        for name in "abcde":
+            assert kept.get_many([name], lambda path: (path * 2,), pool) == {name: (name * 2,)}
+        assert kept.get_many(["e", "a"], lambda path: ("again",), pool) == {
+            "e": ("ee",), "a": ("again",)}
+    assert kept.reads == 6  # "a" fell out (least recently used) and was read again
+
+
 def test_a_continuously_fed_table_stays_bounded(catalog):
     table = make_table(catalog)
     # keep_last=2: the append before each compaction stays, with the small files it names.
