@@ -3,12 +3,23 @@
 Why: the local file store is naturally synchronous (fsync, flock), and a thread hop costs
 tens of microseconds, far below a batch flush. Wrapping it here keeps one async contract
 for servers without writing the file logic twice.
+
+Why threads of their own (:data:`STORE_THREADS`), not the loop's default executor: that
+executor also runs a process's long blocking work (the collector's runs, table preparation
+and maintenance, each ``asyncio.to_thread``), and its few workers (cores + 4) can all be
+busy with it for seconds. A lease renewal queued behind them lets the lease lapse, and a
+standby takes over a collector that was alive. Store calls are short; their own pool keeps
+them so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from icefloe.store.base import (
@@ -24,6 +35,20 @@ from icefloe.store.base import (
 
 T = TypeVar("T")
 
+STORE_THREADS = 16
+"""Workers of the process's store-call pool (shared by every :class:`ThreadedAsyncStore`)."""
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def store_pool() -> ThreadPoolExecutor:
+    """The process's pool for synchronous store calls (made on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="icefloe-store")
+        return _pool
+
 
 class ThreadedAsyncStore(AsyncObjectStore):
     """Adapts an :class:`ObjectStore` to :class:`AsyncObjectStore` via worker threads."""
@@ -33,7 +58,9 @@ class ThreadedAsyncStore(AsyncObjectStore):
         self.url = inner.url
 
     async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.to_thread(call, *args, **kwargs)
+        context = contextvars.copy_context()  # as asyncio.to_thread does
+        bound = functools.partial(context.run, call, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(store_pool(), bound)
 
     async def get(self, key: str) -> GetResult:
         return await self._run(self.inner.get, key)

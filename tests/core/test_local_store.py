@@ -69,3 +69,28 @@ def test_should_parse_store_urls_and_refuse_unknown_schemes(tmp_path):
         open_store("gs://bucket/x")
     with pytest.raises(ConfigError, match="absolute path"):
         open_store("file://relative/path")
+
+
+def test_should_answer_store_calls_while_the_default_executor_is_busy(tmp_path):
+    """A collector's long blocking work (runs, maintenance) fills the loop's default
+    executor; a lease renewal through the local store must not queue behind it."""
+    import asyncio
+    import threading
+
+    from icefloe.store.adapters import ThreadedAsyncStore
+
+    async def main() -> None:
+        store = ThreadedAsyncStore(LocalStore(tmp_path / "store"))
+        release = threading.Event()
+        loop = asyncio.get_running_loop()
+        busy = [loop.run_in_executor(None, release.wait) for _ in range(64)]
+        try:
+            put = await asyncio.wait_for(store.put("lease", b"renewed"), timeout=10)
+            got = await asyncio.wait_for(store.get("lease"), timeout=10)
+            assert (got.data, got.etag) == (b"renewed", put.etag)
+            assert not any(job.done() for job in busy)  # the executor was full all along
+        finally:
+            release.set()
+            await asyncio.gather(*busy)
+
+    asyncio.run(main())
