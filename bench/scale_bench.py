@@ -65,7 +65,7 @@ from _scale_collector import (
     StandIn,
     measured_cost,
     sample_depth,
-    slope,
+    trend,
 )
 from _scale_collector import Sink as CollectorSink
 from _scale_collector import collector_task as modeled_collector
@@ -169,6 +169,8 @@ class ClusterRun:
     shards_drained: int = 0  # how many shards the collector drained entries from
     depth_slope: float = 0.0
     """Queue depth's slope (entries/s) over the last four fifths of the window."""
+    depth_margin: float = 0.0
+    """Half-width of the slope's 95 % interval (:func:`_scale_collector.trend`)."""
     depth_end: float = 0.0
     spark_cores: int = 0
 
@@ -404,7 +406,8 @@ async def run_cluster(spec: ClusterSpec, trace: Trace | None = None,
         collector = asyncio.create_task(_modeled(spec, consumer, cost, cores, tally,
                                                  publishing_done))
         depth = asyncio.create_task(sample_depth(
-            lambda: len(tally.acked) - len(tally.drained), samples, tally.window[1]))
+            lambda: len(tally.acked) - len(tally.drained), samples, tally.window[1],
+            every_s=0.1))
     ingestors = [asyncio.create_task(_ingestor(p, shard, spec, tally, rng, trace, i))
                  for i, (p, shard) in enumerate(producers)]
 
@@ -434,8 +437,8 @@ async def run_cluster(spec: ClusterSpec, trace: Trace | None = None,
                      largest_group=max(p.stats.largest_group for p, _ in producers),
                      collector_conflicts=sum(s.conflicts for s in consumer.stats.values()),
                      shards_drained=len({pos >> POSITION_BITS for pos, _, _ in tally.drained}),
-                     depth_slope=slope(samples, tally.window[0] + spec.duration_s / 5),
                      depth_end=samples[-1][1] if samples else 0.0, spark_cores=cores)
+    run.depth_slope, run.depth_margin = trend(samples, tally.window[0] + spec.duration_s / 5)
     for sealed, done in zip(tally.sealed_at, tally.done_at, strict=True):
         if tally.in_window(sealed):
             if done is None:  # never acked: its wait so far is a lower bound
@@ -497,13 +500,20 @@ def cluster_results(run: ClusterRun) -> list[Result]:
 
 
 def collector_results(run: ClusterRun) -> list[Result]:
-    """The #43 rows: drain against what was offered, and the queue depth's slope."""
+    """The #43 rows: drain against what was offered, and the queue depth's slope with its
+    95 % margin; "slope less its margin" <= 0 says the queue does not grow beyond the
+    saw-tooth's noise (see :func:`_scale_collector.trend`)."""
     label = f"collector model (#43), {_label(run.spec)}, {run.spec.collector}"
+    if run.spec.collector == "overlap":
+        label += f", seed {run.spec.seed}"
     return [
         Result(f"{label}: drain (baseline: offered)", run.rate(run.drained_in_window),
                "entries/s", run.offered_per_s),
         Result(f"{label}: queue depth slope over the last 4/5 of the window",
                run.depth_slope, "entries/s"),
+        Result(f"{label}: queue depth slope's 95 % margin", run.depth_margin, "entries/s"),
+        Result(f"{label}: queue depth slope less its margin (growth beyond noise)",
+               run.depth_slope - run.depth_margin, "entries/s"),
         Result(f"{label}: queue depth at the window's end", run.depth_end, "entries"),
         Result(f"{label}: Spark stand-in executor cores", run.spark_cores, "cores"),
         Result(f"{label}: lost + duplicated (acked vs drained)", run.lost + run.duplicates,
@@ -528,13 +538,16 @@ def run_virtual(spec: ClusterSpec) -> ClusterRun:
 def collector_specs(quick: bool, seed: int) -> list[ClusterSpec]:
     """128 ingestors (a shard each) and 1.3 GB/s (64 ingestors of 2 MiB batches), each
     with the in-line collector (the baseline) and the overlapped one: a 5-minute window
-    (``--quick``: 1 minute)."""
+    (``--quick``: 1 minute, one seed; full: the overlapped one with three seeds, three
+    runs of record)."""
     duration, warmup = (60.0, 5.0) if quick else (300.0, 10.0)
     rows = (ClusterSpec(128, shards=128, duration_s=duration, warmup_s=warmup, seed=seed),
             ClusterSpec(64, batch_bytes=LARGE_BATCH, shards=64, duration_s=duration,
                         warmup_s=warmup, seed=seed))
-    return [dataclasses.replace(row, collector=mode) for row in rows
-            for mode in ("in-line", "overlap")]
+    seeds = (seed,) if quick else (seed, seed + 1, seed + 2)
+    return [spec for row in rows for spec in (
+        dataclasses.replace(row, collector="in-line"),
+        *(dataclasses.replace(row, collector="overlap", seed=s) for s in seeds))]
 
 
 def print_run_notes(run: ClusterRun) -> None:
@@ -787,7 +800,8 @@ def collector_rows(quick: bool, seed: int) -> list[Result]:
         print_run_notes(run)
         print(f"    {spec.collector}: drain {run.rate(run.drained_in_window):.0f} of "
               f"{run.offered_per_s:.0f} entries/s offered, queue depth slope "
-              f"{run.depth_slope:+.2f} entries/s, {run.spark_cores} executor cores",
+              f"{run.depth_slope:+.2f} ± {run.depth_margin:.2f} entries/s, "
+              f"{run.spark_cores} executor cores",
               flush=True)
         rows += collector_results(run)
     print_table("collector model (#43): in line vs overlapped, Spark stand-in priced per "

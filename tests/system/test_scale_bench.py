@@ -203,3 +203,23 @@ def test_trace_splits_every_ack_into_stages_that_add_up(bench: ModuleType) -> No
     assert sum(r[5] for r in trace.runs) == run.drained_total
     lines = summarize(trace, trace.window)
     assert any("slowest 1 %" in line for line in lines)
+
+
+def test_trend_tells_a_saw_tooth_from_a_growing_queue(bench: ModuleType) -> None:
+    """The collector rows' target: a bounded saw-tooth queue (fills between runs, empties at
+    each commit) has a slope within its margin of 0; one that also grows by 2 entries/s
+    does not, though the growth is small beside the saw-tooth."""
+    import random
+
+    from _scale_collector import trend
+
+    rng = random.Random(7)
+    def queue(growth: float) -> list[tuple[float, float]]:
+        return [(t / 10, 2000 + 1500 * ((t / 10) % 1.7) / 1.7 + growth * t / 10
+                 + rng.gauss(0, 100)) for t in range(3000)]
+    flat_slope, flat_margin = trend(queue(0.0), 60.0)
+    assert flat_slope - flat_margin <= 0 <= flat_slope + flat_margin
+    assert flat_margin < 2
+    grow_slope, grow_margin = trend(queue(2.0), 60.0)
+    assert grow_slope - grow_margin > 0
+    assert trend([(0.0, 1.0)], 0.0) == (0.0, 0.0)
