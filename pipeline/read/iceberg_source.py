@@ -102,6 +102,7 @@ from pyspark.sql.types import StructType
 from icefloe.config import CatalogSection
 from icefloe.errors import CatalogError
 from pipeline.iceberg.pyiceberg_fixes import install as _install_fixes
+from pipeline.read.inline_scan import INLINE_MAX_BYTES, conform, inline_frame, task_size
 from pipeline.read.tables import load_table, resolve_snapshot
 
 _install_fixes()  # executors scan with pyiceberg too: keep null lists of structs null
@@ -142,11 +143,16 @@ def register(spark: SparkSession) -> None:
 
 
 def read_table(spark: SparkSession, catalog: CatalogSection, identifier: str,
-               snapshot_id: int | None = None, row_filter: str | None = None) -> DataFrame:
+               snapshot_id: int | None = None, row_filter: str | None = None, *,
+               inline_max_bytes: int = INLINE_MAX_BYTES) -> DataFrame:
     """The table (at ``snapshot_id``, else its current snapshot) as a Spark DataFrame.
 
     ``row_filter`` (pyiceberg syntax, e.g. ``"n > 10"``) keeps only matching rows and skips
     files that cannot hold any: the safe way to prune (see the module docstring).
+
+    A snapshot whose files add up to at most ``inline_max_bytes`` is read here on the
+    driver and handed to Spark as rows (:mod:`pipeline.read.inline_scan`: the same rows,
+    without the data source's Python workers); 0 always uses the data source.
 
     The table and snapshot are checked here first, so a wrong name raises a one-line
     :class:`CatalogError` instead of a Spark analysis error wrapping a Python traceback.
@@ -157,10 +163,15 @@ def read_table(spark: SparkSession, catalog: CatalogSection, identifier: str,
     projected = table.scan(snapshot_id=resolved).projection()
     if row_filter:
         check_filter(projected, identifier, row_filter)
+    schema = spark_schema(projected)
+    if inline_max_bytes > 0:
+        frame = inline_frame(spark, table, resolved, schema, row_filter, inline_max_bytes)
+        if frame is not None:
+            return frame
     # The schema is known here: handing it over spares the Python worker Spark would start
     # to ask IcebergDataSource.schema() (a catalog load and metadata read, ~0.1 s a view).
     reader = (spark.read.format(FORMAT).option("table", identifier)
-              .option("catalog", catalog_option(catalog)).schema(spark_schema(projected)))
+              .option("catalog", catalog_option(catalog)).schema(schema))
     reader = reader.option("snapshot_id", "none" if resolved is None else str(resolved))
     if row_filter:
         reader = reader.option("filter", row_filter)
@@ -232,13 +243,6 @@ def _plain_type(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
-    """Reorder/cast a batch to exactly ``target`` (Spark rejects any other Arrow schema)."""
-    if batch.schema.equals(target):
-        return batch
-    return batch.select(target.names).cast(target)
-
-
 # --------------------------------------------------------------------------------- planning
 
 
@@ -257,11 +261,6 @@ class _Partition(InputPartition):
         super().__init__(len(tasks))
         self.tasks = tasks
         self.context = context
-
-
-def task_size(task: FileScanTask) -> int:
-    """Bytes a task reads: its data file plus its delete files."""
-    return task.file.file_size_in_bytes + sum(d.file_size_in_bytes for d in task.delete_files)
 
 
 def group_tasks(tasks: Sequence[FileScanTask], max_partitions: int = DEFAULT_MAX_PARTITIONS

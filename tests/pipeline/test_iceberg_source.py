@@ -75,6 +75,13 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "oracle": catalog.load_table("web.clicks").scan().to_arrow()}
 
 
+@pytest.fixture(params=[0, 8 << 20], ids=["data-source", "inline"])
+def inline(request: pytest.FixtureRequest) -> int:
+    """Both ways a table reaches Spark: the data source, and read on the driver (a small
+    snapshot, :mod:`pipeline.read.inline_scan`); they must give the same rows and types."""
+    return int(request.param)
+
+
 def rows(table: pa.Table) -> list[dict[str, Any]]:
     return sorted(table.to_pylist(), key=lambda r: r["_event_id"])
 
@@ -88,14 +95,17 @@ def spark_rows(df: Any) -> list[dict[str, Any]]:
     return rows(df.toArrow())
 
 
-def test_reads_what_pyiceberg_reads(spark: Any, lake: dict[str, Any]) -> None:
-    df = read_table(spark, lake["section"], "web.clicks")
+def test_reads_what_pyiceberg_reads(spark: Any, lake: dict[str, Any],
+        inline: int) -> None:
+    df = read_table(spark, lake["section"], "web.clicks",
+                    inline_max_bytes=inline)
     types = {f.name: f.dataType for f in df.schema.fields}
     assert types["ts"] == T.TimestampType()
     assert types["user_id"] == T.StringType()
     assert types["n"] == T.LongType()
     assert list(types) == lake["oracle"].schema.names
-    assert df.rdd.getNumPartitions() == 2  # 4 files, grouped, never one task per file
+    if not inline:
+        assert df.rdd.getNumPartitions() == 2  # 4 files, grouped, never one per file
     got = spark_rows(df)
     assert got == rows(lake["oracle"])
     assert len(got) == 19
@@ -105,8 +115,22 @@ def test_reads_what_pyiceberg_reads(spark: Any, lake: dict[str, Any]) -> None:
     assert by_n[1]["ts"] == DAY + dt.timedelta(seconds=1)
 
 
-def test_filters_are_right_and_do_not_stick(spark: Any, lake: dict[str, Any]) -> None:
-    df = read_table(spark, lake["section"], "web.clicks")
+def test_small_snapshots_are_read_on_the_driver_large_ones_by_the_data_source(
+        spark: Any, lake: dict[str, Any]) -> None:
+    def plan(df: Any) -> str:
+        return str(df._jdf.queryExecution().executedPlan().toString())
+
+    small = read_table(spark, lake["section"], "web.clicks")  # 4 files of a few KB
+    large = read_table(spark, lake["section"], "web.clicks", inline_max_bytes=1)
+    assert "LocalTableScan" in plan(small)
+    assert "LocalTableScan" not in plan(large)
+    assert spark_rows(small) == spark_rows(large) == rows(lake["oracle"])
+
+
+def test_filters_are_right_and_do_not_stick(spark: Any, lake: dict[str, Any],
+        inline: int) -> None:
+    df = read_table(spark, lake["section"], "web.clicks",
+                    inline_max_bytes=inline)
     since = (DAY + dt.timedelta(days=1)).strftime("%Y-%m-%d %H:%M:%S")
     got = spark_rows(df.where(f"n > 10 and _received_at >= timestamp'{since}'"))
     assert [r["n"] for r in got] == list(range(11, 20))
@@ -164,8 +188,10 @@ def test_pushdown_state_does_not_leak(spark: Any, lake: dict[str, Any]) -> None:
     assert df.count() == 19
 
 
-def test_time_travel_reads_the_old_schema(spark: Any, lake: dict[str, Any]) -> None:
-    df = read_table(spark, lake["section"], "web.clicks", snapshot_id=lake["first"])
+def test_time_travel_reads_the_old_schema(spark: Any, lake: dict[str, Any],
+        inline: int) -> None:
+    df = read_table(spark, lake["section"], "web.clicks", snapshot_id=lake["first"],
+                    inline_max_bytes=inline)
     assert "extra" not in df.columns
     assert sorted(r["n"] for r in df.collect()) == [0, 1, 2, 3, 4]
     raw = (spark.read.format(FORMAT).option("table", "web.clicks")
@@ -184,8 +210,10 @@ def test_sql_over_registered_views(spark: Any, lake: dict[str, Any]) -> None:
     assert spark.sql("select count(*) from shop_buys").first()[0] == 0
 
 
-def test_empty_table_has_schema_and_no_rows(spark: Any, lake: dict[str, Any]) -> None:
-    df = read_table(spark, lake["section"], "shop.buys")
+def test_empty_table_has_schema_and_no_rows(spark: Any, lake: dict[str, Any],
+        inline: int) -> None:
+    df = read_table(spark, lake["section"], "shop.buys",
+                    inline_max_bytes=inline)
     types = {f.name: f.dataType for f in df.schema.fields}
     assert types == {"order_id": T.StringType(), "amount": T.DoubleType(),
                      "qty": T.IntegerType(), "paid": T.BooleanType(), "day": T.DateType(),
@@ -195,11 +223,14 @@ def test_empty_table_has_schema_and_no_rows(spark: Any, lake: dict[str, Any]) ->
     assert df.count() == 0
 
 
-def test_missing_table_and_snapshot_are_clear(spark: Any, lake: dict[str, Any]) -> None:
+def test_missing_table_and_snapshot_are_clear(spark: Any, lake: dict[str, Any],
+        inline: int) -> None:
     with pytest.raises(CatalogError, match=r"'web\.nope' does not exist .*web\.clicks"):
-        read_table(spark, lake["section"], "web.nope")
+        read_table(spark, lake["section"], "web.nope",
+                    inline_max_bytes=inline)
     with pytest.raises(CatalogError, match="has no snapshot 42"):
-        read_table(spark, lake["section"], "web.clicks", snapshot_id=42)
+        read_table(spark, lake["section"], "web.clicks", snapshot_id=42,
+                    inline_max_bytes=inline)
     with pytest.raises(Exception, match=r"'web\.nope' does not exist"):
         (spark.read.format(FORMAT).option("table", "web.nope")
          .option("catalog", catalog_option(lake["section"])).load())
