@@ -65,6 +65,7 @@ from icefloe.errors import (
 )
 from icefloe.manifest.model import Entry, Manifest
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
+from icefloe.parallel import for_each
 from icefloe.registry.model import Conditions, Registry, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
@@ -105,6 +106,9 @@ __all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult", "positioned", "
 
 log = logging.getLogger("icefloe.collector")
 
+PREPARE_THREADS = 8
+"""Tables fenced and prepared at once after an epoch bump (:func:`icefloe.parallel.for_each`)."""
+
 T = TypeVar("T")
 
 
@@ -134,11 +138,14 @@ class Collector:
                  engine: Engine, *, metrics: CollectorMetrics | None = None,
                  hook: Hook | None = None, holder: str | None = None,
                  clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread,
-                 block_on: BlockOn | None = None) -> None:
+                 block_on: BlockOn | None = None, prepare_threads: int | None = None
+                 ) -> None:
         """``offload`` runs each blocking step off the event loop and ``block_on`` runs a
         store coroutine from inside one (defaults: a worker thread, and the collector's
         loop); :func:`collector.hops.inline` and :func:`collector.hops.drive` run
-        everything on one thread instead."""
+        everything on one thread instead. ``prepare_threads``: how many tables are fenced
+        and prepared at once after an epoch bump (default :data:`PREPARE_THREADS`, or 1
+        with a ``block_on`` of one's own: a simulator's steps run on one thread)."""
         self.config = config
         self.store = store
         self.catalog = catalog
@@ -182,6 +189,7 @@ class Collector:
         self.clock = clock
         self.offload = offload
         self.block_on: BlockOn = block_on or self._run_on_loop
+        self.prepare_threads = prepare_threads or (PREPARE_THREADS if block_on is None else 1)
         self.staging = StagingArea(store, confirm=self.confirm_epoch)
         self.journal = DedupJournal(store)
         self.journal_uuids: dict[str, str] = {}
@@ -323,9 +331,9 @@ class Collector:
         if has_templates(self.routes):  # a parked template table's rows staged before
             staged = self._await(self.staging.tables())
             self.routes.dynamic.update(staged_tables(self.routes, staged))
-        for name, stream in self.routes.tables().items():
-            if name not in self.unprepared:
-                self._prepare_or_park(name, stream)
+        tables = self.routes.tables()
+        for_each(self.prepare_threads, lambda name: self._prepare_or_park(name, tables[name]),
+                 [name for name in tables if name not in self.unprepared])
         dead = ensure_dead_letter_table(self.catalog)
         self.confirm_table(dead)
         self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequences
@@ -421,7 +429,8 @@ class Collector:
             return
         consumed = [*self.routes.tables(), DEAD_LETTER_TABLE]
         fenced = fence_all(self.catalog, self.epoch, consumed=consumed,
-                           known=self.model_tables, skip=self._unloadable)
+                           known=self.model_tables, skip=self._unloadable,
+                           threads=self.prepare_threads)
         self.block_on(self.staging.claim_existing(self.epoch))
         # the catalog version counter too: an older collector can claim no more versions
         self.block_on(stamp_epoch(self.store, self.epoch, clock=self.consumer.store_clock))
