@@ -65,7 +65,6 @@ from icefloe.errors import (
 )
 from icefloe.manifest.model import Entry, Manifest
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
-from icefloe.parallel import for_each
 from icefloe.registry.model import Conditions, Registry, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.registry.streams import config_registry
@@ -106,9 +105,6 @@ __all__ = ["Collector", "Engine", "Fenced", "Hook", "RunResult", "positioned", "
 
 log = logging.getLogger("icefloe.collector")
 
-PREPARE_THREADS = 8
-"""Tables fenced and prepared at once after an epoch bump (:func:`icefloe.parallel.for_each`)."""
-
 T = TypeVar("T")
 
 
@@ -138,14 +134,11 @@ class Collector:
                  engine: Engine, *, metrics: CollectorMetrics | None = None,
                  hook: Hook | None = None, holder: str | None = None,
                  clock: Clock = SYSTEM, offload: Offload = asyncio.to_thread,
-                 block_on: BlockOn | None = None, prepare_threads: int | None = None
-                 ) -> None:
+                 block_on: BlockOn | None = None) -> None:
         """``offload`` runs each blocking step off the event loop and ``block_on`` runs a
         store coroutine from inside one (defaults: a worker thread, and the collector's
         loop); :func:`collector.hops.inline` and :func:`collector.hops.drive` run
-        everything on one thread instead. ``prepare_threads``: how many tables are fenced
-        and prepared at once after an epoch bump (default :data:`PREPARE_THREADS`, or 1
-        with a ``block_on`` of one's own: a simulator's steps run on one thread)."""
+        everything on one thread instead."""
         self.config = config
         self.store = store
         self.catalog = catalog
@@ -189,7 +182,6 @@ class Collector:
         self.clock = clock
         self.offload = offload
         self.block_on: BlockOn = block_on or self._run_on_loop
-        self.prepare_threads = prepare_threads or (PREPARE_THREADS if block_on is None else 1)
         self.staging = StagingArea(store, confirm=self.confirm_epoch)
         self.journal = DedupJournal(store)
         self.journal_uuids: dict[str, str] = {}
@@ -331,9 +323,9 @@ class Collector:
         if has_templates(self.routes):  # a parked template table's rows staged before
             staged = self._await(self.staging.tables())
             self.routes.dynamic.update(staged_tables(self.routes, staged))
-        tables = self.routes.tables()
-        for_each(self.prepare_threads, lambda name: self._prepare_or_park(name, tables[name]),
-                 [name for name in tables if name not in self.unprepared])
+        for name, stream in self.routes.tables().items():
+            if name not in self.unprepared:
+                self._prepare_or_park(name, stream)
         dead = ensure_dead_letter_table(self.catalog)
         self.confirm_table(dead)
         self.table_sequences[DEAD_LETTER_TABLE] = committed_state(dead).sequences
@@ -429,8 +421,7 @@ class Collector:
             return
         consumed = [*self.routes.tables(), DEAD_LETTER_TABLE]
         fenced = fence_all(self.catalog, self.epoch, consumed=consumed,
-                           known=self.model_tables, skip=self._unloadable,
-                           threads=self.prepare_threads)
+                           known=self.model_tables, skip=self._unloadable)
         self.block_on(self.staging.claim_existing(self.epoch))
         # the catalog version counter too: an older collector can claim no more versions
         self.block_on(stamp_epoch(self.store, self.epoch, clock=self.consumer.store_clock))

@@ -36,7 +36,6 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 
 from icefloe.errors import CatalogError, TableFencedError
-from icefloe.parallel import for_each
 from pipeline.iceberg.commit import (
     EPOCH_PROP,
     SEQUENCE_PROP,
@@ -153,14 +152,12 @@ def catalog_tables(catalog: Catalog) -> list[str]:
 
 def fence_all(catalog: Catalog, epoch: int, *, consumed: Iterable[str],
               known: Iterable[str] = (),
-              skip: Callable[[str, Exception], bool] | None = None,
-              threads: int = 1) -> list[FencedTable]:
+              skip: Callable[[str, Exception], bool] | None = None) -> list[FencedTable]:
     """Fence the tables the collector consumes into (``consumed``: routed tables and dead
     letters), the ``known`` icefloe tables (model targets), and every other table of the
     catalog that :func:`is_icefloe_table`. Blocking; raises like :func:`fence_table`,
     unless ``skip(identifier, error)`` says to leave that table alone (the collector
-    parks a table nobody can load, and fences it before its first use). ``threads``: how
-    many tables are fenced at once (:func:`icefloe.parallel.for_each`)."""
+    parks a table nobody can load, and fences it before its first use)."""
     consumed = set(consumed)
     named = consumed | set(known)
     fenced: list[FencedTable] = []
@@ -175,25 +172,25 @@ def fence_all(catalog: Catalog, epoch: int, *, consumed: Iterable[str],
         if done is not None:
             fenced.append(done)
 
-    for_each(threads, lambda identifier: one(identifier, identifier in consumed),
-             sorted(named))
+    for identifier in sorted(named):
+        one(identifier, identifier in consumed)
     try:
         listed = catalog_tables(catalog)
     except Exception as exc:  # drivers raise their own trees; the start is retried
         raise CatalogError(f"cannot list the tables of catalog {catalog.name!r} to fence "
                            f"them: {' '.join(str(exc).split())[:300]}") from exc
-    def other(identifier: str) -> None:
+    for identifier in listed:
+        if identifier in named:
+            continue
         try:
             table = catalog.load_table(identifier)
         except NoSuchTableError:
-            return
+            continue
         except Exception as exc:
             if skip is None or not skip(identifier, exc):
                 raise
-            return
+            continue
         if is_icefloe_table(table):
             one(identifier, False)
-
-    for_each(threads, other, [i for i in listed if i not in named])
     return fenced
 
