@@ -289,13 +289,17 @@ class Runner:
 
     async def _renew_forever(self) -> None:
         consumer = self.collector.consumer
-        interval = consumer.config.lease_s / 3
+        lease_s = consumer.config.lease_s
+        interval = lease_s / 3
         failures = 0
+        renewed = self.clock.monotonic()  # the lease was taken (or last renewed) about now
         while not self.stop.is_set():
             await self._sleep(interval)
             try:
+                began = self.clock.monotonic()
                 await consumer.renew_lease()
                 failures = 0
+                renewed = self._renewed(renewed, began, lease_s)
             except FencedError as exc:
                 self.fenced = str(exc)
                 self.collector.metrics.fenced.inc()
@@ -304,6 +308,20 @@ class Runner:
             except Exception as exc:  # transient: keep trying; the lease may lapse
                 failures += 1
                 log.warning("lease renewal failed (%d in a row): %s", failures, exc)
+
+    def _renewed(self, previous: float, began: float, lease_s: float) -> float:
+        """After a renewal: say so when it landed late. A renewal meant every third of the
+        lease that lands after two thirds is a lease close to lapsing, and a lapsed lease
+        lets the standby take over a healthy collector; the warning tells a post-mortem
+        whether the wait was for a turn of this process (``began`` late: a starved event
+        loop or machine) or for the store (the renewal call itself slow)."""
+        now = self.clock.monotonic()
+        if now - previous > lease_s * 2 / 3:
+            log.warning("lease renewed %.1f s after the last renewal (lease %.1f s; the "
+                        "renewal began %.1f s late and took %.1f s): a standby takes over "
+                        "once the lease lapses", now - previous, lease_s,
+                        max(0.0, began - previous - lease_s / 3), now - began)
+        return now
 
     async def _sleep(self, seconds: float) -> None:
         await sleep_or_stop(self.clock, seconds, self.stop)
