@@ -30,6 +30,8 @@ from collector.run_now import run_models as run_models_now
 from collector.service import Collector, Engine, Fenced, Hook
 from collector.spark_bridge import SparkBridge, SparkStartError, bridgeable
 from icefloe.clock import SYSTEM, Clock
+from icefloe.collector_address import Address
+from icefloe.collector_address import publish as publish_address
 from icefloe.config import Config
 from icefloe.errors import (
     ConfigError,
@@ -278,6 +280,9 @@ class Runner:
         self._maintaining: list[str] = []
         """Tables the current maintenance pass has yet to maintain (see :meth:`maintain_some`)."""
         self._renew: asyncio.Task[None] | None = None
+        self.side_tasks: list[asyncio.Task[None] | None] = []
+        """Background work of this active collector (publishing its address), cancelled
+        when it stops."""
         self.overlap = Overlap(collector) if cfg.overlap else None
         """The runs overlapped (``collector.overlap``): read ahead, acks in the background."""
 
@@ -342,6 +347,9 @@ class Runner:
             code = await self._loop()
         finally:
             await self.stop_renewal()
+            for task in self.side_tasks:
+                if task is not None:
+                    task.cancel()
             if self.run_now is not None:
                 self.run_now.close(self._closing())
         await self._release_lease()  # a clean stop only: a crash keeps its lease
@@ -701,6 +709,26 @@ async def _engine(given: Engine | None, config: Config, metrics: CollectorMetric
     return engine
 
 
+def _publish_address(config: Config, collector: Collector, port: int | None
+                     ) -> asyncio.Task[None] | None:
+    """Publish where this (now active) collector answers, for ``icefloe run``
+    (:mod:`icefloe.collector_address`), in the background: a slow store must not hold up
+    the first commit, and a failure only costs ``icefloe run`` the config's address."""
+    if port is None or collector.epoch is None:
+        return None
+    address = Address(holder=collector.consumer.holder, epoch=collector.epoch,
+                      scheme="https" if config.collector.tls_cert_file else "http",
+                      host=config.collector.host, port=port)
+
+    async def publish_it() -> None:
+        try:
+            await publish_address(collector.store, address)
+        except Exception as exc:
+            log.warning("collector address not published (icefloe run asks the config's "
+                        "[collector] host and metrics_port): %s", _first_line(exc))
+    return asyncio.create_task(publish_it(), name="publish-address")
+
+
 def _warmth(collector: Collector, offload: Offload) -> StandbyWarmth:
     """The collector's warming while it waits on the lease (or before a ``--takeover``),
     its dry jobs on the head of its queue."""
@@ -731,8 +759,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
     non-loopback ``host`` without TLS files nor ``plaintext = true`` raises ConfigError);
     pass ``metrics`` to read them in-process (``icefloe up``).
     ``clock`` and ``offload`` go to the collector (see :mod:`collector.hops`); ``bridge``
-    (``icefloe up``): commit in-process while Spark starts (:mod:`collector.spark_bridge`).
-    """
+    (``icefloe up``): commit in-process while Spark starts (:mod:`collector.spark_bridge`)."""
     stop = stop or asyncio.Event()
     try:  # a bad model file, a cycle or an unknown name: refused before anything starts
         refresh_plan = plan_refresh(config)
@@ -770,6 +797,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
                               config_streams=config.streams)
         runner = Runner(collector, stop, models, watch, once=once, run_now=run_now,
                         spark=_spark_of(engine, config))
+        runner.side_tasks.append(_publish_address(config, collector, port))
         await _prepare(config, runner, collector, watch, models)
         if on_ready is not None:
             on_ready(Ready(collector.epoch or 0, port))

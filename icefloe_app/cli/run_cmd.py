@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from icefloe.config import Config
 from icefloe.errors import LeaseHeldError
@@ -32,8 +32,9 @@ beside the config file) once, in dependency order, and exit.
 
 Without a running collector it takes the queue's lease itself and starts Spark. While a
 collector holds the lease, it starts no Spark: it asks that collector, over its HTTP port
-(POST /v1/run on [collector] metrics_port, or --collector-url / $ICEFLOE_COLLECTOR_URL),
-to commit what is queued and run the models now, and prints what ran. That needs an admin
+(POST /v1/run where the holder said it listens when it took the lease, else on [collector]
+metrics_port; --collector-url / $ICEFLOE_COLLECTOR_URL override both), to commit what is
+queued and run the models now, and prints what ran. That needs an admin
 token in $ICEFLOE_ADMIN_TOKEN (one whose hash is in [admin] tokens of the collector's
 config; never a flag). --takeover fences that collector instead (it exits 3 itself).
 
@@ -65,7 +66,8 @@ def register(commands: Any) -> None:
                         help="recompute incremental models from all rows and replace them")
     parser.add_argument("--collector-url", metavar="URL",
                         help="the lease holder's HTTP port (default $ICEFLOE_COLLECTOR_URL, "
-                             "else http(s)://[collector] host:metrics_port)")
+                             "else the address the holder published, else "
+                             "http(s)://[collector] host:metrics_port)")
     parser.add_argument("--cacert", metavar="FILE",
                         help="CA bundle for the collector's TLS certificate (default "
                              "$ICEFLOE_ADMIN_CACERT, else the system's)")
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         if held is not None:
             from icefloe_app.cli.run_remote import ask_collector  # why: httpx import cost
 
-            return ask_collector(config, args, *held)
+            return ask_collector(config, args, held.holder, held.remaining_s, held.url)
     from pipeline.models import plan_project  # startup time
     from pipeline.models.spec import load_models  # startup time
 
@@ -114,7 +116,7 @@ def commit_queue(config: Config, *, takeover: bool = False) -> int:
         if not takeover:  # refuse before Spark starts; acquire() re-checks inside its CAS
             held = await live_lease(config)
             if held is not None:
-                raise LeaseHeldError(*held)
+                raise LeaseHeldError(held.holder, held.remaining_s)
         return await run_collector(config, takeover=takeover, serve_metrics=False, once=True)
 
     try:
@@ -130,8 +132,19 @@ def commit_queue(config: Config, *, takeover: bool = False) -> int:
     return code
 
 
-async def live_lease(config: Config) -> tuple[str, float] | None:
-    """``(holder, seconds left)`` of a live collector lease on the queue, else None."""
+class LiveLease(NamedTuple):
+    """A live collector lease on the queue, and where its holder said it answers."""
+
+    holder: str
+    remaining_s: float
+    url: str | None
+    """The holder's published HTTP address (:mod:`icefloe.collector_address`); None if it
+    published none (or the record is another collector's)."""
+
+
+async def live_lease(config: Config) -> LiveLease | None:
+    """The live collector lease on the queue, else None."""
+    from icefloe.collector_address import read as read_address  # startup time
     from icefloe.manifest import ManifestConsumer  # startup time
     from icefloe.store import open_async_store, options_for  # startup time
 
@@ -139,9 +152,13 @@ async def live_lease(config: Config) -> tuple[str, float] | None:
         config.store.endpoint_url, config.store.region), control_url=config.store.control_url)
     try:  # a missing manifest reads as empty: no holder
         holder, expires, now = await ManifestConsumer(store, config.manifest.build()).lease()
+        if not holder or expires <= now:
+            return None
+        address = await read_address(store)
     finally:
         await store.close()
-    return (holder, expires - now) if holder and expires > now else None
+    url = address.url() if address is not None and address.holder == holder else None
+    return LiveLease(holder, expires - now, url)
 
 
 def run_models_once(config: Config, folder: Path, *, full_refresh: bool = False,

@@ -6,11 +6,12 @@ start (seconds to minutes) and could only commit by fencing the collector. So th
 sends ``POST /v1/run`` (:mod:`collector.run_now`) with an admin token and prints what the
 collector ran. This module never imports pyspark, nor anything that does.
 
-Where the collector answers: ``--collector-url``, else ``$ICEFLOE_COLLECTOR_URL``, else
-``[collector] host`` and ``metrics_port`` of the config in use (a wildcard host is asked on
-127.0.0.1; ``https`` when ``[collector] tls_cert_file`` is set). The lease names its holder
-(``collector-<ULID>``), not an address, so the config is the source of truth, and the
-collector's answer names the holder that ran the request.
+Where the collector answers: ``--collector-url``, else ``$ICEFLOE_COLLECTOR_URL``, else the
+address the lease holder published when it took the lease (:mod:`icefloe.collector_address`:
+its configured host and the port it bound, so ``icefloe up``'s warm standby is found on its
+own port once it took over), else ``[collector] host`` and ``metrics_port`` of the config in
+use (a wildcard host is asked on 127.0.0.1; ``https`` when ``[collector] tls_cert_file`` is
+set). The collector's answer names the holder that ran the request.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from icefloe.collector_address import local_url
 from icefloe.config import Config
 from icefloe_app.cli.common import print_json
 from icefloe_app.cli.models_cmd import report_outcomes
@@ -40,16 +42,14 @@ GRACE_S = 10.0
 what still runs) arrives before the client gives up."""
 
 
-def collector_url(config: Config, given: str | None = None) -> str:
+def collector_url(config: Config, given: str | None = None,
+                  published: str | None = None) -> str:
     """Where the lease holder's HTTP port is (see the module docstring)."""
-    url = given or os.environ.get(URL_ENV, "").strip()
+    url = given or os.environ.get(URL_ENV, "").strip() or published
     if url:
         return url.rstrip("/")
     cfg = config.collector
-    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
-    host = f"[{host}]" if ":" in host else host
-    scheme = "https" if cfg.tls_cert_file else "http"
-    return f"{scheme}://{host}:{cfg.metrics_port}"
+    return local_url("https" if cfg.tls_cert_file else "http", cfg.host, cfg.metrics_port)
 
 
 def _fail(code: int, message: str) -> int:
@@ -58,14 +58,15 @@ def _fail(code: int, message: str) -> int:
 
 
 def ask_collector(config: Config, args: argparse.Namespace, holder: str,
-                  remaining_s: float) -> int:
-    """``POST /v1/run`` to the lease holder; print what ran; the exit code."""
+                  remaining_s: float, published: str | None = None) -> int:
+    """``POST /v1/run`` to the lease holder (at ``published``, the address it published,
+    unless one is given); print what ran; the exit code."""
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         return _fail(EXIT_USAGE, f"collector {holder} holds the queue's lease, so `icefloe "
                      f"run` asks it over its HTTP port: set {TOKEN_ENV} to an admin token "
                      "(one whose hash is in [admin] tokens; `icefloe token new` makes one)")
-    url = collector_url(config, args.collector_url)
+    url = collector_url(config, args.collector_url, published)
     cacert = args.cacert or os.environ.get(CACERT_ENV) or True
     print(f"icefloe run: asking collector {holder} at {url} to commit the queue and run "
           "the models ...", file=sys.stderr, flush=True)

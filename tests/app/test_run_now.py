@@ -30,6 +30,9 @@ from process_support import child_env, free_port
 
 from collector.metrics import CollectorMetrics
 from collector.run_now import Refusal, TokenCheck, _options
+from icefloe.collector_address import Address
+from icefloe.collector_address import publish as publish_address
+from icefloe.collector_address import read as read_address
 from icefloe.config import Config, load_config
 from icefloe.manifest.sharded_consumer import ShardedConsumer
 from icefloe.store import open_async_store
@@ -214,6 +217,54 @@ def test_refusals_are_precise(live: Live, tmp_path: Path, monkeypatch: pytest.Mo
     assert sum(r["entries"] for r in report["runs"]) == 1
     assert live.sample("icefloe_collector_run_now_requests_total",
                        outcome="model_failed") == 1
+
+
+def published(config: Config) -> Address:
+    """The address the live collector published once active (in the background: awaited)."""
+    async def get() -> Address | None:
+        store = open_async_store(config.store.url)
+        try:
+            return await read_address(store)
+        finally:
+            await store.close()
+    deadline = time.monotonic() + 30
+    while (address := asyncio.run(get())) is None:
+        assert time.monotonic() < deadline, "no collector address published"
+        time.sleep(0.05)
+    return address
+
+
+def test_run_finds_the_holder_where_it_published_its_address(
+        live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A config whose metrics_port is not the holder's (``icefloe up``'s standby serves on a
+    free port) still reaches it: the holder published its address when it took the lease.
+    A record naming another holder is not used (the config's address is asked)."""
+    address = published(live.config)
+    assert address.port == live.port
+    assert address.epoch >= 1
+    monkeypatch.setenv("ICEFLOE_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("ICEFLOE_COLLECTOR_URL", raising=False)
+    elsewhere = free_port()
+    path = tmp_path / "elsewhere.toml"
+    path.write_text(f'[store]\nurl = "{live.config.store.url}"\n[manifest]\nlease_s = 2.0\n'
+                    f'[collector]\nhost = "127.0.0.1"\nmetrics_port = {elsewhere}\n')
+    publish_sync(live.config, [[view(i, 1, "/p") for i in range(4)]])
+    assert main(["run", "--config", str(path)]) == 0
+    out = capsys.readouterr()
+    assert f"at http://127.0.0.1:{live.port} to commit" in out.err
+    assert "web.pageviews: 4 rows" in out.out
+
+    async def other_holder() -> None:
+        store = open_async_store(live.config.store.url)
+        try:
+            await publish_address(store, msgspec.structs.replace(address,
+                                                                 holder="collector-gone"))
+        finally:
+            await store.close()
+    asyncio.run(other_holder())
+    assert main(["run", "--config", str(path)]) == 3
+    assert f"does not answer at http://127.0.0.1:{elsewhere}" in capsys.readouterr().err
 
 
 def test_a_collector_fenced_mid_request_answers_retriable(tmp_path: Path, spark: Any,
