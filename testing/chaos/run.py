@@ -370,10 +370,15 @@ class Run:
 
     def _steady(self) -> tuple[Proc, Proc] | None:
         """The active collector and its warm standby, if nothing else runs (no collector
-        still starting): collector faults hit that state, so each takeover is a warm one."""
+        still starting) and the active one has finished a run since it took over:
+        collector faults hit that state, so each takeover is a warm one and each collector
+        change is its own. Why the run: a ``--takeover`` collector's cold start overruns
+        the schedule on a loaded machine, and the next kill then came within a second of
+        its takeover, before its first commit — two changes measured as one."""
         active, others = self._roles()
         warm = [p for p in others if p.logged("standby: warm")]
-        if len(active) != 1 or not warm or len(warm) != len(others):
+        if len(active) != 1 or not warm or len(warm) != len(others) \
+                or not active[0].logged("run sequences"):
             return None
         return active[0], warm[0]
 
