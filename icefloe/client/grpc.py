@@ -45,6 +45,11 @@ __all__ = ["STREAM_WINDOW", "AsyncGrpcClient", "GrpcClient", "response_error"]
 
 _REFUSED_DETAILS = re.compile(r"RST_STREAM.*error code 7\b")
 """How grpc core words a stream reset with REFUSED_STREAM (code 7) in the call's details."""
+_CORE_INTERNAL = "Internal error from Core"
+"""The details grpc core itself gives an INTERNAL status when a connection breaks under a
+call (a server stopped mid-stream, seen in a restart test one run in many): a transport
+failure like UNAVAILABLE, not the server's answer (icefloe's own INTERNAL answers say
+"internal error; the ingestor logged it"). Every request is keyed, so resending is safe."""
 _RETRYABLE_GRPC = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 STREAM_WINDOW = 128
 """Requests ``publish_stream`` holds unanswered at most (taken from the source, not acked)."""
@@ -106,6 +111,10 @@ def _rpc_rejected(exc: grpc.RpcError) -> IngestRejected:
         return IngestRejected(call.code(), REFUSED_STREAM, "the server refused the stream "
                               f"(over its per-connection limit; nothing was sent): {details}",
                               retryable=True)
+    if call.code() == grpc.StatusCode.INTERNAL and status is None \
+            and details == _CORE_INTERNAL:
+        return IngestRejected(call.code(), "transport_broken", "the connection broke under "
+                              f"the call (grpc core: {details})", retryable=True)
     return _from_status(call.code(), status, details)
 
 

@@ -29,6 +29,7 @@ from icefloe.client import (
     IngestRejected,
     response_error,
 )
+from icefloe.client.grpc import _rpc_rejected
 from icefloe.client.http import retry_after
 from icefloe.formats.envelope import frame_events
 from icefloe.store.faults import FaultRule
@@ -367,3 +368,31 @@ def test_should_read_retry_after_as_seconds_or_a_date():
     assert retry_after("soon") is None
     later = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert 25 < (retry_after(later) or 0) <= 30
+
+
+class _Broken(grpc.RpcError):
+    """What grpc.aio raises for a call: its code, details and trailing metadata."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+def test_should_retry_grpc_cores_own_internal_error_but_not_the_servers():
+    """A connection broken under a stream surfaced once as INTERNAL "Internal error from
+    Core" (grpc core's words, no status details): a transport failure, retried like
+    UNAVAILABLE; an INTERNAL the server answered (its own message) is not retried."""
+    broken = _rpc_rejected(_Broken(grpc.StatusCode.INTERNAL, "Internal error from Core"))
+    assert broken.retryable
+    assert broken.code == "transport_broken"
+    served = _rpc_rejected(_Broken(grpc.StatusCode.INTERNAL,
+                                   "internal error; the ingestor logged it"))
+    assert not served.retryable
