@@ -163,10 +163,11 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Pa
     upstream: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: upstream[0], every(3, limit=8))
     await proxy.start()
-    # a slow flush (3 s): an "early" cut's retry (~0.1 s later, more when librdkafka's
+    # a slow flush (6 s): an "early" cut's retry (~0.1 s later, more when librdkafka's
     # reconnect backs off on a busy machine) arrives while the first attempt is still
-    # buffered, so the store gets both (1 s once let every retry miss the window in CI)
-    config = with_kafka(collector_config(tmp_path, (KCLICKS,)), flush_age_ms=3000.0,
+    # buffered, so the store gets both (1 s, and once 3 s, let every retry miss the
+    # window in a clean-clone CI run)
+    config = with_kafka(collector_config(tmp_path, (KCLICKS,)), flush_age_ms=6000.0,
                         kafka_advertised_port=proxy.port)
     acks = Acks()
     try:
