@@ -166,12 +166,22 @@ def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    text = " ".join(parser.format_usage().split())
+    """One line per usage: argparse wraps at ``COLUMNS``, set wide only while formatting.
+    (Setting it for the whole process leaked into the test run that imports this script:
+    pytest drew its report 10,000 columns wide and CI's excerpt of a failure was all rules.)"""
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "10000"
+    try:
+        text = " ".join(parser.format_usage().split())
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
     return text.removeprefix("usage: ")
 
 
 def commands(args: str) -> str:
-    os.environ["COLUMNS"] = "10000"  # one line per usage
     sys.path.insert(0, str(ROOT))
     from icefloe_app.cli import build_parser  # lazy: imports every command module
 

@@ -67,10 +67,20 @@ def column_toml(column: Column) -> str:
     return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in keys.items()) + " }"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now and not handed out before in this run: the kernel may give the same
+    ephemeral port to two binds in a row once the first socket is closed, and a test that
+    asks for three ports (HTTP, gRPC, admin) must get three."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def child_env() -> dict[str, str]:

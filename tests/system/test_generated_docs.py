@@ -9,6 +9,7 @@ sits outside a marker, where nothing would keep it true.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tomllib
@@ -52,7 +53,10 @@ def tables(text: str) -> list[list[str]]:
 
 
 def test_every_generated_part_is_current() -> None:
+    before = os.environ.get("COLUMNS")
     assert gen_docs.main(["--check"]) == 0, "run `.venv/bin/python scripts/gen_docs.py`"
+    # the usage table formats wide; the process's (and so pytest's report's) width is kept
+    assert os.environ.get("COLUMNS") == before
 
 
 @pytest.mark.parametrize("path", sorted(p.name for p in gen_docs.RESULTS.glob("*.json")
