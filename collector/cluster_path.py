@@ -167,13 +167,12 @@ class ClusterPath:
         """Call ``one`` per table: in routing order, or ``workers`` at a time (as
         :meth:`collector.embedded_path.EmbeddedPath._each_table`, and safe for the same
         reasons: each table's commit is its own; the run's catalog version is claimed
-        first, so every table records the same one)."""
+        once, by the first table to commit, so every table records the same one)."""
         workers = min(self.workers, len(tables))
         if workers <= 1:
             for table, target in tables:
                 one(table, target)
             return
-        self.commits.claim_run_version()
         with ThreadPoolExecutor(workers, thread_name_prefix="icefloe-commit") as pool:
             futures = [pool.submit(one, table, target) for table, target in tables]
             for future in futures:

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,7 +46,7 @@ from pyiceberg.catalog import Catalog
 
 from collector.bulkhead import Bulkheads, ParkFullError
 from collector.dedup import ANY_SOURCE, SOURCE_COLUMN, DedupWindow, source_runs, without_source
-from collector.hops import BlockOn
+from collector.hops import BlockOn, together
 from collector.journal import DedupJournal, id_rows
 from collector.metrics import CollectorMetrics
 from collector.routing import Routes, Target
@@ -158,6 +159,7 @@ class TableCommits:
         self.run_version: int | None = None
         """The catalog version of the run (or staged import) committing now, once
         claimed."""
+        self._claiming = threading.Lock()
 
     def begin(self) -> None:
         """A run (or a round of staged imports) starts: it claims its own version."""
@@ -166,13 +168,21 @@ class TableCommits:
     def claim_run_version(self) -> int:
         """The run's catalog version (:mod:`icefloe.catalog_version`), claimed at its first
         commit: every snapshot the run commits, to any table or from any shard, records
-        the same one, and a run that commits nothing claims none."""
+        the same one, and a run that commits nothing claims none.
+
+        Thread-safe: with ``collector.commit_workers`` > 1 the tables' threads commit at
+        once; the first to get here claims and the others wait for the same version (or
+        for :meth:`record_ids`, which claims beside its journal PUT)."""
         s = self.state
-        if self.run_version is None:
-            assert s.epoch is not None
-            self.run_version = s.block_on(claim_version(
-                s.store, epoch=s.epoch, clock=s.consumer.store_clock))
-        return self.run_version
+        with self._claiming:
+            if self.run_version is None:
+                self.run_version = s.block_on(self._claim())
+            return self.run_version
+
+    def _claim(self) -> Coroutine[Any, Any, int]:
+        s = self.state
+        assert s.epoch is not None
+        return claim_version(s.store, epoch=s.epoch, clock=s.consumer.store_clock)
 
     def commit(self, table: str, rows: pa.Table, sequence: int, *,
                sequences: dict[int, int] | None = None, stream: StreamConfig | None = None,
@@ -233,14 +243,34 @@ class TableCommits:
         if window is None or window.window_s <= 0 or uuid is None or fresh.num_rows == 0:
             return
         now = s.consumer.store_clock.time()
-        s.block_on(s.journal.record(table, uuid, int(now * 1000), dict(through),
-                                    id_rows(fresh, SOURCE_COLUMN, source)))
+        self._journal_and_claim(s.journal.record(table, uuid, int(now * 1000), dict(through),
+                                                 id_rows(fresh, SOURCE_COLUMN, source)))
         s.hook(f"after_journal:{table}")
         count = s.journal_writes[table] = s.journal_writes.get(table, 0) + 1
         if count % JOURNAL_SWEEP_EVERY == 0:
             before = window.cutoff_ms(now) - int(window.window_s * 1000)
             with contextlib.suppress(Exception):  # the next sweep (or start) does it
                 s.block_on(s.journal.sweep(table, uuid, before))
+
+    def _journal_and_claim(self, record: Coroutine[Any, Any, Any]) -> None:
+        """Write a journal record; the run's first also claims the run's catalog version
+        in the same store round trip (the commit that follows needs it; claimed after the
+        record, a slow store paid two round trips in series on every run).
+
+        Why this keeps the rules: the claim still comes before any snapshot and is fenced
+        by the epoch; a claim whose commit then never lands (a crash, a replay that finds
+        the run committed) leaves a version no snapshot records, as a crash after a claim
+        always could. Other tables' records do not wait for this one."""
+        if self.run_version is not None or not self._claiming.acquire(blocking=False):
+            self.state.block_on(record)
+            return
+        try:
+            if self.run_version is not None:
+                self.state.block_on(record)
+                return
+            _, self.run_version = self.state.block_on(together(record, self._claim()))
+        finally:
+            self._claiming.release()
 
     # -- bulkheads ---------------------------------------------------------------------
 

@@ -74,13 +74,13 @@ class EmbeddedPath:
         Why this is safe for exactly-once: each table's commit is its own (its sequence,
         window, journal, bulkhead); a crash while several are in flight leaves some
         committed and some not, like a crash between two of them in turn. The run's
-        catalog version is claimed first, so every table records the same one."""
+        catalog version is claimed once, by the first table to commit, so every table
+        records the same one (:meth:`~collector.commit.TableCommits.claim_run_version`)."""
         workers = min(self.workers, len(named))
         if workers <= 1:
             for table, (target, rows) in named.items():
                 one(table, target, rows)
             return
-        self.commits.claim_run_version()
         with ThreadPoolExecutor(workers, thread_name_prefix="icefloe-commit") as pool:
             futures = [pool.submit(one, table, target, rows)
                        for table, (target, rows) in named.items()]

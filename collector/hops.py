@@ -46,6 +46,21 @@ def drive(coro: Coroutine[Any, Any, T]) -> T:
         return done.value
 
 
+async def together(*coros: Coroutine[Any, Any, Any]) -> list[Any]:
+    """Await ``coros`` at once on a running loop (each runs to its end; the first failure
+    is raised after); one after another when :func:`drive` steps the caller, which has no
+    loop to run tasks on (the simulator: a seed's order is then the listed order)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return [await coro for coro in coros]
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
 async def sleep_or_stop(clock: Clock, seconds: float, stop: asyncio.Event | None) -> None:
     """Sleep ``seconds`` on ``clock``, or less if ``stop`` is set meanwhile."""
     if stop is None:

@@ -236,11 +236,12 @@ class CollectorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compact_target_bytes: int = 128 * 1024 * 1024
     orphan_age_s: float = 3600.0
     retry_max_delay_s: float = 30.0
-    commit_workers: int = 1
-    """Tables one run commits at once (embedded output path; a table template's run may
-    touch hundreds). 1: one after the other. More overlap the tables' writes and catalog
-    round trips where the catalog takes concurrent commits (PostgreSQL, Glue, REST); the
-    SQLite catalog serialises its writes, so it gains little there."""
+    commit_workers: int = 4
+    """Tables one run commits at once (a table template's run may touch hundreds). 1: one
+    after the other. More overlap the tables' store round trips (each table's dedup-journal
+    record is a PUT before its commit; on a slow store those PUTs in series were most of a
+    run) and their catalog round trips where the catalog takes concurrent commits
+    (PostgreSQL, Glue, REST; the SQLite catalog serialises its writes)."""
     park_after_failures: int = 3
     """Failed attempts of one table's own steps (evolve, write, commit) after which it is
     parked: its rows are staged and every other table goes on (:mod:`collector.bulkhead`)."""

@@ -194,8 +194,9 @@ MEANING: dict[str, str] = {
     "collector.orphan_age_s": "unreferenced table files are deleted only when older than this",
     "collector.retry_max_delay_s": "backoff cap between retries of a failed run",
     "collector.commit_workers": "tables one run commits at once (1-64; a table template's "
-                                "run may touch hundreds); the SQLite catalog serialises its "
-                                "writes, so more help most on PostgreSQL, Glue and REST",
+                                "run may touch hundreds): their dedup-journal PUTs overlap "
+                                "on any catalog, their catalog commits on PostgreSQL, Glue "
+                                "and REST (SQLite serialises its writes)",
     "collector.park_after_failures": "failed attempts of one table's own steps before it is "
                                      "parked: its rows are staged, the other tables go on",
     "collector.park_retry_s": "first retry of a parked table's staged rows (doubling, up to "

@@ -711,7 +711,10 @@ class World:
                           "max_run_entries": 50, "output": s.output,
                           "dedup_max_ids": s.dedup_max_ids,
                           "snapshot_keep_last": s.snapshot_keep_last,
-                          "keep_batches_s": s.keep_batches_s, "overlap": s.overlap},
+                          "keep_batches_s": s.keep_batches_s, "overlap": s.overlap,
+                          # one table after another: threads would make a seed's story
+                          # depend on the OS scheduler, not on the seed
+                          "commit_workers": 1},
         }
         return load_config(path, overrides=overrides)
 

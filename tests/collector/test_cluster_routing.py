@@ -334,11 +334,14 @@ async def test_a_re_created_source_with_other_columns(config, engine) -> None:
     await collector.store.close()
 
 
-async def test_a_crash_between_the_tables_of_a_fan_out_run_then_restart(config, engine
+async def test_a_crash_between_the_tables_of_a_fan_out_run_then_restart(tmp_path, engine
                                                                        ) -> None:
     """Both tables' files are written by one job; the crash lands after the first table's
-    commit: the replay does not commit it twice, the other table gets its rows, and the
-    files the crash left behind are never in a table."""
+    commit (one after another: ``commit_workers = 1``): the replay does not commit it
+    twice, the other table gets its rows, and the files the crash left behind are never in
+    a table."""
+    config = collector_config(tmp_path, (CLICKS,), output="cluster", dequeue_every=1,
+                              commit_workers=1)
     version = await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
         id="clicks", sinks=(CLICKS_SINK, SLIM))))
     await queue(config, version, batch("a", 8), batch("b", 8))

@@ -118,9 +118,12 @@ async def test_three_shards_commit_every_entry_once_and_record_each_shard(config
                                                              "_shard"]
 
 
-async def test_a_crash_between_tables_replays_nothing_twice_per_shard(config, engine):
+async def test_a_crash_between_tables_replays_nothing_twice_per_shard(tmp_path, engine):
     """Crash after one table committed, before the ack: the replay (which now also holds
-    newer entries of one shard) drops exactly what each table holds, shard by shard."""
+    newer entries of one shard) drops exactly what each table holds, shard by shard. The
+    tables commit one after another (``commit_workers = 1``), so the crash finds the other
+    uncommitted (several at once: tests/collector/test_commit_workers.py)."""
+    config = sharded(collector_config(tmp_path, dequeue_every=1, commit_workers=1), 3)
     await publish_on(config, 0, [[*clicks("a", 4), buy(0, "x")]])
     await publish_on(config, 1, [[*clicks("b", 4), buy(1, "y")]])
     await publish_on(config, 2, [clicks("c", 4)])

@@ -241,7 +241,10 @@ async def test_retried_ids_are_dropped_on_the_cluster_path(config, engine):
     await restarted.store.close()
 
 
-async def test_a_fenced_commit_is_refused_and_its_files_are_deleted(config, engine):
+async def test_a_fenced_commit_is_refused_and_its_files_are_deleted(tmp_path, engine):
+    """The fenced table's commit is refused and the run stops there: with the tables one
+    after another (``commit_workers = 1``) the other table's files are never committed."""
+    config = make_config(tmp_path / "cluster", output="cluster", commit_workers=1)
     batches = workload()[:2]
     publish_sync(config, batches)
     written: list[set[str]] = []
