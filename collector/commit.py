@@ -261,14 +261,14 @@ class TableCommits:
         by the epoch; a claim whose commit then never lands (a crash, a replay that finds
         the run committed) leaves a version no snapshot records, as a crash after a claim
         always could. Other tables' records do not wait for this one."""
-        if self.run_version is not None or not self._claiming.acquire(blocking=False):
+        if not self._claiming.acquire(blocking=False):  # another table claims now
             self.state.block_on(record)
             return
         try:
             if self.run_version is not None:
                 self.state.block_on(record)
-                return
-            _, self.run_version = self.state.block_on(together(record, self._claim()))
+            else:
+                _, self.run_version = self.state.block_on(together(record, self._claim()))
         finally:
             self._claiming.release()
 
