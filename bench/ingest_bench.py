@@ -6,7 +6,10 @@ Runs, side by side in one run, on this machine:
   anything, and a grpc.aio Ingest service that decodes each event with msgspec into a
   list and answers (as the CEILINGS.md probe did) — the ceilings;
 * a real ``icefloe ingestor`` on a local store, whose 202/ack means "in a batch file listed
-  by the manifest" (validation, canonicalisation, zstd, fsync'd PUT, manifest CAS).
+  by the manifest" (validation, canonicalisation, zstd, fsync'd PUT, manifest CAS);
+* two diagnostics that split the gap to the bare stack: the same fronts answering without
+  durability (``_nondurable_ingestor.py``), and the durable ingestor with its store on tmpfs
+  (``/dev/shm``: the same acks, no disk under the fsyncs).
 
 The rows with targets and their ceilings are measured in turns (bare, icefloe, bare, ...)
 three times in a full run and reported as medians (the durable rows' median also counts
@@ -251,6 +254,7 @@ def run(quick: bool) -> list[Result]:
                 child.send_signal(signal.SIGTERM)
                 child.wait(60)
         results += nondurable(workdir, seconds, single, bare, have_wrk)
+        results += on_tmpfs(seconds, single, bare, have_wrk)
         if have_wrk:
             results += [Result("bare HTTP stack, single-event POST (ceiling)", bare["single"],
                                "req/s"),
@@ -299,6 +303,37 @@ def nondurable(workdir: Path, seconds: float, single: str, bare: dict[str, float
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+    return results
+
+
+def on_tmpfs(seconds: float, single: str, bare: dict[str, float], have_wrk: bool
+             ) -> list[Result]:
+    """The durable rows again with the store in memory (``/dev/shm``): every ack still waits
+    for the batch file and the manifest append, but an fsync costs nothing. What separates
+    these rows from the durable ones is the local disk's fsync path; what separates them
+    from the bare stack is the ingestor's own work. Skipped where there is no tmpfs."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        print("note: no /dev/shm; the tmpfs diagnostic rows are skipped", file=sys.stderr)
+        return []
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-", dir=shm) as tmp:
+        workdir = Path(tmp)
+        proc, http_port, grpc_port = start_ingestor(workdir)
+        drain = start_drain(workdir)
+        try:
+            if have_wrk:
+                url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
+                rate = wrk(url, single, seconds, 256, workdir)[0]
+                results.append(Result("diagnostic: HTTP single-event POST, durable, store on "
+                                      "tmpfs, 256 conns", rate, "events/s", bare["single"]))
+            unary = grpc_load(grpc_port, "unary", seconds, 32)
+            results.append(Result("diagnostic: gRPC unary 100-event batch, durable, store on "
+                                  "tmpfs", unary["events_per_s"], "events/s", bare["unary"]))
+        finally:
+            for child in (proc, drain):
+                child.send_signal(signal.SIGTERM)
+                child.wait(60)
     return results
 
 
