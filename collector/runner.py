@@ -709,11 +709,18 @@ async def _engine(given: Engine | None, config: Config, metrics: CollectorMetric
     return engine
 
 
+ADDRESS_RETRY_MAX_S = 30.0
+"""The longest wait between two tries at publishing the collector's address."""
+
+
 def _publish_address(config: Config, collector: Collector, port: int | None
                      ) -> asyncio.Task[None] | None:
     """Publish where this (now active) collector answers, for ``icefloe run``
     (:mod:`icefloe.collector_address`), in the background: a slow store must not hold up
-    the first commit, and a failure only costs ``icefloe run`` the config's address."""
+    the first commit. A store that fails it (past its own retries) is tried again, waits
+    doubling up to :data:`ADDRESS_RETRY_MAX_S`, until it lands, a newer holder's record is
+    there, or the collector stops: until then ``icefloe run`` asks the config's address,
+    and a standby serving on a free port would stay unreachable for this whole term."""
     if port is None or collector.epoch is None:
         return None
     address = Address(holder=collector.consumer.holder, epoch=collector.epoch,
@@ -721,12 +728,32 @@ def _publish_address(config: Config, collector: Collector, port: int | None
                       host=config.collector.host, port=port)
 
     async def publish_it() -> None:
-        try:
-            await publish_address(collector.store, address)
-        except Exception as exc:
-            log.warning("collector address not published (icefloe run asks the config's "
-                        "[collector] host and metrics_port): %s", _first_line(exc))
+        await publish_until_done(collector.store, address, collector.clock)
     return asyncio.create_task(publish_it(), name="publish-address")
+
+
+async def publish_until_done(store: AsyncObjectStore, address: Address, clock: Clock,
+                             first_wait_s: float = 1.0) -> bool:
+    """:func:`~icefloe.collector_address.publish` until it is done (True) or a newer
+    holder's record makes it moot (False); see :func:`_publish_address`."""
+    failures = 0
+    while True:
+        try:
+            published = await publish_address(store, address)
+        except Exception as exc:
+            failures += 1
+            wait = min(ADDRESS_RETRY_MAX_S, first_wait_s * 2 ** (failures - 1))
+            if failures == 1:  # once, not every retry: the store's own errors say the rest
+                log.warning("collector address not published (icefloe run asks the "
+                            "config's [collector] host and metrics_port until it is); "
+                            "trying again in the background: %s", _first_line(exc))
+            await clock.sleep(wait)
+            continue
+        if not published:
+            log.info("collector address not published: a newer holder's is in the store")
+        elif failures:
+            log.info("collector address published after %d failed tries", failures)
+        return published
 
 
 def _warmth(collector: Collector, offload: Offload) -> StandbyWarmth:

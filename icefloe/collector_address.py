@@ -18,8 +18,8 @@ import logging
 
 import msgspec
 
-from icefloe.errors import NotFound
-from icefloe.store.base import AsyncObjectStore
+from icefloe.errors import NotFound, PreconditionFailed
+from icefloe.store.base import AsyncObjectStore, GetResult
 
 log = logging.getLogger("icefloe.collector")
 
@@ -48,9 +48,54 @@ def local_url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-async def publish(store: AsyncObjectStore, address: Address) -> None:
-    """Write ``address`` (last writer wins: the newest holder is the one that counts)."""
-    await store.put(KEY, msgspec.json.encode(address))
+PUBLISH_RACES = 8
+"""How often :func:`publish` looks again after another writer changed the record between
+its read and its conditional write (two holders at most write it at once)."""
+
+
+async def publish(store: AsyncObjectStore, address: Address) -> bool:
+    """Write ``address`` unless a newer holder's is there; False when one is.
+
+    Why conditional: a collector whose first write failed keeps trying in the background
+    (:func:`collector.runner._publish_address`), so its write may come after a newer
+    holder's; last writer wins would then hide the newer holder (``icefloe up``'s standby
+    on a free port) from ``icefloe run``. So the record only moves to a higher epoch or to
+    the same one: read it, then write with its ETag (or "absent") as the condition, and
+    look again when someone wrote in between.
+    """
+    data = msgspec.json.encode(address)
+    for _ in range(PUBLISH_RACES):
+        current = await _current(store)
+        if current is not None:
+            theirs = _decoded(current.data)
+            if theirs is not None and theirs.epoch > address.epoch:
+                return False
+            if theirs == address:
+                return True
+        try:
+            if current is None:
+                await store.put(KEY, data, if_none_match="*")
+            else:
+                await store.put(KEY, data, if_match=current.etag)
+            return True
+        except PreconditionFailed:
+            continue  # written in between (or our own retried write landed): look again
+    raise PreconditionFailed(f"{KEY} changed under every one of {PUBLISH_RACES} writes",
+                             op="put", key=KEY)
+
+
+async def _current(store: AsyncObjectStore) -> GetResult | None:
+    try:
+        return await store.get(KEY)
+    except NotFound:
+        return None
+
+
+def _decoded(data: bytes) -> Address | None:
+    try:
+        return msgspec.json.decode(data, type=Address)
+    except msgspec.DecodeError:
+        return None
 
 
 async def read(store: AsyncObjectStore) -> Address | None:
