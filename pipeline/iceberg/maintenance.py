@@ -131,7 +131,8 @@ class MaintenanceSettings:
       time-travel query 10 minutes before files it may read can disappear.
     * ``target_file_bytes=128 MiB`` / ``min_input_files=8``: rewrite a partition once it has
       8 files smaller than 64 MiB; 8 keeps a lightly fed partition from being rewritten on
-      every pass (write amplification) while bounding the small files a scan must open.
+      every pass (write amplification) while bounding the small files a scan must open, and
+      a file more than twice the rest's size waits for them (:func:`plan_compaction`).
     * ``max_rewrite_bytes=1 GiB``: the most input one pass rewrites, so a pass between two
       commits stays short (seconds) and memory stays bounded; the rest waits for the next.
     * ``orphan_age_s=3600``: a file no metadata references is deleted only after an hour, far
@@ -174,7 +175,14 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
     A partition qualifies when it has at least ``min_input_files`` live data files smaller
     than ``target_file_bytes / 2``; its small files are bin-packed in commit order into
     groups of at most ``target_file_bytes`` input bytes. Files at least half the target are
-    left alone: rewriting them again would cost I/O for little gain. Files of an older
+    left alone: rewriting them again would cost I/O for little gain. So is a small file
+    more than twice the size of all the partition's other small files together
+    (:func:`_tiered`): a lightly fed partition's compacted file would otherwise be
+    rewritten whole on every pass to absorb a few new small files, until it reached half
+    the target (for a partition filling over hours, every byte written dozens of times);
+    left alone until the others add up to half its size, it grows by half at least with
+    each rewrite, so the times a byte is rewritten grow with the logarithm of target over
+    small-file size, not with the number of passes. Files of an older
     partition spec are skipped (rewriting them would silently repartition them), and a
     table with delete files is skipped whole: rewriting data without applying its deletes
     would resurrect deleted rows, and icefloe itself never writes deletes.
@@ -200,7 +208,8 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
 
     groups: list[list[DataFile]] = []
     budget = max_rewrite_bytes
-    for candidates in by_partition.values():
+    for everything in by_partition.values():
+        candidates = _tiered(everything)
         if len(candidates) < min_input_files:
             continue
         candidates.sort(key=lambda item: (item[0], item[1]))
@@ -220,6 +229,21 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
             if budget is not None:
                 budget -= group.size
     return groups
+
+
+def _tiered(candidates: list[tuple[int, str, DataFile]]) -> list[tuple[int, str, DataFile]]:
+    """``candidates`` without the files each more than twice the size of all the remaining
+    ones together (the largest first, then again): merging a file with much less than its
+    own size rewrites it for little gain (see :func:`plan_compaction`)."""
+    kept = sorted(candidates, key=lambda item: item[2].file_size_in_bytes)
+    rest = sum(item[2].file_size_in_bytes for item in kept)
+    while kept:
+        largest = kept[-1][2].file_size_in_bytes
+        if largest <= 2 * (rest - largest):
+            break
+        kept.pop()
+        rest -= largest
+    return kept
 
 
 def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,

@@ -151,6 +151,49 @@ def test_compaction_leaves_partitions_below_the_threshold(catalog):
     assert compact(table, epoch=1, min_input_files=5).files_added == DAYS
 
 
+def big_batch(n: int, rows: int) -> pa.Table:
+    """``rows`` rows of manifest sequence ``n`` with incompressible payloads, one day."""
+    ids = [n * 1_000_000 + i for i in range(rows)]
+    return pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "payload": pa.array([os.urandom(48).hex() for _ in ids]),
+        "_received_at": pa.array([dt.datetime(2024, 5, 1, tzinfo=dt.UTC)] * rows, TS),
+        "_sequence": pa.array([n] * rows, pa.int64()),
+    })
+
+
+def test_a_lightly_fed_partition_keeps_its_compacted_file(catalog):
+    """A partition's compacted file is rewritten only once the small files beside it add
+    up to half its size: fed a few small files a pass, it is left alone (the small ones
+    merge among themselves, in tiers), where it used to be rewritten whole on every pass."""
+    table = make_table(catalog, partitioned=False)
+    sequence = 0
+    for _ in range(8):
+        table.append(big_batch(sequence, 2000), snapshot_properties={
+            "icefloe.sequence": str(sequence), "icefloe.epoch": "1"})
+        sequence += 1
+    first = compact(table, epoch=1, min_input_files=4)
+    assert (first.files_removed, first.files_added) == (8, 1)
+    [big] = live_data_files(table)
+    rewritten = 0
+    for _ in range(12):
+        for _ in range(4):
+            table.append(big_batch(sequence, 20), snapshot_properties={
+                "icefloe.sequence": str(sequence), "icefloe.epoch": "1"})
+            sequence += 1
+        result = compact(table, epoch=1, min_input_files=4)
+        assert result.files_added <= 1
+        rewritten += result.bytes_removed
+        assert big in live_data_files(table)  # never part of a rewrite
+        assert len(live_data_files(table)) <= 8  # tiers: a handful of files, not 49
+    assert rewritten < first.bytes_added  # the old rule rewrote it 12 times: 12 x as much
+    loaded = catalog.load_table("ns.events")
+    ids = loaded.scan().to_arrow().column("id").to_pylist()
+    assert sorted(ids) == sorted(n * 1_000_000 + i for n in range(sequence)
+                                 for i in range(2000 if n < 8 else 20))
+    assert committed_state(loaded).sequence == sequence - 1
+
+
 def test_compaction_refuses_a_newer_epoch(catalog):
     table = make_table(catalog)
     feed(table, 10)
