@@ -117,7 +117,7 @@ lint: $(STAMP)
 QUICK ?= --quick
 BENCHES := queue ingest collector mappings types evolve upsert models query conditions \
            security bulkhead scale typed kafka otlp replay dynamic_tables run_now \
-           cold_start cluster_scale e2e
+           cold_start cluster_scale e2e compaction
 bench: $(STAMP) $(SPEEDUPS) java
 	@for b in $(BENCHES); do \
 	  echo "== bench/$${b}_bench.py $(QUICK)"; \

@@ -169,7 +169,7 @@ def _table_name(table: Table) -> str:
 
 def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
                     min_input_files: int = 8, max_rewrite_bytes: int | None = None,
-                    ) -> list[list[DataFile]]:
+                    tiered: bool = True) -> list[list[DataFile]]:
     """Pick the groups of files :func:`compact` would rewrite (each group: one output file).
 
     A partition qualifies when it has at least ``min_input_files`` live data files smaller
@@ -182,7 +182,9 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
     the target (for a partition filling over hours, every byte written dozens of times);
     left alone until the others add up to half its size, it grows by half at least with
     each rewrite, so the times a byte is rewritten grow with the logarithm of target over
-    small-file size, not with the number of passes. Files of an older
+    small-file size, not with the number of passes (``tiered=False``: every small file is
+    a candidate, the rule before it; ``bench/compaction_bench.py``'s baseline). Files of an
+    older
     partition spec are skipped (rewriting them would silently repartition them), and a
     table with delete files is skipped whole: rewriting data without applying its deletes
     would resurrect deleted rows, and icefloe itself never writes deletes.
@@ -209,7 +211,7 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
     groups: list[list[DataFile]] = []
     budget = max_rewrite_bytes
     for everything in by_partition.values():
-        candidates = _tiered(everything)
+        candidates = _tiered(everything) if tiered else everything
         if len(candidates) < min_input_files:
             continue
         candidates.sort(key=lambda item: (item[0], item[1]))
@@ -248,7 +250,7 @@ def _tiered(candidates: list[tuple[int, str, DataFile]]) -> list[tuple[int, str,
 
 def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
             min_input_files: int = 8, max_rewrite_bytes: int | None = None,
-            clock: Clock = SYSTEM) -> CompactionResult:
+            clock: Clock = SYSTEM, tiered: bool = True) -> CompactionResult:
     """Rewrite small data files into target-sized ones in ONE snapshot (operation overwrite).
 
     Why it is safe for exactly-once: the commit carries ``icefloe.sequence`` and
@@ -273,7 +275,7 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
     _refuse_rebasing_retries(table)
     groups = plan_compaction(table, target_file_bytes=target_file_bytes,
                              min_input_files=min_input_files,
-                             max_rewrite_bytes=max_rewrite_bytes)
+                             max_rewrite_bytes=max_rewrite_bytes, tiered=tiered)
     if not groups:
         return CompactionResult(seconds=clock.monotonic() - started)
 
