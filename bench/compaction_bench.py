@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from pyiceberg.catalog import Catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -77,8 +78,7 @@ class Outcome:
     rows: int = 0
 
 
-def rows_of(sequence: int, count: int) -> pa.Table:
-    n = count
+def rows_of(sequence: int, n: int) -> pa.Table:
     return pa.table({
         "user_id": [f"user-{sequence}-{i}" for i in range(n)],
         "payload": [os.urandom(40).hex() for _ in range(n)],
@@ -88,8 +88,8 @@ def rows_of(sequence: int, count: int) -> pa.Table:
     }, schema=table_arrow_schema(STREAM))
 
 
-def live_bytes(catalog: object, name: str) -> dict[str, int]:
-    table = catalog.load_table(name)  # type: ignore[attr-defined]
+def live_bytes(catalog: Catalog, name: str) -> dict[str, int]:
+    table = catalog.load_table(name)
     return {task.file.file_path: task.file.file_size_in_bytes
             for task in table.scan().plan_files()}
 
@@ -123,8 +123,7 @@ def feed(root: Path, spec: Feed, tiered: bool) -> Outcome:
         for _ in range(spec.per_pass):
             commit(spec.small_rows)
         maintain(count=True)
-    live = live_bytes(catalog, STREAM.table)
-    outcome.files = len(live)
+    outcome.files = len(live_bytes(catalog, STREAM.table))
     outcome.rows = catalog.load_table(STREAM.table).scan().to_arrow().num_rows
     return outcome
 

@@ -289,21 +289,8 @@ def nondurable(workdir: Path, seconds: float, single: str, bare: dict[str, float
     """The same fronts without durability: how much of the gap to the bare stack is
     icefloe's per-request work (validation, ids, framing, metrics) rather than the wait
     for the batch file and manifest append."""
-    results: list[Result] = []
-    proc, http_port, grpc_port = start_ingestor(workdir, durable=False)
-    try:
-        if have_wrk:
-            url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
-            rate = wrk(url, single, seconds, 256, workdir)[0]
-            results.append(Result("diagnostic: HTTP single-event POST, not durable, 256 conns",
-                                  rate, "events/s", bare["single"]))
-        unary = grpc_load(grpc_port, "unary", seconds, 32)
-        results.append(Result("diagnostic: gRPC unary 100-event batch, not durable",
-                              unary["events_per_s"], "events/s", bare["unary"]))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    return results
+    return diagnostic_rows(workdir, "not durable", seconds, single, bare, have_wrk,
+                           durable=False)
 
 
 def on_tmpfs(seconds: float, single: str, bare: dict[str, float], have_wrk: bool
@@ -316,24 +303,32 @@ def on_tmpfs(seconds: float, single: str, bare: dict[str, float], have_wrk: bool
     if not shm.is_dir():
         print("note: no /dev/shm; the tmpfs diagnostic rows are skipped", file=sys.stderr)
         return []
-    results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-", dir=shm) as tmp:
-        workdir = Path(tmp)
-        proc, http_port, grpc_port = start_ingestor(workdir)
-        drain = start_drain(workdir)
-        try:
-            if have_wrk:
-                url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
-                rate = wrk(url, single, seconds, 256, workdir)[0]
-                results.append(Result("diagnostic: HTTP single-event POST, durable, store on "
-                                      "tmpfs, 256 conns", rate, "events/s", bare["single"]))
-            unary = grpc_load(grpc_port, "unary", seconds, 32)
-            results.append(Result("diagnostic: gRPC unary 100-event batch, durable, store on "
-                                  "tmpfs", unary["events_per_s"], "events/s", bare["unary"]))
-        finally:
-            for child in (proc, drain):
-                child.send_signal(signal.SIGTERM)
-                child.wait(60)
+        return diagnostic_rows(Path(tmp), "durable, store on tmpfs", seconds, single, bare,
+                               have_wrk, durable=True)
+
+
+def diagnostic_rows(workdir: Path, what: str, seconds: float, single: str,
+                    bare: dict[str, float], have_wrk: bool, *, durable: bool) -> list[Result]:
+    """The rows with targets (HTTP single events at 256 connections, gRPC unary at 32
+    calls) once, against an ingestor started in ``workdir`` (``durable``: the real one,
+    with the drain acking its queue; else the diagnostic that answers without writing)."""
+    results: list[Result] = []
+    proc, http_port, grpc_port = start_ingestor(workdir, durable=durable)
+    children = [proc, start_drain(workdir)] if durable else [proc]
+    try:
+        if have_wrk:
+            url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
+            rate = wrk(url, single, seconds, 256, workdir)[0]
+            results.append(Result(f"diagnostic: HTTP single-event POST, {what}, 256 conns",
+                                  rate, "events/s", bare["single"]))
+        unary = grpc_load(grpc_port, "unary", seconds, 32)
+        results.append(Result(f"diagnostic: gRPC unary 100-event batch, {what}",
+                              unary["events_per_s"], "events/s", bare["unary"]))
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+            child.wait(60)
     return results
 
 

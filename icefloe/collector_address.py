@@ -101,12 +101,11 @@ def _decoded(data: bytes) -> Address | None:
 async def read(store: AsyncObjectStore) -> Address | None:
     """The published address, or None if there is none or it cannot be decoded (then the
     config's address is asked, as before any collector published one)."""
-    try:
-        data = (await store.get(KEY)).data
-    except NotFound:
+    current = await _current(store)
+    if current is None:
         return None
     try:
-        return msgspec.json.decode(data, type=Address)
+        return msgspec.json.decode(current.data, type=Address)
     except msgspec.DecodeError as exc:
         log.warning("the collector address %r cannot be decoded (%s); using the config's",
                     KEY, exc)
