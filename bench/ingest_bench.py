@@ -7,9 +7,12 @@ Runs, side by side in one run, on this machine:
   list and answers (as the CEILINGS.md probe did) — the ceilings;
 * a real ``icefloe ingestor`` on a local store, whose 202/ack means "in a batch file listed
   by the manifest" (validation, canonicalisation, zstd, fsync'd PUT, manifest CAS);
-* two diagnostics that split the gap to the bare stack: the same fronts answering without
-  durability (``_nondurable_ingestor.py``), and the durable ingestor with its store on tmpfs
-  (``/dev/shm``: the same acks, no disk under the fsyncs).
+* diagnostics that split the gap to the bare stack: the same fronts answering without
+  durability (``_nondurable_ingestor.py``); the durable ingestor with its store on tmpfs
+  (``/dev/shm``: the same acks, no disk under the fsyncs); the bare HTTP stack at the durable
+  row's 256 connections (what that many connections cost any stack); and the flush cadence
+  behind the durable rows with targets, from the ingestor's own metrics (flushes per second,
+  events per flush, mean flush time, the share of the run a flush was in flight).
 
 The rows with targets and their ceilings are measured in turns (bare, icefloe, bare, ...)
 three times in a full run and reported as medians (the durable rows' median also counts
@@ -34,14 +37,17 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Result, bench_parser, print_table, write_json
+from _scale_processes import scrape, total
 
+T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
 ROUNDS = 3
 """Full runs measure the rows with targets (HTTP single events at 256 connections, gRPC
@@ -139,6 +145,33 @@ def grpc_load(port: int, mode: str, seconds: float, concurrency: int) -> dict[st
     return data
 
 
+def flush_cadence(metrics_url: str, label: str, seconds: float, load: Callable[[], T]
+                  ) -> tuple[T, list[Result]]:
+    """Run ``load`` (its answer is returned) and read, from the ingestor's metrics before and
+    after, how its flushes went meanwhile: flushes per second, events per flush, the mean
+    flush time (batch file + manifest append, as the ingestor waits for it) and the share of
+    the run a flush was in flight (flush seconds over the run; near 100 %: the flusher is
+    the critical path)."""
+    before = scrape(metrics_url)
+    answer = load()
+    after = scrape(metrics_url)
+
+    def delta(name: str) -> float:
+        return total(after, name) - total(before, name)
+
+    flushes = delta("icefloe_ingest_flush_seconds_count")
+    if not flushes:
+        return answer, []
+    busy = delta("icefloe_ingest_flush_seconds_sum")
+    name = f"diagnostic: {label}"
+    return answer, [
+        Result(f"{name}: flushes per second", flushes / seconds, "flushes/s"),
+        Result(f"{name}: events per flush",
+               delta("icefloe_ingest_batch_events_sum") / flushes, "events"),
+        Result(f"{name}: mean flush time", busy / flushes * 1000, "ms"),
+        Result(f"{name}: share of the run a flush was in flight", busy / seconds * 100, "%")]
+
+
 def light_latency(url: str, seconds: float) -> tuple[float, float]:
     """Ack latency of single-event POSTs sent one at a time (~light load)."""
     samples: list[float] = []
@@ -200,6 +233,8 @@ def run(quick: bool) -> list[Result]:
             [PYTHON, str(HERE / "_bare_servers.py"), "grpc", str(bare_grpc)], bare_grpc))
         bare_url = f"http://127.0.0.1:{bare_http}/"
         proc, http_port, grpc_port = start_ingestor(workdir)
+        metrics_url = f"http://127.0.0.1:{http_port}/metrics"
+        diagnostics: list[Result] = []
         drain = start_drain(workdir)
         try:
             url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
@@ -224,10 +259,23 @@ def run(quick: bool) -> list[Result]:
                 bare["single"] = statistics.median(paired["bare single"])
                 bare["batch"] = wrk(bare_url, batch, seconds, 32, workdir)[0] * 100
                 for connections in (32, 256, 512):  # durable acks: rate = clients / ack time
-                    rate, p50, p99 = wrk(url, single, seconds, connections, workdir)
-                    if connections == 256:
-                        rate = statistics.median([*paired["single 256"], rate])
                     label = f"HTTP single-event POST, durable, {connections} conns"
+                    if connections == 256:
+                        (rate, p50, p99), cadence = flush_cadence(
+                            metrics_url, label, max(1, int(seconds)),
+                            lambda: wrk(url, single, seconds, 256, workdir))
+                        diagnostics += cadence
+                        rate = statistics.median([*paired["single 256"], rate])
+                        bare["single 256"] = wrk(bare_url, single, seconds, 256, workdir)[0]
+                        diagnostics += [
+                            Result("diagnostic: bare HTTP stack, single-event POST, 256 conns "
+                                   "(the durable row's load; baseline: its ceiling)",
+                                   bare["single 256"], "req/s", bare["single"]),
+                            Result("diagnostic: HTTP single-event POST, durable, 256 conns, "
+                                   "against the bare stack at 256 conns", rate, "events/s",
+                                   bare["single 256"])]
+                    else:
+                        rate, p50, p99 = wrk(url, single, seconds, connections, workdir)
                     results += [Result(label, rate, "events/s", bare["single"]),
                                 Result(f"{label}: ack p50", p50, "ms"),
                                 Result(f"{label}: ack p99", p99, "ms")]
@@ -237,7 +285,10 @@ def run(quick: bool) -> list[Result]:
                     results += [Result(label, rate * 100, "events/s", bare["batch"]),
                                 Result(f"{label}: ack p50", p50, "ms"),
                                 Result(f"{label}: ack p99", p99, "ms")]
-            unary = grpc_load(grpc_port, "unary", seconds, 32)
+            unary, cadence = flush_cadence(
+                metrics_url, "gRPC unary 100-event batch, durable", seconds,
+                lambda: grpc_load(grpc_port, "unary", seconds, 32))
+            diagnostics += cadence
             stream = grpc_load(grpc_port, "stream", seconds, 4)
             results += [
                 Result("gRPC unary 100-event batch, durable",
@@ -253,6 +304,7 @@ def run(quick: bool) -> list[Result]:
             for child in (proc, drain):
                 child.send_signal(signal.SIGTERM)
                 child.wait(60)
+        results += diagnostics
         results += nondurable(workdir, seconds, single, bare, have_wrk)
         results += on_tmpfs(seconds, single, bare, have_wrk)
         if have_wrk:
