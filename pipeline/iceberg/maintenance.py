@@ -184,8 +184,7 @@ def plan_compaction(table: Table, *, target_file_bytes: int = 128 * MiB,
     each rewrite, so the times a byte is rewritten grow with the logarithm of target over
     small-file size, not with the number of passes (``tiered=False``: every small file is
     a candidate, the rule before it; ``bench/compaction_bench.py``'s baseline). Files of an
-    older
-    partition spec are skipped (rewriting them would silently repartition them), and a
+    older partition spec are skipped (rewriting them would silently repartition them), and a
     table with delete files is skipped whole: rewriting data without applying its deletes
     would resurrect deleted rows, and icefloe itself never writes deletes.
     """
