@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from icefloe.manifest import ProducerStats
 from icefloe.metric_total import metric_total
+from ingestor.loop_histogram import LoopHistogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -57,17 +58,22 @@ class IngestMetrics:
                                        "version stays in use)", registry=r)
         self.flushes = Counter("icefloe_ingest_flushes", "Batch flushes by result", ["result"],
                                registry=r)
-        self.flush_seconds = Histogram("icefloe_ingest_flush_seconds",
-                                       "Batch PUT + manifest append latency",
-                                       buckets=_LATENCY_BUCKETS, registry=r)
-        self.batch_bytes = Histogram("icefloe_ingest_batch_bytes", "Compressed batch file size",
-                                     buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 8e6, 16e6, 64e6),
-                                     registry=r)
-        self.batch_events = Histogram("icefloe_ingest_batch_events", "Events per batch file",
-                                      buckets=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), registry=r)
-        self.ack_seconds = Histogram("icefloe_ingest_ack_seconds",
-                                     "Time from request received to durable acknowledgement",
-                                     ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
+        # histograms observed on the event loop, per flush or per request: no lock each
+        # time (ingestor.loop_histogram)
+        self.flush_seconds = LoopHistogram("icefloe_ingest_flush_seconds",
+                                           "Batch PUT + manifest append latency",
+                                           buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_bytes = LoopHistogram("icefloe_ingest_batch_bytes",
+                                         "Compressed batch file size",
+                                         buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 8e6, 16e6, 64e6),
+                                         registry=r)
+        self.batch_events = LoopHistogram("icefloe_ingest_batch_events",
+                                          "Events per batch file",
+                                          buckets=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), registry=r)
+        self.ack_seconds = LoopHistogram("icefloe_ingest_ack_seconds",
+                                         "Time from request received to durable "
+                                         "acknowledgement",
+                                         ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
         self.grpc_idle_streams = Counter(
             "icefloe_ingest_grpc_idle_streams_closed", "PublishStreams the server ended "
             "because they sent nothing for grpc_stream_idle_s with nothing in flight",
