@@ -12,7 +12,10 @@ Runs, side by side in one run, on this machine:
   (``/dev/shm``: the same acks, no disk under the fsyncs); the bare HTTP stack at the durable
   row's 256 connections (what that many connections cost any stack); and the flush cadence
   behind the durable rows with targets, from the ingestor's own metrics (flushes per second,
-  events per flush, mean flush time, the share of the run a flush was in flight).
+  events per flush, mean flush time, the share of the run a flush was in flight); and, for
+  HTTP single events, the event loop's CPU time per request and busy share, read from the
+  main thread of the ingestor and of the bare stack (``/proc``, Linux only), beside the CPU
+  per request at which the target would fit in the loop's measured busy share.
 
 The rows with targets and their ceilings are measured in turns (bare, icefloe, bare, ...)
 three times in a full run and reported as medians (the durable rows' median also counts
@@ -26,7 +29,9 @@ Usage: python bench/ingest_bench.py [--quick] [--json PATH]
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import os
 import re
 import shutil
 import signal
@@ -145,6 +150,61 @@ def grpc_load(port: int, mode: str, seconds: float, concurrency: int) -> dict[st
     return data
 
 
+def loop_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of the main thread of ``pid``: the event loop, in the
+    ingestor and in the bare stacks alike. None where there is no ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass
+class LoopLoad:
+    """The event loop's share of HTTP runs: CPU seconds, requests and wall seconds, added
+    over the rounds of one server."""
+
+    cpu_s: float = 0.0
+    requests: float = 0.0
+    seconds: float = 0.0
+
+    def run(self, pid: int, seconds: float, load: Callable[[], tuple[float, float, float]]
+            ) -> tuple[float, float, float]:
+        """Run a wrk ``load`` of ``seconds`` against the server ``pid`` and add what its loop
+        spent. The CPU is read around wrk's start and exit, so it also holds accepting and
+        closing the connections (the same for both servers); the busy share divides it by
+        that whole wall time, the CPU per request by wrk's requests."""
+        before, started = loop_cpu_s(pid), time.monotonic()
+        answer = load()
+        after, elapsed = loop_cpu_s(pid), time.monotonic() - started
+        if before is not None and after is not None:
+            self.cpu_s += after - before
+            self.requests += answer[0] * seconds
+            self.seconds += elapsed
+        return answer
+
+
+def loop_rows(ours: LoopLoad, bare: LoopLoad, bare_rate: float) -> list[Result]:
+    """Event-loop CPU per request and busy share of the durable HTTP row against the bare
+    stack's, and the CPU per request at which 0.8 of the bare stack fits in the share of
+    the loop this run measured (what the target asks of the loop)."""
+    if not (ours.requests and bare.requests):
+        return []
+    label = "diagnostic: HTTP single-event POST, durable, 256 conns"
+    busy = ours.cpu_s / ours.seconds
+    bare_per_request = bare.cpu_s / bare.requests * 1e6
+    return [
+        Result(f"{label}: event-loop CPU per request (baseline: the bare stack's at 32 conns)",
+               ours.cpu_s / ours.requests * 1e6, "us", bare_per_request),
+        Result(f"{label}: event-loop busy share", busy * 100, "%"),
+        Result("diagnostic: bare HTTP stack, single-event POST, 32 conns: event-loop busy share",
+               bare.cpu_s / bare.seconds * 100, "%"),
+        Result(f"{label}: event-loop CPU per request at which 0.8 of the bare stack fits in "
+               "that busy share", busy / (0.8 * bare_rate) * 1e6, "us", bare_per_request)]
+
+
 def flush_cadence(metrics_url: str, label: str, seconds: float, load: Callable[[], T]
                   ) -> tuple[T, list[Result]]:
     """Run ``load`` (its answer is returned) and read, from the ingestor's metrics before and
@@ -225,9 +285,11 @@ def run(quick: bool) -> list[Result]:
             contextlib.ExitStack() as servers:
         workdir = Path(tmp)
         bare_http = free_port()
+        bare_pid = 0
         if have_wrk:
-            servers.enter_context(process(
-                [PYTHON, str(HERE / "_bare_servers.py"), "http", str(bare_http)], bare_http))
+            bare_pid = servers.enter_context(process(
+                [PYTHON, str(HERE / "_bare_servers.py"), "http", str(bare_http)],
+                bare_http)).pid
         bare_grpc = free_port()
         servers.enter_context(process(
             [PYTHON, str(HERE / "_bare_servers.py"), "grpc", str(bare_grpc)], bare_grpc))
@@ -243,12 +305,14 @@ def run(quick: bool) -> list[Result]:
                         Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
             # the rows with targets: bare and icefloe in turns, the median of each
             paired: dict[str, list[float]] = {}
+            loops = LoopLoad(), LoopLoad()  # ours, the bare stack's
             for _ in range(rounds):
                 if have_wrk:
-                    paired.setdefault("bare single", []).append(
-                        wrk(bare_url, single, seconds, 32, workdir)[0])
-                    paired.setdefault("single 256", []).append(
-                        wrk(url, single, seconds, 256, workdir)[0])
+                    span = max(1, int(seconds))  # wrk's own duration
+                    paired.setdefault("bare single", []).append(loops[1].run(
+                        bare_pid, span, lambda: wrk(bare_url, single, seconds, 32, workdir))[0])
+                    paired.setdefault("single 256", []).append(loops[0].run(
+                        proc.pid, span, lambda: wrk(url, single, seconds, 256, workdir))[0])
                 paired.setdefault("bare unary", []).append(
                     grpc_load(bare_grpc, "unary", seconds, 32)["events_per_s"])
                 paired.setdefault("unary", []).append(
@@ -257,6 +321,7 @@ def run(quick: bool) -> list[Result]:
                     "stream": grpc_load(bare_grpc, "stream", seconds, 4)["events_per_s"]}
             if have_wrk:
                 bare["single"] = statistics.median(paired["bare single"])
+                diagnostics += loop_rows(*loops, bare["single"])
                 bare["batch"] = wrk(bare_url, batch, seconds, 32, workdir)[0] * 100
                 for connections in (32, 256, 512):  # durable acks: rate = clients / ack time
                     label = f"HTTP single-event POST, durable, {connections} conns"
