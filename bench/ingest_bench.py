@@ -185,6 +185,10 @@ class LoopLoad:
             self.seconds += elapsed
         return answer
 
+    def per_request_us(self) -> float:
+        """Event-loop CPU microseconds per request over the runs added so far."""
+        return self.cpu_s / self.requests * 1e6
+
 
 def loop_rows(ours: LoopLoad, bare: LoopLoad, bare_rate: float) -> list[Result]:
     """Event-loop CPU per request and busy share of the durable HTTP row against the bare
@@ -194,10 +198,10 @@ def loop_rows(ours: LoopLoad, bare: LoopLoad, bare_rate: float) -> list[Result]:
         return []
     label = "diagnostic: HTTP single-event POST, durable, 256 conns"
     busy = ours.cpu_s / ours.seconds
-    bare_per_request = bare.cpu_s / bare.requests * 1e6
+    bare_per_request = bare.per_request_us()
     return [
         Result(f"{label}: event-loop CPU per request (baseline: the bare stack's at 32 conns)",
-               ours.cpu_s / ours.requests * 1e6, "us", bare_per_request),
+               ours.per_request_us(), "us", bare_per_request),
         Result(f"{label}: event-loop busy share", busy * 100, "%"),
         Result("diagnostic: bare HTTP stack, single-event POST, 32 conns: event-loop busy share",
                bare.cpu_s / bare.seconds * 100, "%"),
@@ -322,6 +326,8 @@ def run(quick: bool) -> list[Result]:
             if have_wrk:
                 bare["single"] = statistics.median(paired["bare single"])
                 diagnostics += loop_rows(*loops, bare["single"])
+                if loops[1].requests:
+                    bare["single loop us"] = loops[1].per_request_us()
                 bare["batch"] = wrk(bare_url, batch, seconds, 32, workdir)[0] * 100
                 for connections in (32, 256, 512):  # durable acks: rate = clients / ack time
                     label = f"HTTP single-event POST, durable, {connections} conns"
@@ -436,9 +442,15 @@ def diagnostic_rows(workdir: Path, what: str, seconds: float, single: str,
     try:
         if have_wrk:
             url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
-            rate = wrk(url, single, seconds, 256, workdir)[0]
-            results.append(Result(f"diagnostic: HTTP single-event POST, {what}, 256 conns",
-                                  rate, "events/s", bare["single"]))
+            loop = LoopLoad()
+            rate = loop.run(proc.pid, max(1, int(seconds)),
+                            lambda: wrk(url, single, seconds, 256, workdir))[0]
+            label = f"diagnostic: HTTP single-event POST, {what}, 256 conns"
+            results.append(Result(label, rate, "events/s", bare["single"]))
+            if loop.requests and "single loop us" in bare:
+                results.append(Result(f"{label}: event-loop CPU per request (baseline: the "
+                                      "bare stack's at 32 conns)", loop.per_request_us(),
+                                      "us", bare["single loop us"]))
         unary = grpc_load(grpc_port, "unary", seconds, 32)
         results.append(Result(f"diagnostic: gRPC unary 100-event batch, {what}",
                               unary["events_per_s"], "events/s", bare["unary"]))
