@@ -58,22 +58,7 @@ class IngestMetrics:
                                        "version stays in use)", registry=r)
         self.flushes = Counter("icefloe_ingest_flushes", "Batch flushes by result", ["result"],
                                registry=r)
-        # histograms observed on the event loop, per flush or per request: no lock each
-        # time (ingestor.loop_histogram)
-        self.flush_seconds = LoopHistogram("icefloe_ingest_flush_seconds",
-                                           "Batch PUT + manifest append latency",
-                                           buckets=_LATENCY_BUCKETS, registry=r)
-        self.batch_bytes = LoopHistogram("icefloe_ingest_batch_bytes",
-                                         "Compressed batch file size",
-                                         buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 8e6, 16e6, 64e6),
-                                         registry=r)
-        self.batch_events = LoopHistogram("icefloe_ingest_batch_events",
-                                          "Events per batch file",
-                                          buckets=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), registry=r)
-        self.ack_seconds = LoopHistogram("icefloe_ingest_ack_seconds",
-                                         "Time from request received to durable "
-                                         "acknowledgement",
-                                         ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
+        self._histograms(r)
         self.grpc_idle_streams = Counter(
             "icefloe_ingest_grpc_idle_streams_closed", "PublishStreams the server ended "
             "because they sent nothing for grpc_stream_idle_s with nothing in flight",
@@ -97,6 +82,24 @@ class IngestMetrics:
             "icefloe_ingest_http_refused", "HTTP connections and requests the front refused "
             "before any route saw them, by reason (max_connections, header_bytes, "
             "header_count, http_version, transfer_encoding)", ["reason"], registry=r)
+
+    def _histograms(self, r: CollectorRegistry) -> None:
+        """The histograms, all observed on the event loop, per flush or per request: they
+        take no lock each time (:mod:`ingestor.loop_histogram`)."""
+        self.flush_seconds = LoopHistogram("icefloe_ingest_flush_seconds",
+                                           "Batch PUT + manifest append latency",
+                                           buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_bytes = LoopHistogram("icefloe_ingest_batch_bytes",
+                                         "Compressed batch file size",
+                                         buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 8e6, 16e6, 64e6),
+                                         registry=r)
+        self.batch_events = LoopHistogram("icefloe_ingest_batch_events",
+                                          "Events per batch file",
+                                          buckets=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), registry=r)
+        self.ack_seconds = LoopHistogram("icefloe_ingest_ack_seconds",
+                                         "Time from request received to durable "
+                                         "acknowledgement",
+                                         ["transport"], buckets=_LATENCY_BUCKETS, registry=r)
 
     def totals(self) -> dict[str, float]:
         """Accepted/rejected events over all streams and the buffered bytes, for progress
