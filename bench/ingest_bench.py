@@ -112,6 +112,11 @@ def process(args: list[str], port: int | None = None) -> Iterator[subprocess.Pop
             proc.kill()
 
 
+def wrk_seconds(seconds: float) -> int:
+    """How long :func:`wrk` runs for ``seconds``: wrk takes whole seconds, at least one."""
+    return max(1, int(seconds))
+
+
 def wrk(url: str, body: str, seconds: float, connections: int, workdir: Path
         ) -> tuple[float, float, float]:
     """(requests/s, p50 ms, p99 ms) of POSTing ``body`` with wrk."""
@@ -123,7 +128,7 @@ def wrk(url: str, body: str, seconds: float, connections: int, workdir: Path
         wrk.body = io.open("{body_file}", "rb"):read("*a")
         wrk.headers["Content-Type"] = "application/json"
     """))
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, int(seconds))}s",
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{wrk_seconds(seconds)}s",
                           "--latency", "-s", str(script), url],
                          capture_output=True, text=True, check=True).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
@@ -189,6 +194,10 @@ class LoopLoad:
         """Event-loop CPU microseconds per request over the runs added so far."""
         return self.cpu_s / self.requests * 1e6
 
+    def busy_share(self) -> float:
+        """The event loop's CPU over the wall time of the runs added so far (0-1)."""
+        return self.cpu_s / self.seconds
+
 
 def loop_rows(ours: LoopLoad, bare: LoopLoad, bare_rate: float) -> list[Result]:
     """Event-loop CPU per request and busy share of the durable HTTP row against the bare
@@ -197,14 +206,14 @@ def loop_rows(ours: LoopLoad, bare: LoopLoad, bare_rate: float) -> list[Result]:
     if not (ours.requests and bare.requests):
         return []
     label = "diagnostic: HTTP single-event POST, durable, 256 conns"
-    busy = ours.cpu_s / ours.seconds
+    busy = ours.busy_share()
     bare_per_request = bare.per_request_us()
     return [
         Result(f"{label}: event-loop CPU per request (baseline: the bare stack's at 32 conns)",
                ours.per_request_us(), "us", bare_per_request),
         Result(f"{label}: event-loop busy share", busy * 100, "%"),
         Result("diagnostic: bare HTTP stack, single-event POST, 32 conns: event-loop busy share",
-               bare.cpu_s / bare.seconds * 100, "%"),
+               bare.busy_share() * 100, "%"),
         Result(f"{label}: event-loop CPU per request at which 0.8 of the bare stack fits in "
                "that busy share", busy / (0.8 * bare_rate) * 1e6, "us", bare_per_request)]
 
@@ -312,7 +321,7 @@ def run(quick: bool) -> list[Result]:
             loops = LoopLoad(), LoopLoad()  # ours, the bare stack's
             for _ in range(rounds):
                 if have_wrk:
-                    span = max(1, int(seconds))  # wrk's own duration
+                    span = wrk_seconds(seconds)
                     paired.setdefault("bare single", []).append(loops[1].run(
                         bare_pid, span, lambda: wrk(bare_url, single, seconds, 32, workdir))[0])
                     paired.setdefault("single 256", []).append(loops[0].run(
@@ -333,7 +342,7 @@ def run(quick: bool) -> list[Result]:
                     label = f"HTTP single-event POST, durable, {connections} conns"
                     if connections == 256:
                         (rate, p50, p99), cadence = flush_cadence(
-                            metrics_url, label, max(1, int(seconds)),
+                            metrics_url, label, wrk_seconds(seconds),
                             lambda: wrk(url, single, seconds, 256, workdir))
                         diagnostics += cadence
                         rate = statistics.median([*paired["single 256"], rate])
@@ -443,7 +452,7 @@ def diagnostic_rows(workdir: Path, what: str, seconds: float, single: str,
         if have_wrk:
             url = f"http://127.0.0.1:{http_port}/v1/streams/pageviews/events"
             loop = LoopLoad()
-            rate = loop.run(proc.pid, max(1, int(seconds)),
+            rate = loop.run(proc.pid, wrk_seconds(seconds),
                             lambda: wrk(url, single, seconds, 256, workdir))[0]
             label = f"diagnostic: HTTP single-event POST, {what}, 256 conns"
             results.append(Result(label, rate, "events/s", bare["single"]))

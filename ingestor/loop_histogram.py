@@ -94,9 +94,7 @@ class LoopHistogram(Collector):
                                        labels=self._labelnames)
         bounds = [floatToGoString(bound) for bound in self._upper] + ["+Inf"]
         for values, child in list(self._children.items()):
-            counts, running, buckets = list(child.counts), 0, []
-            for bound, count in zip(bounds, counts, strict=True):
-                running += count
-                buckets.append((bound, running))
-            family.add_metric(list(values), buckets, child.sum)
+            cumulative = itertools.accumulate(list(child.counts))  # a copy: one snapshot
+            family.add_metric(list(values), list(zip(bounds, cumulative, strict=True)),
+                              child.sum)
         yield family
