@@ -92,7 +92,8 @@ test: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP) $(JS_ST
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	  exit $$status
 
-test-slow: $(STAMP) $(SPEEDUPS) java $(DUCKDB_ICEBERG_STAMP) $(ICEBERG_JAVA_STAMP)
+# checkov too: the slow fresh-clone run of the deploy checks uses this tree's
+test-slow: $(STAMP) $(SPEEDUPS) java $(CHECKOV_STAMP) $(DUCKDB_ICEBERG_STAMP) $(ICEBERG_JAVA_STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 ## make chaos DURATION=30m STORE=s3 SEED=7: a chaos run (kills, takeovers, store faults),

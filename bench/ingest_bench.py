@@ -335,8 +335,6 @@ def run(quick: bool) -> list[Result]:
             if have_wrk:
                 bare["single"] = statistics.median(paired["bare single"])
                 diagnostics += loop_rows(*loops, bare["single"])
-                if loops[1].requests:
-                    bare["single loop us"] = loops[1].per_request_us()
                 bare["batch"] = wrk(bare_url, batch, seconds, 32, workdir)[0] * 100
                 for connections in (32, 256, 512):  # durable acks: rate = clients / ack time
                     label = f"HTTP single-event POST, durable, {connections} conns"
@@ -385,8 +383,9 @@ def run(quick: bool) -> list[Result]:
                 child.send_signal(signal.SIGTERM)
                 child.wait(60)
         results += diagnostics
-        results += nondurable(workdir, seconds, single, bare, have_wrk)
-        results += on_tmpfs(seconds, single, bare, have_wrk)
+        bare_loop_us = loops[1].per_request_us() if loops[1].requests else None
+        results += nondurable(workdir, seconds, single, bare, bare_loop_us, have_wrk)
+        results += on_tmpfs(seconds, single, bare, bare_loop_us, have_wrk)
         if have_wrk:
             results += [Result("bare HTTP stack, single-event POST (ceiling)", bare["single"],
                                "req/s"),
@@ -417,16 +416,16 @@ def rounds_of_record(paired: dict[str, list[float]]) -> list[Result]:
 
 
 def nondurable(workdir: Path, seconds: float, single: str, bare: dict[str, float],
-               have_wrk: bool) -> list[Result]:
+               bare_loop_us: float | None, have_wrk: bool) -> list[Result]:
     """The same fronts without durability: how much of the gap to the bare stack is
     icefloe's per-request work (validation, ids, framing, metrics) rather than the wait
     for the batch file and manifest append."""
-    return diagnostic_rows(workdir, "not durable", seconds, single, bare, have_wrk,
-                           durable=False)
+    return diagnostic_rows(workdir, "not durable", seconds, single, bare, bare_loop_us,
+                           have_wrk, durable=False)
 
 
-def on_tmpfs(seconds: float, single: str, bare: dict[str, float], have_wrk: bool
-             ) -> list[Result]:
+def on_tmpfs(seconds: float, single: str, bare: dict[str, float],
+             bare_loop_us: float | None, have_wrk: bool) -> list[Result]:
     """The durable rows again with the store in memory (``/dev/shm``): every ack still waits
     for the batch file and the manifest append, but an fsync costs nothing. What separates
     these rows from the durable ones is the local disk's fsync path; what separates them
@@ -437,14 +436,17 @@ def on_tmpfs(seconds: float, single: str, bare: dict[str, float], have_wrk: bool
         return []
     with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-", dir=shm) as tmp:
         return diagnostic_rows(Path(tmp), "durable, store on tmpfs", seconds, single, bare,
-                               have_wrk, durable=True)
+                               bare_loop_us, have_wrk, durable=True)
 
 
 def diagnostic_rows(workdir: Path, what: str, seconds: float, single: str,
-                    bare: dict[str, float], have_wrk: bool, *, durable: bool) -> list[Result]:
+                    bare: dict[str, float], bare_loop_us: float | None, have_wrk: bool, *,
+                    durable: bool) -> list[Result]:
     """The rows with targets (HTTP single events at 256 connections, gRPC unary at 32
     calls) once, against an ingestor started in ``workdir`` (``durable``: the real one,
-    with the drain acking its queue; else the diagnostic that answers without writing)."""
+    with the drain acking its queue; else the diagnostic that answers without writing).
+    ``bare``: the bare stacks' rates; ``bare_loop_us``: the bare HTTP stack's event-loop CPU
+    per request (None where it was not measured)."""
     results: list[Result] = []
     proc, http_port, grpc_port = start_ingestor(workdir, durable=durable)
     children = [proc, start_drain(workdir)] if durable else [proc]
@@ -456,10 +458,10 @@ def diagnostic_rows(workdir: Path, what: str, seconds: float, single: str,
                             lambda: wrk(url, single, seconds, 256, workdir))[0]
             label = f"diagnostic: HTTP single-event POST, {what}, 256 conns"
             results.append(Result(label, rate, "events/s", bare["single"]))
-            if loop.requests and "single loop us" in bare:
+            if loop.requests and bare_loop_us is not None:
                 results.append(Result(f"{label}: event-loop CPU per request (baseline: the "
                                       "bare stack's at 32 conns)", loop.per_request_us(),
-                                      "us", bare["single loop us"]))
+                                      "us", bare_loop_us))
         unary = grpc_load(grpc_port, "unary", seconds, 32)
         results.append(Result(f"diagnostic: gRPC unary 100-event batch, {what}",
                               unary["events_per_s"], "events/s", bare["unary"]))

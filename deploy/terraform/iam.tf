@@ -224,6 +224,14 @@ data "aws_iam_policy_document" "collector" {
     resources = ["${local.control_bucket_arn}/${local.catalog_version_key}"]
   }
   statement {
+    # where this collector answers `icefloe run` (icefloe.collector_address): read, then
+    # rewritten by compare-and-swap when it takes the lease, so a newer holder's stays
+    sid       = "PublishCollectorAddress"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.control_bucket_arn}/${local.collector_address_key}"]
+  }
+  statement {
     # the dedup journal (collector.journal): the event ids each commit accepted, per table,
     # read back at start; old records are swept
     sid       = "DedupJournal"

@@ -58,6 +58,9 @@ locals {
   # (icefloe.catalog_version.VERSION_KEY)
   dedup_keys          = "${var.batch_prefix}/dedup/*"
   catalog_version_key = "${var.batch_prefix}/catalog/version.json"
+  # where the collector holding the lease answers HTTP (icefloe.collector_address.KEY):
+  # written when it takes the lease, read before writing (a newer holder's is kept)
+  collector_address_key = "${var.batch_prefix}/collector/address.json"
   # the Kafka listener's producer-id counter, next to the registry
   # (ingestor.kafka.producer_ids.producer_ids_key); claimed by compare-and-swap at start
   kafka_producer_ids_key = "${var.batch_prefix}/registry/kafka/producer-ids.json"

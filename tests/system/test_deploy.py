@@ -29,7 +29,7 @@ import pytest
 import yaml
 from tf_eval import Module
 
-from icefloe import __version__
+from icefloe import __version__, collector_address
 from icefloe.catalog_version import VERSION_KEY
 from icefloe.config import (
     CONFIG_ENV,
@@ -645,6 +645,7 @@ def test_should_name_the_control_keys_the_code_uses():
 
     local = tf_locals()
     assert local["catalog_version_key"] == "${var.batch_prefix}/" + VERSION_KEY
+    assert local["collector_address_key"] == "${var.batch_prefix}/" + collector_address.KEY
     assert local["dedup_keys"] == "${var.batch_prefix}/" + PREFIX + "/*"
     assert local["kafka_producer_ids_key"] == (
         "${var.batch_prefix}/" + producer_ids_key(Config()))
