@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collector.service import Collector
+    from collector.service import Collector, Engine
     from icefloe.config import Config, StreamConfig
     from icefloe.manifest import Entry
     from icefloe.store.base import AsyncObjectStore
@@ -188,10 +188,11 @@ async def manifest_entries(store_url: str) -> list[Entry]:
         await store.close()
 
 
-async def open_collector(config: Config, engine: object, **options: Any
+async def open_collector(config: Config, engine: Engine, **options: Any
                          ) -> tuple[Collector, AsyncObjectStore]:
     """A collector on ``config``'s store that holds the lease and has its tables ready; the
     caller closes the store."""
+
     from collector.service import Collector
     from icefloe.store import open_async_store
     from pipeline.iceberg.catalog import open_catalog
@@ -203,7 +204,7 @@ async def open_collector(config: Config, engine: object, **options: Any
     return collector, store
 
 
-async def drain(config: Config, engine: object, events: int, *, until_empty: bool = False
+async def drain(config: Config, engine: Engine, events: int, *, until_empty: bool = False
                 ) -> tuple[float, Collector]:
     """Drain the pre-filled manifest (one run, or runs until it is empty when
     ``until_empty``) and check all ``events`` were committed; committed events/s, timed

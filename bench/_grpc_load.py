@@ -58,7 +58,7 @@ async def main(target: str, mode: str, seconds: float, per_msg: int, concurrency
             nonlocal events
             sent: asyncio.Queue[float] = asyncio.Queue(maxsize=32)
 
-            async def requests():  # type: ignore[no-untyped-def]
+            async def requests():
                 i = worker
                 while time.monotonic() < deadline:
                     await sent.put(time.perf_counter())

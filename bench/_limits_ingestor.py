@@ -44,7 +44,7 @@ _guarded = http_server.guarded_protocol
 def main() -> int:
     config = load_config(Path(sys.argv[1]))
     if sys.argv[2] == "off":
-        http_server.guarded_protocol = _without_limits  # type: ignore[assignment]
+        http_server.guarded_protocol = _without_limits
     return serve_announcing(config)
 
 

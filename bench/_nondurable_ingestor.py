@@ -25,7 +25,8 @@ from ingestor import buffer
 
 
 def _answer_at_once(self: buffer.Batcher, framed: bytes, count: int, stream: str,
-                    registry_version: int = 0) -> asyncio.Future[None]:
+                    registry_version: int = 0, also: tuple[str, ...] = ()
+                    ) -> asyncio.Future[None]:
     """Stands in for :meth:`Batcher.enqueue`: the events are framed, then dropped."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     done.set_result(None)

@@ -275,7 +275,7 @@ def _measure(spec: ProcessSpec, cluster: Cluster, collector_url: str,
     for index in range(spec.ingestors):
         # ports picked now, not when the cluster was made: Spark's driver, started since,
         # binds ports of its own and may have taken one picked earlier
-        cluster.ports[index] = (free_port(), free_port())
+        cluster.ports[index] = (free_port(), free_port(), free_port())
         try:
             cluster.start_ingestor(index, timeout=120, attempts=3)
         except RuntimeError as exc:

@@ -75,8 +75,10 @@ def publish_for(store_url: str, seconds: float, per_stream: int) -> dict[int, fl
                 tick = time.monotonic()
                 data, count, streams = build_batch(events(i, per_stream))
                 at = time.time()
-                published[await publish_batch(store, producer, data, record_count=count,
-                                              streams=streams)] = at
+                seq = await publish_batch(store, producer, data, record_count=count,
+                                          streams=streams)
+                assert seq is not None, "a fresh producer's append has a sequence"
+                published[seq] = at
                 i += 1
                 await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
         finally:
@@ -99,7 +101,7 @@ async def one_run(root: Path, spark: Any, seconds: float, per_stream: int, *,
                           maintenance_interval_s=3600, park_retry_s=3600)
     collector, store = await open_collector(config, SparkEngine(spark, 2))
     committed: dict[str, dict[int, float]] = {t: {} for t in (*HEALTHY, BROKEN)}
-    commit = collector._commit
+    commit = collector.commits.commit
 
     def timed(table: str, rows: Any, *args: Any, **kwargs: Any) -> Any:
         outcome = commit(table, rows, *args, **kwargs)
@@ -109,7 +111,7 @@ async def one_run(root: Path, spark: Any, seconds: float, per_stream: int, *,
                 committed[table].setdefault(seq, now)
         return outcome
 
-    collector._commit = timed  # type: ignore[method-assign]
+    collector.commits.commit = timed  # type: ignore[method-assign]
     stop = asyncio.Event()
     task = asyncio.create_task(Runner(collector, stop).run())
     good = ""

@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -57,7 +58,7 @@ from _common import (
 )
 
 from collector.runner import Runner
-from icefloe.config import Column, StreamConfig
+from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest import ManifestProducer
 from icefloe.manifest.publish import build_batch, publish_batch
 from icefloe.store import open_async_store
@@ -102,7 +103,7 @@ def evolving_payload(i: int) -> bytes:
     return msgspec.json.encode(body)
 
 
-def make_config(root: Path, stream: StreamConfig = STREAM, **collector: object):
+def make_config(root: Path, stream: StreamConfig = STREAM, **collector: Any) -> Config:
     return local_config(root, (stream,), **{"max_run_entries": 100_000,
                                             "max_run_bytes": 1 << 34, "dedup_window_s": 0,
                                             **collector})
@@ -210,6 +211,7 @@ async def _publish(store_url: str, stream: StreamConfig, mode: str, seconds: flo
                 ("events", f"f{sent + i}", now_ms, p) for i, p in enumerate(payloads))
             seq = await publish_batch(store, producer, data, record_count=count,
                                       streams=streams)
+            assert seq is not None, "a fresh producer's append has a sequence"
             published[seq] = (at, count)
             sent += count
             await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))

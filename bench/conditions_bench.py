@@ -23,6 +23,7 @@ Usage: python bench/conditions_bench.py [--quick] [--json PATH]
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import statistics
 import sys
@@ -167,7 +168,7 @@ async def propagation(root: Path, rounds: int) -> list[float]:
         for i in range(rounds):
             spec = ops.SourceSpec(id=f"s{i}", sinks=(ops.SinkSpec(
                 name="t", table=f"web.t{i}", columns=COLUMNS),))
-            await registry.update(lambda r, spec=spec: ops.create_source(r, spec))
+            await registry.update(functools.partial(ops.create_source, spec=spec))
             written = time.monotonic()
             while f"s{i}" not in runtime.service.streams:
                 await asyncio.sleep(0.005)

@@ -295,7 +295,7 @@ def results(run: E2ERun) -> list[Result]:
         Result(f"{label}: accepted - committed after the drain",
                run.accepted_total - run.committed_total, "events"),
     ]
-    rows += [Result(f"{label}: CPU share, {role}", 100 * used / (seconds * os.cpu_count()),
+    rows += [Result(f"{label}: CPU share, {role}", 100 * used / (seconds * (os.cpu_count() or 1)),
                     "% of the machine") for role, used in cpu.items()]
     return rows
 

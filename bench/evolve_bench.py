@@ -41,6 +41,7 @@ from _common import (
     write_json,
 )
 
+from collector.service import Engine
 from icefloe.config import Column, StreamConfig
 from icefloe.manifest.publish import build_batch
 from ingestor.validate import CompiledStream
@@ -82,7 +83,7 @@ def batch_files(stream: StreamConfig, events: int) -> Iterator[BatchFile]:
             ("events", f"e{i}", now_ms, p) for i, p in zip(ids, payloads, strict=True))
 
 
-def measure(root: Path, stream: StreamConfig, engine, events: int) -> float:
+def measure(root: Path, stream: StreamConfig, engine: Engine, events: int) -> float:
     best = 0.0
     for trial in range(TRIALS):
         config = make_config(root / f"{stream.unknown_fields}-{trial}", stream)
@@ -98,7 +99,7 @@ def main() -> None:
     parser.add_argument("--spark", action="store_true", help="Spark local[2] engine")
     args = parser.parse_args()
     events = 30_000 if args.quick else 100_000
-    engine = LocalEngine()
+    engine: Engine = LocalEngine()
     if args.spark:
         from pipeline.load.run import SparkEngine
         from pipeline.spark import get_spark

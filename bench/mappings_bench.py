@@ -220,7 +220,7 @@ def main() -> None:
         print_table("template vs path column (decode, one core)", results)
         write_json(args.json, results)
         return
-    results: list[Result] = []
+    results = []
     plain, mapped = ingest_rates(seconds)
     results += [Result("ingest validate, plain columns", plain, "events/s"),
                 Result("ingest validate, mapped (4 paths + meta)", mapped, "events/s", plain)]

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import multiprocessing.synchronize
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def make_records(count: int) -> list[bytes]:
     return records
 
 
-def timed(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[..., object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
@@ -90,6 +91,8 @@ def bench_batches(quick: bool) -> list[Result]:
         t_decode = timed(lambda data=data: sum(1 for _ in iter_records(*decode_block(data))),
                          repeat)
         t_split = timed(lambda data=data: split_by_stream(*decode_block(data)), repeat)
+        base_encode: float | None = None  # no baseline without zstd
+        base_decode: float | None = None
         if compression is Compression.ZSTD:
             cctx = zstandard.ZstdCompressor(level=3, write_checksum=True)
             frame = data[:-7]
@@ -98,8 +101,6 @@ def bench_batches(quick: bool) -> list[Result]:
                              repeat)
             base_encode = block_bytes / t_zstd / 1e6
             base_decode = count / t_unzstd
-        else:
-            base_encode = base_decode = None
         results += [
             Result(f"batch encode, {label} (MB/s of block)", block_bytes / t_encode / 1e6,
                    "MB/s", base_encode),
@@ -124,7 +125,7 @@ def open_bench_store(root: str, latency: bool) -> AsyncObjectStore:
 
 
 def producer_process(root: str, latency: bool, in_flight: int, duration: float,
-                     start: multiprocessing.synchronize.Event) -> tuple[int, int, int]:
+                     start: threading.Event) -> tuple[int, int, int]:
     """Append as fast as possible for ``duration``; return (entries, CAS writes, conflicts)."""
 
     async def run() -> tuple[int, int, int]:

@@ -78,7 +78,7 @@ from icefloe.clock import SYSTEM, Clock
 from icefloe.config import CollectorSection, IngestorSection
 from icefloe.manifest import ManifestConfig, ManifestProducer
 from icefloe.manifest.publish import publish_batch
-from icefloe.manifest.sharded_consumer import ShardedConsumer
+from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
 from icefloe.manifest.shards import shard_config
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
 from ingestor.buffer import FlushSettings
@@ -317,7 +317,8 @@ async def _collector(consumer: ShardedConsumer, spec: ClusterSpec, tally: _Tally
     while True:
         began = loop.time()
         entries = await consumer.read(max_entries=COLLECTOR.max_run_entries)
-        run, size = [], 0
+        run: list[ShardEntry] = []
+        size = 0
         for tagged in entries:  # a cut leaves each shard a contiguous prefix
             if run and size + tagged.entry.size > COLLECTOR.max_run_bytes:
                 break
@@ -748,12 +749,13 @@ def main() -> None:
     processes: list[Result] = []
     if args.processes:
         with spark_lock():
-            for spec in process_specs(args.quick, args.process_shards, args.seed):
-                print(f"real processes: {spec.ingestors} ingestors, {spec.shards} shard(s), "
-                      f"{spec.duration_s:g} s window after {spec.warmup_s:g} s", flush=True)
-                run = run_processes(spec)
-                print_process_notes(run)
-                processes += process_results(run)
+            for process_spec in process_specs(args.quick, args.process_shards, args.seed):
+                print(f"real processes: {process_spec.ingestors} ingestors, "
+                      f"{process_spec.shards} shard(s), {process_spec.duration_s:g} s window "
+                      f"after {process_spec.warmup_s:g} s", flush=True)
+                process_run = run_processes(process_spec)
+                print_process_notes(process_run)
+                processes += process_results(process_run)
         print_table("real processes (moto behind 20-50 ms per request; moto serves requests "
                     "one at a time: a shape check of the model, not S3's capacity)", processes)
     if args.no_model:

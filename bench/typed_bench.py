@@ -113,7 +113,7 @@ class Kinds:
     """The Protobuf message class and the Avro writer for the bench's events."""
 
     def __init__(self, root: Path) -> None:
-        import grpc_tools
+        import grpc_tools  # type: ignore[import-untyped]
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
         (root / "pv.proto").write_text(PROTO)
@@ -136,7 +136,7 @@ class Kinds:
         self._avro = fastavro.parse_schema(AVRO)
 
     def protobuf(self, e: dict[str, Any]) -> bytes:
-        msg = self.message(**{k: v for k, v in e.items() if k != "ts_us"})
+        msg: Any = self.message(**{k: v for k, v in e.items() if k != "ts_us"})  # dynamic
         msg.ts.seconds, msg.ts.nanos = divmod(e["ts_us"], 1_000_000)
         msg.ts.nanos *= 1000
         return bytes(msg.SerializeToString())

@@ -1,6 +1,7 @@
-"""The type check of the shipped packages passes: ``mypy`` with the project's configuration
-(``[tool.mypy]`` in pyproject.toml: strict for ``icefloe/``, the default checks plus
-``check_untyped_defs``, ``warn_unused_ignores`` and ``warn_redundant_casts`` for the roles).
+"""The type check of the shipped packages and the benchmarks passes: ``mypy`` with the
+project's configuration (``[tool.mypy]`` in pyproject.toml: strict for ``icefloe/``, the
+default checks plus ``check_untyped_defs``, ``warn_unused_ignores`` and
+``warn_redundant_casts`` for the roles and ``bench/``).
 ``make test`` runs it before pytest too; this test makes a plain ``pytest`` catch it.
 
 Cost: mypy keeps its cache in ``.mypy_cache/`` (gitignored), so a run after a small change
@@ -18,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("icefloe", "icefloe_app", "ingestor", "collector", "pipeline")
+CHECKED = (*SHIPPED, "bench")  # the benchmarks too: they reach into the packages' insides
 
 
 def test_mypy_passes_on_the_shipped_packages() -> None:
@@ -29,7 +31,7 @@ def test_mypy_passes_on_the_shipped_packages() -> None:
 
 def test_mypy_checks_every_shipped_package_strict_for_the_core() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
-    assert tuple(config["files"]) == SHIPPED
+    assert tuple(config["files"]) == CHECKED
     assert config["warn_unused_ignores"]
     assert config["warn_redundant_casts"]
     assert config["check_untyped_defs"]
@@ -40,7 +42,7 @@ def test_mypy_checks_every_shipped_package_strict_for_the_core() -> None:
 
 def test_every_type_ignore_names_its_error_code() -> None:
     bare = [f"{path.relative_to(ROOT)}:{number}"
-            for package in SHIPPED for path in sorted((ROOT / package).rglob("*.py"))
+            for package in CHECKED for path in sorted((ROOT / package).rglob("*.py"))
             if "v1" not in path.relative_to(ROOT).parts
             for number, line in enumerate(path.read_text().splitlines(), start=1)
             if re.search(r"#\s*type:\s*ignore(?!\[)", line)]
