@@ -192,7 +192,6 @@ async def open_collector(config: Config, engine: Engine, **options: Any
                          ) -> tuple[Collector, AsyncObjectStore]:
     """A collector on ``config``'s store that holds the lease and has its tables ready; the
     caller closes the store."""
-
     from collector.service import Collector
     from icefloe.store import open_async_store
     from pipeline.iceberg.catalog import open_catalog
