@@ -35,6 +35,7 @@ from security_support import ingestor
 
 from icefloe.client import GrpcClient, HttpClient, IngestRejected
 from icefloe.config import Column, Config, StreamConfig, load_config
+from icefloe.config.manifest import ManifestConfig
 from icefloe.store.failpoints import FAULTS_ENV
 from pipeline.load.run import SparkEngine
 from testing.kafka_proxy import KafkaProxy, every
@@ -153,21 +154,28 @@ def report(name: str, **numbers: Any) -> None:
 # -- 1. answers lost after the ingestor got the batch ---------------------------------------
 
 
-async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Path,
-                                                                   spark: Any) -> None:
+async def test_retries_of_batches_whose_answers_were_lost_land_once(
+        tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every third Produce request loses its answer: "early" (the client is cut off as
-    soon as the ingestor has the request, so its retry meets the first attempt still
-    buffered: both are stored) or "late" (cut off when the durable answer comes, so the
+    soon as the ingestor has the request, so its retry meets the first attempt not yet
+    durable: both are stored) or "late" (cut off when the durable answer comes, so the
     retry is answered from the ingestor's duplicate cache with the first offset)."""
     n = 300
     upstream: list[tuple[str, int]] = []
     proxy = KafkaProxy(lambda _: upstream[0], every(3, limit=8))
     await proxy.start()
-    # a slow flush (6 s): an "early" cut's retry (~0.1 s later, more when librdkafka's
-    # reconnect backs off on a busy machine) arrives while the first attempt is still
-    # buffered, so the store gets both (1 s, and once 3 s, let every retry miss the
-    # window in a clean-clone CI run)
-    config = with_kafka(collector_config(tmp_path, (KCLICKS,)), flush_age_ms=6000.0,
+    # Every manifest append takes 0.6 s (a store that is slow, injected at the store's
+    # boundary), so an "early" cut's retry (librdkafka reconnects within its 0.5 s
+    # backoff cap) always finds its first attempt still being flushed. Why not a long
+    # flush age: flushes are group commits that start at once when none is in flight, so
+    # the age rarely held a batch at all and a clean-clone CI run now and then stored no
+    # retry twice.
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"rules": [
+        {"kind": "delay", "ops": ["put"], "key_prefix": ManifestConfig().key, "times": None,
+         "delay_s": [0.6, 0.6]}]}))
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    config = with_kafka(collector_config(tmp_path, (KCLICKS,)),
                         kafka_advertised_port=proxy.port)
     acks = Acks()
     try:
@@ -183,6 +191,8 @@ async def test_retries_of_batches_whose_answers_were_lost_land_once(tmp_path: Pa
     assert len(acks.acked()) == n
     assert proxy.stats.dropped["early"] >= 2, proxy.stats
     assert proxy.stats.dropped["late"] >= 2, proxy.stats
+    assert Path(f"{faults}.log").read_text().count(" delay put") >= 2
+    monkeypatch.delenv(FAULTS_ENV)  # the collector's store is not slow
     stored, twice = await twice_in_batch_files(config)
     assert twice > 0, "no retry was stored twice: the test proved nothing"
     await collect_all(config, SparkEngine(spark, 2))
