@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -173,6 +173,43 @@ async def publish_files(store_url: str, files: Iterable[BatchFile]) -> None:
     finally:
         await producer.close()
         await store.close()
+
+
+Event = tuple[str, str, int, bytes]
+"""(stream, event id, received at in ms, canonical payload): a record of a batch file."""
+
+
+async def publish_every(store_url: str, seconds: float, batch_of: Callable[[int], list[Event]],
+                        interval_s: float = 0.1) -> dict[int, tuple[float, int]]:
+    """Publish ``batch_of(i)`` as the i-th batch file every ``interval_s`` for ``seconds``,
+    as an ingestor's flushes do; each manifest sequence's (publish time, events).
+
+    Meant for a process of its own (``asyncio.run`` it there): in a collector's process it
+    would share the GIL with the collector's Python work and publish late exactly when that
+    work grows."""
+    from icefloe.manifest import ManifestProducer
+    from icefloe.manifest.publish import build_batch, publish_batch
+    from icefloe.store import open_async_store
+
+    store = open_async_store(store_url)
+    producer = ManifestProducer(store)
+    published: dict[int, tuple[float, int]] = {}
+    deadline, i = time.monotonic() + seconds, 0
+    try:
+        while time.monotonic() < deadline:
+            tick = time.monotonic()
+            data, count, streams = build_batch(batch_of(i))
+            at = time.time()
+            seq = await publish_batch(store, producer, data, record_count=count,
+                                      streams=streams)
+            assert seq is not None, "a fresh producer's append has a sequence"
+            published[seq] = (at, count)
+            i += 1
+            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - tick)))
+    finally:
+        await producer.close()
+        await store.close()
+    return published
 
 
 async def manifest_entries(store_url: str) -> list[Entry]:

@@ -27,13 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from _common import Result, bench_parser, local_config, open_collector, print_table, write_json
+from _common import (
+    Result,
+    bench_parser,
+    local_config,
+    open_collector,
+    print_table,
+    publish_every,
+    write_json,
+)
 
 from collector.runner import Runner
 from icefloe.config import Column, StreamConfig
-from icefloe.manifest import ManifestProducer
-from icefloe.manifest.publish import build_batch, publish_batch
-from icefloe.store import open_async_store
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import SparkEngine
 from testing.catalog_pointer import lost, metadata_pointer
@@ -65,27 +70,8 @@ def events(i: int, per_stream: int) -> list[tuple[str, str, int, bytes]]:
 
 def publish_for(store_url: str, seconds: float, per_stream: int) -> dict[int, float]:
     """The publisher process: one entry per 100 ms; returns each sequence's publish time."""
-    async def go() -> dict[int, float]:
-        store = open_async_store(store_url)
-        producer = ManifestProducer(store)
-        published: dict[int, float] = {}
-        deadline, i = time.monotonic() + seconds, 0
-        try:
-            while time.monotonic() < deadline:
-                tick = time.monotonic()
-                data, count, streams = build_batch(events(i, per_stream))
-                at = time.time()
-                seq = await publish_batch(store, producer, data, record_count=count,
-                                          streams=streams)
-                assert seq is not None, "a fresh producer's append has a sequence"
-                published[seq] = at
-                i += 1
-                await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
-        finally:
-            await producer.close()
-            await store.close()
-        return published
-    return asyncio.run(go())
+    published = asyncio.run(publish_every(store_url, seconds, lambda i: events(i, per_stream)))
+    return {seq: at for seq, (at, _) in published.items()}
 
 
 def pointer(config: Any, table: str, location: str | None = None) -> str:

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (
     BatchFile,
+    Event,
     Result,
     bench_parser,
     drain,
@@ -53,15 +54,14 @@ from _common import (
     manifest_entries,
     open_collector,
     print_table,
+    publish_every,
     publish_files,
     write_json,
 )
 
 from collector.runner import Runner
 from icefloe.config import Column, Config, StreamConfig
-from icefloe.manifest import ManifestProducer
-from icefloe.manifest.publish import build_batch, publish_batch
-from icefloe.store import open_async_store
+from icefloe.manifest.publish import build_batch
 from ingestor.validate import CompiledStream
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.iceberg.tables import ensure_stream_table
@@ -155,17 +155,18 @@ async def freshness(config, engine, seconds: float, rate: int,
     collector, store = await open_collector(config, engine)
     committed: dict[int, float] = {}
     stop = asyncio.Event()
-    original = collector.run_once
+    runner = Runner(collector, stop)
+    # the runner's one run, overlapped or not (``collector.overlap``, on by default)
+    original = runner._run_one
 
-    async def timed_run():  # stamp each run's entries when their commit returns
+    async def timed_run() -> Any:  # stamp each run's entries when their commit returns
         result = await original()
         now = time.time()
         for seq in range(result.first_sequence, result.last_sequence + 1):
             committed.setdefault(seq, now)
         return result
 
-    collector.run_once = timed_run  # type: ignore[method-assign]
-    runner = Runner(collector, stop)
+    runner._run_one = timed_run  # type: ignore[method-assign]
     task = asyncio.create_task(runner.run())
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:
@@ -180,45 +181,27 @@ async def freshness(config, engine, seconds: float, rate: int,
     await store.close()
     samples = [committed[seq] - at for seq, (at, count) in published.items()
                if seq in committed for _ in range(count)]
+    if not samples:  # a figure of nothing must not print as a freshness
+        raise RuntimeError(f"freshness ({mode}): none of the {len(published)} published "
+                           "batches was seen committed; the bench's hook missed the runs")
     return samples, sum(count for _, count in published.values())
 
 
 def publish_for(store_url: str, stream: StreamConfig, mode: str, seconds: float,
                 rate: int) -> dict[int, tuple[float, int]]:
-    """The publisher process of :func:`freshness`: ``rate`` events/s for ``seconds``;
-    returns each manifest sequence's (publish time, events)."""
-    return asyncio.run(_publish(store_url, stream, mode, seconds, rate))
-
-
-async def _publish(store_url: str, stream: StreamConfig, mode: str, seconds: float,
-                   rate: int) -> dict[int, tuple[float, int]]:
+    """The publisher process of :func:`freshness`: ``rate`` events/s in 10 batches/s for
+    ``seconds``; each manifest sequence's (publish time, events)."""
     payload_of = evolving_payload if mode == "evolve" else payload
     compiled = CompiledStream(stream)
-    store = open_async_store(store_url)
-    producer = ManifestProducer(store)
-    published: dict[int, tuple[float, int]] = {}
     per_batch = rate // 10
-    sent = 0
-    deadline = time.monotonic() + seconds
-    try:
-        while time.monotonic() < deadline:
-            tick = time.monotonic()
-            now_ms = int(time.time() * 1000)
-            at = time.time()
-            payloads = compiled.from_events([payload_of(sent + i)
-                                             for i in range(per_batch)]).payloads
-            data, count, streams = build_batch(
-                ("events", f"f{sent + i}", now_ms, p) for i, p in enumerate(payloads))
-            seq = await publish_batch(store, producer, data, record_count=count,
-                                      streams=streams)
-            assert seq is not None, "a fresh producer's append has a sequence"
-            published[seq] = (at, count)
-            sent += count
-            await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
-    finally:
-        await producer.close()
-        await store.close()
-    return published
+
+    def batch_of(i: int) -> list[Event]:
+        first, now_ms = i * per_batch, int(time.time() * 1000)
+        payloads = compiled.from_events([payload_of(first + k)
+                                         for k in range(per_batch)]).payloads
+        return [("events", f"f{first + k}", now_ms, p) for k, p in enumerate(payloads)]
+
+    return asyncio.run(publish_every(store_url, seconds, batch_of))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import importlib
 import json
 import logging
@@ -33,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         # string hashing is randomised per process, and so is the order of sets of names;
         # a replay must see the same order: restart with a fixed hash seed
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        args = sys.argv[1:] if argv is None else argv
-        os.execve(sys.executable, [sys.executable, "-m", "testing.sim", *args], env)
+        given = sys.argv[1:] if argv is None else argv
+        os.execve(sys.executable, [sys.executable, "-m", "testing.sim", *given], env)
     parser = argparse.ArgumentParser(
         prog="python -m testing.sim",
         description="Run icefloe's deterministic simulator: one seed builds a cluster "
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         # run after another must give what ``--seed N`` (the replay) gives
         with concurrent.futures.ProcessPoolExecutor(
                 max(1, args.jobs), mp_context=multiprocessing.get_context("spawn"),
-                max_tasks_per_child=1, initializer=logging.disable,
-                initargs=(logging.CRITICAL,)) as pool:  # quiet also as the process ends
+                max_tasks_per_child=1,  # quiet also as the process ends
+                initializer=functools.partial(logging.disable, logging.CRITICAL)) as pool:
             # by its importable name: a spawned process cannot find ``__main__._run``
             run = importlib.import_module("testing.sim.__main__")._run
             for result in pool.map(run, seeds, [False] * len(seeds),

@@ -86,6 +86,8 @@ class Watched(Protocol):
 
     def manifest(self) -> Manifest | None: ...
 
+    def manifests(self) -> dict[int, Manifest]: ...
+
 
 class Checker:
     def __init__(self, world: Watched) -> None:

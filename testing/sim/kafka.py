@@ -287,8 +287,8 @@ class KafkaProducer:
             return self._lost(sent, version)
         if task.exception() is not None:
             exc = task.exception()
-            world.checker.violation(f"{ingestor.name}: Kafka produce failed: "
-                                    f"{type(exc).__name__}: {exc}")
+            world.checker.violation(f"{ingestor.name}: Kafka produce died of an unexpected "
+                                    f"error: {type(exc).__name__}: {exc}")
             return self._lost(sent, version)
         version, result = task.result()
         if result.error == Code.NONE:

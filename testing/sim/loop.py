@@ -15,11 +15,13 @@ A blocking step that needs the store drives the store coroutine to completion ri
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import selectors
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 LOOP_TURN_S = 1e-6
 
 
@@ -108,12 +110,19 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         selector = _VirtualSelector(sim)
         super().__init__(selector=selector)
         self.sim = sim
-        selector.next_timer = lambda: self._scheduled[0]._when if self._scheduled else None
+        selector.next_timer = self._next_timer
 
     def time(self) -> float:
         return self.sim.elapsed
 
-    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any
+    def _next_timer(self) -> float | None:
+        """When the earliest timer is due: asyncio's own timer heap (private, and rebound
+        when asyncio sweeps cancelled timers, so read it anew each time)."""
+        timers: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        return timers[0].when() if timers else None
+
+    def run_in_executor(self, executor: concurrent.futures.Executor | None,
+                        func: Callable[[*Ts], T], *args: *Ts
                         ) -> asyncio.Future[T]:
         future: asyncio.Future[T] = self.create_future()
         self.sim.inline_depth += 1

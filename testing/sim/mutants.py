@@ -75,7 +75,7 @@ def _no_fence() -> contextlib.AbstractContextManager[None]:
     return _patch(Collector, "fence_tables", lambda self: None)
 
 
-def _no_staging_claim() -> contextlib.AbstractContextManager[None]:
+def _no_staging_claim() -> contextlib.AbstractContextManager[object]:
     """Case 5 undone: staging states are neither stamped at takeover nor created (stamped)
     when a collector prepares a staged table, and a state a collector creates is relied on
     without confirming the manifest epoch first."""
@@ -101,7 +101,7 @@ def _no_staging_claim() -> contextlib.AbstractContextManager[None]:
     return stack
 
 
-def _standby_no_reread() -> contextlib.AbstractContextManager[None]:
+def _standby_no_reread() -> contextlib.AbstractContextManager[object]:
     """#28's hot standby done wrong: while it waits, the standby reads every table (its
     committed sequences and the snapshots its dedup window is rebuilt from) every
     ``WARM_EVERY_S``, and after its epoch bump it keeps what it read instead of reading
@@ -254,7 +254,7 @@ def _kafka_ids_per_attempt() -> contextlib.AbstractContextManager[None]:
     original = ProduceHandler._canonical
 
     def canonical(self: ProduceHandler, stream: Any, partition: int, records: Any,
-                  caller: Any) -> tuple[Any, list[str] | None]:
+                  caller: Any) -> tuple[Any, tuple[bytes, list[bytes]] | None]:
         return original(self, stream, partition, records, caller)[0], None
     return _patch(ProduceHandler, "_canonical", canonical)
 
@@ -268,11 +268,13 @@ def _kafka_ids_without_epoch() -> contextlib.AbstractContextManager[None]:
     original = ProduceHandler._canonical
 
     def canonical(self: ProduceHandler, stream: Any, partition: int, records: Any,
-                  caller: Any) -> tuple[Any, list[str] | None]:
+                  caller: Any) -> tuple[Any, tuple[bytes, list[bytes]] | None]:
         got, ids = original(self, stream, partition, records, caller)
         if ids is None:
             return got, None
-        return got, [":".join(p[:4] + p[5:]) for p in (i.split(":") for i in ids)]
+        stem, suffixes = ids  # stem: b"kafka:<token>:<partition>:<producer id>:<epoch>:"
+        parts = stem.split(b":")
+        return got, (b":".join(parts[:4] + parts[5:]), suffixes)
     return _patch(ProduceHandler, "_canonical", canonical)
 
 
@@ -357,7 +359,7 @@ def _ack_read_ahead() -> contextlib.AbstractContextManager[None]:
     return _patch(Overlap, "_read_ahead", read_ahead)
 
 
-MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
     "no-dedup": _no_dedup,
@@ -382,7 +384,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 
-def applied(name: str | None) -> contextlib.AbstractContextManager[None]:
+def applied(name: str | None) -> contextlib.AbstractContextManager[object]:
     if name is None:
         return contextlib.nullcontext()
     if name not in MUTANTS:

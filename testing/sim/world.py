@@ -693,7 +693,7 @@ class World:
         s = self.scenario
         path = self.root / "icefloe.toml"
         path.write_text("")
-        overrides = {
+        overrides: dict[str, dict[str, Any]] = {
             "store": {"url": (self.root / "unused-store").as_uri()},
             "catalog": {"uri": f"sqlite:///{self.root / 'catalog.db'}",
                         "warehouse": (self.root / "warehouse").as_uri()},
@@ -766,7 +766,8 @@ class World:
 
     def kill(self, host: str) -> None:
         """A host dies: its store view refuses everything and all its tasks stop."""
-        for view_owner in [*self.ingestors, *self.collectors]:
+        owners: list[Ingestor | CollectorHost] = [*self.ingestors, *self.collectors]
+        for view_owner in owners:
             if view_owner.name == host:
                 view_owner.view.crashed = True
                 if isinstance(view_owner, Ingestor):
@@ -846,7 +847,7 @@ class World:
         for i in range(self.scenario.sources):
             conditions = Conditions(max_age_s=age) if age is not None and i == 0 \
                 else Conditions()
-            keyed = {"primary_key": ("key",), "tombstone_field": "gone"} \
+            keyed: dict[str, Any] = {"primary_key": ("key",), "tombstone_field": "gone"} \
                 if self.scenario.upsert else {}
             columns = typed.columns(1) if self.typed_source(f"s{i}") else \
                 KEYED_COLUMNS if self.scenario.upsert else \
@@ -963,7 +964,8 @@ class World:
     def active(self) -> CollectorHost | None:
         running = [c for c in self.collectors if c.outcome == "running"
                    and c.collector is not None and c.collector.epoch is not None]
-        return max(running, key=lambda c: c.collector.epoch or 0) if running else None
+        return max(running, key=lambda c: (c.collector and c.collector.epoch) or 0) \
+            if running else None
 
     async def _chaos(self, registry_store: RegistryStore, until: float) -> None:
         s, rng = self.scenario, self.rng

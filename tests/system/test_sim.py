@@ -141,6 +141,9 @@ def test_the_simulator_finds_each_known_bug(mutant: str, seed: int) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL" in done.stdout
     assert "reproduce with:" in done.stdout
+    # found by an invariant, not by a crash of the mutant's own code (a mutant that no
+    # longer fits the code it patches fails every seed and proves nothing)
+    assert "died of an unexpected error" not in done.stdout, done.stdout[-3000:]
 
 
 def test_the_real_code_passes_each_mutant_seed() -> None:
