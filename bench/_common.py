@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import subprocess
@@ -108,8 +109,21 @@ def provenance() -> dict[str, object]:
 
 
 def write_json(path: str | None, results: list[Result]) -> None:
+    """Write the results of record to ``path`` (nothing without one).
+
+    Raises:
+        SystemExit: a figure is NaN or infinite — a percentile of no samples, a rate over
+            nothing — which the docs would render as if it were measured; the rows are named
+            and nothing is written.
+    """
     if not path:
         return
+    unmeasured = [r.name for r in results
+                  if any(v is not None and not math.isfinite(v)
+                         for v in (r.value, r.baseline, r.ratio))]
+    if unmeasured:
+        raise SystemExit(f"not writing {path}: {len(unmeasured)} figure(s) are NaN or "
+                         f"infinite, i.e. nothing was measured: {unmeasured[:5]}")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({**provenance(), "hardware": hardware(),
                                       "results": [asdict(r) for r in results]}, indent=2)
