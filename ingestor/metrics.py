@@ -78,6 +78,11 @@ class IngestMetrics:
             "(too_large, malformed, unsupported, sasl, slow, too_many_connections, "
             "acks0_refused, idle)",
             ["reason"], registry=self.registry)
+        self.kafka_epoch_bumps = Counter(
+            "icefloe_ingest_kafka_epoch_bumps", "Idempotent Kafka producers that bumped their "
+            "own epoch (KIP-360; librdkafka does it after records ran out of "
+            "message.timeout.ms): records it renumbers under the new epoch get new event "
+            "ids, so one whose earlier attempt was stored may be stored again", registry=r)
         self.http_refused = Counter(
             "icefloe_ingest_http_refused", "HTTP connections and requests the front refused "
             "before any route saw them, by reason (max_connections, header_bytes, "

@@ -25,6 +25,7 @@ from testing.kafka_batches import field as _nullable
 from testing.kafka_batches import varint as zigzag
 
 PRODUCE, METADATA, API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 0, 3, 18, 17, 36
+INIT_PRODUCER_ID = 22
 CODEC = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 
@@ -119,7 +120,8 @@ def produce_body(version: int, topics: dict[str, list[tuple[int, bytes | None]]]
     return out.getvalue()
 
 
-FLEXIBLE_FROM = {PRODUCE: 9, METADATA: 9, API_VERSIONS: 3, SASL_AUTHENTICATE: 2}
+FLEXIBLE_FROM = {PRODUCE: 9, METADATA: 9, API_VERSIONS: 3, SASL_AUTHENTICATE: 2,
+                 INIT_PRODUCER_ID: 2}
 
 
 def request_frame(api_key: int, version: int, correlation: int, body: bytes, *,
@@ -131,6 +133,25 @@ def request_frame(api_key: int, version: int, correlation: int, body: bytes, *,
         head.tagged_fields()
     data = head.getvalue() + body
     return len(data).to_bytes(4, "big") + data
+
+
+def init_producer_id_v3_body(producer_id: int = -1, epoch: int = -1) -> bytes:
+    """An InitProducerId v3 request body (flexible, KIP-360): no transactional id; an
+    existing producer id and epoch asks for that id's next epoch."""
+    return (Writer().uvarint(0).int32(60_000).int64(producer_id).int16(epoch)
+            .tagged_fields().getvalue())
+
+
+def read_init_producer_id_v3(frame: bytes) -> tuple[int, int, int]:
+    """(error, producer id, epoch) of an InitProducerId v3 response."""
+    reader = Reader(frame)
+    reader.int32()  # correlation id
+    reader.tagged_fields()
+    reader.int32()  # throttle
+    answer = reader.int16(), reader.int64(), reader.int16()
+    reader.tagged_fields()
+    assert reader.remaining() == 0, "bytes left after the InitProducerId response"
+    return answer
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -90,6 +90,18 @@ class KafkaFront:
             return apis.init_producer_id_response(
                 version, Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1)
         if request.producer_id >= 0 and 0 <= request.producer_epoch < MAX_EPOCH - 1:
+            # Why a warning: the client renumbers the records it still holds under the new
+            # epoch, so their event ids change; a record whose earlier attempt was stored
+            # (its answer lost or refused as retriable) is then stored twice, as on a Kafka
+            # broker. It happens when records time out, which a longer message.timeout.ms
+            # or a stream's event_id_field prevents.
+            self.metrics.kafka_epoch_bumps.inc()
+            log.warning("Kafka producer %d bumped its epoch %d -> %d (records ran out of "
+                        "message.timeout.ms): the records it renumbers get new event ids, so "
+                        "one already stored may be stored again; give producers a "
+                        "message.timeout.ms longer than any outage, or the stream an "
+                        "event_id_field", request.producer_id, request.producer_epoch,
+                        request.producer_epoch + 1)
             return apis.init_producer_id_response(version, 0, request.producer_id,
                                                   request.producer_epoch + 1)
         try:

@@ -27,7 +27,12 @@ from testing.chaos.cluster import KAFKA_STREAM
 from testing.chaos.load import ClientSpec
 
 PRODUCER: dict[str, Any] = {
-    "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 40_000,
+    # librdkafka's default delivery timeout, longer than any outage of a run: when records
+    # time out, librdkafka bumps its epoch and renumbers the records it still holds, and a
+    # retried record whose first attempt was stored gets new ids and is stored twice (as on
+    # a Kafka broker; docs/kafka.md). 40 s let a seed's ingestor restart during a store
+    # stall do exactly that.
+    "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 300_000,
     "retry.backoff.ms": 100, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 1_000,
     "log_level": 3,
 }

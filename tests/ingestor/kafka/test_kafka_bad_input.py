@@ -27,13 +27,16 @@ import pytest
 from ingest_support import ORDERS, faulty_local_store, make_config, running_on, stored_events
 from kafka_frames_support import (
     API_VERSIONS,
+    INIT_PRODUCER_ID,
     PRODUCE,
     Batch,
     RawKafka,
     compress,
+    init_producer_id_v3_body,
     message_set_v1,
     produce_body,
     read_api_versions_v0,
+    read_init_producer_id_v3,
     read_produce_answer,
     record,
     request_frame,
@@ -462,6 +465,28 @@ async def test_should_answer_a_duplicate_of_a_durable_batch_with_its_first_offse
         assert (third.error, third.base_offset) == (0, first.base_offset)
         await other.close()
         assert await served.users() == ["dup0", "dup1", "dup2"]  # stored once
+
+
+async def test_should_bump_an_epoch_asked_for_and_warn_that_renumbered_records_may_repeat(
+        tmp_path, caplog):
+    """A client that bumps its own epoch (KIP-360; librdkafka after records timed out) gets
+    it, and the operator hears why that may store a record twice: the records it renumbers
+    under the new epoch get new event ids."""
+    caplog.set_level(logging.WARNING, "icefloe.ingestor.kafka")
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        await conn.send(INIT_PRODUCER_ID, 3, init_producer_id_v3_body())
+        error, producer_id, epoch = read_init_producer_id_v3(await conn.answer())
+        assert (error, epoch) == (0, 0)
+        assert producer_id >= 0
+        assert "bumped its epoch" not in caplog.text  # a new producer is no bump
+        await conn.send(INIT_PRODUCER_ID, 3, init_producer_id_v3_body(producer_id, 0))
+        assert read_init_producer_id_v3(await conn.answer()) == (0, producer_id, 1)
+        await conn.close()
+        metrics = await served.metrics()
+    assert metrics[("icefloe_ingest_kafka_epoch_bumps_total", ())] == 1
+    assert f"Kafka producer {producer_id} bumped its epoch 0 -> 1" in caplog.text
+    assert "message.timeout.ms" in caplog.text
 
 
 async def test_should_refuse_an_older_epoch_on_one_connection(tmp_path):
