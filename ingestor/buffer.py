@@ -39,7 +39,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
+from icefloe.errors import (
+    DeadlineExceededError,
+    QueueFullError,
+    StoreError,
+    TransientStoreError,
+)
 from icefloe.formats.batch import BatchBuilder, Compression
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
@@ -316,15 +321,17 @@ class Batcher:
         except StoreError as exc:
             error = Unavailable(f"the object store is unavailable: {exc}",
                                 code="store_unavailable",
-                                retry_after_s=self.settings.retry_after_s)
-        except TimeoutError:
+                                retry_after_s=self.settings.retry_after_s,
+                                may_be_stored=isinstance(exc, TransientStoreError)
+                                and exc.ambiguous)
+        except TimeoutError:  # the write goes on: it may still land
             error = Unavailable(f"flushing to the object store took longer than "
                                 f"{self.settings.timeout_s:g}s", code="store_timeout",
-                                retry_after_s=self.settings.retry_after_s)
+                                retry_after_s=self.settings.retry_after_s, may_be_stored=True)
         except Exception as exc:  # never leave a client hanging on an unexpected bug
             log.exception("flush failed unexpectedly")
             error = Unavailable(f"internal error while flushing: {exc}", code="internal",
-                                retry_after_s=self.settings.retry_after_s)
+                                retry_after_s=self.settings.retry_after_s, may_be_stored=True)
         finally:
             self._inflight -= 1
             self._held_bytes -= batch.size

@@ -106,8 +106,19 @@ class Overloaded(IngestError):
 
 
 class Unavailable(IngestError):
-    """The store is unreachable or the flush failed: the events were NOT acknowledged."""
+    """The store is unreachable or the flush failed: the events were NOT acknowledged.
+
+    ``may_be_stored``: the flush failed in a way that may still have stored them (it timed
+    out, or a write's answer was lost), so a retry may store them again. Not acknowledged
+    either way; only a protocol that tells the two apart says so (Kafka: a request timeout,
+    "possibly persisted", rather than "nothing was written")."""
 
     http_status = 503
     grpc_code = grpc.StatusCode.UNAVAILABLE
     default_code = "store_unavailable"
+
+    def __init__(self, message: str, *, code: str | None = None,
+                 details: list[dict[str, Any]] | None = None,
+                 retry_after_s: float | None = None, may_be_stored: bool = False) -> None:
+        super().__init__(message, code=code, details=details, retry_after_s=retry_after_s)
+        self.may_be_stored = may_be_stored

@@ -41,20 +41,25 @@ T = TypeVar("T")
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
-def _exhausted(exc: TransientStoreError, attempts: int, elapsed: float) -> TransientStoreError:
+def _exhausted(exc: TransientStoreError, attempts: int, elapsed: float, ambiguous: bool
+               ) -> TransientStoreError:
     return TransientStoreError(
         f"{exc} (gave up after {attempts} attempt(s) in {elapsed:.1f}s)",
-        op=exc.op, key=exc.key, ambiguous=exc.ambiguous, code=exc.code,
+        op=exc.op, key=exc.key, ambiguous=ambiguous, code=exc.code,
     )
 
 
 def _next_delay(policy: RetryPolicy, exc: TransientStoreError, attempt: int,
-                elapsed: float) -> float:
+                elapsed: float, ambiguous: bool) -> float:
     """The sleep before attempt ``attempt + 1``; raises the final error when the attempts
-    or the budget (``elapsed`` so far plus that sleep) are spent."""
+    or the budget (``elapsed`` so far plus that sleep) are spent.
+
+    ``ambiguous`` is whether *any* attempt so far may have been applied: the error given
+    up with says so even when the last attempt was a clean refusal (a write whose answer
+    was lost, then a 503 on its retry, may have landed)."""
     delay = policy.delay(attempt)
     if attempt >= policy.max_attempts or elapsed + delay > policy.budget_s:
-        raise _exhausted(exc, attempt, elapsed) from exc
+        raise _exhausted(exc, attempt, elapsed, ambiguous) from exc
     return delay
 
 
@@ -62,12 +67,13 @@ def call_with_retry(policy: RetryPolicy, fn: Callable[[], T], clock: Clock = SYS
     """Call ``fn`` until it succeeds, raises a non-transient error, or the policy gives up;
     the budget and the sleeps are on ``clock``."""
     started = clock.monotonic()
-    attempt = 1
+    attempt, ambiguous = 1, False
     while True:
         try:
             return fn()
         except TransientStoreError as exc:
-            delay = _next_delay(policy, exc, attempt, clock.monotonic() - started)
+            ambiguous = ambiguous or exc.ambiguous
+            delay = _next_delay(policy, exc, attempt, clock.monotonic() - started, ambiguous)
         attempt += 1
         clock.sleep_sync(delay)
 
@@ -76,12 +82,13 @@ async def call_with_retry_async(policy: RetryPolicy, fn: Callable[[], Awaitable[
                                 clock: Clock = SYSTEM) -> T:
     """Async twin of :func:`call_with_retry`."""
     started = clock.monotonic()
-    attempt = 1
+    attempt, ambiguous = 1, False
     while True:
         try:
             return await fn()
         except TransientStoreError as exc:
-            delay = _next_delay(policy, exc, attempt, clock.monotonic() - started)
+            ambiguous = ambiguous or exc.ambiguous
+            delay = _next_delay(policy, exc, attempt, clock.monotonic() - started, ambiguous)
         attempt += 1
         await clock.sleep(delay)
 

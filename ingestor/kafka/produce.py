@@ -343,7 +343,10 @@ def _kafka_error(error: IngestError) -> KafkaError:
         code = Code.REQUEST_TIMED_OUT if error.code == "rate_limited" \
             else Code.NOT_ENOUGH_REPLICAS
     elif isinstance(error, Unavailable):
-        code = Code.NOT_ENOUGH_REPLICAS
+        # Kafka's meanings: NOT_ENOUGH_REPLICAS is "nothing was written", REQUEST_TIMED_OUT
+        # "possibly persisted" (librdkafka marks the records so); both are retried with the
+        # same sequences, so the ids, and the collector's dedup, still hold
+        code = Code.REQUEST_TIMED_OUT if error.may_be_stored else Code.NOT_ENOUGH_REPLICAS
     elif isinstance(error, PayloadTooLarge):
         code = Code.MESSAGE_TOO_LARGE
     elif isinstance(error, BadRequest):

@@ -2,8 +2,8 @@
 
 Why it differs from the HTTP and gRPC clients (:mod:`testing.chaos.load`): a Kafka
 producer does its own retries — after a reset, a refused connection to a killed ingestor,
-a retriable NOT_ENOUGH_REPLICAS while the store is stalled — with the same producer id,
-epoch and sequences, and the ingestor turns those into the event ids the collector
+a retriable NOT_ENOUGH_REPLICAS or REQUEST_TIMED_OUT while the store is stalled — with the
+same producer id, epoch and sequences, and the ingestor turns those into the event ids the collector
 deduplicates on. So the client only produces and records, per record, what its delivery
 report said: acknowledged, or failed (a record whose ``message.timeout.ms`` ran out, or
 still unanswered when the run stops, may or may not be stored: at most once). Any other

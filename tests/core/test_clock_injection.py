@@ -119,6 +119,21 @@ async def test_should_spend_the_store_retry_budget_on_the_injected_clock(tmp_pat
     assert 40 < clock.monotonic() - start <= 60
 
 
+@pytest.mark.parametrize("first", ["lose_response", "fail"])
+async def test_a_write_given_up_on_is_ambiguous_if_any_attempt_was(tmp_path, first):
+    """A PUT whose answer was lost, then refused outright on its retries, may have landed:
+    the error given up with says so (callers that report "possibly stored" read it), though
+    the last attempt alone was a clean refusal."""
+    clock = ManualClock()
+    rules = [FaultRule(first, ops=frozenset({"put"})),
+             FaultRule("fail", ops=frozenset({"put"}), times=None)]
+    store = RetryingAsyncStore(FaultyAsyncStore(local(tmp_path), rules),
+                               RetryPolicy(max_attempts=3, base_delay_s=0.1), clock=clock)
+    with pytest.raises(TransientStoreError, match="gave up after 3 attempt") as given_up:
+        await asyncio.wait_for(store.put("k", b"v"), 10)
+    assert given_up.value.ambiguous is (first == "lose_response")
+
+
 def test_should_spend_the_sync_retry_budget_on_the_injected_clock():
     clock = ManualClock()
     attempts = []

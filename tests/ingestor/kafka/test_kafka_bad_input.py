@@ -638,6 +638,34 @@ async def test_should_answer_not_enough_replicas_while_the_store_is_down(tmp_pat
     assert users == ["down0", "down1"]
 
 
+async def test_should_answer_request_timed_out_when_a_flush_may_still_land(tmp_path):
+    """A flush that outlives ``flush_timeout_s`` goes on writing: its records may still be
+    stored. Kafka's answer for that is REQUEST_TIMED_OUT ("possibly persisted" to
+    librdkafka), not NOT_ENOUGH_REPLICAS ("nothing was written"); the retry, with the same
+    sequences, is stored again under the same event ids, which the collector's dedup
+    drops."""
+    store, faulty = faulty_local_store(tmp_path / "store", [FaultRule(
+        "delay", ops=frozenset({"put"}), key_prefix="manifest", times=1, delay_s=(1.5, 1.5))])
+    async with listener_on(kafka_config(tmp_path, flush_timeout_s=0.5), store) as server:
+        conn = await RawKafka.open(server.port)
+        batch = idem("late", 2, 0)
+        late = await conn.produce(9, {"clicks": [(0, batch)]})
+        refused = late.partition("clicks", 0)
+        assert refused.error == Code.REQUEST_TIMED_OUT
+        assert "took longer than 0.5s" in (refused.message or "")
+        assert faulty.injected["delay"] == 1
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await stored_events(store.url):  # the timed-out write lands after all
+            assert asyncio.get_running_loop().time() < deadline, "the late write never landed"
+            await asyncio.sleep(0.05)
+        retried = await conn.produce(9, {"clicks": [(0, batch)]})  # the producer's retry
+        assert retried.partition("clicks", 0).error == 0
+        await conn.close()
+    stored = [e for e in await stored_events(store.url) if e.stream == "clicks"]
+    assert [json.loads(e.payload)["user_id"] for e in stored] == ["late0", "late1"] * 2
+    assert len({e.event_id for e in stored}) == 2  # the same two ids: dedup drops the copy
+
+
 async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
     limited = msgspec.structs.replace(CLICKS, rate_limit=RateLimit(events_per_s=10,
                                                                    burst_s=0.5))
