@@ -60,7 +60,17 @@ class IntegrityError(IcefloeError):
 
 
 class StoreError(IcefloeError):
-    """An object-store operation failed. ``op`` and ``key`` say which one."""
+    """An object-store operation failed. ``op`` and ``key`` say which one.
+
+    ``ambiguous``: a write may have been applied although no success was seen. A
+    :class:`TransientStoreError` says so of itself; any other store error says so when an
+    earlier attempt of the same operation was (a write whose answer was lost, retried into
+    a :class:`PreconditionFailed` because it had landed) -- set by the layer that saw it
+    (the retry layer, a compare-and-swap loop), so a caller that must tell "not stored"
+    from "perhaps stored" can trust False.
+    """
+
+    ambiguous: bool = False
 
     def __init__(self, message: str, *, op: str = "", key: str = "") -> None:
         super().__init__(message)

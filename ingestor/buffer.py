@@ -39,12 +39,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.errors import (
-    DeadlineExceededError,
-    QueueFullError,
-    StoreError,
-    TransientStoreError,
-)
+from icefloe.errors import DeadlineExceededError, QueueFullError, StoreError
 from icefloe.formats.batch import BatchBuilder, Compression
 from ingestor.errors import IngestError, Overloaded, PayloadTooLarge, Unavailable
 from ingestor.metrics import IngestMetrics
@@ -322,8 +317,7 @@ class Batcher:
             error = Unavailable(f"the object store is unavailable: {exc}",
                                 code="store_unavailable",
                                 retry_after_s=self.settings.retry_after_s,
-                                may_be_stored=isinstance(exc, TransientStoreError)
-                                and exc.ambiguous)
+                                may_be_stored=exc.ambiguous)
         except TimeoutError:  # the write goes on: it may still land
             error = Unavailable(f"flushing to the object store took longer than "
                                 f"{self.settings.timeout_s:g}s", code="store_timeout",

@@ -122,3 +122,8 @@ class Unavailable(IngestError):
                  retry_after_s: float | None = None, may_be_stored: bool = False) -> None:
         super().__init__(message, code=code, details=details, retry_after_s=retry_after_s)
         self.may_be_stored = may_be_stored
+
+    def body(self) -> dict[str, Any]:
+        """The error body plus ``may_be_stored``: a client that resends without an
+        idempotency key or event ids learns whether the resend may store the events twice."""
+        return {**super().body(), "may_be_stored": self.may_be_stored}

@@ -7,7 +7,9 @@ Why it looks like this:
   from the shared service; it becomes a ``google.rpc.Status`` with the error's gRPC code and
   rich details: ``BadRequest`` (one field violation per bad event, ``events[i].field``),
   ``RetryInfo`` for RESOURCE_EXHAUSTED/UNAVAILABLE (the HTTP ``Retry-After``) and
-  ``ErrorInfo`` (``reason`` = the stable error code, ``domain`` = ``"icefloe"``).
+  ``ErrorInfo`` (``reason`` = the stable error code, ``domain`` = ``"icefloe"``; on
+  UNAVAILABLE its ``metadata["may_be_stored"]`` says whether a resend may store the events
+  twice, as the HTTP 503 body's ``may_be_stored``).
 * **PublishStream pipelines.** Request k+1 starts ingesting while request k is still being
   flushed, so one stream's requests share group commits; acks still go back in request
   order, each only once its events are durable. At most ``max_inflight`` requests per
@@ -100,7 +102,10 @@ def error_status(error: IngestError, *, retry_after_s: float | None = None,
     delay = error.retry_after_s if error.retry_after_s is not None else retry_after_s
     if code in _BACKPRESSURE and delay is not None:
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=_duration(delay))))
-    details.append(_pack(error_details_pb2.ErrorInfo(reason=error.code, domain=ERROR_DOMAIN)))
+    info = error_details_pb2.ErrorInfo(reason=error.code, domain=ERROR_DOMAIN)
+    if isinstance(error, Unavailable):  # as the HTTP body's may_be_stored
+        info.metadata["may_be_stored"] = "true" if error.may_be_stored else "false"
+    details.append(_pack(info))
     return status_pb2.Status(code=code.value[0], message=error.message, details=details)
 
 

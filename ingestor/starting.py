@@ -137,7 +137,7 @@ class HttpFront:
         else:
             status, extra = 503, [(b"retry-after", self.retry_after)]
             body = msgspec.json.encode({"error": "not_ready", "message": self.state.reason,
-                                        "details": []})
+                                        "details": [], "may_be_stored": False})
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", kind), (b"content-length", str(len(body)).encode()), *extra]})
         await send({"type": "http.response.body", "body": body})

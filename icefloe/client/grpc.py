@@ -45,12 +45,20 @@ __all__ = ["STREAM_WINDOW", "AsyncGrpcClient", "GrpcClient", "response_error"]
 
 _REFUSED_DETAILS = re.compile(r"RST_STREAM.*error code 7\b")
 """How grpc core words a stream reset with REFUSED_STREAM (code 7) in the call's details."""
+_NOT_CONNECTED = "failed to connect to all addresses"
+"""How grpc core begins the details of an UNAVAILABLE call that never had a connection:
+nothing was sent, so nothing can have been stored."""
 _CORE_INTERNAL = "Internal error from Core"
 """The details grpc core itself gives an INTERNAL status when a connection breaks under a
 call (a server stopped mid-stream, seen in a restart test one run in many): a transport
 failure like UNAVAILABLE, not the server's answer (icefloe's own INTERNAL answers say
 "internal error; the ingestor logged it"). Every request is keyed, so resending is safe."""
 _RETRYABLE_GRPC = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_UNKNOWN_OUTCOME = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                              grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                              grpc.StatusCode.CANCELLED})
+"""Codes that, without icefloe's ``ErrorInfo``, come from gRPC itself after the request may
+have been sent: whether it was stored is unknown (``may_be_stored``)."""
 STREAM_WINDOW = 128
 """Requests ``publish_stream`` holds unanswered at most (taken from the source, not acked)."""
 _FIELD = re.compile(r"^events\[(\d+)\](?:\.(.*))?$")
@@ -60,11 +68,15 @@ def _from_status(code: grpc.StatusCode, status: status_pb2.Status | None, messag
                  ) -> IngestRejected:
     """An IngestRejected from a gRPC code and its rich ``google.rpc.Status`` (if any)."""
     name, details, hint = code.name.lower(), [], None
+    # no icefloe ErrorInfo: gRPC's own failure (a deadline, a broken or failed connection)
+    # says nothing of whether the request was stored
+    stored: bool | None = None
     for packed in status.details if status is not None else ():
         if packed.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             packed.Unpack(info)
             name = info.reason or name
+            stored = info.metadata.get("may_be_stored") == "true"
         elif packed.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             retry = error_details_pb2.RetryInfo()
             packed.Unpack(retry)
@@ -75,8 +87,11 @@ def _from_status(code: grpc.StatusCode, status: status_pb2.Status | None, messag
             details = [_violation(v.field, v.description) for v in bad.field_violations]
     retryable = code in _RETRYABLE_GRPC or (
         code == grpc.StatusCode.RESOURCE_EXHAUSTED and hint is not None)
+    if stored is None:
+        stored = code in _UNKNOWN_OUTCOME
     return IngestRejected(code, name, status.message if status is not None else message,
-                          details, retry_after_s=hint, retryable=retryable)
+                          details, retry_after_s=hint, retryable=retryable,
+                          may_be_stored=stored)
 
 
 def _violation(field: str, reason: str) -> dict[str, Any]:
@@ -114,8 +129,12 @@ def _rpc_rejected(exc: grpc.RpcError) -> IngestRejected:
     if call.code() == grpc.StatusCode.INTERNAL and status is None \
             and details == _CORE_INTERNAL:
         return IngestRejected(call.code(), "transport_broken", "the connection broke under "
-                              f"the call (grpc core: {details})", retryable=True)
-    return _from_status(call.code(), status, details)
+                              f"the call (grpc core: {details})", retryable=True,
+                              may_be_stored=True)
+    rejected = _from_status(call.code(), status, details)
+    if status is None and details.startswith(_NOT_CONNECTED):
+        rejected.may_be_stored = False
+    return rejected
 
 
 def _keyed(request: ingest_pb2.PublishRequest) -> ingest_pb2.PublishRequest:
@@ -231,7 +250,8 @@ class GrpcClient(_GrpcBase):
                         return
                     exc = IngestRejected(grpc.StatusCode.UNAVAILABLE, "stream_ended",
                                          "the server ended the stream before answering "
-                                         "every request", retryable=True)
+                                         "every request", retryable=True,
+                                         may_be_stored=True)
                 except grpc.RpcError as error:
                     exc = _rpc_rejected(error)
                 finally:
@@ -385,7 +405,8 @@ class AsyncGrpcClient(_GrpcBase):
                         return
                     exc = IngestRejected(grpc.StatusCode.UNAVAILABLE, "stream_ended",
                                          "the server ended the stream before answering "
-                                         "every request", retryable=True)
+                                         "every request", retryable=True,
+                                         may_be_stored=True)
                 except grpc.RpcError as error:
                     exc = _rpc_rejected(error)
                 finally:

@@ -52,17 +52,25 @@ def _http_rejected(response: httpx.Response, clock: Clock = SYSTEM) -> IngestRej
         body = msgspec.json.decode(response.content)
         code, message = str(body["error"]), str(body.get("message", ""))
         details = list(body.get("details") or [])
+        stored = body.get("may_be_stored") is True
     except (msgspec.DecodeError, KeyError, TypeError, AttributeError):  # a proxy's page
         code, message, details = f"http_{status}", response.text[:500], []
+        # a gateway's timeout page: the ingestor may have stored what it was sent
+        stored = status in (502, 504)
     return IngestRejected(status, code, message, details,
                           retry_after_s=retry_after(response.headers.get("retry-after"),
                                                     clock),
-                          retryable=status in RETRYABLE_HTTP)
+                          retryable=status in RETRYABLE_HTTP, may_be_stored=stored)
+
+
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport errors raised before the request left: it cannot have been stored."""
 
 
 def _transport_rejected(exc: httpx.TransportError) -> IngestRejected:
     code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_failed"
-    return IngestRejected(None, code, f"{type(exc).__name__}: {exc}", retryable=True)
+    return IngestRejected(None, code, f"{type(exc).__name__}: {exc}", retryable=True,
+                          may_be_stored=not isinstance(exc, _NOT_SENT))
 
 
 class _HttpBase(Retrying):

@@ -92,12 +92,19 @@ class IngestRejected(IcefloeError):
         retry_after_s: the server's back-off hint, if any.
         retryable: True if a later retry with the same key may succeed.
         attempts: how many attempts were made before giving up.
+        may_be_stored: True if this attempt, or any earlier one of the same call, may have
+            stored the events although none was acknowledged: the server said so (a
+            flush that timed out or lost a write's answer: the 503 body's
+            ``may_be_stored``, gRPC's ``ErrorInfo`` metadata), or the answer never came
+            back after the request may have been sent. A resend with the same key is
+            deduplicated either way; a resend under a new key, after the dedup window,
+            or to another table may store them twice. False: the events were not stored.
     """
 
     def __init__(self, status: int | grpc.StatusCode | None, code: str, message: str,
                  details: list[dict[str, Any]] | None = None, *,
                  retry_after_s: float | None = None, retryable: bool = False,
-                 attempts: int = 1) -> None:
+                 attempts: int = 1, may_be_stored: bool = False) -> None:
         super().__init__(f"{code}: {message}")
         self.status = status
         self.code = code
@@ -106,6 +113,7 @@ class IngestRejected(IcefloeError):
         self.retry_after_s = retry_after_s
         self.retryable = retryable
         self.attempts = attempts
+        self.may_be_stored = may_be_stored
 
 
 @dataclass(frozen=True)
@@ -157,16 +165,18 @@ class Attempts:
     (``REFUSED_BACKOFF``) until their waits add up to the client's ``timeout``.
     """
 
-    __slots__ = ("owner", "refused", "refused_wait_s", "retry")
+    __slots__ = ("may_be_stored", "owner", "refused", "refused_wait_s", "retry")
 
     def __init__(self, owner: Retrying) -> None:
         self.owner = owner
         self.retry = 0
         self.refused = 0
         self.refused_wait_s = 0.0
+        self.may_be_stored = False  # sticky: never cleared, not even by reset()
 
     def delay(self, exc: IngestRejected) -> float | None:
         """Seconds to wait before the next attempt, or None to give up (raise ``exc``)."""
+        self.may_be_stored = exc.may_be_stored = self.may_be_stored or exc.may_be_stored
         if exc.code == STREAM_IDLE:  # the server ended a quiet stream: not a failure
             return REFUSED_BACKOFF.delay(1)
         if exc.code == REFUSED_STREAM and self.refused_wait_s < self.owner.refused_budget_s:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from icefloe.clock import SYSTEM, Clock
-from icefloe.errors import NotFound, PreconditionFailed, TransientStoreError
-from icefloe.store.base import AsyncObjectStore
+from icefloe.errors import NotFound, PreconditionFailed, StoreError, TransientStoreError
+from icefloe.store.base import AsyncObjectStore, PutResult
 from icefloe.store.retry import RetryPolicy
 
 
@@ -129,50 +129,73 @@ async def cas_document(store: AsyncObjectStore, key: str, decode: Callable[[byte
     started = clock.monotonic()
     attempt = 0
     remembered = last.take() if last is not None else None
-    while True:
-        loaded = remembered or await load_document(store, key, decode, empty, clock=clock)
-        try:
-            new = mutate(loaded)
-        except Exception:
-            if remembered is None:
-                raise
-            new = None
-        if new is None:
-            if remembered is None:
-                return loaded, None
-            # "nothing to write" or a refusal is only true of the current version, and
-            # only a write that succeeds proves the remembered one current: read, redo
-            remembered = None
-            continue
-        data = new.encode()
-        try:
-            if loaded.etag is None:
-                put = await store.put(key, data, if_none_match="*")
-            else:
-                put = await store.put(key, data, if_match=loaded.etag)
-        except PreconditionFailed:
-            if remembered is not None:  # someone wrote since we did: read, and go on
-                assert last is not None
-                last.stale()
+    # a put of ours may have landed though it was seen refused: the retry layer re-sent a
+    # write whose answer was lost, and the re-send met the ETag that write had made (the
+    # re-read then finds it). A store error that ends this loop afterwards says so.
+    uncertain = False
+    try:
+        while True:
+            loaded = remembered or await load_document(store, key, decode, empty,
+                                                       clock=clock)
+            try:
+                new = mutate(loaded)
+            except Exception:
+                if remembered is None:
+                    raise
+                new = None
+            if new is None:
+                if remembered is None:
+                    return loaded, None
+                # "nothing to write" or a refusal is only true of the current version,
+                # and only a write that succeeds proves the remembered one current: read,
+                # redo
                 remembered = None
-                if stats is not None:
-                    stats.stale += 1
                 continue
-            attempt += 1
+            data = new.encode()
+            try:
+                put = await _put(store, key, data, loaded.etag)
+            except PreconditionFailed as exc:
+                uncertain = uncertain or exc.ambiguous
+                if remembered is not None:  # someone wrote since we did: read, and go on
+                    assert last is not None
+                    last.stale()
+                    remembered = None
+                    if stats is not None:
+                        stats.stale += 1
+                    continue
+                attempt += 1
+                await _after_lost_race(attempt, backoff, started, clock, stats, what, key)
+                continue
             if stats is not None:
-                stats.conflicts += 1
-            delay = backoff.delay(attempt)
-            if attempt >= backoff.max_attempts or \
-                    clock.monotonic() - started + delay > backoff.budget_s:
-                raise TransientStoreError(
-                    f"{what} {key!r}: lost {attempt} compare-and-swap races in a row over "
-                    f"{clock.monotonic() - started:.1f}s; the store is overloaded",
-                    op="put", key=key, ambiguous=False, code="CasContention") from None
-            await clock.sleep(delay)
-            continue
-        if stats is not None:
-            stats.writes += 1
-        if last is not None:
-            last.keep(Versioned(new, put.etag, put.store_time, len(data)),
-                      remembered=remembered is not None)
-        return loaded, new
+                stats.writes += 1
+            if last is not None:
+                last.keep(Versioned(new, put.etag, put.store_time, len(data)),
+                          remembered=remembered is not None)
+            return loaded, new
+    except StoreError as exc:
+        exc.ambiguous = exc.ambiguous or uncertain
+        raise
+
+
+async def _after_lost_race(attempt: int, backoff: RetryPolicy, started: float, clock: Clock,
+                           stats: CasStats | None, what: str, key: str) -> None:
+    """Wait before the next try after lost race number ``attempt``; raises (as an overloaded
+    store) once ``backoff`` gives up."""
+    if stats is not None:
+        stats.conflicts += 1
+    delay = backoff.delay(attempt)
+    if attempt >= backoff.max_attempts or \
+            clock.monotonic() - started + delay > backoff.budget_s:
+        raise TransientStoreError(
+            f"{what} {key!r}: lost {attempt} compare-and-swap races in a row over "
+            f"{clock.monotonic() - started:.1f}s; the store is overloaded",
+            op="put", key=key, ambiguous=False, code="CasContention") from None
+    await clock.sleep(delay)
+
+
+async def _put(store: AsyncObjectStore, key: str, data: bytes, etag: str | None
+               ) -> PutResult:
+    """The conditional put of a CAS: over ``etag``, or creating (``If-None-Match: *``)."""
+    if etag is None:
+        return await store.put(key, data, if_none_match="*")
+    return await store.put(key, data, if_match=etag)

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from icefloe.backoff import RetryPolicy
 from icefloe.clock import SYSTEM, Clock
-from icefloe.errors import TransientStoreError
+from icefloe.errors import StoreError, TransientStoreError
 from icefloe.store.base import (
     AsyncObjectStore,
     Encodable,
@@ -74,6 +74,9 @@ def call_with_retry(policy: RetryPolicy, fn: Callable[[], T], clock: Clock = SYS
         except TransientStoreError as exc:
             ambiguous = ambiguous or exc.ambiguous
             delay = _next_delay(policy, exc, attempt, clock.monotonic() - started, ambiguous)
+        except StoreError as exc:  # final; it may owe its cause to an ambiguous attempt
+            exc.ambiguous = exc.ambiguous or ambiguous
+            raise
         attempt += 1
         clock.sleep_sync(delay)
 
@@ -89,6 +92,9 @@ async def call_with_retry_async(policy: RetryPolicy, fn: Callable[[], Awaitable[
         except TransientStoreError as exc:
             ambiguous = ambiguous or exc.ambiguous
             delay = _next_delay(policy, exc, attempt, clock.monotonic() - started, ambiguous)
+        except StoreError as exc:  # final; it may owe its cause to an ambiguous attempt
+            exc.ambiguous = exc.ambiguous or ambiguous
+            raise
         attempt += 1
         await clock.sleep(delay)
 

@@ -24,7 +24,11 @@ ERROR: dict[str, Any] = {
                   "unknown_stream, queue_full, store_unavailable"},
         "message": {"type": "string", "description": "what went wrong and what to do"},
         "details": {"type": "array", "description": "per-event problems (index, field, "
-                    "reason) for a refused batch", "items": {"type": "object"}}}}
+                    "reason) for a refused batch", "items": {"type": "object"}},
+        "may_be_stored": {"type": "boolean", "description": "503 only: the failed flush "
+                          "may still have stored the events (it timed out, or a write's "
+                          "answer was lost), so a resend without an Idempotency-Key or "
+                          "event ids may store them twice"}}}
 EVENT: dict[str, Any] = {
     "type": "object", "description": "One event: a JSON object checked against the "
     "stream's declared columns (required fields, types; unknown fields per the stream)."}

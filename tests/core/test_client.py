@@ -109,8 +109,52 @@ async def test_should_give_up_after_the_retries_with_the_last_answer(tmp_path):
             await asyncio.to_thread(client.publish, "pageviews", views(1))
     assert (info.value.code, info.value.retryable, info.value.attempts) == (
         "store_unavailable", True, 3)
+    assert info.value.may_be_stored is False  # every batch write was refused outright
     assert faulty.injected["fail"] == 3
     assert (await read_manifest(store.url)).entries == ()
+
+
+def manifest_answer_lost(tmp_path):
+    """A store that applies the next manifest write but loses its answer (that flush may
+    have landed), then refuses every batch write outright (those flushes did not)."""
+    store, faulty = faulty_local_store(tmp_path / "store", [], NO_RETRY)
+
+    async def refuse_batches_from_now_on() -> None:
+        faulty.add(FaultRule("fail", ops=frozenset({"put"}), key_prefix="batches/",
+                             times=None))
+
+    lost = FaultRule("lose_response", ops=frozenset({"put"}), key_prefix="manifest",
+                     on_fire=refuse_batches_from_now_on)
+    return store, faulty, lost
+
+
+@pytest.mark.parametrize("front", ["grpc", "http"])
+async def test_should_say_the_events_may_be_stored_when_any_attempt_said_so(tmp_path, front):
+    """The first attempt's flush may have landed (the server says so), the retry is refused
+    outright (the server says it was not stored): the client's final refusal still says
+    ``may_be_stored`` -- and the events are in the manifest once, under the call's key."""
+    store, faulty, lost = manifest_answer_lost(tmp_path)
+    config = make_config(tmp_path / "store", retry_after_s=0)
+    async with grpc_serving(config, store, probe=False) as (runtime, served), \
+            http_serving(runtime) as url:
+        if front == "grpc":
+            async with AsyncGrpcClient(f"127.0.0.1:{served.port}", retries=1,
+                                       backoff=FAST) as client:
+                assert await client.publish("pageviews", views(1)) == 1  # warm: no reads
+                faulty.add(lost)
+                with pytest.raises(IngestRejected) as info:
+                    await client.publish("pageviews", views(1, 1), "k")
+        else:
+            async with AsyncHttpClient(url, retries=1, backoff=FAST) as client:
+                assert await client.send("pageviews", views(1)) == 1
+                faulty.add(lost)
+                with pytest.raises(IngestRejected) as info:
+                    await client.send("pageviews", views(1, 1), "k")
+    assert (info.value.code, info.value.attempts) == ("store_unavailable", 2)
+    assert "injected fail on put 'batches/" in info.value.message  # the last answer: clean
+    assert info.value.may_be_stored is True
+    assert lost.fired == 1
+    assert [e.event_id for e in await stored_events(store.url)][1:] == ["k"]
 
 
 async def test_should_wait_out_a_full_buffer(tmp_path):
@@ -344,11 +388,13 @@ def test_should_retry_connection_failures_then_raise_typed():
         client.send("pageviews", views(1))
     assert (http_info.value.status, http_info.value.code, http_info.value.retryable,
             http_info.value.attempts) == (None, "connection_failed", True, 3)
+    assert http_info.value.may_be_stored is False  # never connected: nothing was sent
     with GrpcClient(f"127.0.0.1:{port}", retries=1, timeout=2, backoff=FAST) as client, \
             pytest.raises(IngestRejected) as grpc_info:
         client.publish("pageviews", views(1))
     assert (grpc_info.value.status, grpc_info.value.retryable, grpc_info.value.attempts) == (
         grpc.StatusCode.UNAVAILABLE, True, 2)
+    assert grpc_info.value.may_be_stored is False, grpc_info.value.message
 
 
 # -- pieces -----------------------------------------------------------------------------------

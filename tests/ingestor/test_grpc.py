@@ -75,6 +75,13 @@ def reason(status: status_pb2.Status) -> str:
     return info.reason
 
 
+def may_be_stored(status: status_pb2.Status) -> str | None:
+    """The ErrorInfo's ``may_be_stored`` metadata (UNAVAILABLE only), else None."""
+    info = detail(status, error_details_pb2.ErrorInfo)
+    assert isinstance(info, error_details_pb2.ErrorInfo)
+    return info.metadata.get("may_be_stored")
+
+
 def retry_delay_s(status: status_pb2.Status) -> float | None:
     info = detail(status, error_details_pb2.RetryInfo)
     return None if info is None else info.retry_delay.ToTimedelta().total_seconds()
@@ -225,10 +232,33 @@ async def test_should_answer_unavailable_and_ack_nothing_when_the_store_is_down(
         assert exc.code() == grpc.StatusCode.UNAVAILABLE
         status = rich(exc)
         assert reason(status) == "store_unavailable"
+        assert may_be_stored(status) == "false"  # every write was refused
         assert retry_delay_s(status) == 1
         assert runtime.metrics.events_accepted.labels("pageviews")._value.get() == 0
         assert faulty.injected["fail"] >= 1
     assert (await read_manifest(store.url)).entries == ()
+
+
+async def test_should_say_unavailable_may_be_stored_when_the_manifest_write_may_have_landed(
+        tmp_path):
+    """The manifest append is applied, its answer lost, and every retry and read-back
+    fails: UNAVAILABLE with ``may_be_stored = "true"`` in the ErrorInfo, as the HTTP 503
+    body says it -- and the events are in the manifest."""
+    lost = FaultRule("lose_response", ops=frozenset({"put"}), key_prefix="manifest")
+    down = FaultRule("fail", ops=frozenset({"put", "get"}), key_prefix="manifest",
+                     times=None, skip=1)  # not the first put: that one is lost instead
+    store, faulty = faulty_local_store(tmp_path / "store", [], ONE_TRY)
+    async with grpc_serving(make_config(tmp_path / "store"), store, probe=False) as (
+            _, served):
+        # a first request: the producer knows its shard and its last write (no reads)
+        assert (await publish(served.port, request("pageviews", *views(1)))).accepted == 1
+        faulty.rules += [lost, down]
+        exc = await refused(served.port, request("pageviews", *views(2), request_id="r"))
+        assert exc.code() == grpc.StatusCode.UNAVAILABLE
+        status = rich(exc)
+        assert (reason(status), may_be_stored(status)) == ("store_unavailable", "true")
+        assert lost.fired == 1
+    assert len((await read_manifest(store.url)).entries) == 2
 
 
 async def test_should_keep_the_trailer_small_when_a_request_has_many_bad_events(tmp_path):

@@ -142,7 +142,9 @@ def error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
     assert response.status_code == status, response.text
     body = response.json()
     assert body["error"] == code, body
-    assert set(body) == {"error", "message", "details"}
+    # a 503 also says whether the failed flush may have stored the events
+    assert set(body) == {"error", "message", "details"} | (
+        {"may_be_stored"} if status == 503 else set())
     assert response.headers["content-type"] == "application/json"
     return body
 
@@ -566,7 +568,7 @@ async def test_store_down_is_503_nothing_acked_and_not_ready(tmp_path):
         assert (await http.client.post(EVENTS, content=b'{"user_id":"a"}')).status_code == 202
         down = faulty.add(FaultRule("fail", times=None))
         r = await http.client.post(EVENTS, content=b'[{"user_id":"b"},{"user_id":"c"}]')
-        error(r, 503, "store_unavailable")
+        assert error(r, 503, "store_unavailable")["may_be_stored"] is False  # refused writes
         assert int(r.headers["retry-after"]) >= 1
         ready = await http.client.get("/readyz")
         error(ready, 503, "not_ready")
@@ -576,6 +578,28 @@ async def test_store_down_is_503_nothing_acked_and_not_ready(tmp_path):
         assert payloads(await stored_events(http.store_url)) == [b'{"user_id":"a"}']
         faulty.rules.remove(down)  # the store is back: the same request now succeeds
         assert (await http.client.post(EVENTS, content=b'{"user_id":"d"}')).status_code == 202
+
+
+async def test_should_say_a_503_may_be_stored_when_the_manifest_write_may_have_landed(
+        tmp_path):
+    """The manifest append is applied but its answer is lost, and the store then fails
+    every retry and every read-back: the flush gives up without knowing. The 503 says
+    ``may_be_stored`` -- and the events are in fact in the manifest."""
+    lost = FaultRule("lose_response", ops=frozenset({"put"}), key_prefix="manifest")
+    down = FaultRule("fail", ops=frozenset({"put", "get"}), key_prefix="manifest",
+                     times=None, skip=1)  # not the first put: that one is lost instead
+    store, faulty = faulty_local_store(tmp_path / "store", [], FAST_RETRY)
+    async with running_on(config_for(tmp_path), store) as runtime, serving(runtime) as http:
+        assert (await http.client.post(EVENTS, content=b'{"user_id":"a"}')).status_code == 202
+        faulty.rules += [lost, down]
+        r = await http.client.post(EVENTS, content=b'{"user_id":"b"}')
+        assert error(r, 503, "store_unavailable")["may_be_stored"] is True, r.text
+        assert lost.fired == 1
+        assert down.fired >= 1
+        faulty.rules.clear()
+        assert (await http.client.post(EVENTS, content=b'{"user_id":"c"}')).status_code == 202
+    assert [msgspec.json.decode(p)["user_id"] for p in payloads(
+        await stored_events(store.url))] == ["a", "b", "c"]
 
 
 async def test_store_down_from_the_start_acks_nothing(tmp_path):
