@@ -80,6 +80,8 @@ class LaneConnection(Protocol):
 
     def on_response_complete(self) -> None: ...
 
+    def close_after_answer(self) -> None: ...
+
 
 class _NoEvent:
     """uvicorn sets its cycle's ``message_event`` when a connection is lost; a fast
@@ -360,5 +362,5 @@ class FastIngest:
         transport = self.connection.transport
         if not transport.is_closing():
             transport.write(response)
-            if not self.keep_alive:
-                transport.close()
+            if not self.keep_alive:  # lingers if the body is still coming (a 408)
+                self.connection.close_after_answer()

@@ -29,7 +29,9 @@ same HTTP stack (protocol class, TLS context, timeouts), so it is built in one f
   (more are closed as soon as they are accepted). A refused request is answered with
   JSON, then the connection lingers: its write side is shut and what the client still
   sends is read and dropped for up to ``LINGER_S``, so the answer is not lost to the reset
-  that closing on unread data would cause;
+  that closing on unread data would cause; so does a connection whose answer ends it while
+  the request's body is still coming (a 408 from the slow-client guard:
+  :meth:`GuardedHttpToolsProtocol.close_after_answer`, on both paths);
 * a client that half-closes (``shutdown(SHUT_WR)``) after its request still gets the
   answer; the connection closes once it is written.
 """
@@ -37,6 +39,7 @@ same HTTP stack (protocol class, TLS context, timeouts), so it is built in one f
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
 import httptools
@@ -84,12 +87,15 @@ class ResponseCork:
     Order is preserved: a held head always goes out before anything written after it.
     """
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_close", "_held", "_loop", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 close: Callable[[], None] | None = None) -> None:
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        self._close = close or transport.close
+        """How the cycle's close is carried out (the connection's: it may linger)."""
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -109,7 +115,7 @@ class ResponseCork:
 
     def close(self) -> None:
         self.flush()
-        self._transport.close()
+        self._close()
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
@@ -161,7 +167,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.lingering = self.head_pending = True
             transport.close()
             return
-        self.cork = ResponseCork(transport, self.loop)
+        self.cork = ResponseCork(transport, self.loop, self.close_after_answer)
         self.max_header_bytes, self.max_headers = limits.max_header_bytes, limits.max_headers
         self.slow_guard.watch(self)
         self.headers_since = self.slow_guard.now()
@@ -209,6 +215,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             transport.close()  # an earlier request is still being answered
             return
         transport.write(refusal_response(status, code, message))
+        self._shut_and_linger()
+
+    def close_after_answer(self) -> None:
+        """Close after an answer that ends the connection (a 408 for a body too slow,
+        ``Connection: close``). If the request's body is still coming, linger as a refusal
+        does: closing on data still arriving resets the connection, and a client busy
+        sending could lose the answer to that reset instead of reading it."""
+        transport, cycle = self.transport, self.cycle
+        if transport.is_closing():
+            return
+        if cycle is None or not cycle.more_body:
+            transport.close()
+            return
+        self.lingering = self.head_pending = True
+        self.headers_since = self.idle_since = None
+        self._shut_and_linger()
+
+    def _shut_and_linger(self) -> None:
+        """Shut the write side, then drop what arrives for ``LINGER_S`` before closing
+        (``lingering`` is set); over TLS, which cannot half-close, close at once."""
+        transport = self.transport
         if transport.can_write_eof():
             transport.write_eof()
             self.loop.call_later(LINGER_S, transport.close)
@@ -306,6 +333,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- after the answer -------------------------------------------------------------------
 
     def on_response_complete(self) -> None:
+        if self.lingering:  # answered and closing (close_after_answer): nothing follows
+            return
         if self.pipeline or self.transport.is_closing():
             super().on_response_complete()  # starts the next pipelined request
             return

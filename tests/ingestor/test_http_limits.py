@@ -278,6 +278,28 @@ async def test_should_cut_a_steady_body_at_body_max_s(tmp_path, fast_lane):
     assert time.monotonic() - started < 3
 
 
+@LANES
+async def test_should_keep_the_answer_readable_while_the_client_still_sends(tmp_path,
+                                                                             fast_lane):
+    """A 408 cuts a body that is still coming: the connection shuts its write side and
+    lingers, dropping what arrives, instead of closing on it (a close with data arriving
+    resets the connection, and the client loses the answer it has not read yet)."""
+    settings = {"body_timeout_s": 0.3, "body_max_s": 10.0, "body_min_bytes_per_s": 10,
+                "http_fast_lane": fast_lane}
+    async with ingestor(config(tmp_path, **settings)) as ports:
+        reader, writer = await asyncio.open_connection("127.0.0.1", ports.http)
+        writer.write(post(b" " * 100_000)[:-100_000])  # the head, then nothing: 408
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), GIVE_UP_S)
+        for _ in range(5):  # the client goes on sending after the answer
+            writer.write(b" " * 1000)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        rest = await asyncio.wait_for(reader.read(), GIVE_UP_S)  # no reset: EOF
+        writer.close()
+    status, body = status_and_body(head + rest)
+    assert (status, body["error"]) == (408, "request_timeout")
+
+
 async def test_should_expire_a_body_at_body_max_s_on_the_injected_clock():
     clock = ManualClock()
     guard = SlowClientGuard(header_timeout_s=10, body_timeout_s=20, body_min_bytes_per_s=1,
