@@ -87,8 +87,8 @@ def _from_status(code: grpc.StatusCode, status: status_pb2.Status | None, messag
             details = [_violation(v.field, v.description) for v in bad.field_violations]
     retryable = code in _RETRYABLE_GRPC or (
         code == grpc.StatusCode.RESOURCE_EXHAUSTED and hint is not None)
-    if stored is None:
-        stored = code in _UNKNOWN_OUTCOME
+    if stored is None:  # a call that never connected sent nothing
+        stored = code in _UNKNOWN_OUTCOME and not message.startswith(_NOT_CONNECTED)
     return IngestRejected(code, name, status.message if status is not None else message,
                           details, retry_after_s=hint, retryable=retryable,
                           may_be_stored=stored)
@@ -131,10 +131,14 @@ def _rpc_rejected(exc: grpc.RpcError) -> IngestRejected:
         return IngestRejected(call.code(), "transport_broken", "the connection broke under "
                               f"the call (grpc core: {details})", retryable=True,
                               may_be_stored=True)
-    rejected = _from_status(call.code(), status, details)
-    if status is None and details.startswith(_NOT_CONNECTED):
-        rejected.may_be_stored = False
-    return rejected
+    return _from_status(call.code(), status, details)
+
+
+def _stream_ended() -> IngestRejected:
+    """A stream the server ended with requests unanswered: they may have been stored."""
+    return IngestRejected(grpc.StatusCode.UNAVAILABLE, "stream_ended", "the server ended "
+                          "the stream before answering every request", retryable=True,
+                          may_be_stored=True)
 
 
 def _keyed(request: ingest_pb2.PublishRequest) -> ingest_pb2.PublishRequest:
@@ -248,10 +252,7 @@ class GrpcClient(_GrpcBase):
                         yield response
                     if feed.done():
                         return
-                    exc = IngestRejected(grpc.StatusCode.UNAVAILABLE, "stream_ended",
-                                         "the server ended the stream before answering "
-                                         "every request", retryable=True,
-                                         may_be_stored=True)
+                    exc = _stream_ended()
                 except grpc.RpcError as error:
                     exc = _rpc_rejected(error)
                 finally:
@@ -403,10 +404,7 @@ class AsyncGrpcClient(_GrpcBase):
                         yield response
                     if feed.done():
                         return
-                    exc = IngestRejected(grpc.StatusCode.UNAVAILABLE, "stream_ended",
-                                         "the server ended the stream before answering "
-                                         "every request", retryable=True,
-                                         may_be_stored=True)
+                    exc = _stream_ended()
                 except grpc.RpcError as error:
                     exc = _rpc_rejected(error)
                 finally:
