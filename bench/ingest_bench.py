@@ -17,11 +17,22 @@ Runs, side by side in one run, on this machine:
   main thread of the ingestor and of the bare stack (``/proc``, Linux only), beside the CPU
   per request at which the target would fit in the loop's measured busy share.
 
-The rows with targets and their ceilings are measured in turns (bare, icefloe, bare, ...)
-three times in a full run and reported as medians (the durable rows' median also counts
-the pass that records their latencies). Load comes from separate processes: ``wrk`` (HTTP;
-falls back to nothing if missing — install Debian's ``wrk``) and ``_grpc_load.py`` (gRPC).
+The rows with targets and their ceilings are measured in turns (bare, icefloe, bare, ...),
+after one short unrecorded pass of each against both servers, three times in a full run,
+and reported as medians (the durable rows' median also counts the pass that records their
+latencies). Load comes from separate processes: ``wrk`` (HTTP; falls back to nothing if
+missing — install Debian's ``wrk``) and ``_grpc_load.py`` (gRPC).
 Events are ~200-byte JSON objects.
+
+Where the durable store lives (``--store-dir``, default ``bench/.work`` in this checkout):
+not the system temp dir. On this VM the ``open()`` that creates a put's temp file cost up to
+about 1 ms of kernel CPU in directories under ``/tmp`` (a third of the store helper's
+samples in py-spy, HTTP single events at 256 connections 0.53-0.74 of the bare stack) and
+about 12 µs under the checkout (under 2 % of the samples, 0.86-0.95 in the same alternating
+rounds), and every flush creates two files (the batch file and the manifest's
+replacement): the durable rows measured /tmp, not icefloe. The first diagnostic row reports
+what that ``open()`` costs where the store is, against a fresh directory in the system temp
+dir, so a run on a disk with the same trouble says so.
 
 Usage: python bench/ingest_bench.py [--quick] [--json PATH]
 """
@@ -110,6 +121,41 @@ def process(args: list[str], port: int | None = None) -> Iterator[subprocess.Pop
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+CREATE_SAMPLES = 200
+
+
+def file_create_us(directory: Path) -> float:
+    """Median µs of the ``open(O_CREAT)`` in a put done the local store's way in
+    ``directory`` (a new temp file, 4 KiB written and fsynced, renamed over one of a few
+    keys): the part of a flush the kernel charges per new file, which costs a hundred
+    times more in some directories of this VM than in others."""
+    directory.mkdir(parents=True, exist_ok=True)
+    samples, body = [], b"x" * 4096
+    for i in range(CREATE_SAMPLES):
+        path = directory / f".create-probe-{i}"
+        start = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        samples.append((time.perf_counter() - start) * 1e6)
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(path, directory / f"probe-key-{i % 8}")
+    return statistics.median(samples)
+
+
+def create_cost_row(store_dir: Path) -> Result:
+    """What a new file costs where the durable ingestor's store is made, against a fresh
+    directory in the system temp dir."""
+    with tempfile.TemporaryDirectory(prefix="icefloe-create-probe-") as tmp:
+        in_tmp = file_create_us(Path(tmp) / "store")
+    with tempfile.TemporaryDirectory(prefix="create-probe-", dir=store_dir) as tmp:
+        in_store = file_create_us(Path(tmp))
+    return Result(f"diagnostic: creating a file where the store is (baseline: in "
+                  f"{tempfile.gettempdir()})", in_store, "us", in_tmp)
 
 
 def wrk_seconds(seconds: float) -> int:
@@ -262,6 +308,21 @@ def light_latency(url: str, seconds: float) -> tuple[float, float]:
     return samples[len(samples) // 2], samples[int(len(samples) * 0.99)]
 
 
+WARM_UP_S = 2.0
+
+
+def warm_up(bare_url: str, url: str, bare_grpc: int, grpc_port: int, single: str,
+            workdir: Path, have_wrk: bool) -> None:
+    """One short, unrecorded pass of each loaded row against both servers before the rounds
+    of record: a first round otherwise also measured each process's warm-up (its first
+    heavy load, gRPC's channel and the store's first files) and ran lowest on both sides."""
+    if have_wrk:
+        wrk(bare_url, single, WARM_UP_S, 32, workdir)
+        wrk(url, single, WARM_UP_S, 256, workdir)
+    grpc_load(bare_grpc, "unary", WARM_UP_S, 32)
+    grpc_load(grpc_port, "unary", WARM_UP_S, 32)
+
+
 def batch_body(n: int) -> str:
     return "[" + ",".join(EVENT % (i, i % 997, i * 37 % 60000) for i in range(n)) + "]"
 
@@ -288,15 +349,17 @@ def start_drain(workdir: Path) -> subprocess.Popen[str]:
     return proc
 
 
-def run(quick: bool) -> list[Result]:
+def run(quick: bool, store_parent: Path) -> list[Result]:
     seconds = 3.0 if quick else 10.0
     rounds = 1 if quick else ROUNDS
     results: list[Result] = []
     single, batch = EVENT % (1, 2, 3), batch_body(100)
     have_wrk = shutil.which("wrk") is not None
-    with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-") as tmp, \
+    store_parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-", dir=store_parent) as tmp, \
             contextlib.ExitStack() as servers:
         workdir = Path(tmp)
+        results.append(create_cost_row(workdir))
         bare_http = free_port()
         bare_pid = 0
         if have_wrk:
@@ -316,6 +379,7 @@ def run(quick: bool) -> list[Result]:
             p50, p99 = light_latency(url, seconds / 2)
             results += [Result("ack latency p50, light load (1 client, HTTP single)", p50, "ms"),
                         Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
+            warm_up(bare_url, url, bare_grpc, grpc_port, single, workdir, have_wrk)
             # the rows with targets: bare and icefloe in turns, the median of each
             paired: dict[str, list[float]] = {}
             loops = LoopLoad(), LoopLoad()  # ours, the bare stack's
@@ -474,8 +538,11 @@ def diagnostic_rows(workdir: Path, what: str, seconds: float, single: str,
 
 def main() -> None:
     parser = bench_parser(__doc__, "3 s per run (under a minute)")
+    parser.add_argument("--store-dir", metavar="DIR", type=Path, default=HERE / ".work",
+                        help="where the durable ingestors' stores are made (default: "
+                             "bench/.work; see above for why not the system temp dir)")
     args = parser.parse_args()
-    results = run(args.quick)
+    results = run(args.quick, args.store_dir.resolve())
     print_table("ingest (durable acks on a local store; baseline = bare stack, same run)",
                 results)
     write_json(args.json, results)

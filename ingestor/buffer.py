@@ -16,7 +16,7 @@ Why it works this way:
   (+8-13 % single-event HTTP throughput at 256 connections). While flushes are in
   flight, the open batch is sealed when it reaches the size/count limit or its age limit,
   and up to ``max_inflight`` flushes overlap (a PUT and a manifest CAS each cost tens of
-  ms on S3). ``min_interval_s`` bounds PUTs/s (``min_flush_interval_ms``, 5 ms by
+  ms on S3). ``min_interval_s`` bounds PUTs/s (``min_flush_interval_ms``, 4 ms by
   default: back to back, a local store's flushes cost more CPU in fsyncs and wake-ups
   than they saved in latency; an isolated request still flushes at once) — unless
   ``early_requests`` requests (64) already wait: then the PUT is cheap per request, and

@@ -79,7 +79,12 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     flush_age_ms: float = 100.0
     flush_bytes: int = 8 * 1024 * 1024
     flush_events: int = 100_000
-    min_flush_interval_ms: float = 5.0
+    min_flush_interval_ms: float = 4.0
+    """Why 4: on a local disk a flush takes about 2 ms (two fsynced files and their
+    directories), and the clients it answers wait on average half the interval plus that.
+    In alternating rounds on 2 cores, 4 ms beat both 5 (the old default; the wait) and
+    3 (more flushes, whose fixed cost on the loop and the helper ate the gain) for 32 gRPC
+    calls of 100 events and 256 HTTP connections of single events alike."""
     early_flush_requests: int = 64
     """A flush may start before ``min_flush_interval_ms`` is over once this many requests
     wait for it (0: never). The interval bounds PUTs per second for small batches; a batch
