@@ -1,5 +1,11 @@
 """Start-up probe: refuse to run on a store that silently ignores conditional writes.
 
+Also what a durable PUT costs on a store (:func:`measure_puts`, ``icefloe probe --puts``):
+every flush writes a batch file and then the manifest, one after the other, so the PUT's
+latency is the floor under every acknowledgement. A local store's directory can make it
+costly (on one VM, creating a file cost many times more under ``/tmp`` than elsewhere on
+the same disk); this shows it before an ingestor is pointed there.
+
 Why: every exactly-once guarantee in icefloe rests on compare-and-swap of the manifest.
 Some S3-compatible stores accept ``If-Match``/``If-None-Match`` and ignore them, which would
 turn a lost race into silent data loss. Each process checks, once, that a conflicting
@@ -9,9 +15,11 @@ conditional PUT really fails with 412 before it touches the manifest.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 from ulid import ULID
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import ConditionalWritesUnsupported, PreconditionFailed, StoreError
 from icefloe.store.base import AsyncObjectStore
 
@@ -50,3 +58,38 @@ async def probe_conditional_writes(store: AsyncObjectStore) -> None:
     finally:
         with contextlib.suppress(StoreError):
             await store.delete(key)
+
+
+PROBE_PUT_BYTES = 4096
+"""The size of each timed PUT: a small batch file's, so the figure is the fixed cost."""
+
+
+@dataclass(frozen=True)
+class PutLatency:
+    """Seconds a durable create-only PUT of :data:`PROBE_PUT_BYTES` took on a store."""
+
+    count: int
+    p50_s: float
+    p99_s: float
+
+
+async def measure_puts(store: AsyncObjectStore, count: int, *,
+                       clock: Clock = SYSTEM) -> PutLatency:
+    """Time ``count`` PUTs made the way batch files are (a new key, ``If-None-Match: *``),
+    one after the other, then delete them; raise the store's error if one fails."""
+    if count < 1:
+        raise ValueError(f"count must be at least 1, not {count}")
+    prefix, body = f"{PROBE_PREFIX}{ULID()}-", bytes(PROBE_PUT_BYTES)
+    samples: list[float] = []
+    try:
+        for index in range(count):
+            start = clock.monotonic()
+            await store.put(f"{prefix}{index}", body, if_none_match="*")
+            samples.append(clock.monotonic() - start)
+    finally:
+        for index in range(len(samples)):
+            with contextlib.suppress(StoreError):
+                await store.delete(f"{prefix}{index}")
+    samples.sort()
+    return PutLatency(count, samples[(count - 1) // 2],
+                      samples[min(count - 1, int(count * 0.99))])

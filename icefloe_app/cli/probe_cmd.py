@@ -1,4 +1,5 @@
-"""``icefloe probe``: check that a store enforces conditional writes before trusting it."""
+"""``icefloe probe``: check that a store enforces conditional writes before trusting it, and
+time the durable PUTs every flush is made of."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from typing import Any
 
 from icefloe.store import open_async_store
-from icefloe.store.probe import probe_conditional_writes
+from icefloe.store.probe import PROBE_PUT_BYTES, measure_puts, probe_conditional_writes
 from icefloe_app.cli.common import add_store_arguments, resolve_store, store_options
 
 
@@ -17,8 +18,14 @@ def register(commands: Any) -> None:
         description="Write, conflict and delete a probe object under _icefloe/probe/ to "
                     "prove the store answers a conflicting conditional PUT with 412. Every "
                     "icefloe process runs this check at start; run it by hand when "
-                    "evaluating a new S3-compatible store.")
+                    "evaluating a new S3-compatible store. Then time --puts durable PUTs "
+                    "of a small batch file's size, one after the other: every flush writes "
+                    "a batch file and then the manifest, so this is the floor under every "
+                    "acknowledgement (a local store's directory that creates files slowly "
+                    "shows here).")
     add_store_arguments(parser)
+    parser.add_argument("--puts", type=_count, default=20, metavar="N",
+                        help="how many PUTs to time after the check (default 20; 0: none)")
     parser.set_defaults(run=run)
 
 
@@ -30,9 +37,26 @@ def run(args: argparse.Namespace) -> int:
                                  control_url=getattr(args, "control_store", None))
         try:
             await probe_conditional_writes(store)
+            print(f"ok: {args.store} enforces If-None-Match and If-Match (conditional "
+                  "writes)", flush=True)
+            if args.puts:
+                timed = await measure_puts(store, args.puts)
+                print(f"puts: p50 {timed.p50_s * 1000:.2f} ms, p99 {timed.p99_s * 1000:.2f} "
+                      f"ms over {timed.count} PUTs of {PROBE_PUT_BYTES // 1024} KiB (a flush "
+                      "makes two in a row: its batch file, then the manifest)")
         finally:
             await store.close()
 
     asyncio.run(probe())
-    print(f"ok: {args.store} enforces If-None-Match and If-Match (conditional writes)")
     return 0
+
+
+def _count(text: str) -> int:
+    """``--puts``: a whole number, 0 or more (argparse makes the refusal an exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--puts takes a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--puts must be 0 or more, not {value}")
+    return value

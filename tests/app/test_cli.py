@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from icefloe.manifest import (
     grow_shards,
 )
 from icefloe.store import open_async_store
+from icefloe.store.local import LocalStore
+from icefloe.store.probe import PROBE_PREFIX
 from icefloe_app.cli import main
 
 
@@ -149,6 +152,29 @@ def test_should_probe_a_store(tmp_path, s3_bucket, capsys):
     assert main(["probe", "--store", s3_bucket.url, "--endpoint-url",
                  s3_bucket.endpoint_url]) == 0
     assert capsys.readouterr().out.count("ok: ") == 2
+
+
+def test_should_time_durable_puts_after_the_probe_and_leave_none_behind(tmp_path, capsys):
+    root = tmp_path / "s"
+    assert main(["probe", "--store", root.as_uri(), "--puts", "7"]) == 0
+    ok, puts = capsys.readouterr().out.splitlines()
+    assert ok.startswith("ok: ")
+    match = re.fullmatch(r"puts: p50 ([\d.]+) ms, p99 ([\d.]+) ms over 7 PUTs of 4 KiB .*",
+                         puts)
+    assert match is not None, puts
+    assert 0 < float(match[1]) <= float(match[2])
+    assert LocalStore(root).list(PROBE_PREFIX).objects == []
+
+
+def test_should_skip_the_timed_puts_with_zero_and_refuse_a_negative_count(tmp_path, capsys):
+    assert main(["probe", "--store", (tmp_path / "s").as_uri(), "--puts", "0"]) == 0
+    assert "puts:" not in capsys.readouterr().out
+    for bad, reason in (("-1", "--puts must be 0 or more, not -1"),
+                        ("many", "--puts takes a whole number, not 'many'")):
+        with pytest.raises(SystemExit) as refused:
+            main(["probe", "--store", (tmp_path / "s").as_uri(), "--puts", bad])
+        assert refused.value.code == 2
+        assert reason in capsys.readouterr().err
 
 
 def test_should_fail_in_one_line_for_a_missing_bucket(s3_bucket, capsys):

@@ -14,7 +14,7 @@ from icefloe.store.adapters import ThreadedAsyncStore
 from icefloe.store.base import IfNoneMatch, PutResult
 from icefloe.store.faults import FaultRule, FaultyAsyncStore
 from icefloe.store.local import LocalStore
-from icefloe.store.probe import PROBE_PREFIX, probe_conditional_writes
+from icefloe.store.probe import PROBE_PREFIX, measure_puts, probe_conditional_writes
 from icefloe.store.retry import RetryingAsyncStore, RetryPolicy, call_with_retry
 from ingestor.store_helper import ProcessAsyncStore
 
@@ -127,3 +127,21 @@ def test_should_retry_the_probe_through_throttling(tmp_path):
                               [FaultRule("slowdown", times=3)])
     asyncio.run(probe_conditional_writes(RetryingAsyncStore(faulty, FAST)))
     assert faulty.injected["slowdown"] == 3
+
+
+def test_should_time_puts_and_delete_the_written_ones_when_a_put_fails(tmp_path):
+    inner = ThreadedAsyncStore(LocalStore(tmp_path))
+    store = FaultyAsyncStore(inner, [FaultRule("fail", ops=frozenset({"put"}), skip=3,
+                                               times=None)])
+
+    async def scenario() -> None:
+        timed = await measure_puts(inner, 5)
+        assert timed.count == 5
+        assert 0 < timed.p50_s <= timed.p99_s
+        with pytest.raises(TransientStoreError):
+            await measure_puts(store, 5)
+        assert (await inner.list(PROBE_PREFIX)).objects == []
+        with pytest.raises(ValueError, match="at least 1"):
+            await measure_puts(inner, 0)
+
+    asyncio.run(scenario())
