@@ -18,7 +18,8 @@ Runs, side by side in one run, on this machine:
   per request at which the target would fit in the loop's measured busy share.
 
 The rows with targets and their ceilings are measured in turns (bare, icefloe, bare, ...),
-after one short unrecorded pass of each against both servers, three times in a full run,
+after one short unrecorded pass of each against both servers, three times in a full run
+(once, without the warm-up pass, with ``--quick``),
 and reported as medians (the durable rows' median also counts the pass that records their
 latencies). Load comes from separate processes: ``wrk`` (HTTP; falls back to nothing if
 missing — install Debian's ``wrk``) and ``_grpc_load.py`` (gRPC).
@@ -379,7 +380,8 @@ def run(quick: bool, store_parent: Path) -> list[Result]:
             p50, p99 = light_latency(url, seconds / 2)
             results += [Result("ack latency p50, light load (1 client, HTTP single)", p50, "ms"),
                         Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
-            warm_up(bare_url, url, bare_grpc, grpc_port, single, workdir, have_wrk)
+            if not quick:  # a quick run records nothing of record and must stay short
+                warm_up(bare_url, url, bare_grpc, grpc_port, single, workdir, have_wrk)
             # the rows with targets: bare and icefloe in turns, the median of each
             paired: dict[str, list[float]] = {}
             loops = LoopLoad(), LoopLoad()  # ours, the bare stack's
