@@ -63,3 +63,37 @@ def increment(root: str, key: str, times: int,
             except PreconditionFailed:
                 conflicts += 1
     return conflicts
+
+
+def self_checking(seed: int, size: int) -> bytes:
+    """``size`` bytes whose last 16 are a digest of the rest: a torn or mixed read fails
+    :func:`is_whole`."""
+    import hashlib
+
+    body = (seed.to_bytes(8, "little") * (size // 8 + 1))[:size]
+    return body + hashlib.blake2b(body, digest_size=16).digest()
+
+
+def is_whole(data: bytes) -> bool:
+    import hashlib
+
+    return len(data) > 16 and hashlib.blake2b(data[:-16], digest_size=16).digest() == data[-16:]
+
+
+def replace_and_read(root: str, key: str, seconds: float, seed: int,
+                     start: multiprocessing.synchronize.Event) -> tuple[int, int, int]:
+    """Replace ``key`` with self-checking versions of varying size and read it back, in
+    turns, for ``seconds``; return (puts, reads, reads that were not one whole version)."""
+    from icefloe.store.local import LocalStore
+
+    store = LocalStore(root)
+    puts = reads = bad = 0
+    start.wait()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        store.put(key, self_checking(seed * 1_000_003 + puts, 1000 + (puts * 7919) % 20000))
+        puts += 1
+        for _ in range(3):
+            reads += 1
+            bad += not is_whole(store.get(key).data)
+    return puts, reads, bad
