@@ -209,7 +209,11 @@ class LocalStore(ObjectStore):
             os.rename(self._spare(path), tmp)  # one taker wins; the others see ENOENT
         except FileNotFoundError:
             return None
-        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            fd = os.open(tmp, os.O_WRONLY)
+        except PermissionError:  # another user's old version (a shared directory)
+            tmp.unlink()
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # 1: only our name links it, so it is no key's object (a crash between
@@ -228,8 +232,9 @@ class LocalStore(ObjectStore):
     def _keep_spare(self, path: Path) -> None:
         """Link the version about to be replaced as the key's spare (under the key's lock,
         just before the rename), so the rename frees no inode."""
-        # FileNotFoundError: nothing is replaced; FileExistsError: a spare is kept already
-        with contextlib.suppress(FileNotFoundError, FileExistsError):
+        # FileNotFoundError: nothing is replaced; FileExistsError: a spare is kept already;
+        # PermissionError: another user's file, which protected_hardlinks will not link
+        with contextlib.suppress(FileNotFoundError, FileExistsError, PermissionError):
             os.link(path, self._spare(path))
 
     def _check_condition(self, path: Path, key: str, if_match: str | None,

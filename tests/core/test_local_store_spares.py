@@ -119,3 +119,33 @@ def test_self_checking_bytes_catch_a_torn_read():
     data = self_checking(7, 5000)
     assert is_whole(data)
     assert not is_whole(data[:2000] + self_checking(8, 5000)[2000:])
+
+
+def test_should_put_when_the_old_version_belongs_to_another_user(tmp_path, monkeypatch):
+    """A directory shared by services running as different users: the old version may be
+    neither linkable (``fs.protected_hardlinks``) nor writable by this one. The tests run
+    as root, whom neither refusal reaches, so the refusals are injected where the file
+    system would answer them."""
+    store = LocalStore(tmp_path)
+    store.put("k", b"v1")
+    store.put("k", b"v2")  # v1 is the spare now
+    real_open, real_link = os.open, os.link
+
+    def refuse_writing_a_spare(path, flags, *args):
+        if ".icefloe-tmp-" in str(path) and flags == os.O_WRONLY:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    def refuse_linking(src, dst, *args, **kwargs):
+        raise PermissionError(1, "Operation not permitted", str(src))
+
+    monkeypatch.setattr(local_module.os, "open", refuse_writing_a_spare)
+    store.put("k", b"v3")  # the spare could not be written: a new file instead
+    assert store.get("k").data == b"v3"
+    assert spares(tmp_path) == [store._spare(tmp_path / "k").name]  # v2, kept
+    monkeypatch.setattr(local_module.os, "link", refuse_linking)
+    store.put("k", b"v4")  # neither: v3's inode is freed, as without spares
+    monkeypatch.setattr(local_module.os, "open", real_open)
+    monkeypatch.setattr(local_module.os, "link", real_link)
+    assert store.get("k").data == b"v4"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".icefloe-tmp")]
