@@ -20,10 +20,7 @@ Measures, in one run on the local store and a SQLite Iceberg catalog:
 * the cluster output path on a Spark standalone cluster of two one-core workers (master
   and workers started here with pyspark's ``spark-class``) against the same path on
   ``local[2]``, each in its own driver process (``_cluster_trial.py``); ``--no-cluster``
-  and ``--quick`` skip it.
-
-``--quick`` stays under a minute: one trial per engine after one warm-up round, 5 s
-freshness runs, no cluster rows.
+  skips it.
 
 Usage: python bench/collector_bench.py [--quick] [--no-cluster] [--freshness-only] [--json PATH]
 """
@@ -218,17 +215,15 @@ def data_files(config) -> int:
 
 
 def main() -> None:
-    parser = bench_parser(__doc__, "short run, under a minute: 200k events, one trial per "
-                          "engine, 5 s freshness runs, no cluster rows (Spark's start "
-                          "included)")
+    parser = bench_parser(__doc__, "short run: 200k events per trial, 12 s freshness runs "
+                          "(about 4 minutes with Spark's start and the cluster rows)")
     parser.add_argument("--no-cluster", action="store_true",
                         help="skip the standalone-cluster rows (~1-2 min more)")
     parser.add_argument("--freshness-only", action="store_true",
                         help="only the freshness rows (append, evolve, upsert)")
     args = parser.parse_args()
     batches, per_batch = (20, 10_000) if args.quick else (100, 10_000)
-    fresh_s = 5 if args.quick else 60
-    trials, warm_ups = (1, 1) if args.quick else (TRIALS, 2)
+    fresh_s = 12 if args.quick else 60
     from pipeline.spark import get_spark
 
     print("starting Spark (local[2]) ...", flush=True)
@@ -245,7 +240,7 @@ def main() -> None:
         root = Path(tmp)
         # The JVM compiles its hot paths during the first large queries: warm it up with
         # two runs of the same shape, so the figures are the steady state of a collector.
-        for round_ in range(warm_ups):
+        for round_ in range(2):
             for rows in (False, True):
                 config = make_config(root / f"warm-up-{round_}-{rows}")
                 events = prefill(config, batches // 2, per_batch)
@@ -253,14 +248,14 @@ def main() -> None:
         # One pre-filled store, copied for each trial: every trial drains the same files.
         template = make_config(root / "template")
         events = prefill(template, batches, per_batch)
-        print(f"{events:,} events pre-filled in {batches} batch files; best of {trials} "
+        print(f"{events:,} events pre-filled in {batches} batch files; best of {TRIALS} "
               "runs per engine, alternating", flush=True)
         rates: dict[str, float] = {}
         commits: dict[str, float] = {}
         engines = (("plain", None), ("no-spark", LocalEngine()),
                    ("spark", SparkEngine(spark, 4)),
                    ("spark-rows", SparkEngine(spark, 4, rows=True)))
-        for trial in range(trials):
+        for trial in range(TRIALS):
             for name, engine in engines:
                 trial_root = root / f"{name}-{trial}"
                 shutil.copytree(root / "template" / "store", trial_root / "store")
@@ -294,7 +289,7 @@ def main() -> None:
         results.append(Result("data files before maintenance", before, "files"))
         results.append(Result("data files after maintenance", data_files(config), "files"))
     spark.stop()
-    if not (args.no_cluster or args.quick):
+    if not args.no_cluster:
         results += cluster_rows(batches // 2, per_batch)
     print_table("collector: manifest → Spark → Iceberg (local store, SQLite catalog)", results)
     write_json(args.json, results)
