@@ -20,7 +20,9 @@ from icefloe.manifest import ensure_shards
 from icefloe.redact import mask_uri
 from icefloe.registry.subjects import is_subject_stream
 from icefloe.registry.watch import RegistryWatch
+from icefloe.store import local_path
 from icefloe.store.base import AsyncObjectStore
+from icefloe.store.fs_kind import journalless_note
 from icefloe.store.probe import probe_conditional_writes
 from ingestor.buffer import Batcher, FlushSettings
 from ingestor.metrics import IngestMetrics
@@ -124,6 +126,9 @@ class IngestorRuntime:
                  mask_uri(store.url), publisher.producer_id or "(in the store helper)",
                  ",".join(service.streams) or "-",
                  service.registry_version)
+        if config.store.url.startswith("file:") and (
+                note := journalless_note(local_path(config.store.url))):
+            log.warning("local store: %s", note)
         runtime = cls(config, store, publisher, batcher, service, metrics, watch)
         runtime._stop_watch = asyncio.Event()
         runtime._watching = asyncio.create_task(watch.run(runtime._stop_watch),

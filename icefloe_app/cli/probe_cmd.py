@@ -7,7 +7,8 @@ import argparse
 import asyncio
 from typing import Any
 
-from icefloe.store import open_async_store
+from icefloe.store import local_path, open_async_store
+from icefloe.store.fs_kind import journalless_note
 from icefloe.store.probe import PROBE_PUT_BYTES, measure_puts, probe_conditional_writes
 from icefloe_app.cli.common import add_store_arguments, resolve_store, store_options
 
@@ -22,7 +23,7 @@ def register(commands: Any) -> None:
                     "of a small batch file's size, one after the other: every flush writes "
                     "a batch file and then the manifest, so this is the floor under every "
                     "acknowledgement (a local store's directory that creates files slowly "
-                    "shows here).")
+                    "shows here; on ext4 without a journal, a note says why).")
     add_store_arguments(parser)
     parser.add_argument("--puts", type=_count, default=20, metavar="N",
                         help="how many PUTs to time after the check (default 20; 0: none)")
@@ -44,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"puts: p50 {timed.p50_s * 1000:.2f} ms, p99 {timed.p99_s * 1000:.2f} "
                       f"ms over {timed.count} PUTs of {PROBE_PUT_BYTES // 1024} KiB (a flush "
                       "makes two in a row: its batch file, then the manifest)")
+            if args.store.startswith("file:") and (
+                    note := journalless_note(local_path(args.store))):
+                print(f"note: {note}")
         finally:
             await store.close()
 
