@@ -157,8 +157,9 @@ def test_should_probe_a_store(tmp_path, s3_bucket, capsys):
 def test_should_time_durable_puts_after_the_probe_and_leave_none_behind(tmp_path, capsys):
     root = tmp_path / "s"
     assert main(["probe", "--store", root.as_uri(), "--puts", "7"]) == 0
-    ok, puts = capsys.readouterr().out.splitlines()
+    ok, puts, *notes = capsys.readouterr().out.splitlines()
     assert ok.startswith("ok: ")
+    assert all(n.startswith("note: ") for n in notes)  # a journal-less ext4 (this VM) says so
     match = re.fullmatch(r"puts: p50 ([\d.]+) ms, p99 ([\d.]+) ms over 7 PUTs of 4 KiB .*",
                          puts)
     assert match is not None, puts
