@@ -279,7 +279,9 @@ def administered(world: World) -> dict[str, Any]:
                 assert time.monotonic() < deadline, task
                 time.sleep(0.05)
                 task = api.get(f"/v1/tasks/{task['id']}").json()["task"]
-            assert task["state"] == "succeeded", (json.dumps(task), child.tail(40))
+            # the error first: pytest cuts a long message, and the error is what tells
+            assert task["state"] == "succeeded", (task.get("error"), json.dumps(task),
+                                                  child.tail(40))
             # dropping a source asks the queue what is pending for it (the manifest read)
             assert api.post("/v1/sources", json={"id": "scratch"}).status_code == 201
             dropped = api.delete("/v1/sources/scratch")
