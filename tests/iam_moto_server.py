@@ -19,6 +19,24 @@ import sys
 import threading
 from pathlib import Path
 
+AWS_ACTIONS = {
+    "s3:HeadObject": "s3:GetObject",
+    "s3:HeadBucket": "s3:ListBucket",
+    "s3:ListObjects": "s3:ListBucket",
+    "s3:ListObjectsV2": "s3:ListBucket",
+    "s3:DeleteObjects": "s3:DeleteObject",
+    "s3:CreateMultipartUpload": "s3:PutObject",
+    "s3:UploadPart": "s3:PutObject",
+    "s3:UploadPartCopy": "s3:PutObject",
+    "s3:CompleteMultipartUpload": "s3:PutObject",
+    "s3:ListParts": "s3:ListMultipartUploadParts",
+}
+"""API operations whose IAM action has another name on AWS (the S3 docs' "actions, resources
+and condition keys" table): moto 5.2.6 began asking policies for the operation's name
+(``s3:HeadObject``, which no policy can grant: there is no such IAM action) where 5.2.5
+asked for the action AWS checks. Normalized before the check, so the policies are judged
+as AWS would judge them whichever moto is installed."""
+
 
 def main(record_path: str) -> None:
     # run as a script: the moto server of the chaos harness lives in testing/ (not an
@@ -33,6 +51,7 @@ def main(record_path: str) -> None:
     original = access_control.IAMRequestBase.check_action_permitted
 
     def check_and_record(self: access_control.IAMRequestBase, resource: str) -> None:
+        self._action = AWS_ACTIONS.get(self._action, self._action)
         allowed = False
         try:
             original(self, resource)
