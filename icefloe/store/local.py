@@ -128,15 +128,12 @@ class LocalStore(ObjectStore):
                 with open(path, "rb") as handle:
                     fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
                     opened = os.fstat(handle.fileno())
-                    try:
-                        current = os.stat(path)
-                    except FileNotFoundError:  # deleted since we opened it
-                        raise NotFound(f"no such key {key!r} in {self.url}", op=op,
-                                       key=key) from None
+                    # FileNotFoundError: deleted since we opened it
+                    current = os.stat(path)
                     if (current.st_ino, current.st_dev) != (opened.st_ino, opened.st_dev):
                         continue  # replaced since we opened it: read the new version
                     return handle.read(), opened.st_mtime
-            except IsADirectoryError:
+            except (FileNotFoundError, IsADirectoryError):
                 raise NotFound(f"no such key {key!r} in {self.url}", op=op,
                                key=key) from None
             except OSError as exc:
@@ -161,16 +158,20 @@ class LocalStore(ObjectStore):
                 # The authoritative check is repeated under the lock below.
                 self._check_condition(path, key, if_match, if_none_match)
             # a key that must not exist has no spare worth a rename to find out
-            tmp, handle = self._stage(path, reuse=if_none_match is None)
+            # a key that must not exist replaces nothing: no spare to take or to keep
+            creates = if_none_match is not None
+            tmp, handle, reused = self._stage(path, reuse=not creates)
             replaced = False
             try:
                 handle.write(data)
-                handle.truncate()  # a reused spare may have held more bytes
+                if reused:  # a spare may have held more bytes; a new file holds none
+                    handle.truncate()
                 handle.flush()
                 os.fsync(handle.fileno())
                 with self._locked(key):
                     self._check_condition(path, key, if_match, if_none_match)
-                    self._keep_spare(path)
+                    if not creates:
+                        self._keep_spare(path)
                     os.replace(tmp, path)
                     replaced = True
                     self._fsync_dir(path.parent)
@@ -188,19 +189,20 @@ class LocalStore(ObjectStore):
         digest = hashlib.blake2b(path.name.encode(), digest_size=8).hexdigest()
         return path.parent / f"{_RESERVED}spare-{digest}"
 
-    def _stage(self, path: Path, *, reuse: bool) -> tuple[Path, BinaryIO]:
+    def _stage(self, path: Path, *, reuse: bool) -> tuple[Path, BinaryIO, bool]:
         """A temp file beside ``path`` to write the new version into, open for writing at
-        offset 0: the key's spare when one can be taken safely, else a new file."""
+        offset 0, and whether it is the key's spare (taken when that is safe) rather than a
+        new, empty file."""
         tmp = path.parent / f"{_RESERVED}tmp-{uuid.uuid4().hex}"
         if reuse:
             handle = self._take_spare(path, tmp)
             if handle is not None:
-                return tmp, handle
+                return tmp, handle, True
         try:
-            return tmp, open(tmp, "wb")
+            return tmp, open(tmp, "wb"), False
         except FileNotFoundError:  # the key's first object in its directory
             path.parent.mkdir(parents=True, exist_ok=True)
-            return tmp, open(tmp, "wb")
+            return tmp, open(tmp, "wb"), False
 
     def _take_spare(self, path: Path, tmp: Path) -> BinaryIO | None:
         """The key's spare renamed to ``tmp`` and locked exclusively, or None (no spare, a

@@ -2,9 +2,10 @@
 
 Also what a durable PUT costs on a store (:func:`measure_puts`, ``icefloe probe --puts``):
 every flush writes a batch file and then the manifest, one after the other, so the PUT's
-latency is the floor under every acknowledgement. A local store's directory can make it
-costly (on one VM, creating a file cost many times more under ``/tmp`` than elsewhere on
-the same disk); this shows it before an ingestor is pointed there.
+latency is the floor under every acknowledgement. A local store's file system can make it
+costly (on ext4 without a journal, a create skips every inode freed nearby in the last
+minutes, so a directory beside heavy deletions pays for them: see
+:mod:`icefloe.store.fs_kind`); this shows it before an ingestor is pointed there.
 
 Why: every exactly-once guarantee in icefloe rests on compare-and-swap of the manifest.
 Some S3-compatible stores accept ``If-Match``/``If-None-Match`` and ignore them, which would

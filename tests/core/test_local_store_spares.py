@@ -44,6 +44,26 @@ def test_should_not_keep_spares_for_keys_only_created(tmp_path):
     assert spares(tmp_path / "c") == []
 
 
+def test_should_neither_look_for_nor_keep_a_spare_when_creating(tmp_path, monkeypatch):
+    """A create (If-None-Match: *) replaces nothing: no rename to claim a spare, no link to
+    keep one; only the temp file's rename onto the key."""
+    store = LocalStore(tmp_path)
+    calls: list[str] = []
+    for name in ("link", "rename", "replace"):
+        real = getattr(os, name)
+        monkeypatch.setattr(local_module.os, name,
+                            lambda *a, _real=real, _name=name, **k: (calls.append(_name),
+                                                                     _real(*a, **k))[1])
+    store.put("b/1", b"batch", if_none_match="*")
+    assert calls == ["replace"]
+    assert store.get("b/1").data == b"batch"
+    calls.clear()
+    store.put("m/k", b"v1")
+    store.put("m/k", b"v2")  # a replace keeps v1 as the spare
+    assert calls.count("link") == 2  # each replace-capable put tries to keep one
+    assert "rename" in calls  # and the second looked for one to take
+
+
 def test_should_delete_the_spare_with_its_key(tmp_path):
     store = LocalStore(tmp_path)
     store.put("k", b"1")
