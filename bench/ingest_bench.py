@@ -218,8 +218,8 @@ def loop_cpu_s(pid: int) -> float | None:
 
 @dataclasses.dataclass
 class LoopLoad:
-    """The event loop's share of HTTP runs: CPU seconds, requests and wall seconds, added
-    over the rounds of one server."""
+    """The event loop's share of load runs (wrk's HTTP, or gRPC calls): CPU seconds,
+    requests and wall seconds, added over the rounds of one server."""
 
     cpu_s: float = 0.0
     requests: float = 0.0
@@ -240,6 +240,18 @@ class LoopLoad:
             self.seconds += elapsed
         return answer
 
+    def run_grpc(self, pid: int, seconds: float, load: Callable[[], dict[str, float]]
+                 ) -> dict[str, float]:
+        """:meth:`run` for a :func:`grpc_load` of 100-event calls: a request is a call."""
+        answer: dict[str, float] = {}
+
+        def calls() -> tuple[float, float, float]:
+            answer.update(load())
+            return answer["events_per_s"] / 100, 0.0, 0.0
+
+        self.run(pid, seconds, calls)
+        return answer
+
     def per_request_us(self) -> float:
         """Event-loop CPU microseconds per request over the runs added so far."""
         return self.cpu_s / self.requests * 1e6
@@ -247,6 +259,27 @@ class LoopLoad:
     def busy_share(self) -> float:
         """The event loop's CPU over the wall time of the runs added so far (0-1)."""
         return self.cpu_s / self.seconds
+
+
+def grpc_loop_rows(ours: LoopLoad, bare: LoopLoad, cadence: list[Result]) -> list[Result]:
+    """Why durable gRPC unary trails its bare stack: the event loop's CPU per call and busy
+    share against the bare stack's (a loop that is not busy all the time waits), and how
+    many flush periods a call's round trip spans. 32 calls each wait for their flush, so a
+    call that misses one seal waits for the next: at two periods per round trip the rate is
+    32 calls per two periods, whatever the loop could do."""
+    if not (ours.requests and bare.requests):
+        return []
+    label = "diagnostic: gRPC unary 100-event batch, durable"
+    rows = [Result(f"{label}: event-loop CPU per call (baseline: the bare stack's)",
+                   ours.per_request_us(), "us", bare.per_request_us()),
+            Result(f"{label}: event-loop busy share", ours.busy_share() * 100, "%"),
+            Result("diagnostic: bare gRPC stack, unary 100-event, 32 calls: event-loop busy "
+                   "share", bare.busy_share() * 100, "%")]
+    per_flush = next((r.value for r in cadence if r.name.endswith(": events per flush")), 0)
+    if per_flush:
+        rows.append(Result(f"{label}: flush periods per call round trip (32 calls over "
+                           "calls per flush)", 32 / (per_flush / 100), "periods"))
+    return rows
 
 
 def loop_rows(ours: LoopLoad, bare: LoopLoad, bare_rate: float) -> list[Result]:
@@ -371,8 +404,8 @@ def run(quick: bool, store_parent: Path) -> list[Result]:
                 [PYTHON, str(HERE / "_bare_servers.py"), "http", str(bare_http)],
                 bare_http)).pid
         bare_grpc = free_port()
-        servers.enter_context(process(
-            [PYTHON, str(HERE / "_bare_servers.py"), "grpc", str(bare_grpc)], bare_grpc))
+        bare_grpc_pid = servers.enter_context(process(
+            [PYTHON, str(HERE / "_bare_servers.py"), "grpc", str(bare_grpc)], bare_grpc)).pid
         bare_url = f"http://127.0.0.1:{bare_http}/"
         proc, http_port, grpc_port = start_ingestor(workdir)
         metrics_url = f"http://127.0.0.1:{http_port}/metrics"
@@ -388,6 +421,7 @@ def run(quick: bool, store_parent: Path) -> list[Result]:
             # the rows with targets: bare and icefloe in turns, the median of each
             paired: dict[str, list[float]] = {}
             loops = LoopLoad(), LoopLoad()  # ours, the bare stack's
+            grpc_loops = LoopLoad(), LoopLoad()
             for _ in range(rounds):
                 if have_wrk:
                     span = wrk_seconds(seconds)
@@ -395,10 +429,12 @@ def run(quick: bool, store_parent: Path) -> list[Result]:
                         bare_pid, span, lambda: wrk(bare_url, single, seconds, 32, workdir))[0])
                     paired.setdefault("single 256", []).append(loops[0].run(
                         proc.pid, span, lambda: wrk(url, single, seconds, 256, workdir))[0])
-                paired.setdefault("bare unary", []).append(
-                    grpc_load(bare_grpc, "unary", seconds, 32)["events_per_s"])
-                paired.setdefault("unary", []).append(
-                    grpc_load(grpc_port, "unary", seconds, 32)["events_per_s"])
+                paired.setdefault("bare unary", []).append(grpc_loops[1].run_grpc(
+                    bare_grpc_pid, seconds,
+                    lambda: grpc_load(bare_grpc, "unary", seconds, 32))["events_per_s"])
+                paired.setdefault("unary", []).append(grpc_loops[0].run_grpc(
+                    proc.pid, seconds,
+                    lambda: grpc_load(grpc_port, "unary", seconds, 32))["events_per_s"])
             bare = {"unary": statistics.median(paired["bare unary"]),
                     "stream": grpc_load(bare_grpc, "stream", seconds, 4)["events_per_s"]}
             if have_wrk:
@@ -435,7 +471,7 @@ def run(quick: bool, store_parent: Path) -> list[Result]:
             unary, cadence = flush_cadence(
                 metrics_url, "gRPC unary 100-event batch, durable", seconds,
                 lambda: grpc_load(grpc_port, "unary", seconds, 32))
-            diagnostics += cadence
+            diagnostics += cadence + grpc_loop_rows(*grpc_loops, cadence)
             stream = grpc_load(grpc_port, "stream", seconds, 4)
             results += [
                 Result("gRPC unary 100-event batch, durable",
