@@ -157,7 +157,6 @@ class LocalStore(ObjectStore):
                 # Cheap early answer for a lost race: skip the temp write and its fsync.
                 # The authoritative check is repeated under the lock below.
                 self._check_condition(path, key, if_match, if_none_match)
-            # a key that must not exist has no spare worth a rename to find out
             # a key that must not exist replaces nothing: no spare to take or to keep
             creates = if_none_match is not None
             tmp, handle, reused = self._stage(path, reuse=not creates)
