@@ -62,7 +62,7 @@ class FlushSettings:
     max_bytes: int = 256 * 1024 * 1024
     max_inflight: int = 4
     timeout_s: float = 30.0
-    zstd_level: int = 3
+    zstd_level: int = 1
     retry_after_s: float = 1.0
     compression: Compression = Compression.ZSTD
     """The batch files' block codec (``[ingestor] batch_compression``)."""

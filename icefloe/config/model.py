@@ -95,7 +95,12 @@ class IngestorSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     shutdown_timeout_s: float = 20.0
     retry_after_s: int = 1
     cors_origins: tuple[str, ...] = ()
-    zstd_level: int = 3
+    zstd_level: int = 1
+    """Batch files' zstd level. Why 1: the store helper compresses every flush before its
+    fsync, so the level is on each ack's path; on this project's event JSON level 1 was
+    about 1.6x as fast as level 3 at the same or a better ratio (a 665 KB flush of the
+    ingest benchmark: 242 vs 388 µs, 21.8 vs 27.3 KB), and the collector decompresses
+    either at the same speed. Raise it for denser files when flush latency matters less."""
     batch_compression: Literal["zstd", "none"] = "zstd"
     """The batch files' block codec (the footer's compression byte: 1 zstd, 0 none). The
     readers take both, so a change applies to new files only and needs no migration."""

@@ -90,7 +90,8 @@ MEANING: dict[str, str] = {
     "ingestor.cors_origins": "browser origins allowed to POST, and to send `text/plain` or "
                              "typeless bodies, which skip the preflight (env: "
                              "comma-separated)",
-    "ingestor.zstd_level": "batch file compression level",
+    "ingestor.zstd_level": "batch files' zstd level (1 is on every flush's path; raise it "
+                           "for denser files)",
     "ingestor.batch_compression": "batch files' block codec: `zstd` or `none` (the footer's "
                                   "compression byte; readers take both)",
     "ingestor.tls_cert_file": "PEM certificate chain for HTTP and gRPC (relative: to the config "

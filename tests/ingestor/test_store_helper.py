@@ -325,7 +325,8 @@ def test_should_send_a_batch_block_out_of_band_to_the_helper():
         builder.add_framed(frame_events("pageviews", i, [f"e{i}"], [b'{"user_id":"u%d"}' % i]),
                            1)
     block = builder.to_block()
-    parts = _framed((7, "job", (block,), {}))
+    parts, offsets = _framed((7, "job", (block,), {}))
+    assert offsets == []  # no arena: in the socket
     assert sum(len(part) for part in parts[2:3]) < 1024  # the pickle: no records inside
     frame = memoryview(b"".join(parts)[4:])
     request_id, op, (arrived,), kwargs = _unframed(frame)
@@ -380,3 +381,95 @@ def test_should_give_up_on_a_stuck_job_at_exit_within_its_budget(tmp_path):
     assert time.monotonic() - started < 5.0
     for stuck in list(jobs.running):
         stuck.cancel()
+
+
+def _large_block(events: int = 2000) -> Any:
+    builder = BatchBuilder()
+    for i in range(events):
+        builder.add_framed(frame_events("pageviews", i, [f"e{i}"],
+                                        [b'{"user_id":"user-%06d","n":%d}' % (i, i * 7)]), 1)
+    return builder.to_block()
+
+
+def test_should_carry_a_large_block_in_the_shared_arena_not_the_socket():
+    """A block past MIN_SHARED_BYTES is copied into the arena and only its place travels in
+    the frame; the helper's view of the arena gives the same records and the same file."""
+    from ingestor.helper_arena import MIN_SHARED_BYTES, Arena, attach
+    from ingestor.store_helper import _framed, _unframed
+
+    arena = Arena.create(1024 * 1024)
+    assert arena is not None, "this Linux machine has memfd_create"
+    try:
+        block = _large_block()
+        assert len(block) >= MIN_SHARED_BYTES
+        parts, offsets = _framed((3, "job", (block,), {}), arena)
+        assert offsets == [0]
+        assert arena.used_bytes == len(block)
+        frame = b"".join(parts)
+        assert len(frame) < 1024  # neither the pickle nor the frame holds the records
+        helper_view = attach(os.dup(arena.fd), arena.size)  # as the helper maps it
+        _, _, (arrived,), _ = _unframed(memoryview(frame)[4:], helper_view)
+        assert bytes(arrived.block) == bytes(block.block)
+        assert arrived.encode() == block.encode()
+        # a frame that names the arena cannot be read without one: said, not misread
+        with pytest.raises(ValueError, match="shared arena"):
+            _unframed(memoryview(frame)[4:])
+        # small buffers stay in the frame
+        small = BatchBuilder()
+        small.add_framed(frame_events("pageviews", 0, ["e"], [b'{"user_id":"u"}']), 1)
+        _, none = _framed((4, "job", (small.to_block(),), {}), arena)
+        assert none == []
+    finally:
+        arena.close()
+
+
+def test_should_place_first_fit_reuse_released_ranges_and_fall_back_when_full():
+    from ingestor.helper_arena import Arena
+
+    arena = Arena.create(100)
+    assert arena is not None
+    try:
+        a = arena.place(memoryview(b"a" * 40))
+        b = arena.place(memoryview(b"b" * 40))
+        assert (a, b) == (0, 40)
+        assert arena.place(memoryview(b"c" * 40)) is None  # 20 bytes left: the socket
+        arena.release(0)
+        assert arena.place(memoryview(b"d" * 30)) == 0  # the first range that holds it
+        assert arena.place(memoryview(b"e" * 20)) == 80
+        assert arena.place(memoryview(b"f" * 11)) is None  # 10 free at 30: too small
+        assert arena.place(memoryview(b"g" * 10)) == 30
+        assert arena.used_bytes == 100
+        arena.release(40)
+        arena.release(40)  # twice: harmless
+        assert arena.used_bytes == 60
+    finally:
+        arena.close()
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_should_write_a_large_batch_through_the_helper_either_way(tmp_path, shared_memory):
+    """A real helper writes a block sent through the arena (or, without one, the socket)
+    into the same batch file, and the arena is free again once the job is answered."""
+    block = _large_block()
+
+    async def scenario() -> None:
+        store = ProcessAsyncStore(tmp_path / "store", shared_memory=shared_memory)
+        try:
+            await store.put("warm", b"up")  # starts the helper
+            channel = store._channel
+            assert channel is not None
+            assert (channel.arena is not None) is shared_memory
+            jobs = [PublishJob(new_batch_key(), block, ("pageviews",), 0, ManifestConfig(),
+                               RetryPolicy()) for _ in range(3)]
+            outcomes = await asyncio.gather(*(store.run_job(job) for job in jobs))
+            assert [o.error for o in outcomes] == [None] * 3
+            for job in jobs:
+                data = (tmp_path / "store" / job.key).read_bytes()
+                assert data == block.encode()
+            if channel.arena is not None:
+                assert channel.arena.used_bytes == 0
+                assert channel.shared == {}
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
