@@ -184,3 +184,104 @@ def decimal_suffixes(long long start, Py_ssize_t count):
                 break
         out[i] = PyBytes_FromStringAndSize(digits + n, 24 - n)
     return out
+
+
+cdef Py_ssize_t _length(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos):
+    """A length-delimited field's length (a varint of at most 5 bytes, the slice inside
+    ``end``), or -1 when it is anything else (the caller then leaves the parse to
+    protobuf)."""
+    cdef uint64_t value = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while True:
+        if pos[0] >= end or shift > 28:
+            return -1
+        b = p[pos[0]]
+        pos[0] += 1
+        value |= (<uint64_t>(b & 0x7F)) << shift
+        if not (b & 0x80):
+            break
+        shift += 7
+    if <uint64_t>(end - pos[0]) < value:
+        return -1
+    return <Py_ssize_t>value
+
+
+def publish_request(bytes data):
+    """A serialized ``icefloe.v1.PublishRequest`` as ``(stream, request_id, jsons,
+    event_ids, datas)`` (``event_ids``/``datas`` None when no event sets one), or None for
+    anything but the plain encoding a client sends: an unknown field, another wire type, a
+    field of an ``Event`` given twice, a string that is not UTF-8, a truncated message.
+    None is no verdict: the caller decodes
+    such bytes with protobuf, which answers them (or refuses them) as it always did, so
+    this parse only ever agrees with protobuf (``tests/ingestor/test_grpc_parse.py``).
+
+    Why: the protobuf message's wrappers cost ~15 µs per 100-event call on the event loop
+    (an ``Event`` object per event, then two attribute reads each); this reads the three
+    fields straight into the lists the ingestor uses.
+    """
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, size, end, count = 0
+    cdef Py_ssize_t stream_at = 0, stream_size = 0, request_at = 0, request_size = 0
+    cdef Py_ssize_t json_at, json_size, id_at, id_size, data_at, data_size
+    cdef unsigned char tag, seen
+    cdef list jsons = []
+    cdef list ids = None
+    cdef list datas = None
+    try:
+        while pos < n:
+            tag = p[pos]
+            pos += 1
+            size = _length(p, n, &pos)
+            if size < 0:
+                return None
+            if tag == 0x12:  # events (2, length-delimited): one Event
+                end = pos + size
+                json_at = json_size = id_at = id_size = data_at = data_size = 0
+                seen = 0
+                while pos < end:
+                    tag = p[pos]
+                    pos += 1
+                    size = _length(p, end, &pos)
+                    if size < 0 or (tag == 0x0A and seen & 1) or (tag == 0x12 and seen & 2) \
+                            or (tag == 0x1A and seen & 4):
+                        return None  # (a repeated field: protobuf judges every copy)
+                    if tag == 0x0A:  # json (1, bytes)
+                        json_at, json_size, seen = pos, size, seen | 1
+                    elif tag == 0x12:  # event_id (2, string)
+                        id_at, id_size, seen = pos, size, seen | 2
+                    elif tag == 0x1A:  # data (3, bytes)
+                        data_at, data_size, seen = pos, size, seen | 4
+                    else:
+                        return None
+                    pos += size
+                jsons.append(PyBytes_FromStringAndSize(<const char*>p + json_at, json_size))
+                if id_size:
+                    if ids is None:
+                        ids = [""] * count
+                    ids.append((<const char*>p + id_at)[:id_size].decode("utf-8"))
+                elif ids is not None:
+                    ids.append("")
+                if data_size:
+                    if datas is None:
+                        datas = [b""] * count
+                    datas.append(PyBytes_FromStringAndSize(<const char*>p + data_at,
+                                                           data_size))
+                elif datas is not None:
+                    datas.append(b"")
+                count += 1
+                continue
+            if tag == 0x0A:  # stream (1, string)
+                stream_at, stream_size = pos, size
+                (<const char*>p + pos)[:size].decode("utf-8")  # every copy must be UTF-8
+            elif tag == 0x1A:  # request_id (3, string)
+                request_at, request_size = pos, size
+                (<const char*>p + pos)[:size].decode("utf-8")
+            else:
+                return None
+            pos += size
+    except UnicodeDecodeError:
+        return None
+    return ((<const char*>p + stream_at)[:stream_size].decode("utf-8"),
+            (<const char*>p + request_at)[:request_size].decode("utf-8"),
+            jsons, ids, datas)
