@@ -36,7 +36,9 @@ journal, and there a create skips every inode its block group freed in the last 
 (temp dirs come and go under /tmp); the local store now also keeps a replaced manifest's
 inode for its next version instead of freeing it. The first diagnostic row reports
 what that ``open()`` costs where the store is, against a fresh directory in the system temp
-dir, so a run on a disk with the same trouble says so.
+dir, so a run on a disk with the same trouble says so. A run's own cleanup is such trouble
+for the next run: a full run waits until the previous run's store was deleted
+``DELETIONS_AGE_S`` ago (a quick run only warns).
 
 Usage: python bench/ingest_bench.py [--quick] [--json PATH]
 """
@@ -386,13 +388,53 @@ def start_drain(workdir: Path) -> subprocess.Popen[str]:
     return proc
 
 
+DELETIONS_AGE_S = 360.0
+"""A full run starts at least this long after the previous run's store was deleted (the
+``DELETED_MARKER`` file in the store's parent says when). Why: on ext4 without a journal a
+create skips every inode its block group freed in the last 60-300 s (see above), and a
+run's cleanup frees tens of thousands; full runs started four and five minutes after one
+measured HTTP single events at 0.64-0.67 of the bare stack in their first rounds, against
+0.92-0.95 in a run started thirteen minutes after."""
+DELETED_MARKER = ".last-store-deleted"
+
+
+def wait_for_deletions_to_age(store_parent: Path, quick: bool) -> None:
+    """Wait (a full run) or warn (``--quick``) while the previous run's deletions are recent
+    enough to slow this run's creates."""
+    try:
+        deleted = (store_parent / DELETED_MARKER).stat().st_mtime
+    except FileNotFoundError:
+        return
+    age = time.time() - deleted
+    if age >= DELETIONS_AGE_S:
+        return
+    if quick:
+        print(f"note: the previous run's store was deleted {age:.0f} s ago; on a file system "
+              "that delays reusing freed inodes the durable rows may read low", file=sys.stderr)
+        return
+    while (left := DELETIONS_AGE_S - age) > 0:
+        print(f"waiting {left:.0f} s more: the previous run's store was deleted {age:.0f} s "
+              "ago, and creates right after many deletions cost more on this kind of file "
+              "system", file=sys.stderr, flush=True)
+        time.sleep(min(30.0, left))
+        age = time.time() - deleted
+
+
 def run(quick: bool, store_parent: Path) -> list[Result]:
+    store_parent.mkdir(parents=True, exist_ok=True)
+    wait_for_deletions_to_age(store_parent, quick)
+    try:
+        return measure(quick, store_parent)
+    finally:  # the next run waits for these deletions to age
+        (store_parent / DELETED_MARKER).touch()
+
+
+def measure(quick: bool, store_parent: Path) -> list[Result]:
     seconds = 3.0 if quick else 10.0
     rounds = 1 if quick else ROUNDS
     results: list[Result] = []
     single, batch = EVENT % (1, 2, 3), batch_body(100)
     have_wrk = shutil.which("wrk") is not None
-    store_parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-", dir=store_parent) as tmp, \
             contextlib.ExitStack() as servers:
         workdir = Path(tmp)
