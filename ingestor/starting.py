@@ -185,6 +185,15 @@ async def _serve_grpc(config: Config, state: Starting, tls: CertificateReloader 
     return server, bound
 
 
+STANDIN_GRACE_S = 2.0
+"""How long the gRPC stand-in's stop lets calls it is answering finish. Why: stopped with
+no grace, grpc cancels them, and a client that reached the stand-in just as the real server
+took over got CANCELLED, which clients do not retry (a chaos run caught one at an
+ingestor's restart) instead of the UNAVAILABLE it retries elsewhere. The stand-in answers
+at once, so the stop waits only for calls already in its hands; new ones are refused by
+the stopping server itself."""
+
+
 class StartingGrpc:
     """The gRPC stand-in: health NOT_SERVING, every other call UNAVAILABLE, on the
     ingestor's gRPC port until the real server needs it."""
@@ -202,4 +211,4 @@ class StartingGrpc:
     async def stop(self) -> None:
         if self._server is not None:
             server, self._server = self._server, None
-            await server.stop(None)
+            await server.stop(STANDIN_GRACE_S)

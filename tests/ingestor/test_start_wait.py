@@ -161,3 +161,41 @@ async def test_a_permanent_store_error_still_stops_the_start_and_stop_ends_the_w
         raise TransientStoreError("connection refused", op="get", key="manifest/queue")
 
     assert await start_waiting(down, Starting(), stop, clock=ManualClock()) is None
+
+
+def test_should_answer_a_call_the_stand_in_holds_as_it_stops_not_cancel_it(tmp_path,
+                                                                           monkeypatch):
+    """The real server takes the port from the stand-in: a call the stand-in is answering
+    at that moment still gets its UNAVAILABLE, which clients retry elsewhere, not CANCELLED,
+    which they do not (a chaos run caught one at an ingestor's restart)."""
+    from ingest_support import make_config
+
+    from ingestor import starting
+
+    async def scenario() -> None:
+        arrived, release = asyncio.Event(), asyncio.Event()
+
+        def held(self: Any, details: Any) -> grpc.RpcMethodHandler:
+            async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+                arrived.set()
+                await release.wait()  # still in the stand-in's hands when it stops
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "not ready: starting")
+            return grpc.unary_unary_rpc_method_handler(refuse)
+
+        monkeypatch.setattr(starting._Unavailable, "service", held)
+        standin = starting.StartingGrpc(make_config(tmp_path / "store"), Starting(), None)
+        port = await standin.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            publish = channel.unary_unary("/icefloe.v1.Ingest/Publish")
+            call = publish(b"")
+            await asyncio.wait_for(arrived.wait(), 10)
+            stopping = asyncio.create_task(standin.stop())
+            await asyncio.sleep(0.2)  # the stop is under way
+            assert not stopping.done()
+            release.set()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            await asyncio.wait_for(stopping, 10)
+
+    asyncio.run(scenario())
