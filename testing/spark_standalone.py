@@ -73,16 +73,29 @@ class Standalone:
         return state if isinstance(state, dict) else {}
 
     def start(self) -> None:
-        """Start the master and the workers; return once every worker is registered."""
+        """Start the master, then the workers once it answers; return once every worker is
+        registered. ``url`` is then the port the master bound.
+
+        Why in that order, and why its answer sets ``url``: the port picked for the master is
+        free when picked, not when the master binds; a clean-clone CI run saw it taken
+        meanwhile (the master moved to the next port, as Spark does, and the worker kept
+        calling the first one for 120 s). A worker started before the master binds can
+        itself be handed that port for its own RPC server."""
         self.root.mkdir(parents=True, exist_ok=True)
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.port), "--webui-port", str(self.ui_port))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not isinstance(url := self.state().get("url"), str):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Spark master did not answer on its UI port "
+                                   f"{self.ui_port} in {START_TIMEOUT_S:.0f} s: {self.tail()}")
+            time.sleep(0.25)
+        self.url = url
         for i in range(self.workers):
             self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", self.url,
                         "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
                         "--webui-port", str(free_port()),
                         "--work-dir", str(self.root / f"work-{i}"))
-        deadline = time.monotonic() + START_TIMEOUT_S
         while self.state().get("aliveworkers") != self.workers:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.workers} workers did not register with {self.url} "
