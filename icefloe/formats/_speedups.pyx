@@ -222,7 +222,7 @@ def publish_request(bytes data):
     """
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, size, end, count = 0
-    cdef Py_ssize_t stream_at = 0, stream_size = 0, request_at = 0, request_size = 0
+    cdef str stream = "", request_id = ""
     cdef Py_ssize_t json_at, json_size, id_at, id_size, data_at, data_size
     cdef unsigned char tag, seen
     cdef list jsons = []
@@ -271,17 +271,14 @@ def publish_request(bytes data):
                     datas.append(b"")
                 count += 1
                 continue
+            # a field given twice: every copy must be UTF-8, and the last one counts
             if tag == 0x0A:  # stream (1, string)
-                stream_at, stream_size = pos, size
-                (<const char*>p + pos)[:size].decode("utf-8")  # every copy must be UTF-8
+                stream = (<const char*>p + pos)[:size].decode("utf-8")
             elif tag == 0x1A:  # request_id (3, string)
-                request_at, request_size = pos, size
-                (<const char*>p + pos)[:size].decode("utf-8")
+                request_id = (<const char*>p + pos)[:size].decode("utf-8")
             else:
                 return None
             pos += size
     except UnicodeDecodeError:
         return None
-    return ((<const char*>p + stream_at)[:stream_size].decode("utf-8"),
-            (<const char*>p + request_at)[:request_size].decode("utf-8"),
-            jsons, ids, datas)
+    return stream, request_id, jsons, ids, datas

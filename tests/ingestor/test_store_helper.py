@@ -473,3 +473,43 @@ def test_should_write_a_large_batch_through_the_helper_either_way(tmp_path, shar
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_should_give_a_new_helper_a_fresh_arena_after_the_old_one_dies(tmp_path):
+    """A helper's death closes the arena it shared (a range it was reading may be half
+    used), and the helper started for the next operation gets a new one that large blocks
+    go through as before."""
+    block = _large_block()
+
+    async def scenario() -> None:
+        store = ProcessAsyncStore(tmp_path / "store")
+        try:
+            await store.put("warm", b"up")
+            first_channel, first_pid = store._channel, store.helper_pid
+            assert first_channel is not None
+            assert first_pid is not None
+            old = first_channel.arena
+            assert old is not None
+            os.kill(first_pid, signal.SIGKILL)
+            await until(lambda: first_channel.closed, "the dead helper's channel to close")
+            assert old._map.closed
+            with pytest.raises(OSError, match="Bad file descriptor"):
+                os.fstat(old.fd)
+            job = PublishJob(new_batch_key(), block, ("pageviews",), 0, ManifestConfig(),
+                             RetryPolicy())
+            outcome = await store.run_job(job)
+            assert outcome.error is None
+            channel = store._channel
+            assert channel is not None
+            assert channel is not first_channel
+            assert store.helper_pid not in (None, first_pid)
+            assert channel.arena is not None
+            assert channel.arena is not old
+            assert not channel.arena._map.closed
+            assert (tmp_path / "store" / job.key).read_bytes() == block.encode()
+            assert channel.arena.used_bytes == 0
+            assert channel.shared == {}
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
