@@ -502,21 +502,30 @@ def rounds_with_targets(servers: Fronts, rounds: int, seconds: float, workdir: P
     stack's) add up what each event loop spent."""
     single = EVENT % (1, 2, 3)
     paired: dict[str, list[float]] = {}
+
+    def ours(row: str, load: Callable[[], T]) -> T:
+        # the mean flush time of each round too: a round that falls says whether its
+        # flushes slowed (the disk) or not
+        answer, cadence = flush_cadence(servers.metrics_url, row, seconds, load)
+        paired.setdefault(f"{row} flush ms", []).extend(
+            r.value for r in cadence if r.name.endswith(": mean flush time"))
+        return answer
+
+    span = wrk_seconds(seconds)
     for _ in range(rounds):
         if have_wrk:
-            span = wrk_seconds(seconds)
             paired.setdefault("bare single", []).append(loops[1].run(
                 servers.bare_pid, span,
                 lambda: wrk(servers.bare_url, single, seconds, 32, workdir))[0])
-            paired.setdefault("single 256", []).append(loops[0].run(
-                servers.proc.pid, span,
-                lambda: wrk(servers.url, single, seconds, 256, workdir))[0])
+            paired.setdefault("single 256", []).append(ours("single 256", lambda: (
+                loops[0].run(servers.proc.pid, span,
+                             lambda: wrk(servers.url, single, seconds, 256, workdir))))[0])
         paired.setdefault("bare unary", []).append(grpc_loops[1].run_grpc(
             servers.bare_grpc_pid, seconds,
             lambda: grpc_load(servers.bare_grpc, "unary", seconds, 32))["events_per_s"])
-        paired.setdefault("unary", []).append(grpc_loops[0].run_grpc(
+        paired.setdefault("unary", []).append(ours("unary", lambda: grpc_loops[0].run_grpc(
             servers.proc.pid, seconds,
-            lambda: grpc_load(servers.grpc_port, "unary", seconds, 32))["events_per_s"])
+            lambda: grpc_load(servers.grpc_port, "unary", seconds, 32)))["events_per_s"])
     return paired
 
 
@@ -636,6 +645,11 @@ def rounds_of_record(runs: list[dict[str, list[float]]]) -> list[Result]:
                                                       1):
                 results.append(Result(f"{label}, run {run_number}, round {number} "
                                       "(target >= 0.8)", value, "events/s", ceiling))
+                flush_ms = paired.get(f"{ours} flush ms", [])
+                if len(flush_ms) >= number:
+                    results.append(Result(f"diagnostic: {label}, run {run_number}, round "
+                                          f"{number}: mean flush time", flush_ms[number - 1],
+                                          "ms"))
     return results
 
 
