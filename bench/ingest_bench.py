@@ -87,6 +87,8 @@ PYTHON = sys.executable
 ICEFLOE = str(Path(PYTHON).parent / "icefloe")
 EVENT = ('{"user_id":"user-%05d","url":"https://example.com/products/%d?ref=campaign-7",'
          '"duration_ms":%d,"ts":"2026-11-23T01:02:03.456Z","ref":"newsletter-2026-11"}')
+SINGLE = EVENT % (1, 2, 3)
+"""The body of every single-event HTTP POST."""
 CONFIG = """
 [store]
 url = "file://store"
@@ -359,13 +361,13 @@ def light_latency(url: str, seconds: float) -> tuple[float, float]:
 WARM_UP_S = 2.0
 
 
-def warm_up(servers: Fronts, single: str, workdir: Path, have_wrk: bool) -> None:
+def warm_up(servers: Fronts, workdir: Path, have_wrk: bool) -> None:
     """One short, unrecorded pass of each loaded row against both servers before the rounds
     of record: a first round otherwise also measured each process's warm-up (its first
     heavy load, gRPC's channel and the store's first files) and ran lowest on both sides."""
     if have_wrk:
-        wrk(servers.bare_url, single, WARM_UP_S, 32, workdir)
-        wrk(servers.url, single, WARM_UP_S, 256, workdir)
+        wrk(servers.bare_url, SINGLE, WARM_UP_S, 32, workdir)
+        wrk(servers.url, SINGLE, WARM_UP_S, 256, workdir)
     grpc_load(servers.bare_grpc, "unary", WARM_UP_S, 32)
     grpc_load(servers.grpc_port, "unary", WARM_UP_S, 32)
 
@@ -431,17 +433,18 @@ def wait_for_deletions_to_age(store_parent: Path, quick: bool) -> None:
 def run(quick: bool, store_parent: Path) -> list[Result]:
     store_parent.mkdir(parents=True, exist_ok=True)
     wait_for_deletions_to_age(store_parent, quick)
+    have_wrk = shutil.which("wrk") is not None
     try:
         # every run's store is kept until the last run is over: a run's deletions would
         # slow the next run's creates (see above)
         with tempfile.TemporaryDirectory(prefix="icefloe-ingest-bench-",
                                          dir=store_parent) as tmp:
-            results, first = measure(quick, Path(tmp) / "run-1")
+            results, first = measure(quick, Path(tmp) / "run-1", have_wrk)
             runs = [first]
             for number in range(2, 1 if quick else RUNS + 1):
                 print(f"run {number} of {RUNS}: the rows with targets again, on new servers "
                       "and a new store", file=sys.stderr, flush=True)
-                runs.append(record_run(Path(tmp) / f"run-{number}"))
+                runs.append(record_run(Path(tmp) / f"run-{number}", have_wrk))
             return results + rounds_of_record(runs)
     finally:  # the next invocation waits for these deletions to age
         (store_parent / DELETED_MARKER).touch()
@@ -500,7 +503,6 @@ def rounds_with_targets(servers: Fronts, rounds: int, seconds: float, workdir: P
     """The rows with targets and their bare ceilings in turns (bare, icefloe, bare, ...),
     ``rounds`` times: each row's rates by round. ``loops``/``grpc_loops`` (ours, the bare
     stack's) add up what each event loop spent."""
-    single = EVENT % (1, 2, 3)
     paired: dict[str, list[float]] = {}
 
     def ours(row: str, load: Callable[[], T]) -> T:
@@ -516,10 +518,10 @@ def rounds_with_targets(servers: Fronts, rounds: int, seconds: float, workdir: P
         if have_wrk:
             paired.setdefault("bare single", []).append(loops[1].run(
                 servers.bare_pid, span,
-                lambda: wrk(servers.bare_url, single, seconds, 32, workdir))[0])
+                lambda: wrk(servers.bare_url, SINGLE, seconds, 32, workdir))[0])
             paired.setdefault("single 256", []).append(ours("single 256", lambda: (
                 loops[0].run(servers.proc.pid, span,
-                             lambda: wrk(servers.url, single, seconds, 256, workdir))))[0])
+                             lambda: wrk(servers.url, SINGLE, seconds, 256, workdir))))[0])
         paired.setdefault("bare unary", []).append(grpc_loops[1].run_grpc(
             servers.bare_grpc_pid, seconds,
             lambda: grpc_load(servers.bare_grpc, "unary", seconds, 32))["events_per_s"])
@@ -529,25 +531,24 @@ def rounds_with_targets(servers: Fronts, rounds: int, seconds: float, workdir: P
     return paired
 
 
-def record_run(workdir: Path) -> dict[str, list[float]]:
+def record_run(workdir: Path, have_wrk: bool) -> dict[str, list[float]]:
     """Another full run's rows with targets only: new bare stacks, a new ingestor and a new
     store, the warm-up pass, then the rounds in turns (issue #43 item 6 asks for three
     runs in the table of record; the diagnostics are measured once, in the first)."""
-    have_wrk = shutil.which("wrk") is not None
     with fronts(workdir, have_wrk) as servers:
-        warm_up(servers, EVENT % (1, 2, 3), workdir, have_wrk)
+        warm_up(servers, workdir, have_wrk)
         return rounds_with_targets(servers, ROUNDS, FULL_ROUND_S, workdir, have_wrk,
                                    (LoopLoad(), LoopLoad()), (LoopLoad(), LoopLoad()))
 
 
-def measure(quick: bool, workdir: Path) -> tuple[list[Result], dict[str, list[float]]]:
+def measure(quick: bool, workdir: Path, have_wrk: bool
+            ) -> tuple[list[Result], dict[str, list[float]]]:
     """One run of every row, its store in ``workdir``: the results (without the rounds of
     record) and the rows with targets' rates by round."""
     seconds = 3.0 if quick else FULL_ROUND_S
     rounds = 1 if quick else ROUNDS
     results: list[Result] = []
-    single, batch = EVENT % (1, 2, 3), batch_body(100)
-    have_wrk = shutil.which("wrk") is not None
+    single, batch = SINGLE, batch_body(100)
     workdir.mkdir(parents=True, exist_ok=True)
     diagnostics: list[Result] = []
     loops = LoopLoad(), LoopLoad()  # ours, the bare stack's
@@ -558,7 +559,7 @@ def measure(quick: bool, workdir: Path) -> tuple[list[Result], dict[str, list[fl
         results += [Result("ack latency p50, light load (1 client, HTTP single)", p50, "ms"),
                     Result("ack latency p99, light load (1 client, HTTP single)", p99, "ms")]
         if not quick:  # a quick run records nothing of record and must stay short
-            warm_up(servers, single, workdir, have_wrk)
+            warm_up(servers, workdir, have_wrk)
         # the rows with targets: bare and icefloe in turns, the median of each
         paired = rounds_with_targets(servers, rounds, seconds, workdir, have_wrk, loops,
                                      grpc_loops)
