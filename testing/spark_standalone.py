@@ -9,6 +9,7 @@ executor.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
 """Master and workers register in ~10 s on an idle 2-core machine; allow for a loaded one."""
+UI_BOUND = re.compile(rb"Successfully started service 'MasterUI' on port (\d+)")
+"""The master's log line that names the port its web UI bound."""
 
 
 def free_port() -> int:
@@ -64,10 +67,23 @@ class Standalone:
                 [str(spark_class), *args], env=spark_env(), cwd=self.root,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
+    def _bound_ui_port(self) -> int | None:
+        """The port the master's web UI bound, from its log (None until it says)."""
+        try:
+            found = UI_BOUND.search((self.root / "master.log").read_bytes())
+        except FileNotFoundError:
+            return None
+        return int(found.group(1)) if found else None
+
     def state(self) -> dict[str, Any]:
         """The master's JSON status (empty while it is not answering)."""
+        return self.state_at(self.ui_port)
+
+    @staticmethod
+    def state_at(ui_port: int) -> dict[str, Any]:
+        """The JSON status a master's web UI on ``ui_port`` answers (empty: none)."""
         try:
-            state = httpx.get(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2).json()
+            state = httpx.get(f"http://127.0.0.1:{ui_port}/json/", timeout=2).json()
         except (httpx.HTTPError, ValueError):
             return {}
         return state if isinstance(state, dict) else {}
@@ -80,17 +96,20 @@ class Standalone:
         free when picked, not when the master binds; a clean-clone CI run saw it taken
         meanwhile (the master moved to the next port, as Spark does, and the worker kept
         calling the first one for 120 s). A worker started before the master binds can
-        itself be handed that port for its own RPC server."""
+        itself be handed that port for its own RPC server. The web UI's port is picked the
+        same way and can move the same way, so it is read from the master's log before it
+        is asked anything (else the status would be asked of whatever holds the old port)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.port), "--webui-port", str(self.ui_port))
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not isinstance(url := self.state().get("url"), str):
+        while (bound := self._bound_ui_port()) is None \
+                or not isinstance(url := self.state_at(bound).get("url"), str):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the Spark master did not answer on its UI port "
                                    f"{self.ui_port} in {START_TIMEOUT_S:.0f} s: {self.tail()}")
             time.sleep(0.25)
-        self.url = url
+        self.ui_port, self.url = bound, url
         for i in range(self.workers):
             self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", self.url,
                         "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,22 @@ def standalone(tmp_path: Path) -> Iterator[Standalone]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.mark.timeout(200)  # a master alone: ~5 s
+def test_should_find_the_masters_web_ui_when_its_picked_port_was_taken(tmp_path):
+    cluster = Standalone(tmp_path, workers=0)
+    picked = cluster.ui_port
+    with socket.socket() as squatter:  # taken between the pick and the master's bind
+        squatter.bind(("127.0.0.1", picked))
+        squatter.listen()
+        try:
+            cluster.start()
+            assert cluster.ui_port != picked  # Spark moved on, and so did we
+            assert cluster.state()["url"] == cluster.url
+            assert cluster.url.startswith("spark://127.0.0.1:")
+        finally:
+            cluster.stop()
 
 
 @pytest.mark.timeout(300)  # ~45 s (60-70 s on 2 busy cores): master, worker, driver, executor
