@@ -83,6 +83,20 @@ def ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def against(shown: str, measured: float | None, bound: float | None) -> str:
+    """``shown`` (a figure as the table rounds it), or more of its digits when that rounding
+    lands on the target's bound: a ratio of 0.797 read as "0.80 … not met" looks like a
+    wrong verdict, so it is written 0.797."""
+    if measured is None or bound is None or measured == bound:
+        return shown
+    if shown not in (ratio(bound), number(bound)):
+        return shown
+    digits = 3
+    while f"{measured:.{digits}f}" == f"{bound:.{digits}f}" and digits < 9:
+        digits += 1
+    return f"{measured:.{digits}f}"
+
+
 def load_result(name: str) -> dict[str, Any]:
     path = RESULTS / f"{name}.json"
     if not path.is_file():
@@ -99,12 +113,17 @@ def load_targets() -> dict[str, dict[str, str]]:
 TARGET = re.compile(r"^(value|ratio)\s*(>=|<=)\s*([0-9.]+)$")
 
 
-def verdict(row: dict[str, Any], target: str) -> str:
-    """``"ratio >= 0.75"`` against the row: ``≥ 0.75 (ratio): met``."""
+def parse_target(target: str) -> tuple[str, str, float]:
+    """``"ratio >= 0.75"`` as ``("ratio", ">=", 0.75)``."""
     found = TARGET.match(target.strip())
     if found is None:
         raise DocsError(f"target {target!r} is not `value|ratio >=|<= NUMBER`")
-    field, op, bound = found.group(1), found.group(2), float(found.group(3))
+    return found.group(1), found.group(2), float(found.group(3))
+
+
+def verdict(row: dict[str, Any], target: str) -> str:
+    """``"ratio >= 0.75"`` against the row: ``≥ 0.75 (ratio): met``."""
+    field, op, bound = parse_target(target)
     measured = row.get(field)
     if measured is None:
         return f"{op} {number(bound)} ({field}): no {field} measured"
@@ -139,8 +158,15 @@ def figures(args: str) -> str:
              "|---|---:|---|---:|---:|---|"]
     for row in rows:
         target = targets.get(row["name"])
-        lines.append(f"| {cell(row['name'])} | {number(row['value'])} | {cell(row['unit'])} | "
-                     f"{number(row.get('baseline'))} | {ratio(row.get('ratio'))} | "
+        field, _, bound = parse_target(target) if target else ("", "", None)
+        value = number(row["value"])
+        shown_ratio = ratio(row.get("ratio"))
+        if field == "value":
+            value = against(value, row["value"], bound)
+        elif field == "ratio":
+            shown_ratio = against(shown_ratio, row.get("ratio"), bound)
+        lines.append(f"| {cell(row['name'])} | {value} | {cell(row['unit'])} | "
+                     f"{number(row.get('baseline'))} | {shown_ratio} | "
                      f"{verdict(row, target) if target else ''} |")
     return "\n".join(lines) + "\n"
 

@@ -118,3 +118,14 @@ def test_a_stale_part_is_refilled_and_a_typed_figure_is_found(tmp_path: Path) ->
     page = "| figure | ratio |\n|---|---|\n| HTTP | 0.73 |\n"
     assert FIGURE_HEADERS.search(tables(outside_markers(page))[0][0])
     assert RATE.search("| ingest | 12.3 k events/s |")
+
+
+def test_should_show_a_figure_that_rounds_onto_its_bound_with_the_digits_that_decide_it() -> None:
+    """A ratio of 0.797 printed "0.80" beside "≥ 0.8: not met" reads as a wrong verdict."""
+    assert gen_docs.against("0.80", 0.7968, 0.8) == "0.797"
+    assert gen_docs.against("0.80", 0.8008, 0.8) == "0.801"
+    assert gen_docs.against("0.80", 0.79996, 0.8) == "0.79996"
+    assert gen_docs.against("0.80", 0.8, 0.8) == "0.80"  # exactly the bound: as it is
+    assert gen_docs.against("0.85", 0.8512, 0.8) == "0.85"  # clear of it: as rounded
+    assert gen_docs.against("500", 499.7, 500.0) == "499.700"
+    assert gen_docs.against("0.80", 0.7968, None) == "0.80"  # no target
