@@ -12,12 +12,17 @@ the manifest's ack. So acks leave the critical path, with the exactly-once rules
 * acks go out in order, one write at a time, each carrying everything submitted so far
   (``{shard: through}`` merged), so an ack never goes back and a failed one is carried by
   the next; every ``dequeue_every`` runs the ack drops the acknowledged entries in the same
-  write (one CAS instead of two);
+  write (one CAS instead of two), and the shards it did not touch are dequeued after it
+  (a quiet shard's acknowledged entries would otherwise stay until a clean stop, and keep
+  their batch files from GC);
 * a crash between a commit and its ack loses nothing: the entries stay queued, the next
   collector reads them from the ack and its commits drop them as replayed (each table's
   ``icefloe.sequences``), as after a crash before a synchronous ack;
 * a fenced ack (``FencedError``: replaced) is raised at the collector's next run, which
-  ends it; a transient failure is logged and retried with the next submission.
+  ends it; a transient failure is logged and retried with the next submission, or at the
+  next run that finds nothing to do (it waits for the acks: :meth:`AckPipe.wait` writes
+  them again), which fails if the ack fails again: an idle collector never sits on an
+  unwritten ack without saying so.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ class AckPipe:
                 if dequeue:
                     self.hook("before_dequeue")
                 await self.consumer.ack(through, dequeue=dequeue)
+                if dequeue:  # the shards this ack did not touch, as a synchronous run does
+                    await self.consumer.dequeue(skip=through)
             except BaseException as exc:
                 for shard, sequence in through.items():  # carried by the next ack
                     self.pending[shard] = max(self.pending.get(shard, -1), sequence)

@@ -142,7 +142,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not_found", "message": "POST only /v1/run (served "
                              "by a collector with its HTTP port on)"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self._json(400, {"error": "bad_request", "message": "Content-Length is not a "
+                             "whole number of bytes"})
+            return
         if not 0 <= length <= MAX_BODY:
             self._json(413, {"error": "too_large", "message": f"at most {MAX_BODY} bytes"})
             return

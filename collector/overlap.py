@@ -118,6 +118,10 @@ class Overlap:
         c.begin_run(ahead.pending)
         c.metrics.health.run_begins(len(ahead.entries))
         if not ahead.entries:
+            # nothing to do: the acks in flight land now (a failed one is written again,
+            # and fails this run if it fails again, as a synchronous ack would), so an idle
+            # collector never sits on an unwritten ack and ``icefloe run`` ends acked
+            await self.acks.wait()
             return RunResult()
         entries, output = ahead.entries, ahead.output
         if output is None:

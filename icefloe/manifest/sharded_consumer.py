@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -223,12 +223,14 @@ class ShardedConsumer:
         removed.update(zip(others, done, strict=True))
         return removed
 
-    async def dequeue(self) -> dict[int, int]:
-        """Drop acknowledged entries from every shard; entries removed per shard."""
+    async def dequeue(self, *, skip: Collection[int] = ()) -> dict[int, int]:
+        """Drop acknowledged entries from every shard but those in ``skip`` (dequeued by
+        the caller just now); entries removed per shard. Shard 0 is always read first: it
+        is the fencing check for the others."""
         self._require_epoch()
         removed = {0: await self.shard(0).dequeue()}
         count = self.shard_count or await self.refresh_count()
-        others = list(range(1, count))
+        others = [n for n in range(1, count) if n not in skip]
         done = await asyncio.gather(*(self._on_shard(n, lambda c: c.dequeue())
                                       for n in others))
         removed.update(zip(others, done, strict=True))

@@ -322,6 +322,42 @@ def test_tokens_and_bodies_are_checked_before_anything_queues() -> None:
         assert bad.value.status == 400
 
 
+def test_a_body_length_that_is_no_number_answers_400_and_queues_nothing() -> None:
+    """A ``Content-Length`` that is not a number gets an answer, not a dropped connection,
+    and never reaches the request handler."""
+    import socket
+
+    from prometheus_client import CollectorRegistry
+
+    from collector.http import Health, HttpServer
+
+    handled: list[bytes] = []
+
+    class Recording:
+        def handle(self, header: str | None, body: bytes) -> tuple[int, dict[str, object]]:
+            handled.append(body)
+            return 200, {}
+
+    server = HttpServer("127.0.0.1", 0, CollectorRegistry(), Health(), run_now=Recording())
+    try:
+        for length, status in ((b"abc", b"400"), (b"99999999", b"413")):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+                sock.sendall(b"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t"
+                             b"\r\nContent-Length: " + length + b"\r\n\r\n")
+                answer = b""
+                while chunk := sock.recv(4096):
+                    answer += chunk
+                    if b"}" in answer:
+                        break
+            assert answer.startswith(b"HTTP/1.0 " + status) or \
+                answer.startswith(b"HTTP/1.1 " + status), answer[:80]
+            if status == b"400":
+                assert b"Content-Length is not a whole number" in answer
+        assert handled == []
+    finally:
+        server.shutdown()
+
+
 def test_help_names_the_token_and_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["run", "--help"])

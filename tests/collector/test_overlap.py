@@ -15,6 +15,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from collector.overlap import Overlap
@@ -40,6 +41,7 @@ from tests.collector_support import (
     collector_config,
     drain,
     ids,
+    open_store_of,
     publish_sync,
     start,
 )
@@ -120,6 +122,76 @@ async def test_a_failed_commit_acknowledges_nothing_and_drops_the_run_read_ahead
     await run_all(overlap)  # the failed run again: clicks replayed, buys committed
     assert_exact(config, "web.clicks", ids("c", 3 * BATCHES))
     assert_exact(config, "shop.buys", ids("b", 2 * BATCHES))
+    await collector.store.close()
+
+
+async def test_a_failed_background_ack_is_written_again_when_idle_and_fails_a_run_if_it_must(
+        config: Config) -> None:
+    """A transient failure of the last run's ack is not left behind while the queue is idle
+    (no later run would carry it): the next run that finds nothing waits for the acks,
+    writes it again, and fails (counted, as a synchronous ack failure is) if that fails too."""
+    from icefloe.errors import TransientStoreError
+    from icefloe.store.faults import FaultRule, FaultyAsyncStore
+
+    fill(config, 1)
+    faulty = FaultyAsyncStore(open_store_of(config))
+    collector = Collector(config, faulty, open_catalog(config.catalog), LocalEngine())
+    await collector.acquire(takeover=True)
+    await asyncio.to_thread(collector.prepare_tables)
+    overlap = Overlap(collector)
+    outage = faulty.add(FaultRule("fail", ops=frozenset({"put"}),
+                                  key_prefix=config.manifest.key, times=2))
+    assert (await overlap.run()).entries == 1  # committed; its ack fails in the background
+    for _ in range(500):  # the background ack meets the outage
+        if outage.fired:
+            break
+        await asyncio.sleep(0.01)
+    assert outage.fired == 1
+    assert await acked(collector) == -1
+    with pytest.raises(TransientStoreError, match="injected fail"):
+        await overlap.run()  # idle: writes the ack again, which fails again
+    assert outage.fired == 2
+    assert (await overlap.run()).entries == 0  # idle: writes it again, and it lands
+    assert await acked(collector) == 0
+    shard = await collector.consumer.shard(0).snapshot()
+    assert len(shard.entries) == 0  # dequeued in the same write (dequeue_every = 1)
+    assert_exact(config, "web.clicks", ids("c", 3))
+    await faulty.close()
+
+
+async def test_a_quiet_shards_acknowledged_entries_are_dequeued_while_others_run(
+        tmp_path: Path) -> None:
+    """With acks in the background a dequeue write touches the shards its runs read; a
+    shard that went quiet (its ingestor scaled away) is dequeued beside it, as the
+    synchronous path's full dequeue does, not only at a clean stop."""
+    from icefloe.manifest import ShardedProducer, grow_shards
+    from tests.collector_support import publish
+
+    config = collector_config(tmp_path, max_run_entries=1, dequeue_every=2)
+    config = msgspec.structs.replace(
+        config, manifest=msgspec.structs.replace(config.manifest, shards=2))
+    store = open_store_of(config)
+    try:
+        await grow_shards(store, config.manifest.key, 2,
+                          backoff=config.manifest.build().conflict_backoff)
+        for shard, batches in ((1, [[click(100, "q")]]), (0, [[click(i)] for i in range(6)])):
+            producer = ShardedProducer(store, config.manifest.build(), shard=shard)
+            await publish(store, batches, producer)
+            await producer.close()
+    finally:
+        await store.close()
+    collector = await start(config, LocalEngine())
+    overlap = Overlap(collector)
+    runs = 0
+    while (await overlap.run()).entries:
+        runs += 1
+        await overlap.acks.wait()
+    assert runs == 7
+    shards = await collector.consumer.snapshot()
+    assert shards[1].consumer.acked_through == 0
+    assert len(shards[1].entries) == 0, "the quiet shard kept its acknowledged entry"
+    assert len(shards[0].entries) <= 1  # at most the last run's, dequeued at the next
+    assert_exact(config, "web.clicks", ids("c", 6) | {"q100"})
     await collector.store.close()
 
 
