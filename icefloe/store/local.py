@@ -26,6 +26,16 @@ Why it looks like this:
   rename; a reader locks what it opened shared and reads it only if it is still the
   key's inode, else it opens again. A reader that does not follow this (``cat``, another
   tool) can see a replaced version change under it once the key is replaced again.
+  The replaced version becomes the spare only once the rename that replaced it is durable
+  (the directory fsynced): until then it is linked under a *pending* name no writer takes.
+  Why: until that fsync the directory on disk still names the old inode as the key, and a
+  writer that took it as its spare and wrote into it meanwhile would, on a power loss,
+  leave the key holding that writer's bytes (torn, or a version whose compare-and-swap
+  never won) instead of the old or the new object.
+* **An error after the rename is ambiguous.** Once the new version is renamed over the
+  key, a failing directory fsync (or anything after it) leaves it visible but perhaps not
+  durable: the error says the write may have been applied (``ambiguous``), whatever kind
+  it is, so nobody tells a client "not stored" about a version a reader may already see.
 """
 
 from __future__ import annotations
@@ -41,7 +51,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from icefloe.errors import NotFound, PermanentStoreError, PreconditionFailed, TransientStoreError
+from icefloe.errors import (
+    NotFound,
+    PermanentStoreError,
+    PreconditionFailed,
+    StoreError,
+    TransientStoreError,
+)
 from icefloe.store.base import (
     GetResult,
     IfNoneMatch,
@@ -152,6 +168,7 @@ class LocalStore(ObjectStore):
         path = self._path(key)
         if if_none_match not in (None, "*"):
             raise ValueError("if_none_match only supports '*'")
+        replaced = False
         try:
             if if_match is not None or if_none_match is not None:
                 # Cheap early answer for a lost race: skip the temp write and its fsync.
@@ -160,7 +177,6 @@ class LocalStore(ObjectStore):
             # a key that must not exist replaces nothing: no spare to take or to keep
             creates = if_none_match is not None
             tmp, handle, reused = self._stage(path, reuse=not creates)
-            replaced = False
             try:
                 handle.write(data)
                 if reused:  # a spare may have held more bytes; a new file holds none
@@ -169,11 +185,12 @@ class LocalStore(ObjectStore):
                 os.fsync(handle.fileno())
                 with self._locked(key):
                     self._check_condition(path, key, if_match, if_none_match)
-                    if not creates:
-                        self._keep_spare(path)
+                    kept = not creates and self._keep_spare(path)
                     os.replace(tmp, path)
                     replaced = True
                     self._fsync_dir(path.parent)
+                    if kept:  # the replacement is durable: the old version may be reused
+                        self._promote_spare(path)
                     handle.close()  # releases a reused spare's lock before the key's
             finally:
                 handle.close()
@@ -181,12 +198,18 @@ class LocalStore(ObjectStore):
                     with contextlib.suppress(FileNotFoundError):
                         tmp.unlink()
         except OSError as exc:
-            raise self._error(exc, "put", key) from exc
+            error = self._error(exc, "put", key)
+            if replaced and isinstance(error, StoreError):  # visible, perhaps not durable
+                error.ambiguous = True
+                error.args = (f"{error.args[0]} (after the new version replaced the old: it "
+                              "may be stored)",)
+            raise error from exc
         return PutResult(etag=content_etag(data), store_time=time.time())
 
-    def _spare(self, path: Path) -> Path:
+    def _spare(self, path: Path, kind: str = "spare") -> Path:
+        """The key's spare (``kind`` "pending": its replaced version not yet durable)."""
         digest = hashlib.blake2b(path.name.encode(), digest_size=8).hexdigest()
-        return path.parent / f"{_RESERVED}spare-{digest}"
+        return path.parent / f"{_RESERVED}{kind}-{digest}"
 
     def _stage(self, path: Path, *, reuse: bool) -> tuple[Path, BinaryIO, bool]:
         """A temp file beside ``path`` to write the new version into, open for writing at
@@ -212,9 +235,12 @@ class LocalStore(ObjectStore):
             return None
         try:
             fd = os.open(tmp, os.O_WRONLY)
-        except PermissionError:  # another user's old version (a shared directory)
-            tmp.unlink()
-            return None
+        except OSError as exc:  # never leave it under a temp name nobody takes again
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if isinstance(exc, PermissionError):  # another user's old version (a shared
+                return None  # directory): write a new file instead
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # 1: only our name links it, so it is no key's object (a crash between
@@ -230,13 +256,28 @@ class LocalStore(ObjectStore):
         tmp.unlink()
         return None
 
-    def _keep_spare(self, path: Path) -> None:
-        """Link the version about to be replaced as the key's spare (under the key's lock,
-        just before the rename), so the rename frees no inode."""
-        # FileNotFoundError: nothing is replaced; FileExistsError: a spare is kept already;
-        # PermissionError: another user's file, which protected_hardlinks will not link
-        with contextlib.suppress(FileNotFoundError, FileExistsError, PermissionError):
-            os.link(path, self._spare(path))
+    def _keep_spare(self, path: Path) -> bool:
+        """Link the version about to be replaced under the key's pending name (under the
+        key's lock, just before the rename), so the rename frees no inode; True if linked.
+        :meth:`_promote_spare` makes it the spare once the rename is durable."""
+        # FileNotFoundError: nothing is replaced; FileExistsError: left by a crash between
+        # a link and its promotion (promoted by this put); PermissionError: another user's
+        # file, which protected_hardlinks will not link
+        try:
+            os.link(path, self._spare(path, "pending"))
+        except FileExistsError:
+            return True
+        except (FileNotFoundError, PermissionError):
+            return False
+        return True
+
+    def _promote_spare(self, path: Path) -> None:
+        """The pending version becomes the key's spare (replacing an older spare nobody
+        took: that one is freed, as it was when no second spare could be kept). Best
+        effort: the put is durable already, and a version left pending is promoted by the
+        key's next replace."""
+        with contextlib.suppress(OSError):
+            os.replace(self._spare(path, "pending"), self._spare(path))
 
     def _check_condition(self, path: Path, key: str, if_match: str | None,
                          if_none_match: IfNoneMatch) -> None:
@@ -259,6 +300,7 @@ class LocalStore(ObjectStore):
             with self._locked(key):
                 path.unlink(missing_ok=True)
                 self._spare(path).unlink(missing_ok=True)
+                self._spare(path, "pending").unlink(missing_ok=True)
                 if path.parent.exists():
                     self._fsync_dir(path.parent)
         except OSError as exc:

@@ -169,3 +169,127 @@ def test_should_put_when_the_old_version_belongs_to_another_user(tmp_path, monke
     monkeypatch.setattr(local_module.os, "link", real_link)
     assert store.get("k").data == b"v4"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".icefloe-tmp")]
+
+
+def test_should_not_let_a_writer_reuse_the_replaced_version_before_the_replace_is_durable(
+        tmp_path):
+    """Until the directory is fsynced after a replace, the disk still names the old inode
+    as the key: a writer that took it as its spare and wrote into it meanwhile would, on
+    a power loss, leave the key holding that writer's bytes. W1 replaces v1 with v2 and
+    pauses before its directory fsync; W3 reads v2 and puts v3 against it meanwhile."""
+    import threading
+
+    from icefloe.store.local import content_etag
+
+    paused, go, w3_waits = threading.Event(), threading.Event(), threading.Event()
+
+    class PausedBeforeFsync(LocalStore):
+        def _fsync_dir(self, path: Path) -> None:
+            paused.set()
+            assert go.wait(10)
+            super()._fsync_dir(path)
+
+    class Announcing(LocalStore):
+        def _locked(self, key: str):  # type: ignore[no-untyped-def]
+            w3_waits.set()  # it wrote its new version, and now waits for the key's lock
+            return super()._locked(key)
+
+    LocalStore(tmp_path).put("m/k", b"v1-acknowledged")
+    old = os.open(tmp_path / "m" / "k", os.O_RDONLY)  # the inode the disk names until W1 syncs
+    try:
+        w1 = threading.Thread(target=PausedBeforeFsync(tmp_path).put, args=("m/k", b"v2"))
+        w1.start()
+        assert paused.wait(10)
+        w3_store = Announcing(tmp_path)
+        current = w3_store.get("m/k")
+        assert current.data == b"v2"
+        w3 = threading.Thread(target=w3_store.put, args=("m/k", b"v3-newer"),
+                              kwargs={"if_match": current.etag})
+        w3.start()
+        assert w3_waits.wait(10)
+        assert os.pread(old, 64, 0) == b"v1-acknowledged"  # untouched until W1's fsync
+        go.set()
+        w1.join(10)
+        w3.join(10)
+    finally:
+        go.set()
+        os.close(old)
+    assert LocalStore(tmp_path).get("m/k").data == b"v3-newer"
+    assert content_etag(b"v2") == current.etag
+    assert not [n for n in os.listdir(tmp_path / "m") if n.startswith(".icefloe-pending")]
+
+
+def test_should_promote_a_pending_version_left_by_a_crash(tmp_path):
+    """A crash between keeping the old version (pending) and the rename leaves it linked
+    to the live key too; the next replace keeps it as the spare once its rename is durable,
+    never writes into it while it is the key."""
+    store = LocalStore(tmp_path)
+    store.put("k", b"live")
+    live_inode = os.stat(tmp_path / "k").st_ino
+    os.link(tmp_path / "k", store._spare(tmp_path / "k", "pending"))
+    with open(tmp_path / "k", "rb") as live:
+        store.put("k", b"next")
+        assert live.read() == b"live"
+    assert store.get("k").data == b"next"
+    assert spares(tmp_path)
+    assert os.stat(store._spare(tmp_path / "k")).st_ino == live_inode
+    store.put("k", b"third")  # written into the promoted spare
+    assert os.stat(tmp_path / "k").st_ino == live_inode
+    assert store.get("k").data == b"third"
+
+
+@pytest.mark.parametrize(("errno_", "kind"), [(24, "PermanentStoreError"),
+                                              (5, "TransientStoreError")])
+def test_should_say_a_put_may_be_stored_when_it_fails_after_the_rename(tmp_path, errno_,
+                                                                       kind):
+    """A failing directory fsync comes after the new version replaced the old one: it is
+    visible already, so the error must not say "not stored", whatever its kind."""
+    from icefloe.errors import StoreError
+
+    class FailingFsync(LocalStore):
+        def _fsync_dir(self, path: Path) -> None:
+            raise OSError(errno_, os.strerror(errno_))
+
+    store = FailingFsync(tmp_path)
+    LocalStore(tmp_path).put("k", b"old")
+    with pytest.raises(StoreError) as failed:
+        store.put("k", b"new")
+    assert type(failed.value).__name__ == kind
+    assert failed.value.ambiguous
+    assert "may be stored" in str(failed.value)
+    assert LocalStore(tmp_path).get("k").data == b"new"
+
+
+def test_should_say_not_stored_when_a_put_fails_before_the_rename(tmp_path, monkeypatch):
+    from icefloe.errors import PermanentStoreError
+
+    LocalStore(tmp_path).put("k", b"old")
+    monkeypatch.setattr(local_module.os, "fsync",
+                        lambda fd: (_ for _ in ()).throw(OSError(24, "Too many open files")))
+    with pytest.raises(PermanentStoreError) as failed:
+        LocalStore(tmp_path).put("k", b"new")
+    assert not failed.value.ambiguous
+    monkeypatch.undo()
+    assert LocalStore(tmp_path).get("k").data == b"old"
+
+
+def test_should_not_leave_a_taken_spare_behind_when_it_cannot_be_opened(tmp_path,
+                                                                        monkeypatch):
+    from icefloe.errors import PermanentStoreError
+
+    store = LocalStore(tmp_path)
+    store.put("k", b"v1")
+    store.put("k", b"v2")  # v1 kept as the spare
+    real_open = os.open
+
+    def no_descriptors(path, flags, *args):  # type: ignore[no-untyped-def]
+        if ".icefloe-tmp-" in str(path) and flags == os.O_WRONLY:
+            raise OSError(24, "Too many open files")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(local_module.os, "open", no_descriptors)
+    with pytest.raises(PermanentStoreError, match="Too many open files"):
+        store.put("k", b"v3")
+    monkeypatch.undo()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".icefloe-tmp")]
+    assert store.get("k").data == b"v2"
