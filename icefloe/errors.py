@@ -34,9 +34,28 @@ queue), never on which module raised it, and a single list keeps the taxonomy re
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class IcefloeError(Exception):
-    """Base class of every error icefloe raises deliberately."""
+    """Base class of every error icefloe raises deliberately.
+
+    Pickled as its message and attributes, never through its ``__init__``: many subclasses
+    take other arguments than the message (``FencedError(our, current)``), which the default
+    pickling would pass the message alone, so the error failed to *unpickle* where it
+    crossed a process (the local store's helper answers with the exception it raised).
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[IcefloeError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> IcefloeError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(IcefloeError):
