@@ -765,11 +765,16 @@ class Collector:
 
     async def index_run(self, items: list[ShardEntry]) -> None:
         """With retention on, name the run's batch files in the retention index before the
-        ack (:mod:`icefloe.retention`): a dequeued entry is then always indexed."""
+        ack (:mod:`icefloe.retention`): a dequeued entry is then always indexed.
+
+        Stamped on the store's clock, which GC judges retention on (its listing's time):
+        on this host's wall clock, a collector hours behind stamped commits hours early
+        and GC deleted their batch files that much before ``keep_batches_s`` was over (the
+        simulator's ``retention`` family found it after a takeover between skewed hosts)."""
         if self.config.collector.keep_batches_s <= 0:
             return
         await record_run(self.store, [(item.shard, item.entry) for item in items],
-                         self.consumer.clock.time())
+                         self.consumer.store_clock.time())
         self.hook("after_index")
 
     def commit_run(self, output: RunOutput | ClusterRunOutput, result: RunResult,

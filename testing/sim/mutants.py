@@ -359,6 +359,22 @@ def _ack_read_ahead() -> contextlib.AbstractContextManager[None]:
     return _patch(Overlap, "_read_ahead", read_ahead)
 
 
+def _retention_local_clock() -> contextlib.AbstractContextManager[None]:
+    """#42's retention index stamped on the collector host's own clock instead of the
+    store's, which GC judges retention on: a collector whose clock is behind stamps its
+    commits early, and their entries expire (and their files go) before retention is over."""
+    from collector.service import Collector
+    from icefloe.retention import record_run
+
+    async def index_run(self: Collector, items: list[Any]) -> None:
+        if self.config.collector.keep_batches_s <= 0:
+            return
+        await record_run(self.store, [(item.shard, item.entry) for item in items],
+                         self.consumer.clock.time())
+        self.hook("after_index")
+    return _patch(Collector, "index_run", index_run)
+
+
 MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "dedup-per-table": _dedup_per_table,
     "dedup-from-now": _dedup_from_now,
@@ -381,6 +397,7 @@ MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "cdc-no-stale-check": _cdc_no_stale_check,
     "dynamic-fresh-window": _dynamic_fresh_window,
     "ack-read-ahead": _ack_read_ahead,
+    "retention-local-clock": _retention_local_clock,
 }
 
 

@@ -54,6 +54,10 @@ records accepted before a table moved between sources."""
 RETENTION_SEED = 61
 """A ``retention`` seed (#42): files kept past the GC grace by the retention index, GC every
 5-20 s through collector crashes and takeovers, a tail that outlasts retention."""
+SKEWED_RETENTION_SEED = 1278
+"""A ``retention`` seed whose collectors' clocks disagree by more than retention across
+takeovers (found by ``--seeds 300 --first 1000``): stamped on a collector's own clock, the
+index expired its entries early."""
 CDC_SEED = 45
 """A ``cdc-reorder`` seed (#42): change streams whose connectors send a key's changes newest
 first and re-deliver old ones past the dedup window; collector crashes, a stall, takeovers."""
@@ -94,6 +98,7 @@ MUTANT_SEEDS: dict[str, tuple[int, ...]] = {
     "cdc-no-stale-check": (CDC_SEED,),
     "dynamic-fresh-window": (DYNAMIC_SEED, 236),
     "ack-read-ahead": (OVERLAP_SEED,),
+    "retention-local-clock": (SKEWED_RETENTION_SEED,),
 }
 """Seeds each mutant fails (found by ``python -m testing.sim --mutant NAME --seeds N``);
 ``test_the_real_code_passes_each_mutant_seed`` runs the same seeds without the mutant.
