@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.table import Table
 
@@ -42,8 +43,8 @@ from icefloe.config import Config
 from icefloe.manifest.model import Entry
 from icefloe.registry.model import Conditions, Registry
 from icefloe.retention import IndexedEntry
+from icefloe.streams.dynamic_tables import is_template
 from pipeline.iceberg import (
-    SEQUENCE_PROP,
     SOURCES_PROP,
     CommitResult,
     WriteThenAdd,
@@ -56,10 +57,8 @@ from pipeline.iceberg import (
     position,
     summary_props,
 )
+from pipeline.iceberg.commit import REPLAY_PROP, replay_marker
 from pipeline.load import run_spec, with_sql_cases, with_template_cases, with_wheres
-
-REPLAY_PROP = "icefloe.replay"
-"""Snapshot summary key: the id of the replay whose marker set the table's offset."""
 
 log = logging.getLogger("icefloe.replay")
 
@@ -81,7 +80,8 @@ def find_target(registry: Registry, name: str) -> Target:
     unsupported = {"primary_key (upserts)": bool(target.sink.primary_key),
                    "unknown_fields = 'evolve'": target.sink.unknown_fields == "evolve",
                    "import conditions": target.sink.conditions != Conditions(),
-                   "format = 'avro'": target.source.format == "avro"}
+                   "format = 'avro'": target.source.format == "avro",
+                   f"a table template ({target.sink.table})": is_template(target.sink.table)}
     for what, present in unsupported.items():
         if present:
             raise ReplayRefused(f"sink {target.source.id}/{target.sink.name} has {what}, "
@@ -90,12 +90,17 @@ def find_target(registry: Registry, name: str) -> Target:
 
 
 def replay_routes(target: Target) -> Routes:
-    """Routes of this one sink, taking every event of its source (a new sink gets the
-    events accepted before it existed; a disabled one those of its pause)."""
+    """Routes of this one sink as it is defined now, taking every event of its source (a
+    new sink gets the events accepted before it existed; a disabled one those of its pause).
+
+    Why as it is now, not as each event was routed then: a replay refills a table after
+    its sink was created or fixed (a ``where``, an ``sql`` or ``template`` column changed
+    by a PATCH), so every event goes through the sink's current ``where`` and expressions;
+    their history, which the live collector reads per event version, is dropped here."""
     sink = msgspec.structs.replace(target.sink, created_version=0, deleted_version=None,
-                                   toggles=(), enabled=True)
+                                   toggles=(), enabled=True, wheres=(), mappings=())
     source = msgspec.structs.replace(target.source, created_version=0, deleted_version=None,
-                                     sinks=(sink,))
+                                     sinks=(sink,), unrouteds=())
     return Routes(Registry(version=0, sources=(source,)))
 
 
@@ -117,6 +122,10 @@ class ReplayProgress:
     rows: int = 0
     skipped_entries: int = 0
     duplicates: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    """Events of the range the sink's pipeline refused this time, by reason (a payload
+    that does not fit a type the sink declares, a ``where`` that raised): not in the table
+    and not dead-lettered by the replay (the CLI names them in its summary)."""
     resumed: bool = False
     chunks: list[CommitResult] = field(default_factory=list)
 
@@ -234,26 +243,36 @@ class Replay:
         spec = with_template_cases(spec, self.routes.template_cases(versions))
         spec = with_wheres(spec, self.routes.where_specs(versions))
         output = self.engine.run(spec)  # type: ignore[attr-defined]
-        routed, _, _ = self.routes.route_run(output.tables, versions)
+        routed, _, erred = self.routes.route_run(output.tables, versions)
+        self._count_refused(output.dead, erred.get(self.target.source.id))
         if self.table not in routed:
             return None
         rows = routed[self.table][1]
-        self.window.hold_s = chunk[0].entry.ingested_at
+        # the window as the collector had it then: ids are stamped with their chunk's
+        # ingest time (not now), so they are forgotten dedup_window_s of ingest time later
+        first = chunk[0].entry.ingested_at
+        last = max(first, chunk[-1].entry.ingested_at)
+        self.window.hold_s = first
+        self.window.expire(now_s=first)
         fresh, dropped = self.window.filter_in_sequence_order(rows)
-        self.window.remember(fresh)
+        self.window.remember(fresh, now_s=last)
         self.progress.duplicates += dropped
         return fresh
 
+    def _count_refused(self, dead: pa.Table | None, erred: pa.Table | None) -> None:
+        """Count what the pipeline refused of this sink's source, by reason (see
+        :attr:`ReplayProgress.refused`)."""
+        refused = self.progress.refused
+        if dead is not None and dead.num_rows:
+            mine = dead.filter(pc.equal(dead.column("stream"), self.target.source.id))
+            for reason in mine.column("reason").to_pylist():
+                refused[str(reason)] = refused.get(str(reason), 0) + 1
+        if erred is not None and erred.num_rows:
+            refused["where_error"] = refused.get("where_error", 0) + erred.num_rows
+
     def _marker(self, table: Table) -> str | None:
         """The replay id on the snapshot that holds the table's offset (None: none)."""
-        snapshot = table.current_snapshot()
-        while snapshot is not None:
-            props = snapshot.summary.additional_properties if snapshot.summary else {}
-            if SEQUENCE_PROP in props:
-                return props.get(REPLAY_PROP)
-            parent = snapshot.parent_snapshot_id
-            snapshot = table.snapshot_by_id(parent) if parent is not None else None
-        return None
+        return replay_marker(table)
 
     def _check_marker(self, table: Table) -> None:
         if self._marker(table) != self.id:

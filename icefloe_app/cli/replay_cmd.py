@@ -106,8 +106,20 @@ def _replay(config: Any, planned: Any, *, truncate: bool) -> int:
     print(f"replayed sequences {first.sequence}..{last.sequence} ({done.entries_total} batch "
           f"files) into {planned.target.table}: {done.rows} rows committed"
           f"{', resumed' if resumed else ''}, {done.skipped_entries} files already there, "
-          f"{done.duplicates} duplicates dropped, {time.monotonic() - started:.1f} s")
+          f"{done.duplicates} duplicates dropped{refused_note(done.refused)}, "
+          f"{time.monotonic() - started:.1f} s")
     return 0
+
+
+def refused_note(refused: dict[str, int]) -> str:
+    """``, 3 events refused by the sink (payload_mismatch 2, where_error 1): ...``, or
+    nothing: events the sink's pipeline refused are named, never left out silently."""
+    if not refused:
+        return ""
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(refused.items()))
+    return (f", {sum(refused.values())} events refused by the sink ({reasons}): not in the "
+            "table and not dead-lettered; fix the sink or its payloads and replay again with "
+            "--truncate")
 
 
 def _say(line: str) -> None:
@@ -123,4 +135,5 @@ def progress_line(progress: Any, started: float) -> str:
     return (f"replay {progress.entries_done}/{progress.entries_total} files ({pct}%) "
             f"{progress.bytes_done / 1e9:.3f}/{progress.bytes_total / 1e9:.3f} GB, "
             f"{progress.rows:,} rows, {progress.bytes_done / 1e9 / elapsed:.3f} GB/s, "
-            f"{events / elapsed:,.0f} events/s")
+            f"{events / elapsed:,.0f} events/s"
+            + (f", {sum(progress.refused.values()):,} refused" if progress.refused else ""))

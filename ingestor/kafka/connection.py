@@ -79,6 +79,8 @@ class Connection:
         self.handshaken = False
         """After a v0 SaslHandshake: the next frame is the mechanism's bytes, unframed."""
         self.client_id: str | None = None
+        self.answers_stopped = False
+        """The writer gave up on a failed answer: nothing more is read or answered."""
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send(), name="kafka-send")
@@ -96,11 +98,20 @@ class Connection:
             self.answers.put_nowait(None)
             with contextlib.suppress(Exception):
                 await sender
+            self._abandon_answers()
             if refused:  # let the last answer (a SASL refusal) reach the client
                 await self._linger()
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
+
+    def _abandon_answers(self) -> None:
+        """Answers queued behind a failed one are never written: let each finish (a
+        Produce still buffers and flushes what it admitted) and consume its outcome."""
+        while not self.answers.empty():
+            answer = self.answers.get_nowait()
+            if isinstance(answer, asyncio.Future):
+                answer.add_done_callback(_consume)
 
     async def _linger(self) -> None:
         """Read and drop what the client still sends, for up to a second, before closing:
@@ -288,23 +299,49 @@ class Connection:
         await self._queue(future)
 
     async def _queue(self, answer: Awaitable[bytes | None]) -> None:
-        await self.slots.acquire()
+        try:
+            await self.slots.acquire()
+        except BaseException:  # cancelled (the connection ends): the answer never starts
+            _never_started(answer)
+            raise
+        if self.answers_stopped:
+            # the writer gave up (a failed answer closed the connection) and frees no more
+            # slots: stop reading instead of waiting for one forever
+            self.slots.release()
+            _never_started(answer)
+            raise ConnectionError("the connection's answers stopped")
         task = asyncio.ensure_future(answer)
         self.answers.put_nowait(task)
 
     async def _send(self) -> None:
         """Write the answers in request order; a failed one (a refused v0 SASL exchange, a
         bug) closes the connection, which ends the reading too."""
-        while (answer := await self.answers.get()) is not None:
-            try:
-                data = await answer
-            except Exception as exc:
-                if not isinstance(exc, ConnectionError):
-                    log.exception("Kafka request failed unexpectedly", exc_info=exc)
-                self.writer.close()
-                return
-            finally:
-                self.slots.release()
-            if data:
-                self.writer.write(data)
-                await self.writer.drain()
+        try:
+            while (answer := await self.answers.get()) is not None:
+                try:
+                    data = await answer
+                except Exception as exc:
+                    if not isinstance(exc, ConnectionError):
+                        log.exception("Kafka request failed unexpectedly", exc_info=exc)
+                    self.writer.close()
+                    return
+                finally:
+                    self.slots.release()
+                if data:
+                    self.writer.write(data)
+                    await self.writer.drain()
+        finally:  # however the writing ends (a failed answer, a reset while draining)
+            self.answers_stopped = True
+            self.slots.release()  # wakes a reader waiting for a slot, to see it (_queue)
+
+
+def _never_started(answer: Awaitable[bytes | None]) -> None:
+    """Close an answer's coroutine that will never run (no 'never awaited' warning)."""
+    if asyncio.iscoroutine(answer):
+        answer.close()
+
+
+def _consume(task: asyncio.Future[bytes | None]) -> None:
+    """Retrieve an abandoned answer's outcome, so nothing is logged as never retrieved."""
+    if not task.cancelled():
+        task.exception()

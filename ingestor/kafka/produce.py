@@ -64,6 +64,13 @@ class Producer:
     token: str | None
     client: str | None
     sequences: ConnectionSequences = field(default_factory=ConnectionSequences)
+    admitting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while one Produce request is checked and buffered. Why: a connection's requests
+    run as concurrent tasks (their flushes overlap), but a request held by a rate limit
+    must not be overtaken by the next: Kafka keeps a connection's batches in order, and an
+    idempotent producer's next batch would otherwise reach the sequence check before the
+    held one was admitted and be refused OUT_OF_ORDER_SEQUENCE_NUMBER. The lock is fair:
+    requests are admitted in the order they were read."""
 
 
 @dataclass
@@ -101,6 +108,18 @@ class ProduceHandler:
         admitted: list[_Admitted] = []
         throttle = 0
         deadline = self.clock.monotonic() + max(request.timeout_ms, 0) / 1000
+        async with producer.admitting:  # one request at a time: see Producer.admitting
+            throttle = await self._admit_all(request, producer, deadline, answers, admitted)
+        for entry in admitted:
+            throttle = max(throttle, await self._settle(entry, producer))
+        return answers, throttle
+
+    async def _admit_all(self, request: ProduceRequest, producer: Producer, deadline: float,
+                         answers: list[tuple[str, list[PartitionResult]]],
+                         admitted: list[_Admitted]) -> int:
+        """Check and buffer every partition of ``request`` (answers of refused ones filled
+        in); the throttle time so far (ms)."""
+        throttle = 0
         for topic in request.topics:
             results: list[PartitionResult] = []
             for part in topic.partitions:
@@ -116,9 +135,7 @@ class ProduceHandler:
                     _refuse(result, error)
                     throttle = max(throttle, error.throttle_ms)
             answers.append((topic.name, results))
-        for entry in admitted:
-            throttle = max(throttle, await self._settle(entry, producer))
-        return answers, throttle
+        return throttle
 
     async def _settle(self, entry: _Admitted, producer: Producer) -> int:
         """Wait until ``entry`` is durable; fill its answer; the throttle time (ms)."""
@@ -163,7 +180,7 @@ class ProduceHandler:
         key: Key | None = None
         batch: Batch | None = None
         if head.producer_id >= 0:
-            key = (stream.name, part.index, head.producer_id)
+            key = (stream.name, part.index, head.producer_id, caller.token)
             last = (head.base_sequence + head.count - 1) & 0x7FFFFFFF
             remembered = self.durable.duplicate(key, head.producer_epoch, head.base_sequence,
                                                 last)

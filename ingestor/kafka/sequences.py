@@ -27,8 +27,10 @@ REMEMBERED_BATCHES = 5
 MAX_PRODUCERS = 100_000
 """(stream, partition, producer) keys one ingestor remembers; the oldest are forgotten."""
 
-Key = tuple[str, int, int]
-"""(stream, partition, producer id)."""
+Key = tuple[str, int, int, str | None]
+"""(stream, partition, producer id, token name): the token as the event ids carry it, so
+one credential's batch is never answered as another's duplicate (a producer id is only a
+number a client sends)."""
 
 
 class Batch(NamedTuple):

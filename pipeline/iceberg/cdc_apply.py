@@ -35,11 +35,12 @@ _PRESENT = "__icefloe_present"
 
 
 def applicable_changes(table: Table, rows: pa.Table, latest: pa.Table, key: Sequence[str],
-                       tombstone: str, position: str, row_filter: BooleanExpression
-                       ) -> tuple[pa.Table, dict[str, int]]:
+                       tombstone: str, position: str, row_filter: BooleanExpression,
+                       *, keep_deletes: bool = False) -> tuple[pa.Table, dict[str, int]]:
     """Of ``latest`` (each key's latest change among ``rows``, by position), those that
     still apply to ``table``, and how many changes were no-ops by reason (:data:`STALE`,
-    :data:`UNKNOWN_DELETE`). ``row_filter`` prunes the files that may hold the keys."""
+    :data:`UNKNOWN_DELETE`; never the latter with ``keep_deletes``: a kept delete of an
+    unknown key is written). ``row_filter`` prunes the files that may hold the keys."""
     if latest.num_rows == 0:
         return latest, {}
     stored = _stored(table, row_filter, latest.schema, key, position)
@@ -56,6 +57,8 @@ def applicable_changes(table: Table, rows: pa.Table, latest: pa.Table, key: Sequ
         if written.num_rows else pa.array([False] * joined.num_rows)
     unknown = pc.and_(deleted, pc.invert(pc.or_(present, in_run)))  # a kept delete's row
     # is present: a second delete of its key is newer (its position moves) or stale
+    if keep_deletes:
+        unknown = pc.and_(unknown, pa.scalar(False))
     drop = pc.or_(stale, unknown)
     noops = {}
     if pc.any(stale).as_py():

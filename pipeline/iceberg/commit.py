@@ -58,6 +58,9 @@ SOURCES_PROP = "icefloe.sources"
 ``[[source, first, last], ...]`` over the sequences the commit added (see
 :mod:`collector.dedup`): the dedup window is keyed by source, and a table keeps no per-row
 source column."""
+REPLAY_PROP = "icefloe.replay"
+"""Snapshot summary key: the id of the ``icefloe replay`` whose marker set the table's offset
+(:mod:`collector.replay`); carried by commits that change no rows, as the offset is."""
 NO_SEQUENCE = -1
 
 log = logging.getLogger("icefloe.commit")
@@ -189,6 +192,32 @@ def version_props(table: Table) -> dict[str, str]:
     (:func:`carried_version`), or nothing."""
     version = carried_version(table)
     return {} if version is None else {VERSION_PROP: str(version)}
+
+
+def replay_marker(table: Table) -> str | None:
+    """The :data:`REPLAY_PROP` of the snapshot that holds the table's offset (the newest
+    with :data:`SEQUENCE_PROP`, walking back from the current one; None: none)."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if SEQUENCE_PROP in props:
+            return props.get(REPLAY_PROP)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return None
+
+
+def carried_props(table: Table) -> dict[str, str]:
+    """What a commit that changes no rows (a fence, a compaction) carries forward besides
+    the offset: the catalog version (:func:`version_props`) and a replay's marker
+    (:func:`replay_marker`). Why the marker: a replay checks, before each chunk, that the
+    offset still carries its id; a fence by a collector starting up, or a compaction of
+    the replay's small files, is not a commit to the table by someone else."""
+    props = version_props(table)
+    marker = replay_marker(table)
+    if marker is not None:
+        props[REPLAY_PROP] = marker
+    return props
 
 
 def committed_at_ms(snapshot: Snapshot) -> int:

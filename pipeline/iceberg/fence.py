@@ -39,10 +39,10 @@ from icefloe.errors import CatalogError, TableFencedError
 from pipeline.iceberg.commit import (
     EPOCH_PROP,
     SEQUENCE_PROP,
+    carried_props,
     committed_state,
     offset_props,
     summary_props,
-    version_props,
 )
 from pipeline.iceberg.tables import MANAGED_PROP
 
@@ -113,7 +113,7 @@ def fence_table(catalog: Catalog, identifier: str, epoch: int, *, offsets: bool
         if recorded == epoch and managed:
             return FencedTable(identifier, str(table.metadata.table_uuid))  # fenced already
         # an empty snapshot: the state's catalog version carried, no number of its own
-        props = {EPOCH_PROP: str(epoch), **carried, **version_props(table)}
+        props = {EPOCH_PROP: str(epoch), **carried, **carried_props(table)}
         try:
             with table.transaction() as tx:
                 if not managed:

@@ -56,11 +56,11 @@ from pyiceberg.typedef import Record
 from icefloe.clock import SYSTEM, Clock
 from pipeline.iceberg.commit import (
     CommittedState,
+    carried_props,
     check_epoch,
     committed_at_ms,
     committed_state,
     summary_props,
-    version_props,
 )
 from pipeline.iceberg.confirm import confirm_in_place
 from pipeline.iceberg.data_files import TableFiles, TableTarget, data_file_entry, delete_files
@@ -290,7 +290,7 @@ def compact(table: Table, *, epoch: int, target_file_bytes: int = 128 * MiB,
         props = summary_props(state.sequence, state.epoch, int(clock.time() * 1000),
                           state.sequences) \
             if _has_state(state) else {}
-        props.update(version_props(table))  # same rows: the same catalog version
+        props.update(carried_props(table))  # same rows: the same catalog version (and replay)
         with txn.update_snapshot(snapshot_properties=props).overwrite() as rewrite:
             for group in groups:
                 for data_file in group:

@@ -202,7 +202,8 @@ class CopyOnWrite:
         if self.position is not None and self.tombstone is not None:
             latest = latest_per_key(rows, self.key, self.position)
             rows, noops = applicable_changes(table, rows, latest, self.key, self.tombstone,
-                                             self.position, key_filter(latest.select(self.key)))
+                                             self.position, key_filter(latest.select(self.key)),
+                                             keep_deletes=self.keep_deletes)
         keys, write = survivors(rows, self.key, None if self.keep_deletes else self.tombstone,
                                 self.position)
         written: list[DataFileRef] = []

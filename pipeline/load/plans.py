@@ -162,7 +162,8 @@ def plan_upsert(catalog: Catalog, identifier: str, stream: str, keys: pa.Table,
         pending = _as_text(pending, position)
         latest = latest_per_key(pending, key, position)
         changes, noops = applicable_changes(table, pending, latest, key, tombstone, position,
-                                            key_filter(latest.select(list(key))))
+                                            key_filter(latest.select(list(key))),
+                                            keep_deletes=keep_deletes)
     replaced_keys, write = survivors(changes, key, None if keep_deletes else tombstone,
                                      position)
     kept = pc.is_in(keys.column(ROW), value_set=write.column(ROW).combine_chunks())

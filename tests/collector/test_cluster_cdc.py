@@ -86,8 +86,9 @@ async def test_cluster_path_applies_changes_as_the_embedded_path(tmp_path: Path,
                                                                            8: "x"}
             kept = {r["id"]: (r["_cdc_deleted"], r["email"])
                     for r in read_table(config, "shop.kept").to_pylist()}
+            # 9: a delete of a key never created, kept as its deleted row (deletes = keep)
             assert kept == {1: (False, "a@3"), 2: (True, None), 3: (True, None),
-                            4: (False, "c@snap")}
+                            4: (False, "c@snap"), 9: (True, None)}
     diff = {(table, i, k): (row[k], other.get(k))
             for table, rows in got["cluster"][0].items()
             for i, (row, other) in enumerate(zip(rows, got["embedded"][0][table], strict=True))

@@ -15,9 +15,11 @@ from typing import Any
 import msgspec
 import pytest
 from collector_support import (
+    BASE_MS,
     BUYS,
     CLICKS,
     buy,
+    change_registry,
     click,
     collector_config,
     drain,
@@ -33,8 +35,10 @@ from collector.gc import collect_garbage
 from collector.replay import Replay
 from collector.replay_plan import plan
 from collector.replay_range import ReplayConflict, ReplayRefused, parse_bound
+from collector.routing import Routes
 from icefloe.config import load_config
 from icefloe.manifest import ManifestConsumer
+from icefloe.registry import RegistryStore, ops
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import LocalEngine
 
@@ -355,4 +359,108 @@ def test_on_s3_a_replay_failed_by_the_store_resumes_exactly_once(tmp_path, s3_bu
     s3_faults.clear()
     resumed = replay(config, "clicks", "0", "5")
     assert resumed.skipped_entries == 2
+    assert rows_of(config, "web.clicks") == original
+
+
+# -- the sink as it is now, and what the pipeline refuses ----------------------------------
+
+async def commit_through_registry(config: Any, sink: Any, batches: list[list[Any]]) -> None:
+    """A registry source ``clicks`` with ``sink``, its events committed and dequeued."""
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(sink,))))
+    store = open_store_of(config)
+    try:
+        await publish(store, batches, registry_version=1)
+    finally:
+        await store.close()
+    collector = await start(config, LocalEngine())
+    try:
+        registry = await RegistryStore(collector.store, config.admin.registry_key).read()
+        collector.routes = Routes(registry)
+        await asyncio.to_thread(collector.prepare_tables)
+        await drain(collector)
+        await collector.dequeue()
+        await collector.consumer.release_lease()
+    finally:
+        await collector.store.close()
+
+
+def test_a_replay_routes_every_event_through_the_sinks_where_as_it_is_now(tmp_path):
+    """A ``where`` fixed by a PATCH, then a replay with ``--truncate``: the table holds what
+    the fixed predicate takes, not what the sink's first predicate took."""
+    config = config_of(tmp_path)
+    sink = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns,
+                        where="n < 4")
+    asyncio.run(commit_through_registry(config, sink, clicks_batches(2)))
+    assert sorted(r["n"] for r in rows_of(config, "web.clicks")) == [0, 1, 2, 3]
+    asyncio.run(change_registry(config, lambda r: ops.update_sink(
+        r, "clicks", "clicks", ops.SinkPatch(where="n >= 4"))))
+    asyncio.run(change_registry(config, lambda r: ops.set_sink_enabled(
+        r, "clicks", "clicks", False)))
+    done = replay(config, "clicks/clicks", "0", "1", truncate=True)
+    assert sorted(r["n"] for r in rows_of(config, "web.clicks")) == [4, 5, 6, 7]
+    assert (done.rows, done.refused) == (4, {})
+
+
+def test_events_the_sinks_pipeline_refuses_now_are_counted_by_reason(tmp_path):
+    """A new sink whose ``where`` raises on every row (a division by zero), and an event
+    whose payload no sink's types fit: neither is in the table; the replay counts both by
+    reason and the CLI's summary names them."""
+    from icefloe_app.cli.replay_cmd import refused_note
+
+    config = config_of(tmp_path)
+    bad = ("clicks", "bad0", BASE_MS, msgspec.json.encode({"user_id": "u", "n": "many"}))
+    asyncio.run(commit_through_registry(config, ops.SinkSpec(
+        name="clicks", table="web.clicks", columns=CLICKS.columns),
+        [*clicks_batches(2), [bad]]))
+    assert len(rows_of(config, "web.clicks")) == 8  # the bad event was dead-lettered
+    for name, where in (("erring", "10 / (n - n) > 1"), ("plain", None)):
+        asyncio.run(change_registry(config, lambda r, n=name, w=where: ops.create_sink(
+            r, "clicks", ops.SinkSpec(name=n, table=f"web.{n}", columns=CLICKS.columns,
+                                      where=w))))
+        asyncio.run(change_registry(config, lambda r, n=name: ops.set_sink_enabled(
+            r, "clicks", n, False)))
+    erring = replay(config, "clicks/erring", "0", "2")
+    assert erring.rows == 0
+    assert erring.refused == {"where_error": 8, "payload_mismatch": 1}
+    plain = replay(config, "clicks/plain", "0", "2")
+    assert (plain.rows, plain.refused) == (8, {"payload_mismatch": 1})
+    note = refused_note(erring.refused)
+    assert "9 events refused by the sink (payload_mismatch 1, where_error 8)" in note
+    assert "not dead-lettered" in note
+    assert refused_note({}) == ""
+
+
+def test_a_table_template_sink_is_refused_naming_it(tmp_path):
+    from test_dynamic_tables import TENANTS, event
+
+    config = collector_config(tmp_path, (TENANTS,), keep_batches_s=KEEP)
+    asyncio.run(ingest_and_commit(config, [[event(1, "acme"), event(2, "globex")]]))
+    with pytest.raises(ReplayRefused, match=r"a table template \(tenants.events_\{tenant\}\), "
+                                            r"which replay does not support yet"):
+        asyncio.run(planned(config, "events", "0", "0"))
+    catalog = open_catalog(config.catalog)
+    assert "events_{tenant}" not in {t[-1] for t in catalog.list_tables("tenants")}
+
+
+def test_a_fence_or_a_compaction_during_a_paused_replay_does_not_stop_it(tmp_path):
+    """Commits that change no rows carry the replay's marker as they carry the offset: a
+    collector starting up fences every table, and maintenance compacts the replay's small
+    files; neither is a commit by someone else."""
+    from pipeline.iceberg.fence import fence_table
+    from pipeline.iceberg.maintenance import compact
+
+    config = config_of(tmp_path)
+    asyncio.run(ingest_and_commit(config, clicks_batches(6)))
+    original = rows_of(config, "web.clicks")
+    drop(config, "web.clicks")
+    catalog = open_catalog(config.catalog)
+
+    def meddle(stage: str) -> None:
+        if stage == "after_chunk":
+            fence_table(catalog, "web.clicks", 99, offsets=True)
+            compact(catalog.load_table("web.clicks"), epoch=99, min_input_files=2)
+
+    done = replay(config, "clicks", "0", "5", hook=meddle)
+    assert done.rows == 24
     assert rows_of(config, "web.clicks") == original

@@ -21,6 +21,7 @@ from typing import Any
 
 import confluent_kafka
 import httpx
+import msgspec
 import pytest
 from ingest_support import ORDERS, TOKEN, make_config, stored_events
 from kafka_frames_support import (
@@ -37,6 +38,7 @@ from security_support import Authority, ingestor
 
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.errors import ConfigError
+from icefloe.tokens import hash_token
 from ingestor.kafka.codes import Code
 from ingestor.kafka.wire import Reader, Writer
 
@@ -343,3 +345,36 @@ async def test_should_serve_plaintext_kafka_off_loopback_when_told(tmp_path):
         conn = await RawKafka.open(ports.kafka)
         assert await produce_one(conn, "clicks", b'{"user_id":"lan"}') == 0
         await conn.close()
+
+
+
+async def test_should_not_answer_another_credentials_batch_as_a_duplicate(tmp_path):
+    """Two tokens' producers on one stream that use the same producer id and sequences (a
+    made-up or reused id): each batch is its own and stored; neither is answered as the
+    other's duplicate (which would drop its records while acknowledging them)."""
+    other = "another-s3cret"
+    config, ca_file = tls_config(tmp_path)
+    both = msgspec.structs.replace(ORDERS, tokens=(*ORDERS.tokens,
+                                                   hash_token(other, log2_n=10)))
+    config = msgspec.structs.replace(config, streams=(CLICKS, both))
+
+    def batch(prefix: str) -> bytes:
+        return Batch([order(f"{prefix}{i}") for i in range(2)], producer_id=77, epoch=0,
+                     base_sequence=0).encode()
+
+    async with ingestor(config) as ports:
+        assert ports.kafka is not None
+        served = Secured(ports.kafka, ports.http, config.store.url, ca_file)
+        answers = []
+        for token, prefix in ((TOKEN, "mine"), (other, "theirs")):
+            conn = await served.raw()
+            assert await handshake(conn, 1) == (0, ["PLAIN"])
+            assert await authenticate(conn, token) == (0, None)
+            answers.append((await conn.produce(9, {"orders": [(0, batch(prefix))]})
+                            ).partition("orders", 0))
+            await conn.close()
+        assert [a.error for a in answers] == [0, 0]
+        assert answers[1].base_offset != answers[0].base_offset
+        stored = await served.stored()
+    assert sorted(json.loads(p)["order_id"] for p in stored["orders"]) == [
+        "mine0", "mine1", "theirs0", "theirs1"]

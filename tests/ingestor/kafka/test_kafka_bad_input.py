@@ -708,3 +708,54 @@ async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
         else 2,
         (("status", "REQUEST_TIMED_OUT"), ("stream", "clicks"), ("transport", "kafka")):
         1 if first == 0 else 2}
+
+
+async def test_should_keep_a_pipelined_producers_sequences_in_order_under_a_rate_limit(
+        tmp_path):
+    """Three pipelined Produce requests of one idempotent producer on one connection, the
+    second held by the stream's rate limit: the third (which needs room for fewer events)
+    waits behind it instead of overtaking it and being refused OUT_OF_ORDER_SEQUENCE_NUMBER,
+    and the records are stored in sequence order, as a Kafka partition keeps them."""
+    limited = msgspec.structs.replace(CLICKS, rate_limit=RateLimit(events_per_s=10,
+                                                                   burst_s=0.5))
+    config = make_config(tmp_path / "store", (limited,), kafka_port=0)
+    async with ingestor(config) as ports:
+        assert ports.kafka is not None
+        served = Served(ports.kafka, ports.http, config.store.url)
+        conn = await served.connect()
+        sent = [await conn.send(PRODUCE, 9, produce_body(9, {"clicks": [(0, body)]},
+                                                         timeout_ms=5000))
+                for body in (idem("p", 5, 0), idem("a", 3, 5), idem("b", 1, 8))]
+        answers = [read_produce_answer(await conn.answer(), 9) for _ in sent]
+        assert [a.correlation for a in answers] == sent
+        parts = [a.partition("clicks", 0) for a in answers]
+        assert [(p.error, p.message) for p in parts] == [(0, None)] * 3
+        assert [p.base_offset for p in parts] == sorted(p.base_offset for p in parts)
+        await conn.close()
+        assert await served.users() == [f"p{i}" for i in range(5)] + \
+            [f"a{i}" for i in range(3)] + ["b0"]
+
+
+async def test_should_release_a_connection_whose_acks_0_produce_was_refused_mid_pipeline(
+        tmp_path):
+    """A refused acks=0 Produce closes the connection while more requests than the
+    read-ahead bound are already buffered behind it: the connection ends (its count goes
+    back to zero) instead of waiting forever for answer slots nobody frees."""
+    async with serving(tmp_path) as served:
+        conn = await served.connect()
+        refused = request_frame(PRODUCE, 9, 1, produce_body(9, {"clicks": [
+            (1, Batch([click("bad"), None]).encode())]}, acks=0))
+        behind = b"".join(request_frame(PRODUCE, 9, 2 + i, produce_body(9, {"clicks": [
+            (0, Batch([click(f"behind{i}")]).encode())]}, acks=0))
+            for i in range(MAX_IN_FLIGHT * 3))
+        await conn.send_raw(refused + behind)
+        assert await conn.closed()
+        await conn.close()
+        key = ("icefloe_ingest_kafka_connections", ())
+        async with asyncio.timeout(10):
+            while (await served.metrics()).get(key) != 0:
+                await asyncio.sleep(0.05)
+        await served.still_serving()
+        metrics = await served.metrics()
+        assert closed_count(metrics, "acks0_refused") == 1
+
