@@ -464,3 +464,23 @@ def test_a_fence_or_a_compaction_during_a_paused_replay_does_not_stop_it(tmp_pat
     done = replay(config, "clicks", "0", "5", hook=meddle)
     assert done.rows == 24
     assert rows_of(config, "web.clicks") == original
+
+
+@pytest.mark.parametrize(("apart_s", "rows"), [(10.0, 4), (3600.0, 8)])
+def test_the_replays_dedup_window_ages_by_ingest_time(tmp_path, apart_s, rows):
+    """The same four event ids in two batch files (a client's retry): within
+    ``dedup_window_s`` of ingest time the second copy is dropped; ingested an hour apart
+    (a 60 s window) it is kept, as the collector kept it then."""
+    config = collector_config(tmp_path, (CLICKS,), keep_batches_s=KEEP, max_run_entries=1,
+                              dedup_window_s=60.0)
+    asyncio.run(ingest_and_commit(config, [clicks_batches(1)[0], clicks_batches(1)[0]]))
+    drop(config, "web.clicks")
+    p = asyncio.run(planned(config, "clicks", "0", "1"))
+    first = p.entries[0].entry.ingested_at
+    entries = [msgspec.structs.replace(item, entry=msgspec.structs.replace(
+        item.entry, ingested_at=first + n * apart_s)) for n, item in enumerate(p.entries)]
+    r = Replay(config, open_catalog(config.catalog), LocalEngine(), p.target, entries)
+    r.start(truncate=False)
+    done = r.run()
+    assert (done.rows, done.duplicates) == (rows, 8 - rows)
+    assert len(rows_of(config, "web.clicks")) == rows
