@@ -18,6 +18,7 @@ the dedup window already holds.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,14 @@ event's offset in it, the row within the event. A missing ``txId``/``row`` reads
 _OPTIONAL_PARTS = frozenset({"$.source.txId", "$.source.row"})
 _DIGITS = 20
 _TRAILING = re.compile(r"(\d+)$")
+
+
+UNAVAILABLE = "__debezium_unavailable_value"
+"""Debezium's placeholder for a value a change did not carry (PostgreSQL: an unchanged
+TOASTed column of an update without ``REPLICA IDENTITY FULL``; also its default
+``unavailable.value.placeholder``). Stored, it would overwrite the row's real value."""
+_UNAVAILABLE_FORMS = (UNAVAILABLE, base64.b64encode(UNAVAILABLE.encode()).decode())
+"""The placeholder as text, and as a bytes column's base64 in JSON."""
 
 
 class ChangeError(ValueError):
@@ -194,6 +203,7 @@ class Flattener:
                 self._paths[name] = tuple((p, parse_path(p)) for p in paths)
         self._ops = dict(self.cdc.ops) or {op: op for op in OPS}
         self._types = {c.name: c.type for c in stream.columns if c.mapping is None}
+        self._evolve = stream.unknown_fields == "evolve"  # undeclared fields become columns
 
     def flatten(self, event: Any) -> tuple[dict[str, Any], str] | None:
         """``(row, event id)`` of one decoded change event; None for a null event (a
@@ -256,6 +266,10 @@ class Flattener:
                 row.update((k, before[k]) for k in self.key if k not in row and k in before)
         else:
             row = dict(row)  # never the caller's object
+            self._refuse_unavailable(row, "")
+        if before is not None and self.cdc.before_columns:
+            self._refuse_unavailable({k: before.get(k) for k in self.cdc.before_columns},
+                                     "before.")
         for name in (OP_COLUMN, POSITION_COLUMN, DELETED_COLUMN):
             if name in row:
                 raise ChangeError(name, f"the row holds a field {name!r}, which cdc sets")
@@ -269,6 +283,22 @@ class Flattener:
         row[POSITION_COLUMN] = position
         row[DELETED_COLUMN] = op == "d"
         return row, change_id(position, [row.get(k) for k in self.key])
+
+    def _refuse_unavailable(self, row: dict[str, Any], prefix: str) -> None:
+        """Refuse a declared column holding :data:`UNAVAILABLE` (or a list of nothing
+        else): the change did not carry that value, and no value icefloe could store is
+        right (the table would hold the placeholder instead of the row's value)."""
+        for name, value in row.items():
+            if name not in self._types and prefix == "" and not self._evolve:
+                continue  # an undeclared field never lands
+            if value in _UNAVAILABLE_FORMS or (
+                    isinstance(value, list) and value
+                    and all(v in _UNAVAILABLE_FORMS for v in value)):
+                raise ChangeError(prefix + name, f"{prefix}{name} holds Debezium's "
+                                  f"placeholder {UNAVAILABLE!r}: the change did not carry "
+                                  "its value (PostgreSQL sends it for an unchanged TOASTed "
+                                  "column); set REPLICA IDENTITY FULL on the source table, "
+                                  "or leave the column out of the stream")
 
     def _position(self, event: dict[str, Any]) -> str:
         paths = self._paths.get("*")

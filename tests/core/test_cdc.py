@@ -4,6 +4,7 @@ rows the upsert applies; config refusals named by key."""
 
 from __future__ import annotations
 
+import base64
 import textwrap
 
 import pytest
@@ -197,3 +198,29 @@ def test_debezium_temporal_encodings_are_read_through_the_schema(tmp_path):
     assert row["raw_us"] == 7  # a long column keeps the number
     bare, _ = flat.flatten(event)
     assert bare["seen"] == -86_400_000_001  # no schema: nothing guessed (docs/cdc.md)
+
+
+def test_debeziums_unavailable_value_placeholder_is_refused_naming_the_column(tmp_path):
+    """An update of a PostgreSQL row whose TOASTed column did not change, without REPLICA
+    IDENTITY FULL: Debezium sends a placeholder instead of the value. Stored, it would
+    overwrite the row's real value, so the change is refused naming the column and the fix;
+    an undeclared column holding it is ignored like any undeclared field."""
+    flat = flattener(tmp_path, 'cdc = { before_columns = ["first_name"] }\n')
+    placeholder = "__debezium_unavailable_value"
+    as_bytes = base64.b64encode(placeholder.encode()).decode()
+    for value in (placeholder, as_bytes, [placeholder]):
+        event = {**PG_UPDATE, "after": {**PG_UPDATE["after"], "email": value}}
+        with pytest.raises(ChangeError, match=r"email holds Debezium's placeholder.*"
+                                              r"REPLICA IDENTITY FULL") as info:
+            flat.flatten(event)
+        assert info.value.field == "email"
+    before = {**PG_UPDATE, "before": {**PG_UPDATE["before"], "first_name": placeholder}}
+    with pytest.raises(ChangeError) as info:
+        flat.flatten(before)
+    assert info.value.field == "before.first_name"
+    undeclared = {**PG_UPDATE, "after": {**PG_UPDATE["after"], "bio": placeholder}}
+    row, _ = flat.flatten(undeclared)
+    assert row["bio"] == placeholder  # not a column: never lands (decode drops it)
+    deleted = {**PG_UPDATE, "op": "d", "after": None,
+               "before": {"id": 1, "first_name": None, "email": placeholder}}
+    assert flat.flatten(deleted)[0]["id"] == 1  # a delete keeps only the key

@@ -72,6 +72,7 @@ def test_a_change_without_a_key_is_accepted_for_the_dead_letters():
     ({**change("c", 1, "a", 1), "op": "t"}, "truncate"),
     (change("c", 1, 5, 1), "expected `str | null`, got `int`"),
     ({**change("c", 1, "a", 1), "source": {"connector": "oracle"}}, "no known position"),
+    (change("u", 1, "__debezium_unavailable_value", 1), "REPLICA IDENTITY FULL"),
 ])
 def test_changes_that_cannot_apply_refuse_their_request_by_index(event, reason):
     stream = CompiledStream(CUSTOMERS)
@@ -120,7 +121,9 @@ async def test_http_takes_wrapped_changes_and_refuses_null_and_truncate(tmp_path
                              headers={"content-type": "application/json"})
         assert ok.status_code == 202, ok.text
         for bad, reason in ((body(change("c", 2, "x", 3), None), "a null change event"),
-                            (body({**change("c", 2, "x", 3), "op": "t"}), "truncate")):
+                            (body({**change("c", 2, "x", 3), "op": "t"}), "truncate"),
+                            (body(change("u", 1, "__debezium_unavailable_value", 4)),
+                             "email holds Debezium's placeholder")):
             refused = await http.post(url, content=bad,
                                       headers={"content-type": "application/json"})
             assert refused.status_code == 400, refused.text
