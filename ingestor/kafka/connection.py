@@ -38,8 +38,8 @@ class Front(Protocol):
 
     def closed(self, reason: str) -> None: ...
 
-    def metadata(self, version: int, request: apis.MetadataRequest,
-                 token: str | None) -> bytes: ...
+    async def metadata(self, version: int, request: apis.MetadataRequest,
+                       token: str | None, client: str | None = None) -> bytes: ...
 
     async def init_producer_id(self, version: int,
                                request: apis.InitProducerIdRequest) -> bytes: ...
@@ -184,8 +184,8 @@ class Connection:
                 await self._answer(header, apis.api_versions_response(version))
             elif key == apis.METADATA:
                 request = apis.read_metadata(body, version)
-                await self._answer(header, self.front.metadata(version, request,
-                                                               self.producer.token))
+                await self._queue(self._framed(header, self.front.metadata(
+                    version, request, self.producer.token, self.producer.client)))
             elif key == apis.INIT_PRODUCER_ID:
                 init = apis.read_init_producer_id(body, version)
                 await self._queue(self._framed(header, self.front.init_producer_id(

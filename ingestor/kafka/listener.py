@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import ConfigError, StoreError
-from ingestor.auth import NeedsVerification
 from ingestor.errors import IngestError, Overloaded, PermissionDenied, Unauthenticated
 from ingestor.kafka import apis
 from ingestor.kafka.apis import Broker, InitProducerIdRequest, MetadataRequest, TopicMetadata
@@ -56,12 +55,14 @@ class KafkaFront:
     def closed(self, reason: str) -> None:
         self.metrics.kafka_closed.labels(reason).inc()
 
-    def metadata(self, version: int, request: MetadataRequest, token: str | None) -> bytes:
+    async def metadata(self, version: int, request: MetadataRequest, token: str | None,
+                       client: str | None = None) -> bytes:
         """Every named topic (a stream, or UNKNOWN_TOPIC_OR_PARTITION), or, asked for all,
-        the streams this connection may produce to (open ones without SASL)."""
+        the streams this connection may produce to: the open ones, and with SASL those its
+        token is accepted by (a token never learns the names of streams it cannot use)."""
         streams = self.service.streams
         if request.topics is None:
-            names = [name for name in streams if token or self._open(name)]
+            names = [name for name in streams if await self._may_produce(name, token, client)]
         else:
             names = request.topics
         topics = []
@@ -75,11 +76,14 @@ class KafkaFront:
                                             topic_id))
         return apis.metadata_response(version, self.broker, self.cluster_id, topics)
 
-    def _open(self, stream: str) -> bool:
+    async def _may_produce(self, stream: str, token: str | None, client: str | None) -> bool:
+        """Whether ``token`` (None: no SASL) may produce to ``stream`` (verified once per
+        stream and token, then cached, as a Produce's check is)."""
         try:
-            return self.service.auth.authorize_known(stream, None) is None
-        except (Unauthenticated, PermissionDenied, NeedsVerification):
+            await self.service.auth.authorize(stream, token, client)
+        except (Unauthenticated, PermissionDenied, Overloaded):
             return False
+        return True
 
     async def init_producer_id(self, version: int, request: InitProducerIdRequest) -> bytes:
         """A new producer id from the store-wide allocator, or the same id with the next

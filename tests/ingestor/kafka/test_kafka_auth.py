@@ -378,3 +378,26 @@ async def test_should_not_answer_another_credentials_batch_as_a_duplicate(tmp_pa
         stored = await served.stored()
     assert sorted(json.loads(p)["order_id"] for p in stored["orders"]) == [
         "mine0", "mine1", "theirs0", "theirs1"]
+
+
+async def test_should_list_only_the_streams_a_token_may_produce_to(tmp_path):
+    """Metadata for all topics (librdkafka's list_topics): the open stream, and those the
+    connection's token is accepted by; never the names of other tokens' streams."""
+    other = "another-s3cret"
+    config, ca_file = tls_config(tmp_path)
+    secret = msgspec.structs.replace(ORDERS, name="secret", table="shop.secret",
+                                     tokens=(hash_token(other, log2_n=10),))
+    config = msgspec.structs.replace(config, streams=(CLICKS, ORDERS, secret))
+    async with ingestor(config) as ports:
+        assert ports.kafka is not None
+        served = Secured(ports.kafka, ports.http, config.store.url, ca_file)
+
+        def listed(settings: dict[str, Any]) -> set[str]:
+            producer = confluent_kafka.Producer(settings)
+            return set(producer.list_topics(timeout=10).topics)
+
+        assert await asyncio.to_thread(listed, served.client(**plain(TOKEN))) == {
+            "clicks", "orders"}
+        assert await asyncio.to_thread(listed, served.client(**plain(other))) == {
+            "clicks", "secret"}
+        assert await asyncio.to_thread(listed, served.client()) == {"clicks"}  # no SASL
