@@ -220,20 +220,27 @@ class ProduceHandler:
                       records: Records, caller: Caller, deadline: float
                       ) -> tuple[_Admitted, int]:
         partition = result.index
+        sent = len(records.values)
+        origin: list[int] | None = None  # each kept record's index in the batch sent
         if stream.config.cdc is not None and None in records.values:
-            records = self._without_tombstones(stream, records)
+            records, origin = self._without_tombstones(stream, records)
             if not records.values:  # nothing but tombstones: nothing to buffer
-                result.base_offset = self.offsets.assign(topic, partition, 1)
+                result.base_offset = self.offsets.assign(topic, partition, sent)
                 durable = asyncio.get_running_loop().create_future()
                 durable.set_result(None)
                 return _Admitted(result, durable, stream.name, 0, None, None), 0
-        canonical, ids = self._canonical(stream, partition, records, caller)
-        count = len(canonical.payloads)
         try:
-            base = self.offsets.assign(topic, partition, count)
-        except ValueError as exc:
-            raise KafkaError(Code.MESSAGE_TOO_LARGE, str(exc)) from None
-        metas = self._metas(stream, topic, partition, base, records, caller)
+            canonical, ids = self._canonical(stream, partition, records, caller, origin)
+            count = len(canonical.payloads)
+            try:  # offsets for every record sent (tombstones too), as a broker numbers them
+                base = self.offsets.assign(topic, partition, sent)
+            except ValueError as exc:
+                raise KafkaError(Code.MESSAGE_TOO_LARGE, str(exc)) from None
+            metas = self._metas(stream, topic, partition, base, records, caller, origin)
+        except KafkaError as error:
+            if origin is not None:  # name the records as the producer numbered them
+                error.record_errors = [(origin[i], why) for i, why in error.record_errors]
+            raise
         waited = 0
         while True:
             try:
@@ -247,20 +254,23 @@ class ProduceHandler:
         result.base_offset = base
         return _Admitted(result, durable, stream.name, count, None, None), waited
 
-    def _without_tombstones(self, stream: CompiledStream, records: Records) -> Records:
+    def _without_tombstones(self, stream: CompiledStream, records: Records
+                            ) -> tuple[Records, list[int]]:
         """A change stream's batch without its null values (Debezium's tombstone after
         each delete, for Kafka's log compaction: the delete itself removed the key),
-        counted in ``icefloe_ingest_cdc_null_values_ignored_total``."""
+        counted in ``icefloe_ingest_cdc_null_values_ignored_total``; and the index each
+        kept record had in the batch."""
         values, kept = without_nulls(records.values)
         self.service.metrics.cdc_nulls_ignored.labels(stream.name).inc(
             len(records.values) - len(kept))
         return dataclasses.replace(records, values=list[bytes | None](values),
                                    keys=_pick(records.keys, kept),
                                    timestamps=_pick(records.timestamps, kept),
-                                   headers=_pick(records.headers, kept))
+                                   headers=_pick(records.headers, kept)), kept
 
     def _canonical(self, stream: CompiledStream, partition: int, records: Records,
-                   caller: Caller) -> tuple[Canonical, tuple[bytes, list[bytes]] | None]:
+                   caller: Caller, origin: list[int] | None = None
+                   ) -> tuple[Canonical, tuple[bytes, list[bytes]] | None]:
         values = records.values
         if None in values:  # a C-level scan; the list of them only for the refusal
             nulls = [i for i, value in enumerate(values) if value is None]
@@ -284,12 +294,17 @@ class ProduceHandler:
         head = records.header
         if head.producer_id < 0:
             return canonical, None
-        return canonical, sequence_ids(caller.token, partition, head.producer_id,
-                                       head.producer_epoch, head.base_sequence, head.count)
+        stem, suffixes = sequence_ids(caller.token, partition, head.producer_id,
+                                      head.producer_epoch, head.base_sequence, head.count)
+        if origin is not None:  # each kept record keeps its own sequence's id
+            suffixes = [suffixes[i] for i in origin]
+        return canonical, (stem, suffixes)
 
     def _metas(self, stream: CompiledStream, topic: str, partition: int, base: int,
-               records: Records, caller: Caller) -> list[bytes] | None:
-        """Each record's envelope meta when the stream maps Kafka metadata, else None."""
+               records: Records, caller: Caller, origin: list[int] | None = None
+               ) -> list[bytes] | None:
+        """Each record's envelope meta when the stream maps Kafka metadata, else None
+        (``origin``: each record's index in the batch sent, which its offset follows)."""
         config = stream.config
         if not kafka_meta_wanted(config):
             return None
@@ -304,7 +319,8 @@ class ProduceHandler:
             raise KafkaError(Code.INVALID_RECORD, str(exc)) from None
         common: dict[str, Any] = msgspec.json.decode(shared) if shared else {}
         encode = msgspec.json.encode
-        return [encode({**common, "kf": kafka_meta(topic, partition, base + i,
+        return [encode({**common, "kf": kafka_meta(topic, partition,
+                                                   base + (i if origin is None else origin[i]),
                                                    records.timestamps[i], records.keys[i],
                                                    records.headers[i])})
                 for i in range(len(records.values))]

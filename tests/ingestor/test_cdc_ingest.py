@@ -131,3 +131,24 @@ async def test_http_takes_wrapped_changes_and_refuses_null_and_truncate(tmp_path
         events = [json.loads(e.payload) for e in await stored_events(config.store.url)]
     assert [(e["_cdc_op"], e.get("before_email")) for e in events] == [("c", None),
                                                                        ("u", "a")]
+
+
+async def test_kafka_record_errors_name_records_as_sent_around_tombstones(tmp_path: Path):
+    """A change stream's batch with tombstones before a change that cannot apply: the
+    answer's record error names that change's index in the batch the producer sent (not
+    its index among the changes left once the tombstones were dropped), and a refused
+    batch stores nothing."""
+    config = make_config(tmp_path / "store", (CUSTOMERS,), kafka_port=0)
+    async with ingestor(config) as ports:
+        assert ports.kafka is not None
+        conn = await RawKafka.open(ports.kafka)
+        try:
+            values = [json.dumps(change("c", 1, "a", 1)).encode(), None, None,
+                      json.dumps({**change("c", 2, "b", 2), "op": "t"}).encode()]
+            answer = await conn.produce(9, {"customers": [(0, Batch(values).encode())]})
+            refused = answer.partition("customers", 0)
+            assert refused.error != 0
+            assert [index for index, _ in refused.record_errors] == [3]
+        finally:
+            await conn.close()
+        assert await stored_events(config.store.url) == []
