@@ -202,6 +202,28 @@ class OtlpAdmission:
         except UnknownStream:
             return False
 
+    def _fitting(self, kind: str, canonical: Canonical
+                 ) -> tuple[Canonical, Sequence[bytes], str]:
+        """``canonical`` without the rows over ``max_event_bytes``, the id suffix of each
+        row kept (its index in the kind, as always), and the partial-success message for
+        those left out ('' when none). Why here and not the service's refusal: that one
+        refuses a whole request, and an export whose kinds are buffered one by one would
+        be stored in part although its answer says it failed; OTLP counts a record it
+        cannot take in ``partial_success`` instead."""
+        limit = self.service.max_event_bytes
+        payloads = canonical.payloads
+        if not payloads or max(map(len, payloads)) <= limit:
+            return canonical, _suffixes(len(payloads)), ""
+        over = [(i, len(p)) for i, p in enumerate(payloads) if len(p) > limit]
+        keep = [i for i, p in enumerate(payloads) if len(p) <= limit]
+        fitting = canonical._replace(
+            payloads=[payloads[i] for i in keep],
+            body_ids=None if canonical.body_ids is None
+            else [canonical.body_ids[i] for i in keep],
+            schema_ids=None if canonical.schema_ids is None
+            else [canonical.schema_ids[i] for i in keep])
+        return fitting, [b"%d" % i for i in keep], _over_limit(kind, over, limit)
+
     def admit(self, rows: ExportRows, body: bytes, authorized: Authorized) -> Admitted:
         """Step 3 (see top): validate every kind's rows, then buffer them with derived ids.
 
@@ -216,7 +238,8 @@ class OtlpAdmission:
             if not kind_rows:
                 continue
             if kind not in self.streams:  # otlp.kinds leaves it out: said, never dropped
-                why = f"{len(kind_rows)} {kind} point(s) refused: otlp.kinds leaves {kind} out"
+                why = f"{len(kind_rows)} {kind} data point(s) refused: otlp.kinds leaves " \
+                    f"{kind} out"
                 message = f"{message}; {why}" if message else why
                 rejected += len(kind_rows)
                 continue
@@ -238,18 +261,34 @@ class OtlpAdmission:
                                  details=[v.as_dict() for v in exc.violations]) from None
             prepared.append((kind, stream, canonical))
         admitted = Admitted([], {}, rejected, message)
+        checked = []
+        for kind, stream, canonical in prepared:  # before anything is buffered
+            fitting, suffixes, why = self._fitting(kind, canonical)
+            if why:
+                admitted.rejected += len(canonical.payloads) - len(fitting.payloads)
+                admitted.message = f"{admitted.message}; {why}" if admitted.message else why
+            if fitting.payloads:
+                checked.append((kind, stream, fitting, suffixes))
         try:
-            for kind, stream, canonical in prepared:
+            for kind, stream, canonical, suffixes in checked:
                 count = len(canonical.payloads)
                 admitted.futures.append(self.service.admit(
                     stream, canonical, caller=authorized.callers.get(kind),
-                    derived_ids=(event_id_stem(kind, body), _suffixes(count))))
+                    derived_ids=(event_id_stem(kind, body), suffixes)))
                 admitted.counts[stream.name] = count
         except BaseException:
             for future in admitted.futures:  # buffered already: durable or not, unanswered
                 future.add_done_callback(_retrieve)
             raise
         return admitted
+
+
+def _over_limit(kind: str, sizes: list[tuple[int, int]], limit: int) -> str:
+    """The partial-success message for rows over ``max_event_bytes``."""
+    index, size = sizes[0]
+    return (f"{len(sizes)} {kind} row(s) refused: over ingestor.max_event_bytes ({limit}) "
+            f"as a row, the first is {kind} row {index} ({size} bytes); the others of the "
+            "request are stored")
 
 
 def _first_refusal(refusals: dict[str, IngestError], token: str | None) -> IngestError:

@@ -8,8 +8,9 @@ OTLP/JSON is the protobuf JSON mapping with two differences (OTLP specification,
 "JSON Protobuf Encoding"): trace and span ids are hex strings, not base64, and unknown
 fields are ignored. So the body is parsed as JSON, every id is turned from hex into what
 ``google.protobuf.json_format`` expects (base64), and ``json_format`` does the rest (it
-takes lowerCamelCase and the original field names, enums as names or integers, 64-bit
-integers as numbers or decimal strings).
+takes lowerCamelCase and the original field names, enums as integers or their full names,
+64-bit integers as numbers or decimal strings). An enum name that is not the enum's and an
+id of the wrong length are refused here (``json_format`` would take the first as 0).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.logs.v1 import logs_pb2
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ingestor.errors import BadRequest
 
@@ -56,6 +60,24 @@ _ID_KEYS: Final = frozenset({"traceId", "trace_id", "spanId", "span_id", "parent
                              "parent_span_id"})
 """The bytes fields OTLP/JSON spells in hex: ids of spans, links, log records, exemplars.
 Attribute keys never collide with them: an attribute's name is the *value* of ``key``."""
+_ID_DIGITS: Final = {"traceId": 32, "trace_id": 32}
+"""Hex digits of a trace id (16 bytes); every other id is a span id (8 bytes, 16 digits).
+An empty string is an id left unset (a root span's ``parentSpanId``)."""
+_ENUMS: Final = {
+    "kind": ("SpanKind", tuple(trace_pb2.Span.SpanKind.keys())),
+    "code": ("StatusCode", tuple(trace_pb2.Status.StatusCode.keys())),
+    "severityNumber": ("SeverityNumber", tuple(logs_pb2.SeverityNumber.keys())),
+    "severity_number": ("SeverityNumber", tuple(logs_pb2.SeverityNumber.keys())),
+    "aggregationTemporality": ("AggregationTemporality",
+                               tuple(metrics_pb2.AggregationTemporality.keys())),
+    "aggregation_temporality": ("AggregationTemporality",
+                                tuple(metrics_pb2.AggregationTemporality.keys())),
+}
+"""The enum fields of the three signals, by JSON key: OTLP/JSON spells them as integers,
+and ``json_format`` also takes their full names, but with unknown fields ignored it turns
+any other name (``"SERVER"`` for ``SPAN_KIND_SERVER``) into 0 without a word, so a name
+that is not one of the enum's is refused here. (Each key names one enum in OTLP: ``kind``
+only a span's, ``code`` only a status'.)"""
 _JSON: Final = msgspec.json.Decoder()
 _MAX_PATH_SHOWN: Final = 120
 
@@ -93,7 +115,7 @@ def parse_json(signal: Signal, body: bytes) -> Message:
     if not isinstance(tree, dict):
         raise BadRequest(f"the body is JSON {type(tree).__name__}, not an object: OTLP/JSON "
                          f"is one {signal.request.DESCRIPTOR.name} object", code="invalid_json")
-    _ids_to_base64(tree, "")
+    _prepare(tree, "")
     message = signal.request()
     try:
         json_format.ParseDict(tree, message, ignore_unknown_fields=True)
@@ -103,28 +125,42 @@ def parse_json(signal: Signal, body: bytes) -> Message:
     return message
 
 
-def _ids_to_base64(node: Any, path: str) -> None:
-    """Turn every hex id below ``node`` into base64, in place (see :data:`_ID_KEYS`)."""
+def _prepare(node: Any, path: str) -> None:
+    """Turn every hex id below ``node`` into base64, in place (see :data:`_ID_KEYS`), and
+    refuse an enum name that is not the enum's (see :data:`_ENUMS`)."""
     if isinstance(node, dict):
         for key, value in node.items():
             where = f"{path}.{key}" if path else str(key)
             if key in _ID_KEYS and isinstance(value, str):
-                node[key] = _hex_to_base64(value, where)
+                node[key] = _hex_to_base64(value, where, _ID_DIGITS.get(key, 16))
+            elif key in _ENUMS and isinstance(value, str):
+                _check_enum_name(value, where, *_ENUMS[key])
             elif isinstance(value, dict | list):
-                _ids_to_base64(value, where)
+                _prepare(value, where)
     elif isinstance(node, list):
         for index, value in enumerate(node):
             if isinstance(value, dict | list):
-                _ids_to_base64(value, f"{path}[{index}]")
+                _prepare(value, f"{path}[{index}]")
 
 
-def _hex_to_base64(value: str, where: str) -> str:
+def _check_enum_name(value: str, where: str, enum: str, names: tuple[str, ...]) -> None:
+    if value not in names:
+        raise BadRequest(f"{where[:_MAX_PATH_SHOWN]}: {value[:40]!r} is not a {enum}; "
+                         f"OTLP/JSON spells enums as integers (or the full names: "
+                         f"{', '.join(names[:3])}, ...)", code="invalid_json")
+
+
+def _hex_to_base64(value: str, where: str, digits: int) -> str:
     try:
         raw = bytes.fromhex(value)
     except ValueError:
         raise BadRequest(f"{where[:_MAX_PATH_SHOWN]}: {value[:40]!r} is not a hex string; "
                          "OTLP/JSON spells trace and span ids in hex (32 and 16 digits), not "
                          "base64", code="invalid_json") from None
+    if value and (len(value) != digits or len(raw) * 2 != digits):
+        raise BadRequest(f"{where[:_MAX_PATH_SHOWN]}: {value[:40]!r} is not {digits} hex "
+                         f"digits (a {'trace' if digits == 32 else 'span'} id is "
+                         f"{digits // 2} bytes)", code="invalid_json")
     return base64.b64encode(raw).decode("ascii")
 
 

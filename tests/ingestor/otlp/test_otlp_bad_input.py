@@ -81,11 +81,31 @@ BAD_HEX = json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [
     {"traceId": "not-hex", "body": {"stringValue": "x"}}]}]}]}).encode()
 
 
+def json_logs(**record: object) -> bytes:
+    return json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"body": {"stringValue": "x"}, **record}]}]}]}).encode()
+
+
+def json_span(**span: object) -> bytes:
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174",
+         "name": "x", **span}]}]}]}).encode()
+
+
 @pytest.mark.parametrize(("path", "body", "headers", "status", "code", "words"), [
     ("/v1/logs", b"\x0a\xff\xff\xff", PROTOBUF, 400, 3, "not a valid OTLP"),
     ("/v1/logs", INVALID_UTF8, PROTOBUF, 400, 3, "UTF-8"),
     ("/v1/logs", b'{"resourceLogs": [', JSON, 400, 3, "not valid JSON"),
     ("/v1/logs", BAD_HEX, JSON, 400, 3, "'not-hex' is not a hex string"),
+    ("/v1/logs", json_logs(traceId="5b8efff7"), JSON, 400, 3,
+     "'5b8efff7' is not 32 hex digits"),
+    ("/v1/logs", json_logs(spanId="eee19b7e c3c1b174"), JSON, 400, 3,
+     "is not 16 hex digits"),
+    ("/v1/logs", json_logs(severityNumber="ERROR"), JSON, 400, 3,
+     "severityNumber: 'ERROR' is not a SeverityNumber"),
+    ("/v1/traces", json_span(kind="SERVER"), JSON, 400, 3, "kind: 'SERVER' is not a SpanKind"),
+    ("/v1/traces", json_span(status={"code": "ERROR"}), JSON, 400, 3,
+     "status.code: 'ERROR' is not a StatusCode"),
     ("/v1/profiles", GOOD, PROTOBUF, 404, 12, "no route POST /v1/profiles"),
     ("/v1/logs", b"x" * (64 * 1024 + 1), PROTOBUF, 413, 3, "65536-byte limit"),
     ("/v1/logs", BOMB, {**PROTOBUF, "Content-Encoding": "gzip"}, 413, 3,
@@ -95,7 +115,9 @@ BAD_HEX = json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [
     ("/v1/logs", GOOD, {**PROTOBUF, "Content-Encoding": "br"}, 415, 3, "'br' is not supported"),
     ("/v1/logs", GOOD, {"Content-Type": "application/x-protobuf"}, 401, 16, "token"),
     ("/v1/logs", GOOD, {**PROTOBUF, "Authorization": f"Bearer {OTHER_TOKEN}"}, 403, 7, ""),
-], ids=["malformed-protobuf", "invalid-utf8", "bad-json", "bad-hex-id", "unknown-path",
+], ids=["malformed-protobuf", "invalid-utf8", "bad-json", "bad-hex-id", "short-trace-id",
+        "spaced-span-id", "severity-short-name", "kind-short-name", "status-short-name",
+        "unknown-path",
         "oversize", "gzip-bomb", "content-type", "encoding", "no-token", "wrong-token"])
 async def test_should_refuse_bad_http_exports_precisely(config, path, body, headers, status,
                                                         code, words):
@@ -217,3 +239,30 @@ async def test_should_refuse_an_oversize_grpc_export(config):
         error = await grpc_export(ports.grpc, logs_request(user="x" * 70_000))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert await stored_rows(config) == {}
+
+
+async def test_should_store_an_export_without_its_rows_over_the_event_limit(tmp_path):
+    """One log record whose row is over ``max_event_bytes``: not a refusal of the export
+    (which the exporter would drop whole) but a partial success naming it; the other
+    records are stored, each under the id its index gives (a retry stores nothing more)."""
+    config = otlp_config(tmp_path / "store", max_event_bytes=4096)
+    request = logs_service_pb2.ExportLogsServiceRequest.FromString(logs_request(records=3))
+    big = request.resource_logs[0].scope_logs[0].log_records[1]
+    big.body.string_value = "y" * 5000
+    body = request.SerializeToString()
+    async with ingestor(config) as ports, \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports.http}") as client:
+        for _ in range(2):  # the same export retried: the same rows, stored once
+            answer = await client.post("/v1/logs", content=body, headers=PROTOBUF)
+            assert answer.status_code == 200, answer.text
+            got = logs_service_pb2.ExportLogsServiceResponse.FromString(answer.content)
+            assert got.partial_success.rejected_log_records == 1
+            assert "1 logs row(s) refused: over ingestor.max_event_bytes (4096)" in \
+                got.partial_success.error_message
+            assert "logs row 1 (" in got.partial_success.error_message
+        stored = await stored_rows(config)
+    (rows,) = stored.values()
+    assert sorted(r["body"] for _, r in rows) == ["record 0", "record 0", "record 2",
+                                                  "record 2"]
+    assert len({event_id for event_id, _ in rows}) == 2  # the retry's rows: the same ids
+    assert sorted(event_id.rsplit(":", 1)[1] for event_id, _ in rows) == ["0", "0", "2", "2"]
