@@ -27,6 +27,7 @@ import decimal
 import enum
 import inspect
 import itertools
+import math
 import textwrap
 import types
 import typing
@@ -356,6 +357,16 @@ def _same(value: Any, path: str) -> Any:
     return value
 
 
+def _double(value: Any, path: str) -> Any:
+    """A finite float as it is; NaN and infinities refused naming the field: JSON cannot
+    spell them, and the encoder would send null (a required field then refused as missing,
+    an optional one stored as null) without a word."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ModelError(f"{path}: {value} is not a finite number; JSON events cannot carry "
+                         "NaN or infinity (send None, or leave the field out)")
+    return value
+
+
 def _json(value: Any, path: str) -> Any:
     return value
 
@@ -428,7 +439,7 @@ def _decimal_encoder(precision: Precision) -> Encoder:
 
 _EXACT = decimal.Context(prec=80)
 _SCALARS.update({
-    bool: ("boolean", _same), int: ("long", _same), float: ("double", _same),
+    bool: ("boolean", _same), int: ("long", _same), float: ("double", _double),
     str: ("string", _same), bytes: ("binary", _binary), dt.datetime: ("timestamp", _timestamp),
     dt.date: ("date", _date), dt.time: ("time", _time), uuid.UUID: ("uuid", _uuid),
 })

@@ -134,6 +134,11 @@ class _Node:
         return kind
 
 
+_WRAPPERS = frozenset(f"google.protobuf.{kind}Value" for kind in (
+    "Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes"))
+"""Well-known wrapper messages: a field of one holds a scalar with presence."""
+
+
 class ProtobufType:
     """One Protobuf message (by full name) in its own descriptor pool, as a stream type.
 
@@ -290,19 +295,33 @@ class ProtobufType:
 
     def field_texts(self, payloads: Sequence[bytes], name: str) -> list[str | None]:
         """Top-level field ``name`` of each (checked) payload as text, None where it is not
-        set (an empty string or an unset field with presence): a stream's event ids. One
-        parse for all of them, as :meth:`check_many`."""
+        set: a stream's event ids. Not set: a field with presence left out, an empty
+        string, and a field without presence (proto3's plain scalars) holding its default
+        (0: proto3 cannot tell it from unset, and every such event would share the id
+        "0"). A wrapper type (``google.protobuf.StringValue``...) gives its ``value``, an
+        enum its value's name as its column holds it (``enums = "string"``). One parse for
+        all of them, as :meth:`check_many`."""
         wrapper = self._batch_class()()
         wrapper.ParseFromString(_framed(payloads))
         field = self.descriptor.fields_by_name[name]
         present = field.has_presence
+        wrapped = field.message_type is not None \
+            and field.message_type.full_name in _WRAPPERS
+        enum = field.enum_type if self.enums == "string" else None
         out: list[str | None] = []
         for item in wrapper.items:  # type: ignore[attr-defined]  # (made at run time)
             if present and not item.HasField(name):
                 out.append(None)
                 continue
             value = getattr(item, name)
-            out.append(None if value == "" else str(value))
+            if wrapped:
+                value = value.value
+            if value == "" or (not present and value == 0):
+                out.append(None)
+            elif enum is not None and value in enum.values_by_number:
+                out.append(enum.values_by_number[value].name)
+            else:
+                out.append(str(value))
         return out
 
     def _batch_class(self) -> type[Message]:

@@ -275,6 +275,8 @@ def test_instances_encode_to_the_canonical_json_of_their_columns() -> None:
     ({"amount": Decimal("12345678901")}, "Everything.amount: 12345678901 has more than 10 "
                                          "digits before"),
     ({"amount": Decimal("NaN")}, "Everything.amount: NaN is not a finite decimal"),
+    ({"x": float("nan")}, "Everything.x: nan is not a finite number"),
+    ({"x": float("-inf")}, "Everything.x: -inf is not a finite number"),
     ({"lines": [Line("s", Decimal("0.001"))]}, "Everything.lines[0].price: 0.001 has more"),
     ({"clock": dt.time(1, 2, tzinfo=UTC)}, "Everything.clock: time 01:02:00+00:00 has a "
                                            "time zone"),

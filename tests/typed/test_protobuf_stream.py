@@ -426,3 +426,36 @@ async def test_an_event_id_field_of_the_message_deduplicates_resent_orders(tmp_p
     await collect_all(config, LocalEngine())
     rows = read_table(config, "shop.orders").to_pylist()
     assert sorted(r["order_id"] for r in rows) == ["", "o1", "o2"]
+
+
+ID_FIELDS = """syntax = "proto3";
+package acme.ids.v1;
+import "google/protobuf/wrappers.proto";
+enum Kind { KIND_UNSPECIFIED = 0; KIND_A = 1; }
+message Keyed {
+  google.protobuf.StringValue wrapped = 1;
+  int64 plain = 2;
+  optional int64 present = 3;
+  Kind kind = 4;
+  string text = 5;
+}
+"""
+
+
+def test_event_id_fields_read_wrappers_defaults_and_enums_as_their_columns_do(tmp_path):
+    """A wrapper type gives its value (not the text of the wrapper message); a proto3
+    scalar without presence holding its default is unset (every such event would share the
+    id "0"), one with presence set to 0 is "0"; an enum gives its value's name."""
+    from icefloe.typed.protobuf import ProtobufType
+
+    descriptor_set = compile_proto(tmp_path, ID_FIELDS)
+    kind = ProtobufType.from_descriptor_set(descriptor_set.read_bytes(), "acme.ids.v1.Keyed")
+    cls = message_class(descriptor_set, "acme.ids.v1.Keyed")
+    set_ = cls(plain=7, present=0, kind=1, text="t-1")
+    set_.wrapped.value = "o-1"
+    unset = cls()
+    payloads = [set_.SerializeToString(), unset.SerializeToString()]
+    texts = {name: kind.field_texts(payloads, name)
+             for name in ("wrapped", "plain", "present", "kind", "text")}
+    assert texts == {"wrapped": ["o-1", None], "plain": ["7", None], "present": ["0", None],
+                     "kind": ["KIND_A", None], "text": ["t-1", None]}
