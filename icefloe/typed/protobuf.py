@@ -70,10 +70,14 @@ _SCALARS: Final[dict[int, tuple[str, str]]] = {
 _WIRE_GROUP: Final[dict[str, str]] = {
     # types whose encodings Protobuf lets a field switch between (same group); a switch
     # across groups makes old payloads decode to other values or to nothing
-    "int32": "varint", "int64": "varint", "uint32": "varint", "uint64": "varint",
-    "bool": "varint", "enum": "varint", "sint32": "zigzag", "sint64": "zigzag",
-    "fixed32": "i32", "sfixed32": "i32", "float": "float", "fixed64": "i64",
-    "sfixed64": "i64", "double": "double", "string": "text", "bytes": "text",
+    # across groups makes old payloads decode to other values or to nothing. Signed and
+    # unsigned are groups of their own: Protobuf lets int32 become uint32, but a negative
+    # value then reads as a number near 2**32 (or 2**64), and bool reads any other number
+    # as true
+    "int32": "varint", "int64": "varint", "enum": "varint", "uint32": "uvarint",
+    "uint64": "uvarint", "bool": "bool", "sint32": "zigzag", "sint64": "zigzag",
+    "fixed32": "u32", "sfixed32": "s32", "float": "float", "fixed64": "u64",
+    "sfixed64": "s64", "double": "double", "string": "text", "bytes": "text",
 }
 _WELL_KNOWN: Final[dict[str, str]] = {
     "google.protobuf.Timestamp": "timestamp",
@@ -234,6 +238,14 @@ class ProtobufType:
         name (Iceberg's ``element``/``value`` steps are implied, as
         ``pipeline.iceberg.field_numbers.iceberg_path`` reads them)."""
         return {number: path for number, path, _ in _walk(self._nodes, "", "")}
+
+    def number_types(self) -> dict[str, str]:
+        """Number path → the field's value type as the ``.proto`` writes it (``int32``,
+        ``sint64``, ``enum acme.Color``, ``map<string, int32>``, a message's full name):
+        what a table remembers to refuse a later encoding change its column types do not
+        show (``int32`` → ``sint32`` keeps an ``int`` column; see
+        :func:`encoding_change`)."""
+        return {number: node.proto for number, _, node in _walk(self._nodes, "", "")}
 
     def json_fields(self) -> dict[str, str]:
         """Value path → well-known type full name of every ``json`` value (``Struct``,
@@ -653,12 +665,7 @@ def _why(old: _Node, new: _Node) -> str:
         return ""  # their fields are compared by number, each on its own
     if not _promotable(before, after):
         return f"the column's type cannot change from {before} to {after}"
-    if _wire_group(old.proto) != _wire_group(new.proto):
-        return ("Protobuf decodes the old encoding as another value or not at all "
-                f"({_bare(old.proto)} and {_bare(new.proto)} are not wire-compatible)")
-    if old.label == "map" and old.proto.split(",")[0] != new.proto.split(",")[0]:
-        return "a map's key type cannot change"
-    return ""
+    return encoding_change(old.proto, new.proto)
 
 
 def _promotable(before: str, after: str) -> bool:
@@ -673,6 +680,25 @@ def _promotable(before: str, after: str) -> bool:
 def _bare(proto: str) -> str:
     """The value type of a ``.proto`` type description (a map's value)."""
     return proto.split(", ")[-1].rstrip(">") if proto.startswith("map<") else proto
+
+
+def encoding_change(old: str, new: str) -> str:
+    """Why payloads written with a field of ``.proto`` type ``old`` would not read as the
+    same values through ``new`` (see :meth:`ProtobufType.number_types`), or "" when they
+    would: another wire encoding (``int32`` and ``sint32``, ``float`` and ``double``),
+    another signedness (``int32`` and ``uint32``), or another map key type. A message
+    type on either side is not judged here: its fields are, by their own numbers, and a
+    message becoming a scalar changes the column's type."""
+    if old.startswith("map<") and new.startswith("map<") \
+            and old.split(",")[0] != new.split(",")[0]:
+        return "a map's key type cannot change"
+    groups = set(_WIRE_GROUP.values())
+    if _wire_group(old) not in groups or _wire_group(new) not in groups:
+        return ""
+    if _wire_group(old) != _wire_group(new):
+        return ("Protobuf decodes the old encoding as another value or not at all "
+                f"({_bare(old)} and {_bare(new)} are not wire-compatible)")
+    return ""
 
 
 def _wire_group(proto: str) -> str:

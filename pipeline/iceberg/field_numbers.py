@@ -29,12 +29,20 @@ from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructT
 from icefloe.errors import SchemaConflictError
 from icefloe.streams.model import StreamConfig
 from icefloe.typed.kinds import protobuf_kind
-from icefloe.typed.protobuf import ProtobufType
+from icefloe.typed.protobuf import ProtobufType, encoding_change
 from pipeline.iceberg.errors import load_table_or_none
 from pipeline.iceberg.evolution import promotable
 
 FIELDS_PROP = "icefloe.protobuf.field-numbers"
 """Table property: JSON object, field-number path → dotted column path."""
+TYPES_PROP = "icefloe.protobuf.field-types"
+"""Table property: JSON object, field-number path → the field's ``.proto`` value type
+(``int32``, ``sint64``...) as last written. Why: a column's type does not show a field's
+encoding (``int32`` and ``sint32`` both fill an ``int`` column), so without it a new
+descriptor that changes only the encoding would be taken, and every payload still queued or
+sent by an old producer would be read as another value (see
+:func:`icefloe.typed.protobuf.encoding_change`). Tables made before it have none: their
+first evolution records it."""
 
 log = logging.getLogger("icefloe.tables")
 
@@ -62,8 +70,14 @@ def numbers_property(stream: StreamConfig) -> dict[str, str]:
     (its values split across two names), and a renamed nested field would be refused as a
     struct change, parking the table for good (the simulator's ``protobuf-rename`` family
     found it: a crash at ``before_remember``)."""
-    now = number_paths(stream)
-    return {} if now is None else {FIELDS_PROP: json.dumps(now, sort_keys=True)}
+    kind = _kind(stream)
+    return {} if kind is None else _props(kind)
+
+
+def _props(kind: ProtobufType) -> dict[str, str]:
+    """The properties that remember ``kind``'s field numbers and their types."""
+    return {FIELDS_PROP: json.dumps(kind.number_paths(), sort_keys=True),
+            TYPES_PROP: json.dumps(kind.number_types(), sort_keys=True)}
 
 
 def rename_by_numbers(catalog: Catalog, stream: StreamConfig, target: Schema) -> None:
@@ -80,6 +94,7 @@ def rename_by_numbers(catalog: Catalog, stream: StreamConfig, target: Schema) ->
     stored = _stored(table)
     schema = table.schema()
     _refuse_reused_numbers(stream, schema, target, stored, kind.number_paths())
+    _refuse_encoding_changes(stream, _stored(table, TYPES_PROP), kind)
     renames = kind.renames_from(stored)
     if not renames:
         return
@@ -87,7 +102,7 @@ def rename_by_numbers(catalog: Catalog, stream: StreamConfig, target: Schema) ->
         with tx.update_schema() as update:
             for old, new in renames:
                 update.rename_column(iceberg_path(schema, old), new.rsplit(".", 1)[-1])
-        tx.set_properties({FIELDS_PROP: json.dumps(kind.number_paths(), sort_keys=True)})
+        tx.set_properties(_props(kind))
     for old, new in renames:
         log.info("table %s: renamed column %s to %s (same Protobuf field number)",
                  stream.table, old, new)
@@ -115,6 +130,22 @@ def _refuse_reused_numbers(stream: StreamConfig, schema: Schema, target: Schema,
                 "column stays)")
 
 
+def _refuse_encoding_changes(stream: StreamConfig, stored: Mapping[str, str],
+                             kind: ProtobufType) -> None:
+    """Before anything changes: a field number whose ``.proto`` type changed to another
+    encoding (see :data:`TYPES_PROP`) refuses the change, naming the field, its number and
+    both types."""
+    paths = kind.number_paths()
+    for number, new in kind.number_types().items():
+        old = stored.get(number)
+        why = encoding_change(old, new) if old is not None else ""
+        if why:
+            raise SchemaConflictError(
+                f"table {stream.table}: Protobuf field {paths[number]} (number path "
+                f"{number}) was {old} and is {new} in the new descriptor: {why}; give the "
+                "new field a new number (the old column stays)")
+
+
 def _takes(have: IcebergType, want: IcebergType) -> bool:
     """Whether a column of type ``have`` can hold a field now of type ``want`` (the same
     type, a promotion; a struct's own fields are judged by their own numbers)."""
@@ -130,17 +161,17 @@ def _takes(have: IcebergType, want: IcebergType) -> bool:
 
 def remember_numbers(catalog: Catalog, stream: StreamConfig) -> None:
     """After the table evolved: record the field-number paths its columns now hold."""
-    now = number_paths(stream)
-    if now is None:
+    kind = _kind(stream)
+    if kind is None:
         return
     table = catalog.load_table(stream.table)
-    if _stored(table) != now:
-        table.transaction().set_properties(
-            {FIELDS_PROP: json.dumps(now, sort_keys=True)}).commit_transaction()
+    if _stored(table) != kind.number_paths() \
+            or _stored(table, TYPES_PROP) != kind.number_types():
+        table.transaction().set_properties(_props(kind)).commit_transaction()
 
 
-def _stored(table: Table) -> Mapping[str, str]:
-    text = table.properties.get(FIELDS_PROP)
+def _stored(table: Table, prop: str = FIELDS_PROP) -> Mapping[str, str]:
+    text = table.properties.get(prop)
     if not text:
         return {}
     value = json.loads(text)

@@ -645,3 +645,18 @@ def test_should_plug_into_the_collectors_typed_decode(all_set: bytes) -> None:
     assert [(p, reason) for p, reason, _ in decoded.bad] == [
         (1, "payload_mismatch"), (2, "payload_format")]
     assert "string field s is not valid UTF-8" in decoded.bad[0][2]
+
+
+@pytest.mark.parametrize(("old", "new", "refused"), [
+    ("int32", "int64", False), ("sint32", "sint64", False), ("uint32", "uint64", False),
+    ("enum acme.Color", "int32", False), ("string", "bytes", False),
+    ("int32", "sint32", True), ("int32", "uint32", True), ("int64", "uint64", True),
+    ("int32", "bool", True), ("fixed32", "sfixed32", True), ("float", "double", True),
+    ("fixed64", "double", True), ("map<string, int32>", "map<int32, int32>", True),
+    ("acme.Inner", "acme.Other", False),  # a message: its fields are judged by number
+])
+def test_an_encoding_change_that_misreads_old_payloads_is_named(old, new, refused):
+    from icefloe.typed.protobuf import encoding_change
+
+    why = encoding_change(old, new)
+    assert bool(why) is refused, why

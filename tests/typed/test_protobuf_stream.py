@@ -408,6 +408,40 @@ async def test_a_field_number_reused_with_another_type_parks_the_table_unchanged
     assert "note" not in kinds
 
 
+@pytest.mark.parametrize(("old", "new"), [
+    ("int64 amount_cents = 2;", "sint64 amount_cents = 2;"),   # same long column, zigzag
+    ("int32 quantity = 2;", "sint32 quantity = 2;"),           # nested, in a list's struct
+])
+async def test_a_field_whose_encoding_changed_parks_the_table_before_old_payloads_misread(
+        tmp_path, old, new):
+    """``int64`` → ``sint64`` keeps the column a ``long``, so the column types alone do not
+    show it; queued and old producers' payloads would be read as other numbers (5 as -3).
+    The table remembers each field's .proto type and the collector refuses the change,
+    naming the field and both types; the table keeps its rows and its recorded types."""
+    from collector_support import start
+
+    from pipeline.iceberg.catalog import open_catalog
+    from pipeline.iceberg.field_numbers import TYPES_PROP
+
+    v1 = compile_proto(tmp_path / "v1", PROTO_V1)
+    config = typed_config(tmp_path, v1)
+    async with grpc_client(config) as client:
+        assert await client.publish("orders", [order(message_class(v1), 1)]) == 1
+    await collect_all(config, LocalEngine())
+    recorded = open_catalog(config.catalog).load_table("shop.orders").properties[TYPES_PROP]
+    changed = compile_proto(tmp_path / "v2", PROTO_V1.replace(old, new))
+    collector = await start(typed_config(tmp_path, changed), LocalEngine())
+    try:
+        parked = collector.bulkheads.parked["shop.orders"]
+        assert f"was {old.split()[0]} and is {new.split()[0]}" in parked.reason, parked.reason
+        assert "not wire-compatible" in parked.reason
+    finally:
+        await collector.store.close()
+    table = open_catalog(config.catalog).load_table("shop.orders")
+    assert table.properties[TYPES_PROP] == recorded
+    assert len(read_table(config, "shop.orders")) == 1
+
+
 async def test_an_event_id_field_of_the_message_deduplicates_resent_orders(tmp_path):
     """``event_id_field = "order_id"``: a producer that sends the same order again (in a new
     request, with no idempotency key) gets one row; an order without an id (proto3's empty
