@@ -116,6 +116,7 @@ class IngestorRuntime:
                 # Confluent-framed records' ids and subject streams' types: known before
                 # the first request
                 await service.writer_schemas.refresh()
+                await service.own_writers()  # single-object records' writer ids
         except BaseException:
             with contextlib.suppress(Exception):
                 await batcher.close(1.0)  # nothing was accepted: nothing to drain

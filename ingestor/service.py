@@ -77,8 +77,9 @@ class IngestService:
                                       config.ingestor.forwarded_header)
         self.registry_version = 0
         self._ulids = UlidSource()
-        self.writer_schemas = WriterSchemas(store, config.admin.registry_key)
-        """Avro writer schemas of the schema registry (Confluent-framed records)."""
+        self.writer_schemas = WriterSchemas(store, config.admin.registry_key, clock=clock)
+        """Avro writer schemas of the schema registry (Confluent-framed records), and the
+        ids single-object records are stored with."""
         self.writer_schemas.on_document = self._schemas_read
         self._served: tuple[Config, int, dict[str, str]] | None = None
         self._subjects: dict[str, tuple[StreamConfig, str | None]] = {}
@@ -149,6 +150,20 @@ class IngestService:
         self._use(effective_config(self.config, registry), registry.version, tables)
         log.info("registry version %d: streams %s", registry.version,
                  ",".join(self.streams) or "-", extra={"registry_version": registry.version})
+
+    async def own_writers(self) -> None:
+        """Keep every served Avro stream's schema in the schema registry document (the id
+        its single-object records are stored with), so the first such record need not be
+        answered 503 while it is written; a store error is logged, and those records are
+        refused (503) until a later try keeps it."""
+        for stream in list(self.streams.values()):
+            if stream.typed is None:
+                continue
+            try:
+                await stream.typed.own_writer()
+            except Exception as exc:
+                log.warning("stream %s: cannot keep its Avro schema in the schema registry "
+                            "document: %s", stream.name, exc)
 
     # -- lookups ---------------------------------------------------------------------------
 

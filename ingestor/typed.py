@@ -17,7 +17,12 @@ kept. An Avro stream takes Avro's single-object encoding
 (byte 0, the writer schema's registry id, the datum): the writer schema comes from the
 schema registry (:mod:`ingestor.writer_schemas`) and must be one the stream's schema can
 read by Avro's resolution rules; the record keeps its id, so the collector reads it with
-that writer schema. For a subject stream, that id must be a version of its subject.
+that writer schema. For a subject stream, that id must be a version of its subject. A
+single-object record is stored with the registry id of the stream's schema, which the
+ingestor keeps in the registry document before it accepts the first such record (503
+``schema_not_yet_known`` until then). The ingest service never stores one with 0, which
+the collector reads as whatever schema the stream has when it decodes: a record queued
+across a schema change would be read with the wrong writer (fields swapped, cut short).
 
 A subject stream whose subject has no version yet (its producer has not registered it)
 answers 503 ``schema_not_yet_known`` while the ingestor reads the registry again: the
@@ -58,6 +63,8 @@ class TypedDoor:
         self.code = FORMAT_PROTOBUF if config.format == "protobuf" else FORMAT_AVRO
         self.subject = config.schema.subject if config.schema is not None else None
         self._fingerprint = b""
+        self._own: int | None = None
+        """The registry id single-object records are stored with, once known."""
         self._message_index: list[int] = []
         self.pending = bool(self.subject) and not (config.schema and config.schema.text)
         """A subject stream whose subject had no version when this door was built."""
@@ -66,6 +73,10 @@ class TypedDoor:
         self.kind: ProtobufType | AvroType = stream_kind(config)
         if self.code == FORMAT_AVRO:
             self._fingerprint = self._avro().fingerprint()
+            if writers is not None:  # kept in the registry document before it is needed
+                self._own = writers.own_id(self._avro().text)
+                if self._own is not None:
+                    self._readable[self._own] = self._avro()
         elif self.subject:
             self._message_index = message_index(self._protobuf())
 
@@ -151,7 +162,34 @@ class TypedDoor:
                 f"the payload's schema fingerprint {got} is not this stream's "
                 f"({self._fingerprint.hex()}): it was written with another schema")
         kind.check(body, kind)
-        return body, 0
+        return body, self._own_id()
+
+    def _own_id(self) -> int:
+        """The writer id of a single-object record: the registry id of the stream's schema
+        (:meth:`WriterSchemas.own_id`); 503 while it is not known to be in the registry
+        document. A door without a registry (tests, benchmarks: never the ingest service)
+        answers 0, the stream's own schema as the collector has it."""
+        if self._own is not None:
+            return self._own
+        if self._writers is None:
+            return 0
+        found = self._writers.own_id(self._avro().text)
+        if found is None:
+            raise Unavailable(
+                f"stream {self.name!r}: its Avro schema (fingerprint "
+                f"{self._fingerprint.hex()}) is not yet kept in the schema registry "
+                "document, which single-object records are stored by (the ingestor is "
+                "writing it): retry", code="schema_not_yet_known", retry_after_s=1.0)
+        self._own = found
+        self._readable[found] = self._avro()
+        return found
+
+    async def own_writer(self) -> None:
+        """Keep an Avro stream's schema in the registry document now (the ingest service,
+        before it serves: its first single-object record need not wait)."""
+        if self.pending or self.code != FORMAT_AVRO or self._writers is None:
+            return
+        await self._writers.record(self._avro().text)
 
     def _protobuf_framed(self, payload: bytes) -> tuple[bytes, int]:
         """A Confluent-framed Protobuf message of a subject stream: the bare message and

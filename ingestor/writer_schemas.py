@@ -9,6 +9,16 @@ again. An id at or below the highest known that is not in the document was never
 registered, nor is one still missing after a read that started after it was first asked
 for: that is the client's error, 400 (so a wrong id is never retried forever). Ids are
 never reused and a schema never changes, so what is cached stays true.
+
+The same document keeps the writer schema of an Avro stream's single-object records: a
+single-object record names its writer only by a fingerprint, and the envelope's 4-byte
+schema id cannot hold one, so the ingestor keeps the stream's own schema in the document
+(:meth:`WriterSchemas.record`, a compare-and-swap that adds it under a new id unless it is
+there already) and stores each such record with that id, never with 0. The id is known
+durable before the first record that carries it is accepted; until then such a record is
+answered 503 (retry). A record once in the document is never changed or removed, so the
+collector reads every queued record with the exact schema it was accepted under, however
+the stream's schema changes later.
 """
 
 from __future__ import annotations
@@ -18,9 +28,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.registry.subjects import subject_ids
 from icefloe.schemas.model import SchemaDocument
-from icefloe.schemas.store import SchemaStore, schema_key
+from icefloe.schemas.store import Candidate, SchemaStore, schema_key
 from icefloe.store.base import AsyncObjectStore
 
 log = logging.getLogger("icefloe.ingestor")
@@ -35,8 +46,12 @@ class NotYetKnown(Exception):
 class WriterSchemas:
     """Registry id → (schema type, schema text), refreshed on demand."""
 
-    def __init__(self, store: AsyncObjectStore, registry_key: str) -> None:
-        self._store = SchemaStore(store, schema_key(registry_key))
+    def __init__(self, store: AsyncObjectStore, registry_key: str, clock: Clock = SYSTEM
+                 ) -> None:
+        self._store = SchemaStore(store, schema_key(registry_key), clock=clock)
+        self._own: dict[str, int] = {}
+        """A stream's own Avro schema (its canonical text) → its id in the document."""
+        self._recording: dict[str, asyncio.Task[None]] = {}
         self._known: dict[int, tuple[str, str, bool]] = {}
         self._highest = 0
         self._refreshing: asyncio.Task[None] | None = None
@@ -100,3 +115,57 @@ class WriterSchemas:
         self._missing |= {i for i in asked if i not in self._known}
         self.document = doc
         self.on_document(doc)
+
+    def own_id(self, canonical: str) -> int | None:
+        """The id an Avro stream's single-object records are stored with: the id of the
+        stream's schema (``canonical``: :attr:`icefloe.typed.avro.AvroType.text`) in the
+        document, once it is known to be there; None until then (a :meth:`record` starts,
+        and a later call answers)."""
+        found = self._own.get(canonical)
+        if found is not None:
+            return found
+        if self.document is not None:
+            record = next((r for r in self.document.schemas if r.schema_type == "AVRO"
+                           and not r.references and r.canonical == canonical), None)
+            if record is not None:
+                self._own[canonical] = record.id
+                return record.id
+        self.record_soon(canonical)
+        return None
+
+    def record_soon(self, canonical: str) -> None:
+        """Start one :meth:`record` of ``canonical`` unless one is running."""
+        if canonical in self._own:
+            return
+        running = self._recording.get(canonical)
+        if running is None or running.done():
+            with contextlib.suppress(RuntimeError):  # no running loop: the next call retries
+                self._recording[canonical] = asyncio.get_running_loop().create_task(
+                    self._record_logged(canonical), name="writer-schema-record")
+
+    async def _record_logged(self, canonical: str) -> None:
+        try:
+            await self._keep(canonical)
+        except Exception as exc:  # a store error: the next single-object record retries
+            log.warning("cannot keep an Avro stream's schema in the schema registry "
+                        "document (%s): its single-object records are answered 503 until "
+                        "it is kept: %s", self._store.key, exc)
+
+    async def record(self, canonical: str) -> int:
+        """Make sure the Avro schema ``canonical`` is in the registry document (added under
+        a new id by compare-and-swap unless there: written once, never changed); its id."""
+        found = self._own.get(canonical)
+        if found is not None:
+            return found
+        running = self._recording.get(canonical)
+        if running is not None and not running.done():
+            await asyncio.shield(running)  # it logs its own error: then try again here
+            found = self._own.get(canonical)
+            if found is not None:
+                return found
+        return await self._keep(canonical)
+
+    async def _keep(self, canonical: str) -> int:
+        schema_id = await self._store.keep(Candidate("AVRO", canonical))
+        self._own[canonical] = schema_id
+        return schema_id

@@ -289,6 +289,31 @@ class SchemaStore:
         await self._update(change)
         return result[0]
 
+    async def keep(self, candidate: Candidate) -> int:
+        """The id of ``candidate``, kept under a new id (no subject, no compatibility
+        check) unless the document already has it: the schema an ingestor stores an Avro
+        stream's single-object records with (:mod:`ingestor.writer_schemas`). Like every
+        record, it is never changed or removed, so the id names that text for as long as
+        records of it may be queued; registering the same schema under a subject later
+        gives it this id."""
+        result: list[int] = []
+
+        def change(doc: SchemaDocument) -> SchemaDocument | None:
+            result.clear()
+            parsed = self.candidate(doc, candidate)
+            record = self._same(doc, parsed, candidate.references)
+            if record is not None:
+                result.append(record.id)
+                return None
+            record = SchemaRecord(doc.next_id, parsed.schema_type, candidate.schema,
+                                  parsed.canonical, candidate.references, self.clock.time())
+            result.append(record.id)
+            return msgspec.structs.replace(doc, schemas=(*doc.schemas, record),
+                                           next_id=doc.next_id + 1)
+
+        await self._update(change)
+        return result[0]
+
     async def delete_subject(self, subject: str, *, permanent: bool) -> list[int]:
         """Soft delete every live version, or (``permanent``, after a soft delete) remove
         the subject; the version numbers deleted."""

@@ -107,7 +107,12 @@ class TypedSpec(msgspec.Struct, frozen=True):
     """A ``format = "protobuf"`` or ``"avro"`` stream's type as plain data (#39): what the
     executors decode its binary payloads with. ``text`` is the config's (base64 descriptor
     set, or the Avro reader schema); ``writers`` the Avro writer schemas by the schema id
-    the envelope names (0: ``text`` itself)."""
+    the envelope names: the schema registry's (:func:`with_avro_writers`), which is also
+    where an ingestor keeps the schema of every single-object record it accepts, so each
+    record is read with the exact schema it was written with. 0 is ``text`` itself: what
+    ingestors before that wrote for a single-object record (read with the stream's schema
+    of the moment, right only while it has not changed), and what tools that frame records
+    themselves (benchmarks) write."""
 
     format: str
     text: str
@@ -295,8 +300,10 @@ def with_template_cases(spec: RunSpec,
 def with_avro_writers(spec: RunSpec, writers: Mapping[int, str]) -> RunSpec:
     """``spec`` with every Avro stream able to read records written with any of
     ``writers`` (the schema registry's Avro schemas by id, read after the run's entries:
-    an ingestor accepted a record only with an id it had read, so every id a run holds is
-    among them). Id 0 stays the stream's own schema."""
+    an ingestor accepted a record only with an id it had read or written, the stream's own
+    schema of its single-object records included, so every id a run holds is among them;
+    one that is not is dead-lettered as ``unknown_schema``, never read with another
+    schema). Id 0 stays the stream's own schema (see :class:`TypedSpec`)."""
     if not writers:
         return spec
     extra = tuple(sorted(writers.items()))

@@ -93,7 +93,9 @@ def _avro(rows: Rows, plan: TypedPlan, positions: np.ndarray,
     for position, schema_id in zip(positions[~known], ids[~known], strict=True):
         bad.append((int(position), "unknown_schema",
                     f"stream {rows.stream!r}: writer schema id {int(schema_id)} is not one of "
-                    "the stream's schemas"))
+                    "the stream's schemas (not an Avro schema without references in the "
+                    "schema registry document this run read, where the ingestor kept the "
+                    "record's writer schema): the record is not read with another schema"))
     positions, ids = positions[known], ids[known]
     kinds = {int(i): avro_kind(writers[int(i)]) for i in np.unique(ids)}
     if not len(positions):

@@ -73,6 +73,23 @@ async def test_history_is_never_rewritten(tmp_path: Path) -> None:
     assert await schemas.read() == before  # nothing written
 
 
+async def test_keep_adds_a_schema_under_no_subject_once(tmp_path: Path) -> None:
+    """What an ingestor keeps an Avro stream's schema with: one id per schema, written
+    once, the id a later registration under a subject takes."""
+    schemas = SchemaStore(open_async_store(tmp_path.as_uri()), clock=ManualClock(start=5.0))
+    text = record('{"name":"a","type":"int"}')
+    assert await schemas.register("a", Candidate("AVRO", '"int"')) == (1, 1)
+    assert await schemas.keep(Candidate("AVRO", text)) == 2
+    kept = await schemas.read()
+    assert (kept.next_id, kept.schemas[1].registered_at) == (3, 5.0)
+    assert [s.name for s in kept.subjects] == ["a"]
+    spaced = text.replace(",", ", ")
+    assert await schemas.keep(Candidate("AVRO", spaced)) == 2  # the same schema: no write
+    assert await schemas.read() == kept
+    assert await schemas.keep(Candidate("AVRO", '"int"')) == 1  # a subject's: its id
+    assert await schemas.register("b", Candidate("AVRO", text)) == (2, 1)
+
+
 async def test_identity_is_canonical(tmp_path: Path) -> None:
     schemas = SchemaStore(open_async_store(tmp_path.as_uri()))
     spaced = '{ "fields": [ {"type": "int", "name": "a"} ], "name": "R", "type": "record" }'

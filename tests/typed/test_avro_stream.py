@@ -140,7 +140,7 @@ async def test_records_of_three_schema_versions_land_in_one_table(tmp_path, spar
             assert posted.status_code == 202, posted.text
     stored = await stored_events(config.store.url)
     assert {e.format for e in stored} == {2}
-    assert len({e.schema_id for e in stored}) == 4  # three registry ids and the file's 0
+    assert len({e.schema_id for e in stored}) == 4  # three registry ids, the file schema's
     await collect_all(config, output_engine(spark, "embedded"))
     from pipeline.iceberg.catalog import open_catalog
 
