@@ -317,17 +317,77 @@ def _decimal(unscaled: int, scale: int) -> Any:
 # -- the per-row path: fastavro, body by body ----------------------------------------------
 
 
+def _keeping_symbols(reader: AvroType, writer: AvroType) -> Any:
+    """``reader``'s schema for fastavro with every enum also holding the symbols the
+    writer's enum of the same name (or an alias) has and it lacks.
+
+    Why: an enum column is text, and a symbol the reader's enum lacks is kept as the
+    writer wrote it (the columnar path reads the writer's symbol); fastavro would give the
+    reader's ``default`` instead, so the same symbol would land as two values depending on
+    which path a batch took (a map in the writer schema takes this one)."""
+    key = (reader.text, writer.text)
+    found = _KEEPING.get(key)
+    if found is not None:
+        return found
+    import fastavro  # optional dep: the avro stream format
+
+    extra = {name: named["symbols"] for name, named in
+             writer.fast.get("__named_schemas", {}).items()
+             if isinstance(named, dict) and named.get("type") == "enum"}
+    schema = json.loads(json.dumps(reader.schema))  # a copy to widen
+    widened = bool(extra) and _widen(schema, "", extra)
+    found = fastavro.parse_schema(schema) if widened else reader.fast
+    if len(_KEEPING) > 64:
+        _KEEPING.clear()
+    _KEEPING[key] = found
+    return found
+
+
+_KEEPING: dict[tuple[str, str], Any] = {}
+
+
+def _widen(node: Any, namespace: str, extra: Mapping[str, list[str]]) -> bool:
+    """Add ``extra``'s symbols to every enum below ``node`` (by full name or alias), in
+    place; whether any changed."""
+    if isinstance(node, list):
+        return any([_widen(item, namespace, extra) for item in node])
+    if not isinstance(node, dict):
+        return False
+    kind = node.get("type")
+    if kind in ("record", "error", "enum", "fixed"):
+        name = str(node.get("name", ""))
+        space = str(node.get("namespace", namespace)) if "." not in name \
+            else name.rsplit(".", 1)[0]
+        full = name if "." in name or not space else f"{space}.{name}"
+        if kind == "enum":
+            names = [full] + [a if "." in a or not space else f"{space}.{a}"
+                              for a in node.get("aliases", [])]
+            more = [sym for n in names for sym in extra.get(n, [])
+                    if sym not in node["symbols"]]
+            if more:
+                node["symbols"] = [*node["symbols"], *dict.fromkeys(more)]
+                return True
+            return False
+        return any([_widen(f.get("type"), space, extra) for f in node.get("fields", [])])
+    changed = False
+    for child in ("type", "items", "values"):
+        if child in node and isinstance(node[child], dict | list):
+            changed = _widen(node[child], namespace, extra) or changed
+    return changed
+
+
 def _row_group(reader: AvroType, writer: AvroType, bodies: list[bytes], schema: pa.Schema
                ) -> tuple[pa.Table, Bad]:
     from fastavro import schemaless_reader  # optional dep: the avro stream format
 
     fix = _fixer(reader.value)
+    keeping = _keeping_symbols(reader, writer)
     rows: list[Any] = []
     bad: Bad = []
     for index, body in enumerate(bodies):
         stream = io.BytesIO(body)
         try:
-            row = schemaless_reader(stream, writer.fast, reader.fast)
+            row = schemaless_reader(stream, writer.fast, keeping)
             if stream.tell() != len(body):
                 check(body, writer)  # raises, saying how many bytes are left
             rows.append(fix(row) if fix is not None else row)

@@ -485,3 +485,33 @@ def test_a_batchs_bodies_as_one_arrow_array_decode_on_the_vectorised_path(
     assert bad == []
     assert table.equals(expected)
     assert table.column("i").to_pylist() == list(range(2500))
+
+
+@pytest.mark.parametrize("where", ["top", "nested", "aliased"])
+def test_a_symbol_the_readers_enum_lacks_is_kept_as_written_on_both_paths(where: str) -> None:
+    """A newer writer's enum symbol (``PURPLE``) that the reader's enum lacks, though the
+    reader's has a ``default``: kept as the writer wrote it on the columnar path and on the
+    per-row path (which a writer schema with a map takes); fastavro alone gave the
+    default there, so the same symbol landed as two values."""
+    def enum(symbols: list[str], **more: Any) -> dict[str, Any]:
+        return {"type": "enum", "name": "Colour", "symbols": symbols, **more}
+
+    def schema(colour: dict[str, Any]) -> dict[str, Any]:
+        field = {"name": "c", "type": colour} if where != "nested" else {
+            "name": "c", "type": {"type": "record", "name": "Inner", "fields": [
+                {"name": "v", "type": colour}]}}
+        return {"type": "record", "name": "T", "namespace": "acme", "fields": [
+            field, {"name": "n", "type": "long"}]}
+
+    writer = AvroType(schema(enum(["RED", "PURPLE"])))
+    reader_enum = enum(["RED"], default="RED")
+    if where == "aliased":
+        reader_enum = {**reader_enum, "name": "Color", "aliases": ["Colour"]}
+    reader = AvroType(schema(reader_enum))
+    value = {"v": "PURPLE"} if where == "nested" else "PURPLE"
+    bodies = [encode(writer, {"c": value, "n": 1})]
+    arrow = reader_arrow_schema(reader)
+    vectorised = avro_arrow._vectorised_group(reader, writer, bodies, arrow)
+    per_row, bad = avro_arrow._row_group(reader, writer, bodies, arrow)
+    assert bad == []
+    assert per_row.to_pylist() == vectorised.to_pylist() == [{"c": value, "n": 1}]
