@@ -278,7 +278,17 @@ class ProtobufType:
         if parsed.ByteSize() == size:  # no unknown field at any depth: the common case
             return
         parsed = self._class.FromString(payload)  # a newer producer's fields, or ...
-        if _misplaced(parsed):  # ... a known number upb kept as unknown: a wrong wire type
+        found = _misplaced(parsed)
+        if found is not None:  # ... a known number upb kept as unknown
+            field, value, wire = found
+            if wire == 0 and field.enum_type is not None and field.enum_type.is_closed:
+                raise TypedPayloadError(
+                    f"{self.full_name}: field {field.name} holds {value}, which is not a "
+                    f"value of the closed (proto2) enum {field.enum_type.full_name}: proto2 "
+                    "drops unknown values of a closed enum, so it cannot be stored; add the "
+                    "value to the enum in the stream's descriptor (or make the enum open: "
+                    "proto3, or editions' enum_type = OPEN)", field=field.name)
+            # ... else a value sent with another wire type
             problem = _WireCheck(payload, self._checked_utf8).problem(self.descriptor)
             raise problem or TypedPayloadError(
                 f"{self.full_name}: a field has another wire type than its declared type")
@@ -444,26 +454,34 @@ class ProtobufType:
                                   + "; ".join(problems))
 
 
-def _misplaced(message: Message) -> bool:
-    """Whether ``message`` (or one it holds) keeps an unknown field under a number its type
-    declares: how upb stores a value sent with another wire type. Unknown fields under
-    other numbers are a newer producer's, and fine. Why not walk the bytes: only the
-    message fields that are set are visited, through upb (a few microseconds a payload)."""
+def _misplaced(message: Message) -> tuple[Any, Any, int] | None:
+    """The first field of ``message`` (or of one it holds) that keeps an unknown value under
+    a number its type declares, with that value and its wire type: how upb stores a value
+    sent with another wire type, or a proto2 closed enum's value the enum lacks. None when
+    there is none:
+    unknown fields under other numbers are a newer producer's, and fine. Why not walk the
+    bytes: only the message fields that are set are visited, through upb (a few
+    microseconds a payload)."""
     unknown = unknown_fields.UnknownFieldSet(message)
     descriptor: Any = message.DESCRIPTOR  # the stubs: a union of the upb and Python types
     if len(unknown):
         known = descriptor.fields_by_number
-        if any(unknown[i].field_number in known for i in range(len(unknown))):
-            return True
+        for i in range(len(unknown)):
+            if unknown[i].field_number in known:
+                return (known[unknown[i].field_number], unknown[i].data,
+                        unknown[i].wire_type)
     for name, shape in _message_fields(descriptor):
         if shape == _SINGULAR:
-            if message.HasField(name) and _misplaced(getattr(message, name)):
-                return True
+            found = _misplaced(getattr(message, name)) if message.HasField(name) else None
+            if found is not None:
+                return found
         else:
             values = getattr(message, name)
-            if any(_misplaced(v) for v in (values.values() if shape == _MAP else values)):
-                return True
-    return False
+            for value in (values.values() if shape == _MAP else values):
+                found = _misplaced(value)
+                if found is not None:
+                    return found
+    return None
 
 
 _SINGULAR, _REPEATED, _MAP = 0, 1, 2

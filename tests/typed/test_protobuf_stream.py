@@ -493,3 +493,29 @@ def test_event_id_fields_read_wrappers_defaults_and_enums_as_their_columns_do(tm
              for name in ("wrapped", "plain", "present", "kind", "text")}
     assert texts == {"wrapped": ["o-1", None], "plain": ["7", None], "present": ["0", None],
                      "kind": ["KIND_A", None], "text": ["t-1", None]}
+
+
+CLOSED_ENUM = """syntax = "proto2";
+package acme.closed.v1;
+enum C { A = 1; B = 2; }
+message M { optional C c = 1; repeated C cs = 2; optional string s = 3; }
+"""
+
+
+def test_a_closed_enums_unknown_value_is_refused_naming_the_enum(tmp_path):
+    """proto2 drops a closed enum's value it lacks into the unknown fields (it cannot be
+    stored); the refusal says so, naming the field and the enum, not a wire-type error."""
+    from icefloe.typed.codec import TypedPayloadError
+    from icefloe.typed.protobuf import ProtobufType
+
+    descriptor_set = compile_proto(tmp_path, CLOSED_ENUM)
+    kind = ProtobufType.from_descriptor_set(descriptor_set.read_bytes(), "acme.closed.v1.M")
+    kind.check(b"\x08\x02")  # B: a value of the enum
+    for payload, field in ((b"\x08\x07", "c"), (b"\x10\x01\x10\x09", "cs")):
+        with pytest.raises(TypedPayloadError, match=rf"field {field} holds 7|field {field} "
+                                                    r"holds 9") as refused:
+            kind.check(payload)
+        assert "closed (proto2) enum acme.closed.v1.C" in str(refused.value)
+    with pytest.raises(TypedPayloadError, match="encoded as varint, but the payload has a "
+                                                "32-bit value"):
+        kind.check(b"\x1a\x01x" + b"\x0d\x01\x00\x00\x00")  # field 1 as fixed32
