@@ -97,9 +97,10 @@ class DynamicTables:
 
     def admit(self, target: Target, rows: pa.Table, named: Named
               ) -> tuple[list[tuple[str, pa.Table]], list[Refused]]:
-        """``rows`` (in run order) per table ``named`` gives them, in order of first row,
-        the tables past ``max_tables`` left out; and the refused rows with their rules and
-        messages (those a rule refused, in run order, then those over the limit). Both
+        """``rows`` (in run order) per table ``named`` gives them, in order of each table's
+        first event in the manifest, the tables past ``max_tables`` left out; and the
+        refused rows with their rules and messages (those a rule refused, in run order,
+        then those over the limit). Both
         output paths decide here: the embedded one on its rows, the cluster one on the
         keys (:mod:`collector.cluster_dynamic`)."""
         sink, limits = target.sink, self.limits_of(target)
@@ -123,11 +124,13 @@ class DynamicTables:
         sizes = dict(zip(counts.field("values").to_pylist(),
                          counts.field("counts").to_pylist(), strict=True))
         taken = rows.take(order)
-        out, over, start = [], [], 0
+        parts, start = [], 0
         for index, name in enumerate(encoded.dictionary.to_pylist()):
             size = sizes[index]
-            part = taken.slice(start, size)
+            parts.append((name, taken.slice(start, size)))
             start += size
+        out, over = [], []
+        for name, part in _by_first_sequence(parts):
             if name in existing or room > 0:
                 room -= name not in existing
                 existing.add(name)  # counted from its admission: made before its rows
@@ -142,6 +145,19 @@ class DynamicTables:
             refused_rules.append((left, pa.array(["max_tables"] * left.num_rows),
                                   pa.array([message] * left.num_rows)))
         return out, refused_rules
+
+
+def _by_first_sequence(parts: list[tuple[str, pa.Table]]) -> list[tuple[str, pa.Table]]:
+    """``parts`` (a table name and its rows each) in the order of each one's first event in
+    the manifest (its smallest ``_sequence``), ties kept in order. Why: the rows come in
+    the engine's partition order, which is not the manifest's; admitted by first row,
+    ``max_tables`` would let in other tables than the cluster path, which orders the keys
+    by sequence, and other tables on a rerun of the same entries."""
+    if not parts or "_sequence" not in parts[0][1].column_names:
+        return parts
+    firsts = [pc.min(part.column("_sequence")).as_py() for _, part in parts]
+    order = sorted(range(len(parts)), key=lambda i: (firsts[i] is None, firsts[i] or 0, i))
+    return [parts[i] for i in order]
 
 
 def concrete(target: Target, table: str) -> Target:

@@ -294,3 +294,29 @@ async def test_should_list_a_templates_tables_in_icefloe_tables(config: Config) 
         ("tenants.events_a", "events", 1), ("tenants.events_b", "events", 1),
         ("icefloe.dead_letters", None, 1)]
     await collector.store.close()
+
+
+def test_should_admit_new_tables_in_the_order_of_their_first_event_in_the_manifest(
+        tmp_path: Path) -> None:
+    """Rows come in the engine's partition order, not the manifest's: with room for one
+    more table, the table whose first event came first in the manifest is admitted (as the
+    cluster path, which orders keys by sequence, admits it), whatever the rows' order."""
+    import pyarrow as pa
+
+    from collector.dynamic import DynamicTables as Tables
+    from collector.routing import Target
+    from icefloe.registry.model import Sink, Source
+    from pipeline.table_names import table_names
+
+    limits = DynamicTables(max_tables=1, max_name_length=20)
+    sink = Sink(name="events", table=TENANTS.table, columns=TENANTS.columns,
+                dynamic_tables=limits)
+    target = Target(Source(id="events", sinks=(sink,)), sink)
+    rows = pa.table({"tenant": ["late", "early", "late"], "n": [1, 2, 3],
+                     "url": ["", "", ""], "_sequence": [9, 4, 10]})
+    tables = Tables(lambda: None)  # type: ignore[arg-type,return-value]
+    tables.existing["tenants"] = set()
+    named = table_names(TENANTS.table, TENANTS.columns, limits, rows)
+    parts, refused = tables.admit(target, rows, named)
+    assert [name for name, _ in parts] == ["tenants.events_early"]
+    assert [r[0].column("n").to_pylist() for r in refused] == [[1, 3]]
