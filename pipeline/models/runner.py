@@ -41,6 +41,7 @@ from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
 from pipeline.iceberg.catalog import open_catalog
+from pipeline.iceberg.commit import SEQUENCE_PROP
 from pipeline.iceberg.evolution import EvolutionError
 from pipeline.models.audit import run_audits
 from pipeline.models.bind import (
@@ -194,6 +195,11 @@ def _run_one(spark: SparkSession, project: Project, config: Config, catalog: Cat
         # Redriven rows sit below the watermarks: only a full recompute includes them.
         marks, fresh, note = {}, True, "recomputed in full after a dead-letter redrive"
         binding = bind_model(spark, project, config, model, marks)
+    elif marks and previous is not None:
+        why = _not_incremental(project, model, binding, previous)
+        if why:
+            marks, fresh, note = {}, True, f"recomputed in full: {why}"
+            binding = bind_model(spark, project, config, model, marks)
     digest = model_hash(project, model)
     if (not full_refresh and previous is not None and previous.sql_hash == digest
             and previous.sources == binding.sources):
@@ -273,6 +279,86 @@ def check_unique_key(model: Model, result: pa.Table) -> None:
         example = {k: v for k, v in duplicated.to_pylist()[0].items() if k != "count_all"}
         raise ModelError(f"model {model.name}: {duplicated.num_rows} unique_key value(s) "
                          f"occur more than once, e.g. {example}")
+
+
+def _not_incremental(project: Project, model: Model, binding: Binding,
+                     previous: RunState) -> str:
+    """Why this run of an incremental model must recompute in full, or "" when the rows
+    past the watermarks are all it needs to read. Why each:
+
+    * a source read whole (no ``_sequence``: a lookup table) changed: the rows already
+      written were computed from its old contents;
+    * an incremental source had rows replaced or deleted since the previous run (a keyed
+      table's upsert, a change stream's update or delete, a truncate): the new rows do not
+      show what left, and a replaced row's new version is a new row;
+    * a ``merge`` whose result for a key can depend on rows the new ones do not reach:
+      ``HAVING``, ``QUALIFY``, a window, ``LIMIT``, or a join of two incremental sources
+      (a new row of one meets old rows of the other, which the new rows alone never join).
+    """
+    for key, pin in binding.pins.items():
+        if key != pin.identifier:
+            continue  # time-travelled: pinned by the SQL itself
+        before = previous.sources.get(key)
+        if pin.new_view is None and before is not None and pin.snapshot_id != before:
+            return f"{pin.identifier} is read whole (no _sequence) and changed"
+        if pin.new_view is not None and rows_replaced_since(pin.table, before):
+            return (f"{pin.identifier} had rows replaced or deleted since the last run (an "
+                    "upsert, a change stream's update or delete, a truncate)")
+    if model.materialized == "merge":
+        incremental = sorted(binding.incremental())
+        if len(incremental) > 1:
+            return (f"a merge reading {len(incremental)} incremental sources "
+                    f"({', '.join(incremental)}) recomputes in full: a new row of one "
+                    "meets old rows of the others")
+        shape = key_dependent_shape(project, model)
+        if shape:
+            return (f"a merge with {shape} recomputes in full: a key's result can depend "
+                    "on rows the new ones do not reach")
+    return ""
+
+
+def key_dependent_shape(project: Project, model: Model) -> str:
+    """The first construct of ``model`` (or of a view it reads) that makes a key's result
+    depend on more than that key's new rows, or ""."""
+    from sqlglot import exp  # lazy: only incremental runs
+
+    seen: set[str] = set()
+    trees = [model.tree]
+    while trees:
+        tree = trees.pop()
+        for kind, name in ((exp.Having, "HAVING"), (exp.Qualify, "QUALIFY"),
+                           (exp.Window, "a window function"), (exp.Limit, "LIMIT"),
+                           (exp.Offset, "OFFSET")):
+            if tree.find(kind) is not None:
+                return name
+        for table in tree.find_all(exp.Table):
+            name = ".".join(p for p in (table.db, table.name) if p)
+            upstream = project.models.get(name)
+            if upstream is not None and not upstream.stored and name not in seen:
+                seen.add(name)
+                trees.append(upstream.tree)
+    return ""
+
+
+def rows_replaced_since(table: Any, snapshot_id: int | None) -> bool:
+    """Whether a commit to ``table`` after ``snapshot_id`` replaced or deleted rows: an
+    ``overwrite`` or ``delete`` snapshot, except a compaction (same rows, which carries its
+    parent's ``icefloe.sequence``). Walks back to ``snapshot_id`` (or where expiry cut the
+    log)."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None and snapshot.snapshot_id != snapshot_id:
+        summary = snapshot.summary
+        operation = str(summary.operation.value) if summary is not None else ""
+        parent_id = snapshot.parent_snapshot_id
+        parent = table.snapshot_by_id(parent_id) if parent_id is not None else None
+        if operation in ("overwrite", "delete"):
+            mine = summary.additional_properties.get(SEQUENCE_PROP) if summary else None
+            theirs = parent.summary.additional_properties.get(SEQUENCE_PROP) \
+                if parent is not None and parent.summary is not None else None
+            if mine is None or mine != theirs:
+                return True
+        snapshot = parent
+    return False
 
 
 def _redriven(binding: Binding, previous: RunState) -> bool:

@@ -59,6 +59,7 @@ _ALIASES = {"kind": "materialized"}  # OndatraSQL's name -> ours
 _HEADER_LINE = re.compile(r"^--\s*(@?)([A-Za-z_]+)\s*:\s*(.*?)\s*$")
 _DIRECTIVE = re.compile(r"^\s*--\s*@(\S*)")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EQUALS = re.compile(r"^--\s*@?([A-Za-z_]+)\s*=")
 
 
 class ModelError(IcefloeError):
@@ -264,6 +265,10 @@ def _settings(label: str, header: list[tuple[int, str]]
             if directive is not None:
                 raise ModelError(f"{label}: directive `-- @{directive.group(1)}` is not "
                                  f"understood: write `-- @key: value` ({_known()})")
+            equals = _EQUALS.match(line)
+            if equals is not None and _is_key(equals.group(1)):
+                raise ModelError(f"{label}: header line {line!r} (line {number}) is not "
+                                 f"read: write `-- {equals.group(1)}: value`")
             continue  # free-text comment
         at, written = match.group(1), match.group(2).lower()
         key = _ALIASES.get(written, written) if at else written
@@ -286,11 +291,24 @@ def _known() -> str:
             + ", ".join(f"@{k}" for k in _KEYS if k != "materialized"))
 
 
+def _is_key(word: str) -> bool:
+    lowered = word.lower()
+    return lowered in _KEYS or lowered in _ALIASES
+
+
 def _refuse_body_directives(label: str, body: str) -> None:
-    """A ``-- @key: value`` line below the SQL's first line would be ignored: refuse it."""
+    """A ``-- @…`` directive or a ``-- key: value`` header line below the SQL's first
+    line would be ignored (the model silently a ``view``): refuse it. The header is the
+    leading ``--`` lines: a ``/* … */`` comment before them ends it."""
     for number, line in enumerate(body.splitlines(), start=1):
         directive = _DIRECTIVE.match(line)
-        if directive is not None and _HEADER_LINE.match(line.strip()):
+        if directive is not None:
             raise ModelError(f"{label}: directive `-- @{directive.group(1).rstrip(':')}` "
                              f"below the SQL (line {number} of the query) is not read; "
                              "directives go in the header, before the SQL")
+        match = _HEADER_LINE.match(line.strip())
+        if match is not None and _is_key(match.group(2)):
+            raise ModelError(f"{label}: header key `-- {match.group(2)}:` below the start of "
+                             f"the query (line {number} of it) is not read; the header is the "
+                             "file's leading `--` lines (a `/* */` comment or SQL before "
+                             "them ends it)")

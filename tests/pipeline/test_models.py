@@ -893,3 +893,82 @@ def test_should_refuse_an_incompatible_change_and_commit_nothing(
         in outcome.reason
     table = open_catalog(lake.catalog).load_table("mart.e")
     assert (table.metadata.metadata_log, table.schema(), last_run(table)) == was
+
+
+# ------------------------------- merges the new rows alone cannot recompute: in full (#37)
+
+
+def test_should_recompute_a_merge_with_having_in_full(spark: Any, lake: Config,
+                                                      tmp_path: Path) -> None:
+    """``HAVING count(*) >= 3``: a url with two old views and two new ones has 4, but only
+    2 among the new rows; recomputed from the new rows' keys it would never appear."""
+    folder = tmp_path / "models"
+    write_model(folder, "popular", "-- materialized: merge\n-- unique_key: url\n"
+                "SELECT url, count(*) AS views FROM web.pageviews GROUP BY url "
+                "HAVING count(*) >= 3")
+    project = prepare(folder, lake)
+    run_models(spark, project, lake)  # /a has 2 views: not yet there
+    assert target_rows(lake, "models.popular", ("url",)) == []
+    pageviews(lake, [(2, 0, "/a", 5), (2, 0, "/b", 6)])
+    outcome = run_models(spark, project, lake)[0]
+    assert outcome.reason.startswith("recomputed in full: a merge with HAVING"), outcome.reason
+    assert target_rows(lake, "models.popular", ("url",)) == [{"url": "/a", "views": 3}]
+
+
+def test_should_recompute_a_merge_joining_two_streams_in_full(spark: Any, lake: Config,
+                                                              tmp_path: Path) -> None:
+    """A new order of a session whose page views are old: the new rows of both sources
+    join nothing, so only a full recompute counts it."""
+    orders(lake, 1, 0)
+    folder = tmp_path / "models"
+    write_model(folder, "joined", "-- materialized: merge\n-- unique_key: url\n"
+                "SELECT p.url, count(o.order_id) AS orders FROM web.pageviews p "
+                "JOIN shop.orders o ON o.customer_id = p.user_id GROUP BY p.url")
+    project = prepare(folder, lake)
+    run_models(spark, project, lake)
+    assert target_rows(lake, "models.joined", ("url",)) == []
+    stream = lake.stream("orders")
+    assert stream is not None
+    table = open_catalog(lake.catalog).load_table("shop.orders")
+    table.append(pa.Table.from_pylist([{
+        "order_id": "o9", "customer_id": "u1", "amount": 1.0, "_event_id": "o9",
+        "_received_at": DAY, "_sequence": 9}], schema=table_arrow_schema(stream)))
+    outcome = run_models(spark, project, lake)[0]
+    assert "2 incremental sources" in outcome.reason, outcome.reason
+    assert target_rows(lake, "models.joined", ("url",)) == [
+        {"url": "/A", "orders": 1}, {"url": "/a", "orders": 1}]
+
+
+def test_should_recompute_in_full_when_a_source_had_rows_replaced(spark: Any, lake: Config,
+                                                                 tmp_path: Path) -> None:
+    """A row deleted from a source (a keyed table's upsert or a change stream's delete
+    commits an overwrite): the new rows do not show it left, so the model recomputes."""
+    from pyiceberg.expressions import EqualTo
+
+    folder = tmp_path / "models"
+    write_model(folder, "views", APPEND)
+    project = prepare(folder, lake)
+    assert run_models(spark, project, lake)[0].rows == 4
+    table = open_catalog(lake.catalog).load_table("web.pageviews")
+    table.delete(EqualTo("url", "/b"), snapshot_properties={"icefloe.sequence": "9"})
+    outcome = run_models(spark, project, lake)[0]
+    assert "web.pageviews had rows replaced or deleted" in outcome.reason, outcome.reason
+    urls = sorted(r["url"] for r in target_rows(lake, "mart.views", ("url",)))
+    assert urls == sorted(["/A", "/a", "/a"])
+    assert run_models(spark, project, lake)[0].state == "up to date"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("/* daily mart */\n-- materialized: merge\n-- unique_key: day\nSELECT 1 AS day",
+     "header key `-- materialized:` below the start of the query (line 2 of it)"),
+    ("-- materialized = table\nSELECT 1 AS a", "'-- materialized = table' (line 1) is "
+                                                "not read: write `-- materialized: value`"),
+    ("SELECT 1 AS a\n-- @kind merge\n", "directive `-- @kind` below the SQL"),
+])
+def test_should_refuse_a_header_that_would_make_the_model_a_silent_view(
+        tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ModelError, match=re.escape(message)):
+        parse_model(write_model(tmp_path, "m", text))
+    plain = parse_model(write_model(tmp_path, "ok", "-- a note: free text\n"
+                                    "-- the materialized mart\nSELECT 1 AS a -- keep: this\n"))
+    assert plain.materialized == "view"
