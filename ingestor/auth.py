@@ -81,6 +81,11 @@ class Credential:
         return self.streams is None or stream in self.streams
 
 
+def _identity(credential: Credential) -> tuple[object, ...]:
+    """What makes two credentials (of two registry versions) the same one."""
+    return (credential.name, credential.hash, credential.streams, credential.named)
+
+
 def credentials(config: Config) -> list[Credential]:
     """Every configured token hash (the config was validated at load)."""
     found = [Credential(t.name, parse_hash(t.hash),
@@ -116,6 +121,27 @@ class TokenAuthority:
         self._waiting = 0
         self.verifications = 0
         """Slow hash verifications run so far (tests and benchmarks read it)."""
+
+    def carry(self, earlier: TokenAuthority) -> None:
+        """Take over what ``earlier`` (the authority of the registry version before) learnt
+        that still holds: its verified tokens whose credential this configuration still
+        has for that stream, its refusals for streams whose tokens did not change, and the
+        per-client failure budgets. Why: every registry version (any admin write, a parked
+        table's retry) builds a new authority, and starting empty made every client's
+        token be verified again (a slow hash each, two at a time: 429 ``auth_busy`` for
+        many clients at once) and refilled the failure budgets."""
+        self._key = earlier._key  # the cache is keyed by its MAC of the token
+        for (stream, mac), credential in earlier._known.items():
+            same = next((c for c in self._candidates.get(stream, ())
+                         if _identity(c) == _identity(credential)), None)
+            if same is not None:
+                self._known[(stream, mac)] = same
+        for stream, mac in earlier._refused:
+            if [_identity(c) for c in self._candidates.get(stream, ())] == \
+                    [_identity(c) for c in earlier._candidates.get(stream, ())]:
+                self._refused[(stream, mac)] = None
+        self._failures = earlier._failures
+        self.verifications = earlier.verifications
 
     def protected(self, stream: str) -> bool:
         """Whether ``stream`` needs a token."""

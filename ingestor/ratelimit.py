@@ -109,7 +109,26 @@ class RateLimiter:
         self.client_limit = config.ingestor.client_rate_limit
         self.clients: OrderedDict[str, Limit] = OrderedDict()
         self.enabled = bool(self.streams or self.tokens or self.client_limit)
+        self._configured = {("stream", s.name): s.rate_limit for s in config.streams
+                            if s.rate_limit is not None}
+        self._configured.update({("token", t.name): t.rate_limit for t in config.tokens
+                                 if t.rate_limit is not None})
         self._export(config)
+
+    def carry(self, earlier: RateLimiter) -> None:
+        """Keep ``earlier``'s buckets (the registry version before) for every limit that
+        did not change, and its clients' when the client limit did not. Why: a new
+        registry version (any admin write) would otherwise refill every bucket, letting
+        each stream, token and client burst again."""
+        for scope, table in (("stream", self.streams), ("token", self.tokens)):
+            old_table = earlier.streams if scope == "stream" else earlier.tokens
+            for name in list(table):
+                same = earlier._configured.get((scope, name)) == \
+                    self._configured.get((scope, name))
+                if same and name in old_table:
+                    table[name] = old_table[name]
+        if self.client_limit == earlier.client_limit:
+            self.clients = earlier.clients
 
     def _export(self, config: Config) -> None:
         """The configured limits as a gauge (per process), so dashboards can show usage

@@ -94,6 +94,11 @@ class IngestService:
         by_table = {t: streams[name] for t, name in tables.items() if name in streams}
         auth = TokenAuthority(config, clock=self._clock)
         limits = RateLimiter(config, self.metrics, clock=self._clock.monotonic)
+        earlier: tuple[TokenAuthority, RateLimiter] | None = getattr(self, "_serving", None)
+        if earlier is not None:  # what still holds is kept (see the two carry methods)
+            auth.carry(earlier[0])
+            limits.carry(earlier[1])
+        self._serving = (auth, limits)
         self.streams, self._by_table, self.auth, self.limits = streams, by_table, auth, limits
         self.registry_version = version
         self.metrics.registry_version.set(version)

@@ -169,3 +169,36 @@ async def test_should_serve_a_registry_source_over_grpc(tmp_path: Path) -> None:
             assert info.value.code() == grpc.StatusCode.NOT_FOUND
     manifest = await read_manifest(config.store.url)
     assert [(e.streams, e.registry_version) for e in manifest.entries] == [(("clicks",), 1)]
+
+
+async def test_should_keep_verified_tokens_and_rate_buckets_across_registry_versions(
+        tmp_path: Path) -> None:
+    """A registry version that leaves a source's tokens as they were (here: a sink added)
+    keeps the tokens this ingestor verified and the buckets of unchanged rate limits: no
+    slow hash again for every client, no fresh burst. A rotation still cuts the old token
+    off at once."""
+    from icefloe.config import RateLimit
+
+    config = config_for(tmp_path)
+    limited = ops.SourceSpec(id="clicks", sinks=(URLS,), tokens=(hash_token(
+        "first", log2_n=10),), rate_limit=RateLimit(events_per_s=1, burst_s=2))
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        await change(config, lambda r: ops.create_source(r, limited))
+        await until_version(runtime, 1)
+        auth = {"authorization": "Bearer first"}
+        ok = await client.post("/v1/streams/clicks/events", json=views("x", 2), headers=auth)
+        assert ok.status_code == 202, ok.text  # the bucket (2 events) is empty now
+        verified = runtime.service.auth.verifications
+        await change(config, lambda r: ops.create_sink(r, "clicks", ops.SinkSpec(
+            name="more", table="web.more", columns=URLS.columns)))
+        await until_version(runtime, 2)
+        again = await client.post("/v1/streams/clicks/events", json=views("y", 2),
+                                  headers=auth)
+        assert again.status_code == 429, again.text  # the same bucket: still empty
+        assert runtime.service.auth.verifications == verified  # no second slow hash
+        await change(config, lambda r: ops.set_tokens(r, "clicks", (hash_token(
+            "second", log2_n=10),)))
+        await until_version(runtime, 3)
+        old = await client.post("/v1/streams/clicks/events", json=views("z", 1), headers=auth)
+        assert old.status_code == 403
