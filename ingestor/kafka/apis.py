@@ -247,6 +247,10 @@ class ProduceRequest:
     acks: int
     timeout_ms: int
     topics: list[TopicData]
+    client_throttles: bool = False
+    """Produce v6+: the client itself waits an answer's ``throttle_time_ms`` before its next
+    request (KIP-219), so a wait the answer was already held for must not be reported
+    again (the client would wait twice)."""
 
 
 def read_produce(reader: Reader, version: int) -> ProduceRequest:
@@ -273,7 +277,7 @@ def read_produce(reader: Reader, version: int) -> ProduceRequest:
     topics = reader.array(topic, "topics", compact=compact) or []
     if compact:
         reader.tagged_fields()
-    return ProduceRequest(txn, acks, timeout, topics)
+    return ProduceRequest(txn, acks, timeout, topics, client_throttles=version >= 6)
 
 
 @dataclass(slots=True)

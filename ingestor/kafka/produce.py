@@ -98,7 +98,10 @@ class ProduceHandler:
 
     async def produce(self, request: ProduceRequest, producer: Producer
                       ) -> tuple[list[tuple[str, list[PartitionResult]]], int]:
-        """Every partition's answer, in request order, and the throttle time (ms)."""
+        """Every partition's answer, in request order, and the throttle time (ms) to
+        report: for a client before Produce v6, how long the answer was held for a rate
+        limit (as a broker reports it); for v6+ (KIP-219: the client waits it itself) only
+        what the client should still wait, for a batch refused over a limit."""
         if request.transactional_id is not None:
             raise KafkaError(Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are "
                              "not served; unset transactional.id")
@@ -128,7 +131,8 @@ class ProduceHandler:
                 try:
                     entry, waited = await self._admit(topic.name, part, result, producer,
                                                       deadline)
-                    throttle += waited
+                    if not request.client_throttles:  # (a v6+ client would wait twice)
+                        throttle += waited
                     if entry is not None:
                         admitted.append(entry)
                 except KafkaError as error:

@@ -677,13 +677,23 @@ async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
         loop = asyncio.get_running_loop()
         started = loop.time()
         # one request: partition 0 empties the bucket (5 events), partition 1 waits for 3
-        waited = await conn.produce(9, {"clicks": [(0, Batch(clicks("burst", 5)).encode()),
+        # (Produce v5: a client that does not wait throttle_time_ms itself is told how
+        # long the answer was held, as a broker tells it)
+        waited = await conn.produce(5, {"clicks": [(0, Batch(clicks("burst", 5)).encode()),
                                                    (1, Batch(clicks("wait", 3)).encode())]},
                                     timeout_ms=5000)
         took = loop.time() - started
         assert [p.error for p in waited.topics["clicks"]] == [0, 0]
         assert 150 <= waited.throttle_ms <= 1000  # ~0.3 s: 3 events at 10/s
         assert took >= waited.throttle_ms / 1000 * 0.9  # the answer waited that long
+        # Produce v6+ (KIP-219): the client waits throttle_time_ms itself, so an answer
+        # already held for the limit reports none (it would wait twice)
+        started = loop.time()
+        held = await conn.produce(9, {"clicks": [(0, Batch(clicks("held", 3)).encode())]},
+                                  timeout_ms=5000)
+        assert held.partition("clicks", 0).error == 0
+        assert loop.time() - started >= 0.15  # the answer was held...
+        assert held.throttle_ms == 0  # ... and is not reported again
         # partition 0 empties the bucket if it is full again (else it times out itself);
         # either way partition 1 needs a full bucket (5 events, 0.5 s) and has 50 ms
         late = await conn.produce(9, {"clicks": [(0, Batch(clicks("late", 5)).encode()),
@@ -697,6 +707,7 @@ async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
         assert first in (0, Code.REQUEST_TIMED_OUT)
         await conn.close()
         assert sorted(await served.users()) == [f"burst{i}" for i in range(5)] + \
+            [f"held{i}" for i in range(3)] + \
             ([f"late{i}" for i in range(5)] if first == 0 else []) + \
             [f"wait{i}" for i in range(3)]
         metrics = await served.metrics()
@@ -704,8 +715,8 @@ async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
                 if name == "icefloe_ingest_requests_total"
                 and ("transport", "kafka") in labels}
     assert requests == {  # per partition batch
-        (("status", "NONE"), ("stream", "clicks"), ("transport", "kafka")): 3 if first == 0
-        else 2,
+        (("status", "NONE"), ("stream", "clicks"), ("transport", "kafka")): 4 if first == 0
+        else 3,
         (("status", "REQUEST_TIMED_OUT"), ("stream", "clicks"), ("transport", "kafka")):
         1 if first == 0 else 2}
 
