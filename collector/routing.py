@@ -14,8 +14,10 @@ Config-only mode (no registry object) is the same code over
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import msgspec
@@ -27,10 +29,11 @@ from collector.dedup import with_source
 from collector.where import WHERE_ERROR
 from icefloe.config import Column, Config, StreamConfig
 from icefloe.manifest.model import Entry
-from icefloe.registry.model import Registry, Sink, Source
+from icefloe.registry.model import Expression, Registry, Sink, Source
 from icefloe.registry.streams import routing_streams
 from icefloe.streams.dynamic_tables import is_template
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
+from icefloe.streams.mappings import sql_expression, sql_references
 from pipeline.iceberg import ARROW_TYPES
 from pipeline.load import (
     SqlCase,
@@ -43,6 +46,8 @@ from pipeline.load import (
 )
 
 ENVELOPE_COLUMNS = ("_event_id", "_received_at", "_sequence")
+
+log = logging.getLogger("icefloe.collector")
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,10 @@ class Routes:
         self.registry = registry
         self.version = registry.version
         self.decode_streams = [with_extra(s) for s in routing_streams(registry)]
+        self.decoded = {s.name: frozenset(c.name for c in s.columns)
+                        for s in self.decode_streams}
+        """Per source: the columns the decode holds (what a ``sql`` mapping can read)."""
+        self._warned: set[tuple[str, str, str, int]] = set()
         self.targets: dict[str, list[Target]] = {}
         for source in registry.sources:
             for sink in source.sinks:
@@ -249,22 +258,53 @@ class Routes:
         accepted, and the decode holds a source's union of columns (tombstones included);
         each entry must be projected with the mappings of the version it carries, so a sink
         PATCH, or a sink deleted (and re-created), changes the values of the events
-        accepted afterwards only — and a replay computes the same values."""
+        accepted afterwards only — and a replay computes the same values.
+
+        An older version's ``sql`` that reads a column no sink of the source declares any
+        more (a sink PATCH removed it, and changed the expression) is left out: its entries
+        get null in that column, as for a value Spark cannot compute, with a warning naming
+        the sink, column, version and missing column. Spark could not resolve the column,
+        so the expression would fail the run's job, and the per-column fallback would then
+        lose the column's values of *every* entry of the run (one expression per column)."""
         out: dict[str, dict[str, dict[tuple[str, str], tuple[tuple[int, int], ...]]]] = {}
         for source, seen in versions.items():
             found: dict[str, dict[tuple[str, str], list[int]]] = {}
+            decoded = self.decoded.get(source, frozenset())
             for sequence, version in seen.items():
                 for target in self.targets.get(source, []):
                     if not target.receives_at(version):
                         continue
                     for name in target.sink.expression_columns():
                         value = target.sink.expression_at(name, version)
-                        if value is not None and value.kind == kind:
-                            found.setdefault(name, {}).setdefault(
-                                (value.text, value.dialect), []).append(sequence)
+                        if value is None or value.kind != kind:
+                            continue
+                        if kind == "sql" and self._unreadable(target, name, version, value,
+                                                              decoded):
+                            continue
+                        found.setdefault(name, {}).setdefault(
+                            (value.text, value.dialect), []).append(sequence)
             out[source] = {name: {key: sequence_ranges(seqs) for key, seqs in exprs.items()}
                            for name, exprs in found.items()}
         return out
+
+    def _unreadable(self, target: Target, column: str, version: int, value: Expression,
+                    decoded: frozenset[str]) -> bool:
+        """Whether the ``sql`` ``value`` of ``column`` at ``version`` reads a column the
+        decode does not hold (see :meth:`expression_cases`); warned once per routing view."""
+        missing = sql_reads(value.text, value.dialect) - decoded - set(ENVELOPE_COLUMNS)
+        if not missing:
+            return False
+        key = (target.source.id, target.sink.name, column, version)
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("sql column %s of sink %s/%s is null for events of registry version "
+                        "%d: its expression of that version (%r) reads %s, which no sink "
+                        "of the source declares any more", column, target.source.id,
+                        target.sink.name, version, value.text[:200],
+                        ", ".join(repr(n) for n in sorted(missing)),
+                        extra={"column": column, "sink": target.sink.name,
+                               "registry_version": version})
+        return True
 
     def where_specs(self, versions: Mapping[str, Mapping[int, int]]
                     ) -> tuple[WhereSpec, ...]:
@@ -300,6 +340,17 @@ class Routes:
         if len(takers) == 1 and all(takers[0].receives_at(v) for v in versions.values()):
             return takers[0]
         return None
+
+
+@lru_cache(maxsize=256)
+def sql_reads(text: str, dialect: str) -> frozenset[str]:
+    """The columns a ``sql`` mapping reads (none when it does not even check: a registry
+    not written by this icefloe, whose column the pipeline leaves null itself)."""
+    try:
+        return frozenset(sql_references(sql_expression(
+            Column("_", "string", sql=text, dialect=dialect))))
+    except ValueError:
+        return frozenset()
 
 
 def where_mask(target: Target, rows: pa.Table, versions: Mapping[int, int]

@@ -10,6 +10,13 @@ that compare), and is checked again here, since a registry written by an older i
 not trusted. SQL's three-valued logic holds throughout (Kleene ``AND``/``OR``, comparisons
 with NULL give NULL); :func:`accepts` turns NULL into "not taken".
 
+A predicate that does not fit the columns it is judged over is an error of every row it
+judges, never an exception (:func:`fitted`): a queued event is judged by the ``where`` of
+the registry version it was accepted under, over the sink's columns of the moment, and a
+sink PATCH may have removed a column that an older version's ``where`` reads (dropping the
+``where`` with it). Raising would fail the run and every retry; instead those events are
+dead-lettered with the reason (below), and the others route normally.
+
 Arithmetic follows Spark SQL's ANSI mode, row by row (:func:`judge`): an integer ``+ - *``,
 unary ``-`` or ``abs`` whose result leaves its type (``int`` with ``int``, ``bigint`` as
 soon as one side is; an integer literal is an ``int`` when it fits, as in Spark), and a
@@ -34,10 +41,17 @@ from typing import Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import sqlglot
 from sqlglot import exp
+from sqlglot.errors import SqlglotError
 
 from icefloe.streams.model import Column
-from icefloe.streams.where import parse_where, temporal_literal
+from icefloe.streams.where import (
+    MAX_WHERE_CHARS,
+    WHERE_COLUMNS,
+    parse_where,
+    temporal_literal,
+)
 
 Value: TypeAlias = "pa.Array | pa.ChunkedArray | pa.Scalar"
 Errors: TypeAlias = "pa.Array | None"
@@ -79,9 +93,45 @@ def compiled(sql: str, columns: tuple[tuple[str, str], ...]) -> exp.Expr:
     return parse_where(sql, tuple(Column(name, type_) for name, type_ in columns))
 
 
+@lru_cache(maxsize=256)
+def fitted(sql: str, columns: tuple[tuple[str, str], ...]) -> exp.Expr | str:
+    """:func:`compiled`, or why ``sql`` does not fit ``columns`` (a text; remembered too):
+    an older registry version's ``where`` that reads a column the sink no longer declares
+    (the module doc), or one a registry not written by this icefloe holds."""
+    try:
+        return compiled(sql, columns)
+    except ValueError as exc:
+        missing = _missing_columns(sql, {name for name, _ in columns})
+        if missing:
+            named = ", ".join(repr(n) for n in missing)
+            return (f"reads column{'s' if len(missing) > 1 else ''} {named}, which the sink "
+                    "no longer declares (the where of the registry version this event was "
+                    "accepted under; the column was removed from the sink since)")
+        return f"does not fit the sink's columns any more: {exc}"
+
+
+def _missing_columns(sql: str, declared: set[str]) -> list[str]:
+    """The columns ``sql`` reads that are neither in ``declared`` nor the envelope's
+    (empty when it does not even parse, or is too long to)."""
+    if len(sql) > MAX_WHERE_CHARS:
+        return []
+    try:
+        trees = sqlglot.parse(sql, read="spark")
+    except (SqlglotError, RecursionError):
+        return []
+    names = {c.name for tree in trees if tree is not None for c in tree.find_all(exp.Column)
+             if not c.table}
+    return sorted(names - declared - set(WHERE_COLUMNS))
+
+
 def judge(sql: str, columns: tuple[Column, ...], rows: pa.Table) -> Verdict:
-    """Which rows the predicate takes, and the error it raised on any row (module doc)."""
-    tree = compiled(sql, tuple((c.name, c.type) for c in columns))
+    """Which rows the predicate takes, and the error it raised on any row (module doc); a
+    predicate that does not fit ``columns`` errs on every row, with the reason
+    (:func:`fitted`)."""
+    tree = fitted(sql, tuple((c.name, c.type) for c in columns))
+    if isinstance(tree, str):
+        return Verdict(pa.array(np.zeros(rows.num_rows, dtype=bool)),
+                       pa.array([tree] * rows.num_rows, pa.string()))
     value, errors = _Eval(rows).eval(tree)
     if isinstance(value, pa.Scalar):
         taken = value.is_valid and bool(value.as_py())
@@ -109,7 +159,10 @@ def accepts(sql: str, columns: tuple[Column, ...], rows: pa.Table) -> pa.Array:
 def referenced(sql: str, columns: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
     """The column names ``sql`` reads: all an evaluator needs in ``rows`` (the executors
     hand it only those, in their declared Arrow types)."""
-    return tuple(sorted({c.name for c in compiled(sql, columns).find_all(exp.Column)}))
+    tree = fitted(sql, columns)
+    if isinstance(tree, str):  # errs on every row, reading nothing (:func:`judge`)
+        return ()
+    return tuple(sorted({c.name for c in tree.find_all(exp.Column)}))
 
 
 class _Eval:

@@ -68,15 +68,32 @@ class SinkSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     """A table template's limits (``table`` a template: checked as icefloe.toml's are)."""
 
 
+class ConditionsPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A sink PATCH's ``conditions``: only the conditions given change; the others keep
+    the sink's values at write time (merged inside the registry's compare-and-swap, so two
+    operators changing different conditions keep both changes)."""
+
+    max_age_s: float = UNSET
+    max_bytes: int = UNSET
+    max_events: int = UNSET
+
+    @classmethod
+    def of(cls, conditions: Conditions) -> ConditionsPatch:
+        """All three of ``conditions``: a patch that sets them whatever they were."""
+        return cls(max_age_s=conditions.max_age_s, max_bytes=conditions.max_bytes,
+                   max_events=conditions.max_events)
+
+
 class SinkPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``PATCH .../sinks/{sink}``: only the fields given change. The table and ``partition``
-    of an existing sink are fixed (create another sink to write elsewhere); ``partition_by``,
-    ``sort_by`` and ``table_properties`` may change: the collector evolves the table."""
+    """``PATCH .../sinks/{sink}``: only the fields given change (of ``conditions`` too:
+    :class:`ConditionsPatch`). The table and ``partition`` of an existing sink are fixed
+    (create another sink to write elsewhere); ``partition_by``, ``sort_by`` and
+    ``table_properties`` may change: the collector evolves the table."""
 
     columns: tuple[Column, ...] = UNSET
     unknown_fields: str = UNSET
     event_id_field: str | None = UNSET
-    conditions: Conditions = UNSET
+    conditions: ConditionsPatch = UNSET
     enabled: bool = UNSET
     table: str = UNSET
     partition: str = UNSET
@@ -451,6 +468,9 @@ def update_sink(registry: Registry, source_id: str, name: str, patch: SinkPatch,
         raise not_found("sink", f"{source_id}/{name}")
     changes = _given(patch)
     refuse_cdc(changes.pop("cdc", None), "sink.cdc")
+    if "conditions" in changes:  # the given ones (a full Conditions: all three)
+        changes["conditions"] = msgspec.structs.replace(sink.conditions,
+                                                        **_given(changes["conditions"]))
     for fixed in ("table", "partition"):
         if fixed in changes and changes[fixed] != getattr(sink, fixed):
             raise invalid(f"sink.{fixed}", f"the {fixed} of a sink cannot change; create a "

@@ -530,7 +530,8 @@ class KeboolaApi:
         def change(r: Registry) -> Registry:
             _, now = self.api._sink(r, source_id, name)
             return ops.update_sink(r, source_id, name, ops.SinkPatch(
-                conditions=patched_conditions(now.conditions, patch)), clock=self.api.clock)
+                conditions=ops.ConditionsPatch.of(patched_conditions(now.conditions, patch))),
+                clock=self.api.clock)
         reg = await self.api.registry.update(change)
         _, sink = self.api._sink(reg, source_id, name)
         return self.api.json({"settings": k_settings(sink.conditions)})
@@ -556,7 +557,8 @@ class KeboolaApi:
         def change(r: Registry) -> Registry:
             for sink in self.api._source(r, source_id).live_sinks():
                 r = ops.update_sink(r, source_id, sink.name, ops.SinkPatch(
-                    conditions=patched_conditions(sink.conditions, patch)),
+                    conditions=ops.ConditionsPatch.of(
+                        patched_conditions(sink.conditions, patch))),
                     clock=self.api.clock)
             return r
         reg = await self.api.registry.update(change)

@@ -298,10 +298,8 @@ def run_sink_update(args: argparse.Namespace) -> int:
     body: dict[str, Any] = _load_file(args.file) if args.file else {}
     limits = {k: v for k, v in (("max_age_s", args.max_age_s), ("max_bytes", args.max_bytes),
                                 ("max_events", args.max_events)) if v is not None}
-    if limits:
-        path = f"/v1/sources/{args.source}/sinks/{args.sink}"
-        current = call(args, "GET", path)["sink"]["conditions"]
-        body["conditions"] = {**current, **body.get("conditions", {}), **limits}
+    if limits:  # only what changes: the API keeps the other conditions (at write time)
+        body["conditions"] = {**body.get("conditions", {}), **limits}
     if not body:
         raise ConfigError("nothing to change: give --file or --max-age-s/--max-bytes/"
                           "--max-events")

@@ -193,6 +193,41 @@ def test_should_create_a_sink_and_its_table_through_a_task(admin: Admin) -> None
     assert cond.json()["sink"]["conditions"]["max_age_s"] == 5
 
 
+def test_a_sink_patch_changes_only_the_conditions_it_gives(admin: Admin) -> None:
+    """``{"conditions": {"max_events": 5000}}`` used to decode into a whole Conditions,
+    resetting ``max_age_s`` and ``max_bytes`` to their defaults; the conditions given are
+    merged into the sink's, with the same checks and refusals."""
+    path = "/v1/sources/clicks/sinks/clicks"
+
+    def patch(conditions: Any) -> httpx.Response:
+        return admin.client.patch(path, json={"conditions": conditions})
+
+    full = patch({"max_age_s": 600, "max_bytes": 1000, "max_events": 50})
+    assert full.status_code == 200, full.text
+    one = patch({"max_events": 5000})
+    assert one.status_code == 200, one.text
+    assert one.json()["sink"]["conditions"] == {"max_age_s": 600, "max_bytes": 1000,
+                                                "max_events": 5000}
+    two = patch({"max_age_s": 30, "max_bytes": 2000})
+    assert two.json()["sink"]["conditions"] == {"max_age_s": 30, "max_bytes": 2000,
+                                                "max_events": 5000}
+    version = two.json()["version"]
+    assert patch({}).json()["version"] == version  # nothing given: no new version
+    assert patch({"max_events": 5000}).json()["version"] == version
+    for body, field in (({"max_events": 0}, "sink.conditions.max_events"),
+                        ({"max_bytes": "x"}, "conditions.max_bytes"),
+                        ({"max_evnts": 1}, "conditions")):
+        refused = patch(body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["details"][0]["field"] == field, refused.text
+    assert "max_evnts" in patch({"max_evnts": 1}).json()["message"]
+    assert "0 is out of range (1 to 1e+07 events)" in patch({"max_events": 0}).json()[
+        "message"]
+    assert admin.client.get(path).json()["sink"]["conditions"] == {
+        "max_age_s": 30, "max_bytes": 2000, "max_events": 5000}
+    assert admin.client.get("/v1/registry").json()["version"] == version
+
+
 def test_should_refuse_a_patch_that_changes_how_queued_events_are_computed(
         admin: Admin) -> None:
     """A ``from`` or ``header`` the collector computes from queued events cannot change
@@ -455,6 +490,35 @@ def test_should_drive_the_api_from_the_command_line(admin: Admin, tmp_path: Path
     code, out, _ = cli("sinks", "retry-parked")
     assert code == 0
     assert f"retry their parked tables at registry version {before + 1}" in out
+
+
+def test_the_cli_sends_only_the_conditions_it_changes(
+        admin: Admin, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``icefloe sinks update --max-age-s`` used to GET the conditions, merge them and PATCH
+    all three: another operator's change landing in between was undone. It sends only the
+    condition it changes (the API merges at write time), so both changes stay."""
+    from icefloe_app.cli import main, sources_cmd
+
+    monkeypatch.setenv("ICEFLOE_ADMIN_TOKEN", ADMIN_TOKEN)
+    path = "/v1/sources/clicks/sinks/clicks"
+    sent: list[tuple[str, str, Any]] = []
+    real = sources_cmd.call
+
+    def call(args: Any, method: str, where: str, body: Any = None, **kw: Any) -> Any:
+        sent.append((method, where, body))
+        if method == "PATCH":  # another operator's change lands meanwhile
+            other = admin.client.patch(path, json={"conditions": {"max_events": 777}})
+            assert other.status_code == 200, other.text
+        return real(args, method, where, body, **kw)
+
+    monkeypatch.setattr(sources_cmd, "call", call)
+    code = main(["sinks", "update", "clicks", "clicks", "--max-age-s", "120",
+                 "--url", admin.url])
+    assert code == 0, capsys.readouterr().err
+    assert sent == [("PATCH", path, {"conditions": {"max_age_s": 120.0}})]
+    assert admin.client.get(path).json()["sink"]["conditions"] == {
+        "max_age_s": 120, "max_bytes": 64 * 1024 * 1024, "max_events": 777}
 
 
 def test_should_conform_to_its_openapi_document(admin: Admin) -> None:

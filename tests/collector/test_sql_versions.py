@@ -70,3 +70,23 @@ async def test_a_patched_sql_expression_reaches_only_later_events(tmp_path: Path
     rows = {r["_event_id"]: r["loud"] for r in read_table(config, "web.clicks").to_pylist()}
     assert rows == {"a0": "/P/0", "a1": "/P/1", "a2": "/P/2",  # accepted under upper(url)
                     "b0": "/p/0", "b1": "/p/1", "b2": "/p/2"}  # accepted after the PATCH
+
+
+def test_an_old_sql_expression_whose_column_is_gone_leaves_only_its_entries_null(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A sink PATCH removes ``url`` and changes the ``sql`` that read it: the entries
+    queued before would get ``upper(url)``, which Spark cannot resolve any more (no sink
+    of the source declares ``url``), failing the run's job and, in the per-column
+    fallback, the column's values of the later entries too. That version's expression
+    is left out instead (its entries get null, with a warning naming the column); the
+    later entries keep theirs."""
+    registry = ops.create_source(Registry(), ops.SourceSpec(id="clicks", sinks=(
+        ops.SinkSpec(name="clicks", table="web.clicks", columns=columns("upper(url)")),)))
+    kept = tuple(c for c in CLICKS.columns if c.name != "url")
+    registry = ops.update_sink(registry, "clicks", "clicks", ops.SinkPatch(
+        columns=(*kept, Column("loud", "string", sql="upper(user_id)"))))
+    with caplog.at_level("WARNING", logger="icefloe.collector"):
+        cases = Routes(registry).sql_cases({"clicks": {10: 1, 11: 2, 12: 2}})
+    [case] = cases["clicks"]["loud"]
+    assert (case.sql, case.ranges) == ("upper(user_id)", ((11, 12),))
+    assert "reads 'url', which no sink of the source declares" in caplog.text

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 
 from icefloe.config import Column, Config
-from icefloe.registry import ops
+from icefloe.registry import Registry, ops
 from tests.collector.test_registry_routing import collector_for
 from tests.collector_support import (
     BASE_MS,
@@ -260,3 +260,80 @@ def test_should_judge_each_entry_by_its_own_versions_where() -> None:
     # v1: not big's; v2 (n >= 5): c, not d; v3 (n < 2): e, not f (NULL)
     assert taken == {"all": list("abcdef"), "big": ["c", "e"]}
     assert unrouted is None  # "all" takes everything
+
+
+def _dropped_n(registry: Registry) -> Registry:
+    """One sink PATCH removes ``n`` and the ``where`` that read it."""
+    return ops.update_sink(registry, "clicks", "big", ops.SinkPatch(
+        columns=tuple(c for c in CLICKS.columns if c.name != "n"), where=None))
+
+
+async def test_should_dead_letter_what_an_old_where_judges_once_its_column_is_gone(
+        config: Config) -> None:
+    """A sink PATCH drops ``n`` and the ``where`` that read it. The entries queued before
+    are judged by their own version's ``where`` (``n >= 5``), which no longer fits the
+    sink's columns: each of their events is a ``where_error`` dead letter naming the
+    column (it used to fail the run, and every retry, with ``unknown column 'n'``). The
+    other sink still takes them; the entries accepted after the PATCH route normally."""
+    every = ops.SinkSpec(name="all", table="web.all",
+                         columns=(Column("user_id", "string"), Column("url", "string")))
+    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(BIG, every), unrouted="dead_letter")))
+    store = open_store_of(config)
+    await publish(store, [[event(k, "a", k) for k in range(8)]], registry_version=1)
+    after = await change(config, _dropped_n)
+    assert after.version == 2
+    await publish(store, [[event(k, "b", k) for k in range(4)]], registry_version=2)
+    await store.close()
+
+    collector = await collector_for(config)
+    assert await drain(collector) >= 1  # the run completes: nothing raised
+    assert_exact(config, "web.big", ids("b", range(4)))  # v2: no where, every event
+    assert_exact(config, "web.all", ids("a", range(8)) | ids("b", range(4)))
+    dead = read_table(config, "icefloe.dead_letters")
+    assert sorted(dead.column("event_id").to_pylist()) == sorted(ids("a", range(8)))
+    assert set(dead.column("reason").to_pylist()) == {"where_error"}
+    [message] = set(dead.column("message").to_pylist())
+    assert message == ("where 'n >= 5' of sink 'big' (table 'web.big'): reads column 'n', "
+                       "which the sink no longer declares (the where of the registry "
+                       "version this event was accepted under; the column was removed "
+                       "from the sink since)")
+    assert where_error_count(collector, "clicks") == 8
+    assert unrouted_count(collector, "clicks") == 0
+    assert collector.routes.version == 2
+    await collector.store.close()
+
+
+def test_should_judge_an_old_where_whose_column_is_gone_alike_on_both_paths() -> None:
+    """The embedded path (:meth:`Routes.route_all`) and the cluster path's executors
+    (:func:`pipeline.load.wheres.where_verdict` over :meth:`Routes.where_specs`, and the
+    columns :func:`pipeline.where.referenced` hands them) give the same verdict and the
+    same message, and neither raises."""
+    import pyarrow as pa
+
+    from collector.routing import Routes
+    from collector.where import WHERE_ERROR
+    from pipeline.load.wheres import where_verdict
+    from pipeline.where import referenced
+
+    registry = ops.create_source(Registry(), ops.SourceSpec(id="clicks", sinks=(BIG,)))
+    registry = _dropped_n(registry)
+    rows = pa.table({"user_id": ["a", "b", "c"], "url": ["/", "/", "/"],
+                     "_event_id": list("abc"),
+                     "_received_at": pa.array([0] * 3, pa.timestamp("us", tz="UTC")),
+                     "_sequence": pa.array([10, 10, 11], pa.int64())})
+    versions = {10: 1, 11: 2}
+    routes = Routes(registry)
+    routed, unrouted, failed = routes.route_all("clicks", rows, versions)
+    assert [part.column("_event_id").to_pylist() for _, part in routed] == [["c"]]
+    assert unrouted is None
+    assert failed is not None
+    assert failed.column("_event_id").to_pylist() == ["a", "b"]
+    embedded = failed.column(WHERE_ERROR).to_pylist()
+    assert "reads column 'n', which the sink no longer declares" in embedded[0]
+
+    [spec] = routes.where_specs({"clicks": versions})
+    assert referenced("n >= 5", spec.columns) == ()
+    taken, errors = where_verdict(spec, rows)
+    assert taken.to_pylist() == [False, False, True]
+    assert errors.to_pylist() == [*embedded, None]
