@@ -35,7 +35,7 @@ from icefloe.registry.model import (
     with_change,
 )
 from icefloe.registry.streams import union_stream
-from icefloe.streams.dynamic_tables import is_template
+from icefloe.streams.dynamic_tables import is_template, split_template
 from icefloe.streams.model import DynamicTables, EvolveQuota
 from icefloe.streams.where import UNROUTED
 
@@ -575,7 +575,7 @@ def prune(registry: Registry, *, now: float, grace_s: float, clock: Clock = SYST
         pending = oldest_pending.get(source_id)
         if pending is not None and pending < deleted_version:
             return True
-        return any(t in staged_tables for t in tables)
+        return any(_stages(t, staged_tables) for t in tables)
 
     changed = False
     sources: list[Source] = []
@@ -590,6 +590,21 @@ def prune(registry: Registry, *, now: float, grace_s: float, clock: Clock = SYST
         else:
             changed = True
     return registry.next(tuple(sources), clock=clock) if changed else registry
+
+
+def _stages(table: str, staged_tables: Set[str]) -> bool:
+    """Whether ``table`` has staged rows: itself, or for a table template any table of it
+    (staging is per concrete table, ``tenants.events_acme`` of ``tenants.events_{tenant}``)."""
+    if not is_template(table):
+        return table in staged_tables
+    try:
+        template = split_template(table)
+    except ValueError:
+        return True  # a template this icefloe cannot read: keep its tombstone
+    pattern = template.pattern()
+    prefix = template.namespace + "."
+    return any(t.startswith(prefix) and pattern.fullmatch(t[len(prefix):]) is not None
+               for t in staged_tables)
 
 
 # ------------------------------------------------------------------------------ seeding

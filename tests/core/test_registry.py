@@ -335,3 +335,25 @@ async def test_should_keep_a_tombstone_while_another_shard_holds_its_events(
     kept = await prune_tombstones(store, registry, config.key, grace_s=0)
     assert [s.id for s in kept.sources] == ["clicks"]  # shard 1's entry needs it
     await store.close()
+
+
+def test_should_keep_a_table_templates_tombstone_while_one_of_its_tables_is_staged() -> None:
+    """Staging is per concrete table (``tenants.events_acme``), the sink's table is the
+    template: a deleted template sink with a staged table is kept past the grace period,
+    and goes once nothing of it is staged."""
+    template = ops.SinkSpec(name="t", table="tenants.events_{n}", columns=(
+        Column("n", "long"),))
+    reg = with_source((sink("b", "web.b"), template))
+    reg = ops.delete_sink(reg, "clicks", "t")
+    later = time.time() + 3601
+
+    def kept(staged: set[str]) -> list[str]:
+        after = ops.prune(reg, now=later, grace_s=3600, oldest_pending={},
+                          staged_tables=frozenset(staged))
+        clicks = after.source("clicks")
+        assert clicks is not None
+        return [s.name for s in clicks.sinks]
+
+    assert kept({"tenants.events_7"}) == ["b", "t"]
+    assert kept({"tenants.other_7", "web.events_7"}) == ["b"]
+    assert kept(set()) == ["b"]
