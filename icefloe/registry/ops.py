@@ -329,11 +329,13 @@ def slug(name: str) -> str:
 
 
 def named_source(spec: SourceSpec) -> SourceSpec:
-    """``spec`` with its id: the given one, else made from ``name`` (which then also
-    becomes the description, unless one is given). Its sinks get theirs too."""
+    """``spec`` with its id: the given one, else made from ``name``; a ``name`` also
+    becomes the description, unless one is given (with an id too: never dropped without a
+    word). Its sinks get theirs too."""
     sinks = tuple(named_sink(s, f"sinks[{i}]") for i, s in enumerate(spec.sinks))
     if spec.id:
-        return msgspec.structs.replace(spec, sinks=sinks)
+        return msgspec.structs.replace(spec, sinks=sinks,
+                                       description=spec.description or spec.name)
     if not spec.name:
         raise invalid("id", "give an id, or a name to make it from")
     made = slug(spec.name)

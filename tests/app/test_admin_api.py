@@ -134,6 +134,15 @@ def test_should_demand_an_admin_token(admin: Admin) -> None:
     assert httpx.get(f"{admin.url}/openapi.json").json()["openapi"].startswith("3.1")
 
 
+def test_should_keep_a_name_given_beside_an_id_as_the_description(admin: Admin) -> None:
+    named = admin.client.post("/v1/sources", json={"id": "web", "name": "Web Clicks"})
+    assert named.status_code == 201, named.text
+    assert named.json()["source"]["description"] == "Web Clicks"  # never dropped silently
+    own = admin.client.post("/v1/sources", json={"id": "shop", "name": "Shop",
+                                                  "description": "orders"})
+    assert own.json()["source"]["description"] == "orders"
+
+
 def test_should_seed_from_the_config_and_round_trip_sources(admin: Admin) -> None:
     listed = admin.client.get("/v1/sources").json()
     assert listed["version"] == 1
@@ -154,6 +163,7 @@ def test_should_seed_from_the_config_and_round_trip_sources(admin: Admin) -> Non
     gone = admin.client.delete("/v1/sources/orders")
     assert gone.status_code == 200, gone.text
     assert admin.client.get("/v1/sources/orders").status_code == 404
+
     assert admin.client.get("/v1/registry").json()["version"] == 4
 
 
