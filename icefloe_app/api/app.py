@@ -210,6 +210,13 @@ class AdminApi:
         self.metrics.registry_version.set(registry.version)
         return registry
 
+    async def _update(self, change: Callable[[Registry], Registry]) -> Registry:
+        """Write ``change`` (compare-and-swap) and show the version written in
+        ``icefloe_admin_registry_version`` at once, as a read does."""
+        registry = await self.registry.update(change)
+        self.metrics.registry_version.set(registry.version)
+        return registry
+
     async def check(self, change: Callable[[Registry], Registry],
                     source_id: str | None = None) -> Registry:
         """Validate ``change`` against the current registry without writing it (both
@@ -258,12 +265,20 @@ class AdminApi:
         made = checked.source(spec.id)
         assert made is not None
         if not spec.sinks:
-            reg = await self.registry.update(lambda r: ops.create_source(r, spec, clock=self.clock))
+            try:
+                reg = await self._update(
+                    lambda r: ops.create_source(r, spec, clock=self.clock))
+            except RegistryError as exc:  # our own write, if its answer was lost?
+                reg = await self.current()
+                found = reg.source(spec.id)
+                if exc.code != "exists" or found is None or found.live_sinks() \
+                        or found.description != spec.description:
+                    raise
             return self._created(reg, spec.id)
 
         async def commit() -> dict[str, Any]:
             try:
-                reg = await self.registry.update(
+                reg = await self._update(
                     lambda r: ops.create_source(r, spec, clock=self.clock))
             except RegistryError as exc:  # our own write, if its answer was lost?
                 reg = await self.current()
@@ -296,7 +311,7 @@ class AdminApi:
         source_id = request.path_params["id"]
         patch: ops.SourcePatch = await self.body(request, ops.SourcePatch)
         await self.check(lambda r: ops.update_source(r, source_id, patch, clock=self.clock))
-        reg = await self.registry.update(
+        reg = await self._update(
             lambda r: ops.update_source(r, source_id, patch, clock=self.clock))
         return json_response({"version": reg.version,
                               "source": source_json(self._source(reg, source_id))})
@@ -312,7 +327,7 @@ class AdminApi:
                                 "yet committed; retry later, or add ?force=true (they are "
                                 "still delivered to its sinks)",
                                 [{"field": "force", "reason": f"{pending} pending entries"}])
-        reg = await self.registry.update(
+        reg = await self._update(
             lambda r: ops.delete_source(r, source_id, clock=self.clock))
         return json_response({"version": reg.version, "deleted": source_id,
                               "pending_entries": pending})
@@ -328,7 +343,7 @@ class AdminApi:
             current = self._source(reg, source_id)
             kept = current.tokens if keep else ()
             return ops.set_tokens(reg, source_id, (*kept, hashed), clock=self.clock)
-        reg = await self.registry.update(rotate)
+        reg = await self._update(rotate)
         count = len(self._source(reg, source_id).tokens)
         log.info("tokens of source %s rotated (%d valid, previous %s)", source.id, count,
                  "kept" if keep else "revoked")
@@ -359,7 +374,7 @@ class AdminApi:
 
         async def commit() -> dict[str, Any]:
             try:
-                reg = await self.registry.update(
+                reg = await self._update(
                     lambda r: ops.create_sink(r, source_id, spec, clock=self.clock))
             except RegistryError as exc:  # our own write, if its answer was lost?
                 reg = await self.current()
@@ -409,7 +424,7 @@ class AdminApi:
         """The registry write of a sink change (run at once, or by its task once the
         table has evolved)."""
         async def commit() -> dict[str, Any]:
-            reg = await self.registry.update(
+            reg = await self._update(
                 lambda r: ops.update_sink(r, source_id, name, patch, clock=self.clock))
             source, sink = self._sink(reg, source_id, name)
             return {"version": reg.version, "sink": sink_json(source, sink)}
@@ -418,7 +433,7 @@ class AdminApi:
     async def toggle_sink(self, request: Request, enabled: bool) -> Response:
         source_id, name = request.path_params["id"], request.path_params["sink"]
         self._sink(await self.current(), source_id, name)
-        reg = await self.registry.update(
+        reg = await self._update(
             lambda r: ops.set_sink_enabled(r, source_id, name, enabled, clock=self.clock))
         source, sink = self._sink(reg, source_id, name)
         return json_response({"version": reg.version, "sink": sink_json(source, sink)})
@@ -432,14 +447,14 @@ class AdminApi:
     async def delete_sink(self, request: Request) -> Response:
         source_id, name = request.path_params["id"], request.path_params["sink"]
         self._sink(await self.current(), source_id, name)
-        reg = await self.registry.update(
+        reg = await self._update(
             lambda r: ops.delete_sink(r, source_id, name, clock=self.clock))
         return json_response({"version": reg.version, "deleted": f"{source_id}/{name}"})
 
     async def retry_parked(self, request: Request) -> Response:
         """Collectors retry every parked table's staged rows as soon as they read the new
         registry version (``registry_poll_s``), instead of at their next ``park_retry_s``."""
-        reg = await self.registry.update(lambda r: ops.nudge(r, clock=self.clock))
+        reg = await self._update(lambda r: ops.nudge(r, clock=self.clock))
         log.info("registry version %d: collectors retry their parked tables now",
                  reg.version)
         return json_response({"version": reg.version,
@@ -461,7 +476,7 @@ class AdminApi:
         def change(r: Registry) -> Registry:
             return settings.update_source_settings(r, source_id, patch, clock=self.clock)
         await self.check(change)
-        reg = await self.registry.update(change)
+        reg = await self._update(change)
         return json_response({"version": reg.version, "settings": settings.source_settings(
             self._source(reg, source_id))})
 
@@ -480,7 +495,7 @@ class AdminApi:
         def change(r: Registry) -> Registry:
             return settings.update_sink_settings(r, source_id, name, patch, clock=self.clock)
         await self.check(change, source_id)
-        reg = await self.registry.update(change)
+        reg = await self._update(change)
         _, sink = self._sink(reg, source_id, name)
         return json_response({"version": reg.version, "settings": settings.sink_settings(sink)})
 

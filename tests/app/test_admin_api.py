@@ -141,6 +141,10 @@ def test_should_keep_a_name_given_beside_an_id_as_the_description(admin: Admin) 
     own = admin.client.post("/v1/sources", json={"id": "shop", "name": "Shop",
                                                   "description": "orders"})
     assert own.json()["source"]["description"] == "orders"
+    # the version written shows in the metric at once (not only after the next read)
+    version = own.json()["version"]
+    metrics = httpx.get(f"{admin.url}/metrics").text
+    assert f"icefloe_admin_registry_version {float(version)}" in metrics
 
 
 def test_should_seed_from_the_config_and_round_trip_sources(admin: Admin) -> None:
