@@ -176,9 +176,13 @@ class AdminApi:
             except StoreError as exc:
                 log.warning("admin %s %s: store unavailable: %s", request.method,
                             request.url.path, exc)
+                outcome = "the change may have been written (the store's answer was " \
+                    "lost): read it back before retrying (a retried create of what was " \
+                    "written answers 409 exists)" \
+                    if getattr(exc, "ambiguous", False) else "nothing was changed, retry"
                 return json_response({"error": "store_unavailable", "message": "the object "
-                                      f"store is unreachable ({type(exc).__name__}); nothing "
-                                      "was changed, retry", "details": []}, 503,
+                                      f"store is unreachable ({type(exc).__name__}); "
+                                      f"{outcome}", "details": []}, 503,
                                      {"retry-after": "1"})
         return wrapped
 

@@ -60,6 +60,8 @@ class FlakyStore(AsyncObjectStore):
 
     def __init__(self, inner: AsyncObjectStore, down: threading.Event) -> None:
         self.inner, self.down, self.url = inner, down, inner.url
+        self.lose_answers = 0
+        """Puts still to land whose answer is then lost (an ambiguous error)."""
 
     def _check(self, op: str, key: str) -> None:
         if self.down.is_set():
@@ -72,7 +74,12 @@ class FlakyStore(AsyncObjectStore):
 
     async def put(self, key: str, data: bytes, **kw: Any) -> Any:
         self._check("put", key)
-        return await self.inner.put(key, data, **kw)
+        done = await self.inner.put(key, data, **kw)
+        if self.lose_answers:
+            self.lose_answers -= 1
+            raise TransientStoreError("connection reset after the write", op="put", key=key,
+                                      ambiguous=True, code="ConnectionReset")
+        return done
 
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)
@@ -742,3 +749,48 @@ def test_should_accept_fan_out_and_import_conditions_on_the_cluster_output_path(
         assert len(after.source("s").live_sinks()) == 2
         await store.close()
     asyncio.run(go())
+
+
+def test_should_say_a_change_whose_answer_was_lost_may_be_written(tmp_path: Path) -> None:
+    """The registry write lands and the store's answer is lost (an ambiguous error above
+    the store's own retries): the 503 says the change may have been written, never
+    "nothing was changed"; reading back shows it."""
+    down = threading.Event()
+    made: list[FlakyStore] = []
+
+    def make(url: str) -> FlakyStore:
+        made.append(FlakyStore(open_async_store(url), down))
+        return made[-1]
+
+    for admin in serving(tmp_path, make, down):
+        admin.client.get("/v1/sources")  # seeded
+        for store in made:
+            store.lose_answers = 1
+        lost = admin.client.post("/v1/sources", json={"id": "quiet", "description": "q"})
+        assert lost.status_code == 503, lost.text  # never "nothing was changed": it was
+        assert "may have been written" in lost.json()["message"]
+        assert admin.client.get("/v1/sources/quiet").json()["source"]["description"] == "q"
+        again = admin.client.post("/v1/sources", json={"id": "quiet", "description": "q"})
+        assert (again.status_code, again.json()["error"]) == (409, "exists")
+
+
+def test_should_recognize_its_own_create_after_a_retried_lost_answer(tmp_path: Path) -> None:
+    """The store's own retry re-sends a conditional write whose first attempt landed: the
+    compare-and-swap then finds the source there; a source without sinks recognizes its
+    own write and answers 201 (it answered 409 ``exists`` to the request that made it)."""
+    from icefloe.store.retry import RetryingAsyncStore, RetryPolicy
+
+    down = threading.Event()
+    made: list[FlakyStore] = []
+
+    def make(url: str) -> RetryingAsyncStore:
+        made.append(FlakyStore(open_async_store(url), down))
+        return RetryingAsyncStore(made[-1], RetryPolicy(base_delay_s=0.01))  # type: ignore[arg-type]
+
+    for admin in serving(tmp_path, make, down):
+        admin.client.get("/v1/sources")  # seeded
+        for store in made:
+            store.lose_answers = 1
+        created = admin.client.post("/v1/sources", json={"id": "quiet", "description": "q"})
+        assert created.status_code == 201, created.text
+        assert created.json()["source"]["description"] == "q"
