@@ -443,7 +443,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                                                            None)
             except NeedsVerification:  # a first-time token: verify it (may take a while)
                 stream = self.service.stream(request.stream)
+                authority = self.service.auth
                 caller = await self.service.authorize(stream, token, client)
+                if self.service.auth is not authority:
+                    # a registry version came meanwhile (a rotated token?), and _admit looks
+                    # the stream up again: judge the token by the version it is admitted at
+                    stream = self.service.stream(request.stream)
+                    caller = await self.service.authorize(stream, token, client)
                 durable, stream, count, dead = self._admit(request, token, client, metadata,
                                                            caller)
             await durable

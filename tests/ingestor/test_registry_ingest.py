@@ -202,3 +202,38 @@ async def test_should_keep_verified_tokens_and_rate_buckets_across_registry_vers
         await until_version(runtime, 3)
         old = await client.post("/v1/streams/clicks/events", json=views("z", 1), headers=auth)
         assert old.status_code == 403
+
+
+async def test_should_judge_a_grpc_token_by_the_version_it_is_admitted_at(tmp_path: Path
+                                                                          ) -> None:
+    """A first-time token is verified (slowly) while a registry version that revokes it
+    arrives: the publish is admitted at the new version, so the token is judged by it and
+    refused, not accepted under the revoking version."""
+    import grpc
+
+    from icefloe.client import AsyncGrpcClient, IngestRejected
+    from tests.ingest_support import grpc_serving
+
+    config = config_for(tmp_path)
+    await change(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(URLS,), tokens=(hash_token("first", log2_n=10),))))
+    async with grpc_serving(config) as (runtime, served):
+        await until_version(runtime, 1)
+        verifying = runtime.service.auth
+        original = verifying.authorize
+
+        async def slow_first(*args: object, **kwargs: object) -> object:
+            found = await original(*args, **kwargs)  # type: ignore[arg-type]
+            await change(config, lambda r: ops.set_tokens(r, "clicks", (hash_token(
+                "second", log2_n=10),)))
+            await until_version(runtime, 2)  # revoked while this request was verified
+            return found
+
+        verifying.authorize = slow_first  # type: ignore[method-assign]
+        async with AsyncGrpcClient(f"127.0.0.1:{served.port}", token="first",
+                                   retries=0) as client:
+            with pytest.raises(IngestRejected) as refused:
+                await client.publish("clicks", views("g", 1))
+        assert refused.value.status == grpc.StatusCode.PERMISSION_DENIED
+    manifest = await read_manifest(config.store.url)
+    assert not manifest.entries  # nothing stored
