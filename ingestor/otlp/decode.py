@@ -16,6 +16,7 @@ id of the wrong length are refused here (``json_format`` would take the first as
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -79,6 +80,10 @@ any other name (``"SERVER"`` for ``SPAN_KIND_SERVER``) into 0 without a word, so
 that is not one of the enum's is refused here. (Each key names one enum in OTLP: ``kind``
 only a span's, ``code`` only a status'.)"""
 _JSON: Final = msgspec.json.Decoder()
+_LONE_SURROGATE: Final = re.compile(
+    rb"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\)(?:\\\\)*(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+"""A high surrogate escape not followed by a low one, or a low one not after a high one."""
 _MAX_PATH_SHOWN: Final = 120
 
 
@@ -108,6 +113,11 @@ def parse_json(signal: Signal, body: bytes) -> Message:
     try:
         tree = _JSON.decode(body)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        if _LONE_SURROGATE.search(body):  # msgspec calls it "truncated"
+            raise BadRequest("the body holds a \\uD800-\\uDFFF escape without its pair (a "
+                             "lone UTF-16 surrogate), which is no Unicode character; send "
+                             "the character itself, or both halves of its escape",
+                             code="invalid_json") from None
         raise BadRequest(f"the body is not valid JSON ({_reason(exc)}); OTLP/JSON is one "
                          "UTF-8 JSON "
                          f"object, an {signal.request.DESCRIPTOR.name}",

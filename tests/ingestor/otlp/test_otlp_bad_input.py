@@ -101,6 +101,9 @@ def json_span(**span: object) -> bytes:
      "'5b8efff7' is not 32 hex digits"),
     ("/v1/logs", json_logs(spanId="eee19b7e c3c1b174"), JSON, 400, 3,
      "is not 16 hex digits"),
+    ("/v1/logs", b'{"resourceLogs": [{"scopeLogs": [{"logRecords": [{"body": '
+                 b'{"stringValue": "\\ud800x"}}]}]}]}', JSON, 400, 3,
+     "without its pair (a lone UTF-16 surrogate)"),
     ("/v1/logs", json_logs(severityNumber="ERROR"), JSON, 400, 3,
      "severityNumber: 'ERROR' is not a SeverityNumber"),
     ("/v1/traces", json_span(kind="SERVER"), JSON, 400, 3, "kind: 'SERVER' is not a SpanKind"),
@@ -116,8 +119,8 @@ def json_span(**span: object) -> bytes:
     ("/v1/logs", GOOD, {"Content-Type": "application/x-protobuf"}, 401, 16, "token"),
     ("/v1/logs", GOOD, {**PROTOBUF, "Authorization": f"Bearer {OTHER_TOKEN}"}, 403, 7, ""),
 ], ids=["malformed-protobuf", "invalid-utf8", "bad-json", "bad-hex-id", "short-trace-id",
-        "spaced-span-id", "severity-short-name", "kind-short-name", "status-short-name",
-        "unknown-path",
+        "spaced-span-id", "lone-surrogate", "severity-short-name", "kind-short-name",
+        "status-short-name", "unknown-path",
         "oversize", "gzip-bomb", "content-type", "encoding", "no-token", "wrong-token"])
 async def test_should_refuse_bad_http_exports_precisely(config, path, body, headers, status,
                                                         code, words):
