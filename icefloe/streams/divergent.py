@@ -20,10 +20,26 @@ Spark's rules:
 * ``CAST(x AS INTEGER)`` (and ``::int``, ``TRY_CAST``) of a fraction: DuckDB and Postgres
   round (``1.5`` -> 2), Spark truncates (1); refused unless ``x`` is known to be an integer
   (or a string, for ``CAST``: a fraction in it is an error on Spark, not a different answer).
-* ``dayofweek``/``isodow`` (Sunday is 0 and 7 there, 1 in Spark), ``log(x)`` (base 10 there,
-  e in Spark), ``epoch(ts)`` (fractional seconds there, whole in Spark), ``hash``
-  (different functions), ``regexp_replace`` without the ``'g'`` flag (first match there,
-  every match in Spark).
+* The weekday as a number: ``dayofweek``/``isodow``/``weekday`` and ``extract``/
+  ``date_part`` of ``dow``/``dayofweek``/``weekday``/``isodow`` (Sunday is 0 there, 7 for
+  ``isodow``; 1 in Spark, whose ``weekday`` is 6); ``dayname``/``monthname`` (``'Sunday'``
+  in DuckDB, ``'Sun'`` in Spark). ``strftime(d, '%a')`` (``'Sun'``) and ``'%A'`` agree.
+* DuckDB's ``date_diff``/``datediff`` with a unit counts the boundaries crossed (10:59 to
+  11:01 is 1 hour), Spark's whole units elapsed (0); passed: ``microsecond``, a unit of a
+  day or less between two dates, or both sides truncated to the unit
+  (``date_diff('hour', date_trunc('hour', a), date_trunc('hour', b))``).
+* ``array_agg``/``list`` keep NULL elements (and answer NULL for no rows), Spark's
+  ``collect_list`` drops them (and answers ``[]``); passed only as
+  ``coalesce(array_agg(x) FILTER (WHERE x IS NOT NULL), [])``.
+* DuckDB's ``quantile(x, q)`` picks an element (as ``quantile_disc``), sqlglot's Spark
+  ``percentile`` interpolates; ``percentile_disc``/``percentile_cont(q) WITHIN GROUP (ORDER
+  BY x)`` agree (:func:`pipeline.read.query.spark_sql` keeps them Spark's exact functions).
+* A DuckDB ``LIKE``/``ILIKE`` pattern holding a backslash (or computed, so it may hold
+  one) without ``ESCAPE``: a character in DuckDB, an escape in Spark (Postgres escapes with
+  it too, as Spark does).
+* ``log(x)`` (base 10 there, e in Spark), ``epoch(ts)`` (fractional seconds there, whole in
+  Spark), ``hash`` (different functions), ``regexp_replace`` without the ``'g'`` flag
+  (first match there, every match in Spark).
 * Postgres' ``/`` of two integers (integer division; Spark's ``/`` gives a fraction).
 
 Same answers, verified and therefore allowed: ``/`` of DuckDB (a fraction on both),
@@ -97,6 +113,14 @@ def _shown(node: exp.Expr, dialect: str) -> str:
 
 
 _INTEGERS = tuple(exp.DataType.INTEGER_TYPES)
+_WEEKDAY_FIELDS = frozenset({"DOW", "DAYOFWEEK", "WEEKDAY", "ISODOW"})
+_SPARK_HINT = ("write it in Spark's dialect, where dayofweek(d) is 1 on Sunday (so "
+               "dayofweek(d) - 1 is this dow)")
+_WEEKDAY_HINT = {"duckdb": "compare the weekday's name instead, strftime(d, '%a') ('Sun' on "
+                           "both engines), or " + _SPARK_HINT}
+_EMPTY = {"postgres": "ARRAY[]::int[]"}  # the empty array literal, per dialect
+_EXACT_UNITS = frozenset({"DAY", "HOUR", "MINUTE", "SECOND", "MILLISECOND", "MICROSECOND"})
+"""Units of a day or less: between two dates (midnights) boundaries and whole units agree."""
 
 
 def _divergence(node: exp.Expr, dialect: str) -> str | None:
@@ -108,14 +132,30 @@ def _divergence(node: exp.Expr, dialect: str) -> str | None:
                 "give a literal length >= 0")
     if isinstance(node, exp.Bracket):
         return _bracket(node)
-    if isinstance(node, exp.DayOfWeek | exp.DayOfWeekIso):
-        return (f"{dialect} numbers Sunday 0 (isodow: 7), Spark 1; use "
-                "extract/strftime on a spelled-out weekday, or --engine duckdb")
+    if isinstance(node, exp.DayOfWeek | exp.DayOfWeekIso) or _weekday_number(node, dialect):
+        return (f"{dialect} numbers Sunday 0 (isodow: 7), Spark 1 (its weekday: 6); "
+                + _WEEKDAY_HINT.get(dialect, _SPARK_HINT))
+    if isinstance(node, exp.Dayname | exp.Monthname) and dialect == "duckdb":
+        part, full, short, letter = (("weekday", "Sunday", "Sun", "A")
+                                     if isinstance(node, exp.Dayname)
+                                     else ("month", "November", "Nov", "B"))
+        return (f"duckdb spells the {part}'s whole name ('{full}'), Spark abbreviates it "
+                f"('{short}'); write strftime(d, '%{letter}')")
+    if isinstance(node, exp.ArrayAgg) and not _nulls_dropped(node):
+        return (f"{dialect} keeps NULL elements (and answers NULL for no rows), Spark's "
+                "collect_list drops them (and answers []); write coalesce(array_agg(x) "
+                f"FILTER (WHERE x IS NOT NULL), {_EMPTY.get(dialect, '[]')})")
+    if isinstance(node, exp.Quantile):
+        return (f"{dialect}'s quantile picks an element, Spark's percentile interpolates; write "
+                "percentile_disc(q) WITHIN GROUP (ORDER BY x) (an element on both), or "
+                "percentile_cont for the interpolated value")
+    if isinstance(node, exp.Like | exp.ILike) and dialect == "duckdb":
+        return _like(node)
     if isinstance(node, exp.Log) and node.expression is None:
         return f"log(x) is base 10 in {dialect}, base e in Spark; write log10(x) or ln(x)"
     if isinstance(node, exp.TimeToUnix):
         return (f"{dialect} keeps fractions of a second, Spark's unix_timestamp drops them; "
-                "use epoch_ms(ts) / 1000.0")
+                "write date_diff('microsecond', TIMESTAMP '1970-01-01', ts) / 1e6")
     if isinstance(node, exp.Anonymous) and node.name.upper() == "HASH":
         return f"{dialect}'s hash and Spark's are different functions"
     if isinstance(node, exp.RegexpReplace) and _first_only(node):
@@ -128,6 +168,8 @@ def _typed_divergence(node: exp.Expr, dialect: str) -> str | None:
     """:func:`_divergence` for the constructs that depend on their operands' types."""
     if isinstance(node, exp.Cast | exp.TryCast) and node.to.is_type(*_INTEGERS):
         return _integer_cast(node, dialect)
+    if isinstance(node, exp.DateDiff) and node.args.get("date_part_boundary"):
+        return _date_diff(node, dialect)
     if isinstance(node, exp.Div) and node.args.get("typed") and not _fraction(node):
         return (f"{dialect} divides integers to an integer, Spark to a fraction; write "
                 "DIV, or cast one side to a decimal")
@@ -202,3 +244,83 @@ def _fraction(node: exp.Div) -> bool:
             return True
     return False
 
+
+def _weekday_number(node: exp.Expr, dialect: str) -> bool:
+    """``extract(dow FROM d)``, ``date_part('dow', d)`` (and the other weekday fields), or
+    DuckDB's ``weekday(d)``: the weekday as a number Spark counts differently."""
+    if isinstance(node, exp.Extract):
+        return node.this.name.upper() in _WEEKDAY_FIELDS
+    if not isinstance(node, exp.Anonymous):
+        return False
+    name = node.name.upper()
+    if name == "WEEKDAY":
+        return dialect == "duckdb"
+    if name in ("DATE_PART", "DATEPART") and node.expressions:
+        field = node.expressions[0]
+        return isinstance(field, exp.Literal) and field.this.upper() in _WEEKDAY_FIELDS
+    return False
+
+
+def _nulls_dropped(node: exp.ArrayAgg) -> bool:
+    """Whether ``node`` is ``coalesce(array_agg(x) FILTER (WHERE x IS NOT NULL ...), [])``:
+    NULLs dropped and no rows answered by ``[]``, as Spark's ``collect_list`` does."""
+    target = node.this
+    if isinstance(target, exp.Distinct) and len(target.expressions) == 1:
+        target = target.expressions[0]
+    filtered, call = node.parent, node.parent and node.parent.parent
+    if not isinstance(filtered, exp.Filter) or filtered.this is not node:
+        return False
+    where = filtered.expression
+    condition = where.this if isinstance(where, exp.Where) else where
+    conjuncts = list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
+    if not any(_not_null(c.unnest(), target) for c in conjuncts):
+        return False
+    if not isinstance(call, exp.Coalesce) or call.this is not filtered \
+            or len(call.expressions) != 1:
+        return False
+    empty = call.expressions[0]
+    if isinstance(empty, exp.Cast):
+        empty = empty.this
+    return isinstance(empty, exp.Array) and not empty.expressions
+
+
+def _not_null(condition: exp.Expr, target: exp.Expr) -> bool:
+    """Whether ``condition`` is ``target IS NOT NULL``."""
+    negated = isinstance(condition, exp.Not)
+    test = condition.this if negated else condition
+    return isinstance(test, exp.Is) and isinstance(test.expression, exp.Null) \
+        and test.this == target and negated != bool(test.args.get("negate"))
+
+
+def _like(node: exp.Like | exp.ILike) -> str | None:
+    """DuckDB's ``LIKE`` has no escape character unless ``ESCAPE`` names one; Spark's is
+    the backslash."""
+    if isinstance(node.parent, exp.Escape):
+        return None  # both engines escape with the character it names
+    pattern = node.expression
+    if isinstance(pattern, exp.Literal) and pattern.is_string:
+        if "\\" not in pattern.this:
+            return None
+        return ("a backslash in a duckdb LIKE pattern is a character, in Spark an escape; "
+                "write ESCAPE '\\' if it escapes, or ESCAPE '!' (any other character) to "
+                "match a backslash")
+    return ("a computed duckdb LIKE pattern may hold a backslash, a character there and an "
+            "escape in Spark; add ESCAPE '\\' (or another character)")
+
+
+def _date_diff(node: exp.DateDiff, dialect: str) -> str | None:
+    unit = node.text("unit").upper()
+    if unit == "MICROSECOND":
+        return None  # the finest unit: boundaries and whole units agree
+    sides = (node.this, node.expression)
+    if unit in _EXACT_UNITS and all(s.type is not None and s.type.is_type(exp.DType.DATE)
+                                    for s in sides):
+        return None
+    if all(isinstance(s, exp.TimestampTrunc | exp.DateTrunc)
+           and s.args["unit"].name.upper() == unit for s in sides):
+        return None  # both on a boundary: boundaries crossed = whole units
+    shown = unit.lower() or "unit"
+    return (f"{dialect}'s date_diff counts the {shown} boundaries crossed, Spark whole "
+            f"{shown}s elapsed (10:59 to 11:01 is 1 hour there, 0 in Spark); truncate both "
+            f"sides first: date_diff('{shown}', date_trunc('{shown}', a), "
+            f"date_trunc('{shown}', b)), or for days cast both to DATE")

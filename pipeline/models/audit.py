@@ -8,7 +8,11 @@ the writer: nothing is committed and the model's watermark stays where it was, a
 next run computes the same rows again.
 
 The rows are handed to Spark as an Arrow table (no second evaluation of the model's SQL),
-under a temporary view that replaces ``this`` in each audit's tree.
+under a temporary view that replaces ``this`` in each audit's tree. An audit is written in
+the model's dialect and goes to Spark SQL the way the model does
+(:func:`pipeline.read.query.spark_sql`): a construct Spark would answer by other rules is
+refused naming it (before Spark starts, by :func:`pipeline.models.dag.check_model_sql`),
+never checked by Spark's rules.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqlglot import exp
 
 from pipeline.models.spec import THIS, Audit, Model, ModelError
+from pipeline.read.query import QueryError, spark_sql
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -44,9 +49,11 @@ def run_audits(spark: SparkSession, model: Model, result: pa.Table,
         spark.catalog.dropTempView(view)
 
 
-def audit_sql(audit: Audit, view: str) -> str:
-    """The audit as Spark SQL, reading ``view`` wherever it reads ``this`` (still callable
-    ``this`` in column references: the view is aliased so when the audit gave no alias)."""
+def audit_sql(audit: Audit, view: str, dialect: str = "spark") -> str:
+    """The audit (parsed in ``dialect``, its model's) as Spark SQL, reading ``view``
+    wherever it reads ``this`` (still callable ``this`` in column references: the view is
+    aliased so when the audit gave no alias); a :class:`ModelError` names a construct
+    Spark cannot express or would answer by other rules than ``dialect``'s."""
     tree = audit.tree.copy()
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):
@@ -54,11 +61,18 @@ def audit_sql(audit: Audit, view: str) -> str:
             if not table.alias:
                 table.set("alias", exp.TableAlias(this=exp.to_identifier(THIS)))
             table.set("this", exp.to_identifier(view))
-    return tree.sql(dialect="spark")
+    try:
+        return spark_sql(tree, dialect)
+    except QueryError as exc:
+        raise ModelError(f"audit `{audit.sql}` (line {audit.line}): {exc}") from None
 
 
 def _check(spark: SparkSession, model: Model, audit: Audit, view: str, shown: int) -> None:
-    frame = spark.sql(audit_sql(audit, view))
+    try:
+        sql = audit_sql(audit, view, model.dialect)
+    except ModelError as exc:
+        raise ModelError(f"model {model.name}: {exc}") from None
+    frame = spark.sql(sql)
     rows = frame.limit(shown + 1).collect()
     if not rows:
         return

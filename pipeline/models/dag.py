@@ -22,12 +22,15 @@ from sqlglot import exp
 
 from icefloe.config import Config
 from icefloe.errors import CatalogError
+from pipeline.models.audit import audit_sql
 from pipeline.models.spec import Model, ModelError
 from pipeline.read.query import (
     DEAD_LETTERS,
     QueryError,
     catalog_versions,
     check_clauses,
+    cte_names,
+    is_cte,
     pin,
     refuse_lost_meaning,
     resolve_name,
@@ -71,10 +74,10 @@ class Project:
 
 
 def references(tree: exp.Expr) -> list[exp.Table]:
-    """Table nodes that name a table (CTE names and table functions excluded)."""
-    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
-    return [t for t in tree.find_all(exp.Table)
-            if t.name and not (not t.db and t.name in ctes)]
+    """Table nodes that name a table (CTE names, matched as SQL matches them, ignoring
+    case, and table functions excluded)."""
+    ctes = cte_names(tree)
+    return [t for t in tree.find_all(exp.Table) if t.name and not is_cte(t, ctes)]
 
 
 def travels(node: exp.Table) -> bool:
@@ -84,10 +87,12 @@ def travels(node: exp.Table) -> bool:
 
 def check_model_sql(model: Model) -> None:
     """Refuse, before anything runs, a clause or construct the rewrite cannot honour
-    (see :func:`pipeline.read.query.check_clauses`), and a malformed time-travel clause."""
+    (see :func:`pipeline.read.query.check_clauses`), a malformed time-travel clause, and in
+    the model or one of its audits a construct Spark would answer by other rules than the
+    model's dialect."""
     tree = model.tree.copy()
-    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
     try:
+        ctes = cte_names(tree, model.dialect)
         refuse_lost_meaning(tree, model.dialect)
         for node in tree.find_all(exp.Table):
             if node.name:
@@ -96,6 +101,11 @@ def check_model_sql(model: Model) -> None:
         spark_sql(tree, model.dialect)
     except QueryError as exc:
         raise ModelError(f"model {model.name}: {exc}") from None
+    for audit in model.audits:
+        try:
+            audit_sql(audit, "__icefloe_this", model.dialect)
+        except ModelError as exc:
+            raise ModelError(f"model {model.name}: {exc}") from None
 
 
 class Resolver:

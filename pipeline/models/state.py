@@ -38,7 +38,7 @@ SQL_SHA256 = PREFIX + "sql-sha256"  # sha256 hex of the normalized SQL
 COLUMNS = PREFIX + "columns"  # compact JSON ["name:type", ...] after this commit
 DURATION_MS = PREFIX + "duration-ms"  # compute + audits, up to the commit
 SELECT = PREFIX + "select"  # compact JSON {output column: expression as Spark SQL}
-REDRIVE = "icefloe.redrive"  # set by pipeline.redrive on its commits
+REDRIVE = "icefloe.redrive"  # "true": pipeline.redrive; "overflow": collector.evolve
 
 
 @dataclass(frozen=True)
@@ -112,16 +112,20 @@ def _int(value: str | None) -> int | None:
 
 
 def redriven_since(table: Table, snapshot_id: int | None) -> bool:
-    """Whether a dead-letter redrive committed to ``table`` after ``snapshot_id``.
+    """Whether a redrive committed to ``table`` after ``snapshot_id``: a dead-letter
+    redrive (``icefloe.redrive = "true"``), an overflow redrive (``"overflow"``,
+    :func:`collector.evolve.redrive_overflow`) or any other value a redrive sets.
 
-    Why it matters: a redrive appends rows with their *original* ``_sequence``, below any
-    watermark taken since, so an incremental model would never see them. The walk stops at
-    ``snapshot_id`` or where expiry cut the log (then only the walked part is known).
+    Why it matters: a redrive writes rows with their *original* ``_sequence``, below any
+    watermark taken since (a dead-letter redrive appends them, an overflow redrive rewrites
+    rows with their fields moved into columns), so an incremental model would never see
+    them. The walk stops at ``snapshot_id`` or where expiry cut the log (then only the
+    walked part is known).
     """
     snapshot = table.current_snapshot()
     while snapshot is not None and snapshot.snapshot_id != snapshot_id:
         props = snapshot.summary.additional_properties if snapshot.summary else {}
-        if props.get(REDRIVE) == "true":
+        if props.get(REDRIVE, "false").lower() not in ("", "false"):
             return True
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None

@@ -26,7 +26,9 @@ time travel are resolved exactly once, the same way for both engines:
   an error in Spark, NULL in DuckDB), ``CAST`` (DuckDB rounds ``1.5`` to an integer, Spark
   truncates), window functions, string functions with different indexing, a string literal
   compared with a numeric column (implicit casts differ), backslashes in string literals
-  (escapes differ), and every function not listed in :data:`FUNCTIONS`.
+  (escapes differ), every function not listed in :data:`FUNCTIONS`, ``lower``/``upper``
+  of anything but ASCII (Unicode case rules differ) and ``avg`` of a decimal (a decimal in
+  Spark, a double in DuckDB).
 * **Results.** DuckDB's ``sum`` of integers is a 128-bit integer; it comes back as
   ``int64``, as Spark's ``sum`` of a ``long`` does (an overflow is an error on both).
   Unaliased expressions are named by DuckDB (``count_star()``), not as Spark names them
@@ -72,7 +74,8 @@ ENGINES = ("auto", "duckdb", "spark")
 
 FUNCTIONS = frozenset({"COUNT", "SUM", "MIN", "MAX", "AVG", "COALESCE", "LOWER", "UPPER",
                        "ABS", "LENGTH"})
-"""Functions whose results agree on both engines for icefloe's column types."""
+"""Functions whose results agree on both engines for icefloe's column types; ``lower``/
+``upper`` and ``avg`` only where :func:`_check_argument` finds they do."""
 
 _ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|\+00:?00)?)?")
 _NUMBER_TYPES = ("int", "long", "float", "double", "decimal")
@@ -106,9 +109,15 @@ def check_exact(tree: exp.Expr, columns: Mapping[str, str]) -> None:
     ``"?"`` where tables disagree; used to refuse implicit casts between strings and numbers.
     """
     allowed = _structural()
+    # a name the statement gives another value (``x * 1.5 AS n``) is no longer the column's
+    renamed = {a.alias.lower() for a in tree.find_all(exp.Alias)
+               if not (isinstance(a.this, exp.Column) and a.this.name.lower() == a.alias.lower())}
+    renamed |= {c.name.lower() for t in tree.find_all(exp.TableAlias) for c in t.columns}
+    typed = {name: kind for name, kind in columns.items() if name not in renamed}
     for node in tree.walk():
         if not isinstance(node, allowed):
             _check_function(node)
+            _check_argument(node, typed)
             continue
         if isinstance(node, exp.Literal) and node.is_string and "\\" in node.this:
             raise Untranslatable(f"'{node.this}'", "backslash escapes differ between the "
@@ -145,6 +154,55 @@ def _check_function(node: exp.Expr) -> None:
     if label not in FUNCTIONS:
         raise Untranslatable(label, "function not known to give the same answers in DuckDB "
                              "and Spark")
+
+
+def _check_argument(node: exp.Expr, columns: Mapping[str, str]) -> None:
+    """Refuse an allowed function whose answer still depends on the engine for its argument.
+
+    ``lower``/``upper`` map case by other Unicode rules (Spark Java's, DuckDB its own:
+    ``upper('straße')`` is ``'STRASSE'`` in Spark, ``'STRAẞE'`` in DuckDB; ``lower('İ')``
+    two characters vs one): passed only for ASCII, a uuid column (canonical hex text) or an
+    ASCII literal. ``avg`` of a decimal is a decimal (scale + 4) in Spark, a double in
+    DuckDB: passed only for integer and floating-point arguments."""
+    if isinstance(node, exp.Upper | exp.Lower):
+        argument = node.this
+        ascii_text = (isinstance(argument, exp.Literal) and argument.is_string
+                      and argument.this.isascii()) or (
+            isinstance(argument, exp.Column) and columns.get(argument.name.lower()) == "uuid")
+        if not ascii_text:
+            raise Untranslatable(node.sql(dialect="spark"), "DuckDB and Spark map case by "
+                                 "different Unicode rules (upper('straße'): 'STRAẞE' vs "
+                                 "'STRASSE')")
+    elif isinstance(node, exp.Avg):
+        argument = node.this
+        if isinstance(argument, exp.Distinct) and len(argument.expressions) == 1:
+            argument = argument.expressions[0]
+        if _numeric(argument, columns) not in ("integer", "float"):
+            raise Untranslatable(node.sql(dialect="spark"), "avg of a decimal (or of a value "
+                                 "of unknown type) is a decimal in Spark, a double in DuckDB")
+
+
+def _numeric(node: exp.Expr, columns: Mapping[str, str]) -> str | None:
+    """``integer``, ``float`` or ``decimal`` when known from the node (a column's Iceberg
+    type, a literal, ``+ - *`` of those), else None. A literal with a point is a decimal in
+    Spark."""
+    if isinstance(node, exp.Paren | exp.Neg):
+        return _numeric(node.this, columns)
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return "integer" if node.this.isdigit() else None
+    if isinstance(node, exp.Column):
+        iceberg = columns.get(node.name.lower(), "?")
+        if iceberg in ("int", "long"):
+            return "integer"
+        if iceberg in ("float", "double"):
+            return "float"
+        return "decimal" if iceberg.startswith("decimal") else None
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul):
+        kinds = {_numeric(node.this, columns), _numeric(node.expression, columns)}
+        if kinds == {"integer"}:
+            return "integer"
+        return "float" if kinds <= {"integer", "float"} else None
+    return None
 
 
 def _kind(node: exp.Expr, columns: Mapping[str, str]) -> str | None:

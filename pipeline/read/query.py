@@ -203,11 +203,11 @@ def plan(sql: str, config: Config, as_of: AsOf | None = None, dialect: str = "sp
     only temp views."""
     dialect = check_dialect(dialect)
     tree = parse(sql, dialect)
-    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    ctes = cte_names(tree, dialect)
     named = [t for t in tree.find_all(exp.Table) if t.name]
     for ref in named:
         check_clauses(ref, ctes)
-    references = [t for t in named if not (not t.db and t.name in ctes)]
+    references = [t for t in named if not is_cte(t, ctes)]
     if not references:
         return _finish(tree, dialect, {}, Plan("", {}, {}))
     views: dict[str, str] = {}
@@ -322,6 +322,37 @@ def _canonical_uuid(text: str, column: str) -> str:
                          "write it as 8-4-4-4-12 hex digits)") from None
 
 
+def cte_names(tree: exp.Expr, dialect: str = "spark") -> frozenset[str]:
+    """Lower-case names of the CTEs ``tree`` defines, to match references against with
+    :func:`is_cte`.
+
+    Why lower-case: SQL matches an unquoted identifier case-insensitively (``WITH Recent AS
+    (...) SELECT * FROM recent`` reads the CTE), and Spark, which runs the statement, and
+    DuckDB match quoted ones so too. Postgres keeps a quoted name's case: a reference that
+    matches a CTE only case-insensitively there (``WITH "Recent" ... FROM recent``) is a
+    table to Postgres and the CTE to Spark, so it is refused."""
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    if dialect == "postgres" and ctes:
+        exact = {_postgres_name(cte.args["alias"].this) for cte in tree.find_all(exp.CTE)}
+        for ref in tree.find_all(exp.Table):
+            if is_cte(ref, ctes) and _postgres_name(ref.this) not in exact:
+                raise QueryError(f"{ref.this.sql(dialect='postgres')} matches a CTE only "
+                                 "ignoring case: Postgres would read another table, Spark "
+                                 "the CTE; spell the CTE and its references alike")
+    return frozenset(ctes)
+
+
+def _postgres_name(identifier: exp.Expr) -> str:
+    """The name Postgres resolves: a quoted identifier as written, else lower-cased."""
+    quoted = isinstance(identifier, exp.Identifier) and identifier.quoted
+    return identifier.name if quoted else identifier.name.lower()
+
+
+def is_cte(ref: exp.Table, ctes: set[str] | frozenset[str]) -> bool:
+    """Whether ``ref`` names one of ``ctes`` (from :func:`cte_names`)."""
+    return not ref.db and ref.name.lower() in ctes
+
+
 def point_at(ref: exp.Table, view: str) -> None:
     """Make ``ref`` read ``view`` in place, keeping its alias (the table name when it had
     none, so ``orders.id`` still resolves), joins, sample and pivots as written."""
@@ -344,11 +375,34 @@ def spark_sql(tree: exp.Expr, dialect: str = "spark",
         refuse_divergent(tree, dialect, schema)
     except Divergent as exc:
         raise QueryError(f"cannot run this {dialect} SQL on Spark exactly: {exc}") from None
+    tree = exact_percentiles(tree)
     try:
         return tree.sql(dialect="spark", unsupported_level=ErrorLevel.RAISE)
     except UnsupportedError as exc:
         reason = " ".join(str(exc).split())[:300]
         raise QueryError(f"cannot run this on Spark: {reason}") from None
+
+
+def exact_percentiles(tree: exp.Expr) -> exp.Expr:
+    """``tree``, or a copy of it in which ``percentile_cont``/``percentile_disc(q) WITHIN
+    GROUP (ORDER BY x)`` is Spark's own function of that name.
+
+    Why: sqlglot writes them for Spark as ``percentile_approx(x, q)``, an approximation that
+    also drops a ``DESC``, without a warning; Spark 4 has both exactly (interpolated and
+    discrete, as DuckDB's and Postgres': ``tests/pipeline/test_query_dialects.py``)."""
+    if not any(isinstance(w.this, exp.PERCENTILES) for w in tree.find_all(exp.WithinGroup)):
+        return tree
+    tree = tree.copy()
+    for within in tree.find_all(exp.WithinGroup):
+        call = within.this
+        if not isinstance(call, exp.PERCENTILES):
+            continue
+        if any(value is not None for key, value in call.args.items() if key != "this"):
+            raise QueryError(f"{within.sql()}: this form of {call.sql_name()} has no "
+                             "exact Spark spelling")
+        name = "PERCENTILE_CONT" if isinstance(call, exp.PercentileCont) else "PERCENTILE_DISC"
+        within.set("this", exp.Anonymous(this=name, expressions=[call.this]))
+    return tree
 
 
 def refuse_lost_meaning(tree: exp.Expr, dialect: str = "spark") -> None:
@@ -395,7 +449,7 @@ def check_clauses(ref: exp.Table, ctes: set[str] | frozenset[str] = frozenset())
     clauses = [key for key in TIME_TRAVEL if ref.args.get(key) is not None]
     if len(clauses) > 1:
         raise QueryError(f"{name}: two time-travel clauses on one table; keep one")
-    if clauses and not ref.db and ref.name in ctes:
+    if clauses and is_cte(ref, ctes):
         raise QueryError(f"{ref.name!r} is a CTE: only tables have versions to travel to")
 
 

@@ -82,7 +82,7 @@ QUERIES = [
     ("having + cte", "WITH t AS (SELECT user_id, avg(n) AS m FROM clicks GROUP BY user_id) "
                      "SELECT user_id, m FROM t WHERE m > 1 ORDER BY m", True),
     ("case + coalesce", "SELECT coalesce(url, 'none') AS u, CASE WHEN n > 20 THEN 'late' "
-                        "ELSE 'early' END AS k, lower(user_id) AS l FROM clicks", False),
+                        "ELSE 'early' END AS k, length(user_id) AS l FROM clicks", False),
     ("union", "SELECT user_id AS id FROM clicks UNION SELECT order_id FROM buys", False),
     ("dates", "SELECT day, count(*) AS c FROM shop.buys WHERE day >= '2026-11-21' "
               "GROUP BY day", False),
@@ -154,6 +154,8 @@ def test_limit_cuts_and_says_so(lake):
     ("SELECT n FROM clicks WHERE url = 'a\\\\b'", "backslash"),
     ("SELECT n FROM clicks WHERE ts > 'yesterday'", "not plain ISO 8601"),
     ("SELECT if(n > 1, 1, 0) FROM clicks", "does not read back"),
+    ("SELECT upper(url) AS u FROM clicks", "UPPER(url): DuckDB and Spark map case"),
+    ("SELECT count(*) FROM clicks WHERE lower(user_id) = 'u1'", "LOWER(user_id)"),
 ])
 def test_duckdb_engine_names_what_it_cannot_translate(lake, sql, construct):
     pinned = plan(sql, lake["config"])
@@ -161,6 +163,36 @@ def test_duckdb_engine_names_what_it_cannot_translate(lake, sql, construct):
         choose(lake["config"], pinned, "duckdb")
     assert construct in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("sql", "exact"), [
+    ("SELECT upper(s) FROM v", False),  # upper('straße'): 'STRAẞE' vs 'STRASSE'
+    ("SELECT lower(s) FROM v", False),  # lower('İ'): one character vs two
+    ("SELECT upper('straße')", False),
+    ("SELECT upper('abc'), lower(uid) FROM v", True),  # ASCII: the same on both
+    ("SELECT avg(price) FROM v", False),  # decimal(p+4, s+4) in Spark, DOUBLE in DuckDB
+    ("SELECT avg(n * 1.5) FROM v", False),  # 1.5 is a decimal literal in Spark
+    ("SELECT avg(x) FROM v", False),  # unknown type
+    ("WITH w AS (SELECT price AS n FROM v) SELECT avg(n) FROM w", False),  # n renamed
+    ("SELECT avg(n), avg(DISTINCT n * 2 + r) FROM v", True),  # a double on both
+])
+def test_only_exact_case_mapping_and_averages_run_embedded(sql, exact):
+    """``lower``/``upper`` and ``avg`` were allowed on any argument: the answer depended on
+    the engine (``tests/pipeline/test_query_dialects.py`` runs both)."""
+    columns = {"s": "string", "uid": "uuid", "price": "decimal(10, 2)", "n": "long",
+               "r": "double"}
+    if exact:
+        assert translate(sql, columns)
+    else:
+        with pytest.raises(Untranslatable, match=r"Unicode rules|avg of a decimal"):
+            translate(sql, columns)
+
+
+def test_auto_hands_case_mapping_to_spark(lake):
+    config = lake["config"]
+    choice = choose(config, plan("SELECT upper(url) AS u FROM clicks", config), "auto")
+    assert choice.engine == "spark"
+    assert "UPPER(url)" in choice.reason
 
 
 def test_translation_keeps_spark_null_ordering():

@@ -972,3 +972,88 @@ def test_should_refuse_a_header_that_would_make_the_model_a_silent_view(
     plain = parse_model(write_model(tmp_path, "ok", "-- a note: free text\n"
                                     "-- the materialized mart\nSELECT 1 AS a -- keep: this\n"))
     assert plain.materialized == "view"
+
+
+# ------------------------------------------- CTE names, audits' dialect, overflow redrive
+
+
+def test_should_match_cte_names_as_sql_does_ignoring_case(tmp_path: Path) -> None:
+    """``WITH Recent AS (...) ... FROM recent`` reads the CTE (it was an unknown table)."""
+    from pipeline.models.dag import Ref, check_model_sql, references
+
+    folder = tmp_path / "models"
+    write_model(folder, "m", "WITH Recent AS (SELECT url FROM web.pageviews) "
+                "SELECT * FROM recent JOIN RECENT r2 USING (url)")
+    project = plan_project(load_models(folder), lake_config(tmp_path))
+    assert project.refs["m"] == (Ref("table", "web.pageviews"),)
+    model = parse_model(write_model(tmp_path, "t", "WITH C AS (SELECT 1 AS x) "
+                                    "SELECT * FROM c FOR VERSION AS OF 1"))
+    assert [t.name for t in references(model.tree)] == []
+    with pytest.raises(ModelError, match="'c' is a CTE"):
+        check_model_sql(model)
+    clash = parse_model(write_model(tmp_path, "p", '-- dialect: postgres\nWITH "Recent" AS '
+                                    "(SELECT 1 AS x) SELECT * FROM recent"))
+    with pytest.raises(ModelError, match="recent matches a CTE only ignoring case"):
+        check_model_sql(clash)
+
+
+@pytest.mark.parametrize(("audit", "construct"), [
+    ("SELECT * FROM this WHERE dayofweek(ts) = 0", "DAYOFWEEK(ts)"),
+    ("SELECT * FROM this WHERE substring(url, 0, 2) = '/'", "SUBSTRING(url, 0, 2)"),
+    ("SELECT url FROM this GROUP BY url HAVING array_agg(referrer) <> []",
+     "ARRAY_AGG(referrer)"),
+])
+def test_should_refuse_in_an_audit_what_spark_would_answer_differently(
+        tmp_path: Path, audit: str, construct: str) -> None:
+    """A ``-- dialect: duckdb`` model's audits went to Spark by ``tree.sql``, past the
+    checks its SQL gets: an audit ran by Spark's rules. Now refused before Spark starts."""
+    from pipeline.models.audit import audit_sql
+    from pipeline.models.dag import check_model_sql
+
+    text = f"-- dialect: duckdb\n-- @audit: {audit}\nSELECT url, ts, referrer FROM web.pageviews"
+    model = parse_model(write_model(tmp_path, "m", text))
+    with pytest.raises(ModelError, match=re.escape(construct)) as error:
+        check_model_sql(model)
+    assert "model m: audit `" in str(error.value)
+    assert "(line 2)" in str(error.value)
+    with pytest.raises(ModelError, match=re.escape(construct)):
+        audit_sql(model.audits[0], "__view", model.dialect)
+    write_model(tmp_path / "models", "m", text)
+    with pytest.raises(ModelError, match=re.escape(construct)):
+        plan_project(load_models(tmp_path / "models"), lake_config(tmp_path))
+
+
+def test_should_write_an_audit_as_spark_sql_through_the_models_path(tmp_path: Path) -> None:
+    from pipeline.models.audit import audit_sql
+
+    model = parse_model(write_model(
+        tmp_path, "m", "-- dialect: duckdb\n-- @audit: SELECT * FROM this WHERE "
+        "strftime(ts, '%a') = 'Sun'\nSELECT ts FROM web.pageviews"))
+    sql = audit_sql(model.audits[0], "__view", model.dialect)
+    assert "FROM __view AS this" in sql
+    assert "DATE_FORMAT(ts, 'EEE') = 'Sun'" in sql
+    spark_model = parse_model(write_model(
+        tmp_path, "s", "-- @audit: SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY n) "
+        "AS p FROM this HAVING p > 5\nSELECT 1 AS n"))
+    assert "PERCENTILE_CONT(0.9) WITHIN GROUP" in audit_sql(spark_model.audits[0], "__v")
+
+
+@pytest.mark.parametrize(("value", "redriven"), [
+    ("overflow", True), ("true", True), ("false", False), (None, False)])
+def test_should_count_an_overflow_redrive_as_a_redrive(tmp_path: Path, value: str | None,
+                                                       redriven: bool) -> None:
+    """``icefloe tables redrive-overflow`` rewrites rows with their old ``_sequence`` under
+    ``icefloe.redrive = "overflow"``: incremental models recompute in full, as after a
+    dead-letter redrive (only ``"true"`` counted)."""
+    from pipeline.models.state import redriven_since
+
+    config = lake_config(tmp_path)
+    pageviews(config, [(1, 0, "/a", 1)], versioned=False)
+    table = open_catalog(config.catalog).load_table("web.pageviews")
+    before = table.current_snapshot().snapshot_id  # type: ignore[union-attr]
+    pageviews(config, [(1, 0, "/b", 1)], {"icefloe.redrive": value} if value else None,
+              versioned=False)
+    pageviews(config, [(9, 0, "/c", 1)], versioned=False)  # a later plain commit
+    table = open_catalog(config.catalog).load_table("web.pageviews")
+    assert redriven_since(table, before) is redriven
+    assert redriven_since(table, table.current_snapshot().snapshot_id) is False  # type: ignore[union-attr]

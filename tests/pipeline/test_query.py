@@ -174,3 +174,30 @@ def test_should_fail_the_command_in_one_line(lake: Config, tmp_path: Path,
     assert code == 1
     assert err.count("\n") == 0
     assert "there is no catalog version 7 yet; the newest is 3" in err
+
+
+@pytest.mark.parametrize(("sql", "dialect"), [
+    ("WITH Recent AS (SELECT url FROM pageviews) SELECT count(*) AS n FROM recent", "spark"),
+    ("WITH recent AS (SELECT url FROM pageviews) SELECT count(*) AS n FROM RECENT", "duckdb"),
+    ('WITH "Recent" AS (SELECT url FROM pageviews) SELECT count(*) AS n FROM recent',
+     "duckdb"),
+    ("WITH Recent AS (SELECT url FROM pageviews) SELECT count(*) AS n FROM recent",
+     "postgres"),
+])
+def test_should_match_cte_names_ignoring_case(lake: Config, sql: str, dialect: str) -> None:
+    """A reference differing from a CTE's name only in case reads the CTE, as in SQL (it
+    was resolved as a stream: an unknown table, or another table's rows)."""
+    pinned = plan(sql, lake, dialect=dialect)
+    assert set(pinned.tables) == {TABLE}
+    assert "recent" in pinned.sql.lower()
+    assert pinned.sql.lower().count("__icefloe_") == 1
+
+
+def test_should_refuse_a_postgres_cte_that_matches_only_ignoring_case(lake: Config) -> None:
+    """Postgres keeps a quoted name's case: there ``recent`` is not ``"Recent"``, in Spark
+    it is."""
+    with pytest.raises(QueryError, match="recent matches a CTE only ignoring case"):
+        plan('WITH "Recent" AS (SELECT url FROM pageviews) SELECT * FROM recent', lake,
+             dialect="postgres")
+    with pytest.raises(QueryError, match="'c' is a CTE"):
+        plan("WITH C AS (SELECT 1 AS x) SELECT * FROM c AT (VERSION => 1)", lake)

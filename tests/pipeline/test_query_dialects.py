@@ -117,7 +117,7 @@ def test_postgres_sql_is_transpiled_or_refused(lake: Config, tmp_path: Path,  # 
     assert "duration_ms / 3" in err
     assert "integer" in err
     code, rows, err = cli(tmp_path, capsys, "query", "--dialect", "postgres",
-                          "SELECT count(*) AS n FROM pageviews WHERE lower(url) = '/a'")
+                          "SELECT count(*) AS n FROM pageviews WHERE url IN ('/A', '/a')")
     assert code == 0, err
     assert rows == [{"n": 3}]
 
@@ -125,13 +125,37 @@ def test_postgres_sql_is_transpiled_or_refused(lake: Config, tmp_path: Path,  # 
 # Each construct refused for DuckDB SQL answers differently on the two engines when Spark
 # runs sqlglot's transpilation (so refusing it is needed), and each allowed one the same.
 FROM = (" FROM (SELECT 'hello' AS s, 7 AS a, -7 AS b, 2 AS c, [10, 20, 30] AS l, 1 AS i, "
-        "1.5 AS d, DATE '2026-11-22' AS dt, TIMESTAMP '2026-11-22 10:11:12.5' AS ts) t")
+        "1.5 AS d, DATE '2026-11-22' AS dt, TIMESTAMP '2026-11-22 10:11:12.5' AS ts, "
+        "TIMESTAMP '2026-11-22 10:59:00' AS t1, TIMESTAMP '2026-11-22 11:01:00' AS t2, "
+        "'a_b' AS u) t")  # 2026-11-22 is a Sunday
 DIVERGENT = ["substring(s, 0, 2)", "substring(s, 2, -1)", "left(s, -2)", "l[i]",
              "CAST(d AS INTEGER)", "d::int", "dayofweek(dt)", "isodow(dt)", "log(100)",
-             "epoch(ts)", "hash(s)", "regexp_replace(s, 'l', 'L')"]
+             "epoch(ts)", "hash(s)", "regexp_replace(s, 'l', 'L')",
+             "extract(dow FROM dt)", "date_part('dow', dt)", "datepart('dow', dt)",
+             "extract(dayofweek FROM dt)", "weekday(dt)", "dayname(dt)", "monthname(dt)",
+             "date_diff('hour', t1, t2)", "datediff('day', t1, t2 + INTERVAL 14 HOUR)",
+             "date_diff('month', DATE '2024-01-31', DATE '2024-02-01')",
+             "u LIKE 'a\\_b'", "u ILIKE 'A\\_B'"]
 SAME = ["substring(s, 1, 2)", "substring(s, -3, 2)", "a / c", "b // c", "b % c",
         "'x' || NULL", "concat('x', NULL)", "l[1]", "l[3]", "CAST(a AS INTEGER)",
-        "regexp_replace(s, 'l', 'L', 'g')", "round(d)", "instr(s, 'l')", "log10(100)"]
+        "regexp_replace(s, 'l', 'L', 'g')", "round(d)", "instr(s, 'l')", "log10(100)",
+        # what the refusals say to write instead
+        "strftime(dt, '%a')", "strftime(dt, '%A')", "strftime(dt, '%B')",
+        "date_diff('hour', date_trunc('hour', t1), date_trunc('hour', t2))",
+        "date_diff('day', CAST(t1 AS DATE), CAST(t2 + INTERVAL 14 HOUR AS DATE))",
+        "date_diff('day', DATE '2024-01-31', DATE '2024-02-01')",
+        "date_diff('microsecond', TIMESTAMP '1970-01-01', ts) / 1e6",
+        "u LIKE 'a\\_b' ESCAPE '\\'", "u LIKE 'a_b'"]
+# Aggregates, over a group with a NULL and one with only NULLs.
+GROUPS = (" FROM (VALUES (1, 1), (1, 2), (1, NULL), (1, 3), (1, 4), (2, NULL)) AS t(g, x) "
+          "GROUP BY g ORDER BY g")
+DIVERGENT_AGGREGATES = ["array_agg(x)", "list(x)", "array_agg(x) FILTER (WHERE x IS NOT NULL)",
+                        "quantile(x, 0.5)"]
+SAME_AGGREGATES = ["coalesce(array_agg(x) FILTER (WHERE x IS NOT NULL), [])", "median(x)",
+                   "percentile_cont(0.5) WITHIN GROUP (ORDER BY x)",
+                   "percentile_cont(0.3) WITHIN GROUP (ORDER BY x DESC)",
+                   "percentile_disc(0.3) WITHIN GROUP (ORDER BY x)",
+                   "percentile_disc(0.5) WITHIN GROUP (ORDER BY x DESC)"]
 
 
 def _both(spark: Any, expression: str) -> tuple[Any, Any]:
@@ -177,3 +201,123 @@ def test_models_and_mappings_refuse_the_same_constructs(tmp_path: Path) -> None:
         check_model_sql(model)
     with pytest.raises(ValueError, match=r"SUBSTRING\(url, 0, 2\)"):
         sql_expression(Column("h", "string", sql="substring(url, 0, 2)", dialect="duckdb"))
+
+
+def _numbers(rows: Any) -> list[Any]:
+    """Rows with every number as a float (DuckDB's percentile_disc keeps the integer type,
+    Spark's answers a double: the same value)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        return value
+    return [plain(row[0]) for row in rows]
+
+
+def _groups(spark: Any, expression: str, transpiled: bool) -> tuple[Any, Any]:
+    """Per group: DuckDB's answer and Spark's, Spark's from icefloe's Spark SQL
+    (``transpiled``: from sqlglot's, as it was before the construct was refused)."""
+    import duckdb
+
+    from pipeline.read.query import spark_sql
+
+    sql = f"SELECT {expression} AS v{GROUPS}"
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    text = tree.sql(dialect="spark") if transpiled else spark_sql(tree, "duckdb")
+    return (_numbers(duckdb.sql(sql).fetchall()),
+            _numbers([tuple(r) for r in spark.sql(text).collect()]))
+
+
+@pytest.mark.parametrize("expression", DIVERGENT_AGGREGATES)
+def test_each_refused_aggregate_answers_differently(spark: Any, expression: str) -> None:
+    on_duckdb, on_spark = _groups(spark, expression, transpiled=True)
+    assert on_duckdb != on_spark
+    with pytest.raises(Divergent):
+        refuse_divergent(sqlglot.parse_one(f"SELECT {expression}{GROUPS}", read="duckdb"),
+                         "duckdb")
+
+
+@pytest.mark.parametrize("expression", SAME_AGGREGATES)
+def test_each_allowed_aggregate_answers_the_same(spark: Any, expression: str) -> None:
+    """``percentile_cont``/``_disc ... WITHIN GROUP`` too: sqlglot alone wrote Spark's
+    approximate ``percentile_approx`` (and dropped ``DESC``)."""
+    on_duckdb, on_spark = _groups(spark, expression, transpiled=False)
+    assert on_duckdb == on_spark
+
+
+@pytest.mark.parametrize(("dialect", "refused", "instead"), [
+    ("duckdb", "extract(dow FROM dt)", "strftime(d, '%a')"),
+    ("duckdb", "date_part('isodow', dt)", "strftime(d, '%a')"),
+    ("duckdb", "dayofweek(dt)", "strftime(d, '%a')"),  # no longer: "use extract"
+    ("duckdb", "weekday(dt)", "strftime(d, '%a')"),
+    ("duckdb", "dayname(dt)", "strftime(d, '%A')"),
+    ("duckdb", "monthname(dt)", "strftime(d, '%B')"),
+    ("postgres", "extract(dow FROM dt)", "dayofweek(d) - 1"),
+    ("postgres", "date_part('isodow', dt)", "Spark's dialect"),
+    ("duckdb", "date_diff('hour', t1, t2)",
+     "date_diff('hour', date_trunc('hour', a), date_trunc('hour', b))"),
+    ("duckdb", "datediff('day', t1, t2)", "cast both to DATE"),
+    ("duckdb", "array_agg(x)", "coalesce(array_agg(x) FILTER (WHERE x IS NOT NULL), [])"),
+    ("duckdb", "list(x)", "coalesce(array_agg(x) FILTER (WHERE x IS NOT NULL), [])"),
+    ("postgres", "array_agg(x)", "ARRAY[]::int[]"),
+    ("duckdb", "quantile(x, 0.5)", "percentile_disc(q) WITHIN GROUP (ORDER BY x)"),
+    ("duckdb", "u LIKE 'a\\_b'", "ESCAPE '\\'"),
+    ("duckdb", "u NOT LIKE u", "ESCAPE '\\'"),
+    ("duckdb", "epoch(ts)", "date_diff('microsecond', TIMESTAMP '1970-01-01', ts) / 1e6"),
+])
+def test_each_refusal_names_the_construct_and_what_to_write(dialect: str, refused: str,
+                                                            instead: str) -> None:
+    """No Spark needed; the replacements are checked on both engines above (SAME)."""
+    with pytest.raises(Divergent) as error:
+        refuse_divergent(sqlglot.parse_one(f"SELECT {refused} FROM t", read=dialect), dialect)
+    assert instead in error.value.reason
+    assert "extract" not in error.value.reason
+    assert "epoch_ms" not in error.value.reason
+    construct = sqlglot.parse_one(refused, read=dialect).sql(dialect=dialect)
+    assert error.value.construct == construct
+
+
+@pytest.mark.parametrize(("dialect", "expression"), [
+    ("postgres", "u LIKE 'a\\_b'"),  # Postgres escapes with a backslash, as Spark does
+    ("postgres", "coalesce(array_agg(x) FILTER (WHERE x IS NOT NULL), ARRAY[]::int[])"),
+    ("duckdb", "coalesce(array_agg(DISTINCT x) FILTER (WHERE x > 0 AND x IS NOT NULL), [])"),
+    ("duckdb", "u LIKE 'a\\b' ESCAPE '!'"),
+    ("duckdb", "date_diff('day', dt, DATE '2026-12-01')"),
+    ("spark", "array_agg(x)"),  # Spark's own rules
+])
+def test_what_answers_the_same_is_not_refused(dialect: str, expression: str) -> None:
+    from sqlglot import exp
+
+    tree = sqlglot.parse_one(f"SELECT {expression} FROM t", read=dialect)
+    refuse_divergent(tree, dialect, {"t": {"dt": "DATE", "x": "INT", "u": "TEXT"}})
+    assert tree.find(exp.Select) is not None
+
+
+@pytest.mark.parametrize("dialect", ["spark", "duckdb", "postgres"])
+def test_percentiles_within_group_stay_exact_on_spark(dialect: str) -> None:
+    """sqlglot alone writes ``percentile_approx(x, 0.3)`` (approximate, ``DESC`` lost)."""
+    from pipeline.read.query import spark_sql
+
+    sql = "SELECT percentile_cont(0.3) WITHIN GROUP (ORDER BY x DESC) AS p FROM t"
+    text = spark_sql(sqlglot.parse_one(sql, read=dialect), dialect)
+    assert "PERCENTILE_CONT(0.3) WITHIN GROUP (ORDER BY x DESC" in text
+    assert "APPROX" not in text.upper()
+
+
+@pytest.mark.parametrize(("expression", "embedded"), [
+    ("upper('straße')", "SELECT upper(s) FROM v"),  # 'STRAẞE' vs 'STRASSE'
+    ("lower('İ')", "SELECT lower(s) FROM v"),  # 'i' vs 'i̇'
+    ("avg(CAST(x AS DECIMAL(10, 2)))", "SELECT avg(price) FROM v"),  # DOUBLE vs decimal
+])
+def test_what_the_embedded_engine_no_longer_runs_answers_differently(
+        spark: Any, expression: str, embedded: str) -> None:
+    """The embedded engine's allow-list had these as exact (``pipeline.read.embedded``):
+    the same Spark SQL answered differently by DuckDB and by Spark."""
+    from pipeline.read.embedded import Untranslatable, translate
+
+    sql = f"SELECT {expression} AS v FROM (VALUES (1), (2), (2)) AS t(x)"
+    on_spark = spark_says(spark, sqlglot.transpile(sql, read="duckdb", write="spark")[0])
+    assert str(duckdb_says(sql)) != str(on_spark)
+    with pytest.raises(Untranslatable, match=r"Unicode rules|avg of a decimal"):
+        translate(embedded, {"s": "string", "price": "decimal(10, 2)"})
