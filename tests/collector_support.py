@@ -160,6 +160,23 @@ def output_engine(spark: Any, output: str, partitions: int = 2) -> Any:
     return SparkClusterEngine(spark, partitions)
 
 
+async def commit_routed(config: Config, engine: Any) -> None:
+    """Commit everything queued with a collector routing by the registry in the store
+    (its tables prepared first), dequeue it, and stop cleanly (the lease free)."""
+    from collector.routing import Routes  # lazy: the collector's modules
+
+    collector = await start(config, engine)
+    try:
+        registry = await RegistryStore(collector.store, config.admin.registry_key).read()
+        collector.routes = Routes(registry)
+        await asyncio.to_thread(collector.prepare_tables)
+        await drain(collector)
+        await collector.dequeue()
+        await collector.consumer.release_lease()
+    finally:
+        await collector.store.close()
+
+
 async def change_registry(config: Config, fn: Callable[[Registry], Registry]) -> Registry:
     """Apply ``fn`` to the registry in ``config``'s store (as the admin API does); the new
     registry."""

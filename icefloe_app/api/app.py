@@ -269,32 +269,33 @@ class AdminApi:
         made = checked.source(spec.id)
         assert made is not None
         if not spec.sinks:
-            try:
-                reg = await self._update(
-                    lambda r: ops.create_source(r, spec, clock=self.clock))
-            except RegistryError as exc:  # our own write, if its answer was lost?
-                reg = await self.current()
-                found = reg.source(spec.id)
-                if exc.code != "exists" or found is None or found.live_sinks() \
-                        or found.description != spec.description:
-                    raise
+            reg = await self._create_source(spec)
             return self._created(reg, spec.id)
 
         async def commit() -> dict[str, Any]:
-            try:
-                reg = await self._update(
-                    lambda r: ops.create_source(r, spec, clock=self.clock))
-            except RegistryError as exc:  # our own write, if its answer was lost?
-                reg = await self.current()
-                found = reg.source(spec.id)
-                if exc.code != "exists" or found is None or len(found.live_sinks()) != len(
-                        spec.sinks) or not all(ops.matches(s, w) for s, w in zip(
-                            found.live_sinks(), spec.sinks, strict=True)):
-                    raise
+            reg = await self._create_source(spec)
             return {"version": reg.version, "source": source_json(self._source(reg, spec.id))}
         task = self.tasks.start("create_source", spec.id,
                                 [s.stream(spec.id) for s in made.live_sinks()], commit)
         return self._accepted(task)
+
+    async def _create_source(self, spec: ops.SourceSpec) -> Registry:
+        """Write the new source; a create whose write landed but whose answer was lost (the
+        store's retry then finds the source there) recognizes its own source: the same
+        sinks, and without sinks the same description."""
+        try:
+            return await self._update(lambda r: ops.create_source(r, spec, clock=self.clock))
+        except RegistryError as exc:
+            reg = await self.current()
+            found = reg.source(spec.id)
+            if exc.code != "exists" or found is None:
+                raise
+            sinks = found.live_sinks()
+            same = len(sinks) == len(spec.sinks) and all(
+                ops.matches(s, w) for s, w in zip(sinks, spec.sinks, strict=True))
+            if not same or (not spec.sinks and found.description != spec.description):
+                raise
+            return reg
 
     def _created(self, reg: Registry, source_id: str) -> Response:
         return json_response({"version": reg.version,

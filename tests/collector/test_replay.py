@@ -22,6 +22,7 @@ from collector_support import (
     change_registry,
     click,
     collector_config,
+    commit_routed,
     drain,
     ids,
     open_store_of,
@@ -35,10 +36,9 @@ from collector.gc import collect_garbage
 from collector.replay import Replay
 from collector.replay_plan import plan
 from collector.replay_range import ReplayConflict, ReplayRefused, parse_bound
-from collector.routing import Routes
 from icefloe.config import load_config
 from icefloe.manifest import ManifestConsumer
-from icefloe.registry import RegistryStore, ops
+from icefloe.registry import ops
 from pipeline.iceberg.catalog import open_catalog
 from pipeline.load.run import LocalEngine
 
@@ -373,16 +373,7 @@ async def commit_through_registry(config: Any, sink: Any, batches: list[list[Any
         await publish(store, batches, registry_version=1)
     finally:
         await store.close()
-    collector = await start(config, LocalEngine())
-    try:
-        registry = await RegistryStore(collector.store, config.admin.registry_key).read()
-        collector.routes = Routes(registry)
-        await asyncio.to_thread(collector.prepare_tables)
-        await drain(collector)
-        await collector.dequeue()
-        await collector.consumer.release_lease()
-    finally:
-        await collector.store.close()
+    await commit_routed(config, LocalEngine())
 
 
 def test_a_replay_routes_every_event_through_the_sinks_where_as_it_is_now(tmp_path):

@@ -13,20 +13,18 @@ from collector_support import (
     change_registry,
     click,
     collector_config,
-    drain,
+    commit_routed,
     open_store_of,
     output_engine,
     publish,
     read_table,
-    start,
 )
 
 from collector.replay import Replay
 from collector.replay_plan import plan
 from collector.replay_range import parse_bound
-from collector.routing import Routes
 from icefloe.config import Config
-from icefloe.registry import RegistryStore, ops
+from icefloe.registry import ops
 from pipeline.iceberg.catalog import open_catalog
 
 ORIGINAL = ops.SinkSpec(name="clicks", table="web.clicks", columns=CLICKS.columns)
@@ -42,16 +40,7 @@ async def commit_with_registry(config: Config, engine: Any) -> None:
                       registry_version=1)
     finally:
         await store.close()
-    collector = await start(config, engine)
-    try:
-        registry = await RegistryStore(collector.store, config.admin.registry_key).read()
-        collector.routes = Routes(registry)
-        await asyncio.to_thread(collector.prepare_tables)
-        await drain(collector)
-        await collector.dequeue()
-        await collector.consumer.release_lease()
-    finally:
-        await collector.store.close()
+    await commit_routed(config, engine)
     # the new sink, created after the events, paused while it is filled
     await change_registry(config, lambda r: ops.create_sink(r, "clicks", COPY))
     await change_registry(config, lambda r: ops.set_sink_enabled(r, "clicks", "copy", False))
