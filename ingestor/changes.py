@@ -51,6 +51,12 @@ def flatten_events(flattener: Flattener, events: Sequence[bytes], limit: int
             done = flattener.flatten(msgspec.json.decode(event))
         except msgspec.DecodeError as exc:
             refused.append(Refusal(index, None, f"malformed JSON: {exc}", "invalid_json"))
+        except UnicodeDecodeError as exc:
+            refused.append(Refusal(index, None, f"not UTF-8 (byte {exc.start}: "
+                                   f"{exc.reason}); JSON must be UTF-8", "invalid_utf8"))
+        except RecursionError:
+            refused.append(Refusal(index, None, "the JSON nests deeper than the decoder "
+                                   "allows", "json_too_deep"))
         except ChangeError as exc:
             refused.append(Refusal(index, exc.field, exc.reason, "invalid_change"))
         else:

@@ -231,7 +231,10 @@ class EventMappings:
         if column.type == "timestamp":
             if value.__class__ is int:
                 return self._converted(column, value)
-            return value.astimezone(dt.UTC) if value.utcoffset() else value
+            try:
+                return value.astimezone(dt.UTC) if value.utcoffset() else value
+            except OverflowError:  # past year 9999 or before year 1 once in UTC
+                return self._converted(column, value)  # refuses it, naming the column
         return value
 
     def _converted(self, column: Column, value: Any, kind: str | None = None) -> Any:

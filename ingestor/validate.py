@@ -219,6 +219,8 @@ class CompiledStream:
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise InvalidEvents("invalid_json", f"the body must be a JSON object or an "
                                     f"array of objects: {exc}") from None
+            except RecursionError:
+                raise _too_deep() from None
         raise InvalidEvents("invalid_json", "the body must be a JSON object or an array of "
                             f"objects, it starts with {start!r}")
 
@@ -643,13 +645,16 @@ def _utc(name: str, value: dt.datetime | int | None) -> dt.datetime | None:
     """A decoded timestamp (aware datetime or epoch milliseconds) as a UTC datetime."""
     if value is None:
         return None
-    if value.__class__ is int:
-        assert isinstance(value, int)
-        if not -MAX_EPOCH_MS <= value <= MAX_EPOCH_MS:
-            raise OutOfRange(name, f"epoch milliseconds {value} out of range")
-        return EPOCH + dt.timedelta(milliseconds=value)
-    assert isinstance(value, dt.datetime)
-    return value.astimezone(dt.UTC) if value.utcoffset() else value
+    try:
+        if value.__class__ is int:
+            assert isinstance(value, int)
+            if not -MAX_EPOCH_MS <= value <= MAX_EPOCH_MS:
+                raise OutOfRange(name, f"epoch milliseconds {value} out of range")
+            return EPOCH + dt.timedelta(milliseconds=value)
+        assert isinstance(value, dt.datetime)
+        return value.astimezone(dt.UTC) if value.utcoffset() else value
+    except OverflowError:  # past year 9999 or before year 1 once in UTC
+        raise OutOfRange(name, f"{value} is outside the years 1-9999 in UTC") from None
 
 
 def _bad_payloads(exc: BadPayloads) -> InvalidEvents:

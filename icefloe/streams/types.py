@@ -123,11 +123,14 @@ def convert_value(kind: str, value: Any, raw: bool = False) -> Any:
     if kind == "string" and raw:
         return value if isinstance(value, str) else msgspec.json.encode(value).decode()
     if kind == "timestamp":
-        if value.__class__ is int:
-            if not -MAX_EPOCH_MS <= value <= MAX_EPOCH_MS:
-                raise ValueError(f"epoch milliseconds {value} out of range")
-            return EPOCH + dt.timedelta(milliseconds=value)
-        return msgspec.convert(value, _TZ_DATETIME).astimezone(dt.UTC)
+        try:
+            if value.__class__ is int:
+                if not -MAX_EPOCH_MS <= value <= MAX_EPOCH_MS:
+                    raise ValueError(f"epoch milliseconds {value} out of range")
+                return EPOCH + dt.timedelta(milliseconds=value)
+            return msgspec.convert(value, _TZ_DATETIME).astimezone(dt.UTC)
+        except OverflowError:  # past year 9999 or before year 1 once in UTC
+            raise ValueError(f"{value} is outside the years 1-9999 in UTC") from None
     return msgspec.convert(value, FIELD_TYPES[kind])
 
 

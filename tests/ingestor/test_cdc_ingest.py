@@ -152,3 +152,19 @@ async def test_kafka_record_errors_name_records_as_sent_around_tombstones(tmp_pa
         finally:
             await conn.close()
         assert await stored_events(config.store.url) == []
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    (b'{"op":"c","after":{"id":1,"email":"\xff"},"source":{"connector":"postgresql",'
+     b'"lsn":1}}', "invalid_utf8"),
+    (b'{"op":"c","after":{"id":1,"x":' + b"[" * 1200 + b"]" * 1200 + b'},"source":{}}',
+     "json_too_deep"),
+])
+def test_a_change_not_utf8_or_too_deep_is_refused_with_its_code(raw: bytes, code: str):
+    """Not a 500: a change event that is not UTF-8, or nests past the decoder, is refused
+    like any other event, by index and with the code a JSON stream gives."""
+    stream = CompiledStream(CUSTOMERS)
+    for call in (stream.from_events, lambda events: stream.from_json(b"[" + events[0] + b"]")):
+        with pytest.raises(InvalidEvents) as info:
+            call([raw])
+        assert code in (info.value.code, *(v.code for v in info.value.violations))
