@@ -288,9 +288,14 @@ class Pinned:
 
 
 def referenced_columns(sql: str, dialect: str = "spark") -> set[str]:
-    """Lower-case names of every column the statement names; ``{"*"}`` if it has a star."""
+    """Lower-case names of every column the statement names; ``{"*"}`` if it has a star.
+    Every part of a dotted reference counts (``addr.city`` reads the struct column
+    ``addr``; a table alias among them names no column and is left out by the reader), and
+    so do a join's ``USING`` columns, which are identifiers, not column nodes."""
     tree = sqlglot.parse_one(sql, read=dialect)
-    names = {c.name.lower() for c in tree.find_all(exp.Column)}
+    names = {part.name.lower() for c in tree.find_all(exp.Column) for part in c.parts}
+    for join in tree.find_all(exp.Join):
+        names |= {i.name.lower() for i in join.args.get("using") or ()}
     if any(True for _ in tree.find_all(exp.Star)) and not all(
             isinstance(s.parent, exp.Count) for s in tree.find_all(exp.Star)):
         names.add("*")

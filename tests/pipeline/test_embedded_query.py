@@ -68,6 +68,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 QUERIES = [
     ("count", "SELECT count(*) AS n FROM web.clicks", False),
+    ("join using", "SELECT count(*) AS n FROM web.clicks a JOIN web.clicks b USING (url)",
+     False),  # USING names a column through an identifier, not a column node
     ("group by", "SELECT url, count(*) AS c, sum(n) AS s, min(ts) AS t0 FROM clicks "
                  "GROUP BY url", False),
     ("filters", "SELECT user_id, n FROM clicks WHERE n BETWEEN 5 AND 30 AND url IS NOT NULL "
