@@ -9,7 +9,10 @@ a flood of distinct wrong tokens can take at most one core and never the default
 pool (which the collector's commits use under ``icefloe up``); and each client address may
 fail ``FAILED_BURST`` verifications at once and ``FAILED_PER_S`` per second after that —
 beyond, its unknown tokens are refused (429) without being verified. Proven tokens stay
-cached, so an operator under attack keeps working.
+cached, so an operator under attack keeps working: they are kept apart from the refused
+ones (which a flood of distinct wrong tokens churns) and evicted least recently used. An
+IPv6 client's budget is its /64, as the ingestors' rate limits count it (a host is
+routinely given a whole /64).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from icefloe.clock import SYSTEM, Clock
 from icefloe.tokens import TokenHash, hash_token, parse_hash
+from ingestor.ratelimit import client_key
 
 MAX_CACHED = 256
 FAILED_BURST = 10
@@ -41,7 +45,10 @@ class AdminAuth:
         while a loaded machine runs it)."""
         self._hashes: list[TokenHash] = [parse_hash(h) for h in hashes]
         self._key = secrets.token_bytes(32)
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._proven: OrderedDict[bytes, None] = OrderedDict()
+        """MACs of admin tokens verified, least recently used first."""
+        self._refused: OrderedDict[bytes, None] = OrderedDict()
+        """MACs of wrong tokens, oldest first (apart: they never evict a proven one)."""
         self._failures: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="admin-auth")
 
@@ -49,22 +56,26 @@ class AdminAuth:
         """Whether ``token`` is an admin token. Raises :class:`Throttled` for a client
         over its failure budget presenting a token not seen before."""
         mac = hashlib.blake2b(token.encode(), key=self._key, digest_size=32).digest()
-        known = self._cache.get(mac)
-        if known is None:
-            client = client or "-"
-            now = self._clock.monotonic()
-            if self._budget(client, now) < 1:
-                raise Throttled(client)
-            known = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._verify, token)
-            self._cache[mac] = known
-            while len(self._cache) > MAX_CACHED:
-                self._cache.popitem(last=False)
-            if not known:
-                self._failures[client] = (self._budget(client, now) - 1, now)
-                self._failures.move_to_end(client)
-                while len(self._failures) > MAX_CLIENTS:
-                    self._failures.popitem(last=False)
+        if mac in self._proven:
+            self._proven.move_to_end(mac)
+            return True
+        if mac in self._refused:
+            return False
+        client = client_key(client or "-")
+        now = self._clock.monotonic()
+        if self._budget(client, now) < 1:
+            raise Throttled(client)
+        known = await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._verify, token)
+        cache = self._proven if known else self._refused
+        cache[mac] = None
+        while len(cache) > MAX_CACHED:
+            cache.popitem(last=False)
+        if not known:
+            self._failures[client] = (self._budget(client, now) - 1, now)
+            self._failures.move_to_end(client)
+            while len(self._failures) > MAX_CLIENTS:
+                self._failures.popitem(last=False)
         return known
 
     def _budget(self, client: str, now: float) -> float:
