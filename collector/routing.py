@@ -34,7 +34,7 @@ from icefloe.registry.streams import routing_streams
 from icefloe.streams.dynamic_tables import is_template
 from icefloe.streams.evolution import CLIENT_FIELD, EXTRA_FIELD
 from icefloe.streams.mappings import sql_expression, sql_references
-from pipeline.iceberg import ARROW_TYPES
+from pipeline.iceberg import ARROW_TYPES, DEAD_LETTER_TABLE
 from pipeline.load import (
     SqlCase,
     TemplateCase,
@@ -111,9 +111,13 @@ class Routes:
         return out
 
     def live_tables(self) -> list[str]:
-        return sorted({t.table for ts in self.targets.values() for t in ts
-                       if t.sink.live and t.source.live and not is_template(t.table)}
-                      | set(self.dynamic))
+        """The tables the collector maintains (compacts, expires, sweeps): every live
+        sink's table, every table of a template met so far, and last the dead letters,
+        which the collector commits to like a stream table (a snapshot per run with dead
+        letters, carrying ``icefloe.sequence``) and maintains the same way."""
+        tables = {t.table for ts in self.targets.values() for t in ts
+                  if t.sink.live and t.source.live and not is_template(t.table)}
+        return [*sorted((tables | set(self.dynamic)) - {DEAD_LETTER_TABLE}), DEAD_LETTER_TABLE]
 
     def decode_config(self, config: Config) -> Config:
         return msgspec.structs.replace(config, streams=tuple(self.decode_streams))

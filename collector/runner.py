@@ -587,9 +587,15 @@ class Runner:
                 break
 
     def _maintain_table(self, name: str, settings: MaintenanceSettings) -> None:
+        from pyiceberg.exceptions import NoSuchTableError  # lazy: pyiceberg
+
         collector = self.collector
         try:
-            table = collector.catalog.load_table(name)
+            try:
+                table = collector.catalog.load_table(name)
+            except NoSuchTableError:  # not made yet (the dead letters before the first)
+                log.debug("maintenance of %s: no such table yet", name)
+                return
             report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings,
                                      clock=collector.consumer.store_clock)
             collector.metrics.maintenance.labels(name, "ok").inc()

@@ -490,17 +490,16 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                                                 if isinstance(v, str)])
         except InvalidEvents as exc:
             raise service.bad_request(exc) from None
+        if stream.typed is None and request.datas is not None:
+            # refused whatever on_invalid says: dead-lettering it would keep an empty payload
+            # in place of the bytes sent, and json beside data would drop them silently
+            raise service.bad_request(data_on_json_stream(stream, request))
         try:
             canonical = stream.from_events(jsons) if stream.typed is None \
                 else typed_events(stream, request)
         except InvalidEvents as exc:
-            error = exc
-            if stream.typed is None and request.datas is not None:
-                error = InvalidEvents("invalid_payload", f"stream {stream.name!r} takes JSON "
-                                      "events (Event.json); Event.data is for a format = "
-                                      '"protobuf" or "avro" stream')
             if stream.config.on_invalid != "dead_letter" or not jsons:
-                raise service.bad_request(error) from None
+                raise service.bad_request(exc) from None
             canonical = None
         ids = request.event_ids
         if canonical is None:  # on_invalid = "dead_letter": keep the valid ones
@@ -519,6 +518,20 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             request.stream in self.service.streams else UNKNOWN_STREAM_LABEL
         self.service.reject(label, error, 1 if request is None else len(request.jsons))
         self.metrics.requests.labels("grpc", label, error.grpc_code.name).inc()
+
+
+def data_on_json_stream(stream: CompiledStream, request: Request) -> InvalidEvents:
+    """The refusal of a request to a JSON stream whose events set ``data`` (alone or beside
+    ``json``): ``data`` is for a ``format = "protobuf"`` or ``"avro"`` stream, and a JSON
+    stream has nothing to store its bytes in. One violation per such event (capped)."""
+    datas = request.datas or ()
+    bad = [i for i, binary in enumerate(datas) if binary][:stream.MAX_VIOLATIONS]
+    return InvalidEvents(
+        "invalid_payload", f"event {bad[0]} sets data; stream {stream.name!r} takes JSON "
+        "events (Event.json); Event.data is for a format = \"protobuf\" or \"avro\" stream",
+        [Violation(i, "data", "json and data both set; a JSON stream takes json only"
+                   if request.jsons[i] else "data set; a JSON stream takes json",
+                   "invalid_payload") for i in bad])
 
 
 def typed_events(stream: CompiledStream, request: Request) -> Canonical:

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import msgspec
 
+from icefloe.streams.mappings import stored_header
 from ingestor.errors import (
     BadRequest,
     IngestError,
@@ -156,7 +157,7 @@ def request_events(decode: Decode, body: bytes) -> list[bytes] | None:
     if start == b"[" and decode is not _one_object:
         try:
             return [bytes(raw) for raw in _RAW_LIST.decode(body)] or None
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return None
     return None
 
@@ -185,14 +186,38 @@ def _header_lookup(headers: Headers) -> Callable[[str], str | None]:
     only a stream with header mappings pays for it."""
     def lookup(name: str) -> str | None:
         wanted = name.encode()
-        values = [v.decode("latin-1") for k, v in headers if k == wanted]
+        values = [_header_text(name, v) for k, v in headers if k == wanted]
         return ",".join(values) if values else None
     return lookup
 
 
 def _header_pairs(headers: Headers) -> list[tuple[str, str]]:
-    """Every request header as text (a ``from = "headers"`` column takes them all)."""
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    """Every request header a ``from = "headers"`` column keeps, as text. The ones it
+    leaves out (credentials; :func:`ingestor.mappings.all_headers_json` applies the same
+    test) are skipped before their values are read, so whatever bytes they hold cannot
+    refuse the request."""
+    pairs = []
+    for k, v in headers:
+        name = k.decode("latin-1")
+        if name.startswith(":") or name.endswith("-bin") or not stored_header(name.lower()):
+            continue
+        pairs.append((name, _header_text(name, v)))
+    return pairs
+
+
+def _header_text(name: str, value: bytes) -> str:
+    """A header value a mapping stores: its UTF-8 text, what clients send (and how Kafka
+    headers are read). A value that is not UTF-8 is refused naming the header (400
+    ``invalid_utf8``), as a body or an ``Idempotency-Key`` that is not: read as latin-1
+    (RFC 9110's obs-text) it would be stored as plausible, wrong text (``JosÃ©``)."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"header {name!r} is not valid UTF-8 (byte {exc.start} of "
+                         f"{len(value)}); send header values a column stores as UTF-8 text",
+                         code="invalid_utf8",
+                         details=[{"index": None, "field": name,
+                                   "reason": "header value not UTF-8"}]) from None
 
 
 class Request:

@@ -54,10 +54,12 @@ from icefloe.streams.divergent import Divergent, refuse_divergent
 from pipeline.read.local_table import LocalTable, Unusual
 from pipeline.read.tables import as_pyiceberg, load_table_to_query, resolve_snapshot
 from pipeline.read.versions import (
+    EXPIRY,
     CatalogVersions,
     at_version,
     claimed_version,
     complete_snapshot,
+    expired_before,
     refuse_intermediate,
 )
 
@@ -552,12 +554,26 @@ def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None,
         return resolve_snapshot(table, identifier, None)
     if as_of.snapshot_id is not None:
         if as_of.spelled is not None and table.snapshot_by_id(as_of.snapshot_id) is None:
+            number = as_of.snapshot_id
+            kept = expired_before(table)
+            expired = ""
+            if kept is not None:  # maybe one of the expired snapshots: said, not guessed
+                since = dt.datetime.fromtimestamp(kept.timestamp_ms / 1000, dt.UTC).isoformat(
+                    timespec="milliseconds")
+                gone = (f"its snapshots before {kept.snapshot_id} (committed at {since}) were "
+                        f"expired ({EXPIRY})")
+                if not (versions or CatalogVersions([table])).exists(number):
+                    raise QueryError(
+                        f"{as_of.spelled}: table {identifier!r} has no snapshot {number}: if "
+                        f"it was one of its snapshots, it was expired and can no longer be "
+                        f"read: {gone}; read a snapshot it keeps, or keep snapshots longer to "
+                        f"travel further back (see `icefloe tables history {identifier}`)")
+                expired = f"; if {number} was a snapshot of it, it was expired: {gone}"
             raise QueryError(
                 f"{as_of.spelled}: Spark's FOR VERSION AS OF takes a snapshot id of the table "
                 f"(as Spark reads Iceberg), and {identifier!r} has no snapshot "
-                f"{as_of.snapshot_id}; for catalog version {as_of.snapshot_id} write "
-                f"AT (VERSION => {as_of.snapshot_id}) (see `icefloe tables history "
-                f"{identifier}`)")
+                f"{number}; for catalog version {number} write AT (VERSION => {number})"
+                f"{expired} (see `icefloe tables history {identifier}`)")
         snapshot_id = resolve_snapshot(table, identifier, as_of.snapshot_id)
         try:
             refuse_intermediate(table, identifier, as_of.snapshot_id,
@@ -569,8 +585,17 @@ def pin(table: Table | LocalTable, identifier: str, as_of: AsOf | None,
     # At a moment inside an older icefloe's multi-snapshot commit: the state before it.
     snapshot = complete_snapshot(table, table.snapshot_as_of_timestamp(as_of.timestamp_ms))
     if snapshot is None:
-        first = min((s.timestamp_ms for s in table.snapshots()), default=None)
         when = _iso(as_of.timestamp_ms)
+        kept = expired_before(table)
+        if kept is not None:
+            since = dt.datetime.fromtimestamp(kept.timestamp_ms / 1000, dt.UTC).isoformat(
+                timespec="milliseconds")
+            raise QueryError(
+                f"table {identifier!r} can no longer be read at {when}: the snapshots "
+                f"before its oldest kept one (committed at {since}) were "
+                f"expired ({EXPIRY}); read it at that time or later, or keep snapshots "
+                f"longer to travel further back (see `icefloe tables history {identifier}`)")
+        first = min((s.timestamp_ms for s in table.snapshots()), default=None)
         since = f"its first commit is at {_iso(first)}" if first else "it has no commits yet"
         raise QueryError(f"table {identifier!r} had no snapshot at {when}; {since}")
     return snapshot.snapshot_id

@@ -17,8 +17,12 @@ version ``n`` is its newest snapshot (along the current snapshot's ancestry) who
   newer-numbered one counts as that one), so what a version reads never changes later;
 * a table with no version anywhere (written only by other engines or an older icefloe)
   resolves by commit time: the moment of version ``n`` is the newest commit time of a
-  snapshot numbered at most ``n`` in the query's other tables (:class:`CatalogVersions`); a
-  query that has no such table cannot place ``n`` in time and is refused.
+  snapshot that *introduced* a version at most ``n`` (:func:`introduced_versions`) in the
+  query's other tables (:class:`CatalogVersions`). A compaction or fence that carries a
+  version forward is committed later but changes nothing a version reads, so its time is
+  not that version's moment (it would let a commit of the other engine made in between
+  into version ``n``). A query that has no such table cannot place ``n`` in time and is
+  refused.
 
 The per-table forms stay: Spark's ``FOR VERSION AS OF <snapshot id>`` and ``--as-of``
 take a snapshot id, ``AT (TIMESTAMP => t)`` a time. A number given in the other form
@@ -197,6 +201,32 @@ def _end_of(table: SnapshotHistory, snapshot_id: int, ends: dict[int, int]) -> i
     return None
 
 
+# -- expired history -------------------------------------------------------------------
+
+
+EXPIRY = ("snapshot expiry: the collector's `snapshot_keep_last` / `snapshot_max_age_s`, "
+          "or another engine's")
+"""What expires snapshots, for messages that say some were."""
+
+
+def history_cut(oldest: SnapshotLike) -> bool:
+    """Whether snapshots older than ``oldest`` (the oldest one reached) were expired: its
+    parent is gone, or (pyiceberg's expiry clears the pointer) its sequence number says
+    commits came before it. A format-v1 table tells neither: not judged (the rule of
+    :func:`pipeline.iceberg.commit.history_cut`, for either kind of snapshot)."""
+    return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
+
+
+def expired_before(table: SnapshotHistory) -> SnapshotLike | None:
+    """The table's oldest snapshot still kept when older ones were expired; None when its
+    history is whole (or cannot tell)."""
+    snapshots = list(table.snapshots())
+    if not snapshots:
+        return None
+    oldest = min(snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+    return oldest if history_cut(oldest) else None
+
+
 # -- catalog versions ------------------------------------------------------------------
 
 
@@ -269,13 +299,15 @@ class CatalogVersions:
                  claimed: Callable[[], int | None] | None = None) -> None:
         """``claimed`` reads the counter; asked only for a version above every one the
         tables record (a cold query then touches no store)."""
-        self._commits: list[tuple[int, int]] = []  # (version, commit time ms)
+        self._commits: list[tuple[int, int]] = []  # (version, time it was introduced, ms)
+        self.seen = 0
         for table in tables:
-            for snapshot in lineage(table):
-                own = run_version(snapshot)
-                if own is not None:
-                    self._commits.append((own, snapshot.timestamp_ms))
-        self.seen = max((v for v, _ in self._commits), default=0)
+            chain = {s.snapshot_id: s for s in lineage(table)}
+            self.seen = max([self.seen, *(v for s in chain.values()
+                                          if (v := run_version(s)) is not None)])
+            # not a compaction's or a fence's later time: it carries a version forward
+            self._commits.extend((v, chain[i].timestamp_ms)
+                                 for i, v in introduced_versions(table).items() if i in chain)
         self._claimed = claimed
 
     def exists(self, version: int) -> bool:
@@ -290,8 +322,9 @@ class CatalogVersions:
         return version <= self.seen
 
     def moment(self, version: int) -> int | None:
-        """Commit time (ms) of the newest snapshot numbered at most ``version`` among the
-        query's tables (None: none)."""
+        """Commit time (ms) of the newest snapshot among the query's tables that introduced
+        a version at most ``version`` (None: none); snapshots that only carry a version
+        forward (compaction, fencing) do not count (module docstring)."""
         return max((at for v, at in self._commits if v <= version), default=None)
 
 
@@ -336,12 +369,15 @@ def at_version(table: SnapshotHistory, identifier: str, version: int,
                   if n is not None and n <= version]
         if not picked:
             first = min(n for n in effective if n is not None)
-            cut = getattr(chain[0], "parent_snapshot_id", None) is not None
-            oldest = f"its snapshots before version {first} were expired" if cut else \
-                f"its first is version {first}"
+            if history_cut(chain[0]):
+                raise CatalogError(
+                    f"table {identifier!r} can no longer be read at catalog version "
+                    f"{version}: its snapshots before version {first} were expired ({EXPIRY}"
+                    f"); read it at version {first} or later, or keep snapshots longer to "
+                    f"travel further back (see `icefloe tables history {identifier}`)")
             raise CatalogError(f"table {identifier!r} had no state at catalog version "
-                               f"{version}: {oldest} (see `icefloe tables history "
-                               f"{identifier}`)")
+                               f"{version}: its first is version {first} (see `icefloe "
+                               f"tables history {identifier}`)")
         return picked[-1].snapshot_id
     return _by_commit_time(table, identifier, version, versions)
 

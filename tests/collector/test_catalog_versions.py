@@ -11,6 +11,8 @@ planned by ``icefloe query``'s planner and answered by the embedded DuckDB engin
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,83 @@ async def test_a_table_of_another_engine_resolves_by_commit_time(config: Config)
     with pytest.raises(QueryError, match=r"'ext.rates' records no catalog versions .* "
                                          r"AT \(TIMESTAMP => .* FOR VERSION AS OF"):
         plan(f"SELECT * FROM {EXT} AT (VERSION => 2)", config)
+
+
+async def test_a_compaction_does_not_move_the_moment_of_the_version_it_carries(
+        config: Config) -> None:
+    """Run 1; the other engine commits; run 2; it commits again; then maintenance compacts
+    web.clicks, carrying version 2 forward on a snapshot committed after that second
+    commit. Version 2 of the other table is still read as of run 2's commit (the time
+    version 2 was introduced), not as of the compaction."""
+    from pipeline.iceberg.maintenance import compact
+
+    publish_sync(config, [[click(0)], [click(1)]])
+    collector = await start_collector(config, LocalEngine())
+    try:
+        assert (await collector.run_once()).entries == 1
+        external_commit(config, 1.0)
+        assert (await collector.run_once()).entries == 1
+        external_commit(config, 2.0)  # after run 2: not part of version 2
+        clicks = open_catalog(config.catalog).load_table("web.clicks")
+        result = compact(clicks, epoch=collector.epoch or 0, min_input_files=2)
+        assert result.files_removed == 2
+    finally:
+        await collector.store.close()
+    assert recorded(config, "web.clicks")[-2:] == ["2", "2"]  # the compaction carries 2
+    assert counts_at(config, 2, EXT) == {"clicks": 2, "other": 1}
+
+
+async def test_time_travel_before_expired_snapshots_says_they_were_expired(
+        config: Config) -> None:
+    """Runs 1-3, then the snapshot of run 1 is expired (pyiceberg's expiry, which also
+    clears the kept snapshot's parent pointer): every form of time travel to it says the
+    snapshots were expired and what can still be read, by either reader."""
+    from pipeline.iceberg.maintenance import expire_snapshots
+    from pipeline.read.query import AsOf, pin
+    from pipeline.read.tables import load_table_to_query
+    from pipeline.read.versions import CatalogVersions
+
+    publish_sync(config, [[click(0)], [click(1)], [click(2)]])
+    collector = await start_collector(config, LocalEngine())
+    try:
+        assert await run_all(collector) == 3
+    finally:
+        await collector.store.close()
+    table = open_catalog(config.catalog).load_table("web.clicks")
+    first, second = sorted(table.snapshots(), key=lambda s: s.sequence_number or 0)[:2]
+    assert expire_snapshots(table, keep_last=2, max_age_s=0) == 1
+    table = open_catalog(config.catalog).load_table("web.clicks")
+    assert table.snapshot_by_id(second.snapshot_id).parent_snapshot_id is None  # cleared
+    kept = re.escape(dt.datetime.fromtimestamp(second.timestamp_ms / 1000, dt.UTC).isoformat(
+        timespec="milliseconds"))
+    with pytest.raises(QueryError, match=r"'web.clicks' can no longer be read at catalog "
+                       r"version 1: its snapshots before version 2 were expired \(snapshot "
+                       r"expiry.*read it at version 2 or later"):
+        plan("SELECT * FROM web.clicks AT (VERSION => 1)", config)
+    when = dt.datetime.fromtimestamp(first.timestamp_ms / 1000, dt.UTC).isoformat()
+    with pytest.raises(QueryError, match=rf"'web.clicks' can no longer be read at .*: the "
+                       rf"snapshots before its oldest kept one \(committed at {kept}\) were "
+                       rf"expired .*read it at that time or later"):
+        plan(f"SELECT * FROM web.clicks AT (TIMESTAMP => '{when}')", config)
+    old = first.snapshot_id
+    with pytest.raises(QueryError, match=rf"FOR VERSION AS OF {old}: table 'web.clicks' has "
+                       rf"no snapshot {old}: if it was one of its snapshots, it was expired "
+                       rf"and can no longer be read: its snapshots before "
+                       rf"{second.snapshot_id} \(committed at {kept}\) were expired "
+                       rf".*read a snapshot it keeps") as refused:
+        plan(f"SELECT * FROM web.clicks FOR VERSION AS OF {old}", config)
+    assert "AT (VERSION =>" not in str(refused.value)  # no catalog version of that number
+    # a catalog version given to the snapshot-id form is still named
+    with pytest.raises(QueryError, match=r"has no snapshot 2; for catalog version 2 write "
+                                         r"AT \(VERSION => 2\); if 2 was a snapshot of it, "
+                                         r"it was expired: its snapshots before"):
+        plan("SELECT * FROM web.clicks FOR VERSION AS OF 2", config)
+    # both readers (pyiceberg's table, the query's own LocalTable) say the same
+    for reader in (table, load_table_to_query(config.catalog, "web.clicks")):
+        for as_of in (AsOf(version=1), AsOf(timestamp_ms=first.timestamp_ms),
+                      AsOf(snapshot_id=old, spelled=f"FOR VERSION AS OF {old}")):
+            with pytest.raises(QueryError, match="expired"):
+                pin(reader, "web.clicks", as_of, CatalogVersions([reader]))
 
 
 async def test_ambiguous_version_forms_are_refused_by_name(config: Config) -> None:

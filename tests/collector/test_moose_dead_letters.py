@@ -123,3 +123,16 @@ async def test_dead_letters_land_once_across_a_crash_after_commit(tmp_path: Path
     await collect_all(config, LocalEngine())
     assert len(dead_letters(config)) == 2
     assert read_table(config, "app.user_events").num_rows == 2
+
+
+async def test_a_body_too_deep_to_split_is_refused_whole_not_a_500(tmp_path: Path) -> None:
+    """A dead-letter stream splits a refused body into its events; one that nests past the
+    decoder cannot be split: it is refused whole with its code (it was a 500)."""
+    config = config_of(tmp_path, "dead_letter")
+    body = b'[{"id":"u1","name":' + b"[" * 1200 + b"]" * 1200 + b"}]"
+    async with running(config) as runtime, http_serving(runtime) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        reply = await client.post("/ingest/UserEvent", content=body,
+                                  headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"] == "json_too_deep"

@@ -20,6 +20,7 @@ from ingest_support import (
     stored_events,
 )
 
+from icefloe.config import StreamConfig
 from icefloe.errors import ConfigError
 from icefloe.formats.envelope import frame_events
 from icefloe.store.faults import FaultRule
@@ -177,6 +178,50 @@ async def test_should_refuse_an_event_over_the_per_event_limit(tmp_path):
         status = rich(exc)
         assert reason(status) == "event_too_large"
         assert [f for f, _ in violations(status)] == ["events[1]"]
+
+
+async def test_should_refuse_event_data_on_a_json_stream_naming_each_event(tmp_path):
+    """``Event.data`` is for a typed stream: a JSON stream refuses an event that sets it,
+    alone or beside ``json``, naming the event and the field (a typed stream refuses json
+    and data together the same way) — even with ``on_invalid = "dead_letter"``, where
+    dead-lettering it would keep an empty payload in place of the bytes sent."""
+    url = (tmp_path / "store").as_uri()
+    lenient = StreamConfig(name="lenient", table="web.lenient", on_invalid="dead_letter",
+                           columns=PAGEVIEWS.columns)
+    config = make_config(tmp_path / "store", (PAGEVIEWS, lenient))
+    async with grpc_serving(config) as (runtime, served):
+        for stream in ("pageviews", "lenient"):
+            both = ingest_pb2.PublishRequest(stream=stream, events=[
+                Event(json=b'{"user_id":"a"}'),
+                Event(json=b'{"user_id":"b"}', data=b"\x08\x01")])
+            exc = await refused(served.port, both)
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+            status = rich(exc)
+            assert reason(status) == "invalid_payload"
+            assert status.message.startswith("event 1 sets data;"), status.message
+            assert violations(status) == [
+                ("events[1].data", "json and data both set; a JSON stream takes json only")]
+            alone = ingest_pb2.PublishRequest(stream=stream, events=[
+                Event(json=b'{"user_id":"a"}'), Event(data=b"\x08\x01"),
+                Event(data=b"\x08\x02", event_id="e3")])
+            exc = await refused(served.port, alone)
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+            status = rich(exc)
+            assert reason(status) == "invalid_payload"
+            assert violations(status) == [
+                ("events[1].data", "data set; a JSON stream takes json"),
+                ("events[2].data", "data set; a JSON stream takes json")]
+        # what the stream does dead-letter: an invalid JSON event, kept as it was sent
+        kept = await publish(served.port, request("lenient", b'{"user_id":"c"}',
+                                                  b'{"user_id":1}'))
+        assert (kept.accepted, kept.dead_lettered) == (1, 1)
+        assert runtime.metrics.events_rejected.labels(
+            "lenient", "invalid_payload")._value.get() == 5
+    events = await stored_events(url)
+    assert [(e.stream, e.payload) for e in events if e.stream == "lenient"] == [
+        ("lenient", b'{"user_id":"c"}')]
+    [dead] = [e for e in events if e.stream != "lenient"]
+    assert b'"raw":"{\\"user_id\\":1}"' in dead.payload
 
 
 @pytest.mark.parametrize(("stream", "metadata", "code", "error"), [

@@ -933,3 +933,57 @@ async def test_the_fast_lane_refuses_a_body_longer_than_the_limit(tmp_path):
         assert responded == [True]
         assert fast.chunks == [b"x" * 40]  # nothing past the limit was kept
         assert runtime.batcher.held_bytes == 0  # and nothing buffered
+
+
+# -- header mappings ---------------------------------------------------------------------------
+
+MAPPED = StreamConfig(
+    name="mapped", table="web.mapped",
+    columns=(Column("user_id", "string", required=True),
+             Column("who", "string", header="X-User"),
+             Column("headers", "json", source="headers")))
+MAPPED_URL = "/v1/streams/mapped/events"
+
+
+@pytest.mark.parametrize("fast_lane", [True, False], ids=["fast-lane", "asgi-only"])
+async def test_header_values_are_stored_as_their_utf8_text_and_other_bytes_refused(
+        tmp_path, monkeypatch, fast_lane):
+    """A ``header`` mapping and a ``from = "headers"`` column store a value's UTF-8 text
+    (``José`` as sent, not latin-1's ``JosÃ©``); a value they would store that is not UTF-8
+    is a 400 ``invalid_utf8`` naming the header, nothing stored, while bytes in a header no
+    column keeps (``Cookie``) refuse nothing. Both lanes, each seen to take the requests."""
+    from ingestor.http.app import HttpApp
+
+    calls: list[str] = []
+    original = HttpApp.__call__
+
+    async def counting(self: HttpApp, scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope["method"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(HttpApp, "__call__", counting)
+    config = make_config(tmp_path / "store", (MAPPED,))
+    async with running(config) as runtime, \
+            serving(runtime, http_fast_lane=fast_lane) as served:
+        sent = [post(MAPPED_URL, b'{"user_id":"u1"}', "X-User: José".encode(),
+                     "X-Note: naïve ☃".encode(), b"Cookie: sid=\xff\xfe"),
+                post(MAPPED_URL, b'{"user_id":"u2"}', b"X-User: Jos\xe9"),
+                post(MAPPED_URL, b'{"user_id":"u3"}', b"X-User: ok", b"X-Note: caf\xe9")]
+        answers = [await exchange(served.port, request) for request in sent]
+        assert calls == ([] if fast_lane else ["POST"] * 3)
+    [(head, body)] = answers[0]
+    assert head.startswith(b"HTTP/1.1 202 "), body
+    events = await stored_events(config.store.url)
+    meta = msgspec.json.decode(events[0].meta)
+    assert meta["h"] == {"x-user": "José"}
+    kept = msgspec.json.decode(meta["hs"])
+    assert (kept["x-user"], kept["x-note"]) == ("José", "naïve ☃")
+    assert "cookie" not in kept
+    for [(head, body)], header in zip(answers[1:], ("x-user", "x-note"), strict=True):
+        assert head.startswith(b"HTTP/1.1 400 "), body
+        refusal = msgspec.json.decode(body)
+        assert refusal["error"] == "invalid_utf8"
+        assert refusal["message"].startswith(f"header {header!r} is not valid UTF-8")
+        assert refusal["details"] == [{"index": None, "field": header,
+                                       "reason": "header value not UTF-8"}]
+    assert len(events) == 1
