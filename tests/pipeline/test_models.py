@@ -294,12 +294,13 @@ def test_should_append_only_new_rows_even_after_a_crash(spark: Any, lake: Config
     assert states(run_models(spark, project, lake)) == {"views": "up to date"}
 
 
-def orders(config: Config, sequence: int, count: int) -> None:
-    """Append one commit of ``count`` orders with ``_sequence`` = ``sequence``."""
+def orders(config: Config, sequence: int, count: int, customer: str = "c") -> None:
+    """Append one commit of ``count`` orders of ``customer`` with ``_sequence`` =
+    ``sequence``."""
     stream = config.stream("orders")
     assert stream is not None
     table = ensure_stream_table(open_catalog(config.catalog), stream)
-    rows = [{"order_id": f"o{sequence}-{i}", "customer_id": "c", "amount": 1.0,
+    rows = [{"order_id": f"o{sequence}-{i}", "customer_id": customer, "amount": 1.0,
              "_event_id": f"o{sequence}-{i}", "_received_at": DAY, "_sequence": sequence}
             for i in range(count)]
     table.append(pa.Table.from_pylist(rows, schema=table_arrow_schema(stream)))
@@ -927,12 +928,7 @@ def test_should_recompute_a_merge_joining_two_streams_in_full(spark: Any, lake: 
     project = prepare(folder, lake)
     run_models(spark, project, lake)
     assert target_rows(lake, "models.joined", ("url",)) == []
-    stream = lake.stream("orders")
-    assert stream is not None
-    table = open_catalog(lake.catalog).load_table("shop.orders")
-    table.append(pa.Table.from_pylist([{
-        "order_id": "o9", "customer_id": "u1", "amount": 1.0, "_event_id": "o9",
-        "_received_at": DAY, "_sequence": 9}], schema=table_arrow_schema(stream)))
+    orders(lake, 9, 1, customer="u1")
     outcome = run_models(spark, project, lake)[0]
     assert "2 incremental sources" in outcome.reason, outcome.reason
     assert target_rows(lake, "models.joined", ("url",)) == [

@@ -666,13 +666,19 @@ async def test_should_answer_request_timed_out_when_a_flush_may_still_land(tmp_p
     assert len({e.event_id for e in stored}) == 2  # the same two ids: dedup drops the copy
 
 
-async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
+@contextlib.asynccontextmanager
+async def rate_limited(tmp_path: Path) -> AsyncIterator[Served]:
+    """An ingestor whose ``clicks`` takes 10 events/s with a half-second burst (5)."""
     limited = msgspec.structs.replace(CLICKS, rate_limit=RateLimit(events_per_s=10,
                                                                    burst_s=0.5))
     config = make_config(tmp_path / "store", (limited,), kafka_port=0)
     async with ingestor(config) as ports:
         assert ports.kafka is not None
-        served = Served(ports.kafka, ports.http, config.store.url)
+        yield Served(ports.kafka, ports.http, config.store.url)
+
+
+async def test_should_throttle_within_the_timeout_then_time_out(tmp_path):
+    async with rate_limited(tmp_path) as served:
         conn = await served.connect()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -727,12 +733,7 @@ async def test_should_keep_a_pipelined_producers_sequences_in_order_under_a_rate
     second held by the stream's rate limit: the third (which needs room for fewer events)
     waits behind it instead of overtaking it and being refused OUT_OF_ORDER_SEQUENCE_NUMBER,
     and the records are stored in sequence order, as a Kafka partition keeps them."""
-    limited = msgspec.structs.replace(CLICKS, rate_limit=RateLimit(events_per_s=10,
-                                                                   burst_s=0.5))
-    config = make_config(tmp_path / "store", (limited,), kafka_port=0)
-    async with ingestor(config) as ports:
-        assert ports.kafka is not None
-        served = Served(ports.kafka, ports.http, config.store.url)
+    async with rate_limited(tmp_path) as served:
         conn = await served.connect()
         sent = [await conn.send(PRODUCE, 9, produce_body(9, {"clicks": [(0, body)]},
                                                          timeout_ms=5000))
