@@ -45,6 +45,7 @@ from icefloe.registry.model import Conditions, Registry
 from icefloe.retention import IndexedEntry
 from icefloe.streams.dynamic_tables import is_template
 from pipeline.iceberg import (
+    REPLAY_PROP,
     SOURCES_PROP,
     CommitResult,
     WriteThenAdd,
@@ -55,9 +56,9 @@ from pipeline.iceberg import (
     encode_sources,
     ensure_stream_table,
     position,
+    replay_marker,
     summary_props,
 )
-from pipeline.iceberg.commit import REPLAY_PROP, replay_marker
 from pipeline.load import run_spec, with_sql_cases, with_template_cases, with_wheres
 
 log = logging.getLogger("icefloe.replay")

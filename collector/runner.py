@@ -587,13 +587,10 @@ class Runner:
                 break
 
     def _maintain_table(self, name: str, settings: MaintenanceSettings) -> None:
-        from pyiceberg.exceptions import NoSuchTableError  # lazy: pyiceberg
-
         collector = self.collector
         try:
-            try:
-                table = collector.catalog.load_table(name)
-            except NoSuchTableError:  # not made yet (the dead letters before the first)
+            table = load_table_or_none(collector.catalog, name)
+            if table is None:  # not made yet (the dead letters before the first)
                 log.debug("maintenance of %s: no such table yet", name)
                 return
             report = run_maintenance(table, epoch=collector.epoch or 0, settings=settings,

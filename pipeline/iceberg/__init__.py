@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pipeline.iceberg.catalog import open_catalog
     from pipeline.iceberg.commit import (
         NO_SEQUENCE,
+        REPLAY_PROP,
         SEQUENCE_PROP,
         SEQUENCES_PROP,
         SHARD_BITS,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         history_cut,
         not_committed,
         position,
+        replay_marker,
         summary_props,
     )
     from pipeline.iceberg.data_files import AddFiles, FileSet, ReplaceFiles
@@ -75,6 +77,8 @@ _HOME = {
     "SourceRun": "pipeline.iceberg.commit",
     "WriteThenAdd": "pipeline.iceberg.file_append",
     "apply_changes": "pipeline.iceberg.evolution",
+    "REPLAY_PROP": "pipeline.iceberg.commit",
+    "replay_marker": "pipeline.iceberg.commit",
     "carried_version": "pipeline.iceberg.commit",
     "commit_rows": "pipeline.iceberg.commit",
     "covers": "pipeline.iceberg.commit",
@@ -112,6 +116,7 @@ __all__ = [
     "ARROW_TYPES",
     "DEAD_LETTER_TABLE",
     "NO_SEQUENCE",
+    "REPLAY_PROP",
     "SEQUENCES_PROP",
     "SEQUENCE_PROP",
     "SHARD_BITS",
@@ -150,6 +155,7 @@ __all__ = [
     "open_catalog",
     "position",
     "replace_rows",
+    "replay_marker",
     "rows_under_current_names",
     "run_maintenance",
     "shape",

@@ -254,8 +254,9 @@ def _kafka_ids_per_attempt() -> contextlib.AbstractContextManager[None]:
     original = ProduceHandler._canonical
 
     def canonical(self: ProduceHandler, stream: Any, partition: int, records: Any,
-                  caller: Any) -> tuple[Any, tuple[bytes, list[bytes]] | None]:
-        return original(self, stream, partition, records, caller)[0], None
+                  caller: Any, origin: list[int] | None = None
+                  ) -> tuple[Any, tuple[bytes, list[bytes]] | None]:
+        return original(self, stream, partition, records, caller, origin)[0], None
     return _patch(ProduceHandler, "_canonical", canonical)
 
 
@@ -268,8 +269,9 @@ def _kafka_ids_without_epoch() -> contextlib.AbstractContextManager[None]:
     original = ProduceHandler._canonical
 
     def canonical(self: ProduceHandler, stream: Any, partition: int, records: Any,
-                  caller: Any) -> tuple[Any, tuple[bytes, list[bytes]] | None]:
-        got, ids = original(self, stream, partition, records, caller)
+                  caller: Any, origin: list[int] | None = None
+                  ) -> tuple[Any, tuple[bytes, list[bytes]] | None]:
+        got, ids = original(self, stream, partition, records, caller, origin)
         if ids is None:
             return got, None
         stem, suffixes = ids  # stem: b"kafka:<token>:<partition>:<producer id>:<epoch>:"
@@ -317,7 +319,8 @@ def _cdc_no_stale_check() -> contextlib.AbstractContextManager[None]:
     import pipeline.iceberg.upsert as upsert  # why: patched for this run only
     import pipeline.load.plans as plans  # why: the cluster path's, patched too
 
-    def applicable(table: Any, rows: Any, latest: Any, *args: Any) -> tuple[Any, dict[str, int]]:
+    def applicable(table: Any, rows: Any, latest: Any, *args: Any,
+                   **kwargs: Any) -> tuple[Any, dict[str, int]]:
         return latest, {}
     return _both(_patch(upsert, "applicable_changes", applicable),
                  _patch(plans, "applicable_changes", applicable))
