@@ -633,7 +633,7 @@ def _model_refresh(config: Config, refresh_plan: Any, engine: Engine,
     assert collector.epoch is not None
     project, names = refresh_plan
     models = ModelRefresh(config, project, names, spark=_spark_of(engine, config),
-                          metrics=collector.metrics, fence=WriteFence(
+                          metrics=collector.metrics, clock=collector.clock, fence=WriteFence(
                               collector.epoch, collector.confirm_epoch_sync))
     collector.model_tables = models.targets()
     return models

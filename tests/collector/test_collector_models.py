@@ -24,9 +24,10 @@ import pytest
 
 from collector.metrics import CollectorMetrics
 from collector.models import BACKLOG_DEFER_S, ModelRefresh, plan_refresh, source_tables
+from icefloe.clock import ManualClock
 from icefloe.config import Config, load_config
 from icefloe.errors import ConfigError
-from tests.collector_support import BASE_MS, collector_config, publish_sync, read_table
+from tests.collector_support import BASE_MS, collect_all, collector_config, publish_sync, read_table
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = load_config(ROOT / "examples" / "icefloe.toml")
@@ -35,6 +36,10 @@ ORDERS = EXAMPLE.stream("orders")
 BROKEN = """-- materialized: table
 -- target: mart.broken
 SELECT no_such_column FROM web.pageviews
+"""
+AFTER_BROKEN = """-- materialized: table
+-- target: mart.after_broken
+SELECT * FROM mart.broken
 """
 
 
@@ -49,7 +54,7 @@ def models_folder(root: Path, extra: dict[str, str] | None = None) -> Path:
 def config_with(root: Path, models: list[str], **collector: Any) -> Config:
     assert PAGEVIEWS is not None
     assert ORDERS is not None
-    folder = models_folder(root, {"broken": BROKEN})
+    folder = models_folder(root, {"broken": BROKEN, "after_broken": AFTER_BROKEN})
     return collector_config(root, (PAGEVIEWS, ORDERS), models=models, models_dir=str(folder),
                             commit_interval_s=0.05, poll_interval_s=0.02, **collector)
 
@@ -172,20 +177,12 @@ def test_should_keep_the_example_mart_fresh_and_survive_a_broken_model(running: 
 # ----------------------------------------------------------- scheduling, without Spark
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def refresh(tmp_path: Path, models: list[str], spark: Callable[[], Any] | None = None,
-            **collector: Any) -> tuple[ModelRefresh, Clock]:
+            **collector: Any) -> tuple[ModelRefresh, ManualClock]:
     config = config_with(tmp_path, models, **collector)
     plan = plan_refresh(config)
     assert plan is not None
-    clock = Clock()
+    clock = ManualClock(1000.0)
     return ModelRefresh(config, *plan, spark=spark or (lambda: None),
                         metrics=CollectorMetrics(), clock=clock), clock
 
@@ -203,24 +200,37 @@ def test_should_run_the_named_models_with_what_they_read(tmp_path: Path) -> None
 def test_should_become_stale_only_through_the_tables_the_models_read(tmp_path: Path) -> None:
     models, _clock = refresh(tmp_path, ["mart_daily_traffic"])
     assert models.due(backlog=False)  # once at start: rows may have landed while down
-    models.stale = False
+    models.pending.clear()  # as after a run
     models.note_commits({"shop.orders": 50})
     assert not models.due(backlog=False)
     models.note_commits({"web.pageviews": 0})
     assert not models.due(backlog=False)
     models.note_commits({"web.pageviews": 3})
     assert models.due(backlog=False)
+    # the view in between reads web.pageviews too: both run, in order
+    assert models.runnable(_clock.monotonic()) == ["staging_sessions", "mart_daily_traffic"]
+
+
+def test_should_mark_stale_only_the_models_fed_by_a_commit(tmp_path: Path) -> None:
+    models, clock = refresh(tmp_path, ["*"])
+    models.pending.clear()
+    models.note_commits({"shop.orders": 5})
+    assert models.runnable(clock.monotonic()) == []  # no model reads shop.orders
+    models.note_commits({"web.pageviews": 5})
+    assert models.runnable(clock.monotonic()) == [
+        "broken", "after_broken", "staging_sessions", "mart_daily_traffic"]
 
 
 def test_should_wait_out_the_interval_and_a_backlog(tmp_path: Path) -> None:
     models, clock = refresh(tmp_path, ["mart_daily_traffic"], models_interval_s=10)
-    models.stale, models.next_at = False, clock.now + 10  # as after a successful run
+    models.pending.clear()  # as after a successful run
+    models.next_at = clock.monotonic() + 10
     models.note_commits({"web.pageviews": 1})
     assert not models.due(backlog=False)
-    clock.now += 10
+    clock.advance(10)
     assert models.due(backlog=False)
     assert not models.due(backlog=True)  # the raw tables catch up first ...
-    clock.now += BACKLOG_DEFER_S
+    clock.advance(BACKLOG_DEFER_S)
     assert models.due(backlog=True)  # ... but not for ever
 
 
@@ -231,12 +241,48 @@ def test_should_back_off_after_a_failure_and_never_raise(tmp_path: Path) -> None
     models, clock = refresh(tmp_path, ["mart_daily_traffic"], spark=no_spark)
     assert models.run() == []
     assert models.stale
-    assert models.failures == 1
+    assert models.failures("mart_daily_traffic") == 1
     assert not models.due(backlog=False)
-    clock.now += 2
+    clock.advance(2)
     assert models.due(backlog=False)
     models.run()
-    assert models.next_at == clock.now + 4  # doubling, capped by retry_max_delay_s
+    # doubling, capped by retry_max_delay_s
+    assert models.pending["mart_daily_traffic"].retry_at == clock.monotonic() + 4
+
+
+def test_should_back_off_a_failing_model_alone(tmp_path: Path, spark: Any) -> None:
+    """A broken model (and the model reading it) waits out its own backoff; the mart
+    still runs right after each commit that feeds it, with the wall-clock gauge read
+    from the injected clock."""
+    from pipeline.load.run import LocalEngine
+
+    models, clock = refresh(tmp_path, ["*"], spark=lambda: spark, retry_max_delay_s=600)
+    config = models.config
+    first = [view(i, 0, "/a", f"s{i % 3}") for i in range(12)]
+    publish_sync(config, [first])
+    asyncio.run(collect_all(config, LocalEngine()))
+    states = {o.name: o.state for o in models.run()}
+    assert states == {"broken": "failed", "after_broken": "skipped",
+                      "staging_sessions": "view", "mart_daily_traffic": "ran"}
+    assert models.failures("broken") == 1
+    assert models.metrics.registry.get_sample_value(
+        "icefloe_collector_model_last_run_timestamp_seconds",
+        {"model": "mart_daily_traffic"}) == clock.time()
+
+    second = [view(100 + i, 1, "/b", "s9") for i in range(4)]
+    publish_sync(config, [second])
+    asyncio.run(collect_all(config, LocalEngine()))
+    models.note_commits({"web.pageviews": len(second)})
+    assert models.due(backlog=False)  # at once: the broken model's backoff is its own
+    states = {o.name: o.state for o in models.run()}
+    assert states == {"staging_sessions": "view", "mart_daily_traffic": "ran"}
+    assert mart(config) == expected_mart(first + second)
+    assert not models.due(backlog=False)  # the broken pair still backs off
+    clock.advance(2)
+    states = {o.name: o.state for o in models.run()}
+    assert states == {"broken": "failed", "after_broken": "skipped"}
+    assert models.failures("broken") == 2
+    assert models.pending["broken"].retry_at == clock.monotonic() + 4
 
 
 # ------------------------------------------------------------------- bad settings

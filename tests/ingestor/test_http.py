@@ -832,9 +832,10 @@ async def test_the_fast_lane_and_the_asgi_path_answer_alike(tmp_path):
             assert fast_body == asgi_body, request
 
 
-async def test_plain_posts_take_the_fast_lane_and_others_the_asgi_path(tmp_path, monkeypatch):
-    """The lane is what it claims: a plain POST never reaches the ASGI app; a gzip body, a
-    chunked body, HTTP/1.0 and ``Connection: close`` do, and all are accepted."""
+@pytest.fixture
+def asgi_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The methods of the requests that reached the ASGI app (the fast lane answers the
+    others itself): proves which lane a request took."""
     from ingestor.http.app import HttpApp
 
     calls: list[str] = []
@@ -845,11 +846,17 @@ async def test_plain_posts_take_the_fast_lane_and_others_the_asgi_path(tmp_path,
         await original(self, scope, receive, send)
 
     monkeypatch.setattr(HttpApp, "__call__", counting)
+    return calls
+
+
+async def test_plain_posts_take_the_fast_lane_and_others_the_asgi_path(tmp_path, asgi_calls):
+    """The lane is what it claims: a plain POST never reaches the ASGI app; a gzip body, a
+    chunked body, HTTP/1.0 and ``Connection: close`` do, and all are accepted."""
     one = b'{"user_id":"a"}'
     async with running(config_for(tmp_path)) as runtime, serving(runtime) as served:
         [(head, _)] = await exchange(served.port, post(EVENTS, one))
         assert head.startswith(b"HTTP/1.1 202 ")
-        assert calls == []
+        assert asgi_calls == []
         squeezed = gzip.compress(one)
         for request in (
                 post(EVENTS, squeezed, b"Content-Encoding: gzip"),
@@ -859,7 +866,7 @@ async def test_plain_posts_take_the_fast_lane_and_others_the_asgi_path(tmp_path,
                 post(EVENTS, one, b"Connection: close")):
             [(head, body)] = await exchange(served.port, request)
             assert b" 202 " in head.split(b"\r\n")[0], (request, head, body)
-        assert calls == ["POST"] * 4
+        assert asgi_calls == ["POST"] * 4
         assert len(await stored_events(runtime.config.store.url)) == 5
 
 
@@ -947,21 +954,11 @@ MAPPED_URL = "/v1/streams/mapped/events"
 
 @pytest.mark.parametrize("fast_lane", [True, False], ids=["fast-lane", "asgi-only"])
 async def test_header_values_are_stored_as_their_utf8_text_and_other_bytes_refused(
-        tmp_path, monkeypatch, fast_lane):
+        tmp_path, asgi_calls, fast_lane):
     """A ``header`` mapping and a ``from = "headers"`` column store a value's UTF-8 text
     (``José`` as sent, not latin-1's ``JosÃ©``); a value they would store that is not UTF-8
     is a 400 ``invalid_utf8`` naming the header, nothing stored, while bytes in a header no
     column keeps (``Cookie``) refuse nothing. Both lanes, each seen to take the requests."""
-    from ingestor.http.app import HttpApp
-
-    calls: list[str] = []
-    original = HttpApp.__call__
-
-    async def counting(self: HttpApp, scope: Any, receive: Any, send: Any) -> None:
-        calls.append(scope["method"])
-        await original(self, scope, receive, send)
-
-    monkeypatch.setattr(HttpApp, "__call__", counting)
     config = make_config(tmp_path / "store", (MAPPED,))
     async with running(config) as runtime, \
             serving(runtime, http_fast_lane=fast_lane) as served:
@@ -970,7 +967,7 @@ async def test_header_values_are_stored_as_their_utf8_text_and_other_bytes_refus
                 post(MAPPED_URL, b'{"user_id":"u2"}', b"X-User: Jos\xe9"),
                 post(MAPPED_URL, b'{"user_id":"u3"}', b"X-User: ok", b"X-Note: caf\xe9")]
         answers = [await exchange(served.port, request) for request in sent]
-        assert calls == ([] if fast_lane else ["POST"] * 3)
+        assert asgi_calls == ([] if fast_lane else ["POST"] * 3)
     [(head, body)] = answers[0]
     assert head.startswith(b"HTTP/1.1 202 "), body
     events = await stored_events(config.store.url)
