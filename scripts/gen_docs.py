@@ -20,6 +20,10 @@ between markers in any Markdown file of the repository (README.md, docs/, bench/
     <!-- otlp-columns:start KIND -->     the columns of an OTLP table (logs, spans, gauge,
     <!-- otlp-columns:end -->            ...) but the resource and scope ones (KIND
                                          ``resource``): from icefloe/otlp/schemas.py
+    <!-- runs:start NAME -->             every full run of a benchmark kept in
+    <!-- runs:end -->                    bench/results/NAME-runs/*.json (the one of record
+                                         and those before it): per run, how many of each
+                                         row's rounds met their target, and the lowest ratio
 
 tests/system/test_generated_docs.py runs ``--check`` and fails when a marked part is stale,
 when a figure table holds a number outside a marker, or when a result file lacks its
@@ -44,7 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TARGETS = ROOT / "bench" / "targets.toml"
-MARKER = re.compile(r"(<!-- (?P<kind>figures|commands|metrics|kafka-apis|otlp-columns):start"
+MARKER = re.compile(r"(<!-- (?P<kind>figures|commands|metrics|kafka-apis|otlp-columns|runs)"
+                    r":start"
                     r"(?P<args>[^>]*?)-->\n)"
                     r"(?P<body>.*?)"
                     r"(<!-- (?P=kind):end -->)", re.S)
@@ -168,6 +173,54 @@ def figures(args: str) -> str:
         lines.append(f"| {cell(row['name'])} | {value} | {cell(row['unit'])} | "
                      f"{number(row.get('baseline'))} | {shown_ratio} | "
                      f"{verdict(row, target) if target else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+ROUND = re.compile(r"^(?P<row>.*), run \d+, round \d+ \(target [^)]*\)$")
+
+
+def runs(args: str) -> str:
+    """Every kept full run of one benchmark: why a table of its runs, not only the run of
+    record: a target met in one run says little about the next on a shared 2-core VM, so
+    the docs show each run kept, the ones that fell short included."""
+    name = args.strip()
+    folder = RESULTS / f"{name}-runs"
+    kept = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not kept:
+        raise DocsError(f"runs marker names {name!r}, but bench/results/{name}-runs holds "
+                        "no result file: copy each full run's --json file there")
+    targets = load_targets().get(name, {})
+    results = [json.loads(path.read_text()) for path in kept]
+    results.sort(key=lambda r: str(r.get("date", "")))
+    rows: list[str] = []
+    for result in results:
+        for row in result["results"]:
+            found = ROUND.match(row["name"])
+            if found and row["name"] in targets and found.group("row") not in rows:
+                rows.append(found.group("row"))
+    if not rows:
+        raise DocsError(f"no run in bench/results/{name}-runs has rounds with targets")
+    lines = ["| measured | commit | 1-minute load | " + " | ".join(
+                 f"{cell(row)}: rounds met, lowest ratio" for row in rows) + " |",
+             "|---|---|---:|" + "---|" * len(rows)]
+    for result in results:
+        cells = []
+        for wanted in rows:
+            met = total = 0
+            lowest: float | None = None
+            for row in result["results"]:
+                found = ROUND.match(row["name"])
+                target = targets.get(row["name"])
+                if not found or found.group("row") != wanted or target is None:
+                    continue
+                total += 1
+                met += verdict(row, target).endswith(": met")
+                if row.get("ratio") is not None:
+                    lowest = row["ratio"] if lowest is None else min(lowest, row["ratio"])
+            cells.append(f"{met} of {total}, {lowest:.3f}" if total and lowest is not None
+                         else f"{met} of {total}" if total else "not measured")
+        lines.append(f"| {result.get('date', '?')} | `{str(result.get('commit', '?'))[:7]}` "
+                     f"| {result.get('load_1m', '?')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -311,7 +364,7 @@ def otlp_columns(args: str) -> str:
 
 RENDER: dict[str, Callable[[str], str]] = {"figures": figures, "commands": commands,
                                            "metrics": metrics, "kafka-apis": kafka_apis,
-                                           "otlp-columns": otlp_columns}
+                                           "otlp-columns": otlp_columns, "runs": runs}
 
 
 def filled(text: str) -> str:

@@ -59,8 +59,10 @@ def test_every_generated_part_is_current() -> None:
     assert os.environ.get("COLUMNS") == before
 
 
-@pytest.mark.parametrize("path", sorted(p.name for p in gen_docs.RESULTS.glob("*.json")
-                                         if (ROOT / "bench" / f"{p.stem}_bench.py").is_file()))
+@pytest.mark.parametrize("path", sorted(
+    [p.name for p in gen_docs.RESULTS.glob("*.json")
+     if (ROOT / "bench" / f"{p.stem}_bench.py").is_file()]
+    + [str(p.relative_to(gen_docs.RESULTS)) for p in gen_docs.RESULTS.glob("*-runs/*.json")]))
 def test_every_result_file_says_where_it_came_from(path: str) -> None:
     result = json.loads((gen_docs.RESULTS / path).read_text())
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", result["date"])
@@ -129,3 +131,26 @@ def test_should_show_a_figure_that_rounds_onto_its_bound_with_the_digits_that_de
     assert gen_docs.against("0.85", 0.8512, 0.8) == "0.85"  # clear of it: as rounded
     assert gen_docs.against("500", 499.7, 500.0) == "499.700"
     assert gen_docs.against("0.80", 0.7968, None) == "0.80"  # no target
+
+
+def test_the_table_of_kept_runs_counts_each_rows_rounds_against_its_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose round fell short says so (8 of 9, its lowest ratio); a folder with no
+    run is an error naming it, not an empty table."""
+    kept = tmp_path / "ingest-runs"
+    kept.mkdir()
+    rows = [{"name": f"HTTP, run {r}, round {n} (target >= 0.8)", "value": 1.0, "unit": "x",
+             "baseline": 1.0, "ratio": 0.9 if (r, n) != (2, 3) else 0.7969}
+            for r in (1, 2, 3) for n in (1, 2, 3)]
+    (kept / "a.json").write_text(json.dumps({"date": "2026-01-02T00:00:00Z", "commit": "b" * 40,
+                                             "load_1m": 1.5, "results": rows}))
+    (kept / "b.json").write_text(json.dumps({"date": "2026-01-01T00:00:00Z", "commit": "a" * 40,
+                                             "load_1m": 0.5, "results": rows[:3]}))
+    monkeypatch.setattr(gen_docs, "RESULTS", tmp_path)
+    monkeypatch.setattr(gen_docs, "load_targets", lambda: {"ingest": {
+        row["name"]: "ratio >= 0.8" for row in rows}})
+    table = gen_docs.runs("ingest").splitlines()
+    assert table[2] == "| 2026-01-01T00:00:00Z | `aaaaaaa` | 0.5 | 3 of 3, 0.900 |"
+    assert table[3] == "| 2026-01-02T00:00:00Z | `bbbbbbb` | 1.5 | 8 of 9, 0.797 |"
+    with pytest.raises(gen_docs.DocsError, match="nope-runs holds no result file"):
+        gen_docs.runs("nope")
