@@ -42,6 +42,7 @@ keeps committing every other table.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -129,8 +130,9 @@ class Parked:
 
 @dataclass
 class Bulkheads:
-    """Failure counts and parked tables of one collector (its runs and imports run one at
-    a time, in its worker thread: no lock needed; the HTTP threads only read ``parked``)."""
+    """Failure counts and parked tables of one collector. Why a lock: a run commits its
+    tables ``commit_workers`` at a time, so two tables may fail (and park) at once in
+    different threads, while the HTTP threads read ``parked`` for ``/readyz``."""
 
     park_after: int
     retry_s: float
@@ -142,6 +144,7 @@ class Bulkheads:
     """Called with the table and the exception's kind at each failure of its own."""
     failures: dict[str, int] = field(default_factory=dict)
     parked: dict[str, Parked] = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def is_parked(self, table: str) -> bool:
         return table in self.parked
@@ -159,6 +162,10 @@ class Bulkheads:
 
     def failed(self, table: str, exc: BaseException) -> bool:
         """Count a failure of ``table``'s own; returns whether it is parked now."""
+        with self._lock:
+            return self._failed(table, exc)
+
+    def _failed(self, table: str, exc: BaseException) -> bool:
         count = self.failures.get(table, 0) + 1
         self.failures[table] = count
         reason = f"{type(exc).__name__}: {_first_line(exc)}"
@@ -183,6 +190,10 @@ class Bulkheads:
         """Park ``table`` at once: it cannot even be loaded (at start, or when a new sink
         needs it), so it is prepared — fenced, its offsets and dedup window read — only
         once its staged rows are retried."""
+        with self._lock:
+            self._park_now(table, exc)
+
+    def _park_now(self, table: str, exc: BaseException) -> None:
         self.on_failure(table, type(exc).__name__)
         if table in self.parked:
             return
@@ -198,7 +209,8 @@ class Bulkheads:
 
     def succeeded(self, table: str) -> None:
         """A step of ``table`` went through: its failures are forgotten."""
-        self.failures.pop(table, None)
+        with self._lock:
+            self.failures.pop(table, None)
 
     def due(self, table: str) -> bool:
         """Whether a parked table's staged rows should be tried now."""
@@ -217,21 +229,24 @@ class Bulkheads:
 
     def unpark(self, table: str) -> None:
         """``table``'s staged rows committed: it takes part in runs again."""
-        if self.parked.pop(table, None) is not None:
-            self.failures.pop(table, None)
-            log.info("table %s unparked: its staged rows are committed", table,
-                     extra={"table": table})
-            self.on_change(table, None)
+        with self._lock:
+            if self.parked.pop(table, None) is not None:
+                self.failures.pop(table, None)
+                log.info("table %s unparked: its staged rows are committed", table,
+                         extra={"table": table})
+                self.on_change(table, None)
 
     def retry_all_now(self) -> None:
         """Try every parked table at the next chance (the registry changed: maybe a fix)."""
         now = self.monotonic()
-        for parked in self.parked.values():
-            parked.next_retry = now
+        with self._lock:
+            for parked in self.parked.values():
+                parked.next_retry = now
 
     def reasons(self) -> dict[str, str]:
         """Table → why it is parked (for ``/readyz``)."""
-        return {table: parked.reason for table, parked in sorted(self.parked.items())}
+        with self._lock:
+            return {table: parked.reason for table, parked in sorted(self.parked.items())}
 
 
 class ParkFullError(IcefloeError):

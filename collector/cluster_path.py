@@ -159,7 +159,8 @@ class ClusterPath:
                              lambda table, target: self._commit_table(run, table, target))
         finally:
             self._discard(run)
-        self.commits.commit_dead(run.dead, result.last_sequence, result)
+        if not run.failures.tables:  # only in a run that is acked (as the embedded path)
+            self.commits.commit_dead(run.dead, result.last_sequence, result)
         run.failures.raise_first()
 
     def _each_table(self, tables: list[tuple[str, Target]],

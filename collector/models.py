@@ -189,7 +189,7 @@ class ModelRefresh:
         waiting = {name: self.pending.pop(name) for name in names}
         try:
             outcomes = run_models(self._spark(), self.project, self.config, names,
-                                  fence=self.fence)
+                                  fence=self.fence, clock=self.clock)
         except Exception as exc:  # the catalog or Spark itself: every one of them waits
             reason = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
             for name in names:

@@ -824,7 +824,7 @@ async def run_collector(config: Config, *, takeover: bool = False,
         models = _model_refresh(config, refresh_plan, engine, collector)
         watch = RegistryWatch(store, config.admin.registry_key, lambda registry: None,
                               poll_s=config.admin.registry_poll_s,
-                              config_streams=config.streams)
+                              config_streams=config.streams, clock=collector.clock)
         runner = Runner(collector, stop, models, watch, once=once, run_now=run_now,
                         spark=_spark_of(engine, config))
         runner.side_tasks.append(_publish_address(config, collector, port))

@@ -62,6 +62,7 @@ from icefloe.errors import (
     OffsetLostError,
     RegistryBehindError,
     TableFencedError,
+    TransientStoreError,
 )
 from icefloe.manifest.model import Entry, Manifest
 from icefloe.manifest.sharded_consumer import ShardedConsumer, ShardEntry
@@ -154,7 +155,7 @@ class Collector:
         # parse cache serves the resolves) and the document it read last (None: not yet)
         self.registry = config_registry(config.streams)
         self.routes = Routes(self.registry)
-        self.schemas = SchemaStore(store, schema_key(config.admin.registry_key))
+        self.schemas = SchemaStore(store, schema_key(config.admin.registry_key), clock=clock)
         self.schema_doc: SchemaDocument | None = None
         self.subject_problems: dict[str, SubjectError] = {}
         """Tables whose subject stream lost its type (deleted subject, another schema
@@ -182,7 +183,7 @@ class Collector:
         self.clock = clock
         self.offload = offload
         self.block_on: BlockOn = block_on or self._run_on_loop
-        self.staging = StagingArea(store, confirm=self.confirm_epoch)
+        self.staging = StagingArea(store, confirm=self.confirm_epoch, clock=clock)
         self.journal = DedupJournal(store)
         self.journal_uuids: dict[str, str] = {}
         """Table uuid (the journal's key) of each table with a dedup window."""
@@ -220,17 +221,36 @@ class Collector:
         self._loop = asyncio.get_running_loop()
         lease_s = self.consumer.config.lease_s
         waiting_logged = False
+        outages = 0
         while True:
-            if takeover:
-                self.epoch = await self.consumer.initialize()
-                break
-            holder, expires, now = await self.consumer.lease()
-            if not holder or holder == self.consumer.holder or expires <= now:
-                try:  # the lease is re-checked inside the epoch-bump CAS
-                    self.epoch = await self.consumer.initialize(respect_lease=True)
+            try:
+                if takeover:
+                    self.epoch = await self.consumer.initialize()
                     break
-                except LeaseHeldError as exc:  # renewed (or taken) meanwhile
-                    holder, expires, now = exc.holder, exc.remaining_s, 0.0
+                holder, expires, now = await self.consumer.lease()
+                if not holder or holder == self.consumer.holder or expires <= now:
+                    try:  # the lease is re-checked inside the epoch-bump CAS
+                        self.epoch = await self.consumer.initialize(respect_lease=True)
+                        break
+                    except LeaseHeldError as exc:  # renewed (or taken) meanwhile
+                        holder, expires, now = exc.holder, exc.remaining_s, 0.0
+            except (TransientStoreError, ConnectionError, TimeoutError) as exc:
+                if not wait:
+                    raise
+                # A standby outlives a store outage: exiting would leave no collector
+                # until a new process boots Spark, and a takeover cut short (shard 0's
+                # epoch bumped, another shard's fence failed) is finished by the same
+                # holder on the next attempt instead of waiting out its own lease.
+                outages += 1
+                delay = min(lease_s, 0.5 * 2 ** min(outages - 1, 10))
+                log.warning("standby: the store failed while waiting for the lease "
+                            "(attempt %d); retrying in %.1f s: %s", outages, delay,
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                await sleep_or_stop(self.clock, delay, stop)
+                if stop is not None and stop.is_set():
+                    raise asyncio.CancelledError from None
+                continue
+            outages = 0
             if not wait:
                 raise LeaseHeldError(holder, max(expires - now, 0.0))
             if not waiting_logged:
@@ -836,7 +856,8 @@ class Collector:
         needed = max(e.registry_version for e in entries)
         if needed <= self.routes.version:
             return
-        registry = await RegistryStore(self.store, self.config.admin.registry_key).read()
+        registry = await RegistryStore(self.store, self.config.admin.registry_key,
+                                       clock=self.clock).read()
         if registry.version < needed:
             raise RegistryBehindError(
                 f"manifest entry {entries[-1].sequence} was accepted under registry version "

@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from ulid import ULID
 
+from icefloe.clock import SYSTEM, Clock
 from icefloe.errors import NotFound, TableFencedError
 from icefloe.registry.model import Conditions
 from icefloe.staging import (
@@ -137,10 +138,13 @@ class StagingArea:
     """Reads and writes the staging states and files of one collector (async)."""
 
     def __init__(self, store: AsyncObjectStore, *, backoff: RetryPolicy | None = None,
-                 confirm: Callable[[], Awaitable[object]] | None = None) -> None:
+                 confirm: Callable[[], Awaitable[object]] | None = None,
+                 clock: Clock = SYSTEM) -> None:
         """``confirm`` raises when this collector was replaced (the collector passes its
-        manifest-epoch check); it runs after this area created a state object."""
+        manifest-epoch check); it runs after this area created a state object. ``clock``
+        paces the compare-and-swap retries (the simulator drives it)."""
         self.store = store
+        self.clock = clock
         self.confirm = confirm
         self._confirmed: set[str] = set()
         self.backoff = backoff or RetryPolicy(max_attempts=20, budget_s=30.0)
@@ -149,7 +153,7 @@ class StagingArea:
 
     async def load(self, table: str) -> StagingState:
         doc = await load_document(self.store, state_key(table), StagingState.decode,
-                                  lambda: StagingState(table=table))
+                                  lambda: StagingState(table=table), clock=self.clock)
         self.states[table] = doc.value
         return doc.value
 
@@ -168,7 +172,7 @@ class StagingArea:
         loaded, written = await cas_document(
             self.store, state_key(table), StagingState.decode,
             lambda: StagingState(table=table), mutate, backoff=self.backoff,
-            stats=self.stats, what="staging state")
+            stats=self.stats, what="staging state", clock=self.clock)
         state = written if written is not None else loaded.value
         if state.revision == 1 and state.epoch == epoch and table not in self._confirmed:
             # We created it (maybe by a retried PUT whose first answer was lost): a newer
@@ -247,7 +251,7 @@ class StagingArea:
         write). ``create``: the table is staged, so a missing state is created (stamped);
         otherwise a table without staging keeps no state object."""
         doc = await load_document(self.store, state_key(table), StagingState.decode,
-                                  lambda: StagingState(table=table))
+                                  lambda: StagingState(table=table), clock=self.clock)
         if (doc.etag is None and not create) or (doc.etag is not None
                                                  and doc.value.epoch == epoch):
             self.states[table] = doc.value

@@ -226,7 +226,7 @@ class ManifestConsumer:
         collector that listed before the creation bumped the epoch first, so this read
         sees it.
         """
-        manifest = (await load(self.store, self.config.key)).manifest
+        manifest = (await load(self.store, self.config.key, clock=self.clock)).manifest
         self._check(manifest)
         return manifest
 

@@ -75,8 +75,10 @@ class RunVersion:
     first commit: every target the pass writes records the same one, a pass that commits
     nothing claims none. Inside a collector the claim is fenced by its epoch."""
 
-    def __init__(self, config: Config, fence: WriteFence | None) -> None:
+    def __init__(self, config: Config, fence: WriteFence | None,
+                 clock: Clock = SYSTEM) -> None:
         self.config = config
+        self.clock = clock
         self.epoch = fence.epoch if fence is not None else None
         self.version: int | None = None
 
@@ -88,7 +90,7 @@ class RunVersion:
             store = open_store(section.control_url or section.url,
                                options_for(section.endpoint_url, section.region))
             try:
-                self.version = claim_version_sync(store, epoch=self.epoch)
+                self.version = claim_version_sync(store, epoch=self.epoch, clock=self.clock)
             finally:
                 store.close()
         return self.version
@@ -148,7 +150,7 @@ def run_models(spark: SparkSession, project: Project, config: Config,
     run_id = run_id or uuid.uuid4().hex[:16]
     failed: set[str] = set()
     outcomes: list[Outcome] = []
-    version = RunVersion(config, fence)
+    version = RunVersion(config, fence, clock)
     for model in project.select(names):
         started = clock.monotonic()
         broken = [u for u in project.upstream(model.name) if u in failed]

@@ -254,6 +254,52 @@ async def test_a_parked_table_past_its_bound_holds_its_entries_not_the_other_tab
         await collector.store.close()
 
 
+PEOPLE = StreamConfig(name="people", table="app.people", columns=(
+    Column("user_id", "string"), Column("n", "long")), primary_key=("user_id",))
+
+
+async def test_rows_without_a_key_of_a_table_whose_park_area_is_full_land_once_retried(
+        tmp_path, engine):
+    """A parked table past ``park_max_bytes`` fails before its rows without a key are
+    split off as dead letters. The run's other dead letters must not commit then: the
+    retry (table fixed) adds those rows, and a dead-letter table already covering the
+    run's sequences would drop them as replays: in neither table."""
+    from collector.bulkhead import ParkFullError
+
+    config = collector_config(tmp_path, streams=(CLICKS, PEOPLE), dequeue_every=1,
+                              park_after_failures=1, park_retry_s=3600, park_max_bytes=1)
+
+    def person(i: int, key: bool = True) -> tuple[str, str, int, bytes]:
+        body = {"user_id": f"p{i}", "n": i} if key else {"n": i}
+        return ("people", f"p{i}", BASE_MS + i, msgspec.json.encode(body))
+
+    publish_sync(config, [[click(0, "c0"), person(0)]])
+    collector = await start(config, engine)
+    try:
+        await collector.run_once()
+        good = metadata_location(config, "app.people")
+        metadata_location(config, "app.people", lost(good))
+        publish_sync(config, [[person(1)]])
+        await run_until_parked(collector, "app.people", 1)
+        assert (await collector.run_once()).staged == {"app.people": 1}
+        # keyless people, and a click that is not JSON: a dead letter of another table
+        publish_sync(config, [[person(2, key=False), person(3, key=False),
+                               ("clicks", "bad", BASE_MS, b"{not json")]])
+        with pytest.raises(ParkFullError):
+            await collector.run_once()
+        metadata_location(config, "app.people", good)
+        collector.bulkheads.retry_all_now()
+        await asyncio.to_thread(collector.commit_due_staged)
+        await collector.run_once()
+        dead = read_table(config, "icefloe.dead_letters")
+        reasons = sorted(r.split(":", 1)[0] for r in dead.column("reason").to_pylist())
+        assert sorted(dead.column("event_id").to_pylist()) == ["bad", "p2", "p3"], reasons
+        assert sorted(read_table(config, "app.people").column("user_id").to_pylist()) == [
+            "p0", "p1"]
+    finally:
+        await collector.store.close()
+
+
 NESTED = StreamConfig(name="profiles", table="app.profiles", columns=(
     Column("user_id", "string", required=True), Column("tags", "list<string>"),
     Column("address", "struct<city: string, zip: string>")), primary_key=("user_id",))

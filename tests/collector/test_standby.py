@@ -130,3 +130,33 @@ def test_should_resume_commits_soon_after_a_kill_and_after_a_takeover(tmp_path):
                 child.close()
     rows = read_table(config, "web.clicks")
     assert (rows.num_rows, len(pc.unique(rows.column("_event_id")))) == (150, 150)
+
+
+def test_should_outlive_a_store_outage_while_waiting_and_take_over(tmp_path):
+    """A standby whose lease reads fail (the store down longer than its own retries)
+    waits on and takes over once the lease lapses, instead of exiting and leaving no
+    collector until a new process boots Spark."""
+    from collector_support import collector_config, open_store_of
+
+    from collector.service import Collector
+    from icefloe.store.faults import FaultRule, FaultyAsyncStore
+    from pipeline.iceberg.catalog import open_catalog
+    from pipeline.load.run import LocalEngine
+
+    config = collector_config(tmp_path)  # lease_s 2
+
+    async def go() -> tuple[int, int, int]:
+        holder = Collector(config, open_store_of(config), open_catalog(config.catalog),
+                           LocalEngine())
+        first = await holder.acquire(takeover=True)  # then never renewed: it lapses
+        faulty = FaultyAsyncStore(open_store_of(config),
+                                  [FaultRule("fail", ops=frozenset({"get"}), times=3)])
+        standby = Collector(config, faulty, open_catalog(config.catalog), LocalEngine())
+        second = await asyncio.wait_for(standby.acquire(takeover=False, wait=True), 60)
+        await holder.store.close()
+        await faulty.close()
+        return first, second, faulty.injected["fail"]
+
+    first, second, failed = asyncio.run(go())
+    assert failed == 3
+    assert second == first + 1
