@@ -43,7 +43,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, example: bool = Fal
                              f"then {DEFAULT_DATA_DIR})")
 
 
-def _named(path: Path | None, section: str, key: str, env: Mapping[str, str]) -> bool:
+def user_named(path: Path | None, section: str, key: str, env: Mapping[str, str]) -> bool:
     """Whether the user chose ``section.key`` (file or environment): --data-dir leaves it."""
     if f"ICEFLOE_{section.upper()}_{key.upper()}" in env:
         return True
@@ -60,12 +60,13 @@ def data_dir_defaults(path: Path | None, data_dir: Path,
                       env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """Store/catalog/warehouse under ``data_dir`` for each one the user did not name."""
     overrides: dict[str, dict[str, Any]] = {}
-    if not _named(path, "store", "url", env):
+    if not user_named(path, "store", "url", env):
         overrides["store"] = {"url": (data_dir / "store").as_uri()}
     catalog: dict[str, Any] = {}
-    if not _named(path, "catalog", "uri", env) and not _named(path, "catalog", "type", env):
+    if not user_named(path, "catalog", "uri", env) \
+            and not user_named(path, "catalog", "type", env):
         catalog["uri"] = f"sqlite:///{data_dir / 'catalog.db'}"
-    if not _named(path, "catalog", "warehouse", env):
+    if not user_named(path, "catalog", "warehouse", env):
         catalog["warehouse"] = (data_dir / "warehouse").as_uri()
     if catalog:
         overrides["catalog"] = catalog

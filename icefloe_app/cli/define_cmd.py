@@ -58,10 +58,29 @@ def load_class(target: str) -> type[Any]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"{target!r}: cannot import {module_name!r}: {exc}") from None
+    except SyntaxError as exc:  # the user's file does not parse
+        where = f"{exc.filename or module_name}, line {exc.lineno}"
+        raise ConfigError(f"{target!r}: cannot import {module_name!r}: {where}: "
+                          f"{type(exc).__name__}: {exc.msg}") from exc
+    except (Exception, SystemExit) as exc:  # whatever the user's module-level code raised
+        raise ConfigError(f"{target!r}: importing {module_name!r} failed at "
+                          f"{_raised_at(exc)}: {type(exc).__name__}: {exc}") from exc
     found = getattr(module, name, None)
     if not isinstance(found, type):
         raise ConfigError(f"{target!r}: module {module_name!r} has no class {name!r}")
     return found
+
+
+def _raised_at(exc: BaseException) -> str:
+    """``file, line N``: the outermost module-level code (not importlib's functions) the
+    exception passed through, i.e. the imported module's failing statement."""
+    frame = exc.__traceback__
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        if code.co_name == "<module>":
+            return f"{code.co_filename}, line {frame.tb_lineno}"
+        frame = frame.tb_next
+    return "import"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from icefloe_app.cli.common import (
     store_options,
     table,
 )
+from icefloe_app.cli.config_args import config_from_args
 
 
 def register(commands: Any) -> None:
@@ -45,8 +46,9 @@ def register(commands: Any) -> None:
                     "lease, acked and next sequence, producers, and the queued entries "
                     "(oldest first).")
     add_store_arguments(manifest)
-    manifest.add_argument("--key", default=ManifestConfig().key,
-                          help="manifest object key, shard 0 (default: %(default)s)")
+    manifest.add_argument("--key",
+                          help="manifest object key, shard 0 (default: [manifest] key of the "
+                               f"config, else {ManifestConfig().key})")
     manifest.add_argument("--limit", type=int, default=20,
                           help="entries to list in the table (default: %(default)s)")
     manifest.add_argument("--json", action="store_true", help="print JSON (all entries)")
@@ -72,6 +74,8 @@ def run_manifest(args: argparse.Namespace) -> int:
     JSON keeps shard 0's fields at the top level (what single-manifest tooling reads)
     and adds ``shard_count`` and ``shards``, one object per shard of the same shape."""
     resolve_store(args)
+    if args.key is None:  # the config's [manifest] key, as the ingestors and collector use
+        args.key = config_from_args(args, example=True)[1].manifest.key
 
     async def read() -> list[Loaded]:
         store = open_async_store(args.store, store_options(args),

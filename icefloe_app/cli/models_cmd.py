@@ -5,8 +5,9 @@ catalog (the last run is in the target's snapshot summary) in well under a secon
 ``run`` pays the JVM start. Every model is parsed, resolved and ordered before Spark
 starts, so a typo or a cycle costs a one-line error and nothing runs.
 
-The models folder is ``--models DIR`` (relative to the working directory), else ``models/``
-next to the config file in use, else ``./models``.
+The models folder is ``--models DIR`` (relative to the working directory), else
+``[collector] models_dir`` (``$ICEFLOE_COLLECTOR_MODELS_DIR``; default ``models``, relative
+to the config file in use), the same folder ``icefloe run`` and the collector read.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from icefloe.errors import ConfigError
 from icefloe_app.cli.common import iso, print_json, table
-from icefloe_app.cli.config_args import add_config_arguments, config_from_args, config_path
+from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
     from icefloe.config import Config
@@ -66,18 +68,27 @@ def register(commands: Any) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", metavar="DIR",
-                        help="models folder (default: models/ next to the config file, "
-                             "else ./models)")
+                        help="models folder (default: [collector] models_dir, relative to "
+                             "the config file; models/ beside it unless set)")
     add_config_arguments(parser, example=True)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
-def models_folder(args: argparse.Namespace) -> Path:
-    """``--models``, else ``models/`` beside the config file in use, else ``./models``."""
+def models_folder(args: argparse.Namespace, config: Config) -> Path:
+    """``--models``, else ``[collector] models_dir`` (the loader resolved it against the
+    config file's folder, as for ``icefloe run`` and the collector); a folder that is not
+    there is a usage error (exit 2)."""
     if args.models:
-        return Path(args.models)
-    path = config_path(args, example=True)
-    return path.parent / "models" if path is not None else Path("models")
+        folder, given = Path(args.models), "--models"
+    elif config.collector.models_dir:
+        folder, given = Path(config.collector.models_dir), "[collector] models_dir"
+    else:
+        raise ConfigError("[collector] models_dir is empty: set it to the models folder, or "
+                          "give --models DIR")
+    if not folder.is_dir():
+        raise ConfigError(f"models folder {folder} ({given}) does not exist: give --models "
+                          "DIR or set [collector] models_dir")
+    return folder
 
 
 def _project(args: argparse.Namespace) -> tuple[Config, Project]:
@@ -85,7 +96,7 @@ def _project(args: argparse.Namespace) -> tuple[Config, Project]:
     from pipeline.models.spec import load_models  # startup time
 
     _, config = config_from_args(args, example=True)
-    return config, plan_project(load_models(models_folder(args)), config)
+    return config, plan_project(load_models(models_folder(args, config)), config)
 
 
 def _depends(project: Project, name: str) -> list[str]:
@@ -171,7 +182,7 @@ def run_models(args: argparse.Namespace) -> int:
     from pipeline.models import run_models as run  # startup time
 
     _, config = config_from_args(args, example=True)
-    project = prepare(models_folder(args), config)
+    project = prepare(models_folder(args, config), config)
     project.select(args.names)  # unknown names fail before Spark starts
     print("icefloe models: starting Spark ...", file=sys.stderr, flush=True)
     from pipeline.spark import get_spark  # lazy: pyspark

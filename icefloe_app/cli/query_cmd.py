@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
+from icefloe.errors import ConfigError
 from icefloe.streams.dialects import DIALECTS
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
@@ -61,7 +62,8 @@ per call); --engine duckdb fails, naming the construct, when it cannot translate
 answer a non-Spark dialect's statement by its own rules (such as substring(s, 0, 2)).
 
 exit codes: 0 ok; 1 the query failed (the engine's message, in one line), an engine cannot
-run it exactly, unknown --dialect, Java missing, catalog unreachable; 2 bad configuration.
+run it exactly, unknown --dialect, Java missing, catalog unreachable; 2 bad configuration,
+a bad --as-of or --limit.
 """
 
 
@@ -82,7 +84,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--as-of", metavar="SNAPSHOT_ID|TIMESTAMP",
                         help="read each table at this snapshot id, or at the snapshot that "
                              "was current at this ISO 8601 time (UTC unless it says otherwise)")
-    parser.add_argument("--limit", type=int, default=1000, metavar="N",
+    parser.add_argument("--limit", type=_row_limit, default=1000, metavar="N",
                         help="print at most N rows (default 1000; 0 = all rows)")
     parser.add_argument("--engine", choices=["auto", "duckdb", "spark"], default="auto",
                         help="who answers: auto (default: DuckDB when small and exactly "
@@ -96,12 +98,27 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def _row_limit(text: str) -> int:
+    """``--limit``: a whole number, 0 (all rows) or more (argparse makes the refusal an
+    exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all rows) or more, not {value}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeline.read.embedded import choose, run_embedded_plain  # startup time
-    from pipeline.read.query import AsOf, plan  # startup time
+    from pipeline.read.query import AsOf, QueryError, plan  # startup time
 
+    try:  # a mistyped flag: bad usage (exit 2), like replay's --from, deadletters' --since
+        as_of = AsOf.parse(args.as_of)
+    except QueryError as exc:
+        raise ConfigError(str(exc)) from None
     _, config = config_from_args(args, example=True)
-    as_of = AsOf.parse(args.as_of)
     # names, tables, snapshots, dialect: fail before any engine starts
     pinned = plan(args.sql, config, as_of, dialect_of(args))
     limit = args.limit if args.limit > 0 else None

@@ -17,6 +17,7 @@ import time
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -128,6 +129,8 @@ def _cmd(what: Any, name: str, help_text: str, run: Any) -> argparse.ArgumentPar
 
 
 def _client(args: argparse.Namespace) -> httpx.Client:
+    if args.url:
+        _check_url(args.url)
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         raise ConfigError(f"set {TOKEN_ENV} to an admin token (one whose hash is in [admin] "
@@ -149,6 +152,20 @@ def _client(args: argparse.Namespace) -> httpx.Client:
             raise ConfigError(f"--cacert {cacert}: cannot load it: {exc}") from None
     return httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"},
                         timeout=30.0, verify=verify)
+
+
+def _check_url(url: str) -> None:
+    """``--url``: an http(s) URL with a host (a bad one is a usage error, not an
+    unreachable API)."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError on a port that is not a number
+    except ValueError as exc:
+        raise ConfigError(f"--url {url!r}: not a valid URL ({exc}); give the admin API "
+                          "as http(s)://HOST:PORT, e.g. http://127.0.0.1:8081") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--url {url!r}: not an http(s) URL; give the admin API as "
+                          "http(s)://HOST:PORT, e.g. http://127.0.0.1:8081")
 
 
 def call(args: argparse.Namespace, method: str, path: str, body: Any = None,

@@ -32,7 +32,13 @@ from icefloe_app.cli.collector_cmd import (
     install_stop_signals,
     run_guarded,
 )
-from icefloe_app.cli.config_args import add_config_arguments, config_from_args, data_dir_of
+from icefloe_app.cli.config_args import (
+    add_config_arguments,
+    config_from_args,
+    config_path,
+    data_dir_of,
+    user_named,
+)
 from icefloe_app.cli.ingestor_group import IngestorGroup, reserve_port
 from icefloe_app.cli.progress import Snapshot, show_progress
 from icefloe_app.cli.standby_child import StandbyCollector
@@ -120,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
         "ingestor": {"http_port": args.http_port, "grpc_port": args.grpc_port},
         "collector": {"metrics_port": args.metrics_port},
         "admin": {"port": args.admin_port},
-        "otlp": {"enabled": not args.no_otlp}}, example=True)
+        "otlp": {"enabled": _otlp_enabled(args)}}, example=True)
     if args.ingestors < 1:
         raise ConfigError(f"--ingestors {args.ingestors}: at least one ingestor is needed")
+    otlp_ports = _otlp_ports(args, config)
     if not args.no_collector:
         from pipeline.java import require_java  # startup time
 
@@ -132,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     # fork handlers; with them on, gRPC logs a warning on the terminal at every start.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     # the ingestors load the config file themselves: they learn up's [otlp] decision here
-    os.environ["ICEFLOE_OTLP_ENABLED"] = "false" if args.no_otlp else "true"
+    os.environ["ICEFLOE_OTLP_ENABLED"] = "true" if config.otlp.enabled else "false"
     argv = [sys.executable, "-m", "icefloe", "ingestor", "--config", str(path),
             "--data-dir", str(data_dir_of(args)), "--reuse-port", "--stats-interval", "1",
             "--log-level", "warning", "--log-format", "text"]
@@ -147,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         else config.ingestor.kafka_port if config.ingestor.kafka_port is not None else 9092
     standby = None if args.no_collector or args.no_standby else standby_argv(path, args)
     up = _Up(path, config, args.ingestors, argv, collector=not args.no_collector,
-             kafka_port=kafka_port, otlp_ports=_otlp_ports(args, config),
+             kafka_port=kafka_port, otlp_ports=otlp_ports,
              standby_argv=standby)
     return run_guarded(up.main, config, runner=runner)
 
@@ -162,10 +169,27 @@ def standby_argv(path: Path | None, args: argparse.Namespace) -> list[str]:
             "--log-format", "text"]
 
 
+def _otlp_enabled(args: argparse.Namespace) -> bool | None:
+    """``[otlp] enabled`` for up: off with ``--no-otlp``; else what the environment
+    (``ICEFLOE_OTLP_ENABLED``) or the file says, when either says it (None: no override);
+    else on, up's own default."""
+    if args.no_otlp:
+        return False
+    path = config_path(args, example=True)
+    return None if user_named(path, "otlp", "enabled", os.environ) else True
+
+
 def _otlp_ports(args: argparse.Namespace, config: Config) -> tuple[int, int] | None:
     """The OTLP/HTTP and OTLP/gRPC ports to serve (flag > config > OTLP's defaults 4318
-    and 4317), or None with ``--no-otlp``."""
-    if args.no_otlp:
+    and 4317), or None with OTLP off (``--no-otlp``, or ``[otlp] enabled = false``); an
+    OTLP port flag with OTLP off is refused."""
+    if args.no_otlp or not config.otlp.enabled:
+        for flag, value in (("--otlp-http-port", args.otlp_http_port),
+                            ("--otlp-grpc-port", args.otlp_grpc_port)):
+            if value is not None:
+                why = "--no-otlp" if args.no_otlp else "[otlp] enabled is false"
+                raise ConfigError(f"{flag} {value}: OTLP is off ({why}); drop the flag or "
+                                  "turn OTLP on")
         return None
     ing = config.ingestor
     http = args.otlp_http_port if args.otlp_http_port is not None else \

@@ -422,7 +422,7 @@ def test_should_print_table_json_and_csv(spark, lake):
 
 def test_should_fail_in_one_line_on_an_as_of_that_is_neither(capsys, tmp_path):
     assert main(["query", "SELECT 1", "--as-of", "yesterday", "--data-dir",
-                 str(tmp_path)]) == 1
+                 str(tmp_path)]) == 2  # a mistyped flag: bad usage
     assert "--as-of 'yesterday': give a snapshot id" in capsys.readouterr().err
 
 
