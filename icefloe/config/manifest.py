@@ -11,6 +11,7 @@ that breaks these relations is refused at start.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from icefloe.backoff import RetryPolicy
@@ -59,9 +60,11 @@ class ManifestConfig:
     def __post_init__(self) -> None:
         positive = ("max_entries", "max_bytes", "append_deadline_s", "gc_grace_s",
                     "producer_ttl_s", "lease_s", "max_group", "shards")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"manifest.{name} must be > 0, got {getattr(self, name)}")
+        for name in positive:  # `not > 0`: NaN compares false with every bound
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                need = "> 0" if math.isfinite(value) else "a finite number > 0"
+                raise ConfigError(f"manifest.{name} must be {need}, got {value}")
         if self.shards > MAX_SHARDS:
             raise ConfigError(f"manifest.shards must be at most {MAX_SHARDS}, got "
                               f"{self.shards}")

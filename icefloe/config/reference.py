@@ -202,8 +202,10 @@ MEANING: dict[str, str] = {
                                      "parked: its rows are staged, the other tables go on",
     "collector.park_retry_s": "first retry of a parked table's staged rows (doubling, up to "
                               "ten times; and at once after a registry change)",
-    "collector.park_max_bytes": "staged bytes of a parked table beyond which its rows become "
-                                "dead letters (`parked:<table>`)",
+    "collector.park_max_bytes": "staged bytes of a parked table beyond which its rows are no "
+                                "longer staged: each run fails at its end (after the other "
+                                "tables committed) and its entries wait in the queue, which "
+                                "then stops advancing for every table",
     "collector.sql_max_value_bytes": "largest value a `sql` mapping may compute for one row; "
                                      "a larger one becomes null (counted in "
                                      "`icefloe_collector_sql_errors_total`)",

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from icefloe.errors import ConfigError
+from icefloe.streams.layout import check_raw_partition
 from icefloe.streams.model import StreamConfig, TypedSchema
 from icefloe.typed.codec import TypeChangeError, TypedPayloadError
 from icefloe.typed.columns import check_id_field, typed_columns
@@ -34,8 +35,12 @@ _REFUSED: dict[str, tuple[Any, str]] = {
 
 def prepare_raw(raw: dict[str, Any], where: str) -> None:
     """Before decoding the TOML: a typed stream declares no ``columns`` (they are derived);
-    an empty list stands in until :func:`with_typed_columns` fills it."""
+    an empty list stands in until :func:`with_typed_columns` fills it. Also what only the
+    text as written shows: ``partition`` next to ``partition_by`` (any stream; decoded,
+    ``partition = "day"`` is the default)."""
     for index, stream in enumerate(raw.get("streams") or ()):
+        if isinstance(stream, dict):
+            check_raw_partition(stream, f"{where}: streams[{index}]")
         if not isinstance(stream, dict) or stream.get("format") not in TYPED_FORMATS:
             continue
         if "columns" in stream:
@@ -65,6 +70,8 @@ def _typed(stream: StreamConfig, base: Path, where: str) -> StreamConfig:
     for key, (default, why) in _REFUSED.items():
         if getattr(stream, key) != default:
             raise ConfigError(f"{label}: `{key}` is not available: {why}")
+    if stream.schema is not None:
+        _check_schema_keys(stream.format, stream.schema, label)
     if stream.schema is not None and stream.schema.subject:
         return _subject(stream, label)
     schema = _with_text(stream.format, stream.schema, base, label)
@@ -75,6 +82,20 @@ def _typed(stream: StreamConfig, base: Path, where: str) -> StreamConfig:
     if stream.event_id_field is not None:
         check_id_field(stream.event_id_field, columns, label)
     return msgspec.structs.replace(stream, schema=schema, columns=columns)
+
+
+def _check_schema_keys(format: str, schema: TypedSchema, label: str) -> None:
+    """Keys of ``schema`` that would be accepted and mean nothing: refused by name."""
+    if schema.subject_version:
+        # (the field is the resolver's record of the version it read: it is overwritten
+        # at each resolution, and the ingestor takes any version of the subject)
+        raise ConfigError(f"{label}: `subject_version` cannot be set: a subject stream "
+                          "always follows its subject's latest version (pinning a version "
+                          "is not supported); remove subject_version")
+    if format == "avro" and schema.enums != "string":
+        raise ConfigError(f"{label}: `enums` = {schema.enums!r} is for Protobuf streams; an "
+                          "Avro stream keeps enums as their symbol text (supported: enums "
+                          "= \"string\", the default); remove enums")
 
 
 def _subject(stream: StreamConfig, label: str) -> StreamConfig:
@@ -106,6 +127,9 @@ def _with_text(format: str, schema: TypedSchema | None, base: Path, label: str
         if schema.schema_file:
             raise ConfigError(f"{label}: `schema_file` is an Avro schema; a Protobuf "
                               "stream names a `descriptor_set`")
+        if schema.descriptor_set and schema.text:
+            raise ConfigError(f"{label}: give the type in `descriptor_set` or in `text`, "
+                              "not both (the file's contents would replace `text`)")
         if schema.descriptor_set:
             data = _read(base / schema.descriptor_set, label)
             return msgspec.structs.replace(schema, text=base64.b64encode(data).decode())
@@ -115,6 +139,9 @@ def _with_text(format: str, schema: TypedSchema | None, base: Path, label: str
     if schema.message or schema.descriptor_set:
         raise ConfigError(f"{label}: `message` and `descriptor_set` are Protobuf's; an Avro "
                           "stream names a `schema_file`")
+    if schema.schema_file and schema.text:
+        raise ConfigError(f"{label}: give the schema in `schema_file` or in `text`, not "
+                          "both (the file's contents would replace `text`)")
     if schema.schema_file:
         data = _read(base / schema.schema_file, label)
         try:

@@ -8,6 +8,12 @@ validate_stream`, the security settings by :mod:`icefloe.config.security`.
 
 from __future__ import annotations
 
+import math
+import posixpath
+from typing import Any
+
+import msgspec
+
 from icefloe.config.manifest import SAFETY_MARGIN_S
 from icefloe.config.model import (
     OUTPUT_PATHS,
@@ -26,12 +32,14 @@ from icefloe.streams.model import StreamConfig
 
 def validate(config: Config, where: str) -> None:
     """Cross-field rules msgspec cannot express; every message names the key."""
+    check_finite(config, where)
     try:
         config.manifest.build()
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     _validate_collector(config.collector, where)
     _validate_admin(config.admin, where)
+    _validate_manifest_key(config, where)
     if config.query.embedded_max_bytes < 0:
         raise ConfigError(f"{where}: query.embedded_max_bytes must be >= 0 (0: always Spark)")
     _validate_pairs(config, where)
@@ -42,6 +50,7 @@ def validate(config: Config, where: str) -> None:
             raise ConfigError(f"{where}: ingestor.{key}: {port} is not a TCP port (0-65535)")
     _validate_kafka(ing, where)
     _validate_otlp_ports(config, where)
+    check_port_clashes(where, {f"ingestor.{key}": getattr(ing, key) for key in INGESTOR_PORTS})
     for key in ("max_body_bytes", "max_event_bytes", "flush_bytes", "flush_events",
                 "buffer_max_bytes", "flush_age_ms", "flush_timeout_s"):
         if getattr(ing, key) <= 0:
@@ -72,6 +81,45 @@ def validate(config: Config, where: str) -> None:
         tables.add(stream.table)
     check_template_namespaces(config.streams, where)
     validate_security(config, where)
+
+
+def check_finite(value: Any, where: str, key: str = "") -> None:
+    """Every float anywhere in the config (sections, streams, tokens, tables) is a finite
+    number: TOML has ``nan`` and ``inf``, and NaN compares false with every bound, so it
+    would pass each ``<= 0`` check below and then break what the setting times."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {key}: {value} is not a finite number; give a number "
+                              "such as 30 or 0.5")
+    elif isinstance(value, msgspec.Struct):
+        for field in value.__struct_fields__:
+            check_finite(getattr(value, field), where, f"{key}.{field}" if key else field)
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            check_finite(item, where, f"{key}[{index}]")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            check_finite(item, where, f"{key}.{name!r}")
+
+
+INGESTOR_PORTS = ("http_port", "grpc_port", "kafka_port", "otlp_http_port", "otlp_grpc_port")
+"""The listeners of one ingestor process (``kafka_advertised_port`` is what Metadata tells
+clients, not a listener)."""
+
+
+def check_port_clashes(where: str, ports: dict[str, int | None]) -> None:
+    """Listeners of one process (``ports``: key to port) on one port: the second bind would
+    fail at start, or, with ``reuse_port``, two protocols would share the port's traffic.
+    0 (any free port) and None (off) never clash."""
+    seen: dict[int, str] = {}
+    for key, port in ports.items():
+        if not port:
+            continue
+        if port in seen:
+            raise ConfigError(f"{where}: {key} ({port}) is the same port as {seen[port]}: "
+                              "each listener of one process needs a port of its own; change "
+                              "one of them")
+        seen[port] = key
 
 
 def check_template_namespaces(streams: tuple[StreamConfig, ...], where: str) -> None:
@@ -194,6 +242,9 @@ def _validate_admin(admin: AdminSection, where: str) -> None:
     if admin.tls_client_ca_file and not admin.tls_cert_file:
         raise ConfigError(f"{where}: admin.tls_client_ca_file needs admin.tls_cert_file and "
                           "admin.tls_key_file (mutual TLS is TLS first)")
+    if admin.plaintext and admin.tls_cert_file:
+        raise ConfigError(f"{where}: admin.plaintext: true contradicts admin.tls_cert_file "
+                          "(TLS is on); remove one of them")
     if admin.tombstone_grace_s < 60:
         raise ConfigError(f"{where}: admin.tombstone_grace_s ({admin.tombstone_grace_s:g}) "
                           "must be at least 60 s: an ingestor may not have seen a deletion "
@@ -205,13 +256,29 @@ def _validate_admin(admin: AdminSection, where: str) -> None:
                           "relative object key")
 
 
+def _validate_manifest_key(config: Config, where: str) -> None:
+    """The manifest's key, like the registry's: a relative object key, and another object
+    than the registry (or than one of the manifest's own shards and shard record), which
+    each writer would otherwise overwrite with a document of its own kind."""
+    key, registry = config.manifest.key, config.admin.registry_key
+    if not key or key.startswith("/"):
+        raise ConfigError(f"{where}: manifest.key: {key!r} must be a relative object key")
+    if posixpath.normpath(registry) in (posixpath.normpath(key),
+                                        posixpath.normpath(f"{key}.shards")) or (
+            registry.startswith(f"{key}-shard") and registry[len(key) + 6:].isdigit()):
+        raise ConfigError(f"{where}: manifest.key ({key!r}) and admin.registry_key "
+                          f"({registry!r}) name the same object (or a manifest shard's): "
+                          "give one of them another key")
+
+
 def _validate_collector(col: CollectorSection, where: str) -> None:
     if not 0 <= col.metrics_port <= 65535:
         raise ConfigError(f"{where}: collector.metrics_port: {col.metrics_port} is not a TCP "
                           "port (0-65535)")
     for key in ("commit_interval_s", "poll_interval_s", "max_run_entries", "max_run_bytes",
                 "dedup_max_ids", "spark_partitions", "dequeue_every", "gc_interval_s",
-                "maintenance_interval_s", "snapshot_keep_last", "compact_min_files",
+                "maintenance_interval_s", "snapshot_keep_last", "snapshot_max_age_s",
+                "compact_min_files",
                 "compact_target_bytes", "orphan_age_s", "retry_max_delay_s",
                 "park_after_failures", "park_retry_s", "park_max_bytes",
                 "sql_max_value_bytes", "sql_max_run_s", "read_ahead_bytes"):

@@ -165,10 +165,13 @@ def _check_format(cdc: CdcConfig, at: str) -> None:
             except ValueError as exc:
                 raise ConfigError(f"{at}.position[{i}]: {path!r}: {exc}") from None
     if cdc.format == "debezium":
-        for key in ("ops", "before_field"):
-            if getattr(cdc, key):
-                raise ConfigError(f"{at}.{key}: only for format = \"op\" (Debezium's ops "
-                                  "and before image are fixed)")
+        # (op_field's default is Debezium's own field: only another name is refused)
+        for key, given in (("op_field", cdc.op_field != "op"), ("ops", bool(cdc.ops)),
+                           ("before_field", cdc.before_field is not None)):
+            if given:
+                raise ConfigError(f"{at}.{key}: only for format = \"op\" (a Debezium "
+                                  "event's operation is its `op` field, valued c, u, d or r, "
+                                  "and its before image is `before`); remove it")
         return
     for value, op in cdc.ops.items():
         if op not in OPS:

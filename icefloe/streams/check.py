@@ -120,9 +120,17 @@ _QUOTA_MAX = 100_000
 
 
 def _check_quota(stream: StreamConfig, at: str) -> None:
-    """``evolve_quota`` bounds are whole numbers 0 (no bound) to 100,000."""
+    """``evolve_quota`` bounds are whole numbers 0 (no bound) to 100,000, and only on a
+    stream that evolves (``unknown_fields = "evolve"``): elsewhere no column is ever added,
+    so the bounds would be accepted and mean nothing."""
     if stream.evolve_quota is None:
         return
+    if stream.unknown_fields != "evolve":
+        key = at.rsplit(": ", 1)[-1]  # the key path alone, when naming a second key
+        raise ConfigError(f"{at}.evolve_quota: bounds the columns schema evolution adds, "
+                          f"but {key}.unknown_fields is {stream.unknown_fields!r}, not "
+                          "'evolve', so no column is ever added; set unknown_fields = "
+                          "\"evolve\" or remove evolve_quota")
     for key in stream.evolve_quota.__struct_fields__:
         value = getattr(stream.evolve_quota, key)
         if isinstance(value, bool) or not isinstance(value, int) \

@@ -12,9 +12,9 @@ from these plain values by :mod:`pipeline.iceberg.tables`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from icefloe.errors import ConfigError
 from icefloe.streams.model import StreamConfig
@@ -152,9 +152,9 @@ def check_layout(stream: StreamConfig, at: str) -> None:
     """``partition_by``, ``sort_by`` and ``table_properties`` of one stream or sink; every
     message names the entry (``at.partition_by[1]: ...``)."""
     if stream.partition_by is not None and stream.partition != "day":
-        raise ConfigError(f"{at}.partition_by: set either partition_by or {at}.partition "
-                          f"(= {stream.partition!r}), not both; partition_by = "
-                          f"[\"{stream.partition}(_received_at)\"] says the same")
+        # (partition = "day", the default, is refused with partition_by where the file
+        # still shows whether it was written: check_raw_partition)
+        raise ConfigError(both_partitions(at, stream.partition))
     kinds = column_types(stream)
     seen: set[str] = set()
     for i, text in enumerate(stream.partition_by or ()):
@@ -179,6 +179,28 @@ def check_layout(stream: StreamConfig, at: str) -> None:
             raise ConfigError(f"{at}.sort_by[{i}]: column {key.column!r} is listed twice")
         sorted_on.add(key.column)
     check_properties(stream.table_properties, f"{at}.table_properties")
+
+
+def both_partitions(at: str, partition: object) -> str:
+    """The refusal of ``partition`` and ``partition_by`` given together (``at``: the
+    stream's key path, maybe led by the file), with the ``partition_by`` that says what
+    ``partition`` did."""
+    key = at.rsplit(": ", 1)[-1]  # the key path alone, when naming the second key
+    text = (f"{at}.partition_by: set either partition_by or {key}.partition "
+            f"(= {partition!r}), not both")
+    if partition == "none":
+        return text + "; partition_by = [] says the same (unpartitioned)"
+    if partition in TIME_TRANSFORMS:
+        return text + f"; partition_by = [\"{partition}(_received_at)\"] says the same"
+    return text
+
+
+def check_raw_partition(raw: Mapping[str, Any], at: str) -> None:
+    """A stream as written (before decoding): ``partition`` and ``partition_by`` both set
+    is refused whatever ``partition`` says (once decoded, ``partition = "day"`` cannot be
+    told from the default)."""
+    if "partition" in raw and raw.get("partition_by") is not None:
+        raise ConfigError(both_partitions(at, raw["partition"]))
 
 
 def _parsed(parse: Callable[[str], T], text: str, at: str) -> T:

@@ -52,7 +52,7 @@ def user_named(path: Path | None, section: str, key: str, env: Mapping[str, str]
     try:
         with path.open("rb") as handle:
             return key in tomllib.load(handle).get(section, {})
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False  # load_config reports it with the file's name
 
 

@@ -57,12 +57,14 @@ def test_should_load_tls_tokens_limits_and_proxies(tmp_path):
 
 def test_should_read_lists_but_not_tables_from_the_environment(tmp_path):
     env = {"ICEFLOE_INGESTOR_TRUSTED_PROXIES": "10.0.0.0/8, 192.168.1.1",
-           "ICEFLOE_INGESTOR_PLAINTEXT": "true",
-           "ICEFLOE_INGESTOR_CLIENT_RATE_LIMIT": "ignored: tables are file only"}
+           "ICEFLOE_INGESTOR_PLAINTEXT": "true"}
     config = load_config(write(tmp_path, ""), env=env)
     assert config.ingestor.trusted_proxies == ("10.0.0.0/8", "192.168.1.1")
     assert config.ingestor.plaintext is True
-    assert config.ingestor.client_rate_limit is None
+    # a table is file only: set in the environment it is refused by name, not ignored
+    with pytest.raises(ConfigError, match="ICEFLOE_INGESTOR_CLIENT_RATE_LIMIT"):
+        load_config(write(tmp_path, ""), env={
+            **env, "ICEFLOE_INGESTOR_CLIENT_RATE_LIMIT": "tables are file only"})
 
 
 @pytest.mark.parametrize(("text", "error"), [

@@ -56,6 +56,7 @@ def test_should_refuse_settings_icefloe_owns_and_malformed_ones(tmp_path, settin
 
 
 def test_should_keep_spark_conf_out_of_the_environment(tmp_path):
-    config = load_config(write_config(tmp_path, MINIMAL),
-                         env={"ICEFLOE_COLLECTOR_SPARK_CONF": "spark.x=1"})
-    assert config.collector.spark_conf == {}
+    """File only: set in the environment it is refused by name, never ignored."""
+    with pytest.raises(ConfigError, match="ICEFLOE_COLLECTOR_SPARK_CONF"):
+        load_config(write_config(tmp_path, MINIMAL),
+                    env={"ICEFLOE_COLLECTOR_SPARK_CONF": "spark.x=1"})
