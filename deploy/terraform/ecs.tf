@@ -114,8 +114,11 @@ resource "aws_ecs_task_definition" "ingestor" {
         retries     = 3
         startPeriod = 30
       }
-      # SIGTERM drains: stop accepting, flush, acknowledge ([ingestor] shutdown_timeout_s)
-      stopTimeout = 40
+      # SIGTERM drains: the servers finish requests in flight (up to [ingestor]
+      # shutdown_timeout_s, 20 s), then the buffer flushes (up to shutdown_timeout_s or a
+      # flush already under way, flush_timeout_s: 30 s): 50 s at most, plus a margin
+      # (Fargate allows up to 120)
+      stopTimeout = 60
       logConfiguration = {
         logDriver = "awslogs"
         options = {
@@ -196,7 +199,15 @@ resource "aws_ecs_service" "ingestor" {
     ignore_changes = [desired_count]
   }
 
-  depends_on = [aws_lb_listener.https, aws_lb_listener.grpc, aws_lb_listener.kafka]
+  # every listener forwarding to a target group above: ECS refuses to register targets in a
+  # group no listener uses yet (the conditional ones are empty lists when switched off)
+  depends_on = [
+    aws_lb_listener.https,
+    aws_lb_listener.grpc,
+    aws_lb_listener.kafka,
+    aws_lb_listener.otlp_http,
+    aws_lb_listener.otlp_grpc,
+  ]
 }
 
 resource "aws_appautoscaling_target" "ingestor" {

@@ -124,6 +124,15 @@ data "aws_iam_policy_document" "ingestor" {
     resources = ["${local.control_bucket_arn}/${local.registry_key}"]
   }
   statement {
+    # the schema registry document (ingestor.writer_schemas): read at start when a stream
+    # is Avro or follows a subject, and extended by compare-and-swap with the writer schema
+    # of an Avro stream's single-object records; never deleted
+    sid       = "KeepWriterSchemas"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.control_bucket_arn}/${local.schema_registry_key}"]
+  }
+  statement {
     # the start-up probe writes one small object and removes it again; nothing else is
     # deletable by an ingestor
     sid       = "ConditionalWriteProbe"
@@ -254,6 +263,24 @@ data "aws_iam_policy_document" "collector" {
     resources = ["${local.control_bucket_arn}/${local.registry_key}"]
   }
   statement {
+    # the schema registry document, read each run when a stream is Avro or follows a
+    # subject (writer schemas by id, subject streams' types); only ingestors and the admin
+    # API write it
+    sid       = "ReadSchemaRegistry"
+    effect    = "Allow"
+    actions   = ["s3:GetObject"]
+    resources = ["${local.control_bucket_arn}/${local.schema_registry_key}"]
+  }
+  statement {
+    # with [collector] keep_batches_s > 0 (icefloe.retention): a segment created
+    # (conditional put, then a HEAD) before each ack, listed and read by GC, merged and
+    # deleted by its compaction
+    sid       = "RetentionIndex"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${local.control_bucket_arn}/${local.retention_index_keys}"]
+  }
+  statement {
     sid       = "ListControlPrefix"
     effect    = "Allow"
     actions   = ["s3:ListBucket"]
@@ -302,6 +329,14 @@ data "aws_iam_policy_document" "admin" {
     effect    = "Allow"
     actions   = ["s3:GetObject", "s3:PutObject"]
     resources = ["${local.control_bucket_arn}/${local.registry_key}"]
+  }
+  statement {
+    # the schema registry API (icefloe_app.api.schema_registry): read, and rewritten by
+    # compare-and-swap on every registration, deletion and compatibility change
+    sid       = "RewriteSchemaRegistry"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${local.control_bucket_arn}/${local.schema_registry_key}"]
   }
   statement {
     # what is pending for a source (refusing to drop one the collector has not caught up
@@ -358,6 +393,17 @@ data "aws_iam_policy_document" "admin" {
       sid       = "GlueIcebergCatalog"
       effect    = "Allow"
       actions   = local.glue_catalog_actions
+      resources = local.glue_catalog_resources
+    }
+  }
+  # a failed table task drops the empty table it created (pipeline.iceberg.tables:
+  # catalog.drop_table); only the admin API drops tables
+  dynamic "statement" {
+    for_each = local.use_postgres ? [] : [1]
+    content {
+      sid       = "GlueDropEmptyTable"
+      effect    = "Allow"
+      actions   = ["glue:DeleteTable"]
       resources = local.glue_catalog_resources
     }
   }

@@ -52,12 +52,19 @@ locals {
   batch_keys          = "${var.batch_prefix}/batches/*"
   manifest_key        = "${var.batch_prefix}/manifest/queue"
   registry_key        = "${var.batch_prefix}/registry/registry.json"
+  # the schema registry's document, next to the stream registry
+  # (icefloe.schemas.store.schema_key): read by ingestors and the collector for Avro and
+  # subject streams, extended by the ingestors and rewritten by the admin API (both CAS)
+  schema_registry_key = "${var.batch_prefix}/registry/schemas.json"
   staging_keys        = "${var.batch_prefix}/staging/*"
   probe_keys          = "${var.batch_prefix}/_icefloe/probe/*"
   # the collector's dedup journal (collector.journal.PREFIX) and catalog-version counter
   # (icefloe.catalog_version.VERSION_KEY)
   dedup_keys          = "${var.batch_prefix}/dedup/*"
   catalog_version_key = "${var.batch_prefix}/catalog/version.json"
+  # the retention index (icefloe.retention.INDEX_PREFIX), written by the collector before
+  # each ack with [collector] keep_batches_s > 0; read by GC and `icefloe replay`
+  retention_index_keys = "${var.batch_prefix}/retention/index/*"
   # where the collector holding the lease answers HTTP (icefloe.collector_address.KEY):
   # written when it takes the lease, read before writing (a newer holder's is kept)
   collector_address_key = "${var.batch_prefix}/collector/address.json"
@@ -138,8 +145,15 @@ locals {
   environment_admin = [
     { name = "ICEFLOE_CATALOG_TYPE", value = local.use_postgres ? "sql" : "glue" },
     { name = "ICEFLOE_CATALOG_WAREHOUSE", value = local.warehouse_url },
-    # reachable from admin_allowed_cidr_blocks only (network.tf); every call needs a token
+    # reachable from admin_allowed_cidr_blocks only (network.tf), inside the VPC and with
+    # no load balancer in front; every call needs a token
     { name = "ICEFLOE_ADMIN_HOST", value = "0.0.0.0" },
+    # plaintext inside the VPC, like the collector's port (and the admin in the Kubernetes
+    # and Compose forms): without it or TLS files, `icefloe admin` refuses a non-loopback
+    # bind (icefloe.server_tls.section_tls). For TLS to the task, set [admin]
+    # tls_cert_file and tls_key_file in your config file and drop this variable (icefloe
+    # refuses plaintext = true beside TLS files)
+    { name = "ICEFLOE_ADMIN_PLAINTEXT", value = "true" },
   ]
   # the config file travels as a secret: write-token hashes may be in it
   config_secret = [{ name = "CONFIG_TOML", valueFrom = aws_secretsmanager_secret.config.arn }]

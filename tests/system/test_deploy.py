@@ -39,9 +39,13 @@ from icefloe.config import (
     IngestorSection,
     load_config,
 )
+from icefloe.retention import INDEX_PREFIX
+from icefloe.schemas.store import schema_key
+from icefloe.server_tls import section_tls
 from icefloe_app.cli import build_parser
 from icefloe_app.cli.config_args import DATA_DIR_ENV
 from ingestor.kafka.producer_ids import producer_ids_key
+from ingestor.tls import server_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -650,6 +654,96 @@ def test_should_name_the_control_keys_the_code_uses():
     assert local["kafka_producer_ids_key"] == (
         "${var.batch_prefix}/" + producer_ids_key(Config()))
     assert local["registry_key"] == "${var.batch_prefix}/" + Config().admin.registry_key
+    assert local["schema_registry_key"] == (
+        "${var.batch_prefix}/" + schema_key(Config().admin.registry_key))
+    assert INDEX_PREFIX.endswith("/")
+    assert local["retention_index_keys"] == "${var.batch_prefix}/" + INDEX_PREFIX + "*"
+
+
+def test_should_grant_each_role_what_the_code_does_with_the_schema_and_retention_objects():
+    """The schema registry document: ingestors read it at start and add writer schemas by
+    compare-and-swap (ingestor.writer_schemas), the collector reads it each run, the admin
+    API rewrites it (get and put each; nobody deletes it). The retention index: the
+    collector creates segments (conditional put, HEAD), lists and reads them (GC) and
+    deletes merged ones (compaction); nobody else touches it."""
+    module = Module(TERRAFORM, {})
+    local = {name: module.local(name) for name in ("control_bucket_arn", "schema_registry_key",
+                                                   "retention_index_keys")}
+    schemas = f"{local['control_bucket_arn']}/{local['schema_registry_key']}"
+    index = f"{local['control_bucket_arn']}/{local['retention_index_keys']}"
+    policies = module.role_policies(("ingestor", "collector", "admin"))
+
+    def granted(role: str, resource: str) -> set[str]:
+        return {action for statement in policies[role]["Statement"]
+                if resource in statement["Resource"] for action in statement["Action"]}
+
+    assert granted("ingestor", schemas) == {"s3:GetObject", "s3:PutObject"}
+    assert granted("collector", schemas) == {"s3:GetObject"}
+    assert granted("admin", schemas) == {"s3:GetObject", "s3:PutObject"}
+    assert granted("collector", index) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
+    assert granted("ingestor", index) == granted("admin", index) == set()
+    # listing the index: the collector's ListBucket on the control bucket's store prefix
+    (listing,) = [s for s in policies["collector"]["Statement"]
+                  if s["Action"] == ["s3:ListBucket"]
+                  and s["Resource"] == [local["control_bucket_arn"]]]
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == [
+        local["retention_index_keys"].split("/", 1)[0] + "/*"]
+
+
+def test_should_let_the_admin_drop_the_empty_glue_table_it_made():
+    """A failed table task drops the empty table it created
+    (pipeline.iceberg.tables: ``catalog.drop_table``, Glue's DeleteTable), in the tables the
+    other catalog calls reach; the collector drops no table."""
+    module = Module(TERRAFORM, {"catalog": "glue"})
+    policies = module.role_policies(("collector", "admin"))
+    tables = module.local("glue_catalog_resources")
+    drop = [s for s in policies["admin"]["Statement"] if "glue:DeleteTable" in s["Action"]]
+    assert drop, "the admin role cannot drop a table (glue:DeleteTable)"
+    assert all(sorted(s["Resource"]) == sorted(tables) for s in drop), drop
+    assert not any("glue:DeleteTable" in s["Action"] for s in policies["collector"]["Statement"])
+    postgres = Module(TERRAFORM, {"catalog": "postgres"}).role_policies(("admin",))
+    assert not any(a.startswith("glue:") for s in postgres["admin"]["Statement"]
+                   for a in s["Action"])
+
+
+def test_should_start_the_ingestor_service_after_every_listener_of_its_target_groups():
+    """ECS refuses to register targets in a target group no listener forwards to yet; the
+    ingestor service attaches its groups (static and ``dynamic`` load_balancer blocks), so
+    each group's listeners (default action or listener rule) must be in its depends_on."""
+    resources = tf_resources()
+    service = resources[("aws_ecs_service", "ingestor")]
+
+    def group(arn: str) -> str:
+        found = re.search(r"aws_lb_target_group\.(\w+)", arn)
+        assert found, arn
+        return found.group(1)
+
+    attached = {group(block["target_group_arn"]) for block in service["load_balancer"]}
+    attached |= {group(arn) for arn in ecs_load_balancers()}
+    assert attached == {"http", "grpc", "kafka", "otlp_http", "otlp_grpc"}
+    listeners: dict[str, set[str]] = {}
+    for (rtype, name), body in resources.items():
+        if rtype == "aws_lb_listener":
+            actions, listener = body["default_action"], name
+        elif rtype == "aws_lb_listener_rule":
+            found = re.search(r"aws_lb_listener\.(\w+)", body["listener_arn"])
+            assert found, body["listener_arn"]
+            actions, listener = body["action"], found.group(1)
+        else:
+            continue
+        for action in actions:
+            if "target_group_arn" in action:
+                listeners.setdefault(group(action["target_group_arn"]), set()).add(listener)
+    depends = set()
+    for reference in service["depends_on"]:
+        found = re.fullmatch(r"\$\{aws_lb_listener\.(\w+)\}", reference)
+        if found:
+            depends.add(found.group(1))
+    for name in sorted(attached):
+        assert listeners.get(name), f"no listener forwards to target group {name}"
+        missing = listeners[name] - depends
+        assert not missing, (f"the ingestor service attaches target group {name} but does "
+                             f"not depend on its listener(s) {sorted(missing)}")
 
 
 def test_should_run_exactly_one_collector_and_autoscale_the_ingestors():
@@ -666,7 +760,7 @@ def test_should_run_exactly_one_collector_and_autoscale_the_ingestors():
 
 def test_should_run_the_ecs_containers_as_the_image_user_with_a_writable_tmp():
     resources = tf_resources()
-    for role in ("ingestor", "collector"):
+    for role in ("ingestor", "collector", "admin"):
         task = resources[("aws_ecs_task_definition", role)]
         assert task["requires_compatibilities"] == ["FARGATE"]
         assert task["volume"] == [{"name": "tmp"}]
@@ -695,14 +789,32 @@ def test_should_use_icefloe_ports_commands_and_image_tag_in_terraform():
     assert toml.is_file()
 
 
+def start_up_transport_check(config: Config, role: str) -> None:
+    """What each server applies to its section before it binds (a ConfigError for a
+    non-loopback address with neither TLS files nor ``plaintext = true``): the ingestor's
+    :func:`ingestor.tls.server_tls` (:func:`icefloe.server_tls.section_tls` on
+    ``[ingestor]`` with its extra ports), ``section_tls`` on ``[collector]`` and ``[admin]``
+    as the collector runner and the admin server call it."""
+    if role == "ingestor":
+        server_tls(config)
+    else:
+        section_tls(config, role, what=f"the {role} port", secrets="test")
+
+
 def test_should_load_the_terraform_config_with_the_module_environment(tmp_path):
-    envs = tf_environment_values()
+    """Each task's environment (as ecs.tf concatenates it, with enable_kafka and
+    enable_otlp on) loads with the module's config file and passes its server's start-up
+    transport check on the address the task binds."""
+    envs = tf_environment_values(enable_otlp=True)
     path = write_toml(tmp_path, (TERRAFORM / "icefloe.toml").read_text())
     for role in ("ingestor", "collector", "admin"):
-        env = {**envs["common"], **envs[role], **(envs["kafka"] if role == "ingestor" else {})}
+        env = {**envs["common"], **envs[role], **envs["otlp"],
+               **({**envs["kafka"], **envs["otlp_ports"]} if role == "ingestor" else {})}
         config = load_config(path, env=env)
         assert config.streams
         assert config.ingestor.host == "0.0.0.0"
+        assert getattr(config, role).host == "0.0.0.0", f"{role}: binds every address"
+        start_up_transport_check(config, role)  # raises ConfigError when it would refuse
         if role != "ingestor":  # the ingestors never reach the catalog
             assert config.catalog.type == "glue"
         assert config.store.url.startswith("s3://icefloe-")
@@ -848,6 +960,77 @@ def test_should_serve_otlp_on_its_own_alb_listeners_only_with_enable_otlp(tmp_pa
     assert variables["enable_otlp"]["default"] is False, "off unless asked for"
     off = Module(TERRAFORM, {})
     assert off.value(outputs["otlp_http_endpoint"]["value"]) is None
+
+
+# --- ingestor drain and request size, every deploy form -------------------------------------
+
+GRACE_MARGIN_S = 5.0
+"""What a grace period keeps beyond the ingestor's longest drain (process exit, scheduling)."""
+
+
+def ingestor_drain_s() -> float:
+    """The longest SIGTERM drain of an ingestor with the config defaults
+    (ingestor/server.py ``shut_down``): the HTTP and gRPC servers finish requests in flight
+    for up to ``shutdown_timeout_s`` (gRPC's stop grace, uvicorn's graceful timeout), then
+    ``runtime.close`` waits up to ``shutdown_timeout_s`` for the buffer, and the manifest
+    producer's appends in flight, which a flush gives up on after ``flush_timeout_s``."""
+    ing = Config().ingestor
+    return ing.shutdown_timeout_s + max(ing.shutdown_timeout_s, ing.flush_timeout_s)
+
+
+def duration_s(text: str) -> float:
+    """A compose duration (``60s``, ``1m30s``, ``1h``) in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|us)", text)
+    assert parts, f"not a duration: {text!r}"
+    assert "".join(n + u for n, u in parts) == text, f"not a duration: {text!r}"
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def test_should_give_the_ingestors_a_grace_period_longer_than_their_drain():
+    drain = ingestor_drain_s()
+    assert drain >= Config().ingestor.flush_timeout_s
+    # Kubernetes: the preStop sleep runs first, inside the grace period
+    pod = k8s_deployments()["icefloe-ingestor"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep", command
+    assert len(command) == 2, command
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= float(command[1]) + drain + GRACE_MARGIN_S, (
+        f"Kubernetes: {grace} s < preStop {command[1]} s + drain {drain:g} s + margin")
+    # ECS: the container's stopTimeout (Fargate allows at most 120 s)
+    text = tf_resources()[("aws_ecs_task_definition", "ingestor")]["container_definitions"]
+    (stop,) = re.findall(r"stopTimeout\s*[=:]\s*(\d+)", text)
+    assert drain + GRACE_MARGIN_S <= int(stop) <= 120, (
+        f"ECS: stopTimeout {stop} s < drain {drain:g} s + margin")
+    # Compose: every ingestor service
+    ingestors = {n: s for n, s in icefloe_services().items() if n.startswith("ingestor")}
+    assert ingestors
+    for name, svc in ingestors.items():
+        period = duration_s(str(svc.get("stop_grace_period", "10s")))  # compose's default
+        assert period >= drain + GRACE_MARGIN_S, (
+            f"compose {name}: stop_grace_period {period:g} s < drain {drain:g} s + margin")
+
+
+def nginx_size(text: str) -> int:
+    """An nginx size (``16m``, ``512k``, ``1g`` or bytes) in bytes."""
+    found = re.fullmatch(r"(\d+)([kKmMgG]?)", text.strip())
+    assert found, f"not an nginx size: {text!r}"
+    return int(found.group(1)) * 1024 ** " kmg".index(found.group(2).lower() or " ")
+
+
+def test_should_let_the_ingress_pass_every_body_the_ingestor_accepts():
+    """The ingestor's max_body_bytes decides (its own 413); the controller's limit is above
+    it, and the comment states the real default."""
+    path = K8S_EXTRA[2] / "ingress.yaml"
+    (ingress,) = [o for o in yaml_docs(path) if o["kind"] == "Ingress"]
+    limit = ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]
+    default = Config().ingestor.max_body_bytes
+    assert nginx_size(str(limit)) > default, (
+        f"proxy-body-size {limit} does not exceed [ingestor] max_body_bytes ({default})")
+    assert nginx_size("16m") == 16 * 1024 * 1024
+    assert f"max_body_bytes ({default // 2 ** 20} MiB by default)" in path.read_text()
 
 
 # --- Kubernetes ---------------------------------------------------------------------------
@@ -1140,30 +1323,51 @@ def test_should_name_only_real_icefloe_settings():
 
 
 def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
-    """Each ICEFLOE_<SECTION>_<KEY> a file sets really changes that key (load_config reads it)."""
-    values: dict[str, str] = {}
-    for svc in icefloe_services().values():
-        values.update(compose_env(svc))
-    values.update(k8s_secret_env())
-    for env in tf_environment_values().values():
-        values.update(env)
+    """Each ICEFLOE_<SECTION>_<KEY> a file sets really changes that key (load_config reads it).
+
+    Every environment is checked on its own (each compose service, Secret, container,
+    Terraform environment list and OTLP patch), so a variable several roles set is checked
+    with each role's value, not only the last one seen."""
+    envs: list[tuple[str, dict[str, str]]] = []
+    for name, svc in icefloe_services().items():
+        envs.append((f"compose {name}", compose_env(svc)))
+    for obj in k8s_objects():
+        if obj["kind"] == "Secret":
+            envs.append((f"Secret {obj['metadata']['name']}", obj.get("stringData") or {}))
+    for name, deployment in k8s_deployments().items():
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            envs.append((f"Deployment {name}", {e["name"]: e["value"] for e in
+                                                container.get("env", []) if "value" in e}))
+    tf_envs = tf_environment_values(enable_otlp=True)
+    for name, env in tf_envs.items():
+        envs.append((f"terraform local.environment_{name}", env))
     (override,) = yaml_docs(COMPOSE_OTLP)  # the opt-in OTLP forms' settings too
-    for svc in override["services"].values():
-        values.update(compose_env(svc))
+    for name, svc in override["services"].items():
+        envs.append((f"compose (otlp.yml) {name}", compose_env(svc)))
     (component,) = yaml_docs(K8S_OTLP / "kustomization.yaml")
     for patch in component["patches"]:
-        values.update({op["value"]["name"]: op["value"]["value"]
-                       for op in yaml.safe_load(patch["patch"]) if op["path"].endswith("/env/-")})
-    settings = {k: v for k, v in values.items()
-                if k.startswith("ICEFLOE_") and k not in (CONFIG_ENV, DATA_DIR_ENV)}
+        envs.append((f"otlp component patch of {patch['target']['name']}",
+                     {op["value"]["name"]: op["value"]["value"]
+                      for op in yaml.safe_load(patch["patch"])
+                      if op["path"].endswith("/env/-")}))
+    # a role's task gets its lists concatenated (ecs.tf): one name once, or one value hides
+    for role, extra in (("ingestor", ("kafka", "otlp", "otlp_ports")),
+                        ("collector", ("otlp",)), ("admin", ("otlp",))):
+        names = [n for part in ("common", role, *extra) for n in tf_envs[part]]
+        assert len(names) == len(set(names)), f"terraform {role}: a variable set twice"
+    settings = [(where, k, v) for where, env in envs for k, v in env.items()
+                if k.startswith("ICEFLOE_") and k not in (CONFIG_ENV, DATA_DIR_ENV)]
     assert settings
+    assert {k for _, k, _ in settings} >= {"ICEFLOE_INGESTOR_PLAINTEXT",
+                                           "ICEFLOE_COLLECTOR_PLAINTEXT"}
     empty = write_toml(tmp_path, "")
     sections = [f.name for f in msgspec.structs.fields(Config)
                 if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct)]
-    for name, value in settings.items():
+    for where, name, value in settings:
         section, key = next((s, name[len(f"ICEFLOE_{s.upper()}_"):].lower())
                             for s in sections if name.startswith(f"ICEFLOE_{s.upper()}_"))
-        assert "${" not in value, f"{name}: {value} (Terraform values are evaluated)"
+        what = f"{where}: {name}={value!r}"
+        assert "${" not in value, f"{what} (Terraform values are evaluated)"
         # an OTLP port is refused with [otlp] off: it comes with ICEFLOE_OTLP_ENABLED
         companion = {"ICEFLOE_OTLP_ENABLED": "true"} if "_OTLP_" in name else {}
         config = load_config(empty, env={**companion, name: value})
@@ -1171,9 +1375,9 @@ def test_should_apply_every_icefloe_variable_the_deploy_files_set(tmp_path):
         if isinstance(actual, tuple):  # lists come comma-separated from the environment
             actual = ",".join(actual)
         if isinstance(actual, float):  # "300" sets 300.0
-            assert actual == float(value), name
+            assert actual == float(value), what
             continue
-        assert (str(actual).lower() if isinstance(actual, bool) else str(actual)) == value, name
+        assert (str(actual).lower() if isinstance(actual, bool) else str(actual)) == value, what
 
 
 def icefloe_argv() -> Iterator[tuple[str, list[str]]]:

@@ -43,7 +43,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TERRAFORM = ROOT / "deploy" / "terraform"
 ROLES = ("ingestor", "collector", "admin")
 ADMIN_TOKEN = "ifl_iam-test-admin-token-0123456789abcdef"
+SCHEMA_REGISTRY_CT = "application/vnd.schemaregistry.v1+json"
 OVERRIDES = {"catalog": "postgres"}
+CLICK_SCHEMA = {"type": "record", "name": "Click", "namespace": "test.iam",
+                "fields": [{"name": "url", "type": "string"}]}
+"""An Avro stream's schema: with it in the config the ingestors read the schema registry
+document at start and keep the stream's writer schema in it; the collector reads it each run."""
 
 NOT_EXERCISED = {
     ("ingestor", "UseBucketKey"): "moto never consults KMS for SSE-KMS buckets",
@@ -127,6 +132,8 @@ class World:
             "ICEFLOE_COLLECTOR_COMMIT_INTERVAL_S": "0.5",
             "ICEFLOE_INGESTOR_FLUSH_TIMEOUT_S": "5",  # a refused append answers in 5 s
             "ICEFLOE_ADMIN_HOST": "127.0.0.1", "ICEFLOE_ADMIN_PORT": "0",
+            # retention on: the collector indexes each run before its ack (RetentionIndex)
+            "ICEFLOE_COLLECTOR_KEEP_BATCHES_S": "3600",
         })
         return env
 
@@ -158,9 +165,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         endpoint = server.stdout.readline().strip()
         assert endpoint.startswith("http://127.0.0.1:"), endpoint
         config = tmp / "icefloe.toml"
-        # the module's config file, plus what the module gives pyiceberg through the
-        # environment on AWS (the S3 endpoint here is moto's)
-        config.write_text((TERRAFORM / "icefloe.toml").read_text() + "\n[catalog]\n"
+        (tmp / "click.avsc").write_text(json.dumps(CLICK_SCHEMA))
+        # the module's config file, plus an Avro stream (the schema registry document's
+        # statements), plus what the module gives pyiceberg through the environment on AWS
+        # (the S3 endpoint here is moto's)
+        config.write_text((TERRAFORM / "icefloe.toml").read_text()
+                          + '\n[[streams]]\nname = "clicks"\ntable = "web.clicks"\n'
+                          'format = "avro"\nschema = { schema_file = "click.avsc" }\n'
+                          + "\n[catalog]\n"
                           f'properties = {{ "s3.endpoint" = "{endpoint}", '
                           '"s3.region" = "us-east-1" }\n'
                           # what admin_count = 1 asks of an operator: a token hash
@@ -287,6 +299,11 @@ def administered(world: World) -> dict[str, Any]:
             dropped = api.delete("/v1/sources/scratch")
             assert dropped.status_code == 200, dropped.text
             sources = api.get("/v1/sources").json()["sources"]
+            # the schema registry API (Confluent's, HTTP basic auth) rewrites its document
+            registered = api.post("/subjects/clicks-value/versions", auth=("me", ADMIN_TOKEN),
+                                  json={"schema": json.dumps(CLICK_SCHEMA)},
+                                  headers={"content-type": SCHEMA_REGISTRY_CT})
+            assert registered.status_code == 200, registered.text
         assert child.stop() == 0, child.tail()
     finally:
         child.close()
@@ -299,8 +316,8 @@ def test_should_give_each_task_role_only_the_module_statements_the_test_knows():
     found = {role: [s["Sid"] for s in policy["Statement"]]
              for role, policy in policies().items()}
     assert found["ingestor"] == ["WriteBatchFiles", "AppendToManifest", "ReadStreamRegistry",
-                                 "ConditionalWriteProbe", "ListControlPrefix", "UseBucketKey",
-                                 "KafkaProducerIds"]
+                                 "KeepWriterSchemas", "ConditionalWriteProbe",
+                                 "ListControlPrefix", "UseBucketKey", "KafkaProducerIds"]
     # without Kafka, no producer-id counter to touch
     off = Module(TERRAFORM, {**OVERRIDES, "enable_kafka": False}).role_policies(ROLES)
     assert [s["Sid"] for s in off["ingestor"]["Statement"]] == found["ingestor"][:-1]
@@ -409,6 +426,7 @@ def test_should_refuse_the_admin_the_queue_batches_and_deletes(
                  marks=pytest.mark.slow),
     ("admin", "RewriteStreamRegistry", "the admin API seeds the registry at start"),
     ("ingestor", "KafkaProducerIds", "the Kafka listener claims a producer-id block at start"),
+    ("ingestor", "KeepWriterSchemas", "an Avro stream's writer schemas are read at start"),
 ])
 def test_should_not_start_without_a_statement_it_needs(world: World, role: str, sid: str,
                                                        why: str) -> None:
@@ -468,6 +486,8 @@ def test_should_commit_with_the_collector_role_and_refuse_it_the_registry(
     assert denied(s3c.put_object, Bucket=control, Key="ingest/registry/registry.json",
                   Body=b"{}")
     assert denied(s3c.put_object, Bucket=control, Key="ingest/_icefloe/probe/x", Body=b"x")
+    assert denied(s3c.put_object, Bucket=control, Key="ingest/registry/schemas.json",
+                  Body=b"{}")
     _check_every_statement_used(world, ("collector",))
 
 
