@@ -61,10 +61,10 @@ class ManifestConfig:
         positive = ("max_entries", "max_bytes", "append_deadline_s", "gc_grace_s",
                     "producer_ttl_s", "lease_s", "max_group", "shards")
         for name in positive:  # `not > 0`: NaN compares false with every bound
-            value = getattr(self, name)
-            if not 0 < value < math.inf:
-                need = "> 0" if math.isfinite(value) else "a finite number > 0"
-                raise ConfigError(f"manifest.{name} must be {need}, got {value}")
+            given: float = getattr(self, name)
+            if not 0 < given < math.inf:
+                wanted = "> 0" if math.isfinite(given) else "a finite number > 0"
+                raise ConfigError(f"manifest.{name} must be {wanted}, got {given}")
         if self.shards > MAX_SHARDS:
             raise ConfigError(f"manifest.shards must be at most {MAX_SHARDS}, got "
                               f"{self.shards}")
