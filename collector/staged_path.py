@@ -122,7 +122,14 @@ class StagedPath:
             if s.bulkheads.is_parked(table):
                 rows = self._retry_parked(table)
             else:
-                rows = self._import_guarded(table, conditions.get(table))
+                try:
+                    rows = self._import_guarded(table, conditions.get(table))
+                except Exception as exc:
+                    if is_shared_failure(exc):
+                        raise
+                    # counted and logged against that table (it parks after
+                    # park_after_failures): the staged tables after it still import now
+                    rows = None
             if rows is not None:
                 done[table] = rows
         return done

@@ -193,6 +193,39 @@ async def test_should_drain_when_the_conditions_go_back_to_defaults(config: Conf
     await collector.store.close()
 
 
+async def test_should_import_the_other_staged_tables_when_one_fails(config: Config) -> None:
+    """A staged table whose import fails on its own (its metadata lost) counts against
+    that table only: the staged tables after it still import in the same pass (they
+    waited for its park before)."""
+    from testing.catalog_pointer import lost, metadata_pointer
+
+    twin = ops.SinkSpec(name="twin", table="web.twin", columns=CLICKS.columns,
+                        conditions=SLOW)
+    await change_registry(config, lambda r: ops.create_source(r, ops.SourceSpec(
+        id="clicks", sinks=(*sinks(SLOW), twin))))
+    collector = await collector_for(config)
+    store = open_store_of(config)
+    await publish(store, [batch("a", 5)], registry_version=1)
+    await collector.run_once()
+    staged = list(collector.staging.states)
+    assert sorted(staged) == ["web.clicks", "web.twin"]
+    first, second = staged
+    metadata_pointer(config.catalog.uri, first,
+                     lost(metadata_pointer(config.catalog.uri, first) or ""))
+    registry = await change_registry(config, lambda r: ops.update_sink(ops.update_sink(
+        r, "clicks", "clicks", ops.SinkPatch(conditions=Conditions())), "clicks", "twin",
+        ops.SinkPatch(conditions=Conditions())))
+    from collector.routing import Routes
+
+    collector.routes = Routes(registry)
+    done = await asyncio.to_thread(collector.commit_due_staged)  # drains: both due
+    assert done == {second: 5}
+    assert_exact(config, second, ids("a", 5))
+    assert collector.bulkheads.failures == {first: 1}
+    await store.close()
+    await collector.store.close()
+
+
 async def test_should_sweep_orphaned_staged_files(config: Config) -> None:
     from collector.staging import StagingArea
 
