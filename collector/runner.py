@@ -489,6 +489,9 @@ class Runner:
             "holder": collector.consumer.holder, "epoch": collector.epoch, "runs": runs,
             "models": models, "failed": [m["name"] for m in models
                                          if m["state"] in ("failed", "skipped")],
+            # tables whose rows wait in their staging area, not in the table: the queue
+            # is committed, but these tables (and models reading them) are not current
+            "parked": collector.bulkheads.reasons(),
             "seconds": round(self.clock.monotonic() - started, 3)})
         return False
 

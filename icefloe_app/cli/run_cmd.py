@@ -45,8 +45,9 @@ examples:
 """
 
 EPILOG = """\
-exit codes: 0 ok; 1 a model failed or was skipped, or an error (catalog, store, Spark,
-the collector's run); 2 bad configuration or model files (also the collector's), or no
+exit codes: 0 ok; 1 a model failed or was skipped, a table is parked (its rows staged,
+not in it), or an error (catalog, store, Spark, the collector's run); 2 bad
+configuration or model files (also the collector's), or no
 $ICEFLOE_ADMIN_TOKEN while a collector holds the lease; 3 the lease holder does not
 answer at its address (or a collector took the lease over); 4 the collector refused the
 admin token (401/403/429); 75 retriable: the collector was fenced, is stepping down or

@@ -115,9 +115,10 @@ def _report(body: dict[str, Any], url: str, *, as_json: bool) -> int:
     """Print the runs (rows per table, sequences, catalog versions) and the models."""
     runs: list[dict[str, Any]] = body.get("runs", [])
     models = [SimpleNamespace(**m) for m in body.get("models", [])]
+    parked: dict[str, str] = body.get("parked") or {}
     if as_json:
         print_json(body)
-        return 1 if body.get("failed") else 0
+        return 1 if body.get("failed") or parked else 0
     rows: dict[str, int] = {}
     for run in runs:
         for table, count in run.get("rows", {}).items():
@@ -131,7 +132,12 @@ def _report(body: dict[str, Any], url: str, *, as_json: bool) -> int:
     for run in runs:
         through = ", ".join(f"shard {s} through {q}" for s, q in run.get("through", {}).items())
         print(f"  run: catalog version {run.get('catalog_version')}, {through}")
+    for table, reason in sorted(parked.items()):
+        print(f"icefloe: warning: table {table} is parked ({reason}): its rows are staged, "
+              "not in the table, until it commits again (see docs/operations.md, parked "
+              "tables)", file=sys.stderr, flush=True)
     if not models:
         print("no models ([collector] models_dir has none)")
-        return 0
-    return report_outcomes(models, as_json=False)
+        return 1 if parked else 0
+    code = report_outcomes(models, as_json=False)
+    return code or (1 if parked else 0)

@@ -122,13 +122,13 @@ class Live:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def setup(root: Path, hook: Callable[[str], None] | None = None) -> Live:
+def setup(root: Path, hook: Callable[[str], None] | None = None, **collector: Any) -> Live:
     """A collector config (admin token, models folder, long intervals) and the CLI's file."""
     assert PAGEVIEWS is not None
     folder = root / "models"
     shutil.copytree(ROOT / "examples" / "models", folder)
     config = collector_config(root, (PAGEVIEWS,), models_dir=str(folder),
-                              commit_interval_s=60.0, poll_interval_s=60.0)
+                              commit_interval_s=60.0, poll_interval_s=60.0, **collector)
     config = msgspec.structs.replace(config, admin=msgspec.structs.replace(
         config.admin, tokens=(TOKEN_HASH,)))
     return Live(config, hook)
@@ -174,6 +174,41 @@ def test_run_asks_the_live_collector_and_starts_no_spark(live: Live, tmp_path: P
     assert mart_views(config) == expected_mart(events)
     assert live.sample("icefloe_collector_run_now_requests_total", outcome="ok") == 1
     assert live.sample("icefloe_collector_run_now_seconds_count") == 1
+
+
+def test_run_says_which_tables_are_parked_and_exits_1(tmp_path: Path, spark: Any) -> None:
+    """The queue is committed, but a parked table's rows wait in its staging area: the
+    answer names the table and why, and ``icefloe run`` warns and exits 1 rather than
+    report a plain success."""
+    from testing.catalog_pointer import lost, metadata_pointer
+
+    with setup(tmp_path, park_after_failures=1, park_retry_s=3600) as live:
+        config = live.config
+        shutil.rmtree(tmp_path / "models")  # (the mart cannot run on a table not loadable)
+        publish_sync(config, [[view(0, 0, "/a")]])
+        env = {**child_env(), "PYTHONPATH": str(ROOT), "ICEFLOE_ADMIN_TOKEN": TOKEN}
+        argv = [sys.executable, "-m", "icefloe", "run", "--config",
+                str(cli_config(live, tmp_path))]
+        first = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                               timeout=120)
+        assert first.returncode == 0, first.stderr
+        good = metadata_pointer(config.catalog.uri, "web.pageviews")
+        assert good is not None
+        metadata_pointer(config.catalog.uri, "web.pageviews", lost(good))
+        publish_sync(config, [[view(1, 0, "/a")]])
+        failing = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=120)
+        assert failing.returncode == 75, failing.stderr  # the run failed: parks the table
+        publish_sync(config, [[view(2, 0, "/a")]])
+        parked = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120)
+        assert parked.returncode == 1, (parked.stdout, parked.stderr)
+        assert "table web.pageviews is parked (" in parked.stderr
+        answer = subprocess.run([*argv, "--json"], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)
+        assert answer.returncode == 1
+        assert list(json.loads(answer.stdout)["parked"]) == ["web.pageviews"]
+    assert live.error is None
 
 
 def test_refusals_are_precise(live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
