@@ -34,6 +34,7 @@ from icefloe.registry import ops, settings
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.schemas.store import SchemaStore, schema_key
+from icefloe.streams.layout import both_partitions
 from icefloe.tokens import new_token
 from icefloe_app.api.auth import AdminAuth, Throttled
 from icefloe_app.api.keboola import keboola_routes
@@ -196,7 +197,10 @@ class AdminApi:
             raise ops.invalid("body", "a JSON object is required")
         try:
             data.decode("utf-8")  # msgspec checks only the strings it keeps
-            return msgspec.json.decode(data, type=kind)
+            decoded = msgspec.json.decode(data, type=kind)
+            if kind is ops.SinkSpec or kind is ops.SourceSpec:
+                _check_written_partitions(msgspec.json.decode(data), kind)
+            return decoded
         except UnicodeDecodeError as exc:
             raise RegistryError(400, "invalid_utf8", f"the body is not valid UTF-8 (byte "
                                 f"{exc.start}: {exc.reason})") from None
@@ -572,3 +576,19 @@ def build_app(api: AdminApi) -> Starlette:
                                                   api.metrics.schema_requests)),
     ]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+
+
+def _check_written_partitions(raw: Any, kind: type[Any]) -> None:
+    """A sink as sent with both ``partition`` and ``partition_by``: refused whatever
+    ``partition`` says. Why on the body as sent: decoded, ``partition = "day"`` cannot be
+    told from the default, and ``partition_by`` would silently win over it."""
+    sinks: list[tuple[str, Any]] = []
+    if kind is ops.SinkSpec:
+        sinks = [("sink", raw)]
+    elif isinstance(raw, dict) and isinstance(raw.get("sinks"), list):
+        sinks = [(f"sinks[{i}]", sink) for i, sink in enumerate(raw["sinks"])]
+    for at, sink in sinks:
+        if isinstance(sink, dict) and "partition" in sink \
+                and sink.get("partition_by") is not None:
+            field, _, reason = both_partitions(at, sink["partition"]).partition(": ")
+            raise ops.invalid(field, reason)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icefloe.config import Config, StreamConfig
+from icefloe.config.validate import check_port_clashes
 from icefloe.errors import ConfigError
 from icefloe.logs import setup_logging
 from icefloe.metric_total import metric_total
@@ -130,6 +131,18 @@ def run(args: argparse.Namespace) -> int:
     if args.ingestors < 1:
         raise ConfigError(f"--ingestors {args.ingestors}: at least one ingestor is needed")
     otlp_ports = _otlp_ports(args, config)
+    kafka_port = None if args.no_kafka else args.kafka_port if args.kafka_port is not None \
+        else config.ingestor.kafka_port if config.ingestor.kafka_port is not None else 9092
+    # every listener up starts on this host on a port of its own: two on one port fail
+    # late (one role's bind), or share its traffic under the ingestors' reuse_port
+    check_port_clashes("icefloe up", {
+        "--http-port": config.ingestor.http_port, "--grpc-port": config.ingestor.grpc_port,
+        "--kafka-port": kafka_port,
+        "--otlp-http-port": otlp_ports[0] if otlp_ports else None,
+        "--otlp-grpc-port": otlp_ports[1] if otlp_ports else None,
+        "--metrics-port (the collector's HTTP port)":
+            None if args.no_collector else config.collector.metrics_port,
+        "--admin-port": config.admin.port if config.admin.tokens else None})
     if not args.no_collector:
         from pipeline.java import require_java  # startup time
 
@@ -150,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency of uvicorn[standard]
         runner = asyncio.run
-    kafka_port = None if args.no_kafka else args.kafka_port if args.kafka_port is not None \
-        else config.ingestor.kafka_port if config.ingestor.kafka_port is not None else 9092
     standby = None if args.no_collector or args.no_standby else standby_argv(path, args)
     up = _Up(path, config, args.ingestors, argv, collector=not args.no_collector,
              kafka_port=kafka_port, otlp_ports=otlp_ports,

@@ -53,3 +53,22 @@ def test_bad_layouts_get_a_400_naming_the_entry(admin: Admin) -> None:  # noqa: 
         "partition_by": ["truncate(4, _received_at)"]})
     assert patched.status_code == 400
     assert patched.json()["details"][0]["field"] == "sink.partition_by[0]"
+
+
+def test_partition_next_to_partition_by_is_refused_even_the_default(admin: Admin  # noqa: F811
+                                                                     ) -> None:
+    """``"partition": "day"`` as sent (the default once decoded) beside ``partition_by``:
+    refused naming both, in a sink create and in a source created with its sinks; nothing
+    is made."""
+    layout = {"partition": "day", "partition_by": ["hour(_received_at)"]}
+    sink = admin.client.post("/v1/sources/clicks/sinks", json={
+        "name": "both", "table": "mart.both", "columns": COLUMNS, **layout})
+    assert sink.status_code == 400, sink.text
+    [detail] = sink.json()["details"]
+    assert detail["field"] == "sink.partition_by"
+    assert "set either partition_by or sink.partition (= 'day'), not both" in detail["reason"]
+    source = admin.client.post("/v1/sources", json={"id": "both", "sinks": [
+        {"name": "both", "table": "mart.both", "columns": COLUMNS, **layout}]})
+    assert source.status_code == 400, source.text
+    assert source.json()["details"][0]["field"] == "sinks[0].partition_by"
+    assert admin.client.get("/v1/sources/both").status_code == 404

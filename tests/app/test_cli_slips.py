@@ -172,6 +172,23 @@ def test_up_refuses_an_otlp_port_with_otlp_off(tmp_path, started, capsys):
     assert "up" not in started
 
 
+@pytest.mark.parametrize(("flags", "named"), [
+    (("--http-port", "18080", "--otlp-http-port", "18080"), "--otlp-http-port"),
+    (("--grpc-port", "18081", "--kafka-port", "18081"), "--kafka-port"),
+    (("--otlp-grpc-port", "18082", "--http-port", "18082"), "--otlp-grpc-port"),
+])
+def test_up_refuses_two_of_its_listeners_on_one_port(tmp_path, started, capsys, flags,
+                                                     named):
+    """The ingestors', the collector's and the admin API's ports on one host: a clash is
+    refused before anything starts, naming both flags."""
+    (tmp_path / "icefloe.toml").write_text("")
+    assert _up(tmp_path, *flags) == 2
+    error = _one_line_error(capsys.readouterr().err)
+    assert "is the same port as" in error
+    assert named in error
+    assert "up" not in started
+
+
 # --- 4. define: a module that does not import ------------------------------------------------
 
 @pytest.fixture
