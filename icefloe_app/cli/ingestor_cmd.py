@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 from typing import TYPE_CHECKING, Any
 
 from icefloe.logs import setup_logging
+from icefloe_app.cli.arg_types import positive_seconds
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
@@ -56,25 +56,13 @@ def register(commands: Any) -> None:
     parser.add_argument("--reuse-port", action="store_true", default=None,
                         help="share the ports with other ingestors on this host "
                              "(SO_REUSEPORT; [ingestor] reuse_port)")
-    parser.add_argument("--stats-interval", type=_seconds, metavar="S",
+    parser.add_argument("--stats-interval", type=positive_seconds("--stats-interval"), metavar="S",
                         help="print a JSON stats line on stdout every S seconds (S > 0; "
                              "default: none)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     parser.set_defaults(run=run)
-
-
-def _seconds(text: str) -> float:
-    """``--stats-interval``: a number of seconds above 0 (argparse makes the refusal an
-    exit 2)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a number of seconds, not {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

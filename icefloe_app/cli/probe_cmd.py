@@ -10,6 +10,7 @@ from typing import Any
 from icefloe.store import local_path, open_async_store
 from icefloe.store.fs_kind import journalless_note
 from icefloe.store.probe import PROBE_PUT_BYTES, measure_puts, probe_conditional_writes
+from icefloe_app.cli.arg_types import whole_number
 from icefloe_app.cli.common import add_store_arguments, resolve_store, store_options
 
 
@@ -25,7 +26,7 @@ def register(commands: Any) -> None:
                     "acknowledgement (a local store's directory that creates files slowly "
                     "shows here; on ext4 without a journal, a note says why).")
     add_store_arguments(parser)
-    parser.add_argument("--puts", type=_count, default=20, metavar="N",
+    parser.add_argument("--puts", type=whole_number("--puts"), default=20, metavar="N",
                         help="how many PUTs to time after the check (default 20; 0: none)")
     parser.set_defaults(run=run)
 
@@ -53,14 +54,3 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(probe())
     return 0
-
-
-def _count(text: str) -> int:
-    """``--puts``: a whole number, 0 or more (argparse makes the refusal an exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--puts takes a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--puts must be 0 or more, not {value}")
-    return value

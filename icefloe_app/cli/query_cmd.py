@@ -26,6 +26,7 @@ import msgspec
 
 from icefloe.errors import ConfigError
 from icefloe.streams.dialects import DIALECTS
+from icefloe_app.cli.arg_types import whole_number
 from icefloe_app.cli.config_args import add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--as-of", metavar="SNAPSHOT_ID|TIMESTAMP",
                         help="read each table at this snapshot id, or at the snapshot that "
                              "was current at this ISO 8601 time (UTC unless it says otherwise)")
-    parser.add_argument("--limit", type=_row_limit, default=1000, metavar="N",
+    parser.add_argument("--limit", type=whole_number("--limit", "all rows"), default=1000,
+                        metavar="N",
                         help="print at most N rows (default 1000; 0 = all rows)")
     parser.add_argument("--engine", choices=["auto", "duckdb", "spark"], default="auto",
                         help="who answers: auto (default: DuckDB when small and exactly "
@@ -96,18 +98,6 @@ def register(commands: Any) -> None:
     parser.add_argument("--spark-master", default="local[2]", metavar="URL",
                         help="Spark master (default local[2])")
     parser.set_defaults(run=run)
-
-
-def _row_limit(text: str) -> int:
-    """``--limit``: a whole number, 0 (all rows) or more (argparse makes the refusal an
-    exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (all rows) or more, not {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
