@@ -277,8 +277,7 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
                           "port (0-65535)")
     for key in ("commit_interval_s", "poll_interval_s", "max_run_entries", "max_run_bytes",
                 "dedup_max_ids", "spark_partitions", "dequeue_every", "gc_interval_s",
-                "maintenance_interval_s", "snapshot_keep_last", "snapshot_max_age_s",
-                "compact_min_files",
+                "maintenance_interval_s", "snapshot_keep_last", "compact_min_files",
                 "compact_target_bytes", "orphan_age_s", "retry_max_delay_s",
                 "park_after_failures", "park_retry_s", "park_max_bytes",
                 "sql_max_value_bytes", "sql_max_run_s", "read_ahead_bytes"):
@@ -297,6 +296,9 @@ def _validate_collector(col: CollectorSection, where: str) -> None:
     if col.dedup_window_s < 0:
         raise ConfigError(f"{where}: collector.dedup_window_s must be >= 0 (0 disables "
                           "deduplication by event id)")
+    if col.snapshot_max_age_s < 0:
+        raise ConfigError(f"{where}: collector.snapshot_max_age_s must be >= 0 (0: expire "
+                          "every snapshot outside the newest snapshot_keep_last)")
     if not 0 <= col.keep_batches_s <= 10 * 365 * 86400:
         raise ConfigError(f"{where}: collector.keep_batches_s must be between 0 (off) and "
                           f"ten years in seconds, got {col.keep_batches_s}")

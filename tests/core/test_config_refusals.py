@@ -172,10 +172,14 @@ def test_should_validate_the_manifest_key(tmp_path, text, words):
     assert words in refused(tmp_path, text)
 
 
-@pytest.mark.parametrize("value", ["0", "-1"])
-def test_should_refuse_a_snapshot_max_age_that_is_not_positive(tmp_path, value):
+@pytest.mark.parametrize("value", ["-1", "-0.5"])
+def test_should_refuse_a_negative_snapshot_max_age(tmp_path, value):
     text = f"[collector]\ndedup_window_s = 0\nsnapshot_max_age_s = {value}\n"
-    assert "collector.snapshot_max_age_s must be > 0" in refused(tmp_path, text)
+    assert "collector.snapshot_max_age_s must be >= 0" in refused(tmp_path, text)
+    # 0 stays: every snapshot outside the newest snapshot_keep_last expires
+    zero = HEADER + "[collector]\ndedup_window_s = 0\nsnapshot_max_age_s = 0\n"
+    assert load_config(write_config(tmp_path, zero), env={}
+                       ).collector.snapshot_max_age_s == 0
 
 
 @pytest.mark.parametrize(("text", "words"), [
