@@ -55,14 +55,20 @@ def plan_refresh(config: Config) -> tuple[Project, list[str]] | None:
     project = plan_project(load_models(folder), config)
     wanted = list(project.models) if ALL in names else names
     selected = project.select(wanted)  # unknown names raise here
-    closure: set[str] = set()
-    stack = [m.name for m in selected]
+    closure = with_upstream(project, [m.name for m in selected])
+    return project, [n for n in project.models if n in closure]
+
+
+def with_upstream(project: Project, names: Iterable[str]) -> set[str]:
+    """``names`` and every model they read, transitively."""
+    seen: set[str] = set()
+    stack = list(names)
     while stack:
         name = stack.pop()
-        if name not in closure:
-            closure.add(name)
+        if name not in seen:
+            seen.add(name)
             stack.extend(project.upstream(name))
-    return project, [n for n in project.models if n in closure]
+    return seen
 
 
 def source_tables(project: Project, names: Iterable[str]) -> frozenset[str]:
@@ -102,32 +108,21 @@ class ModelRefresh:
         self.config = config
         self.project = project
         self.names = list(names)
-        self.sources = source_tables(project, self.names)
         self._spark = spark
         self.metrics = metrics
         self.clock = clock
         self.fence = fence
         """The collector's epoch: model commits are refused once another one took over."""
         self.interval_s = config.collector.models_interval_s
-        # each model's tables, its own and those of the models it reads, transitively
-        self._feeds = {name: source_tables(project, self._closure(name))
-                       for name in self.names}
+        # each model with the models it reads, transitively, and all their tables
+        self._reads = {name: with_upstream(project, [name]) for name in self.names}
+        self._feeds = {name: source_tables(project, reads)
+                       for name, reads in self._reads.items()}
         now = clock.monotonic()
         # a (re)start runs them all once: rows may have landed while down
         self.pending: dict[str, _Pending] = {name: _Pending(now) for name in self.names}
         self.next_at = now
         """The earliest next run (``models_interval_s`` after the last one)."""
-
-    def _closure(self, name: str) -> set[str]:
-        """``name`` and every model it reads, transitively."""
-        seen: set[str] = set()
-        stack = [name]
-        while stack:
-            model = stack.pop()
-            if model not in seen:
-                seen.add(model)
-                stack.extend(self.project.upstream(model))
-        return seen
 
     @property
     def stale(self) -> bool:
@@ -164,7 +159,7 @@ class ModelRefresh:
         rows, and run again once it recovers)."""
         waiting = [n for n in self.names if n in self.pending]
         held = {n for n in waiting if self.pending[n].retry_at > now}
-        return [n for n in waiting if not self._closure(n) & held]
+        return [n for n in waiting if not self._reads[n] & held]
 
     def due(self, *, backlog: bool) -> bool:
         now = self.clock.monotonic()
