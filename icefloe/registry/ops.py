@@ -152,7 +152,7 @@ def invalid(field: str, reason: str) -> RegistryError:
                          [{"field": field, "reason": reason}])
 
 
-def _from_config_error(exc: ConfigError) -> RegistryError:
+def from_config_error(exc: ConfigError) -> RegistryError:
     """``sinks[0].columns[1].type: unknown type 'x' ...`` → field + reason."""
     text = str(exc)
     field, _, reason = text.partition(": ")
@@ -184,7 +184,7 @@ def check_sink(source_id: str, sink: Sink, at: str) -> None:
     try:  # a table template and its limits: the checks (and messages) of icefloe.toml
         validate_stream(sink.stream(source_id), at)
     except ConfigError as exc:
-        raise _from_config_error(exc) from None
+        raise from_config_error(exc) from None
     check_conditions(sink.conditions, at)
 
 
@@ -216,7 +216,7 @@ def _check_source_fields(source: Source, at: str) -> None:
         if source.rate_limit is not None:
             validate_rate_limit(source.rate_limit, f"{at}rate_limit")
     except ConfigError as exc:
-        raise _from_config_error(exc) from None
+        raise from_config_error(exc) from None
 
 
 def _check_owner(registry: Registry, table: str, source_id: str, sink: str, at: str) -> None:

@@ -29,12 +29,12 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from icefloe.config import split_key_path
-from icefloe.errors import ManifestCorruptError, RegistryError, StoreError
+from icefloe.errors import ConfigError, ManifestCorruptError, RegistryError, StoreError
 from icefloe.registry import ops, settings
 from icefloe.registry.model import Registry, Sink, Source
 from icefloe.registry.store import RegistryStore
 from icefloe.schemas.store import SchemaStore, schema_key
-from icefloe.streams.layout import both_partitions
+from icefloe.streams.layout import check_raw_partition
 from icefloe.tokens import new_token
 from icefloe_app.api.auth import AdminAuth, Throttled
 from icefloe_app.api.keboola import keboola_routes
@@ -588,7 +588,8 @@ def _check_written_partitions(raw: Any, kind: type[Any]) -> None:
     elif isinstance(raw, dict) and isinstance(raw.get("sinks"), list):
         sinks = [(f"sinks[{i}]", sink) for i, sink in enumerate(raw["sinks"])]
     for at, sink in sinks:
-        if isinstance(sink, dict) and "partition" in sink \
-                and sink.get("partition_by") is not None:
-            field, _, reason = both_partitions(at, sink["partition"]).partition(": ")
-            raise ops.invalid(field, reason)
+        if isinstance(sink, dict):
+            try:
+                check_raw_partition(sink, at)
+            except ConfigError as exc:
+                raise ops.from_config_error(exc) from None
