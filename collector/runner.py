@@ -29,6 +29,7 @@ from collector.run_now import Refusal, RunNow, TokenCheck, answer, drain
 from collector.run_now import run_models as run_models_now
 from collector.service import Collector, Engine, Fenced, Hook
 from collector.spark_bridge import SparkBridge, SparkStartError, bridgeable
+from icefloe.backoff import run_retry_delay
 from icefloe.clock import SYSTEM, Clock
 from icefloe.collector_address import Address
 from icefloe.collector_address import publish as publish_address
@@ -400,7 +401,7 @@ class Runner:
                 kind = type(exc).__name__
                 collector.metrics.run_errors.labels(kind).inc()
                 collector.metrics.health.run_failed(f"{kind}: {_first_line(exc)}")
-                delay = min(cfg.retry_max_delay_s, 0.5 * 2 ** min(failures - 1, 10))
+                delay = run_retry_delay(failures, cfg.retry_max_delay_s)
                 log.error("run failed (%s, attempt %d); retrying in %.1f s: %s", kind,
                           failures, delay, _first_line(exc))
                 # staged sinks still commit when due (a drain may be what unblocks the run)
@@ -658,8 +659,7 @@ async def _prepare(config: Config, runner: Runner, collector: Collector,
                 if not _transient(exc) or runner.stop.is_set():
                     raise
                 failures += 1  # a store or catalog outage: retried like a failed run
-                delay = min(config.collector.retry_max_delay_s,
-                            0.5 * 2 ** min(failures - 1, 10))
+                delay = run_retry_delay(failures, config.collector.retry_max_delay_s)
                 log.error("start-up failed (%s, attempt %d); retrying in %.1f s: %s",
                           type(exc).__name__, failures, delay, _first_line(exc))
                 await sleep_or_stop(collector.clock, delay, runner.stop)

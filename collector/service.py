@@ -52,6 +52,7 @@ from collector.metrics import CollectorMetrics
 from collector.routing import Routes, cut_by_routing, embedded_reason
 from collector.staged_path import StagedPath
 from collector.staging import StagingArea
+from icefloe.backoff import run_retry_delay
 from icefloe.catalog_version import stamp_epoch
 from icefloe.clock import SYSTEM, Clock
 from icefloe.config import Config, StreamConfig
@@ -242,7 +243,7 @@ class Collector:
                 # epoch bumped, another shard's fence failed) is finished by the same
                 # holder on the next attempt instead of waiting out its own lease.
                 outages += 1
-                delay = min(lease_s, 0.5 * 2 ** min(outages - 1, 10))
+                delay = run_retry_delay(outages, lease_s)
                 log.warning("standby: the store failed while waiting for the lease "
                             "(attempt %d); retrying in %.1f s: %s", outages, delay,
                             str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -37,3 +37,10 @@ class RetryPolicy:
         """Sleep before retry number ``attempt`` (1-based): uniform in [0, base·2^(n-1)]."""
         cap = min(self.max_delay_s, self.base_delay_s * (2 ** (attempt - 1)))
         return (rng or random).uniform(0, cap)
+
+
+def run_retry_delay(failures: int, cap_s: float) -> float:
+    """The wait before retrying a collector's run (or its start, or a standby's lease read)
+    after ``failures`` failures in a row: 0.5 s doubling, at most ``cap_s``. No jitter: one
+    collector retries, there is no herd to spread."""
+    return min(cap_s, 0.5 * 2.0 ** min(failures - 1, 10))
